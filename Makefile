@@ -1,0 +1,183 @@
+# keyshift -- envelope encryption format and key-rotation toolkit.
+#
+#   make            build the libraries and the CLI (release, hardened)
+#   make test       everything CI checks: deps, -Werror build, cmocka unit
+#                   tests and CLI tests under ASan+UBSan, exported-symbol
+#                   check, corpus replay, coverage gate, fuzz smoke
+#   make fuzz       run each libFuzzer target (FUZZ_SECONDS, default 60)
+#   make fuzz-afl   run each target under afl-fuzz -V 20
+#   make coverage   llvm-cov over the committed corpus; gate on parser/
+#   make bench      JSON lines: strict parser vs nanopb, same run
+#   make install    PREFIX=/usr/local DESTDIR= (headers, libs, CLI, keyshift.pc)
+#   make clean
+
+.DEFAULT_GOAL := all
+.SUFFIXES:
+.DELETE_ON_ERROR:
+
+PREFIX  ?= /usr/local
+DESTDIR ?=
+LIBDIR  ?= $(PREFIX)/lib
+INCDIR  ?= $(PREFIX)/include
+BINDIR  ?= $(PREFIX)/bin
+PCDIR   ?= $(LIBDIR)/pkgconfig
+
+CC      ?= cc
+CLANG   ?= clang-14
+PYTHON_DEBIAN := /usr/bin/python3
+NANOPB_GEN    := /usr/bin/nanopb_generator.py
+
+B := build
+
+VERSION := $(shell sed -n 's/^#define KS_VERSION_STRING "\(.*\)"/\1/p' include/keyshift/common.h)
+SOMAJOR := $(firstword $(subst ., ,$(VERSION)))
+
+WARN    := -std=c11 -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+           -Wformat=2 -Wvla -Wpointer-arith -Wcast-qual -Wundef
+HARDEN  := -O2 -D_FORTIFY_SOURCE=2 -fstack-protector-strong -fstack-clash-protection -fPIC \
+           -fvisibility=hidden
+LDHARDEN := -Wl,-z,relro,-z,now,-z,noexecstack
+INC     := -Iinclude
+SAN     := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+
+# The library.  Nothing under parser/ may include libsodium or SQLite.
+LIB_SRCS := format/format.c format/encode.c parser/envelope.c
+LIB_HDRS := $(wildcard include/keyshift/*.h) format/rules.h parser/cursor.h
+CLI_SRCS := $(wildcard tools/keyshift.c tools/cmd_*.c)
+CLI_HDRS := $(wildcard tools/*.h)
+
+REL_OBJS := $(LIB_SRCS:%.c=$(B)/rel/%.o)
+SAN_OBJS := $(LIB_SRCS:%.c=$(B)/san/%.o)
+
+STATIC  := $(B)/lib/libkeyshift.a
+SHARED  := $(B)/lib/libkeyshift.so.$(VERSION)
+SONAME  := libkeyshift.so.$(SOMAJOR)
+CLI     := $(B)/bin/keyshift
+CLI_SAN := $(B)/san/bin/keyshift
+
+.PHONY: all deps test unit cli-test symbols check-layout fuzz fuzz-afl fuzz-smoke fuzz-replay \
+        coverage bench install uninstall clean
+
+all: $(STATIC) $(SHARED) $(CLI)
+
+deps:
+	@tools/deps.sh
+
+# ---- release build ------------------------------------------------------
+
+$(B)/rel/%.o: %.c $(LIB_HDRS) $(CLI_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(HARDEN) $(INC) $(CFLAGS) -c $< -o $@
+
+$(STATIC): $(REL_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(SHARED): $(REL_OBJS) tools/libkeyshift.map
+	@mkdir -p $(dir $@)
+	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=tools/libkeyshift.map $(LDHARDEN) \
+	    $(LDFLAGS) $(REL_OBJS) -o $@
+	ln -sf $(notdir $@) $(B)/lib/$(SONAME)
+	ln -sf $(SONAME) $(B)/lib/libkeyshift.so
+
+$(CLI): $(CLI_SRCS:%.c=$(B)/rel/%.o) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) -pie $(LDHARDEN) $(LDFLAGS) $^ -o $@
+
+# ---- sanitizer build (tests) --------------------------------------------
+
+$(B)/san/%.o: %.c $(LIB_HDRS) $(CLI_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(SAN) $(INC) -c $< -o $@
+
+$(CLI_SAN): $(CLI_SRCS:%.c=$(B)/san/%.o) $(SAN_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(SAN) $^ -o $@
+
+# ---- nanopb: the independent second decoder (tests, fuzzing, bench) -----
+# Generated at build time from format/envelope.proto and its .options,
+# with Debian's python (the pyenv python3 on PATH lacks its modules).
+
+NANOPB_C := $(B)/gen/envelope.pb.c
+NANOPB_H := $(B)/gen/envelope.pb.h
+$(NANOPB_C) $(NANOPB_H) &: format/envelope.proto format/envelope.options
+	@mkdir -p $(B)/gen
+	$(PYTHON_DEBIAN) $(NANOPB_GEN) -q -I format -D $(B)/gen format/envelope.proto
+
+# ---- unit tests (cmocka), under ASan+UBSan ------------------------------
+
+UNIT_SRCS := $(wildcard tests/test_*.c)
+UNIT_BINS := $(UNIT_SRCS:tests/%.c=$(B)/san/tests/%)
+UNIT_SUPPORT := $(filter-out $(UNIT_SRCS),$(wildcard tests/*.c))
+
+$(B)/san/tests/%: tests/%.c $(UNIT_SUPPORT) $(SAN_OBJS) $(LIB_HDRS) $(wildcard tests/*.h) $(NANOPB_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(SAN) $(INC) -I$(B)/gen -Iformat -Iparser $< $(UNIT_SUPPORT) $(SAN_OBJS) \
+	    $(NANOPB_C) -lprotobuf-nanopb -lcmocka -o $@
+
+export UBSAN_OPTIONS := print_stacktrace=1:halt_on_error=1
+export ASAN_OPTIONS := detect_leaks=1:abort_on_error=1:strict_string_checks=1
+
+unit: $(UNIT_BINS)
+	@set -e; for t in $(UNIT_BINS); do echo "== $$t"; KS_SPEC=docs/format.md $$t; done
+
+cli-test: $(CLI_SAN) $(CLI)
+	@KEYSHIFT=$(CLI_SAN) tests/cli_test.sh
+
+# Only ks_* may be exported by the shared library.
+symbols: $(SHARED)
+	@bad=$$(nm -D --defined-only $(SHARED) | awk '{print $$3}' | grep -v '^ks_' | grep -v '^KEYSHIFT_0$$' || true); \
+	 if [ -n "$$bad" ]; then echo "symbols: exported non-ks_ symbols: $$bad"; exit 1; fi; \
+	 echo "symbols: $$(nm -D --defined-only $(SHARED) | grep -c ' ks_') exported, all ks_*"
+
+# Nothing under parser/ includes libsodium or SQLite (DEVELOPERS layout rule).
+check-layout:
+	@if grep -rnE '#\s*include\s*[<"](sodium|sqlite3)' parser/; then \
+	    echo "check-layout: parser/ must not include libsodium or SQLite"; exit 1; fi
+
+# ---- fuzzing (fuzz/fuzz.mk) ---------------------------------------------
+include fuzz/fuzz.mk
+
+# ---- benchmarks ---------------------------------------------------------
+
+$(B)/bin/bench: tools/bench.c $(REL_OBJS) $(NANOPB_C) $(NANOPB_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) -O2 $(INC) -I$(B)/gen $< $(REL_OBJS) $(NANOPB_C) -lprotobuf-nanopb -o $@
+
+bench: deps $(B)/bin/bench
+	@$(B)/bin/bench
+
+# ---- the whole check ----------------------------------------------------
+# deps first, in its own make so that a fresh machine has compilers before
+# anything is built.
+
+test:
+	@tools/deps.sh
+	@$(MAKE) --no-print-directory all check-layout symbols
+	@$(MAKE) --no-print-directory unit cli-test
+	@$(MAKE) --no-print-directory fuzz-replay coverage fuzz-smoke
+	@echo "make test: all checks passed"
+
+# ---- install ------------------------------------------------------------
+
+$(B)/keyshift.pc: tools/keyshift.pc.in include/keyshift/common.h
+	@mkdir -p $(dir $@)
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@INCDIR@|$(INCDIR)|' \
+	    -e 's|@VERSION@|$(VERSION)|' $< > $@
+
+install: all $(B)/keyshift.pc
+	install -d $(DESTDIR)$(INCDIR)/keyshift $(DESTDIR)$(LIBDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(PCDIR)
+	install -m 644 include/keyshift/*.h $(DESTDIR)$(INCDIR)/keyshift/
+	install -m 644 $(STATIC) $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(SHARED) $(DESTDIR)$(LIBDIR)/
+	ln -sf $(notdir $(SHARED)) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libkeyshift.so
+	install -m 755 $(CLI) $(DESTDIR)$(BINDIR)/
+	install -m 644 $(B)/keyshift.pc $(DESTDIR)$(PCDIR)/
+
+uninstall:
+	rm -rf $(DESTDIR)$(INCDIR)/keyshift
+	rm -f $(DESTDIR)$(LIBDIR)/libkeyshift.* $(DESTDIR)$(BINDIR)/keyshift $(DESTDIR)$(PCDIR)/keyshift.pc
+
+clean:
+	rm -rf $(B)

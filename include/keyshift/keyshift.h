@@ -1,0 +1,11 @@
+/*
+ * keyshift/keyshift.h -- umbrella header for libkeyshift.
+ */
+#ifndef KEYSHIFT_KEYSHIFT_H
+#define KEYSHIFT_KEYSHIFT_H
+
+#include <keyshift/common.h>
+#include <keyshift/error.h>
+#include <keyshift/envelope.h>
+
+#endif /* KEYSHIFT_KEYSHIFT_H */
