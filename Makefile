@@ -34,7 +34,7 @@ SOMAJOR := $(firstword $(subst ., ,$(VERSION)))
 
 WARN    := -std=c11 -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
            -Wformat=2 -Wvla -Wpointer-arith -Wcast-qual -Wundef
-HARDEN  := -O2 -D_FORTIFY_SOURCE=2 -fstack-protector-strong -fstack-clash-protection -fPIC \
+HARDEN  := -O2 -DNDEBUG -D_FORTIFY_SOURCE=2 -fstack-protector-strong -fstack-clash-protection -fPIC \
            -fvisibility=hidden
 LDHARDEN := -Wl,-z,relro,-z,now,-z,noexecstack
 INC     := -Iinclude
@@ -43,7 +43,7 @@ SAN     := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sani
 # The library.  Nothing under parser/ may include libsodium or SQLite.
 LIB_SRCS := format/format.c format/encode.c parser/envelope.c
 LIB_HDRS := $(wildcard include/keyshift/*.h) format/rules.h parser/cursor.h
-CLI_SRCS := $(wildcard tools/keyshift.c tools/cmd_*.c)
+CLI_SRCS := tools/keyshift.c tools/cli.c $(wildcard tools/cmd_*.c)
 CLI_HDRS := $(wildcard tools/*.h)
 
 REL_OBJS := $(LIB_SRCS:%.c=$(B)/rel/%.o)
@@ -55,7 +55,7 @@ SONAME  := libkeyshift.so.$(SOMAJOR)
 CLI     := $(B)/bin/keyshift
 CLI_SAN := $(B)/san/bin/keyshift
 
-.PHONY: all deps test unit cli-test symbols check-layout fuzz fuzz-afl fuzz-smoke fuzz-replay \
+.PHONY: all deps test unit cli-test install-test symbols check-layout fuzz fuzz-afl fuzz-smoke fuzz-replay \
         coverage bench install uninstall clean
 
 all: $(STATIC) $(SHARED) $(CLI)
@@ -124,6 +124,10 @@ unit: $(UNIT_BINS)
 cli-test: $(CLI_SAN) $(CLI)
 	@KEYSHIFT=$(CLI_SAN) tests/cli_test.sh
 
+# make install into a staging DESTDIR, then build against it via pkg-config.
+install-test: all
+	@tests/install_test.sh
+
 # Only ks_* may be exported by the shared library.
 symbols: $(SHARED)
 	@bad=$$(nm -D --defined-only $(SHARED) | awk '{print $$3}' | grep -v '^ks_' | grep -v '^KEYSHIFT_0$$' || true); \
@@ -142,7 +146,8 @@ include fuzz/fuzz.mk
 
 $(B)/bin/bench: tools/bench.c $(REL_OBJS) $(NANOPB_C) $(NANOPB_H)
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) -O2 $(INC) -I$(B)/gen $< $(REL_OBJS) $(NANOPB_C) -lprotobuf-nanopb -o $@
+	$(CC) $(WARN) -O2 $(INC) -I$(B)/gen $< $(REL_OBJS) $(NANOPB_C) -lprotobuf-nanopb \
+	    -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc -o $@
 
 bench: deps $(B)/bin/bench
 	@$(B)/bin/bench
@@ -154,7 +159,7 @@ bench: deps $(B)/bin/bench
 test:
 	@tools/deps.sh
 	@$(MAKE) --no-print-directory all check-layout symbols
-	@$(MAKE) --no-print-directory unit cli-test
+	@$(MAKE) --no-print-directory unit cli-test install-test
 	@$(MAKE) --no-print-directory fuzz-replay coverage fuzz-smoke
 	@echo "make test: all checks passed"
 

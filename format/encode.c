@@ -125,7 +125,7 @@ ks_err ks_envelope_encode(const ks_envelope *env, const ks_limits *lim, uint8_t 
     if (err != KS_OK) {
         return err;
     }
-    if (buf == NULL && cap != 0) {
+    if (out_len == NULL || (buf == NULL && cap != 0)) {
         return KS_ERR_INVALID_ARGUMENT;
     }
     if (need > cap) {

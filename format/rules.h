@@ -43,31 +43,36 @@ typedef struct ks_field_rule {
     uint8_t kind;       /* ks_rule_kind */
     uint32_t min_len;   /* bytes fields: smallest length allowed */
     uint16_t member;    /* offsetof the ks_envelope member holding the value */
+    uint16_t limit;     /* variable bytes fields: offsetof the ks_limits member
+                           bounding the length; else KS_NO_LIMIT */
 } ks_field_rule;
 
 #define KS_M(name) ((uint16_t)offsetof(ks_envelope, name))
+#define KS_L(name) ((uint16_t)offsetof(ks_limits, name))
+#define KS_NO_LIMIT UINT16_MAX
 
 /* The fields of each version, in the only order allowed [F-ORDER-1]. All
- * are required [F-REQ-1]. */
-static const ks_field_rule ks_rules_v1[] = {
-    {KS_FIELD_ALGORITHM, KS_WIRE_VARINT, KS_RULE_ALGORITHM, 0, KS_M(algorithm)},
-    {KS_FIELD_TENANT, KS_WIRE_LEN, KS_RULE_NAME, 1, KS_M(tenant)},
-    {KS_FIELD_KEY_ID, KS_WIRE_LEN, KS_RULE_KEY_ID, 1, KS_M(key_id)},
-    {KS_FIELD_KEY_VERSION, KS_WIRE_VARINT, KS_RULE_KEY_VERSION, 0, KS_M(key_version)},
-    {KS_FIELD_WRAPPED_DEK, KS_WIRE_LEN, KS_RULE_OPAQUE, 1, KS_M(wrapped_dek)},
-    {KS_FIELD_NONCE, KS_WIRE_LEN, KS_RULE_NONCE, 0, KS_M(nonce)},
-    {KS_FIELD_CIPHERTEXT, KS_WIRE_LEN, KS_RULE_OPAQUE, KS_TAG_LEN, KS_M(ciphertext)},
-};
+ * are required [F-REQ-1].  Fields 1 to 6 are common to both versions. */
+#define KS_RULES_COMMON                                                                       \
+    {KS_FIELD_ALGORITHM, KS_WIRE_VARINT, KS_RULE_ALGORITHM, 0, KS_M(algorithm), KS_NO_LIMIT}, \
+    {KS_FIELD_TENANT, KS_WIRE_LEN, KS_RULE_NAME, 1, KS_M(tenant), KS_L(max_tenant)},          \
+    {KS_FIELD_KEY_ID, KS_WIRE_LEN, KS_RULE_KEY_ID, 1, KS_M(key_id), KS_L(max_key_id)},        \
+    {KS_FIELD_KEY_VERSION, KS_WIRE_VARINT, KS_RULE_KEY_VERSION, 0, KS_M(key_version),         \
+     KS_NO_LIMIT},                                                                            \
+    {KS_FIELD_WRAPPED_DEK, KS_WIRE_LEN, KS_RULE_OPAQUE, 1, KS_M(wrapped_dek),                 \
+     KS_L(max_wrapped_dek)},                                                                  \
+    {KS_FIELD_NONCE, KS_WIRE_LEN, KS_RULE_NONCE, 0, KS_M(nonce), KS_NO_LIMIT}
+#define KS_RULE_CIPHERTEXT                                                                    \
+    {KS_FIELD_CIPHERTEXT, KS_WIRE_LEN, KS_RULE_OPAQUE, KS_TAG_LEN, KS_M(ciphertext),          \
+     KS_L(max_ciphertext)}
+
+static const ks_field_rule ks_rules_v1[] = {KS_RULES_COMMON, KS_RULE_CIPHERTEXT};
 static const ks_field_rule ks_rules_v2[] = {
-    {KS_FIELD_ALGORITHM, KS_WIRE_VARINT, KS_RULE_ALGORITHM, 0, KS_M(algorithm)},
-    {KS_FIELD_TENANT, KS_WIRE_LEN, KS_RULE_NAME, 1, KS_M(tenant)},
-    {KS_FIELD_KEY_ID, KS_WIRE_LEN, KS_RULE_KEY_ID, 1, KS_M(key_id)},
-    {KS_FIELD_KEY_VERSION, KS_WIRE_VARINT, KS_RULE_KEY_VERSION, 0, KS_M(key_version)},
-    {KS_FIELD_WRAPPED_DEK, KS_WIRE_LEN, KS_RULE_OPAQUE, 1, KS_M(wrapped_dek)},
-    {KS_FIELD_NONCE, KS_WIRE_LEN, KS_RULE_NONCE, 0, KS_M(nonce)},
-    {KS_FIELD_PURPOSE, KS_WIRE_LEN, KS_RULE_NAME, 1, KS_M(purpose)},
-    {KS_FIELD_COMMITMENT, KS_WIRE_LEN, KS_RULE_FIXED, KS_COMMITMENT_LEN, KS_M(commitment)},
-    {KS_FIELD_CIPHERTEXT, KS_WIRE_LEN, KS_RULE_OPAQUE, KS_TAG_LEN, KS_M(ciphertext)},
+    KS_RULES_COMMON,
+    {KS_FIELD_PURPOSE, KS_WIRE_LEN, KS_RULE_NAME, 1, KS_M(purpose), KS_L(max_purpose)},
+    {KS_FIELD_COMMITMENT, KS_WIRE_LEN, KS_RULE_FIXED, KS_COMMITMENT_LEN, KS_M(commitment),
+     KS_NO_LIMIT},
+    KS_RULE_CIPHERTEXT,
 };
 
 /* The field table of a version, or NULL for an unsupported version. */
@@ -118,38 +123,40 @@ static const uint8_t ks_charclass[256] = {
 };
 
 /* Return the index of the first byte of p[0, n) outside the character
- * class of `kind` (KS_RULE_NAME or KS_RULE_KEY_ID), or n if all are in. */
+ * class of `kind` (KS_RULE_NAME or KS_RULE_KEY_ID), or n if all are in.
+ * The common case, every byte allowed, runs without a branch per byte;
+ * only a failure rescans to find the offending byte. */
 static inline size_t ks_rules_charset_scan(uint8_t kind, const uint8_t *p, size_t n)
 {
     const uint8_t mask = kind == KS_RULE_KEY_ID ? KS_CC_KEY_ID : KS_CC_NAME;
+    uint8_t all = mask;
+    size_t i = 0;
     assert(kind == KS_RULE_NAME || kind == KS_RULE_KEY_ID);
-    for (size_t i = 0; i < n; i++) {
-        if ((ks_charclass[p[i]] & mask) == 0) {
-            return i;
-        }
+    /* Four independent lookups per step keep the loads in flight. */
+    for (; n - i >= 4; i += 4) {
+        all &= (uint8_t)(ks_charclass[p[i]] & ks_charclass[p[i + 1]] & ks_charclass[p[i + 2]] &
+                         ks_charclass[p[i + 3]]);
     }
-    return n;
+    for (; i < n; i++) {
+        all &= ks_charclass[p[i]];
+    }
+    if (all != 0) {
+        return n;
+    }
+    i = 0;
+    while ((ks_charclass[p[i]] & mask) != 0) {
+        i++;
+    }
+    assert(i < n);
+    return i;
 }
 
-/* The largest length `lim` allows for a bytes field of rule r; the caller
- * has checked lim with ks_limits_check(). For NONCE and FIXED fields the
- * maximum equals the minimum, passed in as exact. */
-static inline size_t ks_rules_max_len(const ks_field_rule *r, const ks_limits *lim, size_t exact)
+/* The largest length `lim` allows for a variable-length bytes field r;
+ * the caller has checked lim with ks_limits_check(). */
+static inline size_t ks_rules_max_len(const ks_field_rule *r, const ks_limits *lim)
 {
-    switch (r->number) {
-    case KS_FIELD_TENANT:
-        return lim->max_tenant;
-    case KS_FIELD_KEY_ID:
-        return lim->max_key_id;
-    case KS_FIELD_WRAPPED_DEK:
-        return lim->max_wrapped_dek;
-    case KS_FIELD_PURPOSE:
-        return lim->max_purpose;
-    case KS_FIELD_CIPHERTEXT:
-        return lim->max_ciphertext;
-    default:
-        return exact;
-    }
+    assert(r->limit != KS_NO_LIMIT);
+    return *(const size_t *)(const void *)((const char *)lim + r->limit);
 }
 
 /*
@@ -162,11 +169,11 @@ static inline size_t ks_rules_max_len(const ks_field_rule *r, const ks_limits *l
 static inline ks_err ks_rules_check_len(const ks_field_rule *r, const ks_limits *lim, size_t nonce_len,
                                         uint64_t n)
 {
-    size_t exact = r->kind == KS_RULE_NONCE ? nonce_len : r->min_len;
     if (r->kind == KS_RULE_NONCE || r->kind == KS_RULE_FIXED) {
+        size_t exact = r->kind == KS_RULE_NONCE ? nonce_len : r->min_len;
         return n == exact ? KS_OK : KS_ERR_BAD_VALUE;
     }
-    if (n > ks_rules_max_len(r, lim, exact)) {
+    if (n > ks_rules_max_len(r, lim)) {
         return KS_ERR_TOO_LARGE;
     }
     if (n < r->min_len) {

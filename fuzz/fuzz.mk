@@ -1,3 +1,216 @@
 # fuzz/fuzz.mk -- fuzz targets, corpus replay, coverage gate (included by the Makefile).
-fuzz-replay fuzz-smoke fuzz fuzz-afl coverage:
-	@echo "$@: not yet"
+#
+# Every fuzz/<target>.c is built four ways, under $(B)/fuzz/:
+#   lf/      libFuzzer  (clang-14, ASan+UBSan, library with fuzzer-no-link)
+#   afl/     AFL++      (afl-clang-fast, ASan+UBSan, libAFLDriver via -fsanitize=fuzzer; + cmplog)
+#   replay/  plain main over files and directories (fuzz/replay_main.c), ASan+UBSan
+#   cov/     replay main with clang source-based coverage (-DNDEBUG: see docs/fuzzing.md)
+#
+#   make fuzz-replay     replay corpus/<target>/ and corpus/regressions/ under ASan+UBSan
+#   make coverage        llvm-cov over the same inputs; gate on parser/ lines and branches
+#   make fuzz-smoke      each libFuzzer target for FUZZ_SMOKE_SECONDS from a copy of the corpus
+#   make fuzz            each libFuzzer target for FUZZ_SECONDS, corpus kept in $(B)/fuzz/run/
+#   make fuzz-afl        each target under afl-fuzz -V $(AFL_SECONDS)
+#   make oss-fuzz-check  run fuzz/oss-fuzz/build.sh locally and check what it leaves in $OUT
+#   make fuzz-seeds      regenerate corpus/<target>/ seeds (spec vectors + built-in)
+#
+# Nothing here writes into corpus/ except fuzz-seeds.
+
+FUZZ_TARGETS := fuzz_parse fuzz_differential
+FUZZ_SMOKE_SECONDS ?= 20
+FUZZ_SECONDS ?= 60
+AFL_SECONDS ?= 20
+FUZZ_TIMEOUT ?= 5
+FUZZ_RSS_MB ?= 2560
+FUZZ_COV_MIN_LINES ?= 95
+FUZZ_COV_MIN_BRANCHES ?= 90
+FUZZ_DICT := corpus/envelope.dict
+AFL_CC ?= afl-clang-fast
+LLVM_PROFDATA ?= llvm-profdata-14
+LLVM_COV ?= llvm-cov-14
+CLANGXX ?= $(if $(shell command -v clang++-14),clang++-14,$(CLANG))
+
+FZ := $(B)/fuzz
+FUZZ_BASE := -O1 -g -fno-omit-frame-pointer -DFUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=all
+FUZZ_INC := $(INC) -I$(B)/gen
+FUZZ_LIBS := -lprotobuf-nanopb
+# max_len of a target, from its committed .options file (shared with OSS-Fuzz).
+fuzz_max_len = $(shell sed -n 's/^max_len *= *//p' fuzz/$(1).options)
+
+FUZZ_LIB_C := $(LIB_SRCS) $(NANOPB_C)
+FUZZ_DEPS := $(LIB_HDRS) $(NANOPB_H) fuzz/fuzz.mk
+
+# ---- object files per flavour -------------------------------------------
+# $(B)/fuzz/<flavour>/obj/<path>.o; build/gen/envelope.pb.c lands under obj/build/gen/.
+
+FUZZ_LF_CFLAGS := $(FUZZ_BASE) $(FUZZ_SAN) -fsanitize=fuzzer-no-link
+FUZZ_RP_CFLAGS := $(FUZZ_BASE) $(FUZZ_SAN)
+FUZZ_CV_CFLAGS := -O0 -g -fprofile-instr-generate -fcoverage-mapping -DNDEBUG
+
+$(FZ)/lf/obj/%.o: %.c $(FUZZ_DEPS)
+	@mkdir -p $(dir $@)
+	$(CLANG) $(WARN) $(FUZZ_LF_CFLAGS) $(FUZZ_INC) -c $< -o $@
+$(FZ)/replay/obj/%.o: %.c $(FUZZ_DEPS)
+	@mkdir -p $(dir $@)
+	$(CLANG) $(WARN) $(FUZZ_RP_CFLAGS) $(FUZZ_INC) -c $< -o $@
+$(FZ)/cov/obj/%.o: %.c $(FUZZ_DEPS)
+	@mkdir -p $(dir $@)
+	$(CLANG) $(WARN) $(FUZZ_CV_CFLAGS) $(FUZZ_INC) -c $< -o $@
+
+FUZZ_LF_OBJS := $(FUZZ_LIB_C:%.c=$(FZ)/lf/obj/%.o)
+FUZZ_RP_OBJS := $(FUZZ_LIB_C:%.c=$(FZ)/replay/obj/%.o)
+FUZZ_CV_OBJS := $(FUZZ_LIB_C:%.c=$(FZ)/cov/obj/%.o)
+
+FUZZ_LF_BINS := $(FUZZ_TARGETS:%=$(FZ)/lf/%)
+FUZZ_RP_BINS := $(FUZZ_TARGETS:%=$(FZ)/replay/%)
+FUZZ_CV_BINS := $(FUZZ_TARGETS:%=$(FZ)/cov/%)
+FUZZ_AFL_BINS := $(FUZZ_TARGETS:%=$(FZ)/afl/%) $(FUZZ_TARGETS:%=$(FZ)/afl/%.cmplog)
+
+# ---- binaries -------------------------------------------------------------
+
+$(FUZZ_LF_BINS): $(FZ)/lf/%: $(FZ)/lf/obj/fuzz/%.o $(FUZZ_LF_OBJS)
+	$(CLANG) $(FUZZ_BASE) $(FUZZ_SAN) -fsanitize=fuzzer $^ $(FUZZ_LIBS) -o $@
+
+$(FUZZ_RP_BINS): $(FZ)/replay/%: $(FZ)/replay/obj/fuzz/%.o $(FZ)/replay/obj/fuzz/replay_main.o $(FUZZ_RP_OBJS)
+	$(CLANG) $(FUZZ_RP_CFLAGS) $^ $(FUZZ_LIBS) -o $@
+
+$(FUZZ_CV_BINS): $(FZ)/cov/%: $(FZ)/cov/obj/fuzz/%.o $(FZ)/cov/obj/fuzz/replay_main.o $(FUZZ_CV_OBJS)
+	$(CLANG) $(FUZZ_CV_CFLAGS) $^ $(FUZZ_LIBS) -o $@
+
+# AFL++: one compiler call per binary (afl-clang-fast instruments at compile time).
+$(FUZZ_TARGETS:%=$(FZ)/afl/%): $(FZ)/afl/%: fuzz/%.c $(FUZZ_LIB_C) $(FUZZ_DEPS)
+	@mkdir -p $(dir $@)
+	AFL_QUIET=1 AFL_USE_ASAN=1 AFL_USE_UBSAN=1 $(AFL_CC) $(WARN) $(FUZZ_BASE) $(FUZZ_INC) \
+	    -fsanitize=fuzzer $< $(FUZZ_LIB_C) $(FUZZ_LIBS) -o $@
+$(FUZZ_TARGETS:%=$(FZ)/afl/%.cmplog): $(FZ)/afl/%.cmplog: fuzz/%.c $(FUZZ_LIB_C) $(FUZZ_DEPS)
+	@mkdir -p $(dir $@)
+	AFL_QUIET=1 AFL_USE_ASAN=1 AFL_LLVM_CMPLOG=1 $(AFL_CC) $(WARN) $(FUZZ_BASE) $(FUZZ_INC) \
+	    -fsanitize=fuzzer $< $(FUZZ_LIB_C) $(FUZZ_LIBS) -o $@
+
+.PRECIOUS: $(FZ)/lf/obj/%.o $(FZ)/replay/obj/%.o $(FZ)/cov/obj/%.o
+.PHONY: fuzz-build fuzz-seeds oss-fuzz-check
+
+fuzz-build: $(FUZZ_LF_BINS) $(FUZZ_RP_BINS)
+
+fuzz-seeds:
+	$(PYTHON_DEBIAN) fuzz/seeds.py
+
+# ---- replay -----------------------------------------------------------------
+# Each input in an exact-size malloc buffer; ASan+UBSan abort on the first
+# problem, an oracle failure aborts; both fail the target.
+
+fuzz-replay: $(FUZZ_RP_BINS)
+	@set -e; total=0; \
+	 for t in $(FUZZ_TARGETS); do \
+	     out=$$($(FZ)/replay/$$t corpus/$$t corpus/regressions) || { echo "$$out"; \
+	         echo "fuzz-replay: $$t FAILED (rerun with REPLAY_VERBOSE=1 to see the input)"; exit 1; }; \
+	     echo "fuzz-replay: $$out"; \
+	     n=$$(echo "$$out" | sed -n 's/.*replayed \([0-9]*\) inputs.*/\1/p'); total=$$((total + n)); \
+	 done; \
+	 echo "fuzz-replay: $$total inputs replayed under ASan+UBSan, no failure"
+
+# ---- coverage gate ------------------------------------------------------------
+
+FUZZ_COV_DIR := $(FZ)/cov
+FUZZ_COV_SRCS := parser/envelope.c parser/cursor.h
+
+coverage: $(FUZZ_CV_BINS)
+	@set -e; rm -rf $(FUZZ_COV_DIR)/prof; mkdir -p $(FUZZ_COV_DIR)/prof; \
+	 for t in $(FUZZ_TARGETS); do \
+	     LLVM_PROFILE_FILE='$(FUZZ_COV_DIR)/prof/'$$t'-%p.profraw' $(FUZZ_COV_DIR)/$$t \
+	         corpus/$$t corpus/regressions >/dev/null; \
+	 done; \
+	 $(LLVM_PROFDATA) merge -sparse $(FUZZ_COV_DIR)/prof/*.profraw -o $(FUZZ_COV_DIR)/all.profdata; \
+	 objs="$(firstword $(FUZZ_CV_BINS)) $(patsubst %,-object %,$(wordlist 2,99,$(FUZZ_CV_BINS)))"; \
+	 $(LLVM_COV) report $$objs -instr-profile=$(FUZZ_COV_DIR)/all.profdata $(FUZZ_COV_SRCS); \
+	 $(LLVM_COV) show $$objs -instr-profile=$(FUZZ_COV_DIR)/all.profdata -show-branches=count \
+	     -format=text $(FUZZ_COV_SRCS) > $(FUZZ_COV_DIR)/parser.txt; \
+	 $(LLVM_COV) export $$objs -instr-profile=$(FUZZ_COV_DIR)/all.profdata -summary-only \
+	     $(FUZZ_COV_SRCS) > $(FUZZ_COV_DIR)/summary.json; \
+	 $(PYTHON_DEBIAN) -c 'import json,sys; t=json.load(open(sys.argv[1]))["data"][0]["totals"]; \
+	     l=t["lines"]; b=t["branches"]; \
+	     print("coverage: parser/ lines %.2f%% (%d/%d), branches %.2f%% (%d/%d); gate %s%% / %s%%" % \
+	           (l["percent"], l["covered"], l["count"], b["percent"], b["covered"], b["count"], sys.argv[2], sys.argv[3])); \
+	     ok = l["percent"] >= float(sys.argv[2]) and b["percent"] >= float(sys.argv[3]); \
+	     print("coverage: " + ("ok" if ok else "FAILED: below the gate; see " + sys.argv[4])); \
+	     sys.exit(0 if ok else 1)' \
+	     $(FUZZ_COV_DIR)/summary.json $(FUZZ_COV_MIN_LINES) $(FUZZ_COV_MIN_BRANCHES) $(FUZZ_COV_DIR)/parser.txt
+
+# ---- libFuzzer runs -----------------------------------------------------------
+# $(call fuzz_run,target,seconds,workdir,fresh): run from workdir/corpus, which
+# is seeded from corpus/<target>/ and corpus/regressions/ (fresh=1: emptied first).
+define fuzz_run
+	set -e; w=$(3)/$(1); \
+	 if [ "$(4)" = 1 ]; then rm -rf $$w; fi; mkdir -p $$w/corpus $$w/artifacts; \
+	 find corpus/$(1) corpus/regressions -maxdepth 1 -type f ! -name 'README*' -exec cp -f {} $$w/corpus/ \; ; \
+	 if ASAN_OPTIONS=$(ASAN_OPTIONS):detect_leaks=1 $(FZ)/lf/$(1) -max_total_time=$(2) \
+	     -max_len=$(call fuzz_max_len,$(1)) -timeout=$(FUZZ_TIMEOUT) -rss_limit_mb=$(FUZZ_RSS_MB) \
+	     -dict=$(FUZZ_DICT) -detect_leaks=1 -print_final_stats=1 \
+	     -artifact_prefix=$$w/artifacts/ $$w/corpus > $$w/log 2>&1; then \
+	     execs=$$(sed -n 's/^stat::number_of_executed_units: *//p' $$w/log); \
+	     eps=$$(sed -n 's/^stat::average_exec_per_sec: *//p' $$w/log); \
+	     echo "$(1): ok, $$execs execs in $(2) s, $$eps exec/s, corpus $$(ls $$w/corpus | wc -l) files ($$w)"; \
+	 else \
+	     tail -n 60 $$w/log; \
+	     echo "$(1): FAILED; crash input in $$w/artifacts/: $$(ls $$w/artifacts)"; exit 1; \
+	 fi
+endef
+
+fuzz-smoke: $(FUZZ_LF_BINS)
+	@$(foreach t,$(FUZZ_TARGETS),$(call fuzz_run,$(t),$(FUZZ_SMOKE_SECONDS),$(FZ)/smoke,1) && ) true
+	@echo "fuzz-smoke: all targets ran $(FUZZ_SMOKE_SECONDS) s without a finding"
+
+fuzz: $(FUZZ_LF_BINS)
+	@$(foreach t,$(FUZZ_TARGETS),$(call fuzz_run,$(t),$(FUZZ_SECONDS),$(FZ)/run,0) && ) true
+
+# ---- AFL++ --------------------------------------------------------------------
+# AFL++ requires these sanitizer options (abort_on_error, symbolize=0).
+AFL_ENV := AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 AFL_NO_UI=1 \
+           AFL_NO_AFFINITY=1 \
+           ASAN_OPTIONS=abort_on_error=1:symbolize=0:detect_leaks=0 \
+           UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:symbolize=0
+
+fuzz-afl: $(FUZZ_AFL_BINS)
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	     o=$(FZ)/afl/out/$$t; rm -rf $$o; mkdir -p $$o; \
+	     $(AFL_ENV) afl-fuzz -V $(AFL_SECONDS) -i corpus/$$t -o $$o -x $(FUZZ_DICT) \
+	         -c $(FZ)/afl/$$t.cmplog -- $(FZ)/afl/$$t > $$o.log 2>&1 || { tail -n 40 $$o.log; \
+	         echo "fuzz-afl: afl-fuzz failed for $$t"; exit 1; }; \
+	     s=$$o/default/fuzzer_stats; \
+	     crashes=$$(sed -n 's/^saved_crashes *: *//p' $$s); \
+	     echo "fuzz-afl: $$t: $$(sed -n 's/^execs_done *: *//p' $$s) execs, \
+	$$(sed -n 's/^execs_per_sec *: *//p' $$s) execs/s, corpus $$(sed -n 's/^corpus_count *: *//p' $$s), \
+	crashes $$crashes, hangs $$(sed -n 's/^saved_hangs *: *//p' $$s)"; \
+	     if [ "$$crashes" != 0 ]; then echo "fuzz-afl: crashes in $$o/default/crashes/"; exit 1; fi; \
+	 done
+
+# ---- OSS-Fuzz build, locally ----------------------------------------------------
+# $SRC/keyshift is a symlink to this checkout; $OUT and $WORK are under $(B).
+
+OSS_DIR := $(FZ)/oss-fuzz
+OSS_CFLAGS := -O1 -fno-omit-frame-pointer -gline-tables-only -DFUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION \
+              -fsanitize=address,undefined -fsanitize-address-use-after-scope -fsanitize=fuzzer-no-link
+
+oss-fuzz-check:
+	@set -e; rm -rf $(OSS_DIR); mkdir -p $(OSS_DIR)/src $(OSS_DIR)/out $(OSS_DIR)/work; \
+	 ln -s $(CURDIR) $(OSS_DIR)/src/keyshift; \
+	 echo "oss-fuzz-check: CC=$(CLANG) CXX=$(CLANGXX)"; \
+	 env CC=$(CLANG) CXX=$(CLANGXX) CFLAGS="$(OSS_CFLAGS)" CXXFLAGS="$(OSS_CFLAGS)" \
+	     LIB_FUZZING_ENGINE=-fsanitize=fuzzer SRC=$(CURDIR)/$(OSS_DIR)/src \
+	     OUT=$(CURDIR)/$(OSS_DIR)/out WORK=$(CURDIR)/$(OSS_DIR)/work \
+	     bash fuzz/oss-fuzz/build.sh > $(OSS_DIR)/build.log 2>&1 || { tail -n 40 $(OSS_DIR)/build.log; \
+	     echo "oss-fuzz-check: build.sh failed"; exit 1; }; \
+	 out=$(OSS_DIR)/out; \
+	 for t in $(FUZZ_TARGETS); do \
+	     for f in $$t $${t}_seed_corpus.zip $$t.dict $$t.options; do \
+	         [ -s $$out/$$f ] || { echo "oss-fuzz-check: missing $$out/$$f"; exit 1; }; \
+	     done; \
+	     [ -x $$out/$$t ] || { echo "oss-fuzz-check: $$out/$$t not executable"; exit 1; }; \
+	     grep -q '^\[libfuzzer\]' $$out/$$t.options && grep -q '^max_len *= *[0-9]' $$out/$$t.options && \
+	         grep -q "^dict *= *$$t.dict" $$out/$$t.options || { echo "oss-fuzz-check: bad $$t.options"; exit 1; }; \
+	     n=$$(unzip -Z1 $$out/$${t}_seed_corpus.zip | wc -l); \
+	     (cd $$out && ./$$t -runs=2000 -dict=$$t.dict -max_len=4096 >$$t.log 2>&1) || \
+	         { tail -n 30 $$out/$$t.log; echo "oss-fuzz-check: $$t does not run"; exit 1; }; \
+	     echo "oss-fuzz-check: $$t ok ($$n seeds in zip, dict, options, 2000 runs)"; \
+	 done

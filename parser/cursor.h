@@ -115,6 +115,12 @@ static inline ks_err ks_cursor_read_varint32(ks_cursor *c, uint32_t *out)
     const uint8_t *p = c->buf + c->pos;
     uint32_t v = 0;
 
+    /* Fast path: a one-byte varint (tags, and most values and lengths). */
+    if (avail > 0 && p[0] < 0x80) {
+        *out = p[0];
+        c->pos++;
+        return KS_OK;
+    }
     for (size_t i = 0; i < 5; i++) {
         if (i + 1 > avail) {
             return KS_ERR_TRUNCATED;

@@ -67,11 +67,13 @@ static ks_err parse_prefix(ks_cursor *c, uint8_t *version, size_t *offset)
 
 /*
  * Read one field's value, whose tag has been read and checked, into *out.
- * On failure returns the code and sets *offset.  In header mode a
- * ciphertext that runs past the input is accepted (its view left absent).
+ * nonce_len is the nonce length of the envelope's algorithm (field 1 is
+ * always parsed first).  On failure returns the code and sets *offset.  In
+ * header mode a ciphertext that runs past the input is accepted (its view
+ * left absent).
  */
-static ks_err parse_value(ks_cursor *c, const ks_field_rule *r, const ks_limits *lim, int mode,
-                          ks_envelope *out, size_t *offset)
+static ks_err parse_value(ks_cursor *c, const ks_field_rule *r, const ks_limits *lim,
+                          size_t nonce_len, int mode, ks_envelope *out, size_t *offset)
 {
     uint32_t v;
     ks_err e;
@@ -89,7 +91,7 @@ static ks_err parse_value(ks_cursor *c, const ks_field_rule *r, const ks_limits 
     }
 
     /* A length-delimited field: v is its length [F-LEN-1..3]. */
-    if ((e = ks_rules_check_len(r, lim, ks_alg_nonce_len(out->algorithm), v)) != KS_OK) {
+    if ((e = ks_rules_check_len(r, lim, nonce_len, v)) != KS_OK) {
         return e;
     }
     ks_bytes *view = ks_rules_bytes(out, r);
@@ -117,30 +119,79 @@ static ks_err parse_value(ks_cursor *c, const ks_field_rule *r, const ks_limits 
 }
 
 /*
- * The decoder proper.  The envelope is a fixed sequence of fields per
- * version (format/rules.h), so the state is just the index of the next
- * expected field: a tag is compared with it to tell unknown, duplicate or
- * decreasing, skipped, and expected fields apart.
+ * Explain a tag that is not the one-byte canonical tag of the field
+ * expected next (rules[next], or the end of input when next == count).
+ * The tag is decoded in full and classified, in the precedence order of
+ * docs/format.md section 5: varint errors, unknown-field, field-order,
+ * missing-field, wire-type.  *field receives the field number the error
+ * concerns.  Always returns an error: a tag that matched would have taken
+ * the fast path.
+ */
+static ks_err diagnose_tag(ks_cursor *c, const ks_field_rule *rules, size_t count, size_t next,
+                           uint32_t *field)
+{
+    uint32_t tag;
+    ks_err e;
+
+    *field = 0;
+    if ((e = ks_cursor_read_varint32(c, &tag)) != KS_OK) {
+        return e; /* [F-VARINT-1..4] */
+    }
+    const uint32_t number = tag >> 3;
+    const int idx = ks_rules_index(rules, count, number);
+    *field = number;
+    if (idx < 0) {
+        return KS_ERR_UNKNOWN_FIELD; /* [F-UNKNOWN-1] */
+    }
+    if ((size_t)idx < next) {
+        return KS_ERR_FIELD_ORDER; /* [F-ORDER-1], and [F-END-1] after the last field */
+    }
+    if ((size_t)idx > next) {
+        *field = rules[next].number;
+        return KS_ERR_MISSING_FIELD; /* [F-REQ-1] every field of the version is required */
+    }
+    /* The expected field with another wire type.  (A multi-byte spelling
+     * of the right tag was already refused as noncanonical-varint.) */
+    assert((tag & 7u) != rules[idx].wire);
+    return KS_ERR_WIRE_TYPE; /* [F-WIRE-2] */
+}
+
+/*
+ * The decoder proper.  Each version is a fixed sequence of fields
+ * (format/rules.h), each with a one-byte canonical tag [F-VARINT-5], so the
+ * common case is a straight walk: compare one byte with the expected tag,
+ * read the value.  Any other tag byte goes to diagnose_tag(), which works
+ * out the precise error.
  */
 static ks_err parse(const uint8_t *buf, size_t len, const ks_limits *lim, ks_envelope *out,
                     ks_parse_error *err, int mode)
 {
-    ks_limits defaults;
+    static const ks_limits defaults = {KS_TENANT_MAX, KS_KEY_ID_MAX, KS_WRAPPED_DEK_MAX,
+                                       KS_PURPOSE_MAX, KS_CIPHERTEXT_DEFAULT_MAX};
     size_t offset = 0;
     uint8_t version = 0;
+    uint32_t field = 0;
     ks_err e;
 
     if (out == NULL) {
+        if (err != NULL) {
+            *err = (ks_parse_error){KS_ERR_INVALID_ARGUMENT, 0, 0};
+        }
         return KS_ERR_INVALID_ARGUMENT;
     }
     if (lim == NULL) {
-        ks_limits_default(&defaults);
         lim = &defaults;
-    }
-    if ((buf == NULL && len != 0) || ks_limits_check(lim) != KS_OK) {
+    } else if (ks_limits_check(lim) != KS_OK) {
         return reject(out, err, KS_ERR_INVALID_ARGUMENT, 0, 0);
     }
-    memset(out, 0, sizeof *out);
+    if (buf == NULL && len != 0) {
+        return reject(out, err, KS_ERR_INVALID_ARGUMENT, 0, 0);
+    }
+    /* Every member is assigned below on success; only those a version or
+     * mode may leave unset are cleared here (reject() clears them all). */
+    out->purpose = (ks_bytes){NULL, 0};
+    out->commitment = (ks_bytes){NULL, 0};
+    out->ciphertext = (ks_bytes){NULL, 0};
 
     ks_cursor c = ks_cursor_init(buf, len);
     if ((e = parse_prefix(&c, &version, &offset)) != KS_OK) {
@@ -150,45 +201,40 @@ static ks_err parse(const uint8_t *buf, size_t len, const ks_limits *lim, ks_env
 
     size_t count;
     const ks_field_rule *rules = ks_rules_for(version, &count);
-    assert(rules != NULL);
-    size_t next = 0; /* index in rules of the field expected next */
+    assert(rules != NULL && rules[0].number == KS_FIELD_ALGORITHM);
+    size_t nonce_len = 0;
 
-    while (!ks_cursor_is_empty(&c)) {
+    for (size_t next = 0; next < count; next++) {
+        const ks_field_rule *r = &rules[next];
         const size_t tag_offset = ks_cursor_offset(&c);
-        uint32_t tag;
-        if ((e = ks_cursor_read_varint32(&c, &tag)) != KS_OK) {
-            return reject(out, err, e, tag_offset, 0); /* [F-VARINT-1..4] */
+        if (ks_cursor_is_empty(&c)) {
+            /* [F-END-1] the input ended before the last field */
+            return reject(out, err, KS_ERR_TRUNCATED, len, r->number);
         }
-        const uint32_t number = tag >> 3;
-        const int idx = ks_rules_index(rules, count, number);
-        if (idx < 0) {
-            return reject(out, err, KS_ERR_UNKNOWN_FIELD, tag_offset, number); /* [F-UNKNOWN-1] */
-        }
-        if ((size_t)idx < next) {
-            return reject(out, err, KS_ERR_FIELD_ORDER, tag_offset, number); /* [F-ORDER-1] */
-        }
-        if ((size_t)idx > next) {
-            /* [F-REQ-1] every field of the version is required */
-            return reject(out, err, KS_ERR_MISSING_FIELD, tag_offset, rules[next].number);
-        }
-        const ks_field_rule *r = &rules[idx];
-        if ((tag & 7u) != r->wire) {
-            return reject(out, err, KS_ERR_WIRE_TYPE, tag_offset, number); /* [F-WIRE-2] */
+        if (c.buf[c.pos] == (uint8_t)(r->number << 3 | r->wire)) {
+            c.pos++;
+        } else {
+            e = diagnose_tag(&c, rules, count, next, &field);
+            return reject(out, err, e, tag_offset, field);
         }
         if (r->number == KS_FIELD_CIPHERTEXT) {
             out->header_len = tag_offset;
         }
-        if ((e = parse_value(&c, r, lim, mode, out, &offset)) != KS_OK) {
-            return reject(out, err, e, offset, number);
+        if ((e = parse_value(&c, r, lim, nonce_len, mode, out, &offset)) != KS_OK) {
+            return reject(out, err, e, offset, r->number);
         }
-        next++;
-        if (mode == KS_PARSE_HEADER && next == count) {
-            return KS_OK; /* [F-HDR-1] bytes after the ciphertext are not looked at */
+        if (r->number == KS_FIELD_ALGORITHM) {
+            nonce_len = ks_alg_nonce_len(out->algorithm);
         }
     }
-    if (next < count) {
-        /* [F-END-1] the input ended before the last field */
-        return reject(out, err, KS_ERR_TRUNCATED, len, rules[next].number);
+    if (mode == KS_PARSE_HEADER) {
+        return KS_OK; /* [F-HDR-1] bytes after the ciphertext are not looked at */
+    }
+    if (!ks_cursor_is_empty(&c)) {
+        /* [F-END-1] nothing may follow the ciphertext field */
+        const size_t tag_offset = ks_cursor_offset(&c);
+        e = diagnose_tag(&c, rules, count, count, &field);
+        return reject(out, err, e, tag_offset, field);
     }
     out->total_len = len;
     return KS_OK;

@@ -182,12 +182,14 @@ KS_API KS_WUR ks_err ks_envelope_parse_header(const uint8_t *buf, size_t len, co
 
 /*
  * Check that env would parse back under lim (NULL: defaults): the version
- * is 1 or 2, every field follows its rule, v2-only fields are absent in v1
- * and present in v2.  header_len and total_len are ignored.
- * Returns KS_OK or the code ks_envelope_parse() would give for the encoded
- * bytes (KS_ERR_BAD_VALUE, KS_ERR_TOO_LARGE, KS_ERR_MISSING_FIELD,
- * KS_ERR_UNKNOWN_FIELD, KS_ERR_UNSUPPORTED_VERSION), or
- * KS_ERR_INVALID_ARGUMENT for bad limits or a view with ptr NULL and len > 0.
+ * is 1 or 2, every field follows its rule, v2-only fields are empty in v1.
+ * header_len and total_len are ignored.  Returns KS_OK, or the code the
+ * parser would give for the encoded bytes: KS_ERR_UNSUPPORTED_VERSION,
+ * KS_ERR_UNKNOWN_FIELD (a non-empty purpose or commitment in v1, checked
+ * first), then, in field order, KS_ERR_BAD_VALUE or KS_ERR_TOO_LARGE (an
+ * empty required field is bad-value, since the encoder always writes every
+ * field); KS_ERR_INVALID_ARGUMENT for bad limits or a view whose ptr is
+ * NULL while its len is not 0.
  */
 KS_API KS_WUR ks_err ks_envelope_check(const ks_envelope *env, const ks_limits *lim);
 

@@ -1,0 +1,69 @@
+#!/bin/bash -eu
+# fuzz/build.sh -- build keyshift's fuzz targets the OSS-Fuzz way.
+#
+# Called by fuzz/oss-fuzz/build.sh (OSS-Fuzz), .clusterfuzzlite/build.sh
+# (ClusterFuzzLite) and `make oss-fuzz-check`.  Uses only the OSS-Fuzz
+# interface: $CC, $CXX, $CFLAGS, $LIB_FUZZING_ENGINE, $OUT (and $WORK for
+# intermediate files when set).  Links with $CXX, as OSS-Fuzz requires even
+# for C.  For each target in fuzz/ it leaves in $OUT:
+#   <target>                 the fuzzer
+#   <target>_seed_corpus.zip corpus/<target>/ + corpus/regressions/
+#   <target>.dict            corpus/envelope.dict
+#   <target>.options         fuzz/<target>.options ([libfuzzer] max_len, dict)
+#
+# nanopb: the system package (nanopb + libnanopb-dev, 0.4.x) by default.  If
+# a nanopb source tree is at $NANOPB_SRC (default $SRC/nanopb when present),
+# its generator and pb_*.c are used instead, compiled with $CFLAGS.
+cd "$(dirname "$0")/.."
+
+: "${CC:?}" "${CXX:?}" "${LIB_FUZZING_ENGINE:?}" "${OUT:?}"
+CFLAGS=${CFLAGS:-}
+WORK=${WORK:-build/oss-fuzz-work}
+TARGETS="fuzz_parse fuzz_differential"
+LIB_SRCS="format/format.c format/encode.c parser/envelope.c"
+
+GEN=$WORK/keyshift-gen
+OBJ=$WORK/keyshift-obj
+rm -rf "$GEN" "$OBJ"
+mkdir -p "$GEN" "$OBJ" "$OUT"
+
+NANOPB_SRC=${NANOPB_SRC:-${SRC:-/nonexistent}/nanopb}
+NANOPB_OBJS=""
+if [ -f "$NANOPB_SRC/pb_decode.c" ]; then
+    python3 "$NANOPB_SRC/generator/nanopb_generator.py" -q -I format -D "$GEN" format/envelope.proto
+    for f in pb_common pb_decode pb_encode; do
+        $CC $CFLAGS -I"$NANOPB_SRC" -c "$NANOPB_SRC/$f.c" -o "$OBJ/$f.o"
+        NANOPB_OBJS="$NANOPB_OBJS $OBJ/$f.o"
+    done
+    NANOPB_INC="-I$NANOPB_SRC"
+    NANOPB_LIB=""
+else
+    # Debian/Ubuntu package; its script's shebang names the system python3,
+    # which has the protobuf module (a python3 earlier on PATH may not).
+    gen=$(command -v nanopb_generator.py || command -v nanopb_generator)
+    "$gen" -q -I format -D "$GEN" format/envelope.proto
+    NANOPB_INC=""
+    NANOPB_LIB="-lprotobuf-nanopb"
+fi
+
+INCS="-Iinclude -I$GEN $NANOPB_INC"
+for src in $LIB_SRCS "$GEN/envelope.pb.c"; do
+    o="$OBJ/$(basename "${src%.c}").o"
+    $CC $CFLAGS -std=c11 $INCS -c "$src" -o "$o"
+    LIB_OBJS="${LIB_OBJS:-} $o"
+done
+
+for t in $TARGETS; do
+    $CC $CFLAGS -std=c11 $INCS -c "fuzz/$t.c" -o "$OBJ/$t.o"
+    # shellcheck disable=SC2086
+    $CXX $CFLAGS "$OBJ/$t.o" $LIB_OBJS $NANOPB_OBJS $LIB_FUZZING_ENGINE $NANOPB_LIB -o "$OUT/$t"
+
+    seeds="$WORK/keyshift-seeds-$t"
+    rm -rf "$seeds" && mkdir -p "$seeds"
+    find "corpus/$t" corpus/regressions -maxdepth 1 -type f ! -name 'README*' ! -name '.*' \
+        -exec cp -f {} "$seeds/" \;
+    rm -f "$OUT/${t}_seed_corpus.zip"
+    (cd "$seeds" && zip -q -r "$OUT/${t}_seed_corpus.zip" .)
+    cp corpus/envelope.dict "$OUT/$t.dict"
+    cp "fuzz/$t.options" "$OUT/$t.options"
+done

@@ -1,0 +1,358 @@
+/*
+ * fuzz/fuzz_parse.c -- the strict parser and the canonical encoder, on
+ * arbitrary bytes.
+ *
+ * Oracles (each failure calls abort(), so every engine reports it):
+ *   1. Full parse under the defaults.  A rejection has a rejection code
+ *      (1..11), an offset within [0, len], and a zeroed result.  An
+ *      acceptance has every view inside the input, total_len == len, the
+ *      ciphertext as the last bytes, and passes ks_envelope_check().
+ *   2. Round trip: ks_envelope_encoded_len() == len, ks_envelope_encode()
+ *      gives the identical bytes, a smaller buffer gives buffer-too-small,
+ *      and a second parse gives identical views (same pointers, lengths and
+ *      values).
+ *   3. Header parse on the same bytes: full accepted => header accepted with
+ *      the same fields, total_len == len and the same header_len.  Header
+ *      rejected => full rejected with the same code, offset and field.
+ *      Header accepted with total_len < len => buf[0, total_len) is a whole
+ *      envelope that parses to the same fields; total_len > len => the full
+ *      parse says truncated.
+ *   4. Lowered limits derived from the last input bytes (ciphertext bytes of
+ *      a valid envelope, so mutating them keeps the envelope valid):
+ *      accepted under lowered => accepted under defaults, with the same
+ *      fields, and no longer than ks_envelope_max_len(lowered).  A result
+ *      that differs from the defaults' must be too-large, no later than the
+ *      defaults' rejection.
+ *   5. Caller errors (NULL out, NULL buffer, out-of-range limits) give
+ *      invalid-argument whatever the input.
+ *   6. The cursor primitives of parser/cursor.h on the same bytes: varints
+ *      against an independent reference decoder, views and sub-cursors
+ *      against their contracts (absolute offsets, a failed read leaves the
+ *      cursor unchanged).  This is also what covers ks_cursor_read_sub(),
+ *      which the parser itself does not call.
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <keyshift/envelope.h>
+#include <keyshift/error.h>
+
+#include "../parser/cursor.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define CHECK(cond)                                                                       \
+    do {                                                                                  \
+        if (!(cond)) {                                                                    \
+            fprintf(stderr, "fuzz_parse: oracle failed at %s:%d: %s\n", __FILE__, __LINE__, \
+                    #cond);                                                               \
+            abort();                                                                      \
+        }                                                                                 \
+    } while (0)
+
+static int view_eq(ks_bytes a, ks_bytes b)
+{
+    return a.ptr == b.ptr && a.len == b.len;
+}
+
+/* Same field values and same views (pointer identity, not just content). */
+static int env_eq(const ks_envelope *a, const ks_envelope *b)
+{
+    return a->version == b->version && a->algorithm == b->algorithm &&
+           view_eq(a->tenant, b->tenant) && view_eq(a->key_id, b->key_id) &&
+           a->key_version == b->key_version && view_eq(a->wrapped_dek, b->wrapped_dek) &&
+           view_eq(a->nonce, b->nonce) && view_eq(a->purpose, b->purpose) &&
+           view_eq(a->commitment, b->commitment) && view_eq(a->ciphertext, b->ciphertext) &&
+           a->header_len == b->header_len && a->total_len == b->total_len;
+}
+
+/* Every header field equal; the ciphertext and total_len not compared. */
+static int header_eq(const ks_envelope *a, const ks_envelope *b)
+{
+    return a->version == b->version && a->algorithm == b->algorithm &&
+           view_eq(a->tenant, b->tenant) && view_eq(a->key_id, b->key_id) &&
+           a->key_version == b->key_version && view_eq(a->wrapped_dek, b->wrapped_dek) &&
+           view_eq(a->nonce, b->nonce) && view_eq(a->purpose, b->purpose) &&
+           view_eq(a->commitment, b->commitment) && a->header_len == b->header_len;
+}
+
+static int is_zero(const ks_envelope *e)
+{
+    static const ks_envelope zero;
+    return env_eq(e, &zero) && e->ciphertext.ptr == NULL;
+}
+
+/* A view is inside data[0, size), or absent. */
+static int view_in(ks_bytes v, const uint8_t *data, size_t size)
+{
+    if (v.len == 0) {
+        return v.ptr == NULL;
+    }
+    return v.ptr != NULL && v.ptr >= data && v.len <= size && (size_t)(v.ptr - data) <= size - v.len;
+}
+
+static void check_rejection(ks_err e, const ks_parse_error *pe, const ks_envelope *out, size_t size)
+{
+    CHECK(ks_err_is_rejection(e));
+    CHECK(pe->code == e);
+    CHECK(pe->offset <= size);
+    CHECK(pe->field <= KS_FIELD_CIPHERTEXT || e == KS_ERR_UNKNOWN_FIELD ||
+          e == KS_ERR_FIELD_ORDER || e == KS_ERR_WIRE_TYPE);
+    CHECK(strcmp(ks_err_name(e), "unknown-error") != 0);
+    CHECK(is_zero(out));
+}
+
+static void check_accepted(const ks_envelope *env, const uint8_t *data, size_t size)
+{
+    CHECK(env->version == KS_FORMAT_V1 || env->version == KS_FORMAT_V2);
+    CHECK(ks_alg_name(env->algorithm) != NULL);
+    CHECK(env->key_version != 0);
+    CHECK(env->nonce.len == ks_alg_nonce_len(env->algorithm));
+    CHECK(view_in(env->tenant, data, size) && view_in(env->key_id, data, size) &&
+          view_in(env->wrapped_dek, data, size) && view_in(env->nonce, data, size) &&
+          view_in(env->purpose, data, size) && view_in(env->commitment, data, size) &&
+          view_in(env->ciphertext, data, size));
+    CHECK(env->total_len == size);
+    CHECK(env->header_len > KS_PREFIX_LEN && env->header_len < size);
+    CHECK(env->ciphertext.len >= KS_TAG_LEN);
+    CHECK(env->ciphertext.ptr + env->ciphertext.len == data + size);
+    if (env->version == KS_FORMAT_V1) {
+        CHECK(env->purpose.len == 0 && env->commitment.len == 0);
+    } else {
+        CHECK(env->purpose.len != 0 && env->commitment.len == KS_COMMITMENT_LEN);
+    }
+    CHECK(ks_envelope_check(env, NULL) == KS_OK);
+    CHECK(size <= ks_envelope_max_len(NULL));
+}
+
+/* Oracle 2: the encoder reproduces the accepted bytes exactly. */
+static void check_round_trip(const ks_envelope *env, const uint8_t *data, size_t size)
+{
+    size_t n = 0;
+    CHECK(ks_envelope_encoded_len(env, NULL, &n) == KS_OK);
+    CHECK(n == size);
+    uint8_t *buf = malloc(size);
+    CHECK(buf != NULL);
+    size_t wrote = 0;
+    CHECK(ks_envelope_encode(env, NULL, buf, size - 1, &wrote) == KS_ERR_BUFFER_TOO_SMALL);
+    CHECK(ks_envelope_encode(env, NULL, buf, size, &wrote) == KS_OK);
+    CHECK(wrote == size);
+    CHECK(memcmp(buf, data, size) == 0);
+    free(buf);
+
+    ks_envelope again;
+    ks_parse_error pe;
+    CHECK(ks_envelope_parse(data, size, NULL, &again, &pe) == KS_OK);
+    CHECK(env_eq(env, &again));
+}
+
+/* Oracle 3: the header parser agrees with the full parser. */
+static void check_header(const uint8_t *data, size_t size, ks_err full_e, const ks_envelope *full,
+                         const ks_parse_error *full_pe)
+{
+    ks_envelope hdr;
+    ks_parse_error pe;
+    ks_err e = ks_envelope_parse_header(data, size, NULL, &hdr, &pe);
+    if (full_e == KS_OK) {
+        CHECK(e == KS_OK);
+        CHECK(header_eq(&hdr, full));
+        CHECK(view_eq(hdr.ciphertext, full->ciphertext));
+        CHECK(hdr.total_len == size);
+        return;
+    }
+    if (e != KS_OK) {
+        check_rejection(e, &pe, &hdr, size);
+        CHECK(full_e == e && full_pe->offset == pe.offset && full_pe->field == pe.field);
+        return;
+    }
+    /* Header accepted, full rejected. */
+    CHECK(hdr.total_len != size);
+    CHECK(hdr.header_len > KS_PREFIX_LEN && hdr.header_len < hdr.total_len);
+    CHECK(hdr.ciphertext.len >= KS_TAG_LEN || hdr.ciphertext.ptr == NULL);
+    if (hdr.total_len > size) {
+        CHECK(full_e == KS_ERR_TRUNCATED);
+        CHECK(hdr.ciphertext.ptr == NULL && hdr.ciphertext.len == 0);
+    } else {
+        ks_envelope whole;
+        CHECK(ks_envelope_parse(data, hdr.total_len, NULL, &whole, &pe) == KS_OK);
+        CHECK(header_eq(&hdr, &whole));
+        CHECK(view_eq(hdr.ciphertext, whole.ciphertext));
+    }
+}
+
+/* Oracle 4's limits, from the last bytes of the input. */
+static void lowered_limits(const uint8_t *data, size_t size, ks_limits *lim)
+{
+    uint8_t b[8] = {0};
+    for (size_t i = 0; i < sizeof b && i < size; i++) {
+        b[i] = data[size - 1 - i];
+    }
+    lim->max_tenant = 1 + b[0] % KS_TENANT_MAX;
+    lim->max_key_id = 1 + (b[1] | (size_t)(b[2] & 1) << 8) % KS_KEY_ID_MAX;
+    lim->max_wrapped_dek = 1 + (b[3] | (size_t)(b[2] & 6) << 7) % KS_WRAPPED_DEK_MAX;
+    lim->max_purpose = 1 + b[4] % KS_PURPOSE_MAX;
+    lim->max_ciphertext = KS_TAG_LEN + (b[5] | (size_t)b[6] << 8);
+}
+
+static void check_lowered(const uint8_t *data, size_t size, ks_err def_e, const ks_envelope *def,
+                          const ks_parse_error *def_pe)
+{
+    ks_limits lim;
+    ks_envelope low;
+    ks_parse_error pe;
+    lowered_limits(data, size, &lim);
+    CHECK(ks_limits_check(&lim) == KS_OK);
+    ks_err e = ks_envelope_parse(data, size, &lim, &low, &pe);
+    if (e == KS_OK) {
+        CHECK(def_e == KS_OK);
+        CHECK(env_eq(&low, def));
+        CHECK(size <= ks_envelope_max_len(&lim));
+        CHECK(ks_envelope_check(&low, &lim) == KS_OK);
+        return;
+    }
+    check_rejection(e, &pe, &low, size);
+    if (def_e == KS_OK) {
+        CHECK(e == KS_ERR_TOO_LARGE);
+        CHECK(ks_envelope_check(def, &lim) == KS_ERR_TOO_LARGE);
+    } else if (e != def_e || pe.offset != def_pe->offset) {
+        CHECK(e == KS_ERR_TOO_LARGE && pe.offset <= def_pe->offset);
+    }
+}
+
+/* Oracle 5: caller errors, before the input is looked at. */
+static void check_caller_errors(const uint8_t *data, size_t size)
+{
+    ks_envelope env;
+    ks_parse_error pe;
+    ks_limits bad;
+    ks_limits_default(&bad);
+    bad.max_ciphertext = KS_TAG_LEN - 1;
+    CHECK(ks_envelope_parse(data, size, NULL, NULL, &pe) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_envelope_parse(data, size, &bad, &env, &pe) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(pe.code == KS_ERR_INVALID_ARGUMENT && is_zero(&env));
+    CHECK(ks_envelope_parse_header(data, size, &bad, &env, NULL) == KS_ERR_INVALID_ARGUMENT);
+    if (size != 0) {
+        CHECK(ks_envelope_parse(NULL, size, NULL, &env, &pe) == KS_ERR_INVALID_ARGUMENT);
+    }
+    /* (NULL, 0) is the empty input, not a caller error. */
+    ks_envelope empty;
+    ks_parse_error epe;
+    CHECK(ks_envelope_parse(NULL, 0, NULL, &env, &pe) == ks_envelope_parse(data, 0, NULL, &empty, &epe));
+    CHECK(pe.code == epe.code && pe.offset == 0 && epe.offset == 0);
+}
+
+/* Oracle 6's reference: a protobuf varint read the general way (up to ten
+ * bytes, 64-bit), then judged by the rules of [F-VARINT-1..4]. */
+static ks_err ref_varint32(const uint8_t *p, size_t avail, uint32_t *out, size_t *used)
+{
+    size_t k = 0; /* index of the terminating byte */
+    while (k < avail && k < 10 && (p[k] & 0x80) != 0) {
+        k++;
+    }
+    if (k >= 5) {
+        return KS_ERR_VARINT_OVERFLOW; /* five or more continuation bytes */
+    }
+    if (k == avail) {
+        return KS_ERR_TRUNCATED;
+    }
+    uint64_t v = 0;
+    for (size_t i = 0; i <= k; i++) {
+        v |= (uint64_t)(p[i] & 0x7F) << (7 * i);
+    }
+    if (v > UINT32_MAX) {
+        return KS_ERR_VARINT_OVERFLOW;
+    }
+    size_t minimal = 1;
+    for (uint64_t t = v; t >= 0x80; t >>= 7) {
+        minimal++;
+    }
+    if (minimal != k + 1) {
+        return KS_ERR_NONCANONICAL_VARINT;
+    }
+    *out = (uint32_t)v;
+    *used = k + 1;
+    return KS_OK;
+}
+
+static int cursor_same(const ks_cursor *a, const ks_cursor *b)
+{
+    return a->buf == b->buf && a->len == b->len && a->pos == b->pos && a->base == b->base;
+}
+
+/* Walk the input as varint, then a view or a sub-cursor of that length
+ * (by the varint's parity); descend into sub-cursors. */
+static void check_cursor(const uint8_t *data, size_t size)
+{
+    ks_cursor c = ks_cursor_init(size ? data : NULL, size);
+    for (int steps = 0; steps < 64 && !ks_cursor_is_empty(&c); steps++) {
+        const ks_cursor before = c;
+        uint32_t v = 0, rv = 0;
+        size_t used = 0;
+        ks_err e = ks_cursor_read_varint32(&c, &v);
+        ks_err re = ref_varint32(c.buf + before.pos, ks_cursor_remaining(&before), &rv, &used);
+        CHECK(e == re);
+        if (e != KS_OK) {
+            CHECK(cursor_same(&c, &before));
+            uint8_t b;
+            CHECK(ks_cursor_read_u8(&c, &b) == KS_OK && b == before.buf[before.pos]);
+            continue;
+        }
+        CHECK(v == rv && c.pos == before.pos + used);
+        const ks_cursor mid = c;
+        const size_t at = ks_cursor_offset(&c);
+        if (v & 1) {
+            ks_cursor sub;
+            e = ks_cursor_read_sub(&c, v >> 1, &sub);
+            if (e != KS_OK) {
+                CHECK(e == KS_ERR_TRUNCATED && (v >> 1) > ks_cursor_remaining(&mid));
+                CHECK(cursor_same(&c, &mid));
+                return;
+            }
+            CHECK(sub.buf == mid.buf + mid.pos && sub.len == v >> 1 && sub.pos == 0);
+            CHECK(ks_cursor_offset(&sub) == at && ks_cursor_offset(&c) == at + sub.len);
+            c = sub; /* descend: the rest of the outer region is skipped */
+        } else {
+            ks_bytes view;
+            e = ks_cursor_read_view(&c, v >> 1, &view);
+            if (e != KS_OK) {
+                CHECK(e == KS_ERR_TRUNCATED && (v >> 1) > ks_cursor_remaining(&mid));
+                CHECK(cursor_same(&c, &mid));
+                return;
+            }
+            CHECK(view.len == v >> 1 && ks_cursor_offset(&c) == at + view.len);
+            CHECK(view.len == 0 ? view.ptr == NULL : view.ptr == mid.buf + mid.pos);
+        }
+        CHECK(c.pos <= c.len && c.base + c.len <= size);
+    }
+    uint8_t b;
+    if (ks_cursor_is_empty(&c)) {
+        CHECK(ks_cursor_read_u8(&c, &b) == KS_ERR_TRUNCATED && ks_cursor_is_empty(&c));
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    ks_envelope env;
+    ks_parse_error pe;
+
+    ks_err e = ks_envelope_parse(data, size, NULL, &env, &pe);
+    if (e == KS_OK) {
+        check_accepted(&env, data, size);
+        check_round_trip(&env, data, size);
+    } else {
+        check_rejection(e, &pe, &env, size);
+    }
+    /* A NULL err pointer changes nothing but the report. */
+    ks_envelope env2;
+    CHECK(ks_envelope_parse(data, size, NULL, &env2, NULL) == e);
+    CHECK(env_eq(&env, &env2));
+
+    check_header(data, size, e, &env, &pe);
+    check_lowered(data, size, e, &env, &pe);
+    check_caller_errors(data, size);
+    check_cursor(data, size);
+    return 0;
+}

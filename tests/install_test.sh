@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# tests/install_test.sh -- `make install` into a staging DESTDIR, then build
+# and run a program against the installed headers and libraries through
+# pkg-config, once with the shared and once with the static library.
+set -euo pipefail
+
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+pass=0
+fail=0
+check() {
+    if "${@:2}" >"$T/log" 2>&1; then pass=$((pass + 1)); echo "ok   - $1"
+    else fail=$((fail + 1)); echo "FAIL - $1"; sed 's/^/       /' "$T/log" | head -20; fi
+}
+
+PREFIX=/opt/keyshift-test
+make --no-print-directory -s install PREFIX="$PREFIX" DESTDIR="$T/stage" >/dev/null
+R="$T/stage$PREFIX"
+
+check "headers installed" test -f "$R/include/keyshift/keyshift.h" -a -f "$R/include/keyshift/envelope.h"
+check "static library installed" test -f "$R/lib/libkeyshift.a"
+check "shared library has a versioned soname" sh -c "readelf -d '$R/lib/libkeyshift.so' | grep -q 'SONAME.*libkeyshift.so.0'"
+check "CLI installed" test -x "$R/bin/keyshift"
+check "keyshift.pc installed" test -f "$R/lib/pkgconfig/keyshift.pc"
+
+cat >"$T/use.c" <<'C'
+#include <keyshift/keyshift.h>
+#include <stdio.h>
+int main(void)
+{
+    static const unsigned char v[] = "KSE\x05";
+    ks_envelope e;
+    ks_parse_error err;
+    ks_err r = ks_envelope_parse(v, 4, NULL, &e, &err);
+    printf("%s %s %zu\n", ks_version(), ks_err_name(r), err.offset);
+    return r == KS_ERR_UNSUPPORTED_VERSION ? 0 : 1;
+}
+C
+export PKG_CONFIG_PATH="$R/lib/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$T/stage"
+check "pkg-config knows keyshift" pkg-config --exists keyshift
+# shellcheck disable=SC2046
+check "link against the shared library" cc -std=c11 -Wall -Werror "$T/use.c" $(pkg-config --cflags --libs keyshift) -o "$T/use_shared"
+check "run against the shared library" env LD_LIBRARY_PATH="$R/lib" "$T/use_shared"
+# shellcheck disable=SC2046
+check "link against the static library" cc -std=c11 -Wall -Werror "$T/use.c" $(pkg-config --cflags keyshift) "$R/lib/libkeyshift.a" -o "$T/use_static"
+check "run against the static library" "$T/use_static"
+check "installed CLI runs" "$R/bin/keyshift" --version
+
+echo "install: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,108 @@
+/*
+ * tools/keyshift.c -- the keyshift command-line tool: global options and
+ * dispatch to subcommands (tools/cmd_*.c).
+ */
+#define _POSIX_C_SOURCE 200809L /* open(O_CLOEXEC), read, fstat */
+
+#include <string.h>
+
+#include "cli.h"
+
+static const ks_cli_command commands[] = {
+    {"inspect", "parse one envelope strictly and print its fields", ks_cmd_inspect},
+};
+
+/* Print the top-level manual to f. */
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "NAME\n"
+            "    keyshift - envelope encryption and key-rotation toolkit\n"
+            "\n"
+            "SYNOPSIS\n"
+            "    keyshift [--version] [--help] COMMAND [ARGS...]\n"
+            "    keyshift help COMMAND\n"
+            "\n"
+            "DESCRIPTION\n"
+            "    keyshift reads and writes keyshift envelopes: field-level ciphertext\n"
+            "    with a strict, canonical, length-bounded header (docs/format.md).\n"
+            "\n"
+            "COMMANDS\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        fprintf(f, "    %-10s %s\n", commands[i].name, commands[i].summary);
+    }
+    fprintf(f,
+            "\n"
+            "    Run 'keyshift COMMAND --help' for a command's options and exit codes.\n"
+            "\n"
+            "OPTIONS\n"
+            "    -h, --help     print this manual and exit 0\n"
+            "    --version      print the program and library versions and exit 0\n"
+            "\n"
+            "EXIT STATUS (sysexits.h)\n"
+            "    0   success\n"
+            "    64  usage error (EX_USAGE)\n"
+            "    65  invalid input data, e.g. a malformed envelope (EX_DATAERR)\n"
+            "    66  input file missing or unreadable (EX_NOINPUT)\n"
+            "    74  read or write error (EX_IOERR)\n"
+            "    71  out of memory or other system error (EX_OSERR)\n");
+}
+
+/* Find a subcommand by name. */
+static const ks_cli_command *find_command(const char *name)
+{
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        if (strcmp(commands[i].name, name) == 0) {
+            return &commands[i];
+        }
+    }
+    return NULL;
+}
+
+/* Flush stdout and turn a late write error (e.g. a full disk or closed
+ * pipe) into EX_IOERR, so output is never silently lost. */
+static int finish(int rc)
+{
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        ks_cli_error("cannot write standard output");
+        return rc == EX_OK ? EX_IOERR : rc;
+    }
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return EX_USAGE;
+    }
+    const char *arg = argv[1];
+    if (ks_cli_is_help(arg)) {
+        usage(stdout);
+        return finish(EX_OK);
+    }
+    if (strcmp(arg, "--version") == 0) {
+        printf(KS_PROG " %s (libkeyshift %s)\n", KS_VERSION_STRING, ks_version());
+        return finish(EX_OK);
+    }
+    if (strcmp(arg, "help") == 0) {
+        if (argc < 3) {
+            usage(stdout);
+            return finish(EX_OK);
+        }
+        const ks_cli_command *c = find_command(argv[2]);
+        if (c == NULL) {
+            ks_cli_error("no such command '%s'; see 'keyshift --help'", argv[2]);
+            return EX_USAGE;
+        }
+        char help[] = "--help";
+        char *help_argv[] = {argv[2], help, NULL};
+        return finish(c->run(2, help_argv));
+    }
+    const ks_cli_command *c = find_command(arg);
+    if (c == NULL) {
+        ks_cli_error("no such command '%s'; see 'keyshift --help'", arg);
+        return EX_USAGE;
+    }
+    return finish(c->run(argc - 1, argv + 1));
+}
