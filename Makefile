@@ -41,8 +41,10 @@ INC     := -Iinclude
 SAN     := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 
 # The library.  Nothing under parser/ may include libsodium or SQLite.
-LIB_SRCS := format/format.c format/encode.c parser/envelope.c
-LIB_HDRS := $(wildcard include/keyshift/*.h) format/rules.h parser/cursor.h
+LIB_SRCS := format/format.c format/encode.c format/aad.c parser/envelope.c $(sort $(wildcard migrate/*.c))
+LIB_HDRS := $(wildcard include/keyshift/*.h) format/rules.h parser/cursor.h $(wildcard migrate/*.h)
+# libsodium (and threads) for migrate/; parser/ and format/ need neither.
+LIB_LIBS := -lsodium -pthread
 CLI_SRCS := tools/keyshift.c tools/cli.c $(wildcard tools/cmd_*.c)
 CLI_HDRS := $(wildcard tools/*.h)
 
@@ -76,13 +78,13 @@ $(STATIC): $(REL_OBJS)
 $(SHARED): $(REL_OBJS) tools/libkeyshift.map
 	@mkdir -p $(dir $@)
 	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=tools/libkeyshift.map $(LDHARDEN) \
-	    $(LDFLAGS) $(REL_OBJS) -o $@
+	    $(LDFLAGS) $(REL_OBJS) $(LIB_LIBS) -o $@
 	ln -sf $(notdir $@) $(B)/lib/$(SONAME)
 	ln -sf $(SONAME) $(B)/lib/libkeyshift.so
 
 $(CLI): $(CLI_SRCS:%.c=$(B)/rel/%.o) $(STATIC)
 	@mkdir -p $(dir $@)
-	$(CC) -pie $(LDHARDEN) $(LDFLAGS) $^ -o $@
+	$(CC) -pie $(LDHARDEN) $(LDFLAGS) $^ $(LIB_LIBS) -o $@
 
 # ---- sanitizer build (tests) --------------------------------------------
 
@@ -92,7 +94,7 @@ $(B)/san/%.o: %.c $(LIB_HDRS) $(CLI_HDRS)
 
 $(CLI_SAN): $(CLI_SRCS:%.c=$(B)/san/%.o) $(SAN_OBJS)
 	@mkdir -p $(dir $@)
-	$(CC) $(SAN) $^ -o $@
+	$(CC) $(SAN) $^ $(LIB_LIBS) -o $@
 
 # ---- nanopb: the independent second decoder (tests, fuzzing, bench) -----
 # Generated at build time from format/envelope.proto and its .options,
@@ -113,7 +115,7 @@ UNIT_SUPPORT := $(filter-out $(UNIT_SRCS),$(wildcard tests/*.c))
 $(B)/san/tests/%: tests/%.c $(UNIT_SUPPORT) $(SAN_OBJS) $(LIB_HDRS) $(wildcard tests/*.h) $(NANOPB_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(SAN) $(INC) -I$(B)/gen -Iformat -Iparser $< $(UNIT_SUPPORT) $(SAN_OBJS) \
-	    $(NANOPB_C) -lprotobuf-nanopb -lcmocka -o $@
+	    $(NANOPB_C) -lprotobuf-nanopb -lcmocka $(LIB_LIBS) -o $@
 
 export UBSAN_OPTIONS := print_stacktrace=1:halt_on_error=1
 export ASAN_OPTIONS := detect_leaks=1:abort_on_error=1:strict_string_checks=1
@@ -147,7 +149,7 @@ include fuzz/fuzz.mk
 $(B)/bin/bench: tools/bench.c $(REL_OBJS) $(NANOPB_C) $(NANOPB_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) -O2 $(INC) -I$(B)/gen $< $(REL_OBJS) $(NANOPB_C) -lprotobuf-nanopb \
-	    -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc -o $@
+	    $(LIB_LIBS) -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc -o $@
 
 bench: deps $(B)/bin/bench
 	@$(B)/bin/bench

@@ -33,6 +33,21 @@ const char *ks_err_name(ks_err err)
     case KS_ERR_BAD_VALUE: return "bad-value";
     case KS_ERR_INVALID_ARGUMENT: return "invalid-argument";
     case KS_ERR_BUFFER_TOO_SMALL: return "buffer-too-small";
+    case KS_ERR_AUTH_FAILED: return "auth-failed";
+    case KS_ERR_ALGORITHM_UNAVAILABLE: return "algorithm-unavailable";
+    case KS_ERR_NO_MEMORY: return "no-memory";
+    case KS_ERR_CRYPTO_INIT: return "crypto-init";
+    case KS_ERR_UNAVAILABLE: return "unavailable";
+    case KS_ERR_TIMEOUT: return "timeout";
+    case KS_ERR_DENIED: return "denied";
+    case KS_ERR_REVOKED: return "revoked";
+    case KS_ERR_NOT_FOUND: return "not-found";
+    case KS_ERR_INTEGRITY: return "integrity";
+    case KS_ERR_INSECURE: return "insecure";
+    case KS_ERR_IO: return "io";
+    case KS_ERR_BAD_PASSPHRASE: return "bad-passphrase";
+    case KS_ERR_EXISTS: return "exists";
+    case KS_ERR_STATE: return "state";
     }
     return "unknown-error";
 }
@@ -41,6 +56,12 @@ const char *ks_err_name(ks_err err)
 int ks_err_is_rejection(ks_err err)
 {
     return err >= KS_ERR_TRUNCATED && err <= KS_ERR_BAD_VALUE;
+}
+
+/* See keyshift/error.h. */
+int ks_err_is_retryable(ks_err err)
+{
+    return err == KS_ERR_UNAVAILABLE || err == KS_ERR_TIMEOUT;
 }
 
 /* See keyshift/envelope.h [F-ALG-1]. */

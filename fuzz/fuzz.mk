@@ -34,12 +34,12 @@ FZ := $(B)/fuzz
 FUZZ_BASE := -O1 -g -fno-omit-frame-pointer -DFUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_INC := $(INC) -I$(B)/gen
-FUZZ_LIBS := -lprotobuf-nanopb
+FUZZ_LIBS := -lprotobuf-nanopb $(LIB_LIBS)
 # max_len of a target, from its committed .options file (shared with OSS-Fuzz).
 fuzz_max_len = $(shell sed -n 's/^max_len *= *//p' fuzz/$(1).options)
 
 FUZZ_LIB_C := $(LIB_SRCS) $(NANOPB_C)
-FUZZ_DEPS := $(LIB_HDRS) $(NANOPB_H) fuzz/fuzz.mk
+FUZZ_DEPS := $(LIB_HDRS) $(NANOPB_H) $(wildcard tests/*.h) fuzz/fuzz.mk
 
 # ---- object files per flavour -------------------------------------------
 # $(B)/fuzz/<flavour>/obj/<path>.o; build/gen/envelope.pb.c lands under obj/build/gen/.

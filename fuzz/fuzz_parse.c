@@ -41,6 +41,7 @@
 #include <keyshift/error.h>
 
 #include "../parser/cursor.h"
+#include "../tests/envelope_eq.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -53,45 +54,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
         }                                                                                 \
     } while (0)
 
-static int view_eq(ks_bytes a, ks_bytes b)
-{
-    return a.ptr == b.ptr && a.len == b.len;
-}
-
-/* Same field values and same views (pointer identity, not just content). */
-static int env_eq(const ks_envelope *a, const ks_envelope *b)
-{
-    return a->version == b->version && a->algorithm == b->algorithm &&
-           view_eq(a->tenant, b->tenant) && view_eq(a->key_id, b->key_id) &&
-           a->key_version == b->key_version && view_eq(a->wrapped_dek, b->wrapped_dek) &&
-           view_eq(a->nonce, b->nonce) && view_eq(a->purpose, b->purpose) &&
-           view_eq(a->commitment, b->commitment) && view_eq(a->ciphertext, b->ciphertext) &&
-           a->header_len == b->header_len && a->total_len == b->total_len;
-}
-
-/* Every header field equal; the ciphertext and total_len not compared. */
+/* Every header field equal, views by identity; the ciphertext and
+ * total_len not compared (ks_test_result_eq compares those too). */
 static int header_eq(const ks_envelope *a, const ks_envelope *b)
 {
     return a->version == b->version && a->algorithm == b->algorithm &&
-           view_eq(a->tenant, b->tenant) && view_eq(a->key_id, b->key_id) &&
-           a->key_version == b->key_version && view_eq(a->wrapped_dek, b->wrapped_dek) &&
-           view_eq(a->nonce, b->nonce) && view_eq(a->purpose, b->purpose) &&
-           view_eq(a->commitment, b->commitment) && a->header_len == b->header_len;
+           ks_test_view_same(a->tenant, b->tenant) && ks_test_view_same(a->key_id, b->key_id) &&
+           a->key_version == b->key_version && ks_test_view_same(a->wrapped_dek, b->wrapped_dek) &&
+           ks_test_view_same(a->nonce, b->nonce) && ks_test_view_same(a->purpose, b->purpose) &&
+           ks_test_view_same(a->commitment, b->commitment) && a->header_len == b->header_len;
 }
 
+/* The zeroed result a rejection must leave, compared member by member. */
 static int is_zero(const ks_envelope *e)
 {
     static const ks_envelope zero;
-    return env_eq(e, &zero) && e->ciphertext.ptr == NULL;
-}
-
-/* A view is inside data[0, size), or absent. */
-static int view_in(ks_bytes v, const uint8_t *data, size_t size)
-{
-    if (v.len == 0) {
-        return v.ptr == NULL;
-    }
-    return v.ptr != NULL && v.ptr >= data && v.len <= size && (size_t)(v.ptr - data) <= size - v.len;
+    return ks_test_result_eq(e, &zero) && e->ciphertext.ptr == NULL;
 }
 
 static void check_rejection(ks_err e, const ks_parse_error *pe, const ks_envelope *out, size_t size)
@@ -111,10 +89,7 @@ static void check_accepted(const ks_envelope *env, const uint8_t *data, size_t s
     CHECK(ks_alg_name(env->algorithm) != NULL);
     CHECK(env->key_version != 0);
     CHECK(env->nonce.len == ks_alg_nonce_len(env->algorithm));
-    CHECK(view_in(env->tenant, data, size) && view_in(env->key_id, data, size) &&
-          view_in(env->wrapped_dek, data, size) && view_in(env->nonce, data, size) &&
-          view_in(env->purpose, data, size) && view_in(env->commitment, data, size) &&
-          view_in(env->ciphertext, data, size));
+    CHECK(ks_test_views_inside(env, data, size));
     CHECK(env->total_len == size);
     CHECK(env->header_len > KS_PREFIX_LEN && env->header_len < size);
     CHECK(env->ciphertext.len >= KS_TAG_LEN);
@@ -146,7 +121,7 @@ static void check_round_trip(const ks_envelope *env, const uint8_t *data, size_t
     ks_envelope again;
     ks_parse_error pe;
     CHECK(ks_envelope_parse(data, size, NULL, &again, &pe) == KS_OK);
-    CHECK(env_eq(env, &again));
+    CHECK(ks_test_result_eq(env, &again));
 }
 
 /* Oracle 3: the header parser agrees with the full parser. */
@@ -159,7 +134,7 @@ static void check_header(const uint8_t *data, size_t size, ks_err full_e, const 
     if (full_e == KS_OK) {
         CHECK(e == KS_OK);
         CHECK(header_eq(&hdr, full));
-        CHECK(view_eq(hdr.ciphertext, full->ciphertext));
+        CHECK(ks_test_view_same(hdr.ciphertext, full->ciphertext));
         CHECK(hdr.total_len == size);
         return;
     }
@@ -179,7 +154,7 @@ static void check_header(const uint8_t *data, size_t size, ks_err full_e, const 
         ks_envelope whole;
         CHECK(ks_envelope_parse(data, hdr.total_len, NULL, &whole, &pe) == KS_OK);
         CHECK(header_eq(&hdr, &whole));
-        CHECK(view_eq(hdr.ciphertext, whole.ciphertext));
+        CHECK(ks_test_view_same(hdr.ciphertext, whole.ciphertext));
     }
 }
 
@@ -208,7 +183,7 @@ static void check_lowered(const uint8_t *data, size_t size, ks_err def_e, const 
     ks_err e = ks_envelope_parse(data, size, &lim, &low, &pe);
     if (e == KS_OK) {
         CHECK(def_e == KS_OK);
-        CHECK(env_eq(&low, def));
+        CHECK(ks_test_result_eq(&low, def));
         CHECK(size <= ks_envelope_max_len(&lim));
         CHECK(ks_envelope_check(&low, &lim) == KS_OK);
         return;
@@ -348,7 +323,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* A NULL err pointer changes nothing but the report. */
     ks_envelope env2;
     CHECK(ks_envelope_parse(data, size, NULL, &env2, NULL) == e);
-    CHECK(env_eq(&env, &env2));
+    CHECK(ks_test_result_eq(&env, &env2));
 
     check_header(data, size, e, &env, &pe);
     check_lowered(data, size, e, &env, &pe);

@@ -42,7 +42,7 @@ check "pkg-config knows keyshift" pkg-config --exists keyshift
 check "link against the shared library" cc -std=c11 -Wall -Werror "$T/use.c" $(pkg-config --cflags --libs keyshift) -o "$T/use_shared"
 check "run against the shared library" env LD_LIBRARY_PATH="$R/lib" "$T/use_shared"
 # shellcheck disable=SC2046
-check "link against the static library" cc -std=c11 -Wall -Werror "$T/use.c" $(pkg-config --cflags keyshift) "$R/lib/libkeyshift.a" -o "$T/use_static"
+check "link against the static library" cc -std=c11 -Wall -Werror "$T/use.c" $(pkg-config --cflags keyshift) "$R/lib/libkeyshift.a" $(pkg-config --static --libs-only-l --libs-only-other keyshift | sed "s/-lkeyshift//") -o "$T/use_static"
 check "run against the static library" "$T/use_static"
 check "installed CLI runs" "$R/bin/keyshift" --version
 

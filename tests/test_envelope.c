@@ -24,6 +24,8 @@
 
 #include <keyshift/envelope.h>
 
+#include "envelope_eq.h"
+
 /* ---- bookkeeping: which rejection codes the C-built tests produced ---- */
 
 #define N_REJECTIONS 11 /* KS_ERR_TRUNCATED .. KS_ERR_BAD_VALUE */
@@ -422,54 +424,6 @@ static void dump_hex(const uint8_t *p, size_t n)
     print_error("  input (%zu bytes): %s%s\n", n, line, n > 48 ? "..." : "");
 }
 
-/* Nonzero when a view is absent or lies wholly inside buf[0, len). */
-static int view_inside(ks_bytes v, const uint8_t *buf, size_t len)
-{
-    if (v.len == 0) {
-        return v.ptr == NULL;
-    }
-    return v.ptr != NULL && v.ptr >= buf && v.len <= len && v.ptr - buf <= (ptrdiff_t)(len - v.len);
-}
-
-/* Nonzero when every view of e is absent or inside buf[0, len). */
-static int views_inside(const ks_envelope *e, const uint8_t *buf, size_t len)
-{
-    return view_inside(e->tenant, buf, len) && view_inside(e->key_id, buf, len) &&
-           view_inside(e->wrapped_dek, buf, len) && view_inside(e->nonce, buf, len) &&
-           view_inside(e->purpose, buf, len) && view_inside(e->commitment, buf, len) &&
-           view_inside(e->ciphertext, buf, len);
-}
-
-/* Nonzero when two views hold the same bytes. */
-static int same_bytes(ks_bytes a, ks_bytes b)
-{
-    return a.len == b.len && (a.len == 0 || memcmp(a.ptr, b.ptr, a.len) == 0);
-}
-
-/* Nonzero when two envelopes have equal field values (not positions). */
-static int same_fields(const ks_envelope *a, const ks_envelope *b)
-{
-    return a->version == b->version && a->algorithm == b->algorithm &&
-           same_bytes(a->tenant, b->tenant) && same_bytes(a->key_id, b->key_id) &&
-           a->key_version == b->key_version && same_bytes(a->wrapped_dek, b->wrapped_dek) &&
-           same_bytes(a->nonce, b->nonce) && same_bytes(a->purpose, b->purpose) &&
-           same_bytes(a->commitment, b->commitment) && same_bytes(a->ciphertext, b->ciphertext);
-}
-
-/* Nonzero when two parse results are identical: values, views (pointer
- * and length), header_len, total_len.  Member by member, since padding
- * bytes are unspecified. */
-static int same_result(const ks_envelope *a, const ks_envelope *b)
-{
-#define SAME_VIEW(f) (a->f.ptr == b->f.ptr && a->f.len == b->f.len)
-    return a->version == b->version && a->algorithm == b->algorithm &&
-           a->key_version == b->key_version && SAME_VIEW(tenant) && SAME_VIEW(key_id) &&
-           SAME_VIEW(wrapped_dek) && SAME_VIEW(nonce) && SAME_VIEW(purpose) &&
-           SAME_VIEW(commitment) && SAME_VIEW(ciphertext) && a->header_len == b->header_len &&
-           a->total_len == b->total_len;
-#undef SAME_VIEW
-}
-
 /* Parse buf[0, len) (an exact heap block owned by the caller) and require
  * success; *out then holds views into buf. */
 static void expect_ok_at(const uint8_t *buf, size_t len, const ks_limits *lim, ks_envelope *out,
@@ -485,8 +439,8 @@ static void expect_ok_at(const uint8_t *buf, size_t len, const ks_limits *lim, k
         dump_hex(buf, len);
         _fail(file, line);
     }
-    if (!views_inside(out, buf, len) || out->total_len != len || out->header_len < KS_PREFIX_LEN ||
-        out->header_len >= len || out->ciphertext.ptr == NULL ||
+    if (!ks_test_views_inside(out, buf, len) || out->total_len != len ||
+        out->header_len < KS_PREFIX_LEN || out->header_len >= len || out->ciphertext.ptr == NULL ||
         (size_t)(out->ciphertext.ptr - buf) + out->ciphertext.len != len) {
         print_error("%s: parsed, but a view is outside the input or total/header_len wrong "
                     "(total %zu, header %zu, len %zu)\n",
@@ -600,7 +554,7 @@ static void expect_valid_at(const ks_envelope *e, const ks_limits *lim, const ch
     ks_envelope got;
     expect_ok_at(b.p, b.len, lim, &got, what, file, line);
     const size_t ct = item_index(&b, it, 15);
-    int bad = !same_fields(&got, e) || got.header_len != b.tag_off[ct] ||
+    int bad = !ks_test_fields_eq(&got, e) || got.header_len != b.tag_off[ct] ||
               got.tenant.ptr != b.p + b.data_off[1] || got.key_id.ptr != b.p + b.data_off[2] ||
               got.wrapped_dek.ptr != b.p + b.data_off[4] || got.nonce.ptr != b.p + b.data_off[5] ||
               got.ciphertext.ptr != b.p + b.data_off[ct];
@@ -643,14 +597,31 @@ static void test_err_names(void **state)
         {KS_ERR_BAD_VALUE, "bad-value"},
         {KS_ERR_INVALID_ARGUMENT, "invalid-argument"},
         {KS_ERR_BUFFER_TOO_SMALL, "buffer-too-small"},
+        {KS_ERR_AUTH_FAILED, "auth-failed"},
+        {KS_ERR_ALGORITHM_UNAVAILABLE, "algorithm-unavailable"},
+        {KS_ERR_NO_MEMORY, "no-memory"},
+        {KS_ERR_CRYPTO_INIT, "crypto-init"},
+        {KS_ERR_UNAVAILABLE, "unavailable"},
+        {KS_ERR_TIMEOUT, "timeout"},
+        {KS_ERR_DENIED, "denied"},
+        {KS_ERR_REVOKED, "revoked"},
+        {KS_ERR_NOT_FOUND, "not-found"},
+        {KS_ERR_INTEGRITY, "integrity"},
+        {KS_ERR_INSECURE, "insecure"},
+        {KS_ERR_IO, "io"},
+        {KS_ERR_BAD_PASSPHRASE, "bad-passphrase"},
+        {KS_ERR_EXISTS, "exists"},
+        {KS_ERR_STATE, "state"},
     };
     (void)state;
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         assert_string_equal(ks_err_name(names[i].code), names[i].name);
         assert_int_equal(ks_err_is_rejection(names[i].code) != 0,
                          names[i].code >= 1 && names[i].code <= 11);
+        assert_int_equal(ks_err_is_retryable(names[i].code) != 0,
+                         names[i].code == KS_ERR_UNAVAILABLE || names[i].code == KS_ERR_TIMEOUT);
     }
-    static const int undefined[] = {12, 13, 20, 31, 34, 35, 100, 255, 65536};
+    static const int undefined[] = {12, 13, 20, 31, 34, 35, 63, 68, 95, 102, 127, 133, 255, 65536};
     for (size_t i = 0; i < sizeof undefined / sizeof undefined[0]; i++) {
         assert_string_equal(ks_err_name((ks_err)undefined[i]), "unknown-error");
     }
@@ -872,7 +843,7 @@ static void test_zero_copy(void **state)
         uint8_t *before = dup_exact(b.p, b.len);
         ks_envelope out;
         EXPECT_OK(b.p, b.len, NULL, &out, g_shapes[i].label);
-        assert_true(views_inside(&out, b.p, b.len));
+        assert_true(ks_test_views_inside(&out, b.p, b.len));
         assert_int_equal(out.header_len, b.tag_off[n - 1]);
         assert_int_equal(b.p[out.header_len], 0x7a);
         assert_ptr_equal(out.ciphertext.ptr, b.p + b.data_off[n - 1]);
@@ -1774,9 +1745,9 @@ static void test_parse_header(void **state)
         assert_int_equal(hdr.ciphertext.len, 0);
         assert_int_equal(hdr.total_len, b.len);
         assert_int_equal(hdr.header_len, b.tag_off[ct]);
-        assert_true(views_inside(&hdr, c, b.data_off[ct]));
+        assert_true(ks_test_views_inside(&hdr, c, b.data_off[ct]));
         hdr.ciphertext = full.ciphertext;
-        assert_true(same_fields(&hdr, &full));
+        assert_true(ks_test_fields_eq(&hdr, &full));
         free(c);
 
         /* header and part of the ciphertext */
@@ -1790,7 +1761,7 @@ static void test_parse_header(void **state)
         /* the whole envelope */
         memset(&hdr, 0xA5, sizeof hdr);
         assert_int_equal(ks_envelope_parse_header(b.p, b.len, NULL, &hdr, NULL), KS_OK);
-        assert_true(same_result(&hdr, &full));
+        assert_true(ks_test_result_eq(&hdr, &full));
         assert_ptr_equal(hdr.ciphertext.ptr, b.p + b.data_off[ct]);
 
         /* header cut short: rejected like a full parse */

@@ -31,118 +31,46 @@
 #include <keyshift/envelope.h>
 
 #include "envelope.pb.h"
+#include "envelope_eq.h"
+#include "nanopb_env.h"
 #include "vectors.h"
 
 static const ks_envelope g_zero_env;
 
 /* ---- nanopb, the second decoder -------------------------------------------- */
 
-/* What the ciphertext callback saw, against what the parser saw. */
-typedef struct ct_seen {
-    ks_bytes want;
-    unsigned calls;
-    size_t len;
-    int mismatch;
-} ct_seen;
-
-/* nanopb callback for the ciphertext field: compare its bytes with the
- * parser's view, a chunk at a time. */
-static bool ct_decode(pb_istream_t *stream, const pb_field_t *field, void **arg)
-{
-    ct_seen *seen = *arg;
-    uint8_t chunk[256];
-    size_t off = 0;
-    (void)field;
-    seen->calls++;
-    seen->len = stream->bytes_left;
-    while (stream->bytes_left > 0) {
-        size_t k = stream->bytes_left < sizeof chunk ? stream->bytes_left : sizeof chunk;
-        if (!pb_read(stream, chunk, k)) {
-            return false;
-        }
-        if (off + k > seen->want.len || memcmp(chunk, seen->want.ptr + off, k) != 0) {
-            seen->mismatch = 1;
-        }
-        off += k;
-    }
-    return true;
-}
-
-/* Nonzero when a present nanopb bytes field equals a view. */
-#define PB_SAME(m, f, v) \
-    ((m).has_##f && (m).f.size == (v).len && memcmp((m).f.bytes, (v).ptr, (v).len) == 0)
-
-/* Nonzero when the fields common to v1 and v2 agree. */
-#define PB_SAME_COMMON(m, e)                                                                     \
-    ((m).has_algorithm && (m).algorithm == (e)->algorithm && PB_SAME(m, tenant, (e)->tenant) &&  \
-     PB_SAME(m, key_id, (e)->key_id) && (m).has_key_version &&                                   \
-     (m).key_version == (e)->key_version && PB_SAME(m, wrapped_dek, (e)->wrapped_dek) &&         \
-     PB_SAME(m, nonce, (e)->nonce))
-
-/* Decode the body of buf[0, len) with nanopb and compare with the parser's
- * result e.  Returns 0, or -1 with a message. */
+/* Decode the body of buf[0, len) with nanopb (tests/nanopb_env.h) and
+ * compare with the parser's result e: every header field of the version
+ * present with the same value, and the ciphertext seen exactly once, as
+ * the same bytes.  Returns 0, or -1 with a message. */
 static int nanopb_agrees(const ks_envelope *e, const uint8_t *buf, size_t len, char *msg,
                          size_t cap)
 {
-    pb_istream_t s = pb_istream_from_buffer(buf + KS_PREFIX_LEN, len - KS_PREFIX_LEN);
-    ct_seen seen = {e->ciphertext, 0, 0, 0};
-    int same;
-    if (e->version == KS_FORMAT_V1) {
-        keyshift_EnvelopeV1 m = keyshift_EnvelopeV1_init_zero;
-        m.ciphertext.funcs.decode = ct_decode;
-        m.ciphertext.arg = &seen;
-        if (!pb_decode(&s, keyshift_EnvelopeV1_fields, &m)) {
-            snprintf(msg, cap, "nanopb: pb_decode failed: %s", PB_GET_ERROR(&s));
-            return -1;
-        }
-        same = PB_SAME_COMMON(m, e);
-    } else {
-        keyshift_EnvelopeV2 m = keyshift_EnvelopeV2_init_zero;
-        m.ciphertext.funcs.decode = ct_decode;
-        m.ciphertext.arg = &seen;
-        if (!pb_decode(&s, keyshift_EnvelopeV2_fields, &m)) {
-            snprintf(msg, cap, "nanopb: pb_decode failed: %s", PB_GET_ERROR(&s));
-            return -1;
-        }
-        same = PB_SAME_COMMON(m, e) && PB_SAME(m, purpose, e->purpose) &&
-               PB_SAME(m, commitment, e->commitment);
-    }
-    if (!same) {
-        snprintf(msg, cap, "nanopb: decoded header fields differ from the parser's");
+    ks_nanopb_msg m;
+    ks_nanopb_ct ct;
+    ks_nanopb_env n;
+    pb_istream_t s;
+    if (!ks_nanopb_decode(e->version, buf + KS_PREFIX_LEN, len - KS_PREFIX_LEN, &m, &ct, &s)) {
+        snprintf(msg, cap, "nanopb: pb_decode failed: %s", PB_GET_ERROR(&s));
         return -1;
     }
-    if (seen.calls != 1 || seen.len != e->ciphertext.len || seen.mismatch || s.bytes_left != 0) {
-        snprintf(msg, cap, "nanopb: ciphertext differs (calls %u, len %zu vs %zu)", seen.calls,
-                 seen.len, e->ciphertext.len);
+    ks_nanopb_to_env(e->version, &m, &ct, &n);
+    /* The view is read only when it points into buf (ct.in_buffer). */
+    if (ct.calls != 1 || !ct.in_buffer || ct.view.len != e->ciphertext.len ||
+        !ks_test_bytes_eq(ct.view, e->ciphertext) || s.bytes_left != 0) {
+        snprintf(msg, cap, "nanopb: ciphertext differs (calls %d, len %zu vs %zu)", ct.calls,
+                 ct.view.len, e->ciphertext.len);
+        return -1;
+    }
+    /* The ciphertext agrees, so a difference here is in the header. */
+    if (!ks_nanopb_header_present(&n) || !ks_test_fields_eq(&n.env, e)) {
+        snprintf(msg, cap, "nanopb: decoded header fields differ from the parser's");
         return -1;
     }
     return 0;
 }
 
 /* ---- checking one vector ----------------------------------------------------- */
-
-/* Nonzero when a view is absent or lies wholly inside buf[0, len). */
-static int view_inside(ks_bytes v, const uint8_t *buf, size_t len)
-{
-    if (v.len == 0) {
-        return v.ptr == NULL;
-    }
-    return v.ptr != NULL && v.ptr >= buf && v.len <= len && v.ptr - buf <= (ptrdiff_t)(len - v.len);
-}
-
-/* Nonzero when two parse results are identical: every value, every view
- * (pointer and length), header_len and total_len.  Compared member by
- * member: padding bytes of a struct are unspecified. */
-static int same_result(const ks_envelope *a, const ks_envelope *b)
-{
-#define SAME_VIEW(f) (a->f.ptr == b->f.ptr && a->f.len == b->f.len)
-    return a->version == b->version && a->algorithm == b->algorithm &&
-           a->key_version == b->key_version && SAME_VIEW(tenant) && SAME_VIEW(key_id) &&
-           SAME_VIEW(wrapped_dek) && SAME_VIEW(nonce) && SAME_VIEW(purpose) &&
-           SAME_VIEW(commitment) && SAME_VIEW(ciphertext) && a->header_len == b->header_len &&
-           a->total_len == b->total_len;
-#undef SAME_VIEW
-}
 
 /* Check an ok vector in buf (an exact copy); 0 or -1 with a message. */
 static int check_ok_vector(const uint8_t *buf, size_t len, char *msg, size_t cap)
@@ -155,10 +83,7 @@ static int check_ok_vector(const uint8_t *buf, size_t len, char *msg, size_t cap
                  (unsigned)err.field);
         return -1;
     }
-    if (!view_inside(e.tenant, buf, len) || !view_inside(e.key_id, buf, len) ||
-        !view_inside(e.wrapped_dek, buf, len) || !view_inside(e.nonce, buf, len) ||
-        !view_inside(e.purpose, buf, len) || !view_inside(e.commitment, buf, len) ||
-        !view_inside(e.ciphertext, buf, len) || e.total_len != len || e.header_len >= len ||
+    if (!ks_test_views_inside(&e, buf, len) || e.total_len != len || e.header_len >= len ||
         buf[e.header_len] != 0x7a) {
         snprintf(msg, cap, "a view is outside the input, or header_len/total_len is wrong");
         return -1;
@@ -182,7 +107,8 @@ static int check_ok_vector(const uint8_t *buf, size_t len, char *msg, size_t cap
         return -1;
     }
     /* header-only: the whole input, then just the header */
-    if (ks_envelope_parse_header(buf, len, NULL, &h, NULL) != KS_OK || !same_result(&h, &e)) {
+    if (ks_envelope_parse_header(buf, len, NULL, &h, NULL) != KS_OK ||
+        !ks_test_result_eq(&h, &e)) {
         snprintf(msg, cap, "parse_header of the whole envelope differs from parse");
         return -1;
     }

@@ -36,7 +36,31 @@ typedef enum ks_err {
 
     /* Caller errors: the input was never looked at. */
     KS_ERR_INVALID_ARGUMENT = 32,   /* "invalid-argument": NULL pointer, bad limits, inconsistent struct */
-    KS_ERR_BUFFER_TOO_SMALL = 33    /* "buffer-too-small": output capacity below the encoded size */
+    KS_ERR_BUFFER_TOO_SMALL = 33,   /* "buffer-too-small": output capacity below the encoded size */
+
+    /* Sealing and opening (docs/format.md section 7). */
+    KS_ERR_AUTH_FAILED = 64,        /* "auth-failed": an envelope did not open; one code whatever
+                                       the cause (wrong key or context, tampering, commitment) */
+    KS_ERR_ALGORITHM_UNAVAILABLE = 65, /* "algorithm-unavailable": e.g. AES-256-GCM without AES-NI */
+    KS_ERR_NO_MEMORY = 66,          /* "no-memory": allocation (or mlock) failed */
+    KS_ERR_CRYPTO_INIT = 67,        /* "crypto-init": libsodium could not be initialised */
+
+    /* Key providers (include/keyshift/provider.h).  The first two may be
+     * retried; the others never are (ks_err_is_retryable). */
+    KS_ERR_UNAVAILABLE = 96,        /* "unavailable": the provider cannot be reached now */
+    KS_ERR_TIMEOUT = 97,            /* "timeout": the provider did not answer in time */
+    KS_ERR_DENIED = 98,             /* "denied": the key exists but may not be used so
+                                       (disabled, or decrypt-only for a wrap) */
+    KS_ERR_REVOKED = 99,            /* "revoked": the key version was destroyed */
+    KS_ERR_NOT_FOUND = 100,         /* "not-found": no such key id or version */
+    KS_ERR_INTEGRITY = 101,         /* "integrity": the key store failed an integrity check */
+
+    /* The local keyring file (include/keyshift/keyring.h). */
+    KS_ERR_INSECURE = 128,          /* "insecure": keyring readable or writable by group/others */
+    KS_ERR_IO = 129,                /* "io": a file could not be read, written or locked */
+    KS_ERR_BAD_PASSPHRASE = 130,    /* "bad-passphrase": a sealed keyring did not open */
+    KS_ERR_EXISTS = 131,            /* "exists": the key or keyring already exists */
+    KS_ERR_STATE = 132              /* "state": a forbidden key state change (e.g. from destroyed) */
 } ks_err;
 
 /* The stable name of an error code, e.g. "noncanonical-varint"; "ok" for
@@ -47,6 +71,10 @@ KS_API const char *ks_err_name(ks_err err);
 /* Nonzero when err is an envelope rejection (codes 1..31): the input bytes
  * were at fault, not the caller. */
 KS_API int ks_err_is_rejection(ks_err err);
+
+/* Nonzero when err is a provider error that may succeed if retried
+ * (KS_ERR_UNAVAILABLE, KS_ERR_TIMEOUT).  Every other error is final. */
+KS_API int ks_err_is_retryable(ks_err err);
 
 #ifdef __cplusplus
 }

@@ -7,5 +7,9 @@
 #include <keyshift/common.h>
 #include <keyshift/error.h>
 #include <keyshift/envelope.h>
+#include <keyshift/aad.h>
+#include <keyshift/provider.h>
+#include <keyshift/crypto.h>
+#include <keyshift/keyring.h>
 
 #endif /* KEYSHIFT_KEYSHIFT_H */

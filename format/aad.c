@@ -1,0 +1,122 @@
+/*
+ * format/aad.c -- construction of the data and wrap AADs
+ * (keyshift/aad.h, docs/format.md [F-CRYPTO-AAD-1], [F-CRYPTO-AAD-2]).
+ *
+ * Every variable part is length-prefixed, so no two distinct field tuples
+ * give the same AAD bytes.
+ */
+#include <string.h>
+
+#include <keyshift/aad.h>
+
+/* A bounded writer over a caller buffer: the length is computed in a
+ * first pass with buf NULL, so a short buffer is refused before any byte
+ * is written. */
+typedef struct aad_writer {
+    uint8_t *buf; /* NULL while measuring */
+    size_t len;
+} aad_writer;
+
+/* Append n bytes. */
+static void put(aad_writer *w, const void *p, size_t n)
+{
+    if (w->buf != NULL && n != 0) {
+        memcpy(w->buf + w->len, p, n);
+    }
+    w->len += n;
+}
+
+/* Append a 32-bit big-endian integer. */
+static void put_u32(aad_writer *w, uint32_t v)
+{
+    const uint8_t b[4] = {(uint8_t)(v >> 24), (uint8_t)(v >> 16), (uint8_t)(v >> 8), (uint8_t)v};
+    put(w, b, sizeof b);
+}
+
+/* Append lp(x) = u32be(len) || x. */
+static void put_lp(aad_writer *w, ks_bytes x)
+{
+    put_u32(w, (uint32_t)x.len);
+    put(w, x.ptr, x.len);
+}
+
+/* The data AAD [F-CRYPTO-AAD-1]. */
+static void write_data(aad_writer *w, const ks_envelope *env, ks_bytes context)
+{
+    const uint8_t prefix[KS_PREFIX_LEN] = {KS_MAGIC_0, KS_MAGIC_1, KS_MAGIC_2, env->version};
+    put(w, prefix, sizeof prefix);
+    put_u32(w, env->algorithm);
+    put_lp(w, env->tenant);
+    if (env->version == KS_FORMAT_V2) {
+        put_lp(w, env->purpose);
+        put(w, env->commitment.ptr, KS_COMMITMENT_LEN);
+    }
+    put_lp(w, context);
+}
+
+/* The wrap AAD [F-CRYPTO-AAD-2]. */
+static void write_wrap(aad_writer *w, const ks_envelope *env)
+{
+    const uint8_t prefix[KS_PREFIX_LEN] = {KS_MAGIC_0, KS_MAGIC_1, 'W', env->version};
+    put(w, prefix, sizeof prefix);
+    put_u32(w, env->algorithm);
+    put_lp(w, env->tenant);
+    put_lp(w, env->key_id);
+    put_u32(w, env->key_version);
+    if (env->version == KS_FORMAT_V2) {
+        put_lp(w, env->purpose);
+    }
+}
+
+/* Nonzero when the parts of env that an AAD reads are usable. */
+static int env_ok(const ks_envelope *env, int data)
+{
+    if (env == NULL || (env->version != KS_FORMAT_V1 && env->version != KS_FORMAT_V2)) {
+        return 0;
+    }
+    if (env->tenant.len > KS_TENANT_MAX || env->key_id.len > KS_KEY_ID_MAX ||
+        env->purpose.len > KS_PURPOSE_MAX) {
+        return 0;
+    }
+    if (data && env->version == KS_FORMAT_V2 &&
+        (env->commitment.ptr == NULL || env->commitment.len != KS_COMMITMENT_LEN)) {
+        return 0;
+    }
+    return 1;
+}
+
+/* See keyshift/aad.h. */
+ks_err ks_aad_data(const ks_envelope *env, ks_bytes context, uint8_t *out, size_t cap,
+                   size_t *out_len)
+{
+    if (!env_ok(env, 1) || context.len > KS_CONTEXT_MAX || out_len == NULL ||
+        (context.ptr == NULL && context.len != 0)) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    aad_writer w = {NULL, 0};
+    write_data(&w, env, context);
+    if (w.len > cap || out == NULL) {
+        return KS_ERR_BUFFER_TOO_SMALL;
+    }
+    *out_len = w.len;
+    w = (aad_writer){out, 0};
+    write_data(&w, env, context);
+    return KS_OK;
+}
+
+/* See keyshift/aad.h. */
+ks_err ks_aad_wrap(const ks_envelope *env, uint8_t *out, size_t cap, size_t *out_len)
+{
+    if (!env_ok(env, 0) || out_len == NULL) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    aad_writer w = {NULL, 0};
+    write_wrap(&w, env);
+    if (w.len > cap || out == NULL) {
+        return KS_ERR_BUFFER_TOO_SMALL;
+    }
+    *out_len = w.len;
+    w = (aad_writer){out, 0};
+    write_wrap(&w, env);
+    return KS_OK;
+}
