@@ -125,6 +125,7 @@ unit: $(UNIT_BINS)
 
 cli-test: $(CLI_SAN) $(CLI)
 	@KEYSHIFT=$(CLI_SAN) tests/cli_test.sh
+	@KEYSHIFT=$(CLI_SAN) tests/cli_crypto_test.sh
 
 # make install into a staging DESTDIR, then build against it via pkg-config.
 install-test: all

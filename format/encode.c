@@ -104,18 +104,6 @@ ks_err ks_envelope_encoded_len(const ks_envelope *env, const ks_limits *lim, siz
     return KS_OK;
 }
 
-/* Append the minimal varint encoding of v at p; return the bytes written. */
-static size_t put_varint(uint8_t *p, uint64_t v)
-{
-    size_t i = 0;
-    while (v >= 0x80) {
-        p[i++] = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    p[i++] = (uint8_t)v;
-    return i;
-}
-
 /* See keyshift/envelope.h. */
 ks_err ks_envelope_encode(const ks_envelope *env, const ks_limits *lim, uint8_t *buf, size_t cap,
                           size_t *out_len)
@@ -143,10 +131,10 @@ ks_err ks_envelope_encode(const ks_envelope *env, const ks_limits *lim, uint8_t 
         const ks_field_rule *r = &rules[i];
         buf[pos++] = (uint8_t)(r->number << 3 | r->wire);
         if (r->wire == KS_WIRE_VARINT) {
-            pos += put_varint(buf + pos, *ks_rules_u32(&copy, r));
+            pos += ks_varint_put(buf + pos, *ks_rules_u32(&copy, r));
         } else {
             const ks_bytes *v = ks_rules_bytes(&copy, r);
-            pos += put_varint(buf + pos, v->len);
+            pos += ks_varint_put(buf + pos, v->len);
             if (v->len != 0) {
                 memcpy(buf + pos, v->ptr, v->len);
             }

@@ -217,4 +217,17 @@ static inline size_t ks_varint_len(uint64_t v)
     return n;
 }
 
+/* Write the minimal varint encoding of v at p [F-VARINT-2]; return the
+ * number of bytes written (ks_varint_len(v)). */
+static inline size_t ks_varint_put(uint8_t *p, uint64_t v)
+{
+    size_t i = 0;
+    while (v >= 0x80) {
+        p[i++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    p[i++] = (uint8_t)v;
+    return i;
+}
+
 #endif /* KS_FORMAT_RULES_H */

@@ -3,24 +3,46 @@
 #
 # Called by fuzz/oss-fuzz/build.sh (OSS-Fuzz), .clusterfuzzlite/build.sh
 # (ClusterFuzzLite) and `make oss-fuzz-check`.  Uses only the OSS-Fuzz
-# interface: $CC, $CXX, $CFLAGS, $LIB_FUZZING_ENGINE, $OUT (and $WORK for
-# intermediate files when set).  Links with $CXX, as OSS-Fuzz requires even
-# for C.  For each target in fuzz/ it leaves in $OUT:
+# interface: $CC, $CXX, $CFLAGS, $LIB_FUZZING_ENGINE, $SRC, $OUT (and $WORK
+# for intermediate files when set).  Links with $CXX, as OSS-Fuzz requires
+# even for C.
+#
+# The targets are every fuzz/fuzz_*.c, the library every format/*.c,
+# parser/*.c and migrate/*.c (the same sources as LIB_SRCS in the
+# Makefile): both lists come from the files, so a new target or source
+# needs no change here.  For each target it leaves in $OUT:
 #   <target>                 the fuzzer
 #   <target>_seed_corpus.zip corpus/<target>/ + corpus/regressions/
-#   <target>.dict            corpus/envelope.dict
+#   <target>.dict            the target's dictionary (dict_for below)
 #   <target>.options         fuzz/<target>.options ([libfuzzer] max_len, dict)
 #
 # nanopb: the system package (nanopb + libnanopb-dev, 0.4.x) by default.  If
 # a nanopb source tree is at $NANOPB_SRC (default $SRC/nanopb when present),
 # its generator and pb_*.c are used instead, compiled with $CFLAGS.
+#
+# libsodium (migrate/ needs it, with threads): the system package
+# (libsodium-dev), linked with -lsodium -lpthread.  Like the packaged nanopb
+# it is not instrumented: fine for ASan, UBSan and coverage feedback on our
+# own code (libsodium is not what is being fuzzed), not for MSan, which is
+# not enabled.
 cd "$(dirname "$0")/.."
 
 : "${CC:?}" "${CXX:?}" "${LIB_FUZZING_ENGINE:?}" "${OUT:?}"
 CFLAGS=${CFLAGS:-}
 WORK=${WORK:-build/oss-fuzz-work}
-TARGETS="fuzz_parse fuzz_differential"
-LIB_SRCS="format/format.c format/encode.c parser/envelope.c"
+TARGETS=$(for f in fuzz/fuzz_*.c; do basename "${f%.c}"; done)
+LIB_SRCS=$(ls format/*.c parser/*.c migrate/*.c)
+[ -n "$TARGETS" ] && [ -n "$LIB_SRCS" ]
+
+# The dictionary of a target: corpus/envelope.dict (envelope tokens) unless
+# listed here.  fuzz/fuzz.mk holds the same mapping (FUZZ_DICT_<target>) for
+# the local runs; `make oss-fuzz-check` compares the two.
+dict_for() {
+    case $1 in
+        fuzz_keyring) echo corpus/keyring.dict ;;
+        *) echo corpus/envelope.dict ;;
+    esac
+}
 
 GEN=$WORK/keyshift-gen
 OBJ=$WORK/keyshift-obj
@@ -48,7 +70,8 @@ fi
 
 INCS="-Iinclude -I$GEN $NANOPB_INC"
 for src in $LIB_SRCS "$GEN/envelope.pb.c"; do
-    o="$OBJ/$(basename "${src%.c}").o"
+    rel=${src#"$WORK"/}
+    o="$OBJ/$(echo "${rel%.c}" | tr / _).o"   # format/aad.c -> format_aad.o
     $CC $CFLAGS -std=c11 $INCS -c "$src" -o "$o"
     LIB_OBJS="${LIB_OBJS:-} $o"
 done
@@ -56,7 +79,8 @@ done
 for t in $TARGETS; do
     $CC $CFLAGS -std=c11 $INCS -c "fuzz/$t.c" -o "$OBJ/$t.o"
     # shellcheck disable=SC2086
-    $CXX $CFLAGS "$OBJ/$t.o" $LIB_OBJS $NANOPB_OBJS $LIB_FUZZING_ENGINE $NANOPB_LIB -o "$OUT/$t"
+    $CXX $CFLAGS "$OBJ/$t.o" $LIB_OBJS $NANOPB_OBJS $LIB_FUZZING_ENGINE $NANOPB_LIB \
+        -lsodium -lpthread -o "$OUT/$t"
 
     seeds="$WORK/keyshift-seeds-$t"
     rm -rf "$seeds" && mkdir -p "$seeds"
@@ -64,6 +88,6 @@ for t in $TARGETS; do
         -exec cp -f {} "$seeds/" \;
     rm -f "$OUT/${t}_seed_corpus.zip"
     (cd "$seeds" && zip -q -r "$OUT/${t}_seed_corpus.zip" .)
-    cp corpus/envelope.dict "$OUT/$t.dict"
+    cp "$(dict_for "$t")" "$OUT/$t.dict"
     cp "fuzz/$t.options" "$OUT/$t.options"
 done

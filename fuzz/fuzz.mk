@@ -7,8 +7,10 @@
 #   cov/     replay main with clang source-based coverage (-DNDEBUG: see docs/fuzzing.md)
 #
 #   make fuzz-replay     replay corpus/<target>/ and corpus/regressions/ under ASan+UBSan
-#   make coverage        llvm-cov over the same inputs; gate on parser/ lines and branches
+#   make coverage        llvm-cov over the same inputs; gate on the lines and branches of
+#                        parser/ and migrate/keyring_format.c (FUZZ_COV_SRCS)
 #   make fuzz-smoke      each libFuzzer target for FUZZ_SMOKE_SECONDS from a copy of the corpus
+#                        (fuzz-smoke, fuzz, fuzz-afl: each with its own dictionary, fuzz_dict)
 #   make fuzz            each libFuzzer target for FUZZ_SECONDS, corpus kept in $(B)/fuzz/run/
 #   make fuzz-afl        each target under afl-fuzz -V $(AFL_SECONDS)
 #   make oss-fuzz-check  run fuzz/oss-fuzz/build.sh locally and check what it leaves in $OUT
@@ -16,7 +18,7 @@
 #
 # Nothing here writes into corpus/ except fuzz-seeds.
 
-FUZZ_TARGETS := fuzz_parse fuzz_differential
+FUZZ_TARGETS := fuzz_parse fuzz_differential fuzz_open fuzz_keyring
 FUZZ_SMOKE_SECONDS ?= 20
 FUZZ_SECONDS ?= 60
 AFL_SECONDS ?= 20
@@ -24,7 +26,12 @@ FUZZ_TIMEOUT ?= 5
 FUZZ_RSS_MB ?= 2560
 FUZZ_COV_MIN_LINES ?= 95
 FUZZ_COV_MIN_BRANCHES ?= 90
-FUZZ_DICT := corpus/envelope.dict
+# Each target's dictionary: corpus/envelope.dict unless FUZZ_DICT_<target>
+# names another.  fuzz/build.sh (dict_for) holds the same mapping for
+# OSS-Fuzz; oss-fuzz-check fails when the two disagree.
+FUZZ_DICT_DEFAULT := corpus/envelope.dict
+FUZZ_DICT_fuzz_keyring := corpus/keyring.dict
+fuzz_dict = $(or $(FUZZ_DICT_$(1)),$(FUZZ_DICT_DEFAULT))
 AFL_CC ?= afl-clang-fast
 LLVM_PROFDATA ?= llvm-profdata-14
 LLVM_COV ?= llvm-cov-14
@@ -39,7 +46,7 @@ FUZZ_LIBS := -lprotobuf-nanopb $(LIB_LIBS)
 fuzz_max_len = $(shell sed -n 's/^max_len *= *//p' fuzz/$(1).options)
 
 FUZZ_LIB_C := $(LIB_SRCS) $(NANOPB_C)
-FUZZ_DEPS := $(LIB_HDRS) $(NANOPB_H) $(wildcard tests/*.h) fuzz/fuzz.mk
+FUZZ_DEPS := $(LIB_HDRS) $(NANOPB_H) $(wildcard tests/*.h fuzz/*.h) fuzz/fuzz.mk
 
 # ---- object files per flavour -------------------------------------------
 # $(B)/fuzz/<flavour>/obj/<path>.o; build/gen/envelope.pb.c lands under obj/build/gen/.
@@ -113,7 +120,7 @@ fuzz-replay: $(FUZZ_RP_BINS)
 # ---- coverage gate ------------------------------------------------------------
 
 FUZZ_COV_DIR := $(FZ)/cov
-FUZZ_COV_SRCS := parser/envelope.c parser/cursor.h
+FUZZ_COV_SRCS := parser/envelope.c parser/cursor.h migrate/keyring_format.c
 
 coverage: $(FUZZ_CV_BINS)
 	@set -e; rm -rf $(FUZZ_COV_DIR)/prof; mkdir -p $(FUZZ_COV_DIR)/prof; \
@@ -130,7 +137,7 @@ coverage: $(FUZZ_CV_BINS)
 	     $(FUZZ_COV_SRCS) > $(FUZZ_COV_DIR)/summary.json; \
 	 $(PYTHON_DEBIAN) -c 'import json,sys; t=json.load(open(sys.argv[1]))["data"][0]["totals"]; \
 	     l=t["lines"]; b=t["branches"]; \
-	     print("coverage: parser/ lines %.2f%% (%d/%d), branches %.2f%% (%d/%d); gate %s%% / %s%%" % \
+	     print("coverage: parser/ + keyring_format.c lines %.2f%% (%d/%d), branches %.2f%% (%d/%d); gate %s%% / %s%%" % \
 	           (l["percent"], l["covered"], l["count"], b["percent"], b["covered"], b["count"], sys.argv[2], sys.argv[3])); \
 	     ok = l["percent"] >= float(sys.argv[2]) and b["percent"] >= float(sys.argv[3]); \
 	     print("coverage: " + ("ok" if ok else "FAILED: below the gate; see " + sys.argv[4])); \
@@ -146,7 +153,7 @@ define fuzz_run
 	 find corpus/$(1) corpus/regressions -maxdepth 1 -type f ! -name 'README*' -exec cp -f {} $$w/corpus/ \; ; \
 	 if ASAN_OPTIONS=$(ASAN_OPTIONS):detect_leaks=1 $(FZ)/lf/$(1) -max_total_time=$(2) \
 	     -max_len=$(call fuzz_max_len,$(1)) -timeout=$(FUZZ_TIMEOUT) -rss_limit_mb=$(FUZZ_RSS_MB) \
-	     -dict=$(FUZZ_DICT) -detect_leaks=1 -print_final_stats=1 \
+	     -dict=$(call fuzz_dict,$(1)) -detect_leaks=1 -print_final_stats=1 \
 	     -artifact_prefix=$$w/artifacts/ $$w/corpus > $$w/log 2>&1; then \
 	     execs=$$(sed -n 's/^stat::number_of_executed_units: *//p' $$w/log); \
 	     eps=$$(sed -n 's/^stat::average_exec_per_sec: *//p' $$w/log); \
@@ -172,9 +179,10 @@ AFL_ENV := AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 AFL_NO_UI=
            UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:symbolize=0
 
 fuzz-afl: $(FUZZ_AFL_BINS)
-	@set -e; for t in $(FUZZ_TARGETS); do \
+	@set -e; for td in $(foreach t,$(FUZZ_TARGETS),$(t):$(call fuzz_dict,$(t))); do \
+	     t=$${td%%:*}; d=$${td#*:}; \
 	     o=$(FZ)/afl/out/$$t; rm -rf $$o; mkdir -p $$o; \
-	     $(AFL_ENV) afl-fuzz -V $(AFL_SECONDS) -i corpus/$$t -o $$o -x $(FUZZ_DICT) \
+	     $(AFL_ENV) afl-fuzz -V $(AFL_SECONDS) -i corpus/$$t -o $$o -x $$d \
 	         -c $(FZ)/afl/$$t.cmplog -- $(FZ)/afl/$$t > $$o.log 2>&1 || { tail -n 40 $$o.log; \
 	         echo "fuzz-afl: afl-fuzz failed for $$t"; exit 1; }; \
 	     s=$$o/default/fuzzer_stats; \
@@ -202,15 +210,22 @@ oss-fuzz-check:
 	     bash fuzz/oss-fuzz/build.sh > $(OSS_DIR)/build.log 2>&1 || { tail -n 40 $(OSS_DIR)/build.log; \
 	     echo "oss-fuzz-check: build.sh failed"; exit 1; }; \
 	 out=$(OSS_DIR)/out; \
-	 for t in $(FUZZ_TARGETS); do \
+	 built=$$(cd $$out && for f in fuzz_*; do [ -f "$$f" ] && [ -x "$$f" ] && echo "$$f"; done | sort | xargs); \
+	 want=$$(echo $(FUZZ_TARGETS) | tr ' ' '\n' | sort | xargs); \
+	 files=$$(for f in fuzz/fuzz_*.c; do basename $$f .c; done | sort | xargs); \
+	 [ "$$built" = "$$want" ] && [ "$$files" = "$$want" ] || { \
+	     echo "oss-fuzz-check: targets differ: fuzz/*.c: $$files; built: $$built; FUZZ_TARGETS: $$want"; exit 1; }; \
+	 for td in $(foreach t,$(FUZZ_TARGETS),$(t):$(call fuzz_dict,$(t))); do \
+	     t=$${td%%:*}; d=$${td#*:}; \
 	     for f in $$t $${t}_seed_corpus.zip $$t.dict $$t.options; do \
 	         [ -s $$out/$$f ] || { echo "oss-fuzz-check: missing $$out/$$f"; exit 1; }; \
 	     done; \
 	     [ -x $$out/$$t ] || { echo "oss-fuzz-check: $$out/$$t not executable"; exit 1; }; \
+	     cmp -s $$d $$out/$$t.dict || { echo "oss-fuzz-check: $$out/$$t.dict is not $$d"; exit 1; }; \
 	     grep -q '^\[libfuzzer\]' $$out/$$t.options && grep -q '^max_len *= *[0-9]' $$out/$$t.options && \
 	         grep -q "^dict *= *$$t.dict" $$out/$$t.options || { echo "oss-fuzz-check: bad $$t.options"; exit 1; }; \
 	     n=$$(unzip -Z1 $$out/$${t}_seed_corpus.zip | wc -l); \
 	     (cd $$out && ./$$t -runs=2000 -dict=$$t.dict -max_len=4096 >$$t.log 2>&1) || \
 	         { tail -n 30 $$out/$$t.log; echo "oss-fuzz-check: $$t does not run"; exit 1; }; \
-	     echo "oss-fuzz-check: $$t ok ($$n seeds in zip, dict, options, 2000 runs)"; \
+	     echo "oss-fuzz-check: $$t ok ($$n seeds in zip, dict $$d, options, 2000 runs)"; \
 	 done

@@ -37,14 +37,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define CHECK(cond)                                                                         \
-    do {                                                                                    \
-        if (!(cond)) {                                                                      \
-            fprintf(stderr, "fuzz_differential: oracle failed at %s:%d: %s\n", __FILE__,    \
-                    __LINE__, #cond);                                                       \
-            abort();                                                                        \
-        }                                                                                   \
-    } while (0)
+#include "fuzz_check.h"
 
 /* Encode callback for field 15: write the recorded view as a bytes field. */
 static bool ct_encode(pb_ostream_t *stream, const pb_field_t *field, void *const *arg)

@@ -45,14 +45,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define CHECK(cond)                                                                       \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "fuzz_parse: oracle failed at %s:%d: %s\n", __FILE__, __LINE__, \
-                    #cond);                                                               \
-            abort();                                                                      \
-        }                                                                                 \
-    } while (0)
+#include "fuzz_check.h"
 
 /* Every header field equal, views by identity; the ciphertext and
  * total_len not compared (ks_test_result_eq compares those too). */

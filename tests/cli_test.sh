@@ -6,53 +6,7 @@
 # Prints one line per check and a closing "N passed, N failed" line.
 set -u
 
-KS=${KEYSHIFT:-build/bin/keyshift}
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0
-fail=0
-
-# Write the bytes of a hex string (whitespace ignored) to stdout.
-unhex() {
-    local h
-    h=$(printf '%s' "$*" | tr -d ' \n')
-    printf "$(printf '%s' "$h" | sed 's/../\\x&/g')"
-}
-
-# Hex of an ASCII string.
-strhex() {
-    printf '%s' "$1" | od -An -tx1 | tr -d ' \n'
-}
-
-# n bytes of one hex byte value, as hex.
-rep() {
-    local i out=""
-    for ((i = 0; i < $2; i++)); do out+=$1; done
-    printf '%s' "$out"
-}
-
-ok() { pass=$((pass + 1)); echo "ok   - $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL - $1"; [ -n "${2:-}" ] && printf '       %s\n' "$2"; }
-
-# run NAME EXPECTED_RC CMD... : run CMD, keep stdout/stderr in $T/out, $T/err.
-run() {
-    local name=$1 want=$2
-    shift 2
-    "$@" >"$T/out" 2>"$T/err"
-    local rc=$?
-    if [ "$rc" -eq "$want" ]; then ok "$name (exit $rc)"; else bad "$name" "exit $rc, want $want; stderr: $(head -c 300 "$T/err")"; fi
-}
-
-# expect_file NAME FILE EXACT_CONTENT
-expect_eq() {
-    if [ "$(cat "$2")" = "$3" ]; then ok "$1"; else bad "$1" "got: $(head -c 400 "$2") want: $3"; fi
-}
-expect_grep() {
-    if grep -q -- "$3" "$2"; then ok "$1"; else bad "$1" "no '$3' in: $(head -c 400 "$2")"; fi
-}
-expect_empty() {
-    if [ ! -s "$2" ]; then ok "$1"; else bad "$1" "not empty: $(head -c 200 "$2")"; fi
-}
+. "$(dirname "$0")/cli_lib.sh"
 
 # ---- fixtures -----------------------------------------------------------
 # v1, aes-256-gcm, minimal field sizes.
@@ -154,5 +108,4 @@ expect_grep "help inspect has SYNOPSIS" "$T/out" "SYNOPSIS"
 run "--version" 0 "$KS" --version
 expect_grep "--version prints the version" "$T/out" "^keyshift [0-9]"
 
-echo "cli: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+cli_finish cli

@@ -1,6 +1,7 @@
 /*
- * tests/envelope_eq.h -- comparisons of parse results, shared by the unit
- * tests (tests/) and the fuzz harnesses (fuzz/).  Test support code, not
+ * tests/envelope_eq.h -- comparisons of parse results (and the zeroed
+ * plaintext check), shared by the unit tests (tests/) and the fuzz
+ * harnesses (fuzz/).  Test support code, not
  * part of the library: static inline only, so a file includes it without
  * linking anything and a function one file does not use costs nothing.
  *
@@ -83,6 +84,20 @@ static inline int ks_test_views_inside(const ks_envelope *e, const uint8_t *buf,
            ks_test_view_inside(e->nonce, buf, len) && ks_test_view_inside(e->purpose, buf, len) &&
            ks_test_view_inside(e->commitment, buf, len) &&
            ks_test_view_inside(e->ciphertext, buf, len);
+}
+
+/* Nonzero when p[0, n) holds only zero bytes (n == 0 included).  For the
+ * promise of ks_open() and ks_rewrap() that a failed open leaves the whole
+ * plaintext buffer zeroed, not only the bytes it might have written:
+ * checked by the unit tests (tests/test_crypto.c) and by fuzz_open. */
+static inline int ks_test_all_zero(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] != 0) {
+            return 0;
+        }
+    }
+    return 1;
 }
 
 #endif /* KS_TESTS_ENVELOPE_EQ_H */

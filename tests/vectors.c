@@ -1,5 +1,8 @@
 /*
- * tests/vectors.c -- the strict ks-vector block loader (see vectors.h).
+ * tests/vectors.c -- the strict ks-vector block loader (see vectors.h),
+ * and the pieces it is built from, which tests/crypto_vectors.h reuses for
+ * the ks-crypto-vector blocks (the fence scanner, hex, names, messages,
+ * reading a file).
  *
  * The markdown is scanned line by line for CommonMark fenced code blocks
  * (``` or ~~~, at most three spaces of indentation).  Blocks whose info
@@ -14,14 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Where the parser is, for error messages. */
-typedef struct loader {
-    const char *origin;
-    size_t line;
-    char *errbuf;
-    size_t errlen;
-} loader;
-
 /* A vector being assembled from the lines of its block. */
 typedef struct draft {
     size_t line;
@@ -30,15 +25,11 @@ typedef struct draft {
     size_t name_len;
     ks_err code;
     size_t offset;
-    uint8_t *bytes; /* growable */
-    size_t len, cap;
-    int half;       /* nonzero when a high nibble is pending */
-    uint8_t nibble;
+    ks_test_hex hex; /* the bytes; a byte may span two hex: lines */
 } draft;
 
-/* Write "origin:line: msg" (and 'detail' when given) to the error buffer;
- * always returns -1 so callers can `return fail(...)`. */
-static int fail(const loader *ld, const char *msg, const char *detail, size_t detail_len)
+/* See vectors.h. */
+int ks_test_fail(const ks_test_loader *ld, const char *msg, const char *detail, size_t detail_len)
 {
     if (ld->errbuf != NULL && ld->errlen > 0) {
         if (detail != NULL) {
@@ -52,26 +43,26 @@ static int fail(const loader *ld, const char *msg, const char *detail, size_t de
     return -1;
 }
 
-/* Nonzero for the blanks allowed around tokens: space, tab, CR. */
-static int is_blank(char c)
+/* See vectors.h. */
+int ks_test_is_blank(char c)
 {
     return c == ' ' || c == '\t' || c == '\r';
 }
 
-/* Strip blanks from both ends of p[0, *n): advance *p, shrink *n. */
-static void trim(const char **p, size_t *n)
+/* See vectors.h. */
+void ks_test_trim(const char **p, size_t *n)
 {
-    while (*n > 0 && is_blank(**p)) {
+    while (*n > 0 && ks_test_is_blank(**p)) {
         (*p)++;
         (*n)--;
     }
-    while (*n > 0 && is_blank((*p)[*n - 1])) {
+    while (*n > 0 && ks_test_is_blank((*p)[*n - 1])) {
         (*n)--;
     }
 }
 
-/* Nonzero when p[0, n) equals the NUL-terminated string s. */
-static int equals(const char *p, size_t n, const char *s)
+/* See vectors.h. */
+int ks_test_equals(const char *p, size_t n, const char *s)
 {
     return strlen(s) == n && memcmp(p, s, n) == 0;
 }
@@ -80,7 +71,8 @@ static int equals(const char *p, size_t n, const char *s)
 ks_err ks_test_err_from_name(const char *name, size_t len)
 {
     for (int code = 1; code < 32; code++) {
-        if (ks_err_is_rejection((ks_err)code) && equals(name, len, ks_err_name((ks_err)code))) {
+        if (ks_err_is_rejection((ks_err)code) &&
+            ks_test_equals(name, len, ks_err_name((ks_err)code))) {
             return (ks_err)code;
         }
     }
@@ -112,24 +104,8 @@ static size_t fence(const char *line, size_t n, char *ch, const char **info, siz
     *ch = c;
     *info = line + i + run;
     *info_len = n - i - run;
-    trim(info, info_len);
+    ks_test_trim(info, info_len);
     return run;
-}
-
-/* Append one byte to the draft's value. */
-static int draft_push(const loader *ld, draft *d, uint8_t b)
-{
-    if (d->len == d->cap) {
-        size_t cap = d->cap == 0 ? 64 : d->cap * 2;
-        uint8_t *p = realloc(d->bytes, cap);
-        if (p == NULL) {
-            return fail(ld, "out of memory", NULL, 0);
-        }
-        d->bytes = p;
-        d->cap = cap;
-    }
-    d->bytes[d->len++] = b;
-    return 0;
 }
 
 /* Value of a hex digit, or -1. */
@@ -147,87 +123,39 @@ static int hex_digit(char c)
     return -1;
 }
 
-/* Add the digits of one hex: value to the draft; whitespace is ignored and
- * a byte may span two lines. */
-static int parse_hex(const loader *ld, draft *d, const char *v, size_t n)
+/* See vectors.h. */
+int ks_test_hex_add(const ks_test_loader *ld, ks_test_hex *h, const char *v, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        if (is_blank(v[i])) {
+        if (ks_test_is_blank(v[i])) {
             continue;
         }
         int x = hex_digit(v[i]);
         if (x < 0) {
-            return fail(ld, "bad hex digit", v + i, 1);
+            return ks_test_fail(ld, "bad hex digit", v + i, 1);
         }
-        if (d->half) {
-            if (draft_push(ld, d, (uint8_t)(d->nibble << 4 | x)) != 0) {
-                return -1;
+        if (!h->half) {
+            h->nibble = (uint8_t)x;
+            h->half = 1;
+            continue;
+        }
+        if (h->len == h->cap) {
+            size_t cap = h->cap == 0 ? 64 : h->cap * 2;
+            uint8_t *q = realloc(h->bytes, cap);
+            if (q == NULL) {
+                return ks_test_fail(ld, "out of memory", NULL, 0);
             }
-            d->half = 0;
-        } else {
-            d->nibble = (uint8_t)x;
-            d->half = 1;
+            h->bytes = q;
+            h->cap = cap;
         }
+        h->bytes[h->len++] = (uint8_t)(h->nibble << 4 | x);
+        h->half = 0;
     }
-    d->have_hex = 1;
     return 0;
 }
 
-/* Parse an expect: value, "ok" or "<error-name> at <decimal offset>". */
-static int parse_expect(const loader *ld, draft *d, const char *v, size_t n)
-{
-    if (equals(v, n, "ok")) {
-        d->code = KS_OK;
-        d->offset = 0;
-        return 0;
-    }
-    /* Split into exactly three blank-separated tokens. */
-    const char *tok[3];
-    size_t tlen[3];
-    size_t ntok = 0, i = 0;
-    while (i < n) {
-        while (i < n && is_blank(v[i])) {
-            i++;
-        }
-        if (i == n) {
-            break;
-        }
-        size_t start = i;
-        while (i < n && !is_blank(v[i])) {
-            i++;
-        }
-        if (ntok == 3) {
-            return fail(ld, "expect: want 'ok' or '<error-name> at <offset>'", v, n);
-        }
-        tok[ntok] = v + start;
-        tlen[ntok] = i - start;
-        ntok++;
-    }
-    if (ntok != 3 || !equals(tok[1], tlen[1], "at")) {
-        return fail(ld, "expect: want 'ok' or '<error-name> at <offset>'", v, n);
-    }
-    d->code = ks_test_err_from_name(tok[0], tlen[0]);
-    if (d->code == KS_OK) {
-        return fail(ld, "expect: unknown error name", tok[0], tlen[0]);
-    }
-    size_t off = 0;
-    for (size_t k = 0; k < tlen[2]; k++) {
-        char c = tok[2][k];
-        if (c < '0' || c > '9') {
-            return fail(ld, "expect: offset is not a decimal number", tok[2], tlen[2]);
-        }
-        if (off > (SIZE_MAX - (size_t)(c - '0')) / 10) {
-            return fail(ld, "expect: offset overflows", tok[2], tlen[2]);
-        }
-        off = off * 10 + (size_t)(c - '0');
-    }
-    d->offset = off;
-    return 0;
-}
-
-/* Nonzero when a vector name is acceptable: non-empty [a-z0-9-]
- * (docs/format.md A.1). */
-static int name_ok(const char *p, size_t n)
+/* See vectors.h. */
+int ks_test_name_ok(const char *p, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         if (!((p[i] >= 'a' && p[i] <= 'z') || (p[i] >= '0' && p[i] <= '9') || p[i] == '-')) {
@@ -237,131 +165,25 @@ static int name_ok(const char *p, size_t n)
     return n > 0;
 }
 
-/* Handle one line inside a ks-vector block: name:, expect: or hex:, and
- * nothing else, not even a blank line (docs/format.md A.1). */
-static int vector_line(const loader *ld, draft *d, const char *line, size_t n)
-{
-    trim(&line, &n);
-    if (n == 0) {
-        return fail(ld, "blank line in ks-vector block", NULL, 0);
-    }
-    const char *colon = memchr(line, ':', n);
-    if (colon == NULL) {
-        return fail(ld, "ks-vector line is not 'key: value'", line, n);
-    }
-    const char *key = line;
-    size_t key_len = (size_t)(colon - line);
-    const char *val = colon + 1;
-    size_t val_len = n - key_len - 1;
-    trim(&key, &key_len);
-    trim(&val, &val_len);
-
-    if (equals(key, key_len, "name")) {
-        if (d->have_name) {
-            return fail(ld, "repeated name:", NULL, 0);
-        }
-        if (!name_ok(val, val_len)) {
-            return fail(ld, "name: want a non-empty [a-z0-9-] name", val, val_len);
-        }
-        d->name = val;
-        d->name_len = val_len;
-        d->have_name = 1;
-        return 0;
-    }
-    if (equals(key, key_len, "expect")) {
-        if (d->have_expect) {
-            return fail(ld, "repeated expect:", NULL, 0);
-        }
-        d->have_expect = 1;
-        return parse_expect(ld, d, val, val_len);
-    }
-    if (equals(key, key_len, "hex")) {
-        return parse_hex(ld, d, val, val_len);
-    }
-    return fail(ld, "unknown key in ks-vector block", key, key_len);
-}
-
-/* Check a finished draft and append it to *out. */
-static int vector_finish(const loader *ld, draft *d, ks_test_vectors *out)
-{
-    if (!d->have_name) {
-        return fail(ld, "ks-vector block without name:", NULL, 0);
-    }
-    if (!d->have_expect) {
-        return fail(ld, "ks-vector block without expect:", d->name, d->name_len);
-    }
-    if (!d->have_hex) {
-        return fail(ld, "ks-vector block without hex:", d->name, d->name_len);
-    }
-    if (d->half) {
-        return fail(ld, "odd number of hex digits", d->name, d->name_len);
-    }
-    for (size_t i = 0; i < out->count; i++) {
-        if (equals(d->name, d->name_len, out->v[i].name)) {
-            return fail(ld, "duplicate vector name", d->name, d->name_len);
-        }
-    }
-    ks_test_vector *grown = realloc(out->v, (out->count + 1) * sizeof *grown);
-    if (grown == NULL) {
-        return fail(ld, "out of memory", NULL, 0);
-    }
-    out->v = grown;
-    ks_test_vector *v = &out->v[out->count];
-    memset(v, 0, sizeof *v);
-    v->name = malloc(d->name_len + 1);
-    if (d->len > 0) {
-        v->bytes = malloc(d->len);
-    }
-    if (v->name == NULL || (d->len > 0 && v->bytes == NULL)) {
-        free(v->name);
-        free(v->bytes);
-        return fail(ld, "out of memory", NULL, 0);
-    }
-    memcpy(v->name, d->name, d->name_len);
-    v->name[d->name_len] = '\0';
-    if (d->len > 0) {
-        memcpy(v->bytes, d->bytes, d->len);
-    }
-    v->len = d->len;
-    v->expect_code = d->code;
-    v->expect_offset = d->offset;
-    v->line = d->line;
-    out->count++;
-    return 0;
-}
-
-/* The line scanner: outside any fence, inside a ks-vector fence, or inside
+/* The line scanner: outside any fence, inside a wanted fence, or inside
  * some other fence. */
-enum { OUTSIDE, IN_VECTOR, IN_OTHER };
+enum { OUTSIDE, IN_WANTED, IN_OTHER };
 
 /* See vectors.h. */
-int ks_test_vectors_parse(const char *text, size_t len, const char *origin, ks_test_vectors *out,
-                          char *errbuf, size_t errlen)
+int ks_test_scan_blocks(const char *text, size_t len, ks_test_loader *ld,
+                        const ks_test_block_ops *ops, void *arg)
 {
-    loader ld = {origin != NULL ? origin : "<text>", 0, errbuf, errlen};
-    draft d;
     int state = OUTSIDE;
     char open_ch = 0;
     size_t open_run = 0, open_line = 0;
     int rc = 0;
-
-    memset(&d, 0, sizeof d);
-    out->v = NULL;
-    out->count = 0;
-    if (errbuf != NULL && errlen > 0) {
-        errbuf[0] = '\0';
-    }
-    if (text == NULL && len != 0) {
-        return fail(&ld, "no text", NULL, 0);
-    }
-
     size_t pos = 0;
     while (rc == 0 && pos < len) {
         const char *nl = memchr(text + pos, '\n', len - pos);
         const char *line = text + pos;
         size_t n = nl != NULL ? (size_t)(nl - line) : len - pos;
         pos += n + (nl != NULL);
-        ld.line++;
+        ld->line++;
 
         char ch = 0;
         const char *info = NULL;
@@ -369,13 +191,12 @@ int ks_test_vectors_parse(const char *text, size_t len, const char *origin, ks_t
         size_t run = fence(line, n, &ch, &info, &info_len);
         if (state == OUTSIDE) {
             if (run > 0) {
-                state = equals(info, info_len, "ks-vector") ? IN_VECTOR : IN_OTHER;
+                state = ks_test_equals(info, info_len, ops->info) ? IN_WANTED : IN_OTHER;
                 open_ch = ch;
                 open_run = run;
-                open_line = ld.line;
-                if (state == IN_VECTOR) {
-                    memset(&d, 0, sizeof d);
-                    d.line = ld.line;
+                open_line = ld->line;
+                if (state == IN_WANTED) {
+                    rc = ops->open(arg, ld);
                 }
             }
             continue;
@@ -387,51 +208,44 @@ int ks_test_vectors_parse(const char *text, size_t len, const char *origin, ks_t
             }
             continue;
         }
-        /* IN_VECTOR */
+        /* IN_WANTED */
         if (closes) {
-            rc = vector_finish(&ld, &d, out);
-            free(d.bytes);
-            memset(&d, 0, sizeof d);
             state = OUTSIDE;
+            rc = ops->close(arg, ld);
         } else {
-            rc = vector_line(&ld, &d, line, n);
+            rc = ops->line(arg, ld, line, n);
         }
     }
     if (rc == 0 && state != OUTSIDE) {
-        ld.line = open_line;
-        rc = fail(&ld, state == IN_VECTOR ? "unterminated ks-vector block"
-                                          : "unterminated fenced block (could hide vectors)",
-                  NULL, 0);
-    }
-    free(d.bytes);
-    if (rc != 0) {
-        ks_test_vectors_free(out);
+        char msg[96];
+        snprintf(msg, sizeof msg, "unterminated %s block", ops->info);
+        ld->line = open_line;
+        rc = ks_test_fail(ld,
+                          state == IN_WANTED ? msg
+                                             : "unterminated fenced block (could hide vectors)",
+                          NULL, 0);
     }
     return rc;
 }
 
 /* See vectors.h. */
-int ks_test_vectors_load(const char *path, ks_test_vectors *out, char *errbuf, size_t errlen)
+const char *ks_test_read_file(const char *path, char **text_out, size_t *len_out)
 {
-    loader ld = {path != NULL ? path : "(null)", 0, errbuf, errlen};
-    out->v = NULL;
-    out->count = 0;
-    if (path == NULL) {
-        return fail(&ld, "no path given", NULL, 0);
-    }
+    *text_out = NULL;
+    *len_out = 0;
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
-        return fail(&ld, "cannot open file", NULL, 0);
+        return "cannot open file";
     }
     char *text = NULL;
     size_t len = 0, cap = 0;
-    int rc = 0;
+    const char *why = NULL;
     for (;;) {
         if (len == cap) {
             size_t ncap = cap == 0 ? 65536 : cap * 2;
             char *p = realloc(text, ncap);
             if (p == NULL) {
-                rc = fail(&ld, "out of memory", NULL, 0);
+                why = "out of memory";
                 break;
             }
             text = p;
@@ -441,15 +255,238 @@ int ks_test_vectors_load(const char *path, ks_test_vectors *out, char *errbuf, s
         len += got;
         if (got == 0) {
             if (ferror(f)) {
-                rc = fail(&ld, "read error", NULL, 0);
+                why = "read error";
             }
             break;
         }
     }
     fclose(f);
-    if (rc == 0) {
-        rc = ks_test_vectors_parse(text, len, path, out, errbuf, errlen);
+    if (why != NULL) {
+        free(text);
+        return why;
     }
+    *text_out = text;
+    *len_out = len;
+    return NULL;
+}
+
+/* Parse an expect: value, "ok" or "<error-name> at <decimal offset>". */
+static int parse_expect(const ks_test_loader *ld, draft *d, const char *v, size_t n)
+{
+    if (ks_test_equals(v, n, "ok")) {
+        d->code = KS_OK;
+        d->offset = 0;
+        return 0;
+    }
+    /* Split into exactly three blank-separated tokens. */
+    const char *tok[3];
+    size_t tlen[3];
+    size_t ntok = 0, i = 0;
+    while (i < n) {
+        while (i < n && ks_test_is_blank(v[i])) {
+            i++;
+        }
+        if (i == n) {
+            break;
+        }
+        size_t start = i;
+        while (i < n && !ks_test_is_blank(v[i])) {
+            i++;
+        }
+        if (ntok == 3) {
+            return ks_test_fail(ld, "expect: want 'ok' or '<error-name> at <offset>'", v, n);
+        }
+        tok[ntok] = v + start;
+        tlen[ntok] = i - start;
+        ntok++;
+    }
+    if (ntok != 3 || !ks_test_equals(tok[1], tlen[1], "at")) {
+        return ks_test_fail(ld, "expect: want 'ok' or '<error-name> at <offset>'", v, n);
+    }
+    d->code = ks_test_err_from_name(tok[0], tlen[0]);
+    if (d->code == KS_OK) {
+        return ks_test_fail(ld, "expect: unknown error name", tok[0], tlen[0]);
+    }
+    size_t off = 0;
+    for (size_t k = 0; k < tlen[2]; k++) {
+        char c = tok[2][k];
+        if (c < '0' || c > '9') {
+            return ks_test_fail(ld, "expect: offset is not a decimal number", tok[2], tlen[2]);
+        }
+        if (off > (SIZE_MAX - (size_t)(c - '0')) / 10) {
+            return ks_test_fail(ld, "expect: offset overflows", tok[2], tlen[2]);
+        }
+        off = off * 10 + (size_t)(c - '0');
+    }
+    d->offset = off;
+    return 0;
+}
+
+/* Handle one line inside a ks-vector block: name:, expect: or hex:, and
+ * nothing else, not even a blank line (docs/format.md A.1). */
+static int vector_line(const ks_test_loader *ld, draft *d, const char *line, size_t n)
+{
+    ks_test_trim(&line, &n);
+    if (n == 0) {
+        return ks_test_fail(ld, "blank line in ks-vector block", NULL, 0);
+    }
+    const char *colon = memchr(line, ':', n);
+    if (colon == NULL) {
+        return ks_test_fail(ld, "ks-vector line is not 'key: value'", line, n);
+    }
+    const char *key = line;
+    size_t key_len = (size_t)(colon - line);
+    const char *val = colon + 1;
+    size_t val_len = n - key_len - 1;
+    ks_test_trim(&key, &key_len);
+    ks_test_trim(&val, &val_len);
+
+    if (ks_test_equals(key, key_len, "name")) {
+        if (d->have_name) {
+            return ks_test_fail(ld, "repeated name:", NULL, 0);
+        }
+        if (!ks_test_name_ok(val, val_len)) { /* docs/format.md A.1 */
+            return ks_test_fail(ld, "name: want a non-empty [a-z0-9-] name", val, val_len);
+        }
+        d->name = val;
+        d->name_len = val_len;
+        d->have_name = 1;
+        return 0;
+    }
+    if (ks_test_equals(key, key_len, "expect")) {
+        if (d->have_expect) {
+            return ks_test_fail(ld, "repeated expect:", NULL, 0);
+        }
+        d->have_expect = 1;
+        return parse_expect(ld, d, val, val_len);
+    }
+    if (ks_test_equals(key, key_len, "hex")) {
+        d->have_hex = 1;
+        return ks_test_hex_add(ld, &d->hex, val, val_len);
+    }
+    return ks_test_fail(ld, "unknown key in ks-vector block", key, key_len);
+}
+
+/* Check a finished draft and append it to *out. */
+static int vector_finish(const ks_test_loader *ld, draft *d, ks_test_vectors *out)
+{
+    if (!d->have_name) {
+        return ks_test_fail(ld, "ks-vector block without name:", NULL, 0);
+    }
+    if (!d->have_expect) {
+        return ks_test_fail(ld, "ks-vector block without expect:", d->name, d->name_len);
+    }
+    if (!d->have_hex) {
+        return ks_test_fail(ld, "ks-vector block without hex:", d->name, d->name_len);
+    }
+    if (d->hex.half) {
+        return ks_test_fail(ld, "odd number of hex digits", d->name, d->name_len);
+    }
+    for (size_t i = 0; i < out->count; i++) {
+        if (ks_test_equals(d->name, d->name_len, out->v[i].name)) {
+            return ks_test_fail(ld, "duplicate vector name", d->name, d->name_len);
+        }
+    }
+    ks_test_vector *grown = realloc(out->v, (out->count + 1) * sizeof *grown);
+    if (grown == NULL) {
+        return ks_test_fail(ld, "out of memory", NULL, 0);
+    }
+    out->v = grown;
+    ks_test_vector *v = &out->v[out->count];
+    memset(v, 0, sizeof *v);
+    v->name = malloc(d->name_len + 1);
+    if (d->hex.len > 0) {
+        v->bytes = malloc(d->hex.len);
+    }
+    if (v->name == NULL || (d->hex.len > 0 && v->bytes == NULL)) {
+        free(v->name);
+        free(v->bytes);
+        return ks_test_fail(ld, "out of memory", NULL, 0);
+    }
+    memcpy(v->name, d->name, d->name_len);
+    v->name[d->name_len] = '\0';
+    if (d->hex.len > 0) {
+        memcpy(v->bytes, d->hex.bytes, d->hex.len);
+    }
+    v->len = d->hex.len;
+    v->expect_code = d->code;
+    v->expect_offset = d->offset;
+    v->line = d->line;
+    out->count++;
+    return 0;
+}
+
+/* ks_test_scan_blocks() callbacks: the draft of the block at hand, and
+ * where finished vectors go. */
+typedef struct scan {
+    draft d;
+    ks_test_vectors *out;
+} scan;
+
+static int block_open(void *arg, const ks_test_loader *ld)
+{
+    scan *s = arg;
+    free(s->d.hex.bytes);
+    memset(&s->d, 0, sizeof s->d);
+    s->d.line = ld->line;
+    return 0;
+}
+
+static int block_line(void *arg, const ks_test_loader *ld, const char *line, size_t n)
+{
+    return vector_line(ld, &((scan *)arg)->d, line, n);
+}
+
+static int block_close(void *arg, const ks_test_loader *ld)
+{
+    scan *s = arg;
+    int rc = vector_finish(ld, &s->d, s->out);
+    free(s->d.hex.bytes);
+    memset(&s->d, 0, sizeof s->d);
+    return rc;
+}
+
+/* See vectors.h. */
+int ks_test_vectors_parse(const char *text, size_t len, const char *origin, ks_test_vectors *out,
+                          char *errbuf, size_t errlen)
+{
+    static const ks_test_block_ops ops = {"ks-vector", block_open, block_line, block_close};
+    ks_test_loader ld = {origin != NULL ? origin : "<text>", 0, errbuf, errlen};
+    scan s;
+    memset(&s, 0, sizeof s);
+    s.out = out;
+    out->v = NULL;
+    out->count = 0;
+    if (errbuf != NULL && errlen > 0) {
+        errbuf[0] = '\0';
+    }
+    if (text == NULL && len != 0) {
+        return ks_test_fail(&ld, "no text", NULL, 0);
+    }
+    int rc = ks_test_scan_blocks(text, len, &ld, &ops, &s);
+    free(s.d.hex.bytes);
+    if (rc != 0) {
+        ks_test_vectors_free(out);
+    }
+    return rc;
+}
+
+/* See vectors.h. */
+int ks_test_vectors_load(const char *path, ks_test_vectors *out, char *errbuf, size_t errlen)
+{
+    ks_test_loader ld = {path != NULL ? path : "(null)", 0, errbuf, errlen};
+    out->v = NULL;
+    out->count = 0;
+    if (path == NULL) {
+        return ks_test_fail(&ld, "no path given", NULL, 0);
+    }
+    char *text = NULL;
+    size_t len = 0;
+    const char *why = ks_test_read_file(path, &text, &len);
+    if (why != NULL) {
+        return ks_test_fail(&ld, why, NULL, 0);
+    }
+    int rc = ks_test_vectors_parse(text, len, path, out, errbuf, errlen);
     free(text);
     return rc;
 }

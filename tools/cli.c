@@ -12,6 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
 #include "cli.h"
 
 /* See cli.h. */
@@ -172,4 +174,228 @@ void ks_cli_put_json_string(FILE *f, const uint8_t *p, size_t len)
         }
     }
     fputc('"', f);
+}
+
+/* Find the option named by arg (with "=VALUE" allowed after a valued one);
+ * *inline_value points past '=' when present. */
+static const ks_cli_opt *find_opt(const ks_cli_opt *opts, const char *arg, const char **inline_value)
+{
+    *inline_value = NULL;
+    for (const ks_cli_opt *o = opts; o->name != NULL; o++) {
+        size_t n = strlen(o->name);
+        if (strncmp(arg, o->name, n) != 0) {
+            continue;
+        }
+        if (arg[n] == '\0') {
+            return o;
+        }
+        if (arg[n] == '=' && o->value != NULL) {
+            *inline_value = arg + n + 1;
+            return o;
+        }
+    }
+    return NULL;
+}
+
+/* Parse the arguments (see ks_cli_parse_opts); EX_OK, EX_USAGE, or -1
+ * for -h/--help. */
+static int parse_args(const char *cmd, int argc, char **argv, const ks_cli_opt *opts,
+                      const char **pos, int max_pos, int *npos)
+{
+    int only_pos = 0;
+    *npos = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!only_pos && ks_cli_is_help(a)) {
+            return -1;
+        }
+        if (!only_pos && strcmp(a, "--") == 0) {
+            only_pos = 1;
+            continue;
+        }
+        if (!only_pos && a[0] == '-' && a[1] != '\0') {
+            const char *v;
+            const ks_cli_opt *o = find_opt(opts, a, &v);
+            if (o == NULL) {
+                return ks_cli_usage_error(cmd, "unknown option '%s'", a);
+            }
+            if (o->flag != NULL) {
+                *o->flag = 1;
+                continue;
+            }
+            if (v == NULL) {
+                if (i + 1 >= argc) {
+                    return ks_cli_usage_error(cmd, "%s needs a value", o->name);
+                }
+                v = argv[++i];
+            }
+            *o->value = v;
+            continue;
+        }
+        if (*npos >= max_pos) {
+            return ks_cli_usage_error(cmd, "unexpected argument '%s'", a);
+        }
+        pos[(*npos)++] = a;
+    }
+    return EX_OK;
+}
+
+/* See cli.h. */
+int ks_cli_parse_opts(const char *cmd, void (*usage)(FILE *), int argc, char **argv,
+                      const ks_cli_opt *opts, const char **pos, int max_pos, int *npos, int *rc)
+{
+    int r = parse_args(cmd, argc, argv, opts, pos, max_pos, npos);
+    if (r == -1) {
+        usage(stdout);
+        *rc = EX_OK;
+        return 1;
+    }
+    *rc = r;
+    return r != EX_OK;
+}
+
+/* See cli.h.  Exit codes are documented in `keyshift --help`. */
+int ks_cli_exit_code(ks_err err)
+{
+    if (ks_err_is_rejection(err)) {
+        return EX_DATAERR;
+    }
+    switch (err) {
+    case KS_OK: return EX_OK;
+    case KS_ERR_AUTH_FAILED:
+    case KS_ERR_STATE:
+    case KS_ERR_EXISTS:
+        return EX_DATAERR;
+    case KS_ERR_DENIED:
+    case KS_ERR_REVOKED:
+    case KS_ERR_NOT_FOUND:
+        return EX_NOPERM;
+    case KS_ERR_INSECURE:
+    case KS_ERR_IO:
+    case KS_ERR_BAD_PASSPHRASE:
+    case KS_ERR_INTEGRITY:
+        return EX_CONFIG;
+    case KS_ERR_UNAVAILABLE:
+    case KS_ERR_ALGORITHM_UNAVAILABLE:
+        return EX_UNAVAILABLE;
+    case KS_ERR_TIMEOUT: return EX_TEMPFAIL;
+    case KS_ERR_INVALID_ARGUMENT: return EX_USAGE;
+    case KS_ERR_NO_MEMORY:
+    case KS_ERR_CRYPTO_INIT:
+        return EX_OSERR;
+    default: return EX_SOFTWARE;
+    }
+}
+
+/* See cli.h. */
+int ks_cli_keyring_args(const char **path, const char *passphrase_file, ks_bytes *pass)
+{
+    *pass = (ks_bytes){NULL, 0};
+    if (*path == NULL) {
+        *path = getenv("KEYSHIFT_KEYRING");
+    }
+    if (*path == NULL || **path == '\0') {
+        ks_cli_error("no keyring: give --keyring FILE or set KEYSHIFT_KEYRING");
+        return EX_USAGE;
+    }
+    return ks_cli_passphrase_load(passphrase_file, pass);
+}
+
+/* See cli.h. */
+int ks_cli_passphrase_load(const char *passphrase_file, ks_bytes *out)
+{
+    *out = (ks_bytes){NULL, 0};
+    const char *env = getenv("KEYSHIFT_PASSPHRASE");
+    if (passphrase_file == NULL && env == NULL) {
+        return EX_OK;
+    }
+    uint8_t *raw = NULL;
+    size_t len = 0;
+    if (passphrase_file != NULL) {
+        int too_long;
+        int rc = ks_cli_read_input(passphrase_file, 4096, &raw, &len, &too_long);
+        if (too_long) {
+            ks_cli_error("passphrase file %s is longer than 4096 bytes", passphrase_file);
+            return EX_CONFIG;
+        }
+        if (rc != EX_OK) {
+            return rc == EX_NOINPUT ? EX_CONFIG : rc;
+        }
+    } else {
+        len = strlen(env);
+    }
+    const uint8_t *src = raw != NULL ? raw : (const uint8_t *)env;
+    if (len > 0 && src[len - 1] == '\n') {
+        len--;
+    }
+    uint8_t *pass = len > 0 ? sodium_malloc(len) : NULL;
+    if (len > 0 && pass == NULL) {
+        if (raw != NULL) {
+            sodium_memzero(raw, len);
+            free(raw);
+        }
+        ks_cli_error("out of memory");
+        return EX_OSERR;
+    }
+    if (len > 0) {
+        memcpy(pass, src, len);
+    }
+    if (raw != NULL) {
+        sodium_memzero(raw, len);
+        free(raw);
+    }
+    if (len == 0) {
+        ks_cli_error("the passphrase is empty");
+        return EX_CONFIG;
+    }
+    *out = (ks_bytes){pass, len};
+    return EX_OK;
+}
+
+/* See cli.h. */
+void ks_cli_passphrase_free(ks_bytes *pass)
+{
+    if (pass->ptr != NULL) {
+        sodium_free((void *)(uintptr_t)pass->ptr);
+    }
+    *pass = (ks_bytes){NULL, 0};
+}
+
+/* See cli.h. */
+int ks_cli_keyring_open(const char *path, const char *passphrase_file, ks_keyring **out)
+{
+    ks_bytes pass;
+    *out = NULL;
+    int rc = ks_cli_keyring_args(&path, passphrase_file, &pass);
+    if (rc != EX_OK) {
+        return rc;
+    }
+    ks_parse_error perr = {KS_OK, 0, 0};
+    ks_err e = ks_keyring_open(path, pass, out, &perr);
+    ks_cli_passphrase_free(&pass);
+    if (e == KS_ERR_INTEGRITY) {
+        ks_cli_error("keyring %s is corrupt: %s at byte %zu", path, ks_err_name(perr.code), perr.offset);
+    } else if (e == KS_ERR_INSECURE) {
+        ks_cli_error("keyring %s is accessible by group or others; run: chmod 600 %s", path, path);
+    } else if (e == KS_ERR_BAD_PASSPHRASE) {
+        ks_cli_error("keyring %s did not open: wrong or missing passphrase "
+                     "(--passphrase-file or KEYSHIFT_PASSPHRASE)", path);
+    } else if (e == KS_ERR_IO) {
+        struct stat st;
+        ks_cli_error("cannot read keyring %s: %s", path,
+                     stat(path, &st) != 0 ? strerror(errno) : "not a readable regular file");
+    } else if (e != KS_OK) {
+        ks_cli_error("cannot open keyring %s: %s", path, ks_err_name(e));
+    }
+    return ks_cli_exit_code(e);
+}
+
+/* See cli.h. */
+int ks_cli_write_stdout(const uint8_t *p, size_t n)
+{
+    if (n != 0 && fwrite(p, 1, n, stdout) != n) {
+        ks_cli_error("cannot write standard output");
+        return EX_IOERR;
+    }
+    return EX_OK;
 }

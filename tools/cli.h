@@ -53,7 +53,61 @@ void ks_cli_put_json_string(FILE *f, const uint8_t *p, size_t len);
 /* Nonzero when arg is -h or --help. */
 int ks_cli_is_help(const char *arg);
 
+/* One option of a subcommand: "--name VALUE" / "--name=VALUE" when value
+ * is set, a flag when flag is set. */
+typedef struct ks_cli_opt {
+    const char *name;
+    const char **value;
+    int *flag;
+} ks_cli_opt;
+
+/*
+ * Parse argv[1, argc) against opts (terminated by a {NULL} entry): options
+ * anywhere, "--" ending them, and at most max_pos positional arguments
+ * into pos (count in *npos; "-" counts as positional).  Returns 0 when the
+ * command should go on.  Otherwise the command is over and *rc is its exit
+ * code: EX_OK after printing usage() for -h/--help, EX_USAGE after
+ * printing the problem.
+ */
+int ks_cli_parse_opts(const char *cmd, void (*usage)(FILE *), int argc, char **argv,
+                      const ks_cli_opt *opts, const char **pos, int max_pos, int *npos, int *rc);
+
+/* The sysexits code for a library error (docs in `keyshift --help`). */
+int ks_cli_exit_code(ks_err err);
+
+/*
+ * Open the keyring named by path (NULL: $KEYSHIFT_KEYRING) with the
+ * passphrase read from passphrase_file (NULL: $KEYSHIFT_PASSPHRASE, if
+ * set; otherwise none).  Prints the error and returns its exit code.
+ */
+int ks_cli_keyring_open(const char *path, const char *passphrase_file, ks_keyring **out);
+
+/*
+ * Resolve the keyring path (path, else $KEYSHIFT_KEYRING) and load the
+ * passphrase (see ks_cli_passphrase_load) into *pass.  Returns EX_OK, or
+ * an exit code after printing the problem (EX_USAGE when no keyring is
+ * named).  The caller frees *pass with ks_cli_passphrase_free().
+ */
+int ks_cli_keyring_args(const char **path, const char *passphrase_file, ks_bytes *pass);
+
+/*
+ * Read the passphrase from passphrase_file, else $KEYSHIFT_PASSPHRASE, into
+ * sodium_malloc'd memory (one trailing newline removed).  *out is {NULL, 0}
+ * when there is none.  Free with ks_cli_passphrase_free().  Returns EX_OK
+ * or an exit code after printing the error.
+ */
+int ks_cli_passphrase_load(const char *passphrase_file, ks_bytes *out);
+
+/* Wipe and free a passphrase from ks_cli_passphrase_load(). */
+void ks_cli_passphrase_free(ks_bytes *pass);
+
+/* Write all of p[0, n) to stdout; EX_OK or EX_IOERR after a message. */
+int ks_cli_write_stdout(const uint8_t *p, size_t n);
+
 /* Subcommands. */
 int ks_cmd_inspect(int argc, char **argv);
+int ks_cmd_keys(int argc, char **argv);
+int ks_cmd_encrypt(int argc, char **argv);
+int ks_cmd_decrypt(int argc, char **argv);
 
 #endif /* KS_TOOLS_CLI_H */

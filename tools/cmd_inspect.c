@@ -145,46 +145,30 @@ static int invalid(ks_err code, size_t offset, int json)
 /* See cli.h. */
 int ks_cmd_inspect(int argc, char **argv)
 {
-    int json = 0;
-    const char *path = NULL;
+    int json = 0, npos = 0;
+    const char *path = NULL, *max_ct = NULL;
+    const ks_cli_opt opts[] = {
+        {"--json", NULL, &json},
+        {"--max-ciphertext", &max_ct, NULL},
+        {NULL, NULL, NULL},
+    };
+    int rc;
+    if (ks_cli_parse_opts("inspect", usage, argc, argv, opts, &path, 1, &npos, &rc)) {
+        return rc;
+    }
     ks_limits lim;
     ks_limits_default(&lim);
-
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (ks_cli_is_help(a)) {
-            usage(stdout);
-            return EX_OK;
-        } else if (strcmp(a, "--json") == 0) {
-            json = 1;
-        } else if (strcmp(a, "--max-ciphertext") == 0 || strncmp(a, "--max-ciphertext=", 17) == 0) {
-            const char *v = a[16] == '=' ? a + 17 : (i + 1 < argc ? argv[++i] : NULL);
-            if (ks_cli_parse_size(v, KS_TAG_LEN, KS_CIPHERTEXT_HARD_MAX, &lim.max_ciphertext) != 0) {
-                return ks_cli_usage_error("inspect", "--max-ciphertext needs a number of bytes from %d to %zu",
-                                          KS_TAG_LEN, (size_t)KS_CIPHERTEXT_HARD_MAX);
-            }
-        } else if (strcmp(a, "--") == 0) {
-            if (i + 1 < argc) {
-                if (path != NULL || i + 2 < argc) {
-                    return ks_cli_usage_error("inspect", "only one FILE may be given");
-                }
-                path = argv[i + 1];
-            }
-            break;
-        } else if (a[0] == '-' && a[1] != '\0') {
-            return ks_cli_usage_error("inspect", "unknown option '%s'", a);
-        } else if (path != NULL) {
-            return ks_cli_usage_error("inspect", "only one FILE may be given");
-        } else {
-            path = a;
-        }
+    if (max_ct != NULL &&
+        ks_cli_parse_size(max_ct, KS_TAG_LEN, KS_CIPHERTEXT_HARD_MAX, &lim.max_ciphertext) != 0) {
+        return ks_cli_usage_error("inspect", "--max-ciphertext needs a number of bytes from %d to %zu",
+                                  KS_TAG_LEN, (size_t)KS_CIPHERTEXT_HARD_MAX);
     }
 
     const size_t max = ks_envelope_max_len(&lim);
     uint8_t *buf = NULL;
     size_t len = 0;
     int too_long = 0;
-    int rc = ks_cli_read_input(path, max, &buf, &len, &too_long);
+    rc = ks_cli_read_input(path, max, &buf, &len, &too_long);
     if (too_long) {
         /* [F-LIMITS-1] no valid envelope is longer than max: the first
          * byte past it is where the input went wrong. */

@@ -6,10 +6,16 @@
 
 #include <string.h>
 
+#include <sodium.h>
+
 #include "cli.h"
 
 static const ks_cli_command commands[] = {
     {"inspect", "parse one envelope strictly and print its fields", ks_cmd_inspect},
+    {"keys", "manage the local keyring: init, create, add-version, promote, set-state, list",
+     ks_cmd_keys},
+    {"encrypt", "seal standard input into one envelope", ks_cmd_encrypt},
+    {"decrypt", "open one envelope from standard input", ks_cmd_decrypt},
 };
 
 /* Print the top-level manual to f. */
@@ -39,13 +45,24 @@ static void usage(FILE *f)
             "    -h, --help     print this manual and exit 0\n"
             "    --version      print the program and library versions and exit 0\n"
             "\n"
+            "ENVIRONMENT\n"
+            "    KEYSHIFT_KEYRING     the keyring file, when --keyring is not given\n"
+            "    KEYSHIFT_PASSPHRASE  the keyring passphrase, when --passphrase-file is\n"
+            "                         not given (passphrases are never taken from argv)\n"
+            "\n"
             "EXIT STATUS (sysexits.h)\n"
             "    0   success\n"
             "    64  usage error (EX_USAGE)\n"
-            "    65  invalid input data, e.g. a malformed envelope (EX_DATAERR)\n"
+            "    65  invalid data: a malformed envelope, authentication failed, a refused\n"
+            "        change (EX_DATAERR)\n"
             "    66  input file missing or unreadable (EX_NOINPUT)\n"
+            "    69  key provider or algorithm unavailable (EX_UNAVAILABLE)\n"
+            "    71  out of memory or other system error (EX_OSERR)\n"
+            "    73  cannot create the keyring (EX_CANTCREAT)\n"
             "    74  read or write error (EX_IOERR)\n"
-            "    71  out of memory or other system error (EX_OSERR)\n");
+            "    75  key provider timed out: try again (EX_TEMPFAIL)\n"
+            "    77  key disabled, destroyed, denied or missing (EX_NOPERM)\n"
+            "    78  keyring insecure, unreadable or corrupt, or wrong passphrase (EX_CONFIG)\n");
 }
 
 /* Find a subcommand by name. */
@@ -72,6 +89,11 @@ static int finish(int rc)
 
 int main(int argc, char **argv)
 {
+    /* Before any sodium_malloc (passphrases, plaintext) and any key use. */
+    if (sodium_init() < 0) {
+        ks_cli_error("cannot initialise libsodium");
+        return EX_OSERR;
+    }
     if (argc < 2) {
         usage(stderr);
         return EX_USAGE;

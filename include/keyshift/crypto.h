@@ -93,8 +93,12 @@ KS_API size_t ks_seal_max_len(const ks_seal_params *p, size_t pt_len);
  * Seal pt[0, pt_len) into one envelope in out[0, cap); its length goes to
  * *out_len.  Errors: KS_ERR_INVALID_ARGUMENT (bad params), KS_ERR_TOO_LARGE
  * (plaintext beyond the default ciphertext limit), KS_ERR_BUFFER_TOO_SMALL
- * (cap below ks_seal_max_len: nothing is written), KS_ERR_ALGORITHM_UNAVAILABLE,
- * provider errors.  On failure out holds no plaintext.
+ * (cap below this envelope's exact length, known once the tuple's DEK is
+ * there: a first seal may call the provider before refusing; a cap of
+ * ks_seal_max_len() always suffices; nothing is written),
+ * KS_ERR_ALGORITHM_UNAVAILABLE, provider errors.  Invalid tenant, key_id
+ * or purpose give KS_ERR_INVALID_ARGUMENT.  pt and out must not overlap.
+ * On failure out holds no plaintext.
  */
 KS_API KS_WUR ks_err ks_seal(ks_ctx *ctx, const ks_seal_params *p, const uint8_t *pt, size_t pt_len,
                              uint8_t *out, size_t cap, size_t *out_len);
@@ -118,8 +122,11 @@ typedef struct ks_open_params {
  * before the AEAD runs); KS_ERR_BUFFER_TOO_SMALL (nothing written);
  * KS_ERR_ALGORITHM_UNAVAILABLE; provider errors (KS_ERR_NOT_FOUND for an
  * unknown key, KS_ERR_DENIED for a disabled version, KS_ERR_REVOKED for a
- * destroyed one, ...).  On any failure pt is wiped: no unauthenticated
- * plaintext is ever released.
+ * destroyed one, ...).  No unauthenticated plaintext is ever released:
+ * a failure once decryption ran leaves pt[0, cap) zero; earlier failures
+ * do not touch pt.  A DEK found in the read cache is used without asking
+ * the provider, so disabling or destroying a key version takes effect for
+ * this context within cache_ttl seconds.
  */
 KS_API KS_WUR ks_err ks_open(ks_ctx *ctx, const uint8_t *env, size_t env_len,
                              const ks_open_params *p, uint8_t *pt, size_t cap, size_t *pt_len,
@@ -137,7 +144,12 @@ typedef struct ks_rewrap_params {
  * key_version and wrapped_dek change; nonce and ciphertext are
  * byte-identical.  A v2 envelope's commitment is checked against the
  * unwrapped DEK first (KS_ERR_AUTH_FAILED on mismatch); a v1 envelope has
- * nothing to check without its context.  Errors as ks_open().
+ * nothing to check without its context.  Errors as ks_open(); out must
+ * not overlap env.  Rewraps are memoised (cache_entries entries, cache_ttl
+ * seconds; off when the cache is): the same wrapped DEK rewrapped to the
+ * same target reuses one provider wrap, so wrap calls grow with distinct
+ * DEKs, not envelopes; a target's change of primary is seen within
+ * cache_ttl.
  */
 KS_API KS_WUR ks_err ks_rewrap(ks_ctx *ctx, const uint8_t *env, size_t env_len,
                                const ks_rewrap_params *p, uint8_t *out, size_t cap,

@@ -50,12 +50,14 @@ typedef struct ks_keyring ks_keyring;
 KS_API KS_WUR ks_err ks_keyring_init(const char *path, ks_bytes passphrase);
 
 /*
- * Read the keyring at path into memory.  KS_ERR_INSECURE for a file that
- * group or others may read or write; KS_ERR_IO when it cannot be read;
- * KS_ERR_BAD_PASSPHRASE when a sealed keyring does not open with
- * passphrase (or is not sealed but one was given, or the reverse: see
- * docs/keyring.md); KS_ERR_INTEGRITY with *err filled (offset in the
- * plaintext keyring body) when it does not parse.  *out is NULL on error.
+ * Read the keyring at path into memory.  KS_ERR_INSECURE for a symbolic
+ * link, a file that is not regular, not owned by the caller (or root), or
+ * that group or others may read or write; KS_ERR_IO when it cannot be read
+ * (or does not exist); KS_ERR_BAD_PASSPHRASE when a sealed keyring does
+ * not open with passphrase (or is not sealed but one was given, or the
+ * reverse: docs/keyring.md [K-SEAL-6]); KS_ERR_INTEGRITY with *err filled
+ * (code, file offset [K-ERR-2], field = 1-based key record index or 0) when
+ * it does not parse.  *out is NULL on error.
  */
 KS_API KS_WUR ks_err ks_keyring_open(const char *path, ks_bytes passphrase, ks_keyring **out,
                                      ks_parse_error *err);
@@ -63,7 +65,13 @@ KS_API KS_WUR ks_err ks_keyring_open(const char *path, ks_bytes passphrase, ks_k
 /* Wipe and free a keyring; NULL is a no-op. */
 KS_API void ks_keyring_close(ks_keyring *kr);
 
-/* Changes.  Each locks, re-reads, changes, writes and refreshes kr. */
+/* Changes.  Each locks, re-reads, changes, writes and refreshes kr (kr
+ * shows the re-read keyring even when the change itself is refused).
+ * Besides the errors listed: KS_ERR_NOT_FOUND for an unknown key_id or
+ * version, KS_ERR_INVALID_ARGUMENT for version 0, and the errors of
+ * ks_keyring_open() from the re-read.  A change that is already in effect
+ * (promote the primary, set a version's own state) succeeds and writes
+ * nothing. */
 
 /* Add key_id with version 1, active and primary.  KS_ERR_EXISTS if the key
  * is there; KS_ERR_BAD_VALUE if key_id breaks the format's charset or
@@ -71,7 +79,8 @@ KS_API void ks_keyring_close(ks_keyring *kr);
 KS_API KS_WUR ks_err ks_keyring_create(ks_keyring *kr, ks_bytes key_id);
 
 /* Add the next version of key_id, active and NOT primary; its number is
- * stored in *version. */
+ * stored in *version.  KS_ERR_TOO_LARGE at KS_KEYRING_MAX_VERSIONS (and
+ * for ks_keyring_create at KS_KEYRING_MAX_KEYS). */
 KS_API KS_WUR ks_err ks_keyring_add_version(ks_keyring *kr, ks_bytes key_id, uint32_t *version);
 
 /* As ks_keyring_add_version(), with the given material instead of fresh
@@ -83,10 +92,12 @@ KS_API KS_WUR ks_err ks_keyring_import_version(ks_keyring *kr, ks_bytes key_id,
 KS_API KS_WUR ks_err ks_keyring_promote(ks_keyring *kr, ks_bytes key_id, uint32_t version);
 
 /*
- * Set the state of a version.  Allowed: active <-> decrypt-only <->
- * disabled, and any -> destroyed, which wipes the material for good.
- * Refused with KS_ERR_STATE: leaving destroyed, and any change that leaves
- * the primary not active (promote another version first).
+ * Set the state of a version.  Allowed: any change among active,
+ * decrypt-only and disabled (either direction), and any -> destroyed,
+ * which wipes the material for good.  Refused with KS_ERR_STATE: leaving
+ * destroyed, and any change that leaves the primary not active (promote
+ * another version first).  KS_ERR_INVALID_ARGUMENT for a state outside
+ * 1..4.  docs/keyring.md [K-STATE-2], [K-STATE-3].
  */
 KS_API KS_WUR ks_err ks_keyring_set_state(ks_keyring *kr, ks_bytes key_id, uint32_t version,
                                           ks_key_state state);

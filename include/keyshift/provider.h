@@ -41,8 +41,9 @@ extern "C" {
 /* Bytes in a DEK: every algorithm of the format uses a 256-bit key. */
 #define KS_DEK_LEN 32
 
-/* The state of one key version.  The order of the values is meaningful:
- * a version can only move to a later state, never back (docs/keyring.md). */
+/* The state of one key version (docs/keyring.md [K-STATE]).  A version may
+ * move freely among active, decrypt-only and disabled; any state may move
+ * to destroyed, which wipes the material and is final. */
 typedef enum ks_key_state {
     KS_KEY_ACTIVE = 1,       /* "active": wraps and unwraps */
     KS_KEY_DECRYPT_ONLY = 2, /* "decrypt-only": unwraps; wrap is denied */

@@ -1,0 +1,249 @@
+/*
+ * fuzz/fuzz_open.c -- ks_open() and ks_rewrap() on arbitrary bytes.
+ *
+ * Input: byte 0 = flags: bits 0-5 the context length (0..63), bit 6
+ * "expect tenant acme", bit 7 "expect purpose db.users"; then the context;
+ * then the envelope.
+ *
+ * World (made once, on the first input): the in-memory provider of
+ * tests/mem_provider.h with fixed KEKs, a context with the default cache,
+ * and a set of genuine envelopes sealed under fixed contexts.  libsodium's
+ * random source is replaced by a fixed-seed generator before sodium_init()
+ * so that the world, DEKs and nonces included, is the same in every run
+ * and every build flavour: the committed seeds (corpus/fuzz_open/) are
+ * genuine envelopes of this world.  (The local keyring provider is not
+ * used: the in-memory one has no file state to set up per process.)
+ *
+ * Oracles (abort() on failure):
+ *   1. ks_open succeeds only on a genuine (envelope, context) pair that
+ *      satisfies the expected tenant/purpose, and then yields exactly the
+ *      sealed plaintext.
+ *   2. On failure the error is a parse rejection, auth-failed or
+ *      not-found (an unknown key), and the plaintext buffer is all zero.
+ *   3. ks_rewrap to version 2 of the same key, when it succeeds, changes
+ *      only key_version and wrapped_dek, and the result opens exactly as
+ *      the input did (same outcome, same plaintext).
+ *
+ * FUZZ_OPEN_DUMP=dir (environment) writes each genuine input to dir as
+ * seed-<n>, for regenerating the seeds (name them by sha1 afterwards).
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <sodium.h>
+
+#include <keyshift/crypto.h>
+
+#include "../tests/envelope_eq.h"
+#include "../tests/mem_provider.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#include "fuzz_check.h"
+
+#define BV(s) ((ks_bytes){(const uint8_t *)(s), sizeof(s) - 1})
+#define MAX_GENUINE 64
+#define PT_CAP 4096
+
+/* ---- a fixed-seed random source ------------------------------------------- */
+
+static uint64_t drbg_calls;
+
+/* Fill buf from ChaCha20 under a seed that is fixed but for a call count. */
+static void drbg_buf(void *const buf, const size_t n)
+{
+    uint8_t seed[randombytes_SEEDBYTES] = "keyshift fuzz_open fixed seed";
+    memcpy(seed + randombytes_SEEDBYTES - sizeof drbg_calls, &drbg_calls, sizeof drbg_calls);
+    drbg_calls++;
+    randombytes_buf_deterministic(buf, n, seed);
+}
+
+static uint32_t drbg_random(void)
+{
+    uint32_t v;
+    drbg_buf(&v, sizeof v);
+    return v;
+}
+
+static const char *drbg_name(void)
+{
+    return "fuzz-fixed";
+}
+
+static randombytes_implementation drbg = {drbg_name, drbg_random, NULL, NULL, drbg_buf, NULL};
+
+/* ---- the world -------------------------------------------------------------- */
+
+typedef struct genuine {
+    uint8_t env[512];
+    size_t env_len;
+    uint8_t flags_ctx[64]; /* the input prefix: flags byte, context */
+    size_t ctx_len;
+    ks_bytes tenant, purpose;
+    uint8_t pt[64];
+    size_t pt_len;
+} genuine;
+
+static ks_mem_provider mem;
+static ks_ctx *ctx;
+static genuine gen[MAX_GENUINE];
+static size_t ngen;
+
+/* Seal one genuine envelope and record it. */
+static void seal_one(uint8_t format, uint32_t alg, const char *tenant, const char *purpose,
+                     const char *context, size_t pt_len)
+{
+    CHECK(ngen < MAX_GENUINE);
+    genuine *g = &gen[ngen];
+    g->tenant = (ks_bytes){(const uint8_t *)tenant, strlen(tenant)};
+    g->purpose = format == KS_FORMAT_V2 ? (ks_bytes){(const uint8_t *)purpose, strlen(purpose)}
+                                        : (ks_bytes){NULL, 0};
+    g->ctx_len = strlen(context);
+    memcpy(g->flags_ctx + 1, context, g->ctx_len);
+    g->flags_ctx[0] = (uint8_t)g->ctx_len;
+    g->pt_len = pt_len;
+    for (size_t i = 0; i < pt_len; i++) {
+        g->pt[i] = (uint8_t)(i * 7 + ngen);
+    }
+    ks_seal_params p = {format, alg, g->tenant, BV("fuzz-key"), 1, g->purpose,
+                        {(const uint8_t *)context, g->ctx_len}};
+    CHECK(ks_seal(ctx, &p, g->pt, pt_len, g->env, sizeof g->env, &g->env_len) == KS_OK);
+    ngen++;
+}
+
+/* Write each genuine input to dir (FUZZ_OPEN_DUMP). */
+static void dump(const char *dir)
+{
+    for (size_t i = 0; i < ngen; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/seed-%02zu", dir, i);
+        FILE *f = fopen(path, "wb");
+        CHECK(f != NULL);
+        CHECK(fwrite(gen[i].flags_ctx, 1, 1 + gen[i].ctx_len, f) == 1 + gen[i].ctx_len);
+        CHECK(fwrite(gen[i].env, 1, gen[i].env_len, f) == gen[i].env_len);
+        fclose(f);
+    }
+}
+
+/* Build the world once. */
+static void init(void)
+{
+    static const uint8_t kek1[32] = "fuzz_open kek version 1 ........";
+    static const uint8_t kek2[32] = "fuzz_open kek version 2 ........";
+    static const char *const contexts[] = {"", "row:42", "tbl/users#7"};
+    CHECK(randombytes_set_implementation(&drbg) == 0);
+    CHECK(sodium_init() >= 0);
+    ks_mem_init(&mem);
+    CHECK(ks_mem_add(&mem, "fuzz-key", 1, 1, kek1) == 0);
+    CHECK(ks_mem_add(&mem, "fuzz-key", 2, 0, kek2) == 0);
+    ks_provider prov = ks_mem_provider_of(&mem);
+    CHECK(ks_ctx_new(&prov, NULL, &ctx) == KS_OK);
+    for (uint32_t alg = 1; alg <= 2; alg++) {
+        if (alg == KS_ALG_AES256GCM && !crypto_aead_aes256gcm_is_available()) {
+            continue;
+        }
+        for (uint8_t fmt = 1; fmt <= 2; fmt++) {
+            for (size_t c = 0; c < 3; c++) {
+                seal_one(fmt, alg, c == 2 ? "globex" : "acme", c == 1 ? "db.orders" : "db.users",
+                         contexts[c], c * 20 + fmt);
+            }
+        }
+    }
+    seal_one(KS_FORMAT_V2, KS_ALG_XCHACHA20POLY1305, "acme", "db.users", "row:42", 0);
+    const char *dir = getenv("FUZZ_OPEN_DUMP");
+    if (dir != NULL) {
+        dump(dir);
+    }
+}
+
+/* The genuine envelope equal to env under context and the expectations,
+ * or NULL. */
+static const genuine *find_genuine(const uint8_t *env, size_t len, ks_bytes context, const ks_open_params *p)
+{
+    for (size_t i = 0; i < ngen; i++) {
+        const genuine *g = &gen[i];
+        if (g->env_len == len && memcmp(g->env, env, len) == 0 &&
+            ks_test_bytes_eq(context, (ks_bytes){g->flags_ctx + 1, g->ctx_len}) &&
+            (p->tenant.len == 0 || ks_test_bytes_eq(p->tenant, g->tenant)) &&
+            (p->purpose.len == 0 || ks_test_bytes_eq(p->purpose, g->purpose))) {
+            return g;
+        }
+    }
+    return NULL;
+}
+
+/* Oracles 1 and 2; returns the error, the plaintext in pt. */
+static ks_err check_open(const uint8_t *env, size_t len, const ks_open_params *p, uint8_t *pt,
+                         size_t *pt_len)
+{
+    memset(pt, 0, PT_CAP);
+    ks_parse_error pe;
+    ks_err err = ks_open(ctx, env, len, p, pt, PT_CAP, pt_len, &pe);
+    const genuine *g = find_genuine(env, len, p->context, p);
+    if (err == KS_OK) {
+        CHECK(g != NULL);
+        CHECK(*pt_len == g->pt_len && memcmp(pt, g->pt, g->pt_len) == 0);
+        return err;
+    }
+    CHECK(g == NULL);
+    CHECK(ks_err_is_rejection(err) || err == KS_ERR_AUTH_FAILED || err == KS_ERR_NOT_FOUND);
+    CHECK(!ks_err_is_rejection(err) || pe.code == err);
+    CHECK(ks_test_all_zero(pt, PT_CAP));
+    return err;
+}
+
+/* Oracle 3. */
+static void check_rewrap(const uint8_t *env, size_t len, const ks_open_params *p, ks_err open_err,
+                         const uint8_t *pt, size_t pt_len)
+{
+    static uint8_t out[8192];
+    static uint8_t pt2[PT_CAP];
+    size_t out_len = 0, pt2_len = 0;
+    ks_rewrap_params rp = {{NULL, 0}, 2};
+    ks_err err = ks_rewrap(ctx, env, len, &rp, out, sizeof out, &out_len, NULL);
+    if (err != KS_OK) {
+        CHECK(open_err != KS_OK);
+        return;
+    }
+    ks_envelope a, b;
+    CHECK(ks_envelope_parse(env, len, NULL, &a, NULL) == KS_OK);
+    CHECK(ks_envelope_parse(out, out_len, NULL, &b, NULL) == KS_OK);
+    CHECK(b.key_version == 2 && a.version == b.version && a.algorithm == b.algorithm);
+    CHECK(ks_test_bytes_eq(a.tenant, b.tenant) && ks_test_bytes_eq(a.key_id, b.key_id));
+    CHECK(ks_test_bytes_eq(a.nonce, b.nonce) && ks_test_bytes_eq(a.purpose, b.purpose));
+    CHECK(ks_test_bytes_eq(a.commitment, b.commitment) && ks_test_bytes_eq(a.ciphertext, b.ciphertext));
+    memset(pt2, 0, sizeof pt2);
+    ks_err err2 = ks_open(ctx, out, out_len, p, pt2, sizeof pt2, &pt2_len, NULL);
+    CHECK((err2 == KS_OK) == (open_err == KS_OK));
+    if (err2 == KS_OK) {
+        CHECK(pt2_len == pt_len && memcmp(pt2, pt, pt_len) == 0);
+    } else {
+        CHECK(ks_test_all_zero(pt2, sizeof pt2));
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static uint8_t pt[PT_CAP];
+    if (ctx == NULL) {
+        init();
+    }
+    uint8_t flags = size != 0 ? data[0] : 0;
+    size_t ctx_len = flags & 0x3F;
+    if (size == 0 || 1 + ctx_len > size) {
+        ctx_len = 0;
+    }
+    size_t off = size != 0 ? 1 + ctx_len : 0;
+    ks_open_params p = {{ctx_len ? data + 1 : NULL, ctx_len},
+                        (flags & 0x40) ? BV("acme") : (ks_bytes){NULL, 0},
+                        (flags & 0x80) ? BV("db.users") : (ks_bytes){NULL, 0}};
+    const uint8_t *env = size > off ? data + off : NULL;
+    size_t env_len = size - off;
+    size_t pt_len = 0;
+    ks_err err = check_open(env, env_len, &p, pt, &pt_len);
+    check_rewrap(env, env_len, &p, err, pt, pt_len);
+    return 0;
+}

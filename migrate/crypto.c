@@ -1,0 +1,801 @@
+/*
+ * migrate/crypto.c -- sealing, opening and rewrapping envelopes
+ * (keyshift/crypto.h, docs/format.md section 7).
+ *
+ * Keys [F-CRYPTO-KEY-1], [F-CRYPTO-KEY-2], [F-CRYPTO-COMMIT-1]:
+ *   v1: K = DEK, no commitment;
+ *   v2: K = BLAKE2b-256(DEK || nonce; salt 0^16, personal "keyshift.v2.mkey"),
+ *       C = BLAKE2b-256(DEK || nonce; salt 0^16, personal "keyshift.v2.cmmt").
+ * AEAD [F-CRYPTO-AEAD-1]: the algorithm's libsodium AEAD under K with the
+ * envelope's nonce and the data AAD (keyshift/aad.h); its output c
+ * (plaintext length + 16) is the ciphertext field.
+ *
+ * Secrets: DEKs sit in sodium_malloc'd memory (write side: dek_writer.c;
+ * read side: dek_cache.c) or in stack buffers that every path wipes; K
+ * and the BLAKE2b input are wiped after use.  Nothing is ever logged.
+ *
+ * The hot paths (a seal on an active DEK, an open whose DEK is cached)
+ * allocate nothing and call no random source: the nonce comes from the
+ * DEK's counter, AADs are built in stack buffers, and the envelope header
+ * is copied from the DEK's pre-encoded template.
+ */
+#include <assert.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <sodium.h>
+
+#include <keyshift/crypto.h>
+
+#include "../format/rules.h"
+#include "crypto_hooks.h"
+#include "dek_cache.h"
+#include "dek_writer.h"
+
+/* The ciphertext field's tag byte: field 15, wire type 2 (LEN). */
+#define KS_CT_TAG ((uint8_t)(KS_FIELD_CIPHERTEXT << 3 | 2))
+/* A wrap identity: wrap AAD || wrapped_dek (the read cache's key). */
+#define KS_WRAP_ID_MAX (KS_WRAP_AAD_MAX + KS_WRAPPED_DEK_MAX)
+/* The read cache hashes a wrap identity's length and last 16 bytes: the
+ * end of the wrapped DEK (dek_cache.c, hash_key()).  Its entries are put
+ * only after the provider unwrapped them; lookups still compare in full.
+ * The memo hashes whole keys (their tail is the caller's target key_id). */
+#define KS_ID_HASH_TAIL 16
+/* A rewrap memo key: u32be(id length) || id || u32be(version) || key_id. */
+#define KS_MEMO_KEY_MAX (4 + KS_WRAP_ID_MAX + 4 + KS_KEY_ID_MAX)
+/* A rewrap memo value: u32be(version) || wrapped_dek. */
+#define KS_MEMO_VAL_MAX (4 + KS_WRAPPED_DEK_MAX)
+
+/* Every counter of ks_metrics, as relaxed C11 atomics. */
+typedef struct counters {
+    _Atomic uint64_t seals, opens, rewraps;
+    _Atomic uint64_t auth_failures, auth_fail_unwrap, auth_fail_commitment, auth_fail_aead,
+        auth_fail_binding;
+    _Atomic uint64_t parse_errors[32];
+    _Atomic uint64_t unknown_key;
+    _Atomic uint64_t provider_errors[6];
+    _Atomic uint64_t cache_hits, cache_misses, wraps, unwraps, deks_created;
+} counters;
+
+#define BUMP(ctx, field) atomic_fetch_add_explicit(&(ctx)->m.field, 1, memory_order_relaxed)
+
+struct ks_ctx {
+    ks_provider prov;
+    ks_ctx_config cfg;
+    ks_wdek_limits limits;
+    ks_dek_writer *writer;
+    ks_dek_cache *cache; /* read side: wrap identity -> DEK; NULL when disabled */
+    ks_dek_cache *memo;  /* rewrap: (identity, target) -> new wrap; NULL when disabled */
+    counters m;
+};
+
+/* Why an open failed authentication (one error code, four counters). */
+typedef enum auth_cause { CAUSE_UNWRAP, CAUSE_COMMITMENT, CAUSE_AEAD, CAUSE_BINDING } auth_cause;
+
+static const uint8_t pers_mkey[crypto_generichash_blake2b_PERSONALBYTES] = {
+    'k', 'e', 'y', 's', 'h', 'i', 'f', 't', '.', 'v', '2', '.', 'm', 'k', 'e', 'y'};
+static const uint8_t pers_cmmt[crypto_generichash_blake2b_PERSONALBYTES] = {
+    'k', 'e', 'y', 's', 'h', 'i', 'f', 't', '.', 'v', '2', '.', 'c', 'm', 'm', 't'};
+
+static _Atomic int hide_aes;
+
+/* See crypto_hooks.h. */
+void ks_crypto_test_hide_aes(int hide)
+{
+    atomic_store(&hide_aes, hide);
+}
+
+/* ---- small helpers --------------------------------------------------------- */
+
+/* Count an authentication failure by cause; returns KS_ERR_AUTH_FAILED. */
+static ks_err auth_failed(ks_ctx *ctx, auth_cause cause)
+{
+    BUMP(ctx, auth_failures);
+    switch (cause) {
+    case CAUSE_UNWRAP:
+        BUMP(ctx, auth_fail_unwrap);
+        break;
+    case CAUSE_COMMITMENT:
+        BUMP(ctx, auth_fail_commitment);
+        break;
+    case CAUSE_AEAD:
+        BUMP(ctx, auth_fail_aead);
+        break;
+    case CAUSE_BINDING:
+        BUMP(ctx, auth_fail_binding);
+        break;
+    }
+    return KS_ERR_AUTH_FAILED;
+}
+
+/* Count a provider error by class (not-found also as unknown_key) and
+ * pass it through unchanged. */
+static ks_err provider_failed(ks_ctx *ctx, ks_err err)
+{
+    assert(err != KS_OK);
+    if (err >= KS_ERR_UNAVAILABLE && err <= KS_ERR_INTEGRITY) {
+        atomic_fetch_add_explicit(&ctx->m.provider_errors[err - KS_ERR_UNAVAILABLE], 1,
+                                  memory_order_relaxed);
+    }
+    if (err == KS_ERR_NOT_FOUND) {
+        BUMP(ctx, unknown_key);
+    }
+    return err;
+}
+
+/* Count a parse rejection by code and pass it through. */
+static ks_err parse_failed(ks_ctx *ctx, ks_err err)
+{
+    if (err > KS_OK && (unsigned)err < 32) {
+        atomic_fetch_add_explicit(&ctx->m.parse_errors[err], 1, memory_order_relaxed);
+    }
+    return err;
+}
+
+/* Nonzero when this process can run alg's AEAD.  aes-256-gcm needs AES-NI
+ * (libsodium has no portable AES); there is never a fallback. */
+static int alg_available(uint32_t alg)
+{
+    if (alg == KS_ALG_AES256GCM) {
+        return crypto_aead_aes256gcm_is_available() && !atomic_load(&hide_aes);
+    }
+    return alg == KS_ALG_XCHACHA20POLY1305;
+}
+
+/* Nonzero when a caller's view is usable: NULL only when empty. */
+static int view_ok(ks_bytes v)
+{
+    return v.ptr != NULL || v.len == 0;
+}
+
+/* Write u32be(v) at p. */
+static void put_u32be(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+/* Read u32be at p. */
+static uint32_t get_u32be(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* ---- key derivation and AEAD ---------------------------------------------- */
+
+/* out = BLAKE2b-256(DEK || nonce) with a zero salt and the given
+ * personalisation: K [F-CRYPTO-KEY-2] or the commitment [F-CRYPTO-COMMIT-1]. */
+static void derive(const uint8_t *dek, ks_bytes nonce, const uint8_t *personal, uint8_t out[32])
+{
+    static const uint8_t salt[crypto_generichash_blake2b_SALTBYTES];
+    uint8_t in[KS_DEK_LEN + KS_NONCE_MAX];
+    assert(nonce.len <= KS_NONCE_MAX);
+    memcpy(in, dek, KS_DEK_LEN);
+    memcpy(in + KS_DEK_LEN, nonce.ptr, nonce.len);
+    int rc = crypto_generichash_blake2b_salt_personal(out, 32, in, KS_DEK_LEN + nonce.len, NULL, 0,
+                                                      salt, personal);
+    sodium_memzero(in, sizeof in);
+    assert(rc == 0); /* fixed, valid lengths */
+    (void)rc;
+}
+
+/* Nonzero when env's v2 commitment matches dek, compared in constant time
+ * [F-CRYPTO-COMMIT-1]. */
+static int commitment_ok(const uint8_t *dek, const ks_envelope *env)
+{
+    uint8_t c[KS_COMMITMENT_LEN];
+    derive(dek, env->nonce, pers_cmmt, c);
+    int ok = sodium_memcmp(c, env->commitment.ptr, KS_COMMITMENT_LEN) == 0;
+    sodium_memzero(c, sizeof c);
+    return ok;
+}
+
+/* AEAD-encrypt m[0, mlen) into c[0, mlen + 16) [F-CRYPTO-AEAD-1]; 0 on
+ * success. */
+static int aead_encrypt(uint32_t alg, uint8_t *c, const uint8_t *m, size_t mlen, const uint8_t *ad,
+                        size_t adlen, const uint8_t *nonce, const uint8_t *k)
+{
+    unsigned long long clen;
+    if (alg == KS_ALG_AES256GCM) {
+        return crypto_aead_aes256gcm_encrypt(c, &clen, m, mlen, ad, adlen, NULL, nonce, k);
+    }
+    return crypto_aead_xchacha20poly1305_ietf_encrypt(c, &clen, m, mlen, ad, adlen, NULL, nonce, k);
+}
+
+/* AEAD-decrypt c[0, clen) into m[0, clen - 16); 0 when the tag verifies. */
+static int aead_decrypt(uint32_t alg, uint8_t *m, const uint8_t *c, size_t clen, const uint8_t *ad,
+                        size_t adlen, const uint8_t *nonce, const uint8_t *k)
+{
+    unsigned long long mlen;
+    if (alg == KS_ALG_AES256GCM) {
+        return crypto_aead_aes256gcm_decrypt(m, &mlen, NULL, c, clen, ad, adlen, nonce, k);
+    }
+    return crypto_aead_xchacha20poly1305_ietf_decrypt(m, &mlen, NULL, c, clen, ad, adlen, nonce, k);
+}
+
+/* ---- context ------------------------------------------------------------- */
+
+/* See keyshift/crypto.h. */
+void ks_ctx_config_default(ks_ctx_config *cfg)
+{
+    if (cfg == NULL) {
+        return;
+    }
+    *cfg = (ks_ctx_config){KS_DEK_MAX_MESSAGES_DEFAULT, KS_DEK_MAX_BYTES_DEFAULT,
+                           KS_DEK_MAX_AGE_DEFAULT,      KS_CACHE_ENTRIES_DEFAULT,
+                           KS_CACHE_TTL_DEFAULT,        0};
+}
+
+/* Nonzero when every member of cfg is in its documented range. */
+static int config_ok(const ks_ctx_config *cfg)
+{
+    return cfg->dek_max_messages >= 1 && cfg->dek_max_messages <= KS_DEK_MAX_MESSAGES_AESGCM &&
+           cfg->dek_max_bytes >= 1 && cfg->dek_max_age >= 1 &&
+           cfg->cache_entries <= KS_CACHE_ENTRIES_MAX &&
+           (cfg->cache_entries == 0 || cfg->cache_ttl >= 1);
+}
+
+/* Nonzero when the provider has every operation a context calls. */
+static int provider_ok(const ks_provider *p)
+{
+    return p != NULL && p->ops != NULL && p->ops->wrap != NULL && p->ops->unwrap != NULL &&
+           p->ops->key_info != NULL;
+}
+
+/* See keyshift/crypto.h. */
+ks_err ks_ctx_new(const ks_provider *provider, const ks_ctx_config *cfg, ks_ctx **out)
+{
+    ks_ctx_config defaults;
+    if (cfg == NULL) {
+        ks_ctx_config_default(&defaults);
+        cfg = &defaults;
+    }
+    if (out == NULL || !provider_ok(provider) || !config_ok(cfg)) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    *out = NULL;
+    if (sodium_init() < 0) {
+        return KS_ERR_CRYPTO_INIT;
+    }
+    ks_ctx *ctx = calloc(1, sizeof *ctx);
+    if (ctx == NULL) {
+        return KS_ERR_NO_MEMORY;
+    }
+    ctx->prov = *provider;
+    ctx->cfg = *cfg;
+    ctx->limits = (ks_wdek_limits){cfg->dek_max_messages, cfg->dek_max_bytes, cfg->dek_max_age};
+    ks_err err = ks_dek_writer_new(&ctx->writer);
+    if (err == KS_OK && cfg->cache_entries != 0) {
+        err = ks_dek_cache_new(cfg->cache_entries, cfg->cache_ttl, KS_DEK_LEN, 1, KS_ID_HASH_TAIL,
+                               &ctx->cache);
+    }
+    if (err == KS_OK && cfg->cache_entries != 0) {
+        err = ks_dek_cache_new(cfg->cache_entries, cfg->cache_ttl, KS_MEMO_VAL_MAX, 0, 0, &ctx->memo);
+    }
+    if (err != KS_OK) {
+        ks_ctx_free(ctx);
+        return err;
+    }
+    *out = ctx;
+    return KS_OK;
+}
+
+/* See keyshift/crypto.h. */
+void ks_ctx_free(ks_ctx *ctx)
+{
+    if (ctx == NULL) {
+        return;
+    }
+    ks_dek_writer_free(ctx->writer);
+    ks_dek_cache_free(ctx->cache);
+    ks_dek_cache_free(ctx->memo);
+    sodium_memzero(ctx, sizeof *ctx);
+    free(ctx);
+}
+
+/* See keyshift/crypto.h. */
+void ks_ctx_metrics(ks_ctx *ctx, ks_metrics *out)
+{
+    if (out == NULL) {
+        return;
+    }
+    memset(out, 0, sizeof *out);
+    if (ctx == NULL) {
+        return;
+    }
+#define LOAD(f) atomic_load_explicit(&ctx->m.f, memory_order_relaxed)
+    out->seals = LOAD(seals);
+    out->opens = LOAD(opens);
+    out->rewraps = LOAD(rewraps);
+    out->auth_failures = LOAD(auth_failures);
+    out->auth_fail_unwrap = LOAD(auth_fail_unwrap);
+    out->auth_fail_commitment = LOAD(auth_fail_commitment);
+    out->auth_fail_aead = LOAD(auth_fail_aead);
+    out->auth_fail_binding = LOAD(auth_fail_binding);
+    for (size_t i = 0; i < 32; i++) {
+        out->parse_errors[i] = LOAD(parse_errors[i]);
+    }
+    out->unknown_key = LOAD(unknown_key);
+    for (size_t i = 0; i < 6; i++) {
+        out->provider_errors[i] = LOAD(provider_errors[i]);
+    }
+    out->cache_hits = LOAD(cache_hits);
+    out->cache_misses = LOAD(cache_misses);
+    out->wraps = LOAD(wraps);
+    out->unwraps = LOAD(unwraps);
+    out->deks_created = LOAD(deks_created);
+#undef LOAD
+}
+
+/* ---- sealing ------------------------------------------------------------- */
+
+/* Resolve p's defaults into a tuple and check what is cheap to check per
+ * call; the name rules are checked by the encoder when a DEK is made. */
+static ks_err seal_tuple(const ks_seal_params *p, ks_wdek_tuple *t)
+{
+    t->format = p->format ? p->format : KS_FORMAT_V2;
+    t->algorithm = p->algorithm ? p->algorithm : KS_ALG_XCHACHA20POLY1305;
+    t->tenant = p->tenant;
+    t->purpose = p->purpose;
+    t->key_id = p->key_id;
+    t->req_version = p->key_version;
+    if ((t->format != KS_FORMAT_V1 && t->format != KS_FORMAT_V2) ||
+        ks_alg_nonce_len(t->algorithm) == 0 || !view_ok(p->tenant) || !view_ok(p->purpose) ||
+        !view_ok(p->key_id) || !view_ok(p->context) || p->context.len > KS_CONTEXT_MAX) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    if (t->format == KS_FORMAT_V1 && p->purpose.len != 0) {
+        return KS_ERR_INVALID_ARGUMENT; /* v1 has no purpose field */
+    }
+    return KS_OK;
+}
+
+/* An envelope with t's header fields, key_version and wrapped_dek as
+ * given, zero nonce and commitment of the right lengths, and a ciphertext
+ * of ct_len bytes (its pointer is a placeholder: only lengths are read). */
+static ks_envelope shape_of(const ks_wdek_tuple *t, uint32_t version, ks_bytes wrapped, size_t ct_len)
+{
+    static const uint8_t zeros[KS_COMMITMENT_LEN];
+    ks_envelope e = {0};
+    e.version = t->format;
+    e.algorithm = t->algorithm;
+    e.tenant = t->tenant;
+    e.key_id = t->key_id;
+    e.key_version = version;
+    e.wrapped_dek = wrapped;
+    e.nonce = (ks_bytes){zeros, ks_alg_nonce_len(t->algorithm)};
+    e.purpose = t->purpose;
+    if (t->format == KS_FORMAT_V2) {
+        e.commitment = (ks_bytes){zeros, KS_COMMITMENT_LEN};
+    }
+    e.ciphertext = (ks_bytes){zeros, ct_len};
+    return e;
+}
+
+/* See keyshift/crypto.h. */
+size_t ks_seal_max_len(const ks_seal_params *p, size_t pt_len)
+{
+    static const uint8_t wrapped[KS_WRAPPED_DEK_MAX];
+    ks_wdek_tuple t;
+    size_t n;
+    if (p == NULL || seal_tuple(p, &t) != KS_OK || pt_len > KS_CIPHERTEXT_DEFAULT_MAX - KS_TAG_LEN) {
+        return 0;
+    }
+    uint32_t version = t.req_version ? t.req_version : UINT32_MAX; /* the longest varint */
+    ks_envelope e = shape_of(&t, version, (ks_bytes){wrapped, sizeof wrapped}, pt_len + KS_TAG_LEN);
+    return ks_envelope_encoded_len(&e, NULL, &n) == KS_OK ? n : 0;
+}
+
+/* The version to wrap under: the requested one, or the key's primary
+ * (provider key_info) when 0 was requested. */
+static ks_err resolve_version(ks_ctx *ctx, ks_bytes key_id, uint32_t requested, uint32_t *out)
+{
+    ks_key_info info = {0};
+    if (requested != 0) {
+        *out = requested;
+        return KS_OK;
+    }
+    ks_err err = ctx->prov.ops->key_info(ctx->prov.self, key_id, 0, &info, ctx->cfg.provider_timeout_ms);
+    if (err != KS_OK) {
+        return provider_failed(ctx, err);
+    }
+    if (info.version == 0) {
+        return provider_failed(ctx, KS_ERR_INTEGRITY); /* a provider that names no version */
+    }
+    *out = info.version;
+    return KS_OK;
+}
+
+/* Wrap dek under env's key_id and key_version, binding env's wrap AAD
+ * [F-CRYPTO-AAD-2], into out[0, KS_WRAPPED_DEK_MAX). */
+static ks_err wrap_dek(ks_ctx *ctx, const ks_envelope *env, const uint8_t *dek, uint8_t *out,
+                       size_t *out_len)
+{
+    uint8_t aad[KS_WRAP_AAD_MAX];
+    size_t aad_len = 0;
+    ks_err err = ks_aad_wrap(env, aad, sizeof aad, &aad_len);
+    assert(err == KS_OK); /* env was checked */
+    if (err != KS_OK) {
+        return err;
+    }
+    BUMP(ctx, wraps);
+    *out_len = 0;
+    err = ctx->prov.ops->wrap(ctx->prov.self, env->key_id, env->key_version, dek, KS_DEK_LEN,
+                              (ks_bytes){aad, aad_len}, out, KS_WRAPPED_DEK_MAX, out_len,
+                              ctx->cfg.provider_timeout_ms);
+    if (err != KS_OK) {
+        return provider_failed(ctx, err);
+    }
+    if (*out_len == 0 || *out_len > KS_WRAPPED_DEK_MAX) {
+        return provider_failed(ctx, KS_ERR_INTEGRITY); /* the format cannot carry it */
+    }
+    return KS_OK;
+}
+
+/* Create t's write-side DEK: check the names, resolve the version, draw
+ * the DEK, wrap it once, and build its record. */
+static ks_err create_dek(ks_ctx *ctx, const ks_wdek_tuple *t, ks_wdek **out)
+{
+    static const uint8_t one[1];
+    uint8_t wrapped[KS_WRAPPED_DEK_MAX];
+    size_t wrapped_len;
+    uint32_t version = t->req_version ? t->req_version : 1;
+    ks_envelope e = shape_of(t, version, (ks_bytes){one, 1}, KS_TAG_LEN);
+    if (ks_envelope_check(&e, NULL) != KS_OK) {
+        return KS_ERR_INVALID_ARGUMENT; /* tenant, key_id or purpose break [F-NAME-1]/[F-KEYID-1] */
+    }
+    ks_err err = resolve_version(ctx, t->key_id, t->req_version, &e.key_version);
+    if (err != KS_OK) {
+        return err;
+    }
+    uint8_t *key = ks_wdek_key_new();
+    if (key == NULL) {
+        return KS_ERR_NO_MEMORY;
+    }
+    err = wrap_dek(ctx, &e, key, wrapped, &wrapped_len);
+    if (err != KS_OK) {
+        ks_wdek_key_free(key);
+        return err;
+    }
+    e.wrapped_dek = (ks_bytes){wrapped, wrapped_len};
+    err = ks_wdek_new(&e, t->req_version, &ctx->limits, key, out); /* takes key */
+    if (err == KS_OK) {
+        BUMP(ctx, deks_created);
+    }
+    return err;
+}
+
+/* A reference on t's active DEK and a fresh nonce of it: the fast path
+ * finds the record under a short lock; otherwise, serialised with other
+ * creators, a new DEK is made, reserved on, and installed. */
+static ks_err acquire_dek(ks_ctx *ctx, const ks_wdek_tuple *t, size_t pt_len, ks_wdek **out,
+                          uint8_t nonce[KS_NONCE_MAX])
+{
+    if (ks_dek_writer_reserve(ctx->writer, t, pt_len, out, nonce) == KS_OK) {
+        return KS_OK;
+    }
+    ks_dek_writer_create_lock(ctx->writer);
+    ks_err err = ks_dek_writer_reserve(ctx->writer, t, pt_len, out, nonce); /* made meanwhile? */
+    if (err != KS_OK) {
+        ks_wdek *d = NULL;
+        err = create_dek(ctx, t, &d);
+        if (err == KS_OK) {
+            /* A fresh DEK has its whole budget: this reservation succeeds
+             * unless the clock jumps by max_age or the process forks now. */
+            err = ks_wdek_reserve(d, pt_len, nonce) == KS_OK ? KS_OK : KS_ERR_UNAVAILABLE;
+            ks_wdek_retain(d);
+            ks_dek_writer_install(ctx->writer, d);
+            *out = d;
+        }
+        if (err != KS_OK) {
+            ks_wdek_release(d);
+        }
+    }
+    ks_dek_writer_create_unlock(ctx->writer);
+    return err;
+}
+
+/* Seal pt with d under nonce: the header from d's template with the nonce
+ * (and v2 commitment) patched in, then the ciphertext field, encrypted in
+ * place in out.  Writes nothing when cap is short; wipes out on failure. */
+static ks_err seal_with(const ks_wdek *d, const uint8_t *nonce, ks_bytes context, const uint8_t *pt,
+                        size_t pt_len, uint8_t *out, size_t cap, size_t *out_len)
+{
+    const size_t hl = d->tmpl.header_len, ct_len = pt_len + KS_TAG_LEN;
+    const size_t total = hl + 1 + ks_varint_len(ct_len) + ct_len;
+    if (cap < total) {
+        return KS_ERR_BUFFER_TOO_SMALL;
+    }
+    memcpy(out, d->hdr, hl);
+    ks_envelope env = d->tmpl;
+    env.nonce.ptr = out + d->nonce_off;
+    memcpy(out + d->nonce_off, nonce, env.nonce.len);
+    uint8_t k[32];
+    const uint8_t *key = d->key; /* v1: K = DEK [F-CRYPTO-KEY-1] */
+    const int v2 = env.version == KS_FORMAT_V2;
+    if (v2) {
+        derive(d->key, env.nonce, pers_cmmt, out + d->commit_off); /* [F-CRYPTO-COMMIT-1] */
+        env.commitment.ptr = out + d->commit_off;
+        derive(d->key, env.nonce, pers_mkey, k); /* [F-CRYPTO-KEY-2] */
+        key = k;
+    }
+    size_t pos = hl;
+    out[pos++] = KS_CT_TAG;
+    pos += ks_varint_put(out + pos, ct_len);
+    uint8_t aad[KS_DATA_AAD_MAX];
+    size_t aad_len = 0;
+    ks_err err = ks_aad_data(&env, context, aad, sizeof aad, &aad_len); /* [F-CRYPTO-AAD-1] */
+    if (err == KS_OK) {
+        unsigned long long clen;
+        int rc = d->aes != NULL /* v1 aes-256-gcm: the DEK's expanded key */
+                     ? crypto_aead_aes256gcm_encrypt_afternm(
+                           out + pos, &clen, pt, pt_len, aad, aad_len, NULL, env.nonce.ptr,
+                           (const crypto_aead_aes256gcm_state *)d->aes)
+                     : aead_encrypt(env.algorithm, out + pos, pt, pt_len, aad, aad_len,
+                                    env.nonce.ptr, key);
+        if (rc != 0) {
+            err = KS_ERR_INVALID_ARGUMENT; /* libsodium refuses only oversized input */
+        }
+    }
+    if (v2) {
+        sodium_memzero(k, sizeof k);
+    }
+    if (err != KS_OK) {
+        sodium_memzero(out, total);
+        return err;
+    }
+    assert(pos + ct_len == total);
+    *out_len = total;
+    return KS_OK;
+}
+
+/* See keyshift/crypto.h. */
+ks_err ks_seal(ks_ctx *ctx, const ks_seal_params *p, const uint8_t *pt, size_t pt_len, uint8_t *out,
+               size_t cap, size_t *out_len)
+{
+    ks_wdek_tuple t;
+    ks_wdek *d = NULL;
+    uint8_t nonce[KS_NONCE_MAX];
+    if (ctx == NULL || p == NULL || out_len == NULL || (pt == NULL && pt_len != 0) ||
+        (out == NULL && cap != 0)) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    ks_err err = seal_tuple(p, &t);
+    if (err != KS_OK) {
+        return err;
+    }
+    if (!alg_available(t.algorithm)) {
+        return KS_ERR_ALGORITHM_UNAVAILABLE;
+    }
+    if (pt_len > KS_CIPHERTEXT_DEFAULT_MAX - KS_TAG_LEN) {
+        return KS_ERR_TOO_LARGE;
+    }
+    err = acquire_dek(ctx, &t, pt_len, &d, nonce);
+    if (err != KS_OK) {
+        return err;
+    }
+    err = seal_with(d, nonce, p->context, pt, pt_len, out, cap, out_len); /* nonce is public */
+    ks_wdek_release(d);
+    if (err == KS_OK) {
+        BUMP(ctx, seals);
+    }
+    return err;
+}
+
+/* ---- opening ------------------------------------------------------------- */
+
+/* Nonzero when env carries the tenant and purpose the reader expects
+ * (each only when given) [F-CRYPTO-OPEN-1]. */
+static int binding_ok(const ks_envelope *env, const ks_open_params *p)
+{
+    if (p->tenant.len != 0 &&
+        (env->tenant.len != p->tenant.len || memcmp(env->tenant.ptr, p->tenant.ptr, p->tenant.len) != 0)) {
+        return 0;
+    }
+    if (p->purpose.len != 0 && (env->purpose.len != p->purpose.len ||
+                                memcmp(env->purpose.ptr, p->purpose.ptr, p->purpose.len) != 0)) {
+        return 0;
+    }
+    return 1;
+}
+
+/*
+ * The DEK of env into dek[0, 32): from the read cache, else from the
+ * provider (then cached).  id[0, KS_WRAP_ID_MAX) receives the wrap
+ * identity, wrap AAD || wrapped_dek [F-CRYPTO-AAD-2]; *id_len its length.
+ * On failure dek is zero.
+ */
+static ks_err unwrap_dek(ks_ctx *ctx, const ks_envelope *env, uint8_t *id, size_t *id_len,
+                         uint8_t dek[KS_DEK_LEN])
+{
+    size_t aad_len = 0, got = 0;
+    ks_err err = ks_aad_wrap(env, id, KS_WRAP_AAD_MAX, &aad_len);
+    assert(err == KS_OK); /* env was parsed */
+    if (err != KS_OK) {
+        return err;
+    }
+    memcpy(id + aad_len, env->wrapped_dek.ptr, env->wrapped_dek.len);
+    *id_len = aad_len + env->wrapped_dek.len;
+    if (ks_dek_cache_get(ctx->cache, id, *id_len, dek, &got)) {
+        assert(got == KS_DEK_LEN);
+        BUMP(ctx, cache_hits);
+        return KS_OK;
+    }
+    if (ctx->cache != NULL) {
+        BUMP(ctx, cache_misses);
+    }
+    BUMP(ctx, unwraps);
+    err = ctx->prov.ops->unwrap(ctx->prov.self, env->key_id, env->key_version, env->wrapped_dek,
+                                (ks_bytes){id, aad_len}, dek, KS_DEK_LEN, ctx->cfg.provider_timeout_ms);
+    if (err != KS_OK) {
+        sodium_memzero(dek, KS_DEK_LEN);
+        return err == KS_ERR_AUTH_FAILED ? auth_failed(ctx, CAUSE_UNWRAP) : provider_failed(ctx, err);
+    }
+    ks_dek_cache_put(ctx->cache, id, *id_len, dek, KS_DEK_LEN);
+    return KS_OK;
+}
+
+/* Check the commitment (v2), derive K and decrypt env's ciphertext into
+ * pt [F-CRYPTO-OPEN-1]: the commitment is compared before the AEAD runs,
+ * and a failed AEAD leaves pt[0, cap) zero. */
+static ks_err decrypt(ks_ctx *ctx, const ks_envelope *env, ks_bytes context, const uint8_t *dek,
+                      uint8_t *pt, size_t cap)
+{
+    uint8_t k[32];
+    const uint8_t *key = dek; /* [F-CRYPTO-KEY-1] */
+    const int v2 = env->version == KS_FORMAT_V2;
+    if (v2) {
+        if (!commitment_ok(dek, env)) {
+            return auth_failed(ctx, CAUSE_COMMITMENT);
+        }
+        derive(dek, env->nonce, pers_mkey, k); /* [F-CRYPTO-KEY-2] */
+        key = k;
+    }
+    uint8_t aad[KS_DATA_AAD_MAX];
+    size_t aad_len = 0;
+    ks_err err = ks_aad_data(env, context, aad, sizeof aad, &aad_len); /* [F-CRYPTO-AAD-1] */
+    uint8_t none[1];
+    if (err == KS_OK && aead_decrypt(env->algorithm, pt != NULL ? pt : none, env->ciphertext.ptr,
+                                     env->ciphertext.len, aad, aad_len, env->nonce.ptr, key) != 0) {
+        if (pt != NULL) {
+            sodium_memzero(pt, cap);
+        }
+        err = auth_failed(ctx, CAUSE_AEAD);
+    }
+    if (v2) {
+        sodium_memzero(k, sizeof k);
+    }
+    return err;
+}
+
+/* See keyshift/crypto.h.  The order of checks is [F-CRYPTO-OPEN-1]. */
+ks_err ks_open(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_open_params *p, uint8_t *pt,
+               size_t cap, size_t *pt_len, ks_parse_error *perr)
+{
+    ks_envelope e;
+    uint8_t dek[KS_DEK_LEN];
+    uint8_t id[KS_WRAP_ID_MAX];
+    size_t id_len = 0;
+    if (ctx == NULL || p == NULL || pt_len == NULL || (pt == NULL && cap != 0) ||
+        !view_ok(p->context) || p->context.len > KS_CONTEXT_MAX || !view_ok(p->tenant) ||
+        !view_ok(p->purpose)) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    ks_err err = ks_envelope_parse(env, env_len, NULL, &e, perr);
+    if (err != KS_OK) {
+        return parse_failed(ctx, err);
+    }
+    if (e.ciphertext.len - KS_TAG_LEN > cap) {
+        return KS_ERR_BUFFER_TOO_SMALL;
+    }
+    if (!binding_ok(&e, p)) {
+        return auth_failed(ctx, CAUSE_BINDING);
+    }
+    if (!alg_available(e.algorithm)) {
+        return KS_ERR_ALGORITHM_UNAVAILABLE;
+    }
+    err = unwrap_dek(ctx, &e, id, &id_len, dek);
+    if (err == KS_OK) {
+        err = decrypt(ctx, &e, p->context, dek, pt, cap);
+    }
+    sodium_memzero(dek, sizeof dek);
+    if (err == KS_OK) {
+        *pt_len = e.ciphertext.len - KS_TAG_LEN;
+        BUMP(ctx, opens);
+    }
+    return err;
+}
+
+/* ---- rewrapping ---------------------------------------------------------- */
+
+/* The rewrap memo key: u32be(id length) || id || u32be(requested
+ * version) || target key_id; unambiguous, since only the last part is
+ * not length-delimited.  Returns its length. */
+static size_t memo_key(const uint8_t *id, size_t id_len, const ks_envelope *target, uint32_t requested,
+                       uint8_t *out)
+{
+    put_u32be(out, (uint32_t)id_len);
+    memcpy(out + 4, id, id_len);
+    put_u32be(out + 4 + id_len, requested);
+    memcpy(out + 8 + id_len, target->key_id.ptr, target->key_id.len);
+    return 8 + id_len + target->key_id.len;
+}
+
+/*
+ * Wrap dek for target (key_id set; key_version resolved here from
+ * `requested`), filling target->key_version and target->wrapped_dek (a
+ * view into buf[0, KS_MEMO_VAL_MAX)).  Memoised [F-CRYPTO-REWRAP-1]: the
+ * same wrap identity and target give the same wrapped bytes without a
+ * provider call, so wrap calls grow with distinct DEKs, not envelopes.
+ * The memo is bounded and expires like the read cache (cache_entries,
+ * cache_ttl): a change of the target's primary or state is seen within
+ * cache_ttl seconds.
+ */
+static ks_err rewrap_dek(ks_ctx *ctx, const uint8_t *id, size_t id_len, uint32_t requested,
+                         const uint8_t *dek, ks_envelope *target, uint8_t *buf)
+{
+    uint8_t mk[KS_MEMO_KEY_MAX];
+    size_t mk_len = memo_key(id, id_len, target, requested, mk), got = 0;
+    if (ks_dek_cache_get(ctx->memo, mk, mk_len, buf, &got)) {
+        target->key_version = get_u32be(buf);
+        target->wrapped_dek = (ks_bytes){buf + 4, got - 4};
+        return KS_OK;
+    }
+    ks_err err = resolve_version(ctx, target->key_id, requested, &target->key_version);
+    size_t wrapped_len = 0;
+    if (err == KS_OK) {
+        err = wrap_dek(ctx, target, dek, buf + 4, &wrapped_len);
+    }
+    if (err != KS_OK) {
+        return err;
+    }
+    put_u32be(buf, target->key_version);
+    target->wrapped_dek = (ks_bytes){buf + 4, wrapped_len};
+    ks_dek_cache_put(ctx->memo, mk, mk_len, buf, 4 + wrapped_len);
+    return KS_OK;
+}
+
+/* See keyshift/crypto.h [F-CRYPTO-REWRAP-1]. */
+ks_err ks_rewrap(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_rewrap_params *p,
+                 uint8_t *out, size_t cap, size_t *out_len, ks_parse_error *perr)
+{
+    ks_envelope e, target;
+    uint8_t dek[KS_DEK_LEN];
+    uint8_t id[KS_WRAP_ID_MAX];
+    uint8_t buf[KS_MEMO_VAL_MAX];
+    size_t id_len = 0;
+    if (ctx == NULL || p == NULL || out_len == NULL || (out == NULL && cap != 0) ||
+        !view_ok(p->key_id)) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    ks_err err = ks_envelope_parse(env, env_len, NULL, &e, perr);
+    if (err != KS_OK) {
+        return parse_failed(ctx, err);
+    }
+    target = e;
+    if (p->key_id.len != 0) {
+        target.key_id = p->key_id;
+    }
+    target.key_version = p->key_version ? p->key_version : 1;
+    if (ks_envelope_check(&target, NULL) != KS_OK) {
+        return KS_ERR_INVALID_ARGUMENT; /* a target key_id outside [F-KEYID-1] */
+    }
+    err = unwrap_dek(ctx, &e, id, &id_len, dek);
+    if (err == KS_OK && e.version == KS_FORMAT_V2 && !commitment_ok(dek, &e)) {
+        err = auth_failed(ctx, CAUSE_COMMITMENT);
+    }
+    if (err == KS_OK) {
+        err = rewrap_dek(ctx, id, id_len, p->key_version, dek, &target, buf);
+    }
+    sodium_memzero(dek, sizeof dek);
+    if (err == KS_OK) {
+        err = ks_envelope_encode(&target, NULL, out, cap, out_len);
+    }
+    if (err == KS_OK) {
+        BUMP(ctx, rewraps);
+    }
+    return err;
+}

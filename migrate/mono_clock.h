@@ -1,0 +1,19 @@
+/*
+ * migrate/mono_clock.h -- the monotonic clock, in whole seconds, that the
+ * write-side DEK ages ([F-CRYPTO-NONCE-3]) and the read-side cache TTL are
+ * measured on.  Internal to the library (no KS_API).
+ */
+#ifndef KS_MIGRATE_MONO_CLOCK_H
+#define KS_MIGRATE_MONO_CLOCK_H
+
+#include <stdint.h>
+
+/* Seconds on CLOCK_MONOTONIC (immune to wall-clock steps), plus the test
+ * offset below.  A vDSO read: cheap enough for every seal. */
+uint64_t ks_mono_seconds(void);
+
+/* Tests only: move the clock forward by `seconds` for the whole process,
+ * so that max_age and TTL expiry are tested without sleeping. */
+void ks_mono_test_advance(uint64_t seconds);
+
+#endif /* KS_MIGRATE_MONO_CLOCK_H */

@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# tests/cli_crypto_test.sh -- end-to-end tests of `keyshift keys`,
+# `encrypt` and `decrypt` with a real keyring file: round trips, fail-closed
+# behaviour, key states, permissions, passphrases, exit codes, and that no
+# secret reaches stdout or stderr.
+#
+# Usage: KEYSHIFT=path/to/keyshift tests/cli_crypto_test.sh
+set -u
+
+. "$(dirname "$0")/cli_lib.sh"
+unset KEYSHIFT_PASSPHRASE
+export KEYSHIFT_KEYRING="$T/keyring"
+IN=/dev/null
+
+printf 'card 4111-1111-1111-1111 exp 12/29' >"$T/pt"
+
+# ---- keyring lifecycle --------------------------------------------------------
+run "keys init" 0 "$KS" keys init
+if [ "$(stat -c %a "$T/keyring")" = 600 ]; then ok "keyring created 0600"; else bad "keyring mode" "$(stat -c %a "$T/keyring")"; fi
+run "keys init twice is refused" 73 "$KS" keys init
+run "keys create" 0 "$KS" keys create payments/kek
+run "keys create twice is refused" 65 "$KS" keys create payments/kek
+run "keys create with a bad key id" 64 "$KS" keys create 'bad key'
+run "keys list" 0 "$KS" keys list
+expect_grep "list shows version 1, active, primary" "$T/out" "payments/kek *1 *active *\*"
+run "keys list --json" 0 "$KS" keys list --json
+expect_grep "list --json" "$T/out" '{"keys":\[{"key_id":"payments/kek","primary":1,"versions":\[{"version":1,"state":"active","primary":true'
+
+# ---- round trips -----------------------------------------------------------------
+for fmt in 1 2; do
+    for alg in xchacha20-poly1305 aes-256-gcm; do
+        purpose=(); [ $fmt = 2 ] && purpose=(--purpose card)
+        IN="$T/pt" run "encrypt v$fmt $alg" 0 "$KS" encrypt --tenant acme --key-id payments/kek \
+            --context payments:42:card --format $fmt --algorithm $alg "${purpose[@]}"
+        cp "$T/out" "$T/env.$fmt.$alg"
+        expect_empty "encrypt v$fmt $alg: nothing on stderr" "$T/err"
+        IN="$T/env.$fmt.$alg" run "decrypt v$fmt $alg" 0 "$KS" decrypt --context payments:42:card
+        expect_same "decrypt v$fmt $alg gives the plaintext" "$T/out" "$T/pt"
+        if grep -q -F "4111-1111" "$T/env.$fmt.$alg"; then bad "v$fmt $alg envelope holds no plaintext"; else ok "v$fmt $alg envelope holds no plaintext"; fi
+    done
+done
+ENV="$T/env.2.xchacha20-poly1305"
+IN="$ENV" run "inspect a sealed envelope" 0 "$KS" inspect --json
+expect_grep "default is v2 xchacha, purpose card" "$T/out" '"version":2,"algorithm":"xchacha20-poly1305","tenant":"acme","key_id":"payments/kek","key_version":1'
+: >"$T/empty"
+IN="$T/empty" run "encrypt an empty plaintext" 0 "$KS" encrypt --tenant acme --key-id payments/kek
+cp "$T/out" "$T/env.empty"
+IN="$T/env.empty" run "decrypt an empty plaintext" 0 "$KS" decrypt
+expect_empty "empty plaintext round trip" "$T/out"
+
+# ---- fail closed ----------------------------------------------------------------------
+IN="$ENV" run "wrong context" 65 "$KS" decrypt --context payments:43:card
+expect_empty "wrong context: nothing on stdout" "$T/out"
+expect_grep "wrong context: one message" "$T/err" "cannot decrypt: authentication failed"
+IN="$ENV" run "wrong purpose" 65 "$KS" decrypt --context payments:42:card --purpose ssn
+expect_empty "wrong purpose: nothing on stdout" "$T/out"
+IN="$ENV" run "wrong tenant" 65 "$KS" decrypt --context payments:42:card --tenant other
+expect_grep "wrong tenant: the same message" "$T/err" "cannot decrypt: authentication failed"
+IN="$ENV" run "right tenant and purpose" 0 "$KS" decrypt --context payments:42:card --tenant acme --purpose card
+size=$(stat -c %s "$ENV")
+cp "$ENV" "$T/tampered"; printf '\x01' | dd of="$T/tampered" bs=1 seek=$((size - 1)) conv=notrunc status=none
+IN="$T/tampered" run "tampered tag" 65 "$KS" decrypt --context payments:42:card
+expect_empty "tampered: nothing on stdout" "$T/out"
+expect_grep "tampered: the same message" "$T/err" "cannot decrypt: authentication failed"
+printf 'not an envelope' >"$T/garbage"
+IN="$T/garbage" run "garbage" 65 "$KS" decrypt
+expect_grep "garbage: invalid envelope" "$T/err" "invalid envelope: bad-magic at byte 0"
+head -c 1048577 /dev/zero >"$T/big"
+IN="$T/big" run "plaintext over 1 MiB is refused" 65 "$KS" encrypt --tenant acme --key-id payments/kek
+IN="$T/pt" run "unknown key" 77 "$KS" encrypt --tenant acme --key-id nosuch/kek
+
+# ---- rotation and key states ---------------------------------------------------------
+run "add-version prints the new version" 0 "$KS" keys add-version payments/kek
+expect_grep "add-version: 2" "$T/out" "^2$"
+run "promote 2" 0 "$KS" keys promote payments/kek 2
+IN="$T/pt" run "encrypt under the new primary" 0 "$KS" encrypt --tenant acme --key-id payments/kek --context c
+cp "$T/out" "$T/env.v2key"
+IN="$T/env.v2key" run "inspect the new envelope" 0 "$KS" inspect --json
+expect_grep "new envelope uses key version 2" "$T/out" '"key_version":2'
+IN="$ENV" run "old envelope still opens" 0 "$KS" decrypt --context payments:42:card
+run "decrypt-only version 1" 0 "$KS" keys set-state payments/kek 1 decrypt-only
+IN="$ENV" run "decrypt-only still opens" 0 "$KS" decrypt --context payments:42:card
+IN="$T/pt" run "decrypt-only refuses new wraps" 77 "$KS" encrypt --tenant acme --key-id payments/kek --key-version 1
+run "disable version 1" 0 "$KS" keys set-state payments/kek 1 disabled
+IN="$ENV" run "disabled version refuses to open" 77 "$KS" decrypt --context payments:42:card
+expect_empty "disabled: nothing on stdout" "$T/out"
+run "re-enable version 1" 0 "$KS" keys set-state payments/kek 1 decrypt-only
+IN="$ENV" run "re-enabled opens again" 0 "$KS" decrypt --context payments:42:card
+run "the primary cannot be disabled" 65 "$KS" keys set-state payments/kek 2 disabled
+run "destroy version 1" 0 "$KS" keys set-state payments/kek 1 destroyed
+IN="$ENV" run "destroyed version refuses to open" 77 "$KS" decrypt --context payments:42:card
+run "destroyed is final" 65 "$KS" keys set-state payments/kek 1 active
+run "set-state of a missing version" 77 "$KS" keys set-state payments/kek 9 disabled
+run "bad state name" 64 "$KS" keys set-state payments/kek 1 sleepy
+IN="$T/env.v2key" run "version 2 envelope still opens" 0 "$KS" decrypt --context c
+
+# ---- keyring safety --------------------------------------------------------------------
+chmod 644 "$KEYSHIFT_KEYRING"
+run "group/other-readable keyring refused" 78 "$KS" keys list
+expect_grep "insecure keyring: says how to fix" "$T/err" "chmod 600"
+chmod 600 "$KEYSHIFT_KEYRING"
+cp "$KEYSHIFT_KEYRING" "$T/cut"; truncate -s 20 "$T/cut"
+run "truncated keyring refused" 78 "$KS" keys list --keyring "$T/cut"
+run "missing keyring" 78 "$KS" keys list --keyring "$T/nope"
+run "no keyring given" 64 env -u KEYSHIFT_KEYRING "$KS" keys list
+
+# ---- passphrase-sealed keyring -------------------------------------------------------
+export KEYSHIFT_KEYRING="$T/sealed"
+printf 'correct horse battery staple\n' >"$T/passfile"
+KEYSHIFT_PASSPHRASE='correct horse battery staple' run "init a sealed keyring (env)" 0 "$KS" keys init
+run "sealed keyring without a passphrase" 78 "$KS" keys list
+KEYSHIFT_PASSPHRASE=wrong run "sealed keyring, wrong passphrase" 78 "$KS" keys list
+run "passphrase file works" 0 "$KS" keys create k1 --passphrase-file "$T/passfile"
+IN="$T/pt" run "encrypt with a sealed keyring" 0 "$KS" encrypt --tenant t --key-id k1 --passphrase-file "$T/passfile"
+cp "$T/out" "$T/env.sealed"
+IN="$T/env.sealed" KEYSHIFT_PASSPHRASE='correct horse battery staple' run "decrypt with a sealed keyring" 0 "$KS" decrypt
+expect_same "sealed keyring round trip" "$T/out" "$T/pt"
+if grep -q -F "k1" "$KEYSHIFT_KEYRING"; then bad "sealed keyring hides key ids"; else ok "sealed keyring hides key ids"; fi
+
+# ---- usage ----------------------------------------------------------------------------
+run "encrypt without --tenant" 64 "$KS" encrypt --key-id k1
+run "encrypt bad algorithm" 64 "$KS" encrypt --tenant t --key-id k1 --algorithm rot13
+run "encrypt bad format" 64 "$KS" encrypt --tenant t --key-id k1 --format 3
+run "encrypt v1 with a purpose" 64 "$KS" encrypt --tenant t --key-id k1 --format 1 --purpose p
+IN="$T/pt" run "encrypt bad tenant" 64 "$KS" encrypt --tenant 'a b' --key-id k1 --passphrase-file "$T/passfile"
+run "keys without an action" 64 "$KS" keys
+run "keys unknown action" 64 "$KS" keys frob
+for c in keys encrypt decrypt; do
+    run "$c --help" 0 "$KS" $c --help
+    expect_grep "$c --help has EXIT STATUS" "$T/out" "EXIT STATUS"
+done
+
+# ---- no secret in any output ---------------------------------------------------------
+# Everything the tool printed to stderr in this run, and every envelope,
+# must be free of the plaintext.
+export KEYSHIFT_KEYRING="$T/keyring"
+IN="$T/pt" "$KS" encrypt --tenant acme --key-id payments/kek >"$T/e1" 2>"$T/e1.err"
+"$KS" keys list --json >"$T/l1" 2>&1
+"$KS" decrypt --context wrong <"$T/e1" >"$T/d1" 2>"$T/d1.err"
+if cat "$T/e1" "$T/e1.err" "$T/l1" "$T/d1" "$T/d1.err" | grep -q -F "4111-1111"; then
+    bad "no plaintext in any output but decrypt's"
+else
+    ok "no plaintext in any output but decrypt's"
+fi
+
+# The KEK itself: in a plain keyring holding one key "k" with one version,
+# the material is the 32 bytes at offset 38 (docs/keyring.md section 4:
+# 5 prefix + 4 count + 4 record_len + 2 id_len + 1 id + 4 versions +
+# 4 primary + 4 number + 1 state + 8 created + 1 material_len).
+export KEYSHIFT_KEYRING="$T/k3"
+"$KS" keys init 2>/dev/null && "$KS" keys create k 2>/dev/null
+kek=$(dd if="$T/k3" bs=1 skip=38 count=32 status=none | od -An -tx1 | tr -d ' \n')
+IN="$T/pt" "$KS" encrypt --tenant acme --key-id k >"$T/e3" 2>"$T/e3.err"
+"$KS" decrypt <"$T/e3" >"$T/d3" 2>"$T/d3.err"
+"$KS" keys list --json >"$T/l3" 2>"$T/l3.err"
+"$KS" decrypt --context bad <"$T/e3" >"$T/d4" 2>"$T/d4.err"
+all_hex=$(cat "$T/e3" "$T/e3.err" "$T/d3" "$T/d3.err" "$T/l3" "$T/l3.err" "$T/d4" "$T/d4.err" | od -An -tx1 | tr -d ' \n')
+if [ ${#kek} -eq 64 ] && [[ "$all_hex" != *"$kek"* ]] && ! grep -q -i -F "$kek" "$T/l3" "$T/e3.err" "$T/d4.err"; then
+    ok "the KEK appears in no output, raw or as hex"
+else
+    bad "the KEK appears in no output, raw or as hex" "kek=$kek"
+fi
+
+# ---- concurrent keys commands ------------------------------------------------------
+# Eight processes add versions to one key at once: the lock and re-read
+# must keep every update, numbered 2..9 with no gap or repeat.
+for i in 1 2 3 4 5 6 7 8; do "$KS" keys add-version k >"$T/av.$i" 2>/dev/null & done
+wait
+got=$(cat "$T"/av.* | sort -n | tr '\n' ' ')
+if [ "$got" = "2 3 4 5 6 7 8 9 " ]; then ok "8 concurrent add-version: versions 2..9"; else bad "8 concurrent add-version" "got: $got"; fi
+run "keyring still valid after concurrent changes" 0 "$KS" keys list --json
+expect_grep "all nine versions listed" "$T/out" '"version":9,'
+
+cli_finish cli-crypto

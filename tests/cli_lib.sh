@@ -1,0 +1,66 @@
+# tests/cli_lib.sh -- helpers shared by the CLI test scripts (sourced).
+#
+# Sets KS (the binary under test, from $KEYSHIFT), T (a temporary
+# directory removed on exit) and the pass/fail counters; cli_finish NAME
+# prints the closing "NAME: N passed, N failed" line and sets the status.
+
+KS=${KEYSHIFT:-build/bin/keyshift}
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+pass=0
+fail=0
+
+# Write the bytes of a hex string (whitespace ignored) to stdout.
+unhex() {
+    local h
+    h=$(printf '%s' "$*" | tr -d ' \n')
+    printf "$(printf '%s' "$h" | sed 's/../\\x&/g')"
+}
+
+# Hex of an ASCII string.
+strhex() {
+    printf '%s' "$1" | od -An -tx1 | tr -d ' \n'
+}
+
+# n bytes of one hex byte value, as hex.
+rep() {
+    local i out=""
+    for ((i = 0; i < $2; i++)); do out+=$1; done
+    printf '%s' "$out"
+}
+
+ok() { pass=$((pass + 1)); echo "ok   - $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL - $1"; [ -n "${2:-}" ] && printf '       %s\n' "$2"; }
+
+# run NAME EXPECTED_RC CMD... : run CMD with standard input from $IN when
+# set (else the caller's), keeping stdout and stderr in $T/out and $T/err.
+run() {
+    local name=$1 want=$2
+    shift 2
+    "$@" <"${IN:-/dev/stdin}" >"$T/out" 2>"$T/err"
+    local rc=$?
+    if [ "$rc" -eq "$want" ]; then ok "$name (exit $rc)"; else bad "$name" "exit $rc, want $want; stderr: $(head -c 300 "$T/err")"; fi
+}
+
+# expect_eq NAME FILE EXACT_CONTENT
+expect_eq() {
+    if [ "$(cat "$2")" = "$3" ]; then ok "$1"; else bad "$1" "got: $(head -c 400 "$2") want: $3"; fi
+}
+# expect_grep NAME FILE PATTERN
+expect_grep() {
+    if grep -q -- "$3" "$2"; then ok "$1"; else bad "$1" "no '$3' in: $(head -c 400 "$2")"; fi
+}
+# expect_empty NAME FILE
+expect_empty() {
+    if [ ! -s "$2" ]; then ok "$1"; else bad "$1" "not empty: $(head -c 200 "$2" | od -c | head -3)"; fi
+}
+# expect_same NAME FILE1 FILE2
+expect_same() {
+    if cmp -s "$2" "$3"; then ok "$1"; else bad "$1" "$2 and $3 differ"; fi
+}
+
+# Print the closing line and return the status.
+cli_finish() {
+    echo "$1: $pass passed, $fail failed"
+    [ "$fail" -eq 0 ]
+}
