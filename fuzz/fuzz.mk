@@ -8,7 +8,7 @@
 #
 #   make fuzz-replay     replay corpus/<target>/ and corpus/regressions/ under ASan+UBSan
 #   make coverage        llvm-cov over the same inputs; gate on the lines and branches of
-#                        parser/ and migrate/keyring_format.c (FUZZ_COV_SRCS)
+#                        parser/ and migrate/keys/keyring_format.c (FUZZ_COV_SRCS)
 #   make fuzz-smoke      each libFuzzer target for FUZZ_SMOKE_SECONDS from a copy of the corpus
 #                        (fuzz-smoke, fuzz, fuzz-afl: each with its own dictionary, fuzz_dict)
 #   make fuzz            each libFuzzer target for FUZZ_SECONDS, corpus kept in $(B)/fuzz/run/
@@ -120,7 +120,7 @@ fuzz-replay: $(FUZZ_RP_BINS)
 # ---- coverage gate ------------------------------------------------------------
 
 FUZZ_COV_DIR := $(FZ)/cov
-FUZZ_COV_SRCS := parser/envelope.c parser/cursor.h migrate/keyring_format.c
+FUZZ_COV_SRCS := parser/envelope.c parser/cursor.h migrate/keys/keyring_format.c
 
 coverage: $(FUZZ_CV_BINS)
 	@set -e; rm -rf $(FUZZ_COV_DIR)/prof; mkdir -p $(FUZZ_COV_DIR)/prof; \

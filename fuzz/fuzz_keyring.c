@@ -1,6 +1,6 @@
 /*
  * fuzz/fuzz_keyring.c -- the keyring file parser and its canonical
- * encoder (migrate/keyring_format.c, docs/keyring.md) on arbitrary bytes.
+ * encoder (migrate/keys/keyring_format.c, docs/keyring.md) on arbitrary bytes.
  *
  * The input is a keyring file.  Oracles (each failure calls abort(), so
  * every engine reports it):
@@ -40,7 +40,7 @@
 
 #include <keyshift/error.h>
 
-#include "../migrate/keyring_format.h"
+#include "../migrate/keys/keyring_format.h"
 #include "../tests/keyring_test_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

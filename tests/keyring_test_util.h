@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../migrate/keyring_format.h"
+#include "../migrate/keys/keyring_format.h"
 
 /* A body as the encoder's input. */
 typedef struct kt_model {

@@ -24,8 +24,8 @@
 #include <keyshift/crypto.h>
 #include <keyshift/keyring.h>
 
-#include "../migrate/crypto_hooks.h"
-#include "../migrate/mono_clock.h"
+#include "../migrate/crypto/crypto_hooks.h"
+#include "../migrate/crypto/mono_clock.h"
 #include "envelope_eq.h"
 #include "mem_provider.h"
 

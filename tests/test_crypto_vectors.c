@@ -24,8 +24,8 @@
  * The error table of section 7.10 is also checked against ks_err_name and
  * ks_err_is_retryable [F-CRYPTO-ERR-1].
  *
- * Check 4 runs the keyring (migrate/keyring*.c) and the crypto core
- * (migrate/crypto.c), which every test binary links: nothing is skipped.
+ * Check 4 runs the keyring (migrate/keys/keyring*.c) and the crypto core
+ * (migrate/crypto/crypto.c), which every test binary links: nothing is skipped.
  * No test is timed.
  */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp, rmdir, unlink */

@@ -1,5 +1,5 @@
 /*
- * migrate/crypto_hooks.h -- test hooks of migrate/crypto.c.  Internal (no
+ * migrate/crypto/crypto_hooks.h -- test hooks of migrate/crypto/crypto.c.  Internal (no
  * KS_API, hidden in the shared library): only code linked with the
  * library's objects, i.e. the unit tests, can reach them.
  */

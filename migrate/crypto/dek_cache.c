@@ -1,5 +1,5 @@
 /*
- * migrate/dek_cache.c -- the bounded, expiring LRU map of dek_cache.h.
+ * migrate/crypto/dek_cache.c -- the bounded, expiring LRU map of dek_cache.h.
  *
  * Layout: a fixed array of entries (allocated once), a power-of-two bucket
  * array of chain heads, a doubly linked LRU list and a free list, all by

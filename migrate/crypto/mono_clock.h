@@ -1,5 +1,5 @@
 /*
- * migrate/mono_clock.h -- the monotonic clock, in whole seconds, that the
+ * migrate/crypto/mono_clock.h -- the monotonic clock, in whole seconds, that the
  * write-side DEK ages ([F-CRYPTO-NONCE-3]) and the read-side cache TTL are
  * measured on.  Internal to the library (no KS_API).
  */

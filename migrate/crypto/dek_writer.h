@@ -1,5 +1,5 @@
 /*
- * migrate/dek_writer.h -- the write side of a ks_ctx: one active DEK per
+ * migrate/crypto/dek_writer.h -- the write side of a ks_ctx: one active DEK per
  * (format, algorithm, tenant, purpose, key_id, requested key_version), and
  * nonce reservation on it (docs/format.md [F-CRYPTO-NONCE-1..3]).
  *

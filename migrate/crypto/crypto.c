@@ -1,5 +1,5 @@
 /*
- * migrate/crypto.c -- sealing, opening and rewrapping envelopes
+ * migrate/crypto/crypto.c -- sealing, opening and rewrapping envelopes
  * (keyshift/crypto.h, docs/format.md section 7).
  *
  * Keys [F-CRYPTO-KEY-1], [F-CRYPTO-KEY-2], [F-CRYPTO-COMMIT-1]:
@@ -28,7 +28,7 @@
 
 #include <keyshift/crypto.h>
 
-#include "../format/rules.h"
+#include "../../format/rules.h"
 #include "crypto_hooks.h"
 #include "dek_cache.h"
 #include "dek_writer.h"

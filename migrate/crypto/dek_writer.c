@@ -1,5 +1,5 @@
 /*
- * migrate/dek_writer.c -- write-side DEKs and nonces (dek_writer.h,
+ * migrate/crypto/dek_writer.c -- write-side DEKs and nonces (dek_writer.h,
  * docs/format.md [F-CRYPTO-NONCE-1..3]).
  *
  * Nonce = prefix || u64be(counter): the prefix (nonce length - 8 bytes) is

@@ -1,5 +1,5 @@
 /*
- * migrate/dek_cache.h -- a bounded, expiring LRU map from byte strings to
+ * migrate/crypto/dek_cache.h -- a bounded, expiring LRU map from byte strings to
  * small values, thread-safe.  Two uses in a ks_ctx:
  *
  *   the read-side DEK cache: key = wrap AAD || wrapped_dek (the whole wrap

@@ -1,16 +1,16 @@
 /*
- * migrate/keyring_format.h -- the keyring file format of docs/keyring.md:
+ * migrate/keys/keyring_format.h -- the keyring file format of docs/keyring.md:
  * a strict, allocation-free parser over ks_cursor and the canonical
  * encoder that is its inverse.
  *
  * Internal header.  Its functions have hidden visibility (the build uses
  * -fvisibility=hidden and none of them carries KS_API), so they are shared
- * by migrate/keyring.c, the unit tests and fuzz/fuzz_keyring.c without
+ * by migrate/keys/keyring.c, the unit tests and fuzz/fuzz_keyring.c without
  * being part of the library's ABI.
  *
  * This part of the library knows bytes and rules only: no libsodium, no
  * file I/O, no allocation.  Sealing (Argon2id and secretbox) is done by
- * migrate/keyring.c on the payload this parser delimits.
+ * migrate/keys/keyring.c on the payload this parser delimits.
  */
 #ifndef KS_MIGRATE_KEYRING_FORMAT_H
 #define KS_MIGRATE_KEYRING_FORMAT_H
@@ -162,7 +162,7 @@ ks_err ks_krf_check_key_id(ks_bytes key_id);
  * memcmp. */
 int ks_krf_key_id_cmp(ks_bytes a, ks_bytes b);
 
-/* ---- between migrate/keyring.c and migrate/provider_local.c ---------------- */
+/* ---- between keyring.c and provider_local.c ---------------- */
 
 /* Called by ks_keyring_use() with the key and the resolved version number
  * (1..key->count) while the keyring is read-locked: key->versions and their

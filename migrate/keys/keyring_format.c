@@ -1,5 +1,5 @@
 /*
- * migrate/keyring_format.c -- the strict keyring parser and its canonical
+ * migrate/keys/keyring_format.c -- the strict keyring parser and its canonical
  * encoder (docs/keyring.md).
  *
  * The parser is the one place at which the bytes of a keyring file enter
@@ -18,8 +18,8 @@
 
 #include "keyring_format.h"
 
-#include "../format/rules.h"
-#include "../parser/cursor.h"
+#include "../../format/rules.h"
+#include "../../parser/cursor.h"
 
 /* ---- rules shared by the parser and the encoder --------------------------- */
 

@@ -1,5 +1,5 @@
 /*
- * migrate/mono_clock.c -- see mono_clock.h.
+ * migrate/crypto/mono_clock.c -- see mono_clock.h.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdatomic.h>

@@ -1,5 +1,5 @@
 /*
- * migrate/provider_local.c -- the "local" key provider over a ks_keyring
+ * migrate/keys/provider_local.c -- the "local" key provider over a ks_keyring
  * (include/keyshift/keyring.h, docs/keyring.md section 7).
  *
  * A wrapped DEK is wn || XChaCha20-Poly1305-IETF(KEK, wn, DEK, aad), with

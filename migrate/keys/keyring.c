@@ -1,10 +1,10 @@
 /*
- * migrate/keyring.c -- the local keyring (include/keyshift/keyring.h,
+ * migrate/keys/keyring.c -- the local keyring (include/keyshift/keyring.h,
  * docs/keyring.md): reading a keyring file safely, unsealing it, holding
  * its keys in guarded memory, and changing it without ever leaving a
  * broken file or losing a concurrent update.
  *
- * The bytes are parsed by migrate/keyring_format.c; this file does the
+ * The bytes are parsed by migrate/keys/keyring_format.c; this file does the
  * file system and the cryptography of sealing.  Every change follows one
  * path (change() below): take the lock file, re-read the keyring, build
  * the changed key list, encode it, write a temporary file, fsync, rename
@@ -1173,7 +1173,7 @@ ks_err ks_keyring_version_at(const ks_keyring *kr, size_t i, uint32_t version,
     return e;
 }
 
-/* ---- for the local provider (migrate/provider_local.c) ------------------------- */
+/* ---- for the local provider (migrate/keys/provider_local.c) ------------------------- */
 
 /* See keyring_format.h. */
 ks_err ks_keyring_use(const ks_keyring *kr, ks_bytes key_id, uint32_t version, ks_krf_use_fn fn,

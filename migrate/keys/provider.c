@@ -1,5 +1,5 @@
 /*
- * migrate/provider.c -- the parts of the key-provider interface that do
+ * migrate/keys/provider.c -- the parts of the key-provider interface that do
  * not depend on any one provider (include/keyshift/provider.h): releasing
  * a provider, and the stable names of key states (docs/keyring.md
  * [K-STATE-1]).
