@@ -39,6 +39,8 @@ HARDEN  := -O2 -DNDEBUG -D_FORTIFY_SOURCE=2 -fstack-protector-strong -fstack-cla
 LDHARDEN := -Wl,-z,relro,-z,now,-z,noexecstack
 INC     := -Iinclude
 SAN     := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+# Test builds compile in the test hooks (e.g. docs/keyring.md [K-FILE-6]).
+SAN_HOOKS := -DKS_TEST_HOOKS
 
 # The library.  Nothing under parser/ may include libsodium or SQLite.
 LIB_SRCS := format/format.c format/encode.c format/aad.c parser/envelope.c $(sort $(wildcard migrate/*.c migrate/*/*.c))
@@ -90,7 +92,7 @@ $(CLI): $(CLI_SRCS:%.c=$(B)/rel/%.o) $(STATIC)
 
 $(B)/san/%.o: %.c $(LIB_HDRS) $(CLI_HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(SAN) $(INC) -c $< -o $@
+	$(CC) $(WARN) $(SAN) $(SAN_HOOKS) $(INC) -c $< -o $@
 
 $(CLI_SAN): $(CLI_SRCS:%.c=$(B)/san/%.o) $(SAN_OBJS)
 	@mkdir -p $(dir $@)

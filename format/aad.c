@@ -5,22 +5,22 @@
  * Every variable part is length-prefixed, so no two distinct field tuples
  * give the same AAD bytes.
  */
+#include <assert.h>
 #include <string.h>
 
 #include <keyshift/aad.h>
 
-/* A bounded writer over a caller buffer: the length is computed in a
- * first pass with buf NULL, so a short buffer is refused before any byte
- * is written. */
+/* A writer over a caller buffer that the caller has checked is large
+ * enough (the lengths are computed first, by data_len and wrap_len). */
 typedef struct aad_writer {
-    uint8_t *buf; /* NULL while measuring */
+    uint8_t *buf;
     size_t len;
 } aad_writer;
 
 /* Append n bytes. */
 static void put(aad_writer *w, const void *p, size_t n)
 {
-    if (w->buf != NULL && n != 0) {
+    if (n != 0) {
         memcpy(w->buf + w->len, p, n);
     }
     w->len += n;
@@ -38,6 +38,26 @@ static void put_lp(aad_writer *w, ks_bytes x)
 {
     put_u32(w, (uint32_t)x.len);
     put(w, x.ptr, x.len);
+}
+
+/* The length of the data AAD of env and context [F-CRYPTO-AAD-1]. */
+static size_t data_len(const ks_envelope *env, ks_bytes context)
+{
+    size_t n = KS_PREFIX_LEN + 4 + 4 + env->tenant.len + 4 + context.len;
+    if (env->version == KS_FORMAT_V2) {
+        n += 4 + env->purpose.len + KS_COMMITMENT_LEN;
+    }
+    return n;
+}
+
+/* The length of the wrap AAD of env [F-CRYPTO-AAD-2]. */
+static size_t wrap_len(const ks_envelope *env)
+{
+    size_t n = KS_PREFIX_LEN + 4 + 4 + env->tenant.len + 4 + env->key_id.len + 4;
+    if (env->version == KS_FORMAT_V2) {
+        n += 4 + env->purpose.len;
+    }
+    return n;
 }
 
 /* The data AAD [F-CRYPTO-AAD-1]. */
@@ -93,14 +113,14 @@ ks_err ks_aad_data(const ks_envelope *env, ks_bytes context, uint8_t *out, size_
         (context.ptr == NULL && context.len != 0)) {
         return KS_ERR_INVALID_ARGUMENT;
     }
-    aad_writer w = {NULL, 0};
-    write_data(&w, env, context);
-    if (w.len > cap || out == NULL) {
+    const size_t n = data_len(env, context);
+    if (n > cap || out == NULL) {
         return KS_ERR_BUFFER_TOO_SMALL;
     }
-    *out_len = w.len;
-    w = (aad_writer){out, 0};
+    aad_writer w = {out, 0};
     write_data(&w, env, context);
+    assert(w.len == n);
+    *out_len = n;
     return KS_OK;
 }
 
@@ -110,13 +130,13 @@ ks_err ks_aad_wrap(const ks_envelope *env, uint8_t *out, size_t cap, size_t *out
     if (!env_ok(env, 0) || out_len == NULL) {
         return KS_ERR_INVALID_ARGUMENT;
     }
-    aad_writer w = {NULL, 0};
-    write_wrap(&w, env);
-    if (w.len > cap || out == NULL) {
+    const size_t n = wrap_len(env);
+    if (n > cap || out == NULL) {
         return KS_ERR_BUFFER_TOO_SMALL;
     }
-    *out_len = w.len;
-    w = (aad_writer){out, 0};
+    aad_writer w = {out, 0};
     write_wrap(&w, env);
+    assert(w.len == n);
+    *out_len = n;
     return KS_OK;
 }

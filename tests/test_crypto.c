@@ -25,6 +25,7 @@
 #include <keyshift/keyring.h>
 
 #include "../migrate/crypto/crypto_hooks.h"
+#include "../migrate/crypto/dek_cache.h"
 #include "../migrate/crypto/mono_clock.h"
 #include "envelope_eq.h"
 #include "mem_provider.h"
@@ -713,6 +714,230 @@ static void test_cache(void **state)
     ks_ctx_free(ctx);
 }
 
+/* Free n sealed envelopes, then ctx. */
+static void free_sealed_ctx(sealed *s, size_t n, ks_ctx *ctx)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(s[i].buf);
+    }
+    ks_ctx_free(ctx);
+}
+
+/* A context with a read cache of `entries` and a DEK per envelope, and n
+ * v1 aes-256-gcm envelopes of msg sealed with it into s (skips the test
+ * without AES-NI). */
+static ks_ctx *aes_cache_ctx(world *w, uint32_t entries, const uint8_t *msg, size_t len, sealed *s,
+                             size_t n)
+{
+    if (!aes_ok()) {
+        skip();
+    }
+    ks_ctx_config cfg;
+    ks_ctx_config_default(&cfg);
+    cfg.cache_entries = entries;
+    cfg.cache_ttl = 1000; /* a margin for real seconds passing */
+    cfg.dek_max_messages = 1;
+    ks_ctx *ctx = new_ctx(w, &cfg);
+    ks_seal_params p = params(1, KS_ALG_AES256GCM);
+    for (size_t i = 0; i < n; i++) {
+        s[i] = seal_ok(ctx, &p, msg, len);
+    }
+    return ctx;
+}
+
+/* v1 aes-256-gcm opens use the read cache's expanded AES-GCM key of the
+ * DEK: the same results, hits and failures as the plain path, with more
+ * DEKs than cache entries and a bit-flipped envelope (no plaintext). */
+static void test_cache_aes_states(void **state)
+{
+    world *w = *state;
+    static const uint8_t msg[5] = "state";
+    sealed s[3];
+    ks_ctx *ctx = aes_cache_ctx(w, 2, msg, sizeof msg, s, 3);
+    for (size_t round = 0; round < 3; round++) {
+        for (size_t i = 0; i < 3; i++) {
+            open_expect(ctx, s[i], &open_any, msg, sizeof msg); /* miss: evicts */
+            open_expect(ctx, s[i], &open_any, msg, sizeof msg); /* hit: the state */
+        }
+    }
+    ks_metrics m = metrics(ctx);
+    assert_int_equal(m.cache_misses, 9);
+    assert_int_equal(m.cache_hits, 9);
+    /* A flipped ciphertext byte fails on the cached state, leaving no
+     * plaintext; the entry still serves the genuine envelope. */
+    s[2].buf[s[2].len - 1] ^= 1;
+    uint8_t pt[sizeof msg + 3];
+    size_t n = 0;
+    memset(pt, 0xAA, sizeof pt);
+    assert_int_equal(open_env(ctx, s[2].buf, s[2].len, &open_any, pt, sizeof pt, &n), KS_ERR_AUTH_FAILED);
+    for (size_t i = 0; i < sizeof pt; i++) {
+        assert_int_equal(pt[i], 0);
+    }
+    s[2].buf[s[2].len - 1] ^= 1;
+    open_expect(ctx, s[2], &open_any, msg, sizeof msg);
+    m = metrics(ctx);
+    assert_int_equal(m.cache_hits, 11);
+    assert_int_equal(m.auth_fail_aead, 1);
+    /* A wrong context too. */
+    ks_open_params o = open_any;
+    o.context = BV("row:43");
+    assert_int_equal(open_env(ctx, s[2].buf, s[2].len, &o, pt, sizeof pt, &n), KS_ERR_AUTH_FAILED);
+    free_sealed_ctx(s, 3, ctx);
+}
+
+/* v1 seals build the data AAD from the DEK's precomputed head and the
+ * context: every context length opens, and only under its own context. */
+static void test_v1_data_aad_contexts(void **state)
+{
+    world *w = *state;
+    static const uint8_t msg[3] = "aad";
+    static uint8_t ctxbuf[KS_CONTEXT_MAX];
+    static const size_t lens[] = {0, 1, 17, KS_CONTEXT_MAX};
+    memset(ctxbuf, 'c', sizeof ctxbuf);
+    for (uint32_t alg = 1; alg <= 2; alg++) {
+        if (alg == KS_ALG_AES256GCM && !aes_ok()) {
+            continue;
+        }
+        for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
+            ks_seal_params p = params(1, alg);
+            p.context = (ks_bytes){lens[i] ? ctxbuf : NULL, lens[i]};
+            sealed s = seal_ok(w->ctx, &p, msg, sizeof msg);
+            ks_open_params o = {p.context, {NULL, 0}, {NULL, 0}};
+            open_expect(w->ctx, s, &o, msg, sizeof msg);
+            uint8_t pt[8];
+            size_t n = 0;
+            o.context.len = lens[i] ? lens[i] - 1 : 1;
+            o.context.ptr = ctxbuf;
+            assert_int_equal(open_env(w->ctx, s.buf, s.len, &o, pt, sizeof pt, &n), KS_ERR_AUTH_FAILED);
+            free(s.buf);
+        }
+    }
+}
+
+/* One opener thread: each envelope of a set, many times over. */
+typedef struct opener {
+    ks_ctx *ctx;
+    const sealed *s;
+    size_t n;
+    const uint8_t *msg;
+    size_t msg_len;
+    int bad;
+} opener;
+
+static void *open_many(void *arg)
+{
+    opener *o = arg;
+    uint8_t pt[64];
+    for (size_t r = 0; r < 2000; r++) {
+        const sealed *e = &o->s[(r * 7 + (size_t)o->bad) % o->n];
+        size_t n = 0;
+        if (ks_open(o->ctx, e->buf, e->len, &open_any, pt, sizeof pt, &n, NULL) != KS_OK ||
+            n != o->msg_len || memcmp(pt, o->msg, n) != 0) {
+            o->bad = -1;
+            break;
+        }
+    }
+    return NULL;
+}
+
+/* Threads opening more v1 aes-256-gcm DEKs than the cache holds: states
+ * are pinned, orphaned by eviction and reused while others decrypt. */
+static void test_cache_aes_states_threads(void **state)
+{
+    world *w = *state;
+    static const uint8_t msg[6] = "thread";
+    enum { THREADS = 4, ENVS = 5 };
+    sealed s[ENVS];
+    ks_ctx *ctx = aes_cache_ctx(w, 3, msg, sizeof msg, s, ENVS);
+    pthread_t th[THREADS];
+    opener o[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        o[i] = (opener){ctx, s, ENVS, msg, sizeof msg, i};
+        assert_int_equal(pthread_create(&th[i], NULL, open_many, &o[i]), 0);
+    }
+    for (int i = 0; i < THREADS; i++) {
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+        assert_int_not_equal(o[i].bad, -1);
+    }
+    ks_metrics m = metrics(ctx);
+    assert_int_equal(m.cache_hits + m.cache_misses, THREADS * 2000);
+    free_sealed_ctx(s, ENVS, ctx);
+}
+
+/* Test derivation: every byte of the state is the value's first byte + 1. */
+static void derive_plus1(void *st, const uint8_t *val, size_t len)
+{
+    assert_true(len >= 1);
+    memset(st, val[0] + 1, 32);
+}
+
+/* The state pool itself: a pinned state outlives its entry unchanged, is
+ * wiped by its last unpin, and is not handed out while pinned. */
+static void test_cache_state_pins(void **state)
+{
+    (void)state;
+    ks_dek_cache *c = NULL;
+    static const uint8_t k1[] = "key-one", k2[] = "key-two", k3[] = "key-3re";
+    const uint8_t v1[1] = {10}, v2[1] = {20}, v3[1] = {30};
+    uint8_t val[1];
+    size_t len = 0;
+    static const uint8_t zero[32];
+    assert_int_equal(ks_dek_cache_new(2, 100, 1, 1, 0, &c), KS_OK);
+    assert_int_equal(ks_dek_cache_enable_states(c, 24, 1, derive_plus1), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_dek_cache_enable_states(c, 32, 0, derive_plus1), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_dek_cache_enable_states(c, 32, 1, derive_plus1), KS_OK); /* one state */
+    assert_int_equal(ks_dek_cache_enable_states(c, 32, 1, derive_plus1), KS_ERR_INVALID_ARGUMENT);
+    ks_dek_cache_pin pin = {NULL, 0}, pin2 = {NULL, 0};
+    ks_dek_cache_put(c, k1, sizeof k1, v1, 1, 1);
+    assert_int_equal(ks_dek_cache_get_pinned(c, k1, sizeof k1, val, &len, &pin), 1);
+    assert_non_null(pin.state);
+    const uint8_t *st = pin.state;
+    assert_int_equal(st[0], 11);
+    assert_int_equal(st[31], 11);
+    /* Plain lookups still copy the value. */
+    assert_int_equal(ks_dek_cache_get(c, k1, sizeof k1, val, &len), 1);
+    assert_int_equal(len, 1);
+    assert_int_equal(val[0], 10);
+    /* Replacing k1 orphans its pinned state: k1's new entry gets no state
+     * (the only one is pinned), and the pinned bytes do not change. */
+    ks_dek_cache_put(c, k1, sizeof k1, v2, 1, 1);
+    assert_int_equal(st[0], 11);
+    val[0] = 0;
+    assert_int_equal(ks_dek_cache_get_pinned(c, k1, sizeof k1, val, &len, &pin2), 1);
+    assert_null(pin2.state);
+    assert_int_equal(val[0], 20);
+    /* The last unpin wipes the orphan; then the slot is reused. */
+    ks_dek_cache_unpin(c, &pin);
+    assert_null(pin.state);
+    assert_memory_equal(st, zero, 32);
+    ks_dek_cache_put(c, k2, sizeof k2, v2, 1, 1);
+    assert_int_equal(ks_dek_cache_get_pinned(c, k2, sizeof k2, val, &len, &pin), 1);
+    assert_true(pin.state == st);
+    assert_int_equal(st[0], 21);
+    ks_dek_cache_unpin(c, &pin);
+    /* Taking an unpinned state from its owner: k3 steals k2's; k2 then
+     * copies its value out.  An entry evicted unpinned is wiped at once. */
+    ks_dek_cache_put(c, k3, sizeof k3, v3, 1, 1);
+    assert_int_equal(st[0], 31);
+    assert_int_equal(ks_dek_cache_get_pinned(c, k2, sizeof k2, val, &len, &pin), 1);
+    assert_null(pin.state);
+    assert_int_equal(val[0], 20);
+    ks_dek_cache_put(c, k1, sizeof k1, v1, 1, 0); /* no state: evicts k3, the least recent */
+    assert_memory_equal(st, zero, 32);
+    assert_int_equal(ks_dek_cache_get_pinned(c, k3, sizeof k3, val, &len, &pin), 0);
+    /* Expiry drops a pinned entry too; its state lives until unpinned. */
+    ks_dek_cache_put(c, k3, sizeof k3, v3, 1, 1);
+    assert_int_equal(ks_dek_cache_get_pinned(c, k3, sizeof k3, val, &len, &pin), 1);
+    assert_true(pin.state == st);
+    ks_mono_test_advance(200);
+    assert_int_equal(ks_dek_cache_get_pinned(c, k3, sizeof k3, val, &len, &pin2), 0);
+    assert_int_equal(st[0], 31);
+    ks_dek_cache_unpin(c, &pin);
+    assert_memory_equal(st, zero, 32);
+    ks_dek_cache_unpin(c, &pin); /* no-op */
+    ks_dek_cache_free(c);
+}
+
 /* ---- provider failures ---------------------------------------------------- */
 
 static void test_provider_failures(void **state)
@@ -1045,6 +1270,10 @@ int main(void)
         T(test_rewrap_memo),
         T(test_dek_rotation),
         T(test_cache),
+        T(test_cache_aes_states),
+        T(test_cache_aes_states_threads),
+        T(test_cache_state_pins),
+        T(test_v1_data_aad_contexts),
         T(test_provider_failures),
         T(test_algorithm_unavailable),
         T(test_arguments),

@@ -12,7 +12,11 @@
  *
  * Secrets: DEKs sit in sodium_malloc'd memory (write side: dek_writer.c;
  * read side: dek_cache.c) or in stack buffers that every path wipes; K
- * and the BLAKE2b input are wiped after use.  Nothing is ever logged.
+ * and the BLAKE2b input are wiped after use.  So do the expanded AES-GCM
+ * keys of v1 aes-256-gcm DEKs (one per write-side DEK; on the read side a
+ * bounded pool, KS_CACHE_AES_STATES, pinned by an open while it decrypts
+ * and wiped when its entry goes and no open still uses it).  Nothing is
+ * ever logged.
  *
  * The hot paths (a seal on an active DEK, an open whose DEK is cached)
  * allocate nothing and call no random source: the nonce comes from the
@@ -46,6 +50,9 @@
 #define KS_MEMO_KEY_MAX (4 + KS_WRAP_ID_MAX + 4 + KS_KEY_ID_MAX)
 /* A rewrap memo value: u32be(version) || wrapped_dek. */
 #define KS_MEMO_VAL_MAX (4 + KS_WRAPPED_DEK_MAX)
+/* The most expanded AES-GCM keys the read cache keeps (512 bytes each, in
+ * guarded memory): the most recently used v1 aes-256-gcm DEKs'. */
+#define KS_CACHE_AES_STATES 256u
 
 /* Every counter of ks_metrics, as relaxed C11 atomics. */
 typedef struct counters {
@@ -193,27 +200,53 @@ static int commitment_ok(const uint8_t *dek, const ks_envelope *env)
     return ok;
 }
 
-/* AEAD-encrypt m[0, mlen) into c[0, mlen + 16) [F-CRYPTO-AEAD-1]; 0 on
- * success. */
-static int aead_encrypt(uint32_t alg, uint8_t *c, const uint8_t *m, size_t mlen, const uint8_t *ad,
-                        size_t adlen, const uint8_t *nonce, const uint8_t *k)
+/* AEAD-encrypt m[0, mlen) into c[0, mlen + 16) [F-CRYPTO-AEAD-1] under k,
+ * or, when aes is not NULL (aes-256-gcm), under the expanded key state
+ * aes of k; 0 on success. */
+static int aead_encrypt(uint32_t alg, const void *aes, uint8_t *c, const uint8_t *m, size_t mlen,
+                        const uint8_t *ad, size_t adlen, const uint8_t *nonce, const uint8_t *k)
 {
     unsigned long long clen;
+    if (aes != NULL) {
+        return crypto_aead_aes256gcm_encrypt_afternm(c, &clen, m, mlen, ad, adlen, NULL, nonce,
+                                                     (const crypto_aead_aes256gcm_state *)aes);
+    }
     if (alg == KS_ALG_AES256GCM) {
         return crypto_aead_aes256gcm_encrypt(c, &clen, m, mlen, ad, adlen, NULL, nonce, k);
     }
     return crypto_aead_xchacha20poly1305_ietf_encrypt(c, &clen, m, mlen, ad, adlen, NULL, nonce, k);
 }
 
-/* AEAD-decrypt c[0, clen) into m[0, clen - 16); 0 when the tag verifies. */
-static int aead_decrypt(uint32_t alg, uint8_t *m, const uint8_t *c, size_t clen, const uint8_t *ad,
-                        size_t adlen, const uint8_t *nonce, const uint8_t *k)
+/* AEAD-decrypt c[0, clen) into m[0, clen - 16) (k, or aes as above); 0
+ * when the tag verifies. */
+static int aead_decrypt(uint32_t alg, const void *aes, uint8_t *m, const uint8_t *c, size_t clen,
+                        const uint8_t *ad, size_t adlen, const uint8_t *nonce, const uint8_t *k)
 {
     unsigned long long mlen;
+    if (aes != NULL) {
+        return crypto_aead_aes256gcm_decrypt_afternm(m, &mlen, NULL, c, clen, ad, adlen, nonce,
+                                                     (const crypto_aead_aes256gcm_state *)aes);
+    }
     if (alg == KS_ALG_AES256GCM) {
         return crypto_aead_aes256gcm_decrypt(m, &mlen, NULL, c, clen, ad, adlen, nonce, k);
     }
     return crypto_aead_xchacha20poly1305_ietf_decrypt(m, &mlen, NULL, c, clen, ad, adlen, nonce, k);
+}
+
+/* The read cache's derived state of a v1 aes-256-gcm DEK: its expanded
+ * AES-GCM key (the AEAD key is the DEK itself [F-CRYPTO-KEY-1]). */
+static void aes_expand(void *state, const uint8_t *dek, size_t len)
+{
+    assert(len == KS_DEK_LEN);
+    (void)len;
+    (void)crypto_aead_aes256gcm_beforenm((crypto_aead_aes256gcm_state *)state, dek); /* always 0 */
+}
+
+/* Nonzero when env's AEAD key is its DEK under aes-256-gcm: v1 (the read
+ * cache keeps the expanded key of such DEKs). */
+static int v1_aes(const ks_envelope *env)
+{
+    return env->version == KS_FORMAT_V1 && env->algorithm == KS_ALG_AES256GCM;
 }
 
 /* ---- context ------------------------------------------------------------- */
@@ -271,6 +304,10 @@ ks_err ks_ctx_new(const ks_provider *provider, const ks_ctx_config *cfg, ks_ctx 
     if (err == KS_OK && cfg->cache_entries != 0) {
         err = ks_dek_cache_new(cfg->cache_entries, cfg->cache_ttl, KS_DEK_LEN, 1, KS_ID_HASH_TAIL,
                                &ctx->cache);
+    }
+    if (err == KS_OK && cfg->cache_entries != 0 && crypto_aead_aes256gcm_is_available()) {
+        err = ks_dek_cache_enable_states(ctx->cache, sizeof(crypto_aead_aes256gcm_state),
+                                         KS_CACHE_AES_STATES, aes_expand);
     }
     if (err == KS_OK && cfg->cache_entries != 0) {
         err = ks_dek_cache_new(cfg->cache_entries, cfg->cache_ttl, KS_MEMO_VAL_MAX, 0, 0, &ctx->memo);
@@ -527,16 +564,21 @@ static ks_err seal_with(const ks_wdek *d, const uint8_t *nonce, ks_bytes context
     pos += ks_varint_put(out + pos, ct_len);
     uint8_t aad[KS_DATA_AAD_MAX];
     size_t aad_len = 0;
-    ks_err err = ks_aad_data(&env, context, aad, sizeof aad, &aad_len); /* [F-CRYPTO-AAD-1] */
+    ks_err err = KS_OK;
+    if (d->aad_head_len != 0) { /* v1: aad_head || lp(context) [F-CRYPTO-AAD-1] */
+        memcpy(aad, d->aad_head, d->aad_head_len);
+        put_u32be(aad + d->aad_head_len, (uint32_t)context.len);
+        if (context.len != 0) {
+            memcpy(aad + d->aad_head_len + 4, context.ptr, context.len);
+        }
+        aad_len = d->aad_head_len + 4 + context.len;
+    } else {
+        err = ks_aad_data(&env, context, aad, sizeof aad, &aad_len); /* [F-CRYPTO-AAD-1] */
+    }
     if (err == KS_OK) {
-        unsigned long long clen;
-        int rc = d->aes != NULL /* v1 aes-256-gcm: the DEK's expanded key */
-                     ? crypto_aead_aes256gcm_encrypt_afternm(
-                           out + pos, &clen, pt, pt_len, aad, aad_len, NULL, env.nonce.ptr,
-                           (const crypto_aead_aes256gcm_state *)d->aes)
-                     : aead_encrypt(env.algorithm, out + pos, pt, pt_len, aad, aad_len,
-                                    env.nonce.ptr, key);
-        if (rc != 0) {
+        /* v1 aes-256-gcm: d->aes is the DEK's expanded key */
+        if (aead_encrypt(env.algorithm, d->aes, out + pos, pt, pt_len, aad, aad_len, env.nonce.ptr,
+                         key) != 0) {
             err = KS_ERR_INVALID_ARGUMENT; /* libsodium refuses only oversized input */
         }
     }
@@ -606,10 +648,12 @@ static int binding_ok(const ks_envelope *env, const ks_open_params *p)
  * The DEK of env into dek[0, 32): from the read cache, else from the
  * provider (then cached).  id[0, KS_WRAP_ID_MAX) receives the wrap
  * identity, wrap AAD || wrapped_dek [F-CRYPTO-AAD-2]; *id_len its length.
- * On failure dek is zero.
+ * With pin not NULL (a v1 aes-256-gcm open), a cached DEK's expanded key
+ * may be pinned into *pin instead (dek is then not written; the caller
+ * unpins).  On failure dek is zero.
  */
 static ks_err unwrap_dek(ks_ctx *ctx, const ks_envelope *env, uint8_t *id, size_t *id_len,
-                         uint8_t dek[KS_DEK_LEN])
+                         uint8_t dek[KS_DEK_LEN], ks_dek_cache_pin *pin)
 {
     size_t aad_len = 0, got = 0;
     ks_err err = ks_aad_wrap(env, id, KS_WRAP_AAD_MAX, &aad_len);
@@ -619,8 +663,8 @@ static ks_err unwrap_dek(ks_ctx *ctx, const ks_envelope *env, uint8_t *id, size_
     }
     memcpy(id + aad_len, env->wrapped_dek.ptr, env->wrapped_dek.len);
     *id_len = aad_len + env->wrapped_dek.len;
-    if (ks_dek_cache_get(ctx->cache, id, *id_len, dek, &got)) {
-        assert(got == KS_DEK_LEN);
+    if (ks_dek_cache_get_pinned(ctx->cache, id, *id_len, dek, &got, pin)) {
+        assert((pin != NULL && pin->state != NULL) || got == KS_DEK_LEN);
         BUMP(ctx, cache_hits);
         return KS_OK;
     }
@@ -634,19 +678,21 @@ static ks_err unwrap_dek(ks_ctx *ctx, const ks_envelope *env, uint8_t *id, size_
         sodium_memzero(dek, KS_DEK_LEN);
         return err == KS_ERR_AUTH_FAILED ? auth_failed(ctx, CAUSE_UNWRAP) : provider_failed(ctx, err);
     }
-    ks_dek_cache_put(ctx->cache, id, *id_len, dek, KS_DEK_LEN);
+    ks_dek_cache_put(ctx->cache, id, *id_len, dek, KS_DEK_LEN, v1_aes(env));
     return KS_OK;
 }
 
 /* Check the commitment (v2), derive K and decrypt env's ciphertext into
  * pt [F-CRYPTO-OPEN-1]: the commitment is compared before the AEAD runs,
- * and a failed AEAD leaves pt[0, cap) zero. */
+ * and a failed AEAD leaves pt[0, cap) zero.  aes, when not NULL, is the
+ * expanded key of a v1 aes-256-gcm DEK, used instead of dek. */
 static ks_err decrypt(ks_ctx *ctx, const ks_envelope *env, ks_bytes context, const uint8_t *dek,
-                      uint8_t *pt, size_t cap)
+                      const void *aes, uint8_t *pt, size_t cap)
 {
     uint8_t k[32];
     const uint8_t *key = dek; /* [F-CRYPTO-KEY-1] */
     const int v2 = env->version == KS_FORMAT_V2;
+    assert(aes == NULL || v1_aes(env));
     if (v2) {
         if (!commitment_ok(dek, env)) {
             return auth_failed(ctx, CAUSE_COMMITMENT);
@@ -658,7 +704,7 @@ static ks_err decrypt(ks_ctx *ctx, const ks_envelope *env, ks_bytes context, con
     size_t aad_len = 0;
     ks_err err = ks_aad_data(env, context, aad, sizeof aad, &aad_len); /* [F-CRYPTO-AAD-1] */
     uint8_t none[1];
-    if (err == KS_OK && aead_decrypt(env->algorithm, pt != NULL ? pt : none, env->ciphertext.ptr,
+    if (err == KS_OK && aead_decrypt(env->algorithm, aes, pt != NULL ? pt : none, env->ciphertext.ptr,
                                      env->ciphertext.len, aad, aad_len, env->nonce.ptr, key) != 0) {
         if (pt != NULL) {
             sodium_memzero(pt, cap);
@@ -697,11 +743,16 @@ ks_err ks_open(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_open_pa
     if (!alg_available(e.algorithm)) {
         return KS_ERR_ALGORITHM_UNAVAILABLE;
     }
-    err = unwrap_dek(ctx, &e, id, &id_len, dek);
+    ks_dek_cache_pin pin = {NULL, 0};
+    err = unwrap_dek(ctx, &e, id, &id_len, dek, v1_aes(&e) ? &pin : NULL);
     if (err == KS_OK) {
-        err = decrypt(ctx, &e, p->context, dek, pt, cap);
+        err = decrypt(ctx, &e, p->context, dek, pin.state, pt, cap);
     }
-    sodium_memzero(dek, sizeof dek);
+    if (pin.state != NULL) {
+        ks_dek_cache_unpin(ctx->cache, &pin); /* dek was not written */
+    } else {
+        sodium_memzero(dek, sizeof dek);
+    }
     if (err == KS_OK) {
         *pt_len = e.ciphertext.len - KS_TAG_LEN;
         BUMP(ctx, opens);
@@ -754,7 +805,7 @@ static ks_err rewrap_dek(ks_ctx *ctx, const uint8_t *id, size_t id_len, uint32_t
     }
     put_u32be(buf, target->key_version);
     target->wrapped_dek = (ks_bytes){buf + 4, wrapped_len};
-    ks_dek_cache_put(ctx->memo, mk, mk_len, buf, 4 + wrapped_len);
+    ks_dek_cache_put(ctx->memo, mk, mk_len, buf, 4 + wrapped_len, 0);
     return KS_OK;
 }
 
@@ -783,7 +834,7 @@ ks_err ks_rewrap(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_rewra
     if (ks_envelope_check(&target, NULL) != KS_OK) {
         return KS_ERR_INVALID_ARGUMENT; /* a target key_id outside [F-KEYID-1] */
     }
-    err = unwrap_dek(ctx, &e, id, &id_len, dek);
+    err = unwrap_dek(ctx, &e, id, &id_len, dek, NULL);
     if (err == KS_OK && e.version == KS_FORMAT_V2 && !commitment_ok(dek, &e)) {
         err = auth_failed(ctx, CAUSE_COMMITMENT);
     }

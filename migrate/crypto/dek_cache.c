@@ -6,9 +6,20 @@
  * 32-bit index.  Each entry's key (and a public value) lives in one heap
  * blob allocated on insert, outside the lock; secret values live in a
  * sodium_malloc'd slab, value_max bytes per entry.
+ *
+ * Derived states (optional) live in a second sodium_malloc'd slab of
+ * state slots, with their own LRU list.  A slot's pin word counts the
+ * readers using it outside the lock, plus ORPHAN once its entry is gone.
+ * Pins are only taken under the lock and only on an owned slot; a slot is
+ * only (re)claimed under the lock when its pin word reads 0 (acquire,
+ * pairing with the release of the last unpin), so no reader ever sees a
+ * state change under it.  An orphan is wiped by whoever sees its last
+ * pin go: the dropper (under the lock) when there was none, else the
+ * last unpinner, which then clears the word (release).
  */
 #include <assert.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,17 +29,33 @@
 #include "mono_clock.h"
 
 #define NIL UINT32_MAX
+/* In a state slot's pin word: its entry is gone (see the top). */
+#define ORPHAN 0x80000000u
+
+/* An LRU list link, by index: the first member of an entry and of a
+ * state slot, so that one set of list functions serves both. */
+typedef struct links {
+    uint32_t prev; /* towards the most recent */
+    uint32_t next; /* towards the least recent; an entry's free list link */
+} links;
 
 typedef struct entry {
+    links lk;          /* the entries' LRU list */
+    uint32_t chain;    /* next entry in the bucket */
+    uint32_t state;    /* its derived state slot, or NIL */
     uint64_t hash;
     uint64_t expires;  /* ks_mono_seconds() at which it is dropped */
     uint8_t *blob;     /* key || public value; NULL when the entry is free */
     size_t key_len;
     size_t val_len;
-    uint32_t chain;    /* next entry in the bucket */
-    uint32_t prev;     /* LRU list: towards the most recent */
-    uint32_t next;     /* LRU list: towards the least recent; free list link */
 } entry;
+
+/* A derived state slot. */
+typedef struct state_slot {
+    links lk;              /* the slots' LRU list */
+    uint32_t owner;        /* the entry it belongs to, or NIL */
+    _Atomic uint32_t pins; /* readers outside the lock, | ORPHAN */
+} state_slot;
 
 struct ks_dek_cache {
     pthread_mutex_t mu;
@@ -41,6 +68,12 @@ struct ks_dek_cache {
     entry *e;
     uint32_t *bucket;
     uint32_t mru, lru, free_head;
+    /* derived states: none when states == 0 */
+    uint32_t states, st_mru, st_lru;
+    size_t state_size;
+    ks_dek_cache_derive_fn derive;
+    uint8_t *st_slab;  /* states * state_size bytes */
+    state_slot *st;
 };
 
 /*
@@ -84,34 +117,119 @@ static uint8_t *value_of(const ks_dek_cache *c, uint32_t i)
     return c->secret ? c->slab + (size_t)i * c->value_max : x->blob + x->key_len;
 }
 
+/* An LRU list over an array of records (entries or state slots) that
+ * start with their links. */
+typedef struct lru_list {
+    uint32_t *mru, *lru;
+    void *base;
+    size_t stride;
+} lru_list;
+
+/* Record i's links. */
+static links *link_of(const lru_list *l, uint32_t i)
+{
+    return (links *)(void *)((uint8_t *)l->base + (size_t)i * l->stride);
+}
+
+/* The entries' LRU list, and the state slots'. */
+static lru_list entries_lru(ks_dek_cache *c)
+{
+    return (lru_list){&c->mru, &c->lru, c->e, sizeof *c->e};
+}
+
+static lru_list slots_lru(ks_dek_cache *c)
+{
+    return (lru_list){&c->st_mru, &c->st_lru, c->st, sizeof *c->st};
+}
+
+/* Unlink i from list l. */
+static void list_unlink(const lru_list *l, uint32_t i)
+{
+    const links *x = link_of(l, i);
+    *(x->prev != NIL ? &link_of(l, x->prev)->next : l->mru) = x->next;
+    *(x->next != NIL ? &link_of(l, x->next)->prev : l->lru) = x->prev;
+}
+
+/* Link i into list l at its most recent end (front) or least recent end. */
+static void list_push(const lru_list *l, uint32_t i, int front)
+{
+    links *x = link_of(l, i);
+    if (front) {
+        x->prev = NIL;
+        x->next = *l->mru;
+        *(*l->mru != NIL ? &link_of(l, *l->mru)->prev : l->lru) = i;
+        *l->mru = i;
+    } else {
+        x->next = NIL;
+        x->prev = *l->lru;
+        *(*l->lru != NIL ? &link_of(l, *l->lru)->next : l->mru) = i;
+        *l->lru = i;
+    }
+}
+
 /* Unlink i from the LRU list. */
 static void lru_unlink(ks_dek_cache *c, uint32_t i)
 {
-    entry *x = &c->e[i];
-    if (x->prev != NIL) {
-        c->e[x->prev].next = x->next;
-    } else {
-        c->mru = x->next;
-    }
-    if (x->next != NIL) {
-        c->e[x->next].prev = x->prev;
-    } else {
-        c->lru = x->prev;
-    }
+    lru_list l = entries_lru(c);
+    list_unlink(&l, i);
 }
 
 /* Make i the most recently used entry. */
 static void lru_push_front(ks_dek_cache *c, uint32_t i)
 {
-    entry *x = &c->e[i];
-    x->prev = NIL;
-    x->next = c->mru;
-    if (c->mru != NIL) {
-        c->e[c->mru].prev = i;
-    } else {
-        c->lru = i;
+    lru_list l = entries_lru(c);
+    list_push(&l, i, 1);
+}
+
+/* Where state slot s's bytes are. */
+static uint8_t *state_of(const ks_dek_cache *c, uint32_t s)
+{
+    return c->st_slab + (size_t)s * c->state_size;
+}
+
+/* Make slot s the most (front) or least recently used one. */
+static void slot_move(ks_dek_cache *c, uint32_t s, int front)
+{
+    lru_list l = slots_lru(c);
+    list_unlink(&l, s);
+    list_push(&l, s, front);
+}
+
+/* Entry i gives up its state, if any (lock held): wiped now when no
+ * reader has it pinned, else by the last unpin; then first to reuse. */
+static void state_release(ks_dek_cache *c, uint32_t i)
+{
+    uint32_t s = c->e[i].state;
+    if (s == NIL) {
+        return;
     }
-    c->mru = i;
+    c->e[i].state = NIL;
+    c->st[s].owner = NIL;
+    if (atomic_fetch_or_explicit(&c->st[s].pins, ORPHAN, memory_order_acq_rel) == 0) {
+        sodium_memzero(state_of(c, s), c->state_size);
+        atomic_store_explicit(&c->st[s].pins, 0, memory_order_relaxed); /* nobody can pin it */
+    }
+    slot_move(c, s, 0);
+}
+
+/* Give entry i a state derived from val (lock held): the least recently
+ * used slot with no pin, taken from its owner if it has one. */
+static void state_attach(ks_dek_cache *c, uint32_t i, const uint8_t *val, size_t val_len)
+{
+    uint32_t s = c->st_lru;
+    while (s != NIL && atomic_load_explicit(&c->st[s].pins, memory_order_acquire) != 0) {
+        s = c->st[s].lk.prev; /* pinned now: at most one per reader in flight */
+    }
+    if (s == NIL) {
+        return;
+    }
+    if (c->st[s].owner != NIL) {
+        c->e[c->st[s].owner].state = NIL; /* overwritten just below */
+    }
+    c->derive(state_of(c, s), val, val_len);
+    c->st[s].owner = i;
+    c->e[i].state = s;
+    slot_move(c, s, 1);
 }
 
 /* Remove i from its bucket chain. */
@@ -133,9 +251,10 @@ static uint8_t *drop(ks_dek_cache *c, uint32_t i)
     uint8_t *blob = x->blob;
     chain_unlink(c, i);
     lru_unlink(c, i);
+    state_release(c, i);
     sodium_memzero(value_of(c, i), c->secret ? c->value_max : x->val_len);
     x->blob = NULL;
-    x->next = c->free_head;
+    x->lk.next = c->free_head;
     c->free_head = i;
     return blob;
 }
@@ -184,7 +303,8 @@ ks_err ks_dek_cache_new(uint32_t entries, uint32_t ttl, size_t value_max, int se
     }
     memset(c->bucket, 0xFF, (size_t)nb * sizeof *c->bucket); /* every head NIL */
     for (uint32_t i = 0; i < entries; i++) {
-        c->e[i].next = i + 1 < entries ? i + 1 : NIL;
+        c->e[i].lk.next = i + 1 < entries ? i + 1 : NIL;
+        c->e[i].state = NIL;
     }
     c->entries = entries;
     c->ttl = ttl;
@@ -215,6 +335,11 @@ void ks_dek_cache_free(ks_dek_cache *c)
         sodium_memzero(c->slab, (size_t)c->entries * c->value_max);
         sodium_free(c->slab);
     }
+    if (c->st_slab != NULL) { /* no pin is left when the map is freed */
+        sodium_memzero(c->st_slab, (size_t)c->states * c->state_size);
+        sodium_free(c->st_slab);
+    }
+    free(c->st);
     pthread_mutex_destroy(&c->mu);
     free(c->bucket);
     free(c->e);
@@ -225,6 +350,16 @@ void ks_dek_cache_free(ks_dek_cache *c)
 int ks_dek_cache_get(ks_dek_cache *c, const uint8_t *key, size_t key_len, uint8_t *val,
                      size_t *val_len)
 {
+    return ks_dek_cache_get_pinned(c, key, key_len, val, val_len, NULL);
+}
+
+/* See dek_cache.h; pin NULL: always copy the value. */
+int ks_dek_cache_get_pinned(ks_dek_cache *c, const uint8_t *key, size_t key_len, uint8_t *val,
+                            size_t *val_len, ks_dek_cache_pin *pin)
+{
+    if (pin != NULL) {
+        pin->state = NULL;
+    }
     if (c == NULL) {
         return 0;
     }
@@ -239,13 +374,37 @@ int ks_dek_cache_get(ks_dek_cache *c, const uint8_t *key, size_t key_len, uint8_
     } else if (i != NIL) {
         lru_unlink(c, i);
         lru_push_front(c, i);
-        memcpy(val, value_of(c, i), c->e[i].val_len);
-        *val_len = c->e[i].val_len;
+        uint32_t s = c->e[i].state;
+        if (pin != NULL && s != NIL) {
+            atomic_fetch_add_explicit(&c->st[s].pins, 1, memory_order_relaxed); /* under the lock */
+            if (s != c->st_mru) {
+                slot_move(c, s, 1);
+            }
+            *pin = (ks_dek_cache_pin){state_of(c, s), s};
+        } else {
+            memcpy(val, value_of(c, i), c->e[i].val_len);
+            *val_len = c->e[i].val_len;
+        }
         hit = 1;
     }
     pthread_mutex_unlock(&c->mu);
     free(expired);
     return hit;
+}
+
+/* See dek_cache.h.  The release orders this reader's use of the state
+ * before its wipe or reuse (which see the word drop to 0 with acquire). */
+void ks_dek_cache_unpin(ks_dek_cache *c, ks_dek_cache_pin *pin)
+{
+    if (pin->state == NULL) {
+        return;
+    }
+    uint32_t s = pin->slot;
+    pin->state = NULL;
+    if (atomic_fetch_sub_explicit(&c->st[s].pins, 1, memory_order_acq_rel) == (ORPHAN | 1)) {
+        sodium_memzero(state_of(c, s), c->state_size); /* orphaned: nobody else can reach it */
+        atomic_store_explicit(&c->st[s].pins, 0, memory_order_release);
+    }
 }
 
 /* Take a free entry, evicting the least recently used one if none is
@@ -257,13 +416,13 @@ static uint32_t claim(ks_dek_cache *c, uint8_t **old)
         *old = drop(c, c->lru);
     }
     uint32_t i = c->free_head;
-    c->free_head = c->e[i].next;
+    c->free_head = c->e[i].lk.next;
     return i;
 }
 
 /* See dek_cache.h. */
 void ks_dek_cache_put(ks_dek_cache *c, const uint8_t *key, size_t key_len, const uint8_t *val,
-                      size_t val_len)
+                      size_t val_len, int derive)
 {
     if (c == NULL || val_len > c->value_max) {
         return;
@@ -283,10 +442,48 @@ void ks_dek_cache_put(ks_dek_cache *c, const uint8_t *key, size_t key_len, const
     }
     i = claim(c, &old); /* evicts only when nothing was dropped just above */
     entry *x = &c->e[i];
-    *x = (entry){h, expires, blob, key_len, val_len, c->bucket[h & c->bucket_mask], NIL, NIL};
+    *x = (entry){{NIL, NIL}, c->bucket[h & c->bucket_mask], NIL, h, expires, blob, key_len, val_len};
     c->bucket[h & c->bucket_mask] = i;
     lru_push_front(c, i);
     memcpy(value_of(c, i), val, val_len);
+    if (derive && c->states != 0) {
+        state_attach(c, i, val, val_len);
+    }
     pthread_mutex_unlock(&c->mu);
     free(old);
+}
+
+/* See dek_cache.h.  Every slot starts unowned in the slots' LRU list. */
+ks_err ks_dek_cache_enable_states(ks_dek_cache *c, size_t state_size, uint32_t states_max,
+                                  ks_dek_cache_derive_fn derive)
+{
+    if (c == NULL || !c->secret || c->states != 0 || state_size == 0 || state_size % 16 != 0 ||
+        states_max == 0 || derive == NULL) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    uint32_t n = states_max < c->entries ? states_max : c->entries;
+    /* sodium_malloc puts the region flush with its guard page: a size that
+     * is a multiple of 16 keeps every state 16-byte aligned. */
+    c->st_slab = sodium_malloc((size_t)n * state_size);
+    c->st = calloc(n, sizeof *c->st);
+    if (c->st_slab == NULL || c->st == NULL) {
+        sodium_free(c->st_slab);
+        free(c->st);
+        c->st_slab = NULL;
+        c->st = NULL;
+        return KS_ERR_NO_MEMORY;
+    }
+    assert(((uintptr_t)c->st_slab & 15) == 0);
+    sodium_memzero(c->st_slab, (size_t)n * state_size);
+    c->state_size = state_size;
+    c->derive = derive;
+    c->st_mru = c->st_lru = NIL;
+    lru_list l = slots_lru(c);
+    for (uint32_t s = 0; s < n; s++) {
+        atomic_init(&c->st[s].pins, 0);
+        c->st[s].owner = NIL;
+        list_push(&l, s, 0);
+    }
+    c->states = n;
+    return KS_OK;
 }

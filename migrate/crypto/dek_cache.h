@@ -17,6 +17,14 @@
  * lock is held only to walk one chain and copy at most value_max bytes; a
  * hit allocates nothing.  Expiry uses ks_mono_seconds().
  *
+ * A secret map may also keep, for some entries, a state derived from the
+ * value (the read cache: a v1 aes-256-gcm DEK's expanded AES-GCM key), in
+ * a bounded pool of guarded memory shared by the entries in LRU order.  A
+ * lookup pins an entry's state instead of copying its value, so the
+ * caller uses it outside the lock; a state is wiped when its entry goes
+ * (eviction, expiry, replacement, free) or, if pinned then, when its last
+ * pin is dropped, and is reused only once no pin is left.
+ *
  * Internal to the library (no KS_API).
  */
 #ifndef KS_MIGRATE_DEK_CACHE_H
@@ -52,10 +60,40 @@ void ks_dek_cache_free(ks_dek_cache *c);
 int ks_dek_cache_get(ks_dek_cache *c, const uint8_t *key, size_t key_len, uint8_t *val,
                      size_t *val_len);
 
+/* Derive a state of the map's state size from val[0, val_len). */
+typedef void (*ks_dek_cache_derive_fn)(void *state, const uint8_t *val, size_t val_len);
+
+/* Give a secret map a pool of min(entries, states_max) (>= 1) derived
+ * states of state_size bytes (a multiple of 16; states are 16-byte
+ * aligned), made by derive for the entries put with derive=1.  Call once,
+ * before the map is shared.  KS_ERR_INVALID_ARGUMENT, KS_ERR_NO_MEMORY. */
+KS_WUR ks_err ks_dek_cache_enable_states(ks_dek_cache *c, size_t state_size, uint32_t states_max,
+                                         ks_dek_cache_derive_fn derive);
+
+/* A pinned derived state (ks_dek_cache_get_pinned()). */
+typedef struct ks_dek_cache_pin {
+    const void *state; /* NULL: nothing pinned */
+    uint32_t slot;
+} ks_dek_cache_pin;
+
+/* ks_dek_cache_get(), except that when the entry has a derived state, the
+ * state is pinned into *pin (val and *val_len are then not written) and
+ * stays valid and unchanged until ks_dek_cache_unpin(); otherwise
+ * pin->state is NULL and the value is copied out. */
+int ks_dek_cache_get_pinned(ks_dek_cache *c, const uint8_t *key, size_t key_len, uint8_t *val,
+                            size_t *val_len, ks_dek_cache_pin *pin);
+
+/* Drop the pin taken by ks_dek_cache_get_pinned() (no-op when pin->state
+ * is NULL); the last pin of a state whose entry is gone wipes it. */
+void ks_dek_cache_unpin(ks_dek_cache *c, ks_dek_cache_pin *pin);
+
 /* Store val[0, val_len) (<= value_max) under key, replacing an entry with
- * the same key and evicting the least recently used entry when full.  A
- * failed allocation just leaves the value uncached.  c NULL: no-op. */
+ * the same key and evicting the least recently used entry when full; with
+ * derive nonzero on a map with states, also derive its state, taking the
+ * pool's least recently used unpinned state when none is free (none
+ * unpinned: the entry just has no state).  A failed allocation just leaves
+ * the value uncached.  c NULL: no-op. */
 void ks_dek_cache_put(ks_dek_cache *c, const uint8_t *key, size_t key_len, const uint8_t *val,
-                      size_t val_len);
+                      size_t val_len, int derive);
 
 #endif /* KS_MIGRATE_DEK_CACHE_H */

@@ -135,6 +135,21 @@ static ks_err build_template(ks_wdek *d, const ks_envelope *shape, size_t cap)
     return KS_OK;
 }
 
+/* v1: d's data AAD head (see dek_writer.h), from the template. */
+static ks_err data_aad_head(ks_wdek *d)
+{
+    uint8_t aad[KS_DATA_AAD_HEAD_MAX + 4];
+    size_t len = 0;
+    ks_err err = ks_aad_data(&d->tmpl, (ks_bytes){NULL, 0}, aad, sizeof aad, &len);
+    if (err != KS_OK) {
+        return err;
+    }
+    assert(len >= 4 && aad[len - 4] == 0 && aad[len - 1] == 0); /* ends with lp(empty) */
+    d->aad_head_len = len - 4;
+    memcpy(d->aad_head, aad, d->aad_head_len);
+    return KS_OK;
+}
+
 /* v1 aes-256-gcm: expand d's key once into d->aes (see dek_writer.h).
  * sodium_malloc returns the region flush with its guard page, so a size
  * that is a multiple of 16 keeps the state's 16-byte alignment. */
@@ -176,6 +191,9 @@ ks_err ks_wdek_new(const ks_envelope *shape, uint32_t req_version, const ks_wdek
     }
     d->key = key;
     err = build_template(d, shape, need);
+    if (err == KS_OK && shape->version == KS_FORMAT_V1) {
+        err = data_aad_head(d);
+    }
     if (err == KS_OK && shape->version == KS_FORMAT_V1 && shape->algorithm == KS_ALG_AES256GCM &&
         crypto_aead_aes256gcm_is_available()) {
         err = aes_state_new(d);

@@ -21,12 +21,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <keyshift/aad.h>
 #include <keyshift/envelope.h>
 #include <keyshift/error.h>
 
 /* The longest nonce of the format, and the counter's share of it. */
 #define KS_NONCE_MAX KS_XCHACHA20POLY1305_NONCE_LEN
 #define KS_NONCE_COUNTER_LEN 8
+/* The longest data AAD without its final lp(context) [F-CRYPTO-AAD-1]. */
+#define KS_DATA_AAD_HEAD_MAX (KS_DATA_AAD_MAX - 4 - KS_CONTEXT_MAX)
 
 /* What identifies the active DEK a seal uses.  Views are the caller's. */
 typedef struct ks_wdek_tuple {
@@ -62,6 +65,13 @@ typedef struct ks_wdek {
      * sodium_malloc'd memory, and wiped and freed with the key. */
     void *aes;
     uint8_t prefix[KS_NONCE_MAX - KS_NONCE_COUNTER_LEN]; /* random, per DEK */
+    /* v1 only (else aad_head_len 0): the data AAD [F-CRYPTO-AAD-1] is
+     * aad_head || lp(context), aad_head depending on the DEK's header
+     * alone (v2 puts the per-message commitment before lp(context)); it
+     * is the library's ks_aad_data() of the template with an empty
+     * context, less that context's 4-byte length. */
+    size_t aad_head_len;
+    uint8_t aad_head[KS_DATA_AAD_HEAD_MAX];
     /* The envelope header with a zero nonce and commitment: bytes
      * [0, tmpl.header_len) of every envelope sealed with this DEK, up to
      * the ciphertext tag.  tmpl's views point into hdr. */

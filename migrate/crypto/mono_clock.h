@@ -8,7 +8,8 @@
 
 #include <stdint.h>
 
-/* Seconds on CLOCK_MONOTONIC (immune to wall-clock steps), plus the test
+/* Seconds on CLOCK_MONOTONIC (immune to wall-clock steps; read at tick
+ * resolution, CLOCK_MONOTONIC_COARSE, where available), plus the test
  * offset below.  A vDSO read: cheap enough for every seal. */
 uint64_t ks_mono_seconds(void);
 
