@@ -8,6 +8,7 @@
 #   make fuzz-afl   run each target under afl-fuzz -V 20
 #   make coverage   llvm-cov over the committed corpus; gate on parser/
 #   make bench      JSON lines: strict parser vs nanopb, same run
+#   make demo       encrypt, rotate and verify a 100,000-row sample database
 #   make install    PREFIX=/usr/local DESTDIR= (headers, libs, CLI, keyshift.pc)
 #   make clean
 
@@ -45,8 +46,8 @@ SAN_HOOKS := -DKS_TEST_HOOKS
 # The library.  Nothing under parser/ may include libsodium or SQLite.
 LIB_SRCS := format/format.c format/encode.c format/aad.c parser/envelope.c $(sort $(wildcard migrate/*.c migrate/*/*.c))
 LIB_HDRS := $(wildcard include/keyshift/*.h) format/rules.h parser/cursor.h $(wildcard migrate/*.h migrate/*/*.h)
-# libsodium (and threads) for migrate/; parser/ and format/ need neither.
-LIB_LIBS := -lsodium -pthread
+# libsodium, SQLite (and threads) for migrate/; parser/ and format/ need none.
+LIB_LIBS := -lsodium -lsqlite3 -pthread
 CLI_SRCS := tools/keyshift.c tools/cli.c $(wildcard tools/cmd_*.c)
 CLI_HDRS := $(wildcard tools/*.h)
 
@@ -60,7 +61,7 @@ CLI     := $(B)/bin/keyshift
 CLI_SAN := $(B)/san/bin/keyshift
 
 .PHONY: all deps test unit cli-test install-test symbols check-layout fuzz fuzz-afl fuzz-smoke fuzz-replay \
-        coverage bench install uninstall clean
+        coverage bench demo install uninstall clean
 
 all: $(STATIC) $(SHARED) $(CLI)
 
@@ -128,6 +129,7 @@ unit: $(UNIT_BINS)
 cli-test: $(CLI_SAN) $(CLI)
 	@KEYSHIFT=$(CLI_SAN) tests/cli_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_crypto_test.sh
+	@KEYSHIFT=$(CLI_SAN) tests/cli_migrate_test.sh
 
 # make install into a staging DESTDIR, then build against it via pkg-config.
 install-test: all
@@ -156,6 +158,11 @@ $(B)/bin/bench: tools/bench.c $(REL_OBJS) $(NANOPB_C) $(NANOPB_H)
 
 bench: deps $(B)/bin/bench
 	@$(B)/bin/bench
+
+# ---- demo: docs/migration.md in one minute (DEMO_ROWS, default 100000) ----
+
+demo: deps all
+	@tools/demo.sh $(CLI)
 
 # ---- the whole check ----------------------------------------------------
 # deps first, in its own make so that a fresh machine has compilers before

@@ -48,6 +48,13 @@ const char *ks_err_name(ks_err err)
     case KS_ERR_BAD_PASSPHRASE: return "bad-passphrase";
     case KS_ERR_EXISTS: return "exists";
     case KS_ERR_STATE: return "state";
+    case KS_ERR_NO_TARGET: return "no-target";
+    case KS_ERR_BUSY: return "busy";
+    case KS_ERR_FULL: return "full";
+    case KS_ERR_STORE: return "store";
+    case KS_ERR_MISMATCH: return "mismatch";
+    case KS_ERR_THRESHOLD: return "threshold";
+    case KS_ERR_STOPPED: return "stopped";
     }
     return "unknown-error";
 }

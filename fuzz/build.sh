@@ -21,7 +21,7 @@
 # its generator and pb_*.c are used instead, compiled with $CFLAGS.
 #
 # libsodium (migrate/ needs it, with threads): the system package
-# (libsodium-dev), linked with -lsodium -lpthread.  Like the packaged nanopb
+# (libsodium-dev), linked with -lsodium -lsqlite3 -lpthread.  Like the packaged nanopb
 # it is not instrumented: fine for ASan, UBSan and coverage feedback on our
 # own code (libsodium is not what is being fuzzed), not for MSan, which is
 # not enabled.
@@ -80,7 +80,7 @@ for t in $TARGETS; do
     $CC $CFLAGS -std=c11 $INCS -c "fuzz/$t.c" -o "$OBJ/$t.o"
     # shellcheck disable=SC2086
     $CXX $CFLAGS "$OBJ/$t.o" $LIB_OBJS $NANOPB_OBJS $LIB_FUZZING_ENGINE $NANOPB_LIB \
-        -lsodium -lpthread -o "$OUT/$t"
+        -lsodium -lsqlite3 -lpthread -o "$OUT/$t"
 
     seeds="$WORK/keyshift-seeds-$t"
     rm -rf "$seeds" && mkdir -p "$seeds"

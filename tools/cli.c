@@ -280,6 +280,17 @@ int ks_cli_exit_code(ks_err err)
         return EX_UNAVAILABLE;
     case KS_ERR_TIMEOUT: return EX_TEMPFAIL;
     case KS_ERR_INVALID_ARGUMENT: return EX_USAGE;
+    /* Row stores and migrations (docs/migration.md, "Exit codes"). */
+    case KS_ERR_NO_TARGET: return EX_NOINPUT;
+    case KS_ERR_BUSY:          /* the database stayed locked: resumable */
+    case KS_ERR_STOPPED:       /* paused on a signal: resumable */
+        return EX_TEMPFAIL;
+    case KS_ERR_THRESHOLD:     /* too many rows quarantined */
+    case KS_ERR_MISMATCH:      /* another migration's checkpoint, or verify found a difference */
+        return EX_DATAERR;
+    case KS_ERR_FULL:          /* rolled back; resumable once space is freed */
+    case KS_ERR_STORE:         /* rolled back; resumable */
+        return EX_IOERR;
     case KS_ERR_NO_MEMORY:
     case KS_ERR_CRYPTO_INIT:
         return EX_OSERR;
@@ -391,6 +402,28 @@ int ks_cli_keyring_open(const char *path, const char *passphrase_file, ks_keyrin
 }
 
 /* See cli.h. */
+int ks_cli_ctx_open(const char *keyring, const char *passfile, ks_keyring **kr, ks_ctx **ctx)
+{
+    ks_provider prov;
+    *ctx = NULL;
+    int rc = ks_cli_keyring_open(keyring, passfile, kr);
+    if (rc != EX_OK) {
+        return rc;
+    }
+    ks_err e = ks_keyring_provider(*kr, &prov);
+    if (e == KS_OK) {
+        e = ks_ctx_new(&prov, NULL, ctx);
+    }
+    if (e != KS_OK) {
+        ks_keyring_close(*kr);
+        *kr = NULL;
+        ks_cli_error("cannot set up encryption: %s", ks_err_name(e));
+        return ks_cli_exit_code(e);
+    }
+    return EX_OK;
+}
+
+/* See cli.h. */
 int ks_cli_write_stdout(const uint8_t *p, size_t n)
 {
     if (n != 0 && fwrite(p, 1, n, stdout) != n) {
@@ -398,4 +431,81 @@ int ks_cli_write_stdout(const uint8_t *p, size_t n)
         return EX_IOERR;
     }
     return EX_OK;
+}
+
+/* See cli.h. */
+int ks_cli_template_columns(const char *cmd, const char *tmpl, ks_rowstore_target *t,
+                            char storage[KS_CONTEXT_TEMPLATE_MAX])
+{
+    t->n_context_columns = 0;
+    if (tmpl == NULL) {
+        return EX_OK;
+    }
+    ks_bytes b = {(const uint8_t *)tmpl, strlen(tmpl)};
+    size_t n = 0;
+    ks_err e = ks_context_template_columns(b, t->context_columns, storage, &n);
+    if (e == KS_ERR_INVALID_ARGUMENT) {
+        return ks_cli_usage_error(cmd, "invalid --context template: at most %d bytes and %d "
+                                       "distinct {column} names; write '{{' and '}}' for "
+                                       "literal braces", KS_CONTEXT_TEMPLATE_MAX,
+                                  KS_ROWSTORE_MAX_CONTEXT_COLUMNS);
+    }
+    if (e != KS_OK) {
+        ks_cli_error("cannot read the --context template: %s", ks_err_name(e));
+        return ks_cli_exit_code(e);
+    }
+    t->n_context_columns = n;
+    return EX_OK;
+}
+
+/* See cli.h. */
+int ks_cli_store_open(const char *db, const ks_rowstore_target *t, int read_only,
+                      uint32_t busy_timeout_ms, ks_rowstore *out)
+{
+    struct stat st;
+    *out = (ks_rowstore){NULL, NULL, NULL};
+    if (stat(db, &st) != 0) {
+        ks_cli_error("no such database %s: %s", db, strerror(errno));
+        return EX_NOINPUT;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        ks_cli_error("no such database %s: not a regular file", db);
+        return EX_NOINPUT;
+    }
+    ks_sqlite_options o = {busy_timeout_ms ? busy_timeout_ms : 30000, read_only};
+    char msg[256] = "";
+    ks_err e = ks_rowstore_sqlite_open(db, t, &o, out, msg, sizeof msg);
+    if (e == KS_ERR_INVALID_ARGUMENT) {
+        ks_cli_error("%s: %s", db, msg[0] ? msg : "invalid table or column name");
+        return EX_USAGE;
+    }
+    if (e != KS_OK) {
+        ks_cli_error("%s: %s", db, msg[0] ? msg : ks_err_name(e));
+        return ks_cli_exit_code(e);
+    }
+    return EX_OK;
+}
+
+/* See cli.h. */
+void ks_cli_put_value(FILE *f, const ks_value *v, int json)
+{
+    switch (v->type) {
+    case KS_VALUE_INTEGER: fprintf(f, "%lld", (long long)v->integer); break;
+    case KS_VALUE_TEXT:
+        if (json) {
+            ks_cli_put_json_string(f, v->bytes.ptr, v->bytes.len);
+        } else {
+            for (size_t i = 0; i < v->bytes.len; i++) {
+                uint8_t c = v->bytes.ptr[i];
+                fputc(c >= 0x20 && c < 0x7f ? c : '?', f);
+            }
+        }
+        break;
+    case KS_VALUE_BLOB:
+        fputs(json ? "\"x'" : "x'", f);
+        ks_cli_put_hex(f, v->bytes.ptr, v->bytes.len);
+        fputs(json ? "'\"" : "'", f);
+        break;
+    default: fputs(json ? "null" : "NULL", f); break;
+    }
 }

@@ -101,13 +101,42 @@ int ks_cli_passphrase_load(const char *passphrase_file, ks_bytes *out);
 /* Wipe and free a passphrase from ks_cli_passphrase_load(). */
 void ks_cli_passphrase_free(ks_bytes *pass);
 
+/* Open the keyring (as ks_cli_keyring_open) and a ks_ctx over its local
+ * provider.  Returns EX_OK, or an exit code after printing the error (then
+ * *kr and *ctx are NULL).  The caller frees ctx, then closes kr. */
+int ks_cli_ctx_open(const char *keyring, const char *passfile, ks_keyring **kr, ks_ctx **ctx);
+
 /* Write all of p[0, n) to stdout; EX_OK or EX_IOERR after a message. */
 int ks_cli_write_stdout(const uint8_t *p, size_t n);
+
+/*
+ * Collect the columns a context template references ({name} other than
+ * {id}; "{{" and "}}" are literal braces) into t->context_columns, with
+ * ks_context_template_columns() (the names point into storage).  NULL
+ * tmpl: none.  Returns EX_OK, or EX_USAGE after printing the problem for
+ * subcommand cmd.
+ */
+int ks_cli_template_columns(const char *cmd, const char *tmpl, ks_rowstore_target *t,
+                            char storage[KS_CONTEXT_TEMPLATE_MAX]);
+
+/*
+ * Open the SQLite database db (which must exist) with target t.  Returns
+ * EX_OK, or an exit code after printing the problem: EX_NOINPUT for no
+ * such database, table or column.
+ */
+int ks_cli_store_open(const char *db, const ks_rowstore_target *t, int read_only,
+                      uint32_t busy_timeout_ms, ks_rowstore *out);
+
+/* Write a row id: an integer, text (a JSON string when json), a BLOB as
+ * x'hex', or NULL.  Never used for secret values. */
+void ks_cli_put_value(FILE *f, const ks_value *v, int json);
 
 /* Subcommands. */
 int ks_cmd_inspect(int argc, char **argv);
 int ks_cmd_keys(int argc, char **argv);
 int ks_cmd_encrypt(int argc, char **argv);
 int ks_cmd_decrypt(int argc, char **argv);
+int ks_cmd_census(int argc, char **argv);
+int ks_cmd_migrate(int argc, char **argv);
 
 #endif /* KS_TOOLS_CLI_H */

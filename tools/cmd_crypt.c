@@ -140,27 +140,6 @@ static int crypt_failed(const char *verb, ks_err e, const ks_parse_error *perr)
     return ks_cli_exit_code(e);
 }
 
-/* A context over the keyring's local provider; prints errors. */
-static int open_ctx(const char *keyring, const char *passfile, ks_keyring **kr, ks_ctx **ctx)
-{
-    ks_provider prov;
-    int rc = ks_cli_keyring_open(keyring, passfile, kr);
-    if (rc != EX_OK) {
-        return rc;
-    }
-    ks_err e = ks_keyring_provider(*kr, &prov);
-    if (e == KS_OK) {
-        e = ks_ctx_new(&prov, NULL, ctx);
-    }
-    if (e != KS_OK) {
-        ks_keyring_close(*kr);
-        *kr = NULL;
-        ks_cli_error("cannot set up encryption: %s", ks_err_name(e));
-        return ks_cli_exit_code(e);
-    }
-    return EX_OK;
-}
-
 /* Parse --format and --algorithm into p. */
 static int seal_choices(const char *format, const char *algorithm, ks_seal_params *p)
 {
@@ -225,7 +204,7 @@ int ks_cmd_encrypt(int argc, char **argv)
     } else if ((out = malloc(cap)) == NULL) {
         ks_cli_error("out of memory");
         rc = EX_OSERR;
-    } else if ((rc = open_ctx(keyring, passfile, &kr, &ctx)) == EX_OK) {
+    } else if ((rc = ks_cli_ctx_open(keyring, passfile, &kr, &ctx)) == EX_OK) {
         ks_err e = ks_seal(ctx, &p, pt, pt_len, out, cap, &out_len);
         rc = e == KS_OK ? ks_cli_write_stdout(out, out_len) : crypt_failed("encrypt", e, NULL);
     }
@@ -270,7 +249,7 @@ int ks_cmd_decrypt(int argc, char **argv)
     if ((pt = sodium_malloc(env_len ? env_len : 1)) == NULL) {
         ks_cli_error("out of memory");
         rc = EX_OSERR;
-    } else if ((rc = open_ctx(keyring, passfile, &kr, &ctx)) == EX_OK) {
+    } else if ((rc = ks_cli_ctx_open(keyring, passfile, &kr, &ctx)) == EX_OK) {
         ks_parse_error perr;
         ks_err e = ks_open(ctx, env, env_len, &p, pt, env_len, &pt_len, &perr);
         rc = e == KS_OK ? ks_cli_write_stdout(pt, pt_len) : crypt_failed("decrypt", e, &perr);

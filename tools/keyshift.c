@@ -16,6 +16,9 @@ static const ks_cli_command commands[] = {
      ks_cmd_keys},
     {"encrypt", "seal standard input into one envelope", ks_cmd_encrypt},
     {"decrypt", "open one envelope from standard input", ks_cmd_decrypt},
+    {"census", "count a database column's rows by encryption state and key", ks_cmd_census},
+    {"migrate", "encrypt, rewrap or re-encrypt a live database column: run, status, verify",
+     ks_cmd_migrate},
 };
 
 /* Print the top-level manual to f. */
@@ -31,7 +34,9 @@ static void usage(FILE *f)
             "\n"
             "DESCRIPTION\n"
             "    keyshift reads and writes keyshift envelopes: field-level ciphertext\n"
-            "    with a strict, canonical, length-bounded header (docs/format.md).\n"
+            "    with a strict, canonical, length-bounded header (docs/format.md), and\n"
+            "    migrates live SQLite columns to them in resumable, verified batches\n"
+            "    (docs/migration.md).\n"
             "\n"
             "COMMANDS\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
@@ -54,15 +59,21 @@ static void usage(FILE *f)
             "    0   success\n"
             "    64  usage error (EX_USAGE)\n"
             "    65  invalid data: a malformed envelope, authentication failed, a refused\n"
-            "        change (EX_DATAERR)\n"
-            "    66  input file missing or unreadable (EX_NOINPUT)\n"
+            "        change; a migration stopped by its failure threshold or blocked by\n"
+            "        another migration's checkpoint; rows that failed verify (EX_DATAERR)\n"
+            "    66  input file, database, table or column missing or unreadable\n"
+            "        (EX_NOINPUT)\n"
             "    69  key provider or algorithm unavailable (EX_UNAVAILABLE)\n"
             "    71  out of memory or other system error (EX_OSERR)\n"
             "    73  cannot create the keyring (EX_CANTCREAT)\n"
-            "    74  read or write error (EX_IOERR)\n"
-            "    75  key provider timed out: try again (EX_TEMPFAIL)\n"
+            "    74  read or write error; database error or disk full, the batch rolled\n"
+            "        back and the migration resumable once fixed (EX_IOERR)\n"
+            "    75  try again: key provider timed out, database locked, or a migration\n"
+            "        paused by SIGINT/SIGTERM; rerun to resume (EX_TEMPFAIL)\n"
             "    77  key disabled, destroyed, denied or missing (EX_NOPERM)\n"
-            "    78  keyring insecure, unreadable or corrupt, or wrong passphrase (EX_CONFIG)\n");
+            "    78  keyring insecure, unreadable or corrupt, or wrong passphrase (EX_CONFIG)\n"
+            "\n"
+            "    Migration outcomes and recovery: docs/migration.md.\n");
 }
 
 /* Find a subcommand by name. */

@@ -155,6 +155,16 @@ KS_API KS_WUR ks_err ks_rewrap(ks_ctx *ctx, const uint8_t *env, size_t env_len,
                                const ks_rewrap_params *p, uint8_t *out, size_t cap,
                                size_t *out_len, ks_parse_error *perr);
 
+/*
+ * Ask ctx's provider about (key_id, key_version) with the context's
+ * provider timeout; key_version 0 means the key's primary (out->version
+ * is then the primary's number).  Provider errors are counted in the
+ * metrics as for sealing.  Used to resolve a migration's target version
+ * once.
+ */
+KS_API KS_WUR ks_err ks_ctx_key_info(ks_ctx *ctx, ks_bytes key_id, uint32_t key_version,
+                                     ks_key_info *out);
+
 /* Counters, with no secret in them.  A snapshot; every counter only grows. */
 typedef struct ks_metrics {
     uint64_t seals;                /* envelopes sealed */

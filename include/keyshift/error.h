@@ -60,7 +60,17 @@ typedef enum ks_err {
     KS_ERR_IO = 129,                /* "io": a file could not be read, written or locked */
     KS_ERR_BAD_PASSPHRASE = 130,    /* "bad-passphrase": a sealed keyring did not open */
     KS_ERR_EXISTS = 131,            /* "exists": the key or keyring already exists */
-    KS_ERR_STATE = 132              /* "state": a forbidden key state change (e.g. from destroyed) */
+    KS_ERR_STATE = 132,             /* "state": a forbidden key state change (e.g. from destroyed) */
+
+    /* Row stores and migrations (include/keyshift/rowstore.h, migrate.h). */
+    KS_ERR_NO_TARGET = 160,         /* "no-target": no such database, table or column */
+    KS_ERR_BUSY = 161,              /* "busy": the database stayed locked past the timeout */
+    KS_ERR_FULL = 162,              /* "full": the database or its disk is full */
+    KS_ERR_STORE = 163,             /* "store": another database error */
+    KS_ERR_MISMATCH = 164,          /* "mismatch": a checkpoint exists with other parameters,
+                                       or verify-before-commit found a difference */
+    KS_ERR_THRESHOLD = 165,         /* "threshold": the failure rate exceeded the limit */
+    KS_ERR_STOPPED = 166            /* "stopped": interrupted on request; resumable */
 } ks_err;
 
 /* The stable name of an error code, e.g. "noncanonical-varint"; "ok" for

@@ -11,5 +11,7 @@
 #include <keyshift/provider.h>
 #include <keyshift/crypto.h>
 #include <keyshift/keyring.h>
+#include <keyshift/rowstore.h>
+#include <keyshift/migrate.h>
 
 #endif /* KEYSHIFT_KEYSHIFT_H */

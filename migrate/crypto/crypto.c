@@ -333,6 +333,27 @@ void ks_ctx_free(ks_ctx *ctx)
     free(ctx);
 }
 
+/* See crypto.h: the provider's key_info with the context's timeout, for
+ * callers (the migration engine) that must pin a primary version once. */
+ks_err ks_ctx_key_info(ks_ctx *ctx, ks_bytes key_id, uint32_t key_version, ks_key_info *out)
+{
+    if (ctx == NULL || out == NULL || key_id.len == 0 || key_id.ptr == NULL) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    memset(out, 0, sizeof *out);
+    ks_err err = ctx->prov.ops->key_info(ctx->prov.self, key_id, key_version, out,
+                                         ctx->cfg.provider_timeout_ms);
+    if (err != KS_OK) {
+        memset(out, 0, sizeof *out);
+        return provider_failed(ctx, err);
+    }
+    if (out->version == 0 || (key_version != 0 && out->version != key_version)) {
+        memset(out, 0, sizeof *out);
+        return provider_failed(ctx, KS_ERR_INTEGRITY); /* a provider that names another version */
+    }
+    return KS_OK;
+}
+
 /* See keyshift/crypto.h. */
 void ks_ctx_metrics(ks_ctx *ctx, ks_metrics *out)
 {

@@ -1,0 +1,172 @@
+/*
+ * keyshift/migrate.h -- the census and the re-encryption engine
+ * (docs/migration.md).
+ *
+ * The engine reaches records only through a ks_rowstore and keys only
+ * through a ks_ctx (and so a ks_provider): adding a store or a provider
+ * never touches it.
+ *
+ * Safety (docs/migration.md):
+ *   - every write is a compare-and-swap inside a short write transaction
+ *     that also saves the checkpoint, so a crash at any moment loses
+ *     nothing and the next run resumes where the last committed batch
+ *     ended;
+ *   - a row changed underneath by the application is never overwritten: it
+ *     is counted as raced and retried in a later pass;
+ *   - every new value is parsed and opened (and, for encrypt and
+ *     reencrypt, compared with the old plaintext) before its UPDATE unless
+ *     verification is turned off;
+ *   - a row that does not parse or open is quarantined and never modified;
+ *   - no mode ever writes plaintext.
+ */
+#ifndef KEYSHIFT_MIGRATE_H
+#define KEYSHIFT_MIGRATE_H
+
+#include <signal.h>
+
+#include <keyshift/common.h>
+#include <keyshift/crypto.h>
+#include <keyshift/error.h>
+#include <keyshift/rowstore.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- census ------------------------------------------------------------- */
+
+/* One envelope class of a census: rows per (format, algorithm, key_id,
+ * key_version). */
+typedef struct ks_census_class {
+    uint8_t version;
+    uint32_t algorithm;
+    char key_id[KS_KEY_ID_MAX + 1]; /* NUL-terminated; the charset has no NUL */
+    uint32_t key_version;
+    uint64_t rows;
+} ks_census_class;
+
+/* The result of a census.  Malformed rows are counted per rejection code
+ * (index = code, 1..31; the name is ks_err_name(code)). */
+typedef struct ks_census {
+    uint64_t rows;
+    uint64_t null_rows;
+    uint64_t plaintext_rows;      /* no envelope magic */
+    uint64_t malformed[32];
+    uint64_t malformed_rows;
+    size_t n_classes;
+    ks_census_class *classes;     /* sorted by (key_id, key_version, version, algorithm) */
+} ks_census;
+
+/*
+ * Count the rows of store by class, reading headers only (no key is
+ * needed; nothing is written).  A value counts as an envelope when it
+ * starts with the magic "KSE"; one that then fails to parse is malformed
+ * under its error.  Free with ks_census_free().
+ */
+KS_API KS_WUR ks_err ks_census_run(const ks_rowstore *store, ks_census *out);
+
+/* Free what ks_census_run allocated; the struct is cleared. */
+KS_API void ks_census_free(ks_census *census);
+
+/* ---- migrate -------------------------------------------------------------- */
+
+typedef enum ks_migrate_mode {
+    KS_MIGRATE_ENCRYPT = 1,   /* plaintext rows become envelopes */
+    KS_MIGRATE_REWRAP = 2,    /* envelopes get their DEK rewrapped under the target key */
+    KS_MIGRATE_REENCRYPT = 3  /* envelopes are opened and sealed again with a fresh DEK */
+} ks_migrate_mode;
+
+/* The name of a mode ("encrypt", "rewrap", "reencrypt") or NULL. */
+KS_API const char *ks_migrate_mode_name(int mode);
+
+/* The most bytes of a context template. */
+#define KS_CONTEXT_TEMPLATE_MAX 1024
+
+/*
+ * List the distinct context columns template tmpl references (every
+ * "{name}" but "{id}"), in order of first appearance, into names[0, *n);
+ * the names are NUL-terminated strings in storage.  This is the order the
+ * engine expects in ks_rowstore_target.context_columns: ks_row.context[k]
+ * holds the value of names[k].  "{{" and "}}" are literal braces.
+ * KS_ERR_INVALID_ARGUMENT for a template over KS_CONTEXT_TEMPLATE_MAX
+ * bytes, an unbalanced brace, an empty name, or more than
+ * KS_ROWSTORE_MAX_CONTEXT_COLUMNS distinct names; KS_ERR_NO_MEMORY.
+ */
+KS_API KS_WUR ks_err ks_context_template_columns(ks_bytes tmpl,
+                                                 const char *names[KS_ROWSTORE_MAX_CONTEXT_COLUMNS],
+                                                 char storage[KS_CONTEXT_TEMPLATE_MAX], size_t *n);
+
+typedef struct ks_migrate_params {
+    ks_migrate_mode mode;
+    ks_bytes to_key_id;        /* target key */
+    uint32_t to_key_version;   /* 0: the key's primary, resolved once at the first run and
+                                  recorded in the checkpoint's parameters */
+    uint8_t to_format;         /* encrypt/reencrypt: 1 or 2 (0: 2) */
+    uint32_t algorithm;        /* encrypt/reencrypt: KS_ALG_* (0: xchacha20-poly1305) */
+    ks_bytes tenant;           /* constant tenant when the store has no tenant column */
+    ks_bytes purpose;          /* format 2: the purpose written and expected */
+    ks_bytes context_template; /* e.g. "payments:{id}:card": {name} is replaced by the
+                                  value of the id or a context column (docs/migration.md) */
+    size_t batch_size;         /* rows per transaction; 0: 500 */
+    double max_failure_rate;   /* stop once quarantined/processed exceeds it (0.001 default
+                                  when negative) */
+    uint32_t max_rows_per_second; /* 0: unlimited */
+    int no_verify;             /* skip verify-before-commit (not recommended) */
+} ks_migrate_params;
+
+/* Progress, reported after every committed batch. */
+typedef struct ks_migrate_progress {
+    const ks_checkpoint *checkpoint; /* the counts so far */
+    uint64_t total_rows;             /* rows in the target at the start */
+    uint64_t batch_rows;             /* rows in the batch just committed */
+    double elapsed_s;
+} ks_migrate_progress;
+
+typedef void (*ks_migrate_progress_fn)(void *arg, const ks_migrate_progress *p);
+
+/*
+ * Run (or resume) a migration of store with params, sealing and opening
+ * through ctx.  Stops after the current batch when *stop becomes nonzero
+ * (KS_ERR_STOPPED; resumable).  Returns KS_OK when complete, or:
+ * KS_ERR_THRESHOLD (failure rate exceeded; checkpoint valid),
+ * KS_ERR_MISMATCH (a checkpoint of this store has other parameters and is
+ * not complete), provider errors (the batch rolled back, checkpoint intact;
+ * KS_ERR_UNAVAILABLE and KS_ERR_TIMEOUT are resumable), KS_ERR_BUSY,
+ * KS_ERR_FULL, KS_ERR_STORE (rolled back; resumable).  *out, when not NULL,
+ * receives the final checkpoint (views valid until the store's next call).
+ */
+KS_API KS_WUR ks_err ks_migrate_run(ks_ctx *ctx, const ks_rowstore *store,
+                                    const ks_migrate_params *params,
+                                    volatile sig_atomic_t *stop, ks_migrate_progress_fn progress,
+                                    void *progress_arg, ks_checkpoint *out);
+
+/* One row that failed verification. */
+typedef struct ks_verify_failure {
+    ks_value id;
+    ks_err error;
+} ks_verify_failure;
+
+typedef void (*ks_verify_failure_fn)(void *arg, const ks_verify_failure *f);
+
+/* The result of a verification. */
+typedef struct ks_verify_result {
+    uint64_t checked;     /* envelope rows opened */
+    uint64_t failed;      /* of which did not open */
+    uint64_t skipped;     /* NULL and plaintext rows */
+} ks_verify_result;
+
+/*
+ * Open every envelope row (sample 0) or a uniform random sample of about
+ * `sample` rows, with the context template, tenant and purpose of params
+ * (its mode and target are ignored).  Each failure is reported through
+ * on_failure by id and error name, never with plaintext.  Read-only.
+ */
+KS_API KS_WUR ks_err ks_migrate_verify(ks_ctx *ctx, const ks_rowstore *store,
+                                       const ks_migrate_params *params, uint64_t sample,
+                                       ks_verify_failure_fn on_failure, void *arg,
+                                       ks_verify_result *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KEYSHIFT_MIGRATE_H */

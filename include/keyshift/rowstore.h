@@ -1,0 +1,148 @@
+/*
+ * keyshift/rowstore.h -- the narrow interface through which the migration
+ * engine reaches the database holding the records.
+ *
+ * The engine never sees SQL.  It scans batches of rows in id order,
+ * replaces values with compare-and-swap inside short write transactions,
+ * quarantines rows it must not touch, and saves its checkpoint in the same
+ * transaction as each batch.  SQLite (ks_rowstore_sqlite_open) is the
+ * embedded default; another store (e.g. PostgreSQL with several workers)
+ * implements the same operations without any change to the engine.
+ *
+ * Values read from the database are untrusted: the engine hands envelope
+ * bytes to the strict parser only.
+ *
+ * Lifetimes.  Every view a store returns (row values, checkpoint strings)
+ * stays valid until the next call of any operation on that store.
+ * Threads.  A store is used by one thread at a time.
+ */
+#ifndef KEYSHIFT_ROWSTORE_H
+#define KEYSHIFT_ROWSTORE_H
+
+#include <keyshift/common.h>
+#include <keyshift/error.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The type of a database value. */
+typedef enum ks_value_type {
+    KS_VALUE_NULL = 0,
+    KS_VALUE_INTEGER = 1,
+    KS_VALUE_TEXT = 2,
+    KS_VALUE_BLOB = 3
+} ks_value_type;
+
+/* A database value: an integer, or bytes (a view) for TEXT and BLOB. */
+typedef struct ks_value {
+    ks_value_type type;
+    int64_t integer;     /* KS_VALUE_INTEGER */
+    ks_bytes bytes;      /* KS_VALUE_TEXT, KS_VALUE_BLOB */
+} ks_value;
+
+/* The most columns a context template may reference. */
+#define KS_ROWSTORE_MAX_CONTEXT_COLUMNS 8
+
+/* What to migrate: identifiers are checked against the schema, never
+ * pasted into SQL unchecked. */
+typedef struct ks_rowstore_target {
+    const char *table;
+    const char *column;          /* the encrypted (or to-be-encrypted) column */
+    const char *id_column;       /* NULL: the rowid; else a unique, non-NULL column */
+    const char *tenant_column;   /* NULL: none (the tenant is then a constant) */
+    const char *context_columns[KS_ROWSTORE_MAX_CONTEXT_COLUMNS]; /* trusted columns the
+                                                                     context template uses */
+    size_t n_context_columns;
+} ks_rowstore_target;
+
+/* One row as the engine sees it. */
+typedef struct ks_row {
+    ks_value id;         /* never NULL */
+    ks_value value;      /* the target column */
+    ks_value tenant;     /* the tenant column, or KS_VALUE_NULL without one */
+    ks_value context[KS_ROWSTORE_MAX_CONTEXT_COLUMNS]; /* in target order */
+    int quarantined;     /* nonzero when the row is in quarantine: never modify it */
+} ks_row;
+
+/* The durable state of one migration (docs/migration.md).  The store
+ * keeps one per distinct params string, in the same transaction as the
+ * batch it describes. */
+typedef struct ks_checkpoint {
+    ks_bytes params;     /* canonical parameters: identifies the migration */
+    ks_bytes state;      /* "running", "paused", "stopped", "complete" */
+    ks_value cursor;     /* last id done in this pass; KS_VALUE_NULL before the first */
+    uint32_t pass;       /* 1, 2, ...: a pass rescans rows raced in the previous one */
+    uint64_t done;       /* rows rewritten */
+    uint64_t skipped;    /* rows already at the target */
+    uint64_t raced;      /* rows changed underneath (retried in a later pass) */
+    uint64_t quarantined;/* rows put in quarantine */
+    uint64_t wrong_state;/* rows in the wrong state for the mode, reported, untouched */
+    int64_t started;     /* Unix seconds */
+    int64_t updated;
+    int64_t finished;    /* 0 until complete or stopped */
+} ks_checkpoint;
+
+typedef struct ks_rowstore_ops {
+    /* Read up to max rows whose id is greater than *after (all rows when
+     * after is NULL or of type KS_VALUE_NULL), in ascending id order, into
+     * rows[0, *n).  *n == 0 at the end.  Outside a write transaction each
+     * scan is its own short read. */
+    ks_err (*scan)(void *self, const ks_value *after, size_t max, ks_row *rows, size_t *n);
+    /* Count the rows of the target (for progress). */
+    ks_err (*count)(void *self, uint64_t *n);
+    /* Start a write transaction, waiting for the database lock with backoff
+     * up to the store's busy timeout (then KS_ERR_BUSY). */
+    ks_err (*begin)(void *self);
+    /* Inside the transaction: set the value of row id to new_value (stored
+     * as a BLOB) only if it is still old.  *swapped is 1 when the row was
+     * changed, 0 when it changed underneath or vanished (raced). */
+    ks_err (*cas)(void *self, const ks_value *id, const ks_value *old, ks_bytes new_value,
+                  int *swapped);
+    /* Inside the transaction: record row id in quarantine with an error
+     * name (idempotent).  The row itself is never modified. */
+    ks_err (*quarantine)(void *self, const ks_value *id, const char *error);
+    /* Inside the transaction: save cp, replacing the one with the same params. */
+    ks_err (*checkpoint_save)(void *self, const ks_checkpoint *cp);
+    /* Load the checkpoint whose params equal params (KS_ERR_NOT_FOUND if
+     * none); with params {NULL, 0}, the most recently updated one. */
+    ks_err (*checkpoint_load)(void *self, ks_bytes params, ks_checkpoint *cp);
+    /* Commit the transaction (KS_ERR_BUSY, KS_ERR_FULL, KS_ERR_STORE). */
+    ks_err (*commit)(void *self);
+    /* Roll the transaction back; a no-op outside one. */
+    void (*rollback)(void *self);
+    /* Roll back any open transaction and release self. */
+    void (*close)(void *self);
+} ks_rowstore_ops;
+
+typedef struct ks_rowstore {
+    const ks_rowstore_ops *ops;
+    void *self;
+    const char *name;    /* "sqlite", ... */
+} ks_rowstore;
+
+/* Options of the SQLite store. */
+typedef struct ks_sqlite_options {
+    uint32_t busy_timeout_ms;  /* how long to wait for a lock, with backoff; default 30000 */
+    int read_only;             /* open read-only (census, verify, status) */
+} ks_sqlite_options;
+
+/*
+ * Open the SQLite database at path with the target checked against its
+ * schema: KS_ERR_NO_TARGET (with a message in errbuf) when the file,
+ * table or a column does not exist or id_column is not unique and NOT
+ * NULL; KS_ERR_INVALID_ARGUMENT for a bad identifier.  Unless read_only,
+ * creates the keyshift_migration and keyshift_quarantine tables if
+ * missing.  opts NULL: defaults.
+ */
+KS_API KS_WUR ks_err ks_rowstore_sqlite_open(const char *path, const ks_rowstore_target *target,
+                                             const ks_sqlite_options *opts, ks_rowstore *out,
+                                             char *errbuf, size_t errbuf_len);
+
+/* Close a store (any kind); {NULL} is a no-op. */
+KS_API void ks_rowstore_close(ks_rowstore *store);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KEYSHIFT_ROWSTORE_H */

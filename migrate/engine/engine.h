@@ -1,0 +1,92 @@
+/*
+ * migrate/engine/engine.h -- internal declarations shared by the files of
+ * the migration engine (census.c, migrate.c, verify.c, context.c).  Not
+ * installed; nothing here is exported from the shared library.
+ *
+ * The engine reaches the database only through a ks_rowstore and must
+ * never include sqlite3.h.
+ */
+#ifndef KS_MIGRATE_ENGINE_H
+#define KS_MIGRATE_ENGINE_H
+
+#include <keyshift/aad.h>
+#include <keyshift/migrate.h>
+#include <keyshift/rowstore.h>
+
+/* Rows per scan of the census and of verify. */
+#define KS_ENGINE_SCAN_BATCH 1000
+
+/* The kinds of piece a compiled context template is made of. */
+typedef enum ks_tmpl_kind {
+    KS_TMPL_LITERAL = 0, /* bytes of the template's literal text */
+    KS_TMPL_ID = 1,      /* the row id */
+    KS_TMPL_COLUMN = 2   /* a context column, by index into ks_row.context */
+} ks_tmpl_kind;
+
+/* One piece of a compiled template. */
+typedef struct ks_tmpl_part {
+    uint8_t kind;    /* ks_tmpl_kind */
+    uint8_t column;  /* KS_TMPL_COLUMN: index into the target's context columns */
+    uint16_t off;    /* KS_TMPL_LITERAL: offset into ks_context_tmpl.literal */
+    uint16_t len;    /* KS_TMPL_LITERAL: byte count */
+} ks_tmpl_part;
+
+/*
+ * A compiled context template (docs/migration.md).  "{name}" is replaced
+ * by the row id when name is "id", else by the context column of that
+ * name; "{{" and "}}" stand for literal braces.  The distinct column
+ * names (other than "id") in order of first appearance are the target's
+ * context columns: the k-th name is ks_row.context[k].
+ */
+typedef struct ks_context_tmpl {
+    uint8_t literal[KS_CONTEXT_TEMPLATE_MAX]; /* unescaped literal bytes */
+    ks_tmpl_part parts[KS_CONTEXT_TEMPLATE_MAX];
+    size_t n_parts;
+    const char *columns[KS_ROWSTORE_MAX_CONTEXT_COLUMNS]; /* into names */
+    size_t n_columns;
+    char names[KS_CONTEXT_TEMPLATE_MAX];      /* NUL-terminated column names */
+} ks_context_tmpl;
+
+/* Compile tmpl (at most KS_CONTEXT_TEMPLATE_MAX bytes) into *out.
+ * KS_ERR_INVALID_ARGUMENT for an unbalanced brace, an empty name, or
+ * more than KS_ROWSTORE_MAX_CONTEXT_COLUMNS distinct column names. */
+ks_err ks_context_tmpl_compile(ks_bytes tmpl, ks_context_tmpl *out);
+
+/* Render t for row into buf[0, cap) (cap <= KS_CONTEXT_MAX is the
+ * engine's use): INTEGER in decimal, TEXT as its bytes, BLOB in lowercase
+ * hex, NULL as nothing.  KS_ERR_TOO_LARGE when the result exceeds cap
+ * (the buffer then holds a prefix). */
+ks_err ks_context_tmpl_render(const ks_context_tmpl *t, const ks_row *row, uint8_t *buf, size_t cap,
+                              size_t *out_len);
+
+/* Nonzero when v is TEXT or BLOB starting with the envelope magic "KSE". */
+int ks_engine_is_envelope(const ks_value *v);
+
+/* Nonzero when b is a valid tenant or purpose name [F-NAME-1]: 1..64
+ * bytes of [A-Za-z0-9._:-]. */
+int ks_engine_name_ok(ks_bytes b);
+
+/* The tenant of row under params: the constant params->tenant when set,
+ * else the row's tenant column.  KS_OK with *out set; KS_ERR_BAD_VALUE
+ * when the row's tenant is NULL, not text/blob, or not a valid name
+ * (the row is then quarantined as "bad-tenant"); KS_ERR_INVALID_ARGUMENT
+ * when params->tenant is set and the row also carries a tenant value
+ * (the configuration is ambiguous: refuse rather than guess). */
+ks_err ks_engine_row_tenant(const ks_migrate_params *params, const ks_row *row, ks_bytes *out);
+
+/* Copy v into owned storage *buf (grown with realloc as needed; *cap its
+ * size) and return the copy in *out (views into *buf). */
+ks_err ks_engine_value_copy(const ks_value *v, uint8_t **buf, size_t *cap, ks_value *out);
+
+/* Write the canonical parameter string of a migration (which identifies
+ * its checkpoint) into buf[0, cap), with the resolved target version.
+ * KS_ERR_BUFFER_TOO_SMALL when it does not fit. */
+ks_err ks_migrate_canonical_params(const ks_migrate_params *p, uint32_t to_version, char *buf,
+                                   size_t cap, size_t *out_len);
+
+/* The most bytes of a canonical parameter string: every byte of the
+ * variable fields may be percent-escaped (3 bytes). */
+#define KS_PARAMS_MAX (256 + 3 * (KS_KEY_ID_MAX + KS_TENANT_MAX + KS_PURPOSE_MAX + \
+                                  KS_CONTEXT_TEMPLATE_MAX))
+
+#endif /* KS_MIGRATE_ENGINE_H */

@@ -1,0 +1,877 @@
+/*
+ * migrate/engine/migrate.c -- the re-encryption engine (keyshift/migrate.h
+ * ks_migrate_run).
+ *
+ * Semantics (docs/migration.md is written from this comment):
+ *
+ * Identity.  A migration is identified by its canonical parameter string
+ * (ks_migrate_canonical_params: mode, target key and resolved version,
+ * format and algorithm for encrypt/reencrypt, tenant, purpose, context
+ * template).  A target version of 0 is resolved to the key's primary once,
+ * at the first run, and then read back from the checkpoint, so a change of
+ * primary during a migration does not split it.  The target version is
+ * checked with the provider (ks_ctx_key_info) at every run.
+ *
+ * Checkpoint.  If the latest checkpoint of the store has other parameters
+ * and is not "complete": KS_ERR_MISMATCH.  Ours and "complete": return
+ * KS_OK at once with it, scanning and writing nothing (running again after
+ * completion changes nothing; rows written by the application since are
+ * its own business: `keyshift census` shows them).  Ours and not complete
+ * ("running", "paused", "stopped"): resume after its cursor in its pass.
+ *
+ * Batches.  Rows are scanned in id order after the cursor, batch_size at a
+ * time, outside any transaction.  Every row's new value is computed and
+ * verified first (provider calls happen outside the write lock); then one
+ * write transaction does every compare-and-swap and quarantine of the
+ * batch and saves the checkpoint (cursor = the batch's last id), and
+ * commits.  Per row:
+ *   - in quarantine or NULL: nothing, not counted;
+ *   - tenant: params->tenant when set (a row that also carries a tenant
+ *     value is a configuration error: KS_ERR_INVALID_ARGUMENT), else the
+ *     row's tenant column; NULL or not [F-NAME-1]: quarantined "bad-tenant";
+ *   - context: the template rendered for the row; longer than
+ *     KS_CONTEXT_MAX: quarantined "bad-context";
+ *   - encrypt: plaintext (INTEGER is sealed as its decimal text) is sealed
+ *     under the target; a parsing envelope is wrong_state; a value
+ *     starting "KSE" that does not parse is quarantined under its parse
+ *     error; a plaintext too large to seal is quarantined "too-large";
+ *   - rewrap: an envelope whose key_id and key_version are the target's is
+ *     skipped; another is opened (with the row's context, tenant and
+ *     purpose), rewrapped (ks_rewrap), the result opened and compared;
+ *     plaintext is wrong_state;
+ *   - reencrypt: an envelope already at (target key, version, format,
+ *     algorithm) is skipped; another is opened, sealed afresh, the result
+ *     opened and compared; plaintext is wrong_state.
+ *   A parse rejection or "auth-failed" while opening or rewrapping an old
+ *   value quarantines the row under ks_err_name() of the error; it is
+ *   never modified.  Quarantine error names are therefore ks_err_name()
+ *   strings plus the engine's own "bad-tenant" and "bad-context".
+ *   A CAS that does not swap (the application changed or deleted the row
+ *   since the scan) counts the row as raced.
+ *
+ * Verification.  Every new value must parse and be at the target before
+ * its UPDATE whatever no_verify says; unless no_verify, it is also opened
+ * with the row's context and compared byte for byte with the old
+ * plaintext.  A difference stops the run with KS_ERR_MISMATCH, nothing of
+ * the batch written: it means a bug or faulty hardware, not bad data.
+ *
+ * Fail closed.  A provider error (unavailable, timeout, denied, revoked,
+ * not-found, integrity), KS_ERR_ALGORITHM_UNAVAILABLE, KS_ERR_NO_MEMORY or
+ * a store error (busy, full, store) stops the run: the batch is rolled
+ * back (or was never begun) and the checkpoint of the last committed batch
+ * stands; running again resumes there.
+ *
+ * Counts (ks_checkpoint).  done, raced and quarantined count events over
+ * all passes; skipped and wrong_state count rows in pass 1 only (later
+ * passes revisit every row to find the raced ones).
+ *
+ * Passes.  At the end of a pass in which rows raced, a new pass starts
+ * from the beginning (rows already at the target are skipped).  A pass
+ * resumed mid-way after pass 1 is assumed to have raced (one harmless
+ * extra pass at most).  One call runs at most KS_MIGRATE_MAX_PASSES new
+ * passes; if rows still race, the checkpoint is saved "stopped" and
+ * KS_ERR_BUSY returned (resumable: the rows keep changing underneath).
+ *
+ * Failure threshold.  processed = done + skipped + raced + quarantined +
+ * wrong_state.  After each batch once processed >= KS_MIGRATE_RATE_MIN_ROWS,
+ * and at the end of every pass whatever processed is, if quarantined >
+ * rate * processed (rate = max_failure_rate, 0.001 when negative) the
+ * checkpoint is saved "stopped" in the same transaction and
+ * KS_ERR_THRESHOLD returned.  A rerun with the same rate stops again at
+ * the end of the pass: raising max_failure_rate acknowledges the
+ * quarantined rows.
+ *
+ * Stop.  *stop nonzero: the current batch is finished and committed with
+ * state "paused"; KS_ERR_STOPPED.  Rate limit: after each batch the run
+ * sleeps so that rows/elapsed stays at most max_rows_per_second.
+ *
+ * Memory.  The row array, the owned copy of a batch's ids and old values,
+ * the new values and two plaintext buffers are allocated once per run and
+ * grown only when a batch needs more; plaintext is wiped after each use
+ * and every buffer that held it is wiped before being freed.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <assert.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <sodium.h>
+
+#include "engine.h"
+
+#define KS_MIGRATE_MAX_PASSES 10
+#define KS_MIGRATE_RATE_MIN_ROWS 100
+#define KS_MIGRATE_BATCH_DEFAULT 500
+#define KS_MIGRATE_BATCH_MAX 100000
+
+/* What the engine does with one row of a batch. */
+typedef enum action { ACT_NONE, ACT_SKIP, ACT_WRONG, ACT_QUARANTINE, ACT_WRITE } action;
+
+/* One row of a batch in engine-owned memory (store views die at the next
+ * store call).  Offsets index into run.keep / run.neu. */
+typedef struct slot {
+    ks_value id, old;
+    size_t id_off, old_off;
+    size_t new_off, new_len;
+    action act;
+    const char *qerr; /* ACT_QUARANTINE: static error name */
+} slot;
+
+/* The state of one ks_migrate_run call. */
+typedef struct run {
+    ks_ctx *ctx;
+    const ks_rowstore *st;
+    const ks_migrate_params *p;
+    ks_context_tmpl *tmpl;
+    uint32_t to_version;
+    uint8_t format;
+    uint32_t alg;
+    size_t batch;
+    char params[KS_PARAMS_MAX];
+    size_t params_len;
+    ks_row *rows;
+    slot *slots;
+    uint8_t *keep;    /* ids and old values of the batch (may hold plaintext) */
+    size_t keep_cap, keep_len;
+    uint8_t *neu;     /* new values of the batch */
+    size_t neu_cap, neu_len;
+    uint8_t *pt, *pt2; /* plaintext buffers, pt_cap each */
+    size_t pt_cap;
+    uint8_t *cur_buf;  /* the checkpoint cursor's bytes */
+    size_t cur_cap;
+    ks_checkpoint cp;  /* views into params / cur_buf / static strings */
+    uint64_t pass_raced_start;
+    uint64_t rows_this_run;
+    struct timespec t0;
+} run;
+
+static const char ST_RUNNING[] = "running", ST_PAUSED[] = "paused", ST_STOPPED[] = "stopped",
+                  ST_COMPLETE[] = "complete";
+
+/* A ks_bytes of a static string. */
+static ks_bytes sbytes(const char *s)
+{
+    return (ks_bytes){(const uint8_t *)s, strlen(s)};
+}
+
+/* Nonzero when a and b hold the same bytes. */
+static int bytes_eq(ks_bytes a, ks_bytes b)
+{
+    return a.len == b.len && (a.len == 0 || memcmp(a.ptr, b.ptr, a.len) == 0);
+}
+
+/* Seconds since t0 (monotonic). */
+static double elapsed_s(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+/* Make *buf at least need bytes (realloc; contents kept). */
+static ks_err grow(uint8_t **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap && *buf != NULL) {
+        return KS_OK;
+    }
+    size_t ncap = *cap ? *cap : 4096;
+    while (ncap < need) {
+        ncap *= 2;
+    }
+    uint8_t *p = realloc(*buf, ncap);
+    if (p == NULL) {
+        return KS_ERR_NO_MEMORY;
+    }
+    *buf = p;
+    *cap = ncap;
+    return KS_OK;
+}
+
+/* See keyshift/migrate.h. */
+const char *ks_migrate_mode_name(int mode)
+{
+    switch (mode) {
+    case KS_MIGRATE_ENCRYPT: return "encrypt";
+    case KS_MIGRATE_REWRAP: return "rewrap";
+    case KS_MIGRATE_REENCRYPT: return "reencrypt";
+    default: return NULL;
+    }
+}
+
+/* Check params before anything is read: names, format and purpose. */
+static ks_err check_params(const ks_migrate_params *p)
+{
+    if (ks_migrate_mode_name((int)p->mode) == NULL || p->to_key_id.len == 0 ||
+        p->to_key_id.ptr == NULL || p->to_key_id.len > KS_KEY_ID_MAX ||
+        p->context_template.len > KS_CONTEXT_TEMPLATE_MAX ||
+        (p->tenant.len != 0 && !ks_engine_name_ok(p->tenant)) ||
+        (p->purpose.len != 0 && !ks_engine_name_ok(p->purpose)) ||
+        p->batch_size > KS_MIGRATE_BATCH_MAX || p->max_failure_rate > 1.0) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    if (p->mode != KS_MIGRATE_REWRAP) {
+        uint8_t f = p->to_format ? p->to_format : KS_FORMAT_V2;
+        uint32_t a = p->algorithm ? p->algorithm : KS_ALG_XCHACHA20POLY1305;
+        if ((f != KS_FORMAT_V1 && f != KS_FORMAT_V2) || ks_alg_name(a) == NULL ||
+            (f == KS_FORMAT_V2 && p->purpose.len == 0) || (f == KS_FORMAT_V1 && p->purpose.len != 0)) {
+            return KS_ERR_INVALID_ARGUMENT;
+        }
+    }
+    return KS_OK;
+}
+
+/* The target version recorded in a canonical string (";version=N;"), or 0. */
+static uint32_t recorded_version(ks_bytes params)
+{
+    static const char key[] = ";version=";
+    size_t kl = sizeof key - 1;
+    for (size_t i = 0; i + kl < params.len; i++) {
+        if (memcmp(params.ptr + i, key, kl) == 0) {
+            uint64_t v = 0;
+            size_t j = i + kl;
+            for (; j < params.len && params.ptr[j] >= '0' && params.ptr[j] <= '9' && v <= UINT32_MAX; j++) {
+                v = v * 10 + (uint64_t)(params.ptr[j] - '0');
+            }
+            return (j < params.len && params.ptr[j] == ';' && v <= UINT32_MAX) ? (uint32_t)v : 0;
+        }
+    }
+    return 0;
+}
+
+/* Compute r->params for version v. */
+static ks_err make_params(run *r, uint32_t v)
+{
+    return ks_migrate_canonical_params(r->p, v, r->params, sizeof r->params, &r->params_len);
+}
+
+/*
+ * Settle the target version and the checkpoint: fills r->to_version,
+ * r->params and r->cp (a fresh one, or the loaded one with its cursor
+ * copied).  *complete is set when our checkpoint is already complete.
+ */
+static ks_err load_checkpoint(run *r, int *complete)
+{
+    ks_checkpoint latest;
+    ks_err err = r->st->ops->checkpoint_load(r->st->self, (ks_bytes){NULL, 0}, &latest);
+    if (err != KS_OK && err != KS_ERR_NOT_FOUND) {
+        return err;
+    }
+    int have_latest = err == KS_OK;
+    uint32_t v = r->p->to_key_version;
+    if (v == 0 && have_latest) {
+        uint32_t rec = recorded_version(latest.params);
+        if (rec != 0 && make_params(r, rec) == KS_OK &&
+            bytes_eq(latest.params, (ks_bytes){(const uint8_t *)r->params, r->params_len})) {
+            v = rec; /* resume with the primary pinned at the first run */
+        }
+    }
+    ks_key_info info;
+    err = ks_ctx_key_info(r->ctx, r->p->to_key_id, v, &info);
+    if (err != KS_OK) {
+        return err;
+    }
+    r->to_version = info.version;
+    err = make_params(r, r->to_version);
+    if (err != KS_OK) {
+        return err;
+    }
+    ks_bytes mine = {(const uint8_t *)r->params, r->params_len};
+    err = r->st->ops->checkpoint_load(r->st->self, mine, &latest);
+    if (err == KS_ERR_NOT_FOUND) {
+        /* Ours does not exist: refuse if another unfinished one does. */
+        ks_checkpoint other;
+        err = r->st->ops->checkpoint_load(r->st->self, (ks_bytes){NULL, 0}, &other);
+        if (err == KS_OK && !bytes_eq(other.state, sbytes(ST_COMPLETE))) {
+            return KS_ERR_MISMATCH;
+        }
+        if (err != KS_OK && err != KS_ERR_NOT_FOUND) {
+            return err;
+        }
+        int64_t now = (int64_t)time(NULL);
+        r->cp = (ks_checkpoint){.params = mine, .state = sbytes(ST_RUNNING),
+                                .cursor = {KS_VALUE_NULL, 0, {NULL, 0}}, .pass = 1,
+                                .started = now, .updated = now};
+        return KS_OK;
+    }
+    if (err != KS_OK) {
+        return err;
+    }
+    *complete = bytes_eq(latest.state, sbytes(ST_COMPLETE));
+    ks_value cursor;
+    err = ks_engine_value_copy(&latest.cursor, &r->cur_buf, &r->cur_cap, &cursor);
+    if (err != KS_OK) {
+        return err;
+    }
+    r->cp = latest;
+    r->cp.params = mine;
+    r->cp.cursor = cursor;
+    r->cp.state = sbytes(ST_RUNNING);
+    r->cp.finished = 0;
+    if (r->cp.pass == 0) {
+        r->cp.pass = 1;
+    }
+    return KS_OK;
+}
+
+/* Allocate the per-run buffers. */
+static ks_err alloc_run(run *r)
+{
+    r->tmpl = malloc(sizeof *r->tmpl);
+    r->rows = calloc(r->batch, sizeof *r->rows);
+    r->slots = calloc(r->batch, sizeof *r->slots);
+    r->pt_cap = KS_CIPHERTEXT_DEFAULT_MAX;
+    r->pt = malloc(r->pt_cap);
+    r->pt2 = malloc(r->pt_cap);
+    if (r->tmpl == NULL || r->rows == NULL || r->slots == NULL || r->pt == NULL || r->pt2 == NULL) {
+        return KS_ERR_NO_MEMORY;
+    }
+    return ks_context_tmpl_compile(r->p->context_template, r->tmpl);
+}
+
+/* Wipe and free what alloc_run and the batches allocated. */
+static void free_run(run *r)
+{
+    if (r->keep != NULL) {
+        sodium_memzero(r->keep, r->keep_cap);
+    }
+    if (r->pt != NULL) {
+        sodium_memzero(r->pt, r->pt_cap);
+    }
+    if (r->pt2 != NULL) {
+        sodium_memzero(r->pt2, r->pt_cap);
+    }
+    free(r->keep);
+    free(r->neu);
+    free(r->pt);
+    free(r->pt2);
+    free(r->cur_buf);
+    free(r->slots);
+    free(r->rows);
+    free(r->tmpl);
+}
+
+/* The quarantine name for an error met while reading an old value, or
+ * NULL when the error is not the row's fault (the run must stop). */
+static const char *row_fault(ks_err err)
+{
+    if (ks_err_is_rejection(err) || err == KS_ERR_AUTH_FAILED) {
+        return ks_err_name(err);
+    }
+    return NULL;
+}
+
+/* Per-row inputs: the row's tenant, context and the open parameters. */
+typedef struct row_in {
+    ks_bytes tenant;
+    uint8_t context[KS_CONTEXT_MAX];
+    size_t context_len;
+    ks_open_params open;
+} row_in;
+
+/* Open env into buf (r->pt_cap) with in's parameters. */
+static ks_err open_into(run *r, const row_in *in, ks_bytes env, uint8_t *buf, size_t *len)
+{
+    return ks_open(r->ctx, env.ptr, env.len, &in->open, buf, r->pt_cap, len, NULL);
+}
+
+/* Check a new value before it may be written: it parses and is at the
+ * target; unless no_verify, it opens with the row's parameters to exactly
+ * pt[0, pt_len).  KS_ERR_MISMATCH otherwise. */
+static ks_err verify_new(run *r, const row_in *in, ks_bytes neu, const uint8_t *pt, size_t pt_len)
+{
+    ks_envelope e;
+    if (ks_envelope_parse(neu.ptr, neu.len, NULL, &e, NULL) != KS_OK ||
+        !bytes_eq(e.key_id, r->p->to_key_id) || e.key_version != r->to_version) {
+        return KS_ERR_MISMATCH;
+    }
+    if (r->p->no_verify) {
+        return KS_OK;
+    }
+    size_t got = 0;
+    ks_err err = open_into(r, in, neu, r->pt2, &got);
+    if (err != KS_OK) {
+        sodium_memzero(r->pt2, r->pt_cap);
+        return ks_err_is_rejection(err) || err == KS_ERR_AUTH_FAILED ? KS_ERR_MISMATCH : err;
+    }
+    int same = got == pt_len && (pt_len == 0 || sodium_memcmp(r->pt2, pt, pt_len) == 0);
+    sodium_memzero(r->pt2, got);
+    return same ? KS_OK : KS_ERR_MISMATCH;
+}
+
+/* Seal pt[0, len) under the target for in into r->neu at the end; s gets
+ * the offset and length.  A plaintext too large is quarantined. */
+static ks_err seal_new(run *r, const row_in *in, const uint8_t *pt, size_t len, slot *s)
+{
+    ks_seal_params sp = {r->format, r->alg, in->tenant, r->p->to_key_id, r->to_version,
+                         r->p->purpose, {in->context, in->context_len}};
+    size_t max = ks_seal_max_len(&sp, len);
+    if (max == 0) {
+        s->act = ACT_QUARANTINE;
+        s->qerr = ks_err_name(KS_ERR_TOO_LARGE);
+        return KS_OK;
+    }
+    ks_err err = grow(&r->neu, &r->neu_cap, r->neu_len + max);
+    if (err != KS_OK) {
+        return err;
+    }
+    size_t out_len = 0;
+    err = ks_seal(r->ctx, &sp, pt, len, r->neu + r->neu_len, max, &out_len);
+    if (err == KS_ERR_TOO_LARGE) {
+        s->act = ACT_QUARANTINE;
+        s->qerr = ks_err_name(err);
+        return KS_OK;
+    }
+    if (err != KS_OK) {
+        return err;
+    }
+    err = verify_new(r, in, (ks_bytes){r->neu + r->neu_len, out_len}, pt, len);
+    if (err != KS_OK) {
+        return err;
+    }
+    s->act = ACT_WRITE;
+    s->new_off = r->neu_len;
+    s->new_len = out_len;
+    r->neu_len += out_len;
+    return KS_OK;
+}
+
+/* encrypt: seal a plaintext value. */
+static ks_err do_encrypt(run *r, const row_in *in, const ks_value *v, slot *s)
+{
+    char num[24];
+    const uint8_t *pt;
+    size_t len;
+    if (v->type == KS_VALUE_INTEGER) {
+        int n = snprintf(num, sizeof num, "%" PRId64, v->integer);
+        assert(n > 0 && (size_t)n < sizeof num);
+        pt = (const uint8_t *)num;
+        len = (size_t)n;
+    } else {
+        pt = v->bytes.ptr;
+        len = v->bytes.len;
+    }
+    ks_err err = seal_new(r, in, pt, len, s);
+    sodium_memzero(num, sizeof num);
+    return err;
+}
+
+/* rewrap: rewrap an envelope not at the target. */
+static ks_err do_rewrap(run *r, const row_in *in, ks_bytes old, slot *s)
+{
+    size_t pt_len = 0;
+    ks_err err = KS_OK;
+    if (!r->p->no_verify) {
+        err = open_into(r, in, old, r->pt, &pt_len);
+        if (err != KS_OK) {
+            sodium_memzero(r->pt, r->pt_cap);
+            s->qerr = row_fault(err);
+            s->act = ACT_QUARANTINE;
+            return s->qerr != NULL ? KS_OK : err;
+        }
+    }
+    size_t bound = old.len + KS_KEY_ID_MAX + KS_WRAPPED_DEK_MAX + 32;
+    err = grow(&r->neu, &r->neu_cap, r->neu_len + bound);
+    ks_rewrap_params rp = {r->p->to_key_id, r->to_version};
+    size_t out_len = 0;
+    if (err == KS_OK) {
+        err = ks_rewrap(r->ctx, old.ptr, old.len, &rp, r->neu + r->neu_len, bound, &out_len, NULL);
+        if (err != KS_OK && row_fault(err) != NULL) {
+            s->act = ACT_QUARANTINE;
+            s->qerr = row_fault(err);
+            err = KS_OK;
+        } else if (err == KS_OK) {
+            err = verify_new(r, in, (ks_bytes){r->neu + r->neu_len, out_len}, r->pt, pt_len);
+            if (err == KS_OK) {
+                s->act = ACT_WRITE;
+                s->new_off = r->neu_len;
+                s->new_len = out_len;
+                r->neu_len += out_len;
+            }
+        }
+    }
+    sodium_memzero(r->pt, pt_len);
+    return err;
+}
+
+/* reencrypt: open an envelope and seal it afresh under the target. */
+static ks_err do_reencrypt(run *r, const row_in *in, ks_bytes old, slot *s)
+{
+    size_t pt_len = 0;
+    ks_err err = open_into(r, in, old, r->pt, &pt_len);
+    if (err != KS_OK) {
+        sodium_memzero(r->pt, r->pt_cap);
+        s->qerr = row_fault(err);
+        s->act = ACT_QUARANTINE;
+        return s->qerr != NULL ? KS_OK : err;
+    }
+    err = seal_new(r, in, r->pt, pt_len, s);
+    sodium_memzero(r->pt, pt_len);
+    return err;
+}
+
+/* Nonzero when parsed envelope e is already where the mode wants it. */
+static int at_target(const run *r, const ks_envelope *e)
+{
+    if (!bytes_eq(e->key_id, r->p->to_key_id) || e->key_version != r->to_version) {
+        return 0;
+    }
+    return r->p->mode == KS_MIGRATE_REWRAP || (e->version == r->format && e->algorithm == r->alg);
+}
+
+/* Decide (and compute, for a write) what to do with one scanned row. */
+static ks_err decide(run *r, const ks_row *row, slot *s)
+{
+    const ks_value *v = &row->value;
+    s->act = ACT_NONE;
+    if (row->quarantined || v->type == KS_VALUE_NULL) {
+        return KS_OK;
+    }
+    int is_env = ks_engine_is_envelope(v);
+    ks_envelope e;
+    ks_err perr = is_env ? ks_envelope_parse(v->bytes.ptr, v->bytes.len, NULL, &e, NULL) : KS_OK;
+    if (is_env && perr != KS_OK) {
+        s->act = ACT_QUARANTINE; /* starts "KSE" but is not an envelope: never touch */
+        s->qerr = ks_err_name(perr);
+        return KS_OK;
+    }
+    if ((r->p->mode == KS_MIGRATE_ENCRYPT) == is_env) {
+        s->act = ACT_WRONG;
+        return KS_OK;
+    }
+    if (is_env && at_target(r, &e)) {
+        s->act = ACT_SKIP;
+        return KS_OK;
+    }
+    row_in in;
+    ks_err err = ks_engine_row_tenant(r->p, row, &in.tenant);
+    if (err == KS_ERR_BAD_VALUE) {
+        s->act = ACT_QUARANTINE;
+        s->qerr = "bad-tenant";
+        return KS_OK;
+    }
+    if (err != KS_OK) {
+        return err;
+    }
+    if (ks_context_tmpl_render(r->tmpl, row, in.context, sizeof in.context, &in.context_len) != KS_OK) {
+        s->act = ACT_QUARANTINE;
+        s->qerr = "bad-context";
+        return KS_OK;
+    }
+    in.open = (ks_open_params){{in.context, in.context_len}, in.tenant, r->p->purpose};
+    switch (r->p->mode) {
+    case KS_MIGRATE_ENCRYPT: return do_encrypt(r, &in, v, s);
+    case KS_MIGRATE_REWRAP: return do_rewrap(r, &in, v->bytes, s);
+    case KS_MIGRATE_REENCRYPT: return do_reencrypt(r, &in, v->bytes, s);
+    }
+    return KS_ERR_INVALID_ARGUMENT;
+}
+
+/* Copy the ids and old values of rows[0, n) into r->keep and set the
+ * slots' views (after all copies: keep may move while it grows). */
+static ks_err keep_batch(run *r, size_t n)
+{
+    size_t need = 0;
+    for (size_t i = 0; i < n; i++) {
+        need += r->rows[i].id.bytes.len + r->rows[i].value.bytes.len;
+    }
+    ks_err err = grow(&r->keep, &r->keep_cap, need + 1);
+    if (err != KS_OK) {
+        return err;
+    }
+    r->keep_len = 0;
+    for (size_t i = 0; i < n; i++) {
+        slot *s = &r->slots[i];
+        const ks_row *row = &r->rows[i];
+        s->id = row->id;
+        s->old = row->value;
+        s->id_off = r->keep_len;
+        if (row->id.type == KS_VALUE_TEXT || row->id.type == KS_VALUE_BLOB) {
+            if (row->id.bytes.len) memcpy(r->keep + r->keep_len, row->id.bytes.ptr, row->id.bytes.len);
+            r->keep_len += row->id.bytes.len;
+        }
+        s->old_off = r->keep_len;
+        if (row->value.type == KS_VALUE_TEXT || row->value.type == KS_VALUE_BLOB) {
+            if (row->value.bytes.len) memcpy(r->keep + r->keep_len, row->value.bytes.ptr, row->value.bytes.len);
+            r->keep_len += row->value.bytes.len;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        slot *s = &r->slots[i];
+        if (s->id.bytes.len) s->id.bytes.ptr = r->keep + s->id_off;
+        if (s->old.bytes.len) s->old.bytes.ptr = r->keep + s->old_off;
+    }
+    return KS_OK;
+}
+
+/* Nonzero when the failure rate of cp is over the limit; `force` checks
+ * even below KS_MIGRATE_RATE_MIN_ROWS processed rows (end of a pass). */
+static int over_threshold(const run *r, const ks_checkpoint *cp, int force)
+{
+    uint64_t processed = cp->done + cp->skipped + cp->raced + cp->quarantined + cp->wrong_state;
+    double rate = r->p->max_failure_rate < 0 ? 0.001 : r->p->max_failure_rate;
+    if (processed == 0 || (!force && processed < KS_MIGRATE_RATE_MIN_ROWS)) {
+        return 0;
+    }
+    return (double)cp->quarantined > rate * (double)processed;
+}
+
+/* Save cp in its own transaction (ends of passes, final states). */
+static ks_err save_alone(run *r, const ks_checkpoint *cp)
+{
+    ks_err err = r->st->ops->begin(r->st->self);
+    if (err == KS_OK) {
+        err = r->st->ops->checkpoint_save(r->st->self, cp);
+    }
+    if (err == KS_OK) {
+        err = r->st->ops->commit(r->st->self);
+    }
+    if (err != KS_OK) {
+        r->st->ops->rollback(r->st->self);
+    }
+    return err;
+}
+
+/* Write the batch slots[0, n) and the checkpoint next in one transaction.
+ * next's counts are updated here; r->cp takes next only on commit. */
+static ks_err apply_batch(run *r, size_t n, ks_checkpoint *next)
+{
+    const ks_rowstore_ops *ops = r->st->ops;
+    ks_err err = ops->begin(r->st->self);
+    for (size_t i = 0; i < n && err == KS_OK; i++) {
+        slot *s = &r->slots[i];
+        int swapped = 0;
+        switch (s->act) {
+        case ACT_WRITE:
+            err = ops->cas(r->st->self, &s->id, &s->old, (ks_bytes){r->neu + s->new_off, s->new_len},
+                           &swapped);
+            if (err == KS_OK) {
+                swapped ? next->done++ : next->raced++;
+            }
+            break;
+        case ACT_QUARANTINE:
+            assert(s->qerr != NULL);
+            err = ops->quarantine(r->st->self, &s->id, s->qerr);
+            next->quarantined += err == KS_OK;
+            break;
+        case ACT_SKIP:
+            next->skipped += next->pass == 1;
+            break;
+        case ACT_WRONG:
+            next->wrong_state += next->pass == 1;
+            break;
+        case ACT_NONE:
+            break;
+        }
+    }
+    if (err == KS_OK) {
+        err = ops->checkpoint_save(r->st->self, next);
+    }
+    if (err == KS_OK) {
+        err = ops->commit(r->st->self);
+    }
+    if (err != KS_OK) {
+        ops->rollback(r->st->self);
+    }
+    return err;
+}
+
+/* Sleep so that this run's rows per second stays within the limit. */
+static void throttle(const run *r)
+{
+    uint32_t rps = r->p->max_rows_per_second;
+    if (rps == 0) {
+        return;
+    }
+    double want = (double)r->rows_this_run / (double)rps, have = elapsed_s(&r->t0);
+    if (want <= have) {
+        return;
+    }
+    double d = want - have;
+    struct timespec ts = {(time_t)d, (long)((d - (double)(time_t)d) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* One batch: scan after the cursor, decide, write, commit.  *end is set
+ * at the end of the pass (nothing scanned); *n_rows to the batch size.
+ * Returns KS_ERR_STOPPED / KS_ERR_THRESHOLD after committing with that
+ * state. */
+static ks_err one_batch(run *r, volatile sig_atomic_t *stop, int *end, size_t *n_rows)
+{
+    size_t n = 0;
+    *end = 0;
+    ks_err err = r->st->ops->scan(r->st->self, &r->cp.cursor, r->batch, r->rows, &n);
+    if (err != KS_OK) {
+        return err;
+    }
+    *n_rows = n;
+    if (n == 0) {
+        *end = 1;
+        return KS_OK;
+    }
+    assert(n <= r->batch);
+    r->neu_len = 0;
+    for (size_t i = 0; i < n && err == KS_OK; i++) {
+        r->slots[i] = (slot){.act = ACT_NONE};
+        err = decide(r, &r->rows[i], &r->slots[i]);
+    }
+    if (err == KS_OK) {
+        err = keep_batch(r, n); /* the rows' views die at the next store call */
+    }
+    if (err != KS_OK) {
+        return err;
+    }
+    ks_checkpoint next = r->cp;
+    next.cursor = r->slots[n - 1].id;
+    next.updated = (int64_t)time(NULL);
+    int stopping = stop != NULL && *stop != 0;
+    /* Counts are settled inside apply_batch; the state must be chosen
+     * before the save, so decide the threshold on the counts it will
+     * save: do a dry count first. */
+    ks_checkpoint dry = next;
+    for (size_t i = 0; i < n; i++) {
+        const slot *s = &r->slots[i];
+        dry.quarantined += s->act == ACT_QUARANTINE;
+        dry.done += s->act == ACT_WRITE; /* raced or done: both processed */
+        dry.skipped += s->act == ACT_SKIP && dry.pass == 1;
+        dry.wrong_state += s->act == ACT_WRONG && dry.pass == 1;
+    }
+    int over = over_threshold(r, &dry, 0);
+    next.state = sbytes(over ? ST_STOPPED : stopping ? ST_PAUSED : ST_RUNNING);
+    next.finished = over ? next.updated : 0;
+    err = apply_batch(r, n, &next);
+    sodium_memzero(r->keep, r->keep_len); /* old plaintext values */
+    if (err != KS_OK) {
+        return err;
+    }
+    r->cp = next;
+    err = ks_engine_value_copy(&next.cursor, &r->cur_buf, &r->cur_cap, &r->cp.cursor);
+    if (err != KS_OK) {
+        return err;
+    }
+    r->rows_this_run += n;
+    return over ? KS_ERR_THRESHOLD : stopping ? KS_ERR_STOPPED : KS_OK;
+}
+
+/* The end of a pass: complete, a new pass, or a stop. *again is set when
+ * a new pass starts. */
+static ks_err end_pass(run *r, unsigned *passes_run, int *again)
+{
+    ks_checkpoint next = r->cp;
+    next.updated = (int64_t)time(NULL);
+    *again = 0;
+    ks_err ret = KS_OK;
+    if (over_threshold(r, &next, 1)) {
+        next.state = sbytes(ST_STOPPED);
+        next.finished = next.updated;
+        ret = KS_ERR_THRESHOLD;
+    } else if (next.raced > r->pass_raced_start) {
+        if (++*passes_run >= KS_MIGRATE_MAX_PASSES) {
+            next.state = sbytes(ST_STOPPED);
+            next.finished = next.updated;
+            ret = KS_ERR_BUSY;
+        } else {
+            next.pass++;
+            next.cursor = (ks_value){KS_VALUE_NULL, 0, {NULL, 0}};
+            *again = 1;
+        }
+    } else {
+        next.state = sbytes(ST_COMPLETE);
+        next.finished = next.updated;
+    }
+    ks_err err = save_alone(r, &next);
+    if (err != KS_OK) {
+        return err;
+    }
+    r->cp = next;
+    r->pass_raced_start = next.raced;
+    return ret;
+}
+
+/* Report progress after a commit. */
+static void report(const run *r, ks_migrate_progress_fn fn, void *arg, uint64_t total, size_t n)
+{
+    if (fn != NULL) {
+        ks_migrate_progress pr = {&r->cp, total, n, elapsed_s(&r->t0)};
+        fn(arg, &pr);
+    }
+}
+
+/* The batch loop over passes, after the checkpoint is settled. */
+static ks_err loop(run *r, volatile sig_atomic_t *stop, ks_migrate_progress_fn fn, void *arg)
+{
+    uint64_t total = 0;
+    ks_err err = r->st->ops->count(r->st->self, &total);
+    if (err != KS_OK) {
+        return err;
+    }
+    /* pass 1 starts with 0 raced; a later pass resumed mid-way is assumed raced */
+    r->pass_raced_start = r->cp.pass == 1 ? 0 : (r->cp.cursor.type == KS_VALUE_NULL ? r->cp.raced : 0);
+    unsigned passes_run = 0;
+    for (;;) {
+        int end = 0, again = 0;
+        size_t n = 0;
+        err = one_batch(r, stop, &end, &n);
+        if (!end && (err == KS_OK || err == KS_ERR_STOPPED || err == KS_ERR_THRESHOLD)) {
+            report(r, fn, arg, total, n);
+        }
+        if (err != KS_OK) {
+            return err;
+        }
+        if (end) {
+            err = end_pass(r, &passes_run, &again);
+            report(r, fn, arg, total, 0);
+            if (err != KS_OK || !again) {
+                return err;
+            }
+        }
+        throttle(r);
+    }
+}
+
+/* See keyshift/migrate.h and the file comment. */
+ks_err ks_migrate_run(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_params *params,
+                      volatile sig_atomic_t *stop, ks_migrate_progress_fn progress, void *progress_arg,
+                      ks_checkpoint *out)
+{
+    if (ctx == NULL || store == NULL || store->ops == NULL || params == NULL) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    ks_err err = check_params(params);
+    if (err != KS_OK) {
+        return err;
+    }
+    run *r = calloc(1, sizeof *r);
+    if (r == NULL) {
+        return KS_ERR_NO_MEMORY;
+    }
+    r->ctx = ctx;
+    r->st = store;
+    r->p = params;
+    r->format = params->to_format ? params->to_format : KS_FORMAT_V2;
+    r->alg = params->algorithm ? params->algorithm : KS_ALG_XCHACHA20POLY1305;
+    r->batch = params->batch_size ? params->batch_size : KS_MIGRATE_BATCH_DEFAULT;
+    clock_gettime(CLOCK_MONOTONIC, &r->t0);
+    int complete = 0;
+    err = alloc_run(r);
+    if (err == KS_OK) {
+        err = load_checkpoint(r, &complete);
+    }
+    if (err == KS_OK && !complete) {
+        err = loop(r, stop, progress, progress_arg);
+    }
+    if (out != NULL) {
+        /* Hand back the store's copy: ours dies with r. */
+        ks_bytes mine = {(const uint8_t *)r->params, r->params_len};
+        if (r->params_len == 0 ||
+            store->ops->checkpoint_load(store->self, mine, out) != KS_OK) {
+            memset(out, 0, sizeof *out);
+        }
+    }
+    free_run(r);
+    free(r);
+    return err;
+}

@@ -1,0 +1,164 @@
+/*
+ * migrate/engine/verify.c -- open every envelope row, or a sample
+ * (keyshift/migrate.h ks_migrate_verify).  Read-only.
+ *
+ * Rows are scanned in id order, KS_ENGINE_SCAN_BATCH at a time.  With
+ * sample 0 every row is considered; with sample N > 0 and T rows in the
+ * store (count()), each row is considered independently with probability
+ * N/T (randombytes_uniform(T) < N): about N rows, uniform, in one pass and
+ * without a reservoir (every row if N >= T).  Of the rows considered:
+ * NULL and plaintext (no "KSE" magic) are `skipped`; every other row is
+ * opened with the tenant (constant or per row, as in ks_migrate_run), the
+ * purpose and the rendered context of params, counted in `checked`, and
+ * on failure in `failed` and reported through on_failure with its id and
+ * error: a parse rejection, auth-failed, a non-retryable provider error
+ * (denied, revoked, not-found, integrity), KS_ERR_BAD_VALUE for a row
+ * whose tenant is invalid, KS_ERR_TOO_LARGE for a context over
+ * KS_CONTEXT_MAX.  Plaintext is never reported and is wiped after each
+ * open.  A retryable provider error (unavailable, timeout) or any other
+ * error stops verification and is returned: a row is never reported
+ * failed because the provider could not be reached.
+ */
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <sodium.h>
+
+#include "engine.h"
+
+/* The state of one verify call. */
+typedef struct verify_run {
+    ks_ctx *ctx;
+    const ks_migrate_params *p;
+    ks_context_tmpl *tmpl;
+    uint8_t *pt;
+    size_t pt_cap;
+    uint64_t total, sample;
+    ks_verify_failure_fn on_failure;
+    void *arg;
+    ks_verify_result *res;
+} verify_run;
+
+/* Report a failure of row. */
+static void fail_row(verify_run *v, const ks_row *row, ks_err e)
+{
+    v->res->failed++;
+    if (v->on_failure != NULL) {
+        ks_verify_failure f = {row->id, e};
+        v->on_failure(v->arg, &f);
+    }
+}
+
+/* Open one envelope row; KS_OK or the error to stop with. */
+static ks_err check_row(verify_run *v, const ks_row *row)
+{
+    ks_bytes tenant;
+    uint8_t context[KS_CONTEXT_MAX];
+    size_t context_len = 0;
+    v->res->checked++;
+    ks_err err = ks_engine_row_tenant(v->p, row, &tenant);
+    if (err == KS_ERR_INVALID_ARGUMENT) {
+        return err; /* constant tenant and a tenant column: ambiguous */
+    }
+    if (err == KS_OK) {
+        err = ks_context_tmpl_render(v->tmpl, row, context, sizeof context, &context_len);
+    }
+    if (err == KS_OK) {
+        ks_open_params op = {{context, context_len}, tenant, v->p->purpose};
+        size_t pt_len = 0;
+        err = ks_open(v->ctx, row->value.bytes.ptr, row->value.bytes.len, &op, v->pt, v->pt_cap,
+                      &pt_len, NULL);
+        sodium_memzero(v->pt, err == KS_OK ? pt_len : v->pt_cap);
+    }
+    if (err == KS_OK) {
+        return KS_OK;
+    }
+    if (ks_err_is_retryable(err) || err == KS_ERR_NO_MEMORY || err == KS_ERR_INVALID_ARGUMENT ||
+        err == KS_ERR_ALGORITHM_UNAVAILABLE || err == KS_ERR_BUFFER_TOO_SMALL) {
+        return err;
+    }
+    fail_row(v, row, err);
+    return KS_OK;
+}
+
+/* Consider one row (sampling first). */
+static ks_err visit(verify_run *v, const ks_row *row)
+{
+    if (v->sample != 0 && v->sample < v->total) {
+        uint32_t t = v->total > UINT32_MAX ? UINT32_MAX : (uint32_t)v->total;
+        uint64_t s = v->sample * (uint64_t)t / v->total; /* scaled if total > 2^32 */
+        if (randombytes_uniform(t) >= s) {
+            return KS_OK;
+        }
+    }
+    if (row->value.type == KS_VALUE_NULL || !ks_engine_is_envelope(&row->value)) {
+        v->res->skipped++;
+        return KS_OK;
+    }
+    return check_row(v, row);
+}
+
+/* The scan loop of verify. */
+static ks_err scan_all(verify_run *v, const ks_rowstore *store, ks_row *rows)
+{
+    uint8_t *cur_buf = NULL;
+    size_t cur_cap = 0;
+    ks_value cursor = {KS_VALUE_NULL, 0, {NULL, 0}};
+    ks_err err;
+    for (;;) {
+        size_t n = 0;
+        err = store->ops->scan(store->self, &cursor, KS_ENGINE_SCAN_BATCH, rows, &n);
+        if (err != KS_OK || n == 0) {
+            break;
+        }
+        for (size_t i = 0; i < n && err == KS_OK; i++) {
+            err = visit(v, &rows[i]);
+        }
+        if (err == KS_OK) {
+            err = ks_engine_value_copy(&rows[n - 1].id, &cur_buf, &cur_cap, &cursor);
+        }
+        if (err != KS_OK) {
+            break;
+        }
+    }
+    free(cur_buf);
+    return err;
+}
+
+/* See keyshift/migrate.h and the file comment. */
+ks_err ks_migrate_verify(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_params *params,
+                         uint64_t sample, ks_verify_failure_fn on_failure, void *arg,
+                         ks_verify_result *out)
+{
+    if (ctx == NULL || store == NULL || store->ops == NULL || params == NULL || out == NULL ||
+        (params->tenant.len != 0 && !ks_engine_name_ok(params->tenant)) ||
+        (params->purpose.len != 0 && !ks_engine_name_ok(params->purpose))) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    memset(out, 0, sizeof *out);
+    verify_run v = {ctx, params, NULL, NULL, KS_CIPHERTEXT_DEFAULT_MAX, 0, sample, on_failure, arg, out};
+    ks_err err = store->ops->count(store->self, &v.total);
+    if (err != KS_OK) {
+        return err;
+    }
+    v.tmpl = malloc(sizeof *v.tmpl);
+    v.pt = malloc(v.pt_cap);
+    ks_row *rows = malloc(KS_ENGINE_SCAN_BATCH * sizeof *rows);
+    if (v.tmpl == NULL || v.pt == NULL || rows == NULL) {
+        err = KS_ERR_NO_MEMORY;
+    }
+    if (err == KS_OK) {
+        err = ks_context_tmpl_compile(params->context_template, v.tmpl);
+    }
+    if (err == KS_OK) {
+        err = scan_all(&v, store, rows);
+    }
+    if (v.pt != NULL) {
+        sodium_memzero(v.pt, v.pt_cap);
+    }
+    free(v.pt);
+    free(v.tmpl);
+    free(rows);
+    return err;
+}

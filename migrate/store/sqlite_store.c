@@ -1,0 +1,1494 @@
+/*
+ * migrate/store/sqlite_store.c -- the SQLite row store (keyshift/rowstore.h).
+ *
+ * ---- Tables kept in the target database (schema version 1) -------------
+ *
+ * Unless the store is opened read-only, ks_rowstore_sqlite_open creates
+ * these three tables when they are missing, in one BEGIN IMMEDIATE
+ * transaction.  They live in the "main" schema of the target database,
+ * next to the application's tables, so that a checkpoint commits in the
+ * same transaction as the rows it describes.
+ *
+ *   CREATE TABLE keyshift_meta(
+ *       key   TEXT PRIMARY KEY,
+ *       value                      -- any type
+ *   );
+ *   -- one row: ('schema_version', 1).  A store refuses to open a database
+ *   -- whose schema_version is greater than it knows (KS_ERR_STORE); a
+ *   -- later version upgrades older tables in place and bumps the row.
+ *
+ *   CREATE TABLE keyshift_migration(
+ *       tbl         TEXT NOT NULL,     -- target table, as spelled in the schema
+ *       col         TEXT NOT NULL,     -- target column, as spelled in the schema
+ *       params      TEXT NOT NULL,     -- canonical parameters of a migration
+ *       state       TEXT NOT NULL,     -- running, paused, stopped, complete
+ *       cursor,                        -- last id done in this pass (any type;
+ *                                      -- NULL before the first batch)
+ *       pass        INTEGER NOT NULL,  -- 1, 2, ...
+ *       done        INTEGER NOT NULL,  -- rows rewritten
+ *       skipped     INTEGER NOT NULL,  -- rows already at the target
+ *       raced       INTEGER NOT NULL,  -- rows changed underneath
+ *       quarantined INTEGER NOT NULL,  -- rows put in quarantine
+ *       wrong_state INTEGER NOT NULL,  -- rows in the wrong state, untouched
+ *       started     INTEGER NOT NULL,  -- Unix seconds
+ *       updated     INTEGER NOT NULL,  -- Unix seconds of the last save
+ *       finished    INTEGER NOT NULL,  -- Unix seconds; 0 while not finished
+ *       PRIMARY KEY (tbl, col, params)
+ *   );
+ *   -- one row per migration: per target column and distinct params, so
+ *   -- two columns migrated with the same parameters keep apart.  A save
+ *   -- replaces the
+ *   -- row (INSERT OR REPLACE); "the most recent" checkpoint is the one with
+ *   -- the greatest updated, ties broken by the latest save.
+ *
+ *   CREATE TABLE keyshift_quarantine(
+ *       tbl   TEXT NOT NULL,     -- target table, as spelled in the schema
+ *       col   TEXT NOT NULL,     -- target column, as spelled in the schema
+ *       id    NOT NULL,          -- the row's id (any type: rowid, INTEGER or
+ *                                -- TEXT primary key, ...)
+ *       error TEXT NOT NULL,     -- stable error name (ks_err_name), never data
+ *       time  INTEGER NOT NULL,  -- Unix seconds when quarantined
+ *       PRIMARY KEY (tbl, col, id)
+ *   );
+ *   -- the primary key is also the index through which a scan flags
+ *   -- quarantined rows.  Rows stay until an operator deletes them; the
+ *   -- engine never modifies a quarantined row.
+ *
+ * ---- Behaviour ----------------------------------------------------------
+ *
+ * Identifiers.  The table and every column are looked up in the schema
+ * with the name bound as a parameter (sqlite_master, pragma_table_xinfo,
+ * pragma_index_list/info); only the schema's own spelling, quoted as an
+ * SQL identifier, is ever put into a statement.  A name that is not in the
+ * schema is reported missing and never executed.
+ *
+ * Ids.  Without id_column the rowid is the id (WITHOUT ROWID tables are
+ * then refused).  An id_column must be the INTEGER PRIMARY KEY (the rowid
+ * alias) or a NOT NULL column with a full (not partial) UNIQUE or PRIMARY
+ * KEY index of its own.
+ *
+ * Values.  TEXT and BLOB values come back with their type; a REAL value
+ * (no ks_value type) is reported as TEXT, its SQLite rendering; a REAL id
+ * is refused (KS_ERR_STORE).  Views (row values, checkpoint strings) point
+ * into one store-owned buffer, reused by every scan and load: valid until
+ * the next call on the store.
+ *
+ * Transactions.  begin is BEGIN IMMEDIATE.  Every statement of the
+ * connection waits for locks through a busy handler with exponential
+ * backoff (1 ms doubling to 100 ms, plus up to 50% jitter) up to
+ * busy_timeout_ms in all, then fails with KS_ERR_BUSY.  When any operation
+ * inside a transaction fails (cas, quarantine, checkpoint_save, commit),
+ * the store rolls the whole transaction back before returning: the engine
+ * must treat the batch as lost.  Outside a write transaction each scan and
+ * count is its own short read (autocommit).
+ *
+ * The store does not change the database's journal mode (WAL or rollback
+ * journal: the application's choice stands); with a rollback journal a
+ * commit may also wait for readers.  cas runs an ordinary UPDATE, so the
+ * application's triggers on the column fire.  The connection is opened
+ * without SQLITE_OPEN_CREATE (a missing file is KS_ERR_NO_TARGET), with
+ * SQLITE_DBCONFIG_DEFENSIVE on and the schema untrusted
+ * (SQLITE_DBCONFIG_TRUSTED_SCHEMA off).
+ *
+ * Messages in errbuf name files, tables and columns, never row values, and
+ * never include SQLite's error text (only sqlite3_errstr of the code).
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <assert.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <sqlite3.h>
+
+#include <keyshift/rowstore.h>
+
+#include "sqlite_store.h"
+
+/* Default and ceiling of the lock wait. */
+#define BUSY_DEFAULT_MS 30000u
+/* Backoff of the busy handler: first sleep and cap, in milliseconds. */
+#define BUSY_FIRST_MS 1u
+#define BUSY_CAP_MS 100u
+/* The longest identifier or error name accepted. */
+#define IDENT_MAX 1024u
+/* The longest error name recorded in quarantine. */
+#define ERROR_NAME_MAX 128u
+
+/* The prepared statements kept for the store's life. */
+enum {
+    ST_SCAN_FIRST,
+    ST_SCAN_AFTER,
+    ST_COUNT,
+    ST_CAS,
+    ST_QUARANTINE,
+    ST_CP_SAVE,
+    ST_CP_LOAD,
+    ST_CP_LATEST,
+    ST_BEGIN,
+    ST_COMMIT,
+    ST_ROLLBACK,
+    ST_N
+};
+
+/* One SQLite store. */
+typedef struct sqlite_store {
+    sqlite3 *db;
+    sqlite3_stmt *st[ST_N];   /* NULL where not prepared (read-only, no tables) */
+    int read_only;
+    int in_txn;               /* a write transaction begun by begin() is open */
+    char *table;              /* schema spelling, for keyshift_quarantine.tbl */
+    char *column;             /* schema spelling, for keyshift_quarantine.col */
+    size_t n_context;
+    /* busy handler state */
+    uint32_t busy_timeout_ms;
+    uint64_t busy_start_ms;
+    uint32_t busy_delay_ms;
+    uint64_t rng;             /* xorshift64 state for jitter (not secret) */
+    /* the one buffer every view points into */
+    uint8_t *arena;
+    size_t arena_len, arena_cap;
+} sqlite_store;
+
+/* A growing string for building SQL. */
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+    int failed;               /* an allocation failed: p is unusable */
+} sbuf;
+
+/* What the schema says about one column. */
+typedef struct colinfo {
+    int found;
+    int cid;
+    char *name;               /* schema spelling (malloc'd) */
+    char *type;               /* declared type (malloc'd) */
+    int notnull, pk, hidden;
+} colinfo;
+
+/* The empty (present) view of a zero-length TEXT or BLOB. */
+static const uint8_t empty_bytes[1] = {0};
+
+/* ---- errors ---------------------------------------------------------------- */
+
+/* Format a message into errbuf (when there is one); returns err so that
+ * callers can write `return fail(...)`. */
+__attribute__((format(printf, 4, 5))) static ks_err fail(char *errbuf, size_t errbuf_len,
+                                                           ks_err err, const char *fmt, ...)
+{
+    if (errbuf != NULL && errbuf_len > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(errbuf, errbuf_len, fmt, ap);
+        va_end(ap);
+        if (n < 0)
+            errbuf[0] = '\0';
+    }
+    return err;
+}
+
+/* Copy a user-given name into out for a message, replacing control bytes
+ * by '?' and truncating, so that a name cannot forge terminal output. */
+static const char *printable(const char *name, char *out, size_t out_len)
+{
+    assert(out != NULL && out_len > 4);
+    size_t i = 0;
+    for (; name != NULL && name[i] != '\0' && i + 4 < out_len; i++) {
+        unsigned char c = (unsigned char)name[i];
+        out[i] = (c < 0x20 || c == 0x7f) ? '?' : (char)c;
+    }
+    if (name != NULL && name[i] != '\0') {
+        memcpy(out + i, "...", 3);
+        i += 3;
+    }
+    out[i] = '\0';
+    return out;
+}
+
+/* Map an SQLite result code to a keyshift error: full, busy (after the
+ * handler gave up), out of memory, or any other store error. */
+static ks_err map_rc(int rc)
+{
+    assert(rc != SQLITE_OK && rc != SQLITE_ROW && rc != SQLITE_DONE);
+    switch (rc & 0xff) {
+    case SQLITE_FULL:
+        return KS_ERR_FULL;
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+        return KS_ERR_BUSY;
+    case SQLITE_NOMEM:
+        return KS_ERR_NO_MEMORY;
+    default:
+        return KS_ERR_STORE;
+    }
+}
+
+/* ---- busy handler ----------------------------------------------------------- */
+
+/* Monotonic milliseconds (for the lock wait only). */
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    int rc = clock_gettime(CLOCK_MONOTONIC, &ts);
+    assert(rc == 0);
+    (void)rc;
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Next xorshift64 value: jitter only, so that waiting processes do not
+ * retry in lockstep; nothing secret depends on it. */
+static uint64_t next_rand(sqlite_store *s)
+{
+    uint64_t x = s->rng;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    s->rng = x;
+    return x;
+}
+
+/* Sleep ms milliseconds (restarting after signals). */
+static void sleep_ms(uint64_t ms)
+{
+    struct timespec ts = {(time_t)(ms / 1000u), (long)(ms % 1000u) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* SQLite's busy callback: count is 0 at the first wait for a lock, so the
+ * wait starts there; sleep with exponential backoff plus jitter, and give
+ * up (return 0: the statement fails with SQLITE_BUSY) once the total wait
+ * reaches the store's timeout.  sqlite3_busy_timeout has no jitter, and
+ * its fixed schedule makes waiters collide. */
+static int busy_handler(void *arg, int count)
+{
+    sqlite_store *s = arg;
+    assert(s != NULL && count >= 0);
+    uint64_t now = mono_ms();
+    if (count == 0) {
+        s->busy_start_ms = now;
+        s->busy_delay_ms = BUSY_FIRST_MS;
+    }
+    uint64_t waited = now - s->busy_start_ms;
+    if (waited >= s->busy_timeout_ms)
+        return 0;
+    uint64_t left = s->busy_timeout_ms - waited;
+    uint64_t delay = s->busy_delay_ms + next_rand(s) % (s->busy_delay_ms / 2u + 1u);
+    sleep_ms(delay < left ? delay : left);
+    s->busy_delay_ms = s->busy_delay_ms * 2u > BUSY_CAP_MS ? BUSY_CAP_MS : s->busy_delay_ms * 2u;
+    return 1;
+}
+
+/* ---- SQL text ----------------------------------------------------------------- */
+
+/* Append n bytes to b (keeping a NUL after them). */
+static void sb_putn(sbuf *b, const char *p, size_t n)
+{
+    if (b->failed)
+        return;
+    if (n > SIZE_MAX / 2 - b->len - 1) {
+        b->failed = 1;
+        return;
+    }
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *np = realloc(b->p, cap);
+        if (np == NULL) {
+            b->failed = 1;
+            return;
+        }
+        b->p = np;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, p, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+/* Append a C string to b. */
+static void sb_put(sbuf *b, const char *s)
+{
+    sb_putn(b, s, strlen(s));
+}
+
+/* Append name as a quoted SQL identifier: "..." with every '"' doubled.
+ * Only names taken from the schema are ever given here. */
+static void sb_ident(sbuf *b, const char *name)
+{
+    sb_putn(b, "\"", 1);
+    for (const char *p = name; *p != '\0'; p++) {
+        sb_putn(b, p, 1);
+        if (*p == '"')
+            sb_putn(b, "\"", 1);
+    }
+    sb_putn(b, "\"", 1);
+}
+
+/* Prepare sql (persistent when kept for the store's life). */
+static int prepare(sqlite3 *db, const char *sql, int persistent, sqlite3_stmt **out)
+{
+    *out = NULL;
+    return sqlite3_prepare_v3(db, sql, -1, persistent ? SQLITE_PREPARE_PERSISTENT : 0, out,
+                              NULL);
+}
+
+/* ---- binding values ---------------------------------------------------------- */
+
+/* Bind bytes as TEXT or BLOB (a copy: views may point into the arena,
+ * which a scan rewrites while the statement runs).  An absent view binds
+ * an empty value, not NULL. */
+static int bind_bytes(sqlite3_stmt *st, int i, ks_bytes b, int as_text)
+{
+    const void *p = b.ptr != NULL ? (const void *)b.ptr : (const void *)empty_bytes;
+    if (b.len > (size_t)INT32_MAX)
+        return SQLITE_TOOBIG;
+    if (as_text)
+        return sqlite3_bind_text(st, i, p, (int)b.len, SQLITE_TRANSIENT);
+    return sqlite3_bind_blob(st, i, p, (int)b.len, SQLITE_TRANSIENT);
+}
+
+/* Bind a ks_value with its own type (IS and = compare types). */
+static int bind_value(sqlite3_stmt *st, int i, const ks_value *v)
+{
+    switch (v->type) {
+    case KS_VALUE_NULL:
+        return sqlite3_bind_null(st, i);
+    case KS_VALUE_INTEGER:
+        return sqlite3_bind_int64(st, i, v->integer);
+    case KS_VALUE_TEXT:
+        return bind_bytes(st, i, v->bytes, 1);
+    case KS_VALUE_BLOB:
+        return bind_bytes(st, i, v->bytes, 0);
+    }
+    return SQLITE_MISUSE;
+}
+
+/* Nonzero when v is a well-formed value (known type; bytes absent only
+ * when empty). */
+static int value_ok(const ks_value *v)
+{
+    if (v == NULL)
+        return 0;
+    if (v->type == KS_VALUE_TEXT || v->type == KS_VALUE_BLOB)
+        return v->bytes.ptr != NULL || v->bytes.len == 0;
+    return v->type == KS_VALUE_NULL || v->type == KS_VALUE_INTEGER;
+}
+
+/* ---- the arena ------------------------------------------------------------------ */
+
+/* Append n bytes (plus a NUL, not counted) to the store's buffer and
+ * return their offset in *off.  One buffer, grown by doubling and reused:
+ * no allocation per row. */
+static ks_err arena_put(sqlite_store *s, const void *p, size_t n, size_t *off)
+{
+    if (n > SIZE_MAX / 4 || s->arena_len > SIZE_MAX / 4)
+        return KS_ERR_NO_MEMORY;
+    size_t need = s->arena_len + n + 1;
+    if (need > s->arena_cap) {
+        size_t cap = s->arena_cap ? s->arena_cap : 4096;
+        while (cap < need)
+            cap *= 2;
+        uint8_t *np = realloc(s->arena, cap);
+        if (np == NULL)
+            return KS_ERR_NO_MEMORY;
+        s->arena = np;
+        s->arena_cap = cap;
+    }
+    if (n > 0)
+        memcpy(s->arena + s->arena_len, p, n);
+    s->arena[s->arena_len + n] = 0;
+    *off = s->arena_len;
+    s->arena_len = need;
+    return KS_OK;
+}
+
+/* Read column col of st into *v, copying TEXT and BLOB into the arena.
+ * While a batch is read the arena may move, so the offset is parked in
+ * v->integer (unused for TEXT and BLOB) and fix_view() turns it into a
+ * pointer afterwards.  REAL becomes TEXT unless refused (ids). */
+static ks_err read_value(sqlite_store *s, sqlite3_stmt *st, int col, int allow_real, ks_value *v)
+{
+    memset(v, 0, sizeof *v);
+    int type = sqlite3_column_type(st, col);
+    const void *p;
+    switch (type) {
+    case SQLITE_NULL:
+        v->type = KS_VALUE_NULL;
+        return KS_OK;
+    case SQLITE_INTEGER:
+        v->type = KS_VALUE_INTEGER;
+        v->integer = sqlite3_column_int64(st, col);
+        return KS_OK;
+    case SQLITE_FLOAT: /* no REAL ks_value: rendered as text */
+        if (!allow_real)
+            return KS_ERR_STORE;
+        v->type = KS_VALUE_TEXT;
+        p = sqlite3_column_text(st, col);
+        break;
+    case SQLITE_TEXT:
+        v->type = KS_VALUE_TEXT;
+        p = sqlite3_column_text(st, col);
+        break;
+    case SQLITE_BLOB:
+        v->type = KS_VALUE_BLOB;
+        p = sqlite3_column_blob(st, col);
+        break;
+    default:
+        return KS_ERR_STORE;
+    }
+    int n = sqlite3_column_bytes(st, col);
+    if (n < 0 || (p == NULL && (n > 0 || sqlite3_errcode(sqlite3_db_handle(st)) == SQLITE_NOMEM)))
+        return KS_ERR_NO_MEMORY;
+    size_t off;
+    ks_err err = arena_put(s, p, (size_t)n, &off);
+    if (err != KS_OK)
+        return err;
+    v->bytes.len = (size_t)n;
+    v->integer = (int64_t)off;
+    return KS_OK;
+}
+
+/* Turn the parked arena offset of v (see read_value) into its view. */
+static void fix_view(const sqlite_store *s, ks_value *v)
+{
+    if (v->type != KS_VALUE_TEXT && v->type != KS_VALUE_BLOB)
+        return;
+    assert(v->integer >= 0 && (size_t)v->integer + v->bytes.len < s->arena_len + 1);
+    v->bytes.ptr = v->bytes.len > 0 ? s->arena + (size_t)v->integer : empty_bytes;
+    v->integer = 0;
+}
+
+/* ---- transactions --------------------------------------------------------------- */
+
+/* Run one of the kept transaction statements (BEGIN, COMMIT, ROLLBACK). */
+static int run_simple(sqlite_store *s, int which)
+{
+    sqlite3_stmt *st = s->st[which];
+    assert(st != NULL);
+    int rc = sqlite3_step(st);
+    int rc2 = sqlite3_reset(st);
+    (void)rc2;
+    return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+/* Roll back whatever transaction the connection has open, and forget it.
+ * Used on every error inside a transaction: the batch is lost. */
+static void rollback_now(sqlite_store *s)
+{
+    for (int i = 0; i < ST_N; i++)
+        if (s->st[i] != NULL)
+            sqlite3_reset(s->st[i]);
+    if (s->st[ST_ROLLBACK] != NULL && !sqlite3_get_autocommit(s->db))
+        (void)run_simple(s, ST_ROLLBACK);
+    s->in_txn = 0;
+}
+
+/* Fail an operation inside a transaction: roll it back, map rc. */
+static ks_err fail_txn(sqlite_store *s, int rc)
+{
+    rollback_now(s);
+    return map_rc(rc);
+}
+
+/* Bind the store's table (?3) and column (?4) names, which select its
+ * rows of keyshift_quarantine, to a scan statement (absent when a
+ * read-only store has no quarantine table). */
+static int bind_scan_names(sqlite_store *s, sqlite3_stmt *st)
+{
+    if (sqlite3_bind_parameter_count(st) < 4)
+        return SQLITE_OK;
+    int rc = sqlite3_bind_text(st, 3, s->table, -1, SQLITE_STATIC);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_text(st, 4, s->column, -1, SQLITE_STATIC);
+    return rc;
+}
+
+/* Run the bound write statement st unless binding failed (rc), then
+ * reset it and drop its bindings; SQLITE_OK when it completed. */
+static int run_write(sqlite_store *s, sqlite3_stmt *st, int rc)
+{
+    assert(s->in_txn);
+    (void)s;
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    if (rc == SQLITE_DONE)
+        return SQLITE_OK;
+    return rc == SQLITE_OK || rc == SQLITE_ROW ? SQLITE_ERROR : rc;
+}
+
+/* ---- operations ------------------------------------------------------------------- */
+
+/* ops.scan: read up to max rows after *after into rows (see rowstore.h).
+ * The batch is copied into the arena, so its views survive the statement
+ * reset and stay valid until the next call. */
+static ks_err op_scan(void *self, const ks_value *after, size_t max, ks_row *rows, size_t *n)
+{
+    sqlite_store *s = self;
+    if (s == NULL || n == NULL || (max > 0 && rows == NULL) || (after != NULL && !value_ok(after)))
+        return KS_ERR_INVALID_ARGUMENT;
+    *n = 0;
+    if (max == 0)
+        return KS_OK;
+    int from_start = after == NULL || after->type == KS_VALUE_NULL;
+    sqlite3_stmt *st = s->st[from_start ? ST_SCAN_FIRST : ST_SCAN_AFTER];
+    int rc = sqlite3_bind_int64(st, 1, max > (size_t)INT64_MAX ? INT64_MAX : (int64_t)max);
+    if (rc == SQLITE_OK && !from_start)
+        rc = bind_value(st, 2, after); /* copied before the arena is reused */
+    if (rc == SQLITE_OK)
+        rc = bind_scan_names(s, st);
+    if (rc != SQLITE_OK) {
+        sqlite3_clear_bindings(st);
+        return map_rc(rc);
+    }
+    s->arena_len = 0;
+    ks_err err = KS_OK;
+    size_t got = 0;
+    int qcol = 3 + (int)s->n_context;
+    while (got < max && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        ks_row *r = &rows[got];
+        memset(r, 0, sizeof *r);
+        err = read_value(s, st, 0, 0, &r->id);
+        if (err == KS_OK && r->id.type == KS_VALUE_NULL)
+            err = KS_ERR_STORE; /* cannot happen for a checked id column */
+        if (err == KS_OK)
+            err = read_value(s, st, 1, 1, &r->value);
+        if (err == KS_OK)
+            err = read_value(s, st, 2, 1, &r->tenant);
+        for (size_t i = 0; err == KS_OK && i < s->n_context; i++)
+            err = read_value(s, st, 3 + (int)i, 1, &r->context[i]);
+        if (err != KS_OK)
+            break;
+        r->quarantined = sqlite3_column_int(st, qcol) != 0;
+        got++;
+    }
+    if (err == KS_OK && rc != SQLITE_ROW && rc != SQLITE_DONE)
+        err = map_rc(rc);
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    if (err != KS_OK) {
+        if (s->in_txn)
+            rollback_now(s);
+        return err;
+    }
+    for (size_t i = 0; i < got; i++) {
+        fix_view(s, &rows[i].id);
+        fix_view(s, &rows[i].value);
+        fix_view(s, &rows[i].tenant);
+        for (size_t j = 0; j < s->n_context; j++)
+            fix_view(s, &rows[i].context[j]);
+    }
+    *n = got;
+    return KS_OK;
+}
+
+/* ops.count: SELECT count(*) of the target table. */
+static ks_err op_count(void *self, uint64_t *n)
+{
+    sqlite_store *s = self;
+    if (s == NULL || n == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    sqlite3_stmt *st = s->st[ST_COUNT];
+    int rc = sqlite3_step(st);
+    ks_err err = KS_OK;
+    if (rc == SQLITE_ROW) {
+        int64_t c = sqlite3_column_int64(st, 0);
+        *n = c < 0 ? 0 : (uint64_t)c;
+    } else {
+        err = map_rc(rc == SQLITE_DONE ? SQLITE_ERROR : rc);
+    }
+    sqlite3_reset(st);
+    if (err != KS_OK && s->in_txn)
+        rollback_now(s);
+    return err;
+}
+
+/* ops.begin: BEGIN IMMEDIATE, waiting through the busy handler. */
+static ks_err op_begin(void *self)
+{
+    sqlite_store *s = self;
+    if (s == NULL || s->read_only || s->in_txn || !sqlite3_get_autocommit(s->db))
+        return KS_ERR_INVALID_ARGUMENT;
+    int rc = run_simple(s, ST_BEGIN);
+    if (rc != SQLITE_OK) {
+        rollback_now(s);
+        return map_rc(rc);
+    }
+    s->in_txn = 1;
+    return KS_OK;
+}
+
+/* Nonzero when a write operation may run: a writable store inside begin(). */
+static int writable(const sqlite_store *s)
+{
+    return s != NULL && !s->read_only && s->in_txn;
+}
+
+/* ops.cas: UPDATE t SET col = new WHERE id = ? AND col IS old; swapped
+ * when exactly that row changed. */
+static ks_err op_cas(void *self, const ks_value *id, const ks_value *old, ks_bytes new_value,
+                     int *swapped)
+{
+    sqlite_store *s = self;
+    if (!writable(s) || !value_ok(id) || id->type == KS_VALUE_NULL || !value_ok(old) ||
+        swapped == NULL || (new_value.ptr == NULL && new_value.len > 0))
+        return KS_ERR_INVALID_ARGUMENT;
+    *swapped = 0;
+    sqlite3_stmt *st = s->st[ST_CAS];
+    int rc = bind_bytes(st, 1, new_value, 0);
+    if (rc == SQLITE_OK)
+        rc = bind_value(st, 2, id);
+    if (rc == SQLITE_OK)
+        rc = bind_value(st, 3, old);
+    rc = run_write(s, st, rc);
+    if (rc != SQLITE_OK)
+        return fail_txn(s, rc);
+    int changes = sqlite3_changes(s->db);
+    assert(changes == 0 || changes == 1); /* the id is unique */
+    *swapped = changes == 1;
+    return KS_OK;
+}
+
+/* Current Unix seconds. */
+static int64_t unix_now(void)
+{
+    return (int64_t)time(NULL);
+}
+
+/* ops.quarantine: INSERT OR IGNORE the row's id with an error name. */
+static ks_err op_quarantine(void *self, const ks_value *id, const char *error)
+{
+    sqlite_store *s = self;
+    if (!writable(s) || !value_ok(id) || id->type == KS_VALUE_NULL || error == NULL ||
+        error[0] == '\0' || strlen(error) > ERROR_NAME_MAX)
+        return KS_ERR_INVALID_ARGUMENT;
+    sqlite3_stmt *st = s->st[ST_QUARANTINE];
+    int rc = sqlite3_bind_text(st, 1, s->table, -1, SQLITE_STATIC);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_text(st, 2, s->column, -1, SQLITE_STATIC);
+    if (rc == SQLITE_OK)
+        rc = bind_value(st, 3, id);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_text(st, 4, error, -1, SQLITE_TRANSIENT);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int64(st, 5, unix_now());
+    rc = run_write(s, st, rc);
+    if (rc != SQLITE_OK)
+        return fail_txn(s, rc);
+    return KS_OK;
+}
+
+/* Nonzero when every count of cp fits an SQLite INTEGER. */
+static int counts_fit(const ks_checkpoint *cp)
+{
+    return cp->done <= INT64_MAX && cp->skipped <= INT64_MAX && cp->raced <= INT64_MAX &&
+           cp->quarantined <= INT64_MAX && cp->wrong_state <= INT64_MAX;
+}
+
+/* Bind the store's table and column (schema spellings) at parameters i
+ * and i + 1: checkpoints are scoped to the target column. */
+static int bind_target(sqlite_store *s, sqlite3_stmt *st, int i)
+{
+    int rc = sqlite3_bind_text(st, i, s->table, -1, SQLITE_STATIC);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_text(st, i + 1, s->column, -1, SQLITE_STATIC);
+    return rc;
+}
+
+/* ops.checkpoint_save: INSERT OR REPLACE the row of (target, cp->params). */
+static ks_err op_checkpoint_save(void *self, const ks_checkpoint *cp)
+{
+    sqlite_store *s = self;
+    if (!writable(s) || cp == NULL || cp->params.ptr == NULL || cp->params.len == 0 ||
+        cp->state.ptr == NULL || cp->state.len == 0 || !value_ok(&cp->cursor) || !counts_fit(cp))
+        return KS_ERR_INVALID_ARGUMENT;
+    sqlite3_stmt *st = s->st[ST_CP_SAVE];
+    const int64_t counts[] = {(int64_t)cp->pass,        (int64_t)cp->done,
+                              (int64_t)cp->skipped,     (int64_t)cp->raced,
+                              (int64_t)cp->quarantined, (int64_t)cp->wrong_state,
+                              cp->started,              cp->updated,
+                              cp->finished};
+    int rc = bind_bytes(st, 1, cp->params, 1);
+    if (rc == SQLITE_OK)
+        rc = bind_bytes(st, 2, cp->state, 1);
+    if (rc == SQLITE_OK)
+        rc = bind_value(st, 3, &cp->cursor);
+    for (int i = 0; rc == SQLITE_OK && i < (int)(sizeof counts / sizeof counts[0]); i++)
+        rc = sqlite3_bind_int64(st, 4 + i, counts[i]);
+    if (rc == SQLITE_OK)
+        rc = bind_target(s, st, 13);
+    rc = run_write(s, st, rc);
+    if (rc != SQLITE_OK)
+        return fail_txn(s, rc);
+    return KS_OK;
+}
+
+/* Read the checkpoint row under st's cursor into cp (views into the
+ * arena, fixed up by the caller).  KS_ERR_STORE for a malformed row. */
+static ks_err read_checkpoint(sqlite_store *s, sqlite3_stmt *st, ks_checkpoint *cp)
+{
+    ks_value params, state;
+    memset(cp, 0, sizeof *cp);
+    if (sqlite3_column_type(st, 0) != SQLITE_TEXT || sqlite3_column_type(st, 1) != SQLITE_TEXT)
+        return KS_ERR_STORE;
+    ks_err err = read_value(s, st, 0, 0, &params);
+    if (err == KS_OK)
+        err = read_value(s, st, 1, 0, &state);
+    if (err == KS_OK)
+        err = read_value(s, st, 2, 0, &cp->cursor);
+    if (err != KS_OK)
+        return err;
+    int64_t v[9];
+    for (int i = 0; i < 9; i++) {
+        if (sqlite3_column_type(st, 3 + i) != SQLITE_INTEGER)
+            return KS_ERR_STORE;
+        v[i] = sqlite3_column_int64(st, 3 + i);
+        if (i < 6 && v[i] < 0)
+            return KS_ERR_STORE;
+    }
+    if (v[0] > (int64_t)UINT32_MAX)
+        return KS_ERR_STORE;
+    cp->pass = (uint32_t)v[0];
+    cp->done = (uint64_t)v[1];
+    cp->skipped = (uint64_t)v[2];
+    cp->raced = (uint64_t)v[3];
+    cp->quarantined = (uint64_t)v[4];
+    cp->wrong_state = (uint64_t)v[5];
+    cp->started = v[6];
+    cp->updated = v[7];
+    cp->finished = v[8];
+    fix_view(s, &params);
+    fix_view(s, &state);
+    fix_view(s, &cp->cursor);
+    cp->params = params.bytes;
+    cp->state = state.bytes;
+    return KS_OK;
+}
+
+/* ops.checkpoint_load: the checkpoint of params, or the most recently
+ * updated one for params {NULL, 0}; KS_ERR_NOT_FOUND when none (also when
+ * a read-only store's database has no keyshift tables). */
+static ks_err op_checkpoint_load(void *self, ks_bytes params, ks_checkpoint *cp)
+{
+    sqlite_store *s = self;
+    if (s == NULL || cp == NULL || (params.ptr == NULL && params.len > 0))
+        return KS_ERR_INVALID_ARGUMENT;
+    int latest = params.ptr == NULL;
+    sqlite3_stmt *st = s->st[latest ? ST_CP_LATEST : ST_CP_LOAD];
+    if (st == NULL)
+        return KS_ERR_NOT_FOUND; /* read-only, tables absent */
+    int rc = latest ? SQLITE_OK : bind_bytes(st, 1, params, 1); /* copied first */
+    if (rc == SQLITE_OK)
+        rc = bind_target(s, st, 2);
+    ks_err err = KS_OK;
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(st);
+    s->arena_len = 0;
+    if (rc == SQLITE_ROW)
+        err = read_checkpoint(s, st, cp);
+    else if (rc == SQLITE_DONE)
+        err = KS_ERR_NOT_FOUND;
+    else
+        err = map_rc(rc);
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    if (err != KS_OK && err != KS_ERR_NOT_FOUND && s->in_txn)
+        rollback_now(s);
+    return err;
+}
+
+/* ops.commit: COMMIT; on failure the transaction is rolled back. */
+static ks_err op_commit(void *self)
+{
+    sqlite_store *s = self;
+    if (!writable(s))
+        return KS_ERR_INVALID_ARGUMENT;
+    int rc = run_simple(s, ST_COMMIT);
+    if (rc != SQLITE_OK)
+        return fail_txn(s, rc);
+    assert(sqlite3_get_autocommit(s->db));
+    s->in_txn = 0;
+    return KS_OK;
+}
+
+/* ops.rollback: roll back an open transaction; a no-op outside one. */
+static void op_rollback(void *self)
+{
+    sqlite_store *s = self;
+    if (s != NULL)
+        rollback_now(s);
+}
+
+/* Release everything of s: statements, connection (rolling back), names,
+ * arena.  Used by close and by a failed open. */
+static void store_free(sqlite_store *s)
+{
+    if (s == NULL)
+        return;
+    if (s->db != NULL)
+        rollback_now(s);
+    for (int i = 0; i < ST_N; i++)
+        sqlite3_finalize(s->st[i]);
+    if (s->db != NULL) {
+        int rc = sqlite3_close_v2(s->db);
+        assert(rc == SQLITE_OK);
+        (void)rc;
+    }
+    free(s->table);
+    free(s->column);
+    free(s->arena);
+    free(s);
+}
+
+/* ops.close: roll back any open transaction and release the store. */
+static void op_close(void *self)
+{
+    store_free(self);
+}
+
+static const ks_rowstore_ops sqlite_ops = {
+    .scan = op_scan,
+    .count = op_count,
+    .begin = op_begin,
+    .cas = op_cas,
+    .quarantine = op_quarantine,
+    .checkpoint_save = op_checkpoint_save,
+    .checkpoint_load = op_checkpoint_load,
+    .commit = op_commit,
+    .rollback = op_rollback,
+    .close = op_close,
+};
+
+/* ---- opening: the schema ------------------------------------------------------------ */
+
+/* The context of an open: the store being built and where messages go. */
+typedef struct opener {
+    sqlite_store *s;
+    char *errbuf;
+    size_t errbuf_len;
+    char tname[96];           /* the table name, printable, for messages */
+} opener;
+
+/* Report an SQLite failure during open, with the generic text of the code
+ * only (never sqlite3_errmsg, which may quote schema or data). */
+static ks_err open_fail_rc(opener *o, int rc, const char *what)
+{
+    if ((rc & 0xff) == SQLITE_NOTADB)
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_STORE, "not an SQLite database");
+    return fail(o->errbuf, o->errbuf_len, map_rc(rc), "%s: %s", what, sqlite3_errstr(rc));
+}
+
+/* strdup that reports allocation failure as NULL for a NULL input too. */
+static char *dup_str(const char *p)
+{
+    if (p == NULL)
+        p = "";
+    size_t n = strlen(p) + 1;
+    char *d = malloc(n);
+    if (d != NULL)
+        memcpy(d, p, n);
+    return d;
+}
+
+/* Free the strings of c and clear it. */
+static void colinfo_free(colinfo *c)
+{
+    free(c->name);
+    free(c->type);
+    memset(c, 0, sizeof *c);
+}
+
+/* Look up table in sqlite_master (name bound, compared as SQLite compares
+ * identifiers); on success *schema_name is its spelling (malloc'd) and
+ * *is_view tells a view. */
+static ks_err find_table(opener *o, const char *table, char **schema_name, int *is_view)
+{
+    static const char sql[] = "SELECT name, type FROM main.sqlite_master "
+                              "WHERE type IN ('table', 'view') AND name = ?1 COLLATE NOCASE";
+    sqlite3_stmt *st;
+    int rc = prepare(o->s->db, sql, 0, &st);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_text(st, 1, table, -1, SQLITE_STATIC);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(st);
+    ks_err err = KS_OK;
+    *schema_name = NULL;
+    if (rc == SQLITE_ROW) {
+        *schema_name = dup_str((const char *)sqlite3_column_text(st, 0));
+        const char *type = (const char *)sqlite3_column_text(st, 1);
+        *is_view = type != NULL && strcmp(type, "view") == 0;
+        if (*schema_name == NULL)
+            err = fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+    } else if (rc == SQLITE_DONE) {
+        err = fail(o->errbuf, o->errbuf_len, KS_ERR_NO_TARGET, "no table \"%s\" in the database",
+                   o->tname);
+    } else {
+        err = open_fail_rc(o, rc, "reading the schema");
+    }
+    sqlite3_finalize(st);
+    return err;
+}
+
+/* Look up column name of the target table (pragma_table_xinfo, both names
+ * bound) into *c; c->found is 0 when there is none. */
+static ks_err find_column(opener *o, const char *name, colinfo *c)
+{
+    static const char sql[] = "SELECT cid, name, type, \"notnull\", pk, hidden "
+                              "FROM pragma_table_xinfo(?1, 'main') WHERE name = ?2 COLLATE NOCASE";
+    memset(c, 0, sizeof *c);
+    sqlite3_stmt *st;
+    int rc = prepare(o->s->db, sql, 0, &st);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_text(st, 1, o->s->table, -1, SQLITE_STATIC);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(st);
+    ks_err err = KS_OK;
+    if (rc == SQLITE_ROW) {
+        c->found = 1;
+        c->cid = sqlite3_column_int(st, 0);
+        c->name = dup_str((const char *)sqlite3_column_text(st, 1));
+        c->type = dup_str((const char *)sqlite3_column_text(st, 2));
+        c->notnull = sqlite3_column_int(st, 3);
+        c->pk = sqlite3_column_int(st, 4);
+        c->hidden = sqlite3_column_int(st, 5);
+        if (c->name == NULL || c->type == NULL)
+            err = fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+    } else if (rc != SQLITE_DONE) {
+        err = open_fail_rc(o, rc, "reading the table's columns");
+    }
+    sqlite3_finalize(st);
+    return err;
+}
+
+/* Look up a column that must exist: KS_ERR_NO_TARGET naming it (and its
+ * role) otherwise. */
+static ks_err need_column(opener *o, const char *name, const char *role, colinfo *c)
+{
+    ks_err err = find_column(o, name, c);
+    if (err == KS_OK && !c->found) {
+        char pname[96];
+        err = fail(o->errbuf, o->errbuf_len, KS_ERR_NO_TARGET, "no %s column \"%s\" in table \"%s\"",
+                   role, printable(name, pname, sizeof pname), o->tname);
+    }
+    return err;
+}
+
+/* Run a query on the target table (bound as ?1, the integer arg as ?2)
+ * that returns one integer into *out. */
+static ks_err query_int(opener *o, const char *sql, int64_t arg, int64_t *out)
+{
+    sqlite3_stmt *st;
+    int rc = prepare(o->s->db, sql, 0, &st);
+    if (rc == SQLITE_OK && sqlite3_bind_parameter_count(st) >= 1)
+        rc = sqlite3_bind_text(st, 1, o->s->table, -1, SQLITE_STATIC);
+    if (rc == SQLITE_OK && sqlite3_bind_parameter_count(st) >= 2)
+        rc = sqlite3_bind_int64(st, 2, arg);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(st);
+    ks_err err = KS_OK;
+    if (rc == SQLITE_ROW)
+        *out = sqlite3_column_int64(st, 0);
+    else
+        err = open_fail_rc(o, rc == SQLITE_DONE ? SQLITE_ERROR : rc, "reading the schema");
+    sqlite3_finalize(st);
+    return err;
+}
+
+/* Set *ok when id (a column of the target) is a valid id: the rowid
+ * alias (the table's only primary-key column, declared INTEGER, with no
+ * separate primary-key index), or NOT NULL with a full unique index on
+ * exactly that column. */
+static ks_err check_id_column(opener *o, const colinfo *id, int *ok)
+{
+    static const char pk_cols[] =
+        "SELECT count(*) FROM pragma_table_xinfo(?1, 'main') WHERE pk > 0";
+    static const char pk_index[] =
+        "SELECT count(*) FROM pragma_index_list(?1, 'main') WHERE origin = 'pk'";
+    static const char unique_index[] =
+        "SELECT count(*) FROM pragma_index_list(?1, 'main') AS il "
+        "WHERE il.\"unique\" = 1 AND il.partial = 0 "
+        "AND (SELECT count(*) FROM pragma_index_info(il.name, 'main')) = 1 "
+        "AND (SELECT cid FROM pragma_index_info(il.name, 'main')) = ?2";
+    int64_t n_pk = 0, n_pk_index = 0, n_unique = 0;
+    *ok = 0;
+    ks_err err = query_int(o, pk_cols, 0, &n_pk);
+    if (err == KS_OK)
+        err = query_int(o, pk_index, 0, &n_pk_index);
+    if (err == KS_OK)
+        err = query_int(o, unique_index, id->cid, &n_unique);
+    if (err != KS_OK)
+        return err;
+    int rowid_alias = id->pk == 1 && n_pk == 1 && n_pk_index == 0 &&
+                      sqlite3_stricmp(id->type, "INTEGER") == 0;
+    *ok = rowid_alias || (id->notnull && n_unique > 0);
+    return KS_OK;
+}
+
+/* Without an id column: pick a rowid alias no column shadows (rowid,
+ * _rowid_, oid) and check the table has a rowid (not WITHOUT ROWID). */
+static ks_err pick_rowid(opener *o, const char **alias)
+{
+    static const char *const names[] = {"rowid", "_rowid_", "oid"};
+    *alias = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof names[0] && *alias == NULL; i++) {
+        colinfo c;
+        ks_err err = find_column(o, names[i], &c);
+        int found = c.found;
+        colinfo_free(&c);
+        if (err != KS_OK)
+            return err;
+        if (!found)
+            *alias = names[i];
+    }
+    if (*alias == NULL)
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                    "columns of table \"%s\" hide its rowid: give an id column", o->tname);
+    sbuf b = {0};
+    sb_put(&b, "SELECT ");
+    sb_put(&b, *alias);
+    sb_put(&b, " FROM main.");
+    sb_ident(&b, o->s->table);
+    if (b.failed) {
+        free(b.p);
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+    }
+    sqlite3_stmt *st;
+    int rc = prepare(o->s->db, b.p, 0, &st);
+    sqlite3_finalize(st);
+    free(b.p);
+    if (rc != SQLITE_OK && (rc & 0xff) == SQLITE_ERROR)
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                    "table \"%s\" has no rowid (WITHOUT ROWID): give an id column", o->tname);
+    return rc == SQLITE_OK ? KS_OK : open_fail_rc(o, rc, "reading the schema");
+}
+
+/* Nonzero when name is a table keyshift or SQLite reserves (the target
+ * must be an application table). */
+static int reserved_table(const char *name)
+{
+    return sqlite3_strnicmp(name, "sqlite_", 7) == 0 || sqlite3_strnicmp(name, "keyshift_", 9) == 0;
+}
+
+/* ---- opening: keyshift's own tables ------------------------------------------------- */
+
+static const char create_sql[] =
+    "CREATE TABLE IF NOT EXISTS main.keyshift_meta(key TEXT PRIMARY KEY, value);"
+    "INSERT OR IGNORE INTO main.keyshift_meta(key, value) VALUES('schema_version', 1);"
+    "CREATE TABLE IF NOT EXISTS main.keyshift_migration("
+    " tbl TEXT NOT NULL, col TEXT NOT NULL,"
+    " params TEXT NOT NULL, state TEXT NOT NULL, cursor, pass INTEGER NOT NULL,"
+    " done INTEGER NOT NULL, skipped INTEGER NOT NULL, raced INTEGER NOT NULL,"
+    " quarantined INTEGER NOT NULL, wrong_state INTEGER NOT NULL,"
+    " started INTEGER NOT NULL, updated INTEGER NOT NULL, finished INTEGER NOT NULL,"
+    " PRIMARY KEY (tbl, col, params));"
+    "CREATE TABLE IF NOT EXISTS main.keyshift_quarantine("
+    " tbl TEXT NOT NULL, col TEXT NOT NULL, id NOT NULL, error TEXT NOT NULL,"
+    " time INTEGER NOT NULL, PRIMARY KEY (tbl, col, id));";
+
+/* How many of keyshift's three tables exist. */
+static ks_err count_own_tables(opener *o, int64_t *n)
+{
+    return query_int(o,
+                     "SELECT count(*) FROM main.sqlite_master WHERE type = 'table' AND name IN "
+                     "('keyshift_meta', 'keyshift_migration', 'keyshift_quarantine')",
+                     0, n);
+}
+
+/* Refuse a database whose keyshift tables are of a newer schema version
+ * (when keyshift_meta exists). */
+static ks_err check_schema_version(opener *o)
+{
+    int64_t has_meta = 0, version = 0;
+    ks_err err = query_int(o,
+                           "SELECT count(*) FROM main.sqlite_master "
+                           "WHERE type = 'table' AND name = 'keyshift_meta'",
+                           0, &has_meta);
+    if (err != KS_OK || has_meta == 0)
+        return err;
+    err = query_int(o,
+                    "SELECT coalesce(max(value), 0) FROM main.keyshift_meta "
+                    "WHERE key = 'schema_version'",
+                    0, &version);
+    if (err == KS_OK && version > KS_SQLITE_SCHEMA_VERSION)
+        err = fail(o->errbuf, o->errbuf_len, KS_ERR_STORE,
+                   "keyshift tables are of schema version %lld, newer than this keyshift (%d)",
+                   (long long)version, KS_SQLITE_SCHEMA_VERSION);
+    return err;
+}
+
+/* Create the keyshift tables in one BEGIN IMMEDIATE transaction (the busy
+ * handler applies), rolling back on any failure. */
+static ks_err create_own_tables(opener *o)
+{
+    sqlite3 *db = o->s->db;
+    int rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_exec(db, create_sql, NULL, NULL, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        if (!sqlite3_get_autocommit(db))
+            (void)sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+        return open_fail_rc(o, rc, "creating the keyshift tables");
+    }
+    return KS_OK;
+}
+
+/* Check the schema version and, unless read-only, create missing tables;
+ * *have is nonzero when all three tables exist afterwards. */
+static ks_err ensure_own_tables(opener *o, int *have)
+{
+    int64_t n = 0;
+    ks_err err = check_schema_version(o);
+    if (err == KS_OK)
+        err = count_own_tables(o, &n);
+    if (err == KS_OK && n < 3 && !o->s->read_only) {
+        err = create_own_tables(o);
+        if (err == KS_OK)
+            err = check_schema_version(o); /* another process may have won */
+        n = 3;
+    }
+    *have = n == 3;
+    return err;
+}
+
+/* ---- opening: statements ------------------------------------------------------------- */
+
+/* The resolved target: schema spellings of every column used. */
+typedef struct resolved {
+    const char *id;           /* a column name or a rowid alias */
+    colinfo column, id_col, tenant;
+    colinfo context[KS_ROWSTORE_MAX_CONTEXT_COLUMNS];
+    size_t n_context;
+} resolved;
+
+/* Append the scan statement: id, value, tenant (or NULL), context columns,
+ * quarantine flag; after ?2 when `after`, limit ?1. */
+static void build_scan(sbuf *b, const sqlite_store *s, const resolved *r, int have_tables,
+                       int after)
+{
+    sb_put(b, "SELECT t.");
+    sb_ident(b, r->id);
+    sb_put(b, ", t.");
+    sb_ident(b, r->column.name);
+    sb_put(b, ", ");
+    if (r->tenant.found) {
+        sb_put(b, "t.");
+        sb_ident(b, r->tenant.name);
+    } else {
+        sb_put(b, "NULL");
+    }
+    for (size_t i = 0; i < r->n_context; i++) {
+        sb_put(b, ", t.");
+        sb_ident(b, r->context[i].name);
+    }
+    if (have_tables) {
+        /* +t.id: no affinity, so q.id (stored with the id's own type) is
+         * compared as is and the (tbl, col, id) index is used in full */
+        sb_put(b, ", EXISTS (SELECT 1 FROM main.keyshift_quarantine AS q WHERE q.tbl = ?3 AND "
+                  "q.col = ?4 AND q.id = +t.");
+        sb_ident(b, r->id);
+        sb_put(b, ")");
+    } else {
+        sb_put(b, ", 0");
+    }
+    sb_put(b, " FROM main.");
+    sb_ident(b, s->table);
+    sb_put(b, " AS t");
+    if (after) {
+        sb_put(b, " WHERE t.");
+        sb_ident(b, r->id);
+        sb_put(b, " > ?2");
+    }
+    sb_put(b, " ORDER BY t.");
+    sb_ident(b, r->id);
+    sb_put(b, " LIMIT ?1");
+}
+
+/* Prepare (persistently) the statement built in b into s->st[which]. */
+static ks_err prepare_kept(opener *o, sbuf *b, int which)
+{
+    if (b->failed)
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+    int rc = prepare(o->s->db, b->p, 1, &o->s->st[which]);
+    b->len = 0;
+    if (rc != SQLITE_OK)
+        return open_fail_rc(o, rc, "preparing the store's statements");
+    return KS_OK;
+}
+
+/* Prepare a constant statement into s->st[which]. */
+static ks_err prepare_const(opener *o, const char *sql, int which)
+{
+    sbuf b = {0};
+    sb_put(&b, sql);
+    ks_err err = prepare_kept(o, &b, which);
+    free(b.p);
+    return err;
+}
+
+/* Prepare every statement kept for the store's life: scans, count, and
+ * (unless read-only) cas, quarantine, checkpoint save, transactions;
+ * checkpoint loads when keyshift's tables exist. */
+static ks_err prepare_statements(opener *o, const resolved *r, int have_tables)
+{
+    sqlite_store *s = o->s;
+    sbuf b = {0};
+    ks_err err;
+    build_scan(&b, s, r, have_tables, 0);
+    err = prepare_kept(o, &b, ST_SCAN_FIRST);
+    if (err == KS_OK) {
+        build_scan(&b, s, r, have_tables, 1);
+        err = prepare_kept(o, &b, ST_SCAN_AFTER);
+    }
+    if (err == KS_OK) {
+        sb_put(&b, "SELECT count(*) FROM main.");
+        sb_ident(&b, s->table);
+        err = prepare_kept(o, &b, ST_COUNT);
+    }
+    if (err == KS_OK && !s->read_only) {
+        sb_put(&b, "UPDATE main.");
+        sb_ident(&b, s->table);
+        sb_put(&b, " SET ");
+        sb_ident(&b, r->column.name);
+        sb_put(&b, " = ?1 WHERE ");
+        sb_ident(&b, r->id);
+        sb_put(&b, " = ?2 AND ");
+        sb_ident(&b, r->column.name);
+        sb_put(&b, " IS ?3");
+        err = prepare_kept(o, &b, ST_CAS);
+    }
+    free(b.p);
+    if (err == KS_OK && !s->read_only)
+        err = prepare_const(o,
+                            "INSERT OR IGNORE INTO main.keyshift_quarantine(tbl, col, id, error, "
+                            "time) VALUES(?1, ?2, ?3, ?4, ?5)",
+                            ST_QUARANTINE);
+    if (err == KS_OK && !s->read_only)
+        err = prepare_const(o,
+                            "INSERT OR REPLACE INTO main.keyshift_migration(params, state, cursor, "
+                            "pass, done, skipped, raced, quarantined, wrong_state, started, "
+                            "updated, finished, tbl, col) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, "
+                            "?9, ?10, ?11, ?12, ?13, ?14)",
+                            ST_CP_SAVE);
+#define CP_COLS                                                                                    \
+    "SELECT params, state, cursor, pass, done, skipped, raced, quarantined, wrong_state, "        \
+    "started, updated, finished FROM main.keyshift_migration "
+    if (err == KS_OK && have_tables)
+        err = prepare_const(o, CP_COLS "WHERE params = ?1 AND tbl = ?2 AND col = ?3", ST_CP_LOAD);
+    if (err == KS_OK && have_tables)
+        err = prepare_const(o, CP_COLS "WHERE tbl = ?2 AND col = ?3 ORDER BY updated DESC, rowid DESC LIMIT 1",
+                            ST_CP_LATEST);
+#undef CP_COLS
+    if (err == KS_OK && !s->read_only)
+        err = prepare_const(o, "BEGIN IMMEDIATE", ST_BEGIN);
+    if (err == KS_OK && !s->read_only)
+        err = prepare_const(o, "COMMIT", ST_COMMIT);
+    if (err == KS_OK)
+        err = prepare_const(o, "ROLLBACK", ST_ROLLBACK);
+    return err;
+}
+
+/* ---- opening ---------------------------------------------------------------------------- */
+
+/* Check the caller's arguments before touching any file. */
+static ks_err check_args(const char *path, const ks_rowstore_target *t, ks_rowstore *out,
+                         char *errbuf, size_t errbuf_len)
+{
+    if (path == NULL || t == NULL || out == NULL)
+        return fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT, "missing path, target or store");
+    if (t->n_context_columns > KS_ROWSTORE_MAX_CONTEXT_COLUMNS)
+        return fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                    "at most %d context columns", KS_ROWSTORE_MAX_CONTEXT_COLUMNS);
+    const char *names[3 + KS_ROWSTORE_MAX_CONTEXT_COLUMNS] = {t->table, t->column};
+    size_t n = 2;
+    if (t->id_column != NULL)
+        names[n++] = t->id_column;
+    if (t->tenant_column != NULL)
+        names[n++] = t->tenant_column;
+    for (size_t i = 0; i < t->n_context_columns; i++)
+        names[n++] = t->context_columns[i];
+    for (size_t i = 0; i < n; i++)
+        if (names[i] == NULL || names[i][0] == '\0' || strlen(names[i]) > IDENT_MAX)
+            return fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                        "a table or column name is missing, empty or too long");
+    return KS_OK;
+}
+
+/* Open the connection (never creating the file) and configure it:
+ * extended result codes, defensive mode, untrusted schema, busy handler. */
+static ks_err open_db(opener *o, const char *path)
+{
+    sqlite_store *s = o->s;
+    int flags = (s->read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE) |
+                SQLITE_OPEN_NOMUTEX;
+    int rc = sqlite3_open_v2(path, &s->db, flags, NULL);
+    if (rc != SQLITE_OK) {
+        int missing = access(path, F_OK) != 0 && errno == ENOENT;
+        char pname[256];
+        printable(path, pname, sizeof pname);
+        if (missing)
+            return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_TARGET, "no database file \"%s\"",
+                        pname);
+        return fail(o->errbuf, o->errbuf_len, map_rc(rc), "cannot open database \"%s\": %s",
+                    pname, sqlite3_errstr(rc));
+    }
+    rc = sqlite3_extended_result_codes(s->db, 1);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_db_config(s->db, SQLITE_DBCONFIG_DEFENSIVE, 1, (int *)NULL);
+#ifdef SQLITE_DBCONFIG_TRUSTED_SCHEMA
+    if (rc == SQLITE_OK)
+        rc = sqlite3_db_config(s->db, SQLITE_DBCONFIG_TRUSTED_SCHEMA, 0, (int *)NULL);
+#endif
+    if (rc == SQLITE_OK)
+        rc = sqlite3_busy_handler(s->db, busy_handler, s);
+    if (rc != SQLITE_OK)
+        return open_fail_rc(o, rc, "configuring the connection");
+    return KS_OK;
+}
+
+/* Nonzero when colinfo a and b are the same column. */
+static int same_column(const colinfo *a, const colinfo *b)
+{
+    return a->found && b->found && a->cid == b->cid;
+}
+
+/* Resolve every name of target t against the schema into r (s->table
+ * and s->column set), with the checks of the file comment. */
+static ks_err resolve_target(opener *o, const ks_rowstore_target *t, resolved *r)
+{
+    sqlite_store *s = o->s;
+    int is_view = 0;
+    printable(t->table, o->tname, sizeof o->tname);
+    if (reserved_table(t->table))
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                    "table \"%s\" is reserved (sqlite_*, keyshift_*)", o->tname);
+    ks_err err = find_table(o, t->table, &s->table, &is_view);
+    if (err != KS_OK)
+        return err;
+    if (is_view)
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                    "\"%s\" is a view, not a table", o->tname);
+    err = need_column(o, t->column, "target", &r->column);
+    if (err == KS_OK && t->id_column != NULL)
+        err = need_column(o, t->id_column, "id", &r->id_col);
+    if (err == KS_OK && t->tenant_column != NULL)
+        err = need_column(o, t->tenant_column, "tenant", &r->tenant);
+    for (size_t i = 0; err == KS_OK && i < t->n_context_columns; i++)
+        err = need_column(o, t->context_columns[i], "context", &r->context[i]);
+    if (err != KS_OK)
+        return err;
+    r->n_context = t->n_context_columns;
+    char pcol[96];
+    printable(r->column.name, pcol, sizeof pcol);
+    if (r->column.hidden != 0 || r->column.pk != 0)
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                    "column \"%s\" is generated, hidden or part of the primary key", pcol);
+    int clash = same_column(&r->column, &r->id_col) || same_column(&r->column, &r->tenant);
+    for (size_t i = 0; i < r->n_context; i++)
+        clash |= same_column(&r->column, &r->context[i]);
+    if (clash)
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                    "column \"%s\" cannot also be the id, tenant or a context column", pcol);
+    s->column = dup_str(r->column.name);
+    if (s->column == NULL)
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+    if (t->id_column == NULL)
+        return pick_rowid(o, &r->id);
+    int ok = 0;
+    err = check_id_column(o, &r->id_col, &ok);
+    if (err == KS_OK && !ok) {
+        char pid[96];
+        err = fail(o->errbuf, o->errbuf_len, KS_ERR_NO_TARGET,
+                   "id column \"%s\" of table \"%s\" is neither the INTEGER PRIMARY KEY nor "
+                   "NOT NULL with a UNIQUE or PRIMARY KEY index of its own",
+                   printable(r->id_col.name, pid, sizeof pid), o->tname);
+    }
+    r->id = r->id_col.name;
+    return err;
+}
+
+/* Free the strings of r. */
+static void resolved_free(resolved *r)
+{
+    colinfo_free(&r->column);
+    colinfo_free(&r->id_col);
+    colinfo_free(&r->tenant);
+    for (size_t i = 0; i < KS_ROWSTORE_MAX_CONTEXT_COLUMNS; i++)
+        colinfo_free(&r->context[i]);
+}
+
+/* See rowstore.h. */
+ks_err ks_rowstore_sqlite_open(const char *path, const ks_rowstore_target *target,
+                               const ks_sqlite_options *opts, ks_rowstore *out, char *errbuf,
+                               size_t errbuf_len)
+{
+    if (errbuf != NULL && errbuf_len > 0)
+        errbuf[0] = '\0';
+    ks_err err = check_args(path, target, out, errbuf, errbuf_len);
+    if (err != KS_OK)
+        return err;
+    memset(out, 0, sizeof *out);
+    sqlite_store *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return fail(errbuf, errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+    s->read_only = opts != NULL && opts->read_only;
+    s->busy_timeout_ms = opts != NULL && opts->busy_timeout_ms != 0 ? opts->busy_timeout_ms
+                                                                     : BUSY_DEFAULT_MS;
+    s->rng = mono_ms() ^ ((uint64_t)(uintptr_t)s << 16) ^ (uint64_t)getpid() ^ 0x9e3779b97f4a7c15u;
+    s->n_context = target->n_context_columns;
+    opener o = {.s = s, .errbuf = errbuf, .errbuf_len = errbuf_len};
+    resolved r;
+    memset(&r, 0, sizeof r);
+    int have_tables = 0;
+    err = open_db(&o, path);
+    if (err == KS_OK)
+        err = resolve_target(&o, target, &r);
+    if (err == KS_OK)
+        err = ensure_own_tables(&o, &have_tables);
+    if (err == KS_OK)
+        err = prepare_statements(&o, &r, have_tables);
+    resolved_free(&r);
+    if (err != KS_OK) {
+        store_free(s);
+        return err;
+    }
+    out->ops = &sqlite_ops;
+    out->self = s;
+    out->name = "sqlite";
+    return KS_OK;
+}
+
+/* See rowstore.h. */
+void ks_rowstore_close(ks_rowstore *store)
+{
+    if (store == NULL)
+        return;
+    if (store->ops != NULL && store->ops->close != NULL && store->self != NULL)
+        store->ops->close(store->self);
+    memset(store, 0, sizeof *store);
+}
+
+#ifdef KS_TEST_HOOKS
+/* See sqlite_store.h. */
+ks_err ks_rowstore_sqlite_test_max_pages(const ks_rowstore *store, uint32_t pages)
+{
+    if (store == NULL || store->ops != &sqlite_ops || store->self == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    sqlite_store *s = store->self;
+    char sql[64];
+    snprintf(sql, sizeof sql, "PRAGMA max_page_count = %u", (unsigned)pages);
+    return sqlite3_exec(s->db, sql, NULL, NULL, NULL) == SQLITE_OK ? KS_OK : KS_ERR_STORE;
+}
+#endif

@@ -1,0 +1,25 @@
+/*
+ * migrate/store/sqlite_store.h -- internals of the SQLite row store
+ * (migrate/store/sqlite_store.c).  Internal (no KS_API, hidden in the
+ * shared library): only code linked with the library's objects, i.e. the
+ * unit tests, can reach them.
+ */
+#ifndef KS_MIGRATE_SQLITE_STORE_H
+#define KS_MIGRATE_SQLITE_STORE_H
+
+#include <stdint.h>
+
+#include <keyshift/error.h>
+#include <keyshift/rowstore.h>
+
+/* The version of the keyshift_* tables this code reads and writes
+ * (keyshift_meta.schema_version). */
+#define KS_SQLITE_SCHEMA_VERSION 1
+
+/* Tests only (built with -DKS_TEST_HOOKS): run PRAGMA max_page_count =
+ * pages on the connection of store (an SQLite store), to provoke
+ * SQLITE_FULL.  The limit is per connection, hence the hook.  Returns
+ * KS_ERR_INVALID_ARGUMENT for another kind of store. */
+ks_err ks_rowstore_sqlite_test_max_pages(const ks_rowstore *store, uint32_t pages);
+
+#endif /* KS_MIGRATE_SQLITE_STORE_H */

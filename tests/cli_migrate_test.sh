@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# tests/cli_migrate_test.sh -- end-to-end tests of `keyshift census` and
+# `keyshift migrate run|status|verify` on small SQLite databases built with
+# the sqlite3 CLI: exact census counts, encrypt/rewrap round trips checked
+# with `keyshift decrypt`, idempotent reruns, verify, every documented exit
+# code (64, 65, 66, 75, 77), pause on SIGINT and resume, and a smoke run
+# of tools/demo.sh.
+#
+# Usage: KEYSHIFT=path/to/keyshift tests/cli_migrate_test.sh
+set -u
+
+. "$(dirname "$0")/cli_lib.sh"
+unset KEYSHIFT_PASSPHRASE
+export KEYSHIFT_KEYRING="$T/keyring"
+IN=/dev/null
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+
+command -v sqlite3 >/dev/null || { echo "cli_migrate_test: sqlite3 is missing (tools/deps.sh)"; exit 1; }
+
+# sql DB STATEMENTS: run SQL with the sqlite3 CLI.
+sql() { sqlite3 "$1" "$2"; }
+
+# seal CONTEXT FORMAT: an envelope of "secret" as hex, under payments/kek.
+seal() {
+    local purpose=()
+    [ "$2" = 2 ] && purpose=(--purpose card)
+    printf 'secret' | "$KS" encrypt --tenant acme --key-id payments/kek --context "$1" \
+        --format "$2" "${purpose[@]}" | od -An -tx1 | tr -d ' \n'
+}
+
+# open_row DB ID: decrypt row ID of table pay (context pay:ID:card).
+open_row() {
+    unhex "$(sql "$1" "SELECT hex(card) FROM pay WHERE id = $2")" >"$T/row.kse"
+    "$KS" decrypt --context "pay:$2:card" --tenant acme --purpose card <"$T/row.kse"
+}
+
+# json_field FILE NAME: the first numeric value of "NAME" in FILE.
+json_field() { sed -n "s/.*\"$2\":\([0-9]*\).*/\1/p" "$1" | head -1; }
+
+run "keys init" 0 "$KS" keys init
+run "keys create" 0 "$KS" keys create payments/kek
+
+# ---- help ------------------------------------------------------------------------
+run "census --help" 0 "$KS" census --help
+expect_grep "census manual has EXIT STATUS" "$T/out" "^EXIT STATUS"
+run "migrate --help" 0 "$KS" migrate --help
+expect_grep "--no-verify states the risk" "$T/out" "guarantees every written row opens"
+run "keyshift --help lists migrate" 0 "$KS" --help
+expect_grep "top-level help lists migrate" "$T/out" "migrate "
+
+# ---- census ----------------------------------------------------------------------
+C="$T/census.db"
+sql "$C" "CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB);
+INSERT INTO t (v) VALUES (NULL), (NULL), (NULL), ('plain 1'), ('plain 2'), (X'00'), ('');
+INSERT INTO t (v) VALUES (X'$(seal c1 1)'), (X'$(seal c2 1)');
+INSERT INTO t (v) VALUES (X'$(seal c3 2)'), (X'$(seal c4 2)'), (X'$(seal c5 2)');
+INSERT INTO t (v) VALUES (X'4B534502'), (X'4B534509');"
+run "census" 0 "$KS" census --db "$C" --table t --column v
+expect_grep "census: 14 rows" "$T/out" "^rows *14$"
+expect_grep "census: 3 NULL" "$T/out" "^null *3$"
+expect_grep "census: 4 plaintext" "$T/out" "^plaintext *4$"
+expect_grep "census: 5 envelopes" "$T/out" "^envelopes *5$"
+expect_grep "census: 2 malformed" "$T/out" "^malformed *2$"
+expect_grep "census: v1 class" "$T/out" "^v1 *xchacha20-poly1305 *payments/kek *1 *2$"
+expect_grep "census: v2 class" "$T/out" "^v2 *xchacha20-poly1305 *payments/kek *1 *3$"
+expect_grep "census: unsupported-version" "$T/out" "^unsupported-version *1$"
+run "census --json" 0 "$KS" census --db "$C" --table t --column v --json
+expect_grep "census --json totals" "$T/out" '^{"rows":14,"null":3,"plaintext":4,"envelopes":5,"malformed":2,"classes":\['
+expect_grep "census --json v1 class" "$T/out" '{"version":1,"algorithm":"xchacha20-poly1305","key_id":"payments/kek","key_version":1,"rows":2}'
+expect_grep "census --json v2 class" "$T/out" '{"version":2,"algorithm":"xchacha20-poly1305","key_id":"payments/kek","key_version":1,"rows":3}'
+expect_grep "census --json malformed by error" "$T/out" '"unsupported-version":1'
+if [ "$(grep -c . "$T/out")" = 1 ]; then ok "census --json is one line"; else bad "census --json is one line"; fi
+run "census: no such database" 66 "$KS" census --db "$T/nosuch.db" --table t --column v
+run "census: no such table" 66 "$KS" census --db "$C" --table nosuch --column v
+run "census: no such column" 66 "$KS" census --db "$C" --table t --column nosuch
+run "census: --table missing" 64 "$KS" census --db "$C" --column v
+run "census: unknown option" 64 "$KS" census --db "$C" --table t --column v --bogus
+
+# ---- migrate encrypt -------------------------------------------------------------
+D="$T/pay.db"
+sql "$D" "CREATE TABLE pay (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, card TEXT);
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200)
+INSERT INTO pay SELECT i, 'acme', printf('card-%04d-4111', i) FROM n;
+INSERT INTO pay VALUES (201, 'acme', NULL), (202, 'acme', NULL);"
+TGT=(--db "$D" --table pay --column card)
+CTX=(--context 'pay:{id}:card' --purpose card --tenant-column tenant)
+run "encrypt: bad mode" 64 "$KS" migrate run "${TGT[@]}" --mode decrypt --to-key payments/kek "${CTX[@]}"
+run "encrypt: missing --to-key" 64 "$KS" migrate run "${TGT[@]}" --mode encrypt "${CTX[@]}"
+run "encrypt: no tenant" 64 "$KS" migrate run "${TGT[@]}" --mode encrypt --to-key payments/kek
+run "encrypt: bad context template" 64 "$KS" migrate run "${TGT[@]}" --mode encrypt --to-key payments/kek --tenant acme --context 'pay:{id'
+run "encrypt: unknown key" 77 "$KS" migrate run "${TGT[@]}" --mode encrypt --to-key nosuch/kek "${CTX[@]}"
+run "encrypt: no such column" 66 "$KS" migrate run --db "$D" --table pay --column nosuch --mode encrypt --to-key payments/kek "${CTX[@]}"
+run "encrypt: no such database" 66 "$KS" migrate run --db "$T/nosuch.db" --table pay --column card --mode encrypt --to-key payments/kek "${CTX[@]}"
+if [ ! -e "$T/nosuch.db" ]; then ok "no database file was created"; else bad "no database file was created"; fi
+run "status before any run" 0 "$KS" migrate status --db "$D"
+run "encrypt" 0 "$KS" migrate run "${TGT[@]}" --mode encrypt --to-key payments/kek "${CTX[@]}" --batch-size 50
+expect_grep "encrypt: summary on stderr" "$T/err" "complete: 200 rewritten"
+expect_empty "encrypt: nothing on stdout without --json" "$T/out"
+run "census after encrypt" 0 "$KS" census "${TGT[@]}" --json
+expect_grep "census after encrypt: 0 plaintext, 200 envelopes" "$T/out" '"null":2,"plaintext":0,"envelopes":200,"malformed":0'
+for id in 1 77 200; do
+    if [ "$(open_row "$D" $id 2>&1)" = "$(printf 'card-%04d-4111' $id)" ]; then ok "row $id decrypts to its plaintext"; else bad "row $id decrypts" "$(open_row "$D" $id 2>&1 | head -c 200)"; fi
+done
+if sql "$D" "SELECT count(*) FROM pay WHERE card LIKE '%4111%'" | grep -qx 0; then ok "no plaintext left in the column"; else bad "no plaintext left in the column"; fi
+sql "$D" "SELECT id, hex(card) FROM pay ORDER BY id" >"$T/before"
+run "status --json after encrypt" 0 "$KS" migrate status --db "$D" --json
+cp "$T/out" "$T/status1"
+expect_grep "status: complete" "$T/out" '"state":"complete"'
+expect_grep "status: 200 done" "$T/out" '"done":200,'
+run "encrypt again" 0 "$KS" migrate run "${TGT[@]}" --mode encrypt --to-key payments/kek "${CTX[@]}" --batch-size 50
+sql "$D" "SELECT id, hex(card) FROM pay ORDER BY id" >"$T/after"
+expect_same "encrypt again writes nothing" "$T/before" "$T/after"
+run "status --json after the rerun" 0 "$KS" migrate status --db "$D" --json
+if [ "$(json_field "$T/out" done)" = "$(json_field "$T/status1" done)" ] || [ "$(json_field "$T/out" done)" = 0 ]; then
+    ok "rerun: no row counted as rewritten"; else bad "rerun: no row counted as rewritten" "$(cat "$T/out")"; fi
+run "status --table --column" 0 "$KS" migrate status --db "$D" --table pay --column card
+expect_grep "status text: state" "$T/out" "^state *complete"
+
+# ---- rotate: rewrap -------------------------------------------------------------------
+run "add-version" 0 "$KS" keys add-version payments/kek
+run "promote 2" 0 "$KS" keys promote payments/kek 2
+run "rewrap --json" 0 "$KS" migrate run "${TGT[@]}" --mode rewrap --to-key payments/kek "${CTX[@]}" --json --batch-size 64
+expect_grep "rewrap --json: per-batch objects" "$T/out" '^{"batch":1,'
+expect_grep "rewrap --json: summary" "$T/out" '^{"result":"complete","error":"ok","exit":0,'
+run "census after rewrap" 0 "$KS" census "${TGT[@]}" --json
+expect_grep "census: all 200 under version 2" "$T/out" '"classes":\[{"version":2,"algorithm":"xchacha20-poly1305","key_id":"payments/kek","key_version":2,"rows":200}\]'
+if [ "$(open_row "$D" 5 2>&1)" = "card-0005-4111" ]; then ok "rewrapped row decrypts"; else bad "rewrapped row decrypts"; fi
+run "verify" 0 "$KS" migrate verify "${TGT[@]}" "${CTX[@]}"
+expect_grep "verify: 200 checked" "$T/out" "200 envelopes checked, 0 failed"
+run "verify --sample --json" 0 "$KS" migrate verify "${TGT[@]}" "${CTX[@]}" --sample 20 --json
+expect_grep "verify --json summary" "$T/out" '"failed":0,'
+sql "$D" "UPDATE pay SET card = (SELECT card FROM pay WHERE id = 2) WHERE id = 1"
+run "verify finds a moved envelope" 65 "$KS" migrate verify "${TGT[@]}" "${CTX[@]}"
+expect_grep "verify names the row by id" "$T/out" "FAILED id 1: auth-failed"
+if grep -q "card-0002" "$T/out" "$T/err"; then bad "verify prints no plaintext"; else ok "verify prints no plaintext"; fi
+
+# ---- failure threshold ---------------------------------------------------------------
+M="$T/malformed.db"
+sql "$M" "CREATE TABLE pay (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, card BLOB);
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100)
+INSERT INTO pay SELECT i, 'acme', CASE WHEN i % 2 THEN X'4B534502' ELSE 'plain' END FROM n;"
+run "threshold: exit 65" 65 "$KS" migrate run --db "$M" --table pay --column card --mode encrypt \
+    --to-key payments/kek "${CTX[@]}" --max-failure-rate 0.001 --batch-size 10
+expect_grep "threshold: explained" "$T/err" "keyshift_quarantine"
+if [ "$(sql "$M" "SELECT count(*) FROM pay WHERE hex(card) = '4B534502'")" = 50 ]; then ok "quarantined rows are untouched"; else bad "quarantined rows are untouched"; fi
+
+# ---- SIGINT: pause, then resume ------------------------------------------------------------
+S="$T/slow.db"
+sql "$S" "CREATE TABLE pay (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, card TEXT);
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3000)
+INSERT INTO pay SELECT i, 'acme', printf('card-%04d-4111', i) FROM n;"
+STGT=(--db "$S" --table pay --column card --mode encrypt --to-key payments/kek "${CTX[@]}")
+"$KS" migrate run "${STGT[@]}" --max-rows-per-second 1000 --batch-size 100 >"$T/out" 2>"$T/err" &
+pid=$!
+sleep 1
+kill -INT $pid
+wait $pid
+rc=$?
+if [ $rc = 75 ]; then ok "SIGINT: exit 75"; else bad "SIGINT: exit 75" "exit $rc: $(head -c 300 "$T/err")"; fi
+expect_grep "SIGINT: says how to resume" "$T/err" "run the same command again"
+left=$(sql "$S" "SELECT count(*) FROM pay WHERE card LIKE 'card-%'")
+if [ "$left" -gt 0 ] && [ "$left" -lt 3000 ]; then ok "SIGINT: paused part-way ($left rows left)"; else bad "SIGINT: paused part-way" "$left rows left"; fi
+run "status: paused" 0 "$KS" migrate status --db "$S" --json
+expect_grep "status: state paused" "$T/out" '"state":"paused"'
+run "other parameters while paused: exit 65" 65 "$KS" migrate run --db "$S" --table pay --column card \
+    --mode encrypt --to-key payments/kek --tenant-column tenant --context 'other:{id}' --purpose card
+expect_grep "mismatch: explained" "$T/err" "migrate status"
+run "resume" 0 "$KS" migrate run "${STGT[@]}" --batch-size 500
+if [ "$(sql "$S" "SELECT count(*) FROM pay WHERE card LIKE 'card-%'")" = 0 ]; then ok "resume: every row migrated"; else bad "resume: every row migrated"; fi
+run "verify after resume" 0 "$KS" migrate verify --db "$S" --table pay --column card "${CTX[@]}"
+
+# ---- --no-verify, and a missing keyring ----------------------------------------------
+N="$T/noverify.db"
+sql "$N" "CREATE TABLE pay (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, card TEXT);
+INSERT INTO pay VALUES (1, 'acme', 'card-0001-4111'), (2, 'acme', 'card-0002-4111');"
+run "encrypt --no-verify" 0 "$KS" migrate run --db "$N" --table pay --column card --mode encrypt \
+    --to-key payments/kek "${CTX[@]}" --no-verify
+if [ "$(open_row "$N" 2 2>&1)" = "card-0002-4111" ]; then ok "--no-verify row decrypts"; else bad "--no-verify row decrypts"; fi
+KEYSHIFT_KEYRING="$T/nosuch-keyring" run "missing keyring: exit 78" 78 "$KS" migrate verify --db "$N" --table pay --column card "${CTX[@]}"
+
+# ---- two columns, same parameters: separate checkpoints ------------------------------
+W="$T/twocols.db"
+sql "$W" "CREATE TABLE pay (id INTEGER PRIMARY KEY, a TEXT, b TEXT);
+INSERT INTO pay VALUES (1, 'a-secret-1', 'b-secret-1'), (2, 'a-secret-2', 'b-secret-2');"
+run "column a" 0 "$KS" migrate run --db "$W" --table pay --column a --mode encrypt --to-key payments/kek --tenant acme
+run "column b, same parameters" 0 "$KS" migrate run --db "$W" --table pay --column b --mode encrypt --to-key payments/kek --tenant acme
+if [ "$(sql "$W" "SELECT count(*) FROM pay WHERE a LIKE '%secret%' OR b LIKE '%secret%'")" = 0 ]; then
+    ok "both columns encrypted (checkpoints scoped per column)"
+else
+    bad "both columns encrypted (checkpoints scoped per column)"
+fi
+run "status lists both" 0 "$KS" migrate status --db "$W" --json
+expect_grep "status: column a" "$T/out" '"column":"a"'
+expect_grep "status: column b" "$T/out" '"column":"b"'
+
+# ---- the demo, small -------------------------------------------------------------------------
+DEMO_ROWS=2000 DEMO_DIR="$T/demo" run "demo smoke (2000 rows)" 0 "$ROOT/tools/demo.sh" "$KS"
+expect_grep "demo: summary" "$T/out" "2000 records encrypted, rotated to key version 2 and verified"
+
+cli_finish cli_migrate_test

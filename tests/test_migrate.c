@@ -1,0 +1,605 @@
+/*
+ * tests/test_migrate.c -- the census and the re-encryption engine
+ * (keyshift/migrate.h), over the in-memory row store of
+ * tests/mem_rowstore.h (fault injection) and, once it is built, the
+ * SQLite store on a temporary file.  No test depends on timing.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <sodium.h>
+#include <sqlite3.h>
+
+#include <keyshift/migrate.h>
+
+#include "../migrate/engine/engine.h"
+#include "mem_provider.h"
+#include "mem_rowstore.h"
+
+#define BV(s) ((ks_bytes){(const uint8_t *)(s), sizeof(s) - 1})
+#define N_ROWS 60
+
+/* One test's world: keys "k" v1 (primary) and "other" v1, a context and
+ * an in-memory store. */
+typedef struct world {
+    ks_mem_provider mem;
+    ks_provider prov;
+    ks_ctx *ctx;
+    ks_rowstore st;
+    mem_rowstore *m;
+    char orig[N_ROWS + 1][32]; /* the original plaintext by id */
+} world;
+
+static int setup(void **state)
+{
+    world *w = calloc(1, sizeof *w);
+    assert_non_null(w);
+    assert_true(sodium_init() >= 0);
+    ks_mem_init(&w->mem);
+    assert_int_equal(ks_mem_add(&w->mem, "k", 1, 1, NULL), 0);
+    assert_int_equal(ks_mem_add(&w->mem, "other", 1, 1, NULL), 0);
+    w->prov = ks_mem_provider_of(&w->mem);
+    assert_int_equal(ks_ctx_new(&w->prov, NULL, &w->ctx), KS_OK);
+    w->m = mrs_new(&w->st);
+    assert_non_null(w->m);
+    *state = w;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    world *w = *state;
+    w->st.ops->close(w->st.self);
+    ks_ctx_free(w->ctx);
+    ks_mem_cleanup(&w->mem);
+    free(w);
+    return 0;
+}
+
+/* Migration parameters: tenant "acme", purpose "pp", context "t:{id}". */
+static ks_migrate_params mparams(ks_migrate_mode mode, const char *key, uint32_t version)
+{
+    ks_migrate_params p = {0};
+    p.mode = mode;
+    p.to_key_id = (ks_bytes){(const uint8_t *)key, strlen(key)};
+    p.to_key_version = version;
+    p.tenant = BV("acme");
+    p.purpose = BV("pp");
+    p.context_template = BV("t:{id}");
+    p.batch_size = 7;
+    p.max_failure_rate = -1;
+    return p;
+}
+
+/* Rows 1..N_ROWS: NULL when id % 10 == 0, INTEGER id*3 when id % 7 == 0,
+ * else TEXT "secret-<id>". */
+static void fill_plain(world *w)
+{
+    for (int64_t id = 1; id <= N_ROWS; id++) {
+        if (id % 10 == 0) {
+            mrs_add(w->m, id, KS_VALUE_NULL, 0, NULL, 0);
+            w->orig[id][0] = '\0';
+        } else if (id % 7 == 0) {
+            mrs_add(w->m, id, KS_VALUE_INTEGER, id * 3, NULL, 0);
+            snprintf(w->orig[id], sizeof w->orig[id], "%lld", (long long)(id * 3));
+        } else {
+            snprintf(w->orig[id], sizeof w->orig[id], "secret-%lld", (long long)id);
+            mrs_add(w->m, id, KS_VALUE_TEXT, 0, w->orig[id], strlen(w->orig[id]));
+        }
+    }
+}
+
+/* The key version seal_for asks for (0: the primary). */
+static uint32_t g_seal_version;
+
+/* Seal pt for row id as the engine would (context "t:<id>"), into out. */
+static size_t seal_for(world *w, int64_t id, const char *key, uint8_t fmt, const char *ctxs,
+                       const char *pt, uint8_t *out, size_t cap)
+{
+    char c[32];
+    snprintf(c, sizeof c, "t:%lld", (long long)id);
+    ks_seal_params sp = {fmt, 0, BV("acme"), {(const uint8_t *)key, strlen(key)}, g_seal_version,
+                         fmt == 1 ? (ks_bytes){NULL, 0} : BV("pp"),
+                         {(const uint8_t *)(ctxs ? ctxs : c), strlen(ctxs ? ctxs : c)}};
+    size_t n = 0;
+    assert_int_equal(ks_seal(w->ctx, &sp, (const uint8_t *)pt, strlen(pt), out, cap, &n), KS_OK);
+    return n;
+}
+
+/* Every row: NULL stays NULL; every other value is an envelope under
+ * (key, version) opening to the original plaintext. */
+static void check_all(world *w, const char *key, uint32_t version)
+{
+    for (size_t i = 0; i < w->m->n; i++) {
+        mrs_row *r = &w->m->rows[i];
+        if (r->id > N_ROWS) {
+            continue; /* extra rows of a test: checked there */
+        }
+        if (w->orig[r->id][0] == '\0') {
+            assert_int_equal(r->value.type, KS_VALUE_NULL);
+            continue;
+        }
+        ks_value v = mrs_view(&r->value);
+        assert_true(ks_engine_is_envelope(&v));
+        ks_envelope e;
+        assert_int_equal(ks_envelope_parse(v.bytes.ptr, v.bytes.len, NULL, &e, NULL), KS_OK);
+        assert_int_equal(e.key_id.len, strlen(key));
+        assert_memory_equal(e.key_id.ptr, key, strlen(key));
+        assert_int_equal(e.key_version, version);
+        char c[32];
+        snprintf(c, sizeof c, "t:%lld", (long long)r->id);
+        ks_open_params op = {{(const uint8_t *)c, strlen(c)}, BV("acme"), BV("pp")};
+        uint8_t pt[64];
+        size_t n = 0;
+        assert_int_equal(ks_open(w->ctx, v.bytes.ptr, v.bytes.len, &op, pt, sizeof pt, &n, NULL), KS_OK);
+        assert_int_equal(n, strlen(w->orig[r->id]));
+        assert_memory_equal(pt, w->orig[r->id], n);
+    }
+}
+
+/* Run a migration and return the checkpoint (copied counts). */
+static ks_err run(world *w, const ks_migrate_params *p, ks_checkpoint *cp)
+{
+    return ks_migrate_run(w->ctx, &w->st, p, NULL, NULL, NULL, cp);
+}
+
+/* ---- context templates ---------------------------------------------------- */
+
+static void test_template(void **state)
+{
+    (void)state;
+    ks_context_tmpl *t = malloc(sizeof *t);
+    assert_non_null(t);
+    assert_int_equal(ks_context_tmpl_compile(BV("a{{{id}}}-{c}-{d}{c}"), t), KS_OK);
+    assert_int_equal(t->n_columns, 2);
+    assert_string_equal(t->columns[0], "c");
+    assert_string_equal(t->columns[1], "d");
+    ks_row row;
+    memset(&row, 0, sizeof row);
+    static const uint8_t blob[] = {0xab, 0x01};
+    row.id = (ks_value){KS_VALUE_INTEGER, -5, {NULL, 0}};
+    row.context[0] = (ks_value){KS_VALUE_TEXT, 0, BV("x")};
+    row.context[1] = (ks_value){KS_VALUE_BLOB, 0, {blob, 2}};
+    uint8_t out[KS_CONTEXT_MAX];
+    size_t n = 0;
+    assert_int_equal(ks_context_tmpl_render(t, &row, out, sizeof out, &n), KS_OK);
+    assert_int_equal(n, strlen("a{-5}-x-ab01x"));
+    assert_memory_equal(out, "a{-5}-x-ab01x", n);
+    row.context[0] = (ks_value){KS_VALUE_NULL, 0, {NULL, 0}};
+    row.id = (ks_value){KS_VALUE_TEXT, 0, BV("r7")};
+    assert_int_equal(ks_context_tmpl_render(t, &row, out, sizeof out, &n), KS_OK);
+    assert_memory_equal(out, "a{r7}--ab01", n);
+    assert_int_equal(n, 11);
+    assert_int_equal(ks_context_tmpl_render(t, &row, out, 4, &n), KS_ERR_TOO_LARGE);
+    /* errors */
+    const char *bad[] = {"{", "}", "a}b", "{}", "{a{b}", "{id", "{a}{b}{c}{d}{e}{f}{g}{h}{i}"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        assert_int_equal(ks_context_tmpl_compile((ks_bytes){(const uint8_t *)bad[i], strlen(bad[i])}, t),
+                         KS_ERR_INVALID_ARGUMENT);
+    }
+    assert_int_equal(ks_context_tmpl_compile(BV("{{}}"), t), KS_OK);
+    assert_int_equal(ks_context_tmpl_render(t, &row, out, sizeof out, &n), KS_OK);
+    assert_memory_equal(out, "{}", 2);
+    assert_int_equal(ks_context_tmpl_compile((ks_bytes){NULL, 0}, t), KS_OK);
+    assert_int_equal(ks_context_tmpl_render(t, &row, out, sizeof out, &n), KS_OK);
+    assert_int_equal(n, 0);
+    free(t);
+    /* the public column list */
+    const char *names[KS_ROWSTORE_MAX_CONTEXT_COLUMNS];
+    char storage[KS_CONTEXT_TEMPLATE_MAX];
+    size_t nc = 99;
+    assert_int_equal(ks_context_template_columns(BV("{id}:{org}:{kind}:{org}"), names, storage, &nc), KS_OK);
+    assert_int_equal(nc, 2);
+    assert_string_equal(names[0], "org");
+    assert_string_equal(names[1], "kind");
+    assert_int_equal(ks_context_template_columns(BV("{x"), names, storage, &nc), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(nc, 0);
+}
+
+/* ---- census --------------------------------------------------------------- */
+
+static void test_census(void **state)
+{
+    world *w = *state;
+    uint8_t env[512];
+    int64_t id = 1;
+    mrs_add(w->m, id++, KS_VALUE_NULL, 0, NULL, 0);
+    mrs_add(w->m, id++, KS_VALUE_NULL, 0, NULL, 0);
+    mrs_add(w->m, id++, KS_VALUE_TEXT, 0, "hello", 5);
+    mrs_add(w->m, id++, KS_VALUE_INTEGER, 42, NULL, 0);
+    mrs_add(w->m, id++, KS_VALUE_BLOB, 0, "\x00\x01", 2);
+    mrs_add(w->m, id++, KS_VALUE_TEXT, 0, "KS", 2); /* too short for the magic: plaintext */
+    size_t n = seal_for(w, id, "k", 1, NULL, "a", env, sizeof env);
+    mrs_add(w->m, id++, KS_VALUE_BLOB, 0, env, n);
+    for (int i = 0; i < 2; i++) {
+        n = seal_for(w, id, "k", 2, NULL, "b", env, sizeof env);
+        mrs_add(w->m, id++, KS_VALUE_BLOB, 0, env, n);
+    }
+    assert_int_equal(ks_mem_add(&w->mem, "k", 2, 1, NULL), 0);
+    g_seal_version = 2;
+    n = seal_for(w, id, "k", 2, NULL, "c", env, sizeof env);
+    g_seal_version = 0;
+    mrs_add(w->m, id++, KS_VALUE_TEXT, 0, env, n); /* TEXT envelopes count too */
+    n = seal_for(w, id, "other", 2, NULL, "c", env, sizeof env);
+    mrs_add(w->m, id++, KS_VALUE_BLOB, 0, env, n);
+    mrs_add(w->m, id++, KS_VALUE_BLOB, 0, env, n - 3);                 /* truncated */
+    env[n] = 0;
+    mrs_add(w->m, id++, KS_VALUE_BLOB, 0, env, n + 1);                 /* trailing byte */
+    mrs_add(w->m, id++, KS_VALUE_BLOB, 0, "KSE\x09\x08\x02", 6);       /* unsupported version */
+    mrs_add(w->m, id++, KS_VALUE_TEXT, 0, "KSE", 3);                   /* truncated */
+    ks_census c;
+    assert_int_equal(ks_census_run(&w->st, &c), KS_OK);
+    assert_int_equal(c.rows, 15);
+    assert_int_equal(c.null_rows, 2);
+    assert_int_equal(c.plaintext_rows, 4);
+    assert_int_equal(c.malformed_rows, 4);
+    assert_int_equal(c.malformed[KS_ERR_TRUNCATED], 2); /* the cut envelope and a bare "KSE" */
+    assert_int_equal(c.malformed[KS_ERR_UNSUPPORTED_VERSION], 1);
+    assert_int_equal(c.n_classes, 4);
+    /* sorted: k:1 v1, k:1 v2, k:2 v2, other:1 v2 */
+    assert_string_equal(c.classes[0].key_id, "k");
+    assert_int_equal(c.classes[0].key_version, 1);
+    assert_int_equal(c.classes[0].version, 1);
+    assert_int_equal(c.classes[0].rows, 1);
+    assert_int_equal(c.classes[1].version, 2);
+    assert_int_equal(c.classes[1].rows, 2);
+    assert_int_equal(c.classes[2].key_version, 2);
+    assert_int_equal(c.classes[2].rows, 1);
+    assert_string_equal(c.classes[3].key_id, "other");
+    assert_int_equal(c.classes[3].algorithm, KS_ALG_XCHACHA20POLY1305);
+    ks_census_free(&c);
+    assert_null(c.classes);
+}
+
+/* ---- round trips, idempotence, wraps -------------------------------------- */
+
+static void test_round_trip(void **state)
+{
+    world *w = *state;
+    fill_plain(w);
+    ks_migrate_params p = mparams(KS_MIGRATE_ENCRYPT, "k", 0);
+    ks_checkpoint cp;
+    assert_int_equal(run(w, &p, &cp), KS_OK);
+    assert_int_equal(cp.done, N_ROWS - N_ROWS / 10);
+    assert_int_equal(cp.quarantined + cp.raced + cp.wrong_state + cp.skipped, 0);
+    assert_memory_equal(cp.state.ptr, "complete", 8);
+    check_all(w, "k", 1);
+    /* idempotent: nothing written, counts unchanged */
+    unsigned writes = w->m->writes;
+    ks_checkpoint again;
+    assert_int_equal(run(w, &p, &again), KS_OK);
+    assert_int_equal(w->m->writes, writes);
+    assert_int_equal(again.done, cp.done);
+    assert_int_equal(again.updated, cp.updated);
+    check_all(w, "k", 1);
+    /* rewrap to a new primary: wraps grow with DEKs, not rows */
+    assert_int_equal(ks_mem_add(&w->mem, "k", 2, 1, NULL), 0);
+    ks_metrics before, after;
+    ks_ctx_metrics(w->ctx, &before);
+    p = mparams(KS_MIGRATE_REWRAP, "k", 0);
+    assert_int_equal(run(w, &p, &cp), KS_OK);
+    ks_ctx_metrics(w->ctx, &after);
+    assert_int_equal(cp.done, N_ROWS - N_ROWS / 10);
+    assert_true(after.wraps - before.wraps <= 2);
+    assert_true(after.rewraps - before.rewraps >= cp.done);
+    check_all(w, "k", 2);
+    /* a second rewrap: every row already at the target */
+    p.to_key_version = 2;
+    writes = w->m->writes;
+    /* the previous one is complete, a new identity (version pinned) may start */
+    ks_checkpoint cp2;
+    assert_int_equal(run(w, &p, &cp2), KS_OK);
+    assert_int_equal(w->m->writes, writes);
+    /* reencrypt to another key, format 1 */
+    p = mparams(KS_MIGRATE_REENCRYPT, "other", 0);
+    p.to_format = 2;
+    assert_int_equal(run(w, &p, &cp), KS_OK);
+    assert_int_equal(cp.done, N_ROWS - N_ROWS / 10);
+    check_all(w, "other", 1);
+    /* an unknown mode is refused */
+    p.mode = (ks_migrate_mode)9;
+    assert_int_equal(run(w, &p, &cp), KS_ERR_INVALID_ARGUMENT);
+    assert_string_equal(ks_migrate_mode_name(KS_MIGRATE_REWRAP), "rewrap");
+    assert_null(ks_migrate_mode_name(0));
+}
+
+/* ---- wrong state, quarantine, threshold ----------------------------------- */
+
+static void test_wrong_state_and_quarantine(void **state)
+{
+    world *w = *state;
+    uint8_t env[512];
+    fill_plain(w);
+    /* rows 101.. : an envelope (wrong state for encrypt), malformed ones */
+    size_t n = seal_for(w, 101, "k", 2, NULL, "x", env, sizeof env);
+    mrs_add(w->m, 101, KS_VALUE_BLOB, 0, env, n);
+    mrs_add(w->m, 102, KS_VALUE_BLOB, 0, env, n - 1);
+    mrs_add(w->m, 103, KS_VALUE_TEXT, 0, "KSE-not-an-envelope", 19);
+    ks_migrate_params p = mparams(KS_MIGRATE_ENCRYPT, "k", 0);
+    p.max_failure_rate = 0.5;
+    ks_checkpoint cp;
+    assert_int_equal(run(w, &p, &cp), KS_OK);
+    assert_int_equal(cp.wrong_state, 1);
+    assert_int_equal(cp.quarantined, 2);
+    assert_int_equal(cp.done, N_ROWS - N_ROWS / 10);
+    assert_memory_equal(mrs_find(w->m, 101)->value.bytes, env, n);
+    assert_memory_equal(mrs_find(w->m, 102)->value.bytes, env, n - 1);
+    assert_memory_equal(mrs_find(w->m, 103)->value.bytes, "KSE-not-an-envelope", 19);
+    assert_string_equal(mrs_find(w->m, 102)->qerr, "truncated");
+    assert_true(mrs_find(w->m, 103)->quarantined);
+    /* rewrap: plaintext is wrong state; an envelope bound to another
+     * context fails authentication and is quarantined, untouched */
+    n = seal_for(w, 104, "k", 2, "elsewhere", "y", env, sizeof env);
+    mrs_add(w->m, 104, KS_VALUE_BLOB, 0, env, n);
+    mrs_add(w->m, 105, KS_VALUE_TEXT, 0, "plain", 5);
+    assert_int_equal(ks_mem_add(&w->mem, "k", 2, 1, NULL), 0);
+    p = mparams(KS_MIGRATE_REWRAP, "k", 2);
+    p.max_failure_rate = 0.5;
+    assert_int_equal(run(w, &p, &cp), KS_OK);
+    assert_int_equal(cp.wrong_state, 1);
+    assert_int_equal(cp.quarantined, 1);
+    assert_string_equal(mrs_find(w->m, 104)->qerr, "auth-failed");
+    assert_memory_equal(mrs_find(w->m, 104)->value.bytes, env, n);
+    assert_memory_equal(mrs_find(w->m, 105)->value.bytes, "plain", 5);
+}
+
+static void test_threshold(void **state)
+{
+    world *w = *state;
+    fill_plain(w);
+    mrs_add(w->m, 101, KS_VALUE_TEXT, 0, "KSE1", 4);
+    ks_migrate_params p = mparams(KS_MIGRATE_ENCRYPT, "k", 0);
+    p.max_failure_rate = 0; /* stop on any failure */
+    ks_checkpoint cp;
+    assert_int_equal(run(w, &p, &cp), KS_ERR_THRESHOLD);
+    assert_memory_equal(cp.state.ptr, "stopped", 7);
+    assert_int_equal(cp.quarantined, 1);
+    assert_int_equal(cp.done, N_ROWS - N_ROWS / 10);
+    assert_true(cp.finished != 0);
+    check_all(w, "k", 1); /* what was written is sound */
+    assert_memory_equal(mrs_find(w->m, 101)->value.bytes, "KSE1", 4);
+    /* a rerun with the same rate stops again, writing nothing */
+    unsigned writes = w->m->writes;
+    assert_int_equal(run(w, &p, &cp), KS_ERR_THRESHOLD);
+    assert_int_equal(w->m->writes, writes);
+}
+
+/* ---- stop and resume, provider failure ------------------------------------ */
+
+static volatile sig_atomic_t g_stop;
+
+/* progress: ask to stop after the first committed batch. */
+static void stop_after_first(void *arg, const ks_migrate_progress *pr)
+{
+    (void)arg;
+    assert_non_null(pr->checkpoint);
+    g_stop = 1;
+}
+
+static void test_stop_resume(void **state)
+{
+    world *w = *state;
+    fill_plain(w);
+    ks_migrate_params p = mparams(KS_MIGRATE_ENCRYPT, "k", 0);
+    ks_checkpoint cp;
+    g_stop = 0;
+    assert_int_equal(ks_migrate_run(w->ctx, &w->st, &p, &g_stop, stop_after_first, NULL, &cp),
+                     KS_ERR_STOPPED);
+    assert_memory_equal(cp.state.ptr, "paused", 6);
+    assert_int_equal(cp.cursor.type, KS_VALUE_INTEGER);
+    assert_int_equal(cp.cursor.integer, 14); /* two batches of 7: stop is seen after the first */
+    uint64_t done1 = cp.done;
+    assert_true(done1 > 0);
+    assert_int_equal(mrs_find(w->m, 15)->value.type, KS_VALUE_TEXT); /* untouched */
+    assert_int_equal(run(w, &p, &cp), KS_OK);
+    assert_int_equal(cp.done, N_ROWS - N_ROWS / 10);
+    check_all(w, "k", 1);
+}
+
+static void fail_wraps(void *arg, const ks_migrate_progress *pr)
+{
+    world *w = arg;
+    if (pr->batch_rows != 0) {
+        ks_mem_fail(&w->mem, KS_MEM_WRAP, KS_ERR_UNAVAILABLE, 1000);
+    }
+}
+
+static void test_provider_unavailable(void **state)
+{
+    world *w = *state;
+    ks_ctx_free(w->ctx);
+    ks_ctx_config cfg;
+    ks_ctx_config_default(&cfg);
+    cfg.dek_max_messages = 3; /* a wrap every few rows */
+    assert_int_equal(ks_ctx_new(&w->prov, &cfg, &w->ctx), KS_OK);
+    fill_plain(w);
+    ks_migrate_params p = mparams(KS_MIGRATE_ENCRYPT, "k", 0);
+    ks_checkpoint cp;
+    assert_int_equal(ks_migrate_run(w->ctx, &w->st, &p, NULL, fail_wraps, w, &cp), KS_ERR_UNAVAILABLE);
+    assert_memory_equal(cp.state.ptr, "running", 7);
+    assert_int_equal(cp.cursor.integer, 7);
+    assert_int_equal(cp.done, 7);
+    for (int64_t id = 8; id <= N_ROWS; id++) { /* the failed batch wrote nothing */
+        assert_int_not_equal(mrs_find(w->m, id)->value.type, KS_VALUE_BLOB);
+    }
+    assert_false(w->m->in_txn);
+    ks_mem_fail(&w->mem, KS_MEM_WRAP, KS_OK, 0);
+    assert_int_equal(run(w, &p, &cp), KS_OK);
+    assert_int_equal(cp.done, N_ROWS - N_ROWS / 10);
+    check_all(w, "k", 1);
+    /* a failing commit rolls back, the checkpoint stands */
+}
+
+static void test_commit_failure(void **state)
+{
+    world *w = *state;
+    fill_plain(w);
+    w->m->fail_commit_at = 2;
+    ks_migrate_params p = mparams(KS_MIGRATE_ENCRYPT, "k", 0);
+    ks_checkpoint cp;
+    assert_int_equal(run(w, &p, &cp), KS_ERR_BUSY);
+    assert_int_equal(cp.cursor.integer, 7);
+    assert_int_equal(mrs_find(w->m, 8)->value.type, KS_VALUE_TEXT);
+    assert_int_equal(run(w, &p, &cp), KS_OK);
+    check_all(w, "k", 1);
+}
+
+/* ---- races ----------------------------------------------------------------- */
+
+/* begin hook: the application rewrites row 9's plaintext once, between
+ * the scan of its batch (the second) and the batch's writes. */
+static void app_writes(mem_rowstore *m, void *arg)
+{
+    world *w = arg;
+    if (m->commits == 1 && w->orig[9][0] != 'n') {
+        strcpy(w->orig[9], "new-9");
+        mrs_set(m, 9, KS_VALUE_TEXT, "new-9", 5);
+    }
+}
+
+static void test_races(void **state)
+{
+    world *w = *state;
+    fill_plain(w);
+    mrs_find(w->m, 3)->race_once = 1;
+    mrs_find(w->m, 33)->race_once = 1;
+    w->m->begin_hook = app_writes;
+    w->m->hook_arg = w;
+    ks_migrate_params p = mparams(KS_MIGRATE_ENCRYPT, "k", 0);
+    ks_checkpoint cp;
+    assert_int_equal(run(w, &p, &cp), KS_OK);
+    assert_int_equal(cp.raced, 3);
+    assert_int_equal(cp.pass, 2);
+    assert_int_equal(cp.done, N_ROWS - N_ROWS / 10);
+    check_all(w, "k", 1); /* row 9 holds the application's new value */
+}
+
+/* ---- the SQLite store ------------------------------------------------------ */
+
+static void test_sqlite(void **state)
+{
+    world *w = *state;
+    char path[128];
+    const char *tmp = getenv("TMPDIR");
+    snprintf(path, sizeof path, "%s/ksmigrateXXXXXX", tmp != NULL && strlen(tmp) < 80 ? tmp : "/tmp");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "CREATE TABLE t(id INTEGER PRIMARY KEY, v)", NULL, NULL, NULL), SQLITE_OK);
+    for (int id = 1; id <= N_ROWS; id++) {
+        char sql[96];
+        if (id % 10 == 0) {
+            snprintf(sql, sizeof sql, "INSERT INTO t VALUES(%d, NULL)", id);
+        } else {
+            snprintf(w->orig[id], sizeof w->orig[id], "secret-%d", id);
+            snprintf(sql, sizeof sql, "INSERT INTO t VALUES(%d, 'secret-%d')", id, id);
+        }
+        assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    }
+    ks_rowstore_target tg = {"t", "v", NULL, NULL, {NULL}, 0};
+    ks_rowstore st;
+    char eb[128];
+    assert_int_equal(ks_rowstore_sqlite_open(path, &tg, NULL, &st, eb, sizeof eb), KS_OK);
+    ks_migrate_params p = mparams(KS_MIGRATE_ENCRYPT, "k", 0);
+    ks_checkpoint cp;
+    assert_int_equal(ks_migrate_run(w->ctx, &st, &p, NULL, NULL, NULL, &cp), KS_OK);
+    assert_int_equal(cp.done, N_ROWS - N_ROWS / 10);
+    ks_census c;
+    assert_int_equal(ks_census_run(&st, &c), KS_OK);
+    assert_int_equal(c.plaintext_rows, 0);
+    assert_int_equal(c.null_rows, N_ROWS / 10);
+    ks_census_free(&c);
+    assert_int_equal(ks_mem_add(&w->mem, "k", 2, 1, NULL), 0);
+    p = mparams(KS_MIGRATE_REWRAP, "k", 0);
+    assert_int_equal(ks_migrate_run(w->ctx, &st, &p, NULL, NULL, NULL, &cp), KS_OK);
+    assert_int_equal(cp.done, N_ROWS - N_ROWS / 10);
+    ks_verify_result vr;
+    assert_int_equal(ks_migrate_verify(w->ctx, &st, &p, 0, NULL, NULL, &vr), KS_OK);
+    assert_int_equal(vr.checked, N_ROWS - N_ROWS / 10);
+    assert_int_equal(vr.failed, 0);
+    ks_rowstore_close(&st);
+    sqlite3_close(db);
+    unlink(path);
+}
+
+/* ---- verify ---------------------------------------------------------------- */
+
+static void count_failure(void *arg, const ks_verify_failure *f)
+{
+    int *n = arg;
+    assert_int_equal(f->id.type, KS_VALUE_INTEGER);
+    assert_int_equal(f->id.integer, 104);
+    assert_int_equal(f->error, KS_ERR_AUTH_FAILED);
+    (*n)++;
+}
+
+static void test_verify(void **state)
+{
+    world *w = *state;
+    uint8_t env[512];
+    fill_plain(w);
+    ks_migrate_params p = mparams(KS_MIGRATE_ENCRYPT, "k", 0);
+    ks_checkpoint cp;
+    assert_int_equal(run(w, &p, &cp), KS_OK);
+    size_t n = seal_for(w, 104, "k", 2, "elsewhere", "y", env, sizeof env);
+    mrs_add(w->m, 104, KS_VALUE_BLOB, 0, env, n);
+    int fails = 0;
+    ks_verify_result vr;
+    assert_int_equal(ks_migrate_verify(w->ctx, &w->st, &p, 0, count_failure, &fails, &vr), KS_OK);
+    assert_int_equal(vr.checked, N_ROWS - N_ROWS / 10 + 1);
+    assert_int_equal(vr.failed, 1);
+    assert_int_equal(fails, 1);
+    assert_int_equal(vr.skipped, N_ROWS / 10);
+    /* a sample never checks more rows than exist */
+    assert_int_equal(ks_migrate_verify(w->ctx, &w->st, &p, 5, NULL, NULL, &vr), KS_OK);
+    assert_true(vr.checked + vr.skipped <= N_ROWS + 1);
+    /* an unreachable provider stops verify instead of failing rows */
+    ks_ctx_free(w->ctx);
+    assert_int_equal(ks_ctx_new(&w->prov, NULL, &w->ctx), KS_OK);
+    ks_mem_fail(&w->mem, KS_MEM_UNWRAP, KS_ERR_UNAVAILABLE, 1);
+    assert_int_equal(ks_migrate_verify(w->ctx, &w->st, &p, 0, NULL, NULL, &vr), KS_ERR_UNAVAILABLE);
+}
+
+/* A different migration may not start over an unfinished one. */
+static void test_mismatch(void **state)
+{
+    world *w = *state;
+    fill_plain(w);
+    ks_migrate_params p = mparams(KS_MIGRATE_ENCRYPT, "k", 0);
+    g_stop = 0;
+    assert_int_equal(ks_migrate_run(w->ctx, &w->st, &p, &g_stop, stop_after_first, NULL, NULL),
+                     KS_ERR_STOPPED);
+    ks_migrate_params q = mparams(KS_MIGRATE_ENCRYPT, "other", 0);
+    assert_int_equal(run(w, &q, NULL), KS_ERR_MISMATCH);
+    p.batch_size = 100; /* batch size is not part of the identity */
+    assert_int_equal(run(w, &p, NULL), KS_OK);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_template),
+        cmocka_unit_test_setup_teardown(test_census, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_round_trip, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wrong_state_and_quarantine, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_threshold, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stop_resume, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_provider_unavailable, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_commit_failure, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_races, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_verify, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_mismatch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sqlite, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

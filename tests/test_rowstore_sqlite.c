@@ -1,0 +1,842 @@
+/*
+ * tests/test_rowstore_sqlite.c -- the SQLite row store
+ * (keyshift/rowstore.h, migrate/store/sqlite_store.c).
+ *
+ * Every test builds its database with the SQLite C API in a fresh
+ * mkdtemp directory under /tmp and removes it afterwards.  Lock tests use
+ * a thread with its own connection and pipes for ordering; no test passes
+ * or fails on a measured duration.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <pthread.h>
+#include <sqlite3.h>
+
+#include <keyshift/rowstore.h>
+
+#include "../migrate/store/sqlite_store.h"
+
+/* One test's world: a temporary directory holding db.sqlite. */
+typedef struct world {
+    char dir[64];
+    char path[96];
+    char err[256];
+    ks_rowstore store;
+} world;
+
+/* ---- helpers --------------------------------------------------------------- */
+
+/* Create the test directory and its database path. */
+static int world_setup(void **state)
+{
+    world *w = calloc(1, sizeof *w);
+    assert_non_null(w);
+    strcpy(w->dir, "/tmp/ks_rowstore_XXXXXX");
+    assert_non_null(mkdtemp(w->dir));
+    snprintf(w->path, sizeof w->path, "%s/db.sqlite", w->dir);
+    *state = w;
+    return 0;
+}
+
+/* Close the store, remove the database files and the directory. */
+static int world_teardown(void **state)
+{
+    world *w = *state;
+    static const char *const suffix[] = {"", "-journal", "-wal", "-shm"};
+    ks_rowstore_close(&w->store);
+    for (size_t i = 0; i < sizeof suffix / sizeof suffix[0]; i++) {
+        char p[128];
+        snprintf(p, sizeof p, "%s%s", w->path, suffix[i]);
+        unlink(p);
+    }
+    rmdir(w->dir);
+    free(w);
+    return 0;
+}
+
+/* Run sql on the database at path through a separate connection
+ * (creating the file). */
+static void exec_sql(const char *path, const char *sql)
+{
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL),
+                     SQLITE_OK);
+    char *msg = NULL;
+    int rc = sqlite3_exec(db, sql, NULL, NULL, &msg);
+    if (rc != SQLITE_OK)
+        fprintf(stderr, "exec_sql: %s\n", msg ? msg : "?");
+    sqlite3_free(msg);
+    assert_int_equal(rc, SQLITE_OK);
+    assert_int_equal(sqlite3_close(db), SQLITE_OK);
+}
+
+/* One integer from a query on a separate connection. */
+static int64_t query_int(const char *path, const char *sql)
+{
+    sqlite3 *db = NULL;
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    int64_t v = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    assert_int_equal(sqlite3_close(db), SQLITE_OK);
+    return v;
+}
+
+/* A target over table/column with optional id column. */
+static ks_rowstore_target target(const char *table, const char *column, const char *id)
+{
+    ks_rowstore_target t;
+    memset(&t, 0, sizeof t);
+    t.table = table;
+    t.column = column;
+    t.id_column = id;
+    return t;
+}
+
+/* Open w's store over t with opts. */
+static ks_err open_store(world *w, const ks_rowstore_target *t, const ks_sqlite_options *opts)
+{
+    ks_rowstore_close(&w->store);
+    w->err[0] = '\0';
+    return ks_rowstore_sqlite_open(w->path, t, opts, &w->store, w->err, sizeof w->err);
+}
+
+/* Open expecting err, with errbuf containing needle. */
+static void open_fails(world *w, const ks_rowstore_target *t, ks_err err, const char *needle)
+{
+    assert_int_equal(open_store(w, t, NULL), err);
+    assert_null(w->store.self);
+    if (strstr(w->err, needle) == NULL)
+        fail_msg("message \"%s\" lacks \"%s\"", w->err, needle);
+}
+
+/* Shorthands for the store's operations. */
+static ks_err scan(world *w, const ks_value *after, size_t max, ks_row *rows, size_t *n)
+{
+    return w->store.ops->scan(w->store.self, after, max, rows, n);
+}
+
+static ks_err begin(world *w)
+{
+    return w->store.ops->begin(w->store.self);
+}
+
+static ks_err commit(world *w)
+{
+    return w->store.ops->commit(w->store.self);
+}
+
+static void rollback(world *w)
+{
+    w->store.ops->rollback(w->store.self);
+}
+
+static ks_err cas(world *w, const ks_value *id, const ks_value *old, const char *nv, int *swapped)
+{
+    ks_bytes b = {(const uint8_t *)nv, strlen(nv)};
+    return w->store.ops->cas(w->store.self, id, old, b, swapped);
+}
+
+/* Quarantine id in a transaction of its own. */
+static void quarantine_one(world *w, const ks_value *id)
+{
+    assert_int_equal(begin(w), KS_OK);
+    assert_int_equal(w->store.ops->quarantine(w->store.self, id, "auth-failed"), KS_OK);
+    assert_int_equal(commit(w), KS_OK);
+}
+
+/* An INTEGER value. */
+static ks_value vint(int64_t i)
+{
+    ks_value v = {KS_VALUE_INTEGER, i, {NULL, 0}};
+    return v;
+}
+
+/* A TEXT or BLOB value viewing the C string s. */
+static ks_value vbytes(ks_value_type type, const char *s)
+{
+    ks_value v = {type, 0, {(const uint8_t *)s, strlen(s)}};
+    return v;
+}
+
+/* Assert v is a TEXT or BLOB equal to s. */
+static void assert_bytes(const ks_value *v, ks_value_type type, const char *s)
+{
+    assert_int_equal(v->type, type);
+    assert_int_equal(v->bytes.len, strlen(s));
+    assert_non_null(v->bytes.ptr);
+    assert_memory_equal(v->bytes.ptr, s, strlen(s) ? strlen(s) : 1);
+}
+
+/* ---- target validation ------------------------------------------------------- */
+
+/* A missing file is KS_ERR_NO_TARGET and is not created. */
+static void test_missing_file(void **state)
+{
+    world *w = *state;
+    ks_rowstore_target t = target("t", "v", NULL);
+    open_fails(w, &t, KS_ERR_NO_TARGET, "no database file");
+    assert_int_not_equal(access(w->path, F_OK), 0);
+    ks_sqlite_options ro = {0, 1};
+    assert_int_equal(open_store(w, &t, &ro), KS_ERR_NO_TARGET);
+    assert_int_not_equal(access(w->path, F_OK), 0);
+}
+
+/* Missing tables and columns (every role) are named in the message. */
+static void test_missing_table_or_column(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "CREATE TABLE t(id INTEGER PRIMARY KEY, v, tn, c1)");
+    ks_rowstore_target t = target("nope", "v", NULL);
+    open_fails(w, &t, KS_ERR_NO_TARGET, "no table \"nope\"");
+    t = target("t", "nope", NULL);
+    open_fails(w, &t, KS_ERR_NO_TARGET, "no target column \"nope\"");
+    t = target("t", "v", "nope");
+    open_fails(w, &t, KS_ERR_NO_TARGET, "no id column \"nope\"");
+    t = target("t", "v", NULL);
+    t.tenant_column = "nope";
+    open_fails(w, &t, KS_ERR_NO_TARGET, "no tenant column \"nope\"");
+    t = target("t", "v", NULL);
+    t.context_columns[0] = "c1";
+    t.context_columns[1] = "nope";
+    t.n_context_columns = 2;
+    open_fails(w, &t, KS_ERR_NO_TARGET, "no context column \"nope\"");
+    t = target("t", "v", NULL);
+    t.n_context_columns = KS_ROWSTORE_MAX_CONTEXT_COLUMNS + 1;
+    assert_int_equal(open_store(w, &t, NULL), KS_ERR_INVALID_ARGUMENT);
+    t = target("t", "", NULL);
+    assert_int_equal(open_store(w, &t, NULL), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_rowstore_sqlite_open(w->path, NULL, NULL, &w->store, NULL, 0),
+                     KS_ERR_INVALID_ARGUMENT);
+    /* the encrypted column cannot be the id nor a context column */
+    t = target("t", "v", NULL);
+    t.context_columns[0] = "V";
+    t.n_context_columns = 1;
+    assert_int_equal(open_store(w, &t, NULL), KS_ERR_INVALID_ARGUMENT);
+    t = target("t", "id", NULL);
+    assert_int_equal(open_store(w, &t, NULL), KS_ERR_INVALID_ARGUMENT);
+    /* reserved tables and views are refused */
+    t = target("keyshift_migration", "state", NULL);
+    assert_int_equal(open_store(w, &t, NULL), KS_ERR_INVALID_ARGUMENT);
+    exec_sql(w->path, "CREATE VIEW vw AS SELECT id, v FROM t");
+    t = target("vw", "v", NULL);
+    assert_int_equal(open_store(w, &t, NULL), KS_ERR_INVALID_ARGUMENT);
+    /* names match as SQLite matches them: case-insensitively */
+    t = target("T", "V", "ID");
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+}
+
+/* Names that look like SQL are looked up, reported missing, never run. */
+static void test_injection_names_missing(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "CREATE TABLE t(id INTEGER PRIMARY KEY, v); INSERT INTO t(v) VALUES('a');");
+    static const char *const evil[] = {
+        "t; DROP TABLE t; --", "t\" ; DROP TABLE t; --", "t WHERE 1=1", "main.t", "\"t\"",
+    };
+    for (size_t i = 0; i < sizeof evil / sizeof evil[0]; i++) {
+        ks_rowstore_target t = target(evil[i], "v", NULL);
+        open_fails(w, &t, KS_ERR_NO_TARGET, "no table");
+        t = target("t", evil[i], NULL);
+        open_fails(w, &t, KS_ERR_NO_TARGET, "no target column");
+        t = target("t", "v", evil[i]);
+        open_fails(w, &t, KS_ERR_NO_TARGET, "no id column");
+    }
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM t"), 1);
+}
+
+/* An id column must be unique and NOT NULL (or the rowid alias). */
+static void test_id_column_rules(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path,
+             "CREATE TABLE a(k INTEGER, v);"
+             "CREATE TABLE b(k TEXT UNIQUE, v);"
+             "CREATE TABLE c(k TEXT NOT NULL, v); CREATE UNIQUE INDEX c_k ON c(k) WHERE k > 'a';"
+             "CREATE TABLE d(k TEXT NOT NULL, j, v); CREATE UNIQUE INDEX d_kj ON d(k, j);"
+             "CREATE TABLE e(k TEXT NOT NULL UNIQUE, v);"
+             "CREATE TABLE f(k TEXT PRIMARY KEY NOT NULL, v);"
+             "CREATE TABLE g(k INTEGER PRIMARY KEY, v);"
+             "CREATE TABLE h(k TEXT PRIMARY KEY, v) WITHOUT ROWID;"
+             "CREATE TABLE i(k INTEGER NOT NULL, v); CREATE UNIQUE INDEX i_k ON i(k);"
+             "CREATE TABLE j(k TEXT PRIMARY KEY, v);");
+    static const char *const refused[] = {"a", "b", "c", "d", "j"};
+    for (size_t n = 0; n < sizeof refused / sizeof refused[0]; n++) {
+        ks_rowstore_target t = target(refused[n], "v", "k");
+        open_fails(w, &t, KS_ERR_NO_TARGET, "is neither the INTEGER PRIMARY KEY");
+    }
+    static const char *const accepted[] = {"e", "f", "g", "h", "i"};
+    for (size_t n = 0; n < sizeof accepted / sizeof accepted[0]; n++) {
+        ks_rowstore_target t = target(accepted[n], "v", "k");
+        assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    }
+    /* a WITHOUT ROWID table needs an id column */
+    ks_rowstore_target t = target("h", "v", NULL);
+    open_fails(w, &t, KS_ERR_INVALID_ARGUMENT, "WITHOUT ROWID");
+}
+
+/* A table and columns whose names need quoting work. */
+static void test_odd_names_quoted(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "CREATE TABLE \"my \"\"odd\"\" table\"(\"the \"\"id\"\"\" INTEGER PRIMARY KEY,"
+                      " \"va'l ue\" TEXT, \"ten;ant\" TEXT);"
+                      "INSERT INTO \"my \"\"odd\"\" table\" VALUES(7, 'x', 'acme');");
+    ks_rowstore_target t = target("my \"odd\" table", "va'l ue", "the \"id\"");
+    t.tenant_column = "ten;ant";
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    ks_row rows[2];
+    size_t n = 0;
+    assert_int_equal(scan(w, NULL, 2, rows, &n), KS_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(rows[0].id.integer, 7);
+    assert_bytes(&rows[0].tenant, KS_VALUE_TEXT, "acme");
+    ks_value id = rows[0].id, old = vbytes(KS_VALUE_TEXT, "x");
+    int swapped = 0;
+    assert_int_equal(begin(w), KS_OK);
+    assert_int_equal(cas(w, &id, &old, "y", &swapped), KS_OK);
+    assert_int_equal(swapped, 1);
+    assert_int_equal(commit(w), KS_OK);
+    quarantine_one(w, &id);
+    assert_int_equal(scan(w, NULL, 2, rows, &n), KS_OK);
+    assert_bytes(&rows[0].value, KS_VALUE_BLOB, "y");
+    assert_true(rows[0].quarantined);
+}
+
+/* ---- scan -------------------------------------------------------------------- */
+
+/* Rowid tables scan in id order, in batches, to an empty batch. */
+static void test_scan_rowid_batches(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "CREATE TABLE t(v); "
+                      "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 10)"
+                      " INSERT INTO t(rowid, v) SELECT 11 - i, 'v' || (11 - i) FROM n;");
+    ks_rowstore_target t = target("t", "v", NULL);
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    uint64_t count = 0;
+    assert_int_equal(w->store.ops->count(w->store.self, &count), KS_OK);
+    assert_int_equal(count, 10);
+    ks_row rows[3];
+    ks_value after = {KS_VALUE_NULL, 0, {NULL, 0}};
+    int64_t expect = 1;
+    size_t n = 0;
+    for (;;) {
+        assert_int_equal(scan(w, &after, 3, rows, &n), KS_OK);
+        if (n == 0)
+            break;
+        assert_true(n <= 3);
+        for (size_t i = 0; i < n; i++) {
+            assert_int_equal(rows[i].id.type, KS_VALUE_INTEGER);
+            assert_int_equal(rows[i].id.integer, expect);
+            char v[8];
+            snprintf(v, sizeof v, "v%d", (int)expect);
+            assert_bytes(&rows[i].value, KS_VALUE_TEXT, v);
+            assert_int_equal(rows[i].tenant.type, KS_VALUE_NULL);
+            assert_false(rows[i].quarantined);
+            expect++;
+        }
+        after = rows[n - 1].id;
+    }
+    assert_int_equal(expect, 11);
+}
+
+/* A TEXT primary key scans in its order; `after` may view the previous
+ * batch (the store's own buffer). */
+static void test_scan_text_key(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "CREATE TABLE t(k TEXT PRIMARY KEY NOT NULL, v, tn, c1, c2);"
+                      "INSERT INTO t VALUES('delta', 4, 't1', 'x', 1),('alpha', 1, 't2', 'y', 2),"
+                      "('charlie', 3, 't1', NULL, 3),('bravo', 2, 't2', 'z', 4);");
+    ks_rowstore_target t = target("t", "v", "k");
+    t.tenant_column = "tn";
+    t.context_columns[0] = "c2";
+    t.context_columns[1] = "c1";
+    t.n_context_columns = 2;
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    static const char *const order[] = {"alpha", "bravo", "charlie", "delta"};
+    ks_row rows[2];
+    size_t n = 0, seen = 0;
+    assert_int_equal(scan(w, NULL, 2, rows, &n), KS_OK);
+    while (n > 0) {
+        for (size_t i = 0; i < n; i++, seen++) {
+            assert_bytes(&rows[i].id, KS_VALUE_TEXT, order[seen]);
+            assert_int_equal(rows[i].value.type, KS_VALUE_INTEGER);
+            assert_int_equal(rows[i].value.integer, (int64_t)seen + 1);
+            assert_int_equal(rows[i].tenant.type, KS_VALUE_TEXT);
+            assert_int_equal(rows[i].context[0].type, KS_VALUE_INTEGER);
+            assert_int_equal(rows[i].context[2].type, KS_VALUE_NULL);
+        }
+        ks_value after = rows[n - 1].id; /* views the store's buffer */
+        assert_int_equal(scan(w, &after, 2, rows, &n), KS_OK);
+    }
+    assert_int_equal(seen, 4);
+    assert_int_equal(scan(w, NULL, 0, rows, &n), KS_OK);
+    assert_int_equal(n, 0);
+}
+
+/* Every storage class comes back with its type; REAL as its text. */
+static void test_scan_value_types(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "CREATE TABLE t(id INTEGER PRIMARY KEY, v);"
+                      "INSERT INTO t VALUES(1, NULL),(2, -42),(3, 'text'),(4, x'00ff00'),"
+                      "(5, ''),(6, x''),(7, 1.5);");
+    ks_rowstore_target t = target("t", "v", "id");
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    ks_row rows[8];
+    size_t n = 0;
+    assert_int_equal(scan(w, NULL, 8, rows, &n), KS_OK);
+    assert_int_equal(n, 7);
+    assert_int_equal(rows[0].value.type, KS_VALUE_NULL);
+    assert_int_equal(rows[1].value.type, KS_VALUE_INTEGER);
+    assert_int_equal(rows[1].value.integer, -42);
+    assert_bytes(&rows[2].value, KS_VALUE_TEXT, "text");
+    assert_int_equal(rows[3].value.type, KS_VALUE_BLOB);
+    assert_int_equal(rows[3].value.bytes.len, 3);
+    assert_memory_equal(rows[3].value.bytes.ptr, "\0\xff\0", 3);
+    assert_bytes(&rows[4].value, KS_VALUE_TEXT, "");
+    assert_bytes(&rows[5].value, KS_VALUE_BLOB, "");
+    assert_bytes(&rows[6].value, KS_VALUE_TEXT, "1.5");
+}
+
+/* Quarantined rows are flagged in scans, per table and column. */
+static void test_scan_quarantine_flag(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "CREATE TABLE t(k TEXT PRIMARY KEY NOT NULL, v, w);"
+                      "INSERT INTO t VALUES('a', 1, 1),('b', 2, 2),('c', 3, 3);");
+    ks_rowstore_target t = target("t", "v", "k");
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    ks_value b = vbytes(KS_VALUE_TEXT, "b");
+    assert_int_equal(w->store.ops->quarantine(w->store.self, &b, "x"), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(begin(w), KS_OK);
+    assert_int_equal(w->store.ops->quarantine(w->store.self, &b, "bad-magic"), KS_OK);
+    assert_int_equal(w->store.ops->quarantine(w->store.self, &b, "bad-magic"), KS_OK);
+    assert_int_equal(commit(w), KS_OK);
+    ks_row rows[4];
+    size_t n = 0;
+    assert_int_equal(scan(w, NULL, 4, rows, &n), KS_OK);
+    assert_int_equal(n, 3);
+    assert_false(rows[0].quarantined);
+    assert_true(rows[1].quarantined);
+    assert_false(rows[2].quarantined);
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM keyshift_quarantine WHERE tbl = 't'"
+                                        " AND col = 'v' AND id = 'b' AND error = 'bad-magic'"),
+                     1);
+    /* another column of the same table is not quarantined */
+    t = target("t", "w", "k");
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    assert_int_equal(scan(w, NULL, 4, rows, &n), KS_OK);
+    assert_false(rows[1].quarantined);
+}
+
+/* ---- cas ----------------------------------------------------------------------- */
+
+/* cas swaps an unchanged row (storing a BLOB), not one changed or deleted
+ * by another connection, and compares types (TEXT 'x' is not BLOB 'x'). */
+static void test_cas(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "CREATE TABLE t(id INTEGER PRIMARY KEY, v);"
+                      "INSERT INTO t VALUES(1, 'x'),(2, 'x'),(3, 'x'),(4, x'78'),(5, NULL);");
+    ks_rowstore_target t = target("t", "v", NULL);
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    exec_sql(w->path, "UPDATE t SET v = 'changed' WHERE rowid = 2; DELETE FROM t WHERE rowid = 3;");
+    ks_value text_x = vbytes(KS_VALUE_TEXT, "x"), blob_x = vbytes(KS_VALUE_BLOB, "x");
+    ks_value null = {KS_VALUE_NULL, 0, {NULL, 0}};
+    int swapped = -1;
+    ks_value id = vint(1);
+    assert_int_equal(cas(w, &id, &text_x, "n", &swapped), KS_ERR_INVALID_ARGUMENT); /* no txn */
+    assert_int_equal(begin(w), KS_OK);
+    assert_int_equal(begin(w), KS_ERR_INVALID_ARGUMENT); /* nested */
+    assert_int_equal(cas(w, &id, &blob_x, "n", &swapped), KS_OK);
+    assert_int_equal(swapped, 0); /* TEXT 'x' IS NOT BLOB 'x' */
+    assert_int_equal(cas(w, &id, &text_x, "n1", &swapped), KS_OK);
+    assert_int_equal(swapped, 1);
+    id = vint(2);
+    assert_int_equal(cas(w, &id, &text_x, "n2", &swapped), KS_OK);
+    assert_int_equal(swapped, 0); /* raced */
+    id = vint(3);
+    assert_int_equal(cas(w, &id, &text_x, "n3", &swapped), KS_OK);
+    assert_int_equal(swapped, 0); /* vanished */
+    id = vint(4);
+    assert_int_equal(cas(w, &id, &text_x, "n4", &swapped), KS_OK);
+    assert_int_equal(swapped, 0);
+    assert_int_equal(cas(w, &id, &blob_x, "n4", &swapped), KS_OK);
+    assert_int_equal(swapped, 1);
+    id = vint(5);
+    assert_int_equal(cas(w, &id, &null, "n5", &swapped), KS_OK);
+    assert_int_equal(swapped, 1);
+    assert_int_equal(commit(w), KS_OK);
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM t WHERE typeof(v) = 'blob' AND "
+                                        "v IN (x'6e31', x'6e34', x'6e35')"),
+                     3);
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM t WHERE v = 'changed'"), 1);
+}
+
+/* ---- transactions and checkpoints -------------------------------------------- */
+
+/* A checkpoint with these counts. */
+static ks_checkpoint make_cp(const char *params, const char *state, ks_value cursor, int64_t t)
+{
+    ks_checkpoint cp;
+    memset(&cp, 0, sizeof cp);
+    cp.params = (ks_bytes){(const uint8_t *)params, strlen(params)};
+    cp.state = (ks_bytes){(const uint8_t *)state, strlen(state)};
+    cp.cursor = cursor;
+    cp.pass = 2;
+    cp.done = 10;
+    cp.skipped = 11;
+    cp.raced = 12;
+    cp.quarantined = 13;
+    cp.wrong_state = 14;
+    cp.started = 1000;
+    cp.updated = t;
+    cp.finished = 0;
+    return cp;
+}
+
+/* A checkpoint saved with a cas rolls back with it; after a commit it
+ * loads back; params {NULL, 0} loads the most recently updated one. */
+static void test_checkpoint_transactions(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "CREATE TABLE t(id INTEGER PRIMARY KEY, v); INSERT INTO t VALUES(1, 'x');");
+    ks_rowstore_target t = target("t", "v", NULL);
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    void *self = w->store.self;
+    const ks_rowstore_ops *ops = w->store.ops;
+    ks_checkpoint cp = make_cp("mode=rewrap", "running", vint(1), 2000), got;
+    ks_bytes p1 = {(const uint8_t *)"mode=rewrap", 11}, none = {NULL, 0};
+    assert_int_equal(ops->checkpoint_load(self, p1, &got), KS_ERR_NOT_FOUND);
+    assert_int_equal(ops->checkpoint_load(self, none, &got), KS_ERR_NOT_FOUND);
+    assert_int_equal(ops->checkpoint_save(self, &cp), KS_ERR_INVALID_ARGUMENT); /* no txn */
+
+    ks_value id = vint(1), old = vbytes(KS_VALUE_TEXT, "x");
+    int swapped = 0;
+    assert_int_equal(begin(w), KS_OK);
+    assert_int_equal(cas(w, &id, &old, "new", &swapped), KS_OK);
+    assert_int_equal(swapped, 1);
+    assert_int_equal(ops->checkpoint_save(self, &cp), KS_OK);
+    rollback(w);
+    rollback(w); /* no-op outside a transaction */
+    assert_int_equal(ops->checkpoint_load(self, p1, &got), KS_ERR_NOT_FOUND);
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM t WHERE v = 'x'"), 1);
+
+    assert_int_equal(begin(w), KS_OK);
+    assert_int_equal(cas(w, &id, &old, "new", &swapped), KS_OK);
+    assert_int_equal(ops->checkpoint_save(self, &cp), KS_OK);
+    assert_int_equal(commit(w), KS_OK);
+    assert_int_equal(ops->checkpoint_load(self, p1, &got), KS_OK);
+    assert_int_equal(got.params.len, 11);
+    assert_memory_equal(got.params.ptr, "mode=rewrap", 11);
+    assert_int_equal(got.state.len, 7);
+    assert_memory_equal(got.state.ptr, "running", 7);
+    assert_int_equal(got.cursor.type, KS_VALUE_INTEGER);
+    assert_int_equal(got.cursor.integer, 1);
+    assert_int_equal(got.pass, 2);
+    assert_int_equal(got.done, 10);
+    assert_int_equal(got.skipped, 11);
+    assert_int_equal(got.raced, 12);
+    assert_int_equal(got.quarantined, 13);
+    assert_int_equal(got.wrong_state, 14);
+    assert_int_equal(got.started, 1000);
+    assert_int_equal(got.updated, 2000);
+    assert_int_equal(got.finished, 0);
+
+    /* a second migration, updated later, then the first saved again
+     * (from its loaded views) with an even later time */
+    ks_checkpoint cp2 = make_cp("mode=encrypt", "paused", vbytes(KS_VALUE_BLOB, "k\0y"), 3000);
+    assert_int_equal(begin(w), KS_OK);
+    assert_int_equal(ops->checkpoint_save(self, &cp2), KS_OK);
+    assert_int_equal(commit(w), KS_OK);
+    assert_int_equal(ops->checkpoint_load(self, none, &got), KS_OK);
+    assert_int_equal(got.params.len, 12);
+    assert_memory_equal(got.params.ptr, "mode=encrypt", 12);
+    assert_int_equal(got.cursor.type, KS_VALUE_BLOB);
+    got.updated = 4000;
+    got.state = (ks_bytes){(const uint8_t *)"complete", 8};
+    assert_int_equal(ops->checkpoint_load(self, p1, &got), KS_OK);
+    got.updated = 4000;
+    got.finished = 4000;
+    assert_int_equal(begin(w), KS_OK);
+    assert_int_equal(ops->checkpoint_save(self, &got), KS_OK);
+    assert_int_equal(commit(w), KS_OK);
+    assert_int_equal(ops->checkpoint_load(self, none, &got), KS_OK);
+    assert_memory_equal(got.params.ptr, "mode=rewrap", 11);
+    assert_int_equal(got.finished, 4000);
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM keyshift_migration"), 2);
+    assert_int_equal(query_int(w->path, "SELECT value FROM keyshift_meta WHERE key = "
+                                        "'schema_version'"),
+                     KS_SQLITE_SCHEMA_VERSION);
+}
+
+/* Closing with an open transaction rolls it back. */
+static void test_close_rolls_back(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "CREATE TABLE t(id INTEGER PRIMARY KEY, v); INSERT INTO t VALUES(1, 'x');");
+    ks_rowstore_target t = target("t", "v", NULL);
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    ks_value id = vint(1), old = vbytes(KS_VALUE_TEXT, "x");
+    int swapped = 0;
+    assert_int_equal(begin(w), KS_OK);
+    assert_int_equal(cas(w, &id, &old, "new", &swapped), KS_OK);
+    ks_rowstore_close(&w->store);
+    assert_null(w->store.ops);
+    ks_rowstore_close(&w->store); /* {NULL}: no-op */
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM t WHERE v = 'x'"), 1);
+}
+
+/* ---- locks ---------------------------------------------------------------------- */
+
+/* A thread with its own connection that holds BEGIN IMMEDIATE: it writes
+ * a byte to `locked` once it holds the lock, then either commits a marker
+ * after ~1.5 s (hold_ms) or waits for a byte on `release` and rolls back. */
+typedef struct holder {
+    const char *path;
+    int locked[2];
+    int release[2];
+    int hold_ms;              /* > 0: commit a marker after this long; 0: wait for release */
+} holder;
+
+/* The holder thread's body (see holder). */
+static void *hold_lock(void *arg)
+{
+    holder *h = arg;
+    sqlite3 *db = NULL;
+    char c = 'L';
+    if (sqlite3_open_v2(h->path, &db, SQLITE_OPEN_READWRITE, NULL) != SQLITE_OK ||
+        sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
+        c = 'E';
+    if (write(h->locked[1], &c, 1) != 1 || c == 'E') {
+        sqlite3_close(db);
+        return NULL;
+    }
+    if (h->hold_ms > 0) {
+        struct timespec ts = {h->hold_ms / 1000, (long)(h->hold_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+        (void)sqlite3_exec(db, "UPDATE t SET v = 'holder' WHERE id = 1; COMMIT", NULL, NULL, NULL);
+    } else {
+        ssize_t r = read(h->release[0], &c, 1);
+        (void)r;
+        (void)sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+    }
+    sqlite3_close(db);
+    return NULL;
+}
+
+/* Start a holder on w's database and wait until it holds the lock. */
+static void start_holder(world *w, holder *h, pthread_t *th, int hold_ms)
+{
+    h->path = w->path;
+    h->hold_ms = hold_ms;
+    assert_int_equal(pipe(h->locked), 0);
+    assert_int_equal(pipe(h->release), 0);
+    assert_int_equal(pthread_create(th, NULL, hold_lock, h), 0);
+    char c = 0;
+    assert_int_equal(read(h->locked[0], &c, 1), 1);
+    assert_int_equal(c, 'L');
+}
+
+/* Join the holder and close its pipes. */
+static void stop_holder(holder *h, pthread_t th)
+{
+    char c = 'R';
+    assert_int_equal(write(h->release[1], &c, 1), 1);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    close(h->locked[0]);
+    close(h->locked[1]);
+    close(h->release[0]);
+    close(h->release[1]);
+}
+
+/* begin waits (with backoff) while another connection holds the lock and
+ * succeeds once it is released: the holder's commit is visible. */
+static void test_busy_waits(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "CREATE TABLE t(id INTEGER PRIMARY KEY, v); INSERT INTO t VALUES(1, 'x');");
+    ks_rowstore_target t = target("t", "v", NULL);
+    ks_sqlite_options opts = {20000, 0};
+    assert_int_equal(open_store(w, &t, &opts), KS_OK);
+    holder h;
+    pthread_t th;
+    start_holder(w, &h, &th, 1500);
+    assert_int_equal(begin(w), KS_OK);
+    ks_row rows[1];
+    size_t n = 0;
+    assert_int_equal(scan(w, NULL, 1, rows, &n), KS_OK);
+    assert_int_equal(n, 1);
+    assert_bytes(&rows[0].value, KS_VALUE_TEXT, "holder"); /* begin came after the release */
+    assert_int_equal(commit(w), KS_OK);
+    stop_holder(&h, th);
+}
+
+/* With a short timeout and the lock held until released, begin gives up
+ * with KS_ERR_BUSY; afterwards it succeeds. */
+static void test_busy_timeout(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "CREATE TABLE t(id INTEGER PRIMARY KEY, v); INSERT INTO t VALUES(1, 'x');");
+    ks_rowstore_target t = target("t", "v", NULL);
+    ks_sqlite_options opts = {100, 0};
+    assert_int_equal(open_store(w, &t, &opts), KS_OK);
+    holder h;
+    pthread_t th;
+    start_holder(w, &h, &th, 0);
+    assert_int_equal(begin(w), KS_ERR_BUSY);
+    /* opening another writable store (tables exist: no write) still works */
+    stop_holder(&h, th);
+    assert_int_equal(begin(w), KS_OK);
+    assert_int_equal(commit(w), KS_OK);
+}
+
+/* ---- full ---------------------------------------------------------------------------- */
+
+/* A cas that cannot grow the database fails with KS_ERR_FULL, rolls the
+ * batch back and leaves the database unchanged. */
+static void test_full(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "CREATE TABLE t(id INTEGER PRIMARY KEY, v);"
+                      "INSERT INTO t VALUES(1, 'x'),(2, 'y');");
+    ks_rowstore_target t = target("t", "v", NULL);
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    assert_int_equal(ks_rowstore_sqlite_test_max_pages(&w->store, 1), KS_OK); /* = current size */
+    size_t big_len = 256 * 1024;
+    char *big = malloc(big_len + 1);
+    assert_non_null(big);
+    memset(big, 'B', big_len);
+    big[big_len] = '\0';
+    ks_value id1 = vint(1), id2 = vint(2), x = vbytes(KS_VALUE_TEXT, "x"),
+             y = vbytes(KS_VALUE_TEXT, "y");
+    int swapped = 0;
+    assert_int_equal(begin(w), KS_OK);
+    assert_int_equal(cas(w, &id1, &x, "small", &swapped), KS_OK);
+    assert_int_equal(swapped, 1);
+    ks_err err = cas(w, &id2, &y, big, &swapped);
+    if (err == KS_OK)
+        err = commit(w);
+    assert_int_equal(err, KS_ERR_FULL);
+    free(big);
+    assert_int_equal(commit(w), KS_ERR_INVALID_ARGUMENT); /* rolled back already */
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM t WHERE id = 1 AND v = 'x'"), 1);
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM t WHERE id = 2 AND v = 'y'"), 1);
+    /* the store goes on working */
+    assert_int_equal(begin(w), KS_OK);
+    assert_int_equal(cas(w, &id1, &x, "s", &swapped), KS_OK);
+    assert_int_equal(swapped, 1);
+    assert_int_equal(commit(w), KS_OK);
+    ks_rowstore other = {NULL, NULL, NULL};
+    assert_int_equal(ks_rowstore_sqlite_test_max_pages(&other, 1), KS_ERR_INVALID_ARGUMENT);
+}
+
+/* ---- read-only, schema version, memory -------------------------------------------- */
+
+/* A read-only store reads, refuses writes and creates nothing. */
+static void test_read_only(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "CREATE TABLE t(id INTEGER PRIMARY KEY, v); INSERT INTO t VALUES(1, 'x');");
+    ks_rowstore_target t = target("t", "v", NULL);
+    ks_sqlite_options ro = {0, 1};
+    assert_int_equal(open_store(w, &t, &ro), KS_OK);
+    ks_row rows[2];
+    size_t n = 0;
+    assert_int_equal(scan(w, NULL, 2, rows, &n), KS_OK);
+    assert_int_equal(n, 1);
+    assert_false(rows[0].quarantined);
+    assert_int_equal(begin(w), KS_ERR_INVALID_ARGUMENT);
+    int swapped = 0;
+    ks_value id = vint(1), old = vbytes(KS_VALUE_TEXT, "x");
+    assert_int_equal(cas(w, &id, &old, "n", &swapped), KS_ERR_INVALID_ARGUMENT);
+    ks_checkpoint cp;
+    assert_int_equal(w->store.ops->checkpoint_load(w->store.self, (ks_bytes){NULL, 0}, &cp),
+                     KS_ERR_NOT_FOUND);
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM sqlite_master WHERE name LIKE "
+                                        "'keyshift%'"),
+                     0);
+    /* once the tables exist, a read-only store sees quarantine and checkpoints */
+    ks_rowstore_close(&w->store);
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    quarantine_one(w, &id);
+    assert_int_equal(open_store(w, &t, &ro), KS_OK);
+    assert_int_equal(scan(w, NULL, 2, rows, &n), KS_OK);
+    assert_true(rows[0].quarantined);
+}
+
+/* A database whose keyshift tables are newer than this code is refused. */
+static void test_newer_schema_refused(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "CREATE TABLE t(id INTEGER PRIMARY KEY, v);"
+                      "CREATE TABLE keyshift_meta(key TEXT PRIMARY KEY, value);"
+                      "INSERT INTO keyshift_meta VALUES('schema_version', 99);");
+    ks_rowstore_target t = target("t", "v", NULL);
+    open_fails(w, &t, KS_ERR_STORE, "newer");
+}
+
+/* After close, SQLite's memory use returns to its value before open. */
+static void test_memory_returns(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "CREATE TABLE t(id INTEGER PRIMARY KEY, v); INSERT INTO t VALUES(1, 'x');");
+    assert_int_equal(sqlite3_initialize(), SQLITE_OK);
+    sqlite3_int64 before = sqlite3_memory_used();
+    ks_rowstore_target t = target("t", "v", NULL);
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    assert_true(sqlite3_memory_used() > before); /* the API counts */
+    ks_row rows[2];
+    size_t n = 0;
+    assert_int_equal(scan(w, NULL, 2, rows, &n), KS_OK);
+    assert_int_equal(begin(w), KS_OK);
+    rollback(w);
+    ks_rowstore_close(&w->store);
+    assert_int_equal(sqlite3_memory_used(), before);
+    /* a failed open releases everything too */
+    t = target("t", "nope", NULL);
+    assert_int_equal(open_store(w, &t, NULL), KS_ERR_NO_TARGET);
+    assert_int_equal(sqlite3_memory_used(), before);
+}
+
+int main(void)
+{
+#define T(f) cmocka_unit_test_setup_teardown(f, world_setup, world_teardown)
+    const struct CMUnitTest tests[] = {
+        T(test_missing_file),
+        T(test_missing_table_or_column),
+        T(test_injection_names_missing),
+        T(test_id_column_rules),
+        T(test_odd_names_quoted),
+        T(test_scan_rowid_batches),
+        T(test_scan_text_key),
+        T(test_scan_value_types),
+        T(test_scan_quarantine_flag),
+        T(test_cas),
+        T(test_checkpoint_transactions),
+        T(test_close_rolls_back),
+        T(test_busy_waits),
+        T(test_busy_timeout),
+        T(test_full),
+        T(test_read_only),
+        T(test_newer_schema_refused),
+        T(test_memory_returns),
+    };
+#undef T
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,887 @@
+/*
+ * tools/cmd_migrate.c -- `keyshift migrate run|status|verify`: encrypt,
+ * rewrap or re-encrypt one column of a live SQLite database in short,
+ * resumable, verified batches (docs/migration.md).
+ *
+ * The engine (ks_migrate_run) does the work; this file parses options,
+ * opens the store and the keyring, reports progress (a bar on a terminal,
+ * JSON lines with --json), turns SIGINT/SIGTERM into a clean pause after
+ * the current batch, and maps each outcome to a sysexits code with a
+ * message saying what state the data is in and what to do.  No output
+ * ever carries plaintext or key material: only counts, row ids, key ids
+ * and error names.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <sqlite3.h>
+
+#include "cli.h"
+
+/* Set by SIGINT/SIGTERM; the engine polls it between batches. */
+static volatile sig_atomic_t stop_requested;
+
+/* Manual of `keyshift migrate`. */
+static void usage(FILE *f)
+{
+    fputs("NAME\n"
+          "    keyshift migrate - encrypt, rewrap or re-encrypt a column of a live database\n"
+          "\n"
+          "SYNOPSIS\n"
+          "    keyshift migrate run --db FILE --table T --column C\n"
+          "        --mode encrypt|rewrap|reencrypt --to-key KEY_ID[:VERSION]\n"
+          "        [--to-format 1|2] [--algorithm NAME] [--id-column I]\n"
+          "        [--tenant-column COL | --tenant T] [--context TEMPLATE]\n"
+          "        [--purpose P] [--batch-size N] [--max-failure-rate R]\n"
+          "        [--max-rows-per-second N] [--no-verify] [--busy-timeout MS]\n"
+          "        [--json] [--keyring FILE] [--passphrase-file FILE]\n"
+          "    keyshift migrate status --db FILE [--table T --column C] [--json]\n"
+          "    keyshift migrate verify --db FILE --table T --column C [--sample N]\n"
+          "        [--id-column I] [--context TEMPLATE] [--tenant-column COL |\n"
+          "        --tenant T] [--purpose P] [--json] [--keyring FILE]\n"
+          "        [--passphrase-file FILE]\n"
+          "\n"
+          "DESCRIPTION\n"
+          "    run     rewrites column C of table T, batch by batch, while the\n"
+          "            application keeps using the database. Modes:\n"
+          "              encrypt    plaintext values become envelopes under KEY_ID\n"
+          "              rewrap     envelopes get their data key rewrapped under\n"
+          "        KEY_ID[:VERSION]; the ciphertext is unchanged (fast:\n"
+          "        the usual rotation after 'keys add-version/promote')\n"
+          "              reencrypt  envelopes are opened and sealed again under a fresh\n"
+          "        data key (after a data-key compromise, or to change\n"
+          "        format or algorithm)\n"
+          "            Each batch is one short write transaction: every row is replaced\n"
+          "            only if it still holds the value read (compare-and-swap), each\n"
+          "            new value is opened and compared with the old plaintext before\n"
+          "            the commit, and the checkpoint is saved in the same transaction.\n"
+          "            A crash or a kill at any moment loses nothing; running the same\n"
+          "            command again resumes after the last committed batch. Rows the\n"
+          "            application changed meanwhile are retried in a later pass; rows\n"
+          "            that do not parse or open are quarantined (keyshift_quarantine)\n"
+          "            and never modified. No mode ever writes plaintext.\n"
+          "    status  lists the migration checkpoints kept in the database, most\n"
+          "            recently updated first (target, parameters, state, pass, cursor,\n"
+          "            counts, times); with --json one object {\"migrations\":[...]}.\n"
+          "            --table and --column show only that column's migrations.\n"
+          "    verify  opens every envelope of the column (or a random sample of about\n"
+          "            N rows) and lists, by row id and error name, those that do not\n"
+          "            open. Read-only; never prints plaintext.\n"
+          "\n"
+          "    Progress: on a terminal, run draws a progress bar on standard error\n"
+          "    (rows done/total, rows/s, ETA); with --json it writes one JSON object\n"
+          "    per committed batch to standard output, then a summary object.\n"
+          "    Otherwise it prints only the summary, on standard error.\n"
+          "\n"
+          "OPTIONS\n"
+          "    --db FILE              the SQLite database (must exist)\n"
+          "    --table T, --column C  the table and the column to migrate\n"
+          "    --id-column I          unique NOT NULL column identifying rows, scanned in\n"
+          "          order (default: the rowid)\n"
+          "    --mode M               encrypt, rewrap or reencrypt\n"
+          "    --to-key KEY_ID[:V]    the target key, and version V (default: the key's\n"
+          "          primary, resolved once and recorded in the checkpoint).\n"
+          "          A key id that itself ends in ':<digits>' needs ':V'\n"
+          "    --to-format 1|2        encrypt/reencrypt: envelope format (default 2)\n"
+          "    --algorithm NAME       encrypt/reencrypt: xchacha20-poly1305 (default) or\n"
+          "          aes-256-gcm\n"
+          "    --tenant-column COL    the column holding each row's tenant\n"
+          "    --tenant T             one tenant for every row (required by encrypt unless\n"
+          "          --tenant-column is given)\n"
+          "    --context TEMPLATE     context bound into each envelope, rebuilt per row:\n"
+          "          {id} is the row id, {name} the value of column name\n"
+          "          (INTEGER as decimal, TEXT as is, BLOB as lowercase\n"
+          "          hex, NULL as empty); '{{' and '}}' are literal braces.\n"
+          "          E.g. 'payments:{id}:card' (default: empty)\n"
+          "    --purpose P            format 2: the purpose written and expected (encrypt\n"
+          "          default: 'default')\n"
+          "    --batch-size N         rows per transaction (default 500; 1..100000)\n"
+          "    --max-failure-rate R   stop (exit 65) once quarantined rows exceed this\n"
+          "          fraction of rows processed (default 0.001)\n"
+          "    --max-rows-per-second N  throttle, to leave the database to the application\n"
+          "          (default: unlimited)\n"
+          "    --no-verify            DANGEROUS: skip verify-before-commit. A bug or a bad\n"
+          "          key could then write envelopes that do not open, and\n"
+          "          the old value is gone: verify-before-commit is what\n"
+          "          guarantees every written row opens to its old\n"
+          "          plaintext. Only for benchmarking on copies\n"
+          "    --busy-timeout MS      wait up to MS for the database lock, with backoff,\n"
+          "          before giving up with exit 75 (default 30000)\n"
+          "    --sample N             verify: about N random rows instead of all\n"
+          "    --json                 machine-readable output (see DESCRIPTION)\n"
+          "    --keyring FILE         default: $KEYSHIFT_KEYRING\n"
+          "    --passphrase-file FILE keyring passphrase (default: $KEYSHIFT_PASSPHRASE)\n"
+          "    -h, --help             print this manual\n"
+          "\n"
+          "EXIT STATUS\n"
+          "    0   run: complete; verify: every envelope opened; status: printed\n"
+          "    64  usage error\n"
+          "    65  run: stopped by --max-failure-rate (checkpoint valid; see\n"
+          "        keyshift_quarantine), or an unfinished migration of this database\n"
+          "        with other parameters exists; verify: some rows did not open\n"
+          "    66  no such database, table or column\n"
+          "    69  key provider unavailable (batch rolled back, checkpoint kept; rerun)\n"
+          "    74  database error or disk full (batch rolled back; rerun once fixed)\n"
+          "    75  paused by SIGINT/SIGTERM, key provider timeout, or the database\n"
+          "        stayed locked: rerun the same command to resume\n"
+          "    77  target key unknown, disabled, destroyed or denied\n"
+          "    78  keyring insecure, unreadable or corrupt, or wrong passphrase\n"
+          "    Every code is explained, with recovery steps, in docs/migration.md.\n"
+          "\n"
+          "EXAMPLES\n"
+          "    keyshift migrate run --db shop.db --table payments --column card \\\n"
+          "        --mode encrypt --to-key payments/kek --tenant acme \\\n"
+          "        --context 'payments:{id}:card' --purpose card\n"
+          "    keyshift keys add-version payments/kek     # prints 2\n"
+          "    keyshift keys promote payments/kek 2\n"
+          "    keyshift migrate run --db shop.db --table payments --column card \\\n"
+          "        --mode rewrap --to-key payments/kek:2 --max-rows-per-second 5000\n"
+          "    keyshift migrate status --db shop.db --json\n"
+          "    keyshift migrate verify --db shop.db --table payments --column card \\\n"
+          "        --context 'payments:{id}:card' --purpose card --sample 1000\n",
+          f);
+}
+
+/* Every option of the three subcommands (each checks which it accepts). */
+typedef struct mig_opts {
+    const char *db, *table, *column, *id_column, *mode, *to_key, *to_format, *algorithm;
+    const char *tenant_column, *tenant, *context, *purpose, *batch_size, *max_failure_rate;
+    const char *max_rps, *busy_timeout, *sample, *keyring, *passfile;
+    int no_verify, json;
+} mig_opts;
+
+/* Parse argv into o. */
+static int parse(const char *cmd, int argc, char **argv, mig_opts *o, int *rc)
+{
+    int npos = 0;
+    const ks_cli_opt opts[] = {
+        {"--db", &o->db, NULL},
+        {"--table", &o->table, NULL},
+        {"--column", &o->column, NULL},
+        {"--id-column", &o->id_column, NULL},
+        {"--mode", &o->mode, NULL},
+        {"--to-key", &o->to_key, NULL},
+        {"--to-format", &o->to_format, NULL},
+        {"--algorithm", &o->algorithm, NULL},
+        {"--tenant-column", &o->tenant_column, NULL},
+        {"--tenant", &o->tenant, NULL},
+        {"--context", &o->context, NULL},
+        {"--purpose", &o->purpose, NULL},
+        {"--batch-size", &o->batch_size, NULL},
+        {"--max-failure-rate", &o->max_failure_rate, NULL},
+        {"--max-rows-per-second", &o->max_rps, NULL},
+        {"--busy-timeout", &o->busy_timeout, NULL},
+        {"--sample", &o->sample, NULL},
+        {"--keyring", &o->keyring, NULL},
+        {"--passphrase-file", &o->passfile, NULL},
+        {"--no-verify", NULL, &o->no_verify},
+        {"--json", NULL, &o->json},
+        {NULL, NULL, NULL},
+    };
+    return ks_cli_parse_opts(cmd, usage, argc, argv, opts, NULL, 0, &npos, rc);
+}
+
+/* Refuse options a subcommand does not take (names listed in `allowed`). */
+static int only_options(const char *cmd, const mig_opts *o, const char *allowed)
+{
+    const struct {
+        const char *name;
+        int given;
+    } all[] = {
+        {"--mode", o->mode != NULL},           {"--to-key", o->to_key != NULL},
+        {"--to-format", o->to_format != NULL}, {"--algorithm", o->algorithm != NULL},
+        {"--tenant-column", o->tenant_column != NULL}, {"--tenant", o->tenant != NULL},
+        {"--context", o->context != NULL},     {"--purpose", o->purpose != NULL},
+        {"--batch-size", o->batch_size != NULL},
+        {"--max-failure-rate", o->max_failure_rate != NULL},
+        {"--max-rows-per-second", o->max_rps != NULL},
+        {"--busy-timeout", o->busy_timeout != NULL}, {"--sample", o->sample != NULL},
+        {"--keyring", o->keyring != NULL},     {"--passphrase-file", o->passfile != NULL},
+        {"--no-verify", o->no_verify},         {"--id-column", o->id_column != NULL},
+    };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        char word[40];
+        snprintf(word, sizeof word, " %s ", all[i].name);
+        if (all[i].given && strstr(allowed, word) == NULL) {
+            return ks_cli_usage_error(cmd, "%s is not an option of '%s'", all[i].name, cmd);
+        }
+    }
+    return EX_OK;
+}
+
+/* A ks_bytes view of a C string (NULL gives the empty view). */
+static ks_bytes str_view(const char *s)
+{
+    return s == NULL ? (ks_bytes){NULL, 0} : (ks_bytes){(const uint8_t *)s, strlen(s)};
+}
+
+/* Split KEY_ID[:VERSION]: a trailing ':<digits>' is the version. */
+static int parse_to_key(const char *cmd, const char *s, ks_migrate_params *p)
+{
+    const char *colon = strrchr(s, ':');
+    size_t v = 0;
+    if (colon != NULL && colon[1] != '\0' && strspn(colon + 1, "0123456789") == strlen(colon + 1)) {
+        if (ks_cli_parse_size(colon + 1, 1, UINT32_MAX, &v) != 0) {
+            return ks_cli_usage_error(cmd, "--to-key: the version must be a number from 1");
+        }
+        p->to_key_id = (ks_bytes){(const uint8_t *)s, (size_t)(colon - s)};
+    } else {
+        p->to_key_id = str_view(s);
+    }
+    if (p->to_key_id.len == 0 || p->to_key_id.len > KS_KEY_ID_MAX) {
+        return ks_cli_usage_error(cmd, "--to-key: a key id of 1..%d bytes is required", KS_KEY_ID_MAX);
+    }
+    p->to_key_version = (uint32_t)v;
+    return EX_OK;
+}
+
+/* Parse a fraction in [0, 1]. */
+static int parse_rate(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double d = strtod(s, &end);
+    if (errno != 0 || end == s || *end != '\0' || !(d >= 0.0 && d <= 1.0)) {
+        return -1;
+    }
+    *out = d;
+    return 0;
+}
+
+/* Fill the options shared by run and verify: tenant, context, purpose and
+ * the target (with the template's columns, stored in names). */
+static int common_params(const char *cmd, const mig_opts *o, ks_migrate_params *p,
+                         ks_rowstore_target *t, char names[KS_CONTEXT_TEMPLATE_MAX])
+{
+    if (o->db == NULL || o->table == NULL || o->column == NULL) {
+        return ks_cli_usage_error(cmd, "--db, --table and --column are required");
+    }
+    if (o->tenant != NULL && o->tenant_column != NULL) {
+        return ks_cli_usage_error(cmd, "give --tenant or --tenant-column, not both");
+    }
+    *t = (ks_rowstore_target){.table = o->table, .column = o->column, .id_column = o->id_column,
+                              .tenant_column = o->tenant_column};
+    int rc = ks_cli_template_columns(cmd, o->context, t, names);
+    if (rc != EX_OK) {
+        return rc;
+    }
+    p->tenant = str_view(o->tenant);
+    p->purpose = str_view(o->purpose);
+    p->context_template = str_view(o->context);
+    return EX_OK;
+}
+
+/* Parse the mode and the target key and format of `migrate run`. */
+static int run_target(const mig_opts *o, ks_migrate_params *p)
+{
+    static const char cmd[] = "migrate run";
+    if (o->mode == NULL || o->to_key == NULL) {
+        return ks_cli_usage_error(cmd, "--mode and --to-key are required");
+    }
+    if (strcmp(o->mode, "encrypt") == 0) {
+        p->mode = KS_MIGRATE_ENCRYPT;
+    } else if (strcmp(o->mode, "rewrap") == 0) {
+        p->mode = KS_MIGRATE_REWRAP;
+    } else if (strcmp(o->mode, "reencrypt") == 0) {
+        p->mode = KS_MIGRATE_REENCRYPT;
+    } else {
+        return ks_cli_usage_error(cmd, "--mode must be encrypt, rewrap or reencrypt");
+    }
+    if (p->mode == KS_MIGRATE_REWRAP && (o->to_format != NULL || o->algorithm != NULL)) {
+        return ks_cli_usage_error(cmd, "rewrap keeps the format and algorithm: "
+                                       "use --mode reencrypt to change them");
+    }
+    if (o->to_format != NULL && strcmp(o->to_format, "1") != 0 && strcmp(o->to_format, "2") != 0) {
+        return ks_cli_usage_error(cmd, "--to-format must be 1 or 2");
+    }
+    p->to_format = o->to_format != NULL && o->to_format[0] == '1' ? KS_FORMAT_V1 : KS_FORMAT_V2;
+    p->algorithm = o->algorithm != NULL ? ks_alg_from_name(o->algorithm) : KS_ALG_XCHACHA20POLY1305;
+    if (p->algorithm == 0) {
+        return ks_cli_usage_error(cmd, "--algorithm must be xchacha20-poly1305 or aes-256-gcm");
+    }
+    if (p->mode == KS_MIGRATE_ENCRYPT && o->tenant == NULL && o->tenant_column == NULL) {
+        return ks_cli_usage_error(cmd, "encrypt needs --tenant or --tenant-column");
+    }
+    if (p->mode == KS_MIGRATE_ENCRYPT && p->to_format == KS_FORMAT_V1 && o->purpose != NULL) {
+        return ks_cli_usage_error(cmd, "--purpose needs --to-format 2");
+    }
+    if (p->mode == KS_MIGRATE_ENCRYPT && p->to_format == KS_FORMAT_V2 && o->purpose == NULL) {
+        p->purpose = str_view("default"); /* as `keyshift encrypt` */
+    }
+    return parse_to_key(cmd, o->to_key, p);
+}
+
+/* Parse the pacing and safety options of `migrate run`. */
+static int run_limits(const mig_opts *o, ks_migrate_params *p, uint32_t *busy_ms)
+{
+    static const char cmd[] = "migrate run";
+    size_t v;
+    p->batch_size = 500;
+    p->max_failure_rate = 0.001;
+    if (o->batch_size != NULL) {
+        if (ks_cli_parse_size(o->batch_size, 1, 100000, &v) != 0) {
+            return ks_cli_usage_error(cmd, "--batch-size must be a number from 1 to 100000");
+        }
+        p->batch_size = v;
+    }
+    if (o->max_failure_rate != NULL && parse_rate(o->max_failure_rate, &p->max_failure_rate) != 0) {
+        return ks_cli_usage_error(cmd, "--max-failure-rate must be a number from 0 to 1");
+    }
+    if (o->max_rps != NULL) {
+        if (ks_cli_parse_size(o->max_rps, 1, UINT32_MAX, &v) != 0) {
+            return ks_cli_usage_error(cmd, "--max-rows-per-second must be a number from 1");
+        }
+        p->max_rows_per_second = (uint32_t)v;
+    }
+    *busy_ms = 30000;
+    if (o->busy_timeout != NULL) {
+        if (ks_cli_parse_size(o->busy_timeout, 0, 86400000, &v) != 0) {
+            return ks_cli_usage_error(cmd, "--busy-timeout must be milliseconds (0..86400000)");
+        }
+        *busy_ms = (uint32_t)v;
+    }
+    p->no_verify = o->no_verify;
+    return EX_OK;
+}
+
+/* Set stop_requested; async-signal-safe. */
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+}
+
+/* Install the SIGINT/SIGTERM handlers that pause a run after its batch. */
+static void install_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+/* The counts of a checkpoint, copied out of the store's views. */
+typedef struct counts {
+    uint64_t done, skipped, raced, quarantined, wrong_state;
+    uint32_t pass;
+} counts;
+
+/* What the progress callback keeps between batches. */
+typedef struct progress_state {
+    int json, tty;
+    uint64_t batches, total;
+    uint64_t run_rows; /* rows of the batches committed by this invocation */
+    double elapsed, last_draw;
+    int have;
+    counts c;
+} progress_state;
+
+/* Copy the counts of cp. */
+static counts counts_of(const ks_checkpoint *cp)
+{
+    return (counts){cp->done, cp->skipped, cp->raced, cp->quarantined, cp->wrong_state, cp->pass};
+}
+
+/* Rows looked at so far, whatever became of them. */
+static uint64_t processed(const counts *c)
+{
+    return c->done + c->skipped + c->quarantined + c->wrong_state;
+}
+
+/* Draw the progress bar on standard error (a terminal). */
+static void draw_bar(const progress_state *s)
+{
+    uint64_t n = processed(&s->c);
+    double frac = s->total ? (double)n / (double)s->total : 1.0;
+    frac = frac > 1.0 ? 1.0 : frac;
+    double rate = s->elapsed > 0 ? (double)s->run_rows / s->elapsed : 0.0;
+    char bar[31];
+    int fill = (int)(frac * 30.0);
+    for (int i = 0; i < 30; i++) {
+        bar[i] = i < fill ? '#' : '.';
+    }
+    bar[30] = '\0';
+    fprintf(stderr, "\r[%s] %3d%% %llu/%llu rows  %.0f rows/s", bar, (int)(frac * 100.0),
+            (unsigned long long)n, (unsigned long long)s->total, rate);
+    if (rate > 0 && n < s->total) {
+        fprintf(stderr, "  ETA %.0fs   ", (double)(s->total - n) / rate);
+    } else {
+        fputs("            ", stderr);
+    }
+    fflush(stderr);
+}
+
+/* The engine's per-batch report: a JSON line or a bar redraw. */
+static void on_progress(void *arg, const ks_migrate_progress *p)
+{
+    progress_state *s = arg;
+    s->batches++;
+    s->run_rows += p->batch_rows;
+    s->total = p->total_rows;
+    s->elapsed = p->elapsed_s;
+    s->c = counts_of(p->checkpoint);
+    s->have = 1;
+    if (s->json) {
+        double rate = p->elapsed_s > 0 ? (double)s->run_rows / p->elapsed_s : 0.0;
+        printf("{\"batch\":%llu,\"pass\":%u,\"done\":%llu,\"skipped\":%llu,\"raced\":%llu,"
+               "\"quarantined\":%llu,\"wrong_state\":%llu,\"total\":%llu,\"rows_per_s\":%.1f}\n",
+               (unsigned long long)s->batches, s->c.pass, (unsigned long long)s->c.done,
+               (unsigned long long)s->c.skipped, (unsigned long long)s->c.raced,
+               (unsigned long long)s->c.quarantined, (unsigned long long)s->c.wrong_state,
+               (unsigned long long)s->total, rate);
+        fflush(stdout);
+    } else if (s->tty && (p->elapsed_s - s->last_draw >= 0.1 || s->batches == 1)) {
+        s->last_draw = p->elapsed_s;
+        draw_bar(s);
+    }
+}
+
+/* What to tell the operator about a run's outcome. */
+static const char *outcome_advice(ks_err e)
+{
+    switch (e) {
+    case KS_OK: return "complete";
+    case KS_ERR_STOPPED:
+        return "paused after the last committed batch; run the same command again to resume";
+    case KS_ERR_BUSY:
+        return "the database stayed locked past --busy-timeout; the batch was rolled back and "
+               "the checkpoint kept: run the same command again to resume";
+    case KS_ERR_TIMEOUT:
+        return "the key provider timed out; the batch was rolled back and the checkpoint kept: "
+               "run the same command again to resume";
+    case KS_ERR_UNAVAILABLE:
+        return "the key provider is unavailable; the batch was rolled back and the checkpoint "
+               "kept: run the same command again once it is back";
+    case KS_ERR_THRESHOLD:
+        return "stopped: too many rows failed and were quarantined (see the keyshift_quarantine "
+               "table); committed batches stand. Investigate, then rerun (raise "
+               "--max-failure-rate only if the failures are understood)";
+    case KS_ERR_MISMATCH:
+        return "either an unfinished migration of this column with other parameters exists "
+               "(see 'keyshift migrate status'; finish it with its own parameters first), or "
+               "verify-before-commit found a new value that does not open to the old "
+               "plaintext (nothing of that batch was written; report it as a bug)";
+    case KS_ERR_FULL:
+        return "the database or its disk is full; the batch was rolled back and the checkpoint "
+               "kept: free space, then run the same command again to resume";
+    case KS_ERR_STORE:
+        return "database error; the batch was rolled back and the checkpoint kept: fix the "
+               "cause, then run the same command again to resume";
+    case KS_ERR_NOT_FOUND: return "the target key or version does not exist in the keyring";
+    case KS_ERR_DENIED:
+        return "the target key version may not wrap (disabled or decrypt-only); promote an "
+               "active version or pick another";
+    case KS_ERR_REVOKED: return "the target key version was destroyed";
+    default: return NULL;
+    }
+}
+
+/* Print the final summary: a JSON object on stdout, or a line on stderr. */
+static void print_summary(const progress_state *s, ks_err e, int rc, double elapsed)
+{
+    const counts *c = &s->c;
+    double rate = elapsed > 0 ? (double)s->run_rows / elapsed : 0.0;
+    const char *result = e == KS_OK ? (s->batches == 0 ? "already complete, nothing to do" : "complete")
+                         : rc == EX_TEMPFAIL ? "paused" : "failed";
+    if (s->tty && !s->json && s->have) {
+        fputc('\n', stderr);
+    }
+    if (s->json) {
+        result = e == KS_OK ? "complete" : rc == EX_TEMPFAIL ? "paused" : "failed";
+        printf("{\"result\":\"%s\",\"error\":\"%s\",\"exit\":%d,\"pass\":%u,\"done\":%llu,"
+               "\"skipped\":%llu,\"raced\":%llu,\"quarantined\":%llu,\"wrong_state\":%llu,"
+               "\"total\":%llu,\"elapsed_s\":%.3f,\"rows_per_s\":%.1f}\n",
+               result, ks_err_name(e), rc, c->pass, (unsigned long long)c->done,
+               (unsigned long long)c->skipped, (unsigned long long)c->raced,
+               (unsigned long long)c->quarantined, (unsigned long long)c->wrong_state,
+               (unsigned long long)s->total, elapsed, rate);
+        return;
+    }
+    fprintf(stderr,
+            KS_PROG " migrate: %s: %llu rewritten, %llu already at target, %llu raced, "
+            "%llu quarantined, %llu in the wrong state; pass %u, %.1f s, %.0f rows/s\n",
+            result, (unsigned long long)c->done, (unsigned long long)c->skipped,
+            (unsigned long long)c->raced, (unsigned long long)c->quarantined,
+            (unsigned long long)c->wrong_state, c->pass, elapsed, rate);
+}
+
+/* Seconds on the monotonic clock. */
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Run the engine with progress and signals, then report its outcome. */
+static int run_engine(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_params *p,
+                      const mig_opts *o)
+{
+    progress_state s;
+    memset(&s, 0, sizeof s);
+    s.json = o->json;
+    s.tty = isatty(STDERR_FILENO);
+    ks_checkpoint cp;
+    memset(&cp, 0, sizeof cp);
+    install_signals();
+    double t0 = now_s();
+    ks_err e = ks_migrate_run(ctx, store, p, &stop_requested, on_progress, &s, &cp);
+    double elapsed = now_s() - t0;
+    if (cp.state.ptr != NULL || cp.pass != 0) {
+        s.c = counts_of(&cp);
+        s.have = 1;
+    }
+    int rc = e == KS_ERR_STOPPED ? EX_TEMPFAIL : ks_cli_exit_code(e);
+    if (e != KS_OK) {
+        const char *advice = outcome_advice(e);
+        if (s.tty && !s.json && s.have) {
+            fputc('\n', stderr);
+            s.have = 0;
+        }
+        ks_cli_error("migrate %s %s.%s: %s (%s)", ks_migrate_mode_name(p->mode), o->table,
+                     o->column, advice != NULL ? advice : "failed", ks_err_name(e));
+    }
+    print_summary(&s, e, rc, elapsed);
+    return rc;
+}
+
+/* `migrate run`. */
+static int cmd_run(int argc, char **argv)
+{
+    static const char cmd[] = "migrate run";
+    mig_opts o;
+    memset(&o, 0, sizeof o);
+    int rc;
+    if (parse(cmd, argc, argv, &o, &rc)) {
+        return rc;
+    }
+    if ((rc = only_options(cmd, &o, " --mode --to-key --to-format --algorithm --tenant-column "
+                                    "--tenant --context --purpose --batch-size --max-failure-rate "
+                                    "--max-rows-per-second --busy-timeout --keyring "
+                                    "--passphrase-file --no-verify --id-column ")) != EX_OK) {
+        return rc;
+    }
+    ks_migrate_params p;
+    memset(&p, 0, sizeof p);
+    ks_rowstore_target t;
+    char names[KS_CONTEXT_TEMPLATE_MAX];
+    uint32_t busy_ms;
+    if ((rc = common_params(cmd, &o, &p, &t, names)) != EX_OK || (rc = run_target(&o, &p)) != EX_OK ||
+        (rc = run_limits(&o, &p, &busy_ms)) != EX_OK) {
+        return rc;
+    }
+    ks_keyring *kr = NULL;
+    ks_ctx *ctx = NULL;
+    ks_rowstore store = {NULL, NULL, NULL};
+    if ((rc = ks_cli_store_open(o.db, &t, 0, busy_ms, &store)) == EX_OK &&
+        (rc = ks_cli_ctx_open(o.keyring, o.passfile, &kr, &ctx)) == EX_OK) {
+        rc = run_engine(ctx, &store, &p, &o);
+    }
+    ks_rowstore_close(&store);
+    ks_ctx_free(ctx);
+    ks_keyring_close(kr);
+    return rc;
+}
+
+/* Format a Unix time as RFC 3339 UTC ("" for 0). */
+static void format_time(int64_t t, char *out, size_t cap)
+{
+    time_t tt = (time_t)t;
+    struct tm tm;
+    out[0] = '\0';
+    if (t != 0 && (gmtime_r(&tt, &tm) == NULL || strftime(out, cap, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)) {
+        snprintf(out, cap, "%lld", (long long)t);
+    }
+}
+
+/* Print one checkpoint, as JSON or as a list of fields. */
+static void print_checkpoint(const char *tbl, const char *col, const ks_checkpoint *cp, int json)
+{
+    char started[32], updated[32], finished[32];
+    format_time(cp->started, started, sizeof started);
+    format_time(cp->updated, updated, sizeof updated);
+    format_time(cp->finished, finished, sizeof finished);
+    if (json) {
+        printf("{\"table\":");
+        ks_cli_put_json_string(stdout, (const uint8_t *)tbl, strlen(tbl));
+        printf(",\"column\":");
+        ks_cli_put_json_string(stdout, (const uint8_t *)col, strlen(col));
+        printf(",\"params\":");
+        ks_cli_put_json_string(stdout, cp->params.ptr, cp->params.len);
+        printf(",\"state\":");
+        ks_cli_put_json_string(stdout, cp->state.ptr, cp->state.len);
+        printf(",\"pass\":%u,\"cursor\":", cp->pass);
+        ks_cli_put_value(stdout, &cp->cursor, 1);
+        printf(",\"done\":%llu,\"skipped\":%llu,\"raced\":%llu,\"quarantined\":%llu,"
+               "\"wrong_state\":%llu,\"started\":\"%s\",\"updated\":\"%s\",\"finished\":",
+               (unsigned long long)cp->done, (unsigned long long)cp->skipped,
+               (unsigned long long)cp->raced, (unsigned long long)cp->quarantined,
+               (unsigned long long)cp->wrong_state, started, updated);
+        printf(cp->finished ? "\"%s\"}" : "null}", finished);
+        return;
+    }
+    printf("%-12s %s.%s\n", "target", tbl, col);
+    printf("%-12s %.*s\n%-12s %.*s\n%-12s %u\n%-12s ", "migration", (int)cp->params.len,
+           (const char *)cp->params.ptr, "state", (int)cp->state.len, (const char *)cp->state.ptr,
+           "pass", cp->pass, "cursor");
+    ks_cli_put_value(stdout, &cp->cursor, 0);
+    printf("\n%-12s %llu\n%-12s %llu\n%-12s %llu\n%-12s %llu\n%-12s %llu\n%-12s %s\n%-12s %s\n"
+           "%-12s %s\n",
+           "rewritten", (unsigned long long)cp->done, "at-target", (unsigned long long)cp->skipped,
+           "raced", (unsigned long long)cp->raced, "quarantined",
+           (unsigned long long)cp->quarantined, "wrong-state", (unsigned long long)cp->wrong_state,
+           "started", started, "updated", updated, "finished", cp->finished ? finished : "-");
+}
+
+/* Read column i of the current row of st as a ks_value (views into st). */
+static ks_value column_value(sqlite3_stmt *st, int i)
+{
+    ks_value v = {KS_VALUE_NULL, 0, {NULL, 0}};
+    switch (sqlite3_column_type(st, i)) {
+    case SQLITE_INTEGER:
+        v.type = KS_VALUE_INTEGER;
+        v.integer = sqlite3_column_int64(st, i);
+        break;
+    case SQLITE_BLOB:
+        v.type = KS_VALUE_BLOB;
+        v.bytes.ptr = sqlite3_column_blob(st, i);
+        v.bytes.len = (size_t)sqlite3_column_bytes(st, i);
+        break;
+    case SQLITE_NULL: break;
+    default:
+        v.type = KS_VALUE_TEXT;
+        v.bytes.ptr = sqlite3_column_text(st, i);
+        v.bytes.len = (size_t)sqlite3_column_bytes(st, i);
+        break;
+    }
+    return v;
+}
+
+/* Fill cp from the current row of the checkpoint query (views into st). */
+static void row_checkpoint(sqlite3_stmt *st, ks_checkpoint *cp)
+{
+    ks_value params = column_value(st, 0), state = column_value(st, 1);
+    cp->params = params.bytes;
+    cp->state = state.bytes;
+    cp->cursor = column_value(st, 2);
+    cp->pass = (uint32_t)sqlite3_column_int64(st, 3);
+    cp->done = (uint64_t)sqlite3_column_int64(st, 4);
+    cp->skipped = (uint64_t)sqlite3_column_int64(st, 5);
+    cp->raced = (uint64_t)sqlite3_column_int64(st, 6);
+    cp->quarantined = (uint64_t)sqlite3_column_int64(st, 7);
+    cp->wrong_state = (uint64_t)sqlite3_column_int64(st, 8);
+    cp->started = sqlite3_column_int64(st, 9);
+    cp->updated = sqlite3_column_int64(st, 10);
+    cp->finished = sqlite3_column_int64(st, 11);
+}
+
+/*
+ * Print every checkpoint of db, most recently updated first, from the
+ * keyshift_migration table (schema in migrate/store/sqlite_store.c),
+ * read-only.  A database without the table has had no migration.
+ */
+static int list_checkpoints(const char *db, const char *table, const char *column, int json)
+{
+    static const char q[] =
+        "SELECT params, state, cursor, pass, done, skipped, raced, quarantined, wrong_state, "
+        "started, updated, finished, tbl, col FROM keyshift_migration "
+        "WHERE ?1 IS NULL OR (tbl = ?1 AND col = ?2) ORDER BY updated DESC, rowid DESC";
+    sqlite3 *h = NULL;
+    sqlite3_stmt *st = NULL;
+    int n = 0, rc = EX_OK;
+    if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
+        ks_cli_error("cannot open %s: %s", db, sqlite3_errstr(sqlite3_errcode(h)));
+        sqlite3_close(h);
+        return EX_NOINPUT;
+    }
+    sqlite3_busy_timeout(h, 30000);
+    int have = 0;
+    if (sqlite3_prepare_v2(h, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                              "name = 'keyshift_migration'", -1, &st, NULL) != SQLITE_OK) {
+        rc = EX_IOERR;
+    } else {
+        int r = sqlite3_step(st);
+        have = r == SQLITE_ROW;
+        rc = r == SQLITE_ROW || r == SQLITE_DONE ? EX_OK : r == SQLITE_BUSY ? EX_TEMPFAIL : EX_IOERR;
+    }
+    sqlite3_finalize(st);
+    st = NULL;
+    if (rc == EX_OK && have &&
+        (sqlite3_prepare_v2(h, q, -1, &st, NULL) != SQLITE_OK ||
+         sqlite3_bind_text(st, 1, table, -1, SQLITE_STATIC) != SQLITE_OK ||
+         sqlite3_bind_text(st, 2, column, -1, SQLITE_STATIC) != SQLITE_OK)) {
+        rc = EX_IOERR;
+    }
+    if (json && rc == EX_OK) {
+        printf("{\"migrations\":[");
+    }
+    int r = SQLITE_DONE;
+    while (rc == EX_OK && have && (r = sqlite3_step(st)) == SQLITE_ROW) {
+        ks_checkpoint cp;
+        row_checkpoint(st, &cp);
+        if (json) {
+            fputs(n ? "," : "", stdout);
+        } else if (n) {
+            fputc('\n', stdout);
+        }
+        const char *tbl = (const char *)sqlite3_column_text(st, 12);
+        const char *col = (const char *)sqlite3_column_text(st, 13);
+        print_checkpoint(tbl ? tbl : "", col ? col : "", &cp, json);
+        n++;
+    }
+    if (rc == EX_OK && r != SQLITE_DONE) {
+        rc = r == SQLITE_BUSY ? EX_TEMPFAIL : EX_IOERR;
+    }
+    if (rc != EX_OK) {
+        ks_cli_error("cannot read the checkpoints of %s: %s", db, sqlite3_errstr(sqlite3_errcode(h)));
+    } else if (json) {
+        printf("]}\n");
+    } else if (n == 0) {
+        printf("no migration has run on %s\n", db);
+    }
+    sqlite3_finalize(st);
+    sqlite3_close(h);
+    return rc;
+}
+
+/* `migrate status`. */
+static int cmd_status(int argc, char **argv)
+{
+    static const char cmd[] = "migrate status";
+    mig_opts o;
+    memset(&o, 0, sizeof o);
+    int rc;
+    if (parse(cmd, argc, argv, &o, &rc)) {
+        return rc;
+    }
+    if ((rc = only_options(cmd, &o, " --id-column ")) != EX_OK) {
+        return rc;
+    }
+    if (o.db == NULL) {
+        return ks_cli_usage_error(cmd, "--db is required");
+    }
+    if ((o.table == NULL) != (o.column == NULL)) {
+        return ks_cli_usage_error(cmd, "give --table and --column together");
+    }
+    ks_rowstore store;
+    if (o.table != NULL) { /* check the target exists */
+        ks_rowstore_target t = {.table = o.table, .column = o.column, .id_column = o.id_column};
+        if ((rc = ks_cli_store_open(o.db, &t, 1, 0, &store)) != EX_OK) {
+            return rc;
+        }
+        ks_rowstore_close(&store);
+    } else if (access(o.db, F_OK) != 0) {
+        ks_cli_error("no such database %s: %s", o.db, strerror(errno));
+        return EX_NOINPUT;
+    }
+    return list_checkpoints(o.db, o.table, o.column, o.json);
+}
+
+/* What verify keeps while reporting failures. */
+typedef struct verify_state {
+    int json;
+    uint64_t reported;
+} verify_state;
+
+/* Report one row that did not open: its id and error, never its value. */
+static void on_failure(void *arg, const ks_verify_failure *f)
+{
+    verify_state *s = arg;
+    s->reported++;
+    if (s->json) {
+        printf("{\"id\":");
+        ks_cli_put_value(stdout, &f->id, 1);
+        printf(",\"error\":\"%s\"}\n", ks_err_name(f->error));
+    } else {
+        printf("FAILED id ");
+        ks_cli_put_value(stdout, &f->id, 0);
+        printf(": %s\n", ks_err_name(f->error));
+    }
+}
+
+/* `migrate verify`. */
+static int cmd_verify(int argc, char **argv)
+{
+    static const char cmd[] = "migrate verify";
+    mig_opts o;
+    memset(&o, 0, sizeof o);
+    int rc;
+    if (parse(cmd, argc, argv, &o, &rc)) {
+        return rc;
+    }
+    if ((rc = only_options(cmd, &o, " --tenant-column --tenant --context --purpose --sample "
+                                    "--keyring --passphrase-file --id-column ")) != EX_OK) {
+        return rc;
+    }
+    ks_migrate_params p;
+    memset(&p, 0, sizeof p);
+    ks_rowstore_target t;
+    char names[KS_CONTEXT_TEMPLATE_MAX];
+    if ((rc = common_params(cmd, &o, &p, &t, names)) != EX_OK) {
+        return rc;
+    }
+    size_t sample = 0;
+    if (o.sample != NULL && ks_cli_parse_size(o.sample, 1, SIZE_MAX, &sample) != 0) {
+        return ks_cli_usage_error(cmd, "--sample must be a number from 1");
+    }
+    ks_keyring *kr = NULL;
+    ks_ctx *ctx = NULL;
+    ks_rowstore store = {NULL, NULL, NULL};
+    verify_state s = {o.json, 0};
+    ks_verify_result r = {0, 0, 0};
+    if ((rc = ks_cli_store_open(o.db, &t, 1, 0, &store)) == EX_OK &&
+        (rc = ks_cli_ctx_open(o.keyring, o.passfile, &kr, &ctx)) == EX_OK) {
+        ks_err e = ks_migrate_verify(ctx, &store, &p, sample, on_failure, &s, &r);
+        if (e != KS_OK) {
+            ks_cli_error("verify of %s.%s stopped: %s", o.table, o.column, ks_err_name(e));
+            rc = ks_cli_exit_code(e);
+        } else {
+            rc = r.failed ? EX_DATAERR : EX_OK;
+        }
+        if (o.json) {
+            printf("{\"checked\":%llu,\"failed\":%llu,\"skipped\":%llu,\"result\":\"%s\"}\n",
+                   (unsigned long long)r.checked, (unsigned long long)r.failed,
+                   (unsigned long long)r.skipped, e != KS_OK ? ks_err_name(e) : r.failed ? "failed" : "ok");
+        } else {
+            printf("%llu envelopes checked, %llu failed, %llu NULL or plaintext rows skipped\n",
+                   (unsigned long long)r.checked, (unsigned long long)r.failed,
+                   (unsigned long long)r.skipped);
+        }
+    }
+    ks_rowstore_close(&store);
+    ks_ctx_free(ctx);
+    ks_keyring_close(kr);
+    return rc;
+}
+
+/* See cli.h. */
+int ks_cmd_migrate(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return EX_USAGE;
+    }
+    if (ks_cli_is_help(argv[1])) {
+        usage(stdout);
+        return EX_OK;
+    }
+    if (strcmp(argv[1], "run") == 0) {
+        return cmd_run(argc - 1, argv + 1);
+    }
+    if (strcmp(argv[1], "status") == 0) {
+        return cmd_status(argc - 1, argv + 1);
+    }
+    if (strcmp(argv[1], "verify") == 0) {
+        return cmd_verify(argc - 1, argv + 1);
+    }
+    return ks_cli_usage_error("migrate", "no such subcommand '%s' (run, status or verify)", argv[1]);
+}
