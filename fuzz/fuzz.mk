@@ -18,7 +18,7 @@
 #
 # Nothing here writes into corpus/ except fuzz-seeds.
 
-FUZZ_TARGETS := fuzz_parse fuzz_differential fuzz_open fuzz_keyring
+FUZZ_TARGETS := fuzz_parse fuzz_differential fuzz_open fuzz_keyring fuzz_migrate
 FUZZ_SMOKE_SECONDS ?= 20
 FUZZ_SECONDS ?= 60
 AFL_SECONDS ?= 20

@@ -43,6 +43,7 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #include "fuzz_check.h"
+#include "fuzz_drbg.h"
 
 #define BV(s) ((ks_bytes){(const uint8_t *)(s), sizeof(s) - 1})
 #define MAX_GENUINE 64
@@ -50,30 +51,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* ---- a fixed-seed random source ------------------------------------------- */
 
-static uint64_t drbg_calls;
-
-/* Fill buf from ChaCha20 under a seed that is fixed but for a call count. */
-static void drbg_buf(void *const buf, const size_t n)
-{
-    uint8_t seed[randombytes_SEEDBYTES] = "keyshift fuzz_open fixed seed";
-    memcpy(seed + randombytes_SEEDBYTES - sizeof drbg_calls, &drbg_calls, sizeof drbg_calls);
-    drbg_calls++;
-    randombytes_buf_deterministic(buf, n, seed);
-}
-
-static uint32_t drbg_random(void)
-{
-    uint32_t v;
-    drbg_buf(&v, sizeof v);
-    return v;
-}
-
-static const char *drbg_name(void)
-{
-    return "fuzz-fixed";
-}
-
-static randombytes_implementation drbg = {drbg_name, drbg_random, NULL, NULL, drbg_buf, NULL};
+/* The label of this harness's fixed seed (fuzz/fuzz_drbg.h). */
+#define DRBG_LABEL "keyshift fuzz_open fixed seed"
 
 /* ---- the world -------------------------------------------------------------- */
 
@@ -134,7 +113,7 @@ static void init(void)
     static const uint8_t kek1[32] = "fuzz_open kek version 1 ........";
     static const uint8_t kek2[32] = "fuzz_open kek version 2 ........";
     static const char *const contexts[] = {"", "row:42", "tbl/users#7"};
-    CHECK(randombytes_set_implementation(&drbg) == 0);
+    CHECK(ks_fuzz_drbg_install(DRBG_LABEL) == 0);
     CHECK(sodium_init() >= 0);
     ks_mem_init(&mem);
     CHECK(ks_mem_add(&mem, "fuzz-key", 1, 1, kek1) == 0);

@@ -1082,7 +1082,7 @@ static int reserved_table(const char *name)
 
 /* ---- opening: keyshift's own tables ------------------------------------------------- */
 
-static const char create_sql[] =
+const char ks_sqlite_schema_sql[] =
     "CREATE TABLE IF NOT EXISTS main.keyshift_meta(key TEXT PRIMARY KEY, value);"
     "INSERT OR IGNORE INTO main.keyshift_meta(key, value) VALUES('schema_version', 1);"
     "CREATE TABLE IF NOT EXISTS main.keyshift_migration("
@@ -1134,7 +1134,7 @@ static ks_err create_own_tables(opener *o)
     sqlite3 *db = o->s->db;
     int rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
     if (rc == SQLITE_OK)
-        rc = sqlite3_exec(db, create_sql, NULL, NULL, NULL);
+        rc = sqlite3_exec(db, ks_sqlite_schema_sql, NULL, NULL, NULL);
     if (rc == SQLITE_OK)
         rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
     if (rc != SQLITE_OK) {

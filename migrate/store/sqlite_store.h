@@ -16,6 +16,12 @@
  * (keyshift_meta.schema_version). */
 #define KS_SQLITE_SCHEMA_VERSION 1
 
+/* The SQL that creates keyshift's own tables if missing (schema version
+ * KS_SQLITE_SCHEMA_VERSION; documented at the top of sqlite_store.c).
+ * Exposed so that a fuzz harness can build a database the way the store
+ * would, without opening one. */
+extern const char ks_sqlite_schema_sql[];
+
 /* Tests only (built with -DKS_TEST_HOOKS): run PRAGMA max_page_count =
  * pages on the connection of store (an SQLite store), to provoke
  * SQLITE_FULL.  The limit is per connection, hence the hook.  Returns

@@ -1,0 +1,748 @@
+/*
+ * fuzz/fuzz_migrate.c -- the migration engine (ks_migrate_run) over a small
+ * SQLite database whose column values and migration parameters come from
+ * the input.
+ *
+ * Input (docs/fuzzing.md, "fuzz_migrate"; short inputs read as zeros):
+ *   byte 0  bits 0-1 mode (0, 3: encrypt; 1: rewrap; 2: reencrypt),
+ *           bit 2 format 1 (else 2), bit 3 AES-256-GCM (else XChaCha20),
+ *           bits 4-6 batch size - 1, bit 7 no_verify
+ *   byte 1  bits 0-1 context template (TEMPLATES), bit 2 tenant column (else
+ *           the constant tenant "acme"), bit 3 purpose "db.orders" (else
+ *           "db.users"; format 1 has none), bits 4-5 target (TARGETS),
+ *           bit 6 both a tenant column and a constant tenant, bit 7 run
+ *           ks_migrate_verify afterwards
+ *   byte 2  max_failure_rate: 255 the default (negative), else byte / 254
+ *   byte 3  bits 0-2 after which committed batch to act (0: before the
+ *           run), bits 3-5 the action (ACTIONS: stop, or make provider
+ *           calls fail), bits 6-7 how many calls fail - 1
+ *   then up to MAX_ROWS rows, each a header byte: bits 0-2 the value kind
+ *   (NULL, INTEGER, TEXT, BLOB, genuine envelope as BLOB / TEXT, REAL,
+ *   "KSE"-prefixed BLOB), bit 3 pre-quarantined, bits 4-5 the tenant
+ *   column (acme, globex, NULL, "bad tenant"), bits 6-7 the org column
+ *   (NULL, 7, "sales", x'dead'); followed by the kind's bytes (see
+ *   read_row).  Row i has id i + 1.
+ *
+ * World (built once): libsodium's random source replaced by a fixed-seed
+ * generator (as in fuzz_open.c), the in-memory provider of
+ * tests/mem_provider.h (fuzz-key versions 1 and 2, 2 primary; other-key
+ * version 1), a context, and GENUINE envelopes sealed at init, so an input
+ * can place genuine envelopes (possibly with one byte changed) in rows.
+ * The database is a file in a directory made once with mkdtemp (under
+ * /dev/shm when it exists: the store's commits fsync), recreated for every
+ * input: the store opens files only (no URI, no SQLITE_OPEN_CREATE).
+ *
+ * Per input: build the database with the harness's own connection (closed
+ * again), note sqlite3_memory_used(), open the store, run the migration
+ * (and, after a stop, an injected failure or the threshold, run it once
+ * more without either), run a census and a verify, close the store.
+ *
+ * Oracles (abort() on failure):
+ *   1. Every ks_migrate_run result is allowed: OK, THRESHOLD, STOPPED
+ *      (a stop was requested), the injected provider error, NOT_FOUND (an
+ *      envelope names a key the provider lacks), INVALID_ARGUMENT (only
+ *      with both a tenant column and a constant tenant), BUSY (only with a
+ *      REAL row in encrypt mode: KNOWN ISSUE, docs/fuzzing.md -- the CAS
+ *      never matches a REAL, so the row races in every pass).
+ *   2. sqlite3_memory_used() after closing the store equals its value
+ *      before opening it.
+ *   3. A pre-quarantined row, and every row the run quarantined, is
+ *      byte-identical to its original value.
+ *   4. Every row whose value changed is a BLOB envelope at the target key
+ *      and version (and, for encrypt/reencrypt, format and algorithm),
+ *      opens with the row's context, tenant and purpose, and yields the
+ *      original plaintext: the value itself for encrypt (an INTEGER as its
+ *      decimal text, a REAL as SQLite's text), the original envelope's
+ *      plaintext for rewrap and reencrypt.  The original was not one the
+ *      mode must leave alone (an envelope for encrypt, plaintext for the
+ *      others).
+ *   5. When the last run returned OK, nothing is left to do: every
+ *      non-NULL row that is not quarantined is either in the wrong state
+ *      for the mode or at the target.
+ *   6. The census counts every row, and the NULL ones exactly.
+ *
+ * FUZZ_MIGRATE_VERBOSE=1 (environment) prints each run's result and counts.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <sodium.h>
+#include <sqlite3.h>
+
+#include <keyshift/crypto.h>
+#include <keyshift/migrate.h>
+#include <keyshift/rowstore.h>
+
+#include "../tests/mem_provider.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#include "../migrate/store/sqlite_store.h"
+#include "fuzz_check.h"
+#include "fuzz_drbg.h"
+
+#define BV(s) ((ks_bytes){(const uint8_t *)(s), sizeof(s) - 1})
+#define MAX_ROWS 16
+#define MAX_RAW 255
+#define PT_CAP 4096
+#define ENV_CAP 1024
+
+/* ---- a fixed-seed random source (as in fuzz_open.c) -------------------------- */
+
+/* The label of this harness's fixed seed (fuzz/fuzz_drbg.h). */
+#define DRBG_LABEL "keyshift fuzz_migrate fixed"
+
+/* ---- the world ----------------------------------------------------------------- */
+
+/* What a genuine envelope is sealed with. */
+typedef struct genuine_spec {
+    uint8_t format;
+    uint32_t alg;
+    uint32_t version; /* of fuzz-key */
+    const char *tenant;
+    const char *context;
+} genuine_spec;
+
+#define X KS_ALG_XCHACHA20POLY1305
+#define A KS_ALG_AES256GCM
+/* Indexed by the input; fuzz/migrate_seeds.py mirrors this table.  The
+ * contexts are what TEMPLATES render for ids 1..4 (org "sales" for
+ * "{org}/{id}"); the purpose of format 2 is "db.users". */
+static const genuine_spec GENUINE[] = {
+    {2, X, 1, "acme", ""},      {2, X, 1, "acme", "t:1"},   {2, X, 1, "acme", "t:2"},
+    {2, X, 1, "acme", "t:3"},   {1, X, 1, "acme", ""},      {1, X, 1, "acme", "t:1"},
+    {1, X, 1, "acme", "t:2"},   {2, X, 2, "acme", "t:1"},   {2, X, 1, "globex", "t:2"},
+    {2, X, 1, "acme", "sales/3"}, {2, A, 1, "acme", "t:1"}, {1, A, 1, "acme", "t:2"},
+    {2, X, 1, "acme", "fixed"}, {2, X, 2, "acme", ""},      {1, X, 2, "acme", "t:4"},
+    {2, A, 2, "acme", "t:3"},
+};
+#undef X
+#undef A
+#define N_GENUINE (sizeof GENUINE / sizeof GENUINE[0])
+
+/* Context templates and the context columns they use. */
+static const char *const TEMPLATES[4] = {"", "t:{id}", "{org}/{id}", "fixed"};
+
+/* Migration targets: key id and requested version (0: the primary). */
+static const struct {
+    const char *key;
+    uint32_t version;
+} TARGETS[4] = {{"fuzz-key", 0}, {"fuzz-key", 1}, {"fuzz-key", 2}, {"other-key", 0}};
+
+/* What byte 3 asks for after a batch. */
+enum { ACT_NONE, ACT_STOP, ACT_FAIL_UNWRAP, ACT_FAIL_WRAP, ACT_FAIL_KEY_INFO, ACT_FAIL_DENIED };
+
+typedef struct sealed {
+    uint8_t env[ENV_CAP];
+    size_t env_len;
+} sealed;
+
+static ks_mem_provider mem;
+static ks_ctx *ctx;
+static sealed gen[N_GENUINE];
+static char db_path[256];
+
+/* Remove the database file and its journal. */
+static void remove_db(void)
+{
+    char j[300];
+    snprintf(j, sizeof j, "%s-journal", db_path);
+    (void)unlink(db_path);
+    (void)unlink(j);
+}
+
+/* atexit: remove the database and its directory. */
+static void cleanup_dir(void)
+{
+    remove_db();
+    char *slash = strrchr(db_path, '/');
+    if (slash != NULL) {
+        *slash = '\0';
+        (void)rmdir(db_path);
+    }
+}
+
+/* Build the world once. */
+static void init(void)
+{
+    static const uint8_t kek1[32] = "fuzz_migrate kek version 1 .....";
+    static const uint8_t kek2[32] = "fuzz_migrate kek version 2 .....";
+    static const uint8_t kek3[32] = "fuzz_migrate other-key v1 ......";
+    CHECK(ks_fuzz_drbg_install(DRBG_LABEL) == 0);
+    CHECK(sodium_init() >= 0);
+    ks_mem_init(&mem);
+    CHECK(ks_mem_add(&mem, "fuzz-key", 1, 0, kek1) == 0);
+    CHECK(ks_mem_add(&mem, "fuzz-key", 2, 1, kek2) == 0);
+    CHECK(ks_mem_add(&mem, "other-key", 1, 1, kek3) == 0);
+    ks_provider prov = ks_mem_provider_of(&mem);
+    CHECK(ks_ctx_new(&prov, NULL, &ctx) == KS_OK);
+    int aes = crypto_aead_aes256gcm_is_available();
+    for (size_t i = 0; i < N_GENUINE; i++) {
+        const genuine_spec *g = &GENUINE[i];
+        uint8_t pt[64];
+        size_t pt_len = (i * 5) % 40; /* genuine 0 has an empty plaintext */
+        for (size_t k = 0; k < pt_len; k++) {
+            pt[k] = (uint8_t)('a' + (i + k) % 26);
+        }
+        ks_seal_params p = {g->format, aes ? g->alg : KS_ALG_XCHACHA20POLY1305,
+                            {(const uint8_t *)g->tenant, strlen(g->tenant)}, BV("fuzz-key"),
+                            g->version, g->format == 2 ? BV("db.users") : (ks_bytes){NULL, 0},
+                            {(const uint8_t *)g->context, strlen(g->context)}};
+        CHECK(ks_seal(ctx, &p, pt, pt_len, gen[i].env, sizeof gen[i].env, &gen[i].env_len) == KS_OK);
+    }
+    const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : getenv("TMPDIR");
+    char dir[200];
+    snprintf(dir, sizeof dir, "%s/ks_fuzz_migrate.XXXXXX",
+             base != NULL && strlen(base) < 150 ? base : "/tmp");
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(db_path, sizeof db_path, "%s/db.sqlite", dir);
+    atexit(cleanup_dir);
+}
+
+/* ---- decoding ------------------------------------------------------------------ */
+
+/* A cursor over the input; reads past the end give zeros. */
+typedef struct input {
+    const uint8_t *p;
+    size_t n, off;
+} input;
+
+/* The next byte, or 0 at the end. */
+static uint8_t next(input *in)
+{
+    return in->off < in->n ? in->p[in->off++] : 0;
+}
+
+/* One row of the database, as inserted. */
+typedef struct row {
+    int64_t id;
+    int type; /* SQLITE_NULL, SQLITE_INTEGER, SQLITE_TEXT, SQLITE_BLOB, SQLITE_FLOAT */
+    int64_t integer;
+    double real;
+    uint8_t bytes[ENV_CAP];
+    size_t len;
+    char real_text[64]; /* SQLite's rendering of a REAL */
+    int quarantined;    /* pre-quarantined by the harness */
+    int tenant_kind, org_kind;
+} row;
+
+/* The decoded input. */
+typedef struct world_in {
+    ks_migrate_params p;
+    int tenant_column, context_org;
+    unsigned tmpl;
+    uint32_t to_version; /* the target version, resolved */
+    unsigned act_after, action, fail_count;
+    row rows[MAX_ROWS];
+    size_t n_rows;
+    int any_quarantined;
+    int verify;   /* run ks_migrate_verify after the migration */
+    int real_row; /* a REAL value the mode would write: see KNOWN ISSUE */
+} world_in;
+
+static const char *const TENANTS[4] = {"acme", "globex", NULL, "bad tenant"};
+
+/* Decode one row (header already read) from in. */
+static void read_row(input *in, uint8_t h, row *r)
+{
+    r->quarantined = (h >> 3) & 1;
+    r->tenant_kind = (h >> 4) & 3;
+    r->org_kind = (h >> 6) & 3;
+    r->len = 0;
+    switch (h & 7) {
+    case 0:
+        r->type = SQLITE_NULL;
+        break;
+    case 1:
+    case 6: {
+        uint64_t v = 0;
+        for (int k = 0; k < 8; k++) {
+            v = (v << 8) | next(in);
+        }
+        if ((h & 7) == 1) {
+            r->type = SQLITE_INTEGER;
+            r->integer = (int64_t)v;
+        } else {
+            r->type = SQLITE_FLOAT;
+            /* a finite, small-ish value: its text rendering round-trips in type */
+            r->real = (double)(int32_t)(uint32_t)v / 64.0;
+        }
+        break;
+    }
+    case 2:
+    case 3:
+    case 7: {
+        size_t len = next(in), pre = 0;
+        if ((h & 7) == 7) {
+            memcpy(r->bytes, "KSE", 3);
+            pre = 3;
+        }
+        for (size_t k = 0; k < len && in->off < in->n; k++) {
+            r->bytes[pre + r->len++] = next(in);
+        }
+        r->len += pre;
+        r->type = (h & 7) == 2 ? SQLITE_TEXT : SQLITE_BLOB;
+        break;
+    }
+    default: { /* 4, 5: a genuine envelope, maybe with one byte changed */
+        const sealed *g = &gen[next(in) % N_GENUINE];
+        memcpy(r->bytes, g->env, g->env_len);
+        r->len = g->env_len;
+        uint8_t mut = next(in);
+        if (mut != 0) {
+            r->bytes[(mut * 7u) % r->len] ^= next(in);
+        }
+        r->type = (h & 7) == 4 ? SQLITE_BLOB : SQLITE_TEXT;
+        break;
+    }
+    }
+}
+
+/* Decode the whole input into w. */
+static void decode(const uint8_t *data, size_t size, world_in *w)
+{
+    input in = {data, size, 0};
+    uint8_t b0 = next(&in), b1 = next(&in), b2 = next(&in), b3 = next(&in);
+    memset(&w->p, 0, sizeof w->p);
+    static const ks_migrate_mode modes[4] = {KS_MIGRATE_ENCRYPT, KS_MIGRATE_REWRAP,
+                                             KS_MIGRATE_REENCRYPT, KS_MIGRATE_ENCRYPT};
+    w->p.mode = modes[b0 & 3];
+    w->p.to_format = (b0 & 4) ? KS_FORMAT_V1 : KS_FORMAT_V2;
+    w->p.algorithm = (b0 & 8) && crypto_aead_aes256gcm_is_available() ? KS_ALG_AES256GCM
+                                                                       : KS_ALG_XCHACHA20POLY1305;
+    w->p.batch_size = 1 + ((b0 >> 4) & 7);
+    w->p.no_verify = (b0 >> 7) & 1;
+    w->tmpl = b1 & 3;
+    w->p.context_template = (ks_bytes){(const uint8_t *)TEMPLATES[w->tmpl], strlen(TEMPLATES[w->tmpl])};
+    w->context_org = w->tmpl == 2;
+    w->tenant_column = (b1 >> 2) & 1;
+    if (!w->tenant_column || ((b1 >> 6) & 1)) {
+        w->p.tenant = BV("acme");
+    }
+    w->tenant_column |= (b1 >> 6) & 1;
+    w->verify = (b1 >> 7) & 1;
+    if (w->p.to_format == KS_FORMAT_V2) {
+        w->p.purpose = (b1 & 8) ? BV("db.orders") : BV("db.users");
+    }
+    unsigned t = (b1 >> 4) & 3;
+    w->p.to_key_id = (ks_bytes){(const uint8_t *)TARGETS[t].key, strlen(TARGETS[t].key)};
+    w->p.to_key_version = TARGETS[t].version;
+    w->to_version = TARGETS[t].version != 0 ? TARGETS[t].version : t == 0 ? 2 : 1; /* the primaries */
+    w->p.max_failure_rate = b2 == 255 ? -1.0 : (double)b2 / 254.0;
+    w->act_after = b3 & 7;
+    w->action = (b3 >> 3) & 7;
+    w->fail_count = 1 + (b3 >> 6);
+    w->n_rows = 0;
+    w->any_quarantined = 0;
+    w->real_row = 0;
+    while (in.off < in.n && w->n_rows < MAX_ROWS) {
+        row *r = &w->rows[w->n_rows];
+        r->id = (int64_t)w->n_rows + 1;
+        read_row(&in, next(&in), r);
+        w->any_quarantined |= r->quarantined;
+        w->real_row |= r->type == SQLITE_FLOAT && !r->quarantined && w->p.mode == KS_MIGRATE_ENCRYPT;
+        w->n_rows++;
+    }
+}
+
+/* ---- the database -------------------------------------------------------------- */
+
+/* keyshift's tables are created with the store's own SQL (ks_sqlite_schema_sql,
+ * migrate/store/sqlite_store.h) when the harness pre-quarantines rows. */
+
+/* Bind the tenant (kind 0-3) or org (kind 0-3) column value. */
+static void bind_extra(sqlite3_stmt *st, int col, int is_org, int kind)
+{
+    if (is_org) {
+        switch (kind) {
+        case 0: CHECK(sqlite3_bind_null(st, col) == SQLITE_OK); break;
+        case 1: CHECK(sqlite3_bind_int64(st, col, 7) == SQLITE_OK); break;
+        case 2: CHECK(sqlite3_bind_text(st, col, "sales", 5, SQLITE_STATIC) == SQLITE_OK); break;
+        default: CHECK(sqlite3_bind_blob(st, col, "\xde\xad", 2, SQLITE_STATIC) == SQLITE_OK); break;
+        }
+    } else if (TENANTS[kind] == NULL) {
+        CHECK(sqlite3_bind_null(st, col) == SQLITE_OK);
+    } else {
+        CHECK(sqlite3_bind_text(st, col, TENANTS[kind], -1, SQLITE_STATIC) == SQLITE_OK);
+    }
+}
+
+/* Create the database file with table t and w's rows (and quarantine). */
+static void build_db(world_in *w)
+{
+    remove_db();
+    sqlite3 *db = NULL;
+    CHECK(sqlite3_open_v2(db_path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) == SQLITE_OK);
+    CHECK(sqlite3_exec(db,
+                       "PRAGMA synchronous=OFF; PRAGMA journal_mode=MEMORY; BEGIN;"
+                       "CREATE TABLE t(id INTEGER PRIMARY KEY, v, tenant, org);",
+                       NULL, NULL, NULL) == SQLITE_OK);
+    CHECK(sqlite3_exec(db, ks_sqlite_schema_sql, NULL, NULL, NULL) == SQLITE_OK);
+    sqlite3_stmt *ins = NULL, *q = NULL, *rt = NULL;
+    CHECK(sqlite3_prepare_v2(db, "INSERT INTO t(id, v, tenant, org) VALUES(?1, ?2, ?3, ?4)", -1, &ins,
+                             NULL) == SQLITE_OK);
+    CHECK(sqlite3_prepare_v2(db, "INSERT INTO keyshift_quarantine VALUES('t', 'v', ?1, 'auth-failed', 0)",
+                             -1, &q, NULL) == SQLITE_OK);
+    CHECK(sqlite3_prepare_v2(db, "SELECT CAST(?1 AS TEXT)", -1, &rt, NULL) == SQLITE_OK);
+    for (size_t i = 0; i < w->n_rows; i++) {
+        row *r = &w->rows[i];
+        CHECK(sqlite3_bind_int64(ins, 1, r->id) == SQLITE_OK);
+        int rc = SQLITE_OK;
+        switch (r->type) {
+        case SQLITE_NULL: rc = sqlite3_bind_null(ins, 2); break;
+        case SQLITE_INTEGER: rc = sqlite3_bind_int64(ins, 2, r->integer); break;
+        case SQLITE_FLOAT:
+            rc = sqlite3_bind_double(ins, 2, r->real);
+            CHECK(sqlite3_bind_double(rt, 1, r->real) == SQLITE_OK);
+            CHECK(sqlite3_step(rt) == SQLITE_ROW);
+            snprintf(r->real_text, sizeof r->real_text, "%s", (const char *)sqlite3_column_text(rt, 0));
+            CHECK(sqlite3_reset(rt) == SQLITE_OK);
+            break;
+        case SQLITE_TEXT: rc = sqlite3_bind_text(ins, 2, (const char *)r->bytes, (int)r->len, SQLITE_STATIC); break;
+        default: rc = sqlite3_bind_blob(ins, 2, r->bytes, (int)r->len, SQLITE_STATIC); break;
+        }
+        CHECK(rc == SQLITE_OK);
+        bind_extra(ins, 3, 0, r->tenant_kind);
+        bind_extra(ins, 4, 1, r->org_kind);
+        CHECK(sqlite3_step(ins) == SQLITE_DONE);
+        CHECK(sqlite3_reset(ins) == SQLITE_OK);
+        if (r->quarantined) {
+            CHECK(sqlite3_bind_int64(q, 1, r->id) == SQLITE_OK);
+            CHECK(sqlite3_step(q) == SQLITE_DONE);
+            CHECK(sqlite3_reset(q) == SQLITE_OK);
+        }
+    }
+    sqlite3_finalize(ins);
+    sqlite3_finalize(q);
+    sqlite3_finalize(rt);
+    CHECK(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL) == SQLITE_OK);
+    CHECK(sqlite3_close(db) == SQLITE_OK);
+}
+
+/* A row's value after the run, read back by the harness. */
+typedef struct final {
+    int type;
+    int64_t integer;
+    double real;
+    uint8_t *bytes; /* malloc'd copy */
+    size_t len;
+    int in_quarantine;
+} final;
+
+/* Read every row's value and quarantine flag into f (by id - 1). */
+static void read_back(const world_in *w, final *f)
+{
+    sqlite3 *db = NULL;
+    CHECK(sqlite3_open_v2(db_path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK);
+    sqlite3_stmt *st = NULL;
+    CHECK(sqlite3_prepare_v2(db,
+                             "SELECT id, v, EXISTS(SELECT 1 FROM keyshift_quarantine AS q WHERE "
+                             "q.tbl = 't' AND q.col = 'v' AND q.id = t.id) FROM t ORDER BY id",
+                             -1, &st, NULL) == SQLITE_OK);
+    size_t n = 0;
+    while (sqlite3_step(st) == SQLITE_ROW) {
+        CHECK(n < w->n_rows && sqlite3_column_int64(st, 0) == w->rows[n].id);
+        final *x = &f[n++];
+        x->type = sqlite3_column_type(st, 1);
+        x->integer = sqlite3_column_int64(st, 1);
+        x->real = sqlite3_column_double(st, 1);
+        x->bytes = NULL;
+        x->len = 0;
+        if (x->type == SQLITE_TEXT || x->type == SQLITE_BLOB) {
+            const void *b = x->type == SQLITE_TEXT ? (const void *)sqlite3_column_text(st, 1)
+                                                   : sqlite3_column_blob(st, 1);
+            x->len = (size_t)sqlite3_column_bytes(st, 1);
+            x->bytes = malloc(x->len + 1);
+            CHECK(x->bytes != NULL);
+            if (x->len != 0) {
+                memcpy(x->bytes, b, x->len);
+            }
+        }
+        x->in_quarantine = sqlite3_column_int(st, 2);
+    }
+    CHECK(n == w->n_rows);
+    sqlite3_finalize(st);
+    CHECK(sqlite3_close(db) == SQLITE_OK);
+}
+
+/* ---- oracles ----------------------------------------------------------------- */
+
+/* Nonzero when final value f is exactly original value r. */
+static int unchanged(const row *r, const final *f)
+{
+    if (r->type != f->type) {
+        return 0;
+    }
+    switch (r->type) {
+    case SQLITE_NULL: return 1;
+    case SQLITE_INTEGER: return r->integer == f->integer;
+    case SQLITE_FLOAT: return memcmp(&r->real, &f->real, sizeof r->real) == 0;
+    default: return r->len == f->len && (r->len == 0 || memcmp(r->bytes, f->bytes, r->len) == 0);
+    }
+}
+
+/* Nonzero when original value r starts with the envelope magic. */
+static int starts_kse(const row *r)
+{
+    return (r->type == SQLITE_TEXT || r->type == SQLITE_BLOB) && r->len >= 3 &&
+           memcmp(r->bytes, "KSE", 3) == 0;
+}
+
+/* The context the engine renders for r under template tmpl. */
+static size_t render(unsigned tmpl, const row *r, char *buf, size_t cap)
+{
+    static const char *const orgs[4] = {"", "7", "sales", "dead"};
+    switch (tmpl) {
+    case 0: buf[0] = '\0'; break;
+    case 1: snprintf(buf, cap, "t:%lld", (long long)r->id); break;
+    case 2: snprintf(buf, cap, "%s/%lld", orgs[r->org_kind], (long long)r->id); break;
+    default: snprintf(buf, cap, "fixed"); break;
+    }
+    return strlen(buf);
+}
+
+/* The open parameters the engine uses for row r (NULL tenant: none valid). */
+static int open_params(const world_in *w, const row *r, char *cbuf, size_t cap, ks_open_params *op)
+{
+    ks_bytes tenant = w->p.tenant;
+    if (tenant.len == 0) {
+        const char *t = TENANTS[r->tenant_kind];
+        if (t == NULL || strchr(t, ' ') != NULL) {
+            return 0;
+        }
+        tenant = (ks_bytes){(const uint8_t *)t, strlen(t)};
+    }
+    size_t clen = render(w->tmpl, r, cbuf, cap);
+    *op = (ks_open_params){{(const uint8_t *)cbuf, clen}, tenant, w->p.purpose};
+    return 1;
+}
+
+/* Oracle 4 for one changed row. */
+static void check_changed(const world_in *w, const row *r, const final *f, uint32_t to_version)
+{
+    static uint8_t pt[PT_CAP], pt0[PT_CAP];
+    CHECK(f->type == SQLITE_BLOB);
+    CHECK(!f->in_quarantine);
+    ks_envelope e;
+    CHECK(ks_envelope_parse(f->bytes, f->len, NULL, &e, NULL) == KS_OK);
+    CHECK(e.key_id.len == w->p.to_key_id.len && memcmp(e.key_id.ptr, w->p.to_key_id.ptr, e.key_id.len) == 0);
+    CHECK(e.key_version == to_version);
+    if (w->p.mode != KS_MIGRATE_REWRAP) {
+        CHECK(e.version == w->p.to_format && e.algorithm == w->p.algorithm);
+    }
+    char cbuf[128];
+    ks_open_params op;
+    CHECK(open_params(w, r, cbuf, sizeof cbuf, &op));
+    size_t pt_len = 0, pt0_len = 0;
+    ks_err err = ks_open(ctx, f->bytes, f->len, &op, pt, sizeof pt, &pt_len, NULL);
+    if (w->p.mode == KS_MIGRATE_REWRAP && w->p.no_verify) {
+        /* rewrap without verification: opens exactly when the original did */
+        CHECK(starts_kse(r));
+        ks_err err0 = ks_open(ctx, r->bytes, r->len, &op, pt0, sizeof pt0, &pt0_len, NULL);
+        CHECK((err == KS_OK) == (err0 == KS_OK));
+        CHECK(err != KS_OK || (pt_len == pt0_len && (pt_len == 0 || memcmp(pt, pt0, pt_len) == 0)));
+        return;
+    }
+    CHECK(err == KS_OK);
+    const uint8_t *want;
+    size_t want_len;
+    char num[32];
+    if (w->p.mode == KS_MIGRATE_ENCRYPT) {
+        CHECK(!starts_kse(r) && r->type != SQLITE_NULL);
+        if (r->type == SQLITE_INTEGER) {
+            snprintf(num, sizeof num, "%lld", (long long)r->integer);
+            want = (const uint8_t *)num;
+            want_len = strlen(num);
+        } else if (r->type == SQLITE_FLOAT) {
+            want = (const uint8_t *)r->real_text;
+            want_len = strlen(r->real_text);
+        } else {
+            want = r->bytes;
+            want_len = r->len;
+        }
+    } else {
+        CHECK(starts_kse(r));
+        CHECK(ks_open(ctx, r->bytes, r->len, &op, pt0, sizeof pt0, &pt0_len, NULL) == KS_OK);
+        want = pt0;
+        want_len = pt0_len;
+    }
+    CHECK(pt_len == want_len && (want_len == 0 || memcmp(pt, want, want_len) == 0));
+}
+
+/* Oracle 5 for one unchanged, non-quarantined, non-NULL row after OK. */
+static void check_left(const world_in *w, const row *r, uint32_t to_version)
+{
+    ks_envelope e;
+    int env = starts_kse(r);
+    if (w->p.mode == KS_MIGRATE_ENCRYPT) {
+        /* plaintext must have been sealed (or quarantined); envelopes stay */
+        CHECK(env);
+        CHECK(ks_envelope_parse(r->bytes, r->len, NULL, &e, NULL) == KS_OK);
+        return;
+    }
+    if (!env) {
+        return; /* wrong state: plaintext, untouched */
+    }
+    CHECK(ks_envelope_parse(r->bytes, r->len, NULL, &e, NULL) == KS_OK);
+    CHECK(e.key_id.len == w->p.to_key_id.len && memcmp(e.key_id.ptr, w->p.to_key_id.ptr, e.key_id.len) == 0);
+    CHECK(e.key_version == to_version);
+    if (w->p.mode == KS_MIGRATE_REENCRYPT) {
+        CHECK(e.version == w->p.to_format && e.algorithm == w->p.algorithm);
+    }
+}
+
+/* ---- the run ------------------------------------------------------------------- */
+
+/* Progress state: which batch we are at and what to do. */
+typedef struct prog {
+    const world_in *w;
+    unsigned batches;
+    volatile sig_atomic_t stop;
+    ks_err injected; /* the error made to happen, or KS_OK */
+} prog;
+
+/* Arm byte 3's action (stop or a provider failure). */
+static void act(prog *pr)
+{
+    const world_in *w = pr->w;
+    switch (w->action) {
+    case ACT_STOP: pr->stop = 1; break;
+    case ACT_FAIL_UNWRAP:
+        ks_mem_fail(&mem, KS_MEM_UNWRAP, KS_ERR_UNAVAILABLE, w->fail_count);
+        pr->injected = KS_ERR_UNAVAILABLE;
+        break;
+    case ACT_FAIL_WRAP:
+        ks_mem_fail(&mem, KS_MEM_WRAP, KS_ERR_TIMEOUT, w->fail_count);
+        pr->injected = KS_ERR_TIMEOUT;
+        break;
+    case ACT_FAIL_KEY_INFO:
+        ks_mem_fail(&mem, KS_MEM_KEY_INFO, KS_ERR_UNAVAILABLE, w->fail_count);
+        pr->injected = KS_ERR_UNAVAILABLE;
+        break;
+    case ACT_FAIL_DENIED:
+        ks_mem_fail(&mem, KS_MEM_UNWRAP, KS_ERR_DENIED, w->fail_count);
+        pr->injected = KS_ERR_DENIED;
+        break;
+    default: break;
+    }
+}
+
+/* Progress callback: act after the chosen committed batch. */
+static void on_progress(void *arg, const ks_migrate_progress *p)
+{
+    prog *pr = arg;
+    if (p->batch_rows != 0 && ++pr->batches == pr->w->act_after) {
+        act(pr);
+    }
+}
+
+/* Oracle 1: err is an allowed result of a run. */
+static void check_result(const world_in *w, const prog *pr, ks_err err)
+{
+    if (getenv("FUZZ_MIGRATE_VERBOSE") != NULL) {
+        fprintf(stderr, "fuzz_migrate: ks_migrate_run: %s\n", ks_err_name(err));
+    }
+    CHECK(err == KS_OK || err == KS_ERR_THRESHOLD || err == KS_ERR_NOT_FOUND ||
+          (err == KS_ERR_STOPPED && pr->stop) || (pr->injected != KS_OK && err == pr->injected) ||
+          (err == KS_ERR_INVALID_ARGUMENT && w->tenant_column && w->p.tenant.len != 0) ||
+          (err == KS_ERR_BUSY && w->real_row));
+}
+
+/* Clear every injected provider failure. */
+static void clear_faults(void)
+{
+    ks_mem_fail(&mem, KS_MEM_WRAP, KS_OK, 0);
+    ks_mem_fail(&mem, KS_MEM_UNWRAP, KS_OK, 0);
+    ks_mem_fail(&mem, KS_MEM_KEY_INFO, KS_OK, 0);
+}
+
+/* Open the store, migrate (twice when the first run was interrupted), run a
+ * census (oracle 6) and a verify, close; returns the last run's result. */
+static ks_err migrate(const world_in *w)
+{
+    static const char *const org[1] = {"org"};
+    ks_rowstore_target tg = {"t", "v", NULL, w->tenant_column ? "tenant" : NULL, {NULL}, 0};
+    if (w->context_org) {
+        tg.context_columns[0] = org[0];
+        tg.n_context_columns = 1;
+    }
+    ks_rowstore st;
+    char eb[256];
+    CHECK(ks_rowstore_sqlite_open(db_path, &tg, NULL, &st, eb, sizeof eb) == KS_OK);
+    prog pr = {w, 0, 0, KS_OK};
+    if (w->act_after == 0) {
+        act(&pr);
+    }
+    ks_checkpoint cp;
+    ks_err err = ks_migrate_run(ctx, &st, &w->p, &pr.stop, on_progress, &pr, &cp);
+    check_result(w, &pr, err);
+    clear_faults();
+    if (err == KS_ERR_STOPPED || err == KS_ERR_THRESHOLD || (pr.injected != KS_OK && err == pr.injected)) {
+        prog pr2 = {w, 0, 0, KS_OK};
+        err = ks_migrate_run(ctx, &st, &w->p, &pr2.stop, NULL, NULL, &cp);
+        check_result(w, &pr2, err);
+    }
+    if (getenv("FUZZ_MIGRATE_VERBOSE") != NULL) {
+        fprintf(stderr, "fuzz_migrate: done %llu skipped %llu quarantined %llu wrong_state %llu\n",
+                (unsigned long long)cp.done, (unsigned long long)cp.skipped,
+                (unsigned long long)cp.quarantined, (unsigned long long)cp.wrong_state);
+    }
+    uint64_t nulls = 0;
+    for (size_t i = 0; i < w->n_rows; i++) {
+        nulls += w->rows[i].type == SQLITE_NULL; /* no mode ever writes NULL */
+    }
+    ks_census census;
+    CHECK(ks_census_run(&st, &census) == KS_OK);
+    CHECK(census.rows == w->n_rows && census.null_rows == nulls);
+    ks_census_free(&census);
+    if (w->verify) {
+        ks_verify_result vr;
+        ks_err verr = ks_migrate_verify(ctx, &st, &w->p, 0, NULL, NULL, &vr);
+        CHECK(verr == KS_OK || verr == KS_ERR_INVALID_ARGUMENT);
+    }
+    ks_rowstore_close(&st);
+    return err;
+}
+
+/* Oracles 3-5 over the rows read back after the run. */
+static void check_rows(const world_in *w, ks_err last)
+{
+    static final f[MAX_ROWS];
+    read_back(w, f);
+    for (size_t i = 0; i < w->n_rows; i++) {
+        const row *r = &w->rows[i];
+        const final *x = &f[i];
+        if (r->quarantined) {
+            CHECK(x->in_quarantine);
+        }
+        if (unchanged(r, x)) {
+            if (last == KS_OK && !x->in_quarantine && r->type != SQLITE_NULL) {
+                check_left(w, r, w->to_version);
+            }
+        } else {
+            CHECK(!r->quarantined);
+            check_changed(w, r, x, w->to_version);
+        }
+        free(x->bytes);
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static world_in w;
+    if (ctx == NULL) {
+        init();
+    }
+    decode(data, size, &w);
+    build_db(&w);
+    sqlite3_int64 mem0 = sqlite3_memory_used();
+    ks_err last = migrate(&w);
+    CHECK(sqlite3_memory_used() == mem0);
+    check_rows(&w, last);
+    return 0;
+}

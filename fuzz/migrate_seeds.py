@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""fuzz/migrate_seeds.py -- write the seed corpus of fuzz_migrate.
+
+Usage: python3 fuzz/migrate_seeds.py [corpus/fuzz_migrate]
+
+Each seed is an input in the format of fuzz/fuzz_migrate.c (its header
+comment): four parameter bytes, then rows.  Genuine envelopes are named by
+their index in GENUINE of fuzz/fuzz_migrate.c (the harness seals them at
+init), so the seeds stay genuine as long as that table keeps its order.
+Files are named by the SHA-1 of their content; the script only adds files.
+"""
+import hashlib
+import os
+import struct
+import sys
+
+# mode
+ENCRYPT, REWRAP, REENCRYPT = 0, 1, 2
+# templates
+T_EMPTY, T_ID, T_ORG, T_FIXED = 0, 1, 2, 3
+# targets: fuzz-key primary (2), fuzz-key 1, fuzz-key 2, other-key primary
+TG_PRIMARY, TG_V1, TG_V2, TG_OTHER = 0, 1, 2, 3
+# actions of byte 3
+A_NONE, A_STOP, A_UNWRAP, A_WRAP, A_KEYINFO, A_DENIED = 0, 1, 2, 3, 4, 5
+# tenant column values and org column values
+TN_ACME, TN_GLOBEX, TN_NULL, TN_BAD = 0, 1, 2, 3
+ORG_NULL, ORG_7, ORG_SALES, ORG_DEAD = 0, 1, 2, 3
+
+
+def params(mode, fmt1=False, aes=False, batch=1, no_verify=False, tmpl=T_ID, tenant_col=False,
+           orders=False, target=TG_PRIMARY, both=False, verify=False, rate=255, after=0,
+           action=A_NONE, count=1):
+    b0 = mode | fmt1 << 2 | aes << 3 | (batch - 1) << 4 | no_verify << 7
+    b1 = tmpl | tenant_col << 2 | orders << 3 | target << 4 | both << 6 | verify << 7
+    b3 = after | action << 3 | (count - 1) << 6
+    return bytes([b0, b1, rate, b3])
+
+
+def hdr(kind, q=False, tenant=TN_ACME, org=ORG_NULL):
+    return bytes([kind | q << 3 | tenant << 4 | org << 6])
+
+
+def null(**kw):
+    return hdr(0, **kw)
+
+
+def integer(v, **kw):
+    return hdr(1, **kw) + struct.pack(">q", v)
+
+
+def text(b, **kw):
+    return hdr(2, **kw) + bytes([len(b)]) + b
+
+
+def blob(b, **kw):
+    return hdr(3, **kw) + bytes([len(b)]) + b
+
+
+def genuine(k, as_text=False, mut=0, xor=0, **kw):
+    tail = bytes([k, mut]) + (bytes([xor]) if mut else b"")
+    return hdr(5 if as_text else 4, **kw) + tail
+
+
+def real(v, **kw):
+    return hdr(6, **kw) + struct.pack(">i", 0) + struct.pack(">i", v)
+
+
+def kse(b, **kw):
+    return hdr(7, **kw) + bytes([len(b)]) + b
+
+
+def seeds():
+    s = []
+    plain = [text(b"hello"), blob(b"\x00\x01\xff"), integer(42), null(), integer(-7),
+             text(b""), blob(b"card 4111 1111 1111 1111")]
+    # encrypt, every format/algorithm, several batch sizes
+    for fmt1 in (False, True):
+        for aes in (False, True):
+            s.append(params(ENCRYPT, fmt1=fmt1, aes=aes, batch=3) + b"".join(plain))
+    s.append(params(ENCRYPT, batch=8, verify=True) + b"".join(plain) + genuine(1) +
+             kse(b"\x02garbage") + text(b"KSE"))
+    s.append(params(ENCRYPT, no_verify=True, tmpl=T_EMPTY) + text(b"x" * 255) + integer(2**63 - 1))
+    s.append(params(ENCRYPT, tmpl=T_ORG, tenant_col=True, batch=2) +
+             text(b"a", tenant=TN_ACME, org=ORG_7) + text(b"b", tenant=TN_GLOBEX, org=ORG_SALES) +
+             text(b"c", tenant=TN_NULL, org=ORG_DEAD) + text(b"d", tenant=TN_BAD))
+    s.append(params(ENCRYPT, tmpl=T_FIXED, orders=True, target=TG_OTHER) + text(b"p") + text(b"q", q=True))
+    # quarantined rows and a threshold stop (rate 0)
+    s.append(params(ENCRYPT, rate=0) + text(b"a") + kse(b"\x01\x00") + text(b"b", q=True) + text(b"c"))
+    s.append(params(ENCRYPT, rate=127, batch=2) + kse(b"") + kse(b"\x09") + text(b"ok") + null(q=True))
+    # REAL values (see the known issue in docs/fuzzing.md)
+    s.append(params(REWRAP) + real(100) + genuine(1))
+    s.append(params(ENCRYPT, batch=4) + real(-3) + text(b"r"))
+    # rewrap: genuine envelopes where their contexts render (row i has id i+1)
+    gid = genuine(1) + genuine(2) + genuine(3)
+    for target in (TG_PRIMARY, TG_V1, TG_V2, TG_OTHER):
+        s.append(params(REWRAP, target=target, batch=2, verify=target == TG_PRIMARY) + gid +
+                 genuine(14) + text(b"plain") + null() + genuine(2, mut=5, xor=1) + genuine(3, q=True))
+    s.append(params(REWRAP, fmt1=True) + genuine(5) + genuine(6) + genuine(11) + genuine(14))
+    s.append(params(REWRAP, aes=True, batch=4) + genuine(10, as_text=True) + genuine(7) + genuine(15))
+    s.append(params(REWRAP, no_verify=True) + genuine(2) + genuine(1) + genuine(0))
+    s.append(params(REWRAP, tmpl=T_EMPTY, tenant_col=True) + genuine(0, tenant=TN_ACME) +
+             genuine(13, tenant=TN_GLOBEX) + genuine(4, tenant=TN_BAD) + genuine(0, tenant=TN_NULL))
+    s.append(params(REWRAP, tmpl=T_ID, tenant_col=True) + genuine(1) + genuine(8, tenant=TN_GLOBEX))
+    s.append(params(REWRAP, tmpl=T_ORG, verify=True) + genuine(1) + genuine(2) +
+             genuine(9, org=ORG_SALES))
+    s.append(params(REWRAP, tmpl=T_FIXED) + genuine(12) + genuine(12, mut=200, xor=0x80))
+    s.append(params(REWRAP, both=True, tenant_col=True) + genuine(1, tenant=TN_ACME))
+    s.append(params(REWRAP, orders=True) + genuine(1) + kse(b"\x02\x0a\x04acme"))
+    # reencrypt
+    for fmt1, aes in ((False, False), (True, False), (False, True), (True, True)):
+        s.append(params(REENCRYPT, fmt1=fmt1, aes=aes, batch=2) + gid + genuine(14) + text(b"pt") +
+                 genuine(1, mut=1, xor=0xff))
+    s.append(params(REENCRYPT, target=TG_V2, verify=True) + genuine(7) + genuine(13) + genuine(15))
+    s.append(params(REENCRYPT, tmpl=T_ORG) + genuine(1) + genuine(2) + genuine(9, org=ORG_SALES))
+    # stops and provider failures, after batch 0 (before the run), 1 or 2
+    for action in (A_STOP, A_UNWRAP, A_WRAP, A_KEYINFO, A_DENIED):
+        for after in (0, 1, 2):
+            mode = ENCRYPT if action == A_WRAP and after == 2 else REWRAP
+            body = (b"".join(plain) if mode == ENCRYPT else gid + genuine(1))
+            s.append(params(mode, after=after, action=action, count=2) + body)
+    s.append(params(REENCRYPT, after=1, action=A_WRAP, count=4) + gid)
+    s.append(b"")
+    s.append(params(ENCRYPT))
+    return s
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "corpus/fuzz_migrate"
+    os.makedirs(out, exist_ok=True)
+    n = 0
+    for seed in seeds():
+        path = os.path.join(out, hashlib.sha1(seed).hexdigest())
+        if not os.path.exists(path):
+            with open(path, "wb") as f:
+                f.write(seed)
+            n += 1
+    print("migrate_seeds: %d seeds (%d new) in %s" % (len(seeds()), n, out))
+
+
+if __name__ == "__main__":
+    main()
