@@ -68,7 +68,8 @@
  * KEY index of its own.
  *
  * Values.  TEXT and BLOB values come back with their type; a REAL value
- * (no ks_value type) is reported as TEXT, its SQLite rendering; a REAL id
+ * (no ks_value type) is reported as TEXT, its SQLite rendering, and cas
+ * treats a REAL whose rendering still equals that text as unchanged; a REAL id
  * is refused (KS_ERR_STORE).  Views (row values, checkpoint strings) point
  * into one store-owned buffer, reused by every scan and load: valid until
  * the next call on the store.
@@ -1264,9 +1265,16 @@ static ks_err prepare_statements(opener *o, const resolved *r, int have_tables)
         sb_ident(&b, r->column.name);
         sb_put(&b, " = ?1 WHERE ");
         sb_ident(&b, r->id);
-        sb_put(&b, " = ?2 AND ");
+        sb_put(&b, " = ?2 AND (");
         sb_ident(&b, r->column.name);
-        sb_put(&b, " IS ?3");
+        /* A REAL was read as its text rendering (no REAL ks_value): it is
+         * unchanged when its CAST to TEXT, the same rendering, still equals
+         * the text the engine saw. */
+        sb_put(&b, " IS ?3 OR (typeof(");
+        sb_ident(&b, r->column.name);
+        sb_put(&b, ") = 'real' AND typeof(?3) = 'text' AND CAST(");
+        sb_ident(&b, r->column.name);
+        sb_put(&b, " AS TEXT) = ?3))");
         err = prepare_kept(o, &b, ST_CAS);
     }
     free(b.p);
