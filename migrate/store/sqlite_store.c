@@ -126,6 +126,7 @@
 enum {
     ST_SCAN_FIRST,
     ST_SCAN_AFTER,
+    ST_QCHECK,
     ST_COUNT,
     ST_CAS,
     ST_QUARANTINE,
@@ -499,16 +500,37 @@ static ks_err fail_txn(sqlite_store *s, int rc)
     return map_rc(rc);
 }
 
+/* Whether the target has any row in keyshift_quarantine (*has), with one
+ * index lookup. */
+static int scan_has_quarantine(sqlite_store *s, int *has)
+{
+    sqlite3_stmt *q = s->st[ST_QCHECK];
+    int rc = sqlite3_bind_text(q, 1, s->table, -1, SQLITE_STATIC);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_text(q, 2, s->column, -1, SQLITE_STATIC);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(q);
+    *has = rc == SQLITE_ROW && sqlite3_column_int(q, 0) != 0;
+    sqlite3_reset(q);
+    sqlite3_clear_bindings(q);
+    return rc == SQLITE_ROW ? SQLITE_OK : rc;
+}
+
 /* Bind the store's table (?3) and column (?4) names, which select its
- * rows of keyshift_quarantine, to a scan statement (absent when a
- * read-only store has no quarantine table). */
+ * rows of keyshift_quarantine, and whether it has any (?5), to a scan
+ * statement (absent when a read-only store has no quarantine table). */
 static int bind_scan_names(sqlite_store *s, sqlite3_stmt *st)
 {
-    if (sqlite3_bind_parameter_count(st) < 4)
+    if (sqlite3_bind_parameter_count(st) < 5)
         return SQLITE_OK;
-    int rc = sqlite3_bind_text(st, 3, s->table, -1, SQLITE_STATIC);
+    int has = 1;
+    int rc = scan_has_quarantine(s, &has);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_text(st, 3, s->table, -1, SQLITE_STATIC);
     if (rc == SQLITE_OK)
         rc = sqlite3_bind_text(st, 4, s->column, -1, SQLITE_STATIC);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int(st, 5, has);
     return rc;
 }
 
@@ -1197,10 +1219,13 @@ static void build_scan(sbuf *b, const sqlite_store *s, const resolved *r, int ha
     if (have_tables) {
         /* +t.id: no affinity, so q.id (stored with the id's own type) is
          * compared as is and the (tbl, col, id) index is used in full */
-        sb_put(b, ", EXISTS (SELECT 1 FROM main.keyshift_quarantine AS q WHERE q.tbl = ?3 AND "
-                  "q.col = ?4 AND q.id = +t.");
+        /* ?5 says whether the target has any quarantined row at all (one
+         * lookup per scan, scan_has_quarantine): when it has none, the
+         * CASE skips the per-row probe, which is most of a census. */
+        sb_put(b, ", CASE WHEN ?5 THEN EXISTS (SELECT 1 FROM main.keyshift_quarantine AS q "
+                  "WHERE q.tbl = ?3 AND q.col = ?4 AND q.id = +t.");
         sb_ident(b, r->id);
-        sb_put(b, ")");
+        sb_put(b, ") ELSE 0 END");
     } else {
         sb_put(b, ", 0");
     }
@@ -1253,6 +1278,11 @@ static ks_err prepare_statements(opener *o, const resolved *r, int have_tables)
         build_scan(&b, s, r, have_tables, 1);
         err = prepare_kept(o, &b, ST_SCAN_AFTER);
     }
+    if (err == KS_OK && have_tables)
+        err = prepare_const(o,
+                            "SELECT EXISTS (SELECT 1 FROM main.keyshift_quarantine WHERE tbl = ?1 "
+                            "AND col = ?2)",
+                            ST_QCHECK);
     if (err == KS_OK) {
         sb_put(&b, "SELECT count(*) FROM main.");
         sb_ident(&b, s->table);
