@@ -38,9 +38,10 @@
  *     starting "KSE" that does not parse is quarantined under its parse
  *     error; a plaintext too large to seal is quarantined "too-large";
  *   - rewrap: an envelope whose key_id and key_version are the target's is
- *     skipped; another is opened (with the row's context, tenant and
- *     purpose), rewrapped (ks_rewrap), the result opened and compared;
- *     plaintext is wrong_state;
+ *     skipped; another is rewrapped (ks_rewrap) and the result checked to
+ *     carry the old nonce and ciphertext byte for byte and to open with the
+ *     row's context, tenant and purpose (verify_rewrap: the plaintext is
+ *     then the old one by construction); plaintext is wrong_state;
  *   - reencrypt: an envelope already at (target key, version, format,
  *     algorithm) is skipped; another is opened, sealed afresh, the result
  *     opened and compared; plaintext is wrong_state.
@@ -483,42 +484,77 @@ static ks_err do_encrypt(run *r, const row_in *in, const ks_value *v, slot *s)
     return err;
 }
 
-/* rewrap: rewrap an envelope not at the target. */
+/*
+ * Check a rewrapped value against the old one before it may be written:
+ * it parses, is at the target, and carries the old nonce and ciphertext
+ * byte for byte (only key_id, key_version and wrapped_dek may change,
+ * [F-CRYPTO-REWRAP-1]); unless no_verify, it opens with the row's
+ * parameters.  Its plaintext is then necessarily the old one: same
+ * ciphertext, nonce and data AAD under the DEK the old value was wrapped
+ * with, which is what lets rewrap skip a second AEAD on the old value.
+ * If the new value does not open, the old one is opened to tell a bad row
+ * (*fault: quarantine it) from a bad rewrap (KS_ERR_MISMATCH: stop).
+ */
+static ks_err verify_rewrap(run *r, const row_in *in, ks_bytes old, ks_bytes neu,
+                            const char **fault)
+{
+    ks_envelope o, n;
+    *fault = NULL;
+    if (ks_envelope_parse(neu.ptr, neu.len, NULL, &n, NULL) != KS_OK ||
+        ks_envelope_parse(old.ptr, old.len, NULL, &o, NULL) != KS_OK ||
+        !bytes_eq(n.key_id, r->p->to_key_id) || n.key_version != r->to_version ||
+        !bytes_eq(n.nonce, o.nonce) || !bytes_eq(n.ciphertext, o.ciphertext)) {
+        return KS_ERR_MISMATCH;
+    }
+    if (r->p->no_verify) {
+        return KS_OK;
+    }
+    size_t got = 0;
+    ks_err err = open_into(r, in, neu, r->pt2, &got);
+    sodium_memzero(r->pt2, err == KS_OK ? got : r->pt_cap);
+    if (err == KS_OK || row_fault(err) == NULL) {
+        return err; /* opened, or a provider error: not the row's fault */
+    }
+    err = open_into(r, in, old, r->pt2, &got);
+    sodium_memzero(r->pt2, err == KS_OK ? got : r->pt_cap);
+    if (err == KS_OK) {
+        return KS_ERR_MISMATCH; /* the old value opens, the rewrap does not */
+    }
+    *fault = row_fault(err);
+    return *fault != NULL ? KS_OK : err;
+}
+
+/* rewrap: rewrap an envelope not at the target, then verify_rewrap. */
 static ks_err do_rewrap(run *r, const row_in *in, ks_bytes old, slot *s)
 {
-    size_t pt_len = 0;
-    ks_err err = KS_OK;
-    if (!r->p->no_verify) {
-        err = open_into(r, in, old, r->pt, &pt_len);
-        if (err != KS_OK) {
-            sodium_memzero(r->pt, r->pt_cap);
-            s->qerr = row_fault(err);
-            s->act = ACT_QUARANTINE;
-            return s->qerr != NULL ? KS_OK : err;
-        }
-    }
     size_t bound = old.len + KS_KEY_ID_MAX + KS_WRAPPED_DEK_MAX + 32;
-    err = grow(&r->neu, &r->neu_cap, r->neu_len + bound);
+    ks_err err = grow(&r->neu, &r->neu_cap, r->neu_len + bound);
+    if (err != KS_OK) {
+        return err;
+    }
     ks_rewrap_params rp = {r->p->to_key_id, r->to_version};
     size_t out_len = 0;
+    const char *fault = NULL;
+    err = ks_rewrap(r->ctx, old.ptr, old.len, &rp, r->neu + r->neu_len, bound, &out_len, NULL);
     if (err == KS_OK) {
-        err = ks_rewrap(r->ctx, old.ptr, old.len, &rp, r->neu + r->neu_len, bound, &out_len, NULL);
-        if (err != KS_OK && row_fault(err) != NULL) {
-            s->act = ACT_QUARANTINE;
-            s->qerr = row_fault(err);
-            err = KS_OK;
-        } else if (err == KS_OK) {
-            err = verify_new(r, in, (ks_bytes){r->neu + r->neu_len, out_len}, r->pt, pt_len);
-            if (err == KS_OK) {
-                s->act = ACT_WRITE;
-                s->new_off = r->neu_len;
-                s->new_len = out_len;
-                r->neu_len += out_len;
-            }
-        }
+        err = verify_rewrap(r, in, old, (ks_bytes){r->neu + r->neu_len, out_len}, &fault);
+    } else {
+        fault = row_fault(err);
+        err = fault != NULL ? KS_OK : err;
     }
-    sodium_memzero(r->pt, pt_len);
-    return err;
+    if (err != KS_OK) {
+        return err;
+    }
+    if (fault != NULL) {
+        s->act = ACT_QUARANTINE;
+        s->qerr = fault;
+        return KS_OK;
+    }
+    s->act = ACT_WRITE;
+    s->new_off = r->neu_len;
+    s->new_len = out_len;
+    r->neu_len += out_len;
+    return KS_OK;
 }
 
 /* reencrypt: open an envelope and seal it afresh under the target. */
