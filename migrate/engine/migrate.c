@@ -328,13 +328,38 @@ static ks_err alloc_run(run *r)
     r->tmpl = malloc(sizeof *r->tmpl);
     r->rows = calloc(r->batch, sizeof *r->rows);
     r->slots = calloc(r->batch, sizeof *r->slots);
-    r->pt_cap = KS_CIPHERTEXT_DEFAULT_MAX;
-    r->pt = malloc(r->pt_cap);
-    r->pt2 = malloc(r->pt_cap);
-    if (r->tmpl == NULL || r->rows == NULL || r->slots == NULL || r->pt == NULL || r->pt2 == NULL) {
+    if (r->tmpl == NULL || r->rows == NULL || r->slots == NULL) {
         return KS_ERR_NO_MEMORY;
     }
     return ks_context_tmpl_compile(r->p->context_template, r->tmpl);
+}
+
+/*
+ * Make the two plaintext buffers hold at least need bytes.  Called at the
+ * start of a batch, when they hold no plaintext (every use wipes them), so
+ * the old ones are simply wiped and freed.  A plaintext is never longer
+ * than the value it comes from or goes to, so the batch's longest value
+ * bounds it; sizing by it keeps small rows from paying for 1 MiB buffers
+ * (and their wipes).
+ */
+static ks_err ensure_pt(run *r, size_t need)
+{
+    if (need <= r->pt_cap) {
+        return KS_OK;
+    }
+    size_t cap = need < 4096 ? 4096 : need;
+    if (r->pt != NULL) {
+        sodium_memzero(r->pt, r->pt_cap);
+    }
+    if (r->pt2 != NULL) {
+        sodium_memzero(r->pt2, r->pt_cap);
+    }
+    free(r->pt);
+    free(r->pt2);
+    r->pt = malloc(cap);
+    r->pt2 = malloc(cap);
+    r->pt_cap = r->pt != NULL && r->pt2 != NULL ? cap : 0;
+    return r->pt_cap != 0 ? KS_OK : KS_ERR_NO_MEMORY;
 }
 
 /* Wipe and free what alloc_run and the batches allocated. */
@@ -786,6 +811,16 @@ static ks_err one_batch(run *r, volatile sig_atomic_t *stop, int *end, size_t *n
         return KS_OK;
     }
     assert(n <= r->batch);
+    size_t longest = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (r->rows[i].value.bytes.len > longest) {
+            longest = r->rows[i].value.bytes.len;
+        }
+    }
+    err = ensure_pt(r, longest + 64);
+    if (err != KS_OK) {
+        return err;
+    }
     r->neu_len = 0;
     for (size_t i = 0; i < n && err == KS_OK; i++) {
         r->slots[i] = (slot){.act = ACT_NONE};
