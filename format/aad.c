@@ -10,6 +10,8 @@
 
 #include <keyshift/aad.h>
 
+#include "rules.h"
+
 /* A writer over a caller buffer that the caller has checked is large
  * enough (the lengths are computed first, by data_len and wrap_len). */
 typedef struct aad_writer {
@@ -29,7 +31,8 @@ static void put(aad_writer *w, const void *p, size_t n)
 /* Append a 32-bit big-endian integer. */
 static void put_u32(aad_writer *w, uint32_t v)
 {
-    const uint8_t b[4] = {(uint8_t)(v >> 24), (uint8_t)(v >> 16), (uint8_t)(v >> 8), (uint8_t)v};
+    uint8_t b[4];
+    ks_be_put(b, v, sizeof b);
     put(w, b, sizeof b);
 }
 

@@ -217,6 +217,28 @@ static inline size_t ks_varint_len(uint64_t v)
     return n;
 }
 
+/* Write v as n big-endian bytes at p (1 <= n <= 8): the fixed-width
+ * integers of the AADs, the keyring file and the nonce counter. */
+static inline void ks_be_put(uint8_t *p, uint64_t v, size_t n)
+{
+    assert(n >= 1 && n <= 8);
+    for (size_t i = n; i-- > 0;) {
+        p[i] = (uint8_t)v;
+        v >>= 8;
+    }
+}
+
+/* Read n big-endian bytes at p (1 <= n <= 8). */
+static inline uint64_t ks_be_get(const uint8_t *p, size_t n)
+{
+    uint64_t x = 0;
+    assert(n >= 1 && n <= 8);
+    for (size_t i = 0; i < n; i++) {
+        x = x << 8 | p[i];
+    }
+    return x;
+}
+
 /* Write the minimal varint encoding of v at p [F-VARINT-2]; return the
  * number of bytes written (ks_varint_len(v)). */
 static inline size_t ks_varint_put(uint8_t *p, uint64_t v)

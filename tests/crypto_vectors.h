@@ -188,18 +188,11 @@ static inline int kcv_name_ok(const char *p, size_t n)
 /* One line of a ks-crypto-vector block. */
 static inline int kcv_line(const ks_test_loader *ld, kcv_vector *d, const char *line, size_t n)
 {
-    ks_test_trim(&line, &n);
-    if (n == 0) {
-        return ks_test_fail(ld, "blank line in ks-crypto-vector block", NULL, 0);
+    const char *key, *val;
+    size_t klen, vlen;
+    if (ks_test_key_value(ld, "ks-crypto-vector", line, n, &key, &klen, &val, &vlen) != 0) {
+        return -1;
     }
-    const char *colon = memchr(line, ':', n);
-    if (colon == NULL) {
-        return ks_test_fail(ld, "line is not 'key: value'", line, n);
-    }
-    const char *key = line, *val = colon + 1;
-    size_t klen = (size_t)(colon - line), vlen = n - klen - 1;
-    ks_test_trim(&key, &klen);
-    ks_test_trim(&val, &vlen);
     for (size_t k = 0; k < KCV_NKEYS; k++) {
         const kcv_key *K = &kcv_keys[k];
         if (!ks_test_equals(key, klen, K->key)) {

@@ -44,6 +44,30 @@ int ks_test_fail(const ks_test_loader *ld, const char *msg, const char *detail, 
 }
 
 /* See vectors.h. */
+int ks_test_key_value(const ks_test_loader *ld, const char *block, const char *line, size_t n,
+                      const char **key, size_t *key_len, const char **val, size_t *val_len)
+{
+    char msg[96];
+    ks_test_trim(&line, &n);
+    if (n == 0) {
+        snprintf(msg, sizeof msg, "blank line in %s block", block);
+        return ks_test_fail(ld, msg, NULL, 0);
+    }
+    const char *colon = memchr(line, ':', n);
+    if (colon == NULL) {
+        snprintf(msg, sizeof msg, "%s line is not 'key: value'", block);
+        return ks_test_fail(ld, msg, line, n);
+    }
+    *key = line;
+    *key_len = (size_t)(colon - line);
+    *val = colon + 1;
+    *val_len = n - *key_len - 1;
+    ks_test_trim(key, key_len);
+    ks_test_trim(val, val_len);
+    return 0;
+}
+
+/* See vectors.h. */
 int ks_test_is_blank(char c)
 {
     return c == ' ' || c == '\t' || c == '\r';
@@ -326,20 +350,11 @@ static int parse_expect(const ks_test_loader *ld, draft *d, const char *v, size_
  * nothing else, not even a blank line (docs/format.md A.1). */
 static int vector_line(const ks_test_loader *ld, draft *d, const char *line, size_t n)
 {
-    ks_test_trim(&line, &n);
-    if (n == 0) {
-        return ks_test_fail(ld, "blank line in ks-vector block", NULL, 0);
+    const char *key, *val;
+    size_t key_len, val_len;
+    if (ks_test_key_value(ld, "ks-vector", line, n, &key, &key_len, &val, &val_len) != 0) {
+        return -1;
     }
-    const char *colon = memchr(line, ':', n);
-    if (colon == NULL) {
-        return ks_test_fail(ld, "ks-vector line is not 'key: value'", line, n);
-    }
-    const char *key = line;
-    size_t key_len = (size_t)(colon - line);
-    const char *val = colon + 1;
-    size_t val_len = n - key_len - 1;
-    ks_test_trim(&key, &key_len);
-    ks_test_trim(&val, &val_len);
 
     if (ks_test_equals(key, key_len, "name")) {
         if (d->have_name) {

@@ -86,6 +86,14 @@ int ks_test_is_blank(char c);
 /* Strip blanks from both ends of p[0, *n): advance *p, shrink *n. */
 void ks_test_trim(const char **p, size_t *n);
 
+/*
+ * Split one line of a vector block (block names the block type in
+ * messages) into a trimmed key and value around its first ':'.  A blank
+ * line or one without ':' fails (ks_test_fail, -1); 0 otherwise.
+ */
+int ks_test_key_value(const ks_test_loader *ld, const char *block, const char *line, size_t n,
+                      const char **key, size_t *key_len, const char **val, size_t *val_len);
+
 /* Nonzero when p[0, n) equals the NUL-terminated string s. */
 int ks_test_equals(const char *p, size_t n, const char *s);
 

@@ -156,21 +156,6 @@ static int view_ok(ks_bytes v)
     return v.ptr != NULL || v.len == 0;
 }
 
-/* Write u32be(v) at p. */
-static void put_u32be(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)(v >> 24);
-    p[1] = (uint8_t)(v >> 16);
-    p[2] = (uint8_t)(v >> 8);
-    p[3] = (uint8_t)v;
-}
-
-/* Read u32be at p. */
-static uint32_t get_u32be(const uint8_t *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
 /* ---- key derivation and AEAD ---------------------------------------------- */
 
 /* out = BLAKE2b-256(DEK || nonce) with a zero salt and the given
@@ -588,7 +573,7 @@ static ks_err seal_with(const ks_wdek *d, const uint8_t *nonce, ks_bytes context
     ks_err err = KS_OK;
     if (d->aad_head_len != 0) { /* v1: aad_head || lp(context) [F-CRYPTO-AAD-1] */
         memcpy(aad, d->aad_head, d->aad_head_len);
-        put_u32be(aad + d->aad_head_len, (uint32_t)context.len);
+        ks_be_put(aad + d->aad_head_len, (uint32_t)context.len, 4);
         if (context.len != 0) {
             memcpy(aad + d->aad_head_len + 4, context.ptr, context.len);
         }
@@ -789,9 +774,9 @@ ks_err ks_open(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_open_pa
 static size_t memo_key(const uint8_t *id, size_t id_len, const ks_envelope *target, uint32_t requested,
                        uint8_t *out)
 {
-    put_u32be(out, (uint32_t)id_len);
+    ks_be_put(out, (uint32_t)id_len, 4);
     memcpy(out + 4, id, id_len);
-    put_u32be(out + 4 + id_len, requested);
+    ks_be_put(out + 4 + id_len, requested, 4);
     memcpy(out + 8 + id_len, target->key_id.ptr, target->key_id.len);
     return 8 + id_len + target->key_id.len;
 }
@@ -812,7 +797,7 @@ static ks_err rewrap_dek(ks_ctx *ctx, const uint8_t *id, size_t id_len, uint32_t
     uint8_t mk[KS_MEMO_KEY_MAX];
     size_t mk_len = memo_key(id, id_len, target, requested, mk), got = 0;
     if (ks_dek_cache_get(ctx->memo, mk, mk_len, buf, &got)) {
-        target->key_version = get_u32be(buf);
+        target->key_version = (uint32_t)ks_be_get(buf, 4);
         target->wrapped_dek = (ks_bytes){buf + 4, got - 4};
         return KS_OK;
     }
@@ -824,7 +809,7 @@ static ks_err rewrap_dek(ks_ctx *ctx, const uint8_t *id, size_t id_len, uint32_t
     if (err != KS_OK) {
         return err;
     }
-    put_u32be(buf, target->key_version);
+    ks_be_put(buf, target->key_version, 4);
     target->wrapped_dek = (ks_bytes){buf + 4, wrapped_len};
     ks_dek_cache_put(ctx->memo, mk, mk_len, buf, 4 + wrapped_len, 0);
     return KS_OK;

@@ -20,6 +20,7 @@
 
 #include <keyshift/provider.h>
 
+#include "../../format/rules.h"
 #include "dek_writer.h"
 #include "mono_clock.h"
 
@@ -349,9 +350,7 @@ ks_err ks_wdek_reserve(ks_wdek *d, size_t pt_len, uint8_t nonce[KS_NONCE_MAX])
     /* [F-CRYPTO-NONCE-1] prefix || u64be(counter) */
     size_t plen = d->tmpl.nonce.len - KS_NONCE_COUNTER_LEN;
     memcpy(nonce, d->prefix, plen);
-    for (size_t i = 0; i < KS_NONCE_COUNTER_LEN; i++) {
-        nonce[plen + i] = (uint8_t)(c >> (8 * (KS_NONCE_COUNTER_LEN - 1 - i)));
-    }
+    ks_be_put(nonce + plen, c, KS_NONCE_COUNTER_LEN);
     return KS_OK;
 }
 

@@ -124,11 +124,7 @@ static ks_err read_be(ks_cursor *c, size_t n, uint64_t *out, size_t *offset)
     if (ks_cursor_read_view(c, n, &v) != KS_OK) {
         return KS_ERR_TRUNCATED;
     }
-    uint64_t x = 0;
-    for (size_t i = 0; i < n; i++) {
-        x = x << 8 | v.ptr[i];
-    }
-    *out = x;
+    *out = ks_be_get(v.ptr, n);
     return KS_OK;
 }
 
@@ -441,10 +437,7 @@ ks_err ks_krf_parse_body(const uint8_t *body, size_t len, size_t base, const ks_
 /* Write v as n big-endian bytes at *p and advance *p. */
 static void put_be(uint8_t **p, uint64_t v, size_t n)
 {
-    for (size_t i = n; i-- > 0;) {
-        (*p)[i] = (uint8_t)v;
-        v >>= 8;
-    }
+    ks_be_put(*p, v, n);
     *p += n;
 }
 
