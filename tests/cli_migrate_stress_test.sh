@@ -114,12 +114,14 @@ crash_loop() {
     while [ "$kills" -lt "$min" ] && [ "$iters" -lt 300 ]; do
         iters=$((iters + 1))
         if [ $((iters % 4)) = 0 ]; then
-            rate=20000 s=$(printf '0.%02d' $((1 + RANDOM % 5)))    # kill mid-batch more often
+            # unthrottled, so pipelined (a batch computed ahead on a second
+            # thread while one is written); kill mid-batch more often
+            rate=() s=$(printf '0.%02d' $((1 + RANDOM % 5)))
         else
-            rate=2000 s=$(printf '0.%02d' $((5 + RANDOM % 36)))    # 0.05 .. 0.40 s
+            rate=(--max-rows-per-second 2000) s=$(printf '0.%02d' $((5 + RANDOM % 36))) # 0.05 .. 0.40 s
         fi
         "$KS" migrate run "${TGT[@]}" --mode "$mode" --to-key p/kek "${CTX[@]}" --batch-size 200 \
-            --max-rows-per-second $rate >/dev/null 2>"$T/crash.err" &
+            "${rate[@]}" >/dev/null 2>"$T/crash.err" &
         pid=$!
         sleep "$s"
         kill -9 "$pid" 2>/dev/null

@@ -46,6 +46,7 @@ typedef struct ks_mem_provider {
     unsigned calls[3];     /* by ks_mem_op */
     ks_err fail_err[3];    /* injected error by op */
     unsigned fail_left[3]; /* how many more calls fail */
+    unsigned fail_skip[3]; /* how many calls succeed before those fail */
 } ks_mem_provider;
 
 /* Set up an empty provider. */
@@ -145,13 +146,22 @@ static inline void ks_mem_set_state(ks_mem_provider *m, const char *key_id, uint
     pthread_mutex_unlock(&m->mu);
 }
 
-/* Make the next `count` calls of op return err. */
-static inline void ks_mem_fail(ks_mem_provider *m, ks_mem_op op, ks_err err, unsigned count)
+/* Let the next `skip` calls of op succeed, then make `count` calls
+ * return err: a failure at a given call, whatever thread makes it. */
+static inline void ks_mem_fail_after(ks_mem_provider *m, ks_mem_op op, unsigned skip, ks_err err,
+                                     unsigned count)
 {
     pthread_mutex_lock(&m->mu);
     m->fail_err[op] = err;
+    m->fail_skip[op] = skip;
     m->fail_left[op] = count;
     pthread_mutex_unlock(&m->mu);
+}
+
+/* Make the next `count` calls of op return err. */
+static inline void ks_mem_fail(ks_mem_provider *m, ks_mem_op op, ks_err err, unsigned count)
+{
+    ks_mem_fail_after(m, op, 0, err, count);
 }
 
 /* Number of calls of op so far. */
@@ -168,6 +178,10 @@ static inline unsigned ks_mem_calls(ks_mem_provider *m, ks_mem_op op)
 static inline ks_err ks_mem_enter(ks_mem_provider *m, ks_mem_op op)
 {
     m->calls[op]++;
+    if (m->fail_skip[op] != 0) {
+        m->fail_skip[op]--;
+        return KS_OK;
+    }
     if (m->fail_left[op] != 0) {
         m->fail_left[op]--;
         return m->fail_err[op];

@@ -404,17 +404,16 @@ static void test_stop_resume(void **state)
     check_all(w, "k", 1);
 }
 
-static void fail_wraps(void *arg, const ks_migrate_progress *pr)
+/*
+ * The provider fails from its 4th wrap on (every 3 seals need a wrap: the
+ * 4th comes in the second batch of 7).  Pipelined or serial, the first
+ * batch commits, the second writes nothing, and the checkpoint stays at
+ * the first batch's last id; the run resumes once the provider is back.
+ * The failure is injected by call count, not from a callback, so it
+ * lands in the same batch whichever thread makes the call.
+ */
+static void provider_unavailable(world *w, int serial)
 {
-    world *w = arg;
-    if (pr->batch_rows != 0) {
-        ks_mem_fail(&w->mem, KS_MEM_WRAP, KS_ERR_UNAVAILABLE, 1000);
-    }
-}
-
-static void test_provider_unavailable(void **state)
-{
-    world *w = *state;
     ks_ctx_free(w->ctx);
     ks_ctx_config cfg;
     ks_ctx_config_default(&cfg);
@@ -422,8 +421,10 @@ static void test_provider_unavailable(void **state)
     assert_int_equal(ks_ctx_new(&w->prov, &cfg, &w->ctx), KS_OK);
     fill_plain(w);
     ks_migrate_params p = mparams(KS_MIGRATE_ENCRYPT, "k", 0);
+    p.serial = serial;
+    ks_mem_fail_after(&w->mem, KS_MEM_WRAP, 3, KS_ERR_UNAVAILABLE, 1000);
     ks_checkpoint cp;
-    assert_int_equal(ks_migrate_run(w->ctx, &w->st, &p, NULL, fail_wraps, w, &cp), KS_ERR_UNAVAILABLE);
+    assert_int_equal(run(w, &p, &cp), KS_ERR_UNAVAILABLE);
     assert_memory_equal(cp.state.ptr, "running", 7);
     assert_int_equal(cp.cursor.integer, 7);
     assert_int_equal(cp.done, 7);
@@ -435,7 +436,37 @@ static void test_provider_unavailable(void **state)
     assert_int_equal(run(w, &p, &cp), KS_OK);
     assert_int_equal(cp.done, N_ROWS - N_ROWS / 10);
     check_all(w, "k", 1);
-    /* a failing commit rolls back, the checkpoint stands */
+}
+
+static void test_provider_unavailable(void **state)
+{
+    provider_unavailable(*state, 0);
+}
+
+static void test_provider_unavailable_serial(void **state)
+{
+    provider_unavailable(*state, 1);
+}
+
+/* The serial engine (no helper thread) makes exactly the pipelined
+ * engine's writes and counts: encrypt, then rewrap. */
+static void test_serial(void **state)
+{
+    world *w = *state;
+    fill_plain(w);
+    ks_migrate_params p = mparams(KS_MIGRATE_ENCRYPT, "k", 0);
+    p.serial = 1;
+    ks_checkpoint cp;
+    assert_int_equal(run(w, &p, &cp), KS_OK);
+    assert_int_equal(cp.done, N_ROWS - N_ROWS / 10);
+    assert_int_equal(w->m->commits, (N_ROWS + 6) / 7 + 1); /* every batch, then "complete" */
+    check_all(w, "k", 1);
+    assert_int_equal(ks_mem_add(&w->mem, "k", 2, 1, NULL), 0);
+    p = mparams(KS_MIGRATE_REWRAP, "k", 2);
+    p.serial = 1;
+    assert_int_equal(run(w, &p, &cp), KS_OK);
+    assert_int_equal(cp.done, N_ROWS - N_ROWS / 10);
+    check_all(w, "k", 2);
 }
 
 static void test_commit_failure(void **state)
@@ -595,6 +626,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_threshold, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stop_resume, setup, teardown),
         cmocka_unit_test_setup_teardown(test_provider_unavailable, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_provider_unavailable_serial, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_serial, setup, teardown),
         cmocka_unit_test_setup_teardown(test_commit_failure, setup, teardown),
         cmocka_unit_test_setup_teardown(test_races, setup, teardown),
         cmocka_unit_test_setup_teardown(test_verify, setup, teardown),

@@ -39,8 +39,9 @@ static void usage(FILE *f)
           "        [--to-format 1|2] [--algorithm NAME] [--id-column I]\n"
           "        [--tenant-column COL | --tenant T] [--context TEMPLATE]\n"
           "        [--purpose P] [--batch-size N] [--max-failure-rate R]\n"
-          "        [--max-rows-per-second N] [--no-verify] [--busy-timeout MS]\n"
-          "        [--json] [--keyring FILE] [--passphrase-file FILE]\n"
+          "        [--max-rows-per-second N] [--no-verify] [--serial]\n"
+          "        [--busy-timeout MS] [--json] [--keyring FILE]\n"
+          "        [--passphrase-file FILE]\n"
           "    keyshift migrate status --db FILE [--table T --column C] [--json]\n"
           "    keyshift migrate verify --db FILE --table T --column C [--sample N]\n"
           "        [--id-column I] [--context TEMPLATE] [--tenant-column COL |\n"
@@ -61,6 +62,8 @@ static void usage(FILE *f)
           "            only if it still holds the value read (compare-and-swap), each\n"
           "            new value is opened and compared with the old plaintext before\n"
           "            the commit, and the checkpoint is saved in the same transaction.\n"
+          "            The crypto of the next batch runs on a second thread while a\n"
+          "            batch is written (--serial: one thread; same writes either way).\n"
           "            A crash or a kill at any moment loses nothing; running the same\n"
           "            command again resumes after the last committed batch. Rows the\n"
           "            application changed meanwhile are retried in a later pass; rows\n"
@@ -111,6 +114,10 @@ static void usage(FILE *f)
           "          the old value is gone: verify-before-commit is what\n"
           "          guarantees every written row opens to its old\n"
           "          plaintext. Only for benchmarking on copies\n"
+          "    --serial               run: do every batch's crypto on the main thread instead\n"
+          "          of overlapping it with the previous batch's writes\n"
+          "          (slower; leaves the other cores to the application;\n"
+          "          throttled runs (--max-rows-per-second) are serial)\n"
           "    --busy-timeout MS      wait up to MS for the database lock, with backoff,\n"
           "          before giving up with exit 75 (default 30000)\n"
           "    --sample N             verify: about N random rows instead of all\n"
@@ -153,7 +160,7 @@ typedef struct mig_opts {
     const char *db, *table, *column, *id_column, *mode, *to_key, *to_format, *algorithm;
     const char *tenant_column, *tenant, *context, *purpose, *batch_size, *max_failure_rate;
     const char *max_rps, *busy_timeout, *sample, *keyring, *passfile;
-    int no_verify, json;
+    int no_verify, serial, json;
 } mig_opts;
 
 /* Parse argv into o. */
@@ -181,6 +188,7 @@ static int parse(const char *cmd, int argc, char **argv, mig_opts *o, int *rc)
         {"--keyring", &o->keyring, NULL},
         {"--passphrase-file", &o->passfile, NULL},
         {"--no-verify", NULL, &o->no_verify},
+        {"--serial", NULL, &o->serial},
         {"--json", NULL, &o->json},
         {NULL, NULL, NULL},
     };
@@ -204,6 +212,7 @@ static int only_options(const char *cmd, const mig_opts *o, const char *allowed)
         {"--busy-timeout", o->busy_timeout != NULL}, {"--sample", o->sample != NULL},
         {"--keyring", o->keyring != NULL},     {"--passphrase-file", o->passfile != NULL},
         {"--no-verify", o->no_verify},         {"--id-column", o->id_column != NULL},
+        {"--serial", o->serial},
     };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         char word[40];
@@ -347,6 +356,7 @@ static int run_limits(const mig_opts *o, ks_migrate_params *p, uint32_t *busy_ms
         *busy_ms = (uint32_t)v;
     }
     p->no_verify = o->no_verify;
+    p->serial = o->serial;
     return EX_OK;
 }
 
@@ -567,7 +577,7 @@ static int cmd_run(int argc, char **argv)
     if ((rc = only_options(cmd, &o, " --mode --to-key --to-format --algorithm --tenant-column "
                                     "--tenant --context --purpose --batch-size --max-failure-rate "
                                     "--max-rows-per-second --busy-timeout --keyring "
-                                    "--passphrase-file --no-verify --id-column ")) != EX_OK) {
+                                    "--passphrase-file --no-verify --id-column --serial ")) != EX_OK) {
         return rc;
     }
     ks_migrate_params p;

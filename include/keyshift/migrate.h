@@ -112,6 +112,11 @@ typedef struct ks_migrate_params {
                                   when negative) */
     uint32_t max_rows_per_second; /* 0: unlimited */
     int no_verify;             /* skip verify-before-commit (not recommended) */
+    int serial;                /* nonzero: compute every batch on the calling thread; 0 (the
+                                  default): a helper thread computes batch k+1 while batch k
+                                  is written (docs/migration.md, "Pipeline"), except when
+                                  max_rows_per_second throttles the run.  Same results and
+                                  the same writes either way. */
 } ks_migrate_params;
 
 /* Progress, reported after every committed batch. */

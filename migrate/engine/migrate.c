@@ -88,15 +88,28 @@
  * state "paused"; KS_ERR_STOPPED.  Rate limit: after each batch the run
  * sleeps so that rows/elapsed stays at most max_rows_per_second.
  *
- * Memory.  The row array, the owned copy of a batch's ids and old values,
- * the new values and two plaintext buffers are allocated once per run and
- * grown only when a batch needs more; plaintext is wiped after each use
- * and every buffer that held it is wiped before being freed.
+ * Pipeline.  Unless params->serial or the run is throttled
+ * (max_rows_per_second: a batch scanned ahead would wait through the
+ * sleep), a helper thread computes batch k+1 (decide, open, seal, verify:
+ * the crypto) while the calling thread writes batch k; the calling thread alone touches the store.  Batch k+1 is
+ * scanned after batch k's last id before k commits; its rows are disjoint
+ * from k's and are written only by compare-and-swap against the values
+ * scanned, so the writes, counts and checkpoints are exactly those of the
+ * serial order.  If batch k fails, stops or trips the threshold, batch
+ * k+1 is discarded unwritten (its provider calls and nonces are simply
+ * spent).  See loop().
+ *
+ * Memory.  Two batches, each with a copy of its rows (ids, values,
+ * tenants, context columns), its decisions, its new values and two
+ * plaintext buffers, are allocated once per run and grown only when a
+ * batch needs more; plaintext is wiped after each use and every buffer
+ * that held it is wiped before being freed.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -113,15 +126,38 @@
 /* What the engine does with one row of a batch. */
 typedef enum action { ACT_NONE, ACT_SKIP, ACT_WRONG, ACT_QUARANTINE, ACT_WRITE } action;
 
-/* One row of a batch in engine-owned memory (store views die at the next
- * store call).  Offsets index into run.keep / run.neu. */
+/* The decision for one row of a batch.  The new value is at
+ * batch.neu[new_off, new_off + new_len). */
 typedef struct slot {
-    ks_value id, old;
-    size_t id_off, old_off;
     size_t new_off, new_len;
     action act;
     const char *qerr; /* ACT_QUARANTINE: static error name */
 } slot;
+
+struct run;
+
+/*
+ * One batch in engine-owned memory: the scanned rows copied out of the
+ * store (store views die at the next store call, and a batch outlives
+ * several), the decisions, the new values and the plaintext buffers.
+ * Two of them let one batch be computed on a helper thread while the
+ * previous one is written (see "Pipeline" in the file comment).
+ */
+typedef struct batch {
+    struct run *r;
+    ks_row *rows;     /* copies: every byte view points into keep */
+    slot *slots;
+    size_t n;         /* rows in the batch; 0 at the end of a pass */
+    uint8_t *keep;    /* the rows' bytes (may hold plaintext: wiped after use) */
+    size_t keep_cap, keep_len;
+    uint8_t *neu;     /* new values */
+    size_t neu_cap, neu_len;
+    uint8_t *pt, *pt2; /* plaintext buffers, pt_cap each */
+    size_t pt_cap;
+    ks_err err;       /* the result of computing the batch */
+    pthread_t thread;
+    int running;      /* the helper thread computes the batch */
+} batch;
 
 /* The state of one ks_migrate_run call. */
 typedef struct run {
@@ -135,14 +171,8 @@ typedef struct run {
     size_t batch;
     char params[KS_PARAMS_MAX];
     size_t params_len;
-    ks_row *rows;
-    slot *slots;
-    uint8_t *keep;    /* ids and old values of the batch (may hold plaintext) */
-    size_t keep_cap, keep_len;
-    uint8_t *neu;     /* new values of the batch */
-    size_t neu_cap, neu_len;
-    uint8_t *pt, *pt2; /* plaintext buffers, pt_cap each */
-    size_t pt_cap;
+    ks_row *rows;      /* the store's scan (views into the store) */
+    batch b[2];
     uint8_t *cur_buf;  /* the checkpoint cursor's bytes */
     size_t cur_cap;
     ks_checkpoint cp;  /* views into params / cur_buf / static strings */
@@ -327,59 +357,81 @@ static ks_err alloc_run(run *r)
 {
     r->tmpl = malloc(sizeof *r->tmpl);
     r->rows = calloc(r->batch, sizeof *r->rows);
-    r->slots = calloc(r->batch, sizeof *r->slots);
-    if (r->tmpl == NULL || r->rows == NULL || r->slots == NULL) {
+    if (r->tmpl == NULL || r->rows == NULL) {
         return KS_ERR_NO_MEMORY;
+    }
+    for (size_t k = 0; k < 2; k++) {
+        batch *b = &r->b[k];
+        b->r = r;
+        b->rows = calloc(r->batch, sizeof *b->rows);
+        b->slots = calloc(r->batch, sizeof *b->slots);
+        if (b->rows == NULL || b->slots == NULL) {
+            return KS_ERR_NO_MEMORY;
+        }
     }
     return ks_context_tmpl_compile(r->p->context_template, r->tmpl);
 }
 
 /*
- * Make the two plaintext buffers hold at least need bytes.  Called at the
- * start of a batch, when they hold no plaintext (every use wipes them), so
- * the old ones are simply wiped and freed.  A plaintext is never longer
- * than the value it comes from or goes to, so the batch's longest value
- * bounds it; sizing by it keeps small rows from paying for 1 MiB buffers
- * (and their wipes).
+ * Make the two plaintext buffers of b hold at least need bytes.  Called
+ * at the start of computing a batch, when they hold no plaintext (every
+ * use wipes them), so the old ones are simply wiped and freed.  A
+ * plaintext is never longer than the value it comes from or goes to, so
+ * the batch's longest value bounds it; sizing by it keeps small rows from
+ * paying for 1 MiB buffers (and their wipes).
  */
-static ks_err ensure_pt(run *r, size_t need)
+static ks_err ensure_pt(batch *b, size_t need)
 {
-    if (need <= r->pt_cap) {
+    if (need <= b->pt_cap) {
         return KS_OK;
     }
     size_t cap = need < 4096 ? 4096 : need;
-    if (r->pt != NULL) {
-        sodium_memzero(r->pt, r->pt_cap);
+    if (b->pt != NULL) {
+        sodium_memzero(b->pt, b->pt_cap);
     }
-    if (r->pt2 != NULL) {
-        sodium_memzero(r->pt2, r->pt_cap);
+    if (b->pt2 != NULL) {
+        sodium_memzero(b->pt2, b->pt_cap);
     }
-    free(r->pt);
-    free(r->pt2);
-    r->pt = malloc(cap);
-    r->pt2 = malloc(cap);
-    r->pt_cap = r->pt != NULL && r->pt2 != NULL ? cap : 0;
-    return r->pt_cap != 0 ? KS_OK : KS_ERR_NO_MEMORY;
+    free(b->pt);
+    free(b->pt2);
+    b->pt = malloc(cap);
+    b->pt2 = malloc(cap);
+    b->pt_cap = b->pt != NULL && b->pt2 != NULL ? cap : 0;
+    return b->pt_cap != 0 ? KS_OK : KS_ERR_NO_MEMORY;
 }
 
-/* Wipe and free what alloc_run and the batches allocated. */
+/* Wipe what may hold plaintext in b: the copied rows (old values in
+ * encrypt mode) and the plaintext buffers. */
+static void wipe_batch(batch *b)
+{
+    if (b->keep != NULL) {
+        sodium_memzero(b->keep, b->keep_cap);
+    }
+    if (b->pt != NULL) {
+        sodium_memzero(b->pt, b->pt_cap);
+    }
+    if (b->pt2 != NULL) {
+        sodium_memzero(b->pt2, b->pt_cap);
+    }
+    b->keep_len = 0;
+}
+
+/* Wipe and free what alloc_run and the batches allocated.  No helper
+ * thread is running (every path joins it first). */
 static void free_run(run *r)
 {
-    if (r->keep != NULL) {
-        sodium_memzero(r->keep, r->keep_cap);
+    for (size_t k = 0; k < 2; k++) {
+        batch *b = &r->b[k];
+        assert(!b->running);
+        wipe_batch(b);
+        free(b->keep);
+        free(b->neu);
+        free(b->pt);
+        free(b->pt2);
+        free(b->slots);
+        free(b->rows);
     }
-    if (r->pt != NULL) {
-        sodium_memzero(r->pt, r->pt_cap);
-    }
-    if (r->pt2 != NULL) {
-        sodium_memzero(r->pt2, r->pt_cap);
-    }
-    free(r->keep);
-    free(r->neu);
-    free(r->pt);
-    free(r->pt2);
     free(r->cur_buf);
-    free(r->slots);
     free(r->rows);
     free(r->tmpl);
 }
@@ -402,10 +454,10 @@ typedef struct row_in {
     ks_open_params open;
 } row_in;
 
-/* Open env into buf (r->pt_cap) with in's parameters. */
-static ks_err open_into(run *r, const row_in *in, ks_bytes env, uint8_t *buf, size_t *len)
+/* Open env into buf (b->pt_cap) with in's parameters. */
+static ks_err open_into(batch *b, const row_in *in, ks_bytes env, uint8_t *buf, size_t *len)
 {
-    return ks_open(r->ctx, env.ptr, env.len, &in->open, buf, r->pt_cap, len, NULL);
+    return ks_open(b->r->ctx, env.ptr, env.len, &in->open, buf, b->pt_cap, len, NULL);
 }
 
 /* Nonzero when a[0, n) equals b[0, n), in time that depends on n only: a
@@ -431,8 +483,9 @@ static int same_bytes(const uint8_t *a, const uint8_t *b, size_t n)
 /* Check a new value before it may be written: it parses and is at the
  * target; unless no_verify, it opens with the row's parameters to exactly
  * pt[0, pt_len).  KS_ERR_MISMATCH otherwise. */
-static ks_err verify_new(run *r, const row_in *in, ks_bytes neu, const uint8_t *pt, size_t pt_len)
+static ks_err verify_new(batch *b, const row_in *in, ks_bytes neu, const uint8_t *pt, size_t pt_len)
 {
+    const run *r = b->r;
     ks_envelope e;
     if (ks_envelope_parse(neu.ptr, neu.len, NULL, &e, NULL) != KS_OK ||
         !bytes_eq(e.key_id, r->p->to_key_id) || e.key_version != r->to_version) {
@@ -442,20 +495,31 @@ static ks_err verify_new(run *r, const row_in *in, ks_bytes neu, const uint8_t *
         return KS_OK;
     }
     size_t got = 0;
-    ks_err err = open_into(r, in, neu, r->pt2, &got);
+    ks_err err = open_into(b, in, neu, b->pt2, &got);
     if (err != KS_OK) {
-        sodium_memzero(r->pt2, r->pt_cap);
+        sodium_memzero(b->pt2, b->pt_cap);
         return ks_err_is_rejection(err) || err == KS_ERR_AUTH_FAILED ? KS_ERR_MISMATCH : err;
     }
-    int same = got == pt_len && (pt_len == 0 || same_bytes(r->pt2, pt, pt_len));
-    sodium_memzero(r->pt2, got);
+    int same = got == pt_len && (pt_len == 0 || same_bytes(b->pt2, pt, pt_len));
+    sodium_memzero(b->pt2, got);
     return same ? KS_OK : KS_ERR_MISMATCH;
 }
 
-/* Seal pt[0, len) under the target for in into r->neu at the end; s gets
- * the offset and length.  A plaintext too large is quarantined. */
-static ks_err seal_new(run *r, const row_in *in, const uint8_t *pt, size_t len, slot *s)
+/* Record in s that the new value is the out_len bytes just written at
+ * the end of b->neu. */
+static void take_new(batch *b, slot *s, size_t out_len)
 {
+    s->act = ACT_WRITE;
+    s->new_off = b->neu_len;
+    s->new_len = out_len;
+    b->neu_len += out_len;
+}
+
+/* Seal pt[0, len) under the target for in into b->neu at the end; s gets
+ * the offset and length.  A plaintext too large is quarantined. */
+static ks_err seal_new(batch *b, const row_in *in, const uint8_t *pt, size_t len, slot *s)
+{
+    const run *r = b->r;
     ks_seal_params sp = {r->format, r->alg, in->tenant, r->p->to_key_id, r->to_version,
                          r->p->purpose, {in->context, in->context_len}};
     size_t max = ks_seal_max_len(&sp, len);
@@ -464,12 +528,12 @@ static ks_err seal_new(run *r, const row_in *in, const uint8_t *pt, size_t len, 
         s->qerr = ks_err_name(KS_ERR_TOO_LARGE);
         return KS_OK;
     }
-    ks_err err = grow(&r->neu, &r->neu_cap, r->neu_len + max);
+    ks_err err = grow(&b->neu, &b->neu_cap, b->neu_len + max);
     if (err != KS_OK) {
         return err;
     }
     size_t out_len = 0;
-    err = ks_seal(r->ctx, &sp, pt, len, r->neu + r->neu_len, max, &out_len);
+    err = ks_seal(r->ctx, &sp, pt, len, b->neu + b->neu_len, max, &out_len);
     if (err == KS_ERR_TOO_LARGE) {
         s->act = ACT_QUARANTINE;
         s->qerr = ks_err_name(err);
@@ -478,19 +542,16 @@ static ks_err seal_new(run *r, const row_in *in, const uint8_t *pt, size_t len, 
     if (err != KS_OK) {
         return err;
     }
-    err = verify_new(r, in, (ks_bytes){r->neu + r->neu_len, out_len}, pt, len);
+    err = verify_new(b, in, (ks_bytes){b->neu + b->neu_len, out_len}, pt, len);
     if (err != KS_OK) {
         return err;
     }
-    s->act = ACT_WRITE;
-    s->new_off = r->neu_len;
-    s->new_len = out_len;
-    r->neu_len += out_len;
+    take_new(b, s, out_len);
     return KS_OK;
 }
 
 /* encrypt: seal a plaintext value. */
-static ks_err do_encrypt(run *r, const row_in *in, const ks_value *v, slot *s)
+static ks_err do_encrypt(batch *b, const row_in *in, const ks_value *v, slot *s)
 {
     char num[24];
     const uint8_t *pt;
@@ -504,7 +565,7 @@ static ks_err do_encrypt(run *r, const row_in *in, const ks_value *v, slot *s)
         pt = v->bytes.ptr;
         len = v->bytes.len;
     }
-    ks_err err = seal_new(r, in, pt, len, s);
+    ks_err err = seal_new(b, in, pt, len, s);
     sodium_memzero(num, sizeof num);
     return err;
 }
@@ -520,9 +581,10 @@ static ks_err do_encrypt(run *r, const row_in *in, const ks_value *v, slot *s)
  * If the new value does not open, the old one is opened to tell a bad row
  * (*fault: quarantine it) from a bad rewrap (KS_ERR_MISMATCH: stop).
  */
-static ks_err verify_rewrap(run *r, const row_in *in, ks_bytes old, ks_bytes neu,
+static ks_err verify_rewrap(batch *b, const row_in *in, ks_bytes old, ks_bytes neu,
                             const char **fault)
 {
+    const run *r = b->r;
     ks_envelope o, n;
     *fault = NULL;
     if (ks_envelope_parse(neu.ptr, neu.len, NULL, &n, NULL) != KS_OK ||
@@ -535,13 +597,13 @@ static ks_err verify_rewrap(run *r, const row_in *in, ks_bytes old, ks_bytes neu
         return KS_OK;
     }
     size_t got = 0;
-    ks_err err = open_into(r, in, neu, r->pt2, &got);
-    sodium_memzero(r->pt2, err == KS_OK ? got : r->pt_cap);
+    ks_err err = open_into(b, in, neu, b->pt2, &got);
+    sodium_memzero(b->pt2, err == KS_OK ? got : b->pt_cap);
     if (err == KS_OK || row_fault(err) == NULL) {
         return err; /* opened, or a provider error: not the row's fault */
     }
-    err = open_into(r, in, old, r->pt2, &got);
-    sodium_memzero(r->pt2, err == KS_OK ? got : r->pt_cap);
+    err = open_into(b, in, old, b->pt2, &got);
+    sodium_memzero(b->pt2, err == KS_OK ? got : b->pt_cap);
     if (err == KS_OK) {
         return KS_ERR_MISMATCH; /* the old value opens, the rewrap does not */
     }
@@ -550,19 +612,20 @@ static ks_err verify_rewrap(run *r, const row_in *in, ks_bytes old, ks_bytes neu
 }
 
 /* rewrap: rewrap an envelope not at the target, then verify_rewrap. */
-static ks_err do_rewrap(run *r, const row_in *in, ks_bytes old, slot *s)
+static ks_err do_rewrap(batch *b, const row_in *in, ks_bytes old, slot *s)
 {
+    const run *r = b->r;
     size_t bound = old.len + KS_KEY_ID_MAX + KS_WRAPPED_DEK_MAX + 32;
-    ks_err err = grow(&r->neu, &r->neu_cap, r->neu_len + bound);
+    ks_err err = grow(&b->neu, &b->neu_cap, b->neu_len + bound);
     if (err != KS_OK) {
         return err;
     }
     ks_rewrap_params rp = {r->p->to_key_id, r->to_version};
     size_t out_len = 0;
     const char *fault = NULL;
-    err = ks_rewrap(r->ctx, old.ptr, old.len, &rp, r->neu + r->neu_len, bound, &out_len, NULL);
+    err = ks_rewrap(r->ctx, old.ptr, old.len, &rp, b->neu + b->neu_len, bound, &out_len, NULL);
     if (err == KS_OK) {
-        err = verify_rewrap(r, in, old, (ks_bytes){r->neu + r->neu_len, out_len}, &fault);
+        err = verify_rewrap(b, in, old, (ks_bytes){b->neu + b->neu_len, out_len}, &fault);
     } else {
         fault = row_fault(err);
         err = fault != NULL ? KS_OK : err;
@@ -575,26 +638,23 @@ static ks_err do_rewrap(run *r, const row_in *in, ks_bytes old, slot *s)
         s->qerr = fault;
         return KS_OK;
     }
-    s->act = ACT_WRITE;
-    s->new_off = r->neu_len;
-    s->new_len = out_len;
-    r->neu_len += out_len;
+    take_new(b, s, out_len);
     return KS_OK;
 }
 
 /* reencrypt: open an envelope and seal it afresh under the target. */
-static ks_err do_reencrypt(run *r, const row_in *in, ks_bytes old, slot *s)
+static ks_err do_reencrypt(batch *b, const row_in *in, ks_bytes old, slot *s)
 {
     size_t pt_len = 0;
-    ks_err err = open_into(r, in, old, r->pt, &pt_len);
+    ks_err err = open_into(b, in, old, b->pt, &pt_len);
     if (err != KS_OK) {
-        sodium_memzero(r->pt, r->pt_cap);
+        sodium_memzero(b->pt, b->pt_cap);
         s->qerr = row_fault(err);
         s->act = ACT_QUARANTINE;
         return s->qerr != NULL ? KS_OK : err;
     }
-    err = seal_new(r, in, r->pt, pt_len, s);
-    sodium_memzero(r->pt, pt_len);
+    err = seal_new(b, in, b->pt, pt_len, s);
+    sodium_memzero(b->pt, pt_len);
     return err;
 }
 
@@ -607,11 +667,14 @@ static int at_target(const run *r, const ks_envelope *e)
     return r->p->mode == KS_MIGRATE_REWRAP || (e->version == r->format && e->algorithm == r->alg);
 }
 
-/* Decide (and compute, for a write) what to do with one scanned row. */
-static ks_err decide(run *r, const ks_row *row, slot *s)
+/* Decide (and compute, for a write) what to do with row i of b. */
+static ks_err decide(batch *b, size_t i)
 {
+    const run *r = b->r;
+    const ks_row *row = &b->rows[i];
+    slot *s = &b->slots[i];
     const ks_value *v = &row->value;
-    s->act = ACT_NONE;
+    *s = (slot){.act = ACT_NONE};
     if (row->quarantined || v->type == KS_VALUE_NULL) {
         return KS_OK;
     }
@@ -648,48 +711,141 @@ static ks_err decide(run *r, const ks_row *row, slot *s)
     }
     in.open = (ks_open_params){{in.context, in.context_len}, in.tenant, r->p->purpose};
     switch (r->p->mode) {
-    case KS_MIGRATE_ENCRYPT: return do_encrypt(r, &in, v, s);
-    case KS_MIGRATE_REWRAP: return do_rewrap(r, &in, v->bytes, s);
-    case KS_MIGRATE_REENCRYPT: return do_reencrypt(r, &in, v->bytes, s);
+    case KS_MIGRATE_ENCRYPT: return do_encrypt(b, &in, v, s);
+    case KS_MIGRATE_REWRAP: return do_rewrap(b, &in, v->bytes, s);
+    case KS_MIGRATE_REENCRYPT: return do_reencrypt(b, &in, v->bytes, s);
     }
     return KS_ERR_INVALID_ARGUMENT;
 }
 
-/* Copy the ids and old values of rows[0, n) into r->keep and set the
- * slots' views (after all copies: keep may move while it grows). */
-static ks_err keep_batch(run *r, size_t n)
+/* Compute every row of b: what to do, and the new values, verified.
+ * Touches only b, the run's read-only parameters and the ks_ctx (never
+ * the store), so it may run on the helper thread. */
+static ks_err compute(batch *b)
 {
-    size_t need = 0;
-    for (size_t i = 0; i < n; i++) {
-        need += r->rows[i].id.bytes.len + r->rows[i].value.bytes.len;
+    size_t longest = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        if (b->rows[i].value.bytes.len > longest) {
+            longest = b->rows[i].value.bytes.len;
+        }
     }
-    ks_err err = grow(&r->keep, &r->keep_cap, need + 1);
+    ks_err err = ensure_pt(b, longest + 64);
+    b->neu_len = 0;
+    for (size_t i = 0; i < b->n && err == KS_OK; i++) {
+        err = decide(b, i);
+    }
+    return err;
+}
+
+/* The helper thread's body: compute one batch. */
+static void *compute_thread(void *arg)
+{
+    batch *b = arg;
+    b->err = compute(b);
+    return NULL;
+}
+
+/*
+ * Nonzero when the run computes batches ahead on a helper thread: unless
+ * params->serial, and unless throttled.  A throttled run sleeps between
+ * batches anyway, and a batch scanned ahead would wait through that sleep
+ * before its compare-and-swaps, widening the window in which the
+ * application's writes make its rows race.
+ */
+static int pipelines(const run *r)
+{
+    return !r->p->serial && r->p->max_rows_per_second == 0;
+}
+
+/* Start computing b: on the helper thread when pipelining (and the thread
+ * starts), else here.  An empty batch (end of the pass) needs nothing. */
+static void start_batch(batch *b)
+{
+    b->err = KS_OK;
+    if (b->n == 0) {
+        return;
+    }
+    if (pipelines(b->r) && pthread_create(&b->thread, NULL, compute_thread, b) == 0) {
+        b->running = 1;
+        return;
+    }
+    b->err = compute(b);
+}
+
+/* Wait for b to be computed; its result. */
+static ks_err finish_batch(batch *b)
+{
+    if (b->running) {
+        pthread_join(b->thread, NULL);
+        b->running = 0;
+    }
+    return b->err;
+}
+
+/* Size of the bytes of v that a copy must hold. */
+static size_t value_size(const ks_value *v)
+{
+    return v->type == KS_VALUE_TEXT || v->type == KS_VALUE_BLOB ? v->bytes.len : 0;
+}
+
+/* Copy the bytes of *v to keep + *off and point v at the copy. */
+static void value_move(ks_value *v, uint8_t *keep, size_t *off)
+{
+    size_t len = value_size(v);
+    if (len == 0) {
+        return;
+    }
+    memcpy(keep + *off, v->bytes.ptr, len);
+    v->bytes.ptr = keep + *off;
+    *off += len;
+}
+
+/*
+ * Copy rows[0, n) (views into the store) into b: the ids, values, tenants
+ * and context columns, every byte into b->keep.  Sized first, so keep
+ * moves (grows) before any view into it is taken.
+ */
+static ks_err copy_batch(batch *b, const ks_row *rows, size_t n)
+{
+    size_t need = 1;
+    for (size_t i = 0; i < n; i++) {
+        need += value_size(&rows[i].id) + value_size(&rows[i].value) + value_size(&rows[i].tenant);
+        for (size_t k = 0; k < KS_ROWSTORE_MAX_CONTEXT_COLUMNS; k++) {
+            need += value_size(&rows[i].context[k]);
+        }
+    }
+    ks_err err = grow(&b->keep, &b->keep_cap, need);
     if (err != KS_OK) {
         return err;
     }
-    r->keep_len = 0;
+    size_t off = 0;
     for (size_t i = 0; i < n; i++) {
-        slot *s = &r->slots[i];
-        const ks_row *row = &r->rows[i];
-        s->id = row->id;
-        s->old = row->value;
-        s->id_off = r->keep_len;
-        if (row->id.type == KS_VALUE_TEXT || row->id.type == KS_VALUE_BLOB) {
-            if (row->id.bytes.len) memcpy(r->keep + r->keep_len, row->id.bytes.ptr, row->id.bytes.len);
-            r->keep_len += row->id.bytes.len;
-        }
-        s->old_off = r->keep_len;
-        if (row->value.type == KS_VALUE_TEXT || row->value.type == KS_VALUE_BLOB) {
-            if (row->value.bytes.len) memcpy(r->keep + r->keep_len, row->value.bytes.ptr, row->value.bytes.len);
-            r->keep_len += row->value.bytes.len;
+        ks_row *c = &b->rows[i];
+        *c = rows[i];
+        value_move(&c->id, b->keep, &off);
+        value_move(&c->value, b->keep, &off);
+        value_move(&c->tenant, b->keep, &off);
+        for (size_t k = 0; k < KS_ROWSTORE_MAX_CONTEXT_COLUMNS; k++) {
+            value_move(&c->context[k], b->keep, &off);
         }
     }
-    for (size_t i = 0; i < n; i++) {
-        slot *s = &r->slots[i];
-        if (s->id.bytes.len) s->id.bytes.ptr = r->keep + s->id_off;
-        if (s->old.bytes.len) s->old.bytes.ptr = r->keep + s->old_off;
-    }
+    assert(off < need);
+    b->keep_len = off;
+    b->n = n;
     return KS_OK;
+}
+
+/* Scan the batch after `after` into b (b->n = 0 at the end of the pass). */
+static ks_err fetch_batch(run *r, const ks_value *after, batch *b)
+{
+    size_t n = 0;
+    b->n = 0;
+    ks_err err = r->st->ops->scan(r->st->self, after, r->batch, r->rows, &n);
+    if (err != KS_OK || n == 0) {
+        return err;
+    }
+    assert(n <= r->batch);
+    return copy_batch(b, r->rows, n);
 }
 
 /* Nonzero when the failure rate of cp is over the limit; `force` checks
@@ -720,26 +876,27 @@ static ks_err save_alone(run *r, const ks_checkpoint *cp)
     return err;
 }
 
-/* Write the batch slots[0, n) and the checkpoint next in one transaction.
+/* Write the computed batch b and the checkpoint next in one transaction.
  * next's counts are updated here; r->cp takes next only on commit. */
-static ks_err apply_batch(run *r, size_t n, ks_checkpoint *next)
+static ks_err apply_batch(run *r, const batch *b, ks_checkpoint *next)
 {
     const ks_rowstore_ops *ops = r->st->ops;
     ks_err err = ops->begin(r->st->self);
-    for (size_t i = 0; i < n && err == KS_OK; i++) {
-        slot *s = &r->slots[i];
+    for (size_t i = 0; i < b->n && err == KS_OK; i++) {
+        const slot *s = &b->slots[i];
+        const ks_row *row = &b->rows[i];
         int swapped = 0;
         switch (s->act) {
         case ACT_WRITE:
-            err = ops->cas(r->st->self, &s->id, &s->old, (ks_bytes){r->neu + s->new_off, s->new_len},
-                           &swapped);
+            err = ops->cas(r->st->self, &row->id, &row->value,
+                           (ks_bytes){b->neu + s->new_off, s->new_len}, &swapped);
             if (err == KS_OK) {
                 swapped ? next->done++ : next->raced++;
             }
             break;
         case ACT_QUARANTINE:
             assert(s->qerr != NULL);
-            err = ops->quarantine(r->st->self, &s->id, s->qerr);
+            err = ops->quarantine(r->st->self, &row->id, s->qerr);
             next->quarantined += err == KS_OK;
             break;
         case ACT_SKIP:
@@ -781,74 +938,46 @@ static void throttle(const run *r)
     }
 }
 
-/* Nonzero when some row of the batch would be written or quarantined. */
-static int batch_changes(const run *r, size_t n)
+/* Nonzero when some row of b would be written or quarantined. */
+static int batch_changes(const batch *b)
 {
-    for (size_t i = 0; i < n; i++) {
-        if (r->slots[i].act == ACT_WRITE || r->slots[i].act == ACT_QUARANTINE) {
+    for (size_t i = 0; i < b->n; i++) {
+        if (b->slots[i].act == ACT_WRITE || b->slots[i].act == ACT_QUARANTINE) {
             return 1;
         }
     }
     return 0;
 }
 
-/* One batch: scan after the cursor, decide, write, commit.  *end is set
- * at the end of the pass (nothing scanned); *n_rows to the batch size.
- * Returns KS_ERR_STOPPED / KS_ERR_THRESHOLD after committing with that
- * state.  A catch-up pass skips the commit of a batch with nothing to
- * write. */
-static ks_err one_batch(run *r, volatile sig_atomic_t *stop, int *end, size_t *n_rows)
+/*
+ * Write the computed, non-empty batch b: its compare-and-swaps and
+ * quarantines and the checkpoint (cursor = its last id) in one
+ * transaction.  Returns KS_ERR_STOPPED / KS_ERR_THRESHOLD after committing
+ * with that state.  A catch-up pass skips the commit of a batch with
+ * nothing to write.  b's copies are wiped either way.
+ */
+static ks_err commit_batch(run *r, batch *b, volatile sig_atomic_t *stop)
 {
-    size_t n = 0;
-    *end = 0;
-    ks_err err = r->st->ops->scan(r->st->self, &r->cp.cursor, r->batch, r->rows, &n);
-    if (err != KS_OK) {
-        return err;
-    }
-    *n_rows = n;
-    if (n == 0) {
-        *end = 1;
-        return KS_OK;
-    }
-    assert(n <= r->batch);
-    size_t longest = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (r->rows[i].value.bytes.len > longest) {
-            longest = r->rows[i].value.bytes.len;
-        }
-    }
-    err = ensure_pt(r, longest + 64);
-    if (err != KS_OK) {
-        return err;
-    }
-    r->neu_len = 0;
-    for (size_t i = 0; i < n && err == KS_OK; i++) {
-        r->slots[i] = (slot){.act = ACT_NONE};
-        err = decide(r, &r->rows[i], &r->slots[i]);
-    }
-    if (err == KS_OK) {
-        err = keep_batch(r, n); /* the rows' views die at the next store call */
-    }
-    if (err != KS_OK) {
-        return err;
-    }
+    assert(b->n > 0 && !b->running);
+    const ks_value *last = &b->rows[b->n - 1].id;
     int stopping = stop != NULL && *stop != 0;
-    if (r->catchup && !r->catchup_wrote && !batch_changes(r, n)) {
+    ks_err err;
+    if (r->catchup && !r->catchup_wrote && !batch_changes(b)) {
         /* A catch-up pass with nothing to write: advance in memory only. */
-        sodium_memzero(r->keep, r->keep_len);
-        r->rows_this_run += n;
-        err = ks_engine_value_copy(&r->slots[n - 1].id, &r->cur_buf, &r->cur_cap, &r->cp.cursor);
+        r->rows_this_run += b->n;
+        err = ks_engine_value_copy(last, &r->cur_buf, &r->cur_cap, &r->cp.cursor);
+        wipe_batch(b);
         return err != KS_OK ? err : stopping ? KS_ERR_STOPPED : KS_OK;
     }
     ks_checkpoint next = r->cp;
-    next.cursor = r->slots[n - 1].id;
+    next.cursor = *last;
     next.updated = (int64_t)time(NULL);
     /* Counts are settled inside apply_batch; the state must be chosen
      * before the save, so decide the threshold on the counts it will
      * save: do a dry count first. */
     ks_checkpoint dry = next;
-    for (size_t i = 0; i < n; i++) {
-        const slot *s = &r->slots[i];
+    for (size_t i = 0; i < b->n; i++) {
+        const slot *s = &b->slots[i];
         dry.quarantined += s->act == ACT_QUARANTINE;
         dry.done += s->act == ACT_WRITE; /* raced or done: both processed */
         dry.skipped += s->act == ACT_SKIP && dry.pass == 1;
@@ -857,18 +986,17 @@ static ks_err one_batch(run *r, volatile sig_atomic_t *stop, int *end, size_t *n
     int over = over_threshold(r, &dry, 0);
     next.state = sbytes(over ? ST_STOPPED : stopping ? ST_PAUSED : ST_RUNNING);
     next.finished = over ? next.updated : 0;
-    err = apply_batch(r, n, &next);
-    sodium_memzero(r->keep, r->keep_len); /* old plaintext values */
+    err = apply_batch(r, b, &next);
+    if (err == KS_OK) {
+        r->catchup_wrote = 1;
+        r->cp = next;
+        err = ks_engine_value_copy(&next.cursor, &r->cur_buf, &r->cur_cap, &r->cp.cursor);
+        r->rows_this_run += b->n;
+    }
+    wipe_batch(b); /* old plaintext values; next.cursor pointed into b until copied */
     if (err != KS_OK) {
         return err;
     }
-    r->catchup_wrote = 1;
-    r->cp = next;
-    err = ks_engine_value_copy(&next.cursor, &r->cur_buf, &r->cur_cap, &r->cp.cursor);
-    if (err != KS_OK) {
-        return err;
-    }
-    r->rows_this_run += n;
     return over ? KS_ERR_THRESHOLD : stopping ? KS_ERR_STOPPED : KS_OK;
 }
 
@@ -920,7 +1048,28 @@ static void report(const run *r, ks_migrate_progress_fn fn, void *arg, uint64_t 
     }
 }
 
-/* The batch loop over passes, after the checkpoint is settled. */
+/* Stop the pipeline: wait for b (the batch computed ahead) and wipe it;
+ * err is passed through. */
+static ks_err drop_ahead(batch *b, ks_err err)
+{
+    (void)finish_batch(b);
+    wipe_batch(b);
+    b->n = 0;
+    return err;
+}
+
+/*
+ * The batch loop over passes, after the checkpoint is settled.
+ *
+ * Pipeline: while batch k is being computed (on the helper thread unless
+ * params->serial), the calling thread scans batch k+1; then it starts
+ * computing k+1 and, meanwhile, writes k.  Only the calling thread touches
+ * the store, and the helper only the batch it was given and the ks_ctx.
+ * Batch k+1 is scanned before k commits, which is safe: the ids are
+ * disjoint, k+1's rows are written only by compare-and-swap against the
+ * values scanned, and the checkpoint moves batch by batch in order.  If k
+ * fails, stops or trips the threshold, k+1 is discarded unwritten.
+ */
 static ks_err loop(run *r, volatile sig_atomic_t *stop, ks_migrate_progress_fn fn, void *arg)
 {
     uint64_t total = 0;
@@ -931,24 +1080,62 @@ static ks_err loop(run *r, volatile sig_atomic_t *stop, ks_migrate_progress_fn f
     /* pass 1 starts with 0 raced; a later pass resumed mid-way is assumed raced */
     r->pass_raced_start = r->cp.pass == 1 ? 0 : (r->cp.cursor.type == KS_VALUE_NULL ? r->cp.raced : 0);
     unsigned passes_run = 0;
+    batch *cur = &r->b[0], *ahead = &r->b[1];
+    int pipelined = pipelines(r);
+    err = fetch_batch(r, &r->cp.cursor, cur);
+    if (err != KS_OK) {
+        return err;
+    }
+    start_batch(cur);
     for (;;) {
-        int end = 0, again = 0;
-        size_t n = 0;
-        err = one_batch(r, stop, &end, &n);
-        if (!end && (err == KS_OK || err == KS_ERR_STOPPED || err == KS_ERR_THRESHOLD)) {
-            report(r, fn, arg, total, n);
-        }
-        if (err != KS_OK) {
-            return err;
-        }
-        if (end) {
+        if (cur->n == 0) {
+            int again = 0;
             err = end_pass(r, &passes_run, &again);
             report(r, fn, arg, total, 0);
             if (err != KS_OK || !again) {
                 return err;
             }
+            err = fetch_batch(r, &r->cp.cursor, cur);
+            if (err != KS_OK) {
+                return err;
+            }
+            start_batch(cur);
+            continue;
+        }
+        if (pipelined) {
+            err = fetch_batch(r, &cur->rows[cur->n - 1].id, ahead);
+            if (err != KS_OK) {
+                (void)drop_ahead(cur, err);
+                return err;
+            }
+        }
+        err = finish_batch(cur);
+        if (err != KS_OK) {
+            wipe_batch(cur);
+            return drop_ahead(ahead, err);
+        }
+        if (pipelined) {
+            start_batch(ahead);
+        }
+        size_t n = cur->n;
+        err = commit_batch(r, cur, stop);
+        if (err == KS_OK || err == KS_ERR_STOPPED || err == KS_ERR_THRESHOLD) {
+            report(r, fn, arg, total, n);
+        }
+        if (err != KS_OK) {
+            return drop_ahead(ahead, err);
         }
         throttle(r);
+        if (!pipelined) {
+            err = fetch_batch(r, &r->cp.cursor, ahead);
+            if (err != KS_OK) {
+                return err;
+            }
+            start_batch(ahead);
+        }
+        batch *t = cur;
+        cur = ahead;
+        ahead = t;
     }
 }
 
