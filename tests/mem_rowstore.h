@@ -2,7 +2,9 @@
  * tests/mem_rowstore.h -- an in-memory ks_rowstore for the engine's unit
  * tests, with fault injection: a CAS that reports "not swapped" once for
  * chosen ids (a race), a failing commit, and a hook run at begin() (to
- * change rows between a batch's scan and its writes).
+ * change rows between a batch's scan and its writes), and a visit_values
+ * that fails at a chosen row.  Tests reach the census's scan path by
+ * copying the ops with visit_values NULL.
  *
  * Rows have INTEGER ids in ascending order, a value, an optional tenant
  * and one context column.  A transaction snapshots every row value, the
@@ -58,6 +60,8 @@ struct mem_rowstore {
     int64_t snap_order[MRS_MAX_CP];
     unsigned commits, fail_commit_at; /* the commit number (1-based) that fails */
     unsigned writes;                  /* successful cas swaps, all time */
+    size_t fail_visit_at;             /* visit_values fails (KS_ERR_STORE) before this
+                                         row (1-based); 0: never */
     mrs_hook begin_hook;
     void *hook_arg;
 };
@@ -163,6 +167,20 @@ static inline ks_err mrs_scan(void *self, const ks_value *after, size_t max, ks_
         o->tenant = mrs_view(&r->tenant);
         o->context[0] = mrs_view(&r->ctx0);
         o->quarantined = r->quarantined;
+    }
+    return KS_OK;
+}
+
+/* ops.visit_values: every row's value in id order (rows are kept sorted),
+ * a view of the row's own bytes. */
+static inline ks_err mrs_visit(void *self, ks_rowstore_value_fn fn, void *arg)
+{
+    mem_rowstore *m = self;
+    for (size_t i = 0; i < m->n; i++) {
+        if (m->fail_visit_at == i + 1) return KS_ERR_STORE;
+        ks_value v = mrs_view(&m->rows[i].value);
+        ks_err err = fn(arg, &v);
+        if (err != KS_OK) return err;
     }
     return KS_OK;
 }
@@ -327,7 +345,8 @@ static inline void mrs_close(void *self)
 static inline mem_rowstore *mrs_new(ks_rowstore *out)
 {
     static const ks_rowstore_ops ops = {mrs_scan, mrs_count, mrs_begin, mrs_cas, mrs_quarantine,
-                                        mrs_cp_save, mrs_cp_load, mrs_commit, mrs_rollback, mrs_close};
+                                        mrs_cp_save, mrs_cp_load, mrs_commit, mrs_rollback, mrs_close,
+                                        mrs_visit};
     mem_rowstore *m = calloc(1, sizeof *m);
     *out = (ks_rowstore){&ops, m, "mem"};
     return m;

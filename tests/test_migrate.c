@@ -206,9 +206,11 @@ static void test_template(void **state)
 
 /* ---- census --------------------------------------------------------------- */
 
-static void test_census(void **state)
+/* Rows 1..15 of every census class: NULLs, plaintext (TEXT, INTEGER,
+ * BLOB, a TEXT too short for the magic), envelopes of format 1 and 2
+ * under three key versions (one as TEXT), and malformed ones. */
+static void fill_mixed(world *w)
 {
-    world *w = *state;
     uint8_t env[512];
     int64_t id = 1;
     mrs_add(w->m, id++, KS_VALUE_NULL, 0, NULL, 0);
@@ -235,28 +237,69 @@ static void test_census(void **state)
     mrs_add(w->m, id++, KS_VALUE_BLOB, 0, env, n + 1);                 /* trailing byte */
     mrs_add(w->m, id++, KS_VALUE_BLOB, 0, "KSE\x09\x08\x02", 6);       /* unsupported version */
     mrs_add(w->m, id++, KS_VALUE_TEXT, 0, "KSE", 3);                   /* truncated */
-    ks_census c;
-    assert_int_equal(ks_census_run(&w->st, &c), KS_OK);
-    assert_int_equal(c.rows, 15);
-    assert_int_equal(c.null_rows, 2);
-    assert_int_equal(c.plaintext_rows, 4);
-    assert_int_equal(c.malformed_rows, 4);
-    assert_int_equal(c.malformed[KS_ERR_TRUNCATED], 2); /* the cut envelope and a bare "KSE" */
-    assert_int_equal(c.malformed[KS_ERR_UNSUPPORTED_VERSION], 1);
-    assert_int_equal(c.n_classes, 4);
+}
+
+/* Assert c is the census of fill_mixed's rows plus extra_plain more
+ * plaintext rows. */
+static void check_mixed(const ks_census *c, uint64_t extra_plain)
+{
+    assert_int_equal(c->rows, 15 + extra_plain);
+    assert_int_equal(c->null_rows, 2);
+    assert_int_equal(c->plaintext_rows, 4 + extra_plain);
+    assert_int_equal(c->malformed_rows, 4);
+    assert_int_equal(c->malformed[KS_ERR_TRUNCATED], 2); /* the cut envelope and a bare "KSE" */
+    assert_int_equal(c->malformed[KS_ERR_UNSUPPORTED_VERSION], 1);
+    assert_int_equal(c->n_classes, 4);
     /* sorted: k:1 v1, k:1 v2, k:2 v2, other:1 v2 */
-    assert_string_equal(c.classes[0].key_id, "k");
-    assert_int_equal(c.classes[0].key_version, 1);
-    assert_int_equal(c.classes[0].version, 1);
-    assert_int_equal(c.classes[0].rows, 1);
-    assert_int_equal(c.classes[1].version, 2);
-    assert_int_equal(c.classes[1].rows, 2);
-    assert_int_equal(c.classes[2].key_version, 2);
-    assert_int_equal(c.classes[2].rows, 1);
-    assert_string_equal(c.classes[3].key_id, "other");
-    assert_int_equal(c.classes[3].algorithm, KS_ALG_XCHACHA20POLY1305);
+    assert_string_equal(c->classes[0].key_id, "k");
+    assert_int_equal(c->classes[0].key_version, 1);
+    assert_int_equal(c->classes[0].version, 1);
+    assert_int_equal(c->classes[0].rows, 1);
+    assert_int_equal(c->classes[1].version, 2);
+    assert_int_equal(c->classes[1].rows, 2);
+    assert_int_equal(c->classes[2].key_version, 2);
+    assert_int_equal(c->classes[2].rows, 1);
+    assert_string_equal(c->classes[3].key_id, "other");
+    assert_int_equal(c->classes[3].algorithm, KS_ALG_XCHACHA20POLY1305);
+}
+
+/* The census of st through both of ks_census_run's paths, the store's
+ * visit_values and the batched scan (a copy of its ops without
+ * visit_values): asserts they agree to the byte, returns the first in c. */
+static void census_both(const ks_rowstore *st, ks_census *c)
+{
+    assert_non_null(st->ops->visit_values);
+    assert_int_equal(ks_census_run(st, c), KS_OK);
+    ks_rowstore_ops scan_ops = *st->ops;
+    scan_ops.visit_values = NULL;
+    ks_rowstore by_scan = {&scan_ops, st->self, st->name};
+    ks_census s;
+    assert_int_equal(ks_census_run(&by_scan, &s), KS_OK);
+    assert_int_equal(s.rows, c->rows);
+    assert_int_equal(s.null_rows, c->null_rows);
+    assert_int_equal(s.plaintext_rows, c->plaintext_rows);
+    assert_int_equal(s.malformed_rows, c->malformed_rows);
+    assert_memory_equal(s.malformed, c->malformed, sizeof s.malformed);
+    assert_int_equal(s.n_classes, c->n_classes);
+    assert_memory_equal(s.classes, c->classes, c->n_classes * sizeof *c->classes);
+    ks_census_free(&s);
+}
+
+static void test_census(void **state)
+{
+    world *w = *state;
+    fill_mixed(w);
+    ks_census c;
+    census_both(&w->st, &c);
+    check_mixed(&c, 0);
     ks_census_free(&c);
     assert_null(c.classes);
+    /* a store failing in the middle of the visit fails the census, which
+     * keeps nothing */
+    w->m->fail_visit_at = 8;
+    assert_int_equal(ks_census_run(&w->st, &c), KS_ERR_STORE);
+    assert_null(c.classes);
+    assert_int_equal(c.rows, 0);
 }
 
 /* ---- round trips, idempotence, wraps -------------------------------------- */
@@ -515,15 +558,75 @@ static void test_races(void **state)
 
 /* ---- the SQLite store ------------------------------------------------------ */
 
+/* Create an empty temporary file (under TMPDIR, else /tmp) for a
+ * database; its name in path[0, 128). */
+static void temp_db(char path[128])
+{
+    const char *tmp = getenv("TMPDIR");
+    snprintf(path, 128, "%s/ksmigrateXXXXXX", tmp != NULL && strlen(tmp) < 80 ? tmp : "/tmp");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+}
+
+/* The census of a SQLite table holding fill_mixed's values (with their
+ * types) and a REAL, one row quarantined: the same counts through the
+ * store's visit_values and through its scan. */
+static void test_census_sqlite(void **state)
+{
+    world *w = *state;
+    fill_mixed(w);
+    char path[128];
+    temp_db(path);
+    sqlite3 *db = NULL;
+    sqlite3_stmt *ins = NULL;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "CREATE TABLE t(id INTEGER PRIMARY KEY, v);"
+                                      "INSERT INTO t VALUES(100, 2.5)",
+                                  NULL, NULL, NULL),
+                     SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, "INSERT INTO t VALUES(?1, ?2)", -1, &ins, NULL),
+                     SQLITE_OK);
+    for (size_t i = 0; i < w->m->n; i++) {
+        const mrs_row *r = &w->m->rows[i];
+        const mrs_val *v = &r->value;
+        int rc = SQLITE_OK;
+        if (v->type == KS_VALUE_INTEGER) {
+            rc = sqlite3_bind_int64(ins, 2, v->integer);
+        } else if (v->type == KS_VALUE_TEXT) {
+            rc = sqlite3_bind_text(ins, 2, (const char *)v->bytes, (int)v->len, SQLITE_STATIC);
+        } else if (v->type == KS_VALUE_BLOB) {
+            rc = sqlite3_bind_blob(ins, 2, v->bytes, (int)v->len, SQLITE_STATIC);
+        }
+        assert_int_equal(rc, SQLITE_OK);
+        assert_int_equal(sqlite3_bind_int64(ins, 1, r->id), SQLITE_OK);
+        assert_int_equal(sqlite3_step(ins), SQLITE_DONE);
+        assert_int_equal(sqlite3_reset(ins), SQLITE_OK);
+        assert_int_equal(sqlite3_clear_bindings(ins), SQLITE_OK);
+    }
+    assert_int_equal(sqlite3_finalize(ins), SQLITE_OK);
+    assert_int_equal(sqlite3_close(db), SQLITE_OK);
+    ks_rowstore_target tg = {"t", "v", NULL, NULL, {NULL}, 0};
+    ks_rowstore st;
+    char eb[128];
+    assert_int_equal(ks_rowstore_sqlite_open(path, &tg, NULL, &st, eb, sizeof eb), KS_OK);
+    ks_value id = {KS_VALUE_INTEGER, 12, {NULL, 0}};
+    assert_int_equal(st.ops->begin(st.self), KS_OK);
+    assert_int_equal(st.ops->quarantine(st.self, &id, "truncated"), KS_OK);
+    assert_int_equal(st.ops->commit(st.self), KS_OK);
+    ks_census c;
+    census_both(&st, &c);
+    check_mixed(&c, 1); /* the REAL is plaintext */
+    ks_census_free(&c);
+    ks_rowstore_close(&st);
+    unlink(path);
+}
+
 static void test_sqlite(void **state)
 {
     world *w = *state;
     char path[128];
-    const char *tmp = getenv("TMPDIR");
-    snprintf(path, sizeof path, "%s/ksmigrateXXXXXX", tmp != NULL && strlen(tmp) < 80 ? tmp : "/tmp");
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
+    temp_db(path);
     sqlite3 *db = NULL;
     assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
     assert_int_equal(sqlite3_exec(db, "CREATE TABLE t(id INTEGER PRIMARY KEY, v)", NULL, NULL, NULL), SQLITE_OK);
@@ -546,7 +649,7 @@ static void test_sqlite(void **state)
     assert_int_equal(ks_migrate_run(w->ctx, &st, &p, NULL, NULL, NULL, &cp), KS_OK);
     assert_int_equal(cp.done, N_ROWS - N_ROWS / 10);
     ks_census c;
-    assert_int_equal(ks_census_run(&st, &c), KS_OK);
+    census_both(&st, &c);
     assert_int_equal(c.plaintext_rows, 0);
     assert_int_equal(c.null_rows, N_ROWS / 10);
     ks_census_free(&c);
@@ -632,6 +735,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_races, setup, teardown),
         cmocka_unit_test_setup_teardown(test_verify, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mismatch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_census_sqlite, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sqlite, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -149,6 +149,41 @@ static ks_err cas(world *w, const ks_value *id, const ks_value *old, const char 
     return w->store.ops->cas(w->store.self, id, old, b, swapped);
 }
 
+/* What a visit_values callback saw: each value's type and bytes, in
+ * order, as "<type>:<bytes>" lines; stops with stop_code after stop_at
+ * values (0: never). */
+typedef struct visited {
+    char log[512];
+    size_t n, stop_at;
+    ks_err stop_code;
+} visited;
+
+/* The visit_values callback of the tests: log v (see visited). */
+static ks_err visit_log(void *arg, const ks_value *v)
+{
+    visited *vs = arg;
+    char line[64];
+    if (v->type == KS_VALUE_TEXT || v->type == KS_VALUE_BLOB) {
+        assert_non_null(v->bytes.ptr); /* present even when empty */
+        snprintf(line, sizeof line, "%d:%.*s\n", (int)v->type, (int)v->bytes.len,
+                 (const char *)v->bytes.ptr);
+    } else {
+        snprintf(line, sizeof line, "%d:%lld\n", (int)v->type, (long long)v->integer);
+    }
+    assert_true(strlen(vs->log) + strlen(line) < sizeof vs->log);
+    strcat(vs->log, line);
+    vs->n++;
+    return vs->stop_at != 0 && vs->n == vs->stop_at ? vs->stop_code : KS_OK;
+}
+
+/* Visit every value of w's store into vs (cleared first). */
+static ks_err visit(world *w, visited *vs)
+{
+    vs->log[0] = '\0';
+    vs->n = 0;
+    return w->store.ops->visit_values(w->store.self, visit_log, vs);
+}
+
 /* Quarantine id in a transaction of its own. */
 static void quarantine_one(world *w, const ks_value *id)
 {
@@ -313,6 +348,9 @@ static void test_odd_names_quoted(void **state)
     assert_int_equal(scan(w, NULL, 2, rows, &n), KS_OK);
     assert_bytes(&rows[0].value, KS_VALUE_BLOB, "y");
     assert_true(rows[0].quarantined);
+    visited vs = {0};
+    assert_int_equal(visit(w, &vs), KS_OK);
+    assert_string_equal(vs.log, "3:y\n");
 }
 
 /* ---- scan -------------------------------------------------------------------- */
@@ -442,6 +480,63 @@ static void test_scan_quarantine_flag(void **state)
     assert_int_equal(open_store(w, &t, NULL), KS_OK);
     assert_int_equal(scan(w, NULL, 4, rows, &n), KS_OK);
     assert_false(rows[1].quarantined);
+}
+
+/* ---- visit_values ------------------------------------------------------------- */
+
+/* visit_values hands every value, of every storage class (REAL as its
+ * text), in id order (a TEXT key: not the rowid order), quarantined rows
+ * included; a callback's code stops it and is returned, and the store
+ * goes on working; inside a transaction it sees the transaction's writes
+ * and a stop leaves the transaction open. */
+static void test_visit_values(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "CREATE TABLE t(k TEXT PRIMARY KEY NOT NULL, v);"
+                      "INSERT INTO t VALUES('g', 1.5),('a', NULL),('f', x''),('b', -42),"
+                      "('e', ''),('c', 'text'),('d', x'4b5345');");
+    static const char all[] = "0:0\n1:-42\n2:text\n3:KSE\n2:\n3:\n2:1.5\n";
+    ks_rowstore_target t = target("t", "v", "k");
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    visited vs = {0};
+    assert_int_equal(visit(w, &vs), KS_OK);
+    assert_string_equal(vs.log, all);
+    assert_int_equal(vs.n, 7);
+    ks_value b = vbytes(KS_VALUE_TEXT, "b");
+    quarantine_one(w, &b);
+    vs.stop_at = 3;
+    vs.stop_code = KS_ERR_STOPPED;
+    assert_int_equal(visit(w, &vs), KS_ERR_STOPPED);
+    assert_string_equal(vs.log, "0:0\n1:-42\n2:text\n");
+    vs.stop_at = 0;
+    assert_int_equal(visit(w, &vs), KS_OK); /* from the start again, the quarantined row too */
+    assert_string_equal(vs.log, all);
+    ks_row rows[8];
+    size_t n = 0;
+    assert_int_equal(scan(w, NULL, 8, rows, &n), KS_OK);
+    assert_int_equal(n, 7);
+    /* inside a transaction: its own writes; a stop keeps it open */
+    assert_int_equal(begin(w), KS_OK);
+    ks_value a = vbytes(KS_VALUE_TEXT, "a"), null = {KS_VALUE_NULL, 0, {NULL, 0}};
+    int swapped = 0;
+    assert_int_equal(cas(w, &a, &null, "new", &swapped), KS_OK);
+    assert_int_equal(swapped, 1);
+    vs.stop_at = 1;
+    assert_int_equal(visit(w, &vs), KS_ERR_STOPPED);
+    assert_string_equal(vs.log, "3:new\n");
+    assert_int_equal(commit(w), KS_OK);
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM t WHERE k = 'a' AND v = x'6e6577'"),
+                     1);
+    /* a read-only store visits too, without keyshift's tables */
+    exec_sql(w->path, "CREATE TABLE u(v); INSERT INTO u(rowid, v) VALUES(2, 'y'),(1, 'x');");
+    t = target("u", "v", NULL);
+    ks_sqlite_options ro = {0, 1};
+    assert_int_equal(open_store(w, &t, &ro), KS_OK);
+    vs.stop_at = 0;
+    assert_int_equal(visit(w, &vs), KS_OK);
+    assert_string_equal(vs.log, "2:x\n2:y\n");
+    assert_int_equal(w->store.ops->visit_values(w->store.self, NULL, &vs), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(w->store.ops->visit_values(NULL, visit_log, &vs), KS_ERR_INVALID_ARGUMENT);
 }
 
 /* ---- cas ----------------------------------------------------------------------- */
@@ -612,6 +707,7 @@ typedef struct holder {
     int locked[2];
     int release[2];
     int hold_ms;              /* > 0: commit a marker after this long; 0: wait for release */
+    int exclusive;            /* BEGIN EXCLUSIVE (blocks readers too) instead of IMMEDIATE */
 } holder;
 
 /* The holder thread's body (see holder). */
@@ -621,7 +717,8 @@ static void *hold_lock(void *arg)
     sqlite3 *db = NULL;
     char c = 'L';
     if (sqlite3_open_v2(h->path, &db, SQLITE_OPEN_READWRITE, NULL) != SQLITE_OK ||
-        sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
+        sqlite3_exec(db, h->exclusive ? "BEGIN EXCLUSIVE" : "BEGIN IMMEDIATE", NULL, NULL,
+                     NULL) != SQLITE_OK)
         c = 'E';
     if (write(h->locked[1], &c, 1) != 1 || c == 'E') {
         sqlite3_close(db);
@@ -641,10 +738,11 @@ static void *hold_lock(void *arg)
 }
 
 /* Start a holder on w's database and wait until it holds the lock. */
-static void start_holder(world *w, holder *h, pthread_t *th, int hold_ms)
+static void start_holder(world *w, holder *h, pthread_t *th, int hold_ms, int exclusive)
 {
     h->path = w->path;
     h->hold_ms = hold_ms;
+    h->exclusive = exclusive;
     assert_int_equal(pipe(h->locked), 0);
     assert_int_equal(pipe(h->release), 0);
     assert_int_equal(pthread_create(th, NULL, hold_lock, h), 0);
@@ -665,18 +763,25 @@ static void stop_holder(holder *h, pthread_t th)
     close(h->release[1]);
 }
 
+/* Create t(id INTEGER PRIMARY KEY, v) holding (1, 'x') and open w's
+ * (writable) store on t.v with a busy timeout of timeout_ms. */
+static void open_one_row(world *w, uint32_t timeout_ms)
+{
+    exec_sql(w->path, "CREATE TABLE t(id INTEGER PRIMARY KEY, v); INSERT INTO t VALUES(1, 'x');");
+    ks_rowstore_target t = target("t", "v", NULL);
+    ks_sqlite_options opts = {timeout_ms, 0};
+    assert_int_equal(open_store(w, &t, &opts), KS_OK);
+}
+
 /* begin waits (with backoff) while another connection holds the lock and
  * succeeds once it is released: the holder's commit is visible. */
 static void test_busy_waits(void **state)
 {
     world *w = *state;
-    exec_sql(w->path, "CREATE TABLE t(id INTEGER PRIMARY KEY, v); INSERT INTO t VALUES(1, 'x');");
-    ks_rowstore_target t = target("t", "v", NULL);
-    ks_sqlite_options opts = {20000, 0};
-    assert_int_equal(open_store(w, &t, &opts), KS_OK);
+    open_one_row(w, 20000);
     holder h;
     pthread_t th;
-    start_holder(w, &h, &th, 1500);
+    start_holder(w, &h, &th, 1500, 0);
     assert_int_equal(begin(w), KS_OK);
     ks_row rows[1];
     size_t n = 0;
@@ -688,22 +793,28 @@ static void test_busy_waits(void **state)
 }
 
 /* With a short timeout and the lock held until released, begin gives up
- * with KS_ERR_BUSY; afterwards it succeeds. */
+ * with KS_ERR_BUSY; afterwards it succeeds.  Likewise visit_values, a
+ * read, under an exclusive lock (a commit under way in rollback-journal
+ * mode): it waits through the busy handler, then KS_ERR_BUSY. */
 static void test_busy_timeout(void **state)
 {
     world *w = *state;
-    exec_sql(w->path, "CREATE TABLE t(id INTEGER PRIMARY KEY, v); INSERT INTO t VALUES(1, 'x');");
-    ks_rowstore_target t = target("t", "v", NULL);
-    ks_sqlite_options opts = {100, 0};
-    assert_int_equal(open_store(w, &t, &opts), KS_OK);
+    open_one_row(w, 100);
     holder h;
     pthread_t th;
-    start_holder(w, &h, &th, 0);
+    start_holder(w, &h, &th, 0, 0);
     assert_int_equal(begin(w), KS_ERR_BUSY);
     /* opening another writable store (tables exist: no write) still works */
     stop_holder(&h, th);
     assert_int_equal(begin(w), KS_OK);
     assert_int_equal(commit(w), KS_OK);
+    start_holder(w, &h, &th, 0, 1);
+    visited vs = {0};
+    assert_int_equal(visit(w, &vs), KS_ERR_BUSY);
+    assert_int_equal(vs.n, 0);
+    stop_holder(&h, th);
+    assert_int_equal(visit(w, &vs), KS_OK);
+    assert_string_equal(vs.log, "2:x\n");
 }
 
 /* ---- full ---------------------------------------------------------------------------- */
@@ -804,6 +915,8 @@ static void test_memory_returns(void **state)
     ks_row rows[2];
     size_t n = 0;
     assert_int_equal(scan(w, NULL, 2, rows, &n), KS_OK);
+    visited vs = {0};
+    assert_int_equal(visit(w, &vs), KS_OK);
     assert_int_equal(begin(w), KS_OK);
     rollback(w);
     ks_rowstore_close(&w->store);
@@ -827,6 +940,7 @@ int main(void)
         T(test_scan_text_key),
         T(test_scan_value_types),
         T(test_scan_quarantine_flag),
+        T(test_visit_values),
         T(test_cas),
         T(test_checkpoint_transactions),
         T(test_close_rolls_back),

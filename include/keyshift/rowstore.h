@@ -5,15 +5,18 @@
  * The engine never sees SQL.  It scans batches of rows in id order,
  * replaces values with compare-and-swap inside short write transactions,
  * quarantines rows it must not touch, and saves its checkpoint in the same
- * transaction as each batch.  SQLite (ks_rowstore_sqlite_open) is the
- * embedded default; another store (e.g. PostgreSQL with several workers)
- * implements the same operations without any change to the engine.
+ * transaction as each batch; the census visits every value once, without
+ * copies, where the store offers it (visit_values).  SQLite
+ * (ks_rowstore_sqlite_open) is the embedded default; another store (e.g.
+ * PostgreSQL with several workers) implements the same operations without
+ * any change to the engine.
  *
  * Values read from the database are untrusted: the engine hands envelope
  * bytes to the strict parser only.
  *
  * Lifetimes.  Every view a store returns (row values, checkpoint strings)
- * stays valid until the next call of any operation on that store.
+ * stays valid until the next call of any operation on that store; the
+ * views visit_values passes to its callback, only during that call.
  * Threads.  A store is used by one thread at a time.
  */
 #ifndef KEYSHIFT_ROWSTORE_H
@@ -83,6 +86,12 @@ typedef struct ks_checkpoint {
     int64_t finished;    /* 0 until complete or stopped */
 } ks_checkpoint;
 
+/* The callback of ks_rowstore_ops.visit_values: one row's target-column
+ * value, a view valid only until the callback returns (copy what must
+ * outlive it).  Return KS_OK to go on; any other code stops the visit,
+ * which returns that code.  It must not call any operation of the store. */
+typedef ks_err (*ks_rowstore_value_fn)(void *arg, const ks_value *value);
+
 typedef struct ks_rowstore_ops {
     /* Read up to max rows whose id is greater than *after (all rows when
      * after is NULL or of type KS_VALUE_NULL), in ascending id order, into
@@ -113,6 +122,19 @@ typedef struct ks_rowstore_ops {
     void (*rollback)(void *self);
     /* Roll back any open transaction and release self. */
     void (*close)(void *self);
+    /* Optional (NULL: callers fall back to scan), read-only: call fn once
+     * per row of the target with the target column's value only (no id,
+     * tenant, context or quarantine flag), in ascending id order, without
+     * copying it.  For callers that read every value once and keep
+     * nothing, such as the census.  It may run as one read for the whole
+     * table (SQLite: one statement; with a rollback journal, writers wait
+     * for it through their busy timeout).  KS_OK after the last row; fn's
+     * code when fn stops it; KS_ERR_BUSY (lock wait past the busy
+     * timeout), KS_ERR_NO_MEMORY or KS_ERR_STORE when reading fails
+     * (after fn saw some rows, maybe: a caller discards its partial
+     * result).  Inside a write transaction a read failure rolls it back,
+     * as for scan; a stop by fn does not. */
+    ks_err (*visit_values)(void *self, ks_rowstore_value_fn fn, void *arg);
 } ks_rowstore_ops;
 
 typedef struct ks_rowstore {

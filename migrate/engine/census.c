@@ -2,8 +2,11 @@
  * migrate/engine/census.c -- count a column's rows by envelope class
  * (keyshift/migrate.h ks_census_run).
  *
- * Read-only and key-free.  Rows are scanned in id order in batches of
- * KS_ENGINE_SCAN_BATCH into one row array allocated per run.  Each value:
+ * Read-only and key-free.  Where the store offers visit_values, every
+ * value is classified during the visit, as a view the store does not copy
+ * (one read of the column alone: the census's fast path).  Otherwise rows
+ * are scanned in id order in batches of KS_ENGINE_SCAN_BATCH into one row
+ * array allocated per run.  Both give the same counts.  Each value:
  *   NULL                                   -> null_rows;
  *   INTEGER, or TEXT/BLOB not starting "KSE" -> plaintext_rows;
  *   TEXT/BLOB starting "KSE"               -> ks_envelope_parse (the whole
@@ -71,9 +74,12 @@ static ks_err count_class(census_run *r, const ks_envelope *e)
     return KS_OK;
 }
 
-/* Classify one value. */
-static ks_err count_value(census_run *r, const ks_value *v)
+/* Classify one value (a census_run in arg); also the visit_values
+ * callback, so it keeps nothing of v. */
+static ks_err count_value(void *arg, const ks_value *v)
 {
+    census_run *r = arg;
+    assert(r != NULL && v != NULL);
     ks_census *c = r->out;
     c->rows++;
     if (v->type == KS_VALUE_NULL) {
@@ -112,14 +118,11 @@ static int class_cmp(const void *a, const void *b)
     return (x->algorithm > y->algorithm) - (x->algorithm < y->algorithm);
 }
 
-/* See keyshift/migrate.h. */
-ks_err ks_census_run(const ks_rowstore *store, ks_census *out)
+/* Count every row through the store's batched scan (stores without
+ * visit_values): the cursor is copied out of each batch, whose views die
+ * at the next scan. */
+static ks_err census_scan(const ks_rowstore *store, census_run *r)
 {
-    if (store == NULL || store->ops == NULL || out == NULL) {
-        return KS_ERR_INVALID_ARGUMENT;
-    }
-    memset(out, 0, sizeof *out);
-    census_run r = {out, 0, 0};
     ks_row *rows = malloc(KS_ENGINE_SCAN_BATCH * sizeof *rows);
     if (rows == NULL) {
         return KS_ERR_NO_MEMORY;
@@ -136,7 +139,7 @@ ks_err ks_census_run(const ks_rowstore *store, ks_census *out)
         }
         assert(n <= KS_ENGINE_SCAN_BATCH);
         for (size_t i = 0; i < n && err == KS_OK; i++) {
-            err = count_value(&r, &rows[i].value);
+            err = count_value(r, &rows[i].value);
         }
         if (err == KS_OK) {
             err = ks_engine_value_copy(&rows[n - 1].id, &cur_buf, &cur_cap, &cursor);
@@ -147,6 +150,20 @@ ks_err ks_census_run(const ks_rowstore *store, ks_census *out)
     }
     free(cur_buf);
     free(rows);
+    return err;
+}
+
+/* See keyshift/migrate.h. */
+ks_err ks_census_run(const ks_rowstore *store, ks_census *out)
+{
+    if (store == NULL || store->ops == NULL || out == NULL) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    memset(out, 0, sizeof *out);
+    census_run r = {out, 0, 0};
+    ks_err err = store->ops->visit_values != NULL
+                     ? store->ops->visit_values(store->self, count_value, &r)
+                     : census_scan(store, &r);
     if (err != KS_OK) {
         ks_census_free(out);
         return err;

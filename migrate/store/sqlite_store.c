@@ -72,7 +72,17 @@
  * treats a REAL whose rendering still equals that text as unchanged; a REAL id
  * is refused (KS_ERR_STORE).  Views (row values, checkpoint strings) point
  * into one store-owned buffer, reused by every scan and load: valid until
- * the next call on the store.
+ * the next call on the store.  visit_values copies nothing: its views
+ * point into SQLite's current row, valid only during the callback.
+ *
+ * Visiting.  visit_values runs one kept statement, SELECT of the target
+ * column alone in id order (for the rowid or its INTEGER PRIMARY KEY
+ * alias, the table's own order; else through the id's unique index),
+ * stepped once through the table: no per-batch restart, no quarantine
+ * probe, no tenant or context columns, no copy.  It is one read for the
+ * whole table: with a rollback journal a writer's commit waits for it
+ * (through the writer's busy timeout); in WAL mode it blocks nobody.  A
+ * REAL id, which scan refuses, is never read by it.
  *
  * Transactions.  begin is BEGIN IMMEDIATE.  Every statement of the
  * connection waits for locks through a busy handler with exponential
@@ -81,7 +91,7 @@
  * inside a transaction fails (cas, quarantine, checkpoint_save, commit),
  * the store rolls the whole transaction back before returning: the engine
  * must treat the batch as lost.  Outside a write transaction each scan and
- * count is its own short read (autocommit).
+ * count is its own short read (autocommit); a visit, one read.
  *
  * The store does not change the database's journal mode (WAL or rollback
  * journal: the application's choice stands); with a rollback journal a
@@ -126,6 +136,7 @@
 enum {
     ST_SCAN_FIRST,
     ST_SCAN_AFTER,
+    ST_VALUES,
     ST_QCHECK,
     ST_COUNT,
     ST_CAS,
@@ -412,11 +423,10 @@ static ks_err arena_put(sqlite_store *s, const void *p, size_t n, size_t *off)
     return KS_OK;
 }
 
-/* Read column col of st into *v, copying TEXT and BLOB into the arena.
- * While a batch is read the arena may move, so the offset is parked in
- * v->integer (unused for TEXT and BLOB) and fix_view() turns it into a
- * pointer afterwards.  REAL becomes TEXT unless refused (ids). */
-static ks_err read_value(sqlite_store *s, sqlite3_stmt *st, int col, int allow_real, ks_value *v)
+/* Read column col of st into *v as a view of SQLite's own memory, valid
+ * until st next steps or resets (no copy).  REAL becomes TEXT unless
+ * refused (ids); an empty TEXT or BLOB is the present empty view. */
+static ks_err column_view(sqlite3_stmt *st, int col, int allow_real, ks_value *v)
 {
     memset(v, 0, sizeof *v);
     int type = sqlite3_column_type(st, col);
@@ -449,11 +459,25 @@ static ks_err read_value(sqlite_store *s, sqlite3_stmt *st, int col, int allow_r
     int n = sqlite3_column_bytes(st, col);
     if (n < 0 || (p == NULL && (n > 0 || sqlite3_errcode(sqlite3_db_handle(st)) == SQLITE_NOMEM)))
         return KS_ERR_NO_MEMORY;
+    v->bytes.ptr = n > 0 ? p : empty_bytes;
+    v->bytes.len = (size_t)n;
+    return KS_OK;
+}
+
+/* Read column col of st into *v (column_view), copying TEXT and BLOB into
+ * the arena.  While a batch is read the arena may move, so the offset is
+ * parked in v->integer (unused for TEXT and BLOB) and fix_view() turns it
+ * into a pointer afterwards. */
+static ks_err read_value(sqlite_store *s, sqlite3_stmt *st, int col, int allow_real, ks_value *v)
+{
+    ks_err err = column_view(st, col, allow_real, v);
+    if (err != KS_OK || (v->type != KS_VALUE_TEXT && v->type != KS_VALUE_BLOB))
+        return err;
     size_t off;
-    ks_err err = arena_put(s, p, (size_t)n, &off);
+    err = arena_put(s, v->bytes.ptr, v->bytes.len, &off);
     if (err != KS_OK)
         return err;
-    v->bytes.len = (size_t)n;
+    v->bytes.ptr = NULL;
     v->integer = (int64_t)off;
     return KS_OK;
 }
@@ -612,6 +636,39 @@ static ks_err op_scan(void *self, const ks_value *after, size_t max, ks_row *row
     }
     *n = got;
     return KS_OK;
+}
+
+/* ops.visit_values: step the kept values statement once through the
+ * table, handing fn each value as a view of SQLite's row (no arena copy,
+ * no quarantine probe, no other column): the census's whole read.  A
+ * read failure inside a write transaction rolls it back, as in scan; fn
+ * stopping the visit does not. */
+static ks_err op_visit_values(void *self, ks_rowstore_value_fn fn, void *arg)
+{
+    sqlite_store *s = self;
+    if (s == NULL || fn == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    sqlite3_stmt *st = s->st[ST_VALUES];
+    assert(st != NULL);
+    ks_err err = KS_OK;
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        ks_value v;
+        err = column_view(st, 0, 1, &v);
+        if (err != KS_OK)
+            break; /* the store's failure */
+        err = fn(arg, &v);
+        if (err != KS_OK) {
+            sqlite3_reset(st); /* the caller's stop: its transaction stands */
+            return err;
+        }
+    }
+    if (err == KS_OK && rc != SQLITE_DONE)
+        err = map_rc(rc);
+    sqlite3_reset(st);
+    if (err != KS_OK && s->in_txn)
+        rollback_now(s);
+    return err;
 }
 
 /* ops.count: SELECT count(*) of the target table. */
@@ -889,6 +946,7 @@ static const ks_rowstore_ops sqlite_ops = {
     .commit = op_commit,
     .rollback = op_rollback,
     .close = op_close,
+    .visit_values = op_visit_values,
 };
 
 /* ---- opening: the schema ------------------------------------------------------------ */
@@ -1196,6 +1254,21 @@ typedef struct resolved {
     size_t n_context;
 } resolved;
 
+/* Append " FROM main.<table> AS t" (the schema's spelling). */
+static void sb_from(sbuf *b, const sqlite_store *s)
+{
+    sb_put(b, " FROM main.");
+    sb_ident(b, s->table);
+    sb_put(b, " AS t");
+}
+
+/* Append " ORDER BY t.<id>" (a schema spelling or a rowid alias). */
+static void sb_order(sbuf *b, const resolved *r)
+{
+    sb_put(b, " ORDER BY t.");
+    sb_ident(b, r->id);
+}
+
 /* Append the scan statement: id, value, tenant (or NULL), context columns,
  * quarantine flag; after ?2 when `after`, limit ?1. */
 static void build_scan(sbuf *b, const sqlite_store *s, const resolved *r, int have_tables,
@@ -1229,17 +1302,24 @@ static void build_scan(sbuf *b, const sqlite_store *s, const resolved *r, int ha
     } else {
         sb_put(b, ", 0");
     }
-    sb_put(b, " FROM main.");
-    sb_ident(b, s->table);
-    sb_put(b, " AS t");
+    sb_from(b, s);
     if (after) {
         sb_put(b, " WHERE t.");
         sb_ident(b, r->id);
         sb_put(b, " > ?2");
     }
-    sb_put(b, " ORDER BY t.");
-    sb_ident(b, r->id);
+    sb_order(b, r);
     sb_put(b, " LIMIT ?1");
+}
+
+/* Append the values statement of visit_values: the target column alone,
+ * every row in id order, in one statement. */
+static void build_values(sbuf *b, const sqlite_store *s, const resolved *r)
+{
+    sb_put(b, "SELECT t.");
+    sb_ident(b, r->column.name);
+    sb_from(b, s);
+    sb_order(b, r);
 }
 
 /* Prepare (persistently) the statement built in b into s->st[which]. */
@@ -1264,7 +1344,7 @@ static ks_err prepare_const(opener *o, const char *sql, int which)
     return err;
 }
 
-/* Prepare every statement kept for the store's life: scans, count, and
+/* Prepare every statement kept for the store's life: scans, values, count, and
  * (unless read-only) cas, quarantine, checkpoint save, transactions;
  * checkpoint loads when keyshift's tables exist. */
 static ks_err prepare_statements(opener *o, const resolved *r, int have_tables)
@@ -1277,6 +1357,10 @@ static ks_err prepare_statements(opener *o, const resolved *r, int have_tables)
     if (err == KS_OK) {
         build_scan(&b, s, r, have_tables, 1);
         err = prepare_kept(o, &b, ST_SCAN_AFTER);
+    }
+    if (err == KS_OK) {
+        build_values(&b, s, r);
+        err = prepare_kept(o, &b, ST_VALUES);
     }
     if (err == KS_OK && have_tables)
         err = prepare_const(o,
