@@ -13,5 +13,6 @@
 #include <keyshift/keyring.h>
 #include <keyshift/rowstore.h>
 #include <keyshift/migrate.h>
+#include <keyshift/health.h>
 
 #endif /* KEYSHIFT_KEYSHIFT_H */

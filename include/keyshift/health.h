@@ -1,0 +1,229 @@
+/*
+ * keyshift/health.h -- rollout health: interval samples of counters and
+ * latency histograms, thresholds, their evaluation over a window, and the
+ * Prometheus text exposition (docs/rollout.md).
+ *
+ * Everything here is plain data and pure functions: no I/O, no clock, no
+ * allocation, no secrets.  Samples are produced by applications (from a
+ * ks_ctx) and by `keyshift migrate`, stored by the rollout store in the
+ * keyshift_metrics table, summed over a window, and judged against the
+ * rollout's thresholds.
+ *
+ * Histograms.  Latencies are counted in log2 buckets of nanoseconds:
+ * bucket 0 holds every sample below 2^KS_HIST_SHIFT ns (256 ns), bucket i
+ * (1 <= i < KS_HIST_BUCKETS - 1) holds [2^(KS_HIST_SHIFT+i-1),
+ * 2^(KS_HIST_SHIFT+i)) ns, and the last bucket holds everything from
+ * 2^(KS_HIST_SHIFT+KS_HIST_BUCKETS-2) ns up.  A quantile is reported as
+ * the upper bound of the bucket it falls in (an overestimate by at most a
+ * factor of 2; never an underestimate, so a threshold on it fails safe).
+ * The last bucket has no upper bound: a quantile in it is reported as
+ * KS_HIST_UNBOUNDED, which exceeds every latency threshold.
+ */
+#ifndef KEYSHIFT_HEALTH_H
+#define KEYSHIFT_HEALTH_H
+
+#include <keyshift/common.h>
+#include <keyshift/error.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The number of buckets of a latency histogram, and the log2 of the
+ * upper bound of bucket 0 in nanoseconds. */
+#define KS_HIST_BUCKETS 24
+#define KS_HIST_SHIFT 8
+
+/* The "upper bound" of the last histogram bucket, which has none: what
+ * ks_histogram_quantile and ks_histogram_bucket_bound return for it, and
+ * what ks_health_verdict's p99 fields hold (in µs) when the p99 lies in
+ * it.  Being the largest uint64_t, it trips any enabled latency check. */
+#define KS_HIST_UNBOUNDED UINT64_MAX
+
+/* A latency histogram (counts per bucket, see the file comment). */
+typedef struct ks_histogram {
+    uint64_t bucket[KS_HIST_BUCKETS];
+} ks_histogram;
+
+/* The counters of one interval (deltas, not totals since start) from one
+ * source.  Rates are computed from the sum of samples over a window. */
+typedef struct ks_health_sample {
+    int64_t time;             /* Unix seconds at the end of the interval */
+    uint64_t seals;           /* envelopes sealed */
+    uint64_t opens;           /* envelope opens attempted */
+    uint64_t auth_failures;   /* opens that returned auth-failed */
+    uint64_t parse_errors;    /* opens refused by the strict parser */
+    uint64_t provider_calls;  /* wrap and unwrap calls made to the key provider */
+    uint64_t provider_errors; /* of which failed (any provider error class) */
+    ks_histogram seal_ns;     /* latency of ks_seal */
+    ks_histogram open_ns;     /* latency of ks_open */
+} ks_health_sample;
+
+/* The health thresholds of a rollout.  A rate is a fraction (0.001 is
+ * 0.1 %); a negative rate or a 0 latency disables that check.  A rate of
+ * 0 is enabled and tolerates no failure; +infinity is enabled and never
+ * trips.  A NaN rate is a misconfiguration: ks_thresholds_check rejects
+ * it, and ks_health_evaluate treats its check as tripped (fail safe). */
+typedef struct ks_thresholds {
+    double max_auth_failure_rate;     /* auth_failures / opens */
+    double max_parse_error_rate;      /* parse_errors / opens */
+    double max_provider_error_rate;   /* provider_errors / provider_calls */
+    uint64_t max_seal_p99_us;         /* p99 of seal latency */
+    uint64_t max_open_p99_us;         /* p99 of open latency */
+    uint64_t min_samples;             /* seals + opens needed for a verdict */
+    uint32_t window_s;                /* the window the samples are summed over */
+} ks_thresholds;
+
+/* Default thresholds: 0.1 % auth failures, 0.1 % parse errors, 1 %
+ * provider errors, p99 10 ms for both, 1000 samples, 300 s window. */
+KS_API void ks_thresholds_default(ks_thresholds *out);
+
+/* KS_OK when t can be stored as a rollout's thresholds;
+ * KS_ERR_INVALID_ARGUMENT for NULL, a NaN rate or a window_s of 0.  For
+ * the rollout store and the CLI to refuse a bad configuration up front
+ * rather than have every evaluation trip. */
+KS_API KS_WUR ks_err ks_thresholds_check(const ks_thresholds *t);
+
+/* The checks of a verdict, as bits of ks_health_verdict.tripped. */
+typedef enum ks_health_check {
+    KS_HEALTH_AUTH_FAILURES = 1u << 0,
+    KS_HEALTH_PARSE_ERRORS = 1u << 1,
+    KS_HEALTH_PROVIDER_ERRORS = 1u << 2,
+    KS_HEALTH_SEAL_P99 = 1u << 3,
+    KS_HEALTH_OPEN_P99 = 1u << 4
+} ks_health_check;
+
+/* Every check bit, and the number of checks. */
+#define KS_HEALTH_ALL_CHECKS 0x1Fu
+#define KS_HEALTH_N_CHECKS 5
+
+/* The outcome of an evaluation. */
+typedef enum ks_health_status {
+    KS_HEALTH_OK = 0,           /* every enabled check within its threshold */
+    KS_HEALTH_TRIPPED = 1,      /* at least one check over its threshold */
+    KS_HEALTH_INSUFFICIENT = 2  /* fewer than min_samples seals + opens */
+} ks_health_status;
+
+/* What an evaluation found: each observed value next to its limit.  A
+ * rate whose denominator is 0 is 0.  The p99 fields are the quantile of
+ * ks_histogram_quantile converted to µs rounding up (so 1 ns over a
+ * limit is over it), 0 for an empty histogram and KS_HIST_UNBOUNDED when
+ * the p99 lies in the last bucket.  The observed values are filled in
+ * whatever the status; tripped is 0 unless status is KS_HEALTH_TRIPPED. */
+typedef struct ks_health_verdict {
+    ks_health_status status;
+    unsigned tripped;               /* ks_health_check bits over their threshold */
+    uint64_t samples;               /* seals + opens in the window */
+    double auth_failure_rate, parse_error_rate, provider_error_rate;
+    uint64_t seal_p99_us, open_p99_us;
+} ks_health_verdict;
+
+/* Count one latency of ns nanoseconds in h.  Not atomic: callers that
+ * share a histogram between threads serialise (ks_ctx does). */
+KS_API void ks_histogram_record(ks_histogram *h, uint64_t ns);
+
+/* The q-quantile (0 < q <= 1) of h in nanoseconds: the upper bound of the
+ * bucket holding it (see the file comment); 0 for an empty histogram.
+ * The quantile is the ceil(q * total)-th smallest latency; q above 1 is
+ * taken as 1, and q at or below 0 (or NaN) as the smallest latency. */
+KS_API uint64_t ks_histogram_quantile(const ks_histogram *h, double q);
+
+/* The exclusive upper bound in ns of bucket i: 2^(KS_HIST_SHIFT+i) for
+ * i < KS_HIST_BUCKETS - 1, KS_HIST_UNBOUNDED for the last bucket (and for
+ * any i past it).  Bucket i holds the whole nanoseconds below this bound
+ * and at or above the bound of bucket i - 1. */
+KS_API uint64_t ks_histogram_bucket_bound(unsigned i);
+
+/* Add sample s into acc (counters and buckets; saturating; acc->time
+ * becomes the later of the two). */
+KS_API void ks_health_add(ks_health_sample *acc, const ks_health_sample *s);
+
+/* Judge window (the sum of the samples of a window) against t.  A check
+ * trips when its observed value is above its limit (equal is within);
+ * a disabled check never trips, nor does a rate with a 0 denominator
+ * (unless its limit is NaN).  Status is KS_HEALTH_INSUFFICIENT, with
+ * tripped 0, when seals + opens (saturating) is below t->min_samples.
+ * NULL window or t: *out is zeroed with status KS_HEALTH_INSUFFICIENT;
+ * NULL out: nothing happens. */
+KS_API void ks_health_evaluate(const ks_health_sample *window, const ks_thresholds *t,
+                               ks_health_verdict *out);
+
+/* The name of a check bit ("auth-failure-rate", "parse-error-rate",
+ * "provider-error-rate", "seal-p99-us", "open-p99-us") or NULL. */
+KS_API const char *ks_health_check_name(unsigned check);
+
+/* The stable name of a status ("ok", "tripped", "insufficient") or NULL. */
+KS_API const char *ks_health_status_name(ks_health_status status);
+
+/*
+ * Prometheus text exposition (format version 0.0.4) of a window, its
+ * thresholds and its verdict, for `keyshift rollout metrics --prometheus`.
+ * Every metric carries `# HELP` and `# TYPE`; every value is a sum over
+ * the window, not a total since start, so the counts are gauges:
+ *
+ *   keyshift_window_seals, keyshift_window_opens,
+ *   keyshift_window_auth_failures, keyshift_window_parse_errors,
+ *   keyshift_window_provider_calls, keyshift_window_provider_errors
+ *                                          gauge, the window's counters
+ *   keyshift_seal_latency_seconds, keyshift_open_latency_seconds
+ *                                          histogram over the window:
+ *                                          _bucket{le} cumulative, le the
+ *                                          largest whole ns a bucket holds
+ *                                          (exact, as latencies are whole
+ *                                          ns), "+Inf" = _count; no _sum
+ *                                          (buckets do not give it); they
+ *                                          are not monotonic: use
+ *                                          histogram_quantile() directly,
+ *                                          never rate()
+ *   keyshift_threshold_auth_failure_rate, _parse_error_rate,
+ *   _provider_error_rate, _seal_p99_seconds, _open_p99_seconds
+ *                                          gauge, the limits; +Inf when
+ *                                          the check is disabled, NaN for
+ *                                          a NaN rate
+ *   keyshift_threshold_min_samples, keyshift_threshold_window_seconds
+ *                                          gauge
+ *   keyshift_health_samples, keyshift_health_auth_failure_rate,
+ *   _parse_error_rate, _provider_error_rate, _seal_p99_seconds,
+ *   _open_p99_seconds                      gauge, the verdict's observed
+ *                                          values (+Inf for an unbounded
+ *                                          p99)
+ *   keyshift_health_status                 gauge, the ks_health_status
+ *                                          value (0 ok, 1 tripped,
+ *                                          2 insufficient)
+ *   keyshift_health_tripped{check="..."}   gauge, 1 when that check
+ *                                          (ks_health_check_name) tripped
+ *
+ * labels is NULL, "" or a pre-rendered label set put on every sample,
+ * such as `rollout="3",table="payments"`, its values escaped with
+ * ks_health_prometheus_label_escape; it must be well formed (names
+ * [a-zA-Z_][a-zA-Z0-9_]*, not starting with "__", not "le" or "check",
+ * quoted values with only the escapes \ " 
+) or KS_ERR_INVALID_ARGUMENT.
+ * v is the verdict to print, or NULL to evaluate window against t here.
+ * Numbers are written the same in every locale.
+ *
+ * The text and a NUL go to buf[0, cap); *out_len receives the length of
+ * the text (without the NUL).  KS_ERR_BUFFER_TOO_SMALL when cap is below
+ * that length + 1: then *out_len receives the length needed (without the
+ * NUL) and buf holds no usable text.  KS_ERR_INVALID_ARGUMENT for NULL
+ * window, t, buf (with cap > 0) or out_len.
+ */
+KS_API KS_WUR ks_err ks_health_prometheus(const ks_health_sample *window, const ks_thresholds *t,
+                                          const ks_health_verdict *v, const char *labels,
+                                          char *buf, size_t cap, size_t *out_len);
+
+/* Escape the label value value (a NUL-terminated UTF-8 string) for the
+ * Prometheus text format: backslash to \, double quote to ", line feed
+ * to 
+; every other byte is copied.  The result and a NUL go to
+ * buf[0, cap), its length (without the NUL) to *out_len.
+ * KS_ERR_BUFFER_TOO_SMALL when cap is below that length + 1 (then
+ * *out_len receives the length needed); KS_ERR_INVALID_ARGUMENT for NULL
+ * value, buf (with cap > 0) or out_len. */
+KS_API KS_WUR ks_err ks_health_prometheus_label_escape(const char *value, char *buf, size_t cap,
+                                                       size_t *out_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KEYSHIFT_HEALTH_H */
