@@ -400,12 +400,15 @@ static ks_err ensure_pt(batch *b, size_t need)
     return b->pt_cap != 0 ? KS_OK : KS_ERR_NO_MEMORY;
 }
 
-/* Wipe what may hold plaintext in b: the copied rows (old values in
- * encrypt mode) and the plaintext buffers. */
+/* Wipe what may hold plaintext in b once the batch is done: the copied
+ * rows when they are plaintext (encrypt mode: in the other modes they are
+ * envelopes) and the plaintext buffers (already wiped after each use; a
+ * second wipe of a few KiB is cheap insurance).  Only the bytes this batch
+ * used: every earlier batch wiped its own, and free_run wipes all. */
 static void wipe_batch(batch *b)
 {
-    if (b->keep != NULL) {
-        sodium_memzero(b->keep, b->keep_cap);
+    if (b->keep != NULL && b->r->p->mode == KS_MIGRATE_ENCRYPT) {
+        sodium_memzero(b->keep, b->keep_len);
     }
     if (b->pt != NULL) {
         sodium_memzero(b->pt, b->pt_cap);
@@ -423,7 +426,13 @@ static void free_run(run *r)
     for (size_t k = 0; k < 2; k++) {
         batch *b = &r->b[k];
         assert(!b->running);
-        wipe_batch(b);
+        if (b->keep != NULL) {
+            sodium_memzero(b->keep, b->keep_cap);
+        }
+        if (b->pt != NULL) {
+            sodium_memzero(b->pt, b->pt_cap);
+            sodium_memzero(b->pt2, b->pt_cap);
+        }
         free(b->keep);
         free(b->neu);
         free(b->pt);
