@@ -13,5 +13,7 @@
 #include <keyshift/keyring.h>
 #include <keyshift/rowstore.h>
 #include <keyshift/migrate.h>
+#include <keyshift/health.h>
+#include <keyshift/rollout.h>
 
 #endif /* KEYSHIFT_KEYSHIFT_H */
