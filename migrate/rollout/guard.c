@@ -47,7 +47,7 @@ int ks_rollout_phase_from_name(const char *name)
 
 /* Nonzero when s (NUL-terminated, at most max bytes before the NUL
  * within a buffer of max + 1) is 1..max bytes of the character class
- * kind (KS_CC_NAME, KS_CC_KEY_ID). */
+ * kind (KS_RULE_NAME, KS_RULE_KEY_ID). */
 int ks_rollout_charset_ok(const char *s, size_t max, uint8_t kind)
 {
     if (s == NULL)
@@ -68,7 +68,7 @@ ks_err ks_rollout_class_check(const ks_rollout_class *c, int may_be_plaintext)
     }
     if ((c->version != KS_FORMAT_V1 && c->version != KS_FORMAT_V2) ||
         ks_alg_name(c->algorithm) == NULL || c->key_version == 0 ||
-        !ks_rollout_charset_ok(c->key_id, KS_KEY_ID_MAX, KS_CC_KEY_ID))
+        !ks_rollout_charset_ok(c->key_id, KS_KEY_ID_MAX, KS_RULE_KEY_ID))
         return KS_ERR_INVALID_ARGUMENT;
     return KS_OK;
 }
@@ -115,7 +115,7 @@ static int parse_entry(const char *p, size_t n, key_entry *e)
         return 0; /* no ':' */
     size_t id_len = colon - 1, digits = n - colon;
     if (id_len == 0 || id_len > KS_KEY_ID_MAX ||
-        ks_rules_charset_scan(KS_CC_KEY_ID, (const uint8_t *)p, id_len) != id_len)
+        ks_rules_charset_scan(KS_RULE_KEY_ID, (const uint8_t *)p, id_len) != id_len)
         return 0;
     if (digits == 0 || digits > 10 || p[colon] == '0')
         return 0;

@@ -169,7 +169,7 @@ static ks_err take_options(ks_policy *p, const ks_policy_options *o)
         strlen(keys) > KS_READER_KEYS_MAX || ks_rollout_keys_check(keys) != KS_OK ||
         (o->max_format != KS_FORMAT_V1 && o->max_format != KS_FORMAT_V2))
         return KS_ERR_INVALID_ARGUMENT;
-    if (!ks_rollout_charset_ok(o->instance_id, KS_INSTANCE_ID_MAX, KS_CC_NAME))
+    if (!ks_rollout_charset_ok(o->instance_id, KS_INSTANCE_ID_MAX, KS_RULE_NAME))
         return KS_ERR_INVALID_ARGUMENT;
     strcpy(r->instance_id, o->instance_id);
     strcpy(r->keys, keys);

@@ -316,7 +316,7 @@ static ks_err canary_check(const ks_rollout_canary *c)
     if (c->n_tenants == 0 || c->n_tenants > KS_ROLLOUT_TENANTS_MAX || c->percent != 0)
         return KS_ERR_INVALID_ARGUMENT;
     for (size_t i = 0; i < c->n_tenants; i++) {
-        if (!ks_rollout_charset_ok(c->tenants[i], KS_TENANT_MAX, KS_CC_NAME))
+        if (!ks_rollout_charset_ok(c->tenants[i], KS_TENANT_MAX, KS_RULE_NAME))
             return KS_ERR_INVALID_ARGUMENT;
         for (size_t j = 0; j < i; j++)
             if (strcmp(c->tenants[i], c->tenants[j]) == 0)
@@ -894,7 +894,7 @@ ks_err ks_rollout_db_list(ks_rollout_db *db, int64_t after_id, ks_rollout *out, 
  * version string, a format 1..255 and a canonical key list. */
 static int reader_ok(const ks_rollout_reader *r)
 {
-    return ks_rollout_charset_ok(r->instance_id, KS_INSTANCE_ID_MAX, KS_CC_NAME) &&
+    return ks_rollout_charset_ok(r->instance_id, KS_INSTANCE_ID_MAX, KS_RULE_NAME) &&
            printable_ok(r->library_version, 0, KS_LIBRARY_VERSION_MAX) &&
            r->max_format >= 1 && ks_rollout_keys_check(r->keys) == KS_OK;
 }
@@ -994,7 +994,7 @@ static ks_err reader_write(ks_rollout_db *db, const char *sql, const char *types
                            const char *instance_id, int64_t now, int *changed)
 {
     if (db == NULL || db->read_only || !db->have_tables ||
-        !ks_rollout_charset_ok(instance_id, KS_INSTANCE_ID_MAX, KS_CC_NAME))
+        !ks_rollout_charset_ok(instance_id, KS_INSTANCE_ID_MAX, KS_RULE_NAME))
         return KS_ERR_INVALID_ARGUMENT;
     sqlite3_stmt *st;
     int rc = prep_bind(db, &st, sql, types, instance_id, now);
@@ -1237,7 +1237,7 @@ ks_err ks_rollout_db_metrics_insert(ks_rollout_db *db, int64_t rollout_id,
                                     const ks_health_sample *s)
 {
     if (db == NULL || s == NULL || db->read_only || !db->have_tables || rollout_id <= 0 ||
-        !ks_rollout_charset_ok(instance_id, KS_INSTANCE_ID_MAX, KS_CC_NAME) || source == NULL ||
+        !ks_rollout_charset_ok(instance_id, KS_INSTANCE_ID_MAX, KS_RULE_NAME) || source == NULL ||
         (strcmp(source, "app") != 0 && strcmp(source, "migrate") != 0))
         return KS_ERR_INVALID_ARGUMENT;
     const uint64_t counts[] = {s->seals,         s->opens,          s->auth_failures,

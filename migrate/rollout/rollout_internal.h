@@ -12,7 +12,7 @@
 #include <keyshift/rollout.h>
 
 /* Nonzero when s is 1..max bytes (NUL-terminated within max + 1) of the
- * character class kind (KS_CC_NAME or KS_CC_KEY_ID of format/rules.h). */
+ * character class kind (KS_RULE_NAME or KS_RULE_KEY_ID of format/rules.h). */
 int ks_rollout_charset_ok(const char *s, size_t max, uint8_t kind);
 
 /* Class c as text for messages ("plaintext", "k:2 (v2, xchacha20-poly1305)"). */
