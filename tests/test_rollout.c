@@ -235,6 +235,28 @@ static void test_schema_upgrade_from_v1(void **state)
     assert_int_equal(open_rowstore(w), KS_OK);
 }
 
+/* A read-only store reads but refuses every change. */
+static void test_read_only(void **state)
+{
+    world *w = *state;
+    open_db(w);
+    ks_rollout s = spec();
+    int64_t id = start(w, &s, 1000);
+    ks_rollout_db_close(w->db);
+    assert_int_equal(ks_rollout_db_open(w->path, KS_ROLLOUT_DB_READ_ONLY, &w->db, w->err,
+                                        sizeof w->err),
+                     KS_OK);
+    ks_rollout r;
+    assert_int_equal(ks_rollout_db_get(w->db, id, &r), KS_OK);
+    ks_rollout_facts f = good_facts(2000);
+    assert_int_equal(move(w, id, KS_PHASE_PLANNED, KS_PHASE_READ_COMPAT, &f),
+                     KS_ERR_INVALID_ARGUMENT);
+    ks_rollout_reader rd = reader("web-1", 2, "");
+    assert_int_equal(ks_rollout_db_reader_register(w->db, &rd, 1), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_rollout_db_record_verify(w->db, id, "x", 1), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(phase_of(w, id), KS_PHASE_PLANNED);
+}
+
 /* A newer schema is refused by the rollout store and by the row store. */
 static void test_schema_newer_refused(void **state)
 {
@@ -530,6 +552,25 @@ static void test_keys_strict(void **state)
     big[sizeof big - 1] = '\0';
     assert_int_equal(ks_rollout_keys_check(big), KS_ERR_BAD_VALUE);
     assert_int_equal(ks_rollout_keys_check(NULL), KS_ERR_INVALID_ARGUMENT);
+    /* building a list in any order gives the one canonical spelling */
+    char list[64] = "";
+    static const struct {
+        const char *id;
+        uint32_t v;
+    } adds[] = {{"b", 1}, {"a", 10}, {"a:b", 7}, {"a", 9}, {"a", 10}};
+    for (size_t i = 0; i < sizeof adds / sizeof adds[0]; i++)
+        assert_int_equal(ks_rollout_keys_add(list, sizeof list, adds[i].id, adds[i].v), KS_OK);
+    assert_string_equal(list, "a:9,a:10,a:b:7,b:1");
+    assert_int_equal(ks_rollout_keys_check(list), KS_OK);
+    assert_int_equal(ks_rollout_keys_add(list, 20, "c", 1), KS_ERR_BUFFER_TOO_SMALL);
+    assert_int_equal(ks_rollout_keys_add(list, sizeof list, "c d", 1), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_rollout_keys_add(list, sizeof list, "c", 0), KS_ERR_INVALID_ARGUMENT);
+    assert_string_equal(list, "a:9,a:10,a:b:7,b:1");
+    char unsorted[16] = "b:1,a:1";
+    assert_int_equal(ks_rollout_keys_add(unsorted, sizeof unsorted, "c", 1), KS_ERR_BAD_VALUE);
+    char one[8] = "";
+    assert_int_equal(ks_rollout_keys_add(one, sizeof one, "k", 2), KS_OK);
+    assert_string_equal(one, "k:2");
     assert_string_equal(ks_rollout_phase_name(KS_PHASE_WRITE_UPGRADE), "write-upgrade");
     assert_int_equal(ks_rollout_phase_from_name("read-compat"), KS_PHASE_READ_COMPAT);
     assert_int_equal(ks_rollout_phase_from_name("Read-Compat"), 0);
@@ -1099,6 +1140,7 @@ int main(void)
         T(test_schema_fresh),
         T(test_schema_upgrade_from_v1),
         T(test_schema_newer_refused),
+        T(test_read_only),
         T(test_log_append_only),
         T(test_start_rules),
         cmocka_unit_test(test_guard_read_compat),

@@ -165,6 +165,15 @@ KS_API KS_WUR ks_err ks_rollout_keys_check(const char *text);
  * that is not canonical. */
 KS_API int ks_rollout_keys_holds(const char *text, const char *key_id, uint32_t version);
 
+/* Add (key_id, version) to the canonical list in list[0, cap) where it
+ * sorts, keeping it canonical (already there: KS_OK, unchanged).
+ * KS_ERR_BAD_VALUE when list is not canonical; KS_ERR_INVALID_ARGUMENT for
+ * a bad key_id, version 0 or a list not NUL-terminated within cap;
+ * KS_ERR_TOO_LARGE past KS_READER_KEYS_MAX bytes; KS_ERR_BUFFER_TOO_SMALL
+ * when cap is short.  list is unchanged on error.  Start from "". */
+KS_API KS_WUR ks_err ks_rollout_keys_add(char *list, size_t cap, const char *key_id,
+                                         uint32_t version);
+
 /* One application instance as registered in keyshift_readers. */
 typedef struct ks_rollout_reader {
     char instance_id[KS_INSTANCE_ID_MAX + 1];        /* 1.. bytes of [F-NAME-1] */
@@ -251,8 +260,10 @@ typedef struct ks_rollout_db ks_rollout_db;
 KS_API KS_WUR ks_err ks_rollout_db_open(const char *path, unsigned flags, ks_rollout_db **out,
                                         char *errbuf, size_t errbuf_len);
 
-/* Close (rolling back nothing: every operation commits or rolls back
- * before it returns); NULL is a no-op. */
+/* Close (every operation commits or rolls back before it returns, so
+ * nothing is pending); NULL is a no-op.  Every change (start, transition,
+ * canary, verify, readers, metrics) on a store opened read-only fails with
+ * KS_ERR_INVALID_ARGUMENT. */
 KS_API void ks_rollout_db_close(ks_rollout_db *db);
 
 /*
@@ -376,7 +387,8 @@ typedef struct ks_policy_options {
     const char *instance_id;   /* 1..KS_INSTANCE_ID_MAX bytes of [F-NAME-1] */
     uint8_t max_format;        /* highest format version this instance reads (1 or 2) */
     uint32_t algorithms;       /* bit (1u << KS_ALG_x) per algorithm it reads */
-    const char *keys;          /* key versions it holds: canonical list (NULL = "") */
+    const char *keys;          /* key versions it holds: canonical list (NULL = ""),
+                                  e.g. built with ks_rollout_keys_add */
     uint32_t refresh_ms;       /* least time between two checks of the database; 0: 1000 */
     int heartbeat;             /* nonzero: register in keyshift_readers at open, refresh
                                   the heartbeat with ks_policy_heartbeat, deregister at close */
@@ -425,7 +437,9 @@ KS_API KS_WUR ks_err ks_policy_refresh(ks_policy *p);
  * it again if an operator removed it).  KS_OK without. */
 KS_API KS_WUR ks_err ks_policy_heartbeat(ks_policy *p);
 
-/* Deregister (with opts->heartbeat) and free; NULL is a no-op. */
+/* Deregister (with opts->heartbeat; best effort: a reader left behind
+ * expires after the TTL) and free; NULL is a no-op.  Call it once every
+ * other call on p has returned. */
 KS_API void ks_policy_close(ks_policy *p);
 
 #ifdef __cplusplus

@@ -192,6 +192,54 @@ int ks_rollout_keys_holds(const char *text, const char *key_id, uint32_t version
     return walk_keys(text, &want, &found) && found;
 }
 
+/* See rollout.h: find where (key_id, version) sorts, then shift the
+ * tail and write the entry in place. */
+ks_err ks_rollout_keys_add(char *list, size_t cap, const char *key_id, uint32_t version)
+{
+    if (list == NULL || cap == 0 || strnlen(list, cap) == cap || version == 0 ||
+        !ks_rollout_charset_ok(key_id, KS_KEY_ID_MAX, KS_RULE_KEY_ID))
+        return KS_ERR_INVALID_ARGUMENT;
+    if (!walk_keys(list, NULL, NULL))
+        return KS_ERR_BAD_VALUE;
+    key_entry want = {key_id, strlen(key_id), version};
+    size_t len = strlen(list), at = len, start = 0;
+    while (start < len) {
+        const char *comma = memchr(list + start, ',', len - start);
+        size_t end = comma != NULL ? (size_t)(comma - list) : len;
+        key_entry e;
+        int parsed = parse_entry(list + start, end - start, &e);
+        assert(parsed); /* the list is canonical */
+        (void)parsed;
+        int c = entry_cmp(&e, &want);
+        if (c == 0)
+            return KS_OK; /* already held */
+        if (c > 0) {
+            at = start;
+            break;
+        }
+        start = end + 1;
+    }
+    char entry[KS_KEY_ID_MAX + 16];
+    int n = snprintf(entry, sizeof entry, "%s:%" PRIu32, key_id, version);
+    assert(n > 0 && (size_t)n < sizeof entry);
+    size_t add = (size_t)n + (len > 0 ? 1 : 0);
+    if (len + add > KS_READER_KEYS_MAX)
+        return KS_ERR_TOO_LARGE;
+    if (len + add + 1 > cap)
+        return KS_ERR_BUFFER_TOO_SMALL;
+    memmove(list + at + add, list + at, len - at + 1);
+    if (at < len) { /* before an entry: "entry," */
+        memcpy(list + at, entry, (size_t)n);
+        list[at + (size_t)n] = ',';
+    } else if (len > 0) { /* at the end: ",entry" */
+        list[at] = ',';
+        memcpy(list + at + 1, entry, (size_t)n);
+    } else {
+        memcpy(list, entry, (size_t)n);
+    }
+    return KS_OK;
+}
+
 /* See rollout.h. */
 int ks_rollout_reader_supports(const ks_rollout_reader *r, const ks_rollout_class *c)
 {
