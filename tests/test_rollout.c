@@ -173,6 +173,12 @@ static ks_rollout_phase phase_of(world *w, int64_t id)
     return r.phase;
 }
 
+/* keyshift_meta's schema_version. */
+static int64_t schema_version(world *w)
+{
+    return query_int(w->path, "SELECT value FROM keyshift_meta WHERE key = 'schema_version'");
+}
+
 /* Open (and close) the row store on payments.card, as `migrate` would. */
 static ks_err open_rowstore(world *w)
 {
@@ -195,9 +201,7 @@ static void test_schema_fresh(void **state)
 {
     world *w = *state;
     open_db(w);
-    assert_int_equal(query_int(w->path, "SELECT value FROM keyshift_meta WHERE key = "
-                                        "'schema_version'"),
-                     2);
+    assert_int_equal(schema_version(w), 2);
     assert_int_equal(query_int(w->path, "SELECT count(*) FROM sqlite_master WHERE type = 'table' "
                                         "AND name LIKE 'keyshift%'"),
                      7);
@@ -215,24 +219,35 @@ static void test_schema_upgrade_from_v1(void **state)
     world *w = *state;
     assert_int_equal(open_rowstore(w), KS_OK);
     exec_sql(w->path, "INSERT INTO keyshift_quarantine VALUES('payments', 'card', 7, 'x', 1);");
-    assert_int_equal(query_int(w->path, "SELECT value FROM keyshift_meta WHERE key = "
-                                        "'schema_version'"),
-                     1);
+    assert_int_equal(schema_version(w), 1);
     /* read-only: opens, finds nothing, changes nothing */
     assert_int_equal(ks_rollout_db_open(w->path, KS_ROLLOUT_DB_READ_ONLY, &w->db, w->err,
                                         sizeof w->err),
                      KS_OK);
     ks_rollout r;
     assert_int_equal(ks_rollout_db_latest(w->db, "payments", "card", &r), KS_ERR_NO_ROLLOUT);
-    assert_int_equal(query_int(w->path, "SELECT value FROM keyshift_meta WHERE key = "
-                                        "'schema_version'"),
-                     1);
+    assert_int_equal(schema_version(w), 1);
     open_db(w);
-    assert_int_equal(query_int(w->path, "SELECT value FROM keyshift_meta WHERE key = "
-                                        "'schema_version'"),
-                     2);
+    assert_int_equal(schema_version(w), 2);
     assert_int_equal(query_int(w->path, "SELECT count(*) FROM keyshift_quarantine"), 1);
     assert_int_equal(open_rowstore(w), KS_OK);
+}
+
+/* An upgrade that fails half-way leaves nothing behind: one transaction. */
+static void test_upgrade_atomic(void **state)
+{
+    world *w = *state;
+    assert_int_equal(open_rowstore(w), KS_OK);
+    exec_sql(w->path, "CREATE VIEW keyshift_rollout_log AS SELECT 1 AS x;");
+    assert_int_not_equal(ks_rollout_db_open(w->path, 0, &w->db, w->err, sizeof w->err), KS_OK);
+    assert_null(w->db);
+    assert_int_equal(schema_version(w), 1);
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM sqlite_master WHERE name IN "
+                                        "('keyshift_rollout', 'keyshift_readers')"),
+                     0);
+    exec_sql(w->path, "DROP VIEW keyshift_rollout_log;");
+    open_db(w);
+    assert_int_equal(schema_version(w), 2);
 }
 
 /* A read-only store reads but refuses every change. */
@@ -1140,6 +1155,7 @@ int main(void)
         T(test_schema_fresh),
         T(test_schema_upgrade_from_v1),
         T(test_schema_newer_refused),
+        T(test_upgrade_atomic),
         T(test_read_only),
         T(test_log_append_only),
         T(test_start_rules),

@@ -278,19 +278,52 @@ static int in_canary(const ks_rollout *r, ks_bytes tenant)
     return 0;
 }
 
-/* Refresh when due, then find the rule of table.column (copied into
- * *out): KS_ERR_NOT_FOUND when none. */
-static ks_err rule_for(ks_policy *p, const char *table, const char *column, ks_rollout *out)
+/* An answer computed from the governing rollout r, under the lock. */
+typedef ks_err (*answer_fn)(const ks_rollout *r, void *ctx);
+
+/* Refresh when due, find the rule of table.column and answer from it
+ * under the lock (no copy of the rollout per record): KS_ERR_NOT_FOUND
+ * when no rollout governs the scope. */
+static ks_err with_rule(ks_policy *p, const char *table, const char *column, answer_fn answer,
+                        void *ctx)
 {
     pthread_mutex_lock(&p->mu);
     ks_err err = refresh_locked(p, 0);
     const ks_rollout *r = err == KS_OK ? find_rule(p, table, column) : NULL;
-    if (err == KS_OK && r == NULL)
-        err = KS_ERR_NOT_FOUND;
-    if (r != NULL)
-        *out = *r;
+    if (err == KS_OK)
+        err = r != NULL ? answer(r, ctx) : KS_ERR_NOT_FOUND;
     pthread_mutex_unlock(&p->mu);
     return err;
+}
+
+/* What ks_policy_write_target asks and where the answer goes. */
+typedef struct write_q {
+    ks_bytes tenant;
+    ks_rollout_class *out;
+} write_q;
+
+/* The class to write under r for the tenant of ctx (a write_q). */
+static ks_err answer_write(const ks_rollout *r, void *ctx)
+{
+    write_q *q = ctx;
+    int target;
+    switch (r->phase) {
+    case KS_PHASE_PLANNED:
+    case KS_PHASE_READ_COMPAT:
+        target = 0;
+        break;
+    case KS_PHASE_WRITE_UPGRADE:
+        target = in_canary(r, q->tenant);
+        break;
+    case KS_PHASE_BACKFILL:
+    case KS_PHASE_FINALIZED:
+        target = 1;
+        break;
+    default:
+        return KS_ERR_STORE; /* read_rollout admits no other phase */
+    }
+    *q->out = target ? r->target : r->source;
+    return KS_OK;
 }
 
 /* See rollout.h. */
@@ -300,28 +333,8 @@ ks_err ks_policy_write_target(ks_policy *p, const char *table, const char *colum
     if (p == NULL || table == NULL || column == NULL || out == NULL ||
         (tenant.ptr == NULL && tenant.len > 0))
         return KS_ERR_INVALID_ARGUMENT;
-    ks_rollout r;
-    ks_err err = rule_for(p, table, column, &r);
-    if (err != KS_OK)
-        return err;
-    int target;
-    switch (r.phase) {
-    case KS_PHASE_PLANNED:
-    case KS_PHASE_READ_COMPAT:
-        target = 0;
-        break;
-    case KS_PHASE_WRITE_UPGRADE:
-        target = in_canary(&r, tenant);
-        break;
-    case KS_PHASE_BACKFILL:
-    case KS_PHASE_FINALIZED:
-        target = 1;
-        break;
-    default:
-        return KS_ERR_STORE; /* read_rollout admits no other phase */
-    }
-    *out = target ? r.target : r.source;
-    return KS_OK;
+    write_q q = {tenant, out};
+    return with_rule(p, table, column, answer_write, &q);
 }
 
 /* Classify value into *c: plaintext unless it starts with "KSE", then by
@@ -346,7 +359,43 @@ static int classify(const ks_bytes *value, ks_rollout_class *c)
     return 1;
 }
 
-/* See rollout.h. */
+/* What ks_policy_may_read asks and where the answer goes. */
+typedef struct read_q {
+    int is_null;                 /* an SQL NULL */
+    int classified;              /* c holds the value's class (else: malformed) */
+    ks_rollout_class c;
+    int *ok;
+} read_q;
+
+/* Whether r lets the value of ctx (a read_q) be read. */
+static ks_err answer_read(const ks_rollout *r, void *ctx)
+{
+    read_q *q = ctx;
+    if (q->is_null) {
+        *q->ok = 1; /* SQL NULL: nothing to read */
+        return KS_OK;
+    }
+    if (!q->classified)
+        return KS_OK;
+    int is_source = ks_rollout_class_equal(&q->c, &r->source);
+    int is_target = ks_rollout_class_equal(&q->c, &r->target);
+    switch (r->phase) {
+    case KS_PHASE_PLANNED:
+        *q->ok = is_source;
+        break;
+    case KS_PHASE_READ_COMPAT:
+    case KS_PHASE_WRITE_UPGRADE:
+    case KS_PHASE_BACKFILL:
+        *q->ok = is_source || is_target;
+        break;
+    case KS_PHASE_FINALIZED:
+        *q->ok = is_target;
+        break;
+    }
+    return KS_OK;
+}
+
+/* See rollout.h.  The value is classified before taking the lock. */
 ks_err ks_policy_may_read(ks_policy *p, const char *table, const char *column,
                           const ks_bytes *value, int *ok)
 {
@@ -355,31 +404,10 @@ ks_err ks_policy_may_read(ks_policy *p, const char *table, const char *column,
     if (p == NULL || table == NULL || column == NULL || ok == NULL ||
         (value != NULL && value->ptr == NULL && value->len > 0))
         return KS_ERR_INVALID_ARGUMENT;
-    ks_rollout r;
-    ks_err err = rule_for(p, table, column, &r);
-    if (err != KS_OK)
-        return err;
-    if (value == NULL) {
-        *ok = 1; /* SQL NULL: nothing to read */
-        return KS_OK;
-    }
-    ks_rollout_class c;
-    if (!classify(value, &c))
-        return KS_OK;
-    int is_source = ks_rollout_class_equal(&c, &r.source);
-    int is_target = ks_rollout_class_equal(&c, &r.target);
-    switch (r.phase) {
-    case KS_PHASE_PLANNED:
-        *ok = is_source;
-        break;
-    case KS_PHASE_READ_COMPAT:
-    case KS_PHASE_WRITE_UPGRADE:
-    case KS_PHASE_BACKFILL:
-        *ok = is_source || is_target;
-        break;
-    case KS_PHASE_FINALIZED:
-        *ok = is_target;
-        break;
-    }
-    return KS_OK;
+    read_q q;
+    memset(&q, 0, sizeof q);
+    q.ok = ok;
+    q.is_null = value == NULL;
+    q.classified = value != NULL && classify(value, &q.c);
+    return with_rule(p, table, column, answer_read, &q);
 }
