@@ -430,7 +430,10 @@ KS_API KS_WUR ks_err ks_policy_may_read(ks_policy *p, const char *table, const c
 
 /* Check the database now (PRAGMA data_version), reloading the rollouts
  * when it changed, whatever refresh_ms says.  On failure the policy keeps
- * answering from what it had. */
+ * the rollouts it had, and the next answer checks again: while the
+ * database cannot be checked, ks_policy_write_target and
+ * ks_policy_may_read fail with the error (fail closed) rather than answer
+ * from a policy they could not refresh. */
 KS_API KS_WUR ks_err ks_policy_refresh(ks_policy *p);
 
 /* With opts->heartbeat: set this instance's heartbeat to now (registering
