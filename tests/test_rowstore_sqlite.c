@@ -25,6 +25,7 @@
 #include <keyshift/rowstore.h>
 
 #include "../migrate/store/sqlite_store.h"
+#include "sqlite_test_util.h"
 
 /* One test's world: a temporary directory holding db.sqlite. */
 typedef struct world {
@@ -52,14 +53,8 @@ static int world_setup(void **state)
 static int world_teardown(void **state)
 {
     world *w = *state;
-    static const char *const suffix[] = {"", "-journal", "-wal", "-shm"};
     ks_rowstore_close(&w->store);
-    for (size_t i = 0; i < sizeof suffix / sizeof suffix[0]; i++) {
-        char p[128];
-        snprintf(p, sizeof p, "%s%s", w->path, suffix[i]);
-        unlink(p);
-    }
-    rmdir(w->dir);
+    remove_db_dir(w->dir, w->path);
     free(w);
     return 0;
 }
@@ -78,20 +73,6 @@ static void exec_sql(const char *path, const char *sql)
     sqlite3_free(msg);
     assert_int_equal(rc, SQLITE_OK);
     assert_int_equal(sqlite3_close(db), SQLITE_OK);
-}
-
-/* One integer from a query on a separate connection. */
-static int64_t query_int(const char *path, const char *sql)
-{
-    sqlite3 *db = NULL;
-    sqlite3_stmt *st = NULL;
-    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
-    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
-    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
-    int64_t v = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-    assert_int_equal(sqlite3_close(db), SQLITE_OK);
-    return v;
 }
 
 /* A target over table/column with optional id column. */

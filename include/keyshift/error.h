@@ -70,7 +70,16 @@ typedef enum ks_err {
     KS_ERR_MISMATCH = 164,          /* "mismatch": a checkpoint exists with other parameters,
                                        or verify-before-commit found a difference */
     KS_ERR_THRESHOLD = 165,         /* "threshold": the failure rate exceeded the limit */
-    KS_ERR_STOPPED = 166            /* "stopped": interrupted on request; resumable */
+    KS_ERR_STOPPED = 166,           /* "stopped": interrupted on request; resumable */
+
+    /* Rollouts (include/keyshift/rollout.h). */
+    KS_ERR_GUARD = 192,             /* "guard": a transition's condition is not met; the
+                                       message says what is missing */
+    KS_ERR_NO_ROLLOUT = 193,        /* "no-rollout": no such rollout, or none for the scope */
+    KS_ERR_ROLLOUT_EXISTS = 194,    /* "rollout-exists": the scope already has a rollout
+                                       that is not finalized */
+    KS_ERR_STALE = 195              /* "stale": the rollout is no longer in the phase the
+                                       caller saw (another operator moved it) */
 } ks_err;
 
 /* The stable name of an error code, e.g. "noncanonical-varint"; "ok" for

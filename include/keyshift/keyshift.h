@@ -14,5 +14,6 @@
 #include <keyshift/rowstore.h>
 #include <keyshift/migrate.h>
 #include <keyshift/health.h>
+#include <keyshift/rollout.h>
 
 #endif /* KEYSHIFT_KEYSHIFT_H */

@@ -14,8 +14,10 @@
  *       value                      -- any type
  *   );
  *   -- one row: ('schema_version', 1).  A store refuses to open a database
- *   -- whose schema_version is greater than it knows (KS_ERR_STORE); a
- *   -- later version upgrades older tables in place and bumps the row.
+ *   -- whose schema_version is greater than the library knows
+ *   -- (KS_SQLITE_SCHEMA_LATEST, KS_ERR_STORE); a later version upgrades
+ *   -- older tables in place and bumps the row (version 2, the rollout
+ *   -- tables, leaves these three as they are: migrate/rollout/rollout_db.c).
  *
  *   CREATE TABLE keyshift_migration(
  *       tbl         TEXT NOT NULL,     -- target table, as spelled in the schema
@@ -107,26 +109,19 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <assert.h>
-#include <errno.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <sqlite3.h>
 
 #include <keyshift/rowstore.h>
 
 #include "sqlite_store.h"
+#include "sqlite_util.h"
 
-/* Default and ceiling of the lock wait. */
-#define BUSY_DEFAULT_MS 30000u
-/* Backoff of the busy handler: first sleep and cap, in milliseconds. */
-#define BUSY_FIRST_MS 1u
-#define BUSY_CAP_MS 100u
 /* The longest identifier or error name accepted. */
 #define IDENT_MAX 1024u
 /* The longest error name recorded in quarantine. */
@@ -159,11 +154,7 @@ typedef struct sqlite_store {
     char *table;              /* schema spelling, for keyshift_quarantine.tbl */
     char *column;             /* schema spelling, for keyshift_quarantine.col */
     size_t n_context;
-    /* busy handler state */
-    uint32_t busy_timeout_ms;
-    uint64_t busy_start_ms;
-    uint32_t busy_delay_ms;
-    uint64_t rng;             /* xorshift64 state for jitter (not secret) */
+    ks_sqlite_busy busy;      /* busy handler state (sqlite_util.h) */
     /* the one buffer every view points into */
     uint8_t *arena;
     size_t arena_len, arena_cap;
@@ -189,114 +180,6 @@ typedef struct colinfo {
 static const uint8_t empty_bytes[1] = {0};
 
 /* ---- errors ---------------------------------------------------------------- */
-
-/* Format a message into errbuf (when there is one); returns err so that
- * callers can write `return fail(...)`. */
-__attribute__((format(printf, 4, 5))) static ks_err fail(char *errbuf, size_t errbuf_len,
-                                                           ks_err err, const char *fmt, ...)
-{
-    if (errbuf != NULL && errbuf_len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(errbuf, errbuf_len, fmt, ap);
-        va_end(ap);
-        if (n < 0)
-            errbuf[0] = '\0';
-    }
-    return err;
-}
-
-/* Copy a user-given name into out for a message, replacing control bytes
- * by '?' and truncating, so that a name cannot forge terminal output. */
-static const char *printable(const char *name, char *out, size_t out_len)
-{
-    assert(out != NULL && out_len > 4);
-    size_t i = 0;
-    for (; name != NULL && name[i] != '\0' && i + 4 < out_len; i++) {
-        unsigned char c = (unsigned char)name[i];
-        out[i] = (c < 0x20 || c == 0x7f) ? '?' : (char)c;
-    }
-    if (name != NULL && name[i] != '\0') {
-        memcpy(out + i, "...", 3);
-        i += 3;
-    }
-    out[i] = '\0';
-    return out;
-}
-
-/* Map an SQLite result code to a keyshift error: full, busy (after the
- * handler gave up), out of memory, or any other store error. */
-static ks_err map_rc(int rc)
-{
-    assert(rc != SQLITE_OK && rc != SQLITE_ROW && rc != SQLITE_DONE);
-    switch (rc & 0xff) {
-    case SQLITE_FULL:
-        return KS_ERR_FULL;
-    case SQLITE_BUSY:
-    case SQLITE_LOCKED:
-        return KS_ERR_BUSY;
-    case SQLITE_NOMEM:
-        return KS_ERR_NO_MEMORY;
-    default:
-        return KS_ERR_STORE;
-    }
-}
-
-/* ---- busy handler ----------------------------------------------------------- */
-
-/* Monotonic milliseconds (for the lock wait only). */
-static uint64_t mono_ms(void)
-{
-    struct timespec ts;
-    int rc = clock_gettime(CLOCK_MONOTONIC, &ts);
-    assert(rc == 0);
-    (void)rc;
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-/* Next xorshift64 value: jitter only, so that waiting processes do not
- * retry in lockstep; nothing secret depends on it. */
-static uint64_t next_rand(sqlite_store *s)
-{
-    uint64_t x = s->rng;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    s->rng = x;
-    return x;
-}
-
-/* Sleep ms milliseconds (restarting after signals). */
-static void sleep_ms(uint64_t ms)
-{
-    struct timespec ts = {(time_t)(ms / 1000u), (long)(ms % 1000u) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
-
-/* SQLite's busy callback: count is 0 at the first wait for a lock, so the
- * wait starts there; sleep with exponential backoff plus jitter, and give
- * up (return 0: the statement fails with SQLITE_BUSY) once the total wait
- * reaches the store's timeout.  sqlite3_busy_timeout has no jitter, and
- * its fixed schedule makes waiters collide. */
-static int busy_handler(void *arg, int count)
-{
-    sqlite_store *s = arg;
-    assert(s != NULL && count >= 0);
-    uint64_t now = mono_ms();
-    if (count == 0) {
-        s->busy_start_ms = now;
-        s->busy_delay_ms = BUSY_FIRST_MS;
-    }
-    uint64_t waited = now - s->busy_start_ms;
-    if (waited >= s->busy_timeout_ms)
-        return 0;
-    uint64_t left = s->busy_timeout_ms - waited;
-    uint64_t delay = s->busy_delay_ms + next_rand(s) % (s->busy_delay_ms / 2u + 1u);
-    sleep_ms(delay < left ? delay : left);
-    s->busy_delay_ms = s->busy_delay_ms * 2u > BUSY_CAP_MS ? BUSY_CAP_MS : s->busy_delay_ms * 2u;
-    return 1;
-}
 
 /* ---- SQL text ----------------------------------------------------------------- */
 
@@ -533,7 +416,7 @@ static void rollback_now(sqlite_store *s)
 static ks_err fail_txn(sqlite_store *s, int rc)
 {
     rollback_now(s);
-    return map_rc(rc);
+    return ks_sqlite_map_rc(rc);
 }
 
 /* Whether the target has any row in keyshift_quarantine (*has), with one
@@ -607,7 +490,7 @@ static ks_err op_scan(void *self, const ks_value *after, size_t max, ks_row *row
         rc = bind_scan_names(s, st);
     if (rc != SQLITE_OK) {
         sqlite3_clear_bindings(st);
-        return map_rc(rc);
+        return ks_sqlite_map_rc(rc);
     }
     s->arena_len = 0;
     ks_err err = KS_OK;
@@ -631,7 +514,7 @@ static ks_err op_scan(void *self, const ks_value *after, size_t max, ks_row *row
         got++;
     }
     if (err == KS_OK && rc != SQLITE_ROW && rc != SQLITE_DONE)
-        err = map_rc(rc);
+        err = ks_sqlite_map_rc(rc);
     sqlite3_reset(st);
     sqlite3_clear_bindings(st);
     if (err != KS_OK) {
@@ -676,7 +559,7 @@ static ks_err op_visit_values(void *self, ks_rowstore_value_fn fn, void *arg)
         }
     }
     if (err == KS_OK && rc != SQLITE_DONE)
-        err = map_rc(rc);
+        err = ks_sqlite_map_rc(rc);
     sqlite3_reset(st);
     if (err != KS_OK && s->in_txn)
         rollback_now(s);
@@ -696,7 +579,7 @@ static ks_err op_count(void *self, uint64_t *n)
         int64_t c = sqlite3_column_int64(st, 0);
         *n = c < 0 ? 0 : (uint64_t)c;
     } else {
-        err = map_rc(rc == SQLITE_DONE ? SQLITE_ERROR : rc);
+        err = ks_sqlite_map_rc(rc == SQLITE_DONE ? SQLITE_ERROR : rc);
     }
     sqlite3_reset(st);
     if (err != KS_OK && s->in_txn)
@@ -713,7 +596,7 @@ static ks_err op_begin(void *self)
     int rc = run_simple(s, ST_BEGIN);
     if (rc != SQLITE_OK) {
         rollback_now(s);
-        return map_rc(rc);
+        return ks_sqlite_map_rc(rc);
     }
     s->in_txn = 1;
     return KS_OK;
@@ -890,7 +773,7 @@ static ks_err op_checkpoint_load(void *self, ks_bytes params, ks_checkpoint *cp)
     else if (rc == SQLITE_DONE)
         err = KS_ERR_NOT_FOUND;
     else
-        err = map_rc(rc);
+        err = ks_sqlite_map_rc(rc);
     sqlite3_reset(st);
     sqlite3_clear_bindings(st);
     if (err != KS_OK && err != KS_ERR_NOT_FOUND && s->in_txn)
@@ -971,13 +854,10 @@ typedef struct opener {
     char tname[96];           /* the table name, printable, for messages */
 } opener;
 
-/* Report an SQLite failure during open, with the generic text of the code
- * only (never sqlite3_errmsg, which may quote schema or data). */
+/* Report an SQLite failure during open (sqlite_util.h). */
 static ks_err open_fail_rc(opener *o, int rc, const char *what)
 {
-    if ((rc & 0xff) == SQLITE_NOTADB)
-        return fail(o->errbuf, o->errbuf_len, KS_ERR_STORE, "not an SQLite database");
-    return fail(o->errbuf, o->errbuf_len, map_rc(rc), "%s: %s", what, sqlite3_errstr(rc));
+    return ks_sqlite_fail_rc(o->errbuf, o->errbuf_len, rc, what);
 }
 
 /* strdup that reports allocation failure as NULL for a NULL input too. */
@@ -1020,9 +900,9 @@ static ks_err find_table(opener *o, const char *table, char **schema_name, int *
         const char *type = (const char *)sqlite3_column_text(st, 1);
         *is_view = type != NULL && strcmp(type, "view") == 0;
         if (*schema_name == NULL)
-            err = fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+            err = ks_sqlite_fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
     } else if (rc == SQLITE_DONE) {
-        err = fail(o->errbuf, o->errbuf_len, KS_ERR_NO_TARGET, "no table \"%s\" in the database",
+        err = ks_sqlite_fail(o->errbuf, o->errbuf_len, KS_ERR_NO_TARGET, "no table \"%s\" in the database",
                    o->tname);
     } else {
         err = open_fail_rc(o, rc, "reading the schema");
@@ -1056,7 +936,7 @@ static ks_err find_column(opener *o, const char *name, colinfo *c)
         c->pk = sqlite3_column_int(st, 4);
         c->hidden = sqlite3_column_int(st, 5);
         if (c->name == NULL || c->type == NULL)
-            err = fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+            err = ks_sqlite_fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
     } else if (rc != SQLITE_DONE) {
         err = open_fail_rc(o, rc, "reading the table's columns");
     }
@@ -1071,8 +951,8 @@ static ks_err need_column(opener *o, const char *name, const char *role, colinfo
     ks_err err = find_column(o, name, c);
     if (err == KS_OK && !c->found) {
         char pname[96];
-        err = fail(o->errbuf, o->errbuf_len, KS_ERR_NO_TARGET, "no %s column \"%s\" in table \"%s\"",
-                   role, printable(name, pname, sizeof pname), o->tname);
+        err = ks_sqlite_fail(o->errbuf, o->errbuf_len, KS_ERR_NO_TARGET, "no %s column \"%s\" in table \"%s\"",
+                   role, ks_sqlite_printable(name, pname, sizeof pname), o->tname);
     }
     return err;
 }
@@ -1145,7 +1025,7 @@ static ks_err pick_rowid(opener *o, const char **alias)
             *alias = names[i];
     }
     if (*alias == NULL)
-        return fail(o->errbuf, o->errbuf_len, KS_ERR_INVALID_ARGUMENT,
+        return ks_sqlite_fail(o->errbuf, o->errbuf_len, KS_ERR_INVALID_ARGUMENT,
                     "columns of table \"%s\" hide its rowid: give an id column", o->tname);
     sbuf b = {0};
     sb_put(&b, "SELECT ");
@@ -1154,14 +1034,14 @@ static ks_err pick_rowid(opener *o, const char **alias)
     sb_ident(&b, o->s->table);
     if (b.failed) {
         free(b.p);
-        return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+        return ks_sqlite_fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
     }
     sqlite3_stmt *st;
     int rc = prepare(o->s->db, b.p, 0, &st);
     sqlite3_finalize(st);
     free(b.p);
     if (rc != SQLITE_OK && (rc & 0xff) == SQLITE_ERROR)
-        return fail(o->errbuf, o->errbuf_len, KS_ERR_INVALID_ARGUMENT,
+        return ks_sqlite_fail(o->errbuf, o->errbuf_len, KS_ERR_INVALID_ARGUMENT,
                     "table \"%s\" has no rowid (WITHOUT ROWID): give an id column", o->tname);
     return rc == SQLITE_OK ? KS_OK : open_fail_rc(o, rc, "reading the schema");
 }
@@ -1213,10 +1093,10 @@ static ks_err check_schema_version(opener *o)
                     "SELECT coalesce(max(value), 0) FROM main.keyshift_meta "
                     "WHERE key = 'schema_version'",
                     0, &version);
-    if (err == KS_OK && version > KS_SQLITE_SCHEMA_VERSION)
-        err = fail(o->errbuf, o->errbuf_len, KS_ERR_STORE,
+    if (err == KS_OK && version > KS_SQLITE_SCHEMA_LATEST)
+        err = ks_sqlite_fail(o->errbuf, o->errbuf_len, KS_ERR_STORE,
                    "keyshift tables are of schema version %lld, newer than this keyshift (%d)",
-                   (long long)version, KS_SQLITE_SCHEMA_VERSION);
+                   (long long)version, KS_SQLITE_SCHEMA_LATEST);
     return err;
 }
 
@@ -1338,7 +1218,7 @@ static void build_values(sbuf *b, const sqlite_store *s, const resolved *r)
 static ks_err prepare_kept(opener *o, sbuf *b, int which)
 {
     if (b->failed)
-        return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+        return ks_sqlite_fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
     int rc = prepare(o->s->db, b->p, 1, &o->s->st[which]);
     b->len = 0;
     if (rc != SQLITE_OK)
@@ -1441,9 +1321,9 @@ static ks_err check_args(const char *path, const ks_rowstore_target *t, ks_rowst
                          char *errbuf, size_t errbuf_len)
 {
     if (path == NULL || t == NULL || out == NULL)
-        return fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT, "missing path, target or store");
+        return ks_sqlite_fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT, "missing path, target or store");
     if (t->n_context_columns > KS_ROWSTORE_MAX_CONTEXT_COLUMNS)
-        return fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
+        return ks_sqlite_fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
                     "at most %d context columns", KS_ROWSTORE_MAX_CONTEXT_COLUMNS);
     const char *names[3 + KS_ROWSTORE_MAX_CONTEXT_COLUMNS] = {t->table, t->column};
     size_t n = 2;
@@ -1455,41 +1335,18 @@ static ks_err check_args(const char *path, const ks_rowstore_target *t, ks_rowst
         names[n++] = t->context_columns[i];
     for (size_t i = 0; i < n; i++)
         if (names[i] == NULL || names[i][0] == '\0' || strlen(names[i]) > IDENT_MAX)
-            return fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
+            return ks_sqlite_fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
                         "a table or column name is missing, empty or too long");
     return KS_OK;
 }
 
-/* Open the connection (never creating the file) and configure it:
- * extended result codes, defensive mode, untrusted schema, busy handler. */
+/* Open the connection (never creating the file) and configure it
+ * (sqlite_util.h): extended result codes, defensive mode, untrusted
+ * schema, busy handler. */
 static ks_err open_db(opener *o, const char *path)
 {
     sqlite_store *s = o->s;
-    int flags = (s->read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE) |
-                SQLITE_OPEN_NOMUTEX;
-    int rc = sqlite3_open_v2(path, &s->db, flags, NULL);
-    if (rc != SQLITE_OK) {
-        int missing = access(path, F_OK) != 0 && errno == ENOENT;
-        char pname[256];
-        printable(path, pname, sizeof pname);
-        if (missing)
-            return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_TARGET, "no database file \"%s\"",
-                        pname);
-        return fail(o->errbuf, o->errbuf_len, map_rc(rc), "cannot open database \"%s\": %s",
-                    pname, sqlite3_errstr(rc));
-    }
-    rc = sqlite3_extended_result_codes(s->db, 1);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_db_config(s->db, SQLITE_DBCONFIG_DEFENSIVE, 1, (int *)NULL);
-#ifdef SQLITE_DBCONFIG_TRUSTED_SCHEMA
-    if (rc == SQLITE_OK)
-        rc = sqlite3_db_config(s->db, SQLITE_DBCONFIG_TRUSTED_SCHEMA, 0, (int *)NULL);
-#endif
-    if (rc == SQLITE_OK)
-        rc = sqlite3_busy_handler(s->db, busy_handler, s);
-    if (rc != SQLITE_OK)
-        return open_fail_rc(o, rc, "configuring the connection");
-    return KS_OK;
+    return ks_sqlite_connect(path, s->read_only, 0, &s->busy, &s->db, o->errbuf, o->errbuf_len);
 }
 
 /* Nonzero when colinfo a and b are the same column. */
@@ -1504,15 +1361,15 @@ static ks_err resolve_target(opener *o, const ks_rowstore_target *t, resolved *r
 {
     sqlite_store *s = o->s;
     int is_view = 0;
-    printable(t->table, o->tname, sizeof o->tname);
+    ks_sqlite_printable(t->table, o->tname, sizeof o->tname);
     if (reserved_table(t->table))
-        return fail(o->errbuf, o->errbuf_len, KS_ERR_INVALID_ARGUMENT,
+        return ks_sqlite_fail(o->errbuf, o->errbuf_len, KS_ERR_INVALID_ARGUMENT,
                     "table \"%s\" is reserved (sqlite_*, keyshift_*)", o->tname);
     ks_err err = find_table(o, t->table, &s->table, &is_view);
     if (err != KS_OK)
         return err;
     if (is_view)
-        return fail(o->errbuf, o->errbuf_len, KS_ERR_INVALID_ARGUMENT,
+        return ks_sqlite_fail(o->errbuf, o->errbuf_len, KS_ERR_INVALID_ARGUMENT,
                     "\"%s\" is a view, not a table", o->tname);
     err = need_column(o, t->column, "target", &r->column);
     if (err == KS_OK && t->id_column != NULL)
@@ -1525,29 +1382,29 @@ static ks_err resolve_target(opener *o, const ks_rowstore_target *t, resolved *r
         return err;
     r->n_context = t->n_context_columns;
     char pcol[96];
-    printable(r->column.name, pcol, sizeof pcol);
+    ks_sqlite_printable(r->column.name, pcol, sizeof pcol);
     if (r->column.hidden != 0 || r->column.pk != 0)
-        return fail(o->errbuf, o->errbuf_len, KS_ERR_INVALID_ARGUMENT,
+        return ks_sqlite_fail(o->errbuf, o->errbuf_len, KS_ERR_INVALID_ARGUMENT,
                     "column \"%s\" is generated, hidden or part of the primary key", pcol);
     int clash = same_column(&r->column, &r->id_col) || same_column(&r->column, &r->tenant);
     for (size_t i = 0; i < r->n_context; i++)
         clash |= same_column(&r->column, &r->context[i]);
     if (clash)
-        return fail(o->errbuf, o->errbuf_len, KS_ERR_INVALID_ARGUMENT,
+        return ks_sqlite_fail(o->errbuf, o->errbuf_len, KS_ERR_INVALID_ARGUMENT,
                     "column \"%s\" cannot also be the id, tenant or a context column", pcol);
     s->column = dup_str(r->column.name);
     if (s->column == NULL)
-        return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+        return ks_sqlite_fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
     if (t->id_column == NULL)
         return pick_rowid(o, &r->id);
     int ok = 0;
     err = check_id_column(o, &r->id_col, &ok);
     if (err == KS_OK && !ok) {
         char pid[96];
-        err = fail(o->errbuf, o->errbuf_len, KS_ERR_NO_TARGET,
+        err = ks_sqlite_fail(o->errbuf, o->errbuf_len, KS_ERR_NO_TARGET,
                    "id column \"%s\" of table \"%s\" is neither the INTEGER PRIMARY KEY nor "
                    "NOT NULL with a UNIQUE or PRIMARY KEY index of its own",
-                   printable(r->id_col.name, pid, sizeof pid), o->tname);
+                   ks_sqlite_printable(r->id_col.name, pid, sizeof pid), o->tname);
     }
     r->id = r->id_col.name;
     return err;
@@ -1576,11 +1433,9 @@ ks_err ks_rowstore_sqlite_open(const char *path, const ks_rowstore_target *targe
     memset(out, 0, sizeof *out);
     sqlite_store *s = calloc(1, sizeof *s);
     if (s == NULL)
-        return fail(errbuf, errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+        return ks_sqlite_fail(errbuf, errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
     s->read_only = opts != NULL && opts->read_only;
-    s->busy_timeout_ms = opts != NULL && opts->busy_timeout_ms != 0 ? opts->busy_timeout_ms
-                                                                     : BUSY_DEFAULT_MS;
-    s->rng = mono_ms() ^ ((uint64_t)(uintptr_t)s << 16) ^ (uint64_t)getpid() ^ 0x9e3779b97f4a7c15u;
+    ks_sqlite_busy_init(&s->busy, opts != NULL ? opts->busy_timeout_ms : 0);
     s->n_context = target->n_context_columns;
     opener o = {.s = s, .errbuf = errbuf, .errbuf_len = errbuf_len};
     resolved r;

@@ -1,0 +1,461 @@
+/*
+ * migrate/rollout/guard.c -- the pure part of rollouts (keyshift/rollout.h):
+ * phase names, class checks, canonical key-version lists, what a reader
+ * supports, and the guards of every transition.
+ *
+ * Nothing here does I/O or reads a clock: a guard decides on the facts the
+ * caller gathered (ks_rollout_facts), so that every rule is unit-testable
+ * and the same code judges the CLI, the store's transactions and the
+ * fuzzer's state machine.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <assert.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <keyshift/rollout.h>
+
+#include "../../format/rules.h"
+#include "../store/sqlite_util.h"
+#include "rollout_internal.h"
+
+/* The phase names, indexed by phase. */
+static const char *const phase_names[] = {
+    NULL, "planned", "read-compat", "write-upgrade", "backfill", "finalized",
+};
+
+/* See rollout.h. */
+const char *ks_rollout_phase_name(int phase)
+{
+    if (phase < KS_PHASE_PLANNED || phase > KS_PHASE_FINALIZED)
+        return NULL;
+    return phase_names[phase];
+}
+
+/* See rollout.h. */
+int ks_rollout_phase_from_name(const char *name)
+{
+    if (name == NULL)
+        return 0;
+    for (int p = KS_PHASE_PLANNED; p <= KS_PHASE_FINALIZED; p++)
+        if (strcmp(name, phase_names[p]) == 0)
+            return p;
+    return 0;
+}
+
+/* Nonzero when s (NUL-terminated, at most max bytes before the NUL
+ * within a buffer of max + 1) is 1..max bytes of the character class
+ * kind (KS_RULE_NAME, KS_RULE_KEY_ID). */
+int ks_rollout_charset_ok(const char *s, size_t max, uint8_t kind)
+{
+    if (s == NULL)
+        return 0;
+    size_t n = strnlen(s, max + 1);
+    return n >= 1 && n <= max && ks_rules_charset_scan(kind, (const uint8_t *)s, n) == n;
+}
+
+/* See rollout.h. */
+ks_err ks_rollout_class_check(const ks_rollout_class *c, int may_be_plaintext)
+{
+    if (c == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    if (c->is_plaintext) {
+        int empty = c->version == 0 && c->algorithm == 0 && c->key_id[0] == '\0' &&
+                    c->key_version == 0;
+        return may_be_plaintext && empty ? KS_OK : KS_ERR_INVALID_ARGUMENT;
+    }
+    if ((c->version != KS_FORMAT_V1 && c->version != KS_FORMAT_V2) ||
+        ks_alg_name(c->algorithm) == NULL || c->key_version == 0 ||
+        !ks_rollout_charset_ok(c->key_id, KS_KEY_ID_MAX, KS_RULE_KEY_ID))
+        return KS_ERR_INVALID_ARGUMENT;
+    return KS_OK;
+}
+
+/* See rollout.h. */
+int ks_rollout_class_equal(const ks_rollout_class *a, const ks_rollout_class *b)
+{
+    assert(a != NULL && b != NULL);
+    if (a->is_plaintext || b->is_plaintext)
+        return (a->is_plaintext != 0) == (b->is_plaintext != 0);
+    return a->version == b->version && a->algorithm == b->algorithm &&
+           a->key_version == b->key_version && strcmp(a->key_id, b->key_id) == 0;
+}
+
+/* Write class c as "plaintext" or "key_id:version (v2, xchacha20-poly1305)"
+ * into out; returns out. */
+const char *ks_rollout_class_text(const ks_rollout_class *c, char *out, size_t out_len)
+{
+    if (c->is_plaintext)
+        snprintf(out, out_len, "plaintext");
+    else
+        snprintf(out, out_len, "%s:%" PRIu32 " (v%u, %s)", c->key_id, c->key_version,
+                 (unsigned)c->version,
+                 ks_alg_name(c->algorithm) ? ks_alg_name(c->algorithm) : "?");
+    return out;
+}
+
+/* ---- key-version lists ---------------------------------------------------- */
+
+/* One entry of a key list: key_id = p[0, id_len), its version. */
+typedef struct key_entry {
+    const char *id;
+    size_t id_len;
+    uint32_t version;
+} key_entry;
+
+/* Parse the entry p[0, n) ("key_id:version") strictly into *e. */
+static int parse_entry(const char *p, size_t n, key_entry *e)
+{
+    size_t colon = n;
+    while (colon > 0 && p[colon - 1] != ':')
+        colon--;
+    if (colon == 0)
+        return 0; /* no ':' */
+    size_t id_len = colon - 1, digits = n - colon;
+    if (id_len == 0 || id_len > KS_KEY_ID_MAX ||
+        ks_rules_charset_scan(KS_RULE_KEY_ID, (const uint8_t *)p, id_len) != id_len)
+        return 0;
+    if (digits == 0 || digits > 10 || p[colon] == '0')
+        return 0;
+    uint64_t v = 0;
+    for (size_t i = colon; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9')
+            return 0;
+        v = v * 10u + (uint64_t)(p[i] - '0');
+    }
+    if (v > UINT32_MAX)
+        return 0;
+    e->id = p;
+    e->id_len = id_len;
+    e->version = (uint32_t)v;
+    return 1;
+}
+
+/* Order of entries: key_id bytewise (a prefix first), then version. */
+static int entry_cmp(const key_entry *a, const key_entry *b)
+{
+    size_t m = a->id_len < b->id_len ? a->id_len : b->id_len;
+    int c = memcmp(a->id, b->id, m);
+    if (c != 0)
+        return c;
+    if (a->id_len != b->id_len)
+        return a->id_len < b->id_len ? -1 : 1;
+    return a->version < b->version ? -1 : a->version > b->version;
+}
+
+/* Walk the canonical list text, checking it; when want is not NULL, set
+ * *found when an entry equals it.  Returns 1 when the list is canonical. */
+static int walk_keys(const char *text, const key_entry *want, int *found)
+{
+    size_t len = strnlen(text, KS_READER_KEYS_MAX + 1);
+    if (len > KS_READER_KEYS_MAX)
+        return 0;
+    key_entry prev = {NULL, 0, 0};
+    size_t start = 0;
+    while (start < len) {
+        const char *comma = memchr(text + start, ',', len - start);
+        size_t end = comma != NULL ? (size_t)(comma - text) : len;
+        key_entry e;
+        if (!parse_entry(text + start, end - start, &e))
+            return 0;
+        if (prev.id != NULL && entry_cmp(&prev, &e) >= 0)
+            return 0; /* unsorted or duplicate */
+        if (want != NULL && entry_cmp(&e, want) == 0)
+            *found = 1;
+        prev = e;
+        if (comma == NULL)
+            return 1;
+        start = end + 1;
+        if (start == len)
+            return 0; /* trailing ',' */
+    }
+    return 1; /* "" */
+}
+
+/* See rollout.h. */
+ks_err ks_rollout_keys_check(const char *text)
+{
+    if (text == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    return walk_keys(text, NULL, NULL) ? KS_OK : KS_ERR_BAD_VALUE;
+}
+
+/* See rollout.h. */
+int ks_rollout_keys_holds(const char *text, const char *key_id, uint32_t version)
+{
+    if (text == NULL || key_id == NULL)
+        return 0;
+    key_entry want = {key_id, strlen(key_id), version};
+    int found = 0;
+    return walk_keys(text, &want, &found) && found;
+}
+
+/* See rollout.h: find where (key_id, version) sorts, then shift the
+ * tail and write the entry in place. */
+ks_err ks_rollout_keys_add(char *list, size_t cap, const char *key_id, uint32_t version)
+{
+    if (list == NULL || cap == 0 || strnlen(list, cap) == cap || version == 0 ||
+        !ks_rollout_charset_ok(key_id, KS_KEY_ID_MAX, KS_RULE_KEY_ID))
+        return KS_ERR_INVALID_ARGUMENT;
+    if (!walk_keys(list, NULL, NULL))
+        return KS_ERR_BAD_VALUE;
+    key_entry want = {key_id, strlen(key_id), version};
+    size_t len = strlen(list), at = len, start = 0;
+    while (start < len) {
+        const char *comma = memchr(list + start, ',', len - start);
+        size_t end = comma != NULL ? (size_t)(comma - list) : len;
+        key_entry e;
+        int parsed = parse_entry(list + start, end - start, &e);
+        assert(parsed); /* the list is canonical */
+        (void)parsed;
+        int c = entry_cmp(&e, &want);
+        if (c == 0)
+            return KS_OK; /* already held */
+        if (c > 0) {
+            at = start;
+            break;
+        }
+        start = end + 1;
+    }
+    char entry[KS_KEY_ID_MAX + 16];
+    int n = snprintf(entry, sizeof entry, "%s:%" PRIu32, key_id, version);
+    assert(n > 0 && (size_t)n < sizeof entry);
+    size_t add = (size_t)n + (len > 0 ? 1 : 0);
+    if (len + add > KS_READER_KEYS_MAX)
+        return KS_ERR_TOO_LARGE;
+    if (len + add + 1 > cap)
+        return KS_ERR_BUFFER_TOO_SMALL;
+    memmove(list + at + add, list + at, len - at + 1);
+    if (at < len) { /* before an entry: "entry," */
+        memcpy(list + at, entry, (size_t)n);
+        list[at + (size_t)n] = ',';
+    } else if (len > 0) { /* at the end: ",entry" */
+        list[at] = ',';
+        memcpy(list + at + 1, entry, (size_t)n);
+    } else {
+        memcpy(list, entry, (size_t)n);
+    }
+    return KS_OK;
+}
+
+/* See rollout.h. */
+int ks_rollout_reader_supports(const ks_rollout_reader *r, const ks_rollout_class *c)
+{
+    assert(r != NULL && c != NULL);
+    if (c->is_plaintext)
+        return 1;
+    if (r->max_format < c->version || c->algorithm >= 32 ||
+        (r->algorithms & (1u << c->algorithm)) == 0)
+        return 0;
+    return ks_rollout_keys_holds(r->keys, c->key_id, c->key_version);
+}
+
+/* ---- guards ----------------------------------------------------------------- */
+
+/* Format n with thousands separators ("1,204") into out. */
+static const char *grouped(uint64_t n, char out[32])
+{
+    char digits[24];
+    int len = snprintf(digits, sizeof digits, "%" PRIu64, n);
+    assert(len > 0 && len < 24);
+    size_t o = 0;
+    for (int i = 0; i < len; i++) {
+        if (i > 0 && (len - i) % 3 == 0)
+            out[o++] = ',';
+        out[o++] = digits[i];
+    }
+    out[o] = '\0';
+    return out;
+}
+
+/* The rows of a count ("1 row is", "35 rows are"). */
+static const char *rows_are(uint64_t n, char out[48])
+{
+    char g[32];
+    snprintf(out, 48, "%s %s", grouped(n, g), n == 1 ? "row is" : "rows are");
+    return out;
+}
+
+/* The name of a key state fact for messages. */
+static const char *key_fact_name(int state)
+{
+    if (state == KS_ROLLOUT_KEY_UNKNOWN)
+        return "unknown";
+    if (state == KS_ROLLOUT_KEY_MISSING)
+        return "missing";
+    const char *n = ks_key_state_name(state);
+    return n != NULL ? n : "invalid";
+}
+
+/* planned -> read-compat: the target key version exists and may be used
+ * for reading and writing later (not disabled, not destroyed). */
+static ks_err guard_read_compat(const ks_rollout_facts *f, char *why, size_t why_len)
+{
+    const ks_rollout_class *t = &f->rollout.target;
+    int s = f->target_key_state;
+    if (s == KS_KEY_ACTIVE || s == KS_KEY_DECRYPT_ONLY)
+        return KS_OK;
+    if (s == KS_ROLLOUT_KEY_UNKNOWN)
+        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
+                      "the state of target key %s:%" PRIu32 " was not checked with the provider",
+                      t->key_id, t->key_version);
+    if (s == KS_ROLLOUT_KEY_MISSING)
+        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
+                      "target key %s:%" PRIu32 " does not exist in the key provider", t->key_id,
+                      t->key_version);
+    return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "target key %s:%" PRIu32 " is %s", t->key_id,
+                  t->key_version, key_fact_name(s));
+}
+
+/* read-compat -> write-upgrade: every live reader supports the target,
+ * and read-compat has lasted min_soak_s.  Readers are named (up to 8). */
+static ks_err guard_write_upgrade(const ks_rollout_facts *f, char *why, size_t why_len)
+{
+    const ks_rollout *r = &f->rollout;
+    size_t missing = 0;
+    char names[512];
+    size_t used = 0;
+    names[0] = '\0';
+    for (size_t i = 0; i < f->n_readers; i++) {
+        if (ks_rollout_reader_supports(&f->readers[i], &r->target))
+            continue;
+        if (missing < 8) {
+            int n = snprintf(names + used, sizeof names - used, "%s%s", missing ? ", " : "",
+                             f->readers[i].instance_id);
+            used = n > 0 && (size_t)n < sizeof names - used ? used + (size_t)n : used;
+        }
+        missing++;
+    }
+    if (missing > 0) {
+        char tc[KS_KEY_ID_MAX + 48];
+        ks_rollout_class_text(&r->target, tc, sizeof tc);
+        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "%zu live %s cannot read %s: %s%s", missing,
+                      missing == 1 ? "reader" : "readers", tc, names,
+                      missing > 8 ? ", ..." : "");
+    }
+    int64_t lasted = f->now - r->phase_since;
+    if (lasted < (int64_t)r->min_soak_s)
+        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
+                      "read-compat has lasted %" PRId64 " s of the %" PRIu32 " s minimum soak",
+                      lasted < 0 ? 0 : lasted, r->min_soak_s);
+    return KS_OK;
+}
+
+/* write-upgrade -> backfill: the health verdict of the window is OK. */
+static ks_err guard_backfill(const ks_rollout_facts *f, char *why, size_t why_len)
+{
+    if (!f->health_known)
+        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "the health of the window was not evaluated");
+    if (f->health == KS_HEALTH_TRIPPED)
+        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
+                      "the health check tripped a threshold in the last %" PRIu32 " s",
+                      f->rollout.thresholds.window_s);
+    if (f->health == KS_HEALTH_INSUFFICIENT)
+        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
+                      "the health check has too few samples (fewer than %" PRIu64
+                      ") in the last %" PRIu32 " s",
+                      f->rollout.thresholds.min_samples, f->rollout.thresholds.window_s);
+    if (f->health != KS_HEALTH_OK)
+        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "the health verdict is not valid");
+    return KS_OK;
+}
+
+/* backfill -> finalized: no row left at the source, and a verify pass
+ * recorded since entering backfill. */
+static ks_err guard_finalize(const ks_rollout_facts *f, char *why, size_t why_len)
+{
+    const ks_rollout *r = &f->rollout;
+    char rows[48];
+    if (!f->census_known)
+        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "the census of %s.%s was not computed",
+                      r->table, r->column);
+    if (f->rows_at_source > 0)
+        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "%s still at the source",
+                      rows_are(f->rows_at_source, rows));
+    if (r->verified_at == 0 || r->verified_at < r->phase_since)
+        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
+                      "no `migrate verify` pass was recorded since backfill began");
+    return KS_OK;
+}
+
+/* read-compat -> planned: no row written at the target yet. */
+static ks_err guard_to_planned(const ks_rollout_facts *f, char *why, size_t why_len)
+{
+    const ks_rollout *r = &f->rollout;
+    if (!f->census_known)
+        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "the census of %s.%s was not computed",
+                      r->table, r->column);
+    if (f->rows_at_target > 0) {
+        char g[32];
+        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
+                      "rolling back to planned would make %s %s unreadable",
+                      grouped(f->rows_at_target, g), f->rows_at_target == 1 ? "row" : "rows");
+    }
+    return KS_OK;
+}
+
+/* finalized -> backfill: only the governing rollout, and only while the
+ * source can still be written and read again (its key not destroyed). */
+static ks_err guard_unfinalize(const ks_rollout_facts *f, char *why, size_t why_len)
+{
+    const ks_rollout_class *s = &f->rollout.source;
+    if (!f->is_latest)
+        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
+                      "a later rollout governs %s.%s: only the latest may be rolled back",
+                      f->rollout.table, f->rollout.column);
+    if (s->is_plaintext)
+        return KS_OK;
+    int st = f->source_key_state;
+    if (st == KS_KEY_ACTIVE || st == KS_KEY_DECRYPT_ONLY || st == KS_KEY_DISABLED)
+        return KS_OK;
+    if (st == KS_KEY_DESTROYED)
+        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
+                      "source key %s:%" PRIu32 " was destroyed: its rows could never be read",
+                      s->key_id, s->key_version);
+    return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "the state of source key %s:%" PRIu32 " is %s",
+                  s->key_id, s->key_version, key_fact_name(st));
+}
+
+/* See rollout.h. */
+ks_err ks_rollout_guard(const ks_rollout_facts *f, ks_rollout_phase to, char *why, size_t why_len)
+{
+    if (why != NULL && why_len > 0)
+        why[0] = '\0';
+    if (f == NULL || (f->readers == NULL && f->n_readers > 0))
+        return KS_ERR_INVALID_ARGUMENT;
+    ks_rollout_phase from = f->rollout.phase;
+    const char *fn = ks_rollout_phase_name((int)from), *tn = ks_rollout_phase_name((int)to);
+    if (fn == NULL || tn == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    switch (from) {
+    case KS_PHASE_PLANNED:
+        if (to == KS_PHASE_READ_COMPAT)
+            return guard_read_compat(f, why, why_len);
+        break;
+    case KS_PHASE_READ_COMPAT:
+        if (to == KS_PHASE_WRITE_UPGRADE)
+            return guard_write_upgrade(f, why, why_len);
+        if (to == KS_PHASE_PLANNED)
+            return guard_to_planned(f, why, why_len);
+        break;
+    case KS_PHASE_WRITE_UPGRADE:
+        if (to == KS_PHASE_BACKFILL)
+            return guard_backfill(f, why, why_len);
+        if (to == KS_PHASE_READ_COMPAT)
+            return KS_OK; /* readers still read the target */
+        break;
+    case KS_PHASE_BACKFILL:
+        if (to == KS_PHASE_FINALIZED)
+            return guard_finalize(f, why, why_len);
+        if (to == KS_PHASE_READ_COMPAT)
+            return KS_OK;
+        break;
+    case KS_PHASE_FINALIZED:
+        if (to == KS_PHASE_BACKFILL)
+            return guard_unfinalize(f, why, why_len);
+        break;
+    }
+    return ks_sqlite_fail(why, why_len, KS_ERR_STATE, "there is no transition from %s to %s", fn, tn);
+}

@@ -1,0 +1,413 @@
+/*
+ * migrate/rollout/policy.c -- the application policy (keyshift/rollout.h,
+ * ks_policy_*) and the canary bucket.
+ *
+ * A policy keeps, in memory, the latest rollout of every scope.  Answers
+ * (write target, may read) look them up under a mutex with no query.
+ * Before answering, at most once per refresh_ms, the policy reads
+ * `PRAGMA data_version` (which changes when another connection commits to
+ * the database) and reloads the rollouts, in one read transaction, only
+ * when it changed.  A failed refresh keeps the rollouts it had and makes
+ * the call that triggered it fail (fail closed: the caller does not act on
+ * an answer it could not check).
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <assert.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <sodium.h>
+#include <sqlite3.h>
+
+#include <keyshift/rollout.h>
+
+#include "../../format/rules.h"
+#include "../store/sqlite_util.h"
+#include "rollout_internal.h"
+
+/* The default least time between two checks of the database. */
+#define REFRESH_DEFAULT_MS 1000u
+/* Rollouts read per page while reloading. */
+#define LOAD_PAGE 16u
+
+struct ks_policy {
+    pthread_mutex_t mu;             /* guards everything below */
+    ks_rollout_db *db;
+    ks_rollout_reader self;         /* this instance, as registered */
+    int heartbeat;                  /* registered in keyshift_readers */
+    uint32_t refresh_ms;
+    uint64_t last_check_ms;         /* monotonic time of the last data_version check */
+    int loaded;                     /* rules hold a successful load */
+    int64_t data_version;           /* at that load */
+    ks_rollout *rules;              /* the latest rollout of each scope */
+    size_t n_rules;
+};
+
+/* The domain separation of the canary hash. */
+static const char canary_domain[] = "keyshift-canary";
+
+/* See rollout.h.  crypto_generichash is BLAKE2b; libsodium's portable
+ * implementation is used if sodium_init() could not select another, so
+ * the result never depends on it. */
+uint32_t ks_rollout_canary_bucket(int64_t rollout_id, ks_bytes tenant)
+{
+    uint8_t id[8], out[32];
+    crypto_generichash_state st;
+    int init = sodium_init();
+    (void)init; /* -1 only leaves the portable implementation in use */
+    ks_be_put(id, (uint64_t)rollout_id, 8);
+    crypto_generichash_init(&st, NULL, 0, sizeof out);
+    crypto_generichash_update(&st, (const uint8_t *)canary_domain, sizeof canary_domain - 1);
+    crypto_generichash_update(&st, id, sizeof id);
+    if (tenant.len > 0 && tenant.ptr != NULL)
+        crypto_generichash_update(&st, tenant.ptr, tenant.len);
+    crypto_generichash_final(&st, out, sizeof out);
+    return (uint32_t)(ks_be_get(out, 8) % 10000u);
+}
+
+/* ---- loading ---------------------------------------------------------------- */
+
+/* Put r into rules[0, *n) (capacity *cap, grown): replacing the rule of
+ * the same scope (rollouts come in id order, so the later one wins). */
+static ks_err keep_latest(ks_rollout **rules, size_t *n, size_t *cap, const ks_rollout *r)
+{
+    for (size_t i = 0; i < *n; i++) {
+        if (sqlite3_stricmp((*rules)[i].table, r->table) == 0 &&
+            sqlite3_stricmp((*rules)[i].column, r->column) == 0) {
+            (*rules)[i] = *r;
+            return KS_OK;
+        }
+    }
+    if (*n == *cap) {
+        size_t ncap = *cap ? *cap * 2 : 8;
+        ks_rollout *np = realloc(*rules, ncap * sizeof *np);
+        if (np == NULL)
+            return KS_ERR_NO_MEMORY;
+        *rules = np;
+        *cap = ncap;
+    }
+    (*rules)[(*n)++] = *r;
+    return KS_OK;
+}
+
+/* Read every rollout in one read transaction and keep the latest of each
+ * scope in p (replacing what it had only on success). */
+static ks_err reload(ks_policy *p)
+{
+    ks_rollout *page = malloc(LOAD_PAGE * sizeof *page);
+    ks_rollout *rules = NULL;
+    size_t n_rules = 0, cap = 0, n = 0;
+    int64_t after = 0;
+    if (page == NULL)
+        return KS_ERR_NO_MEMORY;
+    ks_err err = ks_rollout_db_snapshot(p->db, 1);
+    if (err != KS_OK) {
+        free(page);
+        return err;
+    }
+    do {
+        err = ks_rollout_db_list(p->db, after, page, LOAD_PAGE, &n);
+        for (size_t i = 0; err == KS_OK && i < n; i++)
+            err = keep_latest(&rules, &n_rules, &cap, &page[i]);
+        if (n > 0)
+            after = page[n - 1].id;
+    } while (err == KS_OK && n == LOAD_PAGE);
+    ks_err end = ks_rollout_db_snapshot(p->db, 0);
+    if (err == KS_OK)
+        err = end;
+    free(page);
+    if (err != KS_OK) {
+        free(rules);
+        return err;
+    }
+    free(p->rules);
+    p->rules = rules;
+    p->n_rules = n_rules;
+    p->loaded = 1;
+    return KS_OK;
+}
+
+/* With p locked: when forced or refresh_ms has passed since the last
+ * check, read data_version and reload when it changed. */
+static ks_err refresh_locked(ks_policy *p, int force)
+{
+    uint64_t now = ks_sqlite_mono_ms();
+    if (!force && p->loaded && now - p->last_check_ms < p->refresh_ms)
+        return KS_OK;
+    int64_t dv = 0;
+    ks_err err = ks_rollout_db_data_version(p->db, &dv);
+    if (err == KS_OK && (!p->loaded || dv != p->data_version))
+        err = reload(p);
+    if (err == KS_OK) {
+        p->data_version = dv;
+        p->last_check_ms = now;
+    }
+    return err;
+}
+
+/* With p locked: the rule governing table.column, or NULL. */
+static const ks_rollout *find_rule(const ks_policy *p, const char *table, const char *column)
+{
+    for (size_t i = 0; i < p->n_rules; i++)
+        if (sqlite3_stricmp(p->rules[i].table, table) == 0 &&
+            sqlite3_stricmp(p->rules[i].column, column) == 0)
+            return &p->rules[i];
+    return NULL;
+}
+
+/* ---- open and close -------------------------------------------------------- */
+
+/* Check opts and fill p->self from them. */
+static ks_err take_options(ks_policy *p, const ks_policy_options *o)
+{
+    ks_rollout_reader *r = &p->self;
+    const char *keys = o->keys != NULL ? o->keys : "";
+    if (o->instance_id == NULL || strlen(o->instance_id) > KS_INSTANCE_ID_MAX ||
+        strlen(keys) > KS_READER_KEYS_MAX || ks_rollout_keys_check(keys) != KS_OK ||
+        (o->max_format != KS_FORMAT_V1 && o->max_format != KS_FORMAT_V2))
+        return KS_ERR_INVALID_ARGUMENT;
+    if (!ks_rollout_charset_ok(o->instance_id, KS_INSTANCE_ID_MAX, KS_RULE_NAME))
+        return KS_ERR_INVALID_ARGUMENT;
+    strcpy(r->instance_id, o->instance_id);
+    strcpy(r->keys, keys);
+    const char *v = ks_version();
+    assert(strlen(v) <= KS_LIBRARY_VERSION_MAX);
+    strcpy(r->library_version, v);
+    r->max_format = o->max_format;
+    r->algorithms = o->algorithms;
+    p->heartbeat = o->heartbeat != 0;
+    p->refresh_ms = o->refresh_ms != 0 ? o->refresh_ms : REFRESH_DEFAULT_MS;
+    return KS_OK;
+}
+
+/* See rollout.h. */
+ks_err ks_policy_open(const char *path, const ks_policy_options *opts, ks_policy **out)
+{
+    if (out == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    *out = NULL;
+    if (path == NULL || opts == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    ks_policy *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return KS_ERR_NO_MEMORY;
+    ks_err err = take_options(p, opts);
+    if (err == KS_OK && pthread_mutex_init(&p->mu, NULL) != 0)
+        err = KS_ERR_NO_MEMORY;
+    if (err != KS_OK) {
+        free(p);
+        return err;
+    }
+    err = ks_rollout_db_open(path, 0, &p->db, NULL, 0);
+    if (err == KS_OK && p->heartbeat)
+        err = ks_rollout_db_reader_register(p->db, &p->self, (int64_t)time(NULL));
+    if (err != KS_OK)
+        p->heartbeat = 0; /* not registered: nothing to deregister */
+    if (err == KS_OK)
+        err = refresh_locked(p, 1); /* not shared yet: no lock needed */
+    if (err != KS_OK) {
+        ks_policy_close(p);
+        return err;
+    }
+    *out = p;
+    return KS_OK;
+}
+
+/* See rollout.h. */
+void ks_policy_close(ks_policy *p)
+{
+    if (p == NULL)
+        return;
+    if (p->heartbeat && p->db != NULL) {
+        /* best effort: a reader left behind expires after the TTL */
+        ks_err err = ks_rollout_db_reader_deregister(p->db, p->self.instance_id);
+        (void)err;
+    }
+    ks_rollout_db_close(p->db);
+    free(p->rules);
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+}
+
+/* See rollout.h. */
+ks_err ks_policy_refresh(ks_policy *p)
+{
+    if (p == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&p->mu);
+    ks_err err = refresh_locked(p, 1);
+    pthread_mutex_unlock(&p->mu);
+    return err;
+}
+
+/* See rollout.h. */
+ks_err ks_policy_heartbeat(ks_policy *p)
+{
+    if (p == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    if (!p->heartbeat)
+        return KS_OK;
+    pthread_mutex_lock(&p->mu);
+    int64_t now = (int64_t)time(NULL);
+    ks_err err = ks_rollout_db_reader_heartbeat(p->db, p->self.instance_id, now);
+    if (err == KS_ERR_NOT_FOUND)
+        err = ks_rollout_db_reader_register(p->db, &p->self, now);
+    pthread_mutex_unlock(&p->mu);
+    return err;
+}
+
+/* ---- answers ------------------------------------------------------------------ */
+
+/* Nonzero when tenant writes the target of r in write-upgrade. */
+static int in_canary(const ks_rollout *r, ks_bytes tenant)
+{
+    const ks_rollout_canary *c = &r->canary;
+    if (c->kind == KS_CANARY_ALL)
+        return 1;
+    if (tenant.len == 0 || tenant.ptr == NULL)
+        return 0;
+    if (c->kind == KS_CANARY_PERCENT)
+        return ks_rollout_canary_bucket(r->id, tenant) < c->percent * 100u;
+    for (size_t i = 0; i < c->n_tenants; i++)
+        if (strlen(c->tenants[i]) == tenant.len &&
+            memcmp(c->tenants[i], tenant.ptr, tenant.len) == 0)
+            return 1;
+    return 0;
+}
+
+/* An answer computed from the governing rollout r, under the lock. */
+typedef ks_err (*answer_fn)(const ks_rollout *r, void *ctx);
+
+/* Refresh when due, find the rule of table.column and answer from it
+ * under the lock (no copy of the rollout per record): KS_ERR_NOT_FOUND
+ * when no rollout governs the scope. */
+static ks_err with_rule(ks_policy *p, const char *table, const char *column, answer_fn answer,
+                        void *ctx)
+{
+    pthread_mutex_lock(&p->mu);
+    ks_err err = refresh_locked(p, 0);
+    const ks_rollout *r = err == KS_OK ? find_rule(p, table, column) : NULL;
+    if (err == KS_OK)
+        err = r != NULL ? answer(r, ctx) : KS_ERR_NOT_FOUND;
+    pthread_mutex_unlock(&p->mu);
+    return err;
+}
+
+/* What ks_policy_write_target asks and where the answer goes. */
+typedef struct write_q {
+    ks_bytes tenant;
+    ks_rollout_class *out;
+} write_q;
+
+/* The class to write under r for the tenant of ctx (a write_q). */
+static ks_err answer_write(const ks_rollout *r, void *ctx)
+{
+    write_q *q = ctx;
+    int target;
+    switch (r->phase) {
+    case KS_PHASE_PLANNED:
+    case KS_PHASE_READ_COMPAT:
+        target = 0;
+        break;
+    case KS_PHASE_WRITE_UPGRADE:
+        target = in_canary(r, q->tenant);
+        break;
+    case KS_PHASE_BACKFILL:
+    case KS_PHASE_FINALIZED:
+        target = 1;
+        break;
+    default:
+        return KS_ERR_STORE; /* read_rollout admits no other phase */
+    }
+    *q->out = target ? r->target : r->source;
+    return KS_OK;
+}
+
+/* See rollout.h. */
+ks_err ks_policy_write_target(ks_policy *p, const char *table, const char *column,
+                              ks_bytes tenant, ks_rollout_class *out)
+{
+    if (p == NULL || table == NULL || column == NULL || out == NULL ||
+        (tenant.ptr == NULL && tenant.len > 0))
+        return KS_ERR_INVALID_ARGUMENT;
+    write_q q = {tenant, out};
+    return with_rule(p, table, column, answer_write, &q);
+}
+
+/* Classify value into *c: plaintext unless it starts with "KSE", then by
+ * its header.  0 when the header is malformed. */
+static int classify(const ks_bytes *value, ks_rollout_class *c)
+{
+    memset(c, 0, sizeof *c);
+    if (value->len < 3 || value->ptr[0] != KS_MAGIC_0 || value->ptr[1] != KS_MAGIC_1 ||
+        value->ptr[2] != KS_MAGIC_2) {
+        c->is_plaintext = 1;
+        return 1;
+    }
+    ks_envelope e;
+    if (ks_envelope_parse_header(value->ptr, value->len, NULL, &e, NULL) != KS_OK ||
+        e.key_id.len > KS_KEY_ID_MAX)
+        return 0;
+    c->version = e.version;
+    c->algorithm = e.algorithm;
+    memcpy(c->key_id, e.key_id.ptr, e.key_id.len);
+    c->key_id[e.key_id.len] = '\0';
+    c->key_version = e.key_version;
+    return 1;
+}
+
+/* What ks_policy_may_read asks and where the answer goes. */
+typedef struct read_q {
+    int is_null;                 /* an SQL NULL */
+    int classified;              /* c holds the value's class (else: malformed) */
+    ks_rollout_class c;
+    int *ok;
+} read_q;
+
+/* Whether r lets the value of ctx (a read_q) be read. */
+static ks_err answer_read(const ks_rollout *r, void *ctx)
+{
+    read_q *q = ctx;
+    if (q->is_null) {
+        *q->ok = 1; /* SQL NULL: nothing to read */
+        return KS_OK;
+    }
+    if (!q->classified)
+        return KS_OK;
+    int is_source = ks_rollout_class_equal(&q->c, &r->source);
+    int is_target = ks_rollout_class_equal(&q->c, &r->target);
+    switch (r->phase) {
+    case KS_PHASE_PLANNED:
+        *q->ok = is_source;
+        break;
+    case KS_PHASE_READ_COMPAT:
+    case KS_PHASE_WRITE_UPGRADE:
+    case KS_PHASE_BACKFILL:
+        *q->ok = is_source || is_target;
+        break;
+    case KS_PHASE_FINALIZED:
+        *q->ok = is_target;
+        break;
+    }
+    return KS_OK;
+}
+
+/* See rollout.h.  The value is classified before taking the lock. */
+ks_err ks_policy_may_read(ks_policy *p, const char *table, const char *column,
+                          const ks_bytes *value, int *ok)
+{
+    if (ok != NULL)
+        *ok = 0;
+    if (p == NULL || table == NULL || column == NULL || ok == NULL ||
+        (value != NULL && value->ptr == NULL && value->len > 0))
+        return KS_ERR_INVALID_ARGUMENT;
+    read_q q;
+    memset(&q, 0, sizeof q);
+    q.ok = ok;
+    q.is_null = value == NULL;
+    q.classified = value != NULL && classify(value, &q.c);
+    return with_rule(p, table, column, answer_read, &q);
+}

@@ -1,0 +1,29 @@
+/*
+ * migrate/rollout/rollout_internal.h -- what the parts of the rollout code
+ * (guard.c, rollout_db.c, policy.c) share.  Internal to the library (no
+ * KS_API, hidden in the shared library).
+ */
+#ifndef KS_MIGRATE_ROLLOUT_INTERNAL_H
+#define KS_MIGRATE_ROLLOUT_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <keyshift/rollout.h>
+
+/* Nonzero when s is 1..max bytes (NUL-terminated within max + 1) of the
+ * character class kind (KS_RULE_NAME or KS_RULE_KEY_ID of format/rules.h). */
+int ks_rollout_charset_ok(const char *s, size_t max, uint8_t kind);
+
+/* Class c as text for messages ("plaintext", "k:2 (v2, xchacha20-poly1305)"). */
+const char *ks_rollout_class_text(const ks_rollout_class *c, char *out, size_t out_len);
+
+/* PRAGMA data_version of db's connection: changes when another connection
+ * commits to the database. */
+KS_WUR ks_err ks_rollout_db_data_version(ks_rollout_db *db, int64_t *out);
+
+/* Start (begin nonzero) or end a read transaction on db, so that several
+ * reads see one snapshot. */
+KS_WUR ks_err ks_rollout_db_snapshot(ks_rollout_db *db, int begin);
+
+#endif /* KS_MIGRATE_ROLLOUT_INTERNAL_H */
