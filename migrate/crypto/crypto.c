@@ -58,11 +58,23 @@
  * guarded memory): the most recently used v1 aes-256-gcm DEKs'. */
 #define KS_CACHE_AES_STATES 256u
 
-/* Every counter of ks_metrics, as relaxed C11 atomics, but cache_hits and
- * cache_misses: the read cache counts those under the lock it holds for
- * the lookup anyway (ks_dek_cache_counts()). */
+/* Threads with a shard of their own for the seal and open counts; the
+ * others share one more (op_shard). */
+#define KS_OP_SHARDS 64
+
+/* The seal and open counts of one thread (or, for the last shard, of
+ * every thread past the first KS_OP_SHARDS - 1), on its own cache line. */
+typedef struct op_shard {
+    _Alignas(64) _Atomic uint64_t seals;
+    _Atomic uint64_t opens;
+} op_shard;
+
+/* Every counter of ks_metrics, as relaxed C11 atomics, but seals and opens
+ * (op_shard, counted per thread) and cache_hits and cache_misses (the read
+ * cache counts those under the lock it holds for the lookup anyway,
+ * ks_dek_cache_counts()). */
 typedef struct counters {
-    _Atomic uint64_t seals, opens, rewraps;
+    _Atomic uint64_t rewraps;
     _Atomic uint64_t auth_failures, auth_fail_unwrap, auth_fail_commitment, auth_fail_aead,
         auth_fail_binding;
     _Atomic uint64_t parse_errors[32];
@@ -81,6 +93,7 @@ struct ks_ctx {
     ks_dek_cache *cache; /* read side: wrap identity -> DEK; NULL when disabled */
     ks_dek_cache *memo;  /* rewrap: (identity, target) -> new wrap; NULL when disabled */
     counters m;
+    op_shard ops[KS_OP_SHARDS];
 };
 
 /* Why an open failed authentication (one error code, four counters). */
@@ -100,6 +113,38 @@ void ks_crypto_test_hide_aes(int hide)
 }
 
 /* ---- small helpers --------------------------------------------------------- */
+
+/* Thread indices handed out so far (op_shard). */
+static _Atomic uint32_t threads_seen;
+/* This thread's index plus one; 0 until its first seal or open. */
+static _Thread_local uint32_t thread_index_1;
+
+/*
+ * Count one seal (or open, with opens nonzero) in this thread's shard.
+ * Each of the first KS_OP_SHARDS - 1 threads to count has a shard that no
+ * other thread writes (indices are never reused), so a relaxed load and
+ * store count without a locked read-modify-write, a few ns on every
+ * operation; later threads share the last shard with an atomic add.
+ * Readers (ks_ctx_metrics()) load the shards with relaxed atomics.
+ */
+static void count_op(ks_ctx *ctx, int opens)
+{
+    if (thread_index_1 == 0) {
+        thread_index_1 = atomic_fetch_add_explicit(&threads_seen, 1, memory_order_relaxed) + 1;
+        if (thread_index_1 == 0) { /* after 2^32 threads: stay on the shared shard */
+            thread_index_1 = UINT32_MAX;
+        }
+    }
+    const uint32_t t = thread_index_1 - 1;
+    op_shard *sh = &ctx->ops[t < KS_OP_SHARDS - 1 ? t : KS_OP_SHARDS - 1];
+    _Atomic uint64_t *n = opens ? &sh->opens : &sh->seals;
+    if (t < KS_OP_SHARDS - 1) {
+        atomic_store_explicit(n, atomic_load_explicit(n, memory_order_relaxed) + 1,
+                              memory_order_relaxed);
+    } else {
+        atomic_fetch_add_explicit(n, 1, memory_order_relaxed);
+    }
+}
 
 /* Count an authentication failure by cause; returns KS_ERR_AUTH_FAILED. */
 static ks_err auth_failed(ks_ctx *ctx, auth_cause cause)
@@ -198,9 +243,10 @@ static int aead_encrypt(uint32_t alg, const void *aes, uint8_t *c, const uint8_t
                         const uint8_t *ad, size_t adlen, const uint8_t *nonce, const uint8_t *k)
 {
     unsigned long long clen;
-    if (aes != NULL) {
-        return crypto_aead_aes256gcm_encrypt_afternm(c, &clen, m, mlen, ad, adlen, NULL, nonce,
-                                                     (const crypto_aead_aes256gcm_state *)aes);
+    if (aes != NULL) { /* the detached call, without the combined wrapper's layer */
+        return crypto_aead_aes256gcm_encrypt_detached_afternm(
+            c, c + mlen, NULL, m, mlen, ad, adlen, NULL, nonce,
+            (const crypto_aead_aes256gcm_state *)aes);
     }
     if (alg == KS_ALG_AES256GCM) {
         return crypto_aead_aes256gcm_encrypt(c, &clen, m, mlen, ad, adlen, NULL, nonce, k);
@@ -214,9 +260,11 @@ static int aead_decrypt(uint32_t alg, const void *aes, uint8_t *m, const uint8_t
                         const uint8_t *ad, size_t adlen, const uint8_t *nonce, const uint8_t *k)
 {
     unsigned long long mlen;
-    if (aes != NULL) {
-        return crypto_aead_aes256gcm_decrypt_afternm(m, &mlen, NULL, c, clen, ad, adlen, nonce,
-                                                     (const crypto_aead_aes256gcm_state *)aes);
+    assert(clen >= KS_TAG_LEN); /* [F-LEN-2]: the parser refuses a shorter one */
+    if (aes != NULL) { /* the detached call, without the combined wrapper's layer */
+        return crypto_aead_aes256gcm_decrypt_detached_afternm(
+            m, NULL, c, clen - KS_TAG_LEN, c + clen - KS_TAG_LEN, ad, adlen, nonce,
+            (const crypto_aead_aes256gcm_state *)aes);
     }
     if (alg == KS_ALG_AES256GCM) {
         return crypto_aead_aes256gcm_decrypt(m, &mlen, NULL, c, clen, ad, adlen, nonce, k);
@@ -284,10 +332,12 @@ ks_err ks_ctx_new(const ks_provider *provider, const ks_ctx_config *cfg, ks_ctx 
     if (sodium_init() < 0) {
         return KS_ERR_CRYPTO_INIT;
     }
-    ks_ctx *ctx = calloc(1, sizeof *ctx);
+    /* aligned: the op shards are on cache lines of their own */
+    ks_ctx *ctx = aligned_alloc(_Alignof(ks_ctx), sizeof *ctx);
     if (ctx == NULL) {
         return KS_ERR_NO_MEMORY;
     }
+    memset(ctx, 0, sizeof *ctx);
     ctx->prov = *provider;
     ctx->cfg = *cfg;
     ctx->limits = (ks_wdek_limits){cfg->dek_max_messages, cfg->dek_max_bytes, cfg->dek_max_age};
@@ -356,8 +406,10 @@ void ks_ctx_metrics(ks_ctx *ctx, ks_metrics *out)
         return;
     }
 #define LOAD(f) atomic_load_explicit(&ctx->m.f, memory_order_relaxed)
-    out->seals = LOAD(seals);
-    out->opens = LOAD(opens);
+    for (size_t i = 0; i < KS_OP_SHARDS; i++) {
+        out->seals += atomic_load_explicit(&ctx->ops[i].seals, memory_order_relaxed);
+        out->opens += atomic_load_explicit(&ctx->ops[i].opens, memory_order_relaxed);
+    }
     out->rewraps = LOAD(rewraps);
     out->auth_failures = LOAD(auth_failures);
     out->auth_fail_unwrap = LOAD(auth_fail_unwrap);
@@ -558,16 +610,14 @@ static ks_err seal_with(const ks_wdek *d, const uint8_t *nonce, ks_bytes context
         return KS_ERR_BUFFER_TOO_SMALL;
     }
     memcpy(out, d->hdr, hl);
-    ks_envelope env = d->tmpl;
-    env.nonce.ptr = out + d->nonce_off;
-    memcpy(out + d->nonce_off, nonce, env.nonce.len);
+    const ks_bytes nonce_v = {out + d->nonce_off, d->tmpl.nonce.len};
+    memcpy(out + d->nonce_off, nonce, nonce_v.len);
     uint8_t k[32];
     const uint8_t *key = d->key; /* v1: K = DEK [F-CRYPTO-KEY-1] */
-    const int v2 = env.version == KS_FORMAT_V2;
+    const int v2 = d->tmpl.version == KS_FORMAT_V2;
     if (v2) {
-        derive(d->key, env.nonce, pers_cmmt, out + d->commit_off); /* [F-CRYPTO-COMMIT-1] */
-        env.commitment.ptr = out + d->commit_off;
-        derive(d->key, env.nonce, pers_mkey, k); /* [F-CRYPTO-KEY-2] */
+        derive(d->key, nonce_v, pers_cmmt, out + d->commit_off); /* [F-CRYPTO-COMMIT-1] */
+        derive(d->key, nonce_v, pers_mkey, k);                   /* [F-CRYPTO-KEY-2] */
         key = k;
     }
     size_t pos = hl;
@@ -583,13 +633,16 @@ static ks_err seal_with(const ks_wdek *d, const uint8_t *nonce, ks_bytes context
             memcpy(aad + d->aad_head_len + 4, context.ptr, context.len);
         }
         aad_len = d->aad_head_len + 4 + context.len;
-    } else {
+    } else { /* v2: the header's fields and this message's commitment */
+        ks_envelope env = d->tmpl;
+        env.nonce = nonce_v;
+        env.commitment.ptr = out + d->commit_off;
         err = ks_aad_data(&env, context, aad, sizeof aad, &aad_len); /* [F-CRYPTO-AAD-1] */
     }
     if (err == KS_OK) {
         /* v1 aes-256-gcm: d->aes is the DEK's expanded key */
-        if (aead_encrypt(env.algorithm, d->aes, out + pos, pt, pt_len, aad, aad_len, env.nonce.ptr,
-                         key) != 0) {
+        if (aead_encrypt(d->tmpl.algorithm, d->aes, out + pos, pt, pt_len, aad, aad_len,
+                         nonce_v.ptr, key) != 0) {
             err = KS_ERR_INVALID_ARGUMENT; /* libsodium refuses only oversized input */
         }
     }
@@ -633,7 +686,7 @@ ks_err ks_seal(ks_ctx *ctx, const ks_seal_params *p, const uint8_t *pt, size_t p
     err = seal_with(d, nonce, p->context, pt, pt_len, out, cap, out_len); /* nonce is public */
     ks_wdek_release(d);
     if (err == KS_OK) {
-        BUMP(ctx, seals);
+        count_op(ctx, 0);
     }
     return err;
 }
@@ -807,7 +860,7 @@ ks_err ks_open(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_open_pa
     }
     if (err == KS_OK) {
         *pt_len = e.ciphertext.len - KS_TAG_LEN;
-        BUMP(ctx, opens);
+        count_op(ctx, 1);
     }
     return err;
 }

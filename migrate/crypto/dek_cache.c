@@ -87,8 +87,10 @@ struct ks_dek_cache {
 /*
  * The keyed hash of a key's tail (c->hash_tail set): NH, the universal
  * hash of UMAC (Black et al., 1999), over the key's last hash_tail bytes
- * (zero-padded in front to KS_CACHE_HASH_TAIL_MAX) and u64(key length),
- * as 32-bit words m[i], under the map's random words k[i]:
+ * (a key shorter than that zero-padded in front) and u64(key length), as
+ * 32-bit words m[i], under the map's random words k[i] (the tail's taking
+ * the key words just before the length's, as if the tail were zero-padded
+ * in front to KS_CACHE_HASH_TAIL_MAX):
  *     sum over pairs of (m[2j] + k[2j] mod 2^32) * (m[2j+1] + k[2j+1] mod 2^32)
  * mod 2^64, rotated by 32 so that the bucket bits come from the products'
  * high halves (a product's low bits depend only on its factors' low bits).
@@ -107,32 +109,41 @@ struct ks_dek_cache {
  * costs a few multiplications where SipHash-2-4 over the same 24 bytes
  * took about 35 ns, a sixth of a 128-byte AES-GCM open.
  */
-static uint64_t hash_tail(const ks_dek_cache *c, const uint8_t *key, size_t len)
+static uint64_t nh_tail(const ks_dek_cache *c, const uint8_t *key, size_t len)
 {
-    uint8_t in[KS_NH_WORDS * 4] = {0};
-    const size_t n = len < c->hash_tail ? len : c->hash_tail;
-    const uint64_t len64 = len;
-    uint32_t m[KS_NH_WORDS];
+    const size_t n = c->hash_tail; /* a multiple of 8 */
+    uint8_t pad[KS_CACHE_HASH_TAIL_MAX] = {0};
+    const uint8_t *tail = key + len - n;
+    uint32_t m[2], k0 = 0, k1 = 0;
     uint64_t h = 0;
-    if (n != 0) {
-        memcpy(in + KS_CACHE_HASH_TAIL_MAX - n, key + (len - n), n);
+    if (len < n) { /* a short key: zero-padded in front */
+        memcpy(pad + (n - len), key, len);
+        tail = pad;
     }
-    memcpy(in + KS_CACHE_HASH_TAIL_MAX, &len64, 8); /* host order: the hash is never stored */
-    memcpy(m, in, sizeof m);
-    for (size_t j = 0; j < KS_NH_WORDS; j += 2) {
-        h += (uint64_t)(uint32_t)(m[j] + c->nh[j]) * (uint32_t)(m[j + 1] + c->nh[j + 1]);
+    /* The tail's words pair with the last key words before the length's. */
+    const uint32_t *k = c->nh + (KS_CACHE_HASH_TAIL_MAX - n) / 4;
+    for (size_t j = 0; j < n / 4; j += 2) {
+        memcpy(m, tail + 4 * j, sizeof m);
+        k0 = k[j];
+        k1 = k[j + 1];
+        h += (uint64_t)(uint32_t)(m[0] + k0) * (uint32_t)(m[1] + k1);
     }
+    const uint64_t len64 = len;
+    memcpy(m, &len64, sizeof m); /* host order: the hash is never stored */
+    k0 = c->nh[KS_NH_WORDS - 2];
+    k1 = c->nh[KS_NH_WORDS - 1];
+    h += (uint64_t)(uint32_t)(m[0] + k0) * (uint32_t)(m[1] + k1);
     return h >> 32 | h << 32;
 }
 
 /* The keyed hash of a key: SipHash-2-4 under the map's random key over
- * the whole key, or, when c->hash_tail is set, hash_tail(). */
+ * the whole key, or, when c->hash_tail is set, nh_tail(). */
 static uint64_t hash_key(const ks_dek_cache *c, const uint8_t *key, size_t len)
 {
     uint8_t h[crypto_shorthash_BYTES];
     uint64_t v = 0;
     if (c->hash_tail != 0) {
-        return hash_tail(c, key, len);
+        return nh_tail(c, key, len);
     }
     (void)crypto_shorthash(h, key, len, c->hkey); /* cannot fail */
     memcpy(&v, h, sizeof v);
@@ -324,7 +335,7 @@ ks_err ks_dek_cache_new(uint32_t entries, uint32_t ttl, size_t value_max, int se
                         size_t hash_tail, ks_dek_cache **out)
 {
     if (entries == 0 || entries > KS_CACHE_ENTRIES_MAX || ttl == 0 || value_max == 0 ||
-        hash_tail > KS_CACHE_HASH_TAIL_MAX || out == NULL) {
+        hash_tail > KS_CACHE_HASH_TAIL_MAX || hash_tail % 8 != 0 || out == NULL) {
         return KS_ERR_INVALID_ARGUMENT;
     }
     uint32_t nb = 1;
@@ -423,8 +434,10 @@ int ks_dek_cache_get_pinned(ks_dek_cache *c, const uint8_t *key, size_t key_len,
     if (i != NIL && now >= c->e[i].expires) {
         expired = drop(c, i);
     } else if (i != NIL) {
-        lru_unlink(c, i);
-        lru_push_front(c, i);
+        if (i != c->mru) {
+            lru_unlink(c, i);
+            lru_push_front(c, i);
+        }
         uint32_t s = c->e[i].state;
         if (pin != NULL && s != NIL) {
             atomic_fetch_add_explicit(&c->st[s].pins, 1, memory_order_relaxed); /* under the lock */

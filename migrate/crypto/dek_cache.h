@@ -15,7 +15,7 @@
  * Lookups hash the key under a random per-map key (so crafted envelopes
  * cannot flood one bucket) -- the whole key with SipHash-2-4, or, for a
  * map whose keys end in pseudorandom bytes, only its length and last bytes
- * with the universal hash NH (see hash_tail() in dek_cache.c) -- then
+ * with the universal hash NH (see nh_tail() in dek_cache.c) -- then
  * compare in full.  The
  * lock is held only to walk one chain and copy at most value_max bytes; a
  * hit allocates nothing.  Expiry uses ks_mono_seconds().
@@ -47,9 +47,10 @@ typedef struct ks_dek_cache ks_dek_cache;
 
 /* A map of `entries` (1 .. KS_CACHE_ENTRIES_MAX) entries living `ttl`
  * seconds (>= 1), values of at most value_max bytes; secret values go in
- * guarded memory.  hash_tail 0 hashes whole keys; 1 .. KS_CACHE_HASH_TAIL_MAX
- * hashes only the key length and the key's last hash_tail bytes, for a map
- * whose callers put only authenticated keys ending in pseudorandom bytes.
+ * guarded memory.  hash_tail 0 hashes whole keys; a multiple of 8 up to
+ * KS_CACHE_HASH_TAIL_MAX hashes only the key length and the key's last
+ * hash_tail bytes, for a map whose callers put only authenticated keys
+ * ending in pseudorandom bytes.
  * KS_ERR_INVALID_ARGUMENT, KS_ERR_NO_MEMORY. */
 KS_WUR ks_err ks_dek_cache_new(uint32_t entries, uint32_t ttl, size_t value_max, int secret,
                                size_t hash_tail, ks_dek_cache **out);
