@@ -102,11 +102,7 @@ uint32_t ks_alg_from_name(const char *name)
 /* See keyshift/envelope.h [F-NONCE-1]. */
 size_t ks_alg_nonce_len(uint32_t alg)
 {
-    switch (alg) {
-    case KS_ALG_AES256GCM: return KS_AES256GCM_NONCE_LEN;
-    case KS_ALG_XCHACHA20POLY1305: return KS_XCHACHA20POLY1305_NONCE_LEN;
-    default: return 0;
-    }
+    return ks_rules_nonce_len(alg);
 }
 
 /* See keyshift/envelope.h [F-LIMITS-1]. */

@@ -12,6 +12,7 @@
 #include <assert.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <keyshift/envelope.h>
 
@@ -182,11 +183,22 @@ static inline ks_err ks_rules_check_len(const ks_field_rule *r, const ks_limits 
     return KS_OK;
 }
 
+/* The nonce length in bytes for alg, or 0 when alg is not defined
+ * [F-ALG-1], [F-NONCE-1]: ks_alg_nonce_len(), inline for the parser. */
+static inline size_t ks_rules_nonce_len(uint32_t alg)
+{
+    switch (alg) {
+    case KS_ALG_AES256GCM: return KS_AES256GCM_NONCE_LEN;
+    case KS_ALG_XCHACHA20POLY1305: return KS_XCHACHA20POLY1305_NONCE_LEN;
+    default: return 0;
+    }
+}
+
 /* Check a varint field's value against its rule [F-ALG-1], [F-KVER-1]. */
 static inline ks_err ks_rules_check_varint(const ks_field_rule *r, uint32_t v)
 {
     if (r->kind == KS_RULE_ALGORITHM) {
-        return ks_alg_nonce_len(v) != 0 ? KS_OK : KS_ERR_BAD_VALUE;
+        return ks_rules_nonce_len(v) != 0 ? KS_OK : KS_ERR_BAD_VALUE;
     }
     assert(r->kind == KS_RULE_KEY_VERSION);
     return v != 0 ? KS_OK : KS_ERR_BAD_VALUE;
@@ -221,11 +233,14 @@ static inline size_t ks_varint_len(uint64_t v)
  * integers of the AADs, the keyring file and the nonce counter. */
 static inline void ks_be_put(uint8_t *p, uint64_t v, size_t n)
 {
+    /* All eight bytes, then the last n: with a constant n (every caller)
+     * the compiler makes this one byte swap and one store, where a loop
+     * over the bytes stays a loop. */
+    const uint8_t b[8] = {(uint8_t)(v >> 56), (uint8_t)(v >> 48), (uint8_t)(v >> 40),
+                          (uint8_t)(v >> 32), (uint8_t)(v >> 24), (uint8_t)(v >> 16),
+                          (uint8_t)(v >> 8),  (uint8_t)v};
     assert(n >= 1 && n <= 8);
-    for (size_t i = n; i-- > 0;) {
-        p[i] = (uint8_t)v;
-        v >>= 8;
-    }
+    memcpy(p, b + (8 - n), n);
 }
 
 /* Read n big-endian bytes at p (1 <= n <= 8). */

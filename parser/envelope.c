@@ -17,6 +17,11 @@
 #include "../format/rules.h"
 #include "cursor.h"
 
+/* The field walk (parse_fields(), parse_value()) is always inlined into
+ * parse(), once per version: with a constant rule table the compiler folds
+ * every rule into the code, which it does not do for an out-of-line call. */
+#define KS_PARSE_INLINE __attribute__((always_inline)) static inline
+
 /* Parsing modes: the whole envelope, or only through the ciphertext length. */
 enum { KS_PARSE_FULL = 0, KS_PARSE_HEADER = 1 };
 
@@ -72,8 +77,8 @@ static ks_err parse_prefix(ks_cursor *c, uint8_t *version, size_t *offset)
  * header mode a ciphertext that runs past the input is accepted (its view
  * left absent).
  */
-static ks_err parse_value(ks_cursor *c, const ks_field_rule *r, const ks_limits *lim,
-                          size_t nonce_len, int mode, ks_envelope *out, size_t *offset)
+KS_PARSE_INLINE ks_err parse_value(ks_cursor *c, const ks_field_rule *r, const ks_limits *lim,
+                                   size_t nonce_len, int mode, ks_envelope *out, size_t *offset)
 {
     uint32_t v;
     ks_err e;
@@ -157,12 +162,56 @@ static ks_err diagnose_tag(ks_cursor *c, const ks_field_rule *rules, size_t coun
 }
 
 /*
- * The decoder proper.  Each version is a fixed sequence of fields
- * (format/rules.h), each with a one-byte canonical tag [F-VARINT-5], so the
- * common case is a straight walk: compare one byte with the expected tag,
- * read the value.  Any other tag byte goes to diagnose_tag(), which works
- * out the precise error.
+ * Walk the fields of one version's table `rules` (count fields) after the
+ * prefix.  On failure returns the code and sets *offset and *field for
+ * reject().  Each version is a fixed sequence of fields (format/rules.h),
+ * each with a one-byte canonical tag [F-VARINT-5], so the common case is
+ * a straight walk: compare one byte with the expected tag, read the value.
+ * Any other tag byte goes to diagnose_tag(), which works out the precise
+ * error.  parse() calls this once per version with that version's
+ * constant table; inlined there with the loop unrolled, each field's rule
+ * is folded into straight-line code (the generic loop cost about as much
+ * per field as the rest of an open's bookkeeping).
  */
+KS_PARSE_INLINE ks_err parse_fields(ks_cursor *c, const ks_field_rule *rules, size_t count,
+                                    const ks_limits *lim, int mode, ks_envelope *out,
+                                    size_t *offset, uint32_t *field)
+{
+    size_t nonce_len = 0;
+    ks_err e;
+
+#pragma GCC unroll 16
+    for (size_t next = 0; next < count; next++) {
+        const ks_field_rule *r = &rules[next];
+        const size_t tag_offset = ks_cursor_offset(c);
+        if (ks_cursor_is_empty(c)) {
+            /* [F-END-1] the input ended before the last field */
+            *offset = tag_offset;
+            *field = r->number;
+            return KS_ERR_TRUNCATED;
+        }
+        if (c->buf[c->pos] == (uint8_t)(r->number << 3 | r->wire)) {
+            c->pos++;
+        } else {
+            *offset = tag_offset;
+            return diagnose_tag(c, rules, count, next, field);
+        }
+        if (r->number == KS_FIELD_CIPHERTEXT) {
+            out->header_len = tag_offset;
+        }
+        if ((e = parse_value(c, r, lim, nonce_len, mode, out, offset)) != KS_OK) {
+            *field = r->number;
+            return e;
+        }
+        if (r->number == KS_FIELD_ALGORITHM) {
+            nonce_len = ks_rules_nonce_len(out->algorithm);
+        }
+    }
+    return KS_OK;
+}
+
+/* The decoder proper: the prefix, the version's fields (parse_fields()),
+ * and, for a whole envelope, nothing after them. */
 static ks_err parse(const uint8_t *buf, size_t len, const ks_limits *lim, ks_envelope *out,
                     ks_parse_error *err, int mode)
 {
@@ -202,30 +251,16 @@ static ks_err parse(const uint8_t *buf, size_t len, const ks_limits *lim, ks_env
     size_t count;
     const ks_field_rule *rules = ks_rules_for(version, &count);
     assert(rules != NULL && rules[0].number == KS_FIELD_ALGORITHM);
-    size_t nonce_len = 0;
-
-    for (size_t next = 0; next < count; next++) {
-        const ks_field_rule *r = &rules[next];
-        const size_t tag_offset = ks_cursor_offset(&c);
-        if (ks_cursor_is_empty(&c)) {
-            /* [F-END-1] the input ended before the last field */
-            return reject(out, err, KS_ERR_TRUNCATED, len, r->number);
-        }
-        if (c.buf[c.pos] == (uint8_t)(r->number << 3 | r->wire)) {
-            c.pos++;
-        } else {
-            e = diagnose_tag(&c, rules, count, next, &field);
-            return reject(out, err, e, tag_offset, field);
-        }
-        if (r->number == KS_FIELD_CIPHERTEXT) {
-            out->header_len = tag_offset;
-        }
-        if ((e = parse_value(&c, r, lim, nonce_len, mode, out, &offset)) != KS_OK) {
-            return reject(out, err, e, offset, r->number);
-        }
-        if (r->number == KS_FIELD_ALGORITHM) {
-            nonce_len = ks_alg_nonce_len(out->algorithm);
-        }
+    /* One call per version, each with its constant table (see above). */
+    if (version == KS_FORMAT_V1) {
+        e = parse_fields(&c, ks_rules_v1, sizeof ks_rules_v1 / sizeof ks_rules_v1[0], lim, mode,
+                         out, &offset, &field);
+    } else {
+        e = parse_fields(&c, ks_rules_v2, sizeof ks_rules_v2 / sizeof ks_rules_v2[0], lim, mode,
+                         out, &offset, &field);
+    }
+    if (e != KS_OK) {
+        return reject(out, err, e, offset, field);
     }
     if (mode == KS_PARSE_HEADER) {
         return KS_OK; /* [F-HDR-1] bytes after the ciphertext are not looked at */

@@ -16,8 +16,8 @@
  * seals with a DEK its parent created (docs/format.md [F-CRYPTO-NONCE]).
  *
  * Read side.  Unwrapped DEKs are cached (bounded entries and TTL) under
- * the whole wrap identity (wrap AAD and wrapped bytes), so one tenant's
- * entry can never serve another's envelope.
+ * the whole wrap identity (every wrap AAD field and the wrapped bytes),
+ * so one tenant's entry can never serve another's envelope.
  *
  * Memory.  DEKs live in sodium_malloc'd (guarded, mlocked) memory and are
  * wiped on eviction and by ks_ctx_free().  Plaintext, DEKs and AADs are

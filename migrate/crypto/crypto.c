@@ -39,8 +39,12 @@
 
 /* The ciphertext field's tag byte: field 15, wire type 2 (LEN). */
 #define KS_CT_TAG ((uint8_t)(KS_FIELD_CIPHERTEXT << 3 | 2))
-/* A wrap identity: wrap AAD || wrapped_dek (the read cache's key). */
-#define KS_WRAP_ID_MAX (KS_WRAP_AAD_MAX + KS_WRAPPED_DEK_MAX)
+/* The longest envelope header through the wrapped DEK: the prefix, the
+ * five tags, varints of at most five bytes, and the longest values. */
+#define KS_WRAP_HEAD_MAX (KS_PREFIX_LEN + 5 * 6 + KS_TENANT_MAX + KS_KEY_ID_MAX + KS_WRAPPED_DEK_MAX)
+/* A wrap identity as the read cache keys it (wrap_key()): for v2,
+ * u8(purpose length) || purpose first. */
+#define KS_WRAP_ID_MAX (1 + KS_PURPOSE_MAX + KS_WRAP_HEAD_MAX)
 /* The read cache hashes a wrap identity's length and last 16 bytes: the
  * end of the wrapped DEK (dek_cache.c, hash_key()).  Its entries are put
  * only after the provider unwrapped them; lookups still compare in full.
@@ -54,15 +58,29 @@
  * guarded memory): the most recently used v1 aes-256-gcm DEKs'. */
 #define KS_CACHE_AES_STATES 256u
 
-/* Every counter of ks_metrics, as relaxed C11 atomics. */
+/* Threads with a shard of their own for the seal and open counts; the
+ * others share one more (op_shard). */
+#define KS_OP_SHARDS 64
+
+/* The seal and open counts of one thread (or, for the last shard, of
+ * every thread past the first KS_OP_SHARDS - 1), on its own cache line. */
+typedef struct op_shard {
+    _Alignas(64) _Atomic uint64_t seals;
+    _Atomic uint64_t opens;
+} op_shard;
+
+/* Every counter of ks_metrics, as relaxed C11 atomics, but seals and opens
+ * (op_shard, counted per thread) and cache_hits and cache_misses (the read
+ * cache counts those under the lock it holds for the lookup anyway,
+ * ks_dek_cache_counts()). */
 typedef struct counters {
-    _Atomic uint64_t seals, opens, rewraps;
+    _Atomic uint64_t rewraps;
     _Atomic uint64_t auth_failures, auth_fail_unwrap, auth_fail_commitment, auth_fail_aead,
         auth_fail_binding;
     _Atomic uint64_t parse_errors[32];
     _Atomic uint64_t unknown_key;
     _Atomic uint64_t provider_errors[6];
-    _Atomic uint64_t cache_hits, cache_misses, wraps, unwraps, deks_created;
+    _Atomic uint64_t wraps, unwraps, deks_created;
 } counters;
 
 #define BUMP(ctx, field) atomic_fetch_add_explicit(&(ctx)->m.field, 1, memory_order_relaxed)
@@ -75,6 +93,7 @@ struct ks_ctx {
     ks_dek_cache *cache; /* read side: wrap identity -> DEK; NULL when disabled */
     ks_dek_cache *memo;  /* rewrap: (identity, target) -> new wrap; NULL when disabled */
     counters m;
+    op_shard ops[KS_OP_SHARDS];
 };
 
 /* Why an open failed authentication (one error code, four counters). */
@@ -94,6 +113,38 @@ void ks_crypto_test_hide_aes(int hide)
 }
 
 /* ---- small helpers --------------------------------------------------------- */
+
+/* Thread indices handed out so far (op_shard). */
+static _Atomic uint32_t threads_seen;
+/* This thread's index plus one; 0 until its first seal or open. */
+static _Thread_local uint32_t thread_index_1;
+
+/*
+ * Count one seal (or open, with opens nonzero) in this thread's shard.
+ * Each of the first KS_OP_SHARDS - 1 threads to count has a shard that no
+ * other thread writes (indices are never reused), so a relaxed load and
+ * store count without a locked read-modify-write, a few ns on every
+ * operation; later threads share the last shard with an atomic add.
+ * Readers (ks_ctx_metrics()) load the shards with relaxed atomics.
+ */
+static void count_op(ks_ctx *ctx, int opens)
+{
+    if (thread_index_1 == 0) {
+        thread_index_1 = atomic_fetch_add_explicit(&threads_seen, 1, memory_order_relaxed) + 1;
+        if (thread_index_1 == 0) { /* after 2^32 threads: stay on the shared shard */
+            thread_index_1 = UINT32_MAX;
+        }
+    }
+    const uint32_t t = thread_index_1 - 1;
+    op_shard *sh = &ctx->ops[t < KS_OP_SHARDS - 1 ? t : KS_OP_SHARDS - 1];
+    _Atomic uint64_t *n = opens ? &sh->opens : &sh->seals;
+    if (t < KS_OP_SHARDS - 1) {
+        atomic_store_explicit(n, atomic_load_explicit(n, memory_order_relaxed) + 1,
+                              memory_order_relaxed);
+    } else {
+        atomic_fetch_add_explicit(n, 1, memory_order_relaxed);
+    }
+}
 
 /* Count an authentication failure by cause; returns KS_ERR_AUTH_FAILED. */
 static ks_err auth_failed(ks_ctx *ctx, auth_cause cause)
@@ -192,9 +243,10 @@ static int aead_encrypt(uint32_t alg, const void *aes, uint8_t *c, const uint8_t
                         const uint8_t *ad, size_t adlen, const uint8_t *nonce, const uint8_t *k)
 {
     unsigned long long clen;
-    if (aes != NULL) {
-        return crypto_aead_aes256gcm_encrypt_afternm(c, &clen, m, mlen, ad, adlen, NULL, nonce,
-                                                     (const crypto_aead_aes256gcm_state *)aes);
+    if (aes != NULL) { /* the detached call, without the combined wrapper's layer */
+        return crypto_aead_aes256gcm_encrypt_detached_afternm(
+            c, c + mlen, NULL, m, mlen, ad, adlen, NULL, nonce,
+            (const crypto_aead_aes256gcm_state *)aes);
     }
     if (alg == KS_ALG_AES256GCM) {
         return crypto_aead_aes256gcm_encrypt(c, &clen, m, mlen, ad, adlen, NULL, nonce, k);
@@ -208,9 +260,11 @@ static int aead_decrypt(uint32_t alg, const void *aes, uint8_t *m, const uint8_t
                         const uint8_t *ad, size_t adlen, const uint8_t *nonce, const uint8_t *k)
 {
     unsigned long long mlen;
-    if (aes != NULL) {
-        return crypto_aead_aes256gcm_decrypt_afternm(m, &mlen, NULL, c, clen, ad, adlen, nonce,
-                                                     (const crypto_aead_aes256gcm_state *)aes);
+    assert(clen >= KS_TAG_LEN); /* [F-LEN-2]: the parser refuses a shorter one */
+    if (aes != NULL) { /* the detached call, without the combined wrapper's layer */
+        return crypto_aead_aes256gcm_decrypt_detached_afternm(
+            m, NULL, c, clen - KS_TAG_LEN, c + clen - KS_TAG_LEN, ad, adlen, nonce,
+            (const crypto_aead_aes256gcm_state *)aes);
     }
     if (alg == KS_ALG_AES256GCM) {
         return crypto_aead_aes256gcm_decrypt(m, &mlen, NULL, c, clen, ad, adlen, nonce, k);
@@ -278,10 +332,12 @@ ks_err ks_ctx_new(const ks_provider *provider, const ks_ctx_config *cfg, ks_ctx 
     if (sodium_init() < 0) {
         return KS_ERR_CRYPTO_INIT;
     }
-    ks_ctx *ctx = calloc(1, sizeof *ctx);
+    /* aligned: the op shards are on cache lines of their own */
+    ks_ctx *ctx = aligned_alloc(_Alignof(ks_ctx), sizeof *ctx);
     if (ctx == NULL) {
         return KS_ERR_NO_MEMORY;
     }
+    memset(ctx, 0, sizeof *ctx);
     ctx->prov = *provider;
     ctx->cfg = *cfg;
     ctx->limits = (ks_wdek_limits){cfg->dek_max_messages, cfg->dek_max_bytes, cfg->dek_max_age};
@@ -350,8 +406,10 @@ void ks_ctx_metrics(ks_ctx *ctx, ks_metrics *out)
         return;
     }
 #define LOAD(f) atomic_load_explicit(&ctx->m.f, memory_order_relaxed)
-    out->seals = LOAD(seals);
-    out->opens = LOAD(opens);
+    for (size_t i = 0; i < KS_OP_SHARDS; i++) {
+        out->seals += atomic_load_explicit(&ctx->ops[i].seals, memory_order_relaxed);
+        out->opens += atomic_load_explicit(&ctx->ops[i].opens, memory_order_relaxed);
+    }
     out->rewraps = LOAD(rewraps);
     out->auth_failures = LOAD(auth_failures);
     out->auth_fail_unwrap = LOAD(auth_fail_unwrap);
@@ -365,8 +423,7 @@ void ks_ctx_metrics(ks_ctx *ctx, ks_metrics *out)
     for (size_t i = 0; i < 6; i++) {
         out->provider_errors[i] = LOAD(provider_errors[i]);
     }
-    out->cache_hits = LOAD(cache_hits);
-    out->cache_misses = LOAD(cache_misses);
+    ks_dek_cache_counts(ctx->cache, &out->cache_hits, &out->cache_misses);
     out->wraps = LOAD(wraps);
     out->unwraps = LOAD(unwraps);
     out->deks_created = LOAD(deks_created);
@@ -553,16 +610,14 @@ static ks_err seal_with(const ks_wdek *d, const uint8_t *nonce, ks_bytes context
         return KS_ERR_BUFFER_TOO_SMALL;
     }
     memcpy(out, d->hdr, hl);
-    ks_envelope env = d->tmpl;
-    env.nonce.ptr = out + d->nonce_off;
-    memcpy(out + d->nonce_off, nonce, env.nonce.len);
+    const ks_bytes nonce_v = {out + d->nonce_off, d->tmpl.nonce.len};
+    memcpy(out + d->nonce_off, nonce, nonce_v.len);
     uint8_t k[32];
     const uint8_t *key = d->key; /* v1: K = DEK [F-CRYPTO-KEY-1] */
-    const int v2 = env.version == KS_FORMAT_V2;
+    const int v2 = d->tmpl.version == KS_FORMAT_V2;
     if (v2) {
-        derive(d->key, env.nonce, pers_cmmt, out + d->commit_off); /* [F-CRYPTO-COMMIT-1] */
-        env.commitment.ptr = out + d->commit_off;
-        derive(d->key, env.nonce, pers_mkey, k); /* [F-CRYPTO-KEY-2] */
+        derive(d->key, nonce_v, pers_cmmt, out + d->commit_off); /* [F-CRYPTO-COMMIT-1] */
+        derive(d->key, nonce_v, pers_mkey, k);                   /* [F-CRYPTO-KEY-2] */
         key = k;
     }
     size_t pos = hl;
@@ -578,13 +633,16 @@ static ks_err seal_with(const ks_wdek *d, const uint8_t *nonce, ks_bytes context
             memcpy(aad + d->aad_head_len + 4, context.ptr, context.len);
         }
         aad_len = d->aad_head_len + 4 + context.len;
-    } else {
+    } else { /* v2: the header's fields and this message's commitment */
+        ks_envelope env = d->tmpl;
+        env.nonce = nonce_v;
+        env.commitment.ptr = out + d->commit_off;
         err = ks_aad_data(&env, context, aad, sizeof aad, &aad_len); /* [F-CRYPTO-AAD-1] */
     }
     if (err == KS_OK) {
         /* v1 aes-256-gcm: d->aes is the DEK's expanded key */
-        if (aead_encrypt(env.algorithm, d->aes, out + pos, pt, pt_len, aad, aad_len, env.nonce.ptr,
-                         key) != 0) {
+        if (aead_encrypt(d->tmpl.algorithm, d->aes, out + pos, pt, pt_len, aad, aad_len,
+                         nonce_v.ptr, key) != 0) {
             err = KS_ERR_INVALID_ARGUMENT; /* libsodium refuses only oversized input */
         }
     }
@@ -628,7 +686,7 @@ ks_err ks_seal(ks_ctx *ctx, const ks_seal_params *p, const uint8_t *pt, size_t p
     err = seal_with(d, nonce, p->context, pt, pt_len, out, cap, out_len); /* nonce is public */
     ks_wdek_release(d);
     if (err == KS_OK) {
-        BUMP(ctx, seals);
+        count_op(ctx, 0);
     }
     return err;
 }
@@ -651,41 +709,81 @@ static int binding_ok(const ks_envelope *env, const ks_open_params *p)
 }
 
 /*
- * The DEK of env into dek[0, 32): from the read cache, else from the
- * provider (then cached).  id[0, KS_WRAP_ID_MAX) receives the wrap
- * identity, wrap AAD || wrapped_dek [F-CRYPTO-AAD-2]; *id_len its length.
- * With pin not NULL (a v1 aes-256-gcm open), a cached DEK's expanded key
- * may be pinned into *pin instead (dek is then not written; the caller
- * unpins).  On failure dek is zero.
+ * The wrap identity of env, parsed from buf, as the read cache's key:
+ * *key, its length returned.  It is the wrap AAD's fields and the wrapped
+ * DEK [F-CRYPTO-AAD-2] in their canonical encoding rather than the AAD's
+ * layout: buf[0, end of the wrapped_dek field) holds the prefix (version)
+ * and fields 1 to 5 (algorithm, tenant, key_id, key_version, wrapped_dek),
+ * and since the parser accepts exactly one encoding of each field tuple,
+ * those bytes are equal exactly when the fields are.  v2 adds purpose,
+ * the one wrap AAD field after the nonce, in front as u8(length) ||
+ * purpose (length <= KS_PURPOSE_MAX < 'K', so no v2 key starts like a v1
+ * key), keeping the wrapped DEK last for the cache's tail hash.  For v1
+ * the key is a view of buf (no copy, no AAD built on a hit); for v2 it is
+ * built in scratch[0, KS_WRAP_ID_MAX).
  */
-static ks_err unwrap_dek(ks_ctx *ctx, const ks_envelope *env, uint8_t *id, size_t *id_len,
-                         uint8_t dek[KS_DEK_LEN], ks_dek_cache_pin *pin)
+static size_t wrap_key(const uint8_t *buf, const ks_envelope *env, uint8_t *scratch,
+                       const uint8_t **key)
 {
-    size_t aad_len = 0, got = 0;
-    ks_err err = ks_aad_wrap(env, id, KS_WRAP_AAD_MAX, &aad_len);
+    const size_t head = (size_t)(env->wrapped_dek.ptr + env->wrapped_dek.len - buf);
+    assert(env->wrapped_dek.ptr > buf && head <= KS_WRAP_HEAD_MAX);
+    if (env->version == KS_FORMAT_V1) {
+        *key = buf;
+        return head;
+    }
+    const size_t plen = env->purpose.len;
+    assert(plen >= 1 && plen <= KS_PURPOSE_MAX);
+    scratch[0] = (uint8_t)plen;
+    memcpy(scratch + 1, env->purpose.ptr, plen);
+    memcpy(scratch + 1 + plen, buf, head);
+    *key = scratch;
+    return 1 + plen + head;
+}
+
+/* env's DEK from the provider into dek[0, 32), under the wrap AAD
+ * [F-CRYPTO-AAD-2]: a cache miss.  On failure dek is zero. */
+static ks_err provider_unwrap(ks_ctx *ctx, const ks_envelope *env, uint8_t dek[KS_DEK_LEN])
+{
+    uint8_t aad[KS_WRAP_AAD_MAX];
+    size_t aad_len = 0;
+    ks_err err = ks_aad_wrap(env, aad, sizeof aad, &aad_len);
     assert(err == KS_OK); /* env was parsed */
-    if (err != KS_OK) {
-        return err;
+    if (err == KS_OK) {
+        BUMP(ctx, unwraps);
+        err = ctx->prov.ops->unwrap(ctx->prov.self, env->key_id, env->key_version, env->wrapped_dek,
+                                    (ks_bytes){aad, aad_len}, dek, KS_DEK_LEN,
+                                    ctx->cfg.provider_timeout_ms);
     }
-    memcpy(id + aad_len, env->wrapped_dek.ptr, env->wrapped_dek.len);
-    *id_len = aad_len + env->wrapped_dek.len;
-    if (ks_dek_cache_get_pinned(ctx->cache, id, *id_len, dek, &got, pin)) {
-        assert((pin != NULL && pin->state != NULL) || got == KS_DEK_LEN);
-        BUMP(ctx, cache_hits);
-        return KS_OK;
-    }
-    if (ctx->cache != NULL) {
-        BUMP(ctx, cache_misses);
-    }
-    BUMP(ctx, unwraps);
-    err = ctx->prov.ops->unwrap(ctx->prov.self, env->key_id, env->key_version, env->wrapped_dek,
-                                (ks_bytes){id, aad_len}, dek, KS_DEK_LEN, ctx->cfg.provider_timeout_ms);
     if (err != KS_OK) {
         sodium_memzero(dek, KS_DEK_LEN);
         return err == KS_ERR_AUTH_FAILED ? auth_failed(ctx, CAUSE_UNWRAP) : provider_failed(ctx, err);
     }
-    ks_dek_cache_put(ctx->cache, id, *id_len, dek, KS_DEK_LEN, v1_aes(env));
     return KS_OK;
+}
+
+/*
+ * The DEK of env (parsed from buf) into dek[0, 32): from the read cache,
+ * else from the provider (then cached).  *id, *id_len receive the wrap
+ * identity (wrap_key(), built in scratch[0, KS_WRAP_ID_MAX) or a view of
+ * buf).  With pin not NULL (a v1 aes-256-gcm open), a cached DEK's
+ * expanded key may be pinned into *pin instead (dek is then not written;
+ * the caller unpins).  On failure dek is zero.
+ */
+static ks_err unwrap_dek(ks_ctx *ctx, const uint8_t *buf, const ks_envelope *env, uint8_t *scratch,
+                         const uint8_t **id, size_t *id_len, uint8_t dek[KS_DEK_LEN],
+                         ks_dek_cache_pin *pin)
+{
+    size_t got = 0;
+    *id_len = wrap_key(buf, env, scratch, id);
+    if (ks_dek_cache_get_pinned(ctx->cache, *id, *id_len, dek, &got, pin)) {
+        assert((pin != NULL && pin->state != NULL) || got == KS_DEK_LEN);
+        return KS_OK; /* the cache counts its hits and misses */
+    }
+    ks_err err = provider_unwrap(ctx, env, dek);
+    if (err == KS_OK) {
+        ks_dek_cache_put(ctx->cache, *id, *id_len, dek, KS_DEK_LEN, v1_aes(env));
+    }
+    return err;
 }
 
 /* Check the commitment (v2), derive K and decrypt env's ciphertext into
@@ -729,7 +827,8 @@ ks_err ks_open(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_open_pa
 {
     ks_envelope e;
     uint8_t dek[KS_DEK_LEN];
-    uint8_t id[KS_WRAP_ID_MAX];
+    uint8_t scratch[KS_WRAP_ID_MAX];
+    const uint8_t *id = NULL;
     size_t id_len = 0;
     if (ctx == NULL || p == NULL || pt_len == NULL || (pt == NULL && cap != 0) ||
         !view_ok(p->context) || p->context.len > KS_CONTEXT_MAX || !view_ok(p->tenant) ||
@@ -750,7 +849,7 @@ ks_err ks_open(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_open_pa
         return KS_ERR_ALGORITHM_UNAVAILABLE;
     }
     ks_dek_cache_pin pin = {NULL, 0};
-    err = unwrap_dek(ctx, &e, id, &id_len, dek, v1_aes(&e) ? &pin : NULL);
+    err = unwrap_dek(ctx, env, &e, scratch, &id, &id_len, dek, v1_aes(&e) ? &pin : NULL);
     if (err == KS_OK) {
         err = decrypt(ctx, &e, p->context, dek, pin.state, pt, cap);
     }
@@ -761,7 +860,7 @@ ks_err ks_open(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_open_pa
     }
     if (err == KS_OK) {
         *pt_len = e.ciphertext.len - KS_TAG_LEN;
-        BUMP(ctx, opens);
+        count_op(ctx, 1);
     }
     return err;
 }
@@ -821,8 +920,9 @@ ks_err ks_rewrap(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_rewra
 {
     ks_envelope e, target;
     uint8_t dek[KS_DEK_LEN];
-    uint8_t id[KS_WRAP_ID_MAX];
+    uint8_t scratch[KS_WRAP_ID_MAX];
     uint8_t buf[KS_MEMO_VAL_MAX];
+    const uint8_t *id = NULL;
     size_t id_len = 0;
     if (ctx == NULL || p == NULL || out_len == NULL || (out == NULL && cap != 0) ||
         !view_ok(p->key_id)) {
@@ -840,7 +940,7 @@ ks_err ks_rewrap(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_rewra
     if (ks_envelope_check(&target, NULL) != KS_OK) {
         return KS_ERR_INVALID_ARGUMENT; /* a target key_id outside [F-KEYID-1] */
     }
-    err = unwrap_dek(ctx, &e, id, &id_len, dek, NULL);
+    err = unwrap_dek(ctx, env, &e, scratch, &id, &id_len, dek, NULL);
     if (err == KS_OK && e.version == KS_FORMAT_V2 && !commitment_ok(dek, &e)) {
         err = auth_failed(ctx, CAUSE_COMMITMENT);
     }

@@ -2,18 +2,21 @@
  * migrate/crypto/dek_cache.h -- a bounded, expiring LRU map from byte strings to
  * small values, thread-safe.  Two uses in a ks_ctx:
  *
- *   the read-side DEK cache: key = wrap AAD || wrapped_dek (the whole wrap
- *   identity, compared in full, so an entry never serves another tenant,
- *   key or version), value = the unwrapped DEK, kept in one sodium_malloc'd
- *   slab and wiped on eviction, expiry and free ("secret" values);
+ *   the read-side DEK cache: key = the whole wrap identity (every wrap AAD
+ *   field and the wrapped_dek, in the envelope's canonical encoding:
+ *   crypto.c, wrap_key()), compared in full, so an entry never serves
+ *   another tenant, key or version; value = the unwrapped DEK, kept in one
+ *   sodium_malloc'd slab and wiped on eviction, expiry and free ("secret"
+ *   values);
  *
  *   the rewrap memo: key = old wrap identity || target, value = the target
  *   version and wrapped bytes (public: kept with the key on the heap).
  *
- * Lookups hash the key with SipHash-2-4 under a random per-map key (so
- * crafted envelopes cannot flood one bucket) -- the whole key, or only its
- * length and last bytes for a map whose keys end in pseudorandom bytes
- * (see hash_key() in dek_cache.c) -- then compare in full.  The
+ * Lookups hash the key under a random per-map key (so crafted envelopes
+ * cannot flood one bucket) -- the whole key with SipHash-2-4, or, for a
+ * map whose keys end in pseudorandom bytes, only its length and last bytes
+ * with the universal hash NH (see nh_tail() in dek_cache.c) -- then
+ * compare in full.  The
  * lock is held only to walk one chain and copy at most value_max bytes; a
  * hit allocates nothing.  Expiry uses ks_mono_seconds().
  *
@@ -44,9 +47,10 @@ typedef struct ks_dek_cache ks_dek_cache;
 
 /* A map of `entries` (1 .. KS_CACHE_ENTRIES_MAX) entries living `ttl`
  * seconds (>= 1), values of at most value_max bytes; secret values go in
- * guarded memory.  hash_tail 0 hashes whole keys; 1 .. KS_CACHE_HASH_TAIL_MAX
- * hashes only the key length and the key's last hash_tail bytes, for a map
- * whose callers put only authenticated keys ending in pseudorandom bytes.
+ * guarded memory.  hash_tail 0 hashes whole keys; a multiple of 8 up to
+ * KS_CACHE_HASH_TAIL_MAX hashes only the key length and the key's last
+ * hash_tail bytes, for a map whose callers put only authenticated keys
+ * ending in pseudorandom bytes.
  * KS_ERR_INVALID_ARGUMENT, KS_ERR_NO_MEMORY. */
 KS_WUR ks_err ks_dek_cache_new(uint32_t entries, uint32_t ttl, size_t value_max, int secret,
                                size_t hash_tail, ks_dek_cache **out);
@@ -59,6 +63,10 @@ void ks_dek_cache_free(ks_dek_cache *c);
  * a miss (an expired entry is wiped and dropped).  c NULL: always a miss. */
 int ks_dek_cache_get(ks_dek_cache *c, const uint8_t *key, size_t key_len, uint8_t *val,
                      size_t *val_len);
+
+/* The lookups (ks_dek_cache_get(), ks_dek_cache_get_pinned()) that hit
+ * and that missed so far, into *hits and *misses; c NULL: 0 and 0. */
+void ks_dek_cache_counts(ks_dek_cache *c, uint64_t *hits, uint64_t *misses);
 
 /* Derive a state of the map's state size from val[0, val_len). */
 typedef void (*ks_dek_cache_derive_fn)(void *state, const uint8_t *val, size_t val_len);

@@ -214,8 +214,8 @@ ks_err ks_wdek_new(const ks_envelope *shape, uint32_t req_version, const ks_wdek
     d->expires = ks_mono_seconds() + lim->max_age;
     d->generation = ks_fork_generation();
     d->req_version = req_version;
-    atomic_init(&d->counter, 0);
-    atomic_init(&d->bytes, 0);
+    d->counter = 0;
+    d->bytes = 0;
     atomic_init(&d->refs, 1);
     *out = d;
     return KS_OK;
@@ -289,50 +289,23 @@ static ks_wdek *take_slot(ks_dek_writer *w, size_t i)
     return d;
 }
 
-/* Retire d: drop the table's reference if d is still in the table. */
-static void retire(ks_dek_writer *w, ks_wdek *d)
+/* Reserve one message of pt_len bytes on d, given the process generation
+ * and the clock read by the caller: nonzero when d may seal it
+ * [F-CRYPTO-NONCE-2], [F-CRYPTO-NONCE-3], its counter value in *counter.
+ * The caller owns d's budget: d is not installed yet, or w->mu is held.
+ * A refused reservation may burn a counter value; counters are never
+ * handed out twice. */
+static int reserve(ks_wdek *d, size_t pt_len, uint64_t gen, uint64_t now, uint64_t *counter)
 {
-    ks_wdek *gone = NULL;
-    pthread_mutex_lock(&w->mu);
-    for (size_t i = 0; i < w->used; i++) {
-        if (w->slot[i] == d) {
-            gone = take_slot(w, i);
-            break;
-        }
-    }
-    pthread_mutex_unlock(&w->mu);
-    ks_wdek_release(gone);
-}
-
-/* Find t's record and take a reference on it, or NULL. */
-static ks_wdek *acquire(ks_dek_writer *w, const ks_wdek_tuple *t)
-{
-    ks_wdek *d = NULL;
-    pthread_mutex_lock(&w->mu);
-    for (size_t i = 0; i < w->used; i++) {
-        if (tuple_match(w->slot[i], t)) {
-            d = w->slot[i];
-            ks_wdek_retain(d);
-            break;
-        }
-    }
-    pthread_mutex_unlock(&w->mu);
-    return d;
-}
-
-/* Reserve one message of pt_len bytes on d: nonzero when d may seal it
- * [F-CRYPTO-NONCE-2], [F-CRYPTO-NONCE-3].  A refused reservation may burn
- * a counter value; counters are never handed out twice. */
-static int reserve(ks_wdek *d, size_t pt_len, uint64_t *counter)
-{
-    if (d->generation != ks_fork_generation() || ks_mono_seconds() >= d->expires) {
+    if (d->generation != gen || now >= d->expires) {
         return 0;
     }
-    uint64_t c = atomic_fetch_add_explicit(&d->counter, 1, memory_order_relaxed);
+    const uint64_t c = d->counter++;
     if (c >= d->max_messages) {
         return 0;
     }
-    uint64_t b = atomic_fetch_add_explicit(&d->bytes, (uint64_t)pt_len, memory_order_relaxed);
+    const uint64_t b = d->bytes;
+    d->bytes += (uint64_t)pt_len;
     if (b >= d->max_bytes) {
         return 0;
     }
@@ -340,17 +313,24 @@ static int reserve(ks_wdek *d, size_t pt_len, uint64_t *counter)
     return 1;
 }
 
-/* See dek_writer.h. */
+/* Write d's nonce of counter value c [F-CRYPTO-NONCE-1]: prefix ||
+ * u64be(c). */
+static void nonce_of(const ks_wdek *d, uint64_t c, uint8_t nonce[KS_NONCE_MAX])
+{
+    const size_t plen = d->tmpl.nonce.len - KS_NONCE_COUNTER_LEN;
+    memcpy(nonce, d->prefix, plen);
+    ks_be_put(nonce + plen, c, KS_NONCE_COUNTER_LEN);
+}
+
+/* See dek_writer.h: d is not installed yet, so its budget is the
+ * caller's alone. */
 ks_err ks_wdek_reserve(ks_wdek *d, size_t pt_len, uint8_t nonce[KS_NONCE_MAX])
 {
     uint64_t c;
-    if (!reserve(d, pt_len, &c)) {
+    if (!reserve(d, pt_len, ks_fork_generation(), ks_mono_seconds(), &c)) {
         return KS_ERR_NOT_FOUND;
     }
-    /* [F-CRYPTO-NONCE-1] prefix || u64be(counter) */
-    size_t plen = d->tmpl.nonce.len - KS_NONCE_COUNTER_LEN;
-    memcpy(nonce, d->prefix, plen);
-    ks_be_put(nonce + plen, c, KS_NONCE_COUNTER_LEN);
+    nonce_of(d, c, nonce);
     return KS_OK;
 }
 
@@ -360,19 +340,35 @@ void ks_wdek_retain(ks_wdek *d)
     atomic_fetch_add_explicit(&d->refs, 1, memory_order_relaxed);
 }
 
-/* See dek_writer.h. */
+/* See dek_writer.h.  One critical section finds t's record, reserves on
+ * it (a plain update of its budget: every reservation on an installed
+ * record holds w->mu, so none needs an atomic read-modify-write) and
+ * takes a reference, or retires it when it is spent.  The generation and
+ * the clock are read before the lock. */
 ks_err ks_dek_writer_reserve(ks_dek_writer *w, const ks_wdek_tuple *t, size_t pt_len,
                              ks_wdek **out, uint8_t nonce[KS_NONCE_MAX])
 {
-    ks_wdek *d = acquire(w, t);
+    const uint64_t gen = ks_fork_generation(), now = ks_mono_seconds();
+    ks_wdek *d = NULL, *gone = NULL;
+    uint64_t c = 0;
+    pthread_mutex_lock(&w->mu);
+    for (size_t i = 0; i < w->used; i++) {
+        if (tuple_match(w->slot[i], t)) {
+            if (reserve(w->slot[i], pt_len, gen, now, &c)) {
+                d = w->slot[i];
+                ks_wdek_retain(d);
+            } else {
+                gone = take_slot(w, i); /* spent: retired */
+            }
+            break;
+        }
+    }
+    pthread_mutex_unlock(&w->mu);
+    ks_wdek_release(gone);
     if (d == NULL) {
         return KS_ERR_NOT_FOUND;
     }
-    if (ks_wdek_reserve(d, pt_len, nonce) != KS_OK) {
-        retire(w, d);
-        ks_wdek_release(d);
-        return KS_ERR_NOT_FOUND;
-    }
+    nonce_of(d, c, nonce);
     *out = d;
     return KS_OK;
 }

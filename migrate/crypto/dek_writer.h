@@ -5,12 +5,12 @@
  *
  * A DEK record (ks_wdek) is created by crypto.c (which talks to the
  * provider), then installed here.  Sealing reserves one nonce with
- * ks_dek_writer_reserve(): a short critical section finds the record and
- * takes a reference; the counter and byte budget are taken with atomic
- * fetch-adds outside the lock.  A record is retired (removed from the
- * table) when it reaches max_messages, max_bytes or max_age, or when it
- * was created by another process (fork: see ks_fork_generation()); it is
- * wiped and freed when its last reference goes.
+ * ks_dek_writer_reserve(): one short critical section finds the record,
+ * takes a counter value and byte budget of it, and takes a reference.  A
+ * record is retired (removed from the table) when it reaches
+ * max_messages, max_bytes or max_age, or when it was created by another
+ * process (fork: see ks_fork_generation()); it is wiped and freed when
+ * its last reference goes.
  *
  * Internal to the library (no KS_API).
  */
@@ -48,10 +48,12 @@ typedef struct ks_wdek_limits {
     uint32_t max_age;
 } ks_wdek_limits;
 
-/* One write-side DEK.  Immutable after ks_wdek_new() except the atomics. */
+/* One write-side DEK.  Immutable after ks_wdek_new() except counter and
+ * bytes (changed only by the creator before ks_dek_writer_install(), then
+ * only under the writer's lock) and refs. */
 typedef struct ks_wdek {
-    _Atomic uint64_t counter;  /* next nonce counter [F-CRYPTO-NONCE-1] */
-    _Atomic uint64_t bytes;    /* plaintext bytes reserved so far */
+    uint64_t counter;          /* next nonce counter [F-CRYPTO-NONCE-1] */
+    uint64_t bytes;            /* plaintext bytes reserved so far */
     _Atomic uint32_t refs;     /* the table's reference + one per seal in flight */
     uint64_t max_messages;     /* already capped at 2^32 for aes-256-gcm */
     uint64_t max_bytes;
@@ -105,9 +107,10 @@ void ks_wdek_retain(ks_wdek *d);
  * no-op. */
 void ks_wdek_release(ks_wdek *d);
 
-/* Reserve one nonce of d for a message of pt_len bytes into nonce[0,
- * nonce length): KS_OK, or KS_ERR_NOT_FOUND when d must retire (counter,
- * bytes or age at its limit, or another process generation). */
+/* Reserve one nonce of d, not yet installed, for a message of pt_len
+ * bytes into nonce[0, nonce length): KS_OK, or KS_ERR_NOT_FOUND when d
+ * must retire (counter, bytes or age at its limit, or another process
+ * generation). */
 KS_WUR ks_err ks_wdek_reserve(ks_wdek *d, size_t pt_len, uint8_t nonce[KS_NONCE_MAX]);
 
 typedef struct ks_dek_writer ks_dek_writer;
