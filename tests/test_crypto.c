@@ -244,6 +244,52 @@ static void test_round_trip_no_cache(void **state)
     ks_ctx_free(ctx);
 }
 
+/* The health sample: counts of the round trips, histograms only when
+ * latency_histograms is set (one bucket count per timed call). */
+static void test_health_sample(void **state)
+{
+    world *w = *state;
+    ks_health_sample hs;
+    round_trip_with(w->ctx);
+    ks_ctx_health_sample(w->ctx, &hs);
+    ks_metrics m = metrics(w->ctx);
+    assert_int_equal(hs.seals, m.seals);
+    assert_int_equal(hs.opens, m.opens);
+    assert_int_equal(hs.provider_calls, m.wraps + m.unwraps);
+    ks_histogram none;
+    memset(&none, 0, sizeof none);
+    assert_memory_equal(&hs.seal_ns, &none, sizeof none); /* not timed by default */
+    ks_ctx_config cfg;
+    ks_ctx_config_default(&cfg);
+    cfg.latency_histograms = 1;
+    ks_ctx *ctx = new_ctx(w, &cfg);
+    round_trip_with(ctx);
+    ks_seal_params p = params(2, KS_ALG_XCHACHA20POLY1305);
+    sealed s = seal_ok(ctx, &p, (const uint8_t *)"x", 1);
+    s.buf[s.len - 1] ^= 1; /* an auth failure and a parse error count as opens */
+    uint8_t pt[8];
+    size_t n = 0;
+    assert_int_equal(open_env(ctx, s.buf, s.len, &open_any, pt, sizeof pt, &n), KS_ERR_AUTH_FAILED);
+    assert_true(ks_err_is_rejection(open_env(ctx, s.buf, 3, &open_any, pt, sizeof pt, &n)));
+    free(s.buf);
+    ks_ctx_health_sample(ctx, &hs);
+    m = metrics(ctx);
+    assert_int_equal(hs.auth_failures, 1);
+    assert_int_equal(hs.parse_errors, 1);
+    assert_int_equal(hs.opens, m.opens + 2);
+    uint64_t timed_seals = 0, timed_opens = 0;
+    for (size_t i = 0; i < KS_HIST_BUCKETS; i++) {
+        timed_seals += hs.seal_ns.bucket[i];
+        timed_opens += hs.open_ns.bucket[i];
+    }
+    assert_int_equal(timed_seals, m.seals);
+    assert_int_equal(timed_opens, m.opens + 2);
+    ks_ctx_health_sample(NULL, &hs);
+    assert_int_equal(hs.seals + hs.opens, 0);
+    ks_ctx_health_sample(ctx, NULL); /* no-op */
+    ks_ctx_free(ctx);
+}
+
 /* ---- tampering ----------------------------------------------------------- */
 
 /* Flip every bit of a small envelope: open never succeeds and never
@@ -1262,6 +1308,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         T(test_round_trip),
         T(test_round_trip_no_cache),
+        T(test_health_sample),
         T(test_bit_flips),
         T(test_binding),
         T(test_swapped_fields),

@@ -872,10 +872,40 @@ static void test_label_escape(void **state)
     assert_non_null(strstr(out_buf, "\nkeyshift_window_seals{table=\"a\\\\\\\"\\nb\"} 1000\n"));
 }
 
+/* ks_health_growth: the interval between two totals; a counter that went
+ * down counts whole; out may alias now; NULLs are no-ops. */
+static void test_growth(void **state)
+{
+    (void)state;
+    ks_health_sample before, now, d;
+    memset(&before, 0, sizeof before);
+    memset(&now, 0, sizeof now);
+    before.seals = 10;
+    before.opens = 7;
+    before.open_ns.bucket[2] = 5;
+    now.time = 99;
+    now.seals = 25;
+    now.opens = 3; /* reset */
+    now.open_ns.bucket[2] = 9;
+    ks_health_growth(&d, &now, &before);
+    assert_int_equal(d.time, 99);
+    assert_int_equal(d.seals, 15);
+    assert_int_equal(d.opens, 3);
+    assert_int_equal(d.open_ns.bucket[2], 4);
+    assert_int_equal(ks_histogram_bucket_of(255), 0);
+    assert_int_equal(ks_histogram_bucket_of(256), 1);
+    ks_health_growth(&now, &now, &before);
+    assert_int_equal(now.seals, 15);
+    ks_health_growth(NULL, &now, &before);
+    ks_health_growth(&d, NULL, &before);
+    ks_health_growth(&d, &now, NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults_and_check),
+        cmocka_unit_test(test_growth),
         cmocka_unit_test(test_bucket_boundaries),
         cmocka_unit_test(test_record_saturates),
         cmocka_unit_test(test_quantile_empty_and_single),

@@ -1148,6 +1148,48 @@ static void test_policy_heartbeat(void **state)
     assert_null(p);
 }
 
+/* ks_policy_report writes the growth of the totals since the previous
+ * report, to rollouts under way only; a reset source counts from zero. */
+static void test_policy_report(void **state)
+{
+    world *w = *state;
+    open_db(w);
+    ks_rollout s = spec();
+    int64_t id = start(w, &s, 1000);
+    ks_policy *p = policy(w, 0, "app-1");
+    ks_health_sample t;
+    memset(&t, 0, sizeof t);
+    t.seals = 10;
+    t.opens = 20;
+    t.auth_failures = 1;
+    t.open_ns.bucket[3] = 20;
+    assert_int_equal(ks_policy_report(p, &t), KS_OK); /* planned: nothing written */
+    ks_health_sample sum;
+    assert_int_equal(ks_rollout_db_metrics_sum(w->db, id, 0, &sum), KS_OK);
+    assert_int_equal(sum.seals + sum.opens, 0);
+    ks_rollout_facts f = good_facts(1000);
+    assert_int_equal(move(w, id, KS_PHASE_PLANNED, KS_PHASE_READ_COMPAT, &f), KS_OK);
+    assert_int_equal(ks_policy_refresh(p), KS_OK);
+    t.seals = 15;
+    t.opens = 50;
+    t.open_ns.bucket[3] = 50;
+    assert_int_equal(ks_policy_report(p, &t), KS_OK);
+    assert_int_equal(ks_rollout_db_metrics_sum(w->db, id, 0, &sum), KS_OK);
+    assert_int_equal(sum.seals, 5);
+    assert_int_equal(sum.opens, 30);
+    assert_int_equal(sum.auth_failures, 0);
+    assert_int_equal(sum.open_ns.bucket[3], 30);
+    ks_health_sample reset;
+    memset(&reset, 0, sizeof reset);
+    reset.opens = 4;
+    assert_int_equal(ks_policy_report(p, &reset), KS_OK);
+    assert_int_equal(ks_rollout_db_metrics_sum(w->db, id, 0, &sum), KS_OK);
+    assert_int_equal(sum.opens, 34);
+    assert_int_equal(ks_policy_report(NULL, &t), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_policy_report(p, NULL), KS_ERR_INVALID_ARGUMENT);
+    ks_policy_close(p);
+}
+
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, world_setup, world_teardown)
@@ -1171,6 +1213,7 @@ int main(void)
         T(test_corrupt_readers),
         T(test_corrupt_rollout),
         T(test_metrics),
+        T(test_policy_report),
         T(test_policy_phases),
         T(test_policy_canary),
         T(test_policy_heartbeat),

@@ -32,6 +32,7 @@
 #include <keyshift/common.h>
 #include <keyshift/envelope.h>
 #include <keyshift/error.h>
+#include <keyshift/health.h>
 #include <keyshift/provider.h>
 
 #ifdef __cplusplus
@@ -54,6 +55,9 @@ typedef struct ks_ctx_config {
     uint32_t cache_entries;      /* read-side cache entries; 0 disables the cache */
     uint32_t cache_ttl;          /* seconds an unwrapped DEK stays cached */
     uint32_t provider_timeout_ms; /* deadline per provider call; 0: the provider's default */
+    int latency_histograms;      /* nonzero: time every ks_seal and ks_open (two clock reads,
+                                    a few tens of ns each) into the histograms of
+                                    ks_ctx_health_sample; default 0 */
 } ks_ctx_config;
 
 /* Fill cfg with the defaults above. */
@@ -188,6 +192,19 @@ typedef struct ks_metrics {
 
 /* Copy the context's counters into *out. */
 KS_API void ks_ctx_metrics(ks_ctx *ctx, ks_metrics *out);
+
+/*
+ * The context's health counters since it was created (keyshift/health.h),
+ * for a rollout's health window: out->seals (successful), out->opens
+ * (every open that reached a verdict: opened, auth-failed or refused by
+ * the parser), out->auth_failures, out->parse_errors (all classes),
+ * out->provider_calls (wraps + unwraps), out->provider_errors (all
+ * classes), and with cfg.latency_histograms the latency histograms of
+ * ks_seal and ks_open (every call that got past its argument checks);
+ * out->time is 0.  Totals, not deltas: a reporter subtracts its previous
+ * snapshot (ks_policy_report does).  No secrets.
+ */
+KS_API void ks_ctx_health_sample(ks_ctx *ctx, ks_health_sample *out);
 
 #ifdef __cplusplus
 }

@@ -118,6 +118,11 @@ typedef struct ks_health_verdict {
     uint64_t seal_p99_us, open_p99_us;
 } ks_health_verdict;
 
+/* The bucket (0 .. KS_HIST_BUCKETS - 1) that a latency of ns nanoseconds
+ * falls in (see the file comment): for callers that keep their own
+ * counters, e.g. atomic ones shared between threads (ks_ctx does). */
+KS_API unsigned ks_histogram_bucket_of(uint64_t ns);
+
 /* Count one latency of ns nanoseconds in h.  Not atomic: callers that
  * share a histogram between threads serialise (ks_ctx does). */
 KS_API void ks_histogram_record(ks_histogram *h, uint64_t ns);
@@ -137,6 +142,13 @@ KS_API uint64_t ks_histogram_bucket_bound(unsigned i);
 /* Add sample s into acc (counters and buckets; saturating; acc->time
  * becomes the later of the two). */
 KS_API void ks_health_add(ks_health_sample *acc, const ks_health_sample *s);
+
+/* *out = what the totals `now` add to the earlier totals `before`, counter
+ * by counter (a counter that went down means its source was reset: all of
+ * it counts); out->time = now->time.  out may be now.  For reporters that
+ * keep totals (ks_ctx_health_sample) and write intervals. */
+KS_API void ks_health_growth(ks_health_sample *out, const ks_health_sample *now,
+                             const ks_health_sample *before);
 
 /* Judge window (the sum of the samples of a window) against t.  A check
  * trips when its observed value is above its limit (equal is within);

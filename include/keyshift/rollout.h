@@ -440,6 +440,17 @@ KS_API KS_WUR ks_err ks_policy_refresh(ks_policy *p);
  * it again if an operator removed it).  KS_OK without. */
 KS_API KS_WUR ks_err ks_policy_heartbeat(ks_policy *p);
 
+/*
+ * Report this instance's health to every rollout under way (read-compat,
+ * write-upgrade, backfill) in keyshift_metrics, source "app": the growth
+ * of totals (e.g. ks_ctx_health_sample of the application's context)
+ * since the previous report, stamped with the current time.  Call it
+ * periodically (e.g. with the heartbeat); `keyshift rollout check` sums a
+ * window of such rows.  A failed report is carried into the next one.
+ * Totals that went down (a new context) count as new from zero.
+ */
+KS_API KS_WUR ks_err ks_policy_report(ks_policy *p, const ks_health_sample *totals);
+
 /* Deregister (with opts->heartbeat; best effort: a reader left behind
  * expires after the TTL) and free; NULL is a no-op.  Call it once every
  * other call on p has returned. */

@@ -36,6 +36,7 @@
 #include "crypto_hooks.h"
 #include "dek_cache.h"
 #include "dek_writer.h"
+#include "mono_clock.h"
 
 /* The ciphertext field's tag byte: field 15, wire type 2 (LEN). */
 #define KS_CT_TAG ((uint8_t)(KS_FIELD_CIPHERTEXT << 3 | 2))
@@ -94,6 +95,8 @@ struct ks_ctx {
     ks_dek_cache *memo;  /* rewrap: (identity, target) -> new wrap; NULL when disabled */
     counters m;
     op_shard ops[KS_OP_SHARDS];
+    _Atomic uint64_t seal_hist[KS_HIST_BUCKETS]; /* cfg.latency_histograms */
+    _Atomic uint64_t open_hist[KS_HIST_BUCKETS];
 };
 
 /* Why an open failed authentication (one error code, four counters). */
@@ -298,7 +301,8 @@ void ks_ctx_config_default(ks_ctx_config *cfg)
     }
     *cfg = (ks_ctx_config){KS_DEK_MAX_MESSAGES_DEFAULT, KS_DEK_MAX_BYTES_DEFAULT,
                            KS_DEK_MAX_AGE_DEFAULT,      KS_CACHE_ENTRIES_DEFAULT,
-                           KS_CACHE_TTL_DEFAULT,        0};
+                           KS_CACHE_TTL_DEFAULT,        0,
+                           0};
 }
 
 /* Nonzero when every member of cfg is in its documented range. */
@@ -658,9 +662,9 @@ static ks_err seal_with(const ks_wdek *d, const uint8_t *nonce, ks_bytes context
     return KS_OK;
 }
 
-/* See keyshift/crypto.h. */
-ks_err ks_seal(ks_ctx *ctx, const ks_seal_params *p, const uint8_t *pt, size_t pt_len, uint8_t *out,
-               size_t cap, size_t *out_len)
+/* ks_seal without the latency histogram (see ks_seal). */
+static ks_err seal_call(ks_ctx *ctx, const ks_seal_params *p, const uint8_t *pt, size_t pt_len,
+                        uint8_t *out, size_t cap, size_t *out_len)
 {
     ks_wdek_tuple t;
     ks_wdek *d = NULL;
@@ -821,9 +825,10 @@ static ks_err decrypt(ks_ctx *ctx, const ks_envelope *env, ks_bytes context, con
     return err;
 }
 
-/* See keyshift/crypto.h.  The order of checks is [F-CRYPTO-OPEN-1]. */
-ks_err ks_open(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_open_params *p, uint8_t *pt,
-               size_t cap, size_t *pt_len, ks_parse_error *perr)
+/* ks_open without the latency histogram (see ks_open).  The order of
+ * checks is [F-CRYPTO-OPEN-1]. */
+static ks_err open_call(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_open_params *p,
+                        uint8_t *pt, size_t cap, size_t *pt_len, ks_parse_error *perr)
 {
     ks_envelope e;
     uint8_t dek[KS_DEK_LEN];
@@ -863,6 +868,77 @@ ks_err ks_open(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_open_pa
         count_op(ctx, 1);
     }
     return err;
+}
+
+/* Count a latency of (now - t0) ns in hist (relaxed atomic adds: the
+ * histogram is shared by every thread using the context). */
+static void time_since(_Atomic uint64_t *hist, uint64_t t0)
+{
+    uint64_t t1 = ks_mono_ns();
+    unsigned b = ks_histogram_bucket_of(t1 > t0 ? t1 - t0 : 0);
+    atomic_fetch_add_explicit(&hist[b], 1, memory_order_relaxed);
+}
+
+/* See keyshift/crypto.h.  Timed only with cfg.latency_histograms, so the
+ * default costs no clock read. */
+ks_err ks_seal(ks_ctx *ctx, const ks_seal_params *p, const uint8_t *pt, size_t pt_len, uint8_t *out,
+               size_t cap, size_t *out_len)
+{
+    if (ctx == NULL || !ctx->cfg.latency_histograms) {
+        return seal_call(ctx, p, pt, pt_len, out, cap, out_len);
+    }
+    uint64_t t0 = ks_mono_ns();
+    ks_err err = seal_call(ctx, p, pt, pt_len, out, cap, out_len);
+    time_since(ctx->seal_hist, t0);
+    return err;
+}
+
+/* See keyshift/crypto.h; timed as ks_seal is. */
+ks_err ks_open(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_open_params *p, uint8_t *pt,
+               size_t cap, size_t *pt_len, ks_parse_error *perr)
+{
+    if (ctx == NULL || !ctx->cfg.latency_histograms) {
+        return open_call(ctx, env, env_len, p, pt, cap, pt_len, perr);
+    }
+    uint64_t t0 = ks_mono_ns();
+    ks_err err = open_call(ctx, env, env_len, p, pt, cap, pt_len, perr);
+    time_since(ctx->open_hist, t0);
+    return err;
+}
+
+/* Saturating sum of n counters. */
+static uint64_t sum_loaded(_Atomic uint64_t *c, size_t n)
+{
+    uint64_t t = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t v = atomic_load_explicit(&c[i], memory_order_relaxed);
+        t = t > UINT64_MAX - v ? UINT64_MAX : t + v;
+    }
+    return t;
+}
+
+/* See keyshift/crypto.h. */
+void ks_ctx_health_sample(ks_ctx *ctx, ks_health_sample *out)
+{
+    if (out == NULL) {
+        return;
+    }
+    memset(out, 0, sizeof *out);
+    if (ctx == NULL) {
+        return;
+    }
+    ks_metrics m;
+    ks_ctx_metrics(ctx, &m);
+    out->seals = m.seals;
+    out->auth_failures = m.auth_failures;
+    out->parse_errors = sum_loaded(ctx->m.parse_errors, 32);
+    out->opens = m.opens + m.auth_failures + out->parse_errors;
+    out->provider_calls = m.wraps + m.unwraps;
+    out->provider_errors = sum_loaded(ctx->m.provider_errors, 6);
+    for (size_t i = 0; i < KS_HIST_BUCKETS; i++) {
+        out->seal_ns.bucket[i] = atomic_load_explicit(&ctx->seal_hist[i], memory_order_relaxed);
+        out->open_ns.bucket[i] = atomic_load_explicit(&ctx->open_hist[i], memory_order_relaxed);
+    }
 }
 
 /* ---- rewrapping ---------------------------------------------------------- */

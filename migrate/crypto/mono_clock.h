@@ -13,6 +13,10 @@
  * offset below.  A vDSO read: cheap enough for every seal. */
 uint64_t ks_mono_seconds(void);
 
+/* Nanoseconds on CLOCK_MONOTONIC at full resolution (no test offset):
+ * for latency histograms, where only differences matter. */
+uint64_t ks_mono_ns(void);
+
 /* Tests only: move the clock forward by `seconds` for the whole process,
  * so that max_age and TTL expiry are tested without sleeping. */
 void ks_mono_test_advance(uint64_t seconds);

@@ -83,6 +83,12 @@ static unsigned bucket_of(uint64_t ns)
 }
 
 /* See keyshift/health.h.  Saturates the bucket rather than wrap. */
+unsigned ks_histogram_bucket_of(uint64_t ns)
+{
+    return bucket_of(ns);
+}
+
+/* See keyshift/health.h. */
 void ks_histogram_record(ks_histogram *h, uint64_t ns)
 {
     if (h == NULL) {
@@ -158,6 +164,30 @@ uint64_t ks_histogram_quantile(const ks_histogram *h, double q)
     return KS_HIST_UNBOUNDED;
 }
 
+/* a - b for a counter that only grows; a smaller a means its source was
+ * reset (a new context), and then all of a is new. */
+static uint64_t grown(uint64_t a, uint64_t b)
+{
+    return a >= b ? a - b : a;
+}
+
+/* out = op(a, b) counter by counter and bucket by bucket (out may be a);
+ * the time is left to the caller. */
+static void combine(ks_health_sample *out, const ks_health_sample *a, const ks_health_sample *b,
+                    uint64_t (*op)(uint64_t, uint64_t))
+{
+    out->seals = op(a->seals, b->seals);
+    out->opens = op(a->opens, b->opens);
+    out->auth_failures = op(a->auth_failures, b->auth_failures);
+    out->parse_errors = op(a->parse_errors, b->parse_errors);
+    out->provider_calls = op(a->provider_calls, b->provider_calls);
+    out->provider_errors = op(a->provider_errors, b->provider_errors);
+    for (unsigned i = 0; i < KS_HIST_BUCKETS; i++) {
+        out->seal_ns.bucket[i] = op(a->seal_ns.bucket[i], b->seal_ns.bucket[i]);
+        out->open_ns.bucket[i] = op(a->open_ns.bucket[i], b->open_ns.bucket[i]);
+    }
+}
+
 /* See keyshift/health.h. */
 void ks_health_add(ks_health_sample *acc, const ks_health_sample *s)
 {
@@ -167,16 +197,19 @@ void ks_health_add(ks_health_sample *acc, const ks_health_sample *s)
     if (s->time > acc->time) {
         acc->time = s->time;
     }
-    acc->seals = sat_add(acc->seals, s->seals);
-    acc->opens = sat_add(acc->opens, s->opens);
-    acc->auth_failures = sat_add(acc->auth_failures, s->auth_failures);
-    acc->parse_errors = sat_add(acc->parse_errors, s->parse_errors);
-    acc->provider_calls = sat_add(acc->provider_calls, s->provider_calls);
-    acc->provider_errors = sat_add(acc->provider_errors, s->provider_errors);
-    for (unsigned i = 0; i < KS_HIST_BUCKETS; i++) {
-        acc->seal_ns.bucket[i] = sat_add(acc->seal_ns.bucket[i], s->seal_ns.bucket[i]);
-        acc->open_ns.bucket[i] = sat_add(acc->open_ns.bucket[i], s->open_ns.bucket[i]);
+    combine(acc, acc, s, sat_add);
+}
+
+/* See keyshift/health.h. */
+void ks_health_growth(ks_health_sample *out, const ks_health_sample *now,
+                      const ks_health_sample *before)
+{
+    if (out == NULL || now == NULL || before == NULL) {
+        return;
     }
+    int64_t t = now->time;
+    combine(out, now, before, grown);
+    out->time = t;
 }
 
 /* num / den as a rate; 0 when nothing was attempted. */

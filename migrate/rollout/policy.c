@@ -44,6 +44,7 @@ struct ks_policy {
     int64_t data_version;           /* at that load */
     ks_rollout *rules;              /* the latest rollout of each scope */
     size_t n_rules;
+    ks_health_sample reported;      /* the totals of the last ks_policy_report */
 };
 
 /* The domain separation of the canary hash. */
@@ -255,6 +256,33 @@ ks_err ks_policy_heartbeat(ks_policy *p)
     ks_err err = ks_rollout_db_reader_heartbeat(p->db, p->self.instance_id, now);
     if (err == KS_ERR_NOT_FOUND)
         err = ks_rollout_db_reader_register(p->db, &p->self, now);
+    pthread_mutex_unlock(&p->mu);
+    return err;
+}
+
+/* Nonzero when health samples matter to r: it is under way (not planned,
+ * not finalized). */
+static int under_way(const ks_rollout *r)
+{
+    return r->phase != KS_PHASE_PLANNED && r->phase != KS_PHASE_FINALIZED;
+}
+
+/* See rollout.h. */
+ks_err ks_policy_report(ks_policy *p, const ks_health_sample *totals)
+{
+    if (p == NULL || totals == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&p->mu);
+    ks_err err = refresh_locked(p, 0);
+    ks_health_sample d;
+    ks_health_growth(&d, totals, &p->reported);
+    d.time = (int64_t)time(NULL);
+    for (size_t i = 0; err == KS_OK && i < p->n_rules; i++) {
+        if (under_way(&p->rules[i]))
+            err = ks_rollout_db_metrics_insert(p->db, p->rules[i].id, p->self.instance_id, "app", &d);
+    }
+    if (err == KS_OK)
+        p->reported = *totals; /* on failure the next report carries this interval too */
     pthread_mutex_unlock(&p->mu);
     return err;
 }
