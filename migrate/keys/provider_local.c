@@ -9,8 +9,10 @@
  * only borrows the keyring: destroying it does not close the keyring.
  * Calls never block for long (no I/O), so timeouts are ignored.
  */
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include <sodium.h>
 
@@ -108,6 +110,25 @@ static ks_err unwrap_with(void *ctx, const ks_krf_key *key, uint32_t version)
     return mlen == KS_DEK_LEN ? KS_OK : KS_ERR_AUTH_FAILED;
 }
 
+/*
+ * Test builds only (-DKS_TEST_HOOKS): KS_ERR_UNAVAILABLE for every wrap
+ * and unwrap after the first KEYSHIFT_TEST_PROVIDER_FAIL_AFTER of this
+ * process, as a key service going away mid-run would, so that CLI tests
+ * see exit 69 from a real `keyshift migrate run`.  KS_OK otherwise, and
+ * always in release builds, which never read the variable.
+ */
+static ks_err env_outage(void)
+{
+#ifdef KS_TEST_HOOKS
+    static _Atomic long calls;
+    const char *v = getenv("KEYSHIFT_TEST_PROVIDER_FAIL_AFTER");
+    if (v != NULL && atomic_fetch_add(&calls, 1) >= atol(v)) {
+        return KS_ERR_UNAVAILABLE;
+    }
+#endif
+    return KS_OK;
+}
+
 /* The provider's wrap (keyshift/provider.h). */
 static ks_err local_wrap(void *self, ks_bytes key_id, uint32_t key_version, const uint8_t *dek,
                          size_t dek_len, ks_bytes aad, uint8_t *out, size_t cap, size_t *out_len,
@@ -117,6 +138,10 @@ static ks_err local_wrap(void *self, ks_bytes key_id, uint32_t key_version, cons
     if (self == NULL || key_version == 0 || dek == NULL || dek_len != KS_DEK_LEN || out == NULL ||
         out_len == NULL || !view_ok(aad) || !view_ok(key_id)) {
         return KS_ERR_INVALID_ARGUMENT;
+    }
+    ks_err e = env_outage();
+    if (e != KS_OK) {
+        return e;
     }
     wrap_call w = {.dek_in = dek, .aad = aad, .out = out, .cap = cap, .out_len = out_len};
     return ks_keyring_use(self, key_id, key_version, wrap_with, &w);
@@ -136,7 +161,10 @@ static ks_err local_unwrap(void *self, ks_bytes key_id, uint32_t key_version, ks
         return KS_ERR_INVALID_ARGUMENT;
     }
     wrap_call w = {.dek_out = dek, .aad = aad, .wrapped = wrapped};
-    const ks_err e = ks_keyring_use(self, key_id, key_version, unwrap_with, &w);
+    ks_err e = env_outage();
+    if (e == KS_OK) {
+        e = ks_keyring_use(self, key_id, key_version, unwrap_with, &w);
+    }
     if (e != KS_OK) {
         sodium_memzero(dek, dek_len);
     }

@@ -1420,6 +1420,27 @@ static void resolved_free(resolved *r)
         colinfo_free(&r->context[i]);
 }
 
+/*
+ * Test builds only (-DKS_TEST_HOOKS): when KEYSHIFT_TEST_MAX_PAGES is set,
+ * cap a writable store's database at that many pages (PRAGMA
+ * max_page_count), so that CLI tests provoke SQLITE_FULL in a real
+ * `keyshift migrate run` process.  Release builds never read the
+ * variable.
+ */
+static void env_max_pages(const ks_rowstore *store)
+{
+#ifdef KS_TEST_HOOKS
+    const char *v = getenv("KEYSHIFT_TEST_MAX_PAGES");
+    const sqlite_store *s = store->self;
+    if (v != NULL && !s->read_only && atol(v) > 0) {
+        ks_err err = ks_rowstore_sqlite_test_max_pages(store, (uint32_t)atol(v));
+        (void)err; /* a test that sets it checks the outcome it provokes */
+    }
+#else
+    (void)store;
+#endif
+}
+
 /* See rowstore.h. */
 ks_err ks_rowstore_sqlite_open(const char *path, const ks_rowstore_target *target,
                                const ks_sqlite_options *opts, ks_rowstore *out, char *errbuf,
@@ -1456,6 +1477,7 @@ ks_err ks_rowstore_sqlite_open(const char *path, const ks_rowstore_target *targe
     out->ops = &sqlite_ops;
     out->self = s;
     out->name = "sqlite";
+    env_max_pages(out);
     return KS_OK;
 }
 
