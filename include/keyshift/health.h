@@ -16,6 +16,8 @@
  * 2^(KS_HIST_SHIFT+KS_HIST_BUCKETS-2) ns up.  A quantile is reported as
  * the upper bound of the bucket it falls in (an overestimate by at most a
  * factor of 2; never an underestimate, so a threshold on it fails safe).
+ * The last bucket has no upper bound: a quantile in it is reported as
+ * KS_HIST_UNBOUNDED, which exceeds every latency threshold.
  */
 #ifndef KEYSHIFT_HEALTH_H
 #define KEYSHIFT_HEALTH_H
@@ -31,6 +33,12 @@ extern "C" {
  * upper bound of bucket 0 in nanoseconds. */
 #define KS_HIST_BUCKETS 24
 #define KS_HIST_SHIFT 8
+
+/* The "upper bound" of the last histogram bucket, which has none: what
+ * ks_histogram_quantile and ks_histogram_bucket_bound return for it, and
+ * what ks_health_verdict's p99 fields hold (in µs) when the p99 lies in
+ * it.  Being the largest uint64_t, it trips any enabled latency check. */
+#define KS_HIST_UNBOUNDED UINT64_MAX
 
 /* A latency histogram (counts per bucket, see the file comment). */
 typedef struct ks_histogram {
@@ -52,7 +60,10 @@ typedef struct ks_health_sample {
 } ks_health_sample;
 
 /* The health thresholds of a rollout.  A rate is a fraction (0.001 is
- * 0.1 %); a negative rate or a 0 latency disables that check. */
+ * 0.1 %); a negative rate or a 0 latency disables that check.  A rate of
+ * 0 is enabled and tolerates no failure; +infinity is enabled and never
+ * trips.  A NaN rate is a misconfiguration: ks_thresholds_check rejects
+ * it, and ks_health_evaluate treats its check as tripped (fail safe). */
 typedef struct ks_thresholds {
     double max_auth_failure_rate;     /* auth_failures / opens */
     double max_parse_error_rate;      /* parse_errors / opens */
@@ -67,6 +78,12 @@ typedef struct ks_thresholds {
  * provider errors, p99 10 ms for both, 1000 samples, 300 s window. */
 KS_API void ks_thresholds_default(ks_thresholds *out);
 
+/* KS_OK when t can be stored as a rollout's thresholds;
+ * KS_ERR_INVALID_ARGUMENT for NULL, a NaN rate or a window_s of 0.  For
+ * the rollout store and the CLI to refuse a bad configuration up front
+ * rather than have every evaluation trip. */
+KS_API KS_WUR ks_err ks_thresholds_check(const ks_thresholds *t);
+
 /* The checks of a verdict, as bits of ks_health_verdict.tripped. */
 typedef enum ks_health_check {
     KS_HEALTH_AUTH_FAILURES = 1u << 0,
@@ -76,6 +93,10 @@ typedef enum ks_health_check {
     KS_HEALTH_OPEN_P99 = 1u << 4
 } ks_health_check;
 
+/* Every check bit, and the number of checks. */
+#define KS_HEALTH_ALL_CHECKS 0x1Fu
+#define KS_HEALTH_N_CHECKS 5
+
 /* The outcome of an evaluation. */
 typedef enum ks_health_status {
     KS_HEALTH_OK = 0,           /* every enabled check within its threshold */
@@ -83,7 +104,12 @@ typedef enum ks_health_status {
     KS_HEALTH_INSUFFICIENT = 2  /* fewer than min_samples seals + opens */
 } ks_health_status;
 
-/* What an evaluation found: each observed value next to its limit. */
+/* What an evaluation found: each observed value next to its limit.  A
+ * rate whose denominator is 0 is 0.  The p99 fields are the quantile of
+ * ks_histogram_quantile converted to µs rounding up (so 1 ns over a
+ * limit is over it), 0 for an empty histogram and KS_HIST_UNBOUNDED when
+ * the p99 lies in the last bucket.  The observed values are filled in
+ * whatever the status; tripped is 0 unless status is KS_HEALTH_TRIPPED. */
 typedef struct ks_health_verdict {
     ks_health_status status;
     unsigned tripped;               /* ks_health_check bits over their threshold */
@@ -97,20 +123,105 @@ typedef struct ks_health_verdict {
 KS_API void ks_histogram_record(ks_histogram *h, uint64_t ns);
 
 /* The q-quantile (0 < q <= 1) of h in nanoseconds: the upper bound of the
- * bucket holding it (see the file comment); 0 for an empty histogram. */
+ * bucket holding it (see the file comment); 0 for an empty histogram.
+ * The quantile is the ceil(q * total)-th smallest latency; q above 1 is
+ * taken as 1, and q at or below 0 (or NaN) as the smallest latency. */
 KS_API uint64_t ks_histogram_quantile(const ks_histogram *h, double q);
+
+/* The exclusive upper bound in ns of bucket i: 2^(KS_HIST_SHIFT+i) for
+ * i < KS_HIST_BUCKETS - 1, KS_HIST_UNBOUNDED for the last bucket (and for
+ * any i past it).  Bucket i holds the whole nanoseconds below this bound
+ * and at or above the bound of bucket i - 1. */
+KS_API uint64_t ks_histogram_bucket_bound(unsigned i);
 
 /* Add sample s into acc (counters and buckets; saturating; acc->time
  * becomes the later of the two). */
 KS_API void ks_health_add(ks_health_sample *acc, const ks_health_sample *s);
 
-/* Judge window (the sum of the samples of a window) against t. */
+/* Judge window (the sum of the samples of a window) against t.  A check
+ * trips when its observed value is above its limit (equal is within);
+ * a disabled check never trips, nor does a rate with a 0 denominator
+ * (unless its limit is NaN).  Status is KS_HEALTH_INSUFFICIENT, with
+ * tripped 0, when seals + opens (saturating) is below t->min_samples.
+ * NULL window or t: *out is zeroed with status KS_HEALTH_INSUFFICIENT;
+ * NULL out: nothing happens. */
 KS_API void ks_health_evaluate(const ks_health_sample *window, const ks_thresholds *t,
                                ks_health_verdict *out);
 
 /* The name of a check bit ("auth-failure-rate", "parse-error-rate",
  * "provider-error-rate", "seal-p99-us", "open-p99-us") or NULL. */
 KS_API const char *ks_health_check_name(unsigned check);
+
+/* The stable name of a status ("ok", "tripped", "insufficient") or NULL. */
+KS_API const char *ks_health_status_name(ks_health_status status);
+
+/*
+ * Prometheus text exposition (format version 0.0.4) of a window, its
+ * thresholds and its verdict, for `keyshift rollout metrics --prometheus`.
+ * Every metric carries `# HELP` and `# TYPE`; every value is a sum over
+ * the window, not a total since start, so the counts are gauges:
+ *
+ *   keyshift_window_seals, keyshift_window_opens,
+ *   keyshift_window_auth_failures, keyshift_window_parse_errors,
+ *   keyshift_window_provider_calls, keyshift_window_provider_errors
+ *                                          gauge, the window's counters
+ *   keyshift_seal_latency_seconds, keyshift_open_latency_seconds
+ *                                          histogram over the window:
+ *                                          _bucket{le} cumulative, le the
+ *                                          largest whole ns a bucket holds
+ *                                          (exact, as latencies are whole
+ *                                          ns), "+Inf" = _count; no _sum
+ *                                          (buckets do not give it); they
+ *                                          are not monotonic: use
+ *                                          histogram_quantile() directly,
+ *                                          never rate()
+ *   keyshift_threshold_auth_failure_rate, _parse_error_rate,
+ *   _provider_error_rate, _seal_p99_seconds, _open_p99_seconds
+ *                                          gauge, the limits; +Inf when
+ *                                          the check is disabled, NaN for
+ *                                          a NaN rate
+ *   keyshift_threshold_min_samples, keyshift_threshold_window_seconds
+ *                                          gauge
+ *   keyshift_health_samples, keyshift_health_auth_failure_rate,
+ *   _parse_error_rate, _provider_error_rate, _seal_p99_seconds,
+ *   _open_p99_seconds                      gauge, the verdict's observed
+ *                                          values (+Inf for an unbounded
+ *                                          p99)
+ *   keyshift_health_status                 gauge, the ks_health_status
+ *                                          value (0 ok, 1 tripped,
+ *                                          2 insufficient)
+ *   keyshift_health_tripped{check="..."}   gauge, 1 when that check
+ *                                          (ks_health_check_name) tripped
+ *
+ * labels is NULL, "" or a pre-rendered label set put on every sample,
+ * such as `rollout="3",table="payments"`, its values escaped with
+ * ks_health_prometheus_label_escape; it must be well formed (names
+ * [a-zA-Z_][a-zA-Z0-9_]*, not starting with "__", not "le" or "check",
+ * quoted values with only the escapes \ " 
+) or KS_ERR_INVALID_ARGUMENT.
+ * v is the verdict to print, or NULL to evaluate window against t here.
+ * Numbers are written the same in every locale.
+ *
+ * The text and a NUL go to buf[0, cap); *out_len receives the length of
+ * the text (without the NUL).  KS_ERR_BUFFER_TOO_SMALL when cap is below
+ * that length + 1: then *out_len receives the length needed (without the
+ * NUL) and buf holds no usable text.  KS_ERR_INVALID_ARGUMENT for NULL
+ * window, t, buf (with cap > 0) or out_len.
+ */
+KS_API KS_WUR ks_err ks_health_prometheus(const ks_health_sample *window, const ks_thresholds *t,
+                                          const ks_health_verdict *v, const char *labels,
+                                          char *buf, size_t cap, size_t *out_len);
+
+/* Escape the label value value (a NUL-terminated UTF-8 string) for the
+ * Prometheus text format: backslash to \, double quote to ", line feed
+ * to 
+; every other byte is copied.  The result and a NUL go to
+ * buf[0, cap), its length (without the NUL) to *out_len.
+ * KS_ERR_BUFFER_TOO_SMALL when cap is below that length + 1 (then
+ * *out_len receives the length needed); KS_ERR_INVALID_ARGUMENT for NULL
+ * value, buf (with cap > 0) or out_len. */
+KS_API KS_WUR ks_err ks_health_prometheus_label_escape(const char *value, char *buf, size_t cap,
+                                                       size_t *out_len);
 
 #ifdef __cplusplus
 }

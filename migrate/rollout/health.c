@@ -1,0 +1,685 @@
+/*
+ * migrate/rollout/health.c -- rollout health (include/keyshift/health.h,
+ * docs/rollout.md "Health and thresholds"): log2 latency histograms,
+ * summing interval samples, judging a window against thresholds, and the
+ * Prometheus text exposition of all three.
+ *
+ * Pure functions over plain data: no I/O, no clock, no allocation, no
+ * libsodium or SQLite.  Counters saturate at UINT64_MAX rather than wrap,
+ * so a sum over a long window can only overstate, never reset to small.
+ */
+#include <assert.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <keyshift/health.h>
+
+/* The default thresholds (keyshift/health.h, ks_thresholds_default). */
+#define DEFAULT_MAX_AUTH_FAILURE_RATE 0.001
+#define DEFAULT_MAX_PARSE_ERROR_RATE 0.001
+#define DEFAULT_MAX_PROVIDER_ERROR_RATE 0.01
+#define DEFAULT_MAX_P99_US 10000u
+#define DEFAULT_MIN_SAMPLES 1000u
+#define DEFAULT_WINDOW_S 300u
+
+/* The quantile the latency checks look at. */
+#define P99 0.99
+
+/* a + b, or UINT64_MAX when the sum does not fit: a window's counters
+ * must never wrap to a small (healthy-looking) value. */
+static uint64_t sat_add(uint64_t a, uint64_t b)
+{
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+/* See keyshift/health.h.  The values are the issue's defaults: strict on
+ * failures that mean data cannot be read, looser on the provider, whose
+ * errors are often transient and retried. */
+void ks_thresholds_default(ks_thresholds *out)
+{
+    if (out == NULL) {
+        return;
+    }
+    memset(out, 0, sizeof *out);
+    out->max_auth_failure_rate = DEFAULT_MAX_AUTH_FAILURE_RATE;
+    out->max_parse_error_rate = DEFAULT_MAX_PARSE_ERROR_RATE;
+    out->max_provider_error_rate = DEFAULT_MAX_PROVIDER_ERROR_RATE;
+    out->max_seal_p99_us = DEFAULT_MAX_P99_US;
+    out->max_open_p99_us = DEFAULT_MAX_P99_US;
+    out->min_samples = DEFAULT_MIN_SAMPLES;
+    out->window_s = DEFAULT_WINDOW_S;
+}
+
+/* See keyshift/health.h.  A NaN rate is refused here so that a stored
+ * configuration never holds one; evaluation still copes (it trips). */
+ks_err ks_thresholds_check(const ks_thresholds *t)
+{
+    if (t == NULL || isnan(t->max_auth_failure_rate) || isnan(t->max_parse_error_rate) ||
+        isnan(t->max_provider_error_rate) || t->window_s == 0) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    return KS_OK;
+}
+
+/* The bucket of a latency of ns nanoseconds: 0 below 2^KS_HIST_SHIFT,
+ * else floor(log2(ns)) - KS_HIST_SHIFT + 1, capped at the last bucket.
+ * floor(log2) by binary search, to stay portable C11. */
+static unsigned bucket_of(uint64_t ns)
+{
+    if (ns < (UINT64_C(1) << KS_HIST_SHIFT)) {
+        return 0;
+    }
+    unsigned lg = 0;
+    for (unsigned step = 32; step > 0; step >>= 1) {
+        if (ns >> step) {
+            ns >>= step;
+            lg += step;
+        }
+    }
+    unsigned i = lg - KS_HIST_SHIFT + 1;
+    return i < KS_HIST_BUCKETS - 1 ? i : KS_HIST_BUCKETS - 1;
+}
+
+/* See keyshift/health.h.  Saturates the bucket rather than wrap. */
+void ks_histogram_record(ks_histogram *h, uint64_t ns)
+{
+    if (h == NULL) {
+        return;
+    }
+    unsigned i = bucket_of(ns);
+    assert(i < KS_HIST_BUCKETS);
+    h->bucket[i] = sat_add(h->bucket[i], 1);
+}
+
+/* See keyshift/health.h.  The shift stays below 64 as long as the
+ * bucket count and shift keep the second-to-last bound in a uint64_t. */
+uint64_t ks_histogram_bucket_bound(unsigned i)
+{
+    _Static_assert(KS_HIST_SHIFT + KS_HIST_BUCKETS - 2 < 64, "bucket bounds fit in 64 bits");
+    if (i >= KS_HIST_BUCKETS - 1) {
+        return KS_HIST_UNBOUNDED;
+    }
+    return UINT64_C(1) << (KS_HIST_SHIFT + i);
+}
+
+/* The rank (1-based) of the q-quantile among total latencies:
+ * ceil(q * total), within [1, total].  Computed without ceil() so the
+ * library needs no libm; the float product may round up by one rank,
+ * which only moves the answer up (fail safe). */
+static uint64_t quantile_rank(double q, uint64_t total)
+{
+    assert(total > 0);
+    if (!(q > 0.0)) { /* also NaN */
+        return 1;
+    }
+    if (q >= 1.0) {
+        return total;
+    }
+    double r = q * (double)total;
+    if (r >= (double)total) {
+        return total;
+    }
+    uint64_t rank = (uint64_t)r;
+    if ((double)rank < r) {
+        rank++;
+    }
+    if (rank == 0) {
+        rank = 1;
+    }
+    return rank < total ? rank : total;
+}
+
+/* See keyshift/health.h.  Walks the buckets until the cumulative count
+ * reaches the rank; sums saturate, which can only make the total
+ * smaller than the truth and the walk stop no earlier than it would. */
+uint64_t ks_histogram_quantile(const ks_histogram *h, double q)
+{
+    if (h == NULL) {
+        return 0;
+    }
+    uint64_t total = 0;
+    for (unsigned i = 0; i < KS_HIST_BUCKETS; i++) {
+        total = sat_add(total, h->bucket[i]);
+    }
+    if (total == 0) {
+        return 0;
+    }
+    uint64_t rank = quantile_rank(q, total);
+    uint64_t seen = 0;
+    for (unsigned i = 0; i < KS_HIST_BUCKETS; i++) {
+        seen = sat_add(seen, h->bucket[i]);
+        if (seen >= rank) {
+            return ks_histogram_bucket_bound(i);
+        }
+    }
+    assert(0 && "the cumulative count reaches the total");
+    return KS_HIST_UNBOUNDED;
+}
+
+/* See keyshift/health.h. */
+void ks_health_add(ks_health_sample *acc, const ks_health_sample *s)
+{
+    if (acc == NULL || s == NULL) {
+        return;
+    }
+    if (s->time > acc->time) {
+        acc->time = s->time;
+    }
+    acc->seals = sat_add(acc->seals, s->seals);
+    acc->opens = sat_add(acc->opens, s->opens);
+    acc->auth_failures = sat_add(acc->auth_failures, s->auth_failures);
+    acc->parse_errors = sat_add(acc->parse_errors, s->parse_errors);
+    acc->provider_calls = sat_add(acc->provider_calls, s->provider_calls);
+    acc->provider_errors = sat_add(acc->provider_errors, s->provider_errors);
+    for (unsigned i = 0; i < KS_HIST_BUCKETS; i++) {
+        acc->seal_ns.bucket[i] = sat_add(acc->seal_ns.bucket[i], s->seal_ns.bucket[i]);
+        acc->open_ns.bucket[i] = sat_add(acc->open_ns.bucket[i], s->open_ns.bucket[i]);
+    }
+}
+
+/* num / den as a rate; 0 when nothing was attempted. */
+static double rate_of(uint64_t num, uint64_t den)
+{
+    return den == 0 ? 0.0 : (double)num / (double)den;
+}
+
+/* Whether a rate check trips: a NaN limit always does (a broken
+ * configuration must not pass silently), a negative one never does
+ * (disabled), nor does a rate with nothing attempted; otherwise when the
+ * rate is above the limit. */
+static int rate_trips(double rate, uint64_t den, double limit)
+{
+    if (isnan(limit)) {
+        return 1;
+    }
+    if (limit < 0.0 || den == 0) {
+        return 0;
+    }
+    return rate > limit;
+}
+
+/* A latency quantile in ns as whole µs, rounded up so that a latency a
+ * nanosecond over a limit is over it; unbounded stays unbounded. */
+static uint64_t ns_to_us_up(uint64_t ns)
+{
+    if (ns == KS_HIST_UNBOUNDED) {
+        return KS_HIST_UNBOUNDED;
+    }
+    return ns / 1000 + (ns % 1000 != 0);
+}
+
+/* Whether a latency check trips: a limit of 0 is disabled. */
+static int latency_trips(uint64_t p99_us, uint64_t limit_us)
+{
+    return limit_us != 0 && p99_us > limit_us;
+}
+
+/* See keyshift/health.h. */
+void ks_health_evaluate(const ks_health_sample *window, const ks_thresholds *t,
+                        ks_health_verdict *out)
+{
+    if (out == NULL) {
+        return;
+    }
+    memset(out, 0, sizeof *out);
+    out->status = KS_HEALTH_INSUFFICIENT;
+    if (window == NULL || t == NULL) {
+        return;
+    }
+    out->samples = sat_add(window->seals, window->opens);
+    out->auth_failure_rate = rate_of(window->auth_failures, window->opens);
+    out->parse_error_rate = rate_of(window->parse_errors, window->opens);
+    out->provider_error_rate = rate_of(window->provider_errors, window->provider_calls);
+    out->seal_p99_us = ns_to_us_up(ks_histogram_quantile(&window->seal_ns, P99));
+    out->open_p99_us = ns_to_us_up(ks_histogram_quantile(&window->open_ns, P99));
+    if (out->samples < t->min_samples) {
+        return;
+    }
+    unsigned tripped = 0;
+    if (rate_trips(out->auth_failure_rate, window->opens, t->max_auth_failure_rate)) {
+        tripped |= KS_HEALTH_AUTH_FAILURES;
+    }
+    if (rate_trips(out->parse_error_rate, window->opens, t->max_parse_error_rate)) {
+        tripped |= KS_HEALTH_PARSE_ERRORS;
+    }
+    if (rate_trips(out->provider_error_rate, window->provider_calls, t->max_provider_error_rate)) {
+        tripped |= KS_HEALTH_PROVIDER_ERRORS;
+    }
+    if (latency_trips(out->seal_p99_us, t->max_seal_p99_us)) {
+        tripped |= KS_HEALTH_SEAL_P99;
+    }
+    if (latency_trips(out->open_p99_us, t->max_open_p99_us)) {
+        tripped |= KS_HEALTH_OPEN_P99;
+    }
+    assert((tripped & ~KS_HEALTH_ALL_CHECKS) == 0);
+    out->tripped = tripped;
+    out->status = tripped ? KS_HEALTH_TRIPPED : KS_HEALTH_OK;
+}
+
+/* The names of the checks, indexed by bit position; stable: the CLI
+ * prints them, and they are the Prometheus `check` label. */
+static const char *const check_names[KS_HEALTH_N_CHECKS] = {
+    "auth-failure-rate", "parse-error-rate", "provider-error-rate", "seal-p99-us", "open-p99-us",
+};
+
+/* See keyshift/health.h.  Exactly one known bit, or NULL. */
+const char *ks_health_check_name(unsigned check)
+{
+    for (unsigned i = 0; i < KS_HEALTH_N_CHECKS; i++) {
+        if (check == 1u << i) {
+            return check_names[i];
+        }
+    }
+    return NULL;
+}
+
+/* See keyshift/health.h. */
+const char *ks_health_status_name(ks_health_status status)
+{
+    switch (status) {
+    case KS_HEALTH_OK:
+        return "ok";
+    case KS_HEALTH_TRIPPED:
+        return "tripped";
+    case KS_HEALTH_INSUFFICIENT:
+        return "insufficient";
+    }
+    return NULL;
+}
+
+/* ---- Prometheus text exposition ---------------------------------------- */
+
+/* An output buffer that keeps counting past its capacity, so that one
+ * pass both writes the text and measures it when it does not fit. */
+typedef struct sink {
+    char *buf;
+    size_t cap;
+    size_t len; /* bytes the text needs so far (may exceed cap) */
+} sink;
+
+/* Append n bytes of s to out (only while they fit; the length counts on). */
+static void put_n(sink *out, const char *s, size_t n)
+{
+    if (n > 0 && out->len <= out->cap && n <= out->cap - out->len) {
+        memcpy(out->buf + out->len, s, n);
+    }
+    out->len = out->len > SIZE_MAX - n ? SIZE_MAX : out->len + n;
+}
+
+/* Append the NUL-terminated s to out. */
+static void put(sink *out, const char *s)
+{
+    put_n(out, s, strlen(s));
+}
+
+/* The decimal digits of v into num (at least 21 bytes). */
+static void fmt_u64(char num[static 21], uint64_t v)
+{
+    char tmp[21];
+    size_t n = 0;
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v != 0);
+    for (size_t i = 0; i < n; i++) {
+        num[i] = tmp[n - 1 - i];
+    }
+    num[n] = '\0';
+}
+
+/* v / 10^digits as an exact decimal into num (at least 32 bytes), e.g.
+ * (255, 9) -> "0.000000255", (10000, 6) -> "0.01", (3000000, 6) -> "3":
+ * the latency units (ns, µs) in seconds without any float rounding. */
+static void fmt_scaled(char num[static 32], uint64_t v, unsigned digits)
+{
+    assert(digits > 0 && digits < 10);
+    uint64_t scale = 1;
+    for (unsigned i = 0; i < digits; i++) {
+        scale *= 10;
+    }
+    fmt_u64(num, v / scale);
+    uint64_t frac = v % scale;
+    if (frac == 0) {
+        return;
+    }
+    size_t n = strlen(num);
+    num[n++] = '.';
+    for (unsigned i = digits; i-- > 0;) {
+        num[n + i] = (char)('0' + frac % 10);
+        frac /= 10;
+    }
+    n += digits;
+    while (num[n - 1] == '0') {
+        n--;
+    }
+    num[n] = '\0';
+}
+
+/* d as a Prometheus float into num (at least 40 bytes): "NaN", "+Inf",
+ * "-Inf", or the shortest of %.15g..%.17g that reads back as d, with the
+ * locale's decimal point (whatever it is) replaced by '.'. */
+static void fmt_double(char num[static 40], double d)
+{
+    if (isnan(d)) {
+        strcpy(num, "NaN");
+        return;
+    }
+    if (isinf(d)) {
+        strcpy(num, d > 0 ? "+Inf" : "-Inf");
+        return;
+    }
+    char tmp[40];
+    for (int prec = 15; prec <= 17; prec++) {
+        int n = snprintf(tmp, sizeof tmp, "%.*g", prec, d);
+        assert(n > 0 && (size_t)n < sizeof tmp);
+        (void)n;
+        if (strtod(tmp, NULL) == d) {
+            break;
+        }
+    }
+    /* Copy digits, signs and exponent markers; any other run of bytes is
+     * the locale's decimal point and becomes one '.'. */
+    size_t o = 0;
+    for (size_t i = 0; tmp[i] != '\0';) {
+        char c = tmp[i];
+        if ((c >= '0' && c <= '9') || c == '+' || c == '-' || c == 'e' || c == 'E') {
+            num[o++] = c;
+            i++;
+            continue;
+        }
+        num[o++] = '.';
+        while (tmp[i] != '\0' && !(tmp[i] >= '0' && tmp[i] <= '9')) {
+            i++;
+        }
+    }
+    num[o] = '\0';
+}
+
+/* Write the # HELP and # TYPE lines of a metric family.  help is a
+ * constant of this file, with no backslash or line feed to escape. */
+static void family(sink *out, const char *name, const char *type, const char *help)
+{
+    assert(strchr(help, '\\') == NULL && strchr(help, '\n') == NULL);
+    put(out, "# HELP ");
+    put(out, name);
+    put(out, " ");
+    put(out, help);
+    put(out, "\n# TYPE ");
+    put(out, name);
+    put(out, " ");
+    put(out, type);
+    put(out, "\n");
+}
+
+/* Write one sample line: name+suffix, the caller's labels and one more
+ * label (extra_name="extra_value", when extra_name is not NULL; the
+ * value is one of this file's, needing no escape), then the value. */
+static void sample(sink *out, const char *name, const char *suffix, const char *labels,
+                   const char *extra_name, const char *extra_value, const char *value)
+{
+    put(out, name);
+    put(out, suffix);
+    int have_labels = labels != NULL && labels[0] != '\0';
+    if (have_labels || extra_name != NULL) {
+        put(out, "{");
+        if (have_labels) {
+            put(out, labels);
+        }
+        if (extra_name != NULL) {
+            put(out, have_labels ? "," : "");
+            put(out, extra_name);
+            put(out, "=\"");
+            put(out, extra_value);
+            put(out, "\"");
+        }
+        put(out, "}");
+    }
+    put(out, " ");
+    put(out, value);
+    put(out, "\n");
+}
+
+/* A gauge family with one unlabelled (but for the caller's labels)
+ * sample of an integer value. */
+static void gauge_u64(sink *out, const char *labels, const char *name, const char *help,
+                      uint64_t v)
+{
+    char num[21];
+    fmt_u64(num, v);
+    family(out, name, "gauge", help);
+    sample(out, name, "", labels, NULL, NULL, num);
+}
+
+/* The same for a float value. */
+static void gauge_double(sink *out, const char *labels, const char *name, const char *help,
+                         double v)
+{
+    char num[40];
+    fmt_double(num, v);
+    family(out, name, "gauge", help);
+    sample(out, name, "", labels, NULL, NULL, num);
+}
+
+/* The same for a latency in whole µs, written in seconds; unbounded (the
+ * verdict's p99 past the last bucket) or disabled_at_zero with v == 0
+ * (a disabled limit) is +Inf. */
+static void gauge_us(sink *out, const char *labels, const char *name, const char *help,
+                     uint64_t us, int disabled_at_zero)
+{
+    char num[32];
+    if (us == KS_HIST_UNBOUNDED || (disabled_at_zero && us == 0)) {
+        strcpy(num, "+Inf");
+    } else {
+        fmt_scaled(num, us, 6);
+    }
+    family(out, name, "gauge", help);
+    sample(out, name, "", labels, NULL, NULL, num);
+}
+
+/* A rate limit as a gauge: +Inf when disabled (negative), so that an
+ * alert `observed > limit` never fires for it; NaN stays NaN. */
+static void gauge_rate_limit(sink *out, const char *labels, const char *name, const char *help,
+                             double limit)
+{
+    gauge_double(out, labels, name, help, limit < 0.0 ? INFINITY : limit);
+}
+
+/* A latency histogram: cumulative buckets with le the largest whole ns
+ * each holds (so `<= le` is exact), +Inf, and _count.  No _sum: the
+ * buckets do not give it. */
+static void histogram(sink *out, const char *labels, const char *name, const char *help,
+                      const ks_histogram *h)
+{
+    family(out, name, "histogram", help);
+    uint64_t cum = 0;
+    char num[21], le[32];
+    for (unsigned i = 0; i < KS_HIST_BUCKETS - 1; i++) {
+        cum = sat_add(cum, h->bucket[i]);
+        fmt_scaled(le, ks_histogram_bucket_bound(i) - 1, 9);
+        fmt_u64(num, cum);
+        sample(out, name, "_bucket", labels, "le", le, num);
+    }
+    cum = sat_add(cum, h->bucket[KS_HIST_BUCKETS - 1]);
+    fmt_u64(num, cum);
+    sample(out, name, "_bucket", labels, "le", "+Inf", num);
+    sample(out, name, "_count", labels, NULL, NULL, num);
+}
+
+/* Whether c may start (first) or continue a label name. */
+static int label_name_char(char c, int first)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+           (!first && c >= '0' && c <= '9');
+}
+
+/* Whether labels is a well-formed label set for sample(): NULL or "", or
+ * name="value" pairs separated by commas, names valid and not reserved
+ * ("__" prefix) nor ours ("le", "check"), values with only the escapes
+ * \\ \" \n and no raw line feed.  A malformed set would corrupt every
+ * line of the exposition, so it is refused rather than copied. */
+static int labels_ok(const char *labels)
+{
+    if (labels == NULL || labels[0] == '\0') {
+        return 1;
+    }
+    const char *p = labels;
+    for (;;) {
+        const char *name = p;
+        if (!label_name_char(*p, 1)) {
+            return 0;
+        }
+        while (label_name_char(*p, 0)) {
+            p++;
+        }
+        size_t n = (size_t)(p - name);
+        if ((n >= 2 && name[0] == '_' && name[1] == '_') || (n == 2 && memcmp(name, "le", 2) == 0) ||
+            (n == 5 && memcmp(name, "check", 5) == 0)) {
+            return 0;
+        }
+        if (p[0] != '=' || p[1] != '"') {
+            return 0;
+        }
+        p += 2;
+        while (*p != '"') {
+            if (*p == '\0' || *p == '\n') {
+                return 0;
+            }
+            if (*p == '\\') {
+                p++;
+                if (*p != '\\' && *p != '"' && *p != 'n') {
+                    return 0;
+                }
+            }
+            p++;
+        }
+        p++;
+        if (*p == '\0') {
+            return 1;
+        }
+        if (*p != ',') {
+            return 0;
+        }
+        p++;
+    }
+}
+
+/* Finish a sink: NUL-terminate and report, or report the size needed. */
+static ks_err finish(sink *out, size_t *out_len)
+{
+    *out_len = out->len;
+    if (out->len >= out->cap) {
+        return KS_ERR_BUFFER_TOO_SMALL;
+    }
+    out->buf[out->len] = '\0';
+    return KS_OK;
+}
+
+/* See keyshift/health.h.  One pass writes and measures; the families
+ * come in a fixed order so that the output is stable for tests and diffs. */
+ks_err ks_health_prometheus(const ks_health_sample *window, const ks_thresholds *t,
+                            const ks_health_verdict *v, const char *labels, char *buf, size_t cap,
+                            size_t *out_len)
+{
+    if (window == NULL || t == NULL || (buf == NULL && cap > 0) || out_len == NULL) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    if (!labels_ok(labels)) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    ks_health_verdict own;
+    if (v == NULL) {
+        ks_health_evaluate(window, t, &own);
+        v = &own;
+    }
+    sink out = {buf, cap, 0};
+    const char *L = labels;
+
+    gauge_u64(&out, L, "keyshift_window_seals", "Envelopes sealed in the health window.",
+              window->seals);
+    gauge_u64(&out, L, "keyshift_window_opens", "Envelope opens attempted in the health window.",
+              window->opens);
+    gauge_u64(&out, L, "keyshift_window_auth_failures",
+              "Opens that failed authentication in the health window.", window->auth_failures);
+    gauge_u64(&out, L, "keyshift_window_parse_errors",
+              "Opens refused by the strict parser in the health window.", window->parse_errors);
+    gauge_u64(&out, L, "keyshift_window_provider_calls",
+              "Key provider wrap and unwrap calls in the health window.", window->provider_calls);
+    gauge_u64(&out, L, "keyshift_window_provider_errors",
+              "Key provider calls that failed in the health window.", window->provider_errors);
+
+    histogram(&out, L, "keyshift_seal_latency_seconds",
+              "Seal latency over the health window (not cumulative: do not rate()).",
+              &window->seal_ns);
+    histogram(&out, L, "keyshift_open_latency_seconds",
+              "Open latency over the health window (not cumulative: do not rate()).",
+              &window->open_ns);
+
+    gauge_rate_limit(&out, L, "keyshift_threshold_auth_failure_rate",
+                     "Highest auth failure rate allowed (+Inf: check disabled).",
+                     t->max_auth_failure_rate);
+    gauge_rate_limit(&out, L, "keyshift_threshold_parse_error_rate",
+                     "Highest parse error rate allowed (+Inf: check disabled).",
+                     t->max_parse_error_rate);
+    gauge_rate_limit(&out, L, "keyshift_threshold_provider_error_rate",
+                     "Highest key provider error rate allowed (+Inf: check disabled).",
+                     t->max_provider_error_rate);
+    gauge_us(&out, L, "keyshift_threshold_seal_p99_seconds",
+             "Highest p99 seal latency allowed (+Inf: check disabled).", t->max_seal_p99_us, 1);
+    gauge_us(&out, L, "keyshift_threshold_open_p99_seconds",
+             "Highest p99 open latency allowed (+Inf: check disabled).", t->max_open_p99_us, 1);
+    gauge_u64(&out, L, "keyshift_threshold_min_samples",
+              "Seals plus opens needed in the window for a verdict.", t->min_samples);
+    gauge_u64(&out, L, "keyshift_threshold_window_seconds",
+              "Length of the health window in seconds.", t->window_s);
+
+    gauge_u64(&out, L, "keyshift_health_samples", "Seals plus opens in the health window.",
+              v->samples);
+    gauge_double(&out, L, "keyshift_health_auth_failure_rate",
+                 "Auth failures per open in the health window.", v->auth_failure_rate);
+    gauge_double(&out, L, "keyshift_health_parse_error_rate",
+                 "Parse errors per open in the health window.", v->parse_error_rate);
+    gauge_double(&out, L, "keyshift_health_provider_error_rate",
+                 "Key provider errors per call in the health window.", v->provider_error_rate);
+    gauge_us(&out, L, "keyshift_health_seal_p99_seconds",
+             "p99 seal latency in the health window (bucket upper bound).", v->seal_p99_us, 0);
+    gauge_us(&out, L, "keyshift_health_open_p99_seconds",
+             "p99 open latency in the health window (bucket upper bound).", v->open_p99_us, 0);
+    gauge_u64(&out, L, "keyshift_health_status",
+              "Health verdict: 0 ok, 1 tripped, 2 insufficient data.", (uint64_t)v->status);
+
+    family(&out, "keyshift_health_tripped", "gauge", "1 when the check is over its threshold.");
+    for (unsigned i = 0; i < KS_HEALTH_N_CHECKS; i++) {
+        sample(&out, "keyshift_health_tripped", "", L, "check", check_names[i],
+               (v->tripped & (1u << i)) ? "1" : "0");
+    }
+    return finish(&out, out_len);
+}
+
+/* See keyshift/health.h.  Measures and writes in one pass, like the
+ * exposition itself. */
+ks_err ks_health_prometheus_label_escape(const char *value, char *buf, size_t cap, size_t *out_len)
+{
+    if (value == NULL || (buf == NULL && cap > 0) || out_len == NULL) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    sink out = {buf, cap, 0};
+    for (const char *p = value; *p != '\0'; p++) {
+        switch (*p) {
+        case '\\':
+            put_n(&out, "\\\\", 2);
+            break;
+        case '"':
+            put_n(&out, "\\\"", 2);
+            break;
+        case '\n':
+            put_n(&out, "\\n", 2);
+            break;
+        default:
+            put_n(&out, p, 1);
+            break;
+        }
+    }
+    return finish(&out, out_len);
+}
