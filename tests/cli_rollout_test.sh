@@ -180,9 +180,10 @@ run "advance: health tripped" 75 "$KS" rollout advance --db "$D"
 expect_grep "refusal: tripped" "$T/err" "the health check tripped a threshold"
 run "check: tripped" 2 "$KS" rollout check --db "$D"
 expect_grep "check: names the check and values" "$T/out" "auth-failure-rate 0.05 > 0.001"
+expect_grep "check: says by how much" "$T/out" "TRIPPED by 0.049 (50x the limit)"
 run "check --json" 2 "$KS" rollout check --db "$D" --json
 json_ok "check --json"
-expect_grep "check --json: tripped check" "$T/out" '"check":"auth-failure-rate","observed":0.05,"limit":0.001,"enabled":true,"tripped":true'
+expect_grep "check --json: tripped check" "$T/out" '"check":"auth-failure-rate","observed":0.05,"limit":0.001,"enabled":true,"tripped":true,"over_by":0.049'
 run "metrics --prometheus" 0 "$KS" rollout metrics --db "$D" --prometheus
 expect_grep "prometheus: HELP" "$T/out" "^# HELP keyshift_window_opens "
 expect_grep "prometheus: TYPE" "$T/out" "^# TYPE keyshift_window_opens gauge"
@@ -273,5 +274,24 @@ run "rollback finalized -> backfill after the source was destroyed" 75 "$KS" rol
 expect_grep "refusal: source destroyed" "$T/err" "source key payments/kek:2 was destroyed: its rows could never be read"
 run "rollback rollout 1 (not the latest)" 75 "$KS" rollout rollback --db "$D" --rollout 1 --reason "undo"
 expect_grep "refusal: a later rollout" "$T/err" "a later rollout governs pay.card"
+
+reader web-1 "payments/kek:1,payments/kek:3" 3600
+run "destroy an unreferenced version" 0 "$KS" keys set-state payments/kek 1 destroyed --db "$D"
+run "readers (text)" 0 "$KS" rollout readers --db "$D"
+expect_grep "readers: expired reader" "$T/out" "web-1 *no "
+
+# ---- JSON of the transitions ----------------------------------------------------------------
+run "start rollout 3 --json" 0 "$KS" rollout start --db "$D" --table pay --column card --source "$TGT3" \
+    --target v1:aes-256-gcm:payments/kek:4 --json
+json_ok "start --json"
+run "advance --json refused" 75 "$KS" rollout advance --db "$D" --rollout 3 --json
+json_ok "advance --json (refused)"
+expect_grep "advance --json: refusal reason" "$T/out" '"result":"guard","reason":"target key payments/kek:4 does not exist'
+run "keys add-version 4" 0 "$KS" keys add-version payments/kek
+run "advance --json" 0 "$KS" rollout advance --db "$D" --rollout 3 --json --keyring "$KEYSHIFT_KEYRING"
+json_ok "advance --json"
+expect_grep "advance --json: result" "$T/out" '"from":"planned","to":"read-compat","result":"ok"'
+run "rollback --json" 0 "$KS" rollout rollback --db "$D" --rollout 3 --reason "not yet" --json
+json_ok "rollback --json"
 
 cli_finish cli_rollout_test

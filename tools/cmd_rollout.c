@@ -683,8 +683,11 @@ static void print_health(const ks_health_sample *sum, const ks_health_verdict *v
             put_num(rows[i].unbounded ? NAN : rows[i].observed);
             printf(",\"limit\":");
             put_num(rows[i].limit);
-            printf(",\"enabled\":%s,\"tripped\":%s}", rows[i].enabled ? "true" : "false",
+            printf(",\"enabled\":%s,\"tripped\":%s,\"over_by\":", rows[i].enabled ? "true" : "false",
                    rows[i].tripped ? "true" : "false");
+            put_num(!rows[i].tripped ? 0.0 : rows[i].unbounded ? NAN
+                                                              : rows[i].observed - rows[i].limit);
+            printf("}");
         }
         printf("]}");
         return;
@@ -700,9 +703,19 @@ static void print_health(const ks_health_sample *sum, const ks_health_verdict *v
             snprintf(obs, sizeof obs, "%.6g", rows[i].observed);
         }
         snprintf(lim, sizeof lim, "%.6g", rows[i].limit);
+        char state[64] = "ok";
+        if (!rows[i].enabled) {
+            snprintf(state, sizeof state, "disabled");
+        } else if (rows[i].tripped && rows[i].unbounded) {
+            snprintf(state, sizeof state, "TRIPPED (beyond the largest bucket)");
+        } else if (rows[i].tripped && rows[i].limit > 0) {
+            snprintf(state, sizeof state, "TRIPPED by %.6g (%.3gx the limit)",
+                     rows[i].observed - rows[i].limit, rows[i].observed / rows[i].limit);
+        } else if (rows[i].tripped) {
+            snprintf(state, sizeof state, "TRIPPED by %.6g", rows[i].observed - rows[i].limit);
+        }
         printf("  %-20s %-14s %-14s %s\n", ks_health_check_name(rows[i].bit), obs,
-               rows[i].enabled ? lim : "-",
-               !rows[i].enabled ? "disabled" : rows[i].tripped ? "TRIPPED" : "ok");
+               rows[i].enabled ? lim : "-", state);
     }
 }
 
