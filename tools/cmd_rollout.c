@@ -1073,15 +1073,16 @@ static int advance(const char *cmd, const ro_opts *o, ks_rollout_db *db, const k
 typedef int (*step_fn)(const char *cmd, const ro_opts *o, ks_rollout_db *db, const ks_rollout *r,
                        ks_keyring *kr, ks_ctx *ctx, const ks_rollout_canary *canary);
 
-/* Open the keyring when named (required: else a usage error saying why),
- * run step, close the keyring. */
-static int with_keyring(const char *cmd, const ro_opts *o, int required, const char *why,
-                        ks_rollout_db *db, const ks_rollout *r, const ks_rollout_canary *canary,
-                        step_fn step)
+/* Run step with the keyring open when the transition uses it (wanted:
+ * only then, so a keyring that is not needed is never opened) and one is
+ * named; a required one that is not named is a usage error saying why. */
+static int with_keyring(const char *cmd, const ro_opts *o, int wanted, int required,
+                        const char *why, ks_rollout_db *db, const ks_rollout *r,
+                        const ks_rollout_canary *canary, step_fn step)
 {
     ks_keyring *kr = NULL;
     ks_ctx *ctx = NULL;
-    int rc = keyring_for(cmd, o, required, why, &kr, &ctx);
+    int rc = wanted ? keyring_for(cmd, o, required, why, &kr, &ctx) : EX_OK;
     if (rc == EX_OK) {
         rc = step(cmd, o, db, r, kr, ctx, canary);
     }
@@ -1110,7 +1111,9 @@ static int on_advance(const char *cmd, const ro_opts *o, ks_rollout_db *db, cons
     char why[KS_KEY_ID_MAX + 128];
     snprintf(why, sizeof why, "entering read-compat checks target key %s:%" PRIu32
              " with the keyring", r->target.key_id, r->target.key_version);
-    return with_keyring(cmd, o, to == KS_PHASE_READ_COMPAT, why, db, r, &canary, advance);
+    int source_key = to == KS_PHASE_FINALIZED && !r->source.is_plaintext;
+    return with_keyring(cmd, o, to == KS_PHASE_READ_COMPAT || source_key,
+                        to == KS_PHASE_READ_COMPAT, why, db, r, &canary, advance);
 }
 
 /* ---- rollback ---------------------------------------------------------------------- */
@@ -1154,8 +1157,8 @@ static int on_rollback(const char *cmd, const ro_opts *o, ks_rollout_db *db, con
     char why[KS_KEY_ID_MAX + 128];
     snprintf(why, sizeof why, "leaving finalized checks that source key %s:%" PRIu32
              " was not destroyed, with the keyring", r->source.key_id, r->source.key_version);
-    return with_keyring(cmd, o, to == KS_PHASE_BACKFILL && !r->source.is_plaintext, why, db, r,
-                        NULL, rollback);
+    int source_key = to == KS_PHASE_BACKFILL && !r->source.is_plaintext;
+    return with_keyring(cmd, o, source_key, source_key, why, db, r, NULL, rollback);
 }
 
 /* ---- canary ------------------------------------------------------------------------- */
