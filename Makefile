@@ -132,6 +132,7 @@ cli-test: $(CLI_SAN) $(CLI)
 	@KEYSHIFT=$(CLI_SAN) tests/cli_migrate_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_migrate_stress_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_migrate_faults_test.sh
+	@KEYSHIFT=$(CLI_SAN) tests/cli_rollout_test.sh
 
 # make install into a staging DESTDIR, then build against it via pkg-config.
 install-test: all

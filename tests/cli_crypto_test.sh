@@ -87,7 +87,7 @@ expect_empty "disabled: nothing on stdout" "$T/out"
 run "re-enable version 1" 0 "$KS" keys set-state payments/kek 1 decrypt-only
 IN="$ENV" run "re-enabled opens again" 0 "$KS" decrypt --context payments:42:card
 run "the primary cannot be disabled" 65 "$KS" keys set-state payments/kek 2 disabled
-run "destroy version 1" 0 "$KS" keys set-state payments/kek 1 destroyed
+run "destroy version 1" 0 "$KS" keys set-state payments/kek 1 destroyed --force --reason "crypto test: no database"
 IN="$ENV" run "destroyed version refuses to open" 77 "$KS" decrypt --context payments:42:card
 run "destroyed is final" 65 "$KS" keys set-state payments/kek 1 active
 run "set-state of a missing version" 77 "$KS" keys set-state payments/kek 9 disabled

@@ -318,6 +318,32 @@ static void test_log_append_only(void **state)
     assert_non_null(strstr(e[0].reason, "plaintext -> payments-kek:2"));
 }
 
+/* A note is appended in the current phase, in any phase, and refused
+ * without a reason, with an unprintable one, or for an unknown rollout. */
+static void test_log_note(void **state)
+{
+    world *w = *state;
+    open_db(w);
+    ks_rollout s = spec();
+    int64_t id = start(w, &s, 1000);
+    assert_int_equal(ks_rollout_db_note(w->db, id, "bob", "ticket OPS-7", 1001), KS_OK);
+    assert_int_equal(ks_rollout_db_note(w->db, id, "bob", "", 1002), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_rollout_db_note(w->db, id, "bob", NULL, 1002), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_rollout_db_note(w->db, id, "bob", "a\nb", 1002), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_rollout_db_note(w->db, id, "", "why", 1002), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_rollout_db_note(w->db, 99, "bob", "why", 1002), KS_ERR_NO_ROLLOUT);
+    ks_rollout_log_entry e[3];
+    size_t n = 0;
+    assert_int_equal(ks_rollout_db_log(w->db, id, 0, e, 3, &n), KS_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(e[1].from, KS_PHASE_PLANNED);
+    assert_int_equal(e[1].to, KS_PHASE_PLANNED);
+    assert_int_equal(e[1].time, 1001);
+    assert_int_equal(e[1].automatic, 0);
+    assert_string_equal(e[1].actor, "bob");
+    assert_string_equal(e[1].reason, "ticket OPS-7");
+}
+
 /* ---- start ------------------------------------------------------------------- */
 
 /* start checks the scope through the schema and keeps one open rollout
@@ -1200,6 +1226,7 @@ int main(void)
         T(test_upgrade_atomic),
         T(test_read_only),
         T(test_log_append_only),
+        T(test_log_note),
         T(test_start_rules),
         cmocka_unit_test(test_guard_read_compat),
         cmocka_unit_test(test_guard_write_upgrade),

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <sodium.h>
@@ -294,6 +295,12 @@ int ks_cli_exit_code(ks_err err)
     case KS_ERR_NO_MEMORY:
     case KS_ERR_CRYPTO_INIT:
         return EX_OSERR;
+    /* Rollouts (docs/rollout.md, "Commands"). */
+    case KS_ERR_GUARD:         /* not safe yet: the message says what is missing */
+    case KS_ERR_STALE:         /* another operator moved it first: look and retry */
+        return EX_TEMPFAIL;
+    case KS_ERR_NO_ROLLOUT: return EX_NOINPUT;
+    case KS_ERR_ROLLOUT_EXISTS: return EX_DATAERR;
     default: return EX_SOFTWARE;
     }
 }
@@ -458,19 +465,30 @@ int ks_cli_template_columns(const char *cmd, const char *tmpl, ks_rowstore_targe
     return EX_OK;
 }
 
+/* EX_OK when path names a regular file, else EX_NOINPUT after saying
+ * why: databases are never created by a command that reads them. */
+static int db_exists(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        ks_cli_error("no such database %s: %s", path, strerror(errno));
+        return EX_NOINPUT;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        ks_cli_error("no such database %s: not a regular file", path);
+        return EX_NOINPUT;
+    }
+    return EX_OK;
+}
+
 /* See cli.h. */
 int ks_cli_store_open(const char *db, const ks_rowstore_target *t, int read_only,
                       uint32_t busy_timeout_ms, ks_rowstore *out)
 {
-    struct stat st;
     *out = (ks_rowstore){NULL, NULL, NULL};
-    if (stat(db, &st) != 0) {
-        ks_cli_error("no such database %s: %s", db, strerror(errno));
-        return EX_NOINPUT;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        ks_cli_error("no such database %s: not a regular file", db);
-        return EX_NOINPUT;
+    int rc = db_exists(db);
+    if (rc != EX_OK) {
+        return rc;
     }
     ks_sqlite_options o = {busy_timeout_ms ? busy_timeout_ms : 30000, read_only};
     char msg[256] = "";
@@ -508,4 +526,142 @@ void ks_cli_put_value(FILE *f, const ks_value *v, int json)
         break;
     default: fputs(json ? "null" : "NULL", f); break;
     }
+}
+
+/* See cli.h. */
+int ks_cli_only_options(const char *cmd, const ks_cli_opt *opts, const char *allowed)
+{
+    for (const ks_cli_opt *o = opts; o->name != NULL; o++) {
+        int given = o->value != NULL ? *o->value != NULL : *o->flag != 0;
+        char word[64];
+        snprintf(word, sizeof word, " %s ", o->name);
+        if (given && strstr(allowed, word) == NULL) {
+            return ks_cli_usage_error(cmd, "%s is not an option of '%s'", o->name, cmd);
+        }
+    }
+    return EX_OK;
+}
+
+/* See cli.h. */
+void ks_cli_format_time(int64_t t, char *out, size_t cap)
+{
+    time_t tt = (time_t)t;
+    struct tm tm;
+    out[0] = '\0';
+    if (t != 0 && (gmtime_r(&tt, &tm) == NULL || strftime(out, cap, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)) {
+        snprintf(out, cap, "%lld", (long long)t);
+    }
+}
+
+/* See cli.h. */
+int ks_cli_printable(const char *s, size_t min, size_t max)
+{
+    size_t n = strlen(s);
+    if (n < min || n > max) {
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < 0x20 || s[i] > 0x7e) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* See cli.h. */
+int ks_cli_actor(const char *cmd, const char *given, char *out, size_t cap)
+{
+    if (given != NULL) {
+        if (!ks_cli_printable(given, 1, KS_ROLLOUT_ACTOR_MAX) || strlen(given) >= cap) {
+            return ks_cli_usage_error(cmd, "--actor must be 1..%d printable ASCII characters",
+                                      KS_ROLLOUT_ACTOR_MAX);
+        }
+        memcpy(out, given, strlen(given) + 1);
+        return EX_OK;
+    }
+    char user[64] = "", host[256] = "";
+    const char *env = getenv("USER");
+    if (env != NULL && *env != '\0') {
+        snprintf(user, sizeof user, "%s", env);
+    } else if (getlogin_r(user, sizeof user) != 0 || user[0] == '\0') {
+        snprintf(user, sizeof user, "unknown");
+    }
+    if (gethostname(host, sizeof host) != 0 || host[0] == '\0') {
+        snprintf(host, sizeof host, "localhost");
+    }
+    host[sizeof host - 1] = '\0';
+    size_t limit = cap - 1 < KS_ROLLOUT_ACTOR_MAX ? cap - 1 : KS_ROLLOUT_ACTOR_MAX;
+    if (snprintf(out, limit + 1, "%s@%s", user, host) < 0) { /* cut to the limit */
+        snprintf(out, cap, "unknown");
+    }
+    for (char *p = out; *p != '\0'; p++) {
+        if (*p < 0x20 || *p > 0x7e) {
+            *p = '?';
+        }
+    }
+    return EX_OK;
+}
+
+/* See cli.h. */
+int ks_cli_rollout_open(const char *path, int read_only, ks_rollout_db **out)
+{
+    *out = NULL;
+    int rc = db_exists(path);
+    if (rc != EX_OK) {
+        return rc;
+    }
+    char msg[256] = "";
+    ks_err e = ks_rollout_db_open(path, read_only ? KS_ROLLOUT_DB_READ_ONLY : 0, out, msg, sizeof msg);
+    if (e != KS_OK) {
+        ks_cli_error("cannot open the rollouts of %s: %s", path, msg[0] ? msg : ks_err_name(e));
+        return ks_cli_exit_code(e);
+    }
+    return EX_OK;
+}
+
+/* See cli.h. */
+int ks_cli_census(const char *path, const char *table, const char *column, ks_census *out)
+{
+    ks_rowstore_target t = {.table = table, .column = column};
+    ks_rowstore store;
+    memset(out, 0, sizeof *out);
+    int rc = ks_cli_store_open(path, &t, 1, 0, &store);
+    if (rc != EX_OK) {
+        return rc;
+    }
+    ks_err e = ks_census_run(&store, out);
+    ks_rowstore_close(&store);
+    if (e != KS_OK) {
+        ks_cli_error("census of %s.%s failed: %s", table, column, ks_err_name(e));
+        return ks_cli_exit_code(e);
+    }
+    return EX_OK;
+}
+
+/* See cli.h. */
+uint64_t ks_cli_census_key_rows(const ks_census *c, const char *key_id, uint32_t key_version)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < c->n_classes; i++) {
+        if (c->classes[i].key_version == key_version && strcmp(c->classes[i].key_id, key_id) == 0) {
+            n += c->classes[i].rows;
+        }
+    }
+    return n;
+}
+
+/* See cli.h. */
+int ks_cli_subcommand_help(int argc, char **argv, void (*usage)(FILE *), int *rc)
+{
+    if (argc < 2) {
+        usage(stderr);
+        *rc = EX_USAGE;
+        return 1;
+    }
+    if (ks_cli_is_help(argv[1])) {
+        usage(stdout);
+        *rc = EX_OK;
+        return 1;
+    }
+    return 0;
 }

@@ -131,6 +131,50 @@ int ks_cli_store_open(const char *db, const ks_rowstore_target *t, int read_only
  * x'hex', or NULL.  Never used for secret values. */
 void ks_cli_put_value(FILE *f, const ks_value *v, int json);
 
+/* Refuse an option of opts (as given to ks_cli_parse_opts) that was set
+ * but is not named in allowed (" --a --b ", spaces around each name).
+ * Returns EX_OK or EX_USAGE after printing which option cmd does not
+ * take. */
+int ks_cli_only_options(const char *cmd, const ks_cli_opt *opts, const char *allowed);
+
+/* For a command with subcommands: with no subcommand, print usage to
+ * stderr (*rc EX_USAGE); for -h/--help, print it to stdout (*rc EX_OK).
+ * Returns nonzero when it did either, so the command is over. */
+int ks_cli_subcommand_help(int argc, char **argv, void (*usage)(FILE *), int *rc);
+
+/* Nonzero when s is min..max bytes of printable ASCII (as rollout logs
+ * require of actors and reasons). */
+int ks_cli_printable(const char *s, size_t min, size_t max);
+
+/* Format a Unix time as RFC 3339 UTC into out ("" for 0). */
+void ks_cli_format_time(int64_t t, char *out, size_t cap);
+
+/*
+ * The actor written to rollout logs: given (checked: 1..KS_ROLLOUT_ACTOR_MAX
+ * printable ASCII bytes), else "$USER@host" ($USER, else getlogin_r, else
+ * "unknown"; the host from gethostname), unprintable bytes replaced by
+ * '?' and cut to the limit.  Returns EX_OK, or EX_USAGE after a message
+ * naming subcommand cmd.
+ */
+int ks_cli_actor(const char *cmd, const char *given, char *out, size_t cap);
+
+/*
+ * Open the rollout store of the SQLite database path (which must exist),
+ * read-only or not (a writer creates or upgrades keyshift's tables).
+ * Returns EX_OK, or an exit code after printing the problem.
+ */
+int ks_cli_rollout_open(const char *path, int read_only, ks_rollout_db **out);
+
+/*
+ * Count table.column of database path by class (ks_census_run over a
+ * read-only store).  Returns EX_OK, or an exit code after printing the
+ * problem.  The caller frees *out with ks_census_free.
+ */
+int ks_cli_census(const char *path, const char *table, const char *column, ks_census *out);
+
+/* The rows of census c in any class under (key_id, key_version). */
+uint64_t ks_cli_census_key_rows(const ks_census *c, const char *key_id, uint32_t key_version);
+
 /* Subcommands. */
 int ks_cmd_inspect(int argc, char **argv);
 int ks_cmd_keys(int argc, char **argv);
@@ -138,5 +182,6 @@ int ks_cmd_encrypt(int argc, char **argv);
 int ks_cmd_decrypt(int argc, char **argv);
 int ks_cmd_census(int argc, char **argv);
 int ks_cmd_migrate(int argc, char **argv);
+int ks_cmd_rollout(int argc, char **argv);
 
 #endif /* KS_TOOLS_CLI_H */

@@ -6,9 +6,13 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
+
+#include <sqlite3.h>
 
 #include "cli.h"
 
@@ -24,6 +28,8 @@ static void usage(FILE *f)
           "    keyshift keys add-version KEY_ID\n"
           "    keyshift keys promote KEY_ID VERSION\n"
           "    keyshift keys set-state KEY_ID VERSION STATE\n"
+          "    keyshift keys set-state KEY_ID VERSION destroyed [--db FILE]...\n"
+          "        [--force --reason TEXT]\n"
           "    keyshift keys list [--json]\n"
           "    (each also takes --keyring FILE and --passphrase-file FILE)\n"
           "\n"
@@ -41,7 +47,16 @@ static void usage(FILE *f)
           "    set-state    STATE is active, decrypt-only, disabled or destroyed.\n"
           "                 decrypt-only: opens, no new wraps; disabled: neither,\n"
           "                 reversible; destroyed: the material is wiped, FOR GOOD.\n"
-          "                 The primary must stay active: promote another first\n"
+          "                 The primary must stay active: promote another first.\n"
+          "                 destroyed is refused (exit 75) while a row or a live\n"
+          "                 reader still references that version in a database given\n"
+          "                 with --db (repeatable): rows in the column of every\n"
+          "                 rollout whose source or target uses the key and of every\n"
+          "                 migrated column; live readers holding the version.\n"
+          "                 Without --db it is refused (exit 64): references cannot\n"
+          "                 be checked. --force --reason TEXT overrides both and, with\n"
+          "                 --db, appends the reason to the log of each rollout whose\n"
+          "                 source or target is that version\n"
           "    list         keys, versions, states and creation times; no material\n"
           "\n"
           "OPTIONS\n"
@@ -49,6 +64,10 @@ static void usage(FILE *f)
           "    --passphrase-file FILE  read the keyring passphrase from FILE (default:\n"
           "                            $KEYSHIFT_PASSPHRASE; never on the command line)\n"
           "    --json                  list: one JSON object\n"
+          "    --db FILE               set-state destroyed: a database to check for\n"
+          "                            references (repeatable)\n"
+          "    --force                 set-state destroyed: skip the reference check\n"
+          "    --reason TEXT           why --force (required with it; logged)\n"
           "    -h, --help              print this manual\n"
           "\n"
           "    The keyring must not be readable or writable by group or others;\n"
@@ -57,9 +76,11 @@ static void usage(FILE *f)
           "    or the new keyring.\n"
           "\n"
           "EXIT STATUS\n"
-          "    0 success; 64 usage; 65 refused (key exists, forbidden state change);\n"
-          "    77 no such key or version; 78 insecure, unreadable or corrupt keyring,\n"
-          "    or wrong passphrase; 71 system error.\n"
+          "    0 success; 64 usage (destroyed without --db or --force); 65 refused\n"
+          "    (key exists, forbidden state change); 66 a --db database missing;\n"
+          "    75 destroyed refused: the version is still referenced (the message\n"
+          "    says where); 77 no such key or version; 78 insecure, unreadable or\n"
+          "    corrupt keyring, or wrong passphrase; 71 system error.\n"
           "\n"
           "EXAMPLES\n"
           "    export KEYSHIFT_KEYRING=$HOME/.keyshift/keyring\n"
@@ -97,16 +118,6 @@ static int change_failed(const char *what, const char *key_id, ks_err e)
     return e == KS_ERR_BAD_VALUE ? EX_USAGE : rc;
 }
 
-/* Format a Unix time as RFC 3339 UTC. */
-static void format_time(uint64_t t, char *out, size_t cap)
-{
-    time_t tt = (time_t)t;
-    struct tm tm;
-    if (gmtime_r(&tt, &tm) == NULL || strftime(out, cap, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0) {
-        snprintf(out, cap, "%llu", (unsigned long long)t);
-    }
-}
-
 /* `keys list`: a table, or one JSON object with --json. */
 static int list_keys(const ks_keyring *kr, int json)
 {
@@ -132,7 +143,7 @@ static int list_keys(const ks_keyring *kr, int json)
             if (ks_keyring_version_at(kr, i, v, &kv) != KS_OK) {
                 return EX_SOFTWARE;
             }
-            format_time(kv.created, when, sizeof when);
+            ks_cli_format_time((int64_t)kv.created, when, sizeof when);
             if (json) {
                 printf("%s{\"version\":%u,\"state\":\"%s\",\"primary\":%s,\"created\":\"%s\"}",
                        v > 1 ? "," : "", kv.version, ks_key_state_name(kv.state),
@@ -175,8 +186,253 @@ static int init_keyring(const char *path, const char *passfile)
     return EX_OK;
 }
 
+/* What set-state destroyed checks and does besides the keyring. */
+typedef struct destroy_opts {
+    const char *dbs[16];
+    int n_dbs, force;
+    const char *reason;
+} destroy_opts;
+
+/* Collect every --db FILE / --db=FILE of argv (before "--") into d, since
+ * the option parser keeps only the last value of an option. */
+static int collect_dbs(int argc, char **argv, destroy_opts *d)
+{
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++) {
+        const char *v = NULL;
+        if (strcmp(argv[i], "--db") == 0 && i + 1 < argc) {
+            v = argv[++i];
+        } else if (strncmp(argv[i], "--db=", 5) == 0) {
+            v = argv[i] + 5;
+        } else if (strcmp(argv[i], "--reason") == 0 || strcmp(argv[i], "--keyring") == 0 ||
+                   strcmp(argv[i], "--passphrase-file") == 0) {
+            i++; /* skip its value */
+        }
+        if (v != NULL) {
+            if (d->n_dbs == (int)(sizeof d->dbs / sizeof d->dbs[0])) {
+                return ks_cli_usage_error("keys", "at most 16 --db options");
+            }
+            d->dbs[d->n_dbs++] = v;
+        }
+    }
+    return EX_OK;
+}
+
+/* A column to count, once. */
+typedef struct scope {
+    char table[KS_ROLLOUT_IDENT_MAX + 1], column[KS_ROLLOUT_IDENT_MAX + 1];
+} scope;
+
+/* Add table.column to scopes[0, *n) unless there (names compared as
+ * SQLite compares identifiers); full lists are cut. */
+static void add_scope(scope *scopes, size_t *n, size_t max, const char *t, const char *c)
+{
+    for (size_t i = 0; i < *n; i++) {
+        if (strcasecmp(scopes[i].table, t) == 0 && strcasecmp(scopes[i].column, c) == 0) {
+            return;
+        }
+    }
+    if (*n < max && strlen(t) <= KS_ROLLOUT_IDENT_MAX && strlen(c) <= KS_ROLLOUT_IDENT_MAX) {
+        memcpy(scopes[*n].table, t, strlen(t) + 1);
+        memcpy(scopes[*n].column, c, strlen(c) + 1);
+        (*n)++;
+    }
+}
+
+/* Add the columns keyshift_migration has checkpoints for (read-only;
+ * none when the table does not exist). */
+static int migration_scopes(const char *db, scope *scopes, size_t *n, size_t max)
+{
+    sqlite3 *h = NULL;
+    sqlite3_stmt *st = NULL;
+    int r = sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL);
+    if (r == SQLITE_OK) {
+        sqlite3_busy_timeout(h, 30000);
+        r = sqlite3_prepare_v2(h, "SELECT DISTINCT tbl, col FROM keyshift_migration", -1, &st,
+                               NULL);
+        if (r != SQLITE_OK && sqlite3_prepare_v2(h, "SELECT 1 FROM sqlite_master WHERE name = "
+                                                    "'keyshift_migration'", -1, &st, NULL) ==
+                                  SQLITE_OK && sqlite3_step(st) == SQLITE_DONE) {
+            r = SQLITE_DONE; /* no migration has run */
+        } else if (r == SQLITE_OK) {
+            while ((r = sqlite3_step(st)) == SQLITE_ROW) {
+                const char *t = (const char *)sqlite3_column_text(st, 0);
+                const char *c = (const char *)sqlite3_column_text(st, 1);
+                if (t != NULL && c != NULL) {
+                    add_scope(scopes, n, max, t, c);
+                }
+            }
+        }
+    }
+    if (r != SQLITE_DONE) {
+        ks_cli_error("cannot read the migrations of %s: %s", db, sqlite3_errstr(r));
+    }
+    sqlite3_finalize(st);
+    sqlite3_close(h);
+    return r == SQLITE_DONE ? EX_OK : r == SQLITE_BUSY ? EX_TEMPFAIL : EX_IOERR;
+}
+
+/* Nonzero when class c is (key_id, version); any version when version 0. */
+static int class_uses(const ks_rollout_class *c, const char *key_id, uint32_t version)
+{
+    return !c->is_plaintext && strcmp(c->key_id, key_id) == 0 &&
+           (version == 0 || c->key_version == version);
+}
+
+/*
+ * The references to (key_id, version) in database db: rows in the
+ * scopes of rollouts using the key and of migrations, and live readers
+ * holding it (live: within the longest reader TTL of its rollouts, 60 s
+ * without).  Prints each; *refs counts them.  The ids of rollouts whose
+ * source or target is that version go to affected[0, *n_affected).
+ */
+static int find_refs(const char *db, const char *key_id, uint32_t version, uint64_t *refs,
+                     int64_t *affected, size_t *n_affected)
+{
+    ks_rollout_db *rdb;
+    int rc = ks_cli_rollout_open(db, 1, &rdb);
+    if (rc != EX_OK) {
+        return rc;
+    }
+    scope scopes[64];
+    size_t n_scopes = 0;
+    uint32_t ttl = 60;
+    int64_t after = 0;
+    ks_rollout rs[8];
+    size_t n = 8;
+    ks_err e = KS_OK;
+    while (e == KS_OK && n == 8) {
+        e = ks_rollout_db_list(rdb, after, rs, 8, &n);
+        for (size_t i = 0; e == KS_OK && i < n; i++) {
+            const ks_rollout *r = &rs[i];
+            after = r->id;
+            ttl = r->reader_ttl_s > ttl ? r->reader_ttl_s : ttl;
+            if (class_uses(&r->source, key_id, 0) || class_uses(&r->target, key_id, 0)) {
+                add_scope(scopes, &n_scopes, 64, r->table, r->column);
+            }
+            if ((class_uses(&r->source, key_id, version) ||
+                 class_uses(&r->target, key_id, version)) && *n_affected < 64) {
+                affected[(*n_affected)++] = r->id;
+            }
+        }
+    }
+    ks_rollout_reader *readers = NULL;
+    size_t n_readers = 0;
+    if (e == KS_OK) {
+        size_t cap = 64;
+        readers = calloc(cap, sizeof *readers);
+        e = readers == NULL ? KS_ERR_NO_MEMORY
+                            : ks_rollout_db_readers_live(rdb, ttl, (int64_t)time(NULL), readers,
+                                                         cap, &n_readers);
+        if (e == KS_ERR_BUFFER_TOO_SMALL) { /* more than 64 live readers: count them all */
+            e = KS_OK;
+            n_readers = cap;
+            *refs += 1;
+            fprintf(stderr, "    %s: more than %zu live readers (not all checked)\n", db, cap);
+        }
+    }
+    ks_rollout_db_close(rdb);
+    if (e != KS_OK) {
+        free(readers);
+        ks_cli_error("cannot read the rollouts of %s: %s", db, ks_err_name(e));
+        return ks_cli_exit_code(e);
+    }
+    for (size_t i = 0; i < n_readers; i++) {
+        if (ks_rollout_keys_holds(readers[i].keys, key_id, version)) {
+            fprintf(stderr, "    %s: live reader %s holds it\n", db, readers[i].instance_id);
+            (*refs)++;
+        }
+    }
+    free(readers);
+    rc = migration_scopes(db, scopes, &n_scopes, 64);
+    for (size_t i = 0; rc == EX_OK && i < n_scopes; i++) {
+        ks_census c;
+        if ((rc = ks_cli_census(db, scopes[i].table, scopes[i].column, &c)) != EX_OK) {
+            break;
+        }
+        uint64_t rows = ks_cli_census_key_rows(&c, key_id, version);
+        ks_census_free(&c);
+        if (rows > 0) {
+            fprintf(stderr, "    %s: %" PRIu64 " %s of %s.%s\n", db, rows, rows == 1 ? "row" : "rows",
+                    scopes[i].table, scopes[i].column);
+            *refs += rows;
+        }
+    }
+    return rc;
+}
+
+/* Log the forced destruction in each affected rollout of db. */
+static int note_forced(const char *db, const int64_t *ids, size_t n, const char *key_id,
+                       uint32_t version, const char *reason)
+{
+    char actor[KS_ROLLOUT_ACTOR_MAX + 1], text[KS_ROLLOUT_REASON_MAX + 1];
+    ks_rollout_db *rdb;
+    int rc;
+    if (n == 0) {
+        return EX_OK;
+    }
+    if ((rc = ks_cli_actor("keys", NULL, actor, sizeof actor)) != EX_OK ||
+        (rc = ks_cli_rollout_open(db, 0, &rdb)) != EX_OK) {
+        return rc;
+    }
+    int w = snprintf(text, sizeof text, "key %s:%" PRIu32 " destroyed with --force: %s", key_id,
+                     version, reason);
+    if (w < 0) {
+        text[0] = '\0';
+    }
+    for (size_t i = 0; i < n && rc == EX_OK; i++) {
+        ks_err e = ks_rollout_db_note(rdb, ids[i], actor, text, (int64_t)time(NULL));
+        if (e != KS_OK) {
+            ks_cli_error("cannot log the forced destruction in rollout %" PRId64 " of %s: %s",
+                         ids[i], db, ks_err_name(e));
+            rc = ks_cli_exit_code(e);
+        }
+    }
+    ks_rollout_db_close(rdb);
+    return rc;
+}
+
+/*
+ * Before set-state destroyed: refuse while (key_id, version) is
+ * referenced in a database of d (EX_TEMPFAIL), or when no database is
+ * given (EX_USAGE), unless --force --reason.  Fills affected rollouts
+ * per database for note_forced.
+ */
+static int destroy_guard(const destroy_opts *d, const char *key_id, uint32_t version,
+                         int64_t affected[][64], size_t *n_affected)
+{
+    if (d->n_dbs == 0) {
+        if (d->force) {
+            return EX_OK;
+        }
+        return ks_cli_usage_error("keys", "refusing to destroy %s:%" PRIu32 ": cannot check "
+                                          "references without --db; give --db FILE for each "
+                                          "database that may hold its rows or readers, or "
+                                          "--force --reason TEXT", key_id, version);
+    }
+    uint64_t refs = 0;
+    for (int i = 0; i < d->n_dbs; i++) {
+        n_affected[i] = 0;
+        int rc = find_refs(d->dbs[i], key_id, version, &refs, affected[i], &n_affected[i]);
+        if (rc != EX_OK && !d->force) {
+            return rc;
+        }
+    }
+    if (refs > 0 && !d->force) {
+        ks_cli_error("refusing to destroy %s:%" PRIu32 ": still referenced (above); its rows "
+                     "could never be read again. Move the rows ('keyshift migrate run', "
+                     "'keyshift rollout'), retire the readers, then retry; or give --force "
+                     "--reason TEXT", key_id, version);
+        return EX_TEMPFAIL;
+    }
+    if (refs > 0) {
+        fprintf(stderr, KS_PROG ": --force: destroying %s:%" PRIu32 " although it is still "
+                "referenced (above)\n", key_id, version);
+    }
+    return EX_OK;
+}
+
 /* Run one change on an open keyring; pos[0] is the action. */
-static int change(ks_keyring *kr, const char **pos, int npos)
+static int change(ks_keyring *kr, const char **pos, int npos, const destroy_opts *d)
 {
     const char *act = pos[0];
     ks_bytes id = {(const uint8_t *)pos[1], strlen(pos[1])};
@@ -214,11 +470,23 @@ static int change(ks_keyring *kr, const char **pos, int npos)
         return ks_cli_usage_error("keys", "set-state needs KEY_ID VERSION STATE "
                                           "(active, decrypt-only, disabled or destroyed)");
     }
+    int64_t affected[16][64];
+    size_t n_affected[16] = {0};
+    int rc;
+    if (state == KS_KEY_DESTROYED &&
+        (rc = destroy_guard(d, pos[1], version, affected, n_affected)) != EX_OK) {
+        return rc;
+    }
     if ((e = ks_keyring_set_state(kr, id, version, (ks_key_state)state)) != KS_OK) {
         return change_failed("change the state of", pos[1], e);
     }
     fprintf(stderr, KS_PROG ": %s version %u is now %s\n", pos[1], version, pos[3]);
-    return EX_OK;
+    rc = EX_OK;
+    for (int i = 0; d->force && i < d->n_dbs; i++) {
+        int r = note_forced(d->dbs[i], affected[i], n_affected[i], pos[1], version, d->reason);
+        rc = rc == EX_OK ? r : rc;
+    }
+    return rc;
 }
 
 /* Expected positional counts per action: {name, min, max} (action included). */
@@ -239,17 +507,41 @@ static int arity_ok(const char *act, int npos)
 /* See cli.h. */
 int ks_cmd_keys(int argc, char **argv)
 {
-    const char *keyring = NULL, *passfile = NULL, *pos[4];
+    const char *keyring = NULL, *passfile = NULL, *pos[4], *db = NULL;
     int json = 0, npos = 0;
+    destroy_opts d;
+    memset(&d, 0, sizeof d);
     const ks_cli_opt opts[] = {
         {"--keyring", &keyring, NULL},
         {"--passphrase-file", &passfile, NULL},
         {"--json", NULL, &json},
+        {"--db", &db, NULL},
+        {"--force", NULL, &d.force},
+        {"--reason", &d.reason, NULL},
         {NULL, NULL, NULL},
     };
     int rc;
     if (ks_cli_parse_opts("keys", usage, argc, argv, opts, pos, 4, &npos, &rc)) {
         return rc;
+    }
+    if ((rc = collect_dbs(argc, argv, &d)) != EX_OK) {
+        return rc;
+    }
+    int destroying = npos == 4 && strcmp(pos[0], "set-state") == 0 &&
+                     strcmp(pos[3], "destroyed") == 0;
+    if ((db != NULL || d.force || d.reason != NULL) && !destroying) {
+        return ks_cli_usage_error("keys", "--db, --force and --reason apply only to "
+                                          "set-state KEY_ID VERSION destroyed");
+    }
+    if (d.force && (d.reason == NULL || d.reason[0] == '\0')) {
+        return ks_cli_usage_error("keys", "--force needs --reason TEXT (it is logged)");
+    }
+    if (d.reason != NULL && !ks_cli_printable(d.reason, 1, KS_ROLLOUT_REASON_MAX - 300)) {
+        return ks_cli_usage_error("keys", "--reason must be 1..%d printable ASCII characters",
+                                  KS_ROLLOUT_REASON_MAX - 300);
+    }
+    if (d.reason != NULL && !d.force) {
+        return ks_cli_usage_error("keys", "--reason goes with --force");
     }
     if (npos == 0) {
         return ks_cli_usage_error("keys", "missing action (init, create, add-version, promote, "
@@ -269,7 +561,7 @@ int ks_cmd_keys(int argc, char **argv)
     if ((rc = ks_cli_keyring_open(keyring, passfile, &kr)) != EX_OK) {
         return rc;
     }
-    rc = strcmp(pos[0], "list") == 0 ? list_keys(kr, json) : change(kr, pos, npos);
+    rc = strcmp(pos[0], "list") == 0 ? list_keys(kr, json) : change(kr, pos, npos, &d);
     ks_keyring_close(kr);
     return rc;
 }

@@ -13,6 +13,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <ctype.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -75,7 +76,15 @@ static void usage(FILE *f)
           "            --table and --column show only that column's migrations.\n"
           "    verify  opens every envelope of the column (or a random sample of about\n"
           "            N rows) and lists, by row id and error name, those that do not\n"
-          "            open. Read-only; never prints plaintext.\n"
+          "            open. Read-only; never prints plaintext. When a rollout of the\n"
+          "            column is in backfill, a complete verify (no --sample) that\n"
+          "            found no failure is recorded in it, so it may be finalized.\n"
+          "\n"
+          "    Rollouts: when a rollout governs the column (docs/rollout.md), run is\n"
+          "    refused unless the rollout is in backfill and the run's target (key,\n"
+          "    version and, to encrypt or re-encrypt, format and algorithm) is the\n"
+          "    rollout's target. The run then writes its health counts to the\n"
+          "    rollout (keyshift_metrics, source 'migrate') every 5 s and at its end.\n"
           "\n"
           "    Progress: on a terminal, run draws a progress bar on standard error\n"
           "    (rows done/total, rows/s, ETA); with --json it writes one JSON object\n"
@@ -138,7 +147,8 @@ static void usage(FILE *f)
           "    75  paused by SIGINT/SIGTERM, key provider timeout, or the database\n"
           "        stayed locked: rerun the same command to resume\n"
           "    77  target key unknown, disabled, destroyed or denied\n"
-          "    78  keyring insecure, unreadable or corrupt, or wrong passphrase\n"
+          "    78  keyring insecure, unreadable or corrupt, or wrong passphrase; run:\n"
+          "        the column's rollout is not in backfill, or targets another class\n"
           "    Every code is explained, with recovery steps, in docs/migration.md.\n"
           "\n"
           "EXAMPLES\n"
@@ -393,6 +403,12 @@ typedef struct progress_state {
     double elapsed, last_draw;
     int have;
     counts c;
+    /* health samples for the rollout in backfill (0: none) */
+    int64_t rollout_id;
+    const char *db;
+    ks_ctx *ctx;
+    ks_health_sample reported;
+    double last_report;
 } progress_state;
 
 /* Copy the counts of cp. */
@@ -430,10 +446,61 @@ static void draw_bar(const progress_state *s)
     fflush(stderr);
 }
 
-/* The engine's per-batch report: a JSON line or a bar redraw. */
+/* The seconds between two health samples of a run (and one at its end). */
+#define REPORT_EVERY_S 5.0
+
+/*
+ * Write this run's health sample (source "migrate", docs/rollout.md) for
+ * the rollout in backfill: the growth of the context's totals since the
+ * previous sample, so that `rollout check` sees the migration's auth
+ * failures, parse errors and provider errors next to the applications'.
+ * Best effort: a failure is said once on standard error and the run goes
+ * on (the sample is carried into the next one).
+ */
+static void report_health(progress_state *s)
+{
+    if (s->rollout_id == 0) {
+        return;
+    }
+    ks_health_sample totals, d;
+    ks_ctx_health_sample(s->ctx, &totals);
+    ks_health_growth(&d, &totals, &s->reported);
+    d.time = (int64_t)time(NULL);
+    char instance[KS_INSTANCE_ID_MAX + 1], host[64] = "host";
+    if (gethostname(host, sizeof host) != 0) {
+        strcpy(host, "host");
+    }
+    host[sizeof host - 1] = '\0';
+    for (char *c = host; *c != '\0'; c++) { /* an instance id is [F-NAME-1] */
+        if (!isalnum((unsigned char)*c) && *c != '.' && *c != '-' && *c != '_') {
+            *c = '-';
+        }
+    }
+    snprintf(instance, sizeof instance, "migrate.%s.%ld", host, (long)getpid());
+    ks_rollout_db *db = NULL;
+    ks_err e = KS_ERR_STORE;
+    if (ks_cli_rollout_open(s->db, 0, &db) == EX_OK) {
+        e = ks_rollout_db_metrics_insert(db, s->rollout_id, instance, "migrate", &d);
+        ks_rollout_db_close(db);
+    }
+    if (e == KS_OK) {
+        s->reported = totals;
+    } else if (s->rollout_id > 0) {
+        ks_cli_error("warning: cannot write this run's health sample to rollout %lld: %s",
+                     (long long)s->rollout_id, ks_err_name(e));
+        s->rollout_id = -s->rollout_id; /* said once; stop trying */
+    }
+}
+
+/* The engine's per-batch report: a JSON line or a bar redraw, and a
+ * health sample every REPORT_EVERY_S seconds. */
 static void on_progress(void *arg, const ks_migrate_progress *p)
 {
     progress_state *s = arg;
+    if (s->rollout_id > 0 && p->elapsed_s - s->last_report >= REPORT_EVERY_S) {
+        s->last_report = p->elapsed_s;
+        report_health(s);
+    }
     s->batches++;
     s->run_rows += p->batch_rows;
     s->total = p->total_rows;
@@ -534,10 +601,13 @@ static double now_s(void)
 
 /* Run the engine with progress and signals, then report its outcome. */
 static int run_engine(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_params *p,
-                      const mig_opts *o)
+                      const mig_opts *o, int64_t rollout_id)
 {
     progress_state s;
     memset(&s, 0, sizeof s);
+    s.rollout_id = rollout_id;
+    s.db = o->db;
+    s.ctx = ctx;
     s.json = o->json;
     s.tty = isatty(STDERR_FILENO);
     ks_checkpoint cp;
@@ -546,6 +616,9 @@ static int run_engine(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_pa
     double t0 = now_s();
     ks_err e = ks_migrate_run(ctx, store, p, &stop_requested, on_progress, &s, &cp);
     double elapsed = now_s() - t0;
+    if (s.rollout_id > 0) {
+        report_health(&s);
+    }
     if (cp.state.ptr != NULL || cp.pass != 0) {
         s.c = counts_of(&cp);
         s.have = 1;
@@ -562,6 +635,89 @@ static int run_engine(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_pa
     }
     print_summary(&s, e, rc, elapsed);
     return rc;
+}
+
+/* The rollout governing the column of o (the latest of its scope), read
+ * read-only so that a database without rollouts is not changed: EX_OK
+ * with *found 0 when there is none, or an exit code after a message. */
+static int governing_rollout(const mig_opts *o, ks_rollout *r, int *found)
+{
+    ks_rollout_db *db;
+    *found = 0;
+    int rc = ks_cli_rollout_open(o->db, 1, &db);
+    if (rc != EX_OK) {
+        return rc;
+    }
+    ks_err e = ks_rollout_db_latest(db, o->table, o->column, r);
+    ks_rollout_db_close(db);
+    if (e == KS_ERR_NO_ROLLOUT) {
+        return EX_OK;
+    }
+    if (e != KS_OK) {
+        ks_cli_error("cannot read the rollouts of %s: %s", o->db, ks_err_name(e));
+        return ks_cli_exit_code(e);
+    }
+    *found = 1;
+    return EX_OK;
+}
+
+/* Refuse a run that the rollout governing the column does not allow:
+ * outside backfill, or toward another target than the rollout's.  No
+ * rollout (or no rollout tables): the run goes ahead as before.  The
+ * store is opened read-only, so a database without rollouts is not
+ * changed. */
+static int rollout_gate(const mig_opts *o, const ks_migrate_params *p, ks_ctx *ctx,
+                        int64_t *rollout_id)
+{
+    ks_rollout r;
+    *rollout_id = 0;
+    int found, rc = governing_rollout(o, &r, &found);
+    if (rc != EX_OK || !found) {
+        return rc;
+    }
+    const char *phase = ks_rollout_phase_name((int)r.phase);
+    if (r.phase != KS_PHASE_BACKFILL) {
+        ks_cli_error("rollout %lld is in phase %s; migrate runs only in backfill: "
+                     "keyshift rollout advance --db %s --rollout %lld", (long long)r.id, phase,
+                     o->db, (long long)r.id);
+        return EX_CONFIG;
+    }
+    uint32_t version = p->to_key_version;
+    if (version == 0) { /* the primary, as the engine will resolve it */
+        ks_key_info info;
+        ks_err ke = ks_ctx_key_info(ctx, p->to_key_id, 0, &info);
+        if (ke != KS_OK) {
+            ks_cli_error("cannot resolve the primary of the target key: %s", ks_err_name(ke));
+            return ks_cli_exit_code(ke);
+        }
+        version = info.version;
+    }
+    const ks_rollout_class *t = &r.target, *src = &r.source;
+    int same_key = p->to_key_id.len == strlen(t->key_id) &&
+                   memcmp(p->to_key_id.ptr, t->key_id, p->to_key_id.len) == 0 &&
+                   version == t->key_version;
+    int same_shape = p->mode == KS_MIGRATE_REWRAP ||
+                     (p->to_format == t->version && p->algorithm == t->algorithm);
+    if (!same_key || !same_shape) {
+        ks_cli_error("rollout %lld moves %s.%s to v%u:%s:%s:%u; this run targets %.*s:%u%s: give "
+                     "the rollout's target (--to-key %s:%u --to-format %u --algorithm %s)",
+                     (long long)r.id, r.table, r.column, (unsigned)t->version,
+                     ks_alg_name(t->algorithm), t->key_id, (unsigned)t->key_version,
+                     (int)p->to_key_id.len, (const char *)p->to_key_id.ptr, (unsigned)version,
+                     same_shape ? "" : " in another format or algorithm", t->key_id,
+                     (unsigned)t->key_version, (unsigned)t->version, ks_alg_name(t->algorithm));
+        return EX_CONFIG;
+    }
+    if (p->mode == KS_MIGRATE_REWRAP &&
+        (src->is_plaintext || src->version != t->version || src->algorithm != t->algorithm)) {
+        ks_cli_error("rollout %lld changes %s; rewrap keeps each envelope's format and "
+                     "algorithm: use --mode %s", (long long)r.id,
+                     src->is_plaintext ? "plaintext into envelopes" : "the format or algorithm",
+                     src->is_plaintext ? "encrypt" : "reencrypt");
+        return EX_CONFIG;
+    }
+    *rollout_id = r.id;
+    return EX_OK;
 }
 
 /* `migrate run`. */
@@ -592,9 +748,11 @@ static int cmd_run(int argc, char **argv)
     ks_keyring *kr = NULL;
     ks_ctx *ctx = NULL;
     ks_rowstore store = {NULL, NULL, NULL};
+    int64_t rollout_id = 0;
     if ((rc = ks_cli_store_open(o.db, &t, 0, busy_ms, &store)) == EX_OK &&
-        (rc = ks_cli_ctx_open(o.keyring, o.passfile, &kr, &ctx)) == EX_OK) {
-        rc = run_engine(ctx, &store, &p, &o);
+        (rc = ks_cli_ctx_open(o.keyring, o.passfile, &kr, &ctx)) == EX_OK &&
+        (rc = rollout_gate(&o, &p, ctx, &rollout_id)) == EX_OK) {
+        rc = run_engine(ctx, &store, &p, &o, rollout_id);
     }
     ks_rowstore_close(&store);
     ks_ctx_free(ctx);
@@ -602,24 +760,13 @@ static int cmd_run(int argc, char **argv)
     return rc;
 }
 
-/* Format a Unix time as RFC 3339 UTC ("" for 0). */
-static void format_time(int64_t t, char *out, size_t cap)
-{
-    time_t tt = (time_t)t;
-    struct tm tm;
-    out[0] = '\0';
-    if (t != 0 && (gmtime_r(&tt, &tm) == NULL || strftime(out, cap, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)) {
-        snprintf(out, cap, "%lld", (long long)t);
-    }
-}
-
 /* Print one checkpoint, as JSON or as a list of fields. */
 static void print_checkpoint(const char *tbl, const char *col, const ks_checkpoint *cp, int json)
 {
     char started[32], updated[32], finished[32];
-    format_time(cp->started, started, sizeof started);
-    format_time(cp->updated, updated, sizeof updated);
-    format_time(cp->finished, finished, sizeof finished);
+    ks_cli_format_time(cp->started, started, sizeof started);
+    ks_cli_format_time(cp->updated, updated, sizeof updated);
+    ks_cli_format_time(cp->finished, finished, sizeof finished);
     if (json) {
         printf("{\"table\":");
         ks_cli_put_json_string(stdout, (const uint8_t *)tbl, strlen(tbl));
@@ -818,6 +965,35 @@ static void on_failure(void *arg, const ks_verify_failure *f)
     }
 }
 
+/* After a complete verify that found no failure: when the rollout
+ * governing the column is in backfill, record the pass so that it may be
+ * finalized.  Looked up read-only first, so a database without rollouts
+ * is not changed. */
+static int record_verify(const mig_opts *o)
+{
+    ks_rollout_db *db;
+    ks_rollout r;
+    char actor[KS_ROLLOUT_ACTOR_MAX + 1];
+    int found, rc = governing_rollout(o, &r, &found);
+    if (rc != EX_OK || !found || r.phase != KS_PHASE_BACKFILL) {
+        return rc;
+    }
+    if ((rc = ks_cli_actor("migrate verify", NULL, actor, sizeof actor)) != EX_OK ||
+        (rc = ks_cli_rollout_open(o->db, 0, &db)) != EX_OK) {
+        return rc;
+    }
+    ks_err e = ks_rollout_db_record_verify(db, r.id, actor, (int64_t)time(NULL));
+    ks_rollout_db_close(db);
+    if (e != KS_OK) {
+        ks_cli_error("verify passed but was not recorded for the rollout of %s.%s: %s", o->table,
+                     o->column, ks_err_name(e));
+        return ks_cli_exit_code(e);
+    }
+    fprintf(stderr, KS_PROG ": verify pass recorded for rollout %lld (backfill): it may now be "
+            "finalized with 'keyshift rollout advance'\n", (long long)r.id);
+    return EX_OK;
+}
+
 /* `migrate verify`. */
 static int cmd_verify(int argc, char **argv)
 {
@@ -857,6 +1033,9 @@ static int cmd_verify(int argc, char **argv)
         } else {
             rc = r.failed ? EX_DATAERR : EX_OK;
         }
+        if (rc == EX_OK && sample == 0) {
+            rc = record_verify(&o);
+        }
         if (o.json) {
             printf("{\"checked\":%llu,\"failed\":%llu,\"skipped\":%llu,\"result\":\"%s\"}\n",
                    (unsigned long long)r.checked, (unsigned long long)r.failed,
@@ -876,13 +1055,9 @@ static int cmd_verify(int argc, char **argv)
 /* See cli.h. */
 int ks_cmd_migrate(int argc, char **argv)
 {
-    if (argc < 2) {
-        usage(stderr);
-        return EX_USAGE;
-    }
-    if (ks_cli_is_help(argv[1])) {
-        usage(stdout);
-        return EX_OK;
+    int rc;
+    if (ks_cli_subcommand_help(argc, argv, usage, &rc)) {
+        return rc;
     }
     if (strcmp(argv[1], "run") == 0) {
         return cmd_run(argc - 1, argv + 1);

@@ -19,6 +19,9 @@ static const ks_cli_command commands[] = {
     {"census", "count a database column's rows by encryption state and key", ks_cmd_census},
     {"migrate", "encrypt, rewrap or re-encrypt a live database column: run, status, verify",
      ks_cmd_migrate},
+    {"rollout", "move a column to a new key or format in guarded, logged phases: start, "
+                "advance, rollback, canary, status, log, check, metrics, readers",
+     ks_cmd_rollout},
 };
 
 /* Print the top-level manual to f. */
@@ -36,7 +39,8 @@ static void usage(FILE *f)
             "    keyshift reads and writes keyshift envelopes: field-level ciphertext\n"
             "    with a strict, canonical, length-bounded header (docs/format.md), and\n"
             "    migrates live SQLite columns to them in resumable, verified batches\n"
-            "    (docs/migration.md).\n"
+            "    (docs/migration.md), in rollouts whose phases keep every reader able\n"
+            "    to read what is written (docs/rollout.md).\n"
             "\n"
             "COMMANDS\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
@@ -69,11 +73,13 @@ static void usage(FILE *f)
             "    74  read or write error; database error or disk full, the batch rolled\n"
             "        back and the migration resumable once fixed (EX_IOERR)\n"
             "    75  try again: key provider timed out, database locked, or a migration\n"
-            "        paused by SIGINT/SIGTERM; rerun to resume (EX_TEMPFAIL)\n"
+            "        paused by SIGINT/SIGTERM; rerun to resume. A rollout guard refused:\n"
+            "        not safe yet, the message says what is missing (EX_TEMPFAIL)\n"
             "    77  key disabled, destroyed, denied or missing (EX_NOPERM)\n"
             "    78  keyring insecure, unreadable or corrupt, or wrong passphrase (EX_CONFIG)\n"
             "\n"
-            "    Migration outcomes and recovery: docs/migration.md.\n");
+            "    Migration outcomes and recovery: docs/migration.md. 'keyshift rollout\n"
+            "    check' uses 0-3 as monitoring plugins do (see its --help).\n");
 }
 
 /* Find a subcommand by name. */

@@ -330,6 +330,14 @@ KS_API KS_WUR ks_err ks_rollout_db_set_canary(ks_rollout_db *db, int64_t id,
 KS_API KS_WUR ks_err ks_rollout_db_record_verify(ks_rollout_db *db, int64_t id,
                                                  const char *actor, int64_t now);
 
+/* Append a note to the log of rollout id (KS_ERR_NO_ROLLOUT if none),
+ * from = to = its current phase, in any phase: why an operator started
+ * it, changed its canary, or forced a key state change that affects it.
+ * reason: 1..KS_ROLLOUT_REASON_MAX printable bytes; otherwise (and for a
+ * bad actor) KS_ERR_INVALID_ARGUMENT. */
+KS_API KS_WUR ks_err ks_rollout_db_note(ks_rollout_db *db, int64_t id, const char *actor,
+                                        const char *reason, int64_t now);
+
 /* One row of keyshift_rollout_log. */
 typedef struct ks_rollout_log_entry {
     int64_t id;                                /* increasing */

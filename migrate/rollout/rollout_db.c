@@ -1180,6 +1180,23 @@ ks_err ks_rollout_db_record_verify(ks_rollout_db *db, int64_t id, const char *ac
 }
 
 /* See rollout.h. */
+ks_err ks_rollout_db_note(ks_rollout_db *db, int64_t id, const char *actor, const char *reason,
+                          int64_t now)
+{
+    if (db == NULL || reason == NULL || !printable_ok(reason, 1, KS_ROLLOUT_REASON_MAX) ||
+        !log_args_ok(actor, reason))
+        return KS_ERR_INVALID_ARGUMENT;
+    ks_rollout r;
+    ks_err err = txn_begin(db);
+    if (err != KS_OK)
+        return err;
+    err = load_rollout(db, id, &r);
+    if (err == KS_OK)
+        err = log_append(db, id, now, actor, (int)r.phase, (int)r.phase, reason, 0);
+    return txn_end(db, err);
+}
+
+/* See rollout.h. */
 ks_err ks_rollout_db_log(ks_rollout_db *db, int64_t rollout_id, int64_t after_id,
                          ks_rollout_log_entry *out, size_t max, size_t *n)
 {

@@ -1,0 +1,300 @@
+#!/usr/bin/env bash
+# tests/cli_rollout_test.sh -- end-to-end tests of `keyshift rollout` and
+# of the rollout rules of `keyshift migrate` and `keyshift keys set-state
+# ... destroyed`, on real SQLite files with a real keyring: two rollouts
+# of one column (plaintext -> payments/kek:2, then a rotation to
+# payments/kek:3), every guard refusal and its exit 75, canaries, check's
+# exit codes 0-3 with --auto-rollback, Prometheus output, migrate refused
+# outside backfill, verify recording, key destruction refused while
+# referenced.  No test waits on the clock: soak and heartbeats are moved
+# into the past with SQL, and metrics are inserted with SQL.
+#
+# Usage: KEYSHIFT=path/to/keyshift tests/cli_rollout_test.sh
+set -u
+
+. "$(dirname "$0")/cli_lib.sh"
+unset KEYSHIFT_PASSPHRASE
+export KEYSHIFT_KEYRING="$T/keyring"
+IN=/dev/null
+
+command -v sqlite3 >/dev/null || { echo "cli_rollout_test: sqlite3 is missing (tools/deps.sh)"; exit 1; }
+PY=python3
+command -v "$PY" >/dev/null || PY=/usr/bin/python3
+
+D="$T/shop.db"
+TGT2=v2:xchacha20-poly1305:payments/kek:2
+TGT3=v2:xchacha20-poly1305:payments/kek:3
+
+# sql STATEMENTS: run SQL on the shop database.
+sql() { sqlite3 "$D" "$1"; }
+
+# json_ok NAME: $T/out parses as JSON.
+json_ok() {
+    if "$PY" -c 'import json,sys; json.load(sys.stdin)' <"$T/out" 2>/dev/null; then ok "$1 parses"
+    else bad "$1 parses" "$(head -c 300 "$T/out")"; fi
+}
+
+# phase_is NAME PHASE: rollout ID's phase in the database.
+phase_is() {
+    local got
+    got=$(sql "SELECT phase FROM keyshift_rollout WHERE id = $1")
+    if [ "$got" = "$2" ]; then ok "rollout $1 is in $2"; else bad "rollout $1 is in $2" "got $got"; fi
+}
+
+# metrics ROLLOUT OPENS AUTH_FAILURES: insert one sample at the current time.
+metrics() {
+    sql "INSERT INTO keyshift_metrics(rollout_id, instance_id, source, time, seals, opens,
+         auth_failures, parse_errors, provider_calls, provider_errors, seal_ns, open_ns)
+         VALUES($1, 'web-1', 'app', strftime('%s','now'), $2, $2, $3, 0, 10, 0,
+         zeroblob(192), zeroblob(192))"
+}
+
+# reader ID KEYS AGE: register a reader (format 2, both algorithms) whose
+# heartbeat is AGE seconds old.
+reader() {
+    sql "INSERT OR REPLACE INTO keyshift_readers VALUES('$1', '0.1.0', 2, 6, '$2',
+         strftime('%s','now') - $3, strftime('%s','now') - $3)"
+}
+
+# seal KEY_VERSION: an envelope of "secret" as hex, under payments/kek.
+seal() {
+    printf 'secret' | "$KS" encrypt --tenant acme --key-id payments/kek --key-version "$1" |
+        od -An -tx1 | tr -d ' \n'
+}
+
+run "keys init" 0 "$KS" keys init
+run "keys create" 0 "$KS" keys create payments/kek
+sql "CREATE TABLE pay (id INTEGER PRIMARY KEY, card BLOB, tenant TEXT);
+     INSERT INTO pay (card, tenant) VALUES ('4111', 'acme'), ('5500', 'acme'), (NULL, 'acme');"
+
+# ---- help and usage -------------------------------------------------------------------
+run "rollout --help" 0 "$KS" rollout --help
+expect_grep "rollout manual has EXIT STATUS" "$T/out" "^EXIT STATUS"
+expect_grep "rollout manual documents check's exit 3" "$T/out" "3   check: too few samples"
+expect_grep "rollout manual documents 75" "$T/out" "75  not safe yet"
+run "rollout start --help" 0 "$KS" rollout start --help
+run "keyshift --help lists rollout" 0 "$KS" --help
+expect_grep "top-level help lists rollout" "$T/out" "rollout  *move a column"
+run "rollout: no subcommand" 64 "$KS" rollout
+run "rollout: unknown subcommand" 64 "$KS" rollout frobnicate --db "$D"
+run "start: --db missing" 64 "$KS" rollout start --table pay --column card --source plaintext --target "$TGT2"
+expect_grep "start: names --db" "$T/err" "\-\-db FILE is required"
+run "start: --target missing" 64 "$KS" rollout start --db "$D" --table pay --column card --source plaintext
+expect_grep "start: names what is missing" "$T/err" "\-\-target are required"
+run "start: plaintext target" 64 "$KS" rollout start --db "$D" --table pay --column card --source "$TGT2" --target plaintext
+run "start: bad class" 64 "$KS" rollout start --db "$D" --table pay --column card --source plaintext --target v3:xchacha20-poly1305:k:1
+run "start: bad algorithm" 64 "$KS" rollout start --db "$D" --table pay --column card --source plaintext --target v2:rot13:k:1
+run "start: bad duration" 64 "$KS" rollout start --db "$D" --table pay --column card --source plaintext --target "$TGT2" --min-soak 5x
+run "start: unknown table" 66 "$KS" rollout start --db "$D" --table nosuch --column card --source plaintext --target "$TGT2"
+run "start: no such database" 66 "$KS" rollout start --db "$T/nosuch.db" --table pay --column card --source plaintext --target "$TGT2"
+run "status: no rollout yet" 66 "$KS" rollout status --db "$D"
+run "advance: option of another subcommand" 64 "$KS" rollout advance --db "$D" --source plaintext
+
+# ---- start, status, log ------------------------------------------------------------------
+run "start rollout 1" 0 "$KS" rollout start --db "$D" --table pay --column card --source plaintext \
+    --target "$TGT2" --min-soak 1h --reader-ttl 60 --min-samples 100 --actor alice --reason "OPS-1 encrypt cards"
+expect_eq "start prints the id" "$T/out" "1"
+phase_is 1 planned
+run "start: a second open rollout of the scope" 65 "$KS" rollout start --db "$D" --table pay --column card --source plaintext --target "$TGT2"
+expect_grep "start: says finalize first" "$T/err" "finalize it first"
+run "status" 0 "$KS" rollout status --db "$D"
+expect_grep "status: phase" "$T/out" "^phase *planned since"
+expect_grep "status: target" "$T/out" "^target *$TGT2"
+expect_grep "status: census" "$T/out" "^census *3 rows: 2 at the source, 0 at the target"
+expect_grep "status: health" "$T/out" "^health *insufficient"
+expect_grep "status: log" "$T/out" "alice .*OPS-1 encrypt cards"
+run "status --json" 0 "$KS" rollout status --db "$D" --json
+json_ok "status --json"
+expect_grep "status --json: census" "$T/out" '"census":{"rows":3,"null":1,"at_source":2,"at_target":0,"other":0}'
+run "log --json" 0 "$KS" rollout log --db "$D" --json
+json_ok "log --json"
+expect_grep "log --json: creation row" "$T/out" '"actor":"alice","from":null,"to":"planned"'
+run "log --limit 1" 0 "$KS" rollout log --db "$D" --rollout 1 --limit 1
+if [ "$(grep -c ' -> ' "$T/out")" = 1 ]; then ok "log --limit 1 shows one entry"; else bad "log --limit 1 shows one entry" "$(cat "$T/out")"; fi
+run "log: no such rollout" 66 "$KS" rollout log --db "$D" --rollout 9
+
+# ---- planned -> read-compat: the target key version -----------------------------------------
+run "advance without a keyring" 64 env -u KEYSHIFT_KEYRING "$KS" rollout advance --db "$D"
+expect_grep "advance: names the keyring" "$T/err" "checks target key payments/kek:2 with the keyring"
+run "advance: target key version missing" 75 "$KS" rollout advance --db "$D"
+expect_grep "refusal: missing target" "$T/err" "target key payments/kek:2 does not exist in the key provider"
+run "keys add-version 2" 0 "$KS" keys add-version payments/kek
+run "keys disable 2" 0 "$KS" keys set-state payments/kek 2 disabled
+run "advance: target key disabled" 75 "$KS" rollout advance --db "$D"
+expect_grep "refusal: disabled target" "$T/err" "target key payments/kek:2 is disabled"
+run "keys enable 2" 0 "$KS" keys set-state payments/kek 2 active
+run "advance -> read-compat" 0 "$KS" rollout advance --db "$D" --reason "key 2 everywhere"
+phase_is 1 read-compat
+
+# ---- rollback read-compat -> planned -------------------------------------------------------------
+sql "INSERT INTO pay (card, tenant) VALUES (X'$(seal 2)', 'acme')"
+run "rollback without --reason" 64 "$KS" rollout rollback --db "$D"
+run "rollback read-compat -> planned with target rows" 75 "$KS" rollout rollback --db "$D" --reason test
+expect_grep "refusal: rows would be unreadable" "$T/err" "rolling back to planned would make 1 row unreadable"
+sql "DELETE FROM pay WHERE id = 4"
+run "rollback read-compat -> planned, no target rows" 0 "$KS" rollout rollback --db "$D" --reason "drill"
+phase_is 1 planned
+run "rollback from planned" 65 "$KS" rollout rollback --db "$D" --reason again
+run "advance -> read-compat again" 0 "$KS" rollout advance --db "$D"
+
+# ---- read-compat -> write-upgrade: readers and soak ------------------------------------------------
+reader web-1 "payments/kek:1,payments/kek:2" 0
+reader old-7 "payments/kek:1" 0
+run "advance: a live reader lacks the target" 75 "$KS" rollout advance --db "$D" --tenants acme
+expect_grep "refusal: names the reader" "$T/err" "1 live reader cannot read payments/kek:2 (v2, xchacha20-poly1305): old-7"
+run "readers --json" 0 "$KS" rollout readers --db "$D" --json
+json_ok "readers --json"
+run "status shows the reader cannot read the target" 0 "$KS" rollout status --db "$D"
+expect_grep "status: old-7 lacks the target" "$T/out" "old-7 *yes .* NO "
+reader old-7 "payments/kek:1" 3600
+run "advance: soak not elapsed" 75 "$KS" rollout advance --db "$D" --tenants acme
+expect_grep "refusal: soak" "$T/err" "read-compat has lasted [0-9]* s of the 3600 s minimum soak"
+sql "UPDATE keyshift_rollout SET phase_since = phase_since - 7200 WHERE id = 1"
+run "advance: --percent with --tenants" 64 "$KS" rollout advance --db "$D" --tenants acme --percent 5
+run "advance -> write-upgrade, canary acme,globex" 0 "$KS" rollout advance --db "$D" --tenants acme,globex
+phase_is 1 write-upgrade
+run "status: canary" 0 "$KS" rollout status --db "$D" --json
+expect_grep "status: canary tenants" "$T/out" '"canary":"tenants acme,globex"'
+
+# ---- canary ---------------------------------------------------------------------------------------------
+run "canary --percent 25" 0 "$KS" rollout canary --db "$D" --percent 25 --reason "widen"
+expect_grep "canary: printed" "$T/out" "canary 25%"
+run "canary --percent 101" 64 "$KS" rollout canary --db "$D" --percent 101
+run "canary without a choice" 64 "$KS" rollout canary --db "$D"
+run "canary --all --json" 0 "$KS" rollout canary --db "$D" --all --json
+json_ok "canary --json"
+run "log: canary changes" 0 "$KS" rollout log --db "$D"
+expect_grep "log: canary 25%" "$T/out" "canary: 25%"
+expect_grep "log: canary reason" "$T/out" "widen"
+expect_grep "log: canary all" "$T/out" "canary: all"
+
+# ---- write-upgrade -> backfill: health; check --------------------------------------------------------
+run "migrate refused in write-upgrade" 78 "$KS" migrate run --db "$D" --table pay --column card \
+    --mode encrypt --to-key payments/kek:2 --tenant acme
+expect_grep "migrate: names the phase" "$T/err" "rollout 1 is in phase write-upgrade; migrate runs only in backfill"
+run "advance: health insufficient" 75 "$KS" rollout advance --db "$D"
+expect_grep "refusal: too few samples" "$T/err" "too few samples (fewer than 100)"
+run "check: insufficient data" 3 "$KS" rollout check --db "$D"
+metrics 1 1000 50
+run "advance: health tripped" 75 "$KS" rollout advance --db "$D"
+expect_grep "refusal: tripped" "$T/err" "the health check tripped a threshold"
+run "check: tripped" 2 "$KS" rollout check --db "$D"
+expect_grep "check: names the check and values" "$T/out" "auth-failure-rate 0.05 > 0.001"
+expect_grep "check: says by how much" "$T/out" "TRIPPED by 0.049 (50x the limit)"
+run "check --json" 2 "$KS" rollout check --db "$D" --json
+json_ok "check --json"
+expect_grep "check --json: tripped check" "$T/out" '"check":"auth-failure-rate","observed":0.05,"limit":0.001,"enabled":true,"tripped":true,"over_by":0.049'
+run "metrics --prometheus" 0 "$KS" rollout metrics --db "$D" --prometheus
+expect_grep "prometheus: HELP" "$T/out" "^# HELP keyshift_window_opens "
+expect_grep "prometheus: TYPE" "$T/out" "^# TYPE keyshift_window_opens gauge"
+expect_grep "prometheus: labels" "$T/out" '^keyshift_window_opens{rollout="1",table="pay",column="card",phase="write-upgrade"} 1000$'
+expect_grep "prometheus: tripped check" "$T/out" 'keyshift_health_tripped{.*check="auth-failure-rate"} 1'
+run "metrics --json" 0 "$KS" rollout metrics --db "$D" --json
+json_ok "metrics --json"
+run "metrics needs a format" 64 "$KS" rollout metrics --db "$D"
+run "check --auto-rollback" 1 "$KS" rollout check --db "$D" --auto-rollback --actor monitor
+phase_is 1 read-compat
+run "log: automatic rollback" 0 "$KS" rollout log --db "$D" --json
+expect_grep "log: automatic entry" "$T/out" '"actor":"monitor","from":"write-upgrade","to":"read-compat","reason":"auto-rollback: auth-failure-rate 0.05 > 0.001","automatic":true'
+run "check --auto-rollback from read-compat" 2 "$KS" rollout check --db "$D" --auto-rollback
+expect_grep "check: no safe rollback" "$T/err" "no safe automatic rollback from read-compat"
+sql "UPDATE keyshift_metrics SET time = time - 100000; UPDATE keyshift_rollout SET phase_since = phase_since - 7200 WHERE id = 1"
+run "advance -> write-upgrade again" 0 "$KS" rollout advance --db "$D"
+metrics 1 1000 0
+run "check: healthy" 0 "$KS" rollout check --db "$D"
+expect_grep "check: healthy printed" "$T/out" "healthy"
+run "advance -> backfill" 0 "$KS" rollout advance --db "$D"
+phase_is 1 backfill
+
+# ---- backfill: migrate, verify, finalize --------------------------------------------------------------
+run "migrate: another target key" 78 "$KS" migrate run --db "$D" --table pay --column card \
+    --mode encrypt --to-key payments/kek:1 --tenant acme
+expect_grep "migrate: names the rollout's target" "$T/err" "rollout 1 moves pay.card to v2:xchacha20-poly1305:payments/kek:2"
+run "migrate: another format" 78 "$KS" migrate run --db "$D" --table pay --column card \
+    --mode encrypt --to-key payments/kek:2 --to-format 1 --tenant acme
+run "advance: finalize before backfill is complete" 75 "$KS" rollout advance --db "$D"
+expect_grep "refusal: rows at the source" "$T/err" "2 rows are still at the source"
+run "migrate run in backfill" 0 "$KS" migrate run --db "$D" --table pay --column card \
+    --mode encrypt --to-key payments/kek:2 --tenant acme
+n=$(sqlite3 "$D" "SELECT count(*) FROM keyshift_metrics WHERE rollout_id = 1 AND source = 'migrate' AND seals = 2")
+if [ "$n" = 1 ]; then ok "migrate: wrote its health sample (2 seals) for the rollout"; else bad "migrate: health sample" "$n rows"; fi
+run "advance: finalize without verify" 75 "$KS" rollout advance --db "$D"
+expect_grep "refusal: no verify" "$T/err" "no \`migrate verify\` pass was recorded since backfill began"
+run "verify --sample is not recorded" 0 "$KS" migrate verify --db "$D" --table pay --column card --tenant acme --sample 5
+run "advance: still no verify" 75 "$KS" rollout advance --db "$D"
+run "verify records the pass" 0 "$KS" migrate verify --db "$D" --table pay --column card --tenant acme
+expect_grep "verify: says it was recorded" "$T/err" "verify pass recorded for rollout 1"
+run "advance -> finalized" 0 "$KS" rollout advance --db "$D" --reason "all encrypted"
+phase_is 1 finalized
+run "advance past finalized" 65 "$KS" rollout advance --db "$D"
+run "census: all at the target" 0 "$KS" rollout status --db "$D" --rollout 1
+expect_grep "status: census after finalize" "$T/out" "2 at the target"
+
+# ---- rollout 2: rotate payments/kek:2 -> payments/kek:3 ---------------------------------------------
+run "keys add-version 3" 0 "$KS" keys add-version payments/kek
+run "start rollout 2" 0 "$KS" rollout start --db "$D" --table pay --column card --source "$TGT2" \
+    --target "$TGT3" --min-soak 0 --min-samples 0 --json
+json_ok "start --json"
+run "status with two rollouts, none selected" 64 "$KS" rollout status --db "$D"
+expect_grep "several: lists rollout 1" "$T/err" "\-\-rollout 1 .*pay.card (finalized)"
+expect_grep "several: lists rollout 2" "$T/err" "\-\-rollout 2 .*pay.card (planned)"
+SEL=(--table pay --column card)
+reader web-1 "payments/kek:1,payments/kek:2,payments/kek:3" 0
+reader old-7 "payments/kek:1" 3600
+run "rollout 2 -> read-compat" 0 "$KS" rollout advance --db "$D" "${SEL[@]}"
+# these two guards need no key: a keyring that cannot open is not opened
+run "rollout 2 -> write-upgrade" 0 env KEYSHIFT_KEYRING="$T/nosuch" "$KS" rollout advance --db "$D" "${SEL[@]}"
+run "rollout 2 -> backfill" 0 env KEYSHIFT_KEYRING="$T/nosuch" "$KS" rollout advance --db "$D" "${SEL[@]}"
+
+# key destruction while referenced
+run "destroy without --db" 64 "$KS" keys set-state payments/kek 2 destroyed
+expect_grep "destroy: says why" "$T/err" "cannot check references without --db"
+run "destroy while rows and a reader reference it" 75 "$KS" keys set-state payments/kek 2 destroyed --db "$D"
+expect_grep "destroy: names the rows" "$T/err" "2 rows of pay.card"
+expect_grep "destroy: names the reader" "$T/err" "live reader web-1 holds it"
+run "--force without --reason" 64 "$KS" keys set-state payments/kek 2 destroyed --db "$D" --force
+run "--db with another state" 64 "$KS" keys set-state payments/kek 2 disabled --db "$D"
+
+run "rollout 2: rewrap" 0 "$KS" migrate run --db "$D" --table pay --column card --mode rewrap --to-key payments/kek:3 --tenant acme
+run "rollout 2: verify" 0 "$KS" migrate verify --db "$D" --table pay --column card --tenant acme
+run "keys promote 2" 0 "$KS" keys promote payments/kek 2
+run "finalize while the source is primary" 75 "$KS" rollout advance --db "$D" "${SEL[@]}"
+expect_grep "refusal: promote the target" "$T/err" "keyshift keys promote payments/kek 3"
+phase_is 2 backfill
+run "keys promote 3" 0 "$KS" keys promote payments/kek 3
+run "rollout 2 -> finalized" 0 "$KS" rollout advance --db "$D" "${SEL[@]}"
+phase_is 2 finalized
+expect_grep "finalize: source retired" "$T/err" "payments/kek:2 is now decrypt-only"
+run "keys list --json" 0 "$KS" keys list --json
+expect_grep "source key version is decrypt-only" "$T/out" '{"version":2,"state":"decrypt-only"'
+
+run "destroy while a live reader holds it" 75 "$KS" keys set-state payments/kek 2 destroyed --db "$D"
+expect_grep "destroy: only the reader now" "$T/err" "live reader web-1 holds it"
+run "destroy --force --reason" 0 "$KS" keys set-state payments/kek 2 destroyed --db "$D" --force --reason "drill OPS-9"
+run "log: forced destruction noted" 0 "$KS" rollout log --db "$D" "${SEL[@]}"
+expect_grep "log: force reason" "$T/out" "key payments/kek:2 destroyed with --force: drill OPS-9"
+run "rollback finalized -> backfill after the source was destroyed" 75 "$KS" rollout rollback --db "$D" "${SEL[@]}" --reason "undo"
+expect_grep "refusal: source destroyed" "$T/err" "source key payments/kek:2 was destroyed: its rows could never be read"
+run "rollback rollout 1 (not the latest)" 75 "$KS" rollout rollback --db "$D" --rollout 1 --reason "undo"
+expect_grep "refusal: a later rollout" "$T/err" "a later rollout governs pay.card"
+
+reader web-1 "payments/kek:1,payments/kek:3" 3600
+run "destroy an unreferenced version" 0 "$KS" keys set-state payments/kek 1 destroyed --db "$D"
+run "readers (text)" 0 "$KS" rollout readers --db "$D"
+expect_grep "readers: expired reader" "$T/out" "web-1 *no "
+
+# ---- JSON of the transitions ----------------------------------------------------------------
+run "start rollout 3 --json" 0 "$KS" rollout start --db "$D" --table pay --column card --source "$TGT3" \
+    --target v1:aes-256-gcm:payments/kek:4 --json
+json_ok "start --json"
+run "advance --json refused" 75 "$KS" rollout advance --db "$D" --rollout 3 --json
+json_ok "advance --json (refused)"
+expect_grep "advance --json: refusal reason" "$T/out" '"result":"guard","reason":"target key payments/kek:4 does not exist'
+run "keys add-version 4" 0 "$KS" keys add-version payments/kek
+run "advance --json" 0 "$KS" rollout advance --db "$D" --rollout 3 --json --keyring "$KEYSHIFT_KEYRING"
+json_ok "advance --json"
+expect_grep "advance --json: result" "$T/out" '"from":"planned","to":"read-compat","result":"ok"'
+run "rollback --json" 0 "$KS" rollout rollback --db "$D" --rollout 3 --reason "not yet" --json
+json_ok "rollback --json"
+
+cli_finish cli_rollout_test

@@ -1,0 +1,1706 @@
+/*
+ * tools/cmd_rollout.c -- `keyshift rollout`: start a rollout of one column
+ * from a source to a target, move it through its guarded phases, roll it
+ * back, watch its health and export it (docs/rollout.md, "Commands").
+ *
+ * The library decides (ks_rollout_guard, re-checked inside the store's
+ * transaction by ks_rollout_db_transition); this file gathers the facts a
+ * transition needs -- and only those: key states through the keyring, a
+ * census of the scope, the health verdict of the window -- and reports
+ * refusals with the library's sentence and exit 75.  Nothing printed ever
+ * carries plaintext or key material: counts, key ids, names and times.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+
+/* Defaults documented in the manual and docs/rollout.md. */
+#define DEFAULT_MIN_SOAK_S 300u
+#define DEFAULT_READER_TTL_S 60u
+#define STATUS_LOG_ENTRIES 10u
+
+/* The manual of `keyshift rollout`. */
+static void usage(FILE *f)
+{
+    fputs("NAME\n"
+          "    keyshift rollout - move a column from a source to a target in guarded phases\n"
+          "\n"
+          "SYNOPSIS\n"
+          "    keyshift rollout start --db FILE --table T --column C --source CLASS\n"
+          "        --target CLASS [--min-soak DUR] [--reader-ttl DUR]\n"
+          "        [--max-auth-failure-rate R] [--max-parse-error-rate R]\n"
+          "        [--max-provider-error-rate R] [--max-seal-p99-us N]\n"
+          "        [--max-open-p99-us N] [--min-samples N] [--window DUR]\n"
+          "        [--actor A] [--reason TEXT] [--json]\n"
+          "    keyshift rollout advance --db FILE [SELECT] [--tenants a,b | --percent N |\n"
+          "        --all] [--keyring FILE] [--passphrase-file FILE] [--actor A]\n"
+          "        [--reason TEXT] [--json]\n"
+          "    keyshift rollout rollback --db FILE [SELECT] --reason TEXT [--actor A]\n"
+          "        [--keyring FILE] [--passphrase-file FILE] [--json]\n"
+          "    keyshift rollout canary --db FILE [SELECT] --tenants a,b | --percent N |\n"
+          "        --all [--actor A] [--reason TEXT] [--json]\n"
+          "    keyshift rollout status --db FILE [SELECT] [--json]\n"
+          "    keyshift rollout log --db FILE [SELECT] [--limit N] [--json]\n"
+          "    keyshift rollout check --db FILE [SELECT] [--auto-rollback] [--actor A]\n"
+          "        [--json]\n"
+          "    keyshift rollout metrics --db FILE [SELECT] --prometheus | --json\n"
+          "    keyshift rollout readers --db FILE [--reader-ttl DUR] [--json]\n"
+          "\n"
+          "    SELECT is --rollout ID, or --table T --column C (the latest rollout of\n"
+          "    that column). Without it the database must hold exactly one rollout;\n"
+          "    when it holds several, the command lists them and exits 64.\n"
+          "\n"
+          "DESCRIPTION\n"
+          "    A rollout moves column C of table T from a SOURCE to a TARGET through\n"
+          "    the phases planned -> read-compat -> write-upgrade -> backfill ->\n"
+          "    finalized. Applications (ks_policy) read the phase from the database:\n"
+          "    what they write and what they may read follows it. Every transition\n"
+          "    is checked by a guard inside one database transaction and logged\n"
+          "    with time, actor and reason (docs/rollout.md).\n"
+          "\n"
+          "    CLASS is 'plaintext' (source only) or vF:ALG:KEY_ID:VERSION, e.g.\n"
+          "    v2:xchacha20-poly1305:payments/kek:2 -- format 1 or 2, algorithm\n"
+          "    xchacha20-poly1305 or aes-256-gcm, key id (which may contain ':';\n"
+          "    the version follows the last ':'), key version. DUR is seconds, or a\n"
+          "    number with s, m, h or d (300, 300s, 5m, 1h).\n"
+          "\n"
+          "    start     creates the rollout in planned and prints its id. Defaults:\n"
+          "              --min-soak 300 s (least time in read-compat before\n"
+          "              write-upgrade, for the phase to reach every host),\n"
+          "              --reader-ttl 60 s (a reader is live while its heartbeat is\n"
+          "              this recent), thresholds 0.001 auth failures, 0.001 parse\n"
+          "              errors, 0.01 provider errors, p99 seal and open 10000 us,\n"
+          "              1000 samples, 300 s window. A negative rate or a 0 latency\n"
+          "              disables that check.\n"
+          "    advance   moves to the next phase once its guard passes. It gathers:\n"
+          "                planned -> read-compat: the target key version's state\n"
+          "                  (needs the keyring): it must exist, not disabled or\n"
+          "                  destroyed;\n"
+          "                read-compat -> write-upgrade: every live reader supports\n"
+          "                  the target, and read-compat lasted --min-soak. Takes the\n"
+          "                  canary (--tenants, --percent or --all; default all);\n"
+          "                write-upgrade -> backfill: the health of the window is ok;\n"
+          "                backfill -> finalized: the census shows 0 rows at the\n"
+          "                  source and 'migrate verify' passed since backfill\n"
+          "                  began. With a keyring and an envelope source, the source\n"
+          "                  key version then becomes decrypt-only; this is refused\n"
+          "                  while it is its key's primary (promote the target, or\n"
+          "                  another version, first).\n"
+          "    rollback  takes the one safe step back: write-upgrade or backfill ->\n"
+          "              read-compat (always); read-compat -> planned only while the\n"
+          "              census shows 0 rows at the target; finalized -> backfill\n"
+          "              only while the source key version is not destroyed (needs\n"
+          "              the keyring for an envelope source).\n"
+          "    canary    changes who writes the target in write-upgrade: a tenant\n"
+          "              list, a percentage by a stable hash of the tenant, or all.\n"
+          "    status    phase and time in it, source and target, canary, readers\n"
+          "              (live or expired, and whether each supports the target),\n"
+          "              census against source and target, health against the\n"
+          "              thresholds, the last 10 log entries. Read-only.\n"
+          "    log       the append-only log (time, actor, from, to, reason,\n"
+          "              automatic); --limit N shows the last N entries.\n"
+          "    check     judges the window against the thresholds and names each\n"
+          "              check that tripped, observed against limit. With\n"
+          "              --auto-rollback a trip in write-upgrade or backfill moves\n"
+          "              the rollout back to read-compat, logged as automatic with\n"
+          "              the tripped checks as reason. For cron and monitoring.\n"
+          "    metrics   the window as Prometheus text (labels rollout, table,\n"
+          "              column, phase) or as JSON.\n"
+          "    readers   the reader registry: instance, library version, format,\n"
+          "              held keys, heartbeat age, live or not (--reader-ttl,\n"
+          "              default 60 s).\n"
+          "\n"
+          "OPTIONS\n"
+          "    --db FILE              the application's SQLite database (must exist)\n"
+          "    --rollout ID           the rollout\n"
+          "    --table T, --column C  the column (start: the scope; else: select its\n"
+          "                           latest rollout)\n"
+          "    --source, --target     the classes (start)\n"
+          "    --tenants a,b          canary: only these tenants (up to 64)\n"
+          "    --percent N            canary: tenants whose hash bucket is below N %\n"
+          "    --all                  canary: every tenant\n"
+          "    --keyring FILE         default: $KEYSHIFT_KEYRING\n"
+          "    --passphrase-file FILE keyring passphrase (default: $KEYSHIFT_PASSPHRASE)\n"
+          "    --actor A              who, in the log (default: $USER@hostname)\n"
+          "    --reason TEXT          why, in the log (printable ASCII, up to 1024)\n"
+          "    --limit N              log: the last N entries\n"
+          "    --auto-rollback        check: roll back when a threshold tripped\n"
+          "    --prometheus           metrics: Prometheus text exposition format\n"
+          "    --json                 one JSON object on standard output\n"
+          "    -h, --help             print this manual\n"
+          "\n"
+          "EXIT STATUS\n"
+          "    0   success (check: healthy)\n"
+          "    1   check: a threshold tripped and the rollout was rolled back\n"
+          "    2   check: a threshold tripped, not rolled back (no --auto-rollback, or\n"
+          "        no safe rollback from this phase)\n"
+          "    3   check: too few samples in the window for a verdict\n"
+          "    64  usage error, or several rollouts and none selected\n"
+          "    65  refused: no such transition (e.g. rollback from planned), or the\n"
+          "        column already has a rollout that is not finalized\n"
+          "    66  no such database, table, column or rollout\n"
+          "    69  key provider unavailable\n"
+          "    74  database error\n"
+          "    75  not safe yet: a guard refused and the message says what is\n"
+          "        missing, another operator moved the rollout first, or the\n"
+          "        database stayed locked. Scripts may retry later\n"
+          "    77  key version unusable for the requested key state change\n"
+          "    78  keyring insecure, unreadable or corrupt, or wrong passphrase\n"
+          "\n"
+          "EXAMPLES\n"
+          "    keyshift keys add-version payments/kek                  # prints 2\n"
+          "    keyshift rollout start --db shop.db --table payments --column card \\\n"
+          "        --source v2:xchacha20-poly1305:payments/kek:1 \\\n"
+          "        --target v2:xchacha20-poly1305:payments/kek:2 --reason OPS-42\n"
+          "    keyshift rollout advance --db shop.db           # -> read-compat\n"
+          "    keyshift rollout advance --db shop.db --percent 5   # -> write-upgrade\n"
+          "    keyshift rollout check --db shop.db --auto-rollback\n"
+          "    keyshift rollout advance --db shop.db           # -> backfill\n"
+          "    keyshift keys promote payments/kek 2\n"
+          "    keyshift migrate run --db shop.db --table payments --column card \\\n"
+          "        --mode rewrap --to-key payments/kek:2\n"
+          "    keyshift migrate verify --db shop.db --table payments --column card\n"
+          "    keyshift rollout advance --db shop.db           # -> finalized\n",
+          f);
+}
+
+/* Every option of the subcommands; each says which it accepts. */
+typedef struct ro_opts {
+    const char *db, *rollout, *table, *column, *source, *target, *min_soak, *reader_ttl;
+    const char *max_auth, *max_parse, *max_provider, *max_seal, *max_open, *min_samples;
+    const char *window, *actor, *reason, *tenants, *percent, *keyring, *passfile, *limit;
+    int all, json, prometheus, auto_rollback;
+    char actor_buf[KS_ROLLOUT_ACTOR_MAX + 1];
+} ro_opts;
+
+/* Parse argv into o, refusing options not named in allowed (--db,
+ * --json and -h are always accepted).  Nonzero when the command is over
+ * (then *rc is its exit code). */
+static int parse(const char *cmd, int argc, char **argv, const char *allowed, ro_opts *o, int *rc)
+{
+    int npos = 0;
+    memset(o, 0, sizeof *o);
+    const ks_cli_opt opts[] = {
+        {"--db", &o->db, NULL},
+        {"--rollout", &o->rollout, NULL},
+        {"--table", &o->table, NULL},
+        {"--column", &o->column, NULL},
+        {"--source", &o->source, NULL},
+        {"--target", &o->target, NULL},
+        {"--min-soak", &o->min_soak, NULL},
+        {"--reader-ttl", &o->reader_ttl, NULL},
+        {"--max-auth-failure-rate", &o->max_auth, NULL},
+        {"--max-parse-error-rate", &o->max_parse, NULL},
+        {"--max-provider-error-rate", &o->max_provider, NULL},
+        {"--max-seal-p99-us", &o->max_seal, NULL},
+        {"--max-open-p99-us", &o->max_open, NULL},
+        {"--min-samples", &o->min_samples, NULL},
+        {"--window", &o->window, NULL},
+        {"--actor", &o->actor, NULL},
+        {"--reason", &o->reason, NULL},
+        {"--tenants", &o->tenants, NULL},
+        {"--percent", &o->percent, NULL},
+        {"--keyring", &o->keyring, NULL},
+        {"--passphrase-file", &o->passfile, NULL},
+        {"--limit", &o->limit, NULL},
+        {"--all", NULL, &o->all},
+        {"--json", NULL, &o->json},
+        {"--prometheus", NULL, &o->prometheus},
+        {"--auto-rollback", NULL, &o->auto_rollback},
+        {NULL, NULL, NULL},
+    };
+    if (ks_cli_parse_opts(cmd, usage, argc, argv, opts, NULL, 0, &npos, rc)) {
+        return 1;
+    }
+    char all[512];
+    snprintf(all, sizeof all, " --db --json %s ", allowed);
+    if ((*rc = ks_cli_only_options(cmd, opts, all)) != EX_OK) {
+        return 1;
+    }
+    if (o->db == NULL) {
+        *rc = ks_cli_usage_error(cmd, "--db FILE is required (the application's database)");
+        return 1;
+    }
+    if (o->reason != NULL && !ks_cli_printable(o->reason, 0, KS_ROLLOUT_REASON_MAX)) {
+        *rc = ks_cli_usage_error(cmd, "--reason must be at most %d printable ASCII characters",
+                                 KS_ROLLOUT_REASON_MAX);
+        return 1;
+    }
+    if (strstr(all, " --actor ") != NULL &&
+        (*rc = ks_cli_actor(cmd, o->actor, o->actor_buf, sizeof o->actor_buf)) != EX_OK) {
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- parsing values -------------------------------------------------------------- */
+
+/* Parse a duration: seconds, or a number followed by s, m, h or d. */
+static int parse_duration(const char *s, uint32_t *out)
+{
+    char *end;
+    if (s == NULL || *s < '0' || *s > '9') {
+        return -1;
+    }
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    unsigned long long mul = 1;
+    if (*end != '\0') {
+        if (end[1] != '\0') {
+            return -1;
+        }
+        switch (*end) {
+        case 's': mul = 1; break;
+        case 'm': mul = 60; break;
+        case 'h': mul = 3600; break;
+        case 'd': mul = 86400; break;
+        default: return -1;
+        }
+    }
+    if (errno != 0 || v > UINT32_MAX / mul) {
+        return -1;
+    }
+    *out = (uint32_t)(v * mul);
+    return 0;
+}
+
+/* Parse a finite rate (a negative one disables its check). */
+static int parse_rate(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double d = strtod(s, &end);
+    if (errno != 0 || end == s || *end != '\0' || !isfinite(d)) {
+        return -1;
+    }
+    *out = d;
+    return 0;
+}
+
+/*
+ * Parse a class: "plaintext" (when may_be_plaintext) or
+ * vF:ALG:KEY_ID:VERSION, the version after the last ':' since a key id
+ * may contain ':'.  Checked with ks_rollout_class_check.
+ */
+static int parse_class(const char *s, int may_be_plaintext, ks_rollout_class *c)
+{
+    memset(c, 0, sizeof *c);
+    if (strcmp(s, "plaintext") == 0) {
+        c->is_plaintext = 1;
+        return may_be_plaintext ? 0 : -1;
+    }
+    if (s[0] != 'v' || (s[1] != '1' && s[1] != '2') || s[2] != ':') {
+        return -1;
+    }
+    c->version = (uint8_t)(s[1] - '0');
+    const char *alg = s + 3, *colon = strchr(alg, ':');
+    char name[32];
+    if (colon == NULL || colon == alg || (size_t)(colon - alg) >= sizeof name) {
+        return -1;
+    }
+    memcpy(name, alg, (size_t)(colon - alg));
+    name[colon - alg] = '\0';
+    c->algorithm = ks_alg_from_name(name);
+    const char *key = colon + 1, *last = strrchr(key, ':');
+    size_t v;
+    if (c->algorithm == 0 || last == NULL || last == key || (size_t)(last - key) > KS_KEY_ID_MAX ||
+        ks_cli_parse_size(last + 1, 1, UINT32_MAX, &v) != 0) {
+        return -1;
+    }
+    memcpy(c->key_id, key, (size_t)(last - key));
+    c->key_id[last - key] = '\0';
+    c->key_version = (uint32_t)v;
+    return ks_rollout_class_check(c, may_be_plaintext) == KS_OK ? 0 : -1;
+}
+
+/* Write class c in the syntax parse_class reads. */
+static const char *class_str(const ks_rollout_class *c, char *out, size_t cap)
+{
+    if (c->is_plaintext) {
+        snprintf(out, cap, "plaintext");
+    } else {
+        const char *alg = ks_alg_name(c->algorithm);
+        snprintf(out, cap, "v%u:%s:%s:%" PRIu32, (unsigned)c->version, alg ? alg : "?", c->key_id,
+                 c->key_version);
+    }
+    return out;
+}
+
+/* The buffer size of class_str. */
+#define CLASS_TEXT_MAX (KS_KEY_ID_MAX + 48)
+
+/* Parse the canary options (at most one of --tenants, --percent, --all)
+ * into c; *given says whether any was. */
+static int parse_canary(const char *cmd, const ro_opts *o, ks_rollout_canary *c, int *given)
+{
+    memset(c, 0, sizeof *c);
+    int n = (o->tenants != NULL) + (o->percent != NULL) + (o->all != 0);
+    *given = n > 0;
+    if (n > 1) {
+        return ks_cli_usage_error(cmd, "give one of --tenants, --percent and --all");
+    }
+    c->kind = KS_CANARY_ALL;
+    if (o->percent != NULL) {
+        size_t p;
+        if (ks_cli_parse_size(o->percent, 0, 100, &p) != 0) {
+            return ks_cli_usage_error(cmd, "--percent must be a whole number from 0 to 100");
+        }
+        c->kind = KS_CANARY_PERCENT;
+        c->percent = (uint32_t)p;
+    }
+    if (o->tenants != NULL) {
+        c->kind = KS_CANARY_TENANTS;
+        const char *p = o->tenants;
+        for (;;) {
+            size_t len = strcspn(p, ",");
+            if (len == 0 || len > KS_TENANT_MAX || c->n_tenants == KS_ROLLOUT_TENANTS_MAX) {
+                return ks_cli_usage_error(cmd, "--tenants takes 1..%d comma-separated tenants of "
+                                               "1..%d bytes each", KS_ROLLOUT_TENANTS_MAX,
+                                          KS_TENANT_MAX);
+            }
+            memcpy(c->tenants[c->n_tenants], p, len);
+            c->tenants[c->n_tenants++][len] = '\0';
+            if (p[len] == '\0') {
+                break;
+            }
+            p += len + 1;
+        }
+    }
+    return EX_OK;
+}
+
+/* Nonzero when canaries a and b say the same. */
+static int canary_equal(const ks_rollout_canary *a, const ks_rollout_canary *b)
+{
+    if (a->kind != b->kind) {
+        return 0;
+    }
+    if (a->kind == KS_CANARY_PERCENT) {
+        return a->percent == b->percent;
+    }
+    if (a->kind == KS_CANARY_TENANTS) {
+        if (a->n_tenants != b->n_tenants) {
+            return 0;
+        }
+        for (size_t i = 0; i < a->n_tenants; i++) {
+            if (strcmp(a->tenants[i], b->tenants[i]) != 0) {
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
+/* Write the canary as "all", "10%" or "tenants a,b". */
+static void canary_str(const ks_rollout_canary *c, char *out, size_t cap)
+{
+    if (c->kind == KS_CANARY_PERCENT) {
+        snprintf(out, cap, "%" PRIu32 "%%", c->percent);
+        return;
+    }
+    if (c->kind == KS_CANARY_ALL) {
+        snprintf(out, cap, "all");
+        return;
+    }
+    size_t used = (size_t)snprintf(out, cap, "tenants ");
+    for (size_t i = 0; i < c->n_tenants && used < cap; i++) {
+        used += (size_t)snprintf(out + used, cap - used, "%s%s", i ? "," : "", c->tenants[i]);
+    }
+}
+
+/* ---- opening and selecting -------------------------------------------------------- */
+
+/* Print the rollouts of db for an operator choosing one. */
+static void list_rollouts(const ks_rollout *rs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        fprintf(stderr, "    --rollout %-6" PRId64 " %s.%s (%s)\n", rs[i].id, rs[i].table,
+                rs[i].column, ks_rollout_phase_name((int)rs[i].phase));
+    }
+}
+
+/*
+ * The rollout the options select: --rollout ID, or the latest of --table
+ * and --column, or the only rollout of the database.  Returns EX_OK, or
+ * an exit code after saying what is missing (EX_USAGE listing them when
+ * several exist and none was selected).
+ */
+static int select_rollout(const char *cmd, ks_rollout_db *db, const ro_opts *o, ks_rollout *out)
+{
+    ks_err e;
+    if (o->rollout != NULL) {
+        size_t id;
+        if (o->table != NULL || o->column != NULL) {
+            return ks_cli_usage_error(cmd, "give --rollout or --table and --column, not both");
+        }
+        if (ks_cli_parse_size(o->rollout, 1, INT64_MAX, &id) != 0) {
+            return ks_cli_usage_error(cmd, "--rollout must be a rollout id (a number from 1)");
+        }
+        e = ks_rollout_db_get(db, (int64_t)id, out);
+        if (e == KS_ERR_NO_ROLLOUT) {
+            ks_cli_error("no rollout %zu in %s (see 'keyshift rollout status --db %s')", id, o->db,
+                         o->db);
+        }
+    } else if (o->table != NULL || o->column != NULL) {
+        if (o->table == NULL || o->column == NULL) {
+            return ks_cli_usage_error(cmd, "give --table and --column together");
+        }
+        e = ks_rollout_db_latest(db, o->table, o->column, out);
+        if (e == KS_ERR_NO_ROLLOUT) {
+            ks_cli_error("no rollout of %s.%s in %s; start one with 'keyshift rollout start'",
+                         o->table, o->column, o->db);
+        }
+    } else {
+        ks_rollout rs[8];
+        size_t n = 0;
+        e = ks_rollout_db_list(db, 0, rs, 8, &n);
+        if (e == KS_OK && n == 0) {
+            ks_cli_error("no rollout in %s; start one with 'keyshift rollout start'", o->db);
+            return EX_NOINPUT;
+        }
+        if (e == KS_OK && n > 1) {
+            fprintf(stderr, KS_PROG " %s: %s holds several rollouts; select one:\n", cmd, o->db);
+            list_rollouts(rs, n);
+            if (n == 8) {
+                fprintf(stderr, "    ... (and maybe more: 'keyshift rollout status "
+                                "--table T --column C')\n");
+            }
+            return ks_cli_usage_error(cmd, "give --rollout ID or --table T --column C");
+        }
+        if (e == KS_OK) {
+            *out = rs[0];
+        }
+    }
+    if (e != KS_OK && e != KS_ERR_NO_ROLLOUT) {
+        ks_cli_error("cannot read the rollouts of %s: %s", o->db, ks_err_name(e));
+    }
+    return ks_cli_exit_code(e);
+}
+
+/* Open db (read-only or not) and select the rollout; on success the
+ * caller closes *db. */
+static int open_selected(const char *cmd, const ro_opts *o, int read_only, ks_rollout_db **db,
+                         ks_rollout *r)
+{
+    int rc = ks_cli_rollout_open(o->db, read_only, db);
+    if (rc == EX_OK && (rc = select_rollout(cmd, *db, o, r)) != EX_OK) {
+        ks_rollout_db_close(*db);
+        *db = NULL;
+    }
+    return rc;
+}
+
+/* ---- facts ------------------------------------------------------------------------- */
+
+/* The census of a rollout's scope, against its source and target. */
+typedef struct scope_census {
+    int known;
+    uint64_t rows, null_rows, at_source, at_target, other;
+} scope_census;
+
+/* Count r's scope: rows at the source (plaintext rows for a plaintext
+ * source), at the target, and the rest (other classes, malformed). */
+static int census_of(const char *path, const ks_rollout *r, scope_census *out)
+{
+    ks_census c;
+    memset(out, 0, sizeof *out);
+    int rc = ks_cli_census(path, r->table, r->column, &c);
+    if (rc != EX_OK) {
+        return rc;
+    }
+    out->known = 1;
+    out->rows = c.rows;
+    out->null_rows = c.null_rows;
+    out->at_source = r->source.is_plaintext ? c.plaintext_rows : 0;
+    for (size_t i = 0; i < c.n_classes; i++) {
+        const ks_census_class *k = &c.classes[i];
+        ks_rollout_class kc;
+        memset(&kc, 0, sizeof kc);
+        kc.version = k->version;
+        kc.algorithm = k->algorithm;
+        memcpy(kc.key_id, k->key_id, sizeof kc.key_id);
+        kc.key_version = k->key_version;
+        if (ks_rollout_class_equal(&kc, &r->target)) {
+            out->at_target += k->rows;
+        } else if (!r->source.is_plaintext && ks_rollout_class_equal(&kc, &r->source)) {
+            out->at_source += k->rows;
+        }
+    }
+    out->other = c.rows - c.null_rows - out->at_source - out->at_target;
+    ks_census_free(&c);
+    return EX_OK;
+}
+
+/* The health of r's window ending at now: the metrics summed since
+ * now - window_s and judged against r's thresholds. */
+static int health_of(ks_rollout_db *db, const ks_rollout *r, int64_t now, ks_health_sample *sum,
+                     ks_health_verdict *v)
+{
+    memset(sum, 0, sizeof *sum);
+    ks_err e = ks_rollout_db_metrics_sum(db, r->id, now - (int64_t)r->thresholds.window_s, sum);
+    if (e != KS_OK) {
+        ks_cli_error("cannot read the metrics of rollout %" PRId64 ": %s", r->id, ks_err_name(e));
+        return ks_cli_exit_code(e);
+    }
+    ks_health_evaluate(sum, &r->thresholds, v);
+    return EX_OK;
+}
+
+/* Open the keyring (--keyring or $KEYSHIFT_KEYRING) when one is named;
+ * when required and none is, a usage error says why it is needed. */
+static int keyring_for(const char *cmd, const ro_opts *o, int required, const char *why,
+                       ks_keyring **kr, ks_ctx **ctx)
+{
+    *kr = NULL;
+    *ctx = NULL;
+    const char *env = getenv("KEYSHIFT_KEYRING");
+    if (o->keyring == NULL && (env == NULL || *env == '\0')) {
+        return required ? ks_cli_usage_error(cmd, "%s: give --keyring FILE or set "
+                                                  "KEYSHIFT_KEYRING", why)
+                        : EX_OK;
+    }
+    return ks_cli_ctx_open(o->keyring, o->passfile, kr, ctx);
+}
+
+/* Ask the keyring about class c's key version: its state into *state
+ * (KS_ROLLOUT_KEY_MISSING when not found) and whether it is primary. */
+static int key_fact(ks_ctx *ctx, const ks_rollout_class *c, int *state, int *is_primary)
+{
+    ks_key_info info;
+    ks_bytes id = {(const uint8_t *)c->key_id, strlen(c->key_id)};
+    ks_err e = ks_ctx_key_info(ctx, id, c->key_version, &info);
+    *is_primary = 0;
+    if (e == KS_ERR_NOT_FOUND) {
+        *state = KS_ROLLOUT_KEY_MISSING;
+        return EX_OK;
+    }
+    if (e != KS_OK) {
+        ks_cli_error("cannot ask the key provider about %s:%" PRIu32 ": %s", c->key_id,
+                     c->key_version, ks_err_name(e));
+        return ks_cli_exit_code(e);
+    }
+    *state = (int)info.state;
+    *is_primary = info.is_primary;
+    return EX_OK;
+}
+
+/* ---- output helpers --------------------------------------------------------------- */
+
+/* Write a JSON string from a C string. */
+static void put_str(const char *s)
+{
+    ks_cli_put_json_string(stdout, (const uint8_t *)s, strlen(s));
+}
+
+/* Write a double as JSON (null when not finite). */
+static void put_num(double d)
+{
+    if (isfinite(d)) {
+        printf("%.9g", d);
+    } else {
+        fputs("null", stdout);
+    }
+}
+
+/* One health check next to its limit. */
+typedef struct check_row {
+    unsigned bit;
+    double observed, limit;
+    int enabled, tripped, unbounded;
+} check_row;
+
+/* The five checks of verdict v under thresholds t. */
+static void check_rows(const ks_health_verdict *v, const ks_thresholds *t, check_row out[5])
+{
+    const struct {
+        unsigned bit;
+        double observed, limit;
+        int enabled, unbounded;
+    } rows[5] = {
+        {KS_HEALTH_AUTH_FAILURES, v->auth_failure_rate, t->max_auth_failure_rate,
+         !(t->max_auth_failure_rate < 0), 0},
+        {KS_HEALTH_PARSE_ERRORS, v->parse_error_rate, t->max_parse_error_rate,
+         !(t->max_parse_error_rate < 0), 0},
+        {KS_HEALTH_PROVIDER_ERRORS, v->provider_error_rate, t->max_provider_error_rate,
+         !(t->max_provider_error_rate < 0), 0},
+        {KS_HEALTH_SEAL_P99, (double)v->seal_p99_us, (double)t->max_seal_p99_us,
+         t->max_seal_p99_us != 0, v->seal_p99_us == KS_HIST_UNBOUNDED},
+        {KS_HEALTH_OPEN_P99, (double)v->open_p99_us, (double)t->max_open_p99_us,
+         t->max_open_p99_us != 0, v->open_p99_us == KS_HIST_UNBOUNDED},
+    };
+    for (int i = 0; i < 5; i++) {
+        out[i] = (check_row){rows[i].bit, rows[i].observed, rows[i].limit, rows[i].enabled,
+                             (v->tripped & rows[i].bit) != 0, rows[i].unbounded};
+    }
+}
+
+/* Write the tripped checks as "name observed > limit; ..." into out. */
+static void tripped_str(const ks_health_verdict *v, const ks_thresholds *t, char *out, size_t cap)
+{
+    check_row rows[5];
+    check_rows(v, t, rows);
+    size_t used = 0;
+    out[0] = '\0';
+    for (int i = 0; i < 5 && used < cap; i++) {
+        if (!rows[i].tripped) {
+            continue;
+        }
+        char obs[32];
+        if (rows[i].unbounded) {
+            snprintf(obs, sizeof obs, "unbounded");
+        } else {
+            snprintf(obs, sizeof obs, "%.6g", rows[i].observed);
+        }
+        used += (size_t)snprintf(out + used, cap - used, "%s%s %s > %.6g", used ? "; " : "",
+                                 ks_health_check_name(rows[i].bit), obs, rows[i].limit);
+    }
+}
+
+/* Print the health of a window: a JSON object, or a table. */
+static void print_health(const ks_health_sample *sum, const ks_health_verdict *v,
+                         const ks_thresholds *t, int json)
+{
+    check_row rows[5];
+    check_rows(v, t, rows);
+    if (json) {
+        printf("{\"status\":\"%s\",\"window_s\":%" PRIu32 ",\"samples\":%" PRIu64
+               ",\"min_samples\":%" PRIu64 ",\"seals\":%" PRIu64 ",\"opens\":%" PRIu64
+               ",\"auth_failures\":%" PRIu64 ",\"parse_errors\":%" PRIu64
+               ",\"provider_calls\":%" PRIu64 ",\"provider_errors\":%" PRIu64 ",\"checks\":[",
+               ks_health_status_name(v->status), t->window_s, v->samples, t->min_samples,
+               sum->seals, sum->opens, sum->auth_failures, sum->parse_errors, sum->provider_calls,
+               sum->provider_errors);
+        for (int i = 0; i < 5; i++) {
+            printf("%s{\"check\":\"%s\",\"observed\":", i ? "," : "",
+                   ks_health_check_name(rows[i].bit));
+            put_num(rows[i].unbounded ? NAN : rows[i].observed);
+            printf(",\"limit\":");
+            put_num(rows[i].limit);
+            printf(",\"enabled\":%s,\"tripped\":%s,\"over_by\":", rows[i].enabled ? "true" : "false",
+                   rows[i].tripped ? "true" : "false");
+            put_num(!rows[i].tripped ? 0.0 : rows[i].unbounded ? NAN
+                                                              : rows[i].observed - rows[i].limit);
+            printf("}");
+        }
+        printf("]}");
+        return;
+    }
+    printf("health       %s over the last %" PRIu32 " s: %" PRIu64 " samples (minimum %" PRIu64
+           ")\n", ks_health_status_name(v->status), t->window_s, v->samples, t->min_samples);
+    printf("  %-20s %-14s %-14s %s\n", "CHECK", "OBSERVED", "LIMIT", "STATE");
+    for (int i = 0; i < 5; i++) {
+        char obs[32], lim[32];
+        if (rows[i].unbounded) {
+            snprintf(obs, sizeof obs, "unbounded");
+        } else {
+            snprintf(obs, sizeof obs, "%.6g", rows[i].observed);
+        }
+        snprintf(lim, sizeof lim, "%.6g", rows[i].limit);
+        char state[64] = "ok";
+        if (!rows[i].enabled) {
+            snprintf(state, sizeof state, "disabled");
+        } else if (rows[i].tripped && rows[i].unbounded) {
+            snprintf(state, sizeof state, "TRIPPED (beyond the largest bucket)");
+        } else if (rows[i].tripped && rows[i].limit > 0) {
+            snprintf(state, sizeof state, "TRIPPED by %.6g (%.3gx the limit)",
+                     rows[i].observed - rows[i].limit, rows[i].observed / rows[i].limit);
+        } else if (rows[i].tripped) {
+            snprintf(state, sizeof state, "TRIPPED by %.6g", rows[i].observed - rows[i].limit);
+        }
+        printf("  %-20s %-14s %-14s %s\n", ks_health_check_name(rows[i].bit), obs,
+               rows[i].enabled ? lim : "-", state);
+    }
+}
+
+/* Print a rollout's fields: JSON members (no braces), or lines. */
+static void print_rollout(const ks_rollout *r, int64_t now, int json)
+{
+    char src[CLASS_TEXT_MAX], dst[CLASS_TEXT_MAX], since[32], canary[KS_ROLLOUT_TENANTS_MAX *
+                                                                        (KS_TENANT_MAX + 1) + 16];
+    class_str(&r->source, src, sizeof src);
+    class_str(&r->target, dst, sizeof dst);
+    ks_cli_format_time(r->phase_since, since, sizeof since);
+    canary_str(&r->canary, canary, sizeof canary);
+    const char *phase = ks_rollout_phase_name((int)r->phase);
+    if (json) {
+        printf("\"rollout\":%" PRId64 ",\"table\":", r->id);
+        put_str(r->table);
+        printf(",\"column\":");
+        put_str(r->column);
+        printf(",\"phase\":\"%s\",\"phase_since\":%" PRId64 ",\"in_phase_s\":%" PRId64
+               ",\"source\":", phase, r->phase_since, now - r->phase_since);
+        put_str(src);
+        printf(",\"target\":");
+        put_str(dst);
+        printf(",\"canary\":");
+        put_str(canary);
+        printf(",\"min_soak_s\":%" PRIu32 ",\"reader_ttl_s\":%" PRIu32 ",\"verified_at\":%" PRId64,
+               r->min_soak_s, r->reader_ttl_s, r->verified_at);
+        return;
+    }
+    char verified[32];
+    ks_cli_format_time(r->verified_at, verified, sizeof verified);
+    printf("rollout      %" PRId64 "\nscope        %s.%s\nphase        %s since %s (%" PRId64
+           " s)\nsource       %s\ntarget       %s\ncanary       %s\nmin soak     %" PRIu32
+           " s\nreader TTL   %" PRIu32 " s\nverified     %s\n",
+           r->id, r->table, r->column, phase, since, now - r->phase_since, src, dst, canary,
+           r->min_soak_s, r->reader_ttl_s, verified[0] ? verified : "-");
+}
+
+/* Report the outcome of a transition attempt; returns the exit code. */
+static int report_transition(const char *cmd, const ks_rollout *r, ks_rollout_phase to, ks_err e,
+                             const char *why, int json)
+{
+    const char *from = ks_rollout_phase_name((int)r->phase), *tn = ks_rollout_phase_name((int)to);
+    int rc = e == KS_ERR_STATE ? EX_DATAERR : ks_cli_exit_code(e);
+    if (json) {
+        printf("{\"rollout\":%" PRId64 ",\"from\":\"%s\",\"to\":\"%s\",\"result\":\"%s\","
+               "\"reason\":", r->id, from, tn, e == KS_OK ? "ok" : ks_err_name(e));
+        put_str(e == KS_OK ? "" : why[0] ? why : ks_err_name(e));
+        printf(",\"exit\":%d}\n", rc);
+    }
+    if (e == KS_OK) {
+        if (!json) {
+            printf("rollout %" PRId64 ": %s -> %s\n", r->id, from, tn);
+        }
+        return EX_OK;
+    }
+    if (e == KS_ERR_GUARD) {
+        fprintf(stderr, KS_PROG " %s: rollout %" PRId64 " cannot go from %s to %s yet: %s\n",
+                cmd, r->id, from, tn, why);
+    } else if (e == KS_ERR_STALE) {
+        fprintf(stderr, KS_PROG " %s: rollout %" PRId64 " was moved by someone else meanwhile; "
+                "look at 'keyshift rollout status' and retry\n", cmd, r->id);
+    } else {
+        fprintf(stderr, KS_PROG " %s: rollout %" PRId64 " cannot go from %s to %s: %s\n", cmd,
+                r->id, from, tn, why[0] ? why : ks_err_name(e));
+    }
+    return rc;
+}
+
+/* Make the transition of r to `to` with facts f. */
+static int transition(const char *cmd, ks_rollout_db *db, const ks_rollout *r,
+                      ks_rollout_phase to, ks_rollout_facts *f, const ro_opts *o, int automatic,
+                      const char *reason)
+{
+    char why[1024] = "";
+    ks_rollout_change c = {r->id, r->phase, to, o->actor_buf, reason, automatic};
+    ks_err e = ks_rollout_db_transition(db, &c, f, why, sizeof why);
+    return report_transition(cmd, r, to, e, why, o->json);
+}
+
+/* ---- start --------------------------------------------------------------------------- */
+
+/* Fill the thresholds from the defaults and the options. */
+static int parse_thresholds(const char *cmd, const ro_opts *o, ks_thresholds *t)
+{
+    ks_thresholds_default(t);
+    const struct {
+        const char *name, *value;
+        double *out;
+    } rates[] = {
+        {"--max-auth-failure-rate", o->max_auth, &t->max_auth_failure_rate},
+        {"--max-parse-error-rate", o->max_parse, &t->max_parse_error_rate},
+        {"--max-provider-error-rate", o->max_provider, &t->max_provider_error_rate},
+    };
+    for (size_t i = 0; i < sizeof rates / sizeof rates[0]; i++) {
+        if (rates[i].value != NULL && parse_rate(rates[i].value, rates[i].out) != 0) {
+            return ks_cli_usage_error(cmd, "%s must be a number (a fraction: 0.001 is 0.1 %%; "
+                                           "negative disables the check)", rates[i].name);
+        }
+    }
+    const struct {
+        const char *name, *value;
+        uint64_t *out;
+    } counts[] = {
+        {"--max-seal-p99-us", o->max_seal, &t->max_seal_p99_us},
+        {"--max-open-p99-us", o->max_open, &t->max_open_p99_us},
+        {"--min-samples", o->min_samples, &t->min_samples},
+    };
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        size_t v;
+        if (counts[i].value == NULL) {
+            continue;
+        }
+        if (ks_cli_parse_size(counts[i].value, 0, SIZE_MAX, &v) != 0) {
+            return ks_cli_usage_error(cmd, "%s must be a whole number (0 disables a latency "
+                                           "check)", counts[i].name);
+        }
+        *counts[i].out = v;
+    }
+    if (o->window != NULL && (parse_duration(o->window, &t->window_s) != 0 || t->window_s == 0)) {
+        return ks_cli_usage_error(cmd, "--window must be a duration of at least 1 s "
+                                       "(300, 300s, 5m, 1h)");
+    }
+    return EX_OK;
+}
+
+/* Build the spec of `start` from the options. */
+static int start_spec(const char *cmd, const ro_opts *o, ks_rollout *s)
+{
+    memset(s, 0, sizeof *s);
+    if (o->table == NULL || o->column == NULL || o->source == NULL || o->target == NULL) {
+        return ks_cli_usage_error(cmd, "--table, --column, --source and --target are required");
+    }
+    if (strlen(o->table) > KS_ROLLOUT_IDENT_MAX || strlen(o->column) > KS_ROLLOUT_IDENT_MAX) {
+        return ks_cli_usage_error(cmd, "table and column names are at most %d bytes",
+                                  KS_ROLLOUT_IDENT_MAX);
+    }
+    memcpy(s->table, o->table, strlen(o->table) + 1);
+    memcpy(s->column, o->column, strlen(o->column) + 1);
+    if (parse_class(o->source, 1, &s->source) != 0) {
+        return ks_cli_usage_error(cmd, "--source must be plaintext or vF:ALG:KEY_ID:VERSION, "
+                                       "e.g. v2:xchacha20-poly1305:payments/kek:1");
+    }
+    if (parse_class(o->target, 0, &s->target) != 0) {
+        return ks_cli_usage_error(cmd, "--target must be vF:ALG:KEY_ID:VERSION, e.g. "
+                                       "v2:xchacha20-poly1305:payments/kek:2");
+    }
+    if (ks_rollout_class_equal(&s->source, &s->target)) {
+        return ks_cli_usage_error(cmd, "--source and --target are the same class");
+    }
+    s->min_soak_s = DEFAULT_MIN_SOAK_S;
+    s->reader_ttl_s = DEFAULT_READER_TTL_S;
+    if (o->min_soak != NULL && parse_duration(o->min_soak, &s->min_soak_s) != 0) {
+        return ks_cli_usage_error(cmd, "--min-soak must be a duration (300, 300s, 5m, 1h)");
+    }
+    if (o->reader_ttl != NULL &&
+        (parse_duration(o->reader_ttl, &s->reader_ttl_s) != 0 || s->reader_ttl_s == 0)) {
+        return ks_cli_usage_error(cmd, "--reader-ttl must be a duration of at least 1 s");
+    }
+    s->canary.kind = KS_CANARY_ALL;
+    return parse_thresholds(cmd, o, &s->thresholds);
+}
+
+/* `rollout start`. */
+static int cmd_start(int argc, char **argv)
+{
+    static const char cmd[] = "rollout start";
+    ro_opts o;
+    int rc;
+    if (parse(cmd, argc, argv,
+              "--table --column --source --target --min-soak --reader-ttl "
+              "--max-auth-failure-rate --max-parse-error-rate --max-provider-error-rate "
+              "--max-seal-p99-us --max-open-p99-us --min-samples --window --actor --reason",
+              &o, &rc)) {
+        return rc;
+    }
+    ks_rollout s;
+    if ((rc = start_spec(cmd, &o, &s)) != EX_OK) {
+        return rc;
+    }
+    ks_rollout_db *db;
+    if ((rc = ks_cli_rollout_open(o.db, 0, &db)) != EX_OK) {
+        return rc;
+    }
+    int64_t id = 0, now = (int64_t)time(NULL);
+    char msg[512] = "";
+    ks_err e = ks_rollout_db_start(db, &s, o.actor_buf, now, &id, msg, sizeof msg);
+    if (e != KS_OK) {
+        ks_rollout_db_close(db);
+        ks_cli_error("cannot start a rollout of %s.%s: %s", o.table, o.column,
+                     msg[0] ? msg : ks_err_name(e));
+        return ks_cli_exit_code(e);
+    }
+    if (o.reason != NULL && o.reason[0] != '\0' &&
+        (e = ks_rollout_db_note(db, id, o.actor_buf, o.reason, now)) != KS_OK) {
+        ks_cli_error("warning: rollout %" PRId64 " started, but its reason was not logged: %s",
+                     id, ks_err_name(e));
+    }
+    ks_rollout_db_close(db);
+    if (o.json) {
+        printf("{\"rollout\":%" PRId64 ",\"phase\":\"planned\"}\n", id);
+    } else {
+        printf("%" PRId64 "\n", id);
+        char src[CLASS_TEXT_MAX], dst[CLASS_TEXT_MAX];
+        fprintf(stderr, KS_PROG ": rollout %" PRId64 " of %s.%s is planned: %s -> %s; next: "
+                "'keyshift rollout advance --db %s --rollout %" PRId64 "'\n", id, s.table,
+                s.column, class_str(&s.source, src, sizeof src),
+                class_str(&s.target, dst, sizeof dst), o.db, id);
+    }
+    return EX_OK;
+}
+
+/* ---- advance ----------------------------------------------------------------------- */
+
+/* The phase after p, or 0 after finalized. */
+static ks_rollout_phase next_phase(ks_rollout_phase p)
+{
+    return p < KS_PHASE_FINALIZED ? (ks_rollout_phase)(p + 1) : (ks_rollout_phase)0;
+}
+
+/* Before finalizing with a keyring: the source key version will become
+ * decrypt-only, which the keyring refuses for a primary.  Returns EX_OK
+ * (with *retire set when the source is active) or EX_TEMPFAIL saying
+ * what to promote first. */
+static int finalize_precheck(const char *cmd, ks_ctx *ctx, const ks_rollout *r, int *retire)
+{
+    int state, primary;
+    int rc = key_fact(ctx, &r->source, &state, &primary);
+    *retire = 0;
+    if (rc != EX_OK || state == KS_ROLLOUT_KEY_MISSING) {
+        return rc;
+    }
+    if (primary) {
+        const ks_rollout_class *s = &r->source, *t = &r->target;
+        int same = strcmp(s->key_id, t->key_id) == 0;
+        fprintf(stderr, KS_PROG " %s: source key %s:%" PRIu32 " is still the primary of %s, so "
+                "it cannot become decrypt-only; first run 'keyshift keys promote %s %" PRIu32
+                "'%s, then advance again\n", cmd, s->key_id, s->key_version, s->key_id,
+                s->key_id, same ? t->key_version : s->key_version + 1,
+                same ? " (the target)" : " (or another active version of that key)");
+        return EX_TEMPFAIL;
+    }
+    *retire = state == KS_KEY_ACTIVE;
+    return EX_OK;
+}
+
+/* After finalizing: move the source key version to decrypt-only. */
+static int retire_source(ks_keyring *kr, const ks_rollout *r)
+{
+    const ks_rollout_class *s = &r->source;
+    ks_bytes id = {(const uint8_t *)s->key_id, strlen(s->key_id)};
+    ks_err e = ks_keyring_set_state(kr, id, s->key_version, KS_KEY_DECRYPT_ONLY);
+    if (e != KS_OK) {
+        ks_cli_error("rollout %" PRId64 " is finalized, but source key %s:%" PRIu32 " did not "
+                     "become decrypt-only: %s; run 'keyshift keys set-state %s %" PRIu32
+                     " decrypt-only'", r->id, s->key_id, s->key_version, ks_err_name(e),
+                     s->key_id, s->key_version);
+        return ks_cli_exit_code(e);
+    }
+    fprintf(stderr, KS_PROG ": source key %s:%" PRIu32 " is now decrypt-only\n", s->key_id,
+            s->key_version);
+    return EX_OK;
+}
+
+/* Gather what the guard of r -> to needs into f: key states (ctx), the
+ * census, the health.  Facts not needed stay unknown. */
+static int gather_facts(const ro_opts *o, ks_rollout_db *db, ks_ctx *ctx, const ks_rollout *r,
+                        ks_rollout_phase to, ks_rollout_facts *f)
+{
+    int rc = EX_OK, primary;
+    memset(f, 0, sizeof *f);
+    f->now = (int64_t)time(NULL);
+    if (r->phase == KS_PHASE_PLANNED && to == KS_PHASE_READ_COMPAT) {
+        rc = key_fact(ctx, &r->target, &f->target_key_state, &primary);
+    } else if (r->phase == KS_PHASE_FINALIZED && to == KS_PHASE_BACKFILL && ctx != NULL &&
+               !r->source.is_plaintext) {
+        rc = key_fact(ctx, &r->source, &f->source_key_state, &primary);
+    } else if (r->phase == KS_PHASE_WRITE_UPGRADE && to == KS_PHASE_BACKFILL) {
+        ks_health_sample sum;
+        ks_health_verdict v;
+        rc = health_of(db, r, f->now, &sum, &v);
+        f->health_known = rc == EX_OK;
+        f->health = v.status;
+        if (rc == EX_OK && v.status == KS_HEALTH_TRIPPED) {
+            char t[512];
+            tripped_str(&v, &r->thresholds, t, sizeof t);
+            fprintf(stderr, KS_PROG ": tripped: %s\n", t);
+        }
+    } else if ((r->phase == KS_PHASE_BACKFILL && to == KS_PHASE_FINALIZED) ||
+               (r->phase == KS_PHASE_READ_COMPAT && to == KS_PHASE_PLANNED)) {
+        scope_census c;
+        rc = census_of(o->db, r, &c);
+        f->census_known = c.known;
+        f->rows_at_source = c.at_source;
+        f->rows_at_target = c.at_target;
+    }
+    return rc;
+}
+
+/* Set the canary of r for write-upgrade when it differs (logged). */
+static int apply_canary(ks_rollout_db *db, const ks_rollout *r, const ks_rollout_canary *c,
+                        const ro_opts *o)
+{
+    if (canary_equal(&r->canary, c)) {
+        return EX_OK;
+    }
+    ks_err e = ks_rollout_db_set_canary(db, r->id, c, o->actor_buf, (int64_t)time(NULL));
+    if (e != KS_OK) {
+        ks_cli_error("cannot set the canary of rollout %" PRId64 ": %s", r->id,
+                     e == KS_ERR_INVALID_ARGUMENT ? "invalid tenants (distinct, 1..64 bytes of "
+                                                    "[A-Za-z0-9._:/@+=-])" : ks_err_name(e));
+        return e == KS_ERR_INVALID_ARGUMENT ? EX_USAGE : ks_cli_exit_code(e);
+    }
+    return EX_OK;
+}
+
+/* The advance itself, with the database and keyring open. */
+static int advance(const char *cmd, const ro_opts *o, ks_rollout_db *db, const ks_rollout *r,
+                   ks_keyring *kr, ks_ctx *ctx, const ks_rollout_canary *canary)
+{
+    ks_rollout_phase to = next_phase(r->phase);
+    ks_rollout_facts f;
+    int rc = gather_facts(o, db, ctx, r, to, &f), retire = 0;
+    if (rc != EX_OK) {
+        return rc;
+    }
+    if (to == KS_PHASE_FINALIZED && ctx != NULL && !r->source.is_plaintext) {
+        /* the guard first (pure), so its refusal wins over key advice */
+        char why[1024] = "";
+        f.rollout = *r;
+        f.is_latest = 1;
+        ks_err e = ks_rollout_guard(&f, to, why, sizeof why);
+        if (e != KS_OK) {
+            return report_transition(cmd, r, to, e, why, o->json);
+        }
+        if ((rc = finalize_precheck(cmd, ctx, r, &retire)) != EX_OK) {
+            return rc;
+        }
+    }
+    if (to == KS_PHASE_WRITE_UPGRADE && (rc = apply_canary(db, r, canary, o)) != EX_OK) {
+        return rc;
+    }
+    rc = transition(cmd, db, r, to, &f, o, 0, o->reason);
+    if (rc == EX_OK && retire) {
+        rc = retire_source(kr, r);
+    } else if (rc == EX_OK && to == KS_PHASE_FINALIZED && !r->source.is_plaintext && ctx == NULL) {
+        fprintf(stderr, KS_PROG ": source key %s:%" PRIu32 " was left as it is (no keyring); "
+                "retire it with 'keyshift keys set-state %s %" PRIu32 " decrypt-only'\n",
+                r->source.key_id, r->source.key_version, r->source.key_id, r->source.key_version);
+    }
+    return rc;
+}
+
+/* What a step (advance or rollback) does once the keyring is open. */
+typedef int (*step_fn)(const char *cmd, const ro_opts *o, ks_rollout_db *db, const ks_rollout *r,
+                       ks_keyring *kr, ks_ctx *ctx, const ks_rollout_canary *canary);
+
+/* Run step with the keyring open when the transition uses it (wanted:
+ * only then, so a keyring that is not needed is never opened) and one is
+ * named; a required one that is not named is a usage error saying why. */
+static int with_keyring(const char *cmd, const ro_opts *o, int wanted, int required,
+                        const char *why, ks_rollout_db *db, const ks_rollout *r,
+                        const ks_rollout_canary *canary, step_fn step)
+{
+    ks_keyring *kr = NULL;
+    ks_ctx *ctx = NULL;
+    int rc = wanted ? keyring_for(cmd, o, required, why, &kr, &ctx) : EX_OK;
+    if (rc == EX_OK) {
+        rc = step(cmd, o, db, r, kr, ctx, canary);
+    }
+    ks_ctx_free(ctx);
+    ks_keyring_close(kr);
+    return rc;
+}
+
+/* `rollout advance`. */
+static int on_advance(const char *cmd, const ro_opts *o, ks_rollout_db *db, const ks_rollout *r)
+{
+    ks_rollout_canary canary;
+    int given, rc = parse_canary(cmd, o, &canary, &given);
+    ks_rollout_phase to = next_phase(r->phase);
+    if (rc != EX_OK) {
+        return rc;
+    }
+    if (to == 0) {
+        ks_cli_error("rollout %" PRId64 " is finalized: there is no next phase", r->id);
+        return EX_DATAERR;
+    }
+    if (given && to != KS_PHASE_WRITE_UPGRADE) {
+        return ks_cli_usage_error(cmd, "--tenants, --percent and --all apply when entering "
+                                       "write-upgrade; use 'keyshift rollout canary' to change it");
+    }
+    char why[KS_KEY_ID_MAX + 128];
+    snprintf(why, sizeof why, "entering read-compat checks target key %s:%" PRIu32
+             " with the keyring", r->target.key_id, r->target.key_version);
+    int source_key = to == KS_PHASE_FINALIZED && !r->source.is_plaintext;
+    return with_keyring(cmd, o, to == KS_PHASE_READ_COMPAT || source_key,
+                        to == KS_PHASE_READ_COMPAT, why, db, r, &canary, advance);
+}
+
+/* ---- rollback ---------------------------------------------------------------------- */
+
+/* The one safe step back from p, or 0 from planned. */
+static ks_rollout_phase back_phase(ks_rollout_phase p)
+{
+    switch (p) {
+    case KS_PHASE_READ_COMPAT: return KS_PHASE_PLANNED;
+    case KS_PHASE_WRITE_UPGRADE:
+    case KS_PHASE_BACKFILL: return KS_PHASE_READ_COMPAT;
+    case KS_PHASE_FINALIZED: return KS_PHASE_BACKFILL;
+    default: return (ks_rollout_phase)0;
+    }
+}
+
+/* The rollback step, with the keyring open when needed. */
+static int rollback(const char *cmd, const ro_opts *o, ks_rollout_db *db, const ks_rollout *r,
+                    ks_keyring *kr, ks_ctx *ctx, const ks_rollout_canary *canary)
+{
+    (void)kr;
+    (void)canary;
+    ks_rollout_phase to = back_phase(r->phase);
+    ks_rollout_facts f;
+    int rc = gather_facts(o, db, ctx, r, to, &f);
+    return rc == EX_OK ? transition(cmd, db, r, to, &f, o, 0, o->reason) : rc;
+}
+
+/* `rollout rollback`. */
+static int on_rollback(const char *cmd, const ro_opts *o, ks_rollout_db *db, const ks_rollout *r)
+{
+    if (o->reason == NULL || o->reason[0] == '\0') {
+        return ks_cli_usage_error(cmd, "--reason TEXT is required: say why, for the log");
+    }
+    ks_rollout_phase to = back_phase(r->phase);
+    if (to == 0) {
+        ks_cli_error("rollout %" PRId64 " is planned: there is nothing to roll back (start "
+                     "another rollout instead)", r->id);
+        return EX_DATAERR;
+    }
+    char why[KS_KEY_ID_MAX + 128];
+    snprintf(why, sizeof why, "leaving finalized checks that source key %s:%" PRIu32
+             " was not destroyed, with the keyring", r->source.key_id, r->source.key_version);
+    int source_key = to == KS_PHASE_BACKFILL && !r->source.is_plaintext;
+    return with_keyring(cmd, o, source_key, source_key, why, db, r, NULL, rollback);
+}
+
+/* ---- canary ------------------------------------------------------------------------- */
+
+/* `rollout canary`. */
+static int on_canary(const char *cmd, const ro_opts *o, ks_rollout_db *db, const ks_rollout *r)
+{
+    ks_rollout_canary c;
+    int given, rc = parse_canary(cmd, o, &c, &given);
+    if (rc != EX_OK) {
+        return rc;
+    }
+    if (!given) {
+        return ks_cli_usage_error(cmd, "give --tenants a,b, --percent N or --all");
+    }
+    int64_t now = (int64_t)time(NULL);
+    ks_err e = ks_rollout_db_set_canary(db, r->id, &c, o->actor_buf, now);
+    if (e == KS_OK && o->reason != NULL && o->reason[0] != '\0') {
+        e = ks_rollout_db_note(db, r->id, o->actor_buf, o->reason, now);
+    }
+    char text[KS_ROLLOUT_TENANTS_MAX * (KS_TENANT_MAX + 1) + 16];
+    canary_str(&c, text, sizeof text);
+    if (e == KS_ERR_STATE) {
+        ks_cli_error("rollout %" PRId64 " is finalized: its canary no longer applies", r->id);
+        return EX_DATAERR;
+    }
+    if (e == KS_ERR_INVALID_ARGUMENT) {
+        return ks_cli_usage_error(cmd, "invalid canary: tenants are distinct, 1..%d bytes of "
+                                       "[A-Za-z0-9._:/@+=-]", KS_TENANT_MAX);
+    }
+    if (e != KS_OK) {
+        ks_cli_error("cannot set the canary of rollout %" PRId64 ": %s", r->id, ks_err_name(e));
+        return ks_cli_exit_code(e);
+    }
+    if (o->json) {
+        printf("{\"rollout\":%" PRId64 ",\"phase\":\"%s\",\"canary\":", r->id,
+               ks_rollout_phase_name((int)r->phase));
+        put_str(text);
+        printf("}\n");
+    } else {
+        printf("rollout %" PRId64 " (%s): canary %s\n", r->id, ks_rollout_phase_name((int)r->phase),
+               text);
+    }
+    return EX_OK;
+}
+
+/* ---- readers ------------------------------------------------------------------------ */
+
+/* Every registered reader, live or not, into a malloc'd array. */
+static int all_readers(ks_rollout_db *db, int64_t now, ks_rollout_reader **out, size_t *n)
+{
+    size_t cap = 16;
+    for (;;) {
+        ks_rollout_reader *rs = calloc(cap, sizeof *rs);
+        if (rs == NULL) {
+            ks_cli_error("out of memory");
+            return EX_OSERR;
+        }
+        ks_err e = ks_rollout_db_readers_live(db, UINT32_MAX, now, rs, cap, n);
+        if (e == KS_OK) {
+            *out = rs;
+            return EX_OK;
+        }
+        free(rs);
+        if (e != KS_ERR_BUFFER_TOO_SMALL || *n <= cap) {
+            ks_cli_error("cannot read the reader registry: %s", ks_err_name(e));
+            return ks_cli_exit_code(e);
+        }
+        cap = *n;
+    }
+}
+
+/* The algorithms of a reader as "aes-256-gcm,xchacha20-poly1305". */
+static void algs_str(uint32_t bits, char *out, size_t cap)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (uint32_t a = 1; a < 32 && used < cap; a++) {
+        if ((bits & (1u << a)) != 0 && ks_alg_name(a) != NULL) {
+            used += (size_t)snprintf(out + used, cap - used, "%s%s", used ? "," : "", ks_alg_name(a));
+        }
+    }
+}
+
+/* Print the readers: live when their heartbeat is within ttl of now;
+ * with target (not NULL), whether each supports it. */
+static void print_readers(const ks_rollout_reader *rs, size_t n, int64_t now, uint32_t ttl,
+                          const ks_rollout_class *target, int json)
+{
+    if (!json) {
+        printf("readers      %zu registered (live: heartbeat within %" PRIu32 " s)\n", n, ttl);
+        if (n > 0) {
+            printf("  %-24s %-5s %-7s %-6s %-8s %-10s %s\n", "INSTANCE", "LIVE", "AGE_S", "FORMAT",
+                   "TARGET", "LIBRARY", "KEYS");
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        const ks_rollout_reader *r = &rs[i];
+        int live = r->heartbeat >= now - (int64_t)ttl;
+        int sup = target != NULL && ks_rollout_reader_supports(r, target);
+        char algs[64];
+        algs_str(r->algorithms, algs, sizeof algs);
+        if (json) {
+            printf("%s{\"instance_id\":", i ? "," : "");
+            put_str(r->instance_id);
+            printf(",\"library_version\":");
+            put_str(r->library_version);
+            printf(",\"max_format\":%u,\"algorithms\":", (unsigned)r->max_format);
+            put_str(algs);
+            printf(",\"keys\":");
+            put_str(r->keys);
+            printf(",\"started\":%" PRId64 ",\"heartbeat\":%" PRId64 ",\"age_s\":%" PRId64
+                   ",\"live\":%s", r->started, r->heartbeat, now - r->heartbeat,
+                   live ? "true" : "false");
+            if (target != NULL) {
+                printf(",\"supports_target\":%s", sup ? "true" : "false");
+            }
+            printf("}");
+        } else {
+            printf("  %-24s %-5s %-7" PRId64 " v%-5u %-8s %-10s %s\n", r->instance_id,
+                   live ? "yes" : "no", now - r->heartbeat, (unsigned)r->max_format,
+                   target == NULL ? "-" : sup ? "yes" : "NO",
+                   r->library_version[0] ? r->library_version : "-", r->keys[0] ? r->keys : "-");
+        }
+    }
+}
+
+/* `rollout readers`. */
+static int cmd_readers(int argc, char **argv)
+{
+    static const char cmd[] = "rollout readers";
+    ro_opts o;
+    int rc;
+    if (parse(cmd, argc, argv, "--reader-ttl", &o, &rc)) {
+        return rc;
+    }
+    uint32_t ttl = DEFAULT_READER_TTL_S;
+    if (o.reader_ttl != NULL && parse_duration(o.reader_ttl, &ttl) != 0) {
+        return ks_cli_usage_error(cmd, "--reader-ttl must be a duration (60, 60s, 1m)");
+    }
+    ks_rollout_db *db;
+    if ((rc = ks_cli_rollout_open(o.db, 1, &db)) != EX_OK) {
+        return rc;
+    }
+    int64_t now = (int64_t)time(NULL);
+    ks_rollout_reader *rs = NULL;
+    size_t n = 0;
+    if ((rc = all_readers(db, now, &rs, &n)) == EX_OK) {
+        if (o.json) {
+            printf("{\"reader_ttl_s\":%" PRIu32 ",\"readers\":[", ttl);
+        }
+        print_readers(rs, n, now, ttl, NULL, o.json);
+        if (o.json) {
+            printf("]}\n");
+        }
+    }
+    free(rs);
+    ks_rollout_db_close(db);
+    return rc;
+}
+
+/* ---- log ------------------------------------------------------------------------------ */
+
+/* The whole log of rollout id into a malloc'd array. */
+static int read_log(ks_rollout_db *db, int64_t id, ks_rollout_log_entry **out, size_t *n)
+{
+    size_t cap = 32, len = 0;
+    ks_rollout_log_entry *es = NULL;
+    int64_t after = 0;
+    for (;;) {
+        if (len + 32 > cap || es == NULL) {
+            cap = es == NULL ? cap : cap * 2;
+            ks_rollout_log_entry *ne = realloc(es, cap * sizeof *ne);
+            if (ne == NULL) {
+                free(es);
+                ks_cli_error("out of memory");
+                return EX_OSERR;
+            }
+            es = ne;
+        }
+        size_t got = 0;
+        ks_err e = ks_rollout_db_log(db, id, after, es + len, 32, &got);
+        if (e != KS_OK) {
+            free(es);
+            ks_cli_error("cannot read the log of rollout %" PRId64 ": %s", id, ks_err_name(e));
+            return ks_cli_exit_code(e);
+        }
+        len += got;
+        if (got < 32) {
+            break;
+        }
+        after = es[len - 1].id;
+    }
+    *out = es;
+    *n = len;
+    return EX_OK;
+}
+
+/* Print log entries es[0, n): JSON array members, or lines. */
+static void print_log(const ks_rollout_log_entry *es, size_t n, int json)
+{
+    for (size_t i = 0; i < n; i++) {
+        const ks_rollout_log_entry *e = &es[i];
+        const char *from = e->from ? ks_rollout_phase_name(e->from) : NULL;
+        const char *to = ks_rollout_phase_name(e->to);
+        char when[32];
+        ks_cli_format_time(e->time, when, sizeof when);
+        if (json) {
+            printf("%s{\"id\":%" PRId64 ",\"time\":%" PRId64 ",\"actor\":", i ? "," : "", e->id,
+                   e->time);
+            put_str(e->actor);
+            printf(",\"from\":");
+            if (from != NULL) {
+                printf("\"%s\"", from);
+            } else {
+                fputs("null", stdout);
+            }
+            printf(",\"to\":\"%s\",\"reason\":", to ? to : "?");
+            put_str(e->reason);
+            printf(",\"automatic\":%s}", e->automatic ? "true" : "false");
+        } else {
+            printf("  %s  %-24s %-13s -> %-13s %s%s\n", when, e->actor, from ? from : "(new)",
+                   to ? to : "?", e->automatic ? "[automatic] " : "", e->reason);
+        }
+    }
+}
+
+/* `rollout log`. */
+static int on_log(const char *cmd, const ro_opts *o, ks_rollout_db *db, const ks_rollout *r)
+{
+    int rc;
+    size_t limit = SIZE_MAX;
+    if (o->limit != NULL && ks_cli_parse_size(o->limit, 1, SIZE_MAX, &limit) != 0) {
+        return ks_cli_usage_error(cmd, "--limit must be a number from 1");
+    }
+    ks_rollout_log_entry *es = NULL;
+    size_t n = 0;
+    if ((rc = read_log(db, r->id, &es, &n)) == EX_OK) {
+        size_t first = n > limit ? n - limit : 0;
+        if (o->json) {
+            printf("{\"rollout\":%" PRId64 ",\"log\":[", r->id);
+        } else {
+            printf("log of rollout %" PRId64 " (%s.%s)\n", r->id, r->table, r->column);
+        }
+        print_log(es + first, n - first, o->json);
+        if (o->json) {
+            printf("]}\n");
+        }
+    }
+    free(es);
+    return rc;
+}
+
+/* ---- status --------------------------------------------------------------------------- */
+
+/* Print the census of the scope (JSON member value, or a line). */
+static void print_census(const scope_census *c, int json)
+{
+    if (json) {
+        if (!c->known) {
+            fputs("null", stdout);
+            return;
+        }
+        printf("{\"rows\":%" PRIu64 ",\"null\":%" PRIu64 ",\"at_source\":%" PRIu64
+               ",\"at_target\":%" PRIu64 ",\"other\":%" PRIu64 "}", c->rows, c->null_rows,
+               c->at_source, c->at_target, c->other);
+        return;
+    }
+    if (!c->known) {
+        printf("census       unavailable (see the error above)\n");
+        return;
+    }
+    printf("census       %" PRIu64 " rows: %" PRIu64 " at the source, %" PRIu64
+           " at the target, %" PRIu64 " other, %" PRIu64 " NULL\n", c->rows, c->at_source,
+           c->at_target, c->other, c->null_rows);
+}
+
+/* Print everything status shows about r. */
+static int print_status(const ro_opts *o, ks_rollout_db *db, const ks_rollout *r)
+{
+    int64_t now = (int64_t)time(NULL);
+    ks_rollout_reader *rs = NULL;
+    ks_rollout_log_entry *es = NULL;
+    size_t nr = 0, ne = 0;
+    ks_health_sample sum;
+    ks_health_verdict v;
+    scope_census c;
+    int rc = all_readers(db, now, &rs, &nr);
+    if (rc == EX_OK) {
+        rc = health_of(db, r, now, &sum, &v);
+    }
+    if (rc == EX_OK) {
+        rc = read_log(db, r->id, &es, &ne);
+    }
+    if (rc != EX_OK) {
+        free(rs);
+        return rc;
+    }
+    int crc = census_of(o->db, r, &c); /* a missing table still shows the rest */
+    size_t first = ne > STATUS_LOG_ENTRIES ? ne - STATUS_LOG_ENTRIES : 0;
+    if (o->json) {
+        printf("{");
+        print_rollout(r, now, 1);
+        printf(",\"census\":");
+        print_census(&c, 1);
+        printf(",\"health\":");
+        print_health(&sum, &v, &r->thresholds, 1);
+        printf(",\"readers\":[");
+        print_readers(rs, nr, now, r->reader_ttl_s, &r->target, 1);
+        printf("],\"log\":[");
+        print_log(es + first, ne - first, 1);
+        printf("]}\n");
+    } else {
+        print_rollout(r, now, 0);
+        print_census(&c, 0);
+        print_health(&sum, &v, &r->thresholds, 0);
+        print_readers(rs, nr, now, r->reader_ttl_s, &r->target, 0);
+        printf("log          last %zu of %zu entries\n", ne - first, ne);
+        print_log(es + first, ne - first, 0);
+    }
+    free(rs);
+    free(es);
+    return crc;
+}
+
+/* `rollout status`. */
+static int on_status(const char *cmd, const ro_opts *o, ks_rollout_db *db, const ks_rollout *r)
+{
+    (void)cmd;
+    return print_status(o, db, r);
+}
+
+/* ---- check ------------------------------------------------------------------------------ */
+
+/* Exit codes of `rollout check` (monitoring-plugin convention). */
+enum { CHECK_HEALTHY = 0, CHECK_ROLLED_BACK = 1, CHECK_TRIPPED = 2, CHECK_INSUFFICIENT = 3 };
+
+/* Roll r back to read-compat after a trip, logged as automatic with the
+ * tripped checks as reason.  Returns the check's exit code. */
+static int auto_rollback(const ro_opts *o, ks_rollout_db *db, const ks_rollout *r,
+                         const char *tripped)
+{
+    if (r->phase != KS_PHASE_WRITE_UPGRADE && r->phase != KS_PHASE_BACKFILL) {
+        fprintf(stderr, KS_PROG " rollout check: no safe automatic rollback from %s; act by "
+                "hand ('keyshift rollout rollback')\n", ks_rollout_phase_name((int)r->phase));
+        return CHECK_TRIPPED;
+    }
+    char reason[KS_ROLLOUT_REASON_MAX + 1];
+    snprintf(reason, sizeof reason, "auto-rollback: %s", tripped);
+    ks_rollout_facts f;
+    memset(&f, 0, sizeof f);
+    f.now = (int64_t)time(NULL);
+    char why[1024] = "";
+    ks_rollout_change c = {r->id, r->phase, KS_PHASE_READ_COMPAT, o->actor_buf, reason, 1};
+    ks_err e = ks_rollout_db_transition(db, &c, &f, why, sizeof why);
+    if (e != KS_OK) {
+        ks_cli_error("automatic rollback of rollout %" PRId64 " failed: %s", r->id,
+                     why[0] ? why : ks_err_name(e));
+        return CHECK_TRIPPED;
+    }
+    fprintf(stderr, KS_PROG " rollout check: rolled rollout %" PRId64 " back from %s to "
+            "read-compat\n", r->id, ks_rollout_phase_name((int)r->phase));
+    return CHECK_ROLLED_BACK;
+}
+
+/* `rollout check`. */
+static int on_check(const char *cmd, const ro_opts *o, ks_rollout_db *db, const ks_rollout *r)
+{
+    ks_health_sample sum;
+    ks_health_verdict v;
+    int rc = health_of(db, r, (int64_t)time(NULL), &sum, &v);
+    (void)cmd;
+    if (rc != EX_OK) {
+        return rc;
+    }
+    char tripped[KS_ROLLOUT_REASON_MAX - 32];
+    tripped_str(&v, &r->thresholds, tripped, sizeof tripped);
+    rc = v.status == KS_HEALTH_OK ? CHECK_HEALTHY
+         : v.status == KS_HEALTH_INSUFFICIENT ? CHECK_INSUFFICIENT
+         : o->auto_rollback ? auto_rollback(o, db, r, tripped) : CHECK_TRIPPED;
+    const char *result[] = {"healthy", "tripped, rolled back to read-compat",
+                            "tripped, not rolled back", "insufficient data"};
+    if (o->json) {
+        printf("{\"rollout\":%" PRId64 ",\"phase\":\"%s\",\"result\":\"%s\",\"exit\":%d,"
+               "\"health\":", r->id, ks_rollout_phase_name((int)r->phase), result[rc], rc);
+        print_health(&sum, &v, &r->thresholds, 1);
+        printf("}\n");
+    } else {
+        printf("rollout %" PRId64 " (%s.%s, %s): %s\n", r->id, r->table, r->column,
+               ks_rollout_phase_name((int)r->phase), result[rc]);
+        if (v.status == KS_HEALTH_TRIPPED) {
+            printf("tripped      %s\n", tripped);
+        }
+        print_health(&sum, &v, &r->thresholds, 0);
+    }
+    return rc;
+}
+
+/* ---- metrics ------------------------------------------------------------------------------ */
+
+/* Append name="value" (escaped) to labels[0, cap) at *used. */
+static int add_label(char *labels, size_t cap, size_t *used, const char *name, const char *value)
+{
+    char esc[2 * KS_ROLLOUT_IDENT_MAX + 2];
+    size_t n;
+    if (ks_health_prometheus_label_escape(value, esc, sizeof esc, &n) != KS_OK) {
+        return -1;
+    }
+    int w = snprintf(labels + *used, cap - *used, "%s%s=\"%s\"", *used ? "," : "", name, esc);
+    if (w < 0 || (size_t)w >= cap - *used) {
+        return -1;
+    }
+    *used += (size_t)w;
+    return 0;
+}
+
+/* Print the Prometheus text of r's window. */
+static int print_prometheus(const ks_rollout *r, const ks_health_sample *sum,
+                            const ks_health_verdict *v)
+{
+    char labels[4 * (2 * KS_ROLLOUT_IDENT_MAX + 16)], id[24];
+    size_t used = 0, len = 0;
+    snprintf(id, sizeof id, "%" PRId64, r->id);
+    if (add_label(labels, sizeof labels, &used, "rollout", id) != 0 ||
+        add_label(labels, sizeof labels, &used, "table", r->table) != 0 ||
+        add_label(labels, sizeof labels, &used, "column", r->column) != 0 ||
+        add_label(labels, sizeof labels, &used, "phase", ks_rollout_phase_name((int)r->phase)) != 0) {
+        ks_cli_error("cannot build the metric labels");
+        return EX_SOFTWARE;
+    }
+    ks_err e = ks_health_prometheus(sum, &r->thresholds, v, labels, NULL, 0, &len);
+    if (e != KS_ERR_BUFFER_TOO_SMALL && e != KS_OK) {
+        ks_cli_error("cannot write the metrics: %s", ks_err_name(e));
+        return ks_cli_exit_code(e);
+    }
+    char *buf = malloc(len + 1);
+    if (buf == NULL) {
+        ks_cli_error("out of memory");
+        return EX_OSERR;
+    }
+    e = ks_health_prometheus(sum, &r->thresholds, v, labels, buf, len + 1, &len);
+    int rc = e == KS_OK ? ks_cli_write_stdout((const uint8_t *)buf, len) : ks_cli_exit_code(e);
+    if (e != KS_OK) {
+        ks_cli_error("cannot write the metrics: %s", ks_err_name(e));
+    }
+    free(buf);
+    return rc;
+}
+
+/* `rollout metrics`. */
+static int on_metrics(const char *cmd, const ro_opts *o, ks_rollout_db *db, const ks_rollout *r)
+{
+    if (o->prometheus == o->json) {
+        return ks_cli_usage_error(cmd, "give --prometheus or --json");
+    }
+    ks_health_sample sum;
+    ks_health_verdict v;
+    int64_t now = (int64_t)time(NULL);
+    int rc = health_of(db, r, now, &sum, &v);
+    if (rc != EX_OK) {
+        return rc;
+    }
+    if (o->prometheus) {
+        return print_prometheus(r, &sum, &v);
+    }
+    printf("{");
+    print_rollout(r, now, 1);
+    printf(",\"health\":");
+    print_health(&sum, &v, &r->thresholds, 1);
+    printf("}\n");
+    return EX_OK;
+}
+
+/* ---- dispatch ----------------------------------------------------------------------------- */
+
+/* A subcommand that works on one selected rollout. */
+typedef int (*on_rollout_fn)(const char *cmd, const ro_opts *o, ks_rollout_db *db,
+                             const ks_rollout *r);
+
+/* When a subcommand opens the database for writing. */
+enum { WRITES_NEVER, WRITES_ALWAYS, WRITES_WITH_AUTO_ROLLBACK };
+
+/* The subcommands on one rollout: the options they take (besides --db
+ * and --json), whether they write, and what they do. */
+static const struct {
+    const char *name, *options;
+    int writes;
+    on_rollout_fn run;
+} on_rollout_cmds[] = {
+    {"advance", "--tenants --percent --all --keyring --passphrase-file --actor --reason",
+     WRITES_ALWAYS, on_advance},
+    {"rollback", "--reason --actor --keyring --passphrase-file", WRITES_ALWAYS, on_rollback},
+    {"canary", "--tenants --percent --all --actor --reason", WRITES_ALWAYS, on_canary},
+    {"status", "", WRITES_NEVER, on_status},
+    {"log", "--limit", WRITES_NEVER, on_log},
+    {"check", "--auto-rollback --actor", WRITES_WITH_AUTO_ROLLBACK, on_check},
+    {"metrics", "--prometheus", WRITES_NEVER, on_metrics},
+};
+
+/* Parse the options of subcommand i of on_rollout_cmds, open the
+ * database, select the rollout and run the subcommand on it. */
+static int run_on_rollout(size_t i, int argc, char **argv)
+{
+    char cmd[32], allowed[256];
+    ro_opts o;
+    int rc;
+    snprintf(cmd, sizeof cmd, "rollout %s", on_rollout_cmds[i].name);
+    snprintf(allowed, sizeof allowed, "--rollout --table --column %s", on_rollout_cmds[i].options);
+    if (parse(cmd, argc, argv, allowed, &o, &rc)) {
+        return rc;
+    }
+    int writes = on_rollout_cmds[i].writes;
+    int read_only = writes == WRITES_NEVER || (writes == WRITES_WITH_AUTO_ROLLBACK && !o.auto_rollback);
+    ks_rollout_db *db;
+    ks_rollout r;
+    if ((rc = open_selected(cmd, &o, read_only, &db, &r)) != EX_OK) {
+        return rc;
+    }
+    rc = on_rollout_cmds[i].run(cmd, &o, db, &r);
+    ks_rollout_db_close(db);
+    return rc;
+}
+
+/* See cli.h. */
+int ks_cmd_rollout(int argc, char **argv)
+{
+    int rc;
+    if (ks_cli_subcommand_help(argc, argv, usage, &rc)) {
+        return rc;
+    }
+    if (strcmp(argv[1], "start") == 0) {
+        return cmd_start(argc - 1, argv + 1);
+    }
+    if (strcmp(argv[1], "readers") == 0) {
+        return cmd_readers(argc - 1, argv + 1);
+    }
+    for (size_t i = 0; i < sizeof on_rollout_cmds / sizeof on_rollout_cmds[0]; i++) {
+        if (strcmp(argv[1], on_rollout_cmds[i].name) == 0) {
+            return run_on_rollout(i, argc - 1, argv + 1);
+        }
+    }
+    return ks_cli_usage_error("rollout", "no such subcommand '%s' (start, advance, rollback, "
+                                         "canary, status, log, check, metrics or readers)",
+                              argv[1]);
+}
