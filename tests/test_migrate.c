@@ -354,6 +354,32 @@ static void test_round_trip(void **state)
     assert_null(ks_migrate_mode_name(0));
 }
 
+/* Format 1 has no purpose: a reencrypt to format 2 with a purpose opens
+ * the format-1 rows without asking for one (and verifies the new values
+ * with it), and a verify given the purpose passes on format-1 rows. */
+static void test_upgrade_format_with_purpose(void **state)
+{
+    world *w = *state;
+    fill_plain(w);
+    ks_migrate_params p = mparams(KS_MIGRATE_ENCRYPT, "k", 0);
+    p.to_format = 1;
+    p.purpose = (ks_bytes){NULL, 0};
+    ks_checkpoint cp;
+    assert_int_equal(run(w, &p, &cp), KS_OK);
+    assert_int_equal(cp.done, N_ROWS - N_ROWS / 10);
+    ks_migrate_params vp = mparams(KS_MIGRATE_REENCRYPT, "k", 0); /* purpose "pp" */
+    ks_verify_result vr;
+    assert_int_equal(ks_migrate_verify(w->ctx, &w->st, &vp, 0, NULL, NULL, &vr), KS_OK);
+    assert_int_equal(vr.failed, 0);
+    assert_int_equal(vr.checked, N_ROWS - N_ROWS / 10);
+    p = mparams(KS_MIGRATE_REENCRYPT, "k", 0);
+    p.to_format = 2;
+    assert_int_equal(run(w, &p, &cp), KS_OK);
+    assert_int_equal(cp.done, N_ROWS - N_ROWS / 10);
+    assert_int_equal(cp.quarantined, 0);
+    check_all(w, "k", 1); /* every row now format 2 with purpose "pp" */
+}
+
 /* ---- wrong state, quarantine, threshold ----------------------------------- */
 
 static void test_wrong_state_and_quarantine(void **state)
@@ -725,6 +751,7 @@ int main(void)
         cmocka_unit_test(test_template),
         cmocka_unit_test_setup_teardown(test_census, setup, teardown),
         cmocka_unit_test_setup_teardown(test_round_trip, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_upgrade_format_with_purpose, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wrong_state_and_quarantine, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threshold, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stop_resume, setup, teardown),

@@ -215,6 +215,16 @@ int ks_engine_is_envelope(const ks_value *v)
            v->bytes.ptr[2] == KS_MAGIC_2;
 }
 
+/* See engine.h.  The version byte follows the three magic bytes
+ * [F-PREFIX-1]; anything but 2 gets no purpose, and ks_open parses the
+ * whole envelope strictly anyway. */
+ks_open_params ks_engine_open_params(const ks_migrate_params *p, ks_bytes env, ks_bytes context,
+                                     ks_bytes tenant)
+{
+    int v2 = env.len > 3 && env.ptr[3] == KS_FORMAT_V2;
+    return (ks_open_params){context, tenant, v2 ? p->purpose : (ks_bytes){NULL, 0}};
+}
+
 /* See engine.h. */
 int ks_engine_name_ok(ks_bytes b)
 {

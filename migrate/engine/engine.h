@@ -62,6 +62,14 @@ ks_err ks_context_tmpl_render(const ks_context_tmpl *t, const ks_row *row, uint8
 /* Nonzero when v is TEXT or BLOB starting with the envelope magic "KSE". */
 int ks_engine_is_envelope(const ks_value *v);
 
+/* The parameters to open envelope env of a row with: its context and
+ * tenant, and p->purpose only when env is of format 2.  Format 1 has no
+ * purpose, and ks_open fails an envelope without the purpose it is asked
+ * to expect, so a format-1 row opened with the purpose of a migration to
+ * format 2 (or of a verify after one) must not be asked for it. */
+ks_open_params ks_engine_open_params(const ks_migrate_params *p, ks_bytes env, ks_bytes context,
+                                     ks_bytes tenant);
+
 /* Nonzero when b is a valid tenant or purpose name [F-NAME-1]: 1..64
  * bytes of [A-Za-z0-9._:-]. */
 int ks_engine_name_ok(ks_bytes b);

@@ -455,18 +455,20 @@ static const char *row_fault(ks_err err)
     return NULL;
 }
 
-/* Per-row inputs: the row's tenant, context and the open parameters. */
+/* Per-row inputs: the row's tenant and context. */
 typedef struct row_in {
     ks_bytes tenant;
     uint8_t context[KS_CONTEXT_MAX];
     size_t context_len;
-    ks_open_params open;
 } row_in;
 
-/* Open env into buf (b->pt_cap) with in's parameters. */
+/* Open env (an old or a new value) into buf (b->pt_cap) with the row's
+ * context and tenant, and the purpose when env is of format 2. */
 static ks_err open_into(batch *b, const row_in *in, ks_bytes env, uint8_t *buf, size_t *len)
 {
-    return ks_open(b->r->ctx, env.ptr, env.len, &in->open, buf, b->pt_cap, len, NULL);
+    ks_open_params op = ks_engine_open_params(b->r->p, env, (ks_bytes){in->context, in->context_len},
+                                              in->tenant);
+    return ks_open(b->r->ctx, env.ptr, env.len, &op, buf, b->pt_cap, len, NULL);
 }
 
 /* Nonzero when a[0, n) equals b[0, n), in time that depends on n only: a
@@ -718,7 +720,6 @@ static ks_err decide(batch *b, size_t i)
         s->qerr = "bad-context";
         return KS_OK;
     }
-    in.open = (ks_open_params){{in.context, in.context_len}, in.tenant, r->p->purpose};
     switch (r->p->mode) {
     case KS_MIGRATE_ENCRYPT: return do_encrypt(b, &in, v, s);
     case KS_MIGRATE_REWRAP: return do_rewrap(b, &in, v->bytes, s);

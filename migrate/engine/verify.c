@@ -65,7 +65,8 @@ static ks_err check_row(verify_run *v, const ks_row *row)
         err = ks_context_tmpl_render(v->tmpl, row, context, sizeof context, &context_len);
     }
     if (err == KS_OK) {
-        ks_open_params op = {{context, context_len}, tenant, v->p->purpose};
+        ks_open_params op = ks_engine_open_params(v->p, row->value.bytes,
+                                                  (ks_bytes){context, context_len}, tenant);
         size_t pt_len = 0;
         err = ks_open(v->ctx, row->value.bytes.ptr, row->value.bytes.len, &op, v->pt, v->pt_cap,
                       &pt_len, NULL);
