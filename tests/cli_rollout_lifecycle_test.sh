@@ -119,6 +119,19 @@ sqlite3 "$T/empty.db" "CREATE TABLE pay (id INTEGER PRIMARY KEY, tenant TEXT, ca
 run "empty table: 66" 66 app x "$T/empty.db" --ops 1
 run "bad instance name: usage" 64 app "bad name" "$A" --ops 1
 
+# A sealed keyring: the passphrase is read from a file (sodium_malloc'd).
+printf 'correct horse battery\n' >"$T/pass"
+chmod 600 "$T/pass"
+"$KS" keys init --keyring "$T/sealed" --passphrase-file "$T/pass" 2>/dev/null &&
+    "$KS" keys create pay/kek --keyring "$T/sealed" --passphrase-file "$T/pass" 2>/dev/null
+make_db "$T/s.db" 20
+run "a sealed keyring with --passphrase-file" 0 app x "$T/s.db" --keyring "$T/sealed" \
+    --passphrase-file "$T/pass" --ops 100 --write-percent 50
+printf 'wrong\n' >"$T/wrong"
+run "a sealed keyring with the wrong passphrase: 78" 78 app x "$T/s.db" --keyring "$T/sealed" \
+    --passphrase-file "$T/wrong" --ops 1
+expect_grep "wrong passphrase: said so" "$T/err" "wrong or missing passphrase"
+
 # Rows 1..10 v1 envelopes, 11..20 v2 envelopes, the rest plaintext.
 sealed=1
 for i in 1 2 3 4 5 6 7 8 9 10; do seal_row "$A" "$i" 1 || sealed=0; done
@@ -281,6 +294,12 @@ lifecycle "rotation to key 2" v1:xchacha20-poly1305:pay/kek:1 v1:xchacha20-poly1
     --mode rewrap --to-key pay/kek:2 --
 "$KS" keys promote pay/kek 2 2>/dev/null && "$KS" keys set-state pay/kek 1 decrypt-only 2>/dev/null &&
     ok "old key version 1 is decrypt-only" || bad "key version 1 to decrypt-only"
+# The format upgrade re-encrypts format-1 envelopes into format 2 with a
+# purpose: the engine must open the old envelopes without one (format 1
+# has none).  When this test was written, `migrate run --mode reencrypt
+# --to-format 2 --purpose P` opened format-1 envelopes expecting P, which
+# fails authentication, and quarantined every row: this step needs that
+# fixed in migrate/engine/migrate.c.
 lifecycle "upgrade to format v2" v1:xchacha20-poly1305:pay/kek:2 v2:xchacha20-poly1305:pay/kek:2 2 2 \
     --mode reencrypt --to-key pay/kek:2 --to-format 2 --purpose card -- --purpose card
 

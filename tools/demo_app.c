@@ -1053,6 +1053,10 @@ int main(int argc, char **argv)
     if (parse(&a, argc, argv, &rc)) {
         return rc;
     }
+    if (sodium_init() < 0) { /* before the passphrase's sodium_malloc */
+        ks_cli_error("cannot initialise libsodium");
+        return EX_OSERR;
+    }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -1067,7 +1071,7 @@ int main(int argc, char **argv)
     }
     if (rc == EX_OK) {
         uint32_t algs = 1u << KS_ALG_XCHACHA20POLY1305;
-        if (crypto_aead_aes256gcm_is_available()) { /* ks_ctx_new initialised libsodium */
+        if (crypto_aead_aes256gcm_is_available()) {
             algs |= 1u << KS_ALG_AES256GCM;
         }
         strcpy(a.keys, keys);
