@@ -15,7 +15,6 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -461,10 +460,10 @@ static void health_totals(app *a, ks_health_sample *out)
 }
 
 /* Reopen the keyring, its provider and a context (latency histograms on)
- * when the keyring file changed since the last attempt, and recompute
- * the held keys into a->keys' candidate *keys.  Returns EX_OK (also when
- * nothing changed) or an exit code after a message; the old keyring and
- * context stay in use on failure. */
+ * when the keyring file changed since the last attempt, and put the key
+ * versions now held into keys (a->keys when unchanged).  Returns EX_OK
+ * (also when nothing changed) or an exit code after a message; the old
+ * keyring and context stay in use on failure. */
 static int keyring_reload(app *a, char keys[KS_READER_KEYS_MAX + 1])
 {
     const char *path = a->o.keyring ? a->o.keyring : getenv("KEYSHIFT_KEYRING");
