@@ -1,6 +1,7 @@
 # keyshift -- envelope encryption format and key-rotation toolkit.
 #
-#   make            build the libraries and the CLI (release, hardened)
+#   make            build the libraries, the CLI and keyshift-demo-app (release,
+#                   hardened)
 #   make test       everything CI checks: deps, -Werror build, cmocka unit
 #                   tests and CLI tests under ASan+UBSan, exported-symbol
 #                   check, corpus replay, coverage gate, fuzz smoke
@@ -59,11 +60,15 @@ SHARED  := $(B)/lib/libkeyshift.so.$(VERSION)
 SONAME  := libkeyshift.so.$(SOMAJOR)
 CLI     := $(B)/bin/keyshift
 CLI_SAN := $(B)/san/bin/keyshift
+# An application process for rollout tests and demos (not installed).
+DEMO_APP_SRCS := tools/demo_app.c tools/cli.c
+DEMO_APP     := $(B)/bin/keyshift-demo-app
+DEMO_APP_SAN := $(B)/san/bin/keyshift-demo-app
 
 .PHONY: all deps test unit cli-test install-test symbols check-layout fuzz fuzz-afl fuzz-smoke fuzz-replay \
         coverage bench demo install uninstall clean
 
-all: $(STATIC) $(SHARED) $(CLI)
+all: $(STATIC) $(SHARED) $(CLI) $(DEMO_APP)
 
 deps:
 	@tools/deps.sh
@@ -89,6 +94,10 @@ $(CLI): $(CLI_SRCS:%.c=$(B)/rel/%.o) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(CC) -pie $(LDHARDEN) $(LDFLAGS) $^ $(LIB_LIBS) -o $@
 
+$(DEMO_APP): $(DEMO_APP_SRCS:%.c=$(B)/rel/%.o) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) -pie $(LDHARDEN) $(LDFLAGS) $^ $(LIB_LIBS) -o $@
+
 # ---- sanitizer build (tests) --------------------------------------------
 
 $(B)/san/%.o: %.c $(LIB_HDRS) $(CLI_HDRS)
@@ -96,6 +105,10 @@ $(B)/san/%.o: %.c $(LIB_HDRS) $(CLI_HDRS)
 	$(CC) $(WARN) $(SAN) $(SAN_HOOKS) $(INC) -c $< -o $@
 
 $(CLI_SAN): $(CLI_SRCS:%.c=$(B)/san/%.o) $(SAN_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(SAN) $^ $(LIB_LIBS) -o $@
+
+$(DEMO_APP_SAN): $(DEMO_APP_SRCS:%.c=$(B)/san/%.o) $(SAN_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(SAN) $^ $(LIB_LIBS) -o $@
 
@@ -126,13 +139,14 @@ export ASAN_OPTIONS := detect_leaks=1:abort_on_error=1:strict_string_checks=1
 unit: $(UNIT_BINS)
 	@set -e; for t in $(UNIT_BINS); do echo "== $$t"; KS_SPEC=docs/format.md $$t; done
 
-cli-test: $(CLI_SAN) $(CLI)
+cli-test: $(CLI_SAN) $(CLI) $(DEMO_APP_SAN)
 	@KEYSHIFT=$(CLI_SAN) tests/cli_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_crypto_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_migrate_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_migrate_stress_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_migrate_faults_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_rollout_test.sh
+	@KEYSHIFT=$(CLI_SAN) DEMO_APP=$(DEMO_APP_SAN) tests/cli_rollout_lifecycle_test.sh
 
 # make install into a staging DESTDIR, then build against it via pkg-config.
 install-test: all
@@ -166,6 +180,7 @@ bench: deps $(B)/bin/bench
 
 demo: deps all
 	@tools/demo.sh $(CLI)
+	@tools/demo_rollout.sh $(CLI) $(DEMO_APP)
 
 # ---- the whole check ----------------------------------------------------
 # deps first, in its own make so that a fresh machine has compilers before

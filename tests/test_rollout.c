@@ -1139,6 +1139,23 @@ static void test_policy_canary(void **state)
     ks_policy_close(p);
 }
 
+/* Open a policy on w with options o, which must succeed. */
+static ks_policy *registered(world *w, const ks_policy_options *o)
+{
+    ks_policy *p = NULL;
+    assert_int_equal(ks_policy_open(w->path, o, &p), KS_OK);
+    return p;
+}
+
+/* The readers registered on w (whatever their heartbeat) into got[0,
+ * max); returns their number. */
+static size_t live(world *w, ks_rollout_reader *got, size_t max)
+{
+    size_t n = 0;
+    assert_int_equal(ks_rollout_db_readers_live(w->db, 1u << 30, 0, got, max, &n), KS_OK);
+    return n;
+}
+
 /* With heartbeat on, the policy registers its instance with what it
  * supports, refreshes it, and deregisters on close. */
 static void test_policy_heartbeat(void **state)
@@ -1146,12 +1163,9 @@ static void test_policy_heartbeat(void **state)
     world *w = *state;
     open_db(w);
     ks_policy_options o = {"app-9", 2, 1u << KS_ALG_XCHACHA20POLY1305, "payments-kek:2", 0, 1};
-    ks_policy *p = NULL;
-    assert_int_equal(ks_policy_open(w->path, &o, &p), KS_OK);
+    ks_policy *p = registered(w, &o);
     ks_rollout_reader got[2];
-    size_t n = 0;
-    assert_int_equal(ks_rollout_db_readers_live(w->db, 1u << 30, 0, got, 2, &n), KS_OK);
-    assert_int_equal(n, 1);
+    assert_int_equal(live(w, got, 2), 1);
     assert_string_equal(got[0].instance_id, "app-9");
     assert_string_equal(got[0].keys, "payments-kek:2");
     assert_string_equal(got[0].library_version, ks_version());
@@ -1172,6 +1186,51 @@ static void test_policy_heartbeat(void **state)
     o.max_format = 3;
     assert_int_equal(ks_policy_open(w->path, &o, &p), KS_ERR_INVALID_ARGUMENT);
     assert_null(p);
+}
+
+/* ks_policy_set_keys replaces the registered key list at once (so a
+ * guard sees the new version), refuses a list that is not canonical
+ * without touching the registry, and works without a heartbeat. */
+static void test_policy_set_keys(void **state)
+{
+    world *w = *state;
+    open_db(w);
+    ks_policy_options o = {"app-7", 2, 1u << KS_ALG_XCHACHA20POLY1305, "payments-kek:1", 0, 1};
+    ks_policy *p = registered(w, &o);
+    ks_rollout s = spec();
+    ks_rollout_reader got[2];
+    assert_int_equal(live(w, got, 2), 1);
+    assert_false(ks_rollout_reader_supports(&got[0], &s.target));
+
+    assert_int_equal(ks_policy_set_keys(p, "payments-kek:1,payments-kek:2"), KS_OK);
+    assert_int_equal(live(w, got, 2), 1);
+    assert_string_equal(got[0].keys, "payments-kek:1,payments-kek:2");
+    assert_true(ks_rollout_reader_supports(&got[0], &s.target));
+    assert_int_equal(got[0].max_format, 2);
+
+    /* not canonical, or not a list: refused, the registry unchanged */
+    assert_int_equal(ks_policy_set_keys(p, "payments-kek:2,payments-kek:1"),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_policy_set_keys(p, "payments-kek:01"), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_policy_set_keys(p, "payments-kek"), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_policy_set_keys(NULL, ""), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(live(w, got, 2), 1);
+    assert_string_equal(got[0].keys, "payments-kek:1,payments-kek:2");
+
+    /* removed by an operator: the heartbeat registers the new list */
+    assert_int_equal(ks_policy_set_keys(p, NULL), KS_OK);
+    assert_int_equal(ks_rollout_db_reader_deregister(w->db, "app-7"), KS_OK);
+    assert_int_equal(ks_policy_heartbeat(p), KS_OK);
+    assert_int_equal(live(w, got, 2), 1);
+    assert_string_equal(got[0].keys, "");
+    ks_policy_close(p);
+
+    /* without a heartbeat nothing is registered */
+    o.heartbeat = 0;
+    p = registered(w, &o);
+    assert_int_equal(ks_policy_set_keys(p, "payments-kek:2"), KS_OK);
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM keyshift_readers"), 0);
+    ks_policy_close(p);
 }
 
 /* ks_policy_report writes the growth of the totals since the previous
@@ -1244,6 +1303,7 @@ int main(void)
         T(test_policy_phases),
         T(test_policy_canary),
         T(test_policy_heartbeat),
+        T(test_policy_set_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,12 +17,21 @@
 
 #include "cli.h"
 
+/* The program named in messages (ks_cli_set_prog). */
+static const char *prog_name = KS_PROG;
+
+/* See cli.h. */
+void ks_cli_set_prog(const char *name)
+{
+    prog_name = name != NULL ? name : KS_PROG;
+}
+
 /* See cli.h. */
 void ks_cli_error(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fputs(KS_PROG ": ", stderr);
+    fprintf(stderr, "%s: ", prog_name);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
@@ -32,10 +41,12 @@ void ks_cli_error(const char *fmt, ...)
 int ks_cli_usage_error(const char *cmd, const char *fmt, ...)
 {
     va_list ap;
+    const char *sep = cmd != NULL ? " " : "";
+    cmd = cmd != NULL ? cmd : "";
     va_start(ap, fmt);
-    fprintf(stderr, KS_PROG " %s: ", cmd);
+    fprintf(stderr, "%s%s%s: ", prog_name, sep, cmd);
     vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\nTry '" KS_PROG " %s --help' for more information.\n", cmd);
+    fprintf(stderr, "\nTry '%s%s%s --help' for more information.\n", prog_name, sep, cmd);
     va_end(ap);
     return EX_USAGE;
 }

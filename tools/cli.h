@@ -24,10 +24,16 @@ typedef struct ks_cli_command {
     int (*run)(int argc, char **argv);
 } ks_cli_command;
 
-/* Print "keyshift: " and a formatted message to stderr, with a newline. */
+/* Name the program in messages (default KS_PROG): for another tool built
+ * on these helpers, e.g. keyshift-demo-app.  NULL restores the default. */
+void ks_cli_set_prog(const char *name);
+
+/* Print the program name, ": " and a formatted message to stderr, with a
+ * newline. */
 void ks_cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* Report a usage error for subcommand cmd and return EX_USAGE. */
+/* Report a usage error for subcommand cmd (NULL: a program without
+ * subcommands) and return EX_USAGE. */
 int ks_cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /*

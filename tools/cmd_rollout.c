@@ -90,9 +90,10 @@ static void usage(FILE *f)
           "                backfill -> finalized: the census shows 0 rows at the\n"
           "                  source and 'migrate verify' passed since backfill\n"
           "                  began. With a keyring and an envelope source, the source\n"
-          "                  key version then becomes decrypt-only; this is refused\n"
-          "                  while it is its key's primary (promote the target, or\n"
-          "                  another version, first).\n"
+          "                  key version then becomes decrypt-only (not when it is\n"
+          "                  also the target's, as in a format upgrade); this is\n"
+          "                  refused while it is its key's primary (promote the\n"
+          "                  target, or another version, first).\n"
           "    rollback  takes the one safe step back: write-upgrade or backfill ->\n"
           "              read-compat (always); read-compat -> planned only while the\n"
           "              census shows 0 rows at the target; finalized -> backfill\n"
@@ -936,6 +937,16 @@ static ks_rollout_phase next_phase(ks_rollout_phase p)
     return p < KS_PHASE_FINALIZED ? (ks_rollout_phase)(p + 1) : (ks_rollout_phase)0;
 }
 
+/* Nonzero when finalizing r retires a key version: the source is an
+ * envelope class whose key version is not also the target's (a format or
+ * algorithm upgrade keeps using the same key version). */
+static int source_retires(const ks_rollout *r)
+{
+    const ks_rollout_class *s = &r->source, *t = &r->target;
+    return !s->is_plaintext &&
+           !(strcmp(s->key_id, t->key_id) == 0 && s->key_version == t->key_version);
+}
+
 /* Before finalizing with a keyring: the source key version will become
  * decrypt-only, which the keyring refuses for a primary.  Returns EX_OK
  * (with *retire set when the source is active) or EX_TEMPFAIL saying
@@ -1042,7 +1053,7 @@ static int advance(const char *cmd, const ro_opts *o, ks_rollout_db *db, const k
     if (rc != EX_OK) {
         return rc;
     }
-    if (to == KS_PHASE_FINALIZED && ctx != NULL && !r->source.is_plaintext) {
+    if (to == KS_PHASE_FINALIZED && ctx != NULL && source_retires(r)) {
         /* the guard first (pure), so its refusal wins over key advice */
         char why[1024] = "";
         f.rollout = *r;
@@ -1061,7 +1072,7 @@ static int advance(const char *cmd, const ro_opts *o, ks_rollout_db *db, const k
     rc = transition(cmd, db, r, to, &f, o, 0, o->reason);
     if (rc == EX_OK && retire) {
         rc = retire_source(kr, r);
-    } else if (rc == EX_OK && to == KS_PHASE_FINALIZED && !r->source.is_plaintext && ctx == NULL) {
+    } else if (rc == EX_OK && to == KS_PHASE_FINALIZED && source_retires(r) && ctx == NULL) {
         fprintf(stderr, KS_PROG ": source key %s:%" PRIu32 " was left as it is (no keyring); "
                 "retire it with 'keyshift keys set-state %s %" PRIu32 " decrypt-only'\n",
                 r->source.key_id, r->source.key_version, r->source.key_id, r->source.key_version);
@@ -1111,7 +1122,7 @@ static int on_advance(const char *cmd, const ro_opts *o, ks_rollout_db *db, cons
     char why[KS_KEY_ID_MAX + 128];
     snprintf(why, sizeof why, "entering read-compat checks target key %s:%" PRIu32
              " with the keyring", r->target.key_id, r->target.key_version);
-    int source_key = to == KS_PHASE_FINALIZED && !r->source.is_plaintext;
+    int source_key = to == KS_PHASE_FINALIZED && source_retires(r);
     return with_keyring(cmd, o, to == KS_PHASE_READ_COMPAT || source_key,
                         to == KS_PHASE_READ_COMPAT, why, db, r, &canary, advance);
 }

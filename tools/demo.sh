@@ -20,34 +20,13 @@ KS=${1:-build/bin/keyshift}
 ROWS=${DEMO_ROWS:-100000}
 case $ROWS in '' | *[!0-9]*) echo "demo: DEMO_ROWS must be a number" >&2; exit 64 ;; esac
 [ -x "$KS" ] || { echo "demo: $KS is not built (run make)" >&2; exit 66; }
-command -v sqlite3 >/dev/null || { echo "demo: sqlite3 is missing (run tools/deps.sh)" >&2; exit 69; }
-KS=$(cd "$(dirname "$KS")" && pwd)/$(basename "$KS")
-
-if [ -n "${DEMO_DIR:-}" ]; then
-    D=$DEMO_DIR
-    mkdir -p "$D"
-else
-    mkdir -p build/demo
-    D=$(mktemp -d "build/demo/run.XXXXXX")
-fi
-D=$(cd "$D" && pwd)
-DB=$D/payments.db
-export KEYSHIFT_KEYRING=$D/keyring
-unset KEYSHIFT_PASSPHRASE
+. "$(dirname "$0")/demo_lib.sh"
+KS=$(abs_path "$KS")
+demo_workdir run
 TARGET=(--db "$DB" --table payments --column card)
 CONTEXT=(--context 'payments:{id}:card' --purpose card)
 START=$(date +%s.%N)
 
-step=0
-# Print a step heading.
-heading() {
-    step=$((step + 1))
-    if [ -t 1 ]; then
-        printf '\n\033[1m== %d. %s\033[0m\n' "$step" "$*"
-    else
-        printf '\n== %d. %s\n' "$step" "$*"
-    fi
-}
 # Run a command, showing it; stop the demo if it fails.
 show() {
     printf '$ %s\n' "$*" | sed "s|$D/||g; s|$KS|keyshift|g"

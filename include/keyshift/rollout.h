@@ -449,6 +449,19 @@ KS_API KS_WUR ks_err ks_policy_refresh(ks_policy *p);
 KS_API KS_WUR ks_err ks_policy_heartbeat(ks_policy *p);
 
 /*
+ * Replace the key versions this instance holds (canonical list as for
+ * ks_policy_options.keys; NULL = "") -- for an application that reloads
+ * its keyring and now holds other versions.  With opts->heartbeat the
+ * instance is registered again at once with the new list (under the
+ * policy's lock; its started and heartbeat become now), so that a guard
+ * sees what it really holds.  KS_ERR_INVALID_ARGUMENT for p NULL or a list
+ * that is not canonical (or longer than KS_READER_KEYS_MAX); a failed
+ * registration returns its error and leaves the policy's list as it was,
+ * so the caller can simply try again.
+ */
+KS_API KS_WUR ks_err ks_policy_set_keys(ks_policy *p, const char *keys);
+
+/*
  * Report this instance's health to every rollout under way (read-compat,
  * write-upgrade, backfill) in keyshift_metrics, source "app": the growth
  * of totals (e.g. ks_ctx_health_sample of the application's context)

@@ -260,6 +260,28 @@ ks_err ks_policy_heartbeat(ks_policy *p)
     return err;
 }
 
+/* See rollout.h.  The list is checked before the lock; on a failed
+ * registration the old list is put back, since the registry still holds
+ * it and a later heartbeat would not correct it. */
+ks_err ks_policy_set_keys(ks_policy *p, const char *keys)
+{
+    const char *k = keys != NULL ? keys : "";
+    if (p == NULL || strnlen(k, KS_READER_KEYS_MAX + 1) > KS_READER_KEYS_MAX ||
+        ks_rollout_keys_check(k) != KS_OK)
+        return KS_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&p->mu);
+    char old[KS_READER_KEYS_MAX + 1];
+    strcpy(old, p->self.keys);
+    strcpy(p->self.keys, k);
+    ks_err err = KS_OK;
+    if (p->heartbeat)
+        err = ks_rollout_db_reader_register(p->db, &p->self, (int64_t)time(NULL));
+    if (err != KS_OK)
+        strcpy(p->self.keys, old);
+    pthread_mutex_unlock(&p->mu);
+    return err;
+}
+
 /* Nonzero when health samples matter to r: it is under way (not planned,
  * not finalized). */
 static int under_way(const ks_rollout *r)

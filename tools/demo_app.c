@@ -1,0 +1,1105 @@
+/*
+ * tools/demo_app.c -- keyshift-demo-app: an application process that reads
+ * and writes one column of a SQLite database the way a service embedding
+ * libkeyshift would, obeying the rollouts under way (docs/rollout.md, "The
+ * demo application").
+ *
+ * It uses only the public API (include/keyshift/) and its own SQL: each
+ * operation picks a random row, asks the policy whether the stored value
+ * may be read, opens it, and now and then writes a new value in the form
+ * the policy names for the row's tenant.  Every --reload-ms it reopens the
+ * keyring (when the file changed), tells the policy which key versions it
+ * now holds, refreshes its heartbeat and reports its health.  At the end
+ * it prints counts, never a plaintext, a DEK or an AAD, and exits 65 if
+ * any read failed.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <inttypes.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <sodium.h>
+#include <sqlite3.h>
+
+#include "cli.h"
+
+#define PROG "keyshift-demo-app"
+#define NAMES_MAX 16                 /* distinct names counted, then "other" */
+#define NAME_LEN (KS_KEY_ID_MAX + 48) /* "v2:xchacha20-poly1305:" KEY_ID ":" VERSION */
+#define BUSY_TIMEOUT_MS 10000
+
+/* Set by SIGINT/SIGTERM; the loop stops after the current operation. */
+static volatile sig_atomic_t stop_requested;
+
+/* Manual of keyshift-demo-app. */
+static void usage(FILE *f)
+{
+    fputs("NAME\n"
+          "    keyshift-demo-app - an application process that reads and writes an\n"
+          "    encrypted column under the rollouts of its database\n"
+          "\n"
+          "SYNOPSIS\n"
+          "    keyshift-demo-app --db FILE --table T --column C [--id-column I]\n"
+          "        --tenant-column COL --context TEMPLATE --purpose P --instance NAME\n"
+          "        --keyring FILE [--passphrase-file FILE] [--max-format 1|2]\n"
+          "        [--ops N | --seconds S] [--write-percent P] [--rate N] [--seed N]\n"
+          "        [--reload-ms MS] [--json]\n"
+          "\n"
+          "DESCRIPTION\n"
+          "    Behaves like one instance of a service that embeds libkeyshift, so\n"
+          "    that rollouts (docs/rollout.md) can be exercised and demonstrated\n"
+          "    with real processes. It opens a policy on the database (registering\n"
+          "    NAME in keyshift_readers with the key versions it holds), then\n"
+          "    repeats one operation:\n"
+          "\n"
+          "    read   pick a random row (seeded PRNG); read its value and tenant;\n"
+          "           ask the policy whether the value may be read; if so, open an\n"
+          "           envelope with the rendered context, the row's tenant and, for\n"
+          "           format-2 envelopes only, the purpose (format 1 has none), and\n"
+          "           check that the plaintext is a JSON object (whose \"id\", if\n"
+          "           any, is the row's). Plaintext values are read as they are.\n"
+          "           An envelope of a format above --max-format is not opened, as\n"
+          "           an older build could not (counted as unsupported-version).\n"
+          "    write  with probability --write-percent, build a new plaintext (a\n"
+          "           JSON object with the row id, this instance and a counter), ask\n"
+          "           the policy what to write for the row's tenant, and UPDATE the\n"
+          "           row (autocommit, busy timeout 10 s) with the plaintext, or an\n"
+          "           envelope sealed with exactly the class the policy names\n"
+          "           (format, algorithm, key_id, key_version). When no rollout\n"
+          "           governs the column the value keeps its current form: a\n"
+          "           plaintext stays plaintext, an envelope is sealed again in its\n"
+          "           own class; a NULL or unreadable value is not written.\n"
+          "\n"
+          "    Every MS milliseconds (--reload-ms) it reopens the keyring when the\n"
+          "    file changed (a new provider and context: versions the operator\n"
+          "    added or retired are seen), recomputes the key versions it holds\n"
+          "    (every version in state active or decrypt-only) and, when they\n"
+          "    changed, registers them (ks_policy_set_keys); then it refreshes its\n"
+          "    heartbeat (ks_policy_heartbeat) and reports the growth of its seal\n"
+          "    and open counters and latency histograms to every rollout under way\n"
+          "    (ks_policy_report).\n"
+          "\n"
+          "    It stops after N operations, after S seconds, or on SIGTERM or SIGINT\n"
+          "    (after finishing the current operation); without --ops or --seconds\n"
+          "    it runs until signalled. It then reports once more, deregisters, and\n"
+          "    prints a summary on standard output: operations, reads (plaintext,\n"
+          "    envelope, NULL, with no rollout), reads refused by the policy, open\n"
+          "    failures by error name, writes by class, failed and skipped writes,\n"
+          "    the key versions held and the keyring reloads. A read is FAILED when\n"
+          "    the policy refused it (or could not answer), or when a stored\n"
+          "    envelope did not open to a well-formed plaintext. Nothing secret is\n"
+          "    ever printed: no plaintext, no DEK, no AAD.\n"
+          "\n"
+          "OPTIONS\n"
+          "    --db FILE              the application's SQLite database (must exist)\n"
+          "    --table T, --column C  the table and its encrypted column\n"
+          "    --id-column I          the column whose value {id} renders (default: the\n"
+          "          rowid); INTEGER as decimal, TEXT as is, BLOB as lowercase hex\n"
+          "    --tenant-column COL    the column holding each row's tenant\n"
+          "    --context TEMPLATE     the context bound into each envelope, e.g.\n"
+          "          'payments:{id}:card': only {id} is substituted; '{{' and\n"
+          "          '}}' are literal braces (the same rendering as `keyshift\n"
+          "          migrate`)\n"
+          "    --purpose P            the purpose of format-2 envelopes\n"
+          "    --instance NAME        this instance's id in keyshift_readers (1..128\n"
+          "          characters of [A-Za-z0-9._:-])\n"
+          "    --keyring FILE         the local keyring (default: $KEYSHIFT_KEYRING)\n"
+          "    --passphrase-file FILE keyring passphrase (default: $KEYSHIFT_PASSPHRASE)\n"
+          "    --max-format 1|2       the highest envelope format this instance reads\n"
+          "          and registers (default 2)\n"
+          "    --ops N                stop after N operations\n"
+          "    --seconds S            stop after S seconds\n"
+          "    --write-percent P      percent of operations that also write (0..100,\n"
+          "          default 10)\n"
+          "    --rate N               at most N operations per second (default: as fast\n"
+          "          as it can)\n"
+          "    --seed N               the PRNG seed (default: from the time and pid;\n"
+          "          printed in the summary)\n"
+          "    --reload-ms MS         keyring reload, heartbeat and health report period\n"
+          "          (default 500; also the policy's refresh period)\n"
+          "    --json                 print the summary as one JSON object on one line\n"
+          "    -h, --help             print this manual\n"
+          "\n"
+          "EXIT STATUS\n"
+          "    0   no read failed\n"
+          "    65  at least one read failed (refused by the policy, or an envelope\n"
+          "        that did not open to a well-formed plaintext)\n"
+          "    74  no read failed, but database errors kept some operations from\n"
+          "        running\n"
+          "    64  usage error; 66 no such database, table or column, or an empty\n"
+          "        table; 78 keyring insecure, unreadable, corrupt or wrong\n"
+          "        passphrase; others as `keyshift --help` lists\n"
+          "\n"
+          "EXAMPLE\n"
+          "    keyshift-demo-app --db shop.db --table payments --column card \\\n"
+          "        --tenant-column tenant --context 'payments:{id}:card' \\\n"
+          "        --purpose card --instance web-1 --keyring keyring --seconds 60\n",
+          f);
+}
+
+/* ---- counting --------------------------------------------------------------- */
+
+/* Counts by name (error names, classes): the first NAMES_MAX names, then
+ * "other". */
+typedef struct name_counts {
+    size_t n;
+    char name[NAMES_MAX + 1][NAME_LEN];
+    uint64_t count[NAMES_MAX + 1];
+} name_counts;
+
+/* Add one to name's count. */
+static void count_name(name_counts *c, const char *name)
+{
+    for (size_t i = 0; i < c->n; i++) {
+        if (strcmp(c->name[i], name) == 0) {
+            c->count[i]++;
+            return;
+        }
+    }
+    size_t i = c->n < NAMES_MAX ? c->n : NAMES_MAX;
+    if (i == c->n) {
+        snprintf(c->name[i], NAME_LEN, "%s", i < NAMES_MAX ? name : "other");
+        c->n++;
+    }
+    c->count[i]++;
+}
+
+/* The sum of every count. */
+static uint64_t total(const name_counts *c)
+{
+    uint64_t t = 0;
+    for (size_t i = 0; i < c->n; i++) {
+        t += c->count[i];
+    }
+    return t;
+}
+
+/* What the summary reports. */
+typedef struct stats {
+    uint64_t ops, reads, reads_plaintext, reads_envelope, reads_null, reads_no_rollout;
+    uint64_t reads_refused, writes_skipped, db_errors;
+    uint64_t keyring_reloads, key_changes, reload_errors, heartbeat_errors, report_errors;
+    name_counts open_failures;  /* by error name; "malformed-plaintext" when it opened */
+    name_counts policy_errors;  /* the policy could not answer a read: by error name */
+    name_counts writes;         /* by class */
+    name_counts write_failures; /* by error name */
+} stats;
+
+/* ---- the application ------------------------------------------------------- */
+
+/* Options as given. */
+typedef struct app_opts {
+    const char *db, *table, *column, *id_column, *tenant_column, *context, *purpose;
+    const char *instance, *keyring, *passfile, *max_format, *ops, *seconds, *write_percent;
+    const char *rate, *seed, *reload_ms;
+    int json;
+} app_opts;
+
+/* What an operation keeps of its row once the SELECT is reset (the read
+ * snapshot must end before the UPDATE: in WAL mode a read transaction
+ * that another connection wrote past cannot become a write one). */
+typedef struct row_view {
+    int64_t rowid;
+    int id_is_int;                       /* the id is an INTEGER: id_int */
+    long long id_int;
+    int context_ok;                      /* the rendered context fits */
+    uint8_t context[KS_CONTEXT_MAX];
+    size_t context_len;
+    uint8_t tenant[KS_TENANT_MAX + 1];   /* one byte more than valid: an
+                                            over-long tenant stays invalid */
+    size_t tenant_len;
+} row_view;
+
+/* One running instance. */
+typedef struct app {
+    app_opts o;
+    uint8_t max_format;
+    uint64_t max_ops;       /* 0: no limit */
+    double seconds;         /* 0: no limit */
+    uint32_t write_percent, rate, reload_ms;
+    uint64_t seed, rng;
+    sqlite3 *db;
+    sqlite3_stmt *pick, *update;
+    int64_t min_rowid, max_rowid;
+    ks_keyring *kr;
+    ks_provider prov;
+    ks_ctx *ctx;
+    struct stat kr_stat;     /* the keyring file at the last reload attempt */
+    ks_health_sample retired; /* final totals of the contexts replaced so far */
+    ks_policy *policy;
+    char keys[KS_READER_KEYS_MAX + 1]; /* the key versions registered */
+    uint64_t counter;        /* writes made, for the plaintexts */
+    row_view cur;            /* the row of the current operation */
+    stats s;
+} app;
+
+/* splitmix64: a small, seedable PRNG (not for secrets: it picks rows). */
+static uint64_t next_random(app *a)
+{
+    uint64_t z = (a->rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Monotonic seconds. */
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Stop the loop after the current operation. */
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+}
+
+/* Write class c as "plaintext" or "vF:ALG:KEY_ID:VERSION" (the notation
+ * of `keyshift rollout start`) into out. */
+static void class_name(const ks_rollout_class *c, char out[NAME_LEN])
+{
+    if (c->is_plaintext) {
+        snprintf(out, NAME_LEN, "plaintext");
+        return;
+    }
+    const char *alg = ks_alg_name(c->algorithm);
+    snprintf(out, NAME_LEN, "v%u:%s:%s:%" PRIu32, (unsigned)c->version, alg ? alg : "?", c->key_id,
+             c->key_version);
+}
+
+/* ---- SQL ---------------------------------------------------------------------- */
+
+/* Append identifier name to sql as a double-quoted SQL identifier. */
+static void put_ident(char *sql, size_t cap, const char *name)
+{
+    size_t n = strlen(sql);
+    if (n + 1 < cap) {
+        sql[n++] = '"';
+    }
+    for (const char *p = name; *p != '\0' && n + 2 < cap; p++) {
+        if (*p == '"') {
+            sql[n++] = '"';
+        }
+        sql[n++] = *p;
+    }
+    if (n + 1 < cap) {
+        sql[n++] = '"';
+    }
+    sql[n] = '\0';
+}
+
+/* Build "PREFIX ident MIDDLE ident ..." from alternating literal parts
+ * and identifiers (NULL-terminated), then prepare it. */
+static int prepare(app *a, sqlite3_stmt **st, const char *const *parts)
+{
+    char sql[2048] = "";
+    for (size_t i = 0; parts[i] != NULL; i++) {
+        if (i % 2 == 0) {
+            strncat(sql, parts[i], sizeof sql - strlen(sql) - 1);
+        } else {
+            put_ident(sql, sizeof sql, parts[i]);
+        }
+    }
+    if (sqlite3_prepare_v2(a->db, sql, -1, st, NULL) != SQLITE_OK) {
+        ks_cli_error("%s: %s", a->o.db, sqlite3_errmsg(a->db));
+        return EX_NOINPUT;
+    }
+    return EX_OK;
+}
+
+/* Open the database and prepare the statements; find the rowid range. */
+static int db_open(app *a)
+{
+    struct stat st;
+    if (stat(a->o.db, &st) != 0 || !S_ISREG(st.st_mode)) {
+        ks_cli_error("no such database %s", a->o.db);
+        return EX_NOINPUT;
+    }
+    if (sqlite3_open_v2(a->o.db, &a->db, SQLITE_OPEN_READWRITE, NULL) != SQLITE_OK) {
+        ks_cli_error("%s: %s", a->o.db, a->db ? sqlite3_errmsg(a->db) : "cannot open");
+        return EX_NOINPUT;
+    }
+    sqlite3_busy_timeout(a->db, BUSY_TIMEOUT_MS);
+    const char *id = a->o.id_column ? a->o.id_column : "rowid";
+    const char *const pick[] = {"SELECT rowid, ", id, ", ", a->o.tenant_column, ", ",
+                                a->o.column, " FROM ", a->o.table,
+                                " WHERE rowid >= ?1 ORDER BY rowid LIMIT 1", NULL};
+    const char *const update[] = {"UPDATE ", a->o.table, " SET ", a->o.column,
+                                  " = ?1 WHERE rowid = ?2", NULL};
+    const char *const range[] = {"SELECT min(rowid), max(rowid) FROM ", a->o.table, NULL};
+    sqlite3_stmt *r = NULL;
+    int rc = prepare(a, &a->pick, pick);
+    if (rc == EX_OK) {
+        rc = prepare(a, &a->update, update);
+    }
+    if (rc == EX_OK) {
+        rc = prepare(a, &r, range);
+    }
+    if (rc == EX_OK) {
+        int step = sqlite3_step(r);
+        if (step != SQLITE_ROW) {
+            ks_cli_error("%s: %s", a->o.db, sqlite3_errmsg(a->db));
+            rc = EX_IOERR;
+        } else if (sqlite3_column_type(r, 0) == SQLITE_NULL) {
+            ks_cli_error("%s: table %s has no rows", a->o.db, a->o.table);
+            rc = EX_NOINPUT;
+        } else {
+            a->min_rowid = sqlite3_column_int64(r, 0);
+            a->max_rowid = sqlite3_column_int64(r, 1);
+        }
+    }
+    sqlite3_finalize(r);
+    return rc;
+}
+
+/* Render the context template (only {id}; "{{" and "}}" literal) for the
+ * row id in column 1 of a->pick into out; its length goes to *len.
+ * Nonzero when it does not fit. */
+static int render_context(app *a, uint8_t *out, size_t *len)
+{
+    static const char hex[] = "0123456789abcdef";
+    char idbuf[32];
+    const uint8_t *id = NULL;
+    size_t id_len = 0, n = 0;
+    int hexify = 0;
+    switch (sqlite3_column_type(a->pick, 1)) {
+    case SQLITE_INTEGER:
+        id_len = (size_t)snprintf(idbuf, sizeof idbuf, "%lld",
+                                  (long long)sqlite3_column_int64(a->pick, 1));
+        id = (const uint8_t *)idbuf;
+        break;
+    case SQLITE_BLOB:
+        hexify = 1;
+        id = sqlite3_column_blob(a->pick, 1);
+        id_len = (size_t)sqlite3_column_bytes(a->pick, 1);
+        break;
+    case SQLITE_NULL:
+        break;
+    default:
+        id = sqlite3_column_text(a->pick, 1);
+        id_len = (size_t)sqlite3_column_bytes(a->pick, 1);
+        break;
+    }
+    for (const char *t = a->o.context; *t != '\0'; t++) {
+        if ((t[0] == '{' && t[1] == '{') || (t[0] == '}' && t[1] == '}')) {
+            t++;
+        } else if (t[0] == '{') { /* "{id}": the only name the options admit */
+            for (size_t i = 0; i < id_len; i++) {
+                if (n + 2 > KS_CONTEXT_MAX) {
+                    return 1;
+                }
+                if (hexify) {
+                    out[n++] = (uint8_t)hex[id[i] >> 4];
+                    out[n++] = (uint8_t)hex[id[i] & 15];
+                } else {
+                    out[n++] = id[i];
+                }
+            }
+            t += 3;
+            continue;
+        }
+        if (n + 1 > KS_CONTEXT_MAX) {
+            return 1;
+        }
+        out[n++] = (uint8_t)*t;
+    }
+    *len = n;
+    return 0;
+}
+
+/* ---- keys ---------------------------------------------------------------------- */
+
+/* The canonical list of every version of kr in state active or
+ * decrypt-only, into out. */
+static ks_err held_keys(ks_keyring *kr, char out[KS_READER_KEYS_MAX + 1])
+{
+    char id[KS_KEY_ID_MAX + 1];
+    out[0] = '\0';
+    size_t n = ks_keyring_count(kr);
+    for (size_t i = 0; i < n; i++) {
+        ks_keyring_key k;
+        ks_err e = ks_keyring_key_at(kr, i, &k);
+        if (e != KS_OK) {
+            return e;
+        }
+        if (k.key_id.len > KS_KEY_ID_MAX) {
+            return KS_ERR_INVALID_ARGUMENT;
+        }
+        memcpy(id, k.key_id.ptr, k.key_id.len);
+        id[k.key_id.len] = '\0';
+        for (uint32_t v = 1; v <= k.versions; v++) {
+            ks_keyring_version kv;
+            e = ks_keyring_version_at(kr, i, v, &kv);
+            if (e == KS_OK && (kv.state == KS_KEY_ACTIVE || kv.state == KS_KEY_DECRYPT_ONLY)) {
+                e = ks_rollout_keys_add(out, KS_READER_KEYS_MAX + 1, id, v);
+            }
+            if (e != KS_OK) {
+                return e;
+            }
+        }
+    }
+    return KS_OK;
+}
+
+/* The health totals of every context this instance used: the retired
+ * ones plus the current one (a new context starts from zero, so the
+ * policy must see totals that never go down). */
+static void health_totals(app *a, ks_health_sample *out)
+{
+    ks_ctx_health_sample(a->ctx, out);
+    ks_health_add(out, &a->retired);
+    out->time = 0;
+}
+
+/* Reopen the keyring, its provider and a context (latency histograms on)
+ * when the keyring file changed since the last attempt, and put the key
+ * versions now held into keys (a->keys when unchanged).  Returns EX_OK
+ * (also when nothing changed) or an exit code after a message; the old
+ * keyring and context stay in use on failure. */
+static int keyring_reload(app *a, char keys[KS_READER_KEYS_MAX + 1])
+{
+    const char *path = a->o.keyring ? a->o.keyring : getenv("KEYSHIFT_KEYRING");
+    struct stat st;
+    if (a->ctx != NULL && path != NULL && stat(path, &st) == 0 &&
+        st.st_dev == a->kr_stat.st_dev && st.st_ino == a->kr_stat.st_ino &&
+        st.st_size == a->kr_stat.st_size && st.st_mtim.tv_sec == a->kr_stat.st_mtim.tv_sec &&
+        st.st_mtim.tv_nsec == a->kr_stat.st_mtim.tv_nsec) {
+        strcpy(keys, a->keys);
+        return EX_OK; /* unchanged since the last attempt */
+    }
+    if (path != NULL && stat(path, &st) == 0) {
+        a->kr_stat = st;
+    }
+    ks_keyring *kr = NULL;
+    ks_provider prov = {NULL, NULL, NULL};
+    ks_ctx *ctx = NULL;
+    int rc = ks_cli_keyring_open(a->o.keyring, a->o.passfile, &kr);
+    if (rc != EX_OK) {
+        return rc;
+    }
+    ks_ctx_config cfg;
+    ks_ctx_config_default(&cfg);
+    cfg.latency_histograms = 1;
+    ks_err e = held_keys(kr, keys);
+    if (e == KS_OK) {
+        e = ks_keyring_provider(kr, &prov);
+    }
+    if (e == KS_OK) {
+        e = ks_ctx_new(&prov, &cfg, &ctx);
+    }
+    if (e != KS_OK) {
+        ks_cli_error("cannot use keyring %s: %s", path, ks_err_name(e));
+        ks_provider_destroy(&prov);
+        ks_keyring_close(kr);
+        return ks_cli_exit_code(e);
+    }
+    if (a->ctx != NULL) {
+        ks_health_sample last;
+        ks_ctx_health_sample(a->ctx, &last);
+        ks_health_add(&a->retired, &last);
+        ks_ctx_free(a->ctx);
+        ks_provider_destroy(&a->prov);
+        ks_keyring_close(a->kr);
+        a->s.keyring_reloads++;
+    }
+    a->kr = kr;
+    a->prov = prov;
+    a->ctx = ctx;
+    return EX_OK;
+}
+
+/* The periodic work: keyring reload, held keys, heartbeat, health report.
+ * Failures are counted and said on stderr; the loop goes on. */
+static void tick(app *a)
+{
+    char keys[KS_READER_KEYS_MAX + 1];
+    if (keyring_reload(a, keys) != EX_OK) {
+        a->s.reload_errors++;
+    } else if (strcmp(keys, a->keys) != 0) {
+        ks_err e = ks_policy_set_keys(a->policy, keys);
+        if (e == KS_OK) {
+            strcpy(a->keys, keys);
+            a->s.key_changes++;
+        } else {
+            a->s.reload_errors++;
+            ks_cli_error("cannot register the key versions held: %s", ks_err_name(e));
+        }
+    }
+    ks_err e = ks_policy_heartbeat(a->policy);
+    if (e != KS_OK) {
+        a->s.heartbeat_errors++;
+        ks_cli_error("heartbeat: %s", ks_err_name(e));
+    }
+    ks_health_sample t;
+    health_totals(a, &t);
+    e = ks_policy_report(a->policy, &t);
+    if (e != KS_OK) {
+        a->s.report_errors++;
+        ks_cli_error("health report: %s", ks_err_name(e));
+    }
+}
+
+/* ---- one operation -------------------------------------------------------- */
+
+/* Nonzero when pt[0, len) is a JSON object (by its outer braces, with no
+ * control bytes) whose "id" member, when it has one and the row id is an
+ * integer, is the row's id. */
+static int well_formed(app *a, const uint8_t *pt, size_t len)
+{
+    if (len < 2 || pt[0] != '{' || pt[len - 1] != '}') {
+        return 0;
+    }
+    for (size_t i = 0; i < len; i++) {
+        if (pt[i] < 0x20) {
+            return 0;
+        }
+    }
+    static const char key[] = "\"id\":";
+    const size_t klen = sizeof key - 1;
+    if (!a->cur.id_is_int) {
+        return 1;
+    }
+    for (size_t i = 0; i + klen <= len; i++) {
+        if (memcmp(pt + i, key, klen) == 0) {
+            long long want = a->cur.id_int, got = 0;
+            size_t j = i + klen, digits = 0;
+            int neg = j < len && pt[j] == '-';
+            for (j += (size_t)neg; j < len && pt[j] >= '0' && pt[j] <= '9' && digits < 18;
+                 j++, digits++) {
+                got = got * 10 + (pt[j] - '0');
+            }
+            return digits > 0 && (neg ? -got : got) == want;
+        }
+    }
+    return 1;
+}
+
+/* Nonzero when v[0, len) starts with the envelope magic (the policy's
+ * rule: anything else is plaintext). */
+static int is_envelope(const uint8_t *v, size_t len)
+{
+    return len >= 3 && v[0] == KS_MAGIC_0 && v[1] == KS_MAGIC_1 && v[2] == KS_MAGIC_2;
+}
+
+/* Open envelope v[0, len) of the current row and check its plaintext;
+ * KS_OK, or the error name goes to *failure. */
+static ks_err open_value(app *a, const uint8_t *v, size_t len, ks_bytes tenant,
+                         const char **failure)
+{
+    ks_envelope env;
+    ks_err e = ks_envelope_parse_header(v, len, NULL, &env, NULL);
+    if (e == KS_OK && env.version > a->max_format) {
+        e = KS_ERR_UNSUPPORTED_VERSION; /* as an older build would fail */
+    }
+    if (e == KS_OK && !a->cur.context_ok) {
+        e = KS_ERR_INVALID_ARGUMENT;
+    }
+    if (e != KS_OK) {
+        *failure = ks_err_name(e);
+        return e;
+    }
+    ks_open_params op = {{a->cur.context, a->cur.context_len}, tenant, {NULL, 0}};
+    if (env.version == KS_FORMAT_V2) {
+        op.purpose = (ks_bytes){(const uint8_t *)a->o.purpose, strlen(a->o.purpose)};
+    }
+    size_t cap = env.ciphertext.len >= KS_TAG_LEN ? env.ciphertext.len - KS_TAG_LEN : 0;
+    uint8_t *pt = malloc(cap > 0 ? cap : 1);
+    if (pt == NULL) {
+        *failure = ks_err_name(KS_ERR_NO_MEMORY);
+        return KS_ERR_NO_MEMORY;
+    }
+    size_t pt_len = 0;
+    e = ks_open(a->ctx, v, len, &op, pt, cap, &pt_len, NULL);
+    if (e == KS_OK && !well_formed(a, pt, pt_len)) {
+        e = KS_ERR_BAD_VALUE;
+        *failure = "malformed-plaintext";
+    } else if (e != KS_OK) {
+        *failure = ks_err_name(e);
+    }
+    sodium_memzero(pt, cap);
+    free(pt);
+    return e;
+}
+
+/* Read the picked row's value: classify, ask the policy, open.  With no
+ * rollout governing the column every value is read (the application's
+ * own default). */
+static void read_value(app *a, const uint8_t *v, size_t len, int is_null, ks_bytes tenant)
+{
+    ks_bytes b = {v, len};
+    int ok = 0;
+    a->s.reads++;
+    ks_err e = ks_policy_may_read(a->policy, a->o.table, a->o.column, is_null ? NULL : &b, &ok);
+    if (e == KS_ERR_NOT_FOUND) {
+        a->s.reads_no_rollout++;
+        ok = 1; /* no rollout: the application's own default, read everything */
+    } else if (e != KS_OK) {
+        count_name(&a->s.policy_errors, ks_err_name(e));
+        return;
+    }
+    if (!ok) {
+        a->s.reads_refused++;
+        return;
+    }
+    if (is_null) {
+        a->s.reads_null++;
+    } else if (!is_envelope(v, len)) {
+        a->s.reads_plaintext++;
+    } else {
+        const char *failure = NULL;
+        a->s.reads_envelope++;
+        if (open_value(a, v, len, tenant, &failure) != KS_OK) {
+            count_name(&a->s.open_failures, failure);
+        }
+    }
+}
+
+/* The class to write when no rollout governs the column: the stored
+ * value's own (plaintext stays plaintext).  Nonzero when there is none
+ * (NULL, or an envelope whose header does not parse). */
+static int current_class(const uint8_t *v, size_t len, int is_null, ks_rollout_class *c)
+{
+    memset(c, 0, sizeof *c);
+    if (is_null) {
+        return 1;
+    }
+    if (!is_envelope(v, len)) {
+        c->is_plaintext = 1;
+        return 0;
+    }
+    ks_envelope env;
+    if (ks_envelope_parse_header(v, len, NULL, &env, NULL) != KS_OK ||
+        env.key_id.len > KS_KEY_ID_MAX) {
+        return 1;
+    }
+    c->version = env.version;
+    c->algorithm = env.algorithm;
+    memcpy(c->key_id, env.key_id.ptr, env.key_id.len);
+    c->key_version = env.key_version;
+    return 0;
+}
+
+/* UPDATE the picked row (rowid) with value[0, len), as TEXT or BLOB. */
+static int store_value(app *a, int64_t rowid, const uint8_t *value, size_t len, int blob)
+{
+    int rc = blob ? sqlite3_bind_blob(a->update, 1, value, (int)len, SQLITE_TRANSIENT)
+                  : sqlite3_bind_text(a->update, 1, (const char *)value, (int)len,
+                                      SQLITE_TRANSIENT);
+    if (rc == SQLITE_OK) {
+        rc = sqlite3_bind_int64(a->update, 2, rowid);
+    }
+    if (rc == SQLITE_OK) {
+        rc = sqlite3_step(a->update);
+    }
+    sqlite3_reset(a->update);
+    sqlite3_clear_bindings(a->update);
+    return rc == SQLITE_DONE ? 0 : -1;
+}
+
+/* Write a new plaintext to the current row in class c: as it is, or
+ * sealed with exactly c's format, algorithm, key_id and key_version. */
+static void write_value(app *a, const ks_rollout_class *c)
+{
+    const row_view *r = &a->cur;
+    ks_bytes tenant = {r->tenant, r->tenant_len};
+    char pt[256];
+    int n;
+    if (r->id_is_int) {
+        n = snprintf(pt, sizeof pt, "{\"id\":%lld,\"writer\":\"%s\",\"n\":%" PRIu64 "}",
+                     r->id_int, a->o.instance, ++a->counter);
+    } else {
+        n = snprintf(pt, sizeof pt, "{\"writer\":\"%s\",\"n\":%" PRIu64 "}", a->o.instance,
+                     ++a->counter);
+    }
+    size_t pt_len = n > 0 && (size_t)n < sizeof pt ? (size_t)n : 0;
+    uint8_t *out = NULL;
+    size_t out_len = 0;
+    ks_err e = pt_len == 0 ? KS_ERR_BUFFER_TOO_SMALL : KS_OK;
+    if (e == KS_OK && !c->is_plaintext) {
+        ks_seal_params p = {c->version, c->algorithm, tenant,
+                            {(const uint8_t *)c->key_id, strlen(c->key_id)}, c->key_version,
+                            {NULL, 0}, {r->context, r->context_len}};
+        if (c->version == KS_FORMAT_V2) {
+            p.purpose = (ks_bytes){(const uint8_t *)a->o.purpose, strlen(a->o.purpose)};
+        }
+        e = r->context_ok ? KS_OK : KS_ERR_INVALID_ARGUMENT;
+        size_t cap = e == KS_OK ? ks_seal_max_len(&p, pt_len) : 0;
+        out = cap > 0 ? malloc(cap) : NULL;
+        if (e == KS_OK) {
+            e = cap == 0 ? KS_ERR_INVALID_ARGUMENT : out == NULL ? KS_ERR_NO_MEMORY : KS_OK;
+        }
+        if (e == KS_OK) {
+            e = ks_seal(a->ctx, &p, (const uint8_t *)pt, pt_len, out, cap, &out_len);
+        }
+    }
+    if (e == KS_OK) {
+        int failed = c->is_plaintext ? store_value(a, r->rowid, (const uint8_t *)pt, pt_len, 0)
+                                     : store_value(a, r->rowid, out, out_len, 1);
+        if (failed) {
+            a->s.db_errors++;
+            ks_cli_error("UPDATE: %s", sqlite3_errmsg(a->db));
+        } else {
+            char name[NAME_LEN];
+            class_name(c, name);
+            count_name(&a->s.writes, name);
+        }
+    } else {
+        count_name(&a->s.write_failures, ks_err_name(e));
+    }
+    sodium_memzero(pt, sizeof pt);
+    free(out);
+}
+
+/* Keep what the operation needs of the picked row in a->cur: rowid, id,
+ * tenant and the rendered context. */
+static void keep_row(app *a)
+{
+    row_view *r = &a->cur;
+    r->rowid = sqlite3_column_int64(a->pick, 0);
+    r->id_is_int = sqlite3_column_type(a->pick, 1) == SQLITE_INTEGER;
+    r->id_int = r->id_is_int ? (long long)sqlite3_column_int64(a->pick, 1) : 0;
+    r->context_ok = render_context(a, r->context, &r->context_len) == 0;
+    const uint8_t *t = sqlite3_column_text(a->pick, 2);
+    size_t tl = t != NULL ? (size_t)sqlite3_column_bytes(a->pick, 2) : 0;
+    r->tenant_len = tl < sizeof r->tenant ? tl : sizeof r->tenant;
+    if (r->tenant_len > 0) {
+        memcpy(r->tenant, t, r->tenant_len);
+    }
+}
+
+/* One operation: pick a row, read it, and maybe write it. */
+static void run_op(app *a)
+{
+    uint64_t span = (uint64_t)(a->max_rowid - a->min_rowid) + 1;
+    int64_t start = a->min_rowid + (int64_t)(span ? next_random(a) % span : 0);
+    int write = next_random(a) % 100 < a->write_percent;
+    a->s.ops++;
+    sqlite3_bind_int64(a->pick, 1, start);
+    int rc = sqlite3_step(a->pick);
+    if (rc == SQLITE_DONE) { /* past the last row (rows were deleted): wrap */
+        sqlite3_reset(a->pick);
+        sqlite3_bind_int64(a->pick, 1, a->min_rowid);
+        rc = sqlite3_step(a->pick);
+    }
+    if (rc != SQLITE_ROW) {
+        if (rc != SQLITE_DONE) {
+            a->s.db_errors++;
+            ks_cli_error("SELECT: %s", sqlite3_errmsg(a->db));
+        }
+        sqlite3_reset(a->pick);
+        return;
+    }
+    keep_row(a);
+    ks_bytes tenant = {a->cur.tenant, a->cur.tenant_len};
+    int is_null = sqlite3_column_type(a->pick, 3) == SQLITE_NULL;
+    const uint8_t *v = sqlite3_column_blob(a->pick, 3);
+    size_t len = (size_t)sqlite3_column_bytes(a->pick, 3);
+    if (v == NULL) {
+        v = (const uint8_t *)"";
+    }
+    read_value(a, v, len, is_null, tenant);
+    ks_rollout_class c;
+    ks_err e = KS_ERR_NOT_FOUND;
+    if (write) {
+        e = ks_policy_write_target(a->policy, a->o.table, a->o.column, tenant, &c);
+        if (e == KS_ERR_NOT_FOUND) {
+            e = current_class(v, len, is_null, &c) ? KS_ERR_NOT_FOUND : KS_OK;
+            if (e != KS_OK) {
+                a->s.writes_skipped++;
+            }
+        } else if (e != KS_OK) {
+            count_name(&a->s.write_failures, ks_err_name(e));
+        }
+    }
+    sqlite3_reset(a->pick); /* ends the read snapshot before the UPDATE */
+    if (write && e == KS_OK) {
+        write_value(a, &c);
+    }
+}
+
+/* ---- options, summary, main ------------------------------------------------ */
+
+/* Check the parsed options and turn them into a's settings; EX_OK or
+ * EX_USAGE after a message. */
+static int check_opts(app *a)
+{
+    const app_opts *o = &a->o;
+    if (!o->db || !o->table || !o->column || !o->tenant_column || !o->context || !o->purpose ||
+        !o->instance) {
+        return ks_cli_usage_error(NULL, "--db, --table, --column, --tenant-column, --context, "
+                                        "--purpose and --instance are required");
+    }
+    if (o->ops != NULL && o->seconds != NULL) {
+        return ks_cli_usage_error(NULL, "give --ops or --seconds, not both");
+    }
+    const char *idents[] = {o->table, o->column, o->tenant_column, o->id_column};
+    for (size_t i = 0; i < sizeof idents / sizeof idents[0]; i++) {
+        size_t len = idents[i] != NULL ? strlen(idents[i]) : 1;
+        if (len == 0 || len > KS_ROLLOUT_IDENT_MAX) {
+            return ks_cli_usage_error(NULL, "a table or column name has 1 to %d bytes",
+                                      KS_ROLLOUT_IDENT_MAX);
+        }
+    }
+    size_t fmt, ops, secs, wp, rate, reload, seed;
+    const size_t now_pid = ((size_t)time(NULL) << 20) ^ (size_t)getpid();
+    const struct {
+        const char *name, *value;
+        size_t lo, hi, dflt, *out;
+    } nums[] = {
+        {"--max-format", o->max_format, 1, 2, KS_FORMAT_V2, &fmt},
+        {"--ops", o->ops, 1, SIZE_MAX, 0, &ops},
+        {"--seconds", o->seconds, 1, 31u * 24 * 3600, 0, &secs},
+        {"--write-percent", o->write_percent, 0, 100, 10, &wp},
+        {"--rate", o->rate, 1, 1000000, 0, &rate},
+        {"--reload-ms", o->reload_ms, 10, 3600000, 500, &reload},
+        {"--seed", o->seed, 0, SIZE_MAX, now_pid, &seed},
+    };
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+        *nums[i].out = nums[i].dflt;
+        if (nums[i].value != NULL &&
+            ks_cli_parse_size(nums[i].value, nums[i].lo, nums[i].hi, nums[i].out) != 0) {
+            return ks_cli_usage_error(NULL, "%s must be a number from %zu to %zu", nums[i].name,
+                                      nums[i].lo, nums[i].hi);
+        }
+    }
+    a->max_format = (uint8_t)fmt;
+    a->max_ops = ops;
+    a->seconds = (double)secs;
+    a->write_percent = (uint32_t)wp;
+    a->rate = (uint32_t)rate;
+    a->reload_ms = (uint32_t)reload;
+    a->seed = seed;
+    a->rng = a->seed;
+    const char *names[KS_ROWSTORE_MAX_CONTEXT_COLUMNS];
+    char storage[KS_CONTEXT_TEMPLATE_MAX];
+    size_t n = 0;
+    if (ks_context_template_columns((ks_bytes){(const uint8_t *)o->context, strlen(o->context)},
+                                    names, storage, &n) != KS_OK ||
+        n != 0) {
+        return ks_cli_usage_error(NULL, "--context: a template of at most %d bytes in which "
+                                        "only {id} is substituted ('{{' and '}}' for braces)",
+                                  KS_CONTEXT_TEMPLATE_MAX);
+    }
+    return EX_OK;
+}
+
+/* Parse the options into a.  Returns 0 to go on; otherwise the program
+ * is over (help printed, or a usage error) and *rc is its exit code. */
+static int parse(app *a, int argc, char **argv, int *rc)
+{
+    app_opts *o = &a->o;
+    int npos = 0;
+    const ks_cli_opt opts[] = {
+        {"--db", &o->db, NULL},
+        {"--table", &o->table, NULL},
+        {"--column", &o->column, NULL},
+        {"--id-column", &o->id_column, NULL},
+        {"--tenant-column", &o->tenant_column, NULL},
+        {"--context", &o->context, NULL},
+        {"--purpose", &o->purpose, NULL},
+        {"--instance", &o->instance, NULL},
+        {"--keyring", &o->keyring, NULL},
+        {"--passphrase-file", &o->passfile, NULL},
+        {"--max-format", &o->max_format, NULL},
+        {"--ops", &o->ops, NULL},
+        {"--seconds", &o->seconds, NULL},
+        {"--write-percent", &o->write_percent, NULL},
+        {"--rate", &o->rate, NULL},
+        {"--seed", &o->seed, NULL},
+        {"--reload-ms", &o->reload_ms, NULL},
+        {"--json", NULL, &o->json},
+        {NULL, NULL, NULL},
+    };
+    if (ks_cli_parse_opts(NULL, usage, argc, argv, opts, NULL, 0, &npos, rc)) {
+        return 1;
+    }
+    *rc = check_opts(a);
+    return *rc != EX_OK;
+}
+
+/* Print counts as "name n, name n" (text) or {"name":n,...} (JSON). */
+static void put_counts(FILE *f, const name_counts *c, int json)
+{
+    if (json) {
+        fputc('{', f);
+    }
+    for (size_t i = 0; i < c->n; i++) {
+        if (json) {
+            ks_cli_put_json_string(f, (const uint8_t *)c->name[i], strlen(c->name[i]));
+            fprintf(f, ":%" PRIu64 "%s", c->count[i], i + 1 < c->n ? "," : "");
+        } else {
+            fprintf(f, "%s%s %" PRIu64, i ? ", " : "", c->name[i], c->count[i]);
+        }
+    }
+    fputs(json ? "}" : (c->n ? "" : "none"), f);
+}
+
+/* The number of failed reads: refused, unanswered or not opened. */
+static uint64_t failed_reads(const stats *s)
+{
+    return s->reads_refused + total(&s->policy_errors) + total(&s->open_failures);
+}
+
+/* Print the summary on standard output. */
+static void summary(const app *a, double elapsed)
+{
+    const stats *s = &a->s;
+    FILE *f = stdout;
+    if (a->o.json) {
+        const struct {
+            const char *key;
+            uint64_t v;
+        } nums[] = {
+            {"ops", s->ops}, {"reads", s->reads}, {"reads_plaintext", s->reads_plaintext},
+            {"reads_envelope", s->reads_envelope}, {"reads_null", s->reads_null},
+            {"reads_no_rollout", s->reads_no_rollout}, {"reads_refused", s->reads_refused},
+            {"failed_reads", failed_reads(s)}, {"writes_total", total(&s->writes)},
+            {"writes_skipped", s->writes_skipped}, {"key_changes", s->key_changes},
+            {"keyring_reloads", s->keyring_reloads}, {"reload_errors", s->reload_errors},
+            {"heartbeat_errors", s->heartbeat_errors}, {"report_errors", s->report_errors},
+            {"db_errors", s->db_errors},
+        };
+        const struct {
+            const char *key;
+            const name_counts *c;
+        } groups[] = {
+            {"policy_errors", &s->policy_errors}, {"open_failures", &s->open_failures},
+            {"writes", &s->writes}, {"write_failures", &s->write_failures},
+        };
+        fputs("{\"instance\":", f);
+        ks_cli_put_json_string(f, (const uint8_t *)a->o.instance, strlen(a->o.instance));
+        fprintf(f, ",\"seed\":%" PRIu64 ",\"seconds\":%.3f", a->seed, elapsed);
+        for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+            fprintf(f, ",\"%s\":%" PRIu64, nums[i].key, nums[i].v);
+        }
+        for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++) {
+            fprintf(f, ",\"%s\":", groups[i].key);
+            put_counts(f, groups[i].c, 1);
+        }
+        fprintf(f, ",\"keys\":\"%s\"}\n", a->keys);
+        return;
+    }
+    fprintf(f, PROG " %s: %" PRIu64 " operations in %.1f s (seed %" PRIu64 ")\n", a->o.instance,
+            s->ops, elapsed, a->seed);
+    fprintf(f, "  reads: %" PRIu64 " (plaintext %" PRIu64 ", envelopes %" PRIu64 ", NULL %" PRIu64
+               "; %" PRIu64 " with no rollout)\n",
+            s->reads, s->reads_plaintext, s->reads_envelope, s->reads_null, s->reads_no_rollout);
+    fprintf(f, "  refused by the policy: %" PRIu64 "; policy errors: ", s->reads_refused);
+    put_counts(f, &s->policy_errors, 0);
+    fputs("\n  open failures: ", f);
+    put_counts(f, &s->open_failures, 0);
+    fprintf(f, "\n  writes: %" PRIu64 ": ", total(&s->writes));
+    put_counts(f, &s->writes, 0);
+    fputs("\n  write failures: ", f);
+    put_counts(f, &s->write_failures, 0);
+    fprintf(f, "; skipped (no rollout, value NULL or unreadable): %" PRIu64 "\n",
+            s->writes_skipped);
+    fprintf(f, "  key versions held: %s (%" PRIu64 " changes; keyring reloads %" PRIu64
+               ", reload errors %" PRIu64 ")\n",
+            a->keys[0] ? a->keys : "none", s->key_changes, s->keyring_reloads, s->reload_errors);
+    fprintf(f, "  heartbeat errors %" PRIu64 ", report errors %" PRIu64 ", database errors %" PRIu64
+               "\n",
+            s->heartbeat_errors, s->report_errors, s->db_errors);
+    fprintf(f, "  result: %" PRIu64 " failed reads\n", failed_reads(s));
+}
+
+/* Sleep until monotonic time t (or a signal). */
+static void sleep_until(double t)
+{
+    double d = t - now_s();
+    if (d > 0) {
+        struct timespec ts = {(time_t)d, (long)((d - (double)(time_t)d) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* The loop: operations until the count, the time or a signal; the
+ * periodic work every reload_ms. */
+static void run(app *a)
+{
+    double start = now_s(), next_tick = start + a->reload_ms / 1000.0, next_op = start;
+    while (!stop_requested && (a->max_ops == 0 || a->s.ops < a->max_ops) &&
+           (a->seconds == 0 || now_s() - start < a->seconds)) {
+        if (a->rate != 0) {
+            sleep_until(next_op);
+            next_op += 1.0 / a->rate;
+            if (stop_requested) {
+                break;
+            }
+        }
+        run_op(a);
+        if (now_s() >= next_tick) {
+            tick(a);
+            next_tick = now_s() + a->reload_ms / 1000.0;
+        }
+    }
+}
+
+/* Set up the database, keyring and policy; run; report; clean up. */
+int main(int argc, char **argv)
+{
+    static app a; /* large (name tables): not on the stack */
+    ks_cli_set_prog(PROG);
+    int rc = EX_OK;
+    if (parse(&a, argc, argv, &rc)) {
+        return rc;
+    }
+    if (sodium_init() < 0) { /* before the passphrase's sodium_malloc */
+        ks_cli_error("cannot initialise libsodium");
+        return EX_OSERR;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    char keys[KS_READER_KEYS_MAX + 1];
+    rc = db_open(&a);
+    if (rc == EX_OK) {
+        rc = keyring_reload(&a, keys);
+    }
+    if (rc == EX_OK) {
+        uint32_t algs = 1u << KS_ALG_XCHACHA20POLY1305;
+        if (crypto_aead_aes256gcm_is_available()) {
+            algs |= 1u << KS_ALG_AES256GCM;
+        }
+        strcpy(a.keys, keys);
+        ks_policy_options po = {a.o.instance, a.max_format, algs, a.keys, a.reload_ms, 1};
+        ks_err e = ks_policy_open(a.o.db, &po, &a.policy);
+        if (e != KS_OK) {
+            ks_cli_error("cannot open the rollout policy on %s: %s%s", a.o.db, ks_err_name(e),
+                         e == KS_ERR_INVALID_ARGUMENT ? " (check --instance)" : "");
+            rc = ks_cli_exit_code(e);
+        }
+    }
+    double start = now_s();
+    if (rc == EX_OK) {
+        tick(&a);
+        run(&a);
+        ks_health_sample t;
+        health_totals(&a, &t);
+        if (ks_policy_report(a.policy, &t) != KS_OK) {
+            a.s.report_errors++;
+        }
+        ks_policy_close(a.policy);
+        summary(&a, now_s() - start);
+        rc = failed_reads(&a.s) > 0 ? EX_DATAERR : a.s.db_errors > 0 ? EX_IOERR : EX_OK;
+    }
+    sqlite3_finalize(a.pick);
+    sqlite3_finalize(a.update);
+    sqlite3_close(a.db);
+    ks_ctx_free(a.ctx);
+    ks_provider_destroy(&a.prov);
+    ks_keyring_close(a.kr);
+    return rc;
+}
