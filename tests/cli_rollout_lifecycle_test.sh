@@ -17,10 +17,19 @@
 #      `migrate verify`) and finalized while both apps run; census after
 #      each; at the end both apps stop on SIGTERM and exit 0: no read
 #      failed.
+#   D. an old reader: a live app holding only the source key version
+#      blocks write-upgrade (exit 75, named); killed with SIGKILL, it stops
+#      blocking once its heartbeat is older than the reader TTL.
+#   E. a threshold trip: envelopes copied over other rows make the app's
+#      opens fail; its reported auth failures trip `rollout check
+#      --auto-rollback` (exit 1), which moves the rollout back to
+#      read-compat (logged automatic); an app then writes the source and
+#      still reads the target.
+#   C. a smoke run of tools/demo_rollout.sh (the second half of make demo).
 #
 # Usage: KEYSHIFT=path/to/keyshift DEMO_APP=path/to/keyshift-demo-app \
 #            tests/cli_rollout_lifecycle_test.sh
-# Part A takes about 10 s under ASan+UBSan; part B about 30 s.
+# About 35 s under ASan+UBSan on 2 cores.
 set -u
 
 . "$(dirname "$0")/cli_lib.sh"
@@ -313,6 +322,77 @@ for n in 1 2; do
     fi
 done
 readers_count_is "$B" 0 && ok "lifecycle: both apps deregistered" || bad "lifecycle: apps deregistered"
+
+# ---- D. an old reader blocks write-upgrade until its heartbeat expires -----------------
+# A real application process that holds only pay/kek:1 (its keyring copy
+# predates version 2) keeps a rollout to pay/kek:2 out of write-upgrade;
+# once it dies without deregistering (SIGKILL) and its heartbeat is older
+# than the reader TTL, the same transition is allowed.
+D=$T/d.db
+make_db "$D" 300
+export KEYSHIFT_KEYRING="$T/keyring-d"
+"$KS" keys init 2>/dev/null && "$KS" keys create pay/kek 2>/dev/null
+cp "$KEYSHIFT_KEYRING" "$T/keyring-old"
+chmod 600 "$T/keyring-old"
+"$KS" keys add-version pay/kek >/dev/null 2>&1
+"$APP" --db "$D" "${APPARGS[@]}" --instance old-web --keyring "$T/keyring-old" --seconds 3600 \
+    --rate 100 --write-percent 10 --reload-ms 200 --json >"$T/old.json" 2>"$T/old.err" &
+OLD=$!
+PIDS+=($OLD)
+"$APP" --db "$D" "${APPARGS[@]}" --instance new-web --seconds 3600 --rate 150 --write-percent 20 \
+    --reload-ms 200 --json >"$T/new.json" 2>"$T/new.err" &
+PIDS+=($!)
+wait_for 20 readers_count_is "$D" 2 && ok "old reader: both apps registered" || bad "old reader: apps registered"
+R=(--db "$D" --table pay --column card)
+run "old reader: start a rollout to pay/kek:2" 0 "$KS" rollout start "${R[@]}" --source plaintext \
+    --target v1:xchacha20-poly1305:pay/kek:2 --min-soak 0 --reader-ttl 2 --min-samples 20 \
+    --max-auth-failure-rate 0.01 --window 60
+run "old reader: advance to read-compat" 0 "$KS" rollout advance "${R[@]}"
+run "old reader: write-upgrade refused while old-web is live" 75 "$KS" rollout advance "${R[@]}" --all
+expect_grep "old reader: the refusal names the old reader" "$T/err" "old-web"
+kill -KILL "$OLD"
+{ wait "$OLD"; } 2>/dev/null # no "Killed" notice
+sleep 3 # past the 2 s reader TTL: old-web's last heartbeat expires
+run "old reader: write-upgrade allowed once its heartbeat expired" 0 "$KS" rollout advance "${R[@]}" --all
+
+# ---- E. a threshold trip rolls writes back to the source -------------------------------
+# new-web writes pay/kek:2 envelopes in write-upgrade.  Copying one row's
+# envelope over 100 others makes their opens fail (the context binds the
+# row id): new-web reports the auth failures, `rollout check
+# --auto-rollback` trips and moves the rollout back to read-compat, where
+# writes go to the source again while the target stays readable.
+sleep 2
+env_id=$(sqlite3 "$D" "SELECT id FROM pay WHERE hex(substr(card, 1, 3)) = '4B5345' LIMIT 1")
+if [ -n "$env_id" ]; then ok "threshold: new-web wrote target envelopes"; else bad "threshold: no envelope written"; fi
+sqlite3 "$D" "CREATE TABLE bak AS SELECT id, card FROM pay WHERE id != ${env_id:-0} LIMIT 100;
+UPDATE pay SET card = (SELECT card FROM pay WHERE id = ${env_id:-0}) WHERE id IN (SELECT id FROM bak);"
+rc=3 deadline=$((SECONDS + 20))
+while [ "$rc" = 3 ] || [ "$rc" = 0 ]; do
+    "$KS" rollout check "${R[@]}" --auto-rollback --json >"$T/check.json" 2>"$T/check.err"
+    rc=$?
+    [ "$SECONDS" -ge "$deadline" ] && break
+    [ "$rc" = 3 ] || [ "$rc" = 0 ] && sleep 0.5
+done
+if [ "$rc" = 1 ]; then ok "threshold: check --auto-rollback tripped and rolled back (exit 1)"; else bad "threshold: check exit" "exit $rc: $(head -c 300 "$T/check.json") $(head -c 200 "$T/check.err")"; fi
+expect_grep "threshold: the auth-failure rate tripped" "$T/check.json" "auth-failure-rate"
+"$KS" rollout status "${R[@]}" --json >"$T/st.json" 2>&1
+expect_grep "threshold: back in read-compat" "$T/st.json" '"phase":"read-compat"'
+"$KS" rollout log "${R[@]}" --json >"$T/log.json" 2>&1
+expect_grep "threshold: the rollback is logged as automatic" "$T/log.json" '"automatic":true'
+sqlite3 "$D" "UPDATE pay SET card = (SELECT card FROM bak WHERE bak.id = pay.id) WHERE id IN (SELECT id FROM bak);"
+sleep 1 # new-web's policy refreshes
+run "threshold: after the rollback an app writes the source and reads the target" 0 \
+    app late-web "$D" --ops 400 --write-percent 50 --seed 9 --json
+if grep -q '"writes":{"plaintext":[1-9][0-9]*}' "$T/out" && [ "$(jnum "$T/out" reads_refused)" = 0 ] &&
+    [ "$(jnum "$T/out" reads_envelope)" -gt 0 ]; then
+    ok "threshold: late-web wrote only plaintext (the source) and read target envelopes"
+else
+    bad "threshold: late-web after the rollback" "$(head -c 500 "$T/out")"
+fi
+for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+wait 2>/dev/null
+PIDS=()
+export KEYSHIFT_KEYRING="$T/keyring"
 
 # ---- C. the phase-by-phase demo of `make demo` --------------------------------------
 DEMO_ROWS=2000 DEMO_DIR="$T/demo" run "demo_rollout smoke (2000 rows)" 0 \
