@@ -25,6 +25,8 @@
 #      --auto-rollback` (exit 1), which moves the rollout back to
 #      read-compat (logged automatic); an app then writes the source and
 #      still reads the target.
+#   F. canary: in write-upgrade for tenant acme only, an app's writes are
+#      envelopes for acme's rows and plaintext (the source) for globex's.
 #   C. a smoke run of tools/demo_rollout.sh (the second half of make demo).
 #
 # Usage: KEYSHIFT=path/to/keyshift DEMO_APP=path/to/keyshift-demo-app \
@@ -393,6 +395,24 @@ for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
 wait 2>/dev/null
 PIDS=()
 export KEYSHIFT_KEYRING="$T/keyring"
+
+# ---- F. canary: only the listed tenants write the target ------------------------------
+F=$T/f.db
+make_db "$F" 300
+R=(--db "$F" --table pay --column card)
+run "canary: start" 0 "$KS" rollout start "${R[@]}" --source plaintext \
+    --target v1:xchacha20-poly1305:pay/kek:2 --min-soak 0 --reader-ttl 5
+run "canary: advance to read-compat" 0 "$KS" rollout advance "${R[@]}"
+run "canary: advance to write-upgrade for tenant acme only" 0 "$KS" rollout advance "${R[@]}" --tenants acme
+run "canary: an app rewrites rows of both tenants" 0 app canary-web "$F" --ops 600 --write-percent 100 --seed 5 --json
+acme_env=$(sqlite3 "$F" "SELECT count(*) FROM pay WHERE tenant = 'acme' AND hex(substr(card, 1, 3)) = '4B5345'")
+globex_env=$(sqlite3 "$F" "SELECT count(*) FROM pay WHERE tenant = 'globex' AND hex(substr(card, 1, 3)) = '4B5345'")
+globex_app=$(sqlite3 "$F" "SELECT count(*) FROM pay WHERE tenant = 'globex' AND card LIKE '%\"writer\":\"canary-web\"%'")
+if [ "$acme_env" -gt 0 ] && [ "$globex_env" = 0 ] && [ "$globex_app" -gt 0 ]; then
+    ok "canary: acme wrote the target ($acme_env envelopes), globex the source ($globex_app plaintext writes, 0 envelopes)"
+else
+    bad "canary: who wrote the target" "acme envelopes $acme_env, globex envelopes $globex_env, globex app writes $globex_app"
+fi
 
 # ---- C. the phase-by-phase demo of `make demo` --------------------------------------
 DEMO_ROWS=2000 DEMO_DIR="$T/demo" run "demo_rollout smoke (2000 rows)" 0 \
