@@ -14,7 +14,8 @@
  *   byte 2  min_soak_s / 4
  *   byte 3  reader_ttl_s - 1
  *   then up to MAX_OPS operations: a tag byte (mod N_OPS) and two argument
- *   bytes a, b (OP_RAW_READER: a length byte and that many bytes instead).
+ *   bytes a, b (OP_RAW_READER: a length byte and that many bytes instead;
+ *   OP_PURE: twelve bytes p[0..11], the first two being a and b).
  *
  * Operations (the tag's name, then what a and b choose):
  *   ADVANCE, ROLLBACK  gather facts as an operator tool does (census of the
@@ -50,7 +51,12 @@
  *   KEY      key version (a mod 4) + 1: b mod 5 = 0 add it, 1 active,
  *       2 decrypt-only, 3 disabled, 4 destroyed -- only when
  *       ks_rollout_destroy_guard allows it, with the references counted
- *       like `keys set-state destroyed` does.  Destroyed is final.
+ *       like `keys set-state destroyed` does; its verdict must match the
+ *       model's references.  Destroyed is final.  a bits 2-6 (with b mod 5
+ *       = 4) make it a dry run, never applied: bit 2 forced, bit 3 with a
+ *       reason, bit 4 rows not counted, bit 5 readers not checked, bit 6
+ *       also the calls no tool may make (version 0, bad key id, NULL or
+ *       unprintable reason, NULL facts; bit 7 picks NULL).
  *   TIME     the clock moves a seconds (a < 64) or (a - 63) minutes.
  *   METRICS  an application health sample: 10 * (1 + a mod 16) opens,
  *       b mod 8 auth failures (b bit 3: parse errors instead).
@@ -59,6 +65,15 @@
  *   CANARY   ks_rollout_db_set_canary (all, tenants, percent a mod 101).
  *   RAW_READER  a key-version list from the input: registering it succeeds
  *       exactly when ks_rollout_keys_check accepts it (then removed again).
+ *   PURE     the pure functions on facts from p: ks_rollout_guard (from
+ *       p0 & 7, to p0 >> 3, each mod 7 so invalid phases occur; key facts
+ *       from p1; census / health / latest / plaintext source / verified /
+ *       reader count / NULL readers from p2; health value p3; census counts
+ *       p4 << (p5 mod 40) and p5 << (p4 mod 40); lasted p6 * 10 - 100 s;
+ *       soak 8 * p7; optionally the target replaced by the class of p8-p9)
+ *       against the reference model; ks_rollout_class_check and _equal on
+ *       that class; phase names (p10); ks_rollout_keys_add into a buffer
+ *       of 1 + p11 mod 32 bytes, and (p11 bit 7) a list at the size limit.
  *
  * Invariants, checked after every operation (abort() on violation):
  *   1. every stored record can be read by every live reader: the reader's
