@@ -40,6 +40,7 @@ LIB_SRCS=$(ls format/*.c parser/*.c migrate/*/*.c)
 dict_for() {
     case $1 in
         fuzz_keyring) echo corpus/keyring.dict ;;
+        fuzz_rollout) echo corpus/rollout.dict ;;
         *) echo corpus/envelope.dict ;;
     esac
 }

@@ -83,6 +83,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #include "../migrate/store/sqlite_store.h"
 #include "fuzz_check.h"
 #include "fuzz_drbg.h"
+#include "fuzz_input.h"
 
 #define BV(s) ((ks_bytes){(const uint8_t *)(s), sizeof(s) - 1})
 #define MAX_ROWS 16
@@ -204,18 +205,6 @@ static void init(void)
 
 /* ---- decoding ------------------------------------------------------------------ */
 
-/* A cursor over the input; reads past the end give zeros. */
-typedef struct input {
-    const uint8_t *p;
-    size_t n, off;
-} input;
-
-/* The next byte, or 0 at the end. */
-static uint8_t next(input *in)
-{
-    return in->off < in->n ? in->p[in->off++] : 0;
-}
-
 /* One row of the database, as inserted. */
 typedef struct row {
     int64_t id;
@@ -245,7 +234,7 @@ typedef struct world_in {
 static const char *const TENANTS[4] = {"acme", "globex", NULL, "bad tenant"};
 
 /* Decode one row (header already read) from in. */
-static void read_row(input *in, uint8_t h, row *r)
+static void read_row(ks_fuzz_input *in, uint8_t h, row *r)
 {
     r->quarantined = (h >> 3) & 1;
     r->tenant_kind = (h >> 4) & 3;
@@ -259,7 +248,7 @@ static void read_row(input *in, uint8_t h, row *r)
     case 6: {
         uint64_t v = 0;
         for (int k = 0; k < 8; k++) {
-            v = (v << 8) | next(in);
+            v = (v << 8) | ks_fuzz_next(in);
         }
         if ((h & 7) == 1) {
             r->type = SQLITE_INTEGER;
@@ -274,25 +263,25 @@ static void read_row(input *in, uint8_t h, row *r)
     case 2:
     case 3:
     case 7: {
-        size_t len = next(in), pre = 0;
+        size_t len = ks_fuzz_next(in), pre = 0;
         if ((h & 7) == 7) {
             memcpy(r->bytes, "KSE", 3);
             pre = 3;
         }
         for (size_t k = 0; k < len && in->off < in->n; k++) {
-            r->bytes[pre + r->len++] = next(in);
+            r->bytes[pre + r->len++] = ks_fuzz_next(in);
         }
         r->len += pre;
         r->type = (h & 7) == 2 ? SQLITE_TEXT : SQLITE_BLOB;
         break;
     }
     default: { /* 4, 5: a genuine envelope, maybe with one byte changed */
-        const sealed *g = &gen[next(in) % N_GENUINE];
+        const sealed *g = &gen[ks_fuzz_next(in) % N_GENUINE];
         memcpy(r->bytes, g->env, g->env_len);
         r->len = g->env_len;
-        uint8_t mut = next(in);
+        uint8_t mut = ks_fuzz_next(in);
         if (mut != 0) {
-            r->bytes[(mut * 7u) % r->len] ^= next(in);
+            r->bytes[(mut * 7u) % r->len] ^= ks_fuzz_next(in);
         }
         r->type = (h & 7) == 4 ? SQLITE_BLOB : SQLITE_TEXT;
         break;
@@ -303,8 +292,8 @@ static void read_row(input *in, uint8_t h, row *r)
 /* Decode the whole input into w. */
 static void decode(const uint8_t *data, size_t size, world_in *w)
 {
-    input in = {data, size, 0};
-    uint8_t b0 = next(&in), b1 = next(&in), b2 = next(&in), b3 = next(&in);
+    ks_fuzz_input in = {data, size, 0};
+    uint8_t b0 = ks_fuzz_next(&in), b1 = ks_fuzz_next(&in), b2 = ks_fuzz_next(&in), b3 = ks_fuzz_next(&in);
     memset(&w->p, 0, sizeof w->p);
     static const ks_migrate_mode modes[4] = {KS_MIGRATE_ENCRYPT, KS_MIGRATE_REWRAP,
                                              KS_MIGRATE_REENCRYPT, KS_MIGRATE_ENCRYPT};
@@ -339,7 +328,7 @@ static void decode(const uint8_t *data, size_t size, world_in *w)
     while (in.off < in.n && w->n_rows < MAX_ROWS) {
         row *r = &w->rows[w->n_rows];
         r->id = (int64_t)w->n_rows + 1;
-        read_row(&in, next(&in), r);
+        read_row(&in, ks_fuzz_next(&in), r);
         w->any_quarantined |= r->quarantined;
         w->n_rows++;
     }

@@ -18,11 +18,12 @@ and at least one input of every rejection class at every element.
 Idempotent: a seed's name is its content's hash; nothing is removed.
 Standard library only; run from anywhere.
 """
-import hashlib
 import os
 import re
 import struct
 import sys
+
+from seedlib import write_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(ROOT, "corpus", "fuzz_keyring")
@@ -260,15 +261,7 @@ def main():
     # Every cut of a sealed header.
     sealed = sealed_header() + bytes(20)
     seeds += [sealed[:i] for i in range(len(sealed) + 1)]
-    os.makedirs(CORPUS, exist_ok=True)
-    new = 0
-    for s in seeds:
-        path = os.path.join(CORPUS, hashlib.sha1(s).hexdigest())
-        if not os.path.exists(path):
-            with open(path, "wb") as f:
-                f.write(s)
-            new += 1
-    print("keyring_seeds: %d seeds (%d new) in corpus/fuzz_keyring" % (len(set(seeds)), new))
+    write_corpus("keyring_seeds", list(dict.fromkeys(seeds)), CORPUS)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,10 @@ their index in GENUINE of fuzz/fuzz_migrate.c (the harness seals them at
 init), so the seeds stay genuine as long as that table keeps its order.
 Files are named by the SHA-1 of their content; the script only adds files.
 """
-import hashlib
-import os
 import struct
 import sys
+
+from seedlib import write_corpus
 
 # mode
 ENCRYPT, REWRAP, REENCRYPT = 0, 1, 2
@@ -125,16 +125,7 @@ def seeds():
 
 
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else "corpus/fuzz_migrate"
-    os.makedirs(out, exist_ok=True)
-    n = 0
-    for seed in seeds():
-        path = os.path.join(out, hashlib.sha1(seed).hexdigest())
-        if not os.path.exists(path):
-            with open(path, "wb") as f:
-                f.write(seed)
-            n += 1
-    print("migrate_seeds: %d seeds (%d new) in %s" % (len(seeds()), n, out))
+    write_corpus("migrate_seeds", seeds(), sys.argv[1] if len(sys.argv) > 1 else "corpus/fuzz_migrate")
 
 
 if __name__ == "__main__":

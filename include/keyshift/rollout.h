@@ -477,6 +477,38 @@ KS_API KS_WUR ks_err ks_policy_report(ks_policy *p, const ks_health_sample *tota
  * other call on p has returned. */
 KS_API void ks_policy_close(ks_policy *p);
 
+/* ==== key retirement (migrate/rollout/retire.c) ===========================
+ * The reference check of `keys set-state ... destroyed`: a key version is
+ * not destroyed while anything still needs it.  Pure, like the guards: the
+ * caller counts the references, the function decides. */
+
+/* What the destroy guard decides on. */
+typedef struct ks_rollout_destroy_facts {
+    const char *key_id;        /* the version to destroy: [F-KEYID-1] */
+    uint32_t key_version;      /* >= 1 */
+    int rows_known;            /* 0: the rows were not counted (refused) */
+    uint64_t rows;             /* rows whose envelope names the version (every scope checked) */
+    int readers_known;         /* 0: the live readers were not read (refused) */
+    size_t live_readers;       /* live readers whose key list holds the version */
+    size_t open_rollouts;      /* rollouts not finalized whose source or target is the
+                                  version */
+    int force;                 /* nonzero: destroy despite references (never despite
+                                  facts that were not gathered) */
+    const char *reason;        /* with force: 1..KS_ROLLOUT_REASON_MAX printable bytes */
+} ks_rollout_destroy_facts;
+
+/*
+ * May (f->key_id, f->key_version) be destroyed?  KS_OK when nothing
+ * references it (or f->force with a reason overrides the references: why
+ * then says what was overridden, for the log); KS_ERR_GUARD with a
+ * sentence in why, e.g. "k:1 is still referenced by 12 rows and 2 live
+ * readers", when a count is not zero or was not gathered;
+ * KS_ERR_INVALID_ARGUMENT for NULL, a bad key_id, version 0, or force
+ * without a printable reason.
+ */
+KS_API KS_WUR ks_err ks_rollout_destroy_guard(const ks_rollout_destroy_facts *f, char *why,
+                                              size_t why_len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,1367 @@
+/*
+ * fuzz/fuzz_rollout.c -- property fuzzing of rollouts: the input is a
+ * sequence of operations run against the REAL state machine (ks_rollout_db
+ * transitions and guards, the application policy, the migration engine,
+ * the destroy guard) over one SQLite database, with a simulated clock.
+ *
+ * Input (docs/fuzzing.md, "fuzz_rollout"; short inputs read as zeros):
+ *   byte 0  bit 0 source k:1 (v2, xchacha20-poly1305) (else plaintext),
+ *           bit 1 target format 1 (plaintext source only; else 2),
+ *           bits 2-3 canary (0, 3: all; 1: tenants acme,globex; 2: percent),
+ *           bits 4-6 rows written at the source before the rollout (0..7),
+ *           bit 7 key k:2 not in the provider at the start
+ *   byte 1  canary percent (mod 101)
+ *   byte 2  min_soak_s / 4
+ *   byte 3  reader_ttl_s - 1
+ *   then up to MAX_OPS operations: a tag byte (mod N_OPS) and two argument
+ *   bytes a, b (OP_RAW_READER: a length byte and that many bytes instead;
+ *   OP_PURE: twelve bytes p[0..11], the first two being a and b).
+ *
+ * Operations (the tag's name, then what a and b choose):
+ *   ADVANCE, ROLLBACK  gather facts as an operator tool does (census of the
+ *       table through ks_census_run, live readers, key states from the
+ *       provider, the health verdict over the window of inserted metrics,
+ *       or OK without samples) and call ks_rollout_db_transition to the
+ *       next phase / the rollback phase.  a bits 0-2 with bit 7: leave the
+ *       census, key states or health out of the facts; bit 3: ask from the
+ *       wrong phase (stale); bit 4: ask for a phase (b mod 5) + 1 instead;
+ *       bit 5: ask it of the previous (finalized) rollout; bit 6: mark it
+ *       automatic.  The result is compared with a reference model of the
+ *       guards written from docs/rollout.md; refusals are expected results.
+ *   WRITE    a live reader ((a & 3) mod 3) asks ks_policy_write_target for a
+ *       tenant (b >> 4) and seals (ks_seal) under that class into row
+ *       (b mod 16) + 1, or stores plaintext.  A seal fails exactly when the
+ *       key version is not active.
+ *   READ     row (b mod 16) + 1 by live reader (a & 3) mod 3: ks_policy_may_read
+ *       must allow it, and ks_open must return the stored plaintext.
+ *   MIGRATE  in backfill only: ks_migrate_run over a ks_rowstore of the
+ *       same database (encrypt or rewrap to the target), batch size
+ *       (a mod 4) + 1, stopped after the first batch unless a bit 2.
+ *   VERIFY   ks_migrate_verify; a full pass with no failure in backfill is
+ *       recorded with ks_rollout_db_record_verify (refused elsewhere).
+ *   JOIN     reader slot (a & 3) mod 3 starts: max format 1 + (a >> 2 & 1), the
+ *       key versions k:1..k:4 of b's low bits that exist and are not
+ *       destroyed; a ks_policy of its own, registered at the simulated now.
+ *       An instance that cannot read what is stored, what is written now
+ *       and what a permitted rollback would write does not start (the
+ *       deployment rule the guards assume; docs/fuzzing.md).
+ *   LEAVE    reader slot (a & 3) mod 3 deregisters and closes its policy.
+ *   HEARTBEAT  reader slot (a & 3) mod 3 beats, if it is still live (an expired
+ *       reader has stopped: it comes back only by JOIN).
+ *   KEY      key version (a mod 4) + 1: b mod 5 = 0 add it, 1 active,
+ *       2 decrypt-only, 3 disabled, 4 destroyed -- only when
+ *       ks_rollout_destroy_guard allows it, with the references counted
+ *       like `keys set-state destroyed` does; its verdict must match the
+ *       model's references.  Destroyed is final.  a bits 2-6 (with b mod 5
+ *       = 4) make it a dry run, never applied: bit 2 forced, bit 3 with a
+ *       reason, bit 4 rows not counted, bit 5 readers not checked, bit 6
+ *       also the calls no tool may make (version 0, bad key id, NULL or
+ *       unprintable reason, NULL facts; bit 7 picks NULL).
+ *   TIME     the clock moves a seconds (a < 64) or (a - 63) minutes.
+ *   METRICS  an application health sample: 10 * (1 + a mod 16) opens,
+ *       b mod 8 auth failures (b bit 3: parse errors instead).
+ *   START    after finalize: a new rollout from the old target to the next
+ *       key version (up to k:4).
+ *   CANARY   ks_rollout_db_set_canary (all, tenants, percent a mod 101).
+ *   RAW_READER  a key-version list from the input: registering it succeeds
+ *       exactly when ks_rollout_keys_check accepts it (then removed again).
+ *   PURE     the pure functions on facts from p: ks_rollout_guard (from
+ *       p0 & 7, to p0 >> 3, each mod 7 so invalid phases occur; key facts
+ *       from p1; census / health / latest / plaintext source / verified /
+ *       reader count / NULL readers from p2; health value p3; census counts
+ *       p4 << (p5 mod 40) and p5 << (p4 mod 40); lasted p6 * 10 - 100 s;
+ *       soak 8 * p7; optionally the target replaced by the class of p8-p9)
+ *       against the reference model; ks_rollout_class_check and _equal on
+ *       that class; phase names (p10); ks_rollout_keys_add into a buffer
+ *       of 1 + p11 mod 32 bytes, and (p11 bit 7) a list at the size limit.
+ *
+ * Invariants, checked after every operation (abort() on violation):
+ *   1. every stored record can be read by every live reader: the reader's
+ *      policy allows it and the reader supports its class (and, in READ and
+ *      at the end of the input, ks_open returns its plaintext unless its
+ *      key version is disabled, when it fails with KS_ERR_DENIED);
+ *   2. no key version is destroyed while a row or a live reader holds it;
+ *   3. finalized implies no row remains at the source;
+ *   4. the log only grows: its row count never decreases, and exactly the
+ *      entries of the step's successful start / transition / canary /
+ *      verify appear, in order, with their fields;
+ * plus: the stored rollout and rows match the model, the census matches
+ * the model, and sqlite3_memory_used() is back to its starting value after
+ * each input.
+ *
+ * World: libsodium's random source is fixed (fuzz/fuzz_drbg.h); the clock
+ * is simulated (every ks_rollout_db_* call takes `now`; the policies never
+ * register themselves and refresh explicitly).  The stores open plain
+ * paths only (no URI, no SQLITE_OPEN_CREATE), so the harness makes
+ * SQLite's in-memory "memdb" VFS the process's default: every connection
+ * (the operator's ks_rollout_db, the policies, the row store, the
+ * application's own) opens the same in-memory database, which vanishes
+ * when the last one closes at the end of the input -- no file, and every
+ * input starts from nothing.  Keys come from tests/mem_provider.h (as in
+ * fuzz_migrate), rebuilt per input.
+ *
+ * FUZZ_ROLLOUT_VERBOSE=1 (environment) prints every operation.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <inttypes.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <sodium.h>
+#include <sqlite3.h>
+
+#include <keyshift/crypto.h>
+#include <keyshift/health.h>
+#include <keyshift/migrate.h>
+#include <keyshift/rollout.h>
+#include <keyshift/rowstore.h>
+
+#include "../tests/mem_provider.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#include "fuzz_check.h"
+#include "fuzz_drbg.h"
+#include "fuzz_input.h"
+
+#define DRBG_LABEL "keyshift fuzz_rollout fixed"
+#define MAX_OPS 64
+#define MAX_ROWS 16
+#define N_SLOTS 3
+#define MAX_KV 4 /* key versions k:1 .. k:4 */
+#define N_TENANTS 4
+#define T0 1700000000
+#define ENV_CAP 512
+#define ACTOR "fuzz-operator"
+
+enum {
+    OP_ADVANCE,
+    OP_ROLLBACK,
+    OP_WRITE,
+    OP_READ,
+    OP_MIGRATE,
+    OP_VERIFY,
+    OP_JOIN,
+    OP_LEAVE,
+    OP_HEARTBEAT,
+    OP_KEY,
+    OP_TIME,
+    OP_METRICS,
+    OP_START,
+    OP_CANARY,
+    OP_RAW_READER,
+    OP_PURE,
+    N_OPS
+};
+
+static const char *const OP_NAMES[N_OPS] = {"advance", "rollback", "write",  "read",   "migrate",
+                                            "verify",  "join",     "leave",  "beat",   "key",
+                                            "time",    "metrics",  "start",  "canary", "raw-reader",
+                                            "pure"};
+static const char *const TENANTS[N_TENANTS] = {"acme", "globex", "initech", "umbrella"};
+static const char *const INSTANCES[N_SLOTS] = {"app-0", "app-1", "app-2"};
+
+/* One row of table t as the model expects it. */
+typedef struct mrow {
+    int present;
+    ks_rollout_class cls;
+    unsigned tenant;
+    uint8_t pt[32];
+    size_t pt_len;
+} mrow;
+
+/* One simulated application instance. */
+typedef struct slot {
+    int registered;     /* in keyshift_readers */
+    int64_t heartbeat;
+    ks_rollout_reader r;
+    unsigned held;      /* bit v: holds k:v */
+    ks_policy *pol;
+} slot;
+
+/* The log rows a step must add. */
+typedef struct want_log {
+    int64_t rollout_id;
+    int from, to;
+    char reason[64];    /* prefix the stored reason starts with */
+    int automatic;
+} want_log;
+
+/* The whole world of one input, and the model of what it must hold. */
+typedef struct world {
+    int64_t now;
+    ks_rollout_db *db;      /* the operator's connection */
+    sqlite3 *raw;           /* the application's: writes and reads rows of t */
+    ks_rowstore st;         /* the migration engine's and the census's */
+    ks_ctx *ctx;
+    ks_rollout cur;         /* the governing rollout, as the model has it */
+    int64_t prev_id;        /* the rollout before it (finalized), or 0 */
+    mrow rows[MAX_ROWS];
+    slot slots[N_SLOTS];
+    int key_state[MAX_KV + 1]; /* 0: not in the provider, else ks_key_state */
+    int64_t log_count, log_last_id;
+    want_log want[4];
+    size_t n_want;
+    uint32_t writes;
+    int rollout_changed;    /* the step changed keyshift_rollout: policies refresh */
+    int touched;            /* the step asked the store to change the rollout */
+    int verbose;
+} world;
+
+static ks_mem_provider mem;
+static int initialised;
+
+/* ---- the world -------------------------------------------------------------- */
+
+/* The database's name in the in-memory VFS: shared by every connection of
+ * the process while one is open (the leading '/'), gone when the last
+ * one closes. */
+static const char db_path[] = "/fuzz_rollout.db";
+
+/* Once per process: the fixed random source, and SQLite's "memdb" VFS as
+ * the default, so that the library's plain-path opens (no URI, no
+ * SQLITE_OPEN_CREATE) all reach one in-memory database. */
+static void init(void)
+{
+    CHECK(ks_fuzz_drbg_install(DRBG_LABEL) == 0);
+    CHECK(sodium_init() >= 0);
+    CHECK(sqlite3_initialize() == SQLITE_OK);
+    sqlite3_vfs *memdb = sqlite3_vfs_find("memdb");
+    CHECK(memdb != NULL);
+    CHECK(sqlite3_vfs_register(memdb, 1) == SQLITE_OK);
+    initialised = 1;
+}
+
+/* An envelope class of key k, version v, format fmt (xchacha20-poly1305). */
+static ks_rollout_class cls_of(uint8_t fmt, uint32_t v)
+{
+    ks_rollout_class c;
+    memset(&c, 0, sizeof c);
+    c.version = fmt;
+    c.algorithm = KS_ALG_XCHACHA20POLY1305;
+    strcpy(c.key_id, "k");
+    c.key_version = v;
+    return c;
+}
+
+/* The plaintext class. */
+static ks_rollout_class plain_cls(void)
+{
+    ks_rollout_class c;
+    memset(&c, 0, sizeof c);
+    c.is_plaintext = 1;
+    return c;
+}
+
+/* The context a row is sealed under (the migration's template "t:{id}"). */
+static ks_bytes row_context(unsigned id, char buf[16])
+{
+    int n = snprintf(buf, 16, "t:%u", id);
+    return (ks_bytes){(const uint8_t *)buf, (size_t)n};
+}
+
+/* The purpose of a class (v2 only). */
+static ks_bytes purpose_of(const ks_rollout_class *c)
+{
+    return !c->is_plaintext && c->version == KS_FORMAT_V2 ? (ks_bytes){(const uint8_t *)"db.users", 8}
+                                                          : (ks_bytes){NULL, 0};
+}
+
+/* Bind s as text (NULL-terminated) to parameter i. */
+static void bind_str(sqlite3_stmt *q, int i, const char *s)
+{
+    CHECK(sqlite3_bind_text(q, i, s, -1, SQLITE_STATIC) == SQLITE_OK);
+}
+
+/* Write row id (1-based) of t: plaintext as TEXT, an envelope as a BLOB. */
+static void put_row(sqlite3 *db, unsigned id, unsigned tenant, const uint8_t *v, size_t len, int blob)
+{
+    sqlite3_stmt *q = NULL;
+    CHECK(sqlite3_prepare_v2(db, "INSERT OR REPLACE INTO t(id, tenant, v) VALUES(?1, ?2, ?3)", -1,
+                             &q, NULL) == SQLITE_OK);
+    CHECK(sqlite3_bind_int(q, 1, (int)id) == SQLITE_OK);
+    bind_str(q, 2, TENANTS[tenant]);
+    CHECK((blob ? sqlite3_bind_blob(q, 3, v, (int)len, SQLITE_STATIC)
+                : sqlite3_bind_text(q, 3, (const char *)v, (int)len, SQLITE_STATIC)) == SQLITE_OK);
+    CHECK(sqlite3_step(q) == SQLITE_DONE);
+    sqlite3_finalize(q);
+}
+
+/* Seal (or, for plaintext, store) a fresh plaintext into row id under class
+ * c for tenant; returns the seal's result (the model changes on KS_OK). */
+static ks_err write_row(world *w, sqlite3 *db, unsigned id, unsigned tenant, const ks_rollout_class *c)
+{
+    mrow *m = &w->rows[id - 1];
+    mrow nr;
+    memset(&nr, 0, sizeof nr);
+    nr.present = 1;
+    nr.cls = *c;
+    nr.tenant = tenant;
+    nr.pt_len = (size_t)snprintf((char *)nr.pt, sizeof nr.pt, "row %u write %" PRIu32, id, w->writes++);
+    if (c->is_plaintext) {
+        put_row(db, id, tenant, nr.pt, nr.pt_len, 0);
+        *m = nr;
+        return KS_OK;
+    }
+    char cb[16];
+    ks_seal_params p = {c->version, c->algorithm,
+                        {(const uint8_t *)TENANTS[tenant], strlen(TENANTS[tenant])},
+                        {(const uint8_t *)c->key_id, strlen(c->key_id)}, c->key_version,
+                        purpose_of(c), row_context(id, cb)};
+    uint8_t env[ENV_CAP];
+    size_t env_len = 0;
+    ks_err err = ks_seal(w->ctx, &p, nr.pt, nr.pt_len, env, sizeof env, &env_len);
+    if (err == KS_OK) {
+        put_row(db, id, tenant, env, env_len, 1);
+        *m = nr;
+    }
+    return err;
+}
+
+/* Build the provider and the database (table t, initial rows at the
+ * source) for one input, through the application's connection, which
+ * stays open (it keeps the in-memory database alive) until teardown. */
+static void build(world *w, uint8_t h0)
+{
+    static const uint8_t kek[MAX_KV][32] = {"fuzz_rollout kek k:1 ...........",
+                                            "fuzz_rollout kek k:2 ...........",
+                                            "fuzz_rollout kek k:3 ...........",
+                                            "fuzz_rollout kek k:4 ..........."};
+    ks_mem_init(&mem);
+    CHECK(ks_mem_add(&mem, "k", 1, 1, kek[0]) == 0);
+    w->key_state[1] = KS_KEY_ACTIVE;
+    if (!(h0 & 0x80)) {
+        CHECK(ks_mem_add(&mem, "k", 2, 0, kek[1]) == 0);
+        w->key_state[2] = KS_KEY_ACTIVE;
+    }
+    ks_ctx_config cfg;
+    ks_ctx_config_default(&cfg);
+    cfg.cache_entries = 0;   /* a key state change takes effect at once */
+    cfg.dek_max_messages = 1; /* every seal asks the provider: no clock in the outcome */
+    ks_provider prov = ks_mem_provider_of(&mem);
+    CHECK(ks_ctx_new(&prov, &cfg, &w->ctx) == KS_OK);
+
+    CHECK(sqlite3_open_v2(db_path, &w->raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) == SQLITE_OK);
+    CHECK(sqlite3_exec(w->raw, "CREATE TABLE t(id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, v)",
+                       NULL, NULL, NULL) == SQLITE_OK);
+    unsigned n = (h0 >> 4) & 7;
+    for (unsigned i = 1; i <= n; i++) {
+        CHECK(write_row(w, w->raw, i, i % N_TENANTS, &w->cur.source) == KS_OK);
+    }
+}
+
+/* ---- the model ------------------------------------------------------------------ */
+
+/* Nonzero when slot s is live at the model's now. */
+static int slot_live(const world *w, const slot *s)
+{
+    return s->registered && s->heartbeat >= w->now - (int64_t)w->cur.reader_ttl_s;
+}
+
+/* Nonzero when the capabilities of slot s cover class c (the model's own
+ * rule, independent of ks_rollout_reader_supports). */
+static int slot_reads(const slot *s, const ks_rollout_class *c)
+{
+    if (c->is_plaintext)
+        return 1;
+    return s->r.max_format >= c->version && c->algorithm == KS_ALG_XCHACHA20POLY1305 &&
+           strcmp(c->key_id, "k") == 0 && c->key_version >= 1 && c->key_version <= MAX_KV &&
+           (s->held >> c->key_version & 1u) != 0;
+}
+
+/* Count the model's rows of class c. */
+static uint64_t rows_of(const world *w, const ks_rollout_class *c)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < MAX_ROWS; i++)
+        n += w->rows[i].present && ks_rollout_class_equal(&w->rows[i].cls, c);
+    return n;
+}
+
+/* The model's key-state fact for version v. */
+static int key_fact(const world *w, uint32_t v)
+{
+    return v <= MAX_KV && w->key_state[v] != 0 ? w->key_state[v] : KS_ROLLOUT_KEY_MISSING;
+}
+
+/* Nonzero when the always-allowed rollbacks can bring source writes back
+ * to the governing rollout: it is not finalized past read-compat's
+ * reach, or it is finalized and finalized -> backfill is still open. */
+static int source_may_return(const world *w)
+{
+    const ks_rollout *r = &w->cur;
+    if (r->phase != KS_PHASE_FINALIZED)
+        return 1;
+    if (r->source.is_plaintext)
+        return 1;
+    int s = key_fact(w, r->source.key_version);
+    return s == KS_KEY_ACTIVE || s == KS_KEY_DECRYPT_ONLY || s == KS_KEY_DISABLED;
+}
+
+/* Nonzero when a new instance with slot s's capabilities may start now:
+ * it reads every stored class, what the phase writes, and what a
+ * permitted rollback would write. */
+static int may_start(const world *w, const slot *s)
+{
+    for (size_t i = 0; i < MAX_ROWS; i++)
+        if (w->rows[i].present && !slot_reads(s, &w->rows[i].cls))
+            return 0;
+    const ks_rollout *r = &w->cur;
+    if (r->phase >= KS_PHASE_WRITE_UPGRADE && !slot_reads(s, &r->target))
+        return 0;
+    return !source_may_return(w) || slot_reads(s, &r->source);
+}
+
+/* The reference model of the guards (docs/rollout.md, "Transitions and
+ * their guards"), written apart from guard.c: what a transition of r
+ * from `from` to `to` on facts f must return. */
+static ks_err model_guard(const slot *const *rd, size_t n_rd, const ks_rollout *r, int is_latest,
+                          const ks_rollout_facts *f, ks_rollout_phase from, ks_rollout_phase to)
+{
+    int ok;
+    if (from < KS_PHASE_PLANNED || from > KS_PHASE_FINALIZED || to < KS_PHASE_PLANNED ||
+        to > KS_PHASE_FINALIZED || (f->readers == NULL && f->n_readers > 0))
+        return KS_ERR_INVALID_ARGUMENT;
+    if (from == KS_PHASE_PLANNED && to == KS_PHASE_READ_COMPAT) {
+        ok = f->target_key_state == KS_KEY_ACTIVE || f->target_key_state == KS_KEY_DECRYPT_ONLY;
+    } else if (from == KS_PHASE_READ_COMPAT && to == KS_PHASE_WRITE_UPGRADE) {
+        ok = f->now - r->phase_since >= (int64_t)r->min_soak_s;
+        for (size_t i = 0; i < n_rd; i++)
+            if (!slot_reads(rd[i], &r->target))
+                ok = 0;
+    } else if (from == KS_PHASE_WRITE_UPGRADE && to == KS_PHASE_BACKFILL) {
+        ok = f->health_known && f->health == KS_HEALTH_OK;
+    } else if (from == KS_PHASE_BACKFILL && to == KS_PHASE_FINALIZED) {
+        ok = f->census_known && f->rows_at_source == 0 && r->verified_at != 0 &&
+             r->verified_at >= r->phase_since;
+    } else if ((from == KS_PHASE_WRITE_UPGRADE || from == KS_PHASE_BACKFILL) &&
+               to == KS_PHASE_READ_COMPAT) {
+        ok = 1;
+    } else if (from == KS_PHASE_READ_COMPAT && to == KS_PHASE_PLANNED) {
+        ok = f->census_known && f->rows_at_target == 0;
+    } else if (from == KS_PHASE_FINALIZED && to == KS_PHASE_BACKFILL) {
+        int s = f->source_key_state;
+        ok = is_latest && (r->source.is_plaintext || s == KS_KEY_ACTIVE ||
+                           s == KS_KEY_DECRYPT_ONLY || s == KS_KEY_DISABLED);
+    } else {
+        return KS_ERR_STATE;
+    }
+    return ok ? KS_OK : KS_ERR_GUARD;
+}
+
+/* Expect one log row from the current step. */
+static void expect_log(world *w, int64_t rollout_id, int from, int to, const char *reason, int automatic)
+{
+    CHECK(w->n_want < sizeof w->want / sizeof w->want[0]);
+    w->rollout_changed = 1; /* every logged change is a change of keyshift_rollout */
+    want_log *l = &w->want[w->n_want++];
+    l->rollout_id = rollout_id;
+    l->from = from;
+    l->to = to;
+    snprintf(l->reason, sizeof l->reason, "%s", reason);
+    l->automatic = automatic;
+}
+
+/* ---- facts ------------------------------------------------------------------------ */
+
+/* The verdict of window sum under t, as `rollout check` gives it for the
+ * checks the harness feeds (sample count, auth-failure and parse-error
+ * rates).  ks_health_evaluate is declared in health.h but not built at
+ * this base, so the harness judges the window itself. */
+static ks_health_status judge(const ks_health_sample *sum, const ks_thresholds *t)
+{
+    uint64_t samples = sum->seals + sum->opens;
+    if (samples < t->min_samples)
+        return KS_HEALTH_INSUFFICIENT;
+    if (sum->opens != 0 && ((double)sum->auth_failures > t->max_auth_failure_rate * (double)sum->opens ||
+                            (double)sum->parse_errors > t->max_parse_error_rate * (double)sum->opens))
+        return KS_HEALTH_TRIPPED;
+    return KS_HEALTH_OK;
+}
+
+/* Gather the facts of a transition of rollout r as an operator tool does;
+ * sloppy bits 0-2 leave out the census, the key states, the health. */
+static void gather(world *w, const ks_rollout *r, unsigned sloppy, ks_rollout_facts *f)
+{
+    memset(f, 0, sizeof *f);
+    f->now = w->now;
+    ks_census c;
+    CHECK(ks_census_run(&w->st, &c) == KS_OK);
+    uint64_t at_src = r->source.is_plaintext ? c.plaintext_rows : 0, at_dst = 0;
+    for (size_t i = 0; i < c.n_classes; i++) {
+        ks_rollout_class k = cls_of(c.classes[i].version, c.classes[i].key_version);
+        k.algorithm = c.classes[i].algorithm;
+        snprintf(k.key_id, sizeof k.key_id, "%s", c.classes[i].key_id);
+        at_src += ks_rollout_class_equal(&k, &r->source) ? c.classes[i].rows : 0;
+        at_dst += ks_rollout_class_equal(&k, &r->target) ? c.classes[i].rows : 0;
+    }
+    CHECK(c.malformed_rows == 0 && c.null_rows == 0);
+    ks_census_free(&c);
+    /* the census agrees with the model */
+    CHECK(at_src == rows_of(w, &r->source) && at_dst == rows_of(w, &r->target));
+    if (!(sloppy & 1)) {
+        f->census_known = 1;
+        f->rows_at_source = at_src;
+        f->rows_at_target = at_dst;
+    }
+    if (!(sloppy & 2)) {
+        const ks_rollout_class *k[2] = {&r->target, &r->source};
+        int *out[2] = {&f->target_key_state, &f->source_key_state};
+        for (int i = 0; i < 2; i++) {
+            if (k[i]->is_plaintext)
+                continue;
+            ks_key_info info;
+            ks_err err = ks_ctx_key_info(w->ctx, (ks_bytes){(const uint8_t *)"k", 1},
+                                         k[i]->key_version, &info);
+            CHECK(err == KS_OK || err == KS_ERR_NOT_FOUND);
+            *out[i] = err == KS_OK ? (int)info.state : KS_ROLLOUT_KEY_MISSING;
+            CHECK(*out[i] == key_fact(w, k[i]->key_version));
+        }
+    }
+    if (!(sloppy & 4)) {
+        ks_health_sample sum;
+        CHECK(ks_rollout_db_metrics_sum(w->db, r->id, w->now - (int64_t)r->thresholds.window_s,
+                                        &sum) == KS_OK);
+        f->health_known = 1;
+        f->health = KS_HEALTH_OK;
+        if (sum.time != 0)
+            f->health = judge(&sum, &r->thresholds);
+    }
+}
+
+/* ---- operations ---------------------------------------------------------------------- */
+
+/* ADVANCE / ROLLBACK: a transition asked for by an operator. */
+static void op_transition(world *w, int forward, uint8_t a, uint8_t b)
+{
+    int on_prev = (a & 0x20) && w->prev_id != 0;
+    ks_rollout r;
+    CHECK(ks_rollout_db_get(w->db, on_prev ? w->prev_id : w->cur.id, &r) == KS_OK);
+    ks_rollout_phase from = r.phase, to;
+    if (a & 0x10)
+        to = (ks_rollout_phase)(1 + b % 5);
+    else if (forward)
+        to = (ks_rollout_phase)(from == KS_PHASE_FINALIZED ? KS_PHASE_PLANNED : from + 1);
+    else
+        to = from == KS_PHASE_READ_COMPAT   ? KS_PHASE_PLANNED
+             : from == KS_PHASE_FINALIZED ? KS_PHASE_BACKFILL
+             : from == KS_PHASE_PLANNED   ? KS_PHASE_BACKFILL /* no such rollback */
+                                          : KS_PHASE_READ_COMPAT;
+    ks_rollout_facts f;
+    gather(w, &r, (a & 0x80) ? a & 7u : 0u, &f);
+    ks_rollout_phase asked = (a & 0x08) ? (ks_rollout_phase)(1 + (from + b) % 5) : from;
+    char reason[64];
+    snprintf(reason, sizeof reason, "fuzz %s at %" PRId64, forward ? "advance" : "rollback", w->now);
+    ks_rollout_change c = {r.id, asked, to, ACTOR, reason, (a >> 6) & 1};
+    char why[512];
+    ks_err err = ks_rollout_db_transition(w->db, &c, &f, why, sizeof why);
+    w->touched = 1;
+    const slot *rd[N_SLOTS];
+    size_t n_rd = 0;
+    for (size_t i = 0; i < N_SLOTS; i++)
+        if (slot_live(w, &w->slots[i]))
+            rd[n_rd++] = &w->slots[i];
+    ks_err want = asked != from ? KS_ERR_STALE : model_guard(rd, n_rd, &r, !on_prev, &f, from, to);
+    if (w->verbose)
+        fprintf(stderr, "  %s -> %s: %s (model %s) %s\n", ks_rollout_phase_name((int)from),
+                ks_rollout_phase_name((int)to), ks_err_name(err), ks_err_name(want), why);
+    if (err != want)
+        fprintf(stderr, "fuzz_rollout: %s -> %s gave %s, the model says %s (%s)\n",
+                ks_rollout_phase_name((int)from), ks_rollout_phase_name((int)to), ks_err_name(err),
+                ks_err_name(want), why);
+    CHECK(err == want);
+    CHECK(err == KS_OK || why[0] != '\0');
+    if (err != KS_OK)
+        return;
+    expect_log(w, r.id, (int)from, (int)to, reason, (a >> 6) & 1);
+    if (on_prev)
+        return; /* unreachable: the previous rollout is never the latest */
+    w->cur.phase = to;
+    w->cur.phase_since = w->now;
+    if (to == KS_PHASE_BACKFILL)
+        w->cur.verified_at = 0;
+}
+
+/* The first live slot from index i on (wrapping), or NULL. */
+static slot *live_slot(world *w, unsigned i)
+{
+    for (unsigned k = 0; k < N_SLOTS; k++) {
+        slot *s = &w->slots[(i + k) % N_SLOTS];
+        if (slot_live(w, s))
+            return s;
+    }
+    return NULL;
+}
+
+/* Whether tenant t writes the target in write-upgrade (the model's
+ * canary). */
+static int model_in_canary(const ks_rollout *r, unsigned t)
+{
+    const ks_rollout_canary *c = &r->canary;
+    if (c->kind == KS_CANARY_ALL)
+        return 1;
+    if (c->kind == KS_CANARY_PERCENT)
+        return ks_rollout_canary_bucket(r->id, (ks_bytes){(const uint8_t *)TENANTS[t],
+                                                          strlen(TENANTS[t])}) < c->percent * 100u;
+    for (size_t i = 0; i < c->n_tenants; i++)
+        if (strcmp(c->tenants[i], TENANTS[t]) == 0)
+            return 1;
+    return 0;
+}
+
+/* WRITE: a live instance writes one row under its policy's answer. */
+static void op_write(world *w, uint8_t a, uint8_t b)
+{
+    slot *s = live_slot(w, (a & 3u) % N_SLOTS);
+    if (s == NULL)
+        return;
+    unsigned id = b % MAX_ROWS + 1, t = (b >> 4) % N_TENANTS;
+    ks_rollout_class c;
+    CHECK(ks_policy_write_target(s->pol, "t", "v",
+                                 (ks_bytes){(const uint8_t *)TENANTS[t], strlen(TENANTS[t])},
+                                 &c) == KS_OK);
+    const ks_rollout *r = &w->cur;
+    int target = r->phase >= KS_PHASE_BACKFILL ||
+                 (r->phase == KS_PHASE_WRITE_UPGRADE && model_in_canary(r, t));
+    CHECK(ks_rollout_class_equal(&c, target ? &r->target : &r->source));
+    ks_err err = write_row(w, w->raw, id, t, &c);
+    if (w->verbose)
+        fprintf(stderr, "  row %u (%s) <- %s: %s\n", id, TENANTS[t],
+                c.is_plaintext ? "plaintext" : target ? "target" : "source", ks_err_name(err));
+    if (c.is_plaintext)
+        return;
+    int st = key_fact(w, c.key_version);
+    CHECK((err == KS_OK) == (st == KS_KEY_ACTIVE));
+    CHECK(err == KS_OK || err == KS_ERR_DENIED || err == KS_ERR_REVOKED || err == KS_ERR_NOT_FOUND);
+}
+
+/* Read row id's stored value with the application's connection into buf;
+ * returns its length (the model says it is present). */
+static size_t read_value(world *w, unsigned id, uint8_t *buf, size_t cap, int *is_blob)
+{
+    sqlite3_stmt *q = NULL;
+    CHECK(sqlite3_prepare_v2(w->raw, "SELECT v FROM t WHERE id = ?1", -1, &q, NULL) == SQLITE_OK);
+    CHECK(sqlite3_bind_int(q, 1, (int)id) == SQLITE_OK);
+    CHECK(sqlite3_step(q) == SQLITE_ROW);
+    int type = sqlite3_column_type(q, 0);
+    CHECK(type == SQLITE_BLOB || type == SQLITE_TEXT);
+    const void *p = type == SQLITE_BLOB ? sqlite3_column_blob(q, 0) : (const void *)sqlite3_column_text(q, 0);
+    size_t n = (size_t)sqlite3_column_bytes(q, 0);
+    CHECK(n <= cap);
+    memcpy(buf, p, n);
+    *is_blob = type == SQLITE_BLOB;
+    sqlite3_finalize(q);
+    return n;
+}
+
+/* Open row id as an application would and compare with the model: the
+ * plaintext, or KS_ERR_DENIED when its key version is disabled. */
+static void open_row(world *w, unsigned id)
+{
+    const mrow *m = &w->rows[id - 1];
+    uint8_t v[ENV_CAP], pt[ENV_CAP];
+    int blob = 0;
+    size_t n = read_value(w, id, v, sizeof v, &blob);
+    if (m->cls.is_plaintext) {
+        CHECK(!blob && n == m->pt_len && memcmp(v, m->pt, n) == 0);
+        return;
+    }
+    CHECK(blob);
+    char cb[16];
+    ks_open_params op = {row_context(id, cb),
+                         {(const uint8_t *)TENANTS[m->tenant], strlen(TENANTS[m->tenant])},
+                         purpose_of(&m->cls)};
+    size_t pt_len = 0;
+    ks_err err = ks_open(w->ctx, v, n, &op, pt, sizeof pt, &pt_len, NULL);
+    if (key_fact(w, m->cls.key_version) == KS_KEY_DISABLED) {
+        CHECK(err == KS_ERR_DENIED);
+        return;
+    }
+    if (err != KS_OK)
+        fprintf(stderr, "fuzz_rollout: row %u does not open: %s\n", id, ks_err_name(err));
+    CHECK(err == KS_OK && pt_len == m->pt_len && memcmp(pt, m->pt, pt_len) == 0);
+}
+
+/* READ: a live instance reads one row. */
+static void op_read(world *w, uint8_t a, uint8_t b)
+{
+    slot *s = live_slot(w, (a & 3u) % N_SLOTS);
+    unsigned id = b % MAX_ROWS + 1;
+    if (s == NULL || !w->rows[id - 1].present)
+        return;
+    uint8_t v[ENV_CAP];
+    int blob = 0, ok = 0;
+    size_t n = read_value(w, id, v, sizeof v, &blob);
+    ks_bytes value = {v, n};
+    CHECK(ks_policy_may_read(s->pol, "t", "v", &value, &ok) == KS_OK);
+    CHECK(ok);
+    open_row(w, id);
+}
+
+/* The migration parameters of the governing rollout (encrypt from
+ * plaintext, rewrap from an envelope class of the same format). */
+static ks_migrate_params migrate_params(const world *w, size_t batch)
+{
+    const ks_rollout *r = &w->cur;
+    ks_migrate_params p;
+    memset(&p, 0, sizeof p);
+    p.mode = r->source.is_plaintext ? KS_MIGRATE_ENCRYPT : KS_MIGRATE_REWRAP;
+    p.to_key_id = (ks_bytes){(const uint8_t *)"k", 1};
+    p.to_key_version = r->target.key_version;
+    p.to_format = r->target.version;
+    p.algorithm = r->target.algorithm;
+    p.purpose = purpose_of(&r->target);
+    p.context_template = (ks_bytes){(const uint8_t *)"t:{id}", 6};
+    p.batch_size = batch;
+    p.max_failure_rate = -1.0;
+    return p;
+}
+
+/* The stop flag of a migration run. */
+typedef struct stopper {
+    volatile sig_atomic_t stop;
+} stopper;
+
+/* Stop the migration after its first committed batch. */
+static void stop_after_batch(void *arg, const ks_migrate_progress *p)
+{
+    if (p->batch_rows != 0)
+        ((stopper *)arg)->stop = 1;
+}
+
+/* MIGRATE: one batch (or a whole run) of the engine in backfill, then the
+ * model follows the rows it converted. */
+static void op_migrate(world *w, uint8_t a)
+{
+    if (w->cur.phase != KS_PHASE_BACKFILL)
+        return; /* `migrate` refuses in any other phase */
+    ks_migrate_params p = migrate_params(w, 1 + a % 4u);
+    stopper sp = {0};
+    ks_checkpoint cp;
+    memset(&cp, 0, sizeof cp);
+    ks_err err = ks_migrate_run(w->ctx, &w->st, &p, &sp.stop, (a & 4) ? NULL : stop_after_batch,
+                                &sp, &cp);
+    if (w->verbose)
+        fprintf(stderr, "  migrate: %s\n", ks_err_name(err));
+    int src = key_fact(w, w->cur.source.key_version), dst = key_fact(w, w->cur.target.key_version);
+    int keys_ok = dst == KS_KEY_ACTIVE && (w->cur.source.is_plaintext || src == KS_KEY_ACTIVE ||
+                                          src == KS_KEY_DECRYPT_ONLY);
+    CHECK(err == KS_OK || err == KS_ERR_STOPPED || !keys_ok);
+    CHECK(cp.quarantined == 0 || !keys_ok);
+    /* follow the rows: each is unchanged or now at the target, same plaintext */
+    for (unsigned id = 1; id <= MAX_ROWS; id++) {
+        mrow *m = &w->rows[id - 1];
+        if (!m->present || !ks_rollout_class_equal(&m->cls, &w->cur.source))
+            continue;
+        uint8_t v[ENV_CAP];
+        int blob = 0;
+        size_t n = read_value(w, id, v, sizeof v, &blob);
+        ks_envelope e;
+        if (n >= 3 && memcmp(v, "KSE", 3) == 0 && ks_envelope_parse_header(v, n, NULL, &e, NULL) == KS_OK &&
+            e.key_version == w->cur.target.key_version) {
+            CHECK(blob && e.version == w->cur.target.version);
+            m->cls = w->cur.target;
+            open_row(w, id);
+        }
+    }
+}
+
+/* VERIFY: `migrate verify`, recorded when it passed in backfill. */
+static void op_verify(world *w)
+{
+    ks_migrate_params p = migrate_params(w, 0);
+    ks_verify_result vr;
+    ks_err err = ks_migrate_verify(w->ctx, &w->st, &p, 0, NULL, NULL, &vr);
+    CHECK(err == KS_OK);
+    int disabled = 0;
+    for (size_t i = 0; i < MAX_ROWS; i++)
+        disabled |= w->rows[i].present && !w->rows[i].cls.is_plaintext &&
+                    key_fact(w, w->rows[i].cls.key_version) == KS_KEY_DISABLED;
+    CHECK(vr.failed == 0 || disabled);
+    if (vr.failed != 0)
+        return;
+    err = ks_rollout_db_record_verify(w->db, w->cur.id, ACTOR, w->now);
+    w->touched = 1;
+    CHECK(err == (w->cur.phase == KS_PHASE_BACKFILL ? KS_OK : KS_ERR_STATE));
+    if (err == KS_OK) {
+        w->cur.verified_at = w->now;
+        expect_log(w, w->cur.id, KS_PHASE_BACKFILL, KS_PHASE_BACKFILL, "migrate verify passed", 0);
+    }
+}
+
+/* JOIN: an instance starts in slot (a & 3) mod 3 (replacing one that stopped). */
+static void op_join(world *w, uint8_t a, uint8_t b)
+{
+    slot *s = &w->slots[(a & 3u) % N_SLOTS];
+    if (slot_live(w, s))
+        return;
+    slot n;
+    memset(&n, 0, sizeof n);
+    strcpy(n.r.instance_id, INSTANCES[(a & 3u) % N_SLOTS]);
+    n.r.max_format = (a >> 2) & 1 ? KS_FORMAT_V2 : KS_FORMAT_V1;
+    n.r.algorithms = 1u << KS_ALG_XCHACHA20POLY1305;
+    for (uint32_t v = 1; v <= MAX_KV; v++) {
+        int st = w->key_state[v];
+        if ((b >> (v - 1) & 1) && st != 0 && st != KS_KEY_DESTROYED) {
+            CHECK(ks_rollout_keys_add(n.r.keys, sizeof n.r.keys, "k", v) == KS_OK);
+            n.held |= 1u << v;
+        }
+    }
+    if (!may_start(w, &n))
+        return;
+    if (s->pol != NULL)
+        ks_policy_close(s->pol);
+    s->pol = NULL;
+    ks_policy_options o = {n.r.instance_id, n.r.max_format, n.r.algorithms, n.r.keys,
+                           0xffffffffu, 0};
+    CHECK(ks_policy_open(db_path, &o, &n.pol) == KS_OK);
+    CHECK(ks_rollout_db_reader_register(w->db, &n.r, w->now) == KS_OK);
+    n.registered = 1;
+    n.heartbeat = w->now;
+    *s = n;
+    if (w->verbose)
+        fprintf(stderr, "  %s joins holding \"%s\", format %u\n", n.r.instance_id, n.r.keys,
+                (unsigned)n.r.max_format);
+}
+
+/* LEAVE: the instance in slot (a & 3) mod 3 stops and deregisters. */
+static void op_leave(world *w, uint8_t a)
+{
+    slot *s = &w->slots[(a & 3u) % N_SLOTS];
+    if (!s->registered)
+        return;
+    CHECK(ks_rollout_db_reader_deregister(w->db, s->r.instance_id) == KS_OK);
+    ks_policy_close(s->pol);
+    s->pol = NULL;
+    s->registered = 0;
+}
+
+/* HEARTBEAT: a live instance beats. */
+static void op_heartbeat(world *w, uint8_t a)
+{
+    slot *s = &w->slots[(a & 3u) % N_SLOTS];
+    if (!slot_live(w, s))
+        return;
+    CHECK(ks_rollout_db_reader_heartbeat(w->db, s->r.instance_id, w->now) == KS_OK);
+    s->heartbeat = w->now;
+}
+
+/* The references of k:v, counted as `keys set-state destroyed` does: rows
+ * (through the census), live readers holding it (from the registry),
+ * rollouts not finalized naming it. */
+static void count_refs(world *w, uint32_t v, ks_rollout_destroy_facts *f)
+{
+    ks_census c;
+    CHECK(ks_census_run(&w->st, &c) == KS_OK);
+    for (size_t i = 0; i < c.n_classes; i++)
+        if (strcmp(c.classes[i].key_id, "k") == 0 && c.classes[i].key_version == v)
+            f->rows += c.classes[i].rows;
+    ks_census_free(&c);
+    f->rows_known = 1;
+    ks_rollout_reader rd[N_SLOTS + 1];
+    size_t n = 0;
+    CHECK(ks_rollout_db_readers_live(w->db, w->cur.reader_ttl_s, w->now, rd, N_SLOTS + 1, &n) == KS_OK);
+    for (size_t i = 0; i < n; i++)
+        f->live_readers += ks_rollout_keys_holds(rd[i].keys, "k", v) != 0;
+    f->readers_known = 1;
+    const ks_rollout *r = &w->cur;
+    if (r->phase != KS_PHASE_FINALIZED &&
+        ((!r->source.is_plaintext && r->source.key_version == v) || r->target.key_version == v))
+        f->open_rollouts = 1;
+}
+
+/* KEY: add a key version or change its state (destroy through the guard). */
+static void op_key(world *w, uint8_t a, uint8_t b)
+{
+    static const uint8_t kek[32] = "fuzz_rollout added kek .........";
+    uint32_t v = 1 + a % MAX_KV;
+    unsigned what = b % 5;
+    int *st = &w->key_state[v];
+    if (what == 0) {
+        if (*st == 0) {
+            CHECK(ks_mem_add(&mem, "k", v, 0, kek) == 0);
+            *st = KS_KEY_ACTIVE;
+        }
+        return;
+    }
+    if (*st == 0 || *st == KS_KEY_DESTROYED)
+        return; /* nothing to change; destroyed is final */
+    if (what == 4) {
+        ks_rollout_destroy_facts f;
+        memset(&f, 0, sizeof f);
+        f.key_id = "k";
+        f.key_version = v;
+        count_refs(w, v, &f);
+        /* the model's references: rows, live instances holding it, the
+         * governing rollout while not finalized */
+        int referenced = f.open_rollouts != 0;
+        for (size_t i = 0; i < MAX_ROWS; i++)
+            referenced |= w->rows[i].present && !w->rows[i].cls.is_plaintext &&
+                          w->rows[i].cls.key_version == v;
+        for (size_t i = 0; i < N_SLOTS; i++)
+            referenced |= slot_live(w, &w->slots[i]) && (w->slots[i].held >> v & 1u);
+        CHECK(referenced == (f.rows != 0 || f.live_readers != 0 || f.open_rollouts != 0));
+        char why[256];
+        ks_err err = ks_rollout_destroy_guard(&f, why, sizeof why);
+        if (w->verbose)
+            fprintf(stderr, "  destroy k:%u: %s %s\n", (unsigned)v, ks_err_name(err), why);
+        CHECK(err == (referenced ? KS_ERR_GUARD : KS_OK));
+        if (a & 0x5c) {
+            /* a dry run of what an operator could also ask, never applied:
+             * --force with (or without) a reason, or counts not gathered */
+            ks_rollout_destroy_facts g = f;
+            g.force = (a >> 2) & 1;
+            g.reason = (a >> 3) & 1 ? "fuzz: forced" : "";
+            g.rows_known = !((a >> 4) & 1);
+            g.readers_known = !((a >> 5) & 1) || !g.rows_known;
+            ks_err want = g.force && !((a >> 3) & 1) ? KS_ERR_INVALID_ARGUMENT
+                          : !g.rows_known || !g.readers_known ? KS_ERR_GUARD
+                          : referenced && !g.force ? KS_ERR_GUARD
+                                                   : KS_OK;
+            CHECK(ks_rollout_destroy_guard(&g, why, sizeof why) == want);
+            if (a & 0x40) {
+                /* calls a tool must never make: refused, whatever the facts */
+                ks_rollout_destroy_facts h = g;
+                h.key_version = 0;
+                CHECK(ks_rollout_destroy_guard(&h, NULL, 0) == KS_ERR_INVALID_ARGUMENT);
+                h = g;
+                h.key_id = (a & 0x80) ? NULL : "bad id";
+                CHECK(ks_rollout_destroy_guard(&h, NULL, 0) == KS_ERR_INVALID_ARGUMENT);
+                h = g;
+                h.force = 1;
+                h.reason = (a & 0x80) ? NULL : "tab\there";
+                char why2[256];
+                CHECK(ks_rollout_destroy_guard(&h, why2, sizeof why2) == KS_ERR_INVALID_ARGUMENT);
+                CHECK(ks_rollout_destroy_guard(NULL, why2, sizeof why2) == KS_ERR_INVALID_ARGUMENT);
+            }
+            CHECK(want == KS_OK ? !referenced || strncmp(why, "forced: ", 8) == 0 : why[0] != '\0');
+            return;
+        }
+        if (err != KS_OK)
+            return;
+    }
+    static const int states[5] = {0, KS_KEY_ACTIVE, KS_KEY_DECRYPT_ONLY, KS_KEY_DISABLED,
+                                  KS_KEY_DESTROYED};
+    *st = states[what];
+    ks_mem_set_state(&mem, "k", v, (ks_key_state)*st);
+}
+
+/* METRICS: an application flushes a health sample for the rollout. */
+static void op_metrics(world *w, uint8_t a, uint8_t b)
+{
+    ks_health_sample s;
+    memset(&s, 0, sizeof s);
+    s.time = w->now;
+    s.opens = 10u * (1u + a % 16u);
+    s.seals = s.opens / 2;
+    if (b & 8)
+        s.parse_errors = b % 8u;
+    else
+        s.auth_failures = b % 8u;
+    CHECK(ks_rollout_db_metrics_insert(w->db, w->cur.id, "app-0", "app", &s) == KS_OK);
+}
+
+/* The canary the input asks for: kind k (0, 3 all; 1 tenants; 2 percent). */
+static ks_rollout_canary canary_of(unsigned k, unsigned percent)
+{
+    ks_rollout_canary c;
+    memset(&c, 0, sizeof c);
+    if (k == 1) {
+        c.kind = KS_CANARY_TENANTS;
+        c.n_tenants = 2;
+        strcpy(c.tenants[0], TENANTS[0]);
+        strcpy(c.tenants[1], TENANTS[1]);
+    } else if (k == 2) {
+        c.kind = KS_CANARY_PERCENT;
+        c.percent = percent % 101u;
+    }
+    return c;
+}
+
+/* Start rollout spec in the store and take it as the governing one. */
+static void start(world *w, ks_rollout *spec)
+{
+    int64_t id = 0;
+    char eb[256];
+    ks_err err = ks_rollout_db_start(w->db, spec, ACTOR, w->now, &id, eb, sizeof eb);
+    if (err != KS_OK)
+        fprintf(stderr, "fuzz_rollout: start: %s: %s\n", ks_err_name(err), eb);
+    CHECK(err == KS_OK);
+    CHECK(ks_rollout_db_get(w->db, id, spec) == KS_OK);
+    CHECK(spec->phase == KS_PHASE_PLANNED && spec->phase_since == w->now && spec->verified_at == 0);
+    if (w->cur.id != 0)
+        w->prev_id = w->cur.id;
+    w->cur = *spec;
+    expect_log(w, id, 0, KS_PHASE_PLANNED, "", 0);
+}
+
+/* START: after finalize, rotate on: the old target to the next version. */
+static void op_start(world *w)
+{
+    if (w->cur.phase != KS_PHASE_FINALIZED || w->cur.target.key_version >= MAX_KV)
+        return;
+    ks_rollout spec = w->cur;
+    spec.source = w->cur.target;
+    spec.target = cls_of(w->cur.target.version, w->cur.target.key_version + 1);
+    start(w, &spec);
+}
+
+/* CANARY: an operator changes the canary. */
+static void op_canary(world *w, uint8_t a)
+{
+    ks_rollout_canary c = canary_of((a >> 6) & 3, a);
+    ks_err err = ks_rollout_db_set_canary(w->db, w->cur.id, &c, ACTOR, w->now);
+    w->touched = 1;
+    CHECK(err == (w->cur.phase == KS_PHASE_FINALIZED ? KS_ERR_STATE : KS_OK));
+    if (err == KS_OK) {
+        w->cur.canary = c;
+        expect_log(w, w->cur.id, (int)w->cur.phase, (int)w->cur.phase, "canary: ", 0);
+    }
+}
+
+/* RAW_READER: a key list from the input is registered exactly when it is
+ * canonical; then it is removed (it never reads). */
+static void op_raw_reader(world *w, const uint8_t *p, size_t n)
+{
+    ks_rollout_reader r;
+    memset(&r, 0, sizeof r);
+    strcpy(r.instance_id, "raw");
+    r.max_format = KS_FORMAT_V2;
+    memcpy(r.keys, p, n);
+    r.keys[n] = '\0';
+    int canonical = ks_rollout_keys_check(r.keys) == KS_OK; /* up to a NUL: what is stored */
+    ks_err err = ks_rollout_db_reader_register(w->db, &r, w->now);
+    CHECK((err == KS_OK) == canonical);
+    if (err != KS_OK)
+        return;
+    CHECK(ks_rollout_db_reader_deregister(w->db, "raw") == KS_OK);
+    /* adding an entry keeps a canonical list canonical and makes it hold it */
+    char grown[KS_READER_KEYS_MAX + 1];
+    memcpy(grown, r.keys, n + 1);
+    err = ks_rollout_keys_add(grown, sizeof grown, "k", 1u + n);
+    CHECK(err == KS_OK || err == KS_ERR_TOO_LARGE);
+    CHECK(err != KS_OK || (ks_rollout_keys_check(grown) == KS_OK && ks_rollout_keys_holds(grown, "k", 1u + n)));
+}
+
+/* Key ids for PURE's class checks, and whether [F-KEYID-1] admits them. */
+static const struct {
+    const char *id;
+    int ok;
+} KEY_IDS[4] = {{"k", 1}, {"", 0}, {"bad id", 0}, {"payments:kek", 1}};
+
+/* PURE: the pure functions of rollout.h on facts and arguments straight
+ * from the input (12 bytes p[0..11]): ks_rollout_guard against the
+ * reference model (any phases, key facts, health values, census counts,
+ * soak times, the registered instances as readers), the class check, the
+ * phase names and ks_rollout_keys_add into a short buffer. */
+static void op_pure(world *w, const uint8_t *p)
+{
+    ks_rollout_facts f;
+    memset(&f, 0, sizeof f);
+    f.rollout = w->cur;
+    f.rollout.phase = (ks_rollout_phase)((p[0] & 7) % 7);
+    ks_rollout_phase to = (ks_rollout_phase)((p[0] >> 3) % 7);
+    f.target_key_state = (int)(p[1] % 7) - 1;
+    f.source_key_state = (int)((p[1] >> 4) % 7) - 1;
+    f.census_known = p[2] & 1;
+    f.health_known = (p[2] >> 1) & 1;
+    f.is_latest = (p[2] >> 2) & 1;
+    if ((p[2] >> 3) & 1)
+        f.rollout.source = plain_cls();
+    f.health = (ks_health_status)(p[3] % 4);
+    f.rows_at_source = (uint64_t)p[4] << (p[5] % 40);
+    f.rows_at_target = (uint64_t)p[5] << (p[4] % 40);
+    f.now = T0 + 1000;
+    f.rollout.phase_since = f.now - ((int64_t)p[6] * 10 - 100);
+    f.rollout.min_soak_s = 8u * p[7];
+    f.rollout.verified_at = (p[2] >> 4) & 1 ? f.rollout.phase_since + (p[3] >> 2) % 3 - 1 : 0;
+    /* a class from the input, checked, compared, and (p[8] bit 6) the
+     * rollout's target */
+    ks_rollout_class c;
+    memset(&c, 0, sizeof c);
+    c.is_plaintext = (p[8] >> 7) & 1;
+    c.version = p[8] % 4;
+    c.algorithm = (p[8] >> 2) % 4;
+    c.key_version = p[9] % 3;
+    snprintf(c.key_id, sizeof c.key_id, "%s", KEY_IDS[(p[9] >> 2) % 4].id);
+    int may_plain = (p[9] >> 4) & 1;
+    int valid = c.is_plaintext ? may_plain && c.version == 0 && c.algorithm == 0 &&
+                                     c.key_version == 0 && c.key_id[0] == '\0'
+                               : (c.version == 1 || c.version == 2) &&
+                                     (c.algorithm == 1 || c.algorithm == 2) && c.key_version != 0 &&
+                                     KEY_IDS[(p[9] >> 2) % 4].ok;
+    CHECK((ks_rollout_class_check(&c, may_plain) == KS_OK) == valid);
+    CHECK(ks_rollout_class_check(NULL, 1) == KS_ERR_INVALID_ARGUMENT);
+    const ks_rollout_class *other = (p[9] >> 5) & 1 ? &w->cur.source : &w->cur.target;
+    int same = c.is_plaintext || other->is_plaintext
+                   ? c.is_plaintext == other->is_plaintext
+                   : c.version == other->version && c.algorithm == other->algorithm &&
+                         c.key_version == other->key_version && strcmp(c.key_id, other->key_id) == 0;
+    CHECK(ks_rollout_class_equal(&c, other) == same && ks_rollout_class_equal(&c, &c));
+    if ((p[8] >> 6) & 1)
+        f.rollout.target = c;
+    /* the registered instances as readers: none to three, or ten copies
+     * (more than the eight a refusal names) */
+    static ks_rollout_reader rd[10];
+    const slot *srd[10];
+    size_t want_n = (p[2] >> 5) & 3, n = 0, reg = 0;
+    for (size_t i = 0; i < N_SLOTS; i++)
+        reg += w->slots[i].registered != 0;
+    if (want_n == 3 && reg != 0)
+        want_n = 10;
+    for (size_t i = 0; n < want_n && i < 10 * N_SLOTS; i++) {
+        const slot *sl = &w->slots[i % N_SLOTS];
+        if (sl->registered && (want_n == 10 || i < N_SLOTS)) {
+            rd[n] = sl->r;
+            srd[n++] = sl;
+        }
+    }
+    f.readers = (p[2] >> 7) & 1 ? NULL : rd;
+    f.n_readers = (p[2] >> 7) & 1 ? 1 : n;
+    char why[512];
+    ks_err got = ks_rollout_guard(&f, to, why, sizeof why);
+    ks_err want = model_guard(srd, n, &f.rollout, f.is_latest, &f, f.rollout.phase, to);
+    if (got != want)
+        fprintf(stderr, "fuzz_rollout: pure guard %d -> %d gave %s, the model says %s (%s)\n",
+                (int)f.rollout.phase, (int)to, ks_err_name(got), ks_err_name(want), why);
+    CHECK(got == want);
+    CHECK((got == KS_OK || got == KS_ERR_INVALID_ARGUMENT) == (why[0] == '\0'));
+    CHECK(ks_rollout_guard(&f, to, NULL, 0) == want && ks_rollout_guard(NULL, to, why, sizeof why) == KS_ERR_INVALID_ARGUMENT);
+    /* phase names round-trip; other names are unknown */
+    int ph = p[10] % 8;
+    const char *name = ks_rollout_phase_name(ph);
+    CHECK((name != NULL) == (ph >= KS_PHASE_PLANNED && ph <= KS_PHASE_FINALIZED));
+    CHECK(name == NULL || ks_rollout_phase_from_name(name) == ph);
+    char odd[3] = {(char)p[10], (char)p[11], '\0'};
+    CHECK(ks_rollout_phase_from_name(odd) == 0 && ks_rollout_phase_from_name(NULL) == 0);
+    /* keys_add into a short buffer: the list is canonical and holds the
+     * entry, or is unchanged */
+    char list[32], before[32];
+    size_t cap = 1 + p[11] % sizeof list;
+    snprintf(list, sizeof list, "%s", (p[11] >> 5) & 1 ? "k:1,k:3" : (p[11] >> 6) & 1 ? "k:2" : "");
+    if (strlen(list) >= cap)
+        list[cap - 1] = '\0';
+    memcpy(before, list, sizeof list);
+    uint32_t v = 1 + (p[10] >> 3) % 4;
+    static char long_id[KS_KEY_ID_MAX + 2];
+    memset(long_id, 'a', KS_KEY_ID_MAX + 1);
+    const char *ids[6] = {KEY_IDS[0].id, KEY_IDS[1].id, KEY_IDS[2].id, KEY_IDS[3].id, NULL, long_id};
+    const char *id = ids[(p[10] >> 5) % 6];
+    ks_err err = ks_rollout_keys_add(list, cap, id, v);
+    if (err == KS_OK)
+        CHECK(ks_rollout_keys_check(list) == KS_OK && ks_rollout_keys_holds(list, id, v));
+    else
+        CHECK(memcmp(list, before, sizeof list) == 0 &&
+              (err == KS_ERR_BUFFER_TOO_SMALL || err == KS_ERR_INVALID_ARGUMENT || err == KS_ERR_BAD_VALUE));
+    CHECK(ks_rollout_keys_check(NULL) == KS_ERR_INVALID_ARGUMENT && !ks_rollout_keys_holds(NULL, "k", 1) &&
+          !ks_rollout_keys_holds("k:1", NULL, 1));
+    if ((p[11] >> 7) & 1) {
+        /* a list at the size limit: one more entry is too large, one more
+         * byte is not a list */
+        static char big[KS_READER_KEYS_MAX + 2];
+        size_t used = 0;
+        for (uint32_t k = 1; used + 13 <= KS_READER_KEYS_MAX; k++)
+            used += (size_t)snprintf(big + used, sizeof big - used, "%sk:%" PRIu32, used ? "," : "",
+                                     1000000000u + k);
+        CHECK(ks_rollout_keys_check(big) == KS_OK);
+        CHECK(ks_rollout_keys_add(big, sizeof big, "k", 4000000000u) == KS_ERR_TOO_LARGE);
+        memset(big + used, '1', sizeof big - 1 - used);
+        big[sizeof big - 1] = '\0';
+        CHECK(ks_rollout_keys_check(big) == KS_ERR_BAD_VALUE);
+    }
+}
+
+/* ---- invariants -------------------------------------------------------------------------- */
+
+/* Check every invariant after a step (see the file comment). */
+static void check_world(world *w)
+{
+    /* the stored rollout is the model's (after each step that asked the
+     * store to change it, refused or not: reading it costs a statement) */
+    if (w->touched) {
+        ks_rollout r;
+        CHECK(ks_rollout_db_get(w->db, w->cur.id, &r) == KS_OK);
+        CHECK(r.phase == w->cur.phase && r.phase_since == w->cur.phase_since &&
+              r.verified_at == w->cur.verified_at);
+        w->touched = 0;
+    }
+    /* the live readers are the model's */
+    ks_rollout_reader rd[N_SLOTS + 1];
+    size_t n = 0;
+    CHECK(ks_rollout_db_readers_live(w->db, w->cur.reader_ttl_s, w->now, rd, N_SLOTS + 1, &n) == KS_OK);
+    size_t live = 0;
+    for (size_t i = 0; i < N_SLOTS; i++)
+        live += slot_live(w, &w->slots[i]) != 0;
+    CHECK(n == live);
+    /* a change of keyshift_rollout reaches every live policy before the
+     * next answer (an application's refresh, without its delay); other
+     * commits leave the rules as they were, so no reload is forced */
+    for (size_t k = 0; k < N_SLOTS && w->rollout_changed; k++)
+        if (slot_live(w, &w->slots[k]))
+            CHECK(ks_policy_refresh(w->slots[k].pol) == KS_OK);
+    w->rollout_changed = 0;
+    sqlite3_stmt *q = NULL;
+    CHECK(sqlite3_prepare_v2(w->raw, "SELECT id, v FROM t ORDER BY id", -1, &q, NULL) == SQLITE_OK);
+    size_t stored = 0, present = 0;
+    while (sqlite3_step(q) == SQLITE_ROW) {
+        int64_t id = sqlite3_column_int64(q, 0);
+        CHECK(id >= 1 && id <= MAX_ROWS && w->rows[id - 1].present);
+        const mrow *m = &w->rows[id - 1];
+        stored++;
+        /* 1. every stored record can be read by every live reader */
+        const void *p = sqlite3_column_type(q, 1) == SQLITE_BLOB ? sqlite3_column_blob(q, 1)
+                                                                 : (const void *)sqlite3_column_text(q, 1);
+        ks_bytes value = {p, (size_t)sqlite3_column_bytes(q, 1)};
+        for (size_t k = 0; k < N_SLOTS; k++) {
+            slot *s = &w->slots[k];
+            if (!slot_live(w, s))
+                continue;
+            int ok = 0;
+            CHECK(ks_policy_may_read(s->pol, "t", "v", &value, &ok) == KS_OK);
+            if (!ok || !ks_rollout_reader_supports(&s->r, &m->cls))
+                fprintf(stderr, "fuzz_rollout: live reader %s cannot read row %lld (%s, phase %s)\n",
+                        s->r.instance_id, (long long)id, ok ? "not supported" : "policy refuses",
+                        ks_rollout_phase_name((int)w->cur.phase));
+            CHECK(ok && ks_rollout_reader_supports(&s->r, &m->cls));
+        }
+        /* 2. (rows) no destroyed key version is referenced */
+        CHECK(m->cls.is_plaintext || key_fact(w, m->cls.key_version) != KS_KEY_DESTROYED);
+        /* 3. finalized implies no source rows */
+        CHECK(w->cur.phase != KS_PHASE_FINALIZED || !ks_rollout_class_equal(&m->cls, &w->cur.source));
+    }
+    sqlite3_finalize(q);
+    for (size_t i = 0; i < MAX_ROWS; i++)
+        present += w->rows[i].present != 0;
+    CHECK(stored == present);
+    /* 2. (readers) no live reader holds a destroyed version */
+    for (size_t i = 0; i < n; i++)
+        for (uint32_t v = 1; v <= MAX_KV; v++)
+            CHECK(w->key_state[v] != KS_KEY_DESTROYED || !ks_rollout_keys_holds(rd[i].keys, "k", v));
+    /* 4. the log only grows, by exactly the step's entries: its row count
+     * (read through the application's connection) grows by them, and the
+     * new rows, read through the store, are them */
+    CHECK(sqlite3_prepare_v2(w->raw, "SELECT count(*), coalesce(max(id), 0) FROM keyshift_rollout_log",
+                             -1, &q, NULL) == SQLITE_OK);
+    CHECK(sqlite3_step(q) == SQLITE_ROW);
+    int64_t count = sqlite3_column_int64(q, 0), last = sqlite3_column_int64(q, 1);
+    sqlite3_finalize(q);
+    CHECK(count == w->log_count + (int64_t)w->n_want);
+    if (w->n_want != 0) {
+        ks_rollout_log_entry e[5];
+        CHECK(ks_rollout_db_log(w->db, 0, w->log_last_id, e, 5, &n) == KS_OK);
+        CHECK(n == w->n_want);
+        for (size_t i = 0; i < n; i++) {
+            const want_log *l = &w->want[i];
+            CHECK(e[i].id > w->log_last_id && e[i].rollout_id == l->rollout_id &&
+                  e[i].time == w->now && e[i].from == l->from && e[i].to == l->to &&
+                  e[i].automatic == l->automatic && strcmp(e[i].actor, ACTOR) == 0 &&
+                  strncmp(e[i].reason, l->reason, strlen(l->reason)) == 0);
+            w->log_last_id = e[i].id;
+        }
+    }
+    CHECK(last == w->log_last_id);
+    w->log_count = count;
+    w->n_want = 0;
+}
+
+/* ---- the run ------------------------------------------------------------------------------- */
+
+
+/* The rollout spec of the input's header. */
+static void spec_of(uint8_t h0, uint8_t h1, uint8_t h2, uint8_t h3, ks_rollout *s)
+{
+    memset(s, 0, sizeof *s);
+    strcpy(s->table, "t");
+    strcpy(s->column, "v");
+    s->source = (h0 & 1) ? cls_of(KS_FORMAT_V2, 1) : plain_cls();
+    s->target = cls_of((h0 & 3) == 2 ? KS_FORMAT_V1 : KS_FORMAT_V2, 2);
+    s->canary = canary_of((h0 >> 2) & 3, h1);
+    s->thresholds = (ks_thresholds){0.05, 0.05, 0.05, 0, 0, 20, 60};
+    s->min_soak_s = 4u * h2;
+    s->reader_ttl_s = 1u + h3;
+}
+
+/* Close everything of the input's world (the provider too). */
+static void teardown(world *w)
+{
+    for (size_t i = 0; i < N_SLOTS; i++)
+        ks_policy_close(w->slots[i].pol);
+    ks_rowstore_close(&w->st);
+    ks_rollout_db_close(w->db);
+    CHECK(sqlite3_close(w->raw) == SQLITE_OK); /* the last one: the database goes */
+    ks_ctx_free(w->ctx);
+    ks_mem_cleanup(&mem);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static world w;
+    if (!initialised)
+        init();
+    memset(&w, 0, sizeof w);
+    w.verbose = getenv("FUZZ_ROLLOUT_VERBOSE") != NULL;
+    w.now = T0;
+    ks_fuzz_input in = {data, size, 0};
+    uint8_t h0 = ks_fuzz_next(&in), h1 = ks_fuzz_next(&in), h2 = ks_fuzz_next(&in), h3 = ks_fuzz_next(&in);
+    ks_rollout spec;
+    spec_of(h0, h1, h2, h3, &spec);
+    w.cur.source = spec.source;
+    sqlite3_int64 mem0 = sqlite3_memory_used();
+    build(&w, h0);
+    char eb[256];
+    CHECK(ks_rollout_db_open(db_path, 0, &w.db, eb, sizeof eb) == KS_OK);
+    ks_rowstore_target tg = {"t", "v", NULL, "tenant", {NULL}, 0};
+    CHECK(ks_rowstore_sqlite_open(db_path, &tg, NULL, &w.st, eb, sizeof eb) == KS_OK);
+    start(&w, &spec);
+    check_world(&w);
+    for (unsigned k = 0; k < MAX_OPS && in.off < in.n; k++) {
+        unsigned op = ks_fuzz_next(&in) % N_OPS;
+        uint8_t a = ks_fuzz_next(&in), b = op == OP_RAW_READER ? 0 : ks_fuzz_next(&in);
+        if (w.verbose)
+            fprintf(stderr, "fuzz_rollout: t+%" PRId64 " %s %u %u (phase %s)\n", w.now - T0,
+                    OP_NAMES[op], a, b, ks_rollout_phase_name((int)w.cur.phase));
+        switch (op) {
+        case OP_ADVANCE: op_transition(&w, 1, a, b); break;
+        case OP_ROLLBACK: op_transition(&w, 0, a, b); break;
+        case OP_WRITE: op_write(&w, a, b); break;
+        case OP_READ: op_read(&w, a, b); break;
+        case OP_MIGRATE: op_migrate(&w, a); break;
+        case OP_VERIFY: op_verify(&w); break;
+        case OP_JOIN: op_join(&w, a, b); break;
+        case OP_LEAVE: op_leave(&w, a); break;
+        case OP_HEARTBEAT: op_heartbeat(&w, a); break;
+        case OP_KEY: op_key(&w, a, b); break;
+        case OP_TIME: w.now += a < 64 ? a : (int64_t)(a - 63) * 60; break;
+        case OP_METRICS: op_metrics(&w, a, b); break;
+        case OP_START: op_start(&w); break;
+        case OP_CANARY: op_canary(&w, a); break;
+        case OP_PURE: {
+            uint8_t p[12] = {a, b};
+            for (size_t i = 2; i < sizeof p; i++)
+                p[i] = ks_fuzz_next(&in);
+            op_pure(&w, p);
+            break;
+        }
+        default: {
+            size_t len = a % 24u, avail = in.n - in.off < len ? in.n - in.off : len;
+            op_raw_reader(&w, in.p + in.off, avail);
+            in.off += avail;
+            break;
+        }
+        }
+        check_world(&w);
+    }
+    w.touched = 1;
+    check_world(&w);
+    /* every stored record opens (or is refused only for a disabled key) */
+    for (unsigned id = 1; id <= MAX_ROWS; id++)
+        if (w.rows[id - 1].present)
+            open_row(&w, id);
+    teardown(&w);
+    CHECK(sqlite3_memory_used() == mem0);
+    return 0;
+}
