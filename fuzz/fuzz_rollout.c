@@ -389,17 +389,13 @@ static int key_fact(const world *w, uint32_t v)
 }
 
 /* Nonzero when the always-allowed rollbacks can bring source writes back
- * to the governing rollout: it is not finalized past read-compat's
- * reach, or it is finalized and finalized -> backfill is still open. */
+ * to the governing rollout: any phase but finalized (from finalized, the
+ * guard itself refuses while a live reader cannot read the source). */
 static int source_may_return(const world *w)
 {
-    const ks_rollout *r = &w->cur;
-    if (r->phase != KS_PHASE_FINALIZED)
-        return 1;
-    if (r->source.is_plaintext)
-        return 1;
-    int s = key_fact(w, r->source.key_version);
-    return s == KS_KEY_ACTIVE || s == KS_KEY_DECRYPT_ONLY || s == KS_KEY_DISABLED;
+    /* finalized -> backfill refuses while a live reader cannot read the
+     * source, so in finalized an instance need not hold it */
+    return w->cur.phase != KS_PHASE_FINALIZED;
 }
 
 /* Nonzero when a new instance with slot s's capabilities may start now:
@@ -447,6 +443,9 @@ static ks_err model_guard(const slot *const *rd, size_t n_rd, const ks_rollout *
         int s = f->source_key_state;
         ok = is_latest && (r->source.is_plaintext || s == KS_KEY_ACTIVE ||
                            s == KS_KEY_DECRYPT_ONLY || s == KS_KEY_DISABLED);
+        for (size_t i = 0; i < n_rd; i++) /* every live reader reads the source again */
+            if (!slot_reads(rd[i], &r->source))
+                ok = 0;
     } else {
         return KS_ERR_STATE;
     }
@@ -912,16 +911,18 @@ static void op_key(world *w, uint8_t a, uint8_t b)
         CHECK(err == (referenced ? KS_ERR_GUARD : KS_OK));
         if (a & 0x5c) {
             /* a dry run of what an operator could also ask, never applied:
-             * --force with (or without) a reason, or counts not gathered */
+             * --force with (or without) a reason, or counts not gathered
+             * (--force with a reason overrides both) */
             ks_rollout_destroy_facts g = f;
             g.force = (a >> 2) & 1;
             g.reason = (a >> 3) & 1 ? "fuzz: forced" : "";
             g.rows_known = !((a >> 4) & 1);
             g.readers_known = !((a >> 5) & 1) || !g.rows_known;
             ks_err want = g.force && !((a >> 3) & 1) ? KS_ERR_INVALID_ARGUMENT
+                          : g.force                           ? KS_OK
                           : !g.rows_known || !g.readers_known ? KS_ERR_GUARD
-                          : referenced && !g.force ? KS_ERR_GUARD
-                                                   : KS_OK;
+                          : referenced                        ? KS_ERR_GUARD
+                                                              : KS_OK;
             CHECK(ks_rollout_destroy_guard(&g, why, sizeof why) == want);
             if (a & 0x40) {
                 /* calls a tool must never make: refused, whatever the facts */

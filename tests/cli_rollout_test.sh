@@ -252,6 +252,7 @@ expect_grep "destroy: says why" "$T/err" "cannot check references without --db"
 run "destroy while rows and a reader reference it" 75 "$KS" keys set-state payments/kek 2 destroyed --db "$D"
 expect_grep "destroy: names the rows" "$T/err" "2 rows of pay.card"
 expect_grep "destroy: names the reader" "$T/err" "live reader web-1 holds it"
+expect_grep "destroy: sums the references" "$T/err" "payments/kek:2 is still referenced by 2 rows, 1 live reader"
 run "--force without --reason" 64 "$KS" keys set-state payments/kek 2 destroyed --db "$D" --force
 run "--db with another state" 64 "$KS" keys set-state payments/kek 2 disabled --db "$D"
 

@@ -568,6 +568,18 @@ static void test_guard_rollbacks(void **state)
     f.source_key_state = KS_KEY_ACTIVE;
     f.is_latest = 0;
     expect_guard(&f, KS_PHASE_BACKFILL, KS_ERR_GUARD, "a later rollout governs payments.card");
+    /* an instance started after finalize with the target key alone would
+     * not read the source that backfill (and its step back to read-compat,
+     * which writes it) brings back */
+    f.is_latest = 1;
+    ks_rollout_reader rd[2] = {reader("web-old", 2, "payments-kek:1,payments-kek:2"),
+                               reader("web-new", 2, "payments-kek:2")};
+    f.readers = rd;
+    f.n_readers = 2;
+    expect_guard(&f, KS_PHASE_BACKFILL, KS_ERR_GUARD,
+                 "1 live reader cannot read payments-kek:1 (v1, aes-256-gcm): web-new");
+    f.n_readers = 1;
+    expect_guard(&f, KS_PHASE_BACKFILL, KS_OK, NULL);
 }
 
 /* Canonical key lists: exactly one spelling is accepted. */

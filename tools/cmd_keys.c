@@ -280,13 +280,14 @@ static int class_uses(const ks_rollout_class *c, const char *key_id, uint32_t ve
 
 /*
  * The references to (key_id, version) in database db: rows in the
- * scopes of rollouts using the key and of migrations, and live readers
+ * scopes of rollouts using the key and of migrations, live readers
  * holding it (live: within the longest reader TTL of its rollouts, 60 s
- * without).  Prints each; *refs counts them.  The ids of rollouts whose
+ * without), and rollouts not finalized whose source or target it is.
+ * Prints each and adds them to f's counts.  The ids of rollouts whose
  * source or target is that version go to affected[0, *n_affected).
  */
-static int find_refs(const char *db, const char *key_id, uint32_t version, uint64_t *refs,
-                     int64_t *affected, size_t *n_affected)
+static int find_refs(const char *db, const char *key_id, uint32_t version,
+                     ks_rollout_destroy_facts *f, int64_t *affected, size_t *n_affected)
 {
     ks_rollout_db *rdb;
     int rc = ks_cli_rollout_open(db, 1, &rdb);
@@ -309,9 +310,15 @@ static int find_refs(const char *db, const char *key_id, uint32_t version, uint6
             if (class_uses(&r->source, key_id, 0) || class_uses(&r->target, key_id, 0)) {
                 add_scope(scopes, &n_scopes, 64, r->table, r->column);
             }
-            if ((class_uses(&r->source, key_id, version) ||
-                 class_uses(&r->target, key_id, version)) && *n_affected < 64) {
+            int uses = class_uses(&r->source, key_id, version) ||
+                       class_uses(&r->target, key_id, version);
+            if (uses && *n_affected < 64) {
                 affected[(*n_affected)++] = r->id;
+            }
+            if (uses && r->phase != KS_PHASE_FINALIZED) {
+                fprintf(stderr, "    %s: rollout %" PRId64 " of %s.%s (%s) moves it\n", db, r->id,
+                        r->table, r->column, ks_rollout_phase_name((int)r->phase));
+                f->open_rollouts++;
             }
         }
     }
@@ -326,7 +333,7 @@ static int find_refs(const char *db, const char *key_id, uint32_t version, uint6
         if (e == KS_ERR_BUFFER_TOO_SMALL) { /* more than 64 live readers: count them all */
             e = KS_OK;
             n_readers = cap;
-            *refs += 1;
+            f->live_readers += 1;
             fprintf(stderr, "    %s: more than %zu live readers (not all checked)\n", db, cap);
         }
     }
@@ -339,7 +346,7 @@ static int find_refs(const char *db, const char *key_id, uint32_t version, uint6
     for (size_t i = 0; i < n_readers; i++) {
         if (ks_rollout_keys_holds(readers[i].keys, key_id, version)) {
             fprintf(stderr, "    %s: live reader %s holds it\n", db, readers[i].instance_id);
-            (*refs)++;
+            f->live_readers++;
         }
     }
     free(readers);
@@ -354,7 +361,7 @@ static int find_refs(const char *db, const char *key_id, uint32_t version, uint6
         if (rows > 0) {
             fprintf(stderr, "    %s: %" PRIu64 " %s of %s.%s\n", db, rows, rows == 1 ? "row" : "rows",
                     scopes[i].table, scopes[i].column);
-            *refs += rows;
+            f->rows += rows;
         }
     }
     return rc;
@@ -392,43 +399,59 @@ static int note_forced(const char *db, const int64_t *ids, size_t n, const char 
 }
 
 /*
- * Before set-state destroyed: refuse while (key_id, version) is
- * referenced in a database of d (EX_TEMPFAIL), or when no database is
- * given (EX_USAGE), unless --force --reason.  Fills affected rollouts
- * per database for note_forced.
+ * Before set-state destroyed: count what still references (key_id,
+ * version) in each database of d (rows in the columns of its rollouts and
+ * migrations, live readers holding it, rollouts not finalized that move
+ * it), then let the library's rule decide (ks_rollout_destroy_guard): a
+ * reference refuses (EX_TEMPFAIL), so does a database that could not be
+ * checked, and so does having no --db at all (EX_USAGE: nothing was
+ * checked), unless --force --reason.  Fills affected rollouts per
+ * database for note_forced.
  */
 static int destroy_guard(const destroy_opts *d, const char *key_id, uint32_t version,
                          int64_t affected[][64], size_t *n_affected)
 {
-    if (d->n_dbs == 0) {
-        if (d->force) {
-            return EX_OK;
+    ks_rollout_destroy_facts f;
+    memset(&f, 0, sizeof f);
+    f.key_id = key_id;
+    f.key_version = version;
+    f.force = d->force;
+    f.reason = d->reason;
+    f.rows_known = f.readers_known = d->n_dbs > 0;
+    int failed = EX_OK;
+    for (int i = 0; i < d->n_dbs; i++) {
+        n_affected[i] = 0;
+        int rc = find_refs(d->dbs[i], key_id, version, &f, affected[i], &n_affected[i]);
+        if (rc != EX_OK) {
+            failed = rc;
+            f.rows_known = f.readers_known = 0;
         }
+    }
+    char why[512];
+    ks_err e = ks_rollout_destroy_guard(&f, why, sizeof why);
+    if (e == KS_OK) {
+        if (d->force && why[0] != '\0') {
+            fprintf(stderr, KS_PROG ": --force: destroying %s:%" PRIu32 ": %s\n", key_id, version,
+                    why);
+        }
+        return EX_OK;
+    }
+    if (e != KS_ERR_GUARD) {
+        return ks_cli_usage_error("keys", "%s", why[0] != '\0' ? why : ks_err_name(e));
+    }
+    if (d->n_dbs == 0) {
         return ks_cli_usage_error("keys", "refusing to destroy %s:%" PRIu32 ": cannot check "
                                           "references without --db; give --db FILE for each "
                                           "database that may hold its rows or readers, or "
                                           "--force --reason TEXT", key_id, version);
     }
-    uint64_t refs = 0;
-    for (int i = 0; i < d->n_dbs; i++) {
-        n_affected[i] = 0;
-        int rc = find_refs(d->dbs[i], key_id, version, &refs, affected[i], &n_affected[i]);
-        if (rc != EX_OK && !d->force) {
-            return rc;
-        }
+    if (failed != EX_OK) {
+        return failed; /* the database's error was said */
     }
-    if (refs > 0 && !d->force) {
-        ks_cli_error("refusing to destroy %s:%" PRIu32 ": still referenced (above); its rows "
-                     "could never be read again. Move the rows ('keyshift migrate run', "
-                     "'keyshift rollout'), retire the readers, then retry; or give --force "
-                     "--reason TEXT", key_id, version);
-        return EX_TEMPFAIL;
-    }
-    if (refs > 0) {
-        fprintf(stderr, KS_PROG ": --force: destroying %s:%" PRIu32 " although it is still "
-                "referenced (above)\n", key_id, version);
-    }
-    return EX_OK;
+    ks_cli_error("refusing to destroy %s; its rows could never be read again. Move the rows "
+                 "('keyshift migrate run', 'keyshift rollout'), retire the readers, then retry; "
+                 "or give --force --reason TEXT", why);
+    return EX_TEMPFAIL;
 }
 
 /* Run one change on an open keyring; pos[0] is the action. */

@@ -492,15 +492,16 @@ typedef struct ks_rollout_destroy_facts {
     size_t live_readers;       /* live readers whose key list holds the version */
     size_t open_rollouts;      /* rollouts not finalized whose source or target is the
                                   version */
-    int force;                 /* nonzero: destroy despite references (never despite
-                                  facts that were not gathered) */
+    int force;                 /* nonzero: destroy despite references, and despite
+                                  facts that could not be gathered */
     const char *reason;        /* with force: 1..KS_ROLLOUT_REASON_MAX printable bytes */
 } ks_rollout_destroy_facts;
 
 /*
  * May (f->key_id, f->key_version) be destroyed?  KS_OK when nothing
- * references it (or f->force with a reason overrides the references: why
- * then says what was overridden, for the log); KS_ERR_GUARD with a
+ * references it, or when f->force with a reason overrides the references
+ * or the counts that could not be gathered (e.g. no database to check):
+ * why then says what was overridden, for the log; KS_ERR_GUARD with a
  * sentence in why, e.g. "k:1 is still referenced by 12 rows and 2 live
  * readers", when a count is not zero or was not gathered;
  * KS_ERR_INVALID_ARGUMENT for NULL, a bad key_id, version 0, or force

@@ -309,17 +309,17 @@ static ks_err guard_read_compat(const ks_rollout_facts *f, char *why, size_t why
                   t->key_version, key_fact_name(s));
 }
 
-/* read-compat -> write-upgrade: every live reader supports the target,
- * and read-compat has lasted min_soak_s.  Readers are named (up to 8). */
-static ks_err guard_write_upgrade(const ks_rollout_facts *f, char *why, size_t why_len)
+/* KS_OK when every live reader of f supports class c, else KS_ERR_GUARD
+ * naming those that do not (up to 8) in why. */
+static ks_err readers_support(const ks_rollout_facts *f, const ks_rollout_class *c, char *why,
+                              size_t why_len)
 {
-    const ks_rollout *r = &f->rollout;
     size_t missing = 0;
     char names[512];
     size_t used = 0;
     names[0] = '\0';
     for (size_t i = 0; i < f->n_readers; i++) {
-        if (ks_rollout_reader_supports(&f->readers[i], &r->target))
+        if (ks_rollout_reader_supports(&f->readers[i], c))
             continue;
         if (missing < 8) {
             int n = snprintf(names + used, sizeof names - used, "%s%s", missing ? ", " : "",
@@ -328,13 +328,23 @@ static ks_err guard_write_upgrade(const ks_rollout_facts *f, char *why, size_t w
         }
         missing++;
     }
-    if (missing > 0) {
-        char tc[KS_KEY_ID_MAX + 48];
-        ks_rollout_class_text(&r->target, tc, sizeof tc);
-        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "%zu live %s cannot read %s: %s%s", missing,
-                      missing == 1 ? "reader" : "readers", tc, names,
-                      missing > 8 ? ", ..." : "");
-    }
+    if (missing == 0)
+        return KS_OK;
+    char tc[KS_KEY_ID_MAX + 48];
+    ks_rollout_class_text(c, tc, sizeof tc);
+    return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "%zu live %s cannot read %s: %s%s", missing,
+                          missing == 1 ? "reader" : "readers", tc, names,
+                          missing > 8 ? ", ..." : "");
+}
+
+/* read-compat -> write-upgrade: every live reader supports the target,
+ * and read-compat has lasted min_soak_s.  Readers are named (up to 8). */
+static ks_err guard_write_upgrade(const ks_rollout_facts *f, char *why, size_t why_len)
+{
+    const ks_rollout *r = &f->rollout;
+    ks_err err = readers_support(f, &r->target, why, why_len);
+    if (err != KS_OK)
+        return err;
     int64_t lasted = f->now - r->phase_since;
     if (lasted < (int64_t)r->min_soak_s)
         return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
@@ -396,8 +406,13 @@ static ks_err guard_to_planned(const ks_rollout_facts *f, char *why, size_t why_
     return KS_OK;
 }
 
-/* finalized -> backfill: only the governing rollout, and only while the
- * source can still be written and read again (its key not destroyed). */
+/* finalized -> backfill: only the governing rollout, only while the
+ * source can still be written and read again (its key not destroyed),
+ * and only when every live reader can read the source: backfill reads it
+ * again, and its step back to read-compat (always allowed, so that an
+ * automatic rollback never stalls) writes it.  An instance started after
+ * finalize may hold the target alone; it must be upgraded or stopped
+ * first. */
 static ks_err guard_unfinalize(const ks_rollout_facts *f, char *why, size_t why_len)
 {
     const ks_rollout_class *s = &f->rollout.source;
@@ -405,6 +420,9 @@ static ks_err guard_unfinalize(const ks_rollout_facts *f, char *why, size_t why_
         return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
                       "a later rollout governs %s.%s: only the latest may be rolled back",
                       f->rollout.table, f->rollout.column);
+    ks_err err = readers_support(f, s, why, why_len);
+    if (err != KS_OK)
+        return err;
     if (s->is_plaintext)
         return KS_OK;
     int st = f->source_key_state;

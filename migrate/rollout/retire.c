@@ -62,6 +62,13 @@ ks_err ks_rollout_destroy_guard(const ks_rollout_destroy_facts *f, char *why, si
         return ks_sqlite_fail(why, why_len, KS_ERR_INVALID_ARGUMENT,
                               "a forced destroy of %s:%" PRIu32 " needs a written reason",
                               f->key_id, f->key_version);
+    if (f->force && (!f->rows_known || !f->readers_known))
+        return ks_sqlite_fail(why, why_len, KS_OK,
+                              "forced: the %s referencing %s:%" PRIu32 " were not checked",
+                              !f->rows_known && !f->readers_known ? "rows and live readers"
+                              : !f->rows_known                    ? "rows"
+                                                                  : "live readers",
+                              f->key_id, f->key_version);
     if (!f->rows_known)
         return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
                               "the rows referencing %s:%" PRIu32 " were not counted", f->key_id,
