@@ -324,7 +324,11 @@ K="$T/lock.db"
 ROWS=2000
 make_table "$K" $ROWS DELETE
 KTGT=(--db "$K" --table pay --column card --mode encrypt --to-key p/kek "${CTX[@]}" --batch-size 200)
-hold_lock() { printf 'BEGIN IMMEDIATE;\nUPDATE pay SET tenant = tenant WHERE id = 1;\n.shell sleep %s\nCOMMIT;\n' "$1" | sqlite3 -bail "$K" >/dev/null 2>"$T/lock.err"; }
+# The application's transaction: its COMMIT must wait (busy timeout) for
+# readers' shared locks to clear, as any application's would; without the
+# timeout a reader of the migration (its count or scan) at that instant
+# made the COMMIT fail with "database is locked".
+hold_lock() { printf '.timeout 10000\nBEGIN IMMEDIATE;\nUPDATE pay SET tenant = tenant WHERE id = 1;\n.shell sleep %s\nCOMMIT;\n' "$1" | sqlite3 -bail "$K" >/dev/null 2>"$T/lock.err"; }
 hold_lock 3 &
 lpid=$!
 for ((i = 0; i < 100; i++)); do # until the application holds the lock
