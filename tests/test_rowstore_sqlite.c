@@ -205,7 +205,7 @@ static void test_missing_file(void **state)
     ks_rowstore_target t = target("t", "v", NULL);
     open_fails(w, &t, KS_ERR_NO_TARGET, "no database file");
     assert_int_not_equal(access(w->path, F_OK), 0);
-    ks_sqlite_options ro = {0, 1};
+    ks_sqlite_options ro = {0, 1, 0};
     assert_int_equal(open_store(w, &t, &ro), KS_ERR_NO_TARGET);
     assert_int_not_equal(access(w->path, F_OK), 0);
 }
@@ -511,7 +511,7 @@ static void test_visit_values(void **state)
     /* a read-only store visits too, without keyshift's tables */
     exec_sql(w->path, "CREATE TABLE u(v); INSERT INTO u(rowid, v) VALUES(2, 'y'),(1, 'x');");
     t = target("u", "v", NULL);
-    ks_sqlite_options ro = {0, 1};
+    ks_sqlite_options ro = {0, 1, 0};
     assert_int_equal(open_store(w, &t, &ro), KS_OK);
     vs.stop_at = 0;
     assert_int_equal(visit(w, &vs), KS_OK);
@@ -750,7 +750,7 @@ static void open_one_row(world *w, uint32_t timeout_ms)
 {
     exec_sql(w->path, "CREATE TABLE t(id INTEGER PRIMARY KEY, v); INSERT INTO t VALUES(1, 'x');");
     ks_rowstore_target t = target("t", "v", NULL);
-    ks_sqlite_options opts = {timeout_ms, 0};
+    ks_sqlite_options opts = {timeout_ms, 0, 0};
     assert_int_equal(open_store(w, &t, &opts), KS_OK);
 }
 
@@ -846,7 +846,7 @@ static void test_read_only(void **state)
     world *w = *state;
     exec_sql(w->path, "CREATE TABLE t(id INTEGER PRIMARY KEY, v); INSERT INTO t VALUES(1, 'x');");
     ks_rowstore_target t = target("t", "v", NULL);
-    ks_sqlite_options ro = {0, 1};
+    ks_sqlite_options ro = {0, 1, 0};
     assert_int_equal(open_store(w, &t, &ro), KS_OK);
     ks_row rows[2];
     size_t n = 0;

@@ -501,7 +501,7 @@ int ks_cli_store_open(const char *db, const ks_rowstore_target *t, int read_only
     if (rc != EX_OK) {
         return rc;
     }
-    ks_sqlite_options o = {busy_timeout_ms ? busy_timeout_ms : 30000, read_only};
+    ks_sqlite_options o = {busy_timeout_ms ? busy_timeout_ms : 30000, read_only, 0};
     char msg[256] = "";
     ks_err e = ks_rowstore_sqlite_open(db, t, &o, out, msg, sizeof msg);
     if (e == KS_ERR_INVALID_ARGUMENT) {

@@ -147,7 +147,16 @@ typedef struct ks_rowstore {
 typedef struct ks_sqlite_options {
     uint32_t busy_timeout_ms;  /* how long to wait for a lock, with backoff; default 30000 */
     int read_only;             /* open read-only (census, verify, status) */
+    uint32_t cache_kib;        /* the connection's page cache (PRAGMA cache_size) in KiB;
+                                  0: KS_SQLITE_CACHE_KIB_DEFAULT */
 } ks_sqlite_options;
+
+/* The store's default page cache: 16 MiB.  The engine scans batch k+1
+ * before batch k's compare-and-swaps commit (docs/migration.md,
+ * "Pipeline"), so two batches' pages (two batches of 500 rows of 2 KiB
+ * are about 1,000 pages of 4 KiB) must stay cached; SQLite's default of
+ * 2,000 KiB made the writes re-read pages the scan had just read. */
+#define KS_SQLITE_CACHE_KIB_DEFAULT 16384u
 
 /*
  * Open the SQLite database at path with the target checked against its

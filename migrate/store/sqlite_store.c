@@ -1343,10 +1343,18 @@ static ks_err check_args(const char *path, const ks_rowstore_target *t, ks_rowst
 /* Open the connection (never creating the file) and configure it
  * (sqlite_util.h): extended result codes, defensive mode, untrusted
  * schema, busy handler. */
-static ks_err open_db(opener *o, const char *path)
+static ks_err open_db(opener *o, const char *path, uint32_t cache_kib)
 {
     sqlite_store *s = o->s;
-    return ks_sqlite_connect(path, s->read_only, 0, &s->busy, &s->db, o->errbuf, o->errbuf_len);
+    ks_err err = ks_sqlite_connect(path, s->read_only, 0, &s->busy, &s->db, o->errbuf,
+                                   o->errbuf_len);
+    if (err != KS_OK)
+        return err;
+    char sql[48];
+    snprintf(sql, sizeof sql, "PRAGMA cache_size = -%u",
+             (unsigned)(cache_kib != 0 ? cache_kib : KS_SQLITE_CACHE_KIB_DEFAULT));
+    int rc = sqlite3_exec(s->db, sql, NULL, NULL, NULL);
+    return rc == SQLITE_OK ? KS_OK : open_fail_rc(o, rc, "setting the page cache");
 }
 
 /* Nonzero when colinfo a and b are the same column. */
@@ -1462,7 +1470,7 @@ ks_err ks_rowstore_sqlite_open(const char *path, const ks_rowstore_target *targe
     resolved r;
     memset(&r, 0, sizeof r);
     int have_tables = 0;
-    err = open_db(&o, path);
+    err = open_db(&o, path, opts != NULL ? opts->cache_kib : 0);
     if (err == KS_OK)
         err = resolve_target(&o, target, &r);
     if (err == KS_OK)
