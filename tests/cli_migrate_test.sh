@@ -183,7 +183,8 @@ W="$T/twocols.db"
 sql "$W" "CREATE TABLE pay (id INTEGER PRIMARY KEY, a TEXT, b TEXT);
 INSERT INTO pay VALUES (1, 'a-secret-1', 'b-secret-1'), (2, 'a-secret-2', 'b-secret-2');"
 run "column a" 0 "$KS" migrate run --db "$W" --table pay --column a --mode encrypt --to-key payments/kek --tenant acme
-run "column b, same parameters" 0 "$KS" migrate run --db "$W" --table pay --column b --mode encrypt --to-key payments/kek --tenant acme
+run "column b, same parameters, --serial (no helper thread)" 0 "$KS" migrate run --db "$W" --table pay --column b --mode encrypt --to-key payments/kek --tenant acme --serial
+run "--serial is an option of run only" 64 "$KS" migrate verify --db "$W" --table pay --column b --tenant acme --serial
 if [ "$(sql "$W" "SELECT count(*) FROM pay WHERE a LIKE '%secret%' OR b LIKE '%secret%'")" = 0 ]; then
     ok "both columns encrypted (checkpoints scoped per column)"
 else
