@@ -27,6 +27,9 @@
 #      still reads the target.
 #   F. canary: in write-upgrade for tenant acme only, an app's writes are
 #      envelopes for acme's rows and plaintext (the source) for globex's.
+#   G. a rollback while `migrate run` works in backfill stops the run
+#      before its next batch (the store's write gate), and it resumes once
+#      the rollout is back in backfill.
 #   C. a smoke run of tools/demo_rollout.sh (the second half of make demo).
 #
 # Usage: KEYSHIFT=path/to/keyshift DEMO_APP=path/to/keyshift-demo-app \
@@ -413,6 +416,37 @@ if [ "$acme_env" -gt 0 ] && [ "$globex_env" = 0 ] && [ "$globex_app" -gt 0 ]; th
 else
     bad "canary: who wrote the target" "acme envelopes $acme_env, globex envelopes $globex_env, globex app writes $globex_app"
 fi
+
+# ---- G. a rollback stops a running migration before its next batch --------------------
+G=$T/g.db
+make_db "$G" 2000
+R=(--db "$G" --table pay --column card)
+GMIG=(migrate run "${R[@]}" "${CTX[@]}" --mode encrypt --to-key pay/kek:2 --to-format 1 --batch-size 100)
+run "gate: start" 0 "$KS" rollout start "${R[@]}" --source plaintext \
+    --target v1:xchacha20-poly1305:pay/kek:2 --min-soak 0 --reader-ttl 5 --min-samples 0
+for ph in read-compat write-upgrade backfill; do run "gate: advance to $ph" 0 "$KS" rollout advance "${R[@]}"; done
+"$KS" "${GMIG[@]}" --max-rows-per-second 300 >"$T/g.out" 2>"$T/g.err" &
+gpid=$!
+sleep 1.5
+run "gate: roll back to read-compat while migrate runs" 0 "$KS" rollout rollback "${R[@]}" --reason "stop the backfill"
+wait "$gpid"
+grc=$?
+if [ "$grc" = 75 ] && grep -q "the rollout left backfill" "$T/g.err"; then
+    ok "gate: the running migration stopped before its next batch (exit 75, says why)"
+else
+    bad "gate: migration stopped by the rollback" "exit $grc: $(head -c 300 "$T/g.err")"
+fi
+genv=$(sqlite3 "$G" "SELECT count(*) FROM pay WHERE hex(substr(card, 1, 3)) = '4B5345'")
+gdone=$(sqlite3 "$G" "SELECT done FROM keyshift_migration")
+if [ "$genv" = "$gdone" ] && [ "$genv" -gt 0 ] && [ "$genv" -lt 2000 ]; then
+    ok "gate: $genv rows written before the rollback, none after (checkpoint matches)"
+else
+    bad "gate: rows written around the rollback" "envelopes $genv, checkpoint done $gdone"
+fi
+run "gate: migrate refused in read-compat" 78 "$KS" "${GMIG[@]}"
+for ph in write-upgrade backfill; do run "gate: advance to $ph again" 0 "$KS" rollout advance "${R[@]}"; done
+run "gate: the migration resumes and completes" 0 "$KS" "${GMIG[@]}"
+expect_eq "gate: every row at the target" <(sqlite3 "$G" "SELECT count(*) FROM pay WHERE hex(substr(card, 1, 3)) = '4B5345'") "2000"
 
 # ---- C. the phase-by-phase demo of `make demo` --------------------------------------
 DEMO_ROWS=2000 DEMO_DIR="$T/demo" run "demo_rollout smoke (2000 rows)" 0 \

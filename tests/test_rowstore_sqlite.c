@@ -798,6 +798,45 @@ static void test_busy_timeout(void **state)
     assert_string_equal(vs.log, "2:x\n");
 }
 
+/* ---- write gate -------------------------------------------------------------------- */
+
+/* A write gate lets begin() through while its SELECT says 1, stops it
+ * (KS_ERR_STOPPED, nothing left open) otherwise, sees a change another
+ * connection committed, and can be removed; it is refused on read-only
+ * stores, inside a transaction and for SQL that does not prepare. */
+static void test_write_gate(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "CREATE TABLE t(id INTEGER PRIMARY KEY, v);"
+                      "INSERT INTO t VALUES(1, 'x');"
+                      "CREATE TABLE flag(open INTEGER); INSERT INTO flag VALUES(1);");
+    ks_rowstore_target t = target("t", "v", NULL);
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    assert_int_equal(ks_rowstore_sqlite_set_write_gate(&w->store, "SELECT open FROM main.flag"),
+                     KS_OK);
+    assert_int_equal(begin(w), KS_OK);
+    assert_int_equal(ks_rowstore_sqlite_set_write_gate(&w->store, NULL), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(commit(w), KS_OK);
+    exec_sql(w->path, "UPDATE flag SET open = 0;"); /* e.g. the rollout left backfill */
+    assert_int_equal(begin(w), KS_ERR_STOPPED);
+    assert_int_equal(commit(w), KS_ERR_INVALID_ARGUMENT); /* nothing was left open */
+    exec_sql(w->path, "DELETE FROM flag;");           /* no row: closed too */
+    assert_int_equal(begin(w), KS_ERR_STOPPED);
+    exec_sql(w->path, "INSERT INTO flag VALUES(2);");   /* only the integer 1 opens it */
+    assert_int_equal(begin(w), KS_ERR_STOPPED);
+    assert_int_equal(ks_rowstore_sqlite_set_write_gate(&w->store, NULL), KS_OK);
+    assert_int_equal(begin(w), KS_OK);
+    assert_int_equal(commit(w), KS_OK);
+    assert_int_equal(ks_rowstore_sqlite_set_write_gate(&w->store, "SELECT nonsense FROM nowhere"),
+                     KS_ERR_STORE);
+    ks_sqlite_options ro = {0, 1, 0};
+    assert_int_equal(open_store(w, &t, &ro), KS_OK);
+    assert_int_equal(ks_rowstore_sqlite_set_write_gate(&w->store, "SELECT 1"),
+                     KS_ERR_INVALID_ARGUMENT);
+    ks_rowstore other = {NULL, NULL, NULL};
+    assert_int_equal(ks_rowstore_sqlite_set_write_gate(&other, "SELECT 1"), KS_ERR_INVALID_ARGUMENT);
+}
+
 /* ---- full ---------------------------------------------------------------------------- */
 
 /* A cas that cannot grow the database fails with KS_ERR_FULL, rolls the
@@ -928,6 +967,7 @@ int main(void)
         T(test_busy_waits),
         T(test_busy_timeout),
         T(test_full),
+        T(test_write_gate),
         T(test_read_only),
         T(test_newer_schema_refused),
         T(test_memory_returns),

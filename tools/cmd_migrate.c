@@ -84,7 +84,9 @@ static void usage(FILE *f)
           "    refused unless the rollout is in backfill and the run's target (key,\n"
           "    version and, to encrypt or re-encrypt, format and algorithm) is the\n"
           "    rollout's target. The run then writes its health counts to the\n"
-          "    rollout (keyshift_metrics, source 'migrate') every 5 s and at its end.\n"
+          "    rollout (keyshift_metrics, source 'migrate') every 5 s and at its end,\n"
+          "    and stops before its next batch (exit 75) if the rollout leaves\n"
+          "    backfill.\n"
           "\n"
           "    Progress: on a terminal, run draws a progress bar on standard error\n"
           "    (rows done/total, rows/s, ETA); with --json it writes one JSON object\n"
@@ -627,6 +629,10 @@ static int run_engine(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_pa
     int rc = e == KS_ERR_STOPPED ? EX_TEMPFAIL : ks_cli_exit_code(e);
     if (e != KS_OK) {
         const char *advice = outcome_advice(e);
+        if (e == KS_ERR_STOPPED && rollout_id != 0 && !stop_requested) {
+            advice = "the rollout left backfill (rolled back?); the batch was not written and the "
+                     "checkpoint kept: run the same command again once it is back in backfill";
+        }
         if (s.tty && !s.json && s.have) {
             fputc('\n', stderr);
             s.have = 0;
@@ -721,6 +727,33 @@ static int rollout_gate(const mig_opts *o, const ks_migrate_params *p, ks_ctx *c
     return EX_OK;
 }
 
+/*
+ * With a rollout in backfill governing the column: make every batch's
+ * write transaction check, under the write lock, that the rollout is
+ * still in backfill (ks_rowstore_sqlite_set_write_gate).  A rollback
+ * committed meanwhile then stops the run before its next batch is
+ * written (KS_ERR_STOPPED, exit 75, resumable once the rollout is back in
+ * backfill), so that no target row is written after, say, a rollback to
+ * read-compat and on to planned counted none.  The id is ours, not data.
+ */
+static int backfill_gate(const ks_rowstore *store, int64_t rollout_id)
+{
+    if (rollout_id <= 0) {
+        return EX_OK;
+    }
+    char sql[128];
+    snprintf(sql, sizeof sql,
+             "SELECT phase = 'backfill' FROM main.keyshift_rollout WHERE id = %lld",
+             (long long)rollout_id);
+    ks_err e = ks_rowstore_sqlite_set_write_gate(store, sql);
+    if (e != KS_OK) {
+        ks_cli_error("cannot watch rollout %lld during the run: %s", (long long)rollout_id,
+                     ks_err_name(e));
+        return ks_cli_exit_code(e);
+    }
+    return EX_OK;
+}
+
 /* `migrate run`. */
 static int cmd_run(int argc, char **argv)
 {
@@ -752,7 +785,8 @@ static int cmd_run(int argc, char **argv)
     int64_t rollout_id = 0;
     if ((rc = ks_cli_store_open(o.db, &t, 0, busy_ms, &store)) == EX_OK &&
         (rc = ks_cli_ctx_open(o.keyring, o.passfile, &kr, &ctx)) == EX_OK &&
-        (rc = rollout_gate(&o, &p, ctx, &rollout_id)) == EX_OK) {
+        (rc = rollout_gate(&o, &p, ctx, &rollout_id)) == EX_OK &&
+        (rc = backfill_gate(&store, rollout_id)) == EX_OK) {
         rc = run_engine(ctx, &store, &p, &o, rollout_id);
     }
     ks_rowstore_close(&store);

@@ -170,6 +170,22 @@ KS_API KS_WUR ks_err ks_rowstore_sqlite_open(const char *path, const ks_rowstore
                                              const ks_sqlite_options *opts, ks_rowstore *out,
                                              char *errbuf, size_t errbuf_len);
 
+/*
+ * Make every write transaction of store (an SQLite store) check a
+ * condition right after it begins: sql is a SELECT over the store's
+ * database whose first row's first column is the integer 1 while writes
+ * may go on.  Anything else (0, NULL, no row) rolls the transaction back
+ * and begin() fails with KS_ERR_STOPPED, so the engine stops before
+ * writing that batch (resumable).  The check runs under the write lock:
+ * a change committed before it is seen, and one after it waits for the
+ * batch.  `keyshift migrate run` uses it to stop the moment its rollout
+ * leaves backfill.  sql is the caller's own text (prepared once), never
+ * data; NULL removes the gate.  KS_ERR_INVALID_ARGUMENT for another kind
+ * of store, a read-only one or one inside a transaction; KS_ERR_STORE
+ * when sql does not prepare.
+ */
+KS_API KS_WUR ks_err ks_rowstore_sqlite_set_write_gate(const ks_rowstore *store, const char *sql);
+
 /* Close a store (any kind); {NULL} is a no-op. */
 KS_API void ks_rowstore_close(ks_rowstore *store);
 

@@ -142,6 +142,7 @@ enum {
     ST_BEGIN,
     ST_COMMIT,
     ST_ROLLBACK,
+    ST_GATE,        /* ks_rowstore_sqlite_set_write_gate; NULL without a gate */
     ST_N
 };
 
@@ -588,6 +589,24 @@ static ks_err op_count(void *self, uint64_t *n)
 }
 
 /* ops.begin: BEGIN IMMEDIATE, waiting through the busy handler. */
+/* The write gate, inside a just-begun write transaction (so under the
+ * write lock): KS_OK when there is none or its SELECT returns the integer
+ * 1 in its first row; KS_ERR_STOPPED when it returns anything else or no
+ * row; a store error otherwise. */
+static ks_err check_gate(sqlite_store *s)
+{
+    sqlite3_stmt *st = s->st[ST_GATE];
+    if (st == NULL)
+        return KS_OK;
+    int rc = sqlite3_step(st);
+    int open = rc == SQLITE_ROW && sqlite3_column_type(st, 0) == SQLITE_INTEGER &&
+               sqlite3_column_int64(st, 0) == 1;
+    sqlite3_reset(st);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        return ks_sqlite_map_rc(rc);
+    return open ? KS_OK : KS_ERR_STOPPED;
+}
+
 static ks_err op_begin(void *self)
 {
     sqlite_store *s = self;
@@ -599,7 +618,10 @@ static ks_err op_begin(void *self)
         return ks_sqlite_map_rc(rc);
     }
     s->in_txn = 1;
-    return KS_OK;
+    ks_err err = check_gate(s);
+    if (err != KS_OK)
+        rollback_now(s);
+    return err;
 }
 
 /* Nonzero when a write operation may run: a writable store inside begin(). */
@@ -1497,6 +1519,21 @@ void ks_rowstore_close(ks_rowstore *store)
     if (store->ops != NULL && store->ops->close != NULL && store->self != NULL)
         store->ops->close(store->self);
     memset(store, 0, sizeof *store);
+}
+
+/* See rowstore.h. */
+ks_err ks_rowstore_sqlite_set_write_gate(const ks_rowstore *store, const char *sql)
+{
+    if (store == NULL || store->ops != &sqlite_ops || store->self == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    sqlite_store *s = store->self;
+    if (s->read_only || s->in_txn)
+        return KS_ERR_INVALID_ARGUMENT;
+    sqlite3_finalize(s->st[ST_GATE]);
+    s->st[ST_GATE] = NULL;
+    if (sql == NULL)
+        return KS_OK;
+    return prepare(s->db, sql, 1, &s->st[ST_GATE]) == SQLITE_OK ? KS_OK : KS_ERR_STORE;
 }
 
 #ifdef KS_TEST_HOOKS
