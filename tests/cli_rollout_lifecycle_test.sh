@@ -369,7 +369,7 @@ run "old reader: write-upgrade allowed once its heartbeat expired" 0 "$KS" rollo
 sleep 2
 env_id=$(sqlite3 "$D" "SELECT id FROM pay WHERE hex(substr(card, 1, 3)) = '4B5345' LIMIT 1")
 if [ -n "$env_id" ]; then ok "threshold: new-web wrote target envelopes"; else bad "threshold: no envelope written"; fi
-sqlite3 "$D" "CREATE TABLE bak AS SELECT id, card FROM pay WHERE id != ${env_id:-0} LIMIT 100;
+sqlite3 -cmd ".timeout 10000" "$D" "CREATE TABLE bak AS SELECT id, card FROM pay WHERE id != ${env_id:-0} LIMIT 100;
 UPDATE pay SET card = (SELECT card FROM pay WHERE id = ${env_id:-0}) WHERE id IN (SELECT id FROM bak);"
 rc=3 deadline=$((SECONDS + 20))
 while [ "$rc" = 3 ] || [ "$rc" = 0 ]; do
@@ -384,7 +384,7 @@ expect_grep "threshold: the auth-failure rate tripped" "$T/check.json" "auth-fai
 expect_grep "threshold: back in read-compat" "$T/st.json" '"phase":"read-compat"'
 "$KS" rollout log "${R[@]}" --json >"$T/log.json" 2>&1
 expect_grep "threshold: the rollback is logged as automatic" "$T/log.json" '"automatic":true'
-sqlite3 "$D" "UPDATE pay SET card = (SELECT card FROM bak WHERE bak.id = pay.id) WHERE id IN (SELECT id FROM bak);"
+sqlite3 -cmd ".timeout 10000" "$D" "UPDATE pay SET card = (SELECT card FROM bak WHERE bak.id = pay.id) WHERE id IN (SELECT id FROM bak);"
 sleep 1 # new-web's policy refreshes
 run "threshold: after the rollback an app writes the source and reads the target" 0 \
     app late-web "$D" --ops 400 --write-percent 50 --seed 9 --json
@@ -427,7 +427,9 @@ run "gate: start" 0 "$KS" rollout start "${R[@]}" --source plaintext \
 for ph in read-compat write-upgrade backfill; do run "gate: advance to $ph" 0 "$KS" rollout advance "${R[@]}"; done
 "$KS" "${GMIG[@]}" --max-rows-per-second 300 >"$T/g.out" 2>"$T/g.err" &
 gpid=$!
-sleep 1.5
+# some batches committed (the checkpoint moved), the run still going
+gate_started() { [ "$(sqlite3 "$G" "SELECT coalesce(max(done), 0) FROM keyshift_migration" 2>/dev/null)" -gt 0 ] 2>/dev/null; }
+wait_for 20 gate_started || bad "gate: the migration did not start"
 run "gate: roll back to read-compat while migrate runs" 0 "$KS" rollout rollback "${R[@]}" --reason "stop the backfill"
 wait "$gpid"
 grc=$?
