@@ -580,6 +580,15 @@ int ks_cli_printable(const char *s, size_t min, size_t max)
 }
 
 /* See cli.h. */
+void ks_cli_hostname(char *out, size_t cap)
+{
+    if (gethostname(out, cap) != 0 || out[0] == '\0') {
+        snprintf(out, cap, "localhost");
+    }
+    out[cap - 1] = '\0'; /* gethostname need not terminate a cut name */
+}
+
+/* See cli.h. */
 int ks_cli_actor(const char *cmd, const char *given, char *out, size_t cap)
 {
     if (given != NULL) {
@@ -597,10 +606,7 @@ int ks_cli_actor(const char *cmd, const char *given, char *out, size_t cap)
     } else if (getlogin_r(user, sizeof user) != 0 || user[0] == '\0') {
         snprintf(user, sizeof user, "unknown");
     }
-    if (gethostname(host, sizeof host) != 0 || host[0] == '\0') {
-        snprintf(host, sizeof host, "localhost");
-    }
-    host[sizeof host - 1] = '\0';
+    ks_cli_hostname(host, sizeof host);
     size_t limit = cap - 1 < KS_ROLLOUT_ACTOR_MAX ? cap - 1 : KS_ROLLOUT_ACTOR_MAX;
     if (snprintf(out, limit + 1, "%s@%s", user, host) < 0) { /* cut to the limit */
         snprintf(out, cap, "unknown");

@@ -155,6 +155,10 @@ int ks_cli_printable(const char *s, size_t min, size_t max);
 /* Format a Unix time as RFC 3339 UTC into out ("" for 0). */
 void ks_cli_format_time(int64_t t, char *out, size_t cap);
 
+/* This machine's host name into out[0, cap) (cap >= 2), terminated;
+ * "localhost" when it cannot be read. */
+void ks_cli_hostname(char *out, size_t cap);
+
 /*
  * The actor written to rollout logs: given (checked: 1..KS_ROLLOUT_ACTOR_MAX
  * printable ASCII bytes), else "$USER@host" ($USER, else getlogin_r, else

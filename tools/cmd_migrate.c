@@ -469,11 +469,8 @@ static void report_health(progress_state *s)
     ks_ctx_health_sample(s->ctx, &totals);
     ks_health_growth(&d, &totals, &s->reported);
     d.time = (int64_t)time(NULL);
-    char instance[KS_INSTANCE_ID_MAX + 1], host[64] = "host";
-    if (gethostname(host, sizeof host) != 0) {
-        strcpy(host, "host");
-    }
-    host[sizeof host - 1] = '\0';
+    char instance[KS_INSTANCE_ID_MAX + 1], host[64];
+    ks_cli_hostname(host, sizeof host);
     for (char *c = host; *c != '\0'; c++) { /* an instance id is [F-NAME-1] */
         if (!isalnum((unsigned char)*c) && *c != '.' && *c != '-' && *c != '_') {
             *c = '-';
