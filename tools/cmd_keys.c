@@ -50,8 +50,9 @@ static void usage(FILE *f)
           "                 The primary must stay active: promote another first.\n"
           "                 destroyed is refused (exit 75) while a row or a live\n"
           "                 reader still references that version in a database given\n"
-          "                 with --db (repeatable): rows in the column of every\n"
-          "                 rollout whose source or target uses the key and of every\n"
+          "                 with --db (repeatable): rows in the column (or each\n"
+          "                 listed column of a key scope) of every rollout whose\n"
+          "                 source or target uses the key and of every\n"
           "                 migrated column; live readers holding the version.\n"
           "                 Without --db it is refused (exit 64): references cannot\n"
           "                 be checked. --force --reason TEXT overrides both and, with\n"
@@ -308,7 +309,13 @@ static int find_refs(const char *db, const char *key_id, uint32_t version,
             after = r->id;
             ttl = r->reader_ttl_s > ttl ? r->reader_ttl_s : ttl;
             if (class_uses(&r->source, key_id, 0) || class_uses(&r->target, key_id, 0)) {
-                add_scope(scopes, &n_scopes, 64, r->table, r->column);
+                /* a key-scoped rollout references the rows of each column it lists */
+                for (size_t c = 0; r->scope == KS_SCOPE_KEY && c < r->n_columns; c++) {
+                    add_scope(scopes, &n_scopes, 64, r->columns[c].table, r->columns[c].column);
+                }
+                if (r->scope == KS_SCOPE_COLUMN) {
+                    add_scope(scopes, &n_scopes, 64, r->table, r->column);
+                }
             }
             int uses = class_uses(&r->source, key_id, version) ||
                        class_uses(&r->target, key_id, version);
@@ -316,8 +323,10 @@ static int find_refs(const char *db, const char *key_id, uint32_t version,
                 affected[(*n_affected)++] = r->id;
             }
             if (uses && r->phase != KS_PHASE_FINALIZED) {
-                fprintf(stderr, "    %s: rollout %" PRId64 " of %s.%s (%s) moves it\n", db, r->id,
-                        r->table, r->column, ks_rollout_phase_name((int)r->phase));
+                char what[KS_ROLLOUT_SCOPE_TEXT_MAX];
+                fprintf(stderr, "    %s: rollout %" PRId64 " of %s (%s) moves it\n", db, r->id,
+                        ks_rollout_scope_text(r, what, sizeof what),
+                        ks_rollout_phase_name((int)r->phase));
                 f->open_rollouts++;
             }
         }
