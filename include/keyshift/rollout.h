@@ -310,10 +310,11 @@ typedef struct ks_rollout_db ks_rollout_db;
  * Open the application's SQLite database at path (never created: a
  * missing file is KS_ERR_NO_TARGET).  Unless KS_ROLLOUT_DB_READ_ONLY,
  * creates keyshift's tables, or upgrades those of schema version 1 (made
- * by the row store) to version 2 in place, in one BEGIN IMMEDIATE
+ * by the row store) or 2 to version 3 in place, in one BEGIN IMMEDIATE
  * transaction.  A database of a newer version is refused (KS_ERR_STORE);
  * read-only, a database without the version 2 tables opens, and reads
- * find no rollout.  Messages go to errbuf.  Lock waits back off up to
+ * find no rollout; a version 2 database is read as it is (every rollout
+ * in it is column-scoped).  Messages go to errbuf.  Lock waits back off up to
  * 30 s (KS_ERR_BUSY).
  */
 KS_API KS_WUR ks_err ks_rollout_db_open(const char *path, unsigned flags, ks_rollout_db **out,

@@ -3,16 +3,19 @@
  * ks_rollout_db_*): rollouts, their log, the reader registry and health
  * samples, in the application's SQLite database.
  *
- * ---- Tables (schema version 2 of keyshift_meta) --------------------------
+ * ---- Tables (schema version 3 of keyshift_meta) --------------------------
  *
  * Version 1 (migrate/store/sqlite_store.c) has keyshift_meta,
  * keyshift_migration and keyshift_quarantine.  Version 2 adds the four
- * tables below and changes none of version 1's; the upgrade runs, when a
- * writer opens a database below version 2, in one BEGIN IMMEDIATE
- * transaction: version 1's SQL (idempotent: CREATE IF NOT EXISTS, INSERT
- * OR IGNORE), a re-read of the version inside the transaction (a newer one
- * is refused), schema_sql_v2 below, then schema_version = 2.  Exact SQL:
- * schema_sql_v2.  In short:
+ * tables below and changes none of version 1's; version 3 adds key scopes
+ * (keyshift_rollout.scope_key_id, keyshift_rollout_column, the open-rollout
+ * index on (scope_key_id, tbl, col)).  The upgrade runs, when a writer
+ * opens a database below version 3, in one BEGIN IMMEDIATE transaction:
+ * version 1's SQL (idempotent: CREATE IF NOT EXISTS, INSERT OR IGNORE), a
+ * re-read of the version inside the transaction (a newer one is refused),
+ * schema_sql_v2 below when below 2, then the ALTER TABLE adding
+ * scope_key_id when it is missing and schema_sql_v3, which sets
+ * schema_version = 3.  Exact SQL: schema_sql_v2, schema_sql_v3.  In short:
  *
  *   keyshift_rollout      one row per rollout: scope (tbl, col, the schema's
  *                         spelling), source (src_plaintext, src_format,
@@ -21,9 +24,16 @@
  *                         canary (canary_kind 'all'|'tenants'|'percent',
  *                         canary_percent, canary_tenants: "t1,t2"), the
  *                         thresholds, min_soak_s, reader_ttl_s, created,
- *                         updated, verified_at.  A partial UNIQUE index on
- *                         (tbl, col) WHERE phase <> 'finalized' backs the
- *                         "one open rollout per scope" rule.
+ *                         updated, verified_at, scope_key_id (v3: '' for a
+ *                         column scope, else the key; tbl and col are then
+ *                         '').  A partial UNIQUE index on (scope_key_id,
+ *                         tbl, col) WHERE phase <> 'finalized' backs the
+ *                         "one open rollout per scope" rule; overlaps of
+ *                         key and column scopes are refused by
+ *                         refuse_overlap inside start's transaction.
+ *   keyshift_rollout_column  (v3) rollout_id, tbl, col (NOCASE, unique per
+ *                         rollout), verified_at: a key scope's columns in
+ *                         the order given, each with its verify time.
  *   keyshift_rollout_log  append-only (BEFORE UPDATE / DELETE triggers
  *                         RAISE(ABORT)): id, rollout_id, time, actor,
  *                         from_phase (NULL at creation), to_phase, reason,
@@ -75,7 +85,7 @@ struct ks_rollout_db {
     sqlite3 *db;
     ks_sqlite_busy busy;      /* must outlive db (its busy handler's state) */
     int read_only;
-    int have_tables;          /* the version 2 tables exist */
+    int have_tables;          /* the version 2 tables exist (read-only: maybe v2 only) */
     int v3;                   /* and version 3's: scope_key_id, keyshift_rollout_column */
 };
 
