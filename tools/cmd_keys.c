@@ -224,8 +224,11 @@ typedef struct scope {
 } scope;
 
 /* Add table.column to scopes[0, *n) unless there (names compared as
- * SQLite compares identifiers); full lists are cut. */
-static void add_scope(scope *scopes, size_t *n, size_t max, const char *t, const char *c)
+ * SQLite compares identifiers); a column that does not fit (a full list,
+ * a name too long) sets *cut, so that the rows are known not to be all
+ * counted (fail closed: the destroy is then refused unless forced). */
+static void add_scope(scope *scopes, size_t *n, size_t max, const char *t, const char *c,
+                      int *cut)
 {
     for (size_t i = 0; i < *n; i++) {
         if (strcasecmp(scopes[i].table, t) == 0 && strcasecmp(scopes[i].column, c) == 0) {
@@ -236,12 +239,14 @@ static void add_scope(scope *scopes, size_t *n, size_t max, const char *t, const
         memcpy(scopes[*n].table, t, strlen(t) + 1);
         memcpy(scopes[*n].column, c, strlen(c) + 1);
         (*n)++;
+    } else {
+        *cut = 1;
     }
 }
 
 /* Add the columns keyshift_migration has checkpoints for (read-only;
  * none when the table does not exist). */
-static int migration_scopes(const char *db, scope *scopes, size_t *n, size_t max)
+static int migration_scopes(const char *db, scope *scopes, size_t *n, size_t max, int *cut)
 {
     sqlite3 *h = NULL;
     sqlite3_stmt *st = NULL;
@@ -259,7 +264,7 @@ static int migration_scopes(const char *db, scope *scopes, size_t *n, size_t max
                 const char *t = (const char *)sqlite3_column_text(st, 0);
                 const char *c = (const char *)sqlite3_column_text(st, 1);
                 if (t != NULL && c != NULL) {
-                    add_scope(scopes, n, max, t, c);
+                    add_scope(scopes, n, max, t, c, cut);
                 }
             }
         }
@@ -297,6 +302,7 @@ static int find_refs(const char *db, const char *key_id, uint32_t version,
     }
     scope scopes[64];
     size_t n_scopes = 0;
+    int cut = 0;
     uint32_t ttl = 60;
     int64_t after = 0;
     ks_rollout rs[8];
@@ -311,10 +317,11 @@ static int find_refs(const char *db, const char *key_id, uint32_t version,
             if (class_uses(&r->source, key_id, 0) || class_uses(&r->target, key_id, 0)) {
                 /* a key-scoped rollout references the rows of each column it lists */
                 for (size_t c = 0; r->scope == KS_SCOPE_KEY && c < r->n_columns; c++) {
-                    add_scope(scopes, &n_scopes, 64, r->columns[c].table, r->columns[c].column);
+                    add_scope(scopes, &n_scopes, 64, r->columns[c].table, r->columns[c].column,
+                              &cut);
                 }
                 if (r->scope == KS_SCOPE_COLUMN) {
-                    add_scope(scopes, &n_scopes, 64, r->table, r->column);
+                    add_scope(scopes, &n_scopes, 64, r->table, r->column, &cut);
                 }
             }
             int uses = class_uses(&r->source, key_id, version) ||
@@ -359,7 +366,12 @@ static int find_refs(const char *db, const char *key_id, uint32_t version,
         }
     }
     free(readers);
-    rc = migration_scopes(db, scopes, &n_scopes, 64);
+    rc = migration_scopes(db, scopes, &n_scopes, 64, &cut);
+    if (rc == EX_OK && cut) {
+        fprintf(stderr, "    %s: more than %d columns to count: the rows were not all counted\n",
+                db, 64);
+        f->rows_known = 0;
+    }
     for (size_t i = 0; rc == EX_OK && i < n_scopes; i++) {
         ks_census c;
         if ((rc = ks_cli_census(db, scopes[i].table, scopes[i].column, &c)) != EX_OK) {
