@@ -353,6 +353,8 @@ run "migrate refused outside backfill (key scope)" 78 "$KS" migrate run --db "$D
     --mode rewrap --to-key orders/kek:2 --tenant acme
 expect_grep "migrate: names the key rollout's phase" "$T/err" "rollout 1 is in phase write-upgrade"
 run "key advance -> backfill" 0 "$KS" rollout advance --db "$D" "${KEYSEL[@]}"
+run "key check: no samples" 0 "$KS" rollout check --db "$D" "${KEYSEL[@]}"
+expect_grep "key check: names the scope" "$T/out" "^rollout 1 (key orders/kek (pay.card, refunds.card), backfill): healthy"
 run "metrics --prometheus of a key scope" 0 "$KS" rollout metrics --db "$D" "${KEYSEL[@]}" --prometheus
 expect_grep "prometheus: key_id label" "$T/out" '^keyshift_window_opens{rollout="1",table="",column="",key_id="orders/kek",phase="backfill"} 0$'
 run "migrate toward another key (key scope)" 78 "$KS" migrate run --db "$D" --table refunds --column card \
@@ -378,6 +380,9 @@ expect_grep "key finalize: source retired" "$T/err" "orders/kek:1 is now decrypt
 run "key log --json" 0 "$KS" rollout log --db "$D" "${KEYSEL[@]}" --json
 json_ok "key log --json"
 expect_grep "key log: the verify of each column" "$T/out" '"reason":"migrate verify passed for refunds.card"'
+expect_grep "key log --json: the scope" "$T/out" '^{"rollout":1,"scope":"key","key_id":"orders/kek","columns":\[{"table":"pay"'
+run "key log (text)" 0 "$KS" rollout log --db "$D" "${KEYSEL[@]}"
+expect_grep "key log: the scope in its title" "$T/out" "^log of rollout 1 (key orders/kek (pay.card, refunds.card))"
 run "column start after the key scope is finalized" 0 "$KS" rollout start --db "$D" --table refunds --column card --source "$KTGT" --target "$TGT2"
 run "key rollback while a later column rollout exists" 75 "$KS" rollout rollback --db "$D" --rollout 1 --reason undo
 expect_grep "key rollback: a later rollout governs" "$T/err" "a later rollout governs key orders/kek"

@@ -1599,9 +1599,13 @@ static int on_log(const char *cmd, const ro_opts *o, ks_rollout_db *db, const ks
     if ((rc = read_log(db, r->id, &es, &n)) == EX_OK) {
         size_t first = n > limit ? n - limit : 0;
         if (o->json) {
-            printf("{\"rollout\":%" PRId64 ",\"log\":[", r->id);
+            printf("{\"rollout\":%" PRId64 ",", r->id);
+            print_scope(r, 1);
+            printf(",\"log\":[");
         } else {
-            printf("log of rollout %" PRId64 " (%s.%s)\n", r->id, r->table, r->column);
+            char scope[KS_ROLLOUT_SCOPE_TEXT_MAX];
+            printf("log of rollout %" PRId64 " (%s)\n", r->id,
+                   ks_rollout_scope_text(r, scope, sizeof scope));
         }
         print_log(es + first, n - first, o->json);
         if (o->json) {
@@ -1773,7 +1777,9 @@ static int on_check(const char *cmd, const ro_opts *o, ks_rollout_db *db, const 
         print_health(&sum, &v, &r->thresholds, 1);
         printf("}\n");
     } else {
-        printf("rollout %" PRId64 " (%s.%s, %s): %s\n", r->id, r->table, r->column,
+        char scope[KS_ROLLOUT_SCOPE_TEXT_MAX];
+        printf("rollout %" PRId64 " (%s, %s): %s\n", r->id,
+               ks_rollout_scope_text(r, scope, sizeof scope),
                ks_rollout_phase_name((int)r->phase), result[rc]);
         if (v.status == KS_HEALTH_TRIPPED) {
             printf("tripped      %s\n", tripped);
