@@ -6,7 +6,9 @@
  *
  * Input (docs/fuzzing.md, "fuzz_rollout"; short inputs read as zeros):
  *   byte 0  bit 0 source k:1 (v2, xchacha20-poly1305) (else plaintext),
- *           bit 1 target format 1 (plaintext source only; else 2),
+ *           bit 1 target format 1 (plaintext source only; else 2); with
+ *           bit 0, a KEY SCOPE: every envelope of key k in t.v and u.v
+ *           (rows 1..8 in t, 9..16 in u),
  *           bits 2-3 canary (0, 3: all; 1: tenants acme,globex; 2: percent),
  *           bits 4-6 rows written at the source before the rollout (0..7),
  *           bit 7 key k:2 not in the provider at the start
@@ -28,7 +30,9 @@
  *       bit 5: ask it of the previous (finalized) rollout; bit 6: mark it
  *       automatic.  The result is compared with a reference model of the
  *       guards written from docs/rollout.md; refusals are expected results.
- *   WRITE    a live reader ((a & 3) mod 3) asks ks_policy_write_target for a
+ *   WRITE    a live reader ((a & 3) mod 3) asks ks_policy_write_target (key
+ *       scope: ks_policy_write_target_key for key k, and the keyless
+ *       question must fail with KS_ERR_STATE) for a
  *       tenant (b >> 4) and seals (ks_seal) under that class into row
  *       (b mod 16) + 1, or stores plaintext.  A seal fails exactly when the
  *       key version is not active.
@@ -36,9 +40,12 @@
  *       must allow it, and ks_open must return the stored plaintext.
  *   MIGRATE  in backfill only: ks_migrate_run over a ks_rowstore of the
  *       same database (encrypt or rewrap to the target), batch size
- *       (a mod 4) + 1, stopped after the first batch unless a bit 2.
+ *       (a mod 4) + 1, stopped after the first batch unless a bit 2; a
+ *       key scope migrates u.v when a bit 3, else t.v.
  *   VERIFY   ks_migrate_verify; a full pass with no failure in backfill is
- *       recorded with ks_rollout_db_record_verify (refused elsewhere).
+ *       recorded with ks_rollout_db_record_verify (refused elsewhere); a
+ *       key scope verifies u.v when a bit 0, else t.v, and records it with
+ *       ks_rollout_db_record_verify_column.
  *   JOIN     reader slot (a & 3) mod 3 starts: max format 1 + (a >> 2 & 1), the
  *       key versions k:1..k:4 of b's low bits that exist and are not
  *       destroyed; a ks_policy of its own, registered at the simulated now.
@@ -81,7 +88,8 @@
  *      at the end of the input, ks_open returns its plaintext unless its
  *      key version is disabled, when it fails with KS_ERR_DENIED);
  *   2. no key version is destroyed while a row or a live reader holds it;
- *   3. finalized implies no row remains at the source;
+ *   3. finalized implies no row remains at the source (in any column of a
+ *      key scope);
  *   4. the log only grows: its row count never decreases, and exactly the
  *      entries of the step's successful start / transition / canary /
  *      verify appear, in order, with their fields;
@@ -196,7 +204,9 @@ typedef struct world {
     int64_t now;
     ks_rollout_db *db;      /* the operator's connection */
     sqlite3 *raw;           /* the application's: writes and reads rows of t */
-    ks_rowstore st;         /* the migration engine's and the census's */
+    ks_rowstore st;         /* the migration engine's and the census's: t.v */
+    ks_rowstore st_u;       /* key scope: the same for u.v */
+    int key_mode;           /* the rollouts are key-scoped over t.v and u.v */
     ks_ctx *ctx;
     ks_rollout cur;         /* the governing rollout, as the model has it */
     int64_t prev_id;        /* the rollout before it (finalized), or 0 */
@@ -277,12 +287,23 @@ static void bind_str(sqlite3_stmt *q, int i, const char *s)
     CHECK(sqlite3_bind_text(q, i, s, -1, SQLITE_STATIC) == SQLITE_OK);
 }
 
-/* Write row id (1-based) of t: plaintext as TEXT, an envelope as a BLOB. */
-static void put_row(sqlite3 *db, unsigned id, unsigned tenant, const uint8_t *v, size_t len, int blob)
+/* The table of row id: t, or u for the upper half of a key scope's. */
+static const char *tbl_of(const world *w, unsigned id)
+{
+    return w->key_mode && id > MAX_ROWS / 2 ? "u" : "t";
+}
+
+/* Write row id (1-based) of its table: plaintext as TEXT, an envelope as
+ * a BLOB. */
+static void put_row(const world *w, sqlite3 *db, unsigned id, unsigned tenant, const uint8_t *v,
+                    size_t len, int blob)
 {
     sqlite3_stmt *q = NULL;
-    CHECK(sqlite3_prepare_v2(db, "INSERT OR REPLACE INTO t(id, tenant, v) VALUES(?1, ?2, ?3)", -1,
-                             &q, NULL) == SQLITE_OK);
+    CHECK(sqlite3_prepare_v2(db,
+                             strcmp(tbl_of(w, id), "u") == 0
+                                 ? "INSERT OR REPLACE INTO u(id, tenant, v) VALUES(?1, ?2, ?3)"
+                                 : "INSERT OR REPLACE INTO t(id, tenant, v) VALUES(?1, ?2, ?3)",
+                             -1, &q, NULL) == SQLITE_OK);
     CHECK(sqlite3_bind_int(q, 1, (int)id) == SQLITE_OK);
     bind_str(q, 2, TENANTS[tenant]);
     CHECK((blob ? sqlite3_bind_blob(q, 3, v, (int)len, SQLITE_STATIC)
@@ -303,7 +324,7 @@ static ks_err write_row(world *w, sqlite3 *db, unsigned id, unsigned tenant, con
     nr.tenant = tenant;
     nr.pt_len = (size_t)snprintf((char *)nr.pt, sizeof nr.pt, "row %u write %" PRIu32, id, w->writes++);
     if (c->is_plaintext) {
-        put_row(db, id, tenant, nr.pt, nr.pt_len, 0);
+        put_row(w, db, id, tenant, nr.pt, nr.pt_len, 0);
         *m = nr;
         return KS_OK;
     }
@@ -316,7 +337,7 @@ static ks_err write_row(world *w, sqlite3 *db, unsigned id, unsigned tenant, con
     size_t env_len = 0;
     ks_err err = ks_seal(w->ctx, &p, nr.pt, nr.pt_len, env, sizeof env, &env_len);
     if (err == KS_OK) {
-        put_row(db, id, tenant, env, env_len, 1);
+        put_row(w, db, id, tenant, env, env_len, 1);
         *m = nr;
     }
     return err;
@@ -348,9 +369,13 @@ static void build(world *w, uint8_t h0)
     CHECK(sqlite3_open_v2(db_path, &w->raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) == SQLITE_OK);
     CHECK(sqlite3_exec(w->raw, "CREATE TABLE t(id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, v)",
                        NULL, NULL, NULL) == SQLITE_OK);
+    if (w->key_mode)
+        CHECK(sqlite3_exec(w->raw, "CREATE TABLE u(id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, v)",
+                           NULL, NULL, NULL) == SQLITE_OK);
     unsigned n = (h0 >> 4) & 7;
     for (unsigned i = 1; i <= n; i++) {
-        CHECK(write_row(w, w->raw, i, i % N_TENANTS, &w->cur.source) == KS_OK);
+        unsigned id = w->key_mode && !(i & 1) ? MAX_ROWS / 2 + i : i; /* both tables */
+        CHECK(write_row(w, w->raw, id, i % N_TENANTS, &w->cur.source) == KS_OK);
     }
 }
 
@@ -432,8 +457,12 @@ static ks_err model_guard(const slot *const *rd, size_t n_rd, const ks_rollout *
     } else if (from == KS_PHASE_WRITE_UPGRADE && to == KS_PHASE_BACKFILL) {
         ok = f->health_known && f->health == KS_HEALTH_OK;
     } else if (from == KS_PHASE_BACKFILL && to == KS_PHASE_FINALIZED) {
-        ok = f->census_known && f->rows_at_source == 0 && r->verified_at != 0 &&
-             r->verified_at >= r->phase_since;
+        ok = f->census_known && f->rows_at_source == 0;
+        if (r->scope == KS_SCOPE_KEY) /* every listed column verified since backfill */
+            for (size_t i = 0; i < r->n_columns; i++)
+                ok &= r->columns[i].verified_at != 0 && r->columns[i].verified_at >= r->phase_since;
+        else
+            ok &= r->verified_at != 0 && r->verified_at >= r->phase_since;
     } else if ((from == KS_PHASE_WRITE_UPGRADE || from == KS_PHASE_BACKFILL) &&
                to == KS_PHASE_READ_COMPAT) {
         ok = 1;
@@ -488,18 +517,21 @@ static void gather(world *w, const ks_rollout *r, unsigned sloppy, ks_rollout_fa
 {
     memset(f, 0, sizeof *f);
     f->now = w->now;
-    ks_census c;
-    CHECK(ks_census_run(&w->st, &c) == KS_OK);
-    uint64_t at_src = r->source.is_plaintext ? c.plaintext_rows : 0, at_dst = 0;
-    for (size_t i = 0; i < c.n_classes; i++) {
-        ks_rollout_class k = cls_of(c.classes[i].version, c.classes[i].key_version);
-        k.algorithm = c.classes[i].algorithm;
-        snprintf(k.key_id, sizeof k.key_id, "%s", c.classes[i].key_id);
-        at_src += ks_rollout_class_equal(&k, &r->source) ? c.classes[i].rows : 0;
-        at_dst += ks_rollout_class_equal(&k, &r->target) ? c.classes[i].rows : 0;
+    uint64_t at_src = 0, at_dst = 0;
+    for (int t = 0; t < 1 + w->key_mode; t++) { /* every column of the scope */
+        ks_census c;
+        CHECK(ks_census_run(t ? &w->st_u : &w->st, &c) == KS_OK);
+        at_src += r->source.is_plaintext ? c.plaintext_rows : 0;
+        for (size_t i = 0; i < c.n_classes; i++) {
+            ks_rollout_class k = cls_of(c.classes[i].version, c.classes[i].key_version);
+            k.algorithm = c.classes[i].algorithm;
+            snprintf(k.key_id, sizeof k.key_id, "%s", c.classes[i].key_id);
+            at_src += ks_rollout_class_equal(&k, &r->source) ? c.classes[i].rows : 0;
+            at_dst += ks_rollout_class_equal(&k, &r->target) ? c.classes[i].rows : 0;
+        }
+        CHECK(c.malformed_rows == 0 && c.null_rows == 0);
+        ks_census_free(&c);
     }
-    CHECK(c.malformed_rows == 0 && c.null_rows == 0);
-    ks_census_free(&c);
     /* the census agrees with the model */
     CHECK(at_src == rows_of(w, &r->source) && at_dst == rows_of(w, &r->target));
     if (!(sloppy & 1)) {
@@ -581,8 +613,11 @@ static void op_transition(world *w, int forward, uint8_t a, uint8_t b)
         return; /* unreachable: the previous rollout is never the latest */
     w->cur.phase = to;
     w->cur.phase_since = w->now;
-    if (to == KS_PHASE_BACKFILL)
+    if (to == KS_PHASE_BACKFILL) {
         w->cur.verified_at = 0;
+        for (size_t i = 0; i < w->cur.n_columns; i++)
+            w->cur.columns[i].verified_at = 0;
+    }
 }
 
 /* The first live slot from index i on (wrapping), or NULL. */
@@ -620,9 +655,15 @@ static void op_write(world *w, uint8_t a, uint8_t b)
         return;
     unsigned id = b % MAX_ROWS + 1, t = (b >> 4) % N_TENANTS;
     ks_rollout_class c;
-    CHECK(ks_policy_write_target(s->pol, "t", "v",
-                                 (ks_bytes){(const uint8_t *)TENANTS[t], strlen(TENANTS[t])},
-                                 &c) == KS_OK);
+    ks_bytes tenant = {(const uint8_t *)TENANTS[t], strlen(TENANTS[t])};
+    if (w->key_mode) {
+        /* only key scopes cover the column: the keyless question has no
+         * answer, the one for key k has */
+        CHECK(ks_policy_write_target(s->pol, tbl_of(w, id), "v", tenant, &c) == KS_ERR_STATE);
+        CHECK(ks_policy_write_target_key(s->pol, tbl_of(w, id), "v", "k", tenant, &c) == KS_OK);
+    } else {
+        CHECK(ks_policy_write_target(s->pol, "t", "v", tenant, &c) == KS_OK);
+    }
     const ks_rollout *r = &w->cur;
     int target = r->phase >= KS_PHASE_BACKFILL ||
                  (r->phase == KS_PHASE_WRITE_UPGRADE && model_in_canary(r, t));
@@ -643,7 +684,10 @@ static void op_write(world *w, uint8_t a, uint8_t b)
 static size_t read_value(world *w, unsigned id, uint8_t *buf, size_t cap, int *is_blob)
 {
     sqlite3_stmt *q = NULL;
-    CHECK(sqlite3_prepare_v2(w->raw, "SELECT v FROM t WHERE id = ?1", -1, &q, NULL) == SQLITE_OK);
+    CHECK(sqlite3_prepare_v2(w->raw,
+                             strcmp(tbl_of(w, id), "u") == 0 ? "SELECT v FROM u WHERE id = ?1"
+                                                             : "SELECT v FROM t WHERE id = ?1",
+                             -1, &q, NULL) == SQLITE_OK);
     CHECK(sqlite3_bind_int(q, 1, (int)id) == SQLITE_OK);
     CHECK(sqlite3_step(q) == SQLITE_ROW);
     int type = sqlite3_column_type(q, 0);
@@ -696,7 +740,7 @@ static void op_read(world *w, uint8_t a, uint8_t b)
     int blob = 0, ok = 0;
     size_t n = read_value(w, id, v, sizeof v, &blob);
     ks_bytes value = {v, n};
-    CHECK(ks_policy_may_read(s->pol, "t", "v", &value, &ok) == KS_OK);
+    CHECK(ks_policy_may_read(s->pol, tbl_of(w, id), "v", &value, &ok) == KS_OK);
     CHECK(ok);
     open_row(w, id);
 }
@@ -742,8 +786,9 @@ static void op_migrate(world *w, uint8_t a)
     stopper sp = {0};
     ks_checkpoint cp;
     memset(&cp, 0, sizeof cp);
-    ks_err err = ks_migrate_run(w->ctx, &w->st, &p, &sp.stop, (a & 4) ? NULL : stop_after_batch,
-                                &sp, &cp);
+    int in_u = w->key_mode && (a & 8);
+    ks_err err = ks_migrate_run(w->ctx, in_u ? &w->st_u : &w->st, &p, &sp.stop,
+                                (a & 4) ? NULL : stop_after_batch, &sp, &cp);
     if (w->verbose)
         fprintf(stderr, "  migrate: %s\n", ks_err_name(err));
     int src = key_fact(w, w->cur.source.key_version), dst = key_fact(w, w->cur.target.key_version);
@@ -754,7 +799,8 @@ static void op_migrate(world *w, uint8_t a)
     /* follow the rows: each is unchanged or now at the target, same plaintext */
     for (unsigned id = 1; id <= MAX_ROWS; id++) {
         mrow *m = &w->rows[id - 1];
-        if (!m->present || !ks_rollout_class_equal(&m->cls, &w->cur.source))
+        if (!m->present || !ks_rollout_class_equal(&m->cls, &w->cur.source) ||
+            (strcmp(tbl_of(w, id), "u") == 0) != in_u)
             continue;
         uint8_t v[ENV_CAP];
         int blob = 0;
@@ -769,26 +815,44 @@ static void op_migrate(world *w, uint8_t a)
     }
 }
 
-/* VERIFY: `migrate verify`, recorded when it passed in backfill. */
-static void op_verify(world *w)
+/* VERIFY: `migrate verify` (of t.v, or of u.v when a bit 0 in a key
+ * scope), recorded when it passed in backfill: for the column scope, or
+ * for that column of the key scope (the whole key scope cannot be). */
+static void op_verify(world *w, uint8_t a)
 {
+    int in_u = w->key_mode && (a & 1);
     ks_migrate_params p = migrate_params(w, 0);
     ks_verify_result vr;
-    ks_err err = ks_migrate_verify(w->ctx, &w->st, &p, 0, NULL, NULL, &vr);
+    ks_err err = ks_migrate_verify(w->ctx, in_u ? &w->st_u : &w->st, &p, 0, NULL, NULL, &vr);
     CHECK(err == KS_OK);
     int disabled = 0;
-    for (size_t i = 0; i < MAX_ROWS; i++)
-        disabled |= w->rows[i].present && !w->rows[i].cls.is_plaintext &&
-                    key_fact(w, w->rows[i].cls.key_version) == KS_KEY_DISABLED;
+    for (unsigned id = 1; id <= MAX_ROWS; id++) {
+        const mrow *m = &w->rows[id - 1];
+        disabled |= m->present && !m->cls.is_plaintext && (strcmp(tbl_of(w, id), "u") == 0) == in_u &&
+                    key_fact(w, m->cls.key_version) == KS_KEY_DISABLED;
+    }
     CHECK(vr.failed == 0 || disabled);
     if (vr.failed != 0)
         return;
-    err = ks_rollout_db_record_verify(w->db, w->cur.id, ACTOR, w->now);
+    int in_backfill = w->cur.phase == KS_PHASE_BACKFILL;
     w->touched = 1;
-    CHECK(err == (w->cur.phase == KS_PHASE_BACKFILL ? KS_OK : KS_ERR_STATE));
+    if (!w->key_mode) {
+        err = ks_rollout_db_record_verify(w->db, w->cur.id, ACTOR, w->now);
+        CHECK(err == (in_backfill ? KS_OK : KS_ERR_STATE));
+        if (err == KS_OK) {
+            w->cur.verified_at = w->now;
+            expect_log(w, w->cur.id, KS_PHASE_BACKFILL, KS_PHASE_BACKFILL, "migrate verify passed", 0);
+        }
+        return;
+    }
+    err = ks_rollout_db_record_verify(w->db, w->cur.id, ACTOR, w->now);
+    CHECK(err == (in_backfill ? KS_ERR_INVALID_ARGUMENT : KS_ERR_STATE));
+    err = ks_rollout_db_record_verify_column(w->db, w->cur.id, in_u ? "U" : "t", "V", ACTOR, w->now);
+    CHECK(err == (in_backfill ? KS_OK : KS_ERR_STATE));
     if (err == KS_OK) {
-        w->cur.verified_at = w->now;
-        expect_log(w, w->cur.id, KS_PHASE_BACKFILL, KS_PHASE_BACKFILL, "migrate verify passed", 0);
+        w->cur.columns[in_u].verified_at = w->now;
+        expect_log(w, w->cur.id, KS_PHASE_BACKFILL, KS_PHASE_BACKFILL,
+                   in_u ? "migrate verify passed for u.v" : "migrate verify passed for t.v", 0);
     }
 }
 
@@ -854,12 +918,14 @@ static void op_heartbeat(world *w, uint8_t a)
  * rollouts not finalized naming it. */
 static void count_refs(world *w, uint32_t v, ks_rollout_destroy_facts *f)
 {
-    ks_census c;
-    CHECK(ks_census_run(&w->st, &c) == KS_OK);
-    for (size_t i = 0; i < c.n_classes; i++)
-        if (strcmp(c.classes[i].key_id, "k") == 0 && c.classes[i].key_version == v)
-            f->rows += c.classes[i].rows;
-    ks_census_free(&c);
+    for (int t = 0; t < 1 + w->key_mode; t++) { /* every column of the scope */
+        ks_census c;
+        CHECK(ks_census_run(t ? &w->st_u : &w->st, &c) == KS_OK);
+        for (size_t i = 0; i < c.n_classes; i++)
+            if (strcmp(c.classes[i].key_id, "k") == 0 && c.classes[i].key_version == v)
+                f->rows += c.classes[i].rows;
+        ks_census_free(&c);
+    }
     f->rows_known = 1;
     ks_rollout_reader rd[N_SLOTS + 1];
     size_t n = 0;
@@ -1080,6 +1146,8 @@ static void op_pure(world *w, const uint8_t *p)
     f.rollout.phase_since = f.now - ((int64_t)p[6] * 10 - 100);
     f.rollout.min_soak_s = 8u * p[7];
     f.rollout.verified_at = (p[2] >> 4) & 1 ? f.rollout.phase_since + (p[3] >> 2) % 3 - 1 : 0;
+    for (size_t i = 0; i < f.rollout.n_columns; i++) /* a key scope: p3 bit 7 leaves u.v out */
+        f.rollout.columns[i].verified_at = i == 1 && (p[3] >> 7) ? 0 : f.rollout.verified_at;
     /* a class from the input, checked, compared, and (p[8] bit 6) the
      * rollout's target */
     ks_rollout_class c;
@@ -1187,7 +1255,10 @@ static void check_world(world *w)
         ks_rollout r;
         CHECK(ks_rollout_db_get(w->db, w->cur.id, &r) == KS_OK);
         CHECK(r.phase == w->cur.phase && r.phase_since == w->cur.phase_since &&
-              r.verified_at == w->cur.verified_at);
+              r.verified_at == w->cur.verified_at && r.scope == w->cur.scope &&
+              r.n_columns == w->cur.n_columns);
+        for (size_t i = 0; i < r.n_columns; i++)
+            CHECK(r.columns[i].verified_at == w->cur.columns[i].verified_at);
         w->touched = 0;
     }
     /* the live readers are the model's */
@@ -1206,11 +1277,15 @@ static void check_world(world *w)
             CHECK(ks_policy_refresh(w->slots[k].pol) == KS_OK);
     w->rollout_changed = 0;
     sqlite3_stmt *q = NULL;
-    CHECK(sqlite3_prepare_v2(w->raw, "SELECT id, v FROM t ORDER BY id", -1, &q, NULL) == SQLITE_OK);
+    CHECK(sqlite3_prepare_v2(w->raw,
+                             w->key_mode ? "SELECT id, v FROM t UNION ALL SELECT id, v FROM u ORDER BY id"
+                                         : "SELECT id, v FROM t ORDER BY id",
+                             -1, &q, NULL) == SQLITE_OK);
     size_t stored = 0, present = 0;
     while (sqlite3_step(q) == SQLITE_ROW) {
         int64_t id = sqlite3_column_int64(q, 0);
         CHECK(id >= 1 && id <= MAX_ROWS && w->rows[id - 1].present);
+        const char *tbl = tbl_of(w, (unsigned)id); /* each row is in its own table only */
         const mrow *m = &w->rows[id - 1];
         stored++;
         /* 1. every stored record can be read by every live reader */
@@ -1222,7 +1297,7 @@ static void check_world(world *w)
             if (!slot_live(w, s))
                 continue;
             int ok = 0;
-            CHECK(ks_policy_may_read(s->pol, "t", "v", &value, &ok) == KS_OK);
+            CHECK(ks_policy_may_read(s->pol, tbl, "v", &value, &ok) == KS_OK);
             if (!ok || !ks_rollout_reader_supports(&s->r, &m->cls))
                 fprintf(stderr, "fuzz_rollout: live reader %s cannot read row %lld (%s, phase %s)\n",
                         s->r.instance_id, (long long)id, ok ? "not supported" : "policy refuses",
@@ -1276,8 +1351,17 @@ static void check_world(world *w)
 static void spec_of(uint8_t h0, uint8_t h1, uint8_t h2, uint8_t h3, ks_rollout *s)
 {
     memset(s, 0, sizeof *s);
-    strcpy(s->table, "t");
-    strcpy(s->column, "v");
+    if ((h0 & 3) == 3) { /* a key scope over two tables (the model's key_mode) */
+        s->scope = KS_SCOPE_KEY;
+        s->n_columns = 2;
+        strcpy(s->columns[0].table, "t");
+        strcpy(s->columns[0].column, "v");
+        strcpy(s->columns[1].table, "u");
+        strcpy(s->columns[1].column, "v");
+    } else {
+        strcpy(s->table, "t");
+        strcpy(s->column, "v");
+    }
     s->source = (h0 & 1) ? cls_of(KS_FORMAT_V2, 1) : plain_cls();
     s->target = cls_of((h0 & 3) == 2 ? KS_FORMAT_V1 : KS_FORMAT_V2, 2);
     s->canary = canary_of((h0 >> 2) & 3, h1);
@@ -1292,6 +1376,8 @@ static void teardown(world *w)
     for (size_t i = 0; i < N_SLOTS; i++)
         ks_policy_close(w->slots[i].pol);
     ks_rowstore_close(&w->st);
+    if (w->key_mode)
+        ks_rowstore_close(&w->st_u);
     ks_rollout_db_close(w->db);
     CHECK(sqlite3_close(w->raw) == SQLITE_OK); /* the last one: the database goes */
     ks_ctx_free(w->ctx);
@@ -1311,12 +1397,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ks_rollout spec;
     spec_of(h0, h1, h2, h3, &spec);
     w.cur.source = spec.source;
+    w.key_mode = spec.scope == KS_SCOPE_KEY;
     sqlite3_int64 mem0 = sqlite3_memory_used();
     build(&w, h0);
     char eb[256];
     CHECK(ks_rollout_db_open(db_path, 0, &w.db, eb, sizeof eb) == KS_OK);
     ks_rowstore_target tg = {"t", "v", NULL, "tenant", {NULL}, 0};
     CHECK(ks_rowstore_sqlite_open(db_path, &tg, NULL, &w.st, eb, sizeof eb) == KS_OK);
+    ks_rowstore_target tu = {"u", "v", NULL, "tenant", {NULL}, 0};
+    if (w.key_mode)
+        CHECK(ks_rowstore_sqlite_open(db_path, &tu, NULL, &w.st_u, eb, sizeof eb) == KS_OK);
     start(&w, &spec);
     check_world(&w);
     for (unsigned k = 0; k < MAX_OPS && in.off < in.n; k++) {
@@ -1331,7 +1421,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case OP_WRITE: op_write(&w, a, b); break;
         case OP_READ: op_read(&w, a, b); break;
         case OP_MIGRATE: op_migrate(&w, a); break;
-        case OP_VERIFY: op_verify(&w); break;
+        case OP_VERIFY: op_verify(&w, a); break;
         case OP_JOIN: op_join(&w, a, b); break;
         case OP_LEAVE: op_leave(&w, a); break;
         case OP_HEARTBEAT: op_heartbeat(&w, a); break;

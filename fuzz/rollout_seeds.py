@@ -9,7 +9,9 @@ argument bytes (raw-reader: a length and that many bytes).  The seeds are
 whole scenarios: a full lifecycle, an old reader blocking write-upgrade
 until it expires, a threshold trip and its rollback, rollbacks from every
 phase, destroy attempts while a key is referenced, sloppy facts, stale
-and impossible transitions, canary changes and raw key lists.  Files are
+and impossible transitions, canary changes and raw key lists; and key
+scopes (header bits 0 and 1: every envelope of key k in t.v and u.v)
+migrated and verified column by column.  Files are
 named by the SHA-1 of their content; the script only adds files.
 """
 import sys
@@ -27,7 +29,11 @@ K1, K2, K3, K4 = 1, 2, 4, 8
 SLOPPY, STALE, RAW_TO, PREV, AUTO = 0x80, 0x08, 0x10, 0x20, 0x40
 
 
-def hdr(k1=False, v1=False, canary=ALL, rows=3, no_k2=False, percent=0, soak=0, ttl=120):
+def hdr(k1=False, v1=False, canary=ALL, rows=3, no_k2=False, percent=0, soak=0, ttl=120,
+        key_scope=False):
+    """key_scope: a key-scoped rollout of k over t.v and u.v (rows 9..16 in u)."""
+    if key_scope:
+        k1 = v1 = True
     h0 = k1 | v1 << 1 | canary << 2 | rows << 4 | no_k2 << 7
     return bytes([h0, percent, soak // 4, ttl - 1])
 
@@ -52,12 +58,12 @@ def read(slot, row):
     return op(READ, slot, row - 1)
 
 
-def migrate(batch=4, full=True):
-    return op(MIGRATE, (batch - 1) | full << 2)
+def migrate(batch=4, full=True, in_u=False):
+    return op(MIGRATE, (batch - 1) | full << 2 | in_u << 3)
 
 
-def verify():
-    return op(VERIFY)
+def verify(in_u=False):
+    return op(VERIFY, in_u)
 
 
 def join(slot, keys, fmt2=True):
@@ -117,8 +123,41 @@ def lifecycle(k1):
             metrics(5) + advance() + migrate() + verify() + advance() + read(0, 3))
 
 
-def seeds():
+def key_scope_seeds():
+    """Key scopes: a lifecycle over both columns (finalize refused while
+    u.v has rows at the source, then while it lacks a verify), the next
+    rotation; rollbacks counting target rows in either table; destroy
+    attempts counting both columns; the pure finalize guard with one
+    column unverified."""
     s = []
+    s.append(hdr(key_scope=True, rows=4) + join(0, K1 | K2 | K3) + join(1, K1 | K2) + read(0, 1) +
+             read(0, 10) + advance() + write(1, 3, GLOBEX) + write(1, 12) + read(0, 12) +
+             advance() + write(0, 5) + write(0, 13, INITECH) + read(1, 13) + metrics(10) +
+             advance() + migrate() + advance() + migrate(in_u=True) + verify() + advance() +
+             verify(in_u=True) + advance() + read(0, 10) + read(1, 1) + write(0, 14) +
+             start() + key(3, ADD) + leave(0) + join(0, K2 | K3) + leave(1) + join(1, K2 | K3) +
+             advance() + advance() + metrics(5) + advance() + migrate(in_u=True) +
+             migrate(1, False) + migrate() + verify(in_u=True) + verify() + advance() +
+             read(0, 12) + rollback(PREV))
+    s.append(hdr(key_scope=True, rows=3) + join(0, K1 | K2) + advance() + rollback() + advance() +
+             write(0, 15) + rollback() + advance() + advance() + write(0, 16) + rollback() +
+             rollback() + key(1, DESTROYED) + key(2, DESTROYED) + advance() + metrics(4) +
+             advance() + verify() + verify(in_u=True) + migrate(in_u=True) + key(1, DESTROYED) +
+             migrate() + advance() + verify() + verify(in_u=True) + advance(SLOPPY | 1) +
+             advance() + rollback() + advance() + key(1, DESTROYED) + leave(0) + join(1, K2) +
+             key(1, DESTROYED) + rollback() + key(1, ACTIVE))
+    s.append(hdr(key_scope=True, rows=2, canary=TENANTS) + join(0, K1 | K2) + advance() +
+             advance() + write(0, 9, ACME) + write(0, 10, INITECH) + canary(PERCENT, 30) +
+             write(0, 11, GLOBEX) + read(0, 11) + key(2, DISABLED) + verify(in_u=True) +
+             key(2, ACTIVE) + rollback(STALE, 2) + rollback())
+    s.append(hdr(key_scope=True, rows=0) + join(0, K1 | K2) +
+             b"".join(pure(4, 5, flags=fl, health=h) for fl in (0x11, 0x01, 0x15)
+                      for h in (0x00, 0x80, 0x84)))
+    return s
+
+
+def seeds():
+    s = key_scope_seeds()
     s.append(lifecycle(False))
     s.append(lifecycle(True))
     # format 1 target from plaintext, canaries by tenant list and percent

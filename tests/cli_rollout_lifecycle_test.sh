@@ -30,6 +30,11 @@
 #   G. a rollback while `migrate run` works in backfill stops the run
 #      before its next batch (the store's write gate), and it resumes once
 #      the rollout is back in backfill.
+#   H. a key scope: one rollout rotates pay/kek from version 1 to 2 in two
+#      tables (pay.card, refunds.card) while an app on each table writes
+#      by key (--key-id) and reads; finalize is refused while refunds has
+#      rows at the source, then until refunds is verified; both apps exit
+#      0: no read failed.
 #   C. a smoke run of tools/demo_rollout.sh (the second half of make demo).
 #
 # Usage: KEYSHIFT=path/to/keyshift DEMO_APP=path/to/keyshift-demo-app \
@@ -251,6 +256,27 @@ step() {
     if [ "$rc" -eq 0 ]; then ok "$name"; else bad "$name" "exit $rc: $(head -c 400 "$T/err")"; fi
     return "$rc"
 }
+# stop_apps NAME X MIN_READS CLASS: SIGTERM the two apps of $PIDS (their
+# summaries in $T/X1.json and $T/X2.json); both must exit 0 (no read
+# failed), each must have read more than MIN_READS values with no failed
+# write, and written CLASS.
+stop_apps() {
+    local name=$1 x=$2 min=$3 class=$4 p n f rcs=""
+    for p in "${PIDS[@]}"; do kill -TERM "$p"; done
+    for p in "${PIDS[@]}"; do wait "$p"; rcs+="$? "; done
+    PIDS=()
+    [ "$rcs" = "0 0 " ] && ok "$name: both apps exit 0 after SIGTERM: no read failed" ||
+        bad "$name: both apps exit 0" "exits $rcs: $(cat "$T/${x}1.json" "$T/${x}2.json" | head -c 600)"
+    for n in 1 2; do
+        f=$T/$x$n.json
+        if [ "$(jnum "$f" failed_reads)" = 0 ] && [ "$(jnum "$f" reads)" -gt "$min" ] &&
+            [ "$(jobj "$f" write_failures)" = "{}" ] && grep -q "\"$class\":" "$f"; then
+            ok "$name: app-$x$n read $(jnum "$f" reads) values, none failed; it wrote $class"
+        else
+            bad "$name: app-$x$n summary" "$(cat "$f")"
+        fi
+    done
+}
 # at_class FILE VERSION KEY_VERSION: rows in the census (JSON) of that class.
 at_class() {
     tr '{' '\n' <"$1" | sed -n "s/^\"version\":$2,\"algorithm\":\"xchacha20-poly1305\",\"key_id\":\"pay\/kek\",\"key_version\":$3,\"rows\":\([0-9]*\).*/\1/p"
@@ -310,22 +336,7 @@ lifecycle "rotation to key 2" v1:xchacha20-poly1305:pay/kek:1 v1:xchacha20-poly1
 lifecycle "upgrade to format v2" v1:xchacha20-poly1305:pay/kek:2 v2:xchacha20-poly1305:pay/kek:2 2 2 \
     --mode reencrypt --to-key pay/kek:2 --to-format 2 --purpose card -- --purpose card
 
-for p in "${PIDS[@]}"; do kill -TERM "$p"; done
-rcs=""
-for p in "${PIDS[@]}"; do wait "$p"; rcs+="$? "; done
-PIDS=()
-[ "$rcs" = "0 0 " ] && ok "lifecycle: both apps exit 0 after SIGTERM: no read failed" ||
-    bad "lifecycle: both apps exit 0" "exits $rcs: $(cat "$T/b1.json" "$T/b2.json" | head -c 600)"
-for n in 1 2; do
-    f=$T/b$n.json
-    if [ "$(jnum "$f" failed_reads)" = 0 ] && [ "$(jnum "$f" reads)" -gt 500 ] &&
-        [ "$(jobj "$f" write_failures)" = "{}" ] &&
-        grep -q '"v2:xchacha20-poly1305:pay/kek:2":' "$f"; then
-        ok "lifecycle: app-b$n read $(jnum "$f" reads) values, none failed; its writes followed the rollouts"
-    else
-        bad "lifecycle: app-b$n summary" "$(cat "$f")"
-    fi
-done
+stop_apps lifecycle b 500 v2:xchacha20-poly1305:pay/kek:2
 readers_count_is "$B" 0 && ok "lifecycle: both apps deregistered" || bad "lifecycle: apps deregistered"
 
 # ---- D. an old reader blocks write-upgrade until its heartbeat expires -----------------
@@ -449,6 +460,63 @@ run "gate: migrate refused in read-compat" 78 "$KS" "${GMIG[@]}"
 for ph in write-upgrade backfill; do run "gate: advance to $ph again" 0 "$KS" rollout advance "${R[@]}"; done
 run "gate: the migration resumes and completes" 0 "$KS" "${GMIG[@]}"
 expect_eq "gate: every row at the target" <(sqlite3 "$G" "SELECT count(*) FROM pay WHERE hex(substr(card, 1, 3)) = '4B5345'") "2000"
+
+# ---- H. a key scope: rotate pay/kek in two tables at once ----------------------------
+H=$T/h.db
+make_db "$H" 1000
+sqlite3 "$H" "CREATE TABLE refunds (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, card BLOB);
+INSERT INTO refunds SELECT * FROM pay;"
+export KEYSHIFT_KEYRING="$T/keyring-h"
+"$KS" keys init 2>/dev/null && "$KS" keys create pay/kek 2>/dev/null
+CTX_R=(--tenant-column tenant --context 'refunds:{id}:card')
+run "key scope: encrypt pay.card under pay/kek:1 (no rollout)" 0 "$KS" migrate run --db "$H" \
+    --table pay --column card "${CTX[@]}" --mode encrypt --to-key pay/kek:1 --to-format 1
+run "key scope: encrypt refunds.card under pay/kek:1 (no rollout)" 0 "$KS" migrate run --db "$H" \
+    --table refunds --column card "${CTX_R[@]}" --mode encrypt --to-key pay/kek:1 --to-format 1
+"$KS" keys add-version pay/kek >/dev/null 2>&1 # version 2, held by the apps from the start
+"$APP" --db "$H" "${APPARGS[@]}" --key-id pay/kek --instance app-h1 --seconds 3600 --rate 150 \
+    --write-percent 20 --reload-ms 200 --seed 21 --json >"$T/h1.json" 2>"$T/h1.err" &
+PIDS+=($!)
+"$APP" --db "$H" --table refunds --column card "${CTX_R[@]}" --purpose card --key-id pay/kek \
+    --instance app-h2 --seconds 3600 --rate 150 --write-percent 20 --reload-ms 200 --seed 22 \
+    --json >"$T/h2.json" 2>"$T/h2.err" &
+PIDS+=($!)
+wait_for 20 readers_count_is "$H" 2 && ok "key scope: both apps registered" || bad "key scope: apps registered"
+R=(--db "$H" --key-id pay/kek)
+step "key scope: start over pay.card and refunds.card" "$KS" rollout start --db "$H" --key-id pay/kek \
+    --columns pay.card,refunds.card --source v1:xchacha20-poly1305:pay/kek:1 \
+    --target v1:xchacha20-poly1305:pay/kek:2 --min-soak 0 --reader-ttl 5 --min-samples 20 \
+    --window 60 --actor lifecycle-test --reason "rotate pay/kek in two tables"
+step "key scope: advance to read-compat" "$KS" rollout advance "${R[@]}"
+step "key scope: advance to write-upgrade" "$KS" rollout advance "${R[@]}" --all
+"$KS" keys promote pay/kek 2 >/dev/null 2>&1
+sleep 1 # the apps see write-upgrade and report samples
+step "key scope: advance to backfill (health from both apps)" "$KS" rollout advance "${R[@]}"
+sleep 1 # both apps' policies have refreshed: they write pay/kek:2 now
+step "key scope: migrate run pay.card" "$KS" migrate run --db "$H" --table pay --column card \
+    "${CTX[@]}" --mode rewrap --to-key pay/kek:2
+step "key scope: migrate verify pay.card" "$KS" migrate verify --db "$H" --table pay --column card "${CTX[@]}"
+run "key scope: finalize refused while refunds.card has rows at the source" 75 \
+    "$KS" rollout advance "${R[@]}"
+expect_grep "key scope: the refusal counts the rows left" "$T/err" "still at the source"
+step "key scope: migrate run refunds.card" "$KS" migrate run --db "$H" --table refunds --column card \
+    "${CTX_R[@]}" --mode rewrap --to-key pay/kek:2
+run "key scope: finalize refused until refunds.card is verified" 75 "$KS" rollout advance "${R[@]}"
+expect_grep "key scope: the refusal names the column" "$T/err" "for 1 of 2 columns: refunds.card"
+step "key scope: migrate verify refunds.card" "$KS" migrate verify --db "$H" --table refunds \
+    --column card "${CTX_R[@]}"
+step "key scope: advance to finalized" "$KS" rollout advance "${R[@]}"
+for tb in pay refunds; do
+    n=$(sqlite3 "$H" "SELECT count(*) FROM $tb WHERE hex(substr(card, 1, 3)) = '4B5345'")
+    "$KS" census --db "$H" --table "$tb" --column card --json >"$T/census.json"
+    [ "$(at_class "$T/census.json" 1 2)" = 1000 ] && [ "$n" = 1000 ] &&
+        ok "key scope: census of $tb.card: all 1000 rows at pay/kek:2" ||
+        bad "key scope: census of $tb.card" "$(cat "$T/census.json")"
+done
+"$KS" rollout status "${R[@]}" --json >"$T/st.json" 2>&1
+expect_grep "key scope: status shows the finalized key scope" "$T/st.json" '"scope":"key","key_id":"pay/kek","columns":\[{"table":"pay","column":"card"'
+stop_apps "key scope" h 200 v1:xchacha20-poly1305:pay/kek:2
+export KEYSHIFT_KEYRING="$T/keyring"
 
 # ---- C. the phase-by-phase demo of `make demo` --------------------------------------
 DEMO_ROWS=2000 DEMO_DIR="$T/demo" run "demo_rollout smoke (2000 rows)" 0 \

@@ -3,7 +3,8 @@
 # of the rollout rules of `keyshift migrate` and `keyshift keys set-state
 # ... destroyed`, on real SQLite files with a real keyring: two rollouts
 # of one column (plaintext -> payments/kek:2, then a rotation to
-# payments/kek:3), every guard refusal and its exit 75, canaries, check's
+# payments/kek:3), a key-scoped rotation of orders/kek over two tables
+# (overlaps, per-column census and verify), every guard refusal and its exit 75, canaries, check's
 # exit codes 0-3 with --auto-rollback, Prometheus output, migrate refused
 # outside backfill, verify recording, key destruction refused while
 # referenced.  No test waits on the clock: soak and heartbeats are moved
@@ -297,5 +298,93 @@ json_ok "advance --json"
 expect_grep "advance --json: result" "$T/out" '"from":"planned","to":"read-compat","result":"ok"'
 run "rollback --json" 0 "$KS" rollout rollback --db "$D" --rollout 3 --reason "not yet" --json
 json_ok "rollback --json"
+
+# ---- a key scope: every orders/kek envelope of two tables ------------------------------------
+D="$T/keys.db"
+KSRC=v2:xchacha20-poly1305:orders/kek:1
+KTGT=v2:xchacha20-poly1305:orders/kek:2
+oseal() {
+    printf 'secret' | "$KS" encrypt --tenant acme --key-id orders/kek --key-version 1 |
+        od -An -tx1 | tr -d ' \n'
+}
+run "keys create orders/kek" 0 "$KS" keys create orders/kek
+sql "CREATE TABLE pay (id INTEGER PRIMARY KEY, card BLOB, tenant TEXT);
+     CREATE TABLE refunds (id INTEGER PRIMARY KEY, card BLOB, tenant TEXT);
+     INSERT INTO pay (card, tenant) VALUES (X'$(oseal)', 'acme'), (X'$(oseal)', 'acme');
+     INSERT INTO refunds (card, tenant) VALUES (X'$(oseal)', 'acme'), (NULL, 'acme');"
+KEYSEL=(--key-id orders/kek)
+run "key start: --key-id without --columns" 64 "$KS" rollout start --db "$D" --key-id orders/kek --source "$KSRC" --target "$KTGT"
+expect_grep "key start: says what a key scope is" "$T/err" "a key scope is --key-id K --columns"
+run "key start: with --table too" 64 "$KS" rollout start --db "$D" --key-id orders/kek --columns pay.card --table pay --column card --source "$KSRC" --target "$KTGT"
+run "key start: a column without a table" 64 "$KS" rollout start --db "$D" --key-id orders/kek --columns card --source "$KSRC" --target "$KTGT"
+run "key start: plaintext source" 64 "$KS" rollout start --db "$D" --key-id orders/kek --columns pay.card --source plaintext --target "$KTGT"
+expect_grep "key start: plaintext has no key_id" "$T/err" "plaintext has no key_id"
+run "key start: target of another key" 64 "$KS" rollout start --db "$D" --key-id orders/kek --columns pay.card --source "$KSRC" --target "$TGT2"
+expect_grep "key start: keeps its key_id" "$T/err" "keeps its key_id"
+run "key start: unknown column" 66 "$KS" rollout start --db "$D" --key-id orders/kek --columns pay.card,refunds.nope --source "$KSRC" --target "$KTGT"
+run "key start: a reserved table" 64 "$KS" rollout start --db "$D" --key-id orders/kek --columns keyshift_rollout.tbl --source "$KSRC" --target "$KTGT"
+run "key start: a column twice" 64 "$KS" rollout start --db "$D" --key-id orders/kek --columns pay.card,PAY.CARD --source "$KSRC" --target "$KTGT"
+run "key start" 0 "$KS" rollout start --db "$D" --key-id orders/kek --columns pay.card,refunds.card \
+    --source "$KSRC" --target "$KTGT" --min-soak 0 --min-samples 0 --reason "rotate orders/kek"
+expect_eq "key start prints the id" "$T/out" "1"
+expect_grep "key start: names the scope" "$T/err" "rollout 1 of key orders/kek (pay.card, refunds.card) is planned"
+run "key start: the same key again" 65 "$KS" rollout start --db "$D" --key-id orders/kek --columns pay.card --source "$KSRC" --target "$KTGT"
+expect_grep "key start: names the open rollout" "$T/err" "rollout 1 of key orders/kek (pay.card, refunds.card) is in planned"
+run "column start overlapping the key scope" 65 "$KS" rollout start --db "$D" --table refunds --column card --source plaintext --target "$TGT2"
+expect_grep "column start: overlap named" "$T/err" "rollout 1 of key orders/kek .* overlaps refunds.card"
+run "key status --json" 0 "$KS" rollout status --db "$D" "${KEYSEL[@]}" --json
+json_ok "key status --json"
+expect_grep "key status: scope" "$T/out" '"scope":"key","key_id":"orders/kek","columns":\[{"table":"pay","column":"card","verified_at":0},{"table":"refunds","column":"card","verified_at":0}\]'
+expect_grep "key status: census per column" "$T/out" '"census":{"rows":4,"null":1,"at_source":3,"at_target":0,"other":0,"columns":\[{"rows":2,"null":0,"at_source":2,"at_target":0,"other":0,"table":"pay","column":"card"}'
+run "key status (text)" 0 "$KS" rollout status --db "$D" --rollout 1
+expect_grep "key status: scope line" "$T/out" "^scope *key orders/kek, 2 columns"
+expect_grep "key status: a column line" "$T/out" "^  column *refunds.card (verified -)"
+expect_grep "key status: a column's census" "$T/out" "^  refunds.card: 2 rows: 1 at the source"
+run "select: --key-id with --rollout" 64 "$KS" rollout status --db "$D" --rollout 1 "${KEYSEL[@]}"
+run "select: no rollout of that key" 66 "$KS" rollout status --db "$D" --key-id nosuch/kek
+run "select: --table of a key-scoped column" 66 "$KS" rollout status --db "$D" --table pay --column card
+run "keys add-version orders/kek" 0 "$KS" keys add-version orders/kek
+run "key advance -> read-compat" 0 "$KS" rollout advance --db "$D" "${KEYSEL[@]}"
+sql "INSERT INTO pay (card, tenant) VALUES (X'$(printf 'secret' | "$KS" encrypt --tenant acme --key-id orders/kek --key-version 2 | od -An -tx1 | tr -d ' \n')', 'acme')"
+run "key rollback to planned with a target row" 75 "$KS" rollout rollback --db "$D" "${KEYSEL[@]}" --reason test
+expect_grep "key rollback: counts every column" "$T/err" "would make 1 row unreadable"
+run "key advance -> write-upgrade" 0 "$KS" rollout advance --db "$D" "${KEYSEL[@]}"
+run "migrate refused outside backfill (key scope)" 78 "$KS" migrate run --db "$D" --table refunds --column card \
+    --mode rewrap --to-key orders/kek:2 --tenant acme
+expect_grep "migrate: names the key rollout's phase" "$T/err" "rollout 1 is in phase write-upgrade"
+run "key advance -> backfill" 0 "$KS" rollout advance --db "$D" "${KEYSEL[@]}"
+run "key check: no samples" 0 "$KS" rollout check --db "$D" "${KEYSEL[@]}"
+expect_grep "key check: names the scope" "$T/out" "^rollout 1 (key orders/kek (pay.card, refunds.card), backfill): healthy"
+run "metrics --prometheus of a key scope" 0 "$KS" rollout metrics --db "$D" "${KEYSEL[@]}" --prometheus
+expect_grep "prometheus: key_id label" "$T/out" '^keyshift_window_opens{rollout="1",table="",column="",key_id="orders/kek",phase="backfill"} 0$'
+run "migrate toward another key (key scope)" 78 "$KS" migrate run --db "$D" --table refunds --column card \
+    --mode encrypt --to-key payments/kek:4 --tenant acme
+expect_grep "migrate: another key scope covers the column" "$T/err" "rollout 1 (key orders/kek, backfill) covers refunds.card"
+run "destroy orders/kek:1 while the key scope's rows use it" 75 "$KS" keys set-state orders/kek 1 destroyed --db "$D"
+expect_grep "destroy: rows of a listed column" "$T/err" "1 row of refunds.card"
+expect_grep "destroy: the key rollout moves it" "$T/err" "rollout 1 of key orders/kek (pay.card, refunds.card) (backfill) moves it"
+run "key migrate pay.card" 0 "$KS" migrate run --db "$D" --table pay --column card --mode rewrap --to-key orders/kek:2 --tenant acme
+run "key finalize: rows left in refunds.card" 75 "$KS" rollout advance --db "$D" "${KEYSEL[@]}"
+expect_grep "key finalize: rows at the source" "$T/err" "1 row is still at the source"
+run "key migrate refunds.card" 0 "$KS" migrate run --db "$D" --table refunds --column card --mode rewrap --to-key orders/kek:2 --tenant acme
+run "key verify pay.card" 0 "$KS" migrate verify --db "$D" --table pay --column card --tenant acme
+expect_grep "key verify: recorded for the column" "$T/err" "verify pass recorded for rollout 1 (backfill, key orders/kek) for pay.card"
+run "key finalize: refunds.card not verified" 75 "$KS" rollout advance --db "$D" "${KEYSEL[@]}"
+expect_grep "key finalize: names the column" "$T/err" "since backfill began for 1 of 2 columns: refunds.card"
+run "key verify refunds.card" 0 "$KS" migrate verify --db "$D" --table refunds --column card --tenant acme
+run "keys promote orders/kek 2" 0 "$KS" keys promote orders/kek 2
+run "key advance -> finalized" 0 "$KS" rollout advance --db "$D" "${KEYSEL[@]}" --json
+json_ok "key advance --json"
+phase_is 1 finalized
+expect_grep "key finalize: source retired" "$T/err" "orders/kek:1 is now decrypt-only"
+run "key log --json" 0 "$KS" rollout log --db "$D" "${KEYSEL[@]}" --json
+json_ok "key log --json"
+expect_grep "key log: the verify of each column" "$T/out" '"reason":"migrate verify passed for refunds.card"'
+expect_grep "key log --json: the scope" "$T/out" '^{"rollout":1,"scope":"key","key_id":"orders/kek","columns":\[{"table":"pay"'
+run "key log (text)" 0 "$KS" rollout log --db "$D" "${KEYSEL[@]}"
+expect_grep "key log: the scope in its title" "$T/out" "^log of rollout 1 (key orders/kek (pay.card, refunds.card))"
+run "column start after the key scope is finalized" 0 "$KS" rollout start --db "$D" --table refunds --column card --source "$KTGT" --target "$TGT2"
+run "key rollback while a later column rollout exists" 75 "$KS" rollout rollback --db "$D" --rollout 1 --reason undo
+expect_grep "key rollback: a later rollout governs" "$T/err" "a later rollout governs key orders/kek"
 
 cli_finish cli_rollout_test

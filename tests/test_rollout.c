@@ -195,16 +195,16 @@ static ks_err open_rowstore(world *w)
 
 /* ---- schema ----------------------------------------------------------------- */
 
-/* A fresh database gets every table at schema version 2; opening again
+/* A fresh database gets every table at schema version 3; opening again
  * changes nothing. */
 static void test_schema_fresh(void **state)
 {
     world *w = *state;
     open_db(w);
-    assert_int_equal(schema_version(w), 2);
+    assert_int_equal(schema_version(w), 3);
     assert_int_equal(query_int(w->path, "SELECT count(*) FROM sqlite_master WHERE type = 'table' "
                                         "AND name LIKE 'keyshift%'"),
-                     7);
+                     8);
     assert_int_equal(query_int(w->path, "SELECT count(*) FROM sqlite_master WHERE type = "
                                         "'trigger'"),
                      2);
@@ -228,7 +228,7 @@ static void test_schema_upgrade_from_v1(void **state)
     assert_int_equal(ks_rollout_db_latest(w->db, "payments", "card", &r), KS_ERR_NO_ROLLOUT);
     assert_int_equal(schema_version(w), 1);
     open_db(w);
-    assert_int_equal(schema_version(w), 2);
+    assert_int_equal(schema_version(w), 3);
     assert_int_equal(query_int(w->path, "SELECT count(*) FROM keyshift_quarantine"), 1);
     assert_int_equal(open_rowstore(w), KS_OK);
 }
@@ -247,7 +247,7 @@ static void test_upgrade_atomic(void **state)
                      0);
     exec_sql(w->path, "DROP VIEW keyshift_rollout_log;");
     open_db(w);
-    assert_int_equal(schema_version(w), 2);
+    assert_int_equal(schema_version(w), 3);
 }
 
 /* A read-only store reads but refuses every change. */
@@ -277,7 +277,7 @@ static void test_schema_newer_refused(void **state)
 {
     world *w = *state;
     exec_sql(w->path, "CREATE TABLE keyshift_meta(key TEXT PRIMARY KEY, value);"
-                      "INSERT INTO keyshift_meta VALUES('schema_version', 3);");
+                      "INSERT INTO keyshift_meta VALUES('schema_version', 4);");
     assert_int_equal(ks_rollout_db_open(w->path, 0, &w->db, w->err, sizeof w->err),
                      KS_ERR_STORE);
     assert_null(w->db);
@@ -1287,6 +1287,335 @@ static void test_policy_report(void **state)
     ks_policy_close(p);
 }
 
+/* ---- key scopes ------------------------------------------------------------- */
+
+/* A key-scoped spec: every payments-kek envelope of payments.card and
+ * orders.card (created here) from key version 1 to 2 (v2,
+ * xchacha20-poly1305). */
+static ks_rollout key_spec(world *w)
+{
+    exec_sql(w->path, "CREATE TABLE IF NOT EXISTS orders(id INTEGER PRIMARY KEY, card BLOB, "
+                      "note TEXT);");
+    ks_rollout s = spec();
+    s.table[0] = s.column[0] = '\0';
+    s.scope = KS_SCOPE_KEY;
+    s.source = cls(2, KS_ALG_XCHACHA20POLY1305, "payments-kek", 1);
+    s.n_columns = 2;
+    strcpy(s.columns[0].table, "payments");
+    strcpy(s.columns[0].column, "card");
+    strcpy(s.columns[1].table, "ORDERS");
+    strcpy(s.columns[1].column, "Card");
+    return s;
+}
+
+/* Move rollout id from planned to backfill with favourable facts, the
+ * soak counted from now. */
+static void to_backfill(world *w, int64_t id, int64_t now)
+{
+    ks_rollout_facts f = good_facts(now);
+    assert_int_equal(move(w, id, KS_PHASE_PLANNED, KS_PHASE_READ_COMPAT, &f), KS_OK);
+    f.now = now + 400;
+    assert_int_equal(move(w, id, KS_PHASE_READ_COMPAT, KS_PHASE_WRITE_UPGRADE, &f), KS_OK);
+    assert_int_equal(move(w, id, KS_PHASE_WRITE_UPGRADE, KS_PHASE_BACKFILL, &f), KS_OK);
+}
+
+/* Verify both columns of key_spec's rollout id at now, then finalize it
+ * (census empty). */
+static void finalize_key(world *w, int64_t id, int64_t now)
+{
+    assert_int_equal(ks_rollout_db_record_verify_column(w->db, id, "payments", "card", "m", now),
+                     KS_OK);
+    assert_int_equal(ks_rollout_db_record_verify_column(w->db, id, "orders", "card", "m", now),
+                     KS_OK);
+    ks_rollout_facts f = good_facts(now + 100);
+    assert_int_equal(move(w, id, KS_PHASE_BACKFILL, KS_PHASE_FINALIZED, &f), KS_OK);
+}
+
+/* Start spec s at now, which must fail with want and a message holding
+ * text (when given). */
+static void start_refused(world *w, const ks_rollout *s, ks_err want, const char *text)
+{
+    int64_t id = 7;
+    assert_int_equal(ks_rollout_db_start(w->db, s, "alice", 1, &id, w->err, sizeof w->err), want);
+    assert_int_equal(id, 0);
+    if (text != NULL && strstr(w->err, text) == NULL)
+        fail_msg("\"%s\" does not say \"%s\"", w->err, text);
+}
+
+/* Key scopes: what start refuses (plaintext source, another key_id, bad
+ * or repeated columns, overlaps naming the rollout), and what it stores
+ * (the schema's spellings, in order). */
+static void test_key_scope_start(void **state)
+{
+    world *w = *state;
+    open_db(w);
+    ks_rollout s = key_spec(w), b;
+    b = s;
+    b.source = plain();
+    start_refused(w, &b, KS_ERR_INVALID_ARGUMENT, "plaintext has no key_id");
+    b = s;
+    strcpy(b.target.key_id, "other-kek");
+    start_refused(w, &b, KS_ERR_INVALID_ARGUMENT, "keeps its key_id");
+    b = s;
+    strcpy(b.columns[1].table, "PAYMENTS");
+    start_refused(w, &b, KS_ERR_INVALID_ARGUMENT, "listed twice");
+    b = s;
+    strcpy(b.columns[1].table, "keyshift_rollout");
+    start_refused(w, &b, KS_ERR_INVALID_ARGUMENT, "reserved");
+    b = s;
+    strcpy(b.columns[1].column, "nope");
+    start_refused(w, &b, KS_ERR_NO_TARGET, "no column");
+    b = s;
+    b.n_columns = 0;
+    start_refused(w, &b, KS_ERR_INVALID_ARGUMENT, "1 to 16 columns");
+    b = s;
+    strcpy(b.table, "payments");
+    start_refused(w, &b, KS_ERR_INVALID_ARGUMENT, NULL);
+
+    /* an open column rollout of payments.card overlaps */
+    ks_rollout c = spec();
+    int64_t col_id = start(w, &c, 100);
+    start_refused(w, &s, KS_ERR_ROLLOUT_EXISTS, "rollout 1 of payments.card is in planned");
+    ks_rollout_facts f = good_facts(200);
+    assert_int_equal(move(w, col_id, KS_PHASE_PLANNED, KS_PHASE_READ_COMPAT, &f), KS_OK);
+    assert_int_equal(move(w, col_id, KS_PHASE_READ_COMPAT, KS_PHASE_WRITE_UPGRADE, &f),
+                     KS_ERR_GUARD); /* soak */
+    exec_sql(w->path, "UPDATE keyshift_rollout SET phase = 'finalized' WHERE id = 1;");
+    int64_t id = start(w, &s, 300);
+    ks_rollout r;
+    assert_int_equal(ks_rollout_db_get(w->db, id, &r), KS_OK);
+    assert_int_equal(r.scope, KS_SCOPE_KEY);
+    assert_string_equal(r.table, "");
+    assert_int_equal(r.n_columns, 2);
+    assert_string_equal(r.columns[0].table, "payments");
+    assert_string_equal(r.columns[1].table, "orders");
+    assert_string_equal(r.columns[1].column, "card");
+    assert_true(ks_rollout_scope_covers(&r, "Orders", "CARD"));
+    assert_false(ks_rollout_scope_covers(&r, "orders", "note"));
+    assert_int_equal(ks_rollout_db_latest_key(w->db, "payments-kek", &b), KS_OK);
+    assert_int_equal(b.id, id);
+    assert_int_equal(ks_rollout_db_latest_key(w->db, "other-kek", &b), KS_ERR_NO_ROLLOUT);
+    assert_int_equal(ks_rollout_db_latest(w->db, "payments", "card", &b), KS_OK);
+    assert_int_equal(b.id, col_id); /* the column's own, not the key scope */
+    assert_int_equal(ks_rollout_db_latest(w->db, "", "", &b), KS_ERR_INVALID_ARGUMENT);
+
+    /* the same key again, or a column rollout of a listed column: refused */
+    start_refused(w, &s, KS_ERR_ROLLOUT_EXISTS, "key payments-kek (payments.card, orders.card)");
+    c = spec();
+    strcpy(c.table, "orders");
+    start_refused(w, &c, KS_ERR_ROLLOUT_EXISTS, "rollout 2 of key payments-kek");
+    /* another key over the same columns does not overlap */
+    b = s;
+    strcpy(b.source.key_id, "orders-kek");
+    strcpy(b.target.key_id, "orders-kek");
+    int64_t other = start(w, &b, 400);
+    /* a later rollout touching a column makes the earlier not the latest */
+    ks_rollout list[4];
+    size_t n = 0;
+    assert_int_equal(ks_rollout_db_list(w->db, 0, list, 4, &n), KS_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(list[2].id, other);
+    assert_int_equal(list[2].n_columns, 2);
+    /* the column rows are checked when read back */
+    exec_sql(w->path, "INSERT INTO keyshift_rollout_column(rollout_id, tbl, col) "
+                      "VALUES(3, '', 'x');");
+    assert_int_equal(ks_rollout_db_get(w->db, other, &b), KS_ERR_STORE);
+}
+
+/* Key-scope guards: the census counts every column (pure guard), and
+ * finalize needs a verify of every listed column since backfill began,
+ * naming those without one. */
+static void test_key_scope_guards(void **state)
+{
+    world *w = *state;
+    open_db(w);
+    ks_rollout s = key_spec(w);
+    int64_t id = start(w, &s, 1000);
+    ks_rollout_facts f = good_facts(2000);
+    assert_int_equal(move(w, id, KS_PHASE_PLANNED, KS_PHASE_READ_COMPAT, &f), KS_OK);
+    f.census_known = 0;
+    assert_int_equal(move(w, id, KS_PHASE_READ_COMPAT, KS_PHASE_PLANNED, &f), KS_ERR_GUARD);
+    assert_non_null(strstr(w->err, "census of key payments-kek (payments.card, orders.card)"));
+    f.census_known = 1;
+    assert_int_equal(move(w, id, KS_PHASE_READ_COMPAT, KS_PHASE_PLANNED, &f), KS_OK);
+    to_backfill(w, id, 2000);
+    /* verify: column by column only, of listed columns only */
+    assert_int_equal(ks_rollout_db_record_verify(w->db, id, "migrate", 2500),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_rollout_db_record_verify_column(w->db, id, "orders", "note", "migrate",
+                                                        2500),
+                     KS_ERR_NOT_FOUND);
+    assert_int_equal(ks_rollout_db_record_verify_column(w->db, id, "PAYMENTS", "card",
+                                                        "migrate", 2500),
+                     KS_OK);
+    f.now = 2600;
+    f.rows_at_source = 3;
+    assert_int_equal(move(w, id, KS_PHASE_BACKFILL, KS_PHASE_FINALIZED, &f), KS_ERR_GUARD);
+    assert_non_null(strstr(w->err, "3 rows are still at the source"));
+    f.rows_at_source = 0;
+    assert_int_equal(move(w, id, KS_PHASE_BACKFILL, KS_PHASE_FINALIZED, &f), KS_ERR_GUARD);
+    assert_non_null(strstr(w->err, "for 1 of 2 columns: orders.card"));
+    assert_int_equal(ks_rollout_db_record_verify_column(w->db, id, "orders", "card", "migrate",
+                                                        2601),
+                     KS_OK);
+    ks_rollout r;
+    assert_int_equal(ks_rollout_db_get(w->db, id, &r), KS_OK);
+    assert_int_equal(r.columns[0].verified_at, 2500);
+    assert_int_equal(r.columns[1].verified_at, 2601);
+    f.now = 2700;
+    assert_int_equal(move(w, id, KS_PHASE_BACKFILL, KS_PHASE_FINALIZED, &f), KS_OK);
+    /* back to backfill: every column's verify is cleared */
+    f.now = 2800;
+    assert_int_equal(move(w, id, KS_PHASE_FINALIZED, KS_PHASE_BACKFILL, &f), KS_OK);
+    assert_int_equal(ks_rollout_db_get(w->db, id, &r), KS_OK);
+    assert_int_equal(r.columns[0].verified_at + r.columns[1].verified_at, 0);
+    assert_int_equal(move(w, id, KS_PHASE_BACKFILL, KS_PHASE_FINALIZED, &f), KS_ERR_GUARD);
+    assert_non_null(strstr(w->err, "for 2 of 2 columns: payments.card, orders.card"));
+    ks_rollout_log_entry log[16];
+    size_t n = 0;
+    assert_int_equal(ks_rollout_db_log(w->db, id, 0, log, 16, &n), KS_OK);
+    assert_int_equal(n, 10);
+    assert_string_equal(log[6].reason, "migrate verify passed for payments.card");
+    /* a later column rollout of a listed column: no longer the latest */
+    finalize_key(w, id, 2900);
+    ks_rollout c = spec();
+    strcpy(c.table, "orders");
+    c.source = s.target;
+    c.target = cls(2, KS_ALG_XCHACHA20POLY1305, "orders-kek", 1);
+    (void)start(w, &c, 3100);
+    assert_int_equal(move(w, id, KS_PHASE_FINALIZED, KS_PHASE_BACKFILL, &f), KS_ERR_GUARD);
+    assert_non_null(strstr(w->err, "a later rollout governs key payments-kek"));
+}
+
+/* Turn the version 3 tables back into what version 2 of this library
+ * created: no keyshift_rollout_column, no scope_key_id, the old index. */
+static const char v3_to_v2[] =
+    "DROP TABLE keyshift_rollout_column; DROP INDEX keyshift_rollout_open;"
+    "DROP INDEX keyshift_rollout_by_key; ALTER TABLE keyshift_rollout DROP COLUMN scope_key_id;"
+    "CREATE UNIQUE INDEX keyshift_rollout_open ON keyshift_rollout(tbl COLLATE NOCASE,"
+    " col COLLATE NOCASE) WHERE phase <> 'finalized';"
+    "UPDATE keyshift_rollout SET phase = 'backfill';"
+    "UPDATE keyshift_meta SET value = 2 WHERE key = 'schema_version';";
+
+/* A version 2 database: read-only, its rollout is read as column-scoped
+ * and nothing changes; a writer upgrades it to version 3 in place, keeps
+ * the rollout (and its open-rollout rule) and can start key scopes. */
+static void test_schema_upgrade_from_v2(void **state)
+{
+    world *w = *state;
+    assert_int_equal(open_rowstore(w), KS_OK);
+    open_db(w);
+    ks_rollout s = spec();
+    (void)start(w, &s, 10);
+    ks_rollout_db_close(w->db);
+    w->db = NULL;
+    exec_sql(w->path, v3_to_v2);
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM pragma_table_info("
+                                        "'keyshift_rollout') WHERE name = 'scope_key_id'"),
+                     0);
+    assert_int_equal(ks_rollout_db_open(w->path, KS_ROLLOUT_DB_READ_ONLY, &w->db, w->err,
+                                        sizeof w->err),
+                     KS_OK);
+    ks_rollout r, list[2];
+    size_t n = 0;
+    assert_int_equal(ks_rollout_db_latest(w->db, "payments", "card", &r), KS_OK);
+    assert_int_equal(r.phase, KS_PHASE_BACKFILL);
+    assert_int_equal(r.scope, KS_SCOPE_COLUMN);
+    assert_int_equal(ks_rollout_db_list(w->db, 0, list, 2, &n), KS_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(ks_rollout_db_latest_key(w->db, "payments-kek", &r), KS_ERR_NO_ROLLOUT);
+    assert_int_equal(schema_version(w), 2);
+    open_db(w);
+    assert_int_equal(schema_version(w), 3);
+    assert_int_equal(ks_rollout_db_get(w->db, 1, &r), KS_OK);
+    assert_int_equal(r.scope, KS_SCOPE_COLUMN);
+    start_refused(w, &s, KS_ERR_ROLLOUT_EXISTS, "rollout 1 of payments.card is in backfill");
+    s = key_spec(w);
+    start_refused(w, &s, KS_ERR_ROLLOUT_EXISTS, "rollout 1 of payments.card");
+    s.columns[0] = s.columns[1];
+    s.n_columns = 1;
+    (void)start(w, &s, 20);
+    open_db(w); /* opening again changes nothing */
+    assert_int_equal(schema_version(w), 3);
+    assert_int_equal(open_rowstore(w), KS_OK);
+}
+
+/* May p read value of table.column? */
+static int may_at(ks_policy *p, const char *table, const char *column, const uint8_t *v,
+                  size_t len, ks_err want)
+{
+    int ok = -1;
+    ks_bytes b = {v, len};
+    assert_int_equal(ks_policy_may_read(p, table, column, &b, &ok), want);
+    return ok;
+}
+
+/* The policy by key: a key-scoped rollout judges its key's envelopes in
+ * its columns (after the column's own, older rollout), a write for the
+ * key follows it, and a write without a key is refused where only a key
+ * scope covers the column. */
+static void test_policy_by_key(void **state)
+{
+    world *w = *state;
+    open_db(w);
+    ks_rollout c = spec(); /* payments.card: plaintext -> payments-kek:1 v2 */
+    c.target = cls(2, KS_ALG_XCHACHA20POLY1305, "payments-kek", 1);
+    int64_t col_id = start(w, &c, 100);
+    exec_sql(w->path, "UPDATE keyshift_rollout SET phase = 'finalized';");
+    ks_rollout s = key_spec(w);
+    int64_t id = start(w, &s, 1000);
+    assert_true(id > col_id);
+    ks_policy *p = policy(w, 3600000, "app-1");
+    uint8_t src[512], dst[512], other[512];
+    size_t src_len = envelope(&s.source, src, sizeof src);
+    size_t dst_len = envelope(&s.target, dst, sizeof dst);
+    ks_rollout_class o = cls(1, KS_ALG_AES256GCM, "orders-kek", 1);
+    size_t other_len = envelope(&o, other, sizeof other);
+    static const uint8_t text[] = "4111";
+    ks_rollout_class out;
+    ks_bytes t1 = {(const uint8_t *)"t1", 2};
+
+    /* planned: the key's source only; plaintext by the finalized column rollout */
+    assert_true(may_at(p, "payments", "card", src, src_len, KS_OK));
+    assert_false(may_at(p, "payments", "card", dst, dst_len, KS_OK));
+    assert_false(may_at(p, "payments", "card", text, 4, KS_OK));
+    assert_true(may_at(p, "orders", "card", src, src_len, KS_OK));
+    assert_false(may_at(p, "orders", "card", dst, dst_len, KS_OK));
+    assert_false(may_at(p, "orders", "card", other, other_len, KS_ERR_NOT_FOUND));
+    assert_false(may_at(p, "orders", "note", src, src_len, KS_ERR_NOT_FOUND));
+    assert_int_equal(ks_policy_write_target(p, "payments", "card", t1, &out), KS_OK);
+    assert_true(ks_rollout_class_equal(&out, &s.source)); /* followed to the key scope */
+    assert_int_equal(ks_policy_write_target(p, "orders", "card", t1, &out), KS_ERR_STATE);
+    assert_int_equal(ks_policy_write_target_key(p, "orders", "card", "payments-kek", t1, &out),
+                     KS_OK);
+    assert_true(ks_rollout_class_equal(&out, &s.source));
+    assert_int_equal(ks_policy_write_target_key(p, "orders", "card", "orders-kek", t1, &out),
+                     KS_ERR_NOT_FOUND);
+    assert_int_equal(ks_policy_write_target_key(p, "orders", "card", "bad key", t1, &out),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_policy_write_target_key(p, "payments", "card", "orders-kek", t1, &out),
+                     KS_OK); /* the column's rule, followed: the key scope's source */
+    assert_true(ks_rollout_class_equal(&out, &s.source));
+
+    /* backfill: both read, the target written, in every listed column */
+    to_backfill(w, id, 2000);
+    assert_int_equal(ks_policy_refresh(p), KS_OK);
+    assert_true(may_at(p, "orders", "card", src, src_len, KS_OK));
+    assert_true(may_at(p, "orders", "card", dst, dst_len, KS_OK));
+    assert_int_equal(ks_policy_write_target(p, "payments", "card", t1, &out), KS_OK);
+    assert_true(ks_rollout_class_equal(&out, &s.target));
+    assert_int_equal(ks_policy_write_target_key(p, "orders", "card", "payments-kek", t1, &out),
+                     KS_OK);
+    assert_true(ks_rollout_class_equal(&out, &s.target));
+    /* finalized: the target only */
+    finalize_key(w, id, 2500);
+    assert_int_equal(ks_policy_refresh(p), KS_OK);
+    assert_false(may_at(p, "payments", "card", src, src_len, KS_OK));
+    assert_true(may_at(p, "payments", "card", dst, dst_len, KS_OK));
+    assert_false(may_at(p, "orders", "card", src, src_len, KS_OK));
+    ks_policy_close(p);
+}
+
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, world_setup, world_teardown)
@@ -1316,6 +1645,10 @@ int main(void)
         T(test_policy_canary),
         T(test_policy_heartbeat),
         T(test_policy_set_keys),
+        T(test_key_scope_start),
+        T(test_key_scope_guards),
+        T(test_schema_upgrade_from_v2),
+        T(test_policy_by_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

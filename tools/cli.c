@@ -636,6 +636,40 @@ int ks_cli_rollout_open(const char *path, int read_only, ks_rollout_db **out)
     return EX_OK;
 }
 
+/* See cli.h.  Paged, so that any number of rollouts is read in one
+ * array: the rules of ks_rollout_scope_find need all of them. */
+int ks_cli_rollouts_all(ks_rollout_db *db, const char *path, ks_rollout **out, size_t *n)
+{
+    enum { PAGE = 8 };
+    ks_rollout *rs = NULL;
+    size_t got = PAGE, cap = 0;
+    ks_err e = KS_OK;
+    *out = NULL;
+    *n = 0;
+    while (e == KS_OK && got == PAGE) {
+        if (*n + PAGE > cap) {
+            size_t ncap = cap ? cap * 2 : PAGE;
+            ks_rollout *np = realloc(rs, ncap * sizeof *np);
+            if (np == NULL) {
+                e = KS_ERR_NO_MEMORY;
+                break;
+            }
+            rs = np;
+            cap = ncap;
+        }
+        e = ks_rollout_db_list(db, *n > 0 ? rs[*n - 1].id : 0, rs + *n, PAGE, &got);
+        *n += e == KS_OK ? got : 0;
+    }
+    if (e != KS_OK) {
+        free(rs);
+        *n = 0;
+        ks_cli_error("cannot read the rollouts of %s: %s", path, ks_err_name(e));
+        return ks_cli_exit_code(e);
+    }
+    *out = rs;
+    return EX_OK;
+}
+
 /* See cli.h. */
 int ks_cli_census(const char *path, const char *table, const char *column, ks_census *out)
 {

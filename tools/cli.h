@@ -176,6 +176,13 @@ int ks_cli_actor(const char *cmd, const char *given, char *out, size_t cap);
 int ks_cli_rollout_open(const char *path, int read_only, ks_rollout_db **out);
 
 /*
+ * Every rollout of db, in id order, into a malloc'd array *out of *n (the
+ * caller frees it; NULL when there is none).  Returns EX_OK, or an exit
+ * code after printing the problem with path.
+ */
+int ks_cli_rollouts_all(ks_rollout_db *db, const char *path, ks_rollout **out, size_t *n);
+
+/*
  * Count table.column of database path by class (ks_census_run over a
  * read-only store).  Returns EX_OK, or an exit code after printing the
  * problem.  The caller frees *out with ks_census_free.

@@ -50,8 +50,9 @@ static void usage(FILE *f)
           "                 The primary must stay active: promote another first.\n"
           "                 destroyed is refused (exit 75) while a row or a live\n"
           "                 reader still references that version in a database given\n"
-          "                 with --db (repeatable): rows in the column of every\n"
-          "                 rollout whose source or target uses the key and of every\n"
+          "                 with --db (repeatable): rows in the column (or each\n"
+          "                 listed column of a key scope) of every rollout whose\n"
+          "                 source or target uses the key and of every\n"
           "                 migrated column; live readers holding the version.\n"
           "                 Without --db it is refused (exit 64): references cannot\n"
           "                 be checked. --force --reason TEXT overrides both and, with\n"
@@ -223,8 +224,11 @@ typedef struct scope {
 } scope;
 
 /* Add table.column to scopes[0, *n) unless there (names compared as
- * SQLite compares identifiers); full lists are cut. */
-static void add_scope(scope *scopes, size_t *n, size_t max, const char *t, const char *c)
+ * SQLite compares identifiers); a column that does not fit (a full list,
+ * a name too long) sets *cut, so that the rows are known not to be all
+ * counted (fail closed: the destroy is then refused unless forced). */
+static void add_scope(scope *scopes, size_t *n, size_t max, const char *t, const char *c,
+                      int *cut)
 {
     for (size_t i = 0; i < *n; i++) {
         if (strcasecmp(scopes[i].table, t) == 0 && strcasecmp(scopes[i].column, c) == 0) {
@@ -235,12 +239,14 @@ static void add_scope(scope *scopes, size_t *n, size_t max, const char *t, const
         memcpy(scopes[*n].table, t, strlen(t) + 1);
         memcpy(scopes[*n].column, c, strlen(c) + 1);
         (*n)++;
+    } else {
+        *cut = 1;
     }
 }
 
 /* Add the columns keyshift_migration has checkpoints for (read-only;
  * none when the table does not exist). */
-static int migration_scopes(const char *db, scope *scopes, size_t *n, size_t max)
+static int migration_scopes(const char *db, scope *scopes, size_t *n, size_t max, int *cut)
 {
     sqlite3 *h = NULL;
     sqlite3_stmt *st = NULL;
@@ -258,7 +264,7 @@ static int migration_scopes(const char *db, scope *scopes, size_t *n, size_t max
                 const char *t = (const char *)sqlite3_column_text(st, 0);
                 const char *c = (const char *)sqlite3_column_text(st, 1);
                 if (t != NULL && c != NULL) {
-                    add_scope(scopes, n, max, t, c);
+                    add_scope(scopes, n, max, t, c, cut);
                 }
             }
         }
@@ -296,6 +302,7 @@ static int find_refs(const char *db, const char *key_id, uint32_t version,
     }
     scope scopes[64];
     size_t n_scopes = 0;
+    int cut = 0;
     uint32_t ttl = 60;
     int64_t after = 0;
     ks_rollout rs[8];
@@ -308,7 +315,14 @@ static int find_refs(const char *db, const char *key_id, uint32_t version,
             after = r->id;
             ttl = r->reader_ttl_s > ttl ? r->reader_ttl_s : ttl;
             if (class_uses(&r->source, key_id, 0) || class_uses(&r->target, key_id, 0)) {
-                add_scope(scopes, &n_scopes, 64, r->table, r->column);
+                /* a key-scoped rollout references the rows of each column it lists */
+                for (size_t c = 0; r->scope == KS_SCOPE_KEY && c < r->n_columns; c++) {
+                    add_scope(scopes, &n_scopes, 64, r->columns[c].table, r->columns[c].column,
+                              &cut);
+                }
+                if (r->scope == KS_SCOPE_COLUMN) {
+                    add_scope(scopes, &n_scopes, 64, r->table, r->column, &cut);
+                }
             }
             int uses = class_uses(&r->source, key_id, version) ||
                        class_uses(&r->target, key_id, version);
@@ -316,8 +330,10 @@ static int find_refs(const char *db, const char *key_id, uint32_t version,
                 affected[(*n_affected)++] = r->id;
             }
             if (uses && r->phase != KS_PHASE_FINALIZED) {
-                fprintf(stderr, "    %s: rollout %" PRId64 " of %s.%s (%s) moves it\n", db, r->id,
-                        r->table, r->column, ks_rollout_phase_name((int)r->phase));
+                char what[KS_ROLLOUT_SCOPE_TEXT_MAX];
+                fprintf(stderr, "    %s: rollout %" PRId64 " of %s (%s) moves it\n", db, r->id,
+                        ks_rollout_scope_text(r, what, sizeof what),
+                        ks_rollout_phase_name((int)r->phase));
                 f->open_rollouts++;
             }
         }
@@ -350,7 +366,12 @@ static int find_refs(const char *db, const char *key_id, uint32_t version,
         }
     }
     free(readers);
-    rc = migration_scopes(db, scopes, &n_scopes, 64);
+    rc = migration_scopes(db, scopes, &n_scopes, 64, &cut);
+    if (rc == EX_OK && cut) {
+        fprintf(stderr, "    %s: more than %d columns to count: the rows were not all counted\n",
+                db, 64);
+        f->rows_known = 0;
+    }
     for (size_t i = 0; rc == EX_OK && i < n_scopes; i++) {
         ks_census c;
         if ((rc = ks_cli_census(db, scopes[i].table, scopes[i].column, &c)) != EX_OK) {

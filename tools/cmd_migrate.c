@@ -78,15 +78,20 @@ static void usage(FILE *f)
           "            N rows) and lists, by row id and error name, those that do not\n"
           "            open. Read-only; never prints plaintext. When a rollout of the\n"
           "            column is in backfill, a complete verify (no --sample) that\n"
-          "            found no failure is recorded in it, so it may be finalized.\n"
+          "            found no failure is recorded in it, so it may be finalized;\n"
+          "            a key-scoped rollout records it for this column, and needs\n"
+          "            one for each column it lists.\n"
           "\n"
           "    Rollouts: when a rollout governs the column (docs/rollout.md), run is\n"
           "    refused unless the rollout is in backfill and the run's target (key,\n"
           "    version and, to encrypt or re-encrypt, format and algorithm) is the\n"
-          "    rollout's target. The run then writes its health counts to the\n"
-          "    rollout (keyshift_metrics, source 'migrate') every 5 s and at its end,\n"
-          "    and stops before its next batch (exit 75) if the rollout leaves\n"
-          "    backfill.\n"
+          "    rollout's target. The governing rollout is the column's own latest,\n"
+          "    or a later key-scoped rollout of the run's target key covering the\n"
+          "    column; another key-scoped rollout that is not finalized and covers\n"
+          "    the column refuses the run (exit 78). The run then writes its health\n"
+          "    counts to the rollout (keyshift_metrics, source 'migrate') every 5 s\n"
+          "    and at its end, and stops before its next batch (exit 75) if the\n"
+          "    rollout leaves backfill.\n"
           "\n"
           "    Progress: on a terminal, run draws a progress bar on standard error\n"
           "    (rows done/total, rows/s, ETA); with --json it writes one JSON object\n"
@@ -641,28 +646,60 @@ static int run_engine(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_pa
     return rc;
 }
 
-/* The rollout governing the column of o (the latest of its scope), read
- * read-only so that a database without rollouts is not changed: EX_OK
- * with *found 0 when there is none, or an exit code after a message. */
-static int governing_rollout(const mig_opts *o, ks_rollout *r, int *found)
+/* Every rollout of o's database whose scope covers o's column (a
+ * malloc'd array the caller frees), read read-only so that a database
+ * without rollouts is not changed: EX_OK, or an exit code after a
+ * message. */
+static int covering_rollouts(const mig_opts *o, ks_rollout **rs, size_t *n)
 {
     ks_rollout_db *db;
-    *found = 0;
     int rc = ks_cli_rollout_open(o->db, 1, &db);
     if (rc != EX_OK) {
         return rc;
     }
-    ks_err e = ks_rollout_db_latest(db, o->table, o->column, r);
+    rc = ks_cli_rollouts_all(db, o->db, rs, n);
     ks_rollout_db_close(db);
-    if (e == KS_ERR_NO_ROLLOUT) {
-        return EX_OK;
+    size_t kept = 0;
+    for (size_t i = 0; rc == EX_OK && i < *n; i++) {
+        if (ks_rollout_scope_covers(&(*rs)[i], o->table, o->column)) {
+            (*rs)[kept++] = (*rs)[i];
+        }
     }
-    if (e != KS_OK) {
-        ks_cli_error("cannot read the rollouts of %s: %s", o->db, ks_err_name(e));
-        return ks_cli_exit_code(e);
+    *n = kept;
+    return rc;
+}
+
+/* The rollout governing what a run toward key_id writes into o's column
+ * (ks_rollout_scope_find: the column's own latest rollout, or a later
+ * key-scoped one of key_id covering it) into *r, *found 1.  EX_CONFIG
+ * after a message when another key-scoped rollout that is not finalized
+ * covers the column: the run would convert that rollout's envelopes out
+ * of its scope under its feet.  EX_OK with *found 0 when none governs. */
+static int governing_rollout(const mig_opts *o, const char *key_id, ks_rollout *r, int *found)
+{
+    ks_rollout *rs = NULL;
+    size_t n = 0;
+    *found = 0;
+    int rc = covering_rollouts(o, &rs, &n);
+    const ks_rollout *g = rc == EX_OK ? ks_rollout_scope_find(rs, n, o->table, o->column, key_id)
+                                      : NULL;
+    for (size_t i = 0; rc == EX_OK && i < n; i++) {
+        const ks_rollout *k = &rs[i];
+        if (k != g && k->scope == KS_SCOPE_KEY && k->phase != KS_PHASE_FINALIZED) {
+            ks_cli_error("rollout %lld (key %s, %s) covers %s.%s: migrate runs on it only toward "
+                         "that rollout's target, in backfill (--to-key %s:%u)",
+                         (long long)k->id, k->source.key_id,
+                         ks_rollout_phase_name((int)k->phase), o->table, o->column,
+                         k->target.key_id, (unsigned)k->target.key_version);
+            rc = EX_CONFIG;
+        }
     }
-    *found = 1;
-    return EX_OK;
+    if (rc == EX_OK && g != NULL) {
+        *r = *g;
+        *found = 1;
+    }
+    free(rs);
+    return rc;
 }
 
 /* Refuse a run that the rollout governing the column does not allow:
@@ -674,8 +711,14 @@ static int rollout_gate(const mig_opts *o, const ks_migrate_params *p, ks_ctx *c
                         int64_t *rollout_id)
 {
     ks_rollout r;
+    char key_id[KS_KEY_ID_MAX + 1];
     *rollout_id = 0;
-    int found, rc = governing_rollout(o, &r, &found);
+    if (p->to_key_id.len == 0 || p->to_key_id.len > KS_KEY_ID_MAX) {
+        return ks_cli_usage_error("migrate run", "the target key id is empty or too long");
+    }
+    memcpy(key_id, p->to_key_id.ptr, p->to_key_id.len);
+    key_id[p->to_key_id.len] = '\0';
+    int found, rc = governing_rollout(o, key_id, &r, &found);
     if (rc != EX_OK || !found) {
         return rc;
     }
@@ -703,9 +746,11 @@ static int rollout_gate(const mig_opts *o, const ks_migrate_params *p, ks_ctx *c
     int same_shape = p->mode == KS_MIGRATE_REWRAP ||
                      (p->to_format == t->version && p->algorithm == t->algorithm);
     if (!same_key || !same_shape) {
-        ks_cli_error("rollout %lld moves %s.%s to v%u:%s:%s:%u; this run targets %.*s:%u%s: give "
+        char scope[256];
+        ks_cli_error("rollout %lld moves %s to v%u:%s:%s:%u; this run targets %.*s:%u%s: give "
                      "the rollout's target (--to-key %s:%u --to-format %u --algorithm %s)",
-                     (long long)r.id, r.table, r.column, (unsigned)t->version,
+                     (long long)r.id, ks_rollout_scope_text(&r, scope, sizeof scope),
+                     (unsigned)t->version,
                      ks_alg_name(t->algorithm), t->key_id, (unsigned)t->key_version,
                      (int)p->to_key_id.len, (const char *)p->to_key_id.ptr, (unsigned)version,
                      same_shape ? "" : " in another format or algorithm", t->key_id,
@@ -997,33 +1042,59 @@ static void on_failure(void *arg, const ks_verify_failure *f)
     }
 }
 
-/* After a complete verify that found no failure: when the rollout
- * governing the column is in backfill, record the pass so that it may be
- * finalized.  Looked up read-only first, so a database without rollouts
- * is not changed. */
-static int record_verify(const mig_opts *o)
+/* Record the pass of a complete verify of o's column in rollout r of
+ * db: the column of a key scope, or the whole column scope. */
+static int record_one(ks_rollout_db *db, const mig_opts *o, const ks_rollout *r,
+                      const char *actor)
 {
-    ks_rollout_db *db;
-    ks_rollout r;
-    char actor[KS_ROLLOUT_ACTOR_MAX + 1];
-    int found, rc = governing_rollout(o, &r, &found);
-    if (rc != EX_OK || !found || r.phase != KS_PHASE_BACKFILL) {
-        return rc;
-    }
-    if ((rc = ks_cli_actor("migrate verify", NULL, actor, sizeof actor)) != EX_OK ||
-        (rc = ks_cli_rollout_open(o->db, 0, &db)) != EX_OK) {
-        return rc;
-    }
-    ks_err e = ks_rollout_db_record_verify(db, r.id, actor, (int64_t)time(NULL));
-    ks_rollout_db_close(db);
+    int64_t now = (int64_t)time(NULL);
+    ks_err e = r->scope == KS_SCOPE_KEY
+                   ? ks_rollout_db_record_verify_column(db, r->id, o->table, o->column, actor, now)
+                   : ks_rollout_db_record_verify(db, r->id, actor, now);
     if (e != KS_OK) {
-        ks_cli_error("verify passed but was not recorded for the rollout of %s.%s: %s", o->table,
-                     o->column, ks_err_name(e));
+        ks_cli_error("verify passed but was not recorded for rollout %lld (%s.%s): %s",
+                     (long long)r->id, o->table, o->column, ks_err_name(e));
         return ks_cli_exit_code(e);
     }
-    fprintf(stderr, KS_PROG ": verify pass recorded for rollout %lld (backfill): it may now be "
-            "finalized with 'keyshift rollout advance'\n", (long long)r.id);
+    if (r->scope == KS_SCOPE_KEY) {
+        fprintf(stderr, KS_PROG ": verify pass recorded for rollout %lld (backfill, key %s) "
+                "for %s.%s: it may be finalized once every column it lists is verified\n",
+                (long long)r->id, r->source.key_id, o->table, o->column);
+    } else {
+        fprintf(stderr, KS_PROG ": verify pass recorded for rollout %lld (backfill): it may now "
+                "be finalized with 'keyshift rollout advance'\n", (long long)r->id);
+    }
     return EX_OK;
+}
+
+/* After a complete verify that found no failure: record the pass in each
+ * rollout in backfill that governs the column (its own, or a key-scoped
+ * one for its key_id), so that it may be finalized.  Looked up read-only
+ * first, so a database without rollouts is not changed. */
+static int record_verify(const mig_opts *o)
+{
+    ks_rollout_db *db = NULL;
+    ks_rollout *rs = NULL;
+    size_t n = 0;
+    char actor[KS_ROLLOUT_ACTOR_MAX + 1];
+    int rc = covering_rollouts(o, &rs, &n);
+    for (size_t i = 0; rc == EX_OK && i < n; i++) {
+        const ks_rollout *r = &rs[i];
+        const char *key = r->scope == KS_SCOPE_KEY ? r->source.key_id : NULL;
+        if (r->phase != KS_PHASE_BACKFILL ||
+            ks_rollout_scope_find(rs, n, o->table, o->column, key) != r) {
+            continue;
+        }
+        if (db == NULL && ((rc = ks_cli_actor("migrate verify", NULL, actor, sizeof actor)) !=
+                               EX_OK ||
+                           (rc = ks_cli_rollout_open(o->db, 0, &db)) != EX_OK)) {
+            break;
+        }
+        rc = record_one(db, o, r, actor);
+    }
+    ks_rollout_db_close(db);
+    free(rs);
+    return rc;
 }
 
 /* `migrate verify`. */

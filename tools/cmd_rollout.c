@@ -30,7 +30,8 @@
 static void usage(FILE *f)
 {
     fputs("NAME\n"
-          "    keyshift rollout - move a column from a source to a target in guarded phases\n"
+          "    keyshift rollout - move a column, or a key's envelopes, from a source to a\n"
+          "    target in guarded phases\n"
           "\n"
           "SYNOPSIS\n"
           "    keyshift rollout start --db FILE --table T --column C --source CLASS\n"
@@ -39,6 +40,8 @@ static void usage(FILE *f)
           "        [--max-provider-error-rate R] [--max-seal-p99-us N]\n"
           "        [--max-open-p99-us N] [--min-samples N] [--window DUR]\n"
           "        [--actor A] [--reason TEXT] [--json]\n"
+          "    keyshift rollout start --db FILE --key-id K --columns T.C[,T2.C2...]\n"
+          "        --source CLASS --target CLASS [the options above]\n"
           "    keyshift rollout advance --db FILE [SELECT] [--tenants a,b | --percent N |\n"
           "        --all] [--keyring FILE] [--passphrase-file FILE] [--actor A]\n"
           "        [--reason TEXT] [--json]\n"
@@ -53,17 +56,28 @@ static void usage(FILE *f)
           "    keyshift rollout metrics --db FILE [SELECT] --prometheus | --json\n"
           "    keyshift rollout readers --db FILE [--reader-ttl DUR] [--json]\n"
           "\n"
-          "    SELECT is --rollout ID, or --table T --column C (the latest rollout of\n"
-          "    that column). Without it the database must hold exactly one rollout;\n"
-          "    when it holds several, the command lists them and exits 64.\n"
+          "    SELECT is --rollout ID, --table T --column C (the latest rollout of\n"
+          "    that column), or --key-id K (the latest key-scoped rollout of key K).\n"
+          "    Without it the database must hold exactly one rollout; when it holds\n"
+          "    several, the command lists them and exits 64.\n"
           "\n"
           "DESCRIPTION\n"
-          "    A rollout moves column C of table T from a SOURCE to a TARGET through\n"
+          "    A rollout moves a scope from a SOURCE to a TARGET through\n"
           "    the phases planned -> read-compat -> write-upgrade -> backfill ->\n"
           "    finalized. Applications (ks_policy) read the phase from the database:\n"
           "    what they write and what they may read follows it. Every transition\n"
           "    is checked by a guard inside one database transaction and logged\n"
           "    with time, actor and reason (docs/rollout.md).\n"
+          "\n"
+          "    The scope is column C of table T (every value in it), or key K: every\n"
+          "    envelope of key id K in the listed columns (--columns T.C,T2.C2, up to\n"
+          "    16; names holding ',' or '.' cannot be listed). A key scope's source is\n"
+          "    an envelope class of key K (plaintext has no key id) and its target\n"
+          "    keeps key K (another version, format or algorithm); its census guards\n"
+          "    count every listed column, and it is finalized only when each column\n"
+          "    has a complete 'migrate verify' since backfill began. A key scope and\n"
+          "    a column scope that share a column cannot both be open (exit 65,\n"
+          "    naming the other rollout); key scopes of different keys may share.\n"
           "\n"
           "    CLASS is 'plaintext' (source only) or vF:ALG:KEY_ID:VERSION, e.g.\n"
           "    v2:xchacha20-poly1305:payments/kek:2 -- format 1 or 2, algorithm\n"
@@ -71,7 +85,9 @@ static void usage(FILE *f)
           "    the version follows the last ':'), key version. DUR is seconds, or a\n"
           "    number with s, m, h or d (300, 300s, 5m, 1h).\n"
           "\n"
-          "    start     creates the rollout in planned and prints its id. Defaults:\n"
+          "    start     creates the rollout in planned and prints its id (a column\n"
+          "              scope with --table and --column, a key scope with --key-id\n"
+          "              and --columns). Defaults:\n"
           "              --min-soak 300 s (least time in read-compat before\n"
           "              write-upgrade, for the phase to reach every host),\n"
           "              --reader-ttl 60 s (a reader is live while its heartbeat is\n"
@@ -89,7 +105,8 @@ static void usage(FILE *f)
           "                write-upgrade -> backfill: the health of the window is ok;\n"
           "                backfill -> finalized: the census shows 0 rows at the\n"
           "                  source and 'migrate verify' passed since backfill\n"
-          "                  began. With a keyring and an envelope source, the source\n"
+          "                  began (of every listed column, for a key scope; the\n"
+          "                  refusal names those without). With a keyring and an envelope source, the source\n"
           "                  key version then becomes decrypt-only (not when it is\n"
           "                  also the target's, as in a format upgrade); this is\n"
           "                  refused while it is its key's primary (promote the\n"
@@ -102,9 +119,11 @@ static void usage(FILE *f)
           "              can read the source again.\n"
           "    canary    changes who writes the target in write-upgrade: a tenant\n"
           "              list, a percentage by a stable hash of the tenant, or all.\n"
-          "    status    phase and time in it, source and target, canary, readers\n"
+          "    status    scope (a key scope's columns and their verify times),\n"
+          "              phase and time in it, source and target, canary, readers\n"
           "              (live or expired, and whether each supports the target),\n"
-          "              census against source and target, health against the\n"
+          "              census against source and target (each column of a key\n"
+          "              scope, and the sum), health against the\n"
           "              thresholds, the last 10 log entries. Read-only.\n"
           "    log       the append-only log (time, actor, from, to, reason,\n"
           "              automatic); --limit N shows the last N entries.\n"
@@ -114,7 +133,8 @@ static void usage(FILE *f)
           "              the rollout back to read-compat, logged as automatic with\n"
           "              the tripped checks as reason. For cron and monitoring.\n"
           "    metrics   the window as Prometheus text (labels rollout, table,\n"
-          "              column, phase) or as JSON.\n"
+          "              column, phase; key_id for a key scope, whose table and\n"
+          "              column are empty) or as JSON.\n"
           "    readers   the reader registry: instance, library version, format,\n"
           "              held keys, heartbeat age, live or not (--reader-ttl,\n"
           "              default 60 s).\n"
@@ -124,6 +144,9 @@ static void usage(FILE *f)
           "    --rollout ID           the rollout\n"
           "    --table T, --column C  the column (start: the scope; else: select its\n"
           "                           latest rollout)\n"
+          "    --key-id K             the key (start: a key scope, with --columns; else:\n"
+          "                           select its latest key-scoped rollout)\n"
+          "    --columns T.C,T2.C2    start: the columns of a key scope\n"
           "    --source, --target     the classes (start)\n"
           "    --tenants a,b          canary: only these tenants (up to 64)\n"
           "    --percent N            canary: tenants whose hash bucket is below N %\n"
@@ -146,7 +169,7 @@ static void usage(FILE *f)
           "    3   check: too few samples in the window for a verdict\n"
           "    64  usage error, or several rollouts and none selected\n"
           "    65  refused: no such transition (e.g. rollback from planned), or the\n"
-          "        column already has a rollout that is not finalized\n"
+          "        scope already has, or overlaps, a rollout that is not finalized\n"
           "    66  no such database, table, column or rollout\n"
           "    69  key provider unavailable\n"
           "    74  database error\n"
@@ -169,13 +192,20 @@ static void usage(FILE *f)
           "    keyshift migrate run --db shop.db --table payments --column card \\\n"
           "        --mode rewrap --to-key payments/kek:2\n"
           "    keyshift migrate verify --db shop.db --table payments --column card\n"
-          "    keyshift rollout advance --db shop.db           # -> finalized\n",
+          "    keyshift rollout advance --db shop.db           # -> finalized\n"
+          "    # rotate every payments/kek envelope of two columns at once:\n"
+          "    keyshift rollout start --db shop.db --key-id payments/kek \\\n"
+          "        --columns payments.card,refunds.card \\\n"
+          "        --source v2:xchacha20-poly1305:payments/kek:2 \\\n"
+          "        --target v2:xchacha20-poly1305:payments/kek:3\n"
+          "    keyshift rollout status --db shop.db --key-id payments/kek\n",
           f);
 }
 
 /* Every option of the subcommands; each says which it accepts. */
 typedef struct ro_opts {
-    const char *db, *rollout, *table, *column, *source, *target, *min_soak, *reader_ttl;
+    const char *db, *rollout, *table, *column, *key_id, *columns, *source, *target, *min_soak;
+    const char *reader_ttl;
     const char *max_auth, *max_parse, *max_provider, *max_seal, *max_open, *min_samples;
     const char *window, *actor, *reason, *tenants, *percent, *keyring, *passfile, *limit;
     int all, json, prometheus, auto_rollback;
@@ -194,6 +224,8 @@ static int parse(const char *cmd, int argc, char **argv, const char *allowed, ro
         {"--rollout", &o->rollout, NULL},
         {"--table", &o->table, NULL},
         {"--column", &o->column, NULL},
+        {"--key-id", &o->key_id, NULL},
+        {"--columns", &o->columns, NULL},
         {"--source", &o->source, NULL},
         {"--target", &o->target, NULL},
         {"--min-soak", &o->min_soak, NULL},
@@ -423,25 +455,39 @@ static void canary_str(const ks_rollout_canary *c, char *out, size_t cap)
 static void list_rollouts(const ks_rollout *rs, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        fprintf(stderr, "    --rollout %-6" PRId64 " %s.%s (%s)\n", rs[i].id, rs[i].table,
-                rs[i].column, ks_rollout_phase_name((int)rs[i].phase));
+        char scope[KS_ROLLOUT_SCOPE_TEXT_MAX];
+        fprintf(stderr, "    --rollout %-6" PRId64 " %s (%s)\n", rs[i].id,
+                ks_rollout_scope_text(&rs[i], scope, sizeof scope),
+                ks_rollout_phase_name((int)rs[i].phase));
     }
 }
 
 /*
  * The rollout the options select: --rollout ID, or the latest of --table
- * and --column, or the only rollout of the database.  Returns EX_OK, or
- * an exit code after saying what is missing (EX_USAGE listing them when
+ * and --column (column-scoped), or the latest key-scoped rollout of
+ * --key-id, or the only rollout of the database.  Returns EX_OK, or an
+ * exit code after saying what is missing (EX_USAGE listing them when
  * several exist and none was selected).
  */
 static int select_rollout(const char *cmd, ks_rollout_db *db, const ro_opts *o, ks_rollout *out)
 {
     ks_err e;
-    if (o->rollout != NULL) {
-        size_t id;
-        if (o->table != NULL || o->column != NULL) {
-            return ks_cli_usage_error(cmd, "give --rollout or --table and --column, not both");
+    int ways = (o->rollout != NULL) + (o->table != NULL || o->column != NULL) + (o->key_id != NULL);
+    if (ways > 1) {
+        return ks_cli_usage_error(cmd, "give one of --rollout, --table and --column, or --key-id");
+    }
+    if (o->key_id != NULL) {
+        e = ks_rollout_db_latest_key(db, o->key_id, out);
+        if (e == KS_ERR_INVALID_ARGUMENT) {
+            return ks_cli_usage_error(cmd, "--key-id must be a valid key id (docs/format.md "
+                                           "[F-KEYID-1])");
         }
+        if (e == KS_ERR_NO_ROLLOUT) {
+            ks_cli_error("no key-scoped rollout of %s in %s; start one with 'keyshift rollout "
+                         "start --key-id'", o->key_id, o->db);
+        }
+    } else if (o->rollout != NULL) {
+        size_t id;
         if (ks_cli_parse_size(o->rollout, 1, INT64_MAX, &id) != 0) {
             return ks_cli_usage_error(cmd, "--rollout must be a rollout id (a number from 1)");
         }
@@ -472,9 +518,10 @@ static int select_rollout(const char *cmd, ks_rollout_db *db, const ro_opts *o, 
             list_rollouts(rs, n);
             if (n == 8) {
                 fprintf(stderr, "    ... (and maybe more: 'keyshift rollout status "
-                                "--table T --column C')\n");
+                                "--table T --column C' or '--key-id K')\n");
             }
-            return ks_cli_usage_error(cmd, "give --rollout ID or --table T --column C");
+            return ks_cli_usage_error(cmd, "give --rollout ID, --table T --column C or "
+                                           "--key-id K");
         }
         if (e == KS_OK) {
             *out = rs[0];
@@ -501,23 +548,33 @@ static int open_selected(const char *cmd, const ro_opts *o, int read_only, ks_ro
 
 /* ---- facts ------------------------------------------------------------------------- */
 
-/* The census of a rollout's scope, against its source and target. */
+/* The counts of one column against a rollout's source and target. */
+typedef struct census_counts {
+    uint64_t rows, null_rows, at_source, at_target, other;
+} census_counts;
+
+/* The census of a rollout's scope, against its source and target: the
+ * sums (the census guards count over every column of a key scope), and
+ * each column of a key scope. */
 typedef struct scope_census {
     int known;
     uint64_t rows, null_rows, at_source, at_target, other;
+    size_t n_cols;
+    census_counts cols[KS_ROLLOUT_COLUMNS_MAX];
 } scope_census;
 
-/* Count r's scope: rows at the source (plaintext rows for a plaintext
- * source), at the target, and the rest (other classes, malformed). */
-static int census_of(const char *path, const ks_rollout *r, scope_census *out)
+/* Count table.column against r: rows at the source (plaintext rows for a
+ * plaintext source), at the target, and the rest (other classes, other
+ * keys, malformed). */
+static int count_column(const char *path, const ks_rollout *r, const char *table,
+                        const char *column, census_counts *out)
 {
     ks_census c;
     memset(out, 0, sizeof *out);
-    int rc = ks_cli_census(path, r->table, r->column, &c);
+    int rc = ks_cli_census(path, table, column, &c);
     if (rc != EX_OK) {
         return rc;
     }
-    out->known = 1;
     out->rows = c.rows;
     out->null_rows = c.null_rows;
     out->at_source = r->source.is_plaintext ? c.plaintext_rows : 0;
@@ -537,6 +594,31 @@ static int census_of(const char *path, const ks_rollout *r, scope_census *out)
     }
     out->other = c.rows - c.null_rows - out->at_source - out->at_target;
     ks_census_free(&c);
+    return EX_OK;
+}
+
+/* Count r's scope: its column, or each column of a key scope (summed). */
+static int census_of(const char *path, const ks_rollout *r, scope_census *out)
+{
+    memset(out, 0, sizeof *out);
+    size_t n = r->scope == KS_SCOPE_KEY ? r->n_columns : 1;
+    for (size_t i = 0; i < n && i < KS_ROLLOUT_COLUMNS_MAX; i++) {
+        census_counts *k = &out->cols[i];
+        int rc = r->scope == KS_SCOPE_KEY
+                     ? count_column(path, r, r->columns[i].table, r->columns[i].column, k)
+                     : count_column(path, r, r->table, r->column, k);
+        if (rc != EX_OK) {
+            memset(out, 0, sizeof *out);
+            return rc;
+        }
+        out->rows += k->rows;
+        out->null_rows += k->null_rows;
+        out->at_source += k->at_source;
+        out->at_target += k->at_target;
+        out->other += k->other;
+    }
+    out->known = 1;
+    out->n_cols = r->scope == KS_SCOPE_KEY ? n : 0;
     return EX_OK;
 }
 
@@ -721,6 +803,49 @@ static void print_health(const ks_health_sample *sum, const ks_health_verdict *v
     }
 }
 
+/* Print a rollout's scope: JSON members (no braces: "scope", then
+ * "table" and "column", or "key_id" and "columns" with each column's
+ * verify time), or lines. */
+static void print_scope(const ks_rollout *r, int json)
+{
+    if (r->scope == KS_SCOPE_COLUMN) {
+        if (json) {
+            printf("\"scope\":\"column\",\"table\":");
+            put_str(r->table);
+            printf(",\"column\":");
+            put_str(r->column);
+        } else {
+            printf("scope        %s.%s\n", r->table, r->column);
+        }
+        return;
+    }
+    if (json) {
+        printf("\"scope\":\"key\",\"key_id\":");
+        put_str(r->source.key_id);
+        printf(",\"columns\":[");
+    } else {
+        printf("scope        key %s, %zu columns\n", r->source.key_id, r->n_columns);
+    }
+    for (size_t i = 0; i < r->n_columns; i++) {
+        const ks_rollout_column *c = &r->columns[i];
+        if (json) {
+            printf("%s{\"table\":", i > 0 ? "," : "");
+            put_str(c->table);
+            printf(",\"column\":");
+            put_str(c->column);
+            printf(",\"verified_at\":%" PRId64 "}", c->verified_at);
+        } else {
+            char verified[32];
+            ks_cli_format_time(c->verified_at, verified, sizeof verified);
+            printf("  column     %s.%s (verified %s)\n", c->table, c->column,
+                   verified[0] ? verified : "-");
+        }
+    }
+    if (json) {
+        printf("]");
+    }
+}
+
 /* Print a rollout's fields: JSON members (no braces), or lines. */
 static void print_rollout(const ks_rollout *r, int64_t now, int json)
 {
@@ -732,10 +857,8 @@ static void print_rollout(const ks_rollout *r, int64_t now, int json)
     canary_str(&r->canary, canary, sizeof canary);
     const char *phase = ks_rollout_phase_name((int)r->phase);
     if (json) {
-        printf("\"rollout\":%" PRId64 ",\"table\":", r->id);
-        put_str(r->table);
-        printf(",\"column\":");
-        put_str(r->column);
+        printf("\"rollout\":%" PRId64 ",", r->id);
+        print_scope(r, 1);
         printf(",\"phase\":\"%s\",\"phase_since\":%" PRId64 ",\"in_phase_s\":%" PRId64
                ",\"source\":", phase, r->phase_since, now - r->phase_since);
         put_str(src);
@@ -749,11 +872,14 @@ static void print_rollout(const ks_rollout *r, int64_t now, int json)
     }
     char verified[32];
     ks_cli_format_time(r->verified_at, verified, sizeof verified);
-    printf("rollout      %" PRId64 "\nscope        %s.%s\nphase        %s since %s (%" PRId64
-           " s)\nsource       %s\ntarget       %s\ncanary       %s\nmin soak     %" PRIu32
-           " s\nreader TTL   %" PRIu32 " s\nverified     %s\n",
-           r->id, r->table, r->column, phase, since, now - r->phase_since, src, dst, canary,
-           r->min_soak_s, r->reader_ttl_s, verified[0] ? verified : "-");
+    printf("rollout      %" PRId64 "\n", r->id);
+    print_scope(r, 0);
+    printf("phase        %s since %s (%" PRId64 " s)\nsource       %s\ntarget       %s\n"
+           "canary       %s\nmin soak     %" PRIu32 " s\nreader TTL   %" PRIu32 " s\n",
+           phase, since, now - r->phase_since, src, dst, canary, r->min_soak_s, r->reader_ttl_s);
+    if (r->scope == KS_SCOPE_COLUMN) {
+        printf("verified     %s\n", verified[0] ? verified : "-");
+    }
 }
 
 /* Report the outcome of a transition attempt; returns the exit code. */
@@ -844,12 +970,50 @@ static int parse_thresholds(const char *cmd, const ro_opts *o, ks_thresholds *t)
     return EX_OK;
 }
 
-/* Build the spec of `start` from the options. */
-static int start_spec(const char *cmd, const ro_opts *o, ks_rollout *s)
+/* Parse --columns T.C,T2.C2 into s's list (each split at its first '.';
+ * names are checked against the schema by the store). */
+static int parse_columns(const char *cmd, const char *list, ks_rollout *s)
 {
-    memset(s, 0, sizeof *s);
-    if (o->table == NULL || o->column == NULL || o->source == NULL || o->target == NULL) {
-        return ks_cli_usage_error(cmd, "--table, --column, --source and --target are required");
+    const char *p = list;
+    s->n_columns = 0;
+    for (;;) {
+        const char *comma = strchr(p, ',');
+        size_t n = comma != NULL ? (size_t)(comma - p) : strlen(p);
+        const char *dot = memchr(p, '.', n);
+        if (s->n_columns == KS_ROLLOUT_COLUMNS_MAX || dot == NULL || dot == p ||
+            dot + 1 == p + n || (size_t)(dot - p) > KS_ROLLOUT_IDENT_MAX ||
+            (size_t)(p + n - dot - 1) > KS_ROLLOUT_IDENT_MAX) {
+            return ks_cli_usage_error(cmd, "--columns must be 1 to %d TABLE.COLUMN names joined "
+                                           "by ',' (names of at most %d bytes)",
+                                      KS_ROLLOUT_COLUMNS_MAX, KS_ROLLOUT_IDENT_MAX);
+        }
+        ks_rollout_column *c = &s->columns[s->n_columns++];
+        memcpy(c->table, p, (size_t)(dot - p));
+        c->table[dot - p] = '\0';
+        memcpy(c->column, dot + 1, (size_t)(p + n - dot - 1));
+        c->column[p + n - dot - 1] = '\0';
+        if (comma == NULL) {
+            return EX_OK;
+        }
+        p = comma + 1;
+    }
+}
+
+/* The scope of `start`: --table and --column, or --key-id and --columns
+ * (the key_id must then be the source's and the target's). */
+static int start_scope(const char *cmd, const ro_opts *o, ks_rollout *s)
+{
+    if (o->key_id != NULL || o->columns != NULL) {
+        if (o->key_id == NULL || o->columns == NULL || o->table != NULL || o->column != NULL) {
+            return ks_cli_usage_error(cmd, "a key scope is --key-id K --columns T.C[,T2.C2...], "
+                                           "without --table and --column");
+        }
+        s->scope = KS_SCOPE_KEY;
+        return parse_columns(cmd, o->columns, s);
+    }
+    if (o->table == NULL || o->column == NULL) {
+        return ks_cli_usage_error(cmd, "--table and --column (or --key-id and --columns) are "
+                                       "required");
     }
     if (strlen(o->table) > KS_ROLLOUT_IDENT_MAX || strlen(o->column) > KS_ROLLOUT_IDENT_MAX) {
         return ks_cli_usage_error(cmd, "table and column names are at most %d bytes",
@@ -857,6 +1021,20 @@ static int start_spec(const char *cmd, const ro_opts *o, ks_rollout *s)
     }
     memcpy(s->table, o->table, strlen(o->table) + 1);
     memcpy(s->column, o->column, strlen(o->column) + 1);
+    return EX_OK;
+}
+
+/* Build the spec of `start` from the options. */
+static int start_spec(const char *cmd, const ro_opts *o, ks_rollout *s)
+{
+    memset(s, 0, sizeof *s);
+    int rc = start_scope(cmd, o, s);
+    if (rc != EX_OK) {
+        return rc;
+    }
+    if (o->source == NULL || o->target == NULL) {
+        return ks_cli_usage_error(cmd, "--source and --target are required");
+    }
     if (parse_class(o->source, 1, &s->source) != 0) {
         return ks_cli_usage_error(cmd, "--source must be plaintext or vF:ALG:KEY_ID:VERSION, "
                                        "e.g. v2:xchacha20-poly1305:payments/kek:1");
@@ -867,6 +1045,15 @@ static int start_spec(const char *cmd, const ro_opts *o, ks_rollout *s)
     }
     if (ks_rollout_class_equal(&s->source, &s->target)) {
         return ks_cli_usage_error(cmd, "--source and --target are the same class");
+    }
+    if (s->scope == KS_SCOPE_KEY && s->source.is_plaintext) {
+        return ks_cli_usage_error(cmd, "a key scope needs an envelope --source: plaintext has "
+                                       "no key_id");
+    }
+    if (s->scope == KS_SCOPE_KEY && (strcmp(s->source.key_id, o->key_id) != 0 ||
+                                     strcmp(s->target.key_id, o->key_id) != 0)) {
+        return ks_cli_usage_error(cmd, "--key-id %s must be the key id of --source and --target "
+                                       "(a key-scoped rollout keeps its key_id)", o->key_id);
     }
     s->min_soak_s = DEFAULT_MIN_SOAK_S;
     s->reader_ttl_s = DEFAULT_READER_TTL_S;
@@ -888,7 +1075,7 @@ static int cmd_start(int argc, char **argv)
     ro_opts o;
     int rc;
     if (parse(cmd, argc, argv,
-              "--table --column --source --target --min-soak --reader-ttl "
+              "--table --column --key-id --columns --source --target --min-soak --reader-ttl "
               "--max-auth-failure-rate --max-parse-error-rate --max-provider-error-rate "
               "--max-seal-p99-us --max-open-p99-us --min-samples --window --actor --reason",
               &o, &rc)) {
@@ -905,10 +1092,11 @@ static int cmd_start(int argc, char **argv)
     int64_t id = 0, now = (int64_t)time(NULL);
     char msg[512] = "";
     ks_err e = ks_rollout_db_start(db, &s, o.actor_buf, now, &id, msg, sizeof msg);
+    char scope[KS_ROLLOUT_SCOPE_TEXT_MAX];
+    ks_rollout_scope_text(&s, scope, sizeof scope);
     if (e != KS_OK) {
         ks_rollout_db_close(db);
-        ks_cli_error("cannot start a rollout of %s.%s: %s", o.table, o.column,
-                     msg[0] ? msg : ks_err_name(e));
+        ks_cli_error("cannot start a rollout of %s: %s", scope, msg[0] ? msg : ks_err_name(e));
         return ks_cli_exit_code(e);
     }
     if (o.reason != NULL && o.reason[0] != '\0' &&
@@ -922,9 +1110,9 @@ static int cmd_start(int argc, char **argv)
     } else {
         printf("%" PRId64 "\n", id);
         char src[CLASS_TEXT_MAX], dst[CLASS_TEXT_MAX];
-        fprintf(stderr, KS_PROG ": rollout %" PRId64 " of %s.%s is planned: %s -> %s; next: "
-                "'keyshift rollout advance --db %s --rollout %" PRId64 "'\n", id, s.table,
-                s.column, class_str(&s.source, src, sizeof src),
+        fprintf(stderr, KS_PROG ": rollout %" PRId64 " of %s is planned: %s -> %s; next: "
+                "'keyshift rollout advance --db %s --rollout %" PRId64 "'\n", id, scope,
+                class_str(&s.source, src, sizeof src),
                 class_str(&s.target, dst, sizeof dst), o.db, id);
     }
     return EX_OK;
@@ -1411,9 +1599,13 @@ static int on_log(const char *cmd, const ro_opts *o, ks_rollout_db *db, const ks
     if ((rc = read_log(db, r->id, &es, &n)) == EX_OK) {
         size_t first = n > limit ? n - limit : 0;
         if (o->json) {
-            printf("{\"rollout\":%" PRId64 ",\"log\":[", r->id);
+            printf("{\"rollout\":%" PRId64 ",", r->id);
+            print_scope(r, 1);
+            printf(",\"log\":[");
         } else {
-            printf("log of rollout %" PRId64 " (%s.%s)\n", r->id, r->table, r->column);
+            char scope[KS_ROLLOUT_SCOPE_TEXT_MAX];
+            printf("log of rollout %" PRId64 " (%s)\n", r->id,
+                   ks_rollout_scope_text(r, scope, sizeof scope));
         }
         print_log(es + first, n - first, o->json);
         if (o->json) {
@@ -1426,26 +1618,52 @@ static int on_log(const char *cmd, const ro_opts *o, ks_rollout_db *db, const ks
 
 /* ---- status --------------------------------------------------------------------------- */
 
-/* Print the census of the scope (JSON member value, or a line). */
-static void print_census(const scope_census *c, int json)
+/* Print the counts of one column or of the scope: a JSON object (no
+ * closing brace), or a line after label. */
+static void print_counts(const census_counts *k, int json, const char *label)
 {
     if (json) {
-        if (!c->known) {
-            fputs("null", stdout);
-            return;
-        }
         printf("{\"rows\":%" PRIu64 ",\"null\":%" PRIu64 ",\"at_source\":%" PRIu64
-               ",\"at_target\":%" PRIu64 ",\"other\":%" PRIu64 "}", c->rows, c->null_rows,
-               c->at_source, c->at_target, c->other);
+               ",\"at_target\":%" PRIu64 ",\"other\":%" PRIu64, k->rows, k->null_rows,
+               k->at_source, k->at_target, k->other);
         return;
     }
+    printf("%s%" PRIu64 " rows: %" PRIu64 " at the source, %" PRIu64 " at the target, %" PRIu64
+           " other, %" PRIu64 " NULL\n", label, k->rows, k->at_source, k->at_target, k->other,
+           k->null_rows);
+}
+
+/* Print the census of r's scope (JSON member value, or lines): the sums,
+ * then, for a key scope, each column ("columns" in JSON). */
+static void print_census(const ks_rollout *r, const scope_census *c, int json)
+{
     if (!c->known) {
-        printf("census       unavailable (see the error above)\n");
+        fputs(json ? "null" : "census       unavailable (see the error above)\n", stdout);
         return;
     }
-    printf("census       %" PRIu64 " rows: %" PRIu64 " at the source, %" PRIu64
-           " at the target, %" PRIu64 " other, %" PRIu64 " NULL\n", c->rows, c->at_source,
-           c->at_target, c->other, c->null_rows);
+    census_counts total = {c->rows, c->null_rows, c->at_source, c->at_target, c->other};
+    print_counts(&total, json, "census       ");
+    if (json && c->n_cols > 0) {
+        printf(",\"columns\":[");
+    }
+    for (size_t i = 0; i < c->n_cols; i++) {
+        char label[2 * KS_ROLLOUT_IDENT_MAX + 16];
+        snprintf(label, sizeof label, "  %s.%s: ", r->columns[i].table, r->columns[i].column);
+        if (json) {
+            printf("%s", i > 0 ? "," : "");
+            print_counts(&c->cols[i], 1, NULL);
+            printf(",\"table\":");
+            put_str(r->columns[i].table);
+            printf(",\"column\":");
+            put_str(r->columns[i].column);
+            printf("}");
+        } else {
+            print_counts(&c->cols[i], 0, label);
+        }
+    }
+    if (json) {
+        printf("%s}", c->n_cols > 0 ? "]" : "");
+    }
 }
 
 /* Print everything status shows about r. */
@@ -1475,7 +1693,7 @@ static int print_status(const ro_opts *o, ks_rollout_db *db, const ks_rollout *r
         printf("{");
         print_rollout(r, now, 1);
         printf(",\"census\":");
-        print_census(&c, 1);
+        print_census(r, &c, 1);
         printf(",\"health\":");
         print_health(&sum, &v, &r->thresholds, 1);
         printf(",\"readers\":[");
@@ -1485,7 +1703,7 @@ static int print_status(const ro_opts *o, ks_rollout_db *db, const ks_rollout *r
         printf("]}\n");
     } else {
         print_rollout(r, now, 0);
-        print_census(&c, 0);
+        print_census(r, &c, 0);
         print_health(&sum, &v, &r->thresholds, 0);
         print_readers(rs, nr, now, r->reader_ttl_s, &r->target, 0);
         printf("log          last %zu of %zu entries\n", ne - first, ne);
@@ -1559,7 +1777,9 @@ static int on_check(const char *cmd, const ro_opts *o, ks_rollout_db *db, const 
         print_health(&sum, &v, &r->thresholds, 1);
         printf("}\n");
     } else {
-        printf("rollout %" PRId64 " (%s.%s, %s): %s\n", r->id, r->table, r->column,
+        char scope[KS_ROLLOUT_SCOPE_TEXT_MAX];
+        printf("rollout %" PRId64 " (%s, %s): %s\n", r->id,
+               ks_rollout_scope_text(r, scope, sizeof scope),
                ks_rollout_phase_name((int)r->phase), result[rc]);
         if (v.status == KS_HEALTH_TRIPPED) {
             printf("tripped      %s\n", tripped);
@@ -1574,7 +1794,7 @@ static int on_check(const char *cmd, const ro_opts *o, ks_rollout_db *db, const 
 /* Append name="value" (escaped) to labels[0, cap) at *used. */
 static int add_label(char *labels, size_t cap, size_t *used, const char *name, const char *value)
 {
-    char esc[2 * KS_ROLLOUT_IDENT_MAX + 2];
+    char esc[2 * KS_KEY_ID_MAX + 2]; /* the longest value: a key id */
     size_t n;
     if (ks_health_prometheus_label_escape(value, esc, sizeof esc, &n) != KS_OK) {
         return -1;
@@ -1591,12 +1811,14 @@ static int add_label(char *labels, size_t cap, size_t *used, const char *name, c
 static int print_prometheus(const ks_rollout *r, const ks_health_sample *sum,
                             const ks_health_verdict *v)
 {
-    char labels[4 * (2 * KS_ROLLOUT_IDENT_MAX + 16)], id[24];
+    char labels[4 * (2 * KS_ROLLOUT_IDENT_MAX + 16) + 2 * KS_KEY_ID_MAX + 16], id[24];
     size_t used = 0, len = 0;
     snprintf(id, sizeof id, "%" PRId64, r->id);
     if (add_label(labels, sizeof labels, &used, "rollout", id) != 0 ||
         add_label(labels, sizeof labels, &used, "table", r->table) != 0 ||
         add_label(labels, sizeof labels, &used, "column", r->column) != 0 ||
+        (r->scope == KS_SCOPE_KEY &&
+         add_label(labels, sizeof labels, &used, "key_id", r->source.key_id) != 0) ||
         add_label(labels, sizeof labels, &used, "phase", ks_rollout_phase_name((int)r->phase)) != 0) {
         ks_cli_error("cannot build the metric labels");
         return EX_SOFTWARE;
@@ -1678,7 +1900,8 @@ static int run_on_rollout(size_t i, int argc, char **argv)
     ro_opts o;
     int rc;
     snprintf(cmd, sizeof cmd, "rollout %s", on_rollout_cmds[i].name);
-    snprintf(allowed, sizeof allowed, "--rollout --table --column %s", on_rollout_cmds[i].options);
+    snprintf(allowed, sizeof allowed, "--rollout --table --column --key-id %s",
+             on_rollout_cmds[i].options);
     if (parse(cmd, argc, argv, allowed, &o, &rc)) {
         return rc;
     }

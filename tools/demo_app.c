@@ -47,6 +47,7 @@ static void usage(FILE *f)
           "    keyshift-demo-app --db FILE --table T --column C [--id-column I]\n"
           "        --tenant-column COL --context TEMPLATE --purpose P --instance NAME\n"
           "        --keyring FILE [--passphrase-file FILE] [--max-format 1|2]\n"
+          "        [--key-id K]\n"
           "        [--ops N | --seconds S] [--write-percent P] [--rate N] [--seed N]\n"
           "        [--reload-ms MS] [--json]\n"
           "\n"
@@ -73,7 +74,10 @@ static void usage(FILE *f)
           "           (format, algorithm, key_id, key_version). When no rollout\n"
           "           governs the column the value keeps its current form: a\n"
           "           plaintext stays plaintext, an envelope is sealed again in its\n"
-          "           own class; a NULL or unreadable value is not written.\n"
+          "           own class; a NULL or unreadable value is not written. With\n"
+          "           --key-id K the instance seals under key K by default and asks\n"
+          "           the policy by key (ks_policy_write_target_key), as a column\n"
+          "           that a key-scoped rollout covers requires.\n"
           "\n"
           "    Every MS milliseconds (--reload-ms) it reopens the keyring when the\n"
           "    file changed (a new provider and context: versions the operator\n"
@@ -112,6 +116,8 @@ static void usage(FILE *f)
           "    --passphrase-file FILE keyring passphrase (default: $KEYSHIFT_PASSPHRASE)\n"
           "    --max-format 1|2       the highest envelope format this instance reads\n"
           "          and registers (default 2)\n"
+          "    --key-id K             the key it writes with: ask what to write for K\n"
+          "          (needed where a key-scoped rollout covers the column)\n"
           "    --ops N                stop after N operations\n"
           "    --seconds S            stop after S seconds\n"
           "    --write-percent P      percent of operations that also write (0..100,\n"
@@ -196,7 +202,7 @@ typedef struct stats {
 typedef struct app_opts {
     const char *db, *table, *column, *id_column, *tenant_column, *context, *purpose;
     const char *instance, *keyring, *passfile, *max_format, *ops, *seconds, *write_percent;
-    const char *rate, *seed, *reload_ms;
+    const char *rate, *seed, *reload_ms, *key_id;
     int json;
 } app_opts;
 
@@ -809,7 +815,10 @@ static void run_op(app *a)
     ks_rollout_class c;
     ks_err e = KS_ERR_NOT_FOUND;
     if (write) {
-        e = ks_policy_write_target(a->policy, a->o.table, a->o.column, tenant, &c);
+        e = a->o.key_id != NULL
+                ? ks_policy_write_target_key(a->policy, a->o.table, a->o.column, a->o.key_id,
+                                             tenant, &c)
+                : ks_policy_write_target(a->policy, a->o.table, a->o.column, tenant, &c);
         if (e == KS_ERR_NOT_FOUND) {
             e = current_class(v, len, is_null, &c) ? KS_ERR_NOT_FOUND : KS_OK;
             if (e != KS_OK) {
@@ -915,6 +924,7 @@ static int parse(app *a, int argc, char **argv, int *rc)
         {"--rate", &o->rate, NULL},
         {"--seed", &o->seed, NULL},
         {"--reload-ms", &o->reload_ms, NULL},
+        {"--key-id", &o->key_id, NULL},
         {"--json", NULL, &o->json},
         {NULL, NULL, NULL},
     };

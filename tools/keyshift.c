@@ -19,8 +19,9 @@ static const ks_cli_command commands[] = {
     {"census", "count a database column's rows by encryption state and key", ks_cmd_census},
     {"migrate", "encrypt, rewrap or re-encrypt a live database column: run, status, verify",
      ks_cmd_migrate},
-    {"rollout", "move a column to a new key or format in guarded, logged phases: start, "
-                "advance, rollback, canary, status, log, check, metrics, readers",
+    {"rollout", "move a column (or a key's envelopes in several columns) to a new key or "
+                "format in guarded, logged phases: start, advance, rollback, canary, status, "
+                "log, check, metrics, readers",
      ks_cmd_rollout},
 };
 

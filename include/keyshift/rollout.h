@@ -1,6 +1,7 @@
 /*
  * keyshift/rollout.h -- rollouts: moving one scope (a table and column of
- * the application's SQLite database) from a source to a target through
+ * the application's SQLite database, or every envelope of one key_id in a
+ * listed set of columns) from a source to a target through
  * guarded phases, with a reader registry, a transition log and health
  * metrics (docs/rollout.md, "Model, tables and guards").
  *
@@ -21,7 +22,8 @@
  *     checks, the guards (ks_rollout_guard), the canary bucket;
  *   - ks_rollout_db: the state in the application's database (tables
  *     keyshift_rollout, keyshift_rollout_log, keyshift_readers,
- *     keyshift_metrics; schema version 2 of keyshift_meta);
+ *     keyshift_metrics, keyshift_rollout_column; schema version 3 of
+ *     keyshift_meta);
  *   - ks_policy: what an application embeds to ask "what do I write" and
  *     "may I read this", cached in memory.
  *
@@ -61,6 +63,7 @@ extern "C" {
 #define KS_INSTANCE_ID_MAX 128        /* bytes of a reader's instance id */
 #define KS_LIBRARY_VERSION_MAX 32     /* bytes of a reader's library version */
 #define KS_READER_KEYS_MAX 4096       /* bytes of a reader's key-version list */
+#define KS_ROLLOUT_COLUMNS_MAX 16     /* columns of a key-scoped rollout */
 
 /* ---- classes and phases ------------------------------------------------ */
 
@@ -128,6 +131,22 @@ KS_API uint32_t ks_rollout_canary_bucket(int64_t rollout_id, ks_bytes tenant);
 
 /* ---- the rollout record ------------------------------------------------ */
 
+/* What a rollout moves (docs/rollout.md, "Scopes"). */
+typedef enum ks_rollout_scope {
+    KS_SCOPE_COLUMN = 0,   /* one table and column: every value in it */
+    KS_SCOPE_KEY = 1       /* every envelope of one key_id (the source's, which is also
+                              the target's) in a listed set of columns */
+} ks_rollout_scope;
+
+/* One column of a key-scoped rollout. */
+typedef struct ks_rollout_column {
+    char table[KS_ROLLOUT_IDENT_MAX + 1];    /* the schema's spelling */
+    char column[KS_ROLLOUT_IDENT_MAX + 1];
+    int64_t verified_at;                     /* 0, or when a complete `migrate verify` of this
+                                                column last passed in backfill (reset on
+                                                entering backfill) */
+} ks_rollout_column;
+
 typedef struct ks_rollout {
     int64_t id;                              /* assigned by ks_rollout_db_start */
     char table[KS_ROLLOUT_IDENT_MAX + 1];    /* the schema's spelling */
@@ -143,8 +162,42 @@ typedef struct ks_rollout {
                                                 >= 1 */
     int64_t created, updated;
     int64_t verified_at;                     /* 0, or when `migrate verify` last passed while
-                                                in backfill (reset on entering backfill) */
+                                                in backfill (reset on entering backfill);
+                                                column scope only */
+    /* The scope.  KS_SCOPE_COLUMN: table and column above, n_columns 0.
+     * KS_SCOPE_KEY: table and column are empty; the key_id is
+     * source.key_id (== target.key_id; the source is never plaintext);
+     * columns[0, n_columns) are distinct, n_columns >= 1, each with its
+     * own verify time. */
+    ks_rollout_scope scope;
+    size_t n_columns;
+    ks_rollout_column columns[KS_ROLLOUT_COLUMNS_MAX];
 } ks_rollout;
+
+/* Nonzero when r's scope covers table.column (names compared as SQLite
+ * compares identifiers, ASCII case-insensitive): its column, or one of
+ * its listed columns. */
+KS_API int ks_rollout_scope_covers(const ks_rollout *r, const char *table, const char *column);
+
+/*
+ * The rollout among rs[0, n) that governs values of table.column whose
+ * key_id is key_id (NULL or "" for values without one: plaintext, NULL,
+ * unparseable): of the column-scoped rollouts of table.column and (with a
+ * key_id) the key-scoped rollouts of key_id covering table.column, the
+ * one with the highest id; NULL when there is none.  The same rule
+ * decides for the policy, `migrate run` and the fuzzer.
+ */
+KS_API const ks_rollout *ks_rollout_scope_find(const ks_rollout *rs, size_t n, const char *table,
+                                               const char *column, const char *key_id);
+
+/* Bytes that ks_rollout_scope_text always fits in, with its NUL. */
+#define KS_ROLLOUT_SCOPE_TEXT_MAX \
+    (KS_KEY_ID_MAX + 16 + KS_ROLLOUT_COLUMNS_MAX * (2 * KS_ROLLOUT_IDENT_MAX + 3))
+
+/* The scope of r as text for messages into out (cut to out_len, which
+ * must be >= 1): "payments.card", or "key payments-kek (payments.card,
+ * orders.card)".  Returns out. */
+KS_API const char *ks_rollout_scope_text(const ks_rollout *r, char *out, size_t out_len);
 
 /* ---- readers ----------------------------------------------------------- */
 
@@ -204,14 +257,19 @@ KS_API int ks_rollout_reader_supports(const ks_rollout_reader *r, const ks_rollo
 typedef struct ks_rollout_facts {
     int64_t now;
     ks_rollout rollout;                   /* as it is now: rollout.phase is the "from" */
-    int is_latest;                        /* the rollout is the latest of its scope */
+    int is_latest;                        /* no later rollout touches its scope: for a column
+                                             scope, no later rollout of that column and no
+                                             later key-scoped rollout covering it; for a key
+                                             scope, no later rollout of its key_id and no later
+                                             column-scoped rollout of one of its columns */
     int target_key_state;                 /* KS_ROLLOUT_KEY_* or ks_key_state */
     int source_key_state;                 /* idem (ignored for a plaintext source) */
     const ks_rollout_reader *readers;     /* the live readers (heartbeat within reader_ttl_s) */
     size_t n_readers;
     int census_known;                     /* 0: not computed (guards that need it refuse) */
-    uint64_t rows_at_source;              /* rows of the scope in the source class */
-    uint64_t rows_at_target;              /* rows of the scope in the target class */
+    uint64_t rows_at_source;              /* rows of the scope in the source class (summed
+                                             over every column of a key scope) */
+    uint64_t rows_at_target;              /* rows of the scope in the target class (idem) */
     int health_known;                     /* 0: not evaluated */
     ks_health_status health;              /* the verdict over the thresholds' window */
 } ks_rollout_facts;
@@ -230,7 +288,8 @@ typedef struct ks_rollout_facts {
  *     and read-compat has lasted at least min_soak_s;
  *   write-upgrade -> backfill: the health verdict is OK;
  *   backfill -> finalized: the census shows 0 rows at the source, and a
- *     verify pass was recorded at or after entering backfill;
+ *     verify pass was recorded at or after entering backfill (for a key
+ *     scope: of every listed column; the refusal names those without);
  *   write-upgrade | backfill -> read-compat: always;
  *   read-compat -> planned: the census shows 0 rows at the target;
  *   finalized -> backfill: the rollout is still the latest of its scope
@@ -251,10 +310,11 @@ typedef struct ks_rollout_db ks_rollout_db;
  * Open the application's SQLite database at path (never created: a
  * missing file is KS_ERR_NO_TARGET).  Unless KS_ROLLOUT_DB_READ_ONLY,
  * creates keyshift's tables, or upgrades those of schema version 1 (made
- * by the row store) to version 2 in place, in one BEGIN IMMEDIATE
+ * by the row store) or 2 to version 3 in place, in one BEGIN IMMEDIATE
  * transaction.  A database of a newer version is refused (KS_ERR_STORE);
  * read-only, a database without the version 2 tables opens, and reads
- * find no rollout.  Messages go to errbuf.  Lock waits back off up to
+ * find no rollout; a version 2 database is read as it is (every rollout
+ * in it is column-scoped).  Messages go to errbuf.  Lock waits back off up to
  * 30 s (KS_ERR_BUSY).
  */
 KS_API KS_WUR ks_err ks_rollout_db_open(const char *path, unsigned flags, ks_rollout_db **out,
@@ -276,6 +336,16 @@ KS_API void ks_rollout_db_close(ks_rollout_db *db);
  * KS_ERR_ROLLOUT_EXISTS when a rollout of the scope is not finalized;
  * KS_ERR_INVALID_ARGUMENT for a bad spec (bad class, equal source and
  * target, plaintext target, bad canary, NaN rate, reader_ttl_s 0).
+ *
+ * With spec->scope KS_SCOPE_KEY: table and column must be empty and
+ * columns[0, n_columns) name 1..KS_ROLLOUT_COLUMNS_MAX distinct columns,
+ * each looked up as above; the source must be an envelope class
+ * (plaintext has no key_id) and the target must keep its key_id
+ * (KS_ERR_INVALID_ARGUMENT otherwise).  Overlaps are refused with
+ * KS_ERR_ROLLOUT_EXISTS, naming the rollout: another key-scoped rollout
+ * of the same key_id that is not finalized, or a column-scoped rollout
+ * that is not finalized of one of the columns; and, for a column scope,
+ * a key-scoped rollout that is not finalized covering the column.
  */
 KS_API KS_WUR ks_err ks_rollout_db_start(ks_rollout_db *db, const ks_rollout *spec,
                                          const char *actor, int64_t now, int64_t *id,
@@ -288,6 +358,10 @@ KS_API KS_WUR ks_err ks_rollout_db_get(ks_rollout_db *db, int64_t id, ks_rollout
  * identifiers, ASCII case-insensitive), KS_ERR_NO_ROLLOUT if none. */
 KS_API KS_WUR ks_err ks_rollout_db_latest(ks_rollout_db *db, const char *table,
                                           const char *column, ks_rollout *out);
+
+/* The latest key-scoped rollout of key_id, KS_ERR_NO_ROLLOUT if none. */
+KS_API KS_WUR ks_err ks_rollout_db_latest_key(ks_rollout_db *db, const char *key_id,
+                                              ks_rollout *out);
 
 /* Up to max rollouts with id > after_id, in id order, into out[0, *n);
  * *n < max means the end. */
@@ -326,9 +400,19 @@ KS_API KS_WUR ks_err ks_rollout_db_set_canary(ks_rollout_db *db, int64_t id,
                                               int64_t now);
 
 /* Record that `migrate verify` passed at `now` over the rollout's scope:
- * only in backfill (KS_ERR_STATE otherwise); logged (from = to). */
+ * only in backfill (KS_ERR_STATE otherwise); logged (from = to).  A
+ * key-scoped rollout is verified column by column:
+ * ks_rollout_db_record_verify_column (KS_ERR_INVALID_ARGUMENT here). */
 KS_API KS_WUR ks_err ks_rollout_db_record_verify(ks_rollout_db *db, int64_t id,
                                                  const char *actor, int64_t now);
+
+/* Record that a complete `migrate verify` of table.column passed at `now`
+ * for rollout id, whose scope must cover it (KS_ERR_NOT_FOUND otherwise):
+ * a column scope as ks_rollout_db_record_verify; a key scope sets that
+ * column's verified_at.  Only in backfill (KS_ERR_STATE); logged. */
+KS_API KS_WUR ks_err ks_rollout_db_record_verify_column(ks_rollout_db *db, int64_t id,
+                                                        const char *table, const char *column,
+                                                        const char *actor, int64_t now);
 
 /* Append a note to the log of rollout id (KS_ERR_NO_ROLLOUT if none),
  * from = to = its current phase, in any phase: why an operator started
@@ -419,9 +503,30 @@ KS_API KS_WUR ks_err ks_policy_open(const char *path, const ks_policy_options *o
  * planned, read-compat: the source; write-upgrade: the target for canary
  * tenants (an empty tenant is never in a list or percent canary), the
  * source for the rest; backfill, finalized: the target.
+ *
+ * The column-scoped rollout of table.column answers first; when its
+ * answer is an envelope class whose key_id a later key-scoped rollout
+ * covering the column moves, that rollout answers instead.  When no
+ * column-scoped rollout governs but a key-scoped one covers the column,
+ * the policy cannot know the key the application would use: KS_ERR_STATE
+ * (fail closed; ask ks_policy_write_target_key).
  */
 KS_API KS_WUR ks_err ks_policy_write_target(ks_policy *p, const char *table, const char *column,
                                             ks_bytes tenant, ks_rollout_class *out);
+
+/*
+ * What to write for tenant into table.column, for an application about
+ * to seal under key_id (its default): the rollout governing envelopes of
+ * key_id in table.column (ks_rollout_scope_find) answers as
+ * ks_policy_write_target describes, and an answer under another key_id
+ * that a later key-scoped rollout moves is answered by that rollout.
+ * Seal with exactly the class named (it may be of another key_id, when a
+ * column-scoped rollout moves the column to it).  KS_ERR_NOT_FOUND when
+ * no rollout governs (the application's default applies).
+ */
+KS_API KS_WUR ks_err ks_policy_write_target_key(ks_policy *p, const char *table,
+                                                const char *column, const char *key_id,
+                                                ks_bytes tenant, ks_rollout_class *out);
 
 /*
  * May a value of table.column be read (*ok 1) or not (*ok 0)?  value NULL
@@ -431,7 +536,10 @@ KS_API KS_WUR ks_err ks_policy_write_target(ks_policy *p, const char *table, con
  * never readable).  planned: the source only; read-compat, write-upgrade,
  * backfill: the source or the target; finalized: the target only.  Any
  * other class is not readable (fail closed).  KS_ERR_NOT_FOUND when no
- * rollout governs the scope (*ok 0).
+ * rollout governs the scope (*ok 0).  The governing rollout is
+ * ks_rollout_scope_find's for the value's key_id: an envelope whose
+ * key_id a key-scoped rollout covering the column moves is judged by it
+ * when it is later than the column's own rollout.
  */
 KS_API KS_WUR ks_err ks_policy_may_read(ks_policy *p, const char *table, const char *column,
                                         const ks_bytes *value, int *ok);

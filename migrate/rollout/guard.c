@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <sqlite3.h>
+
 #include <keyshift/rollout.h>
 
 #include "../../format/rules.h"
@@ -93,6 +95,64 @@ const char *ks_rollout_class_text(const ks_rollout_class *c, char *out, size_t o
         snprintf(out, out_len, "%s:%" PRIu32 " (v%u, %s)", c->key_id, c->key_version,
                  (unsigned)c->version,
                  ks_alg_name(c->algorithm) ? ks_alg_name(c->algorithm) : "?");
+    return out;
+}
+
+/* ---- scopes ------------------------------------------------------------------ */
+
+/* See rollout.h: compared with sqlite3_stricmp, as SQLite compares
+ * identifiers, so that a scope matches whatever spelling a caller uses. */
+int ks_rollout_scope_covers(const ks_rollout *r, const char *table, const char *column)
+{
+    assert(r != NULL);
+    if (table == NULL || column == NULL)
+        return 0;
+    if (r->scope == KS_SCOPE_COLUMN)
+        return sqlite3_stricmp(r->table, table) == 0 && sqlite3_stricmp(r->column, column) == 0;
+    for (size_t i = 0; i < r->n_columns && i < KS_ROLLOUT_COLUMNS_MAX; i++)
+        if (sqlite3_stricmp(r->columns[i].table, table) == 0 &&
+            sqlite3_stricmp(r->columns[i].column, column) == 0)
+            return 1;
+    return 0;
+}
+
+/* See rollout.h: the latest applicable rollout wins, as the latest
+ * rollout of a column always has; a key-scoped one applies only to the
+ * envelopes of its key_id in its listed columns. */
+const ks_rollout *ks_rollout_scope_find(const ks_rollout *rs, size_t n, const char *table,
+                                        const char *column, const char *key_id)
+{
+    const ks_rollout *best = NULL;
+    int with_key = key_id != NULL && key_id[0] != '\0';
+    for (size_t i = 0; rs != NULL && i < n; i++) {
+        const ks_rollout *r = &rs[i];
+        if (r->scope == KS_SCOPE_KEY && (!with_key || strcmp(r->source.key_id, key_id) != 0))
+            continue;
+        if (!ks_rollout_scope_covers(r, table, column))
+            continue;
+        if (best == NULL || r->id > best->id)
+            best = r;
+    }
+    return best;
+}
+
+/* See rollout.h. */
+const char *ks_rollout_scope_text(const ks_rollout *r, char *out, size_t out_len)
+{
+    assert(r != NULL && out != NULL && out_len > 0);
+    if (r->scope == KS_SCOPE_COLUMN) {
+        snprintf(out, out_len, "%s.%s", r->table, r->column);
+        return out;
+    }
+    int w = snprintf(out, out_len, "key %s (", r->source.key_id);
+    size_t used = w > 0 ? (size_t)w : 0;
+    for (size_t i = 0; i < r->n_columns && i < KS_ROLLOUT_COLUMNS_MAX && used < out_len; i++) {
+        w = snprintf(out + used, out_len - used, "%s%s.%s", i > 0 ? ", " : "",
+                     r->columns[i].table, r->columns[i].column);
+        used += w > 0 ? (size_t)w : 0;
+    }
+    if (used < out_len)
+        snprintf(out + used, out_len - used, ")");
     return out;
 }
 
@@ -372,18 +432,46 @@ static ks_err guard_backfill(const ks_rollout_facts *f, char *why, size_t why_le
     return KS_OK;
 }
 
+/* A key scope's verify condition: every listed column has a verify pass
+ * recorded since entering backfill; the refusal names each column that
+ * has none, so the operator knows which `migrate verify` to run. */
+static ks_err columns_verified(const ks_rollout *r, char *why, size_t why_len)
+{
+    char missing[SCOPE_TEXT_MAX];
+    size_t used = 0, n = 0;
+    missing[0] = '\0';
+    if (r->n_columns == 0 || r->n_columns > KS_ROLLOUT_COLUMNS_MAX)
+        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "the key scope lists no column");
+    for (size_t i = 0; i < r->n_columns; i++) {
+        const ks_rollout_column *c = &r->columns[i];
+        if (c->verified_at != 0 && c->verified_at >= r->phase_since)
+            continue;
+        int w = snprintf(missing + used, sizeof missing - used, "%s%s.%s", n > 0 ? ", " : "",
+                         c->table, c->column);
+        used += w > 0 && (size_t)w < sizeof missing - used ? (size_t)w : 0;
+        n++;
+    }
+    if (n == 0)
+        return KS_OK;
+    return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
+                          "no `migrate verify` pass was recorded since backfill began for "
+                          "%zu of %zu columns: %s", n, r->n_columns, missing);
+}
+
 /* backfill -> finalized: no row left at the source, and a verify pass
- * recorded since entering backfill. */
+ * recorded since entering backfill (of every column of a key scope). */
 static ks_err guard_finalize(const ks_rollout_facts *f, char *why, size_t why_len)
 {
     const ks_rollout *r = &f->rollout;
-    char rows[48];
+    char rows[48], scope[SCOPE_TEXT_MAX];
     if (!f->census_known)
-        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "the census of %s.%s was not computed",
-                      r->table, r->column);
+        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "the census of %s was not computed",
+                      ks_rollout_scope_text(r, scope, sizeof scope));
     if (f->rows_at_source > 0)
         return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "%s still at the source",
                       rows_are(f->rows_at_source, rows));
+    if (r->scope == KS_SCOPE_KEY)
+        return columns_verified(r, why, why_len);
     if (r->verified_at == 0 || r->verified_at < r->phase_since)
         return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
                       "no `migrate verify` pass was recorded since backfill began");
@@ -394,9 +482,10 @@ static ks_err guard_finalize(const ks_rollout_facts *f, char *why, size_t why_le
 static ks_err guard_to_planned(const ks_rollout_facts *f, char *why, size_t why_len)
 {
     const ks_rollout *r = &f->rollout;
+    char scope[SCOPE_TEXT_MAX];
     if (!f->census_known)
-        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "the census of %s.%s was not computed",
-                      r->table, r->column);
+        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "the census of %s was not computed",
+                      ks_rollout_scope_text(r, scope, sizeof scope));
     if (f->rows_at_target > 0) {
         char g[32];
         return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
@@ -416,10 +505,11 @@ static ks_err guard_to_planned(const ks_rollout_facts *f, char *why, size_t why_
 static ks_err guard_unfinalize(const ks_rollout_facts *f, char *why, size_t why_len)
 {
     const ks_rollout_class *s = &f->rollout.source;
+    char scope[SCOPE_TEXT_MAX];
     if (!f->is_latest)
         return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
-                      "a later rollout governs %s.%s: only the latest may be rolled back",
-                      f->rollout.table, f->rollout.column);
+                      "a later rollout governs %s: only the latest may be rolled back",
+                      ks_rollout_scope_text(&f->rollout, scope, sizeof scope));
     ks_err err = readers_support(f, s, why, why_len);
     if (err != KS_OK)
         return err;

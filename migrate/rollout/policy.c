@@ -2,8 +2,11 @@
  * migrate/rollout/policy.c -- the application policy (keyshift/rollout.h,
  * ks_policy_*) and the canary bucket.
  *
- * A policy keeps, in memory, the latest rollout of every scope.  Answers
- * (write target, may read) look them up under a mutex with no query.
+ * A policy keeps, in memory, the latest rollout of every column scope and
+ * every key-scoped rollout (a later one of the same key_id may list other
+ * columns, so an earlier one can still govern a column).  Answers (write
+ * target, may read) pick the governing rollout with ks_rollout_scope_find
+ * under a mutex, with no query.
  * Before answering, at most once per refresh_ms, the policy reads
  * `PRAGMA data_version` (which changes when another connection commits to
  * the database) and reloads the rollouts, in one read transaction, only
@@ -42,7 +45,7 @@ struct ks_policy {
     uint64_t last_check_ms;         /* monotonic time of the last data_version check */
     int loaded;                     /* rules hold a successful load */
     int64_t data_version;           /* at that load */
-    ks_rollout *rules;              /* the latest rollout of each scope */
+    ks_rollout *rules;              /* the latest rollout of each column, every key-scoped one */
     size_t n_rules;
     ks_health_sample reported;      /* the totals of the last ks_policy_report */
 };
@@ -71,12 +74,14 @@ uint32_t ks_rollout_canary_bucket(int64_t rollout_id, ks_bytes tenant)
 
 /* ---- loading ---------------------------------------------------------------- */
 
-/* Put r into rules[0, *n) (capacity *cap, grown): replacing the rule of
- * the same scope (rollouts come in id order, so the later one wins). */
+/* Put r into rules[0, *n) (capacity *cap, grown): a column-scoped rollout
+ * replaces the rule of the same column (rollouts come in id order, so the
+ * later one wins); a key-scoped one is added. */
 static ks_err keep_latest(ks_rollout **rules, size_t *n, size_t *cap, const ks_rollout *r)
 {
-    for (size_t i = 0; i < *n; i++) {
-        if (sqlite3_stricmp((*rules)[i].table, r->table) == 0 &&
+    for (size_t i = 0; r->scope == KS_SCOPE_COLUMN && i < *n; i++) {
+        if ((*rules)[i].scope == KS_SCOPE_COLUMN &&
+            sqlite3_stricmp((*rules)[i].table, r->table) == 0 &&
             sqlite3_stricmp((*rules)[i].column, r->column) == 0) {
             (*rules)[i] = *r;
             return KS_OK;
@@ -147,16 +152,6 @@ static ks_err refresh_locked(ks_policy *p, int force)
         p->last_check_ms = now;
     }
     return err;
-}
-
-/* With p locked: the rule governing table.column, or NULL. */
-static const ks_rollout *find_rule(const ks_policy *p, const char *table, const char *column)
-{
-    for (size_t i = 0; i < p->n_rules; i++)
-        if (sqlite3_stricmp(p->rules[i].table, table) == 0 &&
-            sqlite3_stricmp(p->rules[i].column, column) == 0)
-            return &p->rules[i];
-    return NULL;
 }
 
 /* ---- open and close -------------------------------------------------------- */
@@ -331,15 +326,17 @@ static int in_canary(const ks_rollout *r, ks_bytes tenant)
 /* An answer computed from the governing rollout r, under the lock. */
 typedef ks_err (*answer_fn)(const ks_rollout *r, void *ctx);
 
-/* Refresh when due, find the rule of table.column and answer from it
- * under the lock (no copy of the rollout per record): KS_ERR_NOT_FOUND
- * when no rollout governs the scope. */
-static ks_err with_rule(ks_policy *p, const char *table, const char *column, answer_fn answer,
-                        void *ctx)
+/* Refresh when due, find the rule governing values of table.column under
+ * key_id (NULL: values without one; ks_rollout_scope_find) and answer
+ * from it under the lock (no copy of the rollout per record):
+ * KS_ERR_NOT_FOUND when no rollout governs. */
+static ks_err with_rule(ks_policy *p, const char *table, const char *column, const char *key_id,
+                        answer_fn answer, void *ctx)
 {
     pthread_mutex_lock(&p->mu);
     ks_err err = refresh_locked(p, 0);
-    const ks_rollout *r = err == KS_OK ? find_rule(p, table, column) : NULL;
+    const ks_rollout *r =
+        err == KS_OK ? ks_rollout_scope_find(p->rules, p->n_rules, table, column, key_id) : NULL;
     if (err == KS_OK)
         err = r != NULL ? answer(r, ctx) : KS_ERR_NOT_FOUND;
     pthread_mutex_unlock(&p->mu);
@@ -350,6 +347,9 @@ static ks_err with_rule(ks_policy *p, const char *table, const char *column, ans
 typedef struct write_q {
     ks_bytes tenant;
     ks_rollout_class *out;
+    const ks_rollout *rules;      /* every rule, to follow an answer to a key-scoped rollout */
+    size_t n_rules;
+    const char *table, *column;
 } write_q;
 
 /* The class to write under r for the tenant of ctx (a write_q). */
@@ -376,15 +376,69 @@ static ks_err answer_write(const ks_rollout *r, void *ctx)
     return KS_OK;
 }
 
-/* See rollout.h. */
-ks_err ks_policy_write_target(ks_policy *p, const char *table, const char *column,
-                              ks_bytes tenant, ks_rollout_class *out)
+/* The class to write under r, then (once) under the later rollout that
+ * governs the key_id of that answer, if another does: a column-scoped
+ * rollout names a class under a key that a later key-scoped rollout of
+ * the column may be moving.  That rollout answers under the same key_id,
+ * so one step settles it. */
+static ks_err answer_write_followed(const ks_rollout *r, void *ctx)
+{
+    write_q *q = ctx;
+    ks_err err = answer_write(r, ctx);
+    if (err != KS_OK || q->out->is_plaintext)
+        return err;
+    const ks_rollout *g =
+        ks_rollout_scope_find(q->rules, q->n_rules, q->table, q->column, q->out->key_id);
+    assert(g != NULL); /* r itself covers the column */
+    return g != r ? answer_write(g, ctx) : KS_OK;
+}
+
+/* The question and answer of a write target, checked, with p locked:
+ * the rule for key_id (NULL: the column's own) answers, followed once.
+ * Without a column rule, a key-scoped rule covering the column makes the
+ * answer unknowable without a key: KS_ERR_STATE. */
+static ks_err write_locked(ks_policy *p, write_q *q, const char *key_id)
+{
+    const ks_rollout *r = ks_rollout_scope_find(p->rules, p->n_rules, q->table, q->column, key_id);
+    if (r != NULL)
+        return answer_write_followed(r, q);
+    for (size_t i = 0; key_id == NULL && i < p->n_rules; i++)
+        if (ks_rollout_scope_covers(&p->rules[i], q->table, q->column))
+            return KS_ERR_STATE;
+    return KS_ERR_NOT_FOUND;
+}
+
+/* Answer a write target for key_id (NULL: ks_policy_write_target) after
+ * refreshing when due. */
+static ks_err write_target(ks_policy *p, const char *table, const char *column,
+                           const char *key_id, ks_bytes tenant, ks_rollout_class *out)
 {
     if (p == NULL || table == NULL || column == NULL || out == NULL ||
         (tenant.ptr == NULL && tenant.len > 0))
         return KS_ERR_INVALID_ARGUMENT;
-    write_q q = {tenant, out};
-    return with_rule(p, table, column, answer_write, &q);
+    pthread_mutex_lock(&p->mu);
+    ks_err err = refresh_locked(p, 0);
+    write_q q = {tenant, out, p->rules, p->n_rules, table, column};
+    if (err == KS_OK)
+        err = write_locked(p, &q, key_id);
+    pthread_mutex_unlock(&p->mu);
+    return err;
+}
+
+/* See rollout.h. */
+ks_err ks_policy_write_target(ks_policy *p, const char *table, const char *column,
+                              ks_bytes tenant, ks_rollout_class *out)
+{
+    return write_target(p, table, column, NULL, tenant, out);
+}
+
+/* See rollout.h. */
+ks_err ks_policy_write_target_key(ks_policy *p, const char *table, const char *column,
+                                  const char *key_id, ks_bytes tenant, ks_rollout_class *out)
+{
+    if (!ks_rollout_charset_ok(key_id, KS_KEY_ID_MAX, KS_RULE_KEY_ID))
+        return KS_ERR_INVALID_ARGUMENT;
+    return write_target(p, table, column, key_id, tenant, out);
 }
 
 /* Classify value into *c: plaintext unless it starts with "KSE", then by
@@ -459,5 +513,8 @@ ks_err ks_policy_may_read(ks_policy *p, const char *table, const char *column,
     q.ok = ok;
     q.is_null = value == NULL;
     q.classified = value != NULL && classify(value, &q.c);
-    return with_rule(p, table, column, answer_read, &q);
+    /* an envelope is judged by the rule of its key_id; plaintext, NULL and
+     * a malformed value by the column's own */
+    const char *key_id = q.classified && !q.c.is_plaintext ? q.c.key_id : NULL;
+    return with_rule(p, table, column, key_id, answer_read, &q);
 }

@@ -3,16 +3,19 @@
  * ks_rollout_db_*): rollouts, their log, the reader registry and health
  * samples, in the application's SQLite database.
  *
- * ---- Tables (schema version 2 of keyshift_meta) --------------------------
+ * ---- Tables (schema version 3 of keyshift_meta) --------------------------
  *
  * Version 1 (migrate/store/sqlite_store.c) has keyshift_meta,
  * keyshift_migration and keyshift_quarantine.  Version 2 adds the four
- * tables below and changes none of version 1's; the upgrade runs, when a
- * writer opens a database below version 2, in one BEGIN IMMEDIATE
- * transaction: version 1's SQL (idempotent: CREATE IF NOT EXISTS, INSERT
- * OR IGNORE), a re-read of the version inside the transaction (a newer one
- * is refused), schema_sql_v2 below, then schema_version = 2.  Exact SQL:
- * schema_sql_v2.  In short:
+ * tables below and changes none of version 1's; version 3 adds key scopes
+ * (keyshift_rollout.scope_key_id, keyshift_rollout_column, the open-rollout
+ * index on (scope_key_id, tbl, col)).  The upgrade runs, when a writer
+ * opens a database below version 3, in one BEGIN IMMEDIATE transaction:
+ * version 1's SQL (idempotent: CREATE IF NOT EXISTS, INSERT OR IGNORE), a
+ * re-read of the version inside the transaction (a newer one is refused),
+ * schema_sql_v2 below when below 2, then the ALTER TABLE adding
+ * scope_key_id when it is missing and schema_sql_v3, which sets
+ * schema_version = 3.  Exact SQL: schema_sql_v2, schema_sql_v3.  In short:
  *
  *   keyshift_rollout      one row per rollout: scope (tbl, col, the schema's
  *                         spelling), source (src_plaintext, src_format,
@@ -21,9 +24,16 @@
  *                         canary (canary_kind 'all'|'tenants'|'percent',
  *                         canary_percent, canary_tenants: "t1,t2"), the
  *                         thresholds, min_soak_s, reader_ttl_s, created,
- *                         updated, verified_at.  A partial UNIQUE index on
- *                         (tbl, col) WHERE phase <> 'finalized' backs the
- *                         "one open rollout per scope" rule.
+ *                         updated, verified_at, scope_key_id (v3: '' for a
+ *                         column scope, else the key; tbl and col are then
+ *                         '').  A partial UNIQUE index on (scope_key_id,
+ *                         tbl, col) WHERE phase <> 'finalized' backs the
+ *                         "one open rollout per scope" rule; overlaps of
+ *                         key and column scopes are refused by
+ *                         refuse_overlap inside start's transaction.
+ *   keyshift_rollout_column  (v3) rollout_id, tbl, col (NOCASE, unique per
+ *                         rollout), verified_at: a key scope's columns in
+ *                         the order given, each with its verify time.
  *   keyshift_rollout_log  append-only (BEFORE UPDATE / DELETE triggers
  *                         RAISE(ABORT)): id, rollout_id, time, actor,
  *                         from_phase (NULL at creation), to_phase, reason,
@@ -75,7 +85,8 @@ struct ks_rollout_db {
     sqlite3 *db;
     ks_sqlite_busy busy;      /* must outlive db (its busy handler's state) */
     int read_only;
-    int have_tables;          /* the version 2 tables exist */
+    int have_tables;          /* the version 2 tables exist (read-only: maybe v2 only) */
+    int v3;                   /* and version 3's: scope_key_id, keyshift_rollout_column */
 };
 
 /* The version 2 tables (see the file comment). */
@@ -121,6 +132,23 @@ static const char schema_sql_v2[] =
     "CREATE INDEX IF NOT EXISTS main.keyshift_metrics_window ON keyshift_metrics(rollout_id, time);"
     "UPDATE main.keyshift_meta SET value = 2 WHERE key = 'schema_version';";
 
+/* Version 3 (key-scoped rollouts; see the file comment).  The caller adds
+ * keyshift_rollout.scope_key_id first when it is missing (ALTER TABLE is
+ * not idempotent). */
+static const char schema_sql_v3[] =
+    "DROP INDEX IF EXISTS main.keyshift_rollout_open;"
+    "CREATE UNIQUE INDEX IF NOT EXISTS main.keyshift_rollout_open ON keyshift_rollout("
+    " scope_key_id, tbl COLLATE NOCASE, col COLLATE NOCASE) WHERE phase <> 'finalized';"
+    "CREATE INDEX IF NOT EXISTS main.keyshift_rollout_by_key ON keyshift_rollout("
+    " scope_key_id, id);"
+    "CREATE TABLE IF NOT EXISTS main.keyshift_rollout_column("
+    " rollout_id INTEGER NOT NULL REFERENCES keyshift_rollout(id),"
+    " tbl TEXT NOT NULL COLLATE NOCASE, col TEXT NOT NULL COLLATE NOCASE,"
+    " verified_at INTEGER NOT NULL DEFAULT 0, UNIQUE(rollout_id, tbl, col));"
+    "CREATE INDEX IF NOT EXISTS main.keyshift_rollout_column_by_col"
+    " ON keyshift_rollout_column(tbl, col, rollout_id);"
+    "UPDATE main.keyshift_meta SET value = 3 WHERE key = 'schema_version';";
+
 /* The columns of keyshift_rollout in the order read_rollout expects. */
 #define ROLLOUT_COLS                                                                               \
     "id, tbl, col, src_plaintext, src_format, src_algorithm, src_key_id, src_key_version, "       \
@@ -128,6 +156,14 @@ static const char schema_sql_v2[] =
     "canary_percent, canary_tenants, max_auth_failure_rate, max_parse_error_rate, "               \
     "max_provider_error_rate, max_seal_p99_us, max_open_p99_us, min_samples, window_s, "          \
     "min_soak_s, reader_ttl_s, created, updated, verified_at"
+
+/* A query of ROLLOUT_COLS then the scope's key_id (column 29) followed by
+ * tail, in two spellings indexed by the store's v3: a version 2 database
+ * (read-only) has no scope_key_id, and every rollout in it is
+ * column-scoped. */
+#define SELECT_ROLLOUT(tail)                                                                      \
+    {"SELECT " ROLLOUT_COLS ", '' FROM main.keyshift_rollout " tail,                              \
+     "SELECT " ROLLOUT_COLS ", scope_key_id FROM main.keyshift_rollout " tail}
 
 /* The columns of keyshift_readers in the order read_reader expects. */
 #define READER_COLS "instance_id, library_version, max_format, algorithms, key_versions, started, heartbeat"
@@ -410,17 +446,30 @@ static int col_rate(sqlite3_stmt *st, int i, double *out)
     return !isnan(*out);
 }
 
+/* Set r's scope from the stored scope key (empty: a column scope, which
+ * names its table and column; else a key scope, which names neither and
+ * whose columns load_columns reads): 0 when they disagree. */
+static int scope_ok(ks_rollout *r, const char *key)
+{
+    if (key[0] == '\0')
+        return r->table[0] != '\0' && r->column[0] != '\0';
+    r->scope = KS_SCOPE_KEY;
+    return r->table[0] == '\0' && r->column[0] == '\0' &&
+           ks_rollout_charset_ok(key, KS_KEY_ID_MAX, KS_RULE_KEY_ID);
+}
+
 /* Read the row of ROLLOUT_COLS under st into *r, checking every field:
  * KS_ERR_STORE for a malformed row. */
 static ks_err read_rollout(sqlite3_stmt *st, void *out)
 {
     ks_rollout *r = out;
-    char phase[32];
+    char phase[32], key[KS_KEY_ID_MAX + 1];
     int64_t v[12];
     memset(r, 0, sizeof *r);
     int ok = col_int(st, 0, 1, INT64_MAX, &r->id) &&
-             col_text(st, 1, r->table, KS_ROLLOUT_IDENT_MAX) && r->table[0] != '\0' &&
-             col_text(st, 2, r->column, KS_ROLLOUT_IDENT_MAX) && r->column[0] != '\0' &&
+             col_text(st, 1, r->table, KS_ROLLOUT_IDENT_MAX) &&
+             col_text(st, 2, r->column, KS_ROLLOUT_IDENT_MAX) &&
+             col_text(st, 29, key, KS_KEY_ID_MAX) && scope_ok(r, key) &&
              read_class(st, 3, 1, &r->source) && read_class(st, 8, 0, &r->target) &&
              col_text(st, 12, phase, sizeof phase - 1) &&
              col_int(st, 13, INT64_MIN, INT64_MAX, &r->phase_since) &&
@@ -435,6 +484,10 @@ static ks_err read_rollout(sqlite3_stmt *st, void *out)
              col_int(st, 27, INT64_MIN, INT64_MAX, &r->updated) &&
              col_int(st, 28, 0, INT64_MAX, &r->verified_at);
     if (!ok || ks_rollout_class_equal(&r->source, &r->target))
+        return KS_ERR_STORE;
+    if (r->scope == KS_SCOPE_KEY &&
+        (r->source.is_plaintext || strcmp(r->source.key_id, key) != 0 ||
+         strcmp(r->target.key_id, key) != 0))
         return KS_ERR_STORE;
     r->phase = (ks_rollout_phase)ks_rollout_phase_from_name(phase);
     if (r->phase == 0)
@@ -478,18 +531,62 @@ static ks_err read_rows(sqlite3_stmt *st, int rc, row_reader read, void *out, si
     return err;
 }
 
+/* Read the listed columns of each key-scoped rollout of rs[0, n) from
+ * keyshift_rollout_column, in the order they were given, checking them
+ * (1..KS_ROLLOUT_COLUMNS_MAX distinct non-empty names, a verify time >= 0):
+ * KS_ERR_STORE for anything else. */
+static ks_err load_columns(ks_rollout_db *db, ks_rollout *rs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        ks_rollout *r = &rs[i];
+        if (r->scope != KS_SCOPE_KEY)
+            continue;
+        if (!db->v3)
+            return KS_ERR_STORE;
+        sqlite3_stmt *st;
+        int rc = prep_bind(db, &st,
+                           "SELECT tbl, col, verified_at FROM main.keyshift_rollout_column "
+                           "WHERE rollout_id = ?1 ORDER BY rowid LIMIT ?2",
+                           "ii", r->id, (int64_t)KS_ROLLOUT_COLUMNS_MAX + 1);
+        ks_err err = KS_OK;
+        r->n_columns = 0;
+        while (err == KS_OK && (rc == SQLITE_OK || rc == SQLITE_ROW) &&
+               (rc = sqlite3_step(st)) == SQLITE_ROW) {
+            ks_rollout_column *c = &r->columns[r->n_columns];
+            if (r->n_columns == KS_ROLLOUT_COLUMNS_MAX ||
+                !col_text(st, 0, c->table, KS_ROLLOUT_IDENT_MAX) || c->table[0] == '\0' ||
+                !col_text(st, 1, c->column, KS_ROLLOUT_IDENT_MAX) || c->column[0] == '\0' ||
+                !col_int(st, 2, 0, INT64_MAX, &c->verified_at) ||
+                ks_rollout_scope_covers(r, c->table, c->column))
+                err = KS_ERR_STORE;
+            else
+                r->n_columns++;
+        }
+        sqlite3_finalize(st);
+        if (err == KS_OK && rc != SQLITE_DONE)
+            err = ks_sqlite_map_rc(rc);
+        if (err == KS_OK && r->n_columns == 0)
+            err = KS_ERR_STORE;
+        if (err != KS_OK)
+            return err;
+    }
+    return KS_OK;
+}
+
 /* The rollout with this id into *out (KS_ERR_NO_ROLLOUT if none). */
 static ks_err load_rollout(ks_rollout_db *db, int64_t id, ks_rollout *out)
 {
     if (!db->have_tables)
         return KS_ERR_NO_ROLLOUT;
+    static const char *const q[2] = SELECT_ROLLOUT("WHERE id = ?1");
     sqlite3_stmt *st;
-    int rc = prep_bind(db, &st, "SELECT " ROLLOUT_COLS " FROM main.keyshift_rollout WHERE id = ?1",
-                       "i", id);
+    int rc = prep_bind(db, &st, q[db->v3], "i", id);
     size_t n = 0;
     ks_err err = read_rows(st, rc, read_rollout, out, sizeof *out, 1, &n);
     if (err == KS_OK && n == 0)
         err = KS_ERR_NO_ROLLOUT;
+    if (err == KS_OK)
+        err = load_columns(db, out, 1);
     return err;
 }
 
@@ -542,9 +639,10 @@ static ks_err read_log(sqlite3_stmt *st, void *out)
 
 /* ---- opening ------------------------------------------------------------------ */
 
-/* The schema version (0 without keyshift_meta) and the number of version
- * 2 tables present. */
-static ks_err read_schema_state(ks_rollout_db *db, int64_t *version, int64_t *n_v2)
+/* The schema version (0 without keyshift_meta), the number of version
+ * 2 tables present, and whether version 3's table and column are. */
+static ks_err read_schema_state(ks_rollout_db *db, int64_t *version, int64_t *n_v2,
+                                int64_t *has_v3)
 {
     int64_t has_meta = 0;
     *version = 0;
@@ -563,7 +661,35 @@ static ks_err read_schema_state(ks_rollout_db *db, int64_t *version, int64_t *n_
                         "('keyshift_rollout', 'keyshift_rollout_log', 'keyshift_readers', "
                         "'keyshift_metrics')",
                         n_v2);
+    if (err == KS_OK)
+        err = query_i64(db,
+                        "SELECT (SELECT count(*) FROM main.sqlite_master WHERE type = 'table' "
+                        "AND name = 'keyshift_rollout_column') + (SELECT count(*) FROM "
+                        "pragma_table_info('keyshift_rollout', 'main') WHERE name = "
+                        "'scope_key_id') = 2",
+                        has_v3);
     return err;
+}
+
+/* Inside the upgrade's transaction: add version 3 to a version 2 schema
+ * (scope_key_id only when it is missing, then schema_sql_v3). */
+static int upgrade_v3(ks_rollout_db *db)
+{
+    int64_t has_col = 0;
+    if (query_i64(db,
+                  "SELECT count(*) FROM pragma_table_info('keyshift_rollout', 'main') "
+                  "WHERE name = 'scope_key_id'",
+                  &has_col) != KS_OK)
+        return SQLITE_ERROR;
+    int rc = SQLITE_OK;
+    if (!has_col)
+        rc = sqlite3_exec(db->db,
+                          "ALTER TABLE main.keyshift_rollout ADD COLUMN scope_key_id TEXT "
+                          "NOT NULL DEFAULT ''",
+                          NULL, NULL, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_exec(db->db, schema_sql_v3, NULL, NULL, NULL);
+    return rc;
 }
 
 /* Refuse a schema newer than this library. */
@@ -577,21 +703,27 @@ static ks_err check_not_newer(int64_t version, char *errbuf, size_t errbuf_len)
     return KS_OK;
 }
 
-/* Create or upgrade keyshift's tables to version 2 in one BEGIN IMMEDIATE
- * transaction (see the file comment), re-reading the version inside it. */
+/* Create or upgrade keyshift's tables to version 3 in one BEGIN IMMEDIATE
+ * transaction (see the file comment), re-reading the version inside it:
+ * version 2's step when below it, then version 3's. */
 static ks_err upgrade(ks_rollout_db *db, char *errbuf, size_t errbuf_len)
 {
-    int64_t version = 0, n_v2 = 0;
+    int64_t version = 0, n_v2 = 0, has_v3 = 0;
     int rc = sqlite3_exec(db->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
     if (rc == SQLITE_OK)
         rc = sqlite3_exec(db->db, ks_sqlite_schema_sql, NULL, NULL, NULL);
-    ks_err err = rc == SQLITE_OK ? read_schema_state(db, &version, &n_v2)
+    ks_err err = rc == SQLITE_OK ? read_schema_state(db, &version, &n_v2, &has_v3)
                                  : ks_sqlite_fail_rc(errbuf, errbuf_len, rc,
                                                      "creating the keyshift tables");
     if (err == KS_OK)
         err = check_not_newer(version, errbuf, errbuf_len);
-    if (err == KS_OK && (version < KS_SQLITE_SCHEMA_LATEST || n_v2 < 4)) {
+    if (err == KS_OK && (version < 2 || n_v2 < 4)) {
         rc = sqlite3_exec(db->db, schema_sql_v2, NULL, NULL, NULL);
+        if (rc != SQLITE_OK)
+            err = ks_sqlite_fail_rc(errbuf, errbuf_len, rc, "upgrading the keyshift tables");
+    }
+    if (err == KS_OK && (version < 3 || !has_v3)) {
+        rc = upgrade_v3(db);
         if (rc != SQLITE_OK)
             err = ks_sqlite_fail_rc(errbuf, errbuf_len, rc, "upgrading the keyshift tables");
     }
@@ -619,22 +751,27 @@ ks_err ks_rollout_db_open(const char *path, unsigned flags, ks_rollout_db **out,
         return KS_ERR_NO_MEMORY;
     db->read_only = (flags & KS_ROLLOUT_DB_READ_ONLY) != 0;
     ks_sqlite_busy_init(&db->busy, 0);
-    int64_t version = 0, n_v2 = 0;
+    int64_t version = 0, n_v2 = 0, has_v3 = 0;
     ks_err err = ks_sqlite_connect(path, db->read_only, 0, &db->busy, &db->db, errbuf, errbuf_len);
     if (err == KS_OK) {
-        err = read_schema_state(db, &version, &n_v2);
+        err = read_schema_state(db, &version, &n_v2, &has_v3);
         if (err != KS_OK)
             err = ks_sqlite_fail(errbuf, errbuf_len, err, "reading the schema: %s",
                                  ks_err_name(err));
     }
     if (err == KS_OK)
         err = check_not_newer(version, errbuf, errbuf_len);
-    if (err == KS_OK && !db->read_only && (version < KS_SQLITE_SCHEMA_LATEST || n_v2 < 4))
+    if (err == KS_OK && !db->read_only &&
+        (version < KS_SQLITE_SCHEMA_LATEST || n_v2 < 4 || !has_v3))
         err = upgrade(db, errbuf, errbuf_len);
-    else if (err == KS_OK && db->read_only)
-        db->have_tables = version == KS_SQLITE_SCHEMA_LATEST && n_v2 == 4;
+    else if (err == KS_OK && db->read_only) {
+        /* a version 2 database is read as it is: its rollouts are all
+         * column-scoped, and ignoring them would let `migrate` run unguarded */
+        db->have_tables = version >= 2 && n_v2 == 4;
+        db->v3 = db->have_tables && version == 3 && has_v3;
+    }
     if (err == KS_OK && !db->read_only)
-        db->have_tables = 1;
+        db->have_tables = db->v3 = 1;
     if (err != KS_OK) {
         ks_rollout_db_close(db);
         return err;
@@ -677,13 +814,39 @@ ks_err ks_rollout_db_data_version(ks_rollout_db *db, int64_t *out)
 
 /* ---- start ------------------------------------------------------------------- */
 
+/* What is wrong with key-scoped spec s (NULL when nothing): a source
+ * with a key_id, a target keeping it, no table or column of its own, and
+ * 1..KS_ROLLOUT_COLUMNS_MAX well-formed column names (checked against the
+ * schema later). */
+static const char *key_spec_problem(const ks_rollout *s)
+{
+    if (s->table[0] != '\0' || s->column[0] != '\0')
+        return "a key-scoped rollout names its columns in its list, not as its table and column";
+    if (s->source.is_plaintext)
+        return "a key-scoped rollout needs an envelope source: plaintext has no key_id";
+    if (strncmp(s->source.key_id, s->target.key_id, sizeof s->source.key_id) != 0)
+        return "a key-scoped rollout keeps its key_id: the target must be under the source's "
+               "key_id (a move to another key_id is a rollout per column)";
+    if (s->n_columns == 0 || s->n_columns > KS_ROLLOUT_COLUMNS_MAX)
+        return "a key-scoped rollout lists 1 to 16 columns";
+    for (size_t i = 0; i < s->n_columns; i++)
+        if (strnlen(s->columns[i].table, KS_ROLLOUT_IDENT_MAX + 1) - 1 >= KS_ROLLOUT_IDENT_MAX ||
+            strnlen(s->columns[i].column, KS_ROLLOUT_IDENT_MAX + 1) - 1 >= KS_ROLLOUT_IDENT_MAX)
+            return "a listed table or column name is empty or too long";
+    return NULL;
+}
+
 /* Check a rollout spec (see ks_rollout_db_start). */
 static ks_err spec_check(const ks_rollout *s, char *errbuf, size_t errbuf_len)
 {
     const ks_thresholds *t = &s->thresholds;
     const char *what = NULL;
-    if (strnlen(s->table, KS_ROLLOUT_IDENT_MAX + 1) - 1 >= KS_ROLLOUT_IDENT_MAX ||
-        strnlen(s->column, KS_ROLLOUT_IDENT_MAX + 1) - 1 >= KS_ROLLOUT_IDENT_MAX)
+    if (s->scope != KS_SCOPE_COLUMN && s->scope != KS_SCOPE_KEY)
+        what = "the scope is neither a column nor a key";
+    else if (s->scope == KS_SCOPE_COLUMN &&
+             (strnlen(s->table, KS_ROLLOUT_IDENT_MAX + 1) - 1 >= KS_ROLLOUT_IDENT_MAX ||
+              strnlen(s->column, KS_ROLLOUT_IDENT_MAX + 1) - 1 >= KS_ROLLOUT_IDENT_MAX ||
+              s->n_columns != 0))
         what = "the table or column name is empty or too long";
     else if (ks_rollout_class_check(&s->source, 1) != KS_OK)
         what = "the source class is not valid";
@@ -699,6 +862,8 @@ static ks_err spec_check(const ks_rollout *s, char *errbuf, size_t errbuf_len)
         what = "the thresholds are not valid";
     else if (s->reader_ttl_s == 0)
         what = "the reader TTL must be at least 1 s";
+    else if (s->scope == KS_SCOPE_KEY)
+        what = key_spec_problem(s);
     if (what != NULL)
         return ks_sqlite_fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT, "%s", what);
     return KS_OK;
@@ -747,17 +912,29 @@ static ks_err find_scope(ks_rollout_db *db, const char *table, const char *colum
     return err;
 }
 
-/* The id and phase of the open (not finalized) rollout of the scope, if
- * any (*id 0 when none). */
-static ks_err find_open(ks_rollout_db *db, const char *tbl, const char *col, int64_t *id,
-                        char phase[32])
+/* The open (not finalized) rollout that overlaps a new rollout on
+ * tbl.col, or of key_id when key_id is not NULL: the column-scoped one of
+ * the column or (with key_scopes) a key-scoped one covering it, or the
+ * key-scoped one of key_id.  Its id (0 when none), phase and scope text
+ * go to *id, phase and what. */
+static ks_err find_open(ks_rollout_db *db, const char *tbl, const char *col, const char *key_id,
+                        int key_scopes, int64_t *id, char phase[32], char what[SCOPE_TEXT_MAX])
 {
     sqlite3_stmt *st;
     *id = 0;
-    int rc = prep_bind(db, &st,
-                       "SELECT id, phase FROM main.keyshift_rollout WHERE tbl = ?1 COLLATE NOCASE "
-                       "AND col = ?2 COLLATE NOCASE AND phase <> 'finalized' ORDER BY id LIMIT 1",
-                       "tt", tbl, col);
+    int rc = key_id != NULL
+                 ? prep_bind(db, &st,
+                             "SELECT id, phase FROM main.keyshift_rollout WHERE scope_key_id = ?1 "
+                             "AND phase <> 'finalized' ORDER BY id LIMIT 1",
+                             "t", key_id)
+                 : prep_bind(db, &st,
+                             "SELECT id, phase FROM main.keyshift_rollout AS r WHERE "
+                             "phase <> 'finalized' AND ((scope_key_id = '' AND "
+                             "tbl = ?1 COLLATE NOCASE AND col = ?2 COLLATE NOCASE) OR (?3 AND "
+                             "EXISTS (SELECT 1 FROM main.keyshift_rollout_column AS c WHERE "
+                             "c.rollout_id = r.id AND c.tbl = ?1 AND c.col = ?2))) "
+                             "ORDER BY id LIMIT 1",
+                             "tti", tbl, col, (int64_t)(key_scopes != 0));
     if (rc == SQLITE_OK)
         rc = sqlite3_step(st);
     if (rc == SQLITE_ROW) {
@@ -766,12 +943,48 @@ static ks_err find_open(ks_rollout_db *db, const char *tbl, const char *col, int
             snprintf(phase, 32, "?");
     }
     sqlite3_finalize(st);
-    return rc == SQLITE_ROW || rc == SQLITE_DONE ? KS_OK : ks_sqlite_map_rc(rc);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        return ks_sqlite_map_rc(rc);
+    ks_rollout other;
+    ks_err err = *id != 0 ? load_rollout(db, *id, &other) : KS_OK;
+    if (err == KS_OK && *id != 0)
+        ks_rollout_scope_text(&other, what, SCOPE_TEXT_MAX);
+    return err;
 }
 
-/* Insert the rollout s (scope spellings tbl, col) in planned at now. */
-static ks_err insert_rollout(ks_rollout_db *db, const ks_rollout *s, const char *tbl,
-                             const char *col, int64_t now, int64_t *id)
+/* Refuse (KS_ERR_ROLLOUT_EXISTS, naming it) a new rollout of scope s that
+ * overlaps an open one: for a column scope, one of its column or a key
+ * scope covering it; for a key scope, one of the same key_id or a column
+ * scope of one of its columns.  A key scope overlaps a column scope on a
+ * shared column whatever their classes, because a column-scoped rollout
+ * judges every value of its column, which would leave the key-scoped
+ * one's envelopes under two rules.  Key scopes of different key_ids
+ * judge disjoint envelopes and may share columns. */
+static ks_err refuse_overlap(ks_rollout_db *db, const ks_rollout *s, char *errbuf,
+                             size_t errbuf_len)
+{
+    char phase[32], what[SCOPE_TEXT_MAX], mine[SCOPE_TEXT_MAX];
+    int64_t open_id = 0;
+    ks_err err = KS_OK;
+    if (s->scope == KS_SCOPE_KEY)
+        err = find_open(db, NULL, NULL, s->source.key_id, 0, &open_id, phase, what);
+    else
+        err = find_open(db, s->table, s->column, NULL, 1, &open_id, phase, what);
+    for (size_t i = 0; err == KS_OK && open_id == 0 && i < s->n_columns; i++)
+        err = find_open(db, s->columns[i].table, s->columns[i].column, NULL, 0, &open_id, phase,
+                        what);
+    if (err == KS_OK && open_id != 0)
+        err = ks_sqlite_fail(errbuf, errbuf_len, KS_ERR_ROLLOUT_EXISTS,
+                             "rollout %lld of %s is in %s and overlaps %s: finalize it first",
+                             (long long)open_id, what, phase,
+                             ks_rollout_scope_text(s, mine, sizeof mine));
+    return err;
+}
+
+/* Insert the rollout s (its scope in the schema's spellings: sc) in
+ * planned at now, with the columns of a key scope. */
+static ks_err insert_rollout(ks_rollout_db *db, const ks_rollout *s, const ks_rollout *sc,
+                             int64_t now, int64_t *id)
 {
     char tenants[TENANTS_TEXT_MAX + 1];
     canary_join(&s->canary, tenants);
@@ -785,21 +998,30 @@ static ks_err insert_rollout(ks_rollout_db *db, const ks_rollout *s, const char 
         "dst_key_id, dst_key_version, phase, phase_since, canary_kind, canary_percent, "
         "canary_tenants, max_auth_failure_rate, max_parse_error_rate, "
         "max_provider_error_rate, max_seal_p99_us, max_open_p99_us, min_samples, "
-        "window_s, min_soak_s, reader_ttl_s, created, updated, verified_at) "
+        "window_s, min_soak_s, reader_ttl_s, created, updated, verified_at, scope_key_id) "
         "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 'planned', ?12, ?13, ?14, "
-        "?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?12, ?12, 0)",
-        "ttiiitiiiti" "itit" "ddd" "iiiiii", tbl, col, (int64_t)(a->is_plaintext != 0),
+        "?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?12, ?12, 0, ?25)",
+        "ttiiitiiiti" "itit" "ddd" "iiiiii" "t", sc->table, sc->column,
+        (int64_t)(a->is_plaintext != 0),
         (int64_t)a->version, (int64_t)a->algorithm, a->key_id, (int64_t)a->key_version,
         (int64_t)b->version, (int64_t)b->algorithm, b->key_id, (int64_t)b->key_version, now,
         canary_names[s->canary.kind], (int64_t)s->canary.percent, tenants,
         t->max_auth_failure_rate, t->max_parse_error_rate, t->max_provider_error_rate,
         (int64_t)t->max_seal_p99_us, (int64_t)t->max_open_p99_us, (int64_t)t->min_samples,
-        (int64_t)t->window_s, (int64_t)s->min_soak_s, (int64_t)s->reader_ttl_s);
+        (int64_t)t->window_s, (int64_t)s->min_soak_s, (int64_t)s->reader_ttl_s,
+        sc->scope == KS_SCOPE_KEY ? a->key_id : "");
     rc = run_done(st, rc);
     if (rc != SQLITE_OK)
         return rc_err(rc);
     *id = sqlite3_last_insert_rowid(db->db);
-    return KS_OK;
+    for (size_t i = 0; rc == SQLITE_OK && i < sc->n_columns; i++) {
+        rc = prep_bind(db, &st,
+                       "INSERT INTO main.keyshift_rollout_column(rollout_id, tbl, col) "
+                       "VALUES(?1, ?2, ?3)",
+                       "itt", *id, sc->columns[i].table, sc->columns[i].column);
+        rc = run_done(st, rc);
+    }
+    return rc == SQLITE_OK ? KS_OK : rc_err(rc);
 }
 
 /* See rollout.h. */
@@ -817,22 +1039,39 @@ ks_err ks_rollout_db_start(ks_rollout_db *db, const ks_rollout *spec, const char
         err = txn_begin(db);
     if (err != KS_OK)
         return err;
-    char tbl[KS_ROLLOUT_IDENT_MAX + 1], col[KS_ROLLOUT_IDENT_MAX + 1], phase[32];
-    int64_t open_id = 0;
-    err = find_scope(db, spec->table, spec->column, tbl, col, errbuf, errbuf_len);
+    ks_rollout scope; /* the scope in the schema's spellings */
+    memset(&scope, 0, sizeof scope);
+    scope.scope = spec->scope;
+    scope.source = spec->source;
+    scope.n_columns = spec->n_columns;
+    if (spec->scope == KS_SCOPE_COLUMN)
+        err = find_scope(db, spec->table, spec->column, scope.table, scope.column, errbuf,
+                         errbuf_len);
+    for (size_t i = 0; err == KS_OK && i < spec->n_columns; i++) {
+        ks_rollout_column *c = &scope.columns[i];
+        err = find_scope(db, spec->columns[i].table, spec->columns[i].column, c->table,
+                         c->column, errbuf, errbuf_len);
+        scope.n_columns = i;
+        if (err == KS_OK && ks_rollout_scope_covers(&scope, c->table, c->column))
+            err = ks_sqlite_fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                                 "column %s.%s is listed twice", c->table, c->column);
+        scope.n_columns = spec->n_columns;
+    }
     if (err == KS_OK)
-        err = find_open(db, tbl, col, &open_id, phase);
-    if (err == KS_OK && open_id != 0)
-        err = ks_sqlite_fail(errbuf, errbuf_len, KS_ERR_ROLLOUT_EXISTS,
-                             "rollout %lld of %s.%s is in %s: finalize it first",
-                             (long long)open_id, tbl, col, phase);
+        err = refuse_overlap(db, &scope, errbuf, errbuf_len);
     if (err == KS_OK)
-        err = insert_rollout(db, spec, tbl, col, now, id);
+        err = insert_rollout(db, spec, &scope, now, id);
     if (err == KS_OK) {
-        char reason[2 * (KS_KEY_ID_MAX + 48) + 16], sc[KS_KEY_ID_MAX + 48], tc[KS_KEY_ID_MAX + 48];
-        snprintf(reason, sizeof reason, "start: %s -> %s",
-                 ks_rollout_class_text(&spec->source, sc, sizeof sc),
-                 ks_rollout_class_text(&spec->target, tc, sizeof tc));
+        char reason[3 * (KS_KEY_ID_MAX + 48) + 48], sc[KS_KEY_ID_MAX + 48], tc[KS_KEY_ID_MAX + 48];
+        if (spec->scope == KS_SCOPE_KEY)
+            snprintf(reason, sizeof reason, "start: key %s, %zu columns: %s -> %s",
+                     spec->source.key_id, spec->n_columns,
+                     ks_rollout_class_text(&spec->source, sc, sizeof sc),
+                     ks_rollout_class_text(&spec->target, tc, sizeof tc));
+        else
+            snprintf(reason, sizeof reason, "start: %s -> %s",
+                     ks_rollout_class_text(&spec->source, sc, sizeof sc),
+                     ks_rollout_class_text(&spec->target, tc, sizeof tc));
         err = log_append(db, *id, now, actor, 0, KS_PHASE_PLANNED, reason, 0);
     }
     err = txn_end(db, err);
@@ -855,19 +1094,39 @@ ks_err ks_rollout_db_get(ks_rollout_db *db, int64_t id, ks_rollout *out)
 ks_err ks_rollout_db_latest(ks_rollout_db *db, const char *table, const char *column,
                             ks_rollout *out)
 {
-    if (db == NULL || table == NULL || column == NULL || out == NULL)
+    if (db == NULL || table == NULL || column == NULL || out == NULL || table[0] == '\0' ||
+        column[0] == '\0')
         return KS_ERR_INVALID_ARGUMENT;
     if (!db->have_tables)
         return KS_ERR_NO_ROLLOUT;
+    static const char *const q[2] = SELECT_ROLLOUT(
+        "WHERE tbl = ?1 COLLATE NOCASE AND col = ?2 COLLATE NOCASE ORDER BY id DESC LIMIT 1");
     sqlite3_stmt *st;
-    int rc = prep_bind(db, &st,
-                       "SELECT " ROLLOUT_COLS " FROM main.keyshift_rollout WHERE tbl = ?1 COLLATE "
-                       "NOCASE AND col = ?2 COLLATE NOCASE ORDER BY id DESC LIMIT 1",
-                       "tt", table, column);
+    int rc = prep_bind(db, &st, q[db->v3], "tt", table, column);
     size_t n = 0;
     ks_err err = read_rows(st, rc, read_rollout, out, sizeof *out, 1, &n);
     if (err == KS_OK && n == 0)
         err = KS_ERR_NO_ROLLOUT;
+    return err;
+}
+
+/* See rollout.h. */
+ks_err ks_rollout_db_latest_key(ks_rollout_db *db, const char *key_id, ks_rollout *out)
+{
+    if (db == NULL || out == NULL || !ks_rollout_charset_ok(key_id, KS_KEY_ID_MAX, KS_RULE_KEY_ID))
+        return KS_ERR_INVALID_ARGUMENT;
+    if (!db->v3)
+        return KS_ERR_NO_ROLLOUT;
+    static const char *const q[2] =
+        SELECT_ROLLOUT("WHERE scope_key_id = ?1 ORDER BY id DESC LIMIT 1");
+    sqlite3_stmt *st;
+    int rc = prep_bind(db, &st, q[1], "t", key_id);
+    size_t n = 0;
+    ks_err err = read_rows(st, rc, read_rollout, out, sizeof *out, 1, &n);
+    if (err == KS_OK && n == 0)
+        err = KS_ERR_NO_ROLLOUT;
+    if (err == KS_OK)
+        err = load_columns(db, out, 1);
     return err;
 }
 
@@ -880,12 +1139,15 @@ ks_err ks_rollout_db_list(ks_rollout_db *db, int64_t after_id, ks_rollout *out, 
     *n = 0;
     if (!db->have_tables || max == 0)
         return KS_OK;
+    static const char *const q[2] = SELECT_ROLLOUT("WHERE id > ?1 ORDER BY id LIMIT ?2");
     sqlite3_stmt *st;
-    int rc = prep_bind(db, &st,
-                       "SELECT " ROLLOUT_COLS " FROM main.keyshift_rollout WHERE id > ?1 "
-                       "ORDER BY id LIMIT ?2",
-                       "ii", after_id, limit_of(max));
-    return read_rows(st, rc, read_rollout, out, sizeof *out, max, n);
+    int rc = prep_bind(db, &st, q[db->v3], "ii", after_id, limit_of(max));
+    ks_err err = read_rows(st, rc, read_rollout, out, sizeof *out, max, n);
+    if (err == KS_OK)
+        err = load_columns(db, out, *n);
+    if (err != KS_OK)
+        *n = 0;
+    return err;
 }
 
 /* ---- readers ------------------------------------------------------------------- */
@@ -1024,17 +1286,31 @@ ks_err ks_rollout_db_reader_deregister(ks_rollout_db *db, const char *instance_i
 
 /* ---- transitions ---------------------------------------------------------------- */
 
-/* Whether rollout r is the latest of its scope (*latest). */
+/* Whether no later rollout touches r's scope (*latest; see
+ * ks_rollout_facts.is_latest): a later rollout of the same column or
+ * key_id, a later key-scoped rollout covering r's column, or a later
+ * column-scoped rollout of one of r's columns. */
 static ks_err is_latest(ks_rollout_db *db, const ks_rollout *r, int *latest)
 {
     sqlite3_stmt *st;
-    int rc = prep_bind(db, &st,
-                       "SELECT max(id) FROM main.keyshift_rollout WHERE tbl = ?1 COLLATE NOCASE "
-                       "AND col = ?2 COLLATE NOCASE",
-                       "tt", r->table, r->column);
+    int rc;
+    if (r->scope == KS_SCOPE_KEY)
+        rc = prep_bind(db, &st,
+                       "SELECT count(*) FROM main.keyshift_rollout AS o WHERE o.id > ?1 AND "
+                       "(o.scope_key_id = ?2 OR (o.scope_key_id = '' AND EXISTS (SELECT 1 FROM "
+                       "main.keyshift_rollout_column AS c WHERE c.rollout_id = ?1 AND "
+                       "c.tbl = o.tbl AND c.col = o.col)))",
+                       "it", r->id, r->source.key_id);
+    else
+        rc = prep_bind(db, &st,
+                       "SELECT (SELECT count(*) FROM main.keyshift_rollout WHERE id > ?1 AND "
+                       "scope_key_id = '' AND tbl = ?2 COLLATE NOCASE AND col = ?3 COLLATE "
+                       "NOCASE) + (SELECT count(*) FROM main.keyshift_rollout_column WHERE "
+                       "rollout_id > ?1 AND tbl = ?2 AND col = ?3)",
+                       "itt", r->id, r->table, r->column);
     if (rc == SQLITE_OK)
         rc = sqlite3_step(st);
-    *latest = rc == SQLITE_ROW && sqlite3_column_int64(st, 0) == r->id;
+    *latest = rc == SQLITE_ROW && sqlite3_column_int64(st, 0) == 0;
     sqlite3_finalize(st);
     return rc == SQLITE_ROW ? KS_OK : ks_sqlite_map_rc(rc == SQLITE_DONE ? SQLITE_ERROR : rc);
 }
@@ -1062,8 +1338,8 @@ static ks_err gather(ks_rollout_db *db, int64_t id, ks_rollout_facts *f,
     return err;
 }
 
-/* Write r's new phase `to` at now (verified_at reset on entering
- * backfill), only if it is still in `from`. */
+/* Write r's new phase `to` at now (verified_at, and every column's of a
+ * key scope, reset on entering backfill), only if it is still in `from`. */
 static ks_err write_phase(ks_rollout_db *db, int64_t id, int from, int to, int64_t now)
 {
     sqlite3_stmt *st;
@@ -1075,7 +1351,15 @@ static ks_err write_phase(ks_rollout_db *db, int64_t id, int from, int to, int64
     rc = run_done(st, rc);
     if (rc != SQLITE_OK)
         return rc_err(rc);
-    return sqlite3_changes(db->db) == 1 ? KS_OK : KS_ERR_STORE;
+    if (sqlite3_changes(db->db) != 1)
+        return KS_ERR_STORE;
+    if (to != KS_PHASE_BACKFILL)
+        return KS_OK;
+    rc = prep_bind(db, &st,
+                   "UPDATE main.keyshift_rollout_column SET verified_at = 0 WHERE rollout_id = ?1",
+                   "i", id);
+    rc = run_done(st, rc);
+    return rc == SQLITE_OK ? KS_OK : rc_err(rc);
 }
 
 /* See rollout.h. */
@@ -1154,29 +1438,65 @@ ks_err ks_rollout_db_set_canary(ks_rollout_db *db, int64_t id, const ks_rollout_
     return txn_end(db, err);
 }
 
-/* See rollout.h. */
-ks_err ks_rollout_db_record_verify(ks_rollout_db *db, int64_t id, const char *actor, int64_t now)
+/* Record a verify pass of rollout id in one transaction: of its whole
+ * scope (table NULL; a column scope only), or of table.column, which its
+ * scope must cover.  Only in backfill; logged. */
+static ks_err record_verify(ks_rollout_db *db, int64_t id, const char *table, const char *column,
+                            const char *actor, int64_t now)
 {
-    if (db == NULL || !log_args_ok(actor, NULL))
+    if (db == NULL || !log_args_ok(actor, NULL) || (table != NULL && column == NULL))
         return KS_ERR_INVALID_ARGUMENT;
     ks_rollout r;
+    char reason[2 * KS_ROLLOUT_IDENT_MAX + 64];
     ks_err err = txn_begin(db);
     if (err != KS_OK)
         return err;
     err = load_in_phase(db, id, 1u << KS_PHASE_BACKFILL, &r);
+    if (err == KS_OK && table == NULL && r.scope == KS_SCOPE_KEY)
+        err = KS_ERR_INVALID_ARGUMENT; /* a key scope is verified column by column */
+    if (err == KS_OK && table != NULL && !ks_rollout_scope_covers(&r, table, column))
+        err = KS_ERR_NOT_FOUND;
     if (err == KS_OK) {
         sqlite3_stmt *st;
-        int rc = prep_bind(db, &st,
-                           "UPDATE main.keyshift_rollout SET verified_at = ?1, updated = ?1 "
-                           "WHERE id = ?2",
-                           "ii", now, id);
+        int rc = r.scope == KS_SCOPE_KEY
+                     ? prep_bind(db, &st,
+                                 "UPDATE main.keyshift_rollout_column SET verified_at = ?1 "
+                                 "WHERE rollout_id = ?2 AND tbl = ?3 AND col = ?4",
+                                 "iitt", now, id, table, column)
+                     : prep_bind(db, &st,
+                                 "UPDATE main.keyshift_rollout SET verified_at = ?1, "
+                                 "updated = ?1 WHERE id = ?2",
+                                 "ii", now, id);
         rc = run_done(st, rc);
         err = rc == SQLITE_OK ? KS_OK : rc_err(rc);
+        if (err == KS_OK && sqlite3_changes(db->db) != 1)
+            err = KS_ERR_STORE;
     }
+    for (size_t i = 0; err == KS_OK && i < r.n_columns; i++) /* the schema's spelling */
+        if (sqlite3_stricmp(r.columns[i].table, table) == 0 &&
+            sqlite3_stricmp(r.columns[i].column, column) == 0)
+            snprintf(reason, sizeof reason, "migrate verify passed for %s.%s",
+                     r.columns[i].table, r.columns[i].column);
+    if (err == KS_OK && r.scope == KS_SCOPE_COLUMN)
+        snprintf(reason, sizeof reason, "migrate verify passed");
     if (err == KS_OK)
-        err = log_append(db, id, now, actor, KS_PHASE_BACKFILL, KS_PHASE_BACKFILL,
-                         "migrate verify passed", 0);
+        err = log_append(db, id, now, actor, KS_PHASE_BACKFILL, KS_PHASE_BACKFILL, reason, 0);
     return txn_end(db, err);
+}
+
+/* See rollout.h. */
+ks_err ks_rollout_db_record_verify(ks_rollout_db *db, int64_t id, const char *actor, int64_t now)
+{
+    return record_verify(db, id, NULL, NULL, actor, now);
+}
+
+/* See rollout.h. */
+ks_err ks_rollout_db_record_verify_column(ks_rollout_db *db, int64_t id, const char *table,
+                                          const char *column, const char *actor, int64_t now)
+{
+    if (table == NULL || column == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    return record_verify(db, id, table, column, actor, now);
 }
 
 /* See rollout.h. */

@@ -18,6 +18,9 @@ int ks_rollout_charset_ok(const char *s, size_t max, uint8_t kind);
 /* Class c as text for messages ("plaintext", "k:2 (v2, xchacha20-poly1305)"). */
 const char *ks_rollout_class_text(const ks_rollout_class *c, char *out, size_t out_len);
 
+/* Bytes that ks_rollout_scope_text always fits in. */
+#define SCOPE_TEXT_MAX KS_ROLLOUT_SCOPE_TEXT_MAX
+
 /* PRAGMA data_version of db's connection: changes when another connection
  * commits to the database. */
 KS_WUR ks_err ks_rollout_db_data_version(ks_rollout_db *db, int64_t *out);
