@@ -4,8 +4,10 @@
  * the input.
  *
  * Input (docs/fuzzing.md, "fuzz_migrate"; short inputs read as zeros):
- *   byte 0  bits 0-1 mode (0, 3: encrypt; 1: rewrap; 2: reencrypt),
- *           bit 2 format 1 (else 2), bit 3 AES-256-GCM (else XChaCha20),
+ *   byte 0  bits 0-1 mode (0: encrypt; 1: rewrap; 2: reencrypt; 3: rewrap
+ *           confined to one key by from_key_id, other-key when bit 2 is
+ *           set, else fuzz-key), bit 2 format 1 (else 2; for 3, the key),
+ *           bit 3 AES-256-GCM (else XChaCha20),
  *           bits 4-6 batch size - 1, bit 7 no_verify
  *   byte 1  bits 0-1 context template (TEMPLATES), bit 2 tenant column (else
  *           the constant tenant "acme"), bit 3 purpose "db.orders" (else
@@ -102,26 +104,32 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 typedef struct genuine_spec {
     uint8_t format;
     uint32_t alg;
-    uint32_t version; /* of fuzz-key */
+    uint32_t version; /* of key */
     const char *tenant;
     const char *context;
+    const char *key;
 } genuine_spec;
 
 #define X KS_ALG_XCHACHA20POLY1305
 #define A KS_ALG_AES256GCM
+#define FK "fuzz-key"
+#define OK "other-key"
 /* Indexed by the input; fuzz/migrate_seeds.py mirrors this table.  The
  * contexts are what TEMPLATES render for ids 1..4 (org "sales" for
  * "{org}/{id}"); the purpose of format 2 is "db.users". */
 static const genuine_spec GENUINE[] = {
-    {2, X, 1, "acme", ""},      {2, X, 1, "acme", "t:1"},   {2, X, 1, "acme", "t:2"},
-    {2, X, 1, "acme", "t:3"},   {1, X, 1, "acme", ""},      {1, X, 1, "acme", "t:1"},
-    {1, X, 1, "acme", "t:2"},   {2, X, 2, "acme", "t:1"},   {2, X, 1, "globex", "t:2"},
-    {2, X, 1, "acme", "sales/3"}, {2, A, 1, "acme", "t:1"}, {1, A, 1, "acme", "t:2"},
-    {2, X, 1, "acme", "fixed"}, {2, X, 2, "acme", ""},      {1, X, 2, "acme", "t:4"},
-    {2, A, 2, "acme", "t:3"},
+    {2, X, 1, "acme", "", FK},      {2, X, 1, "acme", "t:1", FK},   {2, X, 1, "acme", "t:2", FK},
+    {2, X, 1, "acme", "t:3", FK},   {1, X, 1, "acme", "", FK},      {1, X, 1, "acme", "t:1", FK},
+    {1, X, 1, "acme", "t:2", FK},   {2, X, 2, "acme", "t:1", FK},   {2, X, 1, "globex", "t:2", FK},
+    {2, X, 1, "acme", "sales/3", FK}, {2, A, 1, "acme", "t:1", FK}, {1, A, 1, "acme", "t:2", FK},
+    {2, X, 1, "acme", "fixed", FK}, {2, X, 2, "acme", "", FK},      {1, X, 2, "acme", "t:4", FK},
+    {2, A, 2, "acme", "t:3", FK},   {2, X, 1, "acme", "t:1", OK},
+    {1, X, 1, "acme", "t:2", OK},
 };
 #undef X
 #undef A
+#undef FK
+#undef OK
 #define N_GENUINE (sizeof GENUINE / sizeof GENUINE[0])
 
 /* Context templates and the context columns they use. */
@@ -189,7 +197,8 @@ static void init(void)
             pt[k] = (uint8_t)('a' + (i + k) % 26);
         }
         ks_seal_params p = {g->format, aes ? g->alg : KS_ALG_XCHACHA20POLY1305,
-                            {(const uint8_t *)g->tenant, strlen(g->tenant)}, BV("fuzz-key"),
+                            {(const uint8_t *)g->tenant, strlen(g->tenant)},
+                            {(const uint8_t *)g->key, strlen(g->key)},
                             g->version, g->format == 2 ? BV("db.users") : (ks_bytes){NULL, 0},
                             {(const uint8_t *)g->context, strlen(g->context)}};
         CHECK(ks_seal(ctx, &p, pt, pt_len, gen[i].env, sizeof gen[i].env, &gen[i].env_len) == KS_OK);
@@ -296,8 +305,11 @@ static void decode(const uint8_t *data, size_t size, world_in *w)
     uint8_t b0 = ks_fuzz_next(&in), b1 = ks_fuzz_next(&in), b2 = ks_fuzz_next(&in), b3 = ks_fuzz_next(&in);
     memset(&w->p, 0, sizeof w->p);
     static const ks_migrate_mode modes[4] = {KS_MIGRATE_ENCRYPT, KS_MIGRATE_REWRAP,
-                                             KS_MIGRATE_REENCRYPT, KS_MIGRATE_ENCRYPT};
+                                             KS_MIGRATE_REENCRYPT, KS_MIGRATE_REWRAP};
     w->p.mode = modes[b0 & 3];
+    if ((b0 & 3) == 3) {
+        w->p.from_key_id = (b0 & 4) ? BV("other-key") : BV("fuzz-key");
+    }
     w->p.to_format = (b0 & 4) ? KS_FORMAT_V1 : KS_FORMAT_V2;
     w->p.algorithm = (b0 & 8) && crypto_aead_aes256gcm_is_available() ? KS_ALG_AES256GCM
                                                                        : KS_ALG_XCHACHA20POLY1305;
@@ -516,12 +528,33 @@ static ks_open_params for_env(ks_open_params op, const uint8_t *b, size_t n)
     return op;
 }
 
+/* Nonzero when the original value r is outside the run's key filter
+ * (from_key_id): not an envelope, or one whose header names another
+ * key.  Restated here rather than shared with the engine, so that the
+ * oracle stays independent of the code it checks. */
+static int outside_filter(const world_in *w, const row *r)
+{
+    if (w->p.from_key_id.len == 0) {
+        return 0;
+    }
+    ks_envelope h;
+    if (!starts_kse(r)) {
+        return 1;
+    }
+    if (ks_envelope_parse_header(r->bytes, r->len, NULL, &h, NULL) != KS_OK) {
+        return 0; /* no key to judge by: treated as any malformed value */
+    }
+    return h.key_id.len != w->p.from_key_id.len ||
+           memcmp(h.key_id.ptr, w->p.from_key_id.ptr, h.key_id.len) != 0;
+}
+
 /* Oracle 4 for one changed row. */
 static void check_changed(const world_in *w, const row *r, const final *f, uint32_t to_version)
 {
     static uint8_t pt[PT_CAP], pt0[PT_CAP];
     CHECK(f->type == SQLITE_BLOB);
     CHECK(!f->in_quarantine);
+    CHECK(!outside_filter(w, r)); /* another key's value is never changed */
     ks_envelope e;
     CHECK(ks_envelope_parse(f->bytes, f->len, NULL, &e, NULL) == KS_OK);
     CHECK(e.key_id.len == w->p.to_key_id.len && memcmp(e.key_id.ptr, w->p.to_key_id.ptr, e.key_id.len) == 0);
@@ -580,8 +613,8 @@ static void check_left(const world_in *w, const row *r, uint32_t to_version)
         CHECK(ks_envelope_parse(r->bytes, r->len, NULL, &e, NULL) == KS_OK);
         return;
     }
-    if (!env) {
-        return; /* wrong state: plaintext, untouched */
+    if (!env || outside_filter(w, r)) {
+        return; /* wrong state (plaintext) or another key's: untouched */
     }
     CHECK(ks_envelope_parse(r->bytes, r->len, NULL, &e, NULL) == KS_OK);
     CHECK(e.key_id.len == w->p.to_key_id.len && memcmp(e.key_id.ptr, w->p.to_key_id.ptr, e.key_id.len) == 0);

@@ -14,8 +14,8 @@ import sys
 
 from seedlib import write_corpus
 
-# mode
-ENCRYPT, REWRAP, REENCRYPT = 0, 1, 2
+# mode (FILTERED: rewrap confined by from_key_id to fuzz-key, or other-key with fmt1=True)
+ENCRYPT, REWRAP, REENCRYPT, FILTERED = 0, 1, 2, 3
 # templates
 T_EMPTY, T_ID, T_ORG, T_FIXED = 0, 1, 2, 3
 # targets: fuzz-key primary (2), fuzz-key 1, fuzz-key 2, other-key primary
@@ -119,6 +119,14 @@ def seeds():
             body = (b"".join(plain) if mode == ENCRYPT else gid + genuine(1))
             s.append(params(mode, after=after, action=action, count=2) + body)
     s.append(params(REENCRYPT, after=1, action=A_WRAP, count=4) + gid)
+    # rewrap confined to one key (genuine 16 and 17 are other-key's, the rest fuzz-key's;
+    # each opens at the row id its context names)
+    mixed = (gid + text(b"plain") + null() + genuine(16) + genuine(2, mut=5, xor=1) +
+             kse(b"\x02\x0a"))
+    s.append(params(FILTERED, batch=2, verify=True, rate=254) + mixed)
+    s.append(params(FILTERED, fmt1=True, batch=3, verify=True, rate=254) +
+             genuine(16) + genuine(17, as_text=True) + genuine(3) + genuine(16, mut=9, xor=4))
+    s.append(params(FILTERED, target=TG_OTHER, verify=True) + genuine(16) + genuine(2))
     s.append(b"")
     s.append(params(ENCRYPT))
     return s

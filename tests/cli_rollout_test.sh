@@ -363,11 +363,26 @@ expect_grep "migrate: another key scope covers the column" "$T/err" "rollout 1 (
 run "destroy orders/kek:1 while the key scope's rows use it" 75 "$KS" keys set-state orders/kek 1 destroyed --db "$D"
 expect_grep "destroy: rows of a listed column" "$T/err" "1 row of refunds.card"
 expect_grep "destroy: the key rollout moves it" "$T/err" "rollout 1 of key orders/kek (pay.card, refunds.card) (backfill) moves it"
-run "key migrate pay.card" 0 "$KS" migrate run --db "$D" --table pay --column card --mode rewrap --to-key orders/kek:2 --tenant acme
+# Another tenant's key and a plaintext value in a listed column: not the key scope's to move.
+run "keys create other/kek" 0 "$KS" keys create other/kek
+OTHER=$(printf 'globex secret' | "$KS" encrypt --tenant globex --key-id other/kek | od -An -tx1 | tr -d ' \n' | tr a-f A-F)
+sql "INSERT INTO pay (id, card, tenant) VALUES (100, X'$OTHER', 'globex'), (101, 'plain text', 'acme')"
+run "key migrate: --from-key of another key" 78 "$KS" migrate run --db "$D" --table pay --column card --mode rewrap --to-key orders/kek:2 --tenant acme --from-key other/kek
+expect_grep "key migrate: names the scope's key" "$T/err" "rollout 1 moves the envelopes of key orders/kek; this run's --from-key is other/kek"
+run "key migrate: --from-key with encrypt" 64 "$KS" migrate run --db "$D" --table pay --column card --mode encrypt --to-key orders/kek:2 --tenant acme --from-key orders/kek
+run "key migrate pay.card" 0 "$KS" migrate run --db "$D" --table pay --column card --mode rewrap --to-key orders/kek:2 --tenant acme --json
+expect_grep "key migrate: other key and plaintext skipped" "$T/out" '"skipped":3,.*"quarantined":0,.*"wrong_state":0'
+expect_eq "key migrate: the other key's row is untouched" <(sql "SELECT hex(card) FROM pay WHERE id = 100") "$OTHER"
+expect_eq "key migrate: the plaintext row is untouched" <(sql "SELECT card FROM pay WHERE id = 101") "plain text"
+expect_eq "key migrate: nothing quarantined" <(sql "SELECT count(*) FROM keyshift_quarantine") "0"
+expect_grep "key migrate: the checkpoint names the key" <(sql "SELECT params FROM keyshift_migration") "from"
 run "key finalize: rows left in refunds.card" 75 "$KS" rollout advance --db "$D" "${KEYSEL[@]}"
 expect_grep "key finalize: rows at the source" "$T/err" "1 row is still at the source"
 run "key migrate refunds.card" 0 "$KS" migrate run --db "$D" --table refunds --column card --mode rewrap --to-key orders/kek:2 --tenant acme
-run "key verify pay.card" 0 "$KS" migrate verify --db "$D" --table pay --column card --tenant acme
+run "key verify pay.card, every key" 65 "$KS" migrate verify --db "$D" --table pay --column card --tenant acme
+expect_grep "key verify: globex's row fails under tenant acme" "$T/out" "^FAILED id 100: auth-failed"
+run "key verify pay.card" 0 "$KS" migrate verify --db "$D" --table pay --column card --tenant acme --from-key orders/kek
+expect_grep "key verify: other keys skipped" "$T/out" "3 envelopes checked, 0 failed, 2 rows skipped (NULL, plaintext or another key)"
 expect_grep "key verify: recorded for the column" "$T/err" "verify pass recorded for rollout 1 (backfill, key orders/kek) for pay.card"
 run "key finalize: refunds.card not verified" 75 "$KS" rollout advance --db "$D" "${KEYSEL[@]}"
 expect_grep "key finalize: names the column" "$T/err" "since backfill began for 1 of 2 columns: refunds.card"

@@ -730,6 +730,57 @@ static void test_verify(void **state)
     assert_int_equal(ks_migrate_verify(w->ctx, &w->st, &p, 0, NULL, NULL, &vr), KS_ERR_UNAVAILABLE);
 }
 
+/* from_key_id confines rewrap, reencrypt and verify to one key: another
+ * key's envelope, plaintext, NULL are skipped and never touched, even an
+ * "other" envelope that would not open under this run's tenant; a
+ * malformed value is still quarantined; encrypt refuses the filter; the
+ * filter is part of the checkpoint's parameters. */
+static void test_from_key(void **state)
+{
+    world *w = *state;
+    uint8_t env[512], oth[512];
+    fill_plain(w);
+    ks_migrate_params p = mparams(KS_MIGRATE_ENCRYPT, "k", 0);
+    ks_checkpoint cp;
+    assert_int_equal(run(w, &p, &cp), KS_OK);
+    size_t on = seal_for(w, 101, "other", 2, "elsewhere", "theirs", oth, sizeof oth);
+    mrs_add(w->m, 101, KS_VALUE_BLOB, 0, oth, on);
+    mrs_add(w->m, 102, KS_VALUE_TEXT, 0, "plain", 5);
+    size_t n = seal_for(w, 103, "k", 2, NULL, "z", env, sizeof env);
+    mrs_add(w->m, 103, KS_VALUE_BLOB, 0, env, n - 1); /* truncated: its key cannot be known */
+    p.from_key_id = BV("k");
+    assert_int_equal(run(w, &p, &cp), KS_ERR_INVALID_ARGUMENT); /* encrypt has no source key */
+    assert_int_equal(ks_mem_add(&w->mem, "k", 2, 1, NULL), 0);
+    for (int mode = 0; mode < 2; mode++) {
+        p = mparams(mode ? KS_MIGRATE_REENCRYPT : KS_MIGRATE_REWRAP, "k", 2);
+        p.from_key_id = BV("k");
+        p.max_failure_rate = 0.5;
+        assert_int_equal(run(w, &p, &cp), KS_OK);
+        assert_int_equal(cp.done, mode ? 0 : N_ROWS - N_ROWS / 10); /* reencrypt: all at target */
+        assert_int_equal(cp.wrong_state, 0);
+        assert_int_equal(cp.quarantined, mode ? 0 : 1); /* already in quarantine the 2nd time */
+        assert_memory_equal(mrs_find(w->m, 101)->value.bytes, oth, on);
+        assert_false(mrs_find(w->m, 101)->quarantined);
+        assert_memory_equal(mrs_find(w->m, 102)->value.bytes, "plain", 5);
+        assert_true(mrs_find(w->m, 103)->quarantined);
+    }
+    check_all(w, "k", 2);
+    /* another filter is another migration: its checkpoint is its own */
+    uint8_t a[512], b[512];
+    size_t al = 0, bl = 0;
+    p.from_key_id = (ks_bytes){NULL, 0};
+    assert_int_equal(ks_migrate_canonical_params(&p, 2, (char *)a, sizeof a, &al), KS_OK);
+    p.from_key_id = BV("k");
+    assert_int_equal(ks_migrate_canonical_params(&p, 2, (char *)b, sizeof b, &bl), KS_OK);
+    assert_true(al != bl || memcmp(a, b, al) != 0);
+    /* verify with the filter skips the other key's row, which would fail */
+    ks_verify_result vr;
+    assert_int_equal(ks_migrate_verify(w->ctx, &w->st, &p, 0, NULL, NULL, &vr), KS_OK);
+    assert_int_equal(vr.failed, 1); /* the truncated row: a verify failure, whatever its key */
+    assert_int_equal(vr.checked, N_ROWS - N_ROWS / 10 + 1);
+    assert_int_equal(vr.skipped, N_ROWS / 10 + 2);
+}
+
 /* A different migration may not start over an unfinished one. */
 static void test_mismatch(void **state)
 {
@@ -761,6 +812,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_commit_failure, setup, teardown),
         cmocka_unit_test_setup_teardown(test_races, setup, teardown),
         cmocka_unit_test_setup_teardown(test_verify, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_from_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mismatch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_census_sqlite, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sqlite, setup, teardown),

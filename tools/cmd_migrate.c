@@ -13,6 +13,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <assert.h>
 #include <ctype.h>
 #include <errno.h>
 #include <signal.h>
@@ -41,13 +42,13 @@ static void usage(FILE *f)
           "        [--tenant-column COL | --tenant T] [--context TEMPLATE]\n"
           "        [--purpose P] [--batch-size N] [--max-failure-rate R]\n"
           "        [--max-rows-per-second N] [--no-verify] [--serial]\n"
-          "        [--busy-timeout MS] [--json] [--keyring FILE]\n"
+          "        [--from-key KEY_ID] [--busy-timeout MS] [--json] [--keyring FILE]\n"
           "        [--passphrase-file FILE]\n"
           "    keyshift migrate status --db FILE [--table T --column C] [--json]\n"
           "    keyshift migrate verify --db FILE --table T --column C [--sample N]\n"
           "        [--id-column I] [--context TEMPLATE] [--tenant-column COL |\n"
-          "        --tenant T] [--purpose P] [--json] [--keyring FILE]\n"
-          "        [--passphrase-file FILE]\n"
+          "        --tenant T] [--purpose P] [--from-key KEY_ID] [--json]\n"
+          "        [--keyring FILE] [--passphrase-file FILE]\n"
           "\n"
           "DESCRIPTION\n"
           "    run     rewrites column C of table T, batch by batch, while the\n"
@@ -80,7 +81,8 @@ static void usage(FILE *f)
           "            column is in backfill, a complete verify (no --sample) that\n"
           "            found no failure is recorded in it, so it may be finalized;\n"
           "            a key-scoped rollout records it for this column, and needs\n"
-          "            one for each column it lists.\n"
+          "            one for each column it lists (--from-key KEY_ID verifies only\n"
+          "            that key's envelopes, enough for a key-scoped rollout of it).\n"
           "\n"
           "    Rollouts: when a rollout governs the column (docs/rollout.md), run is\n"
           "    refused unless the rollout is in backfill and the run's target (key,\n"
@@ -88,7 +90,10 @@ static void usage(FILE *f)
           "    rollout's target. The governing rollout is the column's own latest,\n"
           "    or a later key-scoped rollout of the run's target key covering the\n"
           "    column; another key-scoped rollout that is not finalized and covers\n"
-          "    the column refuses the run (exit 78). The run then writes its health\n"
+          "    the column refuses the run (exit 78). Under a key-scoped rollout the\n"
+          "    run touches only envelopes of the rollout's key (as --from-key): the\n"
+          "    column's plaintext and other keys' envelopes are skipped, never moved\n"
+          "    under that key. The run then writes its health\n"
           "    counts to the rollout (keyshift_metrics, source 'migrate') every 5 s\n"
           "    and at its end, and stops before its next batch (exit 75) if the\n"
           "    rollout leaves backfill.\n"
@@ -137,6 +142,12 @@ static void usage(FILE *f)
           "          throttled runs (--max-rows-per-second) are serial)\n"
           "    --busy-timeout MS      wait up to MS for the database lock, with backoff,\n"
           "          before giving up with exit 75 (default 30000)\n"
+          "    --from-key KEY_ID      run (rewrap, reencrypt) and verify: only envelopes\n"
+          "          whose key id is KEY_ID; plaintext and other keys'\n"
+          "          envelopes are skipped and counted so (a column holding\n"
+          "          several tenants' keys). Part of the run's checkpoint.\n"
+          "          Set by itself under a key-scoped rollout; a verify\n"
+          "          with it counts only for a key-scoped rollout of KEY_ID\n"
           "    --sample N             verify: about N random rows instead of all\n"
           "    --json                 machine-readable output (see DESCRIPTION)\n"
           "    --keyring FILE         default: $KEYSHIFT_KEYRING\n"
@@ -177,7 +188,7 @@ static void usage(FILE *f)
 typedef struct mig_opts {
     const char *db, *table, *column, *id_column, *mode, *to_key, *to_format, *algorithm;
     const char *tenant_column, *tenant, *context, *purpose, *batch_size, *max_failure_rate;
-    const char *max_rps, *busy_timeout, *sample, *keyring, *passfile;
+    const char *max_rps, *busy_timeout, *sample, *keyring, *passfile, *from_key;
     int no_verify, serial, json;
 } mig_opts;
 
@@ -192,6 +203,7 @@ static int parse(const char *cmd, int argc, char **argv, mig_opts *o, int *rc)
         {"--id-column", &o->id_column, NULL},
         {"--mode", &o->mode, NULL},
         {"--to-key", &o->to_key, NULL},
+        {"--from-key", &o->from_key, NULL},
         {"--to-format", &o->to_format, NULL},
         {"--algorithm", &o->algorithm, NULL},
         {"--tenant-column", &o->tenant_column, NULL},
@@ -230,7 +242,7 @@ static int only_options(const char *cmd, const mig_opts *o, const char *allowed)
         {"--busy-timeout", o->busy_timeout != NULL}, {"--sample", o->sample != NULL},
         {"--keyring", o->keyring != NULL},     {"--passphrase-file", o->passfile != NULL},
         {"--no-verify", o->no_verify},         {"--id-column", o->id_column != NULL},
-        {"--serial", o->serial},
+        {"--serial", o->serial},               {"--from-key", o->from_key != NULL},
     };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         char word[40];
@@ -301,6 +313,11 @@ static int common_params(const char *cmd, const mig_opts *o, ks_migrate_params *
     p->tenant = str_view(o->tenant);
     p->purpose = str_view(o->purpose);
     p->context_template = str_view(o->context);
+    p->from_key_id = str_view(o->from_key);
+    if (o->from_key != NULL && (p->from_key_id.len == 0 || p->from_key_id.len > KS_KEY_ID_MAX)) {
+        return ks_cli_usage_error(cmd, "--from-key: a key id of 1..%d bytes is required",
+                                  KS_KEY_ID_MAX);
+    }
     return EX_OK;
 }
 
@@ -331,6 +348,9 @@ static int run_target(const mig_opts *o, ks_migrate_params *p)
     p->algorithm = o->algorithm != NULL ? ks_alg_from_name(o->algorithm) : KS_ALG_XCHACHA20POLY1305;
     if (p->algorithm == 0) {
         return ks_cli_usage_error(cmd, "--algorithm must be xchacha20-poly1305 or aes-256-gcm");
+    }
+    if (p->mode == KS_MIGRATE_ENCRYPT && o->from_key != NULL) {
+        return ks_cli_usage_error(cmd, "--from-key selects envelopes; encrypt reads plaintext");
     }
     if (p->mode == KS_MIGRATE_ENCRYPT && o->tenant == NULL && o->tenant_column == NULL) {
         return ks_cli_usage_error(cmd, "encrypt needs --tenant or --tenant-column");
@@ -702,13 +722,39 @@ static int governing_rollout(const mig_opts *o, const char *key_id, ks_rollout *
     return rc;
 }
 
+/* Under a key-scoped rollout r: confine the run to r's key_id
+ * (p->from_key_id, a view of key, which the caller keeps), so that
+ * plaintext and other keys' envelopes in the column (another tenant's
+ * key, say) are never moved under r's key.  A --from-key naming another
+ * key is refused. */
+static int key_scope_filter(const ks_rollout *r, ks_migrate_params *p, char key[KS_KEY_ID_MAX + 1])
+{
+    if (r->scope != KS_SCOPE_KEY) {
+        return EX_OK;
+    }
+    size_t n = strlen(r->source.key_id);
+    if (p->from_key_id.len != 0 &&
+        (p->from_key_id.len != n || memcmp(p->from_key_id.ptr, r->source.key_id, n) != 0)) {
+        ks_cli_error("rollout %lld moves the envelopes of key %s; this run's --from-key is "
+                     "%.*s: give --from-key %s, or leave it out", (long long)r->id,
+                     r->source.key_id, (int)p->from_key_id.len,
+                     (const char *)p->from_key_id.ptr, r->source.key_id);
+        return EX_CONFIG;
+    }
+    assert(n <= KS_KEY_ID_MAX);
+    memcpy(key, r->source.key_id, n + 1);
+    p->from_key_id = (ks_bytes){(const uint8_t *)key, n};
+    return EX_OK;
+}
+
 /* Refuse a run that the rollout governing the column does not allow:
  * outside backfill, or toward another target than the rollout's.  No
- * rollout (or no rollout tables): the run goes ahead as before.  The
- * store is opened read-only, so a database without rollouts is not
- * changed. */
-static int rollout_gate(const mig_opts *o, const ks_migrate_params *p, ks_ctx *ctx,
-                        int64_t *rollout_id)
+ * rollout (or no rollout tables): the run goes ahead as before.  A
+ * key-scoped rollout confines the run to its key (key_scope_filter;
+ * from_key holds the key).  The store is opened read-only, so a database
+ * without rollouts is not changed. */
+static int rollout_gate(const mig_opts *o, ks_migrate_params *p, ks_ctx *ctx, int64_t *rollout_id,
+                        char from_key[KS_KEY_ID_MAX + 1])
 {
     ks_rollout r;
     char key_id[KS_KEY_ID_MAX + 1];
@@ -765,6 +811,10 @@ static int rollout_gate(const mig_opts *o, const ks_migrate_params *p, ks_ctx *c
                      src->is_plaintext ? "encrypt" : "reencrypt");
         return EX_CONFIG;
     }
+    int frc = key_scope_filter(&r, p, from_key);
+    if (frc != EX_OK) {
+        return frc;
+    }
     *rollout_id = r.id;
     return EX_OK;
 }
@@ -809,7 +859,8 @@ static int cmd_run(int argc, char **argv)
     if ((rc = only_options(cmd, &o, " --mode --to-key --to-format --algorithm --tenant-column "
                                     "--tenant --context --purpose --batch-size --max-failure-rate "
                                     "--max-rows-per-second --busy-timeout --keyring "
-                                    "--passphrase-file --no-verify --id-column --serial ")) != EX_OK) {
+                                    "--passphrase-file --no-verify --id-column --serial "
+                                    "--from-key ")) != EX_OK) {
         return rc;
     }
     ks_migrate_params p;
@@ -825,9 +876,10 @@ static int cmd_run(int argc, char **argv)
     ks_ctx *ctx = NULL;
     ks_rowstore store = {NULL, NULL, NULL};
     int64_t rollout_id = 0;
+    char from_key[KS_KEY_ID_MAX + 1];
     if ((rc = ks_cli_store_open(o.db, &t, 0, busy_ms, &store)) == EX_OK &&
         (rc = ks_cli_ctx_open(o.keyring, o.passfile, &kr, &ctx)) == EX_OK &&
-        (rc = rollout_gate(&o, &p, ctx, &rollout_id)) == EX_OK &&
+        (rc = rollout_gate(&o, &p, ctx, &rollout_id, from_key)) == EX_OK &&
         (rc = backfill_gate(&store, rollout_id)) == EX_OK) {
         rc = run_engine(ctx, &store, &p, &o, rollout_id);
     }
@@ -1069,8 +1121,10 @@ static int record_one(ks_rollout_db *db, const mig_opts *o, const ks_rollout *r,
 
 /* After a complete verify that found no failure: record the pass in each
  * rollout in backfill that governs the column (its own, or a key-scoped
- * one for its key_id), so that it may be finalized.  Looked up read-only
- * first, so a database without rollouts is not changed. */
+ * one for its key_id), so that it may be finalized.  A verify confined to
+ * one key (--from-key) opened only that key's envelopes, so it counts
+ * only for a key-scoped rollout of that key.  Looked up read-only first,
+ * so a database without rollouts is not changed. */
 static int record_verify(const mig_opts *o)
 {
     ks_rollout_db *db = NULL;
@@ -1082,7 +1136,8 @@ static int record_verify(const mig_opts *o)
         const ks_rollout *r = &rs[i];
         const char *key = r->scope == KS_SCOPE_KEY ? r->source.key_id : NULL;
         if (r->phase != KS_PHASE_BACKFILL ||
-            ks_rollout_scope_find(rs, n, o->table, o->column, key) != r) {
+            ks_rollout_scope_find(rs, n, o->table, o->column, key) != r ||
+            (o->from_key != NULL && (key == NULL || strcmp(key, o->from_key) != 0))) {
             continue;
         }
         if (db == NULL && ((rc = ks_cli_actor("migrate verify", NULL, actor, sizeof actor)) !=
@@ -1108,7 +1163,7 @@ static int cmd_verify(int argc, char **argv)
         return rc;
     }
     if ((rc = only_options(cmd, &o, " --tenant-column --tenant --context --purpose --sample "
-                                    "--keyring --passphrase-file --id-column ")) != EX_OK) {
+                                    "--keyring --passphrase-file --id-column --from-key ")) != EX_OK) {
         return rc;
     }
     ks_migrate_params p;
@@ -1144,9 +1199,10 @@ static int cmd_verify(int argc, char **argv)
                    (unsigned long long)r.checked, (unsigned long long)r.failed,
                    (unsigned long long)r.skipped, e != KS_OK ? ks_err_name(e) : r.failed ? "failed" : "ok");
         } else {
-            printf("%llu envelopes checked, %llu failed, %llu NULL or plaintext rows skipped\n",
+            printf("%llu envelopes checked, %llu failed, %llu rows skipped (%s)\n",
                    (unsigned long long)r.checked, (unsigned long long)r.failed,
-                   (unsigned long long)r.skipped);
+                   (unsigned long long)r.skipped,
+                   o.from_key != NULL ? "NULL, plaintext or another key" : "NULL or plaintext");
         }
     }
     ks_rowstore_close(&store);

@@ -117,6 +117,12 @@ typedef struct ks_migrate_params {
                                   is written (docs/migration.md, "Pipeline"), except when
                                   max_rows_per_second throttles the run.  Same results and
                                   the same writes either way. */
+    ks_bytes from_key_id;      /* rewrap/reencrypt and verify: empty, or only envelopes whose
+                                  key_id is this one are migrated (verified); every other
+                                  value (plaintext, another key's envelope) is left as it is
+                                  and counted skipped.  A key-scoped rollout's run
+                                  (docs/rollout.md, "Scopes").  Must be empty for encrypt;
+                                  part of the checkpoint's parameters when set. */
 } ks_migrate_params;
 
 /* Progress, reported after every committed batch. */

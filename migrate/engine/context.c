@@ -215,6 +215,24 @@ int ks_engine_is_envelope(const ks_value *v)
            v->bytes.ptr[2] == KS_MAGIC_2;
 }
 
+/* See engine.h.  Only the header is parsed: the key_id precedes the
+ * ciphertext [F-ORDER-1]. */
+int ks_engine_outside_key(const ks_migrate_params *params, const ks_value *v)
+{
+    if (params->from_key_id.len == 0) {
+        return 0;
+    }
+    if (v->type == KS_VALUE_NULL || !ks_engine_is_envelope(v)) {
+        return 1;
+    }
+    ks_envelope e;
+    if (ks_envelope_parse_header(v->bytes.ptr, v->bytes.len, NULL, &e, NULL) != KS_OK) {
+        return 0;
+    }
+    return e.key_id.len != params->from_key_id.len ||
+           memcmp(e.key_id.ptr, params->from_key_id.ptr, e.key_id.len) != 0;
+}
+
 /* See engine.h.  The version byte follows the three magic bytes
  * [F-PREFIX-1]; anything but 2 gets no purpose, and ks_open parses the
  * whole envelope strictly anyway. */
@@ -344,6 +362,9 @@ ks_err ks_migrate_canonical_params(const ks_migrate_params *p, uint32_t to_versi
     ks_err err = put_field(buf, cap, &pos, "mode", (ks_bytes){(const uint8_t *)mode, strlen(mode)});
     if (err == KS_OK) {
         err = put_field(buf, cap, &pos, "to", p->to_key_id);
+    }
+    if (err == KS_OK && p->from_key_id.len != 0) { /* absent otherwise: older checkpoints match */
+        err = put_field(buf, cap, &pos, "from", p->from_key_id);
     }
     if (err == KS_OK) {
         int n = snprintf(num, sizeof num, "%" PRIu32, to_version);

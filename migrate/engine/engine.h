@@ -62,6 +62,15 @@ ks_err ks_context_tmpl_render(const ks_context_tmpl *t, const ks_row *row, uint8
 /* Nonzero when v is TEXT or BLOB starting with the envelope magic "KSE". */
 int ks_engine_is_envelope(const ks_value *v);
 
+/*
+ * Nonzero when params restrict the work to one key (from_key_id) and v is
+ * outside it: NULL, plaintext, or an envelope whose header names another
+ * key_id.  A value that starts with the magic but whose header does not
+ * parse is not outside: the caller treats it as any malformed value
+ * (quarantine, a verify failure), since its key cannot be known.
+ */
+int ks_engine_outside_key(const ks_migrate_params *params, const ks_value *v);
+
 /* The parameters to open envelope env of a row with: its context and
  * tenant, and p->purpose only when env is of format 2.  Format 1 has no
  * purpose, and ks_open fails an envelope without the purpose it is asked

@@ -28,6 +28,11 @@
  * batch and saves the checkpoint (cursor = the batch's last id), and
  * commits.  Per row:
  *   - in quarantine or NULL: nothing, not counted;
+ *   - with params->from_key_id (a key-scoped rollout's run): plaintext and
+ *     envelopes whose header names another key_id are skipped, never
+ *     touched (another tenant's or rollout's key is not this run's to
+ *     change); a value starting "KSE" whose header does not parse goes on
+ *     to the rules below (quarantined);
  *   - tenant: params->tenant when set (a row that also carries a tenant
  *     value is a configuration error: KS_ERR_INVALID_ARGUMENT), else the
  *     row's tenant column; NULL or not [F-NAME-1]: quarantined "bad-tenant";
@@ -245,8 +250,10 @@ static ks_err check_params(const ks_migrate_params *p)
         p->context_template.len > KS_CONTEXT_TEMPLATE_MAX ||
         (p->tenant.len != 0 && !ks_engine_name_ok(p->tenant)) ||
         (p->purpose.len != 0 && !ks_engine_name_ok(p->purpose)) ||
-        p->batch_size > KS_MIGRATE_BATCH_MAX || p->max_failure_rate > 1.0) {
-        return KS_ERR_INVALID_ARGUMENT;
+        p->batch_size > KS_MIGRATE_BATCH_MAX || p->max_failure_rate > 1.0 ||
+        p->from_key_id.len > KS_KEY_ID_MAX || (p->from_key_id.len != 0 && p->from_key_id.ptr == NULL) ||
+        (p->from_key_id.len != 0 && p->mode == KS_MIGRATE_ENCRYPT)) {
+        return KS_ERR_INVALID_ARGUMENT; /* encrypt reads plaintext, which has no key */
     }
     if (p->mode != KS_MIGRATE_REWRAP) {
         uint8_t f = p->to_format ? p->to_format : KS_FORMAT_V2;
@@ -687,6 +694,10 @@ static ks_err decide(batch *b, size_t i)
     const ks_value *v = &row->value;
     *s = (slot){.act = ACT_NONE};
     if (row->quarantined || v->type == KS_VALUE_NULL) {
+        return KS_OK;
+    }
+    if (ks_engine_outside_key(r->p, v)) {
+        s->act = ACT_SKIP; /* another key's envelope or plaintext: not this run's */
         return KS_OK;
     }
     int is_env = ks_engine_is_envelope(v);

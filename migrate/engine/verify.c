@@ -7,7 +7,8 @@
  * store (count()), each row is considered independently with probability
  * N/T (randombytes_uniform(T) < N): about N rows, uniform, in one pass and
  * without a reservoir (every row if N >= T).  Of the rows considered:
- * NULL and plaintext (no "KSE" magic) are `skipped`; every other row is
+ * NULL, plaintext (no "KSE" magic) and, with params->from_key_id, the
+ * envelopes of other keys are `skipped`; every other row is
  * opened with the tenant (constant or per row, as in ks_migrate_run), the
  * purpose and the rendered context of params, counted in `checked`, and
  * on failure in `failed` and reported through on_failure with its id and
@@ -93,7 +94,8 @@ static ks_err visit(verify_run *v, const ks_row *row)
             return KS_OK;
         }
     }
-    if (row->value.type == KS_VALUE_NULL || !ks_engine_is_envelope(&row->value)) {
+    if (row->value.type == KS_VALUE_NULL || !ks_engine_is_envelope(&row->value) ||
+        ks_engine_outside_key(v->p, &row->value)) {
         v->res->skipped++;
         return KS_OK;
     }

@@ -28,7 +28,7 @@
  *                                      -- NULL before the first batch)
  *       pass        INTEGER NOT NULL,  -- 1, 2, ...
  *       done        INTEGER NOT NULL,  -- rows rewritten
- *       skipped     INTEGER NOT NULL,  -- rows already at the target
+ *       skipped     INTEGER NOT NULL,  -- rows at the target, or outside the run's key
  *       raced       INTEGER NOT NULL,  -- rows changed underneath
  *       quarantined INTEGER NOT NULL,  -- rows put in quarantine
  *       wrong_state INTEGER NOT NULL,  -- rows in the wrong state, untouched
