@@ -880,7 +880,9 @@ static void value_fix(ks_value *v, uint8_t *keep)
 static ks_err take_row(void *arg, const ks_row *row)
 {
     batch *b = arg;
-    assert(b->n < b->r->batch);
+    if (b->n >= b->r->batch) {
+        return KS_ERR_STORE; /* a store handing more rows than asked for */
+    }
     size_t need = b->keep_len + value_size(&row->id) + value_size(&row->value) +
                   value_size(&row->tenant);
     for (size_t k = 0; k < KS_ROWSTORE_MAX_CONTEXT_COLUMNS; k++) {
