@@ -4,7 +4,9 @@
  * chosen ids (a race), a failing commit, and a hook run at begin() (to
  * change rows between a batch's scan and its writes), and a visit_values
  * that fails at a chosen row.  Tests reach the census's scan path by
- * copying the ops with visit_values NULL.
+ * copying the ops with visit_values NULL.  It has no visit_rows, so the
+ * engine reads its batches through scan (the SQLite store's visit_rows
+ * is tested in test_migrate.c's test_sqlite).
  *
  * Rows have INTEGER ids in ascending order, a value, an optional tenant
  * and one context column.  A transaction snapshots every row value, the
@@ -346,7 +348,7 @@ static inline mem_rowstore *mrs_new(ks_rowstore *out)
 {
     static const ks_rowstore_ops ops = {mrs_scan, mrs_count, mrs_begin, mrs_cas, mrs_quarantine,
                                         mrs_cp_save, mrs_cp_load, mrs_commit, mrs_rollback, mrs_close,
-                                        mrs_visit};
+                                        mrs_visit, NULL /* no visit_rows: the engine scans */};
     mem_rowstore *m = calloc(1, sizeof *m);
     *out = (ks_rowstore){&ops, m, "mem"};
     return m;

@@ -520,6 +520,112 @@ static void test_visit_values(void **state)
     assert_int_equal(w->store.ops->visit_values(NULL, visit_log, &vs), KS_ERR_INVALID_ARGUMENT);
 }
 
+/* ---- visit_rows ---------------------------------------------------------------- */
+
+/* Assert that values a and b are equal: type, integer or bytes. */
+static void assert_same_value(const ks_value *a, const ks_value *b)
+{
+    assert_int_equal(a->type, b->type);
+    if (a->type == KS_VALUE_TEXT || a->type == KS_VALUE_BLOB) {
+        assert_int_equal(a->bytes.len, b->bytes.len);
+        assert_non_null(a->bytes.ptr); /* present even when empty */
+        if (a->bytes.len > 0)
+            assert_memory_equal(a->bytes.ptr, b->bytes.ptr, a->bytes.len);
+    } else if (a->type == KS_VALUE_INTEGER) {
+        assert_int_equal(a->integer, b->integer);
+    }
+}
+
+/* What visit_rows handed its callback, compared row by row with what a
+ * scan returned (expect[0, n_expect)); stops with stop_code after stop_at
+ * rows (0: never). */
+typedef struct rows_seen {
+    const ks_row *expect;
+    size_t n_expect, n, stop_at;
+    ks_err stop_code;
+} rows_seen;
+
+/* The visit_rows callback of the tests: the row equals the scan's. */
+static ks_err row_check(void *arg, const ks_row *row)
+{
+    rows_seen *rs = arg;
+    assert_true(rs->n < rs->n_expect);
+    const ks_row *e = &rs->expect[rs->n++];
+    assert_same_value(&row->id, &e->id);
+    assert_same_value(&row->value, &e->value);
+    assert_same_value(&row->tenant, &e->tenant);
+    for (size_t k = 0; k < KS_ROWSTORE_MAX_CONTEXT_COLUMNS; k++)
+        assert_same_value(&row->context[k], &e->context[k]);
+    assert_int_equal(row->quarantined != 0, e->quarantined != 0);
+    return rs->stop_at != 0 && rs->n == rs->stop_at ? rs->stop_code : KS_OK;
+}
+
+/* visit_rows hands exactly the rows scan returns for the same after and
+ * max (every storage class, tenant, context columns, quarantine flag, a
+ * TEXT key's order), batch after batch; a callback's code stops it and
+ * is returned, leaving a transaction open; bad arguments are refused. */
+static void test_visit_rows(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "CREATE TABLE t(k TEXT PRIMARY KEY NOT NULL, v, tn, c1);"
+                      "INSERT INTO t VALUES('g', 1.5, 't1', 7),('a', NULL, 't2', 'x'),"
+                      "('f', x'', NULL, x'0102'),('b', -42, 't1', NULL),('e', '', 't3', 2.5),"
+                      "('c', 'text', 't2', ''),('d', x'4b5345', 't1', 'y');");
+    ks_rowstore_target t = target("t", "v", "k");
+    t.tenant_column = "tn";
+    t.context_columns[0] = "c1";
+    t.n_context_columns = 1;
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    ks_value c = vbytes(KS_VALUE_TEXT, "c");
+    quarantine_one(w, &c);
+    ks_row rows[3];
+    size_t n = 0, total = 0;
+    ks_value after = {KS_VALUE_NULL, 0, {NULL, 0}};
+    char after_buf[8] = "";
+    for (;;) {
+        assert_int_equal(scan(w, &after, 3, rows, &n), KS_OK);
+        rows_seen rs = {rows, n, 0, 0, KS_OK};
+        assert_int_equal(w->store.ops->visit_rows(w->store.self, &after, 3, row_check, &rs), KS_OK);
+        assert_int_equal(rs.n, n);
+        if (n == 0)
+            break;
+        total += n;
+        /* the next batch starts after this one's last id (copied: the
+         * scan's views die at the next call) */
+        assert_true(rows[n - 1].id.bytes.len < sizeof after_buf);
+        memcpy(after_buf, rows[n - 1].id.bytes.ptr, rows[n - 1].id.bytes.len);
+        after = vbytes(KS_VALUE_TEXT, "");
+        after.bytes.ptr = (const uint8_t *)after_buf;
+        after.bytes.len = rows[n - 1].id.bytes.len;
+    }
+    assert_int_equal(total, 7);
+    /* a stop inside a transaction returns the code and keeps it open */
+    assert_int_equal(scan(w, NULL, 3, rows, &n), KS_OK);
+    assert_int_equal(n, 3);
+    assert_true(rows[2].quarantined);
+    assert_int_equal(begin(w), KS_OK);
+    rows_seen rs = {rows, n, 0, 2, KS_ERR_STOPPED};
+    assert_int_equal(w->store.ops->visit_rows(w->store.self, NULL, 3, row_check, &rs),
+                     KS_ERR_STOPPED);
+    assert_int_equal(rs.n, 2);
+    ks_value a = vbytes(KS_VALUE_TEXT, "a"), null = {KS_VALUE_NULL, 0, {NULL, 0}};
+    int swapped = 0;
+    assert_int_equal(cas(w, &a, &null, "new", &swapped), KS_OK);
+    assert_int_equal(swapped, 1);
+    assert_int_equal(commit(w), KS_OK);
+    /* max 0 visits nothing; bad arguments */
+    rs = (rows_seen){rows, 0, 0, 0, KS_OK};
+    assert_int_equal(w->store.ops->visit_rows(w->store.self, NULL, 0, row_check, &rs), KS_OK);
+    assert_int_equal(rs.n, 0);
+    assert_int_equal(w->store.ops->visit_rows(w->store.self, NULL, 3, NULL, &rs),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(w->store.ops->visit_rows(NULL, NULL, 3, row_check, &rs),
+                     KS_ERR_INVALID_ARGUMENT);
+    ks_value bad = {(ks_value_type)9, 0, {NULL, 0}};
+    assert_int_equal(w->store.ops->visit_rows(w->store.self, &bad, 3, row_check, &rs),
+                     KS_ERR_INVALID_ARGUMENT);
+}
+
 /* ---- cas ----------------------------------------------------------------------- */
 
 /* cas swaps an unchanged row (storing a BLOB), not one changed or deleted
@@ -961,6 +1067,7 @@ int main(void)
         T(test_scan_value_types),
         T(test_scan_quarantine_flag),
         T(test_visit_values),
+        T(test_visit_rows),
         T(test_cas),
         T(test_checkpoint_transactions),
         T(test_close_rolls_back),

@@ -128,7 +128,9 @@ typedef struct ks_migrate_params {
 /* Progress, reported after every committed batch. */
 typedef struct ks_migrate_progress {
     const ks_checkpoint *checkpoint; /* the counts so far */
-    uint64_t total_rows;             /* rows in the target at the start */
+    uint64_t total_rows;             /* rows in the target at the start (counted only
+                                        when there is a progress callback: one read
+                                        of every page of the table) */
     uint64_t batch_rows;             /* rows in the batch just committed */
     double elapsed_s;
 } ks_migrate_progress;

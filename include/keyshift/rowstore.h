@@ -6,7 +6,8 @@
  * replaces values with compare-and-swap inside short write transactions,
  * quarantines rows it must not touch, and saves its checkpoint in the same
  * transaction as each batch; the census visits every value once, without
- * copies, where the store offers it (visit_values).  SQLite
+ * copies, where the store offers it (visit_values), and the engine reads
+ * each batch's rows straight into memory of its own (visit_rows).  SQLite
  * (ks_rowstore_sqlite_open) is the embedded default; another store (e.g.
  * PostgreSQL with several workers) implements the same operations without
  * any change to the engine.
@@ -16,7 +17,8 @@
  *
  * Lifetimes.  Every view a store returns (row values, checkpoint strings)
  * stays valid until the next call of any operation on that store; the
- * views visit_values passes to its callback, only during that call.
+ * views visit_values and visit_rows pass to their callbacks, only during
+ * that call.
  * Threads.  A store is used by one thread at a time.
  */
 #ifndef KEYSHIFT_ROWSTORE_H
@@ -92,6 +94,12 @@ typedef struct ks_checkpoint {
  * which returns that code.  It must not call any operation of the store. */
 typedef ks_err (*ks_rowstore_value_fn)(void *arg, const ks_value *value);
 
+/* The callback of ks_rowstore_ops.visit_rows: one row, every view in it
+ * valid only until the callback returns (copy what must outlive it).
+ * Return KS_OK to go on; any other code stops the visit, which returns
+ * that code.  It must not call any operation of the store. */
+typedef ks_err (*ks_rowstore_row_fn)(void *arg, const ks_row *row);
+
 typedef struct ks_rowstore_ops {
     /* Read up to max rows whose id is greater than *after (all rows when
      * after is NULL or of type KS_VALUE_NULL), in ascending id order, into
@@ -135,6 +143,18 @@ typedef struct ks_rowstore_ops {
      * result).  Inside a write transaction a read failure rolls it back,
      * as for scan; a stop by fn does not. */
     ks_err (*visit_values)(void *self, ks_rowstore_value_fn fn, void *arg);
+    /* Optional (NULL: callers use scan): the rows scan would return for
+     * the same after and max, in the same order and with the same reads
+     * and transaction behaviour, handed to fn one at a time as views
+     * valid only during the call, instead of copied into the store's
+     * buffer.  For a caller that copies each row into memory of its own
+     * anyway, such as the migration engine (whose batches outlive the
+     * next store call): one copy of each value instead of two.  KS_OK
+     * after the last row (max rows, or the end of the table); fn's code
+     * when fn stops it (a transaction stands); the same errors as scan
+     * (after fn saw some rows, maybe: a caller discards what it kept). */
+    ks_err (*visit_rows)(void *self, const ks_value *after, size_t max, ks_rowstore_row_fn fn,
+                         void *arg);
 } ks_rowstore_ops;
 
 typedef struct ks_rowstore {

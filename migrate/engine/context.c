@@ -132,6 +132,24 @@ static ks_err put(uint8_t *buf, size_t cap, size_t *pos, const void *src, size_t
     return KS_OK;
 }
 
+/* Write i in decimal (a '-' first when negative) at the end of num[0, 24)
+ * and return where it starts: what snprintf("%" PRId64) writes, without
+ * its format parsing, once per row of a migration. */
+static const char *decimal(int64_t i, char num[24])
+{
+    uint64_t u = i < 0 ? 0u - (uint64_t)i : (uint64_t)i; /* INT64_MIN too */
+    char *p = num + 24;
+    do {
+        *--p = (char)('0' + u % 10u);
+        u /= 10u;
+    } while (u != 0);
+    if (i < 0) {
+        *--p = '-';
+    }
+    assert(p >= num);
+    return p;
+}
+
 /* Append the rendering of value v (see the file comment). */
 static ks_err put_value(uint8_t *buf, size_t cap, size_t *pos, const ks_value *v)
 {
@@ -141,9 +159,8 @@ static ks_err put_value(uint8_t *buf, size_t cap, size_t *pos, const ks_value *v
     case KS_VALUE_NULL:
         return KS_OK;
     case KS_VALUE_INTEGER: {
-        int n = snprintf(num, sizeof num, "%" PRId64, v->integer);
-        assert(n > 0 && (size_t)n < sizeof num);
-        return put(buf, cap, pos, num, (size_t)n);
+        const char *d = decimal(v->integer, num);
+        return put(buf, cap, pos, d, (size_t)(num + sizeof num - d));
     }
     case KS_VALUE_TEXT:
         return put(buf, cap, pos, v->bytes.ptr, v->bytes.len);

@@ -96,7 +96,10 @@
  * Pipeline.  Unless params->serial or the run is throttled
  * (max_rows_per_second: a batch scanned ahead would wait through the
  * sleep), a helper thread computes batch k+1 (decide, open, seal, verify:
- * the crypto) while the calling thread writes batch k; the calling thread alone touches the store.  Batch k+1 is
+ * the crypto) while the calling thread writes batch k; the calling thread
+ * alone touches the store.  The helper starts on k+1 at k's COMMIT, whose
+ * disk waits then hide its work, unless the last COMMIT was too short for
+ * that (defer_ahead); then before k's compare-and-swaps.  Batch k+1 is
  * scanned after batch k's last id before k commits; its rows are disjoint
  * from k's and are written only by compare-and-swap against the values
  * scanned, so the writes, counts and checkpoints are exactly those of the
@@ -105,10 +108,16 @@
  * spent).  See loop().
  *
  * Memory.  Two batches, each with a copy of its rows (ids, values,
- * tenants, context columns), its decisions, its new values and two
- * plaintext buffers, are allocated once per run and grown only when a
- * batch needs more; plaintext is wiped after each use and every buffer
- * that held it is wiped before being freed.
+ * tenants, context columns: copied once, from the store's row through
+ * its visit_rows, or from its scan buffer), its decisions, its new values
+ * and two plaintext buffers, are allocated once per run and grown only
+ * when a batch needs more; plaintext is wiped after each use and every
+ * buffer that held it is wiped before being freed (a grown copy of rows
+ * too).
+ *
+ * Progress.  The target's rows are counted (for ks_migrate_progress's
+ * total_rows) only when there is a progress callback: the count reads
+ * every page of the table.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <assert.h>
@@ -162,6 +171,7 @@ typedef struct batch {
     ks_err err;       /* the result of computing the batch */
     pthread_t thread;
     int running;      /* the helper thread computes the batch */
+    double compute_s; /* how long computing it took */
 } batch;
 
 /* The state of one ks_migrate_run call. */
@@ -187,6 +197,9 @@ typedef struct run {
                               nothing unless it has something to write */
     int catchup_wrote;     /* that pass has committed a batch */
     struct timespec t0;
+    double commit_s;       /* how long the last batch's COMMIT took */
+    double fetch_s;        /* how long reading the last batch took */
+    double compute_s;      /* how long computing the last batch took */
 } run;
 
 static const char ST_RUNNING[] = "running", ST_PAUSED[] = "paused", ST_STOPPED[] = "stopped",
@@ -597,18 +610,18 @@ static ks_err do_encrypt(batch *b, const row_in *in, const ks_value *v, slot *s)
  * ciphertext, nonce and data AAD under the DEK the old value was wrapped
  * with, which is what lets rewrap skip a second AEAD on the old value.
  * If the new value does not open, the old one is opened to tell a bad row
- * (*fault: quarantine it) from a bad rewrap (KS_ERR_MISMATCH: stop).
+ * (*fault: quarantine it) from a bad rewrap (KS_ERR_MISMATCH: stop).  o is
+ * old, already parsed by decide() (its views point into old).
  */
-static ks_err verify_rewrap(batch *b, const row_in *in, ks_bytes old, ks_bytes neu,
-                            const char **fault)
+static ks_err verify_rewrap(batch *b, const row_in *in, ks_bytes old, const ks_envelope *o,
+                            ks_bytes neu, const char **fault)
 {
     const run *r = b->r;
-    ks_envelope o, n;
+    ks_envelope n;
     *fault = NULL;
     if (ks_envelope_parse(neu.ptr, neu.len, NULL, &n, NULL) != KS_OK ||
-        ks_envelope_parse(old.ptr, old.len, NULL, &o, NULL) != KS_OK ||
         !bytes_eq(n.key_id, r->p->to_key_id) || n.key_version != r->to_version ||
-        !bytes_eq(n.nonce, o.nonce) || !bytes_eq(n.ciphertext, o.ciphertext)) {
+        !bytes_eq(n.nonce, o->nonce) || !bytes_eq(n.ciphertext, o->ciphertext)) {
         return KS_ERR_MISMATCH;
     }
     if (r->p->no_verify) {
@@ -629,8 +642,9 @@ static ks_err verify_rewrap(batch *b, const row_in *in, ks_bytes old, ks_bytes n
     return *fault != NULL ? KS_OK : err;
 }
 
-/* rewrap: rewrap an envelope not at the target, then verify_rewrap. */
-static ks_err do_rewrap(batch *b, const row_in *in, ks_bytes old, slot *s)
+/* rewrap: rewrap an envelope not at the target, then verify_rewrap; o is
+ * old, parsed. */
+static ks_err do_rewrap(batch *b, const row_in *in, ks_bytes old, const ks_envelope *o, slot *s)
 {
     const run *r = b->r;
     size_t bound = old.len + KS_KEY_ID_MAX + KS_WRAPPED_DEK_MAX + 32;
@@ -643,7 +657,7 @@ static ks_err do_rewrap(batch *b, const row_in *in, ks_bytes old, slot *s)
     const char *fault = NULL;
     err = ks_rewrap(r->ctx, old.ptr, old.len, &rp, b->neu + b->neu_len, bound, &out_len, NULL);
     if (err == KS_OK) {
-        err = verify_rewrap(b, in, old, (ks_bytes){b->neu + b->neu_len, out_len}, &fault);
+        err = verify_rewrap(b, in, old, o, (ks_bytes){b->neu + b->neu_len, out_len}, &fault);
     } else {
         fault = row_fault(err);
         err = fault != NULL ? KS_OK : err;
@@ -733,7 +747,7 @@ static ks_err decide(batch *b, size_t i)
     }
     switch (r->p->mode) {
     case KS_MIGRATE_ENCRYPT: return do_encrypt(b, &in, v, s);
-    case KS_MIGRATE_REWRAP: return do_rewrap(b, &in, v->bytes, s);
+    case KS_MIGRATE_REWRAP: return do_rewrap(b, &in, v->bytes, &e, s);
     case KS_MIGRATE_REENCRYPT: return do_reencrypt(b, &in, v->bytes, s);
     }
     return KS_ERR_INVALID_ARGUMENT;
@@ -744,6 +758,8 @@ static ks_err decide(batch *b, size_t i)
  * the store), so it may run on the helper thread. */
 static ks_err compute(batch *b)
 {
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     size_t longest = 0;
     for (size_t i = 0; i < b->n; i++) {
         if (b->rows[i].value.bytes.len > longest) {
@@ -755,6 +771,7 @@ static ks_err compute(batch *b)
     for (size_t i = 0; i < b->n && err == KS_OK; i++) {
         err = decide(b, i);
     }
+    b->compute_s = elapsed_s(&t0);
     return err;
 }
 
@@ -809,64 +826,140 @@ static size_t value_size(const ks_value *v)
     return v->type == KS_VALUE_TEXT || v->type == KS_VALUE_BLOB ? v->bytes.len : 0;
 }
 
-/* Copy the bytes of *v to keep + *off and point v at the copy. */
-static void value_move(ks_value *v, uint8_t *keep, size_t *off)
+/* Copy the bytes of *v to keep + *off and park that offset in v (in
+ * v->integer, unused for bytes: keep may still move as the batch grows);
+ * value_fix turns it into a view once the batch is complete.  An empty
+ * TEXT or BLOB gets a view of a static empty array (the store's view may
+ * die with the call). */
+static void value_park(ks_value *v, uint8_t *keep, size_t *off)
 {
+    static const uint8_t empty[1] = {0};
     size_t len = value_size(v);
     if (len == 0) {
+        if (v->type == KS_VALUE_TEXT || v->type == KS_VALUE_BLOB) {
+            v->bytes.ptr = empty;
+        }
         return;
     }
     memcpy(keep + *off, v->bytes.ptr, len);
-    v->bytes.ptr = keep + *off;
+    v->bytes.ptr = NULL;
+    v->integer = (int64_t)*off;
     *off += len;
 }
 
-/*
- * Copy rows[0, n) (views into the store) into b: the ids, values, tenants
- * and context columns, every byte into b->keep.  Sized first, so keep
- * moves (grows) before any view into it is taken.
- */
-static ks_err copy_batch(batch *b, const ks_row *rows, size_t n)
+/* Make b->keep at least need bytes, keeping its first keep_len.  It may
+ * hold plaintext (encrypt mode), so a move copies it to a new block and
+ * wipes the old one before freeing it (realloc would leave it unwiped). */
+static ks_err grow_keep(batch *b, size_t need)
 {
-    size_t need = 1;
-    for (size_t i = 0; i < n; i++) {
-        need += value_size(&rows[i].id) + value_size(&rows[i].value) + value_size(&rows[i].tenant);
-        for (size_t k = 0; k < KS_ROWSTORE_MAX_CONTEXT_COLUMNS; k++) {
-            need += value_size(&rows[i].context[k]);
-        }
+    if (need <= b->keep_cap && b->keep != NULL) {
+        return KS_OK;
     }
-    ks_err err = grow(&b->keep, &b->keep_cap, need);
-    if (err != KS_OK) {
-        return err;
+    size_t ncap = b->keep_cap ? b->keep_cap : 4096;
+    while (ncap < need) {
+        ncap *= 2;
     }
-    size_t off = 0;
-    for (size_t i = 0; i < n; i++) {
-        ks_row *c = &b->rows[i];
-        *c = rows[i];
-        value_move(&c->id, b->keep, &off);
-        value_move(&c->value, b->keep, &off);
-        value_move(&c->tenant, b->keep, &off);
-        for (size_t k = 0; k < KS_ROWSTORE_MAX_CONTEXT_COLUMNS; k++) {
-            value_move(&c->context[k], b->keep, &off);
-        }
+    uint8_t *p = malloc(ncap);
+    if (p == NULL) {
+        return KS_ERR_NO_MEMORY;
     }
-    assert(off < need);
-    b->keep_len = off;
-    b->n = n;
+    if (b->keep != NULL) {
+        memcpy(p, b->keep, b->keep_len);
+        sodium_memzero(b->keep, b->keep_cap);
+        free(b->keep);
+    }
+    b->keep = p;
+    b->keep_cap = ncap;
     return KS_OK;
 }
 
-/* Scan the batch after `after` into b (b->n = 0 at the end of the pass). */
-static ks_err fetch_batch(run *r, const ks_value *after, batch *b)
+/* Point a value parked by value_park at its bytes in keep. */
+static void value_fix(ks_value *v, uint8_t *keep)
 {
-    size_t n = 0;
-    b->n = 0;
-    ks_err err = r->st->ops->scan(r->st->self, after, r->batch, r->rows, &n);
-    if (err != KS_OK || n == 0) {
+    if (value_size(v) == 0) {
+        return;
+    }
+    v->bytes.ptr = keep + (size_t)v->integer;
+    v->integer = 0;
+}
+
+/*
+ * Append row (views that die after this call) to b: the id, value,
+ * tenant and context columns, every byte copied into b->keep (grown as
+ * needed; offsets parked until fix_batch).  Also the visit_rows callback.
+ */
+static ks_err take_row(void *arg, const ks_row *row)
+{
+    batch *b = arg;
+    if (b->n >= b->r->batch) {
+        return KS_ERR_STORE; /* a store handing more rows than asked for */
+    }
+    size_t need = b->keep_len + value_size(&row->id) + value_size(&row->value) +
+                  value_size(&row->tenant);
+    for (size_t k = 0; k < KS_ROWSTORE_MAX_CONTEXT_COLUMNS; k++) {
+        need += value_size(&row->context[k]);
+    }
+    ks_err err = grow_keep(b, need);
+    if (err != KS_OK) {
         return err;
     }
-    assert(n <= r->batch);
-    return copy_batch(b, r->rows, n);
+    ks_row *c = &b->rows[b->n++];
+    *c = *row;
+    value_park(&c->id, b->keep, &b->keep_len);
+    value_park(&c->value, b->keep, &b->keep_len);
+    value_park(&c->tenant, b->keep, &b->keep_len);
+    for (size_t k = 0; k < KS_ROWSTORE_MAX_CONTEXT_COLUMNS; k++) {
+        value_park(&c->context[k], b->keep, &b->keep_len);
+    }
+    assert(b->keep_len == need);
+    return KS_OK;
+}
+
+/* Turn every parked offset of b's rows into a view of b->keep. */
+static void fix_batch(batch *b)
+{
+    for (size_t i = 0; i < b->n; i++) {
+        ks_row *c = &b->rows[i];
+        value_fix(&c->id, b->keep);
+        value_fix(&c->value, b->keep);
+        value_fix(&c->tenant, b->keep);
+        for (size_t k = 0; k < KS_ROWSTORE_MAX_CONTEXT_COLUMNS; k++) {
+            value_fix(&c->context[k], b->keep);
+        }
+    }
+}
+
+/*
+ * Read the batch after `after` into b, every byte copied into b->keep
+ * (b->n = 0 at the end of the pass).  Through the store's visit_rows when
+ * it has one: each row copied once, straight from the store's row into
+ * b; else through scan, whose copy in the store's buffer is copied again
+ * (its views die at the next store call, and a batch outlives several).
+ * A failed read may leave b partly filled: the caller never computes it.
+ */
+static ks_err fetch_batch(run *r, const ks_value *after, batch *b)
+{
+    const ks_rowstore_ops *ops = r->st->ops;
+    ks_err err = KS_OK;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    b->n = 0;
+    b->keep_len = 0;
+    if (ops->visit_rows != NULL) {
+        err = ops->visit_rows(r->st->self, after, r->batch, take_row, b);
+    } else {
+        size_t n = 0;
+        err = ops->scan(r->st->self, after, r->batch, r->rows, &n);
+        assert(err != KS_OK || n <= r->batch);
+        for (size_t i = 0; i < n && err == KS_OK; i++) {
+            err = take_row(b, &r->rows[i]);
+        }
+    }
+    if (err == KS_OK) {
+        fix_batch(b);
+    }
+    r->fetch_s = elapsed_s(&t0);
+    return err;
 }
 
 /* Nonzero when the failure rate of cp is over the limit; `force` checks
@@ -898,8 +991,10 @@ static ks_err save_alone(run *r, const ks_checkpoint *cp)
 }
 
 /* Write the computed batch b and the checkpoint next in one transaction.
- * next's counts are updated here; r->cp takes next only on commit. */
-static ks_err apply_batch(run *r, const batch *b, ks_checkpoint *next)
+ * next's counts are updated here; r->cp takes next only on commit.  When
+ * `deferred` is not NULL, its computation starts once every write of the
+ * transaction is done, right before the COMMIT (see loop()). */
+static ks_err apply_batch(run *r, const batch *b, ks_checkpoint *next, batch *deferred)
 {
     const ks_rowstore_ops *ops = r->st->ops;
     ks_err err = ops->begin(r->st->self);
@@ -934,7 +1029,13 @@ static ks_err apply_batch(run *r, const batch *b, ks_checkpoint *next)
         err = ops->checkpoint_save(r->st->self, next);
     }
     if (err == KS_OK) {
+        if (deferred != NULL) {
+            start_batch(deferred);
+        }
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         err = ops->commit(r->st->self);
+        r->commit_s = elapsed_s(&t0);
     }
     if (err != KS_OK) {
         ops->rollback(r->st->self);
@@ -975,9 +1076,12 @@ static int batch_changes(const batch *b)
  * quarantines and the checkpoint (cursor = its last id) in one
  * transaction.  Returns KS_ERR_STOPPED / KS_ERR_THRESHOLD after committing
  * with that state.  A catch-up pass skips the commit of a batch with
- * nothing to write.  b's copies are wiped either way.
+ * nothing to write.  b's copies are wiped either way.  `deferred` (or
+ * NULL): the next batch, whose computation starts right before the COMMIT
+ * (apply_batch), or at once when there is nothing to commit; by a
+ * successful return it has started.
  */
-static ks_err commit_batch(run *r, batch *b, volatile sig_atomic_t *stop)
+static ks_err commit_batch(run *r, batch *b, volatile sig_atomic_t *stop, batch *deferred)
 {
     assert(b->n > 0 && !b->running);
     const ks_value *last = &b->rows[b->n - 1].id;
@@ -985,6 +1089,9 @@ static ks_err commit_batch(run *r, batch *b, volatile sig_atomic_t *stop)
     ks_err err;
     if (r->catchup && !r->catchup_wrote && !batch_changes(b)) {
         /* A catch-up pass with nothing to write: advance in memory only. */
+        if (deferred != NULL) {
+            start_batch(deferred);
+        }
         r->rows_this_run += b->n;
         err = ks_engine_value_copy(last, &r->cur_buf, &r->cur_cap, &r->cp.cursor);
         wipe_batch(b);
@@ -1007,7 +1114,7 @@ static ks_err commit_batch(run *r, batch *b, volatile sig_atomic_t *stop)
     int over = over_threshold(r, &dry, 0);
     next.state = sbytes(over ? ST_STOPPED : stopping ? ST_PAUSED : ST_RUNNING);
     next.finished = over ? next.updated : 0;
-    err = apply_batch(r, b, &next);
+    err = apply_batch(r, b, &next, deferred);
     if (err == KS_OK) {
         r->catchup_wrote = 1;
         r->cp = next;
@@ -1080,11 +1187,31 @@ static ks_err drop_ahead(batch *b, ks_err err)
 }
 
 /*
+ * Nonzero when the batch computed ahead should start only at the COMMIT
+ * of the batch being written, not before its compare-and-swaps: when the
+ * last COMMIT and the read of the next batch that follows it took at
+ * least as long as computing the last batch (so the helper still
+ * finishes about when the calling thread needs it).  A COMMIT is mostly
+ * waiting for the disk (the journal's and the database's syncs), so the
+ * helper's AEAD work then runs while the calling thread sleeps, instead
+ * of beside its compare-and-swaps, which it slows: the two threads share
+ * caches and memory bandwidth (and on a virtual machine maybe a physical
+ * core; measured in docs/PERFORMANCE.md).  Where commits are quick (WAL
+ * with synchronous=NORMAL, a fast disk) the helper starts before the
+ * compare-and-swaps, so that it still finishes in time.
+ */
+static int defer_ahead(const run *r)
+{
+    return r->commit_s + r->fetch_s >= r->compute_s;
+}
+
+/*
  * The batch loop over passes, after the checkpoint is settled.
  *
  * Pipeline: while batch k is being computed (on the helper thread unless
  * params->serial), the calling thread scans batch k+1; then it starts
- * computing k+1 and, meanwhile, writes k.  Only the calling thread touches
+ * computing k+1 (at once, or at k's COMMIT: defer_ahead) and, meanwhile,
+ * writes k.  Only the calling thread touches
  * the store, and the helper only the batch it was given and the ks_ctx.
  * Batch k+1 is scanned before k commits, which is safe: the ids are
  * disjoint, k+1's rows are written only by compare-and-swap against the
@@ -1093,8 +1220,10 @@ static ks_err drop_ahead(batch *b, ks_err err)
  */
 static ks_err loop(run *r, volatile sig_atomic_t *stop, ks_migrate_progress_fn fn, void *arg)
 {
+    /* The total is for progress reports only: without a callback to
+     * report to, no count (it reads every page of the table). */
     uint64_t total = 0;
-    ks_err err = r->st->ops->count(r->st->self, &total);
+    ks_err err = fn != NULL ? r->st->ops->count(r->st->self, &total) : KS_OK;
     if (err != KS_OK) {
         return err;
     }
@@ -1135,11 +1264,15 @@ static ks_err loop(run *r, volatile sig_atomic_t *stop, ks_migrate_progress_fn f
             wipe_batch(cur);
             return drop_ahead(ahead, err);
         }
-        if (pipelined) {
+        r->compute_s = cur->compute_s;
+        batch *deferred = NULL;
+        if (pipelined && defer_ahead(r)) {
+            deferred = ahead;
+        } else if (pipelined) {
             start_batch(ahead);
         }
         size_t n = cur->n;
-        err = commit_batch(r, cur, stop);
+        err = commit_batch(r, cur, stop, deferred);
         if (err == KS_OK || err == KS_ERR_STOPPED || err == KS_ERR_THRESHOLD) {
             report(r, fn, arg, total, n);
         }

@@ -471,6 +471,76 @@ static int run_write(sqlite_store *s, sqlite3_stmt *st, int rc)
 
 /* ---- operations ------------------------------------------------------------------- */
 
+/* Bind the scan statement for up to max rows after *after (all rows when
+ * after is NULL or of type KS_VALUE_NULL) into *out; SQLITE_OK, or the
+ * failure with the bindings cleared. */
+static int scan_bind(sqlite_store *s, const ks_value *after, size_t max, sqlite3_stmt **out)
+{
+    int from_start = after == NULL || after->type == KS_VALUE_NULL;
+    sqlite3_stmt *st = s->st[from_start ? ST_SCAN_FIRST : ST_SCAN_AFTER];
+    int rc = sqlite3_bind_int64(st, 1, max > (size_t)INT64_MAX ? INT64_MAX : (int64_t)max);
+    if (rc == SQLITE_OK && !from_start)
+        rc = bind_value(st, 2, after, BIND_COPY); /* the arena is reused below */
+    if (rc == SQLITE_OK)
+        rc = bind_scan_names(s, st);
+    if (rc != SQLITE_OK)
+        sqlite3_clear_bindings(st);
+    *out = st;
+    return rc;
+}
+
+/* Read the scan statement's current row into *r: copied into the arena
+ * (offsets parked, see read_value) when `copy`, else views of SQLite's
+ * row (column_view), valid until the statement steps. */
+static ks_err scan_row(sqlite_store *s, sqlite3_stmt *st, int copy, ks_row *r)
+{
+    memset(r, 0, sizeof *r);
+    ks_err err = copy ? read_value(s, st, 0, 0, &r->id) : column_view(st, 0, 0, &r->id);
+    if (err == KS_OK && r->id.type == KS_VALUE_NULL)
+        err = KS_ERR_STORE; /* cannot happen for a checked id column */
+    for (int col = 1; err == KS_OK && col < 3 + (int)s->n_context; col++) {
+        ks_value *v = col == 1 ? &r->value : col == 2 ? &r->tenant : &r->context[col - 3];
+        err = copy ? read_value(s, st, col, 1, v) : column_view(st, col, 1, v);
+    }
+    r->quarantined = sqlite3_column_int(st, 3 + (int)s->n_context) != 0;
+    return err;
+}
+
+/* Bind the scan statement (scan_bind) and step it through up to max
+ * rows; each row is read by scan_row (copying when `copy`) into rows[got]
+ * when rows is not NULL, else into one row handed to fn.  Resets the
+ * statement, rolls an open transaction back when reading fails (not when
+ * binding fails or fn stops), and returns the rows read in *n. */
+static ks_err scan_run(sqlite_store *s, const ks_value *after, size_t max, int copy, ks_row *rows,
+                       ks_rowstore_row_fn fn, void *arg, size_t *n)
+{
+    ks_err err = KS_OK, stopped = KS_OK;
+    size_t got = 0;
+    *n = 0;
+    sqlite3_stmt *st;
+    int rc = scan_bind(s, after, max, &st);
+    if (rc != SQLITE_OK)
+        return ks_sqlite_map_rc(rc);
+    rc = SQLITE_DONE;
+    while (got < max && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        ks_row one, *r = rows != NULL ? &rows[got] : &one;
+        err = scan_row(s, st, copy, r);
+        if (err != KS_OK)
+            break;
+        got++;
+        if (fn != NULL && (stopped = fn(arg, r)) != KS_OK)
+            break;
+    }
+    if (err == KS_OK && stopped == KS_OK && rc != SQLITE_ROW && rc != SQLITE_DONE)
+        err = ks_sqlite_map_rc(rc);
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    if (err != KS_OK && s->in_txn)
+        rollback_now(s);
+    *n = got;
+    return err != KS_OK ? err : stopped;
+}
+
 /* ops.scan: read up to max rows after *after into rows (see rowstore.h).
  * The batch is copied into the arena, so its views survive the statement
  * reset and stay valid until the next call. */
@@ -482,47 +552,11 @@ static ks_err op_scan(void *self, const ks_value *after, size_t max, ks_row *row
     *n = 0;
     if (max == 0)
         return KS_OK;
-    int from_start = after == NULL || after->type == KS_VALUE_NULL;
-    sqlite3_stmt *st = s->st[from_start ? ST_SCAN_FIRST : ST_SCAN_AFTER];
-    int rc = sqlite3_bind_int64(st, 1, max > (size_t)INT64_MAX ? INT64_MAX : (int64_t)max);
-    if (rc == SQLITE_OK && !from_start)
-        rc = bind_value(st, 2, after, BIND_COPY); /* the arena is reused below */
-    if (rc == SQLITE_OK)
-        rc = bind_scan_names(s, st);
-    if (rc != SQLITE_OK) {
-        sqlite3_clear_bindings(st);
-        return ks_sqlite_map_rc(rc);
-    }
-    s->arena_len = 0;
-    ks_err err = KS_OK;
+    s->arena_len = 0; /* `after` may view it: bound as a copy before any row is read */
     size_t got = 0;
-    int qcol = 3 + (int)s->n_context;
-    while (got < max && (rc = sqlite3_step(st)) == SQLITE_ROW) {
-        ks_row *r = &rows[got];
-        memset(r, 0, sizeof *r);
-        err = read_value(s, st, 0, 0, &r->id);
-        if (err == KS_OK && r->id.type == KS_VALUE_NULL)
-            err = KS_ERR_STORE; /* cannot happen for a checked id column */
-        if (err == KS_OK)
-            err = read_value(s, st, 1, 1, &r->value);
-        if (err == KS_OK)
-            err = read_value(s, st, 2, 1, &r->tenant);
-        for (size_t i = 0; err == KS_OK && i < s->n_context; i++)
-            err = read_value(s, st, 3 + (int)i, 1, &r->context[i]);
-        if (err != KS_OK)
-            break;
-        r->quarantined = sqlite3_column_int(st, qcol) != 0;
-        got++;
-    }
-    if (err == KS_OK && rc != SQLITE_ROW && rc != SQLITE_DONE)
-        err = ks_sqlite_map_rc(rc);
-    sqlite3_reset(st);
-    sqlite3_clear_bindings(st);
-    if (err != KS_OK) {
-        if (s->in_txn)
-            rollback_now(s);
+    ks_err err = scan_run(s, after, max, 1, rows, NULL, NULL, &got);
+    if (err != KS_OK)
         return err;
-    }
     for (size_t i = 0; i < got; i++) {
         fix_view(s, &rows[i].id);
         fix_view(s, &rows[i].value);
@@ -532,6 +566,21 @@ static ks_err op_scan(void *self, const ks_value *after, size_t max, ks_row *row
     }
     *n = got;
     return KS_OK;
+}
+
+/* ops.visit_rows: the rows of op_scan, each handed to fn as views of
+ * SQLite's current row (no arena copy): the engine copies them into its
+ * own batch anyway. */
+static ks_err op_visit_rows(void *self, const ks_value *after, size_t max, ks_rowstore_row_fn fn,
+                            void *arg)
+{
+    sqlite_store *s = self;
+    if (s == NULL || fn == NULL || (after != NULL && !value_ok(after)))
+        return KS_ERR_INVALID_ARGUMENT;
+    if (max == 0)
+        return KS_OK;
+    size_t got = 0;
+    return scan_run(s, after, max, 0, NULL, fn, arg, &got);
 }
 
 /* ops.visit_values: step the kept values statement once through the
@@ -864,6 +913,7 @@ static const ks_rowstore_ops sqlite_ops = {
     .rollback = op_rollback,
     .close = op_close,
     .visit_values = op_visit_values,
+    .visit_rows = op_visit_rows,
 };
 
 /* ---- opening: the schema ------------------------------------------------------------ */
