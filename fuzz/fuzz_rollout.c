@@ -761,6 +761,7 @@ static ks_migrate_params migrate_params(const world *w, size_t batch)
     p.context_template = (ks_bytes){(const uint8_t *)"t:{id}", 6};
     p.batch_size = batch;
     p.max_failure_rate = -1.0;
+    p.supersede = 1; /* as `migrate run` under a rollout: an older run is obsolete */
     return p;
 }
 

@@ -165,6 +165,13 @@ expect_grep "status: state paused" "$T/out" '"state":"paused"'
 run "other parameters while paused: exit 65" 65 "$KS" migrate run --db "$S" --table pay --column card \
     --mode encrypt --to-key payments/kek --tenant-column tenant --context 'other:{id}' --purpose card
 expect_grep "mismatch: explained" "$T/err" "migrate status"
+expect_grep "mismatch: names --supersede" "$T/err" "supersede"
+cp "$S" "$T/supersede.db"
+run "other parameters with --supersede" 0 "$KS" migrate run --db "$T/supersede.db" --table pay --column card \
+    --mode encrypt --to-key payments/kek --tenant-column tenant --context 'other:{id}' --purpose card --supersede
+run "status after --supersede" 0 "$KS" migrate status --db "$T/supersede.db" --json
+expect_grep "status: the paused run is superseded" "$T/out" '"state":"superseded"'
+expect_grep "status: the new run is complete" "$T/out" '"state":"complete"'
 run "resume" 0 "$KS" migrate run "${STGT[@]}" --batch-size 500
 if [ "$(sql "$S" "SELECT count(*) FROM pay WHERE card LIKE 'card-%'")" = 0 ]; then ok "resume: every row migrated"; else bad "resume: every row migrated"; fi
 run "verify after resume" 0 "$KS" migrate verify --db "$S" --table pay --column card "${CTX[@]}"

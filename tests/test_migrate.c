@@ -836,6 +836,41 @@ static void test_mismatch(void **state)
     assert_int_equal(run(w, &p, NULL), KS_OK);
 }
 
+/* supersede: a paused migration with other parameters is marked
+ * "superseded" (cursor and counts kept) instead of refusing the run; a
+ * superseded one refuses nobody afterwards, and can still be resumed. */
+static void test_supersede(void **state)
+{
+    world *w = *state;
+    fill_plain(w);
+    ks_migrate_params p = mparams(KS_MIGRATE_ENCRYPT, "k", 0);
+    g_stop = 0;
+    ks_checkpoint cp;
+    assert_int_equal(ks_migrate_run(w->ctx, &w->st, &p, &g_stop, stop_after_first, NULL, &cp),
+                     KS_ERR_STOPPED);
+    uint64_t done = cp.done;
+    assert_true(done > 0);
+    ks_migrate_params q = mparams(KS_MIGRATE_ENCRYPT, "other", 0);
+    q.supersede = 1;
+    assert_int_equal(run(w, &q, &cp), KS_OK);
+    assert_int_equal(cp.done, N_ROWS - N_ROWS / 10 - done); /* the rest of the plaintext */
+    size_t found = 0;
+    for (size_t i = 0; i < MRS_MAX_CP; i++) {
+        const mrs_cp *c = &w->m->cps[i];
+        if (c->used && c->cp.state.len == 10 && memcmp(c->cp.state.ptr, "superseded", 10) == 0) {
+            assert_int_equal(c->cp.done, done);
+            found++;
+        }
+    }
+    assert_int_equal(found, 1);
+    /* the superseded one no longer refuses a third migration ... */
+    ks_migrate_params t = mparams(KS_MIGRATE_ENCRYPT, "k", 1);
+    assert_int_equal(run(w, &t, NULL), KS_OK); /* nothing left to encrypt */
+    /* ... and resuming it picks up its own checkpoint */
+    assert_int_equal(run(w, &p, &cp), KS_OK);
+    assert_int_equal(cp.done, done); /* every row is an envelope now: wrong state */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -854,6 +889,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_verify, setup, teardown),
         cmocka_unit_test_setup_teardown(test_from_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mismatch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_supersede, setup, teardown),
         cmocka_unit_test_setup_teardown(test_census_sqlite, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sqlite, setup, teardown),
     };

@@ -42,7 +42,8 @@ static void usage(FILE *f)
           "        [--tenant-column COL | --tenant T] [--context TEMPLATE]\n"
           "        [--purpose P] [--batch-size N] [--max-failure-rate R]\n"
           "        [--max-rows-per-second N] [--no-verify] [--serial]\n"
-          "        [--from-key KEY_ID] [--busy-timeout MS] [--json] [--keyring FILE]\n"
+          "        [--from-key KEY_ID] [--supersede] [--busy-timeout MS] [--json]\n"
+          "        [--keyring FILE]\n"
           "        [--passphrase-file FILE]\n"
           "    keyshift migrate status --db FILE [--table T --column C] [--json]\n"
           "    keyshift migrate verify --db FILE --table T --column C [--sample N]\n"
@@ -90,7 +91,9 @@ static void usage(FILE *f)
           "    rollout's target. The governing rollout is the column's own latest,\n"
           "    or a later key-scoped rollout of the run's target key covering the\n"
           "    column; another key-scoped rollout that is not finalized and covers\n"
-          "    the column refuses the run (exit 78). Under a key-scoped rollout the\n"
+          "    the column refuses the run (exit 78). A run the rollout allows\n"
+          "    supersedes an unfinished migration of the column with other\n"
+          "    parameters (as --supersede). Under a key-scoped rollout the\n"
           "    run touches only envelopes of the rollout's key (as --from-key): the\n"
           "    column's plaintext and other keys' envelopes are skipped, never moved\n"
           "    under that key. The run then writes its health\n"
@@ -148,6 +151,10 @@ static void usage(FILE *f)
           "          several tenants' keys). Part of the run's checkpoint.\n"
           "          Set by itself under a key-scoped rollout; a verify\n"
           "          with it counts only for a key-scoped rollout of KEY_ID\n"
+          "    --supersede            run: go ahead although an unfinished migration of\n"
+          "          this database with other parameters exists (exit 65\n"
+          "          otherwise); it is marked superseded in migrate status\n"
+          "          and can still be resumed by running it again\n"
           "    --sample N             verify: about N random rows instead of all\n"
           "    --json                 machine-readable output (see DESCRIPTION)\n"
           "    --keyring FILE         default: $KEYSHIFT_KEYRING\n"
@@ -159,7 +166,8 @@ static void usage(FILE *f)
           "    64  usage error\n"
           "    65  run: stopped by --max-failure-rate (checkpoint valid; see\n"
           "        keyshift_quarantine), or an unfinished migration of this database\n"
-          "        with other parameters exists; verify: some rows did not open\n"
+          "        with other parameters exists (resume it, or --supersede);\n"
+          "        verify: some rows did not open\n"
           "    66  no such database, table or column\n"
           "    69  key provider unavailable (batch rolled back, checkpoint kept; rerun)\n"
           "    74  database error or disk full (batch rolled back; rerun once fixed)\n"
@@ -189,7 +197,7 @@ typedef struct mig_opts {
     const char *db, *table, *column, *id_column, *mode, *to_key, *to_format, *algorithm;
     const char *tenant_column, *tenant, *context, *purpose, *batch_size, *max_failure_rate;
     const char *max_rps, *busy_timeout, *sample, *keyring, *passfile, *from_key;
-    int no_verify, serial, json;
+    int no_verify, serial, json, supersede;
 } mig_opts;
 
 /* Parse argv into o. */
@@ -219,6 +227,7 @@ static int parse(const char *cmd, int argc, char **argv, mig_opts *o, int *rc)
         {"--passphrase-file", &o->passfile, NULL},
         {"--no-verify", NULL, &o->no_verify},
         {"--serial", NULL, &o->serial},
+        {"--supersede", NULL, &o->supersede},
         {"--json", NULL, &o->json},
         {NULL, NULL, NULL},
     };
@@ -243,6 +252,7 @@ static int only_options(const char *cmd, const mig_opts *o, const char *allowed)
         {"--keyring", o->keyring != NULL},     {"--passphrase-file", o->passfile != NULL},
         {"--no-verify", o->no_verify},         {"--id-column", o->id_column != NULL},
         {"--serial", o->serial},               {"--from-key", o->from_key != NULL},
+        {"--supersede", o->supersede},
     };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         char word[40];
@@ -569,7 +579,8 @@ static const char *outcome_advice(ks_err e)
                "--max-failure-rate only if the failures are understood)";
     case KS_ERR_MISMATCH:
         return "either an unfinished migration of this column with other parameters exists "
-               "(see 'keyshift migrate status'; finish it with its own parameters first), or "
+               "(see 'keyshift migrate status'; finish it with its own parameters first, or give "
+               "--supersede to leave it), or "
                "verify-before-commit found a new value that does not open to the old "
                "plaintext (nothing of that batch was written; report it as a bug)";
     case KS_ERR_FULL:
@@ -815,6 +826,7 @@ static int rollout_gate(const mig_opts *o, ks_migrate_params *p, ks_ctx *ctx, in
     if (frc != EX_OK) {
         return frc;
     }
+    p->supersede = 1; /* the rollout's target makes any other unfinished run obsolete */
     *rollout_id = r.id;
     return EX_OK;
 }
@@ -860,7 +872,7 @@ static int cmd_run(int argc, char **argv)
                                     "--tenant --context --purpose --batch-size --max-failure-rate "
                                     "--max-rows-per-second --busy-timeout --keyring "
                                     "--passphrase-file --no-verify --id-column --serial "
-                                    "--from-key ")) != EX_OK) {
+                                    "--from-key --supersede ")) != EX_OK) {
         return rc;
     }
     ks_migrate_params p;
@@ -872,6 +884,7 @@ static int cmd_run(int argc, char **argv)
         (rc = run_limits(&o, &p, &busy_ms)) != EX_OK) {
         return rc;
     }
+    p.supersede = o.supersede;
     ks_keyring *kr = NULL;
     ks_ctx *ctx = NULL;
     ks_rowstore store = {NULL, NULL, NULL};

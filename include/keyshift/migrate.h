@@ -123,6 +123,11 @@ typedef struct ks_migrate_params {
                                   and counted skipped.  A key-scoped rollout's run
                                   (docs/rollout.md, "Scopes").  Must be empty for encrypt;
                                   part of the checkpoint's parameters when set. */
+    int supersede;             /* nonzero: an unfinished migration of the store with other
+                                  parameters does not refuse the run (KS_ERR_MISMATCH): it
+                                  is marked "superseded" (counts and cursor kept; running it
+                                  again resumes it).  For a run that a rollout governs, whose
+                                  target makes any other migration of the column obsolete. */
 } ks_migrate_params;
 
 /* Progress, reported after every committed batch. */
@@ -143,7 +148,7 @@ typedef void (*ks_migrate_progress_fn)(void *arg, const ks_migrate_progress *p);
  * (KS_ERR_STOPPED; resumable).  Returns KS_OK when complete, or:
  * KS_ERR_THRESHOLD (failure rate exceeded; checkpoint valid),
  * KS_ERR_MISMATCH (a checkpoint of this store has other parameters and is
- * not complete), provider errors (the batch rolled back, checkpoint intact;
+ * neither complete nor superseded, and params->supersede is 0), provider errors (the batch rolled back, checkpoint intact;
  * KS_ERR_UNAVAILABLE and KS_ERR_TIMEOUT are resumable), KS_ERR_BUSY,
  * KS_ERR_FULL, KS_ERR_STORE (rolled back; resumable).  *out, when not NULL,
  * receives the final checkpoint (views valid until the store's next call).

@@ -75,7 +75,7 @@ typedef struct ks_row {
  * batch it describes. */
 typedef struct ks_checkpoint {
     ks_bytes params;     /* canonical parameters: identifies the migration */
-    ks_bytes state;      /* "running", "paused", "stopped", "complete" */
+    ks_bytes state;      /* "running", "paused", "stopped", "complete", "superseded" */
     ks_value cursor;     /* last id done in this pass; KS_VALUE_NULL before the first */
     uint32_t pass;       /* 1, 2, ...: a pass rescans rows raced in the previous one */
     uint64_t done;       /* rows rewritten */

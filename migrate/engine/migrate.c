@@ -13,7 +13,11 @@
  * checked with the provider (ks_ctx_key_info) at every run.
  *
  * Checkpoint.  If the latest checkpoint of the store has other parameters
- * and is not "complete": KS_ERR_MISMATCH.  Ours and "complete": a catch-up
+ * and is neither "complete" nor "superseded": KS_ERR_MISMATCH, unless
+ * params->supersede, which first marks that one "superseded" in its own
+ * transaction (a rollout's run: the rollout's target makes it obsolete,
+ * and a paused run toward an old target could otherwise never be resumed
+ * nor replaced).  Ours and "complete": a catch-up
  * pass (pass + 1, from the first row) that converts rows the application
  * wrote in the old form after the last pass went by, and that writes
  * nothing at all -- not even the checkpoint -- when every row is already
@@ -203,7 +207,7 @@ typedef struct run {
 } run;
 
 static const char ST_RUNNING[] = "running", ST_PAUSED[] = "paused", ST_STOPPED[] = "stopped",
-                  ST_COMPLETE[] = "complete";
+                  ST_COMPLETE[] = "complete", ST_SUPERSEDED[] = "superseded";
 
 /* A ks_bytes of a static string. */
 static ks_bytes sbytes(const char *s)
@@ -303,6 +307,32 @@ static ks_err make_params(run *r, uint32_t v)
     return ks_migrate_canonical_params(r->p, v, r->params, sizeof r->params, &r->params_len);
 }
 
+static ks_err save_alone(run *r, const ks_checkpoint *cp);
+
+/* Mark other, an unfinished checkpoint with other parameters, superseded
+ * (params->supersede): its params and cursor are copied first, since the
+ * views of a loaded checkpoint last only until the store's next call. */
+static ks_err supersede(run *r, const ks_checkpoint *other)
+{
+    ks_checkpoint old = *other;
+    uint8_t *pbuf = malloc(other->params.len + 1), *cbuf = NULL;
+    size_t ccap = 0;
+    if (pbuf == NULL) {
+        return KS_ERR_NO_MEMORY;
+    }
+    memcpy(pbuf, other->params.ptr, other->params.len);
+    old.params = (ks_bytes){pbuf, other->params.len};
+    ks_err err = ks_engine_value_copy(&other->cursor, &cbuf, &ccap, &old.cursor);
+    if (err == KS_OK) {
+        old.state = sbytes(ST_SUPERSEDED);
+        old.updated = (int64_t)time(NULL);
+        err = save_alone(r, &old);
+    }
+    free(pbuf);
+    free(cbuf);
+    return err;
+}
+
 /*
  * Settle the target version and the checkpoint: fills r->to_version,
  * r->params and r->cp (a fresh one, or the loaded one with its cursor
@@ -340,8 +370,15 @@ static ks_err load_checkpoint(run *r, int *complete)
         /* Ours does not exist: refuse if another unfinished one does. */
         ks_checkpoint other;
         err = r->st->ops->checkpoint_load(r->st->self, (ks_bytes){NULL, 0}, &other);
-        if (err == KS_OK && !bytes_eq(other.state, sbytes(ST_COMPLETE))) {
-            return KS_ERR_MISMATCH;
+        if (err == KS_OK && !bytes_eq(other.state, sbytes(ST_COMPLETE)) &&
+            !bytes_eq(other.state, sbytes(ST_SUPERSEDED))) {
+            if (!r->p->supersede) {
+                return KS_ERR_MISMATCH;
+            }
+            err = supersede(r, &other);
+            if (err != KS_OK) {
+                return err;
+            }
         }
         if (err != KS_OK && err != KS_ERR_NOT_FOUND) {
             return err;
