@@ -429,6 +429,26 @@ else
 fi
 
 # ---- G. a rollback stops a running migration before its next batch --------------------
+# gate_race NAME PID DB TABLE ERRFILE ROLLOUT-SELECTION...: once the migrate run
+# in the background (PID) has committed batches of TABLE, roll its rollout
+# back to read-compat, then expect the run to stop before its next batch:
+# exit 75, saying why (the store's write gate).
+migration_started() {
+    [ "$(sqlite3 "$1" "SELECT coalesce(max(done), 0) FROM keyshift_migration WHERE tbl = '$2'" 2>/dev/null)" -gt 0 ] 2>/dev/null
+}
+gate_race() {
+    local name=$1 pid=$2 db=$3 tbl=$4 err=$5 rc
+    shift 5
+    wait_for 20 migration_started "$db" "$tbl" || bad "$name: the migration did not start"
+    run "$name: roll back to read-compat while migrate runs" 0 "$KS" rollout rollback "$@" --reason "stop the backfill"
+    wait "$pid"
+    rc=$?
+    if [ "$rc" = 75 ] && grep -q "the rollout left backfill" "$err"; then
+        ok "$name: the running migration stopped before its next batch (exit 75, says why)"
+    else
+        bad "$name: migration stopped by the rollback" "exit $rc: $(head -c 300 "$err")"
+    fi
+}
 G=$T/g.db
 make_db "$G" 2000
 R=(--db "$G" --table pay --column card)
@@ -437,18 +457,7 @@ run "gate: start" 0 "$KS" rollout start "${R[@]}" --source plaintext \
     --target v1:xchacha20-poly1305:pay/kek:2 --min-soak 0 --reader-ttl 5 --min-samples 0
 for ph in read-compat write-upgrade backfill; do run "gate: advance to $ph" 0 "$KS" rollout advance "${R[@]}"; done
 "$KS" "${GMIG[@]}" --max-rows-per-second 300 >"$T/g.out" 2>"$T/g.err" &
-gpid=$!
-# some batches committed (the checkpoint moved), the run still going
-gate_started() { [ "$(sqlite3 "$G" "SELECT coalesce(max(done), 0) FROM keyshift_migration" 2>/dev/null)" -gt 0 ] 2>/dev/null; }
-wait_for 20 gate_started || bad "gate: the migration did not start"
-run "gate: roll back to read-compat while migrate runs" 0 "$KS" rollout rollback "${R[@]}" --reason "stop the backfill"
-wait "$gpid"
-grc=$?
-if [ "$grc" = 75 ] && grep -q "the rollout left backfill" "$T/g.err"; then
-    ok "gate: the running migration stopped before its next batch (exit 75, says why)"
-else
-    bad "gate: migration stopped by the rollback" "exit $grc: $(head -c 300 "$T/g.err")"
-fi
+gate_race "gate" $! "$G" pay "$T/g.err" "${R[@]}"
 genv=$(sqlite3 "$G" "SELECT count(*) FROM pay WHERE hex(substr(card, 1, 3)) = '4B5345'")
 gdone=$(sqlite3 "$G" "SELECT done FROM keyshift_migration")
 if [ "$genv" = "$gdone" ] && [ "$genv" -gt 0 ] && [ "$genv" -lt 2000 ]; then
@@ -493,14 +502,24 @@ step "key scope: advance to write-upgrade" "$KS" rollout advance "${R[@]}" --all
 sleep 1 # the apps see write-upgrade and report samples
 step "key scope: advance to backfill (health from both apps)" "$KS" rollout advance "${R[@]}"
 sleep 1 # both apps' policies have refreshed: they write pay/kek:2 now
+# a rollback stops a running key-scoped migration before its next batch (the write gate)
+HMIG=(migrate run --db "$H" --table refunds --column card "${CTX_R[@]}" --mode rewrap --to-key pay/kek:2)
+"$KS" "${HMIG[@]}" --max-rows-per-second 200 --batch-size 50 >"$T/hg.out" 2>"$T/hg.err" &
+gate_race "key scope gate" $! "$H" refunds "$T/hg.err" "${R[@]}"
+run "key scope gate: migrate refused in read-compat" 78 "$KS" "${HMIG[@]}"
+step "key scope: advance to write-upgrade again" "$KS" rollout advance "${R[@]}" --all
+sleep 1
+step "key scope: advance to backfill again" "$KS" rollout advance "${R[@]}"
+sleep 1
 step "key scope: migrate run pay.card" "$KS" migrate run --db "$H" --table pay --column card \
     "${CTX[@]}" --mode rewrap --to-key pay/kek:2
 step "key scope: migrate verify pay.card" "$KS" migrate verify --db "$H" --table pay --column card "${CTX[@]}"
 run "key scope: finalize refused while refunds.card has rows at the source" 75 \
     "$KS" rollout advance "${R[@]}"
 expect_grep "key scope: the refusal counts the rows left" "$T/err" "still at the source"
-step "key scope: migrate run refunds.card" "$KS" migrate run --db "$H" --table refunds --column card \
-    "${CTX_R[@]}" --mode rewrap --to-key pay/kek:2
+step "key scope: migrate run refunds.card (resumes the stopped run)" "$KS" "${HMIG[@]}"
+# rows the apps wrote at the source while rolled back, behind the resumed cursor: a catch-up pass
+step "key scope: migrate run refunds.card again (catch-up pass)" "$KS" "${HMIG[@]}"
 run "key scope: finalize refused until refunds.card is verified" 75 "$KS" rollout advance "${R[@]}"
 expect_grep "key scope: the refusal names the column" "$T/err" "for 1 of 2 columns: refunds.card"
 step "key scope: migrate verify refunds.card" "$KS" migrate verify --db "$H" --table refunds \
