@@ -573,6 +573,19 @@ static ks_err load_columns(ks_rollout_db *db, ks_rollout *rs, size_t n)
     return KS_OK;
 }
 
+/* The first rollout row of st (prepared with result rc by prep_bind)
+ * into *out, with its listed columns: KS_ERR_NO_ROLLOUT if none. */
+static ks_err read_one(ks_rollout_db *db, sqlite3_stmt *st, int rc, ks_rollout *out)
+{
+    size_t n = 0;
+    ks_err err = read_rows(st, rc, read_rollout, out, sizeof *out, 1, &n);
+    if (err == KS_OK && n == 0)
+        err = KS_ERR_NO_ROLLOUT;
+    if (err == KS_OK)
+        err = load_columns(db, out, 1);
+    return err;
+}
+
 /* The rollout with this id into *out (KS_ERR_NO_ROLLOUT if none). */
 static ks_err load_rollout(ks_rollout_db *db, int64_t id, ks_rollout *out)
 {
@@ -581,13 +594,7 @@ static ks_err load_rollout(ks_rollout_db *db, int64_t id, ks_rollout *out)
     static const char *const q[2] = SELECT_ROLLOUT("WHERE id = ?1");
     sqlite3_stmt *st;
     int rc = prep_bind(db, &st, q[db->v3], "i", id);
-    size_t n = 0;
-    ks_err err = read_rows(st, rc, read_rollout, out, sizeof *out, 1, &n);
-    if (err == KS_OK && n == 0)
-        err = KS_ERR_NO_ROLLOUT;
-    if (err == KS_OK)
-        err = load_columns(db, out, 1);
-    return err;
+    return read_one(db, st, rc, out);
 }
 
 /* ---- the log ------------------------------------------------------------------ */
@@ -1103,11 +1110,7 @@ ks_err ks_rollout_db_latest(ks_rollout_db *db, const char *table, const char *co
         "WHERE tbl = ?1 COLLATE NOCASE AND col = ?2 COLLATE NOCASE ORDER BY id DESC LIMIT 1");
     sqlite3_stmt *st;
     int rc = prep_bind(db, &st, q[db->v3], "tt", table, column);
-    size_t n = 0;
-    ks_err err = read_rows(st, rc, read_rollout, out, sizeof *out, 1, &n);
-    if (err == KS_OK && n == 0)
-        err = KS_ERR_NO_ROLLOUT;
-    return err;
+    return read_one(db, st, rc, out); /* a column scope: no listed columns to load */
 }
 
 /* See rollout.h. */
@@ -1121,13 +1124,7 @@ ks_err ks_rollout_db_latest_key(ks_rollout_db *db, const char *key_id, ks_rollou
         SELECT_ROLLOUT("WHERE scope_key_id = ?1 ORDER BY id DESC LIMIT 1");
     sqlite3_stmt *st;
     int rc = prep_bind(db, &st, q[1], "t", key_id);
-    size_t n = 0;
-    ks_err err = read_rows(st, rc, read_rollout, out, sizeof *out, 1, &n);
-    if (err == KS_OK && n == 0)
-        err = KS_ERR_NO_ROLLOUT;
-    if (err == KS_OK)
-        err = load_columns(db, out, 1);
-    return err;
+    return read_one(db, st, rc, out);
 }
 
 /* See rollout.h. */
