@@ -430,11 +430,12 @@ fi
 
 # ---- G. a rollback stops a running migration before its next batch --------------------
 # gate_race NAME PID DB TABLE ERRFILE ROLLOUT-SELECTION...: once the migrate run
-# in the background (PID) has committed batches of TABLE, roll its rollout
+# in the background (PID) has committed batches of TABLE (a running
+# checkpoint: earlier, complete migrations of TABLE do not count), roll its rollout
 # back to read-compat, then expect the run to stop before its next batch:
 # exit 75, saying why (the store's write gate).
 migration_started() {
-    [ "$(sqlite3 "$1" "SELECT coalesce(max(done), 0) FROM keyshift_migration WHERE tbl = '$2'" 2>/dev/null)" -gt 0 ] 2>/dev/null
+    [ "$(sqlite3 "$1" "SELECT coalesce(max(done), 0) FROM keyshift_migration WHERE tbl = '$2' AND state = 'running'" 2>/dev/null)" -gt 0 ] 2>/dev/null
 }
 gate_race() {
     local name=$1 pid=$2 db=$3 tbl=$4 err=$5 rc
