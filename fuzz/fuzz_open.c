@@ -1,5 +1,5 @@
 /*
- * fuzz/fuzz_open.c -- ks_open() and ks_rewrap() on arbitrary bytes.
+ * fuzz/fuzz_open.c -- ks_open(), ks_verify() and ks_rewrap() on arbitrary bytes.
  *
  * Input: byte 0 = flags: bits 0-5 the context length (0..63), bit 6
  * "expect tenant acme", bit 7 "expect purpose db.users"; then the context;
@@ -23,6 +23,8 @@
  *   3. ks_rewrap to version 2 of the same key, when it succeeds, changes
  *      only key_version and wrapped_dek, and the result opens exactly as
  *      the input did (same outcome, same plaintext).
+ *   4. ks_verify, on the input and on a rewrapped result, returns exactly
+ *      what ks_open returned (the same parse rejection at the same offset).
  *
  * FUZZ_OPEN_DUMP=dir (environment) writes each genuine input to dir as
  * seed-<n>, for regenerating the seeds (name them by sha1 afterwards).
@@ -154,13 +156,25 @@ static const genuine *find_genuine(const uint8_t *env, size_t len, ks_bytes cont
     return NULL;
 }
 
-/* Oracles 1 and 2; returns the error, the plaintext in pt. */
+/* Oracle 4: ks_verify on env returns open_err, the result of ks_open
+ * (whose parse error, when it was rejected, is *open_pe). */
+static void check_verify(const uint8_t *env, size_t len, const ks_open_params *p, ks_err open_err,
+                         const ks_parse_error *open_pe)
+{
+    ks_parse_error pe;
+    ks_err err = ks_verify(ctx, env, len, p, &pe);
+    CHECK(err == open_err);
+    CHECK(!ks_err_is_rejection(err) || (pe.code == open_pe->code && pe.offset == open_pe->offset));
+}
+
+/* Oracles 1, 2 and 4; returns the error, the plaintext in pt. */
 static ks_err check_open(const uint8_t *env, size_t len, const ks_open_params *p, uint8_t *pt,
                          size_t *pt_len)
 {
     memset(pt, 0, PT_CAP);
     ks_parse_error pe;
     ks_err err = ks_open(ctx, env, len, p, pt, PT_CAP, pt_len, &pe);
+    check_verify(env, len, p, err, &pe);
     const genuine *g = find_genuine(env, len, p->context, p);
     if (err == KS_OK) {
         CHECK(g != NULL);
@@ -195,7 +209,9 @@ static void check_rewrap(const uint8_t *env, size_t len, const ks_open_params *p
     CHECK(ks_test_bytes_eq(a.nonce, b.nonce) && ks_test_bytes_eq(a.purpose, b.purpose));
     CHECK(ks_test_bytes_eq(a.commitment, b.commitment) && ks_test_bytes_eq(a.ciphertext, b.ciphertext));
     memset(pt2, 0, sizeof pt2);
-    ks_err err2 = ks_open(ctx, out, out_len, p, pt2, sizeof pt2, &pt2_len, NULL);
+    ks_parse_error pe;
+    ks_err err2 = ks_open(ctx, out, out_len, p, pt2, sizeof pt2, &pt2_len, &pe);
+    check_verify(out, out_len, p, err2, &pe);
     CHECK((err2 == KS_OK) == (open_err == KS_OK));
     if (err2 == KS_OK) {
         CHECK(pt2_len == pt_len && memcmp(pt2, pt, pt_len) == 0);

@@ -290,6 +290,138 @@ static void test_health_sample(void **state)
     ks_ctx_free(ctx);
 }
 
+/* ---- verifying without decrypting ----------------------------------------- */
+
+/* One AEAD's tag-only check: with no output buffer, libsodium's detached
+ * decryption returns 0 for c[0, len) || tag under (ad, n, k) and -1 once
+ * a byte of the ciphertext, the tag or the AD is changed. */
+typedef int (*detached_fn)(unsigned char *, unsigned char *, const unsigned char *, unsigned long long,
+                           const unsigned char *, const unsigned char *, unsigned long long,
+                           const unsigned char *, const unsigned char *);
+
+static void tag_only_expect(detached_fn dec, uint8_t *c, size_t len, uint8_t *ad, size_t ad_len,
+                            const uint8_t *n, const uint8_t *k)
+{
+    assert_int_equal(dec(NULL, NULL, c, len, c + len, ad, ad_len, n, k), 0);
+    uint8_t *where[] = {c, c + len - 1, c + len, c + len + KS_TAG_LEN - 1, ad, ad + ad_len - 1};
+    for (size_t i = 0; i < sizeof where / sizeof *where; i++) {
+        *where[i] ^= 0x01;
+        assert_int_equal(dec(NULL, NULL, c, len, c + len, ad, ad_len, n, k), -1);
+        *where[i] ^= 0x01;
+    }
+}
+
+/* What ks_verify relies on (aead_decrypt in migrate/crypto/crypto.c):
+ * libsodium's detached AEAD decryptions with m NULL verify the tag and
+ * write nothing.  Pinned for each algorithm, so that a libsodium that
+ * changed it fails here rather than in ks_verify. */
+static void test_aead_tag_only(void **state)
+{
+    (void)state;
+    uint8_t k[32], n[24], m[300], c[sizeof m + KS_TAG_LEN], ad[44];
+    unsigned long long maclen = 0;
+    randombytes_buf(k, sizeof k);
+    randombytes_buf(n, sizeof n);
+    randombytes_buf(m, sizeof m);
+    randombytes_buf(ad, sizeof ad);
+    assert_int_equal(crypto_aead_xchacha20poly1305_ietf_encrypt_detached(c, c + sizeof m, &maclen, m, sizeof m,
+                                                                         ad, sizeof ad, NULL, n, k),
+                     0);
+    tag_only_expect(crypto_aead_xchacha20poly1305_ietf_decrypt_detached, c, sizeof m, ad, sizeof ad, n, k);
+    if (!aes_ok()) {
+        return;
+    }
+    assert_int_equal(
+        crypto_aead_aes256gcm_encrypt_detached(c, c + sizeof m, &maclen, m, sizeof m, ad, sizeof ad, NULL, n, k),
+        0);
+    tag_only_expect(crypto_aead_aes256gcm_decrypt_detached, c, sizeof m, ad, sizeof ad, n, k);
+    crypto_aead_aes256gcm_state st;
+    assert_int_equal(crypto_aead_aes256gcm_beforenm(&st, k), 0);
+    assert_int_equal(crypto_aead_aes256gcm_decrypt_detached_afternm(NULL, NULL, c, sizeof m, c + sizeof m, ad,
+                                                                    sizeof ad, n, &st),
+                     0);
+    c[0] ^= 1;
+    assert_int_equal(crypto_aead_aes256gcm_decrypt_detached_afternm(NULL, NULL, c, sizeof m, c + sizeof m, ad,
+                                                                    sizeof ad, n, &st),
+                     -1);
+    sodium_memzero(&st, sizeof st);
+}
+
+/* ks_verify on env returns exactly what ks_open does, with the same
+ * parse error; returns it. */
+static ks_err verify_as_open(ks_ctx *ctx, const uint8_t *env, size_t len, const ks_open_params *p)
+{
+    static uint8_t pt[4096];
+    size_t n = 0;
+    ks_parse_error pe_open, pe_verify;
+    memset(&pe_open, 0, sizeof pe_open);
+    memset(&pe_verify, 0, sizeof pe_verify);
+    ks_err want = ks_open(ctx, env, len, p, pt, sizeof pt, &n, &pe_open);
+    sodium_memzero(pt, sizeof pt);
+    ks_err got = ks_verify(ctx, env, len, p, &pe_verify);
+    assert_int_equal(got, want);
+    if (ks_err_is_rejection(got)) {
+        assert_int_equal(pe_verify.code, pe_open.code);
+        assert_int_equal(pe_verify.offset, pe_open.offset);
+    }
+    return got;
+}
+
+/* ks_verify: what ks_open would say, without a buffer.  Every algorithm,
+ * format and size verifies (a megabyte too, where ks_open with a small
+ * buffer refuses); every bit flip, truncation and wrong binding fails as
+ * ks_open fails; a verify counts as an open. */
+static void test_verify(void **state)
+{
+    world *w = *state;
+    static const size_t sizes[] = {0, 1, 2048, (size_t)1 << 20};
+    uint8_t *pt = malloc((size_t)1 << 20), small[16];
+    assert_non_null(pt);
+    randombytes_buf(pt, (size_t)1 << 20);
+    for (uint32_t alg = 1; alg <= 2; alg++) {
+        for (uint8_t fmt = 1; fmt <= 2 && (alg != KS_ALG_AES256GCM || aes_ok()); fmt++) {
+            for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+                ks_seal_params p = params(fmt, alg);
+                sealed s = seal_ok(w->ctx, &p, pt, sizes[i]);
+                uint64_t opens = metrics(w->ctx).opens;
+                assert_int_equal(ks_verify(w->ctx, s.buf, s.len, &open_any, NULL), KS_OK);
+                assert_int_equal(metrics(w->ctx).opens, opens + 1);
+                size_t n = 0;
+                assert_int_equal(ks_open(w->ctx, s.buf, s.len, &open_any, small, sizeof small, &n, NULL),
+                                 sizes[i] <= sizeof small ? KS_OK : KS_ERR_BUFFER_TOO_SMALL);
+                if (sizes[i] == 2048) {
+                    for (size_t cut = 0; cut < s.len; cut += 97) {
+                        assert_int_not_equal(verify_as_open(w->ctx, s.buf, cut, &open_any), KS_OK);
+                    }
+                }
+                free(s.buf);
+            }
+        }
+    }
+    free(pt);
+    static const uint8_t msg[16] = "attack at dawn!";
+    for (uint8_t fmt = 1; fmt <= 2; fmt++) {
+        ks_seal_params p = params(fmt, fmt == 1 && aes_ok() ? KS_ALG_AES256GCM : KS_ALG_XCHACHA20POLY1305);
+        sealed s = seal_ok(w->ctx, &p, msg, sizeof msg);
+        for (size_t bit = 0; bit < s.len * 8; bit++) {
+            s.buf[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+            assert_int_not_equal(verify_as_open(w->ctx, s.buf, s.len, &open_any), KS_OK);
+            s.buf[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+        }
+        ks_open_params o = {BV("row:43"), {NULL, 0}, {NULL, 0}};
+        assert_int_equal(verify_as_open(w->ctx, s.buf, s.len, &o), KS_ERR_AUTH_FAILED);
+        o = (ks_open_params){BV("row:42"), BV("acme2"), {NULL, 0}};
+        assert_int_equal(verify_as_open(w->ctx, s.buf, s.len, &o), KS_ERR_AUTH_FAILED);
+        o = (ks_open_params){BV("row:42"), BV("acme"), BV("db.orders")};
+        assert_int_equal(verify_as_open(w->ctx, s.buf, s.len, &o), KS_ERR_AUTH_FAILED);
+        o.purpose = fmt == 1 ? (ks_bytes){NULL, 0} : BV("db.users");
+        assert_int_equal(verify_as_open(w->ctx, s.buf, s.len, &o), KS_OK);
+        assert_int_equal(ks_verify(NULL, s.buf, s.len, &o, NULL), KS_ERR_INVALID_ARGUMENT);
+        assert_int_equal(ks_verify(w->ctx, s.buf, s.len, NULL, NULL), KS_ERR_INVALID_ARGUMENT);
+        free(s.buf);
+    }
+}
+
 /* ---- tampering ----------------------------------------------------------- */
 
 /* Flip every bit of a small envelope: open never succeeds and never
@@ -1309,6 +1441,8 @@ int main(void)
         T(test_round_trip),
         T(test_round_trip_no_cache),
         T(test_health_sample),
+        T(test_aead_tag_only),
+        T(test_verify),
         T(test_bit_flips),
         T(test_binding),
         T(test_swapped_fields),

@@ -136,6 +136,21 @@ KS_API KS_WUR ks_err ks_open(ks_ctx *ctx, const uint8_t *env, size_t env_len,
                              const ks_open_params *p, uint8_t *pt, size_t cap, size_t *pt_len,
                              ks_parse_error *perr);
 
+/*
+ * Verify: every check of ks_open(), in the same order and with the same
+ * errors (but never KS_ERR_BUFFER_TOO_SMALL), without decrypting.  The
+ * envelope is parsed, its tenant and purpose bound, its DEK unwrapped
+ * (through the read cache), a v2 commitment compared and the AEAD tag
+ * verified over the ciphertext and the data AAD; the plaintext is never
+ * produced, so there is none to wipe and no size limit.  KS_OK exactly
+ * when ks_open() would open it.  For a caller that must know an envelope
+ * opens but has no use for its contents: `keyshift migrate verify`, and a
+ * migration's check of each rewrapped value.  Counted as an open in the
+ * metrics and the open latency histogram.
+ */
+KS_API KS_WUR ks_err ks_verify(ks_ctx *ctx, const uint8_t *env, size_t env_len,
+                               const ks_open_params *p, ks_parse_error *perr);
+
 /* Where to rewrap to. */
 typedef struct ks_rewrap_params {
     ks_bytes key_id;       /* target key; empty means the envelope's own key_id */

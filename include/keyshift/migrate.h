@@ -14,8 +14,10 @@
  *   - a row changed underneath by the application is never overwritten: it
  *     is counted as raced and retried in a later pass;
  *   - every new value is parsed and opened (and, for encrypt and
- *     reencrypt, compared with the old plaintext) before its UPDATE unless
- *     verification is turned off;
+ *     reencrypt, decrypted and compared with the old plaintext; for
+ *     rewrap, whose nonce and ciphertext must be the old ones byte for
+ *     byte, checked with ks_verify, which decrypts nothing) before its
+ *     UPDATE unless verification is turned off;
  *   - a row that does not parse or open is quarantined and never modified;
  *   - no mode ever writes plaintext.
  */
@@ -168,16 +170,18 @@ typedef void (*ks_verify_failure_fn)(void *arg, const ks_verify_failure *f);
 
 /* The result of a verification. */
 typedef struct ks_verify_result {
-    uint64_t checked;     /* envelope rows opened */
+    uint64_t checked;     /* envelope rows checked to open (ks_verify) */
     uint64_t failed;      /* of which did not open */
     uint64_t skipped;     /* NULL and plaintext rows */
 } ks_verify_result;
 
 /*
- * Open every envelope row (sample 0) or a uniform random sample of about
- * `sample` rows, with the context template, tenant and purpose of params
- * (its mode and target are ignored).  Each failure is reported through
- * on_failure by id and error name, never with plaintext.  Read-only.
+ * Check that every envelope row (sample 0), or a uniform random sample
+ * of about `sample` rows, opens with the context template, tenant and
+ * purpose of params (its mode and target are ignored): ks_verify, every
+ * check of ks_open without decrypting, so no plaintext is ever in memory
+ * and a value of any size is checked.  Each failure is reported through
+ * on_failure by id and error name.  Read-only.
  */
 KS_API KS_WUR ks_err ks_migrate_verify(ks_ctx *ctx, const ks_rowstore *store,
                                        const ks_migrate_params *params, uint64_t sample,

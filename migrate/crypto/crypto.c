@@ -259,22 +259,28 @@ static int aead_encrypt(uint32_t alg, const void *aes, uint8_t *c, const uint8_t
     return crypto_aead_xchacha20poly1305_ietf_encrypt(c, &clen, m, mlen, ad, adlen, NULL, nonce, k);
 }
 
-/* AEAD-decrypt c[0, clen) into m[0, clen - 16) (k, or aes as above); 0
- * when the tag verifies. */
+/*
+ * AEAD-decrypt c[0, clen) into m[0, clen - 16) (k, or aes as above); 0
+ * when the tag verifies.  With m NULL, only the tag is verified and
+ * nothing is decrypted: every libsodium AEAD's detached decryption
+ * computes and compares the tag first and returns right there when it
+ * has no output buffer (its m is not declared nonnull).  ks_verify
+ * relies on this; tests/test_crypto.c pins it for each algorithm.
+ */
 static int aead_decrypt(uint32_t alg, const void *aes, uint8_t *m, const uint8_t *c, size_t clen,
                         const uint8_t *ad, size_t adlen, const uint8_t *nonce, const uint8_t *k)
 {
-    unsigned long long mlen;
     assert(clen >= KS_TAG_LEN); /* [F-LEN-2]: the parser refuses a shorter one */
-    if (aes != NULL) { /* the detached call, without the combined wrapper's layer */
+    const size_t mlen = clen - KS_TAG_LEN;
+    const uint8_t *tag = c + mlen;
+    if (aes != NULL) { /* the expanded key, without the combined wrapper's layer */
         return crypto_aead_aes256gcm_decrypt_detached_afternm(
-            m, NULL, c, clen - KS_TAG_LEN, c + clen - KS_TAG_LEN, ad, adlen, nonce,
-            (const crypto_aead_aes256gcm_state *)aes);
+            m, NULL, c, mlen, tag, ad, adlen, nonce, (const crypto_aead_aes256gcm_state *)aes);
     }
     if (alg == KS_ALG_AES256GCM) {
-        return crypto_aead_aes256gcm_decrypt(m, &mlen, NULL, c, clen, ad, adlen, nonce, k);
+        return crypto_aead_aes256gcm_decrypt_detached(m, NULL, c, mlen, tag, ad, adlen, nonce, k);
     }
-    return crypto_aead_xchacha20poly1305_ietf_decrypt(m, &mlen, NULL, c, clen, ad, adlen, nonce, k);
+    return crypto_aead_xchacha20poly1305_ietf_decrypt_detached(m, NULL, c, mlen, tag, ad, adlen, nonce, k);
 }
 
 /* The read cache's derived state of a v1 aes-256-gcm DEK: its expanded
@@ -794,8 +800,9 @@ static ks_err unwrap_dek(ks_ctx *ctx, const uint8_t *buf, const ks_envelope *env
 
 /* Check the commitment (v2), derive K and decrypt env's ciphertext into
  * pt [F-CRYPTO-OPEN-1]: the commitment is compared before the AEAD runs,
- * and a failed AEAD leaves pt[0, cap) zero.  aes, when not NULL, is the
- * expanded key of a v1 aes-256-gcm DEK, used instead of dek. */
+ * and a failed AEAD leaves pt[0, cap) zero.  pt NULL: verify the tag
+ * only (aead_decrypt).  aes, when not NULL, is the expanded key of a v1
+ * aes-256-gcm DEK, used instead of dek. */
 static ks_err decrypt(ks_ctx *ctx, const ks_envelope *env, ks_bytes context, const uint8_t *dek,
                       const void *aes, uint8_t *pt, size_t cap)
 {
@@ -813,9 +820,8 @@ static ks_err decrypt(ks_ctx *ctx, const ks_envelope *env, ks_bytes context, con
     uint8_t aad[KS_DATA_AAD_MAX];
     size_t aad_len = 0;
     ks_err err = ks_aad_data(env, context, aad, sizeof aad, &aad_len); /* [F-CRYPTO-AAD-1] */
-    uint8_t none[1];
-    if (err == KS_OK && aead_decrypt(env->algorithm, aes, pt != NULL ? pt : none, env->ciphertext.ptr,
-                                     env->ciphertext.len, aad, aad_len, env->nonce.ptr, key) != 0) {
+    if (err == KS_OK && aead_decrypt(env->algorithm, aes, pt, env->ciphertext.ptr, env->ciphertext.len,
+                                     aad, aad_len, env->nonce.ptr, key) != 0) {
         if (pt != NULL) {
             sodium_memzero(pt, cap);
         }
@@ -827,17 +833,18 @@ static ks_err decrypt(ks_ctx *ctx, const ks_envelope *env, ks_bytes context, con
     return err;
 }
 
-/* ks_open without the latency histogram (see ks_open).  The order of
+/* ks_open, or with check_only ks_verify (pt, cap and pt_len unused,
+ * nothing decrypted), without the latency histogram.  The order of
  * checks is [F-CRYPTO-OPEN-1]. */
 static ks_err open_call(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_open_params *p,
-                        uint8_t *pt, size_t cap, size_t *pt_len, ks_parse_error *perr)
+                        int check_only, uint8_t *pt, size_t cap, size_t *pt_len, ks_parse_error *perr)
 {
     ks_envelope e;
     uint8_t dek[KS_DEK_LEN];
     uint8_t scratch[KS_WRAP_ID_MAX];
     const uint8_t *id = NULL;
     size_t id_len = 0;
-    if (ctx == NULL || p == NULL || pt_len == NULL || (pt == NULL && cap != 0) ||
+    if (ctx == NULL || p == NULL || (!check_only && (pt_len == NULL || (pt == NULL && cap != 0))) ||
         !view_ok(p->context) || p->context.len > KS_CONTEXT_MAX || !view_ok(p->tenant) ||
         !view_ok(p->purpose)) {
         return KS_ERR_INVALID_ARGUMENT;
@@ -846,7 +853,7 @@ static ks_err open_call(ks_ctx *ctx, const uint8_t *env, size_t env_len, const k
     if (err != KS_OK) {
         return parse_failed(ctx, err);
     }
-    if (e.ciphertext.len - KS_TAG_LEN > cap) {
+    if (!check_only && e.ciphertext.len - KS_TAG_LEN > cap) {
         return KS_ERR_BUFFER_TOO_SMALL;
     }
     if (!binding_ok(&e, p)) {
@@ -858,7 +865,7 @@ static ks_err open_call(ks_ctx *ctx, const uint8_t *env, size_t env_len, const k
     ks_dek_cache_pin pin = {NULL, 0};
     err = unwrap_dek(ctx, env, &e, scratch, &id, &id_len, dek, v1_aes(&e) ? &pin : NULL);
     if (err == KS_OK) {
-        err = decrypt(ctx, &e, p->context, dek, pin.state, pt, cap);
+        err = decrypt(ctx, &e, p->context, dek, pin.state, check_only ? NULL : pt, cap);
     }
     if (pin.state != NULL) {
         ks_dek_cache_unpin(ctx->cache, &pin); /* dek was not written */
@@ -866,7 +873,9 @@ static ks_err open_call(ks_ctx *ctx, const uint8_t *env, size_t env_len, const k
         sodium_memzero(dek, sizeof dek);
     }
     if (err == KS_OK) {
-        *pt_len = e.ciphertext.len - KS_TAG_LEN;
+        if (!check_only) {
+            *pt_len = e.ciphertext.len - KS_TAG_LEN;
+        }
         count_op(ctx, 1);
     }
     return err;
@@ -895,17 +904,31 @@ ks_err ks_seal(ks_ctx *ctx, const ks_seal_params *p, const uint8_t *pt, size_t p
     return err;
 }
 
-/* See keyshift/crypto.h; timed as ks_seal is. */
+/* open_call, timed into the open histogram as ks_seal is. */
+static ks_err timed_open(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_open_params *p,
+                         int check_only, uint8_t *pt, size_t cap, size_t *pt_len, ks_parse_error *perr)
+{
+    if (ctx == NULL || !ctx->cfg.latency_histograms) {
+        return open_call(ctx, env, env_len, p, check_only, pt, cap, pt_len, perr);
+    }
+    uint64_t t0 = ks_mono_ns();
+    ks_err err = open_call(ctx, env, env_len, p, check_only, pt, cap, pt_len, perr);
+    time_since(ctx->open_hist, t0);
+    return err;
+}
+
+/* See keyshift/crypto.h. */
 ks_err ks_open(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_open_params *p, uint8_t *pt,
                size_t cap, size_t *pt_len, ks_parse_error *perr)
 {
-    if (ctx == NULL || !ctx->cfg.latency_histograms) {
-        return open_call(ctx, env, env_len, p, pt, cap, pt_len, perr);
-    }
-    uint64_t t0 = ks_mono_ns();
-    ks_err err = open_call(ctx, env, env_len, p, pt, cap, pt_len, perr);
-    time_since(ctx->open_hist, t0);
-    return err;
+    return timed_open(ctx, env, env_len, p, 0, pt, cap, pt_len, perr);
+}
+
+/* See keyshift/crypto.h. */
+ks_err ks_verify(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_open_params *p,
+                 ks_parse_error *perr)
+{
+    return timed_open(ctx, env, env_len, p, 1, NULL, 0, NULL, perr);
 }
 
 /* Saturating sum of n counters. */

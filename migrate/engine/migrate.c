@@ -519,13 +519,27 @@ typedef struct row_in {
     size_t context_len;
 } row_in;
 
-/* Open env (an old or a new value) into buf (b->pt_cap) with the row's
- * context and tenant, and the purpose when env is of format 2. */
+/* What the row's reader expects of env: its context and tenant, and the
+ * purpose when env is of format 2. */
+static ks_open_params row_params(const batch *b, const row_in *in, ks_bytes env)
+{
+    return ks_engine_open_params(b->r->p, env, (ks_bytes){in->context, in->context_len}, in->tenant);
+}
+
+/* Open env (an old or a new value) into buf (b->pt_cap) as the row's
+ * reader would. */
 static ks_err open_into(batch *b, const row_in *in, ks_bytes env, uint8_t *buf, size_t *len)
 {
-    ks_open_params op = ks_engine_open_params(b->r->p, env, (ks_bytes){in->context, in->context_len},
-                                              in->tenant);
+    ks_open_params op = row_params(b, in, env);
     return ks_open(b->r->ctx, env.ptr, env.len, &op, buf, b->pt_cap, len, NULL);
+}
+
+/* Check that env opens as the row's reader would open it, without
+ * decrypting (ks_verify). */
+static ks_err check_opens(const batch *b, const row_in *in, ks_bytes env)
+{
+    ks_open_params op = row_params(b, in, env);
+    return ks_verify(b->r->ctx, env.ptr, env.len, &op, NULL);
 }
 
 /* Nonzero when a[0, n) equals b[0, n), in time that depends on n only: a
@@ -643,12 +657,14 @@ static ks_err do_encrypt(batch *b, const row_in *in, const ks_value *v, slot *s)
  * it parses, is at the target, and carries the old nonce and ciphertext
  * byte for byte (only key_id, key_version and wrapped_dek may change,
  * [F-CRYPTO-REWRAP-1]); unless no_verify, it opens with the row's
- * parameters.  Its plaintext is then necessarily the old one: same
- * ciphertext, nonce and data AAD under the DEK the old value was wrapped
- * with, which is what lets rewrap skip a second AEAD on the old value.
- * If the new value does not open, the old one is opened to tell a bad row
- * (*fault: quarantine it) from a bad rewrap (KS_ERR_MISMATCH: stop).  o is
- * old, already parsed by decide() (its views point into old).
+ * parameters (ks_verify: every check of ks_open, the AEAD tag included,
+ * without decrypting: there is no plaintext to compare with).  Its
+ * plaintext is then necessarily the old one: same ciphertext, nonce and
+ * data AAD under the DEK the old value was wrapped with, which is what
+ * lets rewrap skip a second AEAD on the old value.  If the new value does
+ * not open, the old one is checked to tell a bad row (*fault: quarantine
+ * it) from a bad rewrap (KS_ERR_MISMATCH: stop).  o is old, already
+ * parsed by decide() (its views point into old).
  */
 static ks_err verify_rewrap(batch *b, const row_in *in, ks_bytes old, const ks_envelope *o,
                             ks_bytes neu, const char **fault)
@@ -664,14 +680,11 @@ static ks_err verify_rewrap(batch *b, const row_in *in, ks_bytes old, const ks_e
     if (r->p->no_verify) {
         return KS_OK;
     }
-    size_t got = 0;
-    ks_err err = open_into(b, in, neu, b->pt2, &got);
-    sodium_memzero(b->pt2, err == KS_OK ? got : b->pt_cap);
+    ks_err err = check_opens(b, in, neu);
     if (err == KS_OK || row_fault(err) == NULL) {
-        return err; /* opened, or a provider error: not the row's fault */
+        return err; /* opens, or a provider error: not the row's fault */
     }
-    err = open_into(b, in, old, b->pt2, &got);
-    sodium_memzero(b->pt2, err == KS_OK ? got : b->pt_cap);
+    err = check_opens(b, in, old);
     if (err == KS_OK) {
         return KS_ERR_MISMATCH; /* the old value opens, the rewrap does not */
     }
@@ -803,7 +816,8 @@ static ks_err compute(batch *b)
             longest = b->rows[i].value.bytes.len;
         }
     }
-    ks_err err = ensure_pt(b, longest + 64);
+    /* rewrap never holds a plaintext (verify_rewrap decrypts nothing) */
+    ks_err err = b->r->p->mode == KS_MIGRATE_REWRAP ? KS_OK : ensure_pt(b, longest + 64);
     b->neu_len = 0;
     for (size_t i = 0; i < b->n && err == KS_OK; i++) {
         err = decide(b, i);

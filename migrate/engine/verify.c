@@ -9,14 +9,16 @@
  * without a reservoir (every row if N >= T).  Of the rows considered:
  * NULL, plaintext (no "KSE" magic) and, with params->from_key_id, the
  * envelopes of other keys are `skipped`; every other row is
- * opened with the tenant (constant or per row, as in ks_migrate_run), the
- * purpose and the rendered context of params, counted in `checked`, and
+ * checked to open (ks_verify: every check of ks_open, the AEAD tag
+ * included, without decrypting) with the tenant (constant or per row, as
+ * in ks_migrate_run), the purpose and the rendered context of params,
+ * counted in `checked`, and
  * on failure in `failed` and reported through on_failure with its id and
  * error: a parse rejection, auth-failed, a non-retryable provider error
  * (denied, revoked, not-found, integrity), KS_ERR_BAD_VALUE for a row
  * whose tenant is invalid, KS_ERR_TOO_LARGE for a context over
- * KS_CONTEXT_MAX.  Plaintext is never reported and is wiped after each
- * open.  A retryable provider error (unavailable, timeout) or any other
+ * KS_CONTEXT_MAX.  No plaintext is ever produced, so none can be
+ * reported, and a value of any size is checked.  A retryable provider error (unavailable, timeout) or any other
  * error stops verification and is returned: a row is never reported
  * failed because the provider could not be reached.
  */
@@ -33,8 +35,6 @@ typedef struct verify_run {
     ks_ctx *ctx;
     const ks_migrate_params *p;
     ks_context_tmpl *tmpl;
-    uint8_t *pt;
-    size_t pt_cap;
     uint64_t total, sample;
     ks_verify_failure_fn on_failure;
     void *arg;
@@ -51,7 +51,7 @@ static void fail_row(verify_run *v, const ks_row *row, ks_err e)
     }
 }
 
-/* Open one envelope row; KS_OK or the error to stop with. */
+/* Check that one envelope row opens; KS_OK or the error to stop with. */
 static ks_err check_row(verify_run *v, const ks_row *row)
 {
     ks_bytes tenant;
@@ -68,16 +68,13 @@ static ks_err check_row(verify_run *v, const ks_row *row)
     if (err == KS_OK) {
         ks_open_params op = ks_engine_open_params(v->p, row->value.bytes,
                                                   (ks_bytes){context, context_len}, tenant);
-        size_t pt_len = 0;
-        err = ks_open(v->ctx, row->value.bytes.ptr, row->value.bytes.len, &op, v->pt, v->pt_cap,
-                      &pt_len, NULL);
-        sodium_memzero(v->pt, err == KS_OK ? pt_len : v->pt_cap);
+        err = ks_verify(v->ctx, row->value.bytes.ptr, row->value.bytes.len, &op, NULL);
     }
     if (err == KS_OK) {
         return KS_OK;
     }
     if (ks_err_is_retryable(err) || err == KS_ERR_NO_MEMORY || err == KS_ERR_INVALID_ARGUMENT ||
-        err == KS_ERR_ALGORITHM_UNAVAILABLE || err == KS_ERR_BUFFER_TOO_SMALL) {
+        err == KS_ERR_ALGORITHM_UNAVAILABLE) {
         return err;
     }
     fail_row(v, row, err);
@@ -140,15 +137,14 @@ ks_err ks_migrate_verify(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate
         return KS_ERR_INVALID_ARGUMENT;
     }
     memset(out, 0, sizeof *out);
-    verify_run v = {ctx, params, NULL, NULL, KS_CIPHERTEXT_DEFAULT_MAX, 0, sample, on_failure, arg, out};
+    verify_run v = {ctx, params, NULL, 0, sample, on_failure, arg, out};
     ks_err err = store->ops->count(store->self, &v.total);
     if (err != KS_OK) {
         return err;
     }
     v.tmpl = malloc(sizeof *v.tmpl);
-    v.pt = malloc(v.pt_cap);
     ks_row *rows = malloc(KS_ENGINE_SCAN_BATCH * sizeof *rows);
-    if (v.tmpl == NULL || v.pt == NULL || rows == NULL) {
+    if (v.tmpl == NULL || rows == NULL) {
         err = KS_ERR_NO_MEMORY;
     }
     if (err == KS_OK) {
@@ -157,10 +153,6 @@ ks_err ks_migrate_verify(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate
     if (err == KS_OK) {
         err = scan_all(&v, store, rows);
     }
-    if (v.pt != NULL) {
-        sodium_memzero(v.pt, v.pt_cap);
-    }
-    free(v.pt);
     free(v.tmpl);
     free(rows);
     return err;
