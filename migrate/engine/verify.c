@@ -8,19 +8,19 @@
  * N/T (randombytes_uniform(T) < N): about N rows, uniform, in one pass and
  * without a reservoir (every row if N >= T).  Of the rows considered:
  * NULL, plaintext (no "KSE" magic) and, with params->from_key_id, the
- * envelopes of other keys are `skipped`; every other row is
- * checked to open (ks_verify: every check of ks_open, the AEAD tag
- * included, without decrypting) with the tenant (constant or per row, as
- * in ks_migrate_run), the purpose and the rendered context of params,
- * counted in `checked`, and
- * on failure in `failed` and reported through on_failure with its id and
- * error: a parse rejection, auth-failed, a non-retryable provider error
- * (denied, revoked, not-found, integrity), KS_ERR_BAD_VALUE for a row
- * whose tenant is invalid, KS_ERR_TOO_LARGE for a context over
- * KS_CONTEXT_MAX.  No plaintext is ever produced, so none can be
- * reported, and a value of any size is checked.  A retryable provider error (unavailable, timeout) or any other
- * error stops verification and is returned: a row is never reported
- * failed because the provider could not be reached.
+ * envelopes of other keys are `skipped`; every other row is checked to
+ * open (ks_verify: every check of ks_open, the AEAD tag included,
+ * without decrypting) with the tenant (constant or per row, as in
+ * ks_migrate_run), the purpose and the rendered context of params,
+ * counted in `checked`, and on failure in `failed` and reported through
+ * on_failure with its id and error: a parse rejection, auth-failed, a
+ * non-retryable provider error (denied, revoked, not-found, integrity),
+ * KS_ERR_BAD_VALUE for a row whose tenant is invalid, KS_ERR_TOO_LARGE
+ * for a context over KS_CONTEXT_MAX.  No plaintext is ever produced, so
+ * none can be reported, and a value of any size is checked.  A retryable
+ * provider error (unavailable, timeout) or any other error stops
+ * verification and is returned: a row is never reported failed because
+ * the provider could not be reached.
  */
 #include <assert.h>
 #include <stdlib.h>
