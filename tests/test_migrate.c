@@ -404,16 +404,23 @@ static void test_wrong_state_and_quarantine(void **state)
     world *w = *state;
     uint8_t env[512];
     fill_plain(w);
-    /* rows 101.. : an envelope (wrong state for encrypt), malformed ones */
-    size_t n = seal_for(w, 101, "k", 2, NULL, "x", env, sizeof env);
+    /* rows 101.. : an envelope not at the target (format 1: wrong state
+     * for encrypt), malformed ones, and one already at the target (v2,
+     * the default algorithm: skipped, not wrong state) */
+    uint8_t at[512];
+    size_t n = seal_for(w, 101, "k", 1, NULL, "x", env, sizeof env);
     mrs_add(w->m, 101, KS_VALUE_BLOB, 0, env, n);
     mrs_add(w->m, 102, KS_VALUE_BLOB, 0, env, n - 1);
     mrs_add(w->m, 103, KS_VALUE_TEXT, 0, "KSE-not-an-envelope", 19);
+    size_t n_at = seal_for(w, 106, "k", 2, NULL, "y", at, sizeof at);
+    mrs_add(w->m, 106, KS_VALUE_BLOB, 0, at, n_at);
     ks_migrate_params p = mparams(KS_MIGRATE_ENCRYPT, "k", 0);
     p.max_failure_rate = 0.5;
     ks_checkpoint cp;
     assert_int_equal(run(w, &p, &cp), KS_OK);
     assert_int_equal(cp.wrong_state, 1);
+    assert_int_equal(cp.skipped, 1);
+    assert_memory_equal(mrs_find(w->m, 106)->value.bytes, at, n_at);
     assert_int_equal(cp.quarantined, 2);
     assert_int_equal(cp.done, N_ROWS - N_ROWS / 10);
     assert_memory_equal(mrs_find(w->m, 101)->value.bytes, env, n);

@@ -43,7 +43,10 @@
  *   - context: the template rendered for the row; longer than
  *     KS_CONTEXT_MAX: quarantined "bad-context";
  *   - encrypt: plaintext (INTEGER is sealed as its decimal text) is sealed
- *     under the target; a parsing envelope is wrong_state; a value
+ *     under the target; an envelope already at (target key, version,
+ *     format, algorithm) is skipped, as in reencrypt (the application's
+ *     own writes under a rollout's target, say); any other parsing
+ *     envelope is wrong_state; a value
  *     starting "KSE" that does not parse is quarantined under its parse
  *     error; a plaintext too large to seal is quarantined "too-large";
  *   - rewrap: an envelope whose key_id and key_version are the target's is
@@ -795,12 +798,13 @@ static ks_err decide(batch *b, size_t i)
         s->qerr = ks_err_name(perr);
         return KS_OK;
     }
-    if ((r->p->mode == KS_MIGRATE_ENCRYPT) == is_env) {
-        s->act = ACT_WRONG;
+    if (is_env && at_target(r, &e)) {
+        s->act = ACT_SKIP; /* in encrypt mode too: e.g. the application's own
+                              writes under the target during a rollout */
         return KS_OK;
     }
-    if (is_env && at_target(r, &e)) {
-        s->act = ACT_SKIP;
+    if ((r->p->mode == KS_MIGRATE_ENCRYPT) == is_env) {
+        s->act = ACT_WRONG;
         return KS_OK;
     }
     row_in in;
