@@ -115,6 +115,12 @@ if [ "$(json_field "$T/out" done)" = "$(json_field "$T/status1" done)" ] || [ "$
     ok "rerun: no row counted as rewritten"; else bad "rerun: no row counted as rewritten" "$(cat "$T/out")"; fi
 run "status --table --column" 0 "$KS" migrate status --db "$D" --table pay --column card
 expect_grep "status text: state" "$T/out" "^state *complete"
+run "status: no such database" 66 "$KS" migrate status --db "$T/nosuch.db"
+# the checkpoint rows are read back as untrusted bytes: a malformed one is refused
+cp "$D" "$T/badcp.db"
+sql "$T/badcp.db" "UPDATE keyshift_migration SET done = -1"
+run "status: a malformed checkpoint row" 74 "$KS" migrate status --db "$T/badcp.db" --json
+expect_grep "status: malformed row named" "$T/err" "malformed row in keyshift_migration"
 
 # ---- rotate: rewrap -------------------------------------------------------------------
 run "add-version" 0 "$KS" keys add-version payments/kek

@@ -767,6 +767,93 @@ static void test_checkpoint_transactions(void **state)
                      KS_SQLITE_SCHEMA_VERSION);
 }
 
+/* What test_checkpoint_listing's callback saw. */
+typedef struct listed {
+    int n, stop_after;
+    char what[4][64]; /* "table.column|params" */
+} listed;
+
+/* ks_checkpoint_list_fn of the test: record, stop after stop_after. */
+static int list_one(void *arg, ks_bytes tbl, ks_bytes col, const ks_checkpoint *cp)
+{
+    listed *l = arg;
+    assert_true(l->n < 4);
+    snprintf(l->what[l->n], sizeof l->what[0], "%.*s.%.*s|%.*s", (int)tbl.len, (const char *)tbl.ptr,
+             (int)col.len, (const char *)col.ptr, (int)cp->params.len, (const char *)cp->params.ptr);
+    l->n++;
+    return l->stop_after != 0 && l->n >= l->stop_after;
+}
+
+/* Save cp as column's checkpoint through w's store, in its own
+ * transaction. */
+static void save_cp(world *w, const char *column, const ks_checkpoint *cp)
+{
+    ks_rowstore_target t = target("t", column, NULL);
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    assert_int_equal(begin(w), KS_OK);
+    assert_int_equal(w->store.ops->checkpoint_save(w->store.self, cp), KS_OK);
+    assert_int_equal(commit(w), KS_OK);
+    ks_rowstore_close(&w->store);
+}
+
+/* List w's checkpoints (of t.column, or all with NULL) into *l. */
+static ks_err list_cps(world *w, const char *column, listed *l)
+{
+    int stop = l->stop_after;
+    memset(l, 0, sizeof *l);
+    l->stop_after = stop;
+    w->err[0] = '\0';
+    return ks_rowstore_sqlite_checkpoints(w->path, column ? "t" : NULL, column, list_one, l, w->err,
+                                          sizeof w->err);
+}
+
+/* ks_rowstore_sqlite_checkpoints (`migrate status`): every column's
+ * checkpoints, most recently updated first, or one column's; none, and
+ * nothing created, without keyshift's tables; a missing file; a row that
+ * checkpoint_load would refuse is refused here too. */
+static void test_checkpoint_listing(void **state)
+{
+    world *w = *state;
+    listed l = {0};
+    assert_int_equal(list_cps(w, NULL, &l), KS_ERR_NO_TARGET);
+    exec_sql(w->path, "CREATE TABLE t(id INTEGER PRIMARY KEY, v, u); INSERT INTO t VALUES(1, 'x', 'y');");
+    assert_int_equal(list_cps(w, NULL, &l), KS_OK);
+    assert_int_equal(l.n, 0);
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM sqlite_master WHERE name LIKE 'keyshift%'"), 0);
+
+    ks_checkpoint a = make_cp("mode=rewrap", "complete", vint(1), 2000);
+    ks_checkpoint b = make_cp("mode=encrypt", "paused", vint(1), 3000);
+    ks_checkpoint c = make_cp("mode=encrypt", "running", vint(1), 2500);
+    save_cp(w, "v", &a);
+    save_cp(w, "v", &b);
+    save_cp(w, "u", &c);
+    assert_int_equal(list_cps(w, NULL, &l), KS_OK);
+    assert_int_equal(l.n, 3);
+    assert_string_equal(l.what[0], "t.v|mode=encrypt");
+    assert_string_equal(l.what[1], "t.u|mode=encrypt");
+    assert_string_equal(l.what[2], "t.v|mode=rewrap");
+    assert_int_equal(list_cps(w, "u", &l), KS_OK);
+    assert_int_equal(l.n, 1);
+    assert_string_equal(l.what[0], "t.u|mode=encrypt");
+    l.stop_after = 1;
+    assert_int_equal(list_cps(w, NULL, &l), KS_OK);
+    assert_int_equal(l.n, 1);
+    l.stop_after = 0;
+
+    assert_int_equal(ks_rowstore_sqlite_checkpoints(w->path, "t", NULL, list_one, &l, NULL, 0),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_rowstore_sqlite_checkpoints(w->path, NULL, NULL, NULL, &l, NULL, 0),
+                     KS_ERR_INVALID_ARGUMENT);
+    /* untrusted rows: a negative count, a name that is not TEXT */
+    exec_sql(w->path, "UPDATE keyshift_migration SET done = -1 WHERE col = 'u'");
+    assert_int_equal(list_cps(w, NULL, &l), KS_ERR_STORE);
+    assert_non_null(strstr(w->err, "malformed"));
+    assert_int_equal(list_cps(w, "v", &l), KS_OK); /* the other column still lists */
+    assert_int_equal(l.n, 2);
+    exec_sql(w->path, "UPDATE keyshift_migration SET done = 1, col = X'75' WHERE col = 'u'");
+    assert_int_equal(list_cps(w, NULL, &l), KS_ERR_STORE);
+}
+
 /* Closing with an open transaction rolls it back. */
 static void test_close_rolls_back(void **state)
 {
@@ -1070,6 +1157,7 @@ int main(void)
         T(test_visit_rows),
         T(test_cas),
         T(test_checkpoint_transactions),
+        T(test_checkpoint_listing),
         T(test_close_rolls_back),
         T(test_busy_waits),
         T(test_busy_timeout),

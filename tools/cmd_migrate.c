@@ -22,7 +22,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <sqlite3.h>
 
 #include "cli.h"
 
@@ -82,6 +81,7 @@ static void usage(FILE *f)
           "            recently updated first (target, parameters, state, pass, cursor,\n"
           "            counts, times); with --json one object {\"migrations\":[...]}.\n"
           "            --table and --column show only that column's migrations.\n"
+          "            Read-only; a malformed checkpoint row stops it (exit 74).\n"
           "    verify  opens every envelope of the column (or a random sample of about\n"
           "            N rows) and lists, by row id and error name, those that do not\n"
           "            open. Read-only; it checks every envelope as an open would, tag\n"
@@ -178,7 +178,8 @@ static void usage(FILE *f)
           "        verify: some rows did not open\n"
           "    66  no such database, table or column\n"
           "    69  key provider unavailable (batch rolled back, checkpoint kept; rerun)\n"
-          "    74  database error or disk full (batch rolled back; rerun once fixed)\n"
+          "    74  database error or disk full (batch rolled back; rerun once fixed);\n"
+          "        status: a malformed checkpoint row\n"
           "    75  paused by SIGINT/SIGTERM, key provider timeout, or the database\n"
           "        stayed locked: rerun the same command to resume\n"
           "    77  target key unknown, disabled, destroyed or denied\n"
@@ -910,8 +911,9 @@ static int cmd_run(int argc, char **argv)
     return rc;
 }
 
-/* Print one checkpoint, as JSON or as a list of fields. */
-static void print_checkpoint(const char *tbl, const char *col, const ks_checkpoint *cp, int json)
+/* Print one checkpoint of column tbl.col, as JSON or as a list of
+ * fields. */
+static void print_checkpoint(ks_bytes tbl, ks_bytes col, const ks_checkpoint *cp, int json)
 {
     char started[32], updated[32], finished[32];
     ks_cli_format_time(cp->started, started, sizeof started);
@@ -919,9 +921,9 @@ static void print_checkpoint(const char *tbl, const char *col, const ks_checkpoi
     ks_cli_format_time(cp->finished, finished, sizeof finished);
     if (json) {
         printf("{\"table\":");
-        ks_cli_put_json_string(stdout, (const uint8_t *)tbl, strlen(tbl));
+        ks_cli_put_json_string(stdout, tbl.ptr, tbl.len);
         printf(",\"column\":");
-        ks_cli_put_json_string(stdout, (const uint8_t *)col, strlen(col));
+        ks_cli_put_json_string(stdout, col.ptr, col.len);
         printf(",\"params\":");
         ks_cli_put_json_string(stdout, cp->params.ptr, cp->params.len);
         printf(",\"state\":");
@@ -936,7 +938,8 @@ static void print_checkpoint(const char *tbl, const char *col, const ks_checkpoi
         printf(cp->finished ? "\"%s\"}" : "null}", finished);
         return;
     }
-    printf("%-12s %s.%s\n", "target", tbl, col);
+    printf("%-12s %.*s.%.*s\n", "target", (int)tbl.len, (const char *)tbl.ptr, (int)col.len,
+           (const char *)col.ptr);
     printf("%-12s %.*s\n%-12s %.*s\n%-12s %u\n%-12s ", "migration", (int)cp->params.len,
            (const char *)cp->params.ptr, "state", (int)cp->state.len, (const char *)cp->state.ptr,
            "pass", cp->pass, "cursor");
@@ -949,115 +952,50 @@ static void print_checkpoint(const char *tbl, const char *col, const ks_checkpoi
            "started", started, "updated", updated, "finished", cp->finished ? finished : "-");
 }
 
-/* Read column i of the current row of st as a ks_value (views into st). */
-static ks_value column_value(sqlite3_stmt *st, int i)
-{
-    ks_value v = {KS_VALUE_NULL, 0, {NULL, 0}};
-    switch (sqlite3_column_type(st, i)) {
-    case SQLITE_INTEGER:
-        v.type = KS_VALUE_INTEGER;
-        v.integer = sqlite3_column_int64(st, i);
-        break;
-    case SQLITE_BLOB:
-        v.type = KS_VALUE_BLOB;
-        v.bytes.ptr = sqlite3_column_blob(st, i);
-        v.bytes.len = (size_t)sqlite3_column_bytes(st, i);
-        break;
-    case SQLITE_NULL: break;
-    default:
-        v.type = KS_VALUE_TEXT;
-        v.bytes.ptr = sqlite3_column_text(st, i);
-        v.bytes.len = (size_t)sqlite3_column_bytes(st, i);
-        break;
-    }
-    return v;
-}
+/* What list_checkpoints keeps while printing. */
+typedef struct list_state {
+    int json;
+    int n;
+} list_state;
 
-/* Fill cp from the current row of the checkpoint query (views into st). */
-static void row_checkpoint(sqlite3_stmt *st, ks_checkpoint *cp)
+/* Print one listed checkpoint (ks_checkpoint_list_fn). */
+static int print_listed(void *arg, ks_bytes tbl, ks_bytes col, const ks_checkpoint *cp)
 {
-    ks_value params = column_value(st, 0), state = column_value(st, 1);
-    cp->params = params.bytes;
-    cp->state = state.bytes;
-    cp->cursor = column_value(st, 2);
-    cp->pass = (uint32_t)sqlite3_column_int64(st, 3);
-    cp->done = (uint64_t)sqlite3_column_int64(st, 4);
-    cp->skipped = (uint64_t)sqlite3_column_int64(st, 5);
-    cp->raced = (uint64_t)sqlite3_column_int64(st, 6);
-    cp->quarantined = (uint64_t)sqlite3_column_int64(st, 7);
-    cp->wrong_state = (uint64_t)sqlite3_column_int64(st, 8);
-    cp->started = sqlite3_column_int64(st, 9);
-    cp->updated = sqlite3_column_int64(st, 10);
-    cp->finished = sqlite3_column_int64(st, 11);
+    list_state *l = arg;
+    if (l->json) {
+        fputs(l->n ? "," : "{\"migrations\":[", stdout);
+    } else if (l->n) {
+        fputc('\n', stdout);
+    }
+    print_checkpoint(tbl, col, cp, l->json);
+    l->n++;
+    return 0;
 }
 
 /*
- * Print every checkpoint of db, most recently updated first, from the
- * keyshift_migration table (schema in migrate/store/sqlite_store.c),
- * read-only.  A database without the table has had no migration.
+ * Print every checkpoint of db (or of table.column), most recently
+ * updated first, read-only, through the SQLite store's listing (which
+ * checks each row).  A database without keyshift's tables has had no
+ * migration.
  */
 static int list_checkpoints(const char *db, const char *table, const char *column, int json)
 {
-    static const char q[] =
-        "SELECT params, state, cursor, pass, done, skipped, raced, quarantined, wrong_state, "
-        "started, updated, finished, tbl, col FROM keyshift_migration "
-        "WHERE ?1 IS NULL OR (tbl = ?1 AND col = ?2) ORDER BY updated DESC, rowid DESC";
-    sqlite3 *h = NULL;
-    sqlite3_stmt *st = NULL;
-    int n = 0, rc = EX_OK;
-    if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
-        ks_cli_error("cannot open %s: %s", db, sqlite3_errstr(sqlite3_errcode(h)));
-        sqlite3_close(h);
-        return EX_NOINPUT;
-    }
-    sqlite3_busy_timeout(h, 30000);
-    int have = 0;
-    if (sqlite3_prepare_v2(h, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
-                              "name = 'keyshift_migration'", -1, &st, NULL) != SQLITE_OK) {
-        rc = EX_IOERR;
-    } else {
-        int r = sqlite3_step(st);
-        have = r == SQLITE_ROW;
-        rc = r == SQLITE_ROW || r == SQLITE_DONE ? EX_OK : r == SQLITE_BUSY ? EX_TEMPFAIL : EX_IOERR;
-    }
-    sqlite3_finalize(st);
-    st = NULL;
-    if (rc == EX_OK && have &&
-        (sqlite3_prepare_v2(h, q, -1, &st, NULL) != SQLITE_OK ||
-         sqlite3_bind_text(st, 1, table, -1, SQLITE_STATIC) != SQLITE_OK ||
-         sqlite3_bind_text(st, 2, column, -1, SQLITE_STATIC) != SQLITE_OK)) {
-        rc = EX_IOERR;
-    }
-    if (json && rc == EX_OK) {
-        printf("{\"migrations\":[");
-    }
-    int r = SQLITE_DONE;
-    while (rc == EX_OK && have && (r = sqlite3_step(st)) == SQLITE_ROW) {
-        ks_checkpoint cp;
-        row_checkpoint(st, &cp);
-        if (json) {
-            fputs(n ? "," : "", stdout);
-        } else if (n) {
-            fputc('\n', stdout);
+    list_state l = {json, 0};
+    char msg[256];
+    ks_err err = ks_rowstore_sqlite_checkpoints(db, table, column, print_listed, &l, msg, sizeof msg);
+    if (err != KS_OK) {
+        if (json && l.n) {
+            printf("]}\n"); /* keep stdout well-formed; the error goes to stderr */
         }
-        const char *tbl = (const char *)sqlite3_column_text(st, 12);
-        const char *col = (const char *)sqlite3_column_text(st, 13);
-        print_checkpoint(tbl ? tbl : "", col ? col : "", &cp, json);
-        n++;
+        ks_cli_error("cannot read the checkpoints of %s: %s", db, msg[0] ? msg : ks_err_name(err));
+        return ks_cli_exit_code(err);
     }
-    if (rc == EX_OK && r != SQLITE_DONE) {
-        rc = r == SQLITE_BUSY ? EX_TEMPFAIL : EX_IOERR;
-    }
-    if (rc != EX_OK) {
-        ks_cli_error("cannot read the checkpoints of %s: %s", db, sqlite3_errstr(sqlite3_errcode(h)));
-    } else if (json) {
-        printf("]}\n");
-    } else if (n == 0) {
+    if (json) {
+        printf(l.n ? "]}\n" : "{\"migrations\":[]}\n");
+    } else if (l.n == 0) {
         printf("no migration has run on %s\n", db);
     }
-    sqlite3_finalize(st);
-    sqlite3_close(h);
-    return rc;
+    return EX_OK;
 }
 
 /* `migrate status`. */
@@ -1086,9 +1024,6 @@ static int cmd_status(int argc, char **argv)
             return rc;
         }
         ks_rowstore_close(&store);
-    } else if (access(o.db, F_OK) != 0) {
-        ks_cli_error("no such database %s: %s", o.db, strerror(errno));
-        return EX_NOINPUT;
     }
     return list_checkpoints(o.db, o.table, o.column, o.json);
 }

@@ -206,6 +206,26 @@ KS_API KS_WUR ks_err ks_rowstore_sqlite_open(const char *path, const ks_rowstore
  */
 KS_API KS_WUR ks_err ks_rowstore_sqlite_set_write_gate(const ks_rowstore *store, const char *sql);
 
+/* One checkpoint listed by ks_rowstore_sqlite_checkpoints: the table and
+ * column it belongs to, and the checkpoint; every view is valid during
+ * the call only.  Return nonzero to stop the listing. */
+typedef int (*ks_checkpoint_list_fn)(void *arg, ks_bytes table, ks_bytes column,
+                                     const ks_checkpoint *cp);
+
+/*
+ * List the migration checkpoints kept in the SQLite database at path, most
+ * recently updated first; with table and column (both or neither), only
+ * that column's.  Read-only: never creates the file or keyshift's tables
+ * (a database without them has no checkpoint: KS_OK with no call).  Each
+ * row is checked as checkpoint_load checks it: KS_ERR_STORE (with a
+ * message in errbuf) for a malformed one.  KS_ERR_NO_TARGET when the file
+ * does not exist, KS_ERR_BUSY when the database stayed locked.  For
+ * `keyshift migrate status`.
+ */
+KS_API KS_WUR ks_err ks_rowstore_sqlite_checkpoints(const char *path, const char *table,
+                                                    const char *column, ks_checkpoint_list_fn fn,
+                                                    void *arg, char *errbuf, size_t errbuf_len);
+
 /* Close a store (any kind); {NULL} is a no-op. */
 KS_API void ks_rowstore_close(ks_rowstore *store);
 

@@ -1571,6 +1571,83 @@ void ks_rowstore_close(ks_rowstore *store)
     memset(store, 0, sizeof *store);
 }
 
+/* A name read back from keyshift_migration: TEXT with no NUL inside and
+ * at most IDENT_MAX bytes, as check_args admits; else KS_ERR_STORE. */
+static ks_err read_name(sqlite3_stmt *st, int col, ks_bytes *out)
+{
+    if (sqlite3_column_type(st, col) != SQLITE_TEXT)
+        return KS_ERR_STORE;
+    const unsigned char *p = sqlite3_column_text(st, col);
+    int n = sqlite3_column_bytes(st, col);
+    if (p == NULL || n <= 0 || (size_t)n > IDENT_MAX || memchr(p, 0, (size_t)n) != NULL)
+        return KS_ERR_STORE;
+    *out = (ks_bytes){p, (size_t)n};
+    return KS_OK;
+}
+
+/* Step the checkpoint listing st, handing each row to fn (see
+ * ks_rowstore_sqlite_checkpoints); every row is checked as
+ * checkpoint_load checks it. */
+static ks_err list_rows(sqlite_store *s, sqlite3_stmt *st, ks_checkpoint_list_fn fn, void *arg)
+{
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        ks_checkpoint cp;
+        ks_bytes tbl, col;
+        s->arena_len = 0;
+        ks_err err = read_checkpoint(s, st, &cp);
+        if (err == KS_OK)
+            err = read_name(st, 12, &tbl);
+        if (err == KS_OK)
+            err = read_name(st, 13, &col);
+        if (err != KS_OK)
+            return err;
+        if (fn(arg, tbl, col, &cp) != 0)
+            return KS_OK;
+    }
+    return rc == SQLITE_DONE ? KS_OK : ks_sqlite_map_rc(rc);
+}
+
+/* See rowstore.h. */
+ks_err ks_rowstore_sqlite_checkpoints(const char *path, const char *table, const char *column,
+                                      ks_checkpoint_list_fn fn, void *arg, char *errbuf,
+                                      size_t errbuf_len)
+{
+    static const char q[] =
+        "SELECT params, state, cursor, pass, done, skipped, raced, quarantined, wrong_state, "
+        "started, updated, finished, tbl, col FROM main.keyshift_migration "
+        "WHERE ?1 IS NULL OR (tbl = ?1 AND col = ?2) ORDER BY updated DESC, rowid DESC";
+    if (errbuf != NULL && errbuf_len > 0)
+        errbuf[0] = '\0';
+    if (path == NULL || fn == NULL || (table == NULL) != (column == NULL))
+        return ks_sqlite_fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                              "missing path or callback, or a table without a column");
+    sqlite_store *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return ks_sqlite_fail(errbuf, errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+    s->read_only = 1;
+    ks_sqlite_busy_init(&s->busy, 0);
+    opener o = {.s = s, .errbuf = errbuf, .errbuf_len = errbuf_len};
+    int have = 0;
+    sqlite3_stmt *st = NULL;
+    ks_err err = open_db(&o, path, 0);
+    if (err == KS_OK)
+        err = ensure_own_tables(&o, &have); /* read-only: creates nothing */
+    if (err == KS_OK && have) {
+        int rc = sqlite3_prepare_v2(s->db, q, -1, &st, NULL);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_bind_text(st, 1, table, -1, SQLITE_STATIC);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_bind_text(st, 2, column, -1, SQLITE_STATIC);
+        err = rc == SQLITE_OK ? list_rows(s, st, fn, arg) : open_fail_rc(&o, rc, "listing the checkpoints");
+        if (err == KS_ERR_STORE && errbuf != NULL && errbuf_len > 0 && errbuf[0] == '\0')
+            (void)ks_sqlite_fail(errbuf, errbuf_len, err, "a malformed row in keyshift_migration");
+    }
+    sqlite3_finalize(st);
+    store_free(s);
+    return err;
+}
+
 /* See rowstore.h. */
 ks_err ks_rowstore_sqlite_set_write_gate(const ks_rowstore *store, const char *sql)
 {
