@@ -22,7 +22,6 @@
 #include <time.h>
 #include <unistd.h>
 
-
 #include "cli.h"
 
 /* Set by SIGINT/SIGTERM; the engine polls it between batches. */
@@ -938,11 +937,16 @@ static void print_checkpoint(ks_bytes tbl, ks_bytes col, const ks_checkpoint *cp
         printf(cp->finished ? "\"%s\"}" : "null}", finished);
         return;
     }
-    printf("%-12s %.*s.%.*s\n", "target", (int)tbl.len, (const char *)tbl.ptr, (int)col.len,
-           (const char *)col.ptr);
-    printf("%-12s %.*s\n%-12s %.*s\n%-12s %u\n%-12s ", "migration", (int)cp->params.len,
-           (const char *)cp->params.ptr, "state", (int)cp->state.len, (const char *)cp->state.ptr,
-           "pass", cp->pass, "cursor");
+    /* text read back from the database: printed with non-printable bytes as '?' */
+    printf("%-12s ", "target");
+    ks_cli_put_value(stdout, &(ks_value){KS_VALUE_TEXT, 0, tbl}, 0);
+    fputc('.', stdout);
+    ks_cli_put_value(stdout, &(ks_value){KS_VALUE_TEXT, 0, col}, 0);
+    printf("\n%-12s ", "migration");
+    ks_cli_put_value(stdout, &(ks_value){KS_VALUE_TEXT, 0, cp->params}, 0);
+    printf("\n%-12s ", "state");
+    ks_cli_put_value(stdout, &(ks_value){KS_VALUE_TEXT, 0, cp->state}, 0);
+    printf("\n%-12s %u\n%-12s ", "pass", cp->pass, "cursor");
     ks_cli_put_value(stdout, &cp->cursor, 0);
     printf("\n%-12s %llu\n%-12s %llu\n%-12s %llu\n%-12s %llu\n%-12s %llu\n%-12s %s\n%-12s %s\n"
            "%-12s %s\n",
