@@ -1067,7 +1067,7 @@ static void test_cache_state_pins(void **state)
     assert_int_equal(ks_dek_cache_enable_states(c, 32, 1, derive_plus1), KS_ERR_INVALID_ARGUMENT);
     ks_dek_cache_pin pin = {NULL, 0}, pin2 = {NULL, 0};
     ks_dek_cache_put(c, k1, sizeof k1, v1, 1, 1);
-    assert_int_equal(ks_dek_cache_get_pinned(c, k1, sizeof k1, val, &len, &pin), 1);
+    assert_int_equal(ks_dek_cache_get_pinned(c, k1, sizeof k1, val, &len, &pin, NULL), 1);
     assert_non_null(pin.state);
     const uint8_t *st = pin.state;
     assert_int_equal(st[0], 11);
@@ -1081,7 +1081,7 @@ static void test_cache_state_pins(void **state)
     ks_dek_cache_put(c, k1, sizeof k1, v2, 1, 1);
     assert_int_equal(st[0], 11);
     val[0] = 0;
-    assert_int_equal(ks_dek_cache_get_pinned(c, k1, sizeof k1, val, &len, &pin2), 1);
+    assert_int_equal(ks_dek_cache_get_pinned(c, k1, sizeof k1, val, &len, &pin2, NULL), 1);
     assert_null(pin2.state);
     assert_int_equal(val[0], 20);
     /* The last unpin wipes the orphan; then the slot is reused. */
@@ -1089,7 +1089,7 @@ static void test_cache_state_pins(void **state)
     assert_null(pin.state);
     assert_memory_equal(st, zero, 32);
     ks_dek_cache_put(c, k2, sizeof k2, v2, 1, 1);
-    assert_int_equal(ks_dek_cache_get_pinned(c, k2, sizeof k2, val, &len, &pin), 1);
+    assert_int_equal(ks_dek_cache_get_pinned(c, k2, sizeof k2, val, &len, &pin, NULL), 1);
     assert_true(pin.state == st);
     assert_int_equal(st[0], 21);
     ks_dek_cache_unpin(c, &pin);
@@ -1097,18 +1097,18 @@ static void test_cache_state_pins(void **state)
      * copies its value out.  An entry evicted unpinned is wiped at once. */
     ks_dek_cache_put(c, k3, sizeof k3, v3, 1, 1);
     assert_int_equal(st[0], 31);
-    assert_int_equal(ks_dek_cache_get_pinned(c, k2, sizeof k2, val, &len, &pin), 1);
+    assert_int_equal(ks_dek_cache_get_pinned(c, k2, sizeof k2, val, &len, &pin, NULL), 1);
     assert_null(pin.state);
     assert_int_equal(val[0], 20);
     ks_dek_cache_put(c, k1, sizeof k1, v1, 1, 0); /* no state: evicts k3, the least recent */
     assert_memory_equal(st, zero, 32);
-    assert_int_equal(ks_dek_cache_get_pinned(c, k3, sizeof k3, val, &len, &pin), 0);
+    assert_int_equal(ks_dek_cache_get_pinned(c, k3, sizeof k3, val, &len, &pin, NULL), 0);
     /* Expiry drops a pinned entry too; its state lives until unpinned. */
     ks_dek_cache_put(c, k3, sizeof k3, v3, 1, 1);
-    assert_int_equal(ks_dek_cache_get_pinned(c, k3, sizeof k3, val, &len, &pin), 1);
+    assert_int_equal(ks_dek_cache_get_pinned(c, k3, sizeof k3, val, &len, &pin, NULL), 1);
     assert_true(pin.state == st);
     ks_mono_test_advance(200);
-    assert_int_equal(ks_dek_cache_get_pinned(c, k3, sizeof k3, val, &len, &pin2), 0);
+    assert_int_equal(ks_dek_cache_get_pinned(c, k3, sizeof k3, val, &len, &pin2, NULL), 0);
     assert_int_equal(st[0], 31);
     ks_dek_cache_unpin(c, &pin);
     assert_memory_equal(st, zero, 32);

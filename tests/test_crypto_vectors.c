@@ -108,17 +108,18 @@ enum { REF_OK = 0, REF_BINDING, REF_UNWRAP, REF_COMMITMENT, REF_AEAD, REF_UNAVAI
 static const char *const ref_stage[] = {"ok", "tenant/purpose binding", "unwrap", "commitment",
                                         "AEAD tag", "algorithm unavailable"};
 
-/* BLAKE2b-256(DEK || nonce), unkeyed, zero salt, the given 16-byte
- * personalisation [F-CRYPTO-KEY-2], [F-CRYPTO-COMMIT-1]. */
-static void ref_derive(uint8_t out[32], const uint8_t dek[32], ks_bytes nonce, const char *personal)
+/* BLAKE2b-256("KSE" || 02 || u32be(algorithm) || DEK), unkeyed, zero salt,
+ * the given 16-byte personalisation [F-CRYPTO-KEY-2], [F-CRYPTO-COMMIT-1]:
+ * a function of the DEK and the algorithm alone, never of the nonce. */
+static void ref_derive(uint8_t out[32], const uint8_t dek[32], uint32_t alg, const char *personal)
 {
     static const uint8_t salt[crypto_generichash_blake2b_SALTBYTES];
-    uint8_t in[32 + 24];
-    assert_true(nonce.len <= 24 && strlen(personal) == crypto_generichash_blake2b_PERSONALBYTES);
-    memcpy(in, dek, 32);
-    memcpy(in + 32, nonce.ptr, nonce.len);
-    assert_int_equal(crypto_generichash_blake2b_salt_personal(out, 32, in, 32 + nonce.len, NULL, 0,
-                                                              salt, (const uint8_t *)personal),
+    uint8_t in[8 + 32] = {0x4b, 0x53, 0x45, 0x02, (uint8_t)(alg >> 24), (uint8_t)(alg >> 16),
+                          (uint8_t)(alg >> 8), (uint8_t)alg};
+    assert_true(strlen(personal) == crypto_generichash_blake2b_PERSONALBYTES);
+    memcpy(in + 8, dek, 32);
+    assert_int_equal(crypto_generichash_blake2b_salt_personal(out, 32, in, sizeof in, NULL, 0, salt,
+                                                              (const uint8_t *)personal),
                      0);
     sodium_memzero(in, sizeof in);
 }
@@ -161,12 +162,12 @@ static int ref_open(const kcv_vector *v, const ks_envelope *env, uint8_t *pt)
     /* 4. commitment, 5. message key */
     if (env->version == KS_FORMAT_V2) {
         uint8_t c[32];
-        ref_derive(c, dek, env->nonce, "keyshift.v2.cmmt");
+        ref_derive(c, dek, env->algorithm, "keyshift.v2.cmmt");
         if (crypto_verify_32(c, env->commitment.ptr) != 0) {
             sodium_memzero(dek, sizeof dek);
             return REF_COMMITMENT;
         }
-        ref_derive(k, dek, env->nonce, "keyshift.v2.mkey");
+        ref_derive(k, dek, env->algorithm, "keyshift.v2.mkey");
     } else {
         memcpy(k, dek, 32);
     }
@@ -243,10 +244,10 @@ static int check_ok_static(const kcv_vector *v)
     uint8_t k[32];
     if (v->version == 2) {
         uint8_t c[32];
-        ref_derive(k, v->dek.p, kcv_view(&v->nonce), "keyshift.v2.mkey");
-        ref_derive(c, v->dek.p, kcv_view(&v->nonce), "keyshift.v2.cmmt");
-        CHECK(bytes_eq(&v->message_key, k, 32), "message_key is not BLAKE2b(dek || nonce, mkey)");
-        CHECK(bytes_eq(&v->commitment, c, 32), "commitment is not BLAKE2b(dek || nonce, cmmt)");
+        ref_derive(k, v->dek.p, v->algorithm, "keyshift.v2.mkey");
+        ref_derive(c, v->dek.p, v->algorithm, "keyshift.v2.cmmt");
+        CHECK(bytes_eq(&v->message_key, k, 32), "message_key is not BLAKE2b(KSE 02 || alg || dek, mkey)");
+        CHECK(bytes_eq(&v->commitment, c, 32), "commitment is not BLAKE2b(KSE 02 || alg || dek, cmmt)");
     } else {
         memcpy(k, v->dek.p, 32);
     }

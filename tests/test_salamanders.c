@@ -414,16 +414,16 @@ static ks_err open_env(world *w, encoded env, uint8_t version, uint8_t pt[CT_LEN
     return err;
 }
 
-/* BLAKE2b-256(dek || nonce, salt 0^16, personal) -- the v2 message key or
+/* BLAKE2b-256("KSE" 02 || u32be(1) || dek, salt 0^16, personal) -- the v2
+ * (aes-256-gcm) message key or
  * commitment [F-CRYPTO-KEY-2], [F-CRYPTO-COMMIT-1], computed here
  * independently of the library. */
-static void v2_derive(const uint8_t dek[KS_DEK_LEN], const uint8_t nonce[NONCE_LEN],
-                      const char personal[16], uint8_t out[32])
+static void v2_derive(const uint8_t dek[KS_DEK_LEN], const char personal[16], uint8_t out[32])
 {
-    uint8_t in[KS_DEK_LEN + NONCE_LEN];
+    /* "KSE" || 02 || u32be(1, aes-256-gcm) || DEK */
+    uint8_t in[8 + KS_DEK_LEN] = {0x4b, 0x53, 0x45, 0x02, 0, 0, 0, 1};
     static const uint8_t salt[crypto_generichash_blake2b_SALTBYTES] = {0};
-    memcpy(in, dek, KS_DEK_LEN);
-    memcpy(in + KS_DEK_LEN, nonce, NONCE_LEN);
+    memcpy(in + 8, dek, KS_DEK_LEN);
     assert_int_equal(crypto_generichash_blake2b_salt_personal(out, 32, in, sizeof in, NULL, 0, salt,
                                                               (const unsigned char *)personal),
                      0);
@@ -585,10 +585,10 @@ static void test_v2_commitment_stops_it(void **state)
     randombytes_buf(dek1, sizeof dek1);
     randombytes_buf(dek2, sizeof dek2);
     randombytes_buf(nonce, sizeof nonce);
-    v2_derive(dek1, nonce, "keyshift.v2.mkey", k1);
-    v2_derive(dek2, nonce, "keyshift.v2.mkey", k2);
-    v2_derive(dek1, nonce, "keyshift.v2.cmmt", c1);
-    v2_derive(dek2, nonce, "keyshift.v2.cmmt", c2);
+    v2_derive(dek1, "keyshift.v2.mkey", k1);
+    v2_derive(dek2, "keyshift.v2.mkey", k2);
+    v2_derive(dek1, "keyshift.v2.cmmt", c1);
+    v2_derive(dek2, "keyshift.v2.cmmt", c2);
     ks_envelope e = envelope_of(KS_FORMAT_V2, nonce, c1, ct);
     size_t aad_len = data_aad(&e, aad);
     gcm_model m1, m2;

@@ -28,7 +28,7 @@ extern "C" {
 #define KS_VERSION_MAJOR 0
 #define KS_VERSION_MINOR 1
 #define KS_VERSION_PATCH 0
-#define KS_VERSION_STRING "0.1.0"
+#define KS_VERSION_STRING "0.2.0"
 
 /* Return KS_VERSION_STRING as compiled into the library (which may differ
  * from the header the caller was compiled against). Static storage. */

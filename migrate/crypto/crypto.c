@@ -4,26 +4,36 @@
  *
  * Keys [F-CRYPTO-KEY-1], [F-CRYPTO-KEY-2], [F-CRYPTO-COMMIT-1]:
  *   v1: K = DEK, no commitment;
- *   v2: K = BLAKE2b-256(DEK || nonce; salt 0^16, personal "keyshift.v2.mkey"),
- *       C = BLAKE2b-256(DEK || nonce; salt 0^16, personal "keyshift.v2.cmmt").
+ *   v2: K and the commitment C are functions of the DEK and the algorithm
+ *       alone (v2_keys.h), computed once per DEK and kept with it.
  * AEAD [F-CRYPTO-AEAD-1]: the algorithm's libsodium AEAD under K with the
  * envelope's nonce and the data AAD (keyshift/aad.h); its output c
  * (plaintext length + 16) is the ciphertext field.
  *
- * Secrets: DEKs sit in sodium_malloc'd memory (write side: dek_writer.c;
- * read side: dek_cache.c) or in stack buffers that every path wipes; K
- * and the BLAKE2b input are wiped after use.  So do the expanded AES-GCM
- * keys of v1 aes-256-gcm DEKs (one per write-side DEK; on the read side a
- * bounded pool, KS_CACHE_AES_STATES, pinned by an open while it decrypts
- * and wiped when its entry goes and no open still uses it).  Nothing is
- * ever logged.
+ * Secrets: DEKs and K sit in sodium_malloc'd memory (write side:
+ * dek_writer.c; read side: dek_cache.c and the shards, shard.c) or in
+ * stack buffers that every path wipes.  So do the expanded AES-GCM keys
+ * of aes-256-gcm DEKs (one per write-side DEK; on the read side one per
+ * shard slot, and for threads without a shard a bounded pool,
+ * KS_CACHE_AES_STATES, pinned by an open while it decrypts and wiped when
+ * its entry goes and no open still uses it).  Nothing is ever logged.
  *
  * The hot paths (a seal on an active DEK, an open whose DEK is cached)
- * allocate nothing and call no random source: the nonce comes from the
- * DEK's counter, AADs are built in stack buffers, and the envelope header
- * is copied from the DEK's pre-encoded template.
+ * allocate nothing, call no random source and, on a thread that owns a
+ * shard, take no lock and write no shared cache line: the nonce comes
+ * from the thread's block of the DEK's counter, the read keys from the
+ * thread's shard, AADs are built in stack buffers from the DEK's
+ * pre-built AAD head, and the envelope header is copied from the DEK's
+ * pre-encoded template.
+ *
+ * fork(): atfork handlers take every context's locks before fork() and
+ * release them after, so a child never inherits a lock held by a thread
+ * it does not have; the child empties the shards of those threads
+ * (ks_shard_abandon) and seals only with DEKs of its own
+ * ([F-CRYPTO-NONCE-2]).
  */
 #include <assert.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +47,9 @@
 #include "dek_cache.h"
 #include "dek_writer.h"
 #include "mono_clock.h"
+#include "shard.h"
+#include "thread_index.h"
+#include "v2_keys.h"
 
 /* The ciphertext field's tag byte: field 15, wire type 2 (LEN). */
 #define KS_CT_TAG ((uint8_t)(KS_FIELD_CIPHERTEXT << 3 | 2))
@@ -59,21 +72,19 @@
  * guarded memory): the most recently used v1 aes-256-gcm DEKs'. */
 #define KS_CACHE_AES_STATES 256u
 
-/* Threads with a shard of their own for the seal and open counts; the
- * others share one more (op_shard). */
-#define KS_OP_SHARDS 64
-
-/* The seal and open counts of one thread (or, for the last shard, of
- * every thread past the first KS_OP_SHARDS - 1), on its own cache line. */
+/* The seal and open counts of one thread index (thread_index.h; the last
+ * is the shared index's), and the opens its shard's read keys served, on
+ * a cache line of its own. */
 typedef struct op_shard {
     _Alignas(64) _Atomic uint64_t seals;
     _Atomic uint64_t opens;
+    _Atomic uint64_t hits;
 } op_shard;
 
 /* Every counter of ks_metrics, as relaxed C11 atomics, but seals and opens
- * (op_shard, counted per thread) and cache_hits and cache_misses (the read
- * cache counts those under the lock it holds for the lookup anyway,
- * ks_dek_cache_counts()). */
+ * (op_shard, counted per thread) and cache_hits and cache_misses (the
+ * shards' hits, and the read cache's hits and misses, which it counts
+ * under the lock it holds for the lookup anyway, ks_dek_cache_counts()). */
 typedef struct counters {
     _Atomic uint64_t rewraps;
     _Atomic uint64_t auth_failures, auth_fail_unwrap, auth_fail_commitment, auth_fail_aead,
@@ -94,18 +105,16 @@ struct ks_ctx {
     ks_dek_cache *cache; /* read side: wrap identity -> DEK; NULL when disabled */
     ks_dek_cache *memo;  /* rewrap: (identity, target) -> new wrap; NULL when disabled */
     counters m;
-    op_shard ops[KS_OP_SHARDS];
+    op_shard ops[KS_THREAD_SLOTS + 1];
+    /* Each thread index's shard, made and used by its owner alone. */
+    _Atomic(ks_shard *) shards[KS_THREAD_SLOTS];
     _Atomic uint64_t seal_hist[KS_HIST_BUCKETS]; /* cfg.latency_histograms */
     _Atomic uint64_t open_hist[KS_HIST_BUCKETS];
+    ks_ctx *reg_prev, *reg_next; /* every live context, for the atfork handlers */
 };
 
 /* Why an open failed authentication (one error code, four counters). */
 typedef enum auth_cause { CAUSE_UNWRAP, CAUSE_COMMITMENT, CAUSE_AEAD, CAUSE_BINDING } auth_cause;
-
-static const uint8_t pers_mkey[crypto_generichash_blake2b_PERSONALBYTES] = {
-    'k', 'e', 'y', 's', 'h', 'i', 'f', 't', '.', 'v', '2', '.', 'm', 'k', 'e', 'y'};
-static const uint8_t pers_cmmt[crypto_generichash_blake2b_PERSONALBYTES] = {
-    'k', 'e', 'y', 's', 'h', 'i', 'f', 't', '.', 'v', '2', '.', 'c', 'm', 'm', 't'};
 
 static _Atomic int hide_aes;
 
@@ -117,36 +126,41 @@ void ks_crypto_test_hide_aes(int hide)
 
 /* ---- small helpers --------------------------------------------------------- */
 
-/* Thread indices handed out so far (op_shard). */
-static _Atomic uint32_t threads_seen;
-/* This thread's index plus one; 0 until its first seal or open. */
-static _Thread_local uint32_t thread_index_1;
+/* What count_op counts. */
+enum { COUNT_SEAL, COUNT_OPEN, COUNT_SHARD_HIT };
 
 /*
- * Count one seal (or open, with opens nonzero) in this thread's shard.
- * Each of the first KS_OP_SHARDS - 1 threads to count has a shard that no
- * other thread writes (indices are never reused), so a relaxed load and
- * store count without a locked read-modify-write, a few ns on every
- * operation; later threads share the last shard with an atomic add.
- * Readers (ks_ctx_metrics()) load the shards with relaxed atomics.
+ * Count one seal, open or shard hit (`what`) on thread index t
+ * (thread_index.h).  An index of its own is written by its owner alone,
+ * so a relaxed load and store count without a locked read-modify-write, a
+ * few ns on every operation; the shared index takes an atomic add.
+ * Readers (ks_ctx_metrics()) load the counters with relaxed atomics.
  */
-static void count_op(ks_ctx *ctx, int opens)
+static void count_op(ks_ctx *ctx, uint32_t t, int what)
 {
-    if (thread_index_1 == 0) {
-        thread_index_1 = atomic_fetch_add_explicit(&threads_seen, 1, memory_order_relaxed) + 1;
-        if (thread_index_1 == 0) { /* after 2^32 threads: stay on the shared shard */
-            thread_index_1 = UINT32_MAX;
-        }
-    }
-    const uint32_t t = thread_index_1 - 1;
-    op_shard *sh = &ctx->ops[t < KS_OP_SHARDS - 1 ? t : KS_OP_SHARDS - 1];
-    _Atomic uint64_t *n = opens ? &sh->opens : &sh->seals;
-    if (t < KS_OP_SHARDS - 1) {
+    op_shard *sh = &ctx->ops[t];
+    _Atomic uint64_t *n = what == COUNT_SEAL ? &sh->seals : what == COUNT_OPEN ? &sh->opens : &sh->hits;
+    if (t < KS_THREAD_SLOTS) {
         atomic_store_explicit(n, atomic_load_explicit(n, memory_order_relaxed) + 1,
                               memory_order_relaxed);
     } else {
         atomic_fetch_add_explicit(n, 1, memory_order_relaxed);
     }
+}
+
+/* Thread index t's shard in ctx, made on its first use; NULL for the
+ * shared index, or when memory is short (the locked paths then serve). */
+static ks_shard *shard_of(ks_ctx *ctx, uint32_t t)
+{
+    if (t >= KS_THREAD_SLOTS) {
+        return NULL;
+    }
+    ks_shard *sh = atomic_load_explicit(&ctx->shards[t], memory_order_relaxed);
+    if (sh == NULL) {
+        sh = ks_shard_new(KS_WRAP_ID_MAX, ctx->cfg.cache_entries);
+        atomic_store_explicit(&ctx->shards[t], sh, memory_order_release);
+    }
+    return sh;
 }
 
 /* Count an authentication failure by cause; returns KS_ERR_AUTH_FAILED. */
@@ -212,35 +226,6 @@ static int view_ok(ks_bytes v)
 
 /* ---- key derivation and AEAD ---------------------------------------------- */
 
-/* out = BLAKE2b-256(DEK || nonce) with a zero salt and the given
- * personalisation: K [F-CRYPTO-KEY-2] or the commitment [F-CRYPTO-COMMIT-1]. */
-static void derive(const uint8_t *dek, ks_bytes nonce, const uint8_t *personal, uint8_t out[32])
-{
-    static const uint8_t salt[crypto_generichash_blake2b_SALTBYTES];
-    uint8_t in[KS_DEK_LEN + KS_NONCE_MAX];
-    assert(nonce.len <= KS_NONCE_MAX);
-    memcpy(in, dek, KS_DEK_LEN);
-    memcpy(in + KS_DEK_LEN, nonce.ptr, nonce.len);
-    int rc = crypto_generichash_blake2b_salt_personal(out, 32, in, KS_DEK_LEN + nonce.len, NULL, 0,
-                                                      salt, personal);
-    sodium_memzero(in, sizeof in);
-    assert(rc == 0); /* fixed, valid lengths */
-    (void)rc;
-}
-
-/* Nonzero when env's v2 commitment matches dek, compared in constant time
- * [F-CRYPTO-COMMIT-1] (crypto_verify_32: a fixed-length compare with no
- * early exit, about 3x cheaper here than sodium_memcmp's byte loop). */
-static int commitment_ok(const uint8_t *dek, const ks_envelope *env)
-{
-    uint8_t c[KS_COMMITMENT_LEN];
-    derive(dek, env->nonce, pers_cmmt, c);
-    _Static_assert(KS_COMMITMENT_LEN == crypto_verify_32_BYTES, "commitment is 32 bytes");
-    int ok = crypto_verify_32(c, env->commitment.ptr) == 0;
-    sodium_memzero(c, sizeof c);
-    return ok;
-}
-
 /* AEAD-encrypt m[0, mlen) into c[0, mlen + 16) [F-CRYPTO-AEAD-1] under k,
  * or, when aes is not NULL (aes-256-gcm), under the expanded key state
  * aes of k; 0 on success. */
@@ -283,20 +268,146 @@ static int aead_decrypt(uint32_t alg, const void *aes, uint8_t *m, const uint8_t
     return crypto_aead_xchacha20poly1305_ietf_decrypt_detached(m, NULL, c, mlen, tag, ad, adlen, nonce, k);
 }
 
-/* The read cache's derived state of a v1 aes-256-gcm DEK: its expanded
- * AES-GCM key (the AEAD key is the DEK itself [F-CRYPTO-KEY-1]). */
-static void aes_expand(void *state, const uint8_t *dek, size_t len)
+/* The read cache's derived state of an aes-256-gcm DEK's read keys
+ * (shard.h): the expanded AES-GCM key of their first 32 bytes, the AEAD
+ * key. */
+static void aes_expand(void *state, const uint8_t *keys, size_t len)
 {
-    assert(len == KS_DEK_LEN);
+    assert(len >= 32 && len <= KS_RKEYS_MAX);
     (void)len;
-    (void)crypto_aead_aes256gcm_beforenm((crypto_aead_aes256gcm_state *)state, dek); /* always 0 */
+    (void)crypto_aead_aes256gcm_beforenm((crypto_aead_aes256gcm_state *)state, keys); /* always 0 */
 }
 
-/* Nonzero when env's AEAD key is its DEK under aes-256-gcm: v1 (the read
- * cache keeps the expanded key of such DEKs). */
-static int v1_aes(const ks_envelope *env)
+/* The read keys of a DEK as an open and a rewrap use them (shard.h):
+ * views into a shard slot, a stack copy of the cache's value, or a pinned
+ * cache state (aes). */
+typedef struct rkeys {
+    const uint8_t *aead_key; /* K: v1 the DEK, v2 derived */
+    const uint8_t *commit;   /* v2: C; v1: NULL */
+    const uint8_t *dek;
+    const void *aes;         /* aes-256-gcm: the expanded aead_key, or NULL */
+} rkeys;
+
+/* The read keys' length for env's version: v1 the DEK; v2 K || C || DEK. */
+static size_t rkeys_len(const ks_envelope *env)
 {
-    return env->version == KS_FORMAT_V1 && env->algorithm == KS_ALG_AES256GCM;
+    return env->version == KS_FORMAT_V2 ? KS_RKEYS_MAX : KS_DEK_LEN;
+}
+
+/* Build env's read keys from its DEK into keys[0, rkeys_len(env)). */
+static void rkeys_build(const ks_envelope *env, const uint8_t dek[KS_DEK_LEN], uint8_t *keys)
+{
+    if (env->version == KS_FORMAT_V2) {
+        ks_v2_keys(env->algorithm, dek, keys, keys + 32); /* [F-CRYPTO-KEY-2], [F-CRYPTO-COMMIT-1] */
+        memcpy(keys + 64, dek, KS_DEK_LEN);
+    } else {
+        memcpy(keys, dek, KS_DEK_LEN); /* [F-CRYPTO-KEY-1] */
+    }
+}
+
+/* Views of the read keys keys[0, rkeys_len(env)), with aes their
+ * expanded key or NULL. */
+static rkeys rkeys_view(const ks_envelope *env, const uint8_t *keys, const void *aes)
+{
+    const int v2 = env->version == KS_FORMAT_V2;
+    return (rkeys){keys, v2 ? keys + 32 : NULL, v2 ? keys + 64 : keys, aes};
+}
+
+/* Nonzero when env's v2 commitment is C of its read keys, compared in
+ * constant time [F-CRYPTO-COMMIT-1] (crypto_verify_32: a fixed-length
+ * compare with no early exit); always for v1. */
+static int commitment_ok(const ks_envelope *env, const rkeys *k)
+{
+    _Static_assert(KS_COMMITMENT_LEN == crypto_verify_32_BYTES, "commitment is 32 bytes");
+    return env->version != KS_FORMAT_V2 || crypto_verify_32(k->commit, env->commitment.ptr) == 0;
+}
+
+/* ---- fork() safety ------------------------------------------------------ */
+
+/* Every live context, for the atfork handlers; registry_mu guards the
+ * list and is held from the prepare handler to the parent's or child's. */
+static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
+static ks_ctx *registry;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+/* atfork prepare: take every context's locks (the writer's, then the read
+ * cache's and the memo's; no path holds two of these but the writer's
+ * pair, taken in its own order), so that fork() copies none of them held
+ * by a thread the child will not have. */
+static void fork_prepare(void)
+{
+    pthread_mutex_lock(&registry_mu);
+    for (ks_ctx *c = registry; c != NULL; c = c->reg_next) {
+        ks_dek_writer_fork_prepare(c->writer);
+        ks_dek_cache_fork_prepare(c->cache);
+        ks_dek_cache_fork_prepare(c->memo);
+    }
+}
+
+/* Release what fork_prepare took, in reverse. */
+static void fork_release(void)
+{
+    for (ks_ctx *c = registry; c != NULL; c = c->reg_next) {
+        ks_dek_cache_fork_release(c->memo);
+        ks_dek_cache_fork_release(c->cache);
+        ks_dek_writer_fork_release(c->writer);
+    }
+    pthread_mutex_unlock(&registry_mu);
+}
+
+/* atfork child: only this thread exists here.  Every other thread index
+ * is free again, and the shards those threads owned, which may have been
+ * mid-update when the address space was copied, are emptied without
+ * being read (ks_shard_abandon); then the locks are released. */
+static void fork_child(void)
+{
+    ks_thread_index_fork_child();
+    const uint32_t mine = ks_thread_index();
+    for (ks_ctx *c = registry; c != NULL; c = c->reg_next) {
+        for (uint32_t i = 0; i < KS_THREAD_SLOTS; i++) {
+            ks_shard *sh = atomic_load_explicit(&c->shards[i], memory_order_acquire);
+            if (i != mine && sh != NULL) {
+                ks_shard_abandon(sh);
+            }
+        }
+    }
+    fork_release();
+}
+
+/* Once per process: install the handlers. */
+static void atfork_init(void)
+{
+    (void)pthread_atfork(fork_prepare, fork_release, fork_child);
+}
+
+/* Add ctx to the registry (ks_ctx_new). */
+static void registry_add(ks_ctx *ctx)
+{
+    (void)pthread_once(&atfork_once, atfork_init);
+    pthread_mutex_lock(&registry_mu);
+    ctx->reg_prev = NULL;
+    ctx->reg_next = registry;
+    if (registry != NULL) {
+        registry->reg_prev = ctx;
+    }
+    registry = ctx;
+    pthread_mutex_unlock(&registry_mu);
+}
+
+/* Remove ctx from the registry (ks_ctx_free), if it is there. */
+static void registry_remove(ks_ctx *ctx)
+{
+    pthread_mutex_lock(&registry_mu);
+    if (ctx->reg_prev != NULL) {
+        ctx->reg_prev->reg_next = ctx->reg_next;
+    } else if (registry == ctx) {
+        registry = ctx->reg_next;
+    }
+    if (ctx->reg_next != NULL) {
+        ctx->reg_next->reg_prev = ctx->reg_prev;
+    }
+    ctx->reg_prev = ctx->reg_next = NULL;
+    pthread_mutex_unlock(&registry_mu);
 }
 
 /* ---- context ------------------------------------------------------------- */
@@ -355,7 +466,7 @@ ks_err ks_ctx_new(const ks_provider *provider, const ks_ctx_config *cfg, ks_ctx 
     ctx->limits = (ks_wdek_limits){cfg->dek_max_messages, cfg->dek_max_bytes, cfg->dek_max_age};
     ks_err err = ks_dek_writer_new(&ctx->writer);
     if (err == KS_OK && cfg->cache_entries != 0) {
-        err = ks_dek_cache_new(cfg->cache_entries, cfg->cache_ttl, KS_DEK_LEN, 1, KS_ID_HASH_TAIL,
+        err = ks_dek_cache_new(cfg->cache_entries, cfg->cache_ttl, KS_RKEYS_MAX, 1, KS_ID_HASH_TAIL,
                                &ctx->cache);
     }
     if (err == KS_OK && cfg->cache_entries != 0 && crypto_aead_aes256gcm_is_available()) {
@@ -369,6 +480,7 @@ ks_err ks_ctx_new(const ks_provider *provider, const ks_ctx_config *cfg, ks_ctx 
         ks_ctx_free(ctx);
         return err;
     }
+    registry_add(ctx);
     *out = ctx;
     return KS_OK;
 }
@@ -378,6 +490,10 @@ void ks_ctx_free(ks_ctx *ctx)
 {
     if (ctx == NULL) {
         return;
+    }
+    registry_remove(ctx);
+    for (size_t i = 0; i < KS_THREAD_SLOTS; i++) {
+        ks_shard_free(atomic_load_explicit(&ctx->shards[i], memory_order_acquire));
     }
     ks_dek_writer_free(ctx->writer);
     ks_dek_cache_free(ctx->cache);
@@ -418,9 +534,11 @@ void ks_ctx_metrics(ks_ctx *ctx, ks_metrics *out)
         return;
     }
 #define LOAD(f) atomic_load_explicit(&ctx->m.f, memory_order_relaxed)
-    for (size_t i = 0; i < KS_OP_SHARDS; i++) {
+    uint64_t shard_hits = 0;
+    for (size_t i = 0; i <= KS_THREAD_SLOTS; i++) {
         out->seals += atomic_load_explicit(&ctx->ops[i].seals, memory_order_relaxed);
         out->opens += atomic_load_explicit(&ctx->ops[i].opens, memory_order_relaxed);
+        shard_hits += atomic_load_explicit(&ctx->ops[i].hits, memory_order_relaxed);
     }
     out->rewraps = LOAD(rewraps);
     out->auth_failures = LOAD(auth_failures);
@@ -436,6 +554,7 @@ void ks_ctx_metrics(ks_ctx *ctx, ks_metrics *out)
         out->provider_errors[i] = LOAD(provider_errors[i]);
     }
     ks_dek_cache_counts(ctx->cache, &out->cache_hits, &out->cache_misses);
+    out->cache_hits += shard_hits;
     out->wraps = LOAD(wraps);
     out->unwraps = LOAD(unwraps);
     out->deks_created = LOAD(deks_created);
@@ -580,39 +699,37 @@ static ks_err create_dek(ks_ctx *ctx, const ks_wdek_tuple *t, ks_wdek **out)
     return err;
 }
 
-/* A reference on t's active DEK and a fresh nonce of it: the fast path
- * finds the record under a short lock; otherwise, serialised with other
- * creators, a new DEK is made, reserved on, and installed. */
-static ks_err acquire_dek(ks_ctx *ctx, const ks_wdek_tuple *t, size_t pt_len, ks_wdek **out,
-                          uint8_t nonce[KS_NONCE_MAX])
+/* Refill s with a block of t's active DEK for a message of pt_len bytes
+ * (block: a shard's slot, see ks_dek_writer_refill()): the table's record
+ * when it has budget; otherwise, serialised with other creators, a new
+ * DEK is made and installed, and s refilled from it in the same critical
+ * section.  On KS_OK, ks_seal_slot_use() may follow. */
+static ks_err acquire_dek(ks_ctx *ctx, const ks_wdek_tuple *t, size_t pt_len, int block,
+                          ks_seal_slot *s)
 {
-    if (ks_dek_writer_reserve(ctx->writer, t, pt_len, out, nonce) == KS_OK) {
+    if (ks_dek_writer_refill(ctx->writer, t, pt_len, block, s) == KS_OK) {
         return KS_OK;
     }
     ks_dek_writer_create_lock(ctx->writer);
-    ks_err err = ks_dek_writer_reserve(ctx->writer, t, pt_len, out, nonce); /* made meanwhile? */
+    ks_err err = ks_dek_writer_refill(ctx->writer, t, pt_len, block, s); /* made meanwhile? */
     if (err != KS_OK) {
         ks_wdek *d = NULL;
         err = create_dek(ctx, t, &d);
-        if (err == KS_OK) {
-            /* A fresh DEK has its whole budget: this reservation succeeds
-             * unless the clock jumps by max_age or the process forks now. */
-            err = ks_wdek_reserve(d, pt_len, nonce) == KS_OK ? KS_OK : KS_ERR_UNAVAILABLE;
-            ks_wdek_retain(d);
-            ks_dek_writer_install(ctx->writer, d);
-            *out = d;
-        }
-        if (err != KS_OK) {
-            ks_wdek_release(d);
+        /* A fresh DEK has its whole budget: only a clock jump by max_age
+         * or a fork right now leaves it spent. */
+        if (err == KS_OK && ks_dek_writer_install(ctx->writer, d, pt_len, block, s) != KS_OK) {
+            err = KS_ERR_UNAVAILABLE;
         }
     }
     ks_dek_writer_create_unlock(ctx->writer);
     return err;
 }
 
-/* Seal pt with d under nonce: the header from d's template with the nonce
- * (and v2 commitment) patched in, then the ciphertext field, encrypted in
- * place in out.  Writes nothing when cap is short; wipes out on failure. */
+/* Seal pt with d under nonce: the header from d's template (with its v2
+ * commitment) with the nonce patched in, then the ciphertext field,
+ * encrypted in place in out under d's AEAD key and the data AAD, d's AAD
+ * head || lp(context) [F-CRYPTO-AAD-1].  Writes nothing when cap is
+ * short; wipes out on failure. */
 static ks_err seal_with(const ks_wdek *d, const uint8_t *nonce, ks_bytes context, const uint8_t *pt,
                         size_t pt_len, uint8_t *out, size_t cap, size_t *out_len)
 {
@@ -622,60 +739,37 @@ static ks_err seal_with(const ks_wdek *d, const uint8_t *nonce, ks_bytes context
         return KS_ERR_BUFFER_TOO_SMALL;
     }
     memcpy(out, d->hdr, hl);
-    const ks_bytes nonce_v = {out + d->nonce_off, d->tmpl.nonce.len};
-    memcpy(out + d->nonce_off, nonce, nonce_v.len);
-    uint8_t k[32];
-    const uint8_t *key = d->key; /* v1: K = DEK [F-CRYPTO-KEY-1] */
-    const int v2 = d->tmpl.version == KS_FORMAT_V2;
-    if (v2) {
-        derive(d->key, nonce_v, pers_cmmt, out + d->commit_off); /* [F-CRYPTO-COMMIT-1] */
-        derive(d->key, nonce_v, pers_mkey, k);                   /* [F-CRYPTO-KEY-2] */
-        key = k;
-    }
+    memcpy(out + d->nonce_off, nonce, d->tmpl.nonce.len);
     size_t pos = hl;
     out[pos++] = KS_CT_TAG;
     pos += ks_varint_put(out + pos, ct_len);
     uint8_t aad[KS_DATA_AAD_MAX];
-    size_t aad_len = 0;
-    ks_err err = KS_OK;
-    if (d->aad_head_len != 0) { /* v1: aad_head || lp(context) [F-CRYPTO-AAD-1] */
-        memcpy(aad, d->aad_head, d->aad_head_len);
-        ks_be_put(aad + d->aad_head_len, (uint32_t)context.len, 4);
-        if (context.len != 0) {
-            memcpy(aad + d->aad_head_len + 4, context.ptr, context.len);
-        }
-        aad_len = d->aad_head_len + 4 + context.len;
-    } else { /* v2: the header's fields and this message's commitment */
-        ks_envelope env = d->tmpl;
-        env.nonce = nonce_v;
-        env.commitment.ptr = out + d->commit_off;
-        err = ks_aad_data(&env, context, aad, sizeof aad, &aad_len); /* [F-CRYPTO-AAD-1] */
+    memcpy(aad, d->aad_head, d->aad_head_len);
+    ks_be_put(aad + d->aad_head_len, (uint32_t)context.len, 4);
+    if (context.len != 0) {
+        memcpy(aad + d->aad_head_len + 4, context.ptr, context.len);
     }
-    if (err == KS_OK) {
-        /* v1 aes-256-gcm: d->aes is the DEK's expanded key */
-        if (aead_encrypt(d->tmpl.algorithm, d->aes, out + pos, pt, pt_len, aad, aad_len,
-                         nonce_v.ptr, key) != 0) {
-            err = KS_ERR_INVALID_ARGUMENT; /* libsodium refuses only oversized input */
-        }
-    }
-    if (v2) {
-        sodium_memzero(k, sizeof k);
-    }
-    if (err != KS_OK) {
+    const size_t aad_len = d->aad_head_len + 4 + context.len;
+    /* d->aes: the AEAD key's expanded aes-256-gcm state */
+    if (aead_encrypt(d->tmpl.algorithm, d->aes, out + pos, pt, pt_len, aad, aad_len,
+                     out + d->nonce_off, d->aead_key) != 0) {
         sodium_memzero(out, total);
-        return err;
+        return KS_ERR_INVALID_ARGUMENT; /* libsodium refuses only oversized input */
     }
     assert(pos + ct_len == total);
     *out_len = total;
     return KS_OK;
 }
 
-/* ks_seal without the latency histogram (see ks_seal). */
+/*
+ * ks_seal without the latency histogram (see ks_seal).  A thread with a
+ * shard seals from its own slot for the tuple and refills it a block at a
+ * time; any other seals from a slot of one nonce, dropped afterwards.
+ */
 static ks_err seal_call(ks_ctx *ctx, const ks_seal_params *p, const uint8_t *pt, size_t pt_len,
                         uint8_t *out, size_t cap, size_t *out_len)
 {
     ks_wdek_tuple t;
-    ks_wdek *d = NULL;
     uint8_t nonce[KS_NONCE_MAX];
     if (ctx == NULL || p == NULL || out_len == NULL || (pt == NULL && pt_len != 0) ||
         (out == NULL && cap != 0)) {
@@ -691,14 +785,24 @@ static ks_err seal_call(ks_ctx *ctx, const ks_seal_params *p, const uint8_t *pt,
     if (pt_len > KS_CIPHERTEXT_DEFAULT_MAX - KS_TAG_LEN) {
         return KS_ERR_TOO_LARGE;
     }
-    err = acquire_dek(ctx, &t, pt_len, &d, nonce);
-    if (err != KS_OK) {
-        return err;
+    const uint32_t ti = ks_thread_index();
+    ks_shard *sh = shard_of(ctx, ti);
+    ks_seal_slot one = {NULL, 0, 0, 0};
+    ks_seal_slot *s = sh != NULL ? ks_shard_seal_slot(sh, &t) : &one;
+    if (!ks_seal_slot_ready(s, &t, pt_len, ks_fork_generation(), ks_mono_seconds())) {
+        err = acquire_dek(ctx, &t, pt_len, sh != NULL, s);
+        if (err != KS_OK) {
+            return err;
+        }
     }
-    err = seal_with(d, nonce, p->context, pt, pt_len, out, cap, out_len); /* nonce is public */
-    ks_wdek_release(d);
+    ks_seal_slot_use(s, pt_len, nonce);
+    err = seal_with(s->d, nonce, p->context, pt, pt_len, out, cap, out_len); /* nonce is public */
+    if (s == &one) {
+        assert(one.bytes == 0); /* exactly pt_len was reserved */
+        ks_wdek_release(one.d);
+    }
     if (err == KS_OK) {
-        count_op(ctx, 0);
+        count_op(ctx, ti, COUNT_SEAL);
     }
     return err;
 }
@@ -774,63 +878,94 @@ static ks_err provider_unwrap(ks_ctx *ctx, const ks_envelope *env, uint8_t dek[K
 }
 
 /*
- * The DEK of env (parsed from buf) into dek[0, 32): from the read cache,
- * else from the provider (then cached).  *id, *id_len receive the wrap
- * identity (wrap_key(), built in scratch[0, KS_WRAP_ID_MAX) or a view of
- * buf).  With pin not NULL (a v1 aes-256-gcm open), a cached DEK's
- * expanded key may be pinned into *pin instead (dek is then not written;
- * the caller unpins).  On failure dek is zero.
+ * env's read keys (rkeys_len(env) bytes) into keys[], from the read cache
+ * or else from the provider (then cached), under its wrap identity
+ * id[0, id_len); *expires receives when a copy of them must no longer be
+ * used (the cache entry's expiry).  With pin not NULL (an aes-256-gcm
+ * open on a thread without a shard), a cached entry's expanded key may
+ * be pinned into *pin instead (keys is then not written; the caller
+ * unpins).  On failure keys is zero.
  */
-static ks_err unwrap_dek(ks_ctx *ctx, const uint8_t *buf, const ks_envelope *env, uint8_t *scratch,
-                         const uint8_t **id, size_t *id_len, uint8_t dek[KS_DEK_LEN],
-                         ks_dek_cache_pin *pin)
+static ks_err read_keys(ks_ctx *ctx, const ks_envelope *env, const uint8_t *id, size_t id_len,
+                        uint8_t keys[KS_RKEYS_MAX], uint64_t *expires, ks_dek_cache_pin *pin)
 {
     size_t got = 0;
-    *id_len = wrap_key(buf, env, scratch, id);
-    if (ks_dek_cache_get_pinned(ctx->cache, *id, *id_len, dek, &got, pin)) {
-        assert((pin != NULL && pin->state != NULL) || got == KS_DEK_LEN);
+    if (ks_dek_cache_get_pinned(ctx->cache, id, id_len, keys, &got, pin, expires)) {
+        assert((pin != NULL && pin->state != NULL) || got == rkeys_len(env));
         return KS_OK; /* the cache counts its hits and misses */
     }
+    uint8_t dek[KS_DEK_LEN];
     ks_err err = provider_unwrap(ctx, env, dek);
     if (err == KS_OK) {
-        ks_dek_cache_put(ctx->cache, *id, *id_len, dek, KS_DEK_LEN, v1_aes(env));
+        rkeys_build(env, dek, keys);
+        *expires = ks_mono_seconds() + ctx->cfg.cache_ttl;
+        ks_dek_cache_put(ctx->cache, id, id_len, keys, rkeys_len(env),
+                         env->algorithm == KS_ALG_AES256GCM);
     }
+    sodium_memzero(dek, sizeof dek);
     return err;
 }
 
-/* Check the commitment (v2), derive K and decrypt env's ciphertext into
- * pt [F-CRYPTO-OPEN-1]: the commitment is compared before the AEAD runs,
- * and a failed AEAD leaves pt[0, cap) zero.  pt NULL: verify the tag
- * only (aead_decrypt).  aes, when not NULL, is the expanded key of a v1
- * aes-256-gcm DEK, used instead of dek. */
-static ks_err decrypt(ks_ctx *ctx, const ks_envelope *env, ks_bytes context, const uint8_t *dek,
-                      const void *aes, uint8_t *pt, size_t cap)
+/* Check the commitment (v2) and decrypt env's ciphertext into pt under
+ * the read keys k [F-CRYPTO-OPEN-1]: the commitment is compared before
+ * the AEAD runs, and a failed AEAD leaves pt[0, cap) zero.  pt NULL:
+ * verify the tag only (aead_decrypt). */
+static ks_err decrypt(ks_ctx *ctx, const ks_envelope *env, ks_bytes context, const rkeys *k,
+                      uint8_t *pt, size_t cap)
 {
-    uint8_t k[32];
-    const uint8_t *key = dek; /* [F-CRYPTO-KEY-1] */
-    const int v2 = env->version == KS_FORMAT_V2;
-    assert(aes == NULL || v1_aes(env));
-    if (v2) {
-        if (!commitment_ok(dek, env)) {
-            return auth_failed(ctx, CAUSE_COMMITMENT);
-        }
-        derive(dek, env->nonce, pers_mkey, k); /* [F-CRYPTO-KEY-2] */
-        key = k;
+    if (!commitment_ok(env, k)) {
+        return auth_failed(ctx, CAUSE_COMMITMENT);
     }
     uint8_t aad[KS_DATA_AAD_MAX];
     size_t aad_len = 0;
     ks_err err = ks_aad_data(env, context, aad, sizeof aad, &aad_len); /* [F-CRYPTO-AAD-1] */
-    if (err == KS_OK && aead_decrypt(env->algorithm, aes, pt, env->ciphertext.ptr, env->ciphertext.len,
-                                     aad, aad_len, env->nonce.ptr, key) != 0) {
+    if (err == KS_OK && aead_decrypt(env->algorithm, k->aes, pt, env->ciphertext.ptr,
+                                     env->ciphertext.len, aad, aad_len, env->nonce.ptr,
+                                     k->aead_key) != 0) {
         if (pt != NULL) {
             sodium_memzero(pt, cap);
         }
         err = auth_failed(ctx, CAUSE_AEAD);
     }
-    if (v2) {
-        sodium_memzero(k, sizeof k);
-    }
     return err;
+}
+
+/*
+ * The read keys of env (parsed from buf) for an open on thread index ti:
+ * from ti's shard when it holds them, else through read_keys() (then kept
+ * in the shard, if ti has one and the read cache is on).  *k views the
+ * shard slot, keys[] or a pin (*pin, which the caller drops).
+ */
+static ks_err open_keys(ks_ctx *ctx, uint32_t ti, const uint8_t *buf, const ks_envelope *env,
+                        uint8_t keys[KS_RKEYS_MAX], ks_dek_cache_pin *pin, rkeys *k)
+{
+    uint8_t scratch[KS_WRAP_ID_MAX];
+    const uint8_t *id = NULL;
+    const size_t id_len = wrap_key(buf, env, scratch, &id);
+    const int aes = env->algorithm == KS_ALG_AES256GCM;
+    ks_shard *sh = ctx->cache != NULL ? shard_of(ctx, ti) : NULL;
+    const uint64_t now = ks_mono_seconds();
+    const ks_open_slot *o = sh != NULL ? ks_shard_open_find(sh, id, id_len, now) : NULL;
+    if (o != NULL) {
+        count_op(ctx, ti, COUNT_SHARD_HIT);
+        *k = rkeys_view(env, o->keys, o->aes);
+        return KS_OK;
+    }
+    /* v1 aes-256-gcm without a shard: the cache's pinned expanded key (a
+     * v2 open also needs C, so it copies the keys) */
+    uint64_t expires = 0;
+    const int pinned = sh == NULL && aes && env->version == KS_FORMAT_V1;
+    ks_err err = read_keys(ctx, env, id, id_len, keys, &expires, pinned ? pin : NULL);
+    if (err != KS_OK) {
+        return err;
+    }
+    if (pin->state != NULL) {
+        *k = (rkeys){NULL, NULL, NULL, pin->state}; /* v1 aes: only the expanded key is used */
+        return KS_OK;
+    }
+    o = sh != NULL ? ks_shard_open_put(sh, id, id_len, keys, rkeys_len(env), expires, aes) : NULL;
+    *k = o != NULL ? rkeys_view(env, o->keys, o->aes) : rkeys_view(env, keys, NULL);
+    return KS_OK;
 }
 
 /* ks_open, or with check_only ks_verify (pt, cap and pt_len unused,
@@ -840,10 +975,7 @@ static ks_err open_call(ks_ctx *ctx, const uint8_t *env, size_t env_len, const k
                         int check_only, uint8_t *pt, size_t cap, size_t *pt_len, ks_parse_error *perr)
 {
     ks_envelope e;
-    uint8_t dek[KS_DEK_LEN];
-    uint8_t scratch[KS_WRAP_ID_MAX];
-    const uint8_t *id = NULL;
-    size_t id_len = 0;
+    uint8_t keys[KS_RKEYS_MAX];
     if (ctx == NULL || p == NULL || (!check_only && (pt_len == NULL || (pt == NULL && cap != 0))) ||
         !view_ok(p->context) || p->context.len > KS_CONTEXT_MAX || !view_ok(p->tenant) ||
         !view_ok(p->purpose)) {
@@ -862,21 +994,23 @@ static ks_err open_call(ks_ctx *ctx, const uint8_t *env, size_t env_len, const k
     if (!alg_available(e.algorithm)) {
         return KS_ERR_ALGORITHM_UNAVAILABLE;
     }
+    const uint32_t ti = ks_thread_index();
     ks_dek_cache_pin pin = {NULL, 0};
-    err = unwrap_dek(ctx, env, &e, scratch, &id, &id_len, dek, v1_aes(&e) ? &pin : NULL);
+    rkeys k;
+    err = open_keys(ctx, ti, env, &e, keys, &pin, &k);
     if (err == KS_OK) {
-        err = decrypt(ctx, &e, p->context, dek, pin.state, check_only ? NULL : pt, cap);
+        err = decrypt(ctx, &e, p->context, &k, check_only ? NULL : pt, cap);
     }
     if (pin.state != NULL) {
-        ks_dek_cache_unpin(ctx->cache, &pin); /* dek was not written */
+        ks_dek_cache_unpin(ctx->cache, &pin); /* keys was not written */
     } else {
-        sodium_memzero(dek, sizeof dek);
+        sodium_memzero(keys, sizeof keys);
     }
     if (err == KS_OK) {
         if (!check_only) {
             *pt_len = e.ciphertext.len - KS_TAG_LEN;
         }
-        count_op(ctx, 1);
+        count_op(ctx, ti, COUNT_OPEN);
     }
     return err;
 }
@@ -1020,11 +1154,11 @@ ks_err ks_rewrap(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_rewra
                  uint8_t *out, size_t cap, size_t *out_len, ks_parse_error *perr)
 {
     ks_envelope e, target;
-    uint8_t dek[KS_DEK_LEN];
+    uint8_t keys[KS_RKEYS_MAX];
     uint8_t scratch[KS_WRAP_ID_MAX];
     uint8_t buf[KS_MEMO_VAL_MAX];
     const uint8_t *id = NULL;
-    size_t id_len = 0;
+    uint64_t expires = 0;
     if (ctx == NULL || p == NULL || out_len == NULL || (out == NULL && cap != 0) ||
         !view_ok(p->key_id)) {
         return KS_ERR_INVALID_ARGUMENT;
@@ -1041,14 +1175,16 @@ ks_err ks_rewrap(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_rewra
     if (ks_envelope_check(&target, NULL) != KS_OK) {
         return KS_ERR_INVALID_ARGUMENT; /* a target key_id outside [F-KEYID-1] */
     }
-    err = unwrap_dek(ctx, env, &e, scratch, &id, &id_len, dek, NULL);
-    if (err == KS_OK && e.version == KS_FORMAT_V2 && !commitment_ok(dek, &e)) {
+    const size_t id_len = wrap_key(env, &e, scratch, &id);
+    err = read_keys(ctx, &e, id, id_len, keys, &expires, NULL);
+    const rkeys k = rkeys_view(&e, keys, NULL);
+    if (err == KS_OK && !commitment_ok(&e, &k)) {
         err = auth_failed(ctx, CAUSE_COMMITMENT);
     }
     if (err == KS_OK) {
-        err = rewrap_dek(ctx, id, id_len, p->key_version, dek, &target, buf);
+        err = rewrap_dek(ctx, id, id_len, p->key_version, k.dek, &target, buf);
     }
-    sodium_memzero(dek, sizeof dek);
+    sodium_memzero(keys, sizeof keys);
     if (err == KS_OK) {
         err = ks_envelope_encode(&target, NULL, out, cap, out_len);
     }

@@ -412,12 +412,28 @@ void ks_dek_cache_free(ks_dek_cache *c)
 int ks_dek_cache_get(ks_dek_cache *c, const uint8_t *key, size_t key_len, uint8_t *val,
                      size_t *val_len)
 {
-    return ks_dek_cache_get_pinned(c, key, key_len, val, val_len, NULL);
+    return ks_dek_cache_get_pinned(c, key, key_len, val, val_len, NULL, NULL);
+}
+
+/* See dek_cache.h. */
+void ks_dek_cache_fork_prepare(ks_dek_cache *c)
+{
+    if (c != NULL) {
+        pthread_mutex_lock(&c->mu);
+    }
+}
+
+/* See dek_cache.h. */
+void ks_dek_cache_fork_release(ks_dek_cache *c)
+{
+    if (c != NULL) {
+        pthread_mutex_unlock(&c->mu);
+    }
 }
 
 /* See dek_cache.h; pin NULL: always copy the value. */
 int ks_dek_cache_get_pinned(ks_dek_cache *c, const uint8_t *key, size_t key_len, uint8_t *val,
-                            size_t *val_len, ks_dek_cache_pin *pin)
+                            size_t *val_len, ks_dek_cache_pin *pin, uint64_t *expires)
 {
     if (pin != NULL) {
         pin->state = NULL;
@@ -448,6 +464,9 @@ int ks_dek_cache_get_pinned(ks_dek_cache *c, const uint8_t *key, size_t key_len,
         } else {
             memcpy(val, value_of(c, i), c->e[i].val_len);
             *val_len = c->e[i].val_len;
+        }
+        if (expires != NULL) {
+            *expires = c->e[i].expires;
         }
         hit = 1;
     }

@@ -84,12 +84,20 @@ typedef struct ks_dek_cache_pin {
     uint32_t slot;
 } ks_dek_cache_pin;
 
-/* ks_dek_cache_get(), except that when the entry has a derived state, the
- * state is pinned into *pin (val and *val_len are then not written) and
- * stays valid and unchanged until ks_dek_cache_unpin(); otherwise
- * pin->state is NULL and the value is copied out. */
+/* ks_dek_cache_get(), except that when pin is not NULL and the entry has
+ * a derived state, the state is pinned into *pin (val and *val_len are
+ * then not written) and stays valid and unchanged until
+ * ks_dek_cache_unpin(); otherwise pin->state is NULL and the value is
+ * copied out.  On a hit, *expires (when not NULL) receives the entry's
+ * expiry, for a copy that must not outlive it. */
 int ks_dek_cache_get_pinned(ks_dek_cache *c, const uint8_t *key, size_t key_len, uint8_t *val,
-                            size_t *val_len, ks_dek_cache_pin *pin);
+                            size_t *val_len, ks_dek_cache_pin *pin, uint64_t *expires);
+
+/* fork() safety: take c's lock before fork() and release it after, in the
+ * parent and in the child (no lookup is then half done in the child).
+ * NULL is a no-op. */
+void ks_dek_cache_fork_prepare(ks_dek_cache *c);
+void ks_dek_cache_fork_release(ks_dek_cache *c);
 
 /* Drop the pin taken by ks_dek_cache_get_pinned() (no-op when pin->state
  * is NULL); the last pin of a state whose entry is gone wipes it. */

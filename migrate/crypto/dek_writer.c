@@ -3,10 +3,12 @@
  * docs/format.md [F-CRYPTO-NONCE-1..3]).
  *
  * Nonce = prefix || u64be(counter): the prefix (nonce length - 8 bytes) is
- * drawn once per DEK, the counter comes from an atomic fetch-add on the
- * record, so two seals in one process never share a (DEK, nonce), and no
- * per-message random call is needed.  Across processes, a DEK is only
- * ever used by the process generation that created it.
+ * drawn once per DEK; counter values are handed out in blocks, each
+ * under the writer's lock and never twice, to seal slots that one thread
+ * spends alone, so two seals in one process never share a (DEK, nonce),
+ * and no per-message random call or shared write is needed.  Across
+ * processes, a DEK is only ever used by the process generation that
+ * created it.
  */
 #define _DEFAULT_SOURCE /* MADV_WIPEONFORK, MAP_ANONYMOUS */
 #include <assert.h>
@@ -23,6 +25,7 @@
 #include "../../format/rules.h"
 #include "dek_writer.h"
 #include "mono_clock.h"
+#include "v2_keys.h"
 
 /* Active DEKs per context.  Past this many tuples the oldest is retired
  * (it is re-created on its next seal): a bound on memory and on the
@@ -30,11 +33,19 @@
 #define KS_WRITER_SLOTS 1024
 
 struct ks_dek_writer {
-    pthread_mutex_t mu;        /* guards slot[] and used; held only to look up and swap */
-    pthread_mutex_t create_mu; /* serialises DEK creation */
+    pthread_mutex_t mu;        /* guards slot[], used and the records' budgets; held
+                                  only to look up, reserve and swap */
+    pthread_mutex_t create_mu; /* serialises DEK creation (held across provider calls) */
+    /* The thread holding create_mu (its creating_token's address), or 0;
+     * and whether ks_dek_writer_fork_prepare() took create_mu. */
+    _Atomic uintptr_t create_owner;
+    int fork_took_create;
     size_t used;
     ks_wdek *slot[KS_WRITER_SLOTS];
 };
+
+/* Its address identifies this thread as create_mu's holder. */
+static _Thread_local char creating_token;
 
 /* ---- process generation [F-CRYPTO-NONCE-2] ------------------------------ */
 
@@ -108,16 +119,18 @@ void ks_wdek_key_free(uint8_t *key)
     }
 }
 
-/* Encode the header template of d from shape: the whole envelope with a
- * 16-byte dummy ciphertext, parsed back for the field offsets.  Using the
+/* Encode the header template of d from shape, with the commitment
+ * (v2: the DEK's [F-CRYPTO-COMMIT-1]): the whole envelope with a 16-byte
+ * dummy ciphertext, parsed back for the field offsets.  Using the
  * canonical encoder and the parser keeps one definition of the layout. */
-static ks_err build_template(ks_wdek *d, const ks_envelope *shape, size_t cap)
+static ks_err build_template(ks_wdek *d, const ks_envelope *shape, const uint8_t *commitment,
+                             size_t cap)
 {
     static const uint8_t zeros[KS_COMMITMENT_LEN];
     ks_envelope env = *shape;
     env.nonce.ptr = zeros;
     if (env.version == KS_FORMAT_V2) {
-        env.commitment = (ks_bytes){zeros, KS_COMMITMENT_LEN};
+        env.commitment = (ks_bytes){commitment, KS_COMMITMENT_LEN};
     }
     env.ciphertext = (ks_bytes){zeros, KS_TAG_LEN};
     size_t len;
@@ -131,12 +144,11 @@ static ks_err build_template(ks_wdek *d, const ks_envelope *shape, size_t cap)
         return err;
     }
     d->nonce_off = (size_t)(d->tmpl.nonce.ptr - d->hdr);
-    d->commit_off = d->tmpl.commitment.len ? (size_t)(d->tmpl.commitment.ptr - d->hdr) : 0;
     d->tmpl.ciphertext = (ks_bytes){NULL, 0};
     return KS_OK;
 }
 
-/* v1: d's data AAD head (see dek_writer.h), from the template. */
+/* d's data AAD head (see dek_writer.h), from the template. */
 static ks_err data_aad_head(ks_wdek *d)
 {
     uint8_t aad[KS_DATA_AAD_HEAD_MAX + 4];
@@ -151,7 +163,7 @@ static ks_err data_aad_head(ks_wdek *d)
     return KS_OK;
 }
 
-/* v1 aes-256-gcm: expand d's key once into d->aes (see dek_writer.h).
+/* aes-256-gcm: expand d's AEAD key once into d->aes (see dek_writer.h).
  * sodium_malloc returns the region flush with its guard page, so a size
  * that is a multiple of 16 keeps the state's 16-byte alignment. */
 static ks_err aes_state_new(ks_wdek *d)
@@ -162,7 +174,7 @@ static ks_err aes_state_new(ks_wdek *d)
         return KS_ERR_NO_MEMORY;
     }
     assert(((uintptr_t)st & 15) == 0);
-    (void)crypto_aead_aes256gcm_beforenm(st, d->key); /* always 0 */
+    (void)crypto_aead_aes256gcm_beforenm(st, d->aead_key); /* always 0 */
     d->aes = st;
     return KS_OK;
 }
@@ -177,31 +189,73 @@ static void aes_state_free(ks_wdek *d)
     }
 }
 
+/* Free d's derived keys and its record (not its DEK). */
+static void record_free(ks_wdek *d)
+{
+    aes_state_free(d);
+    if (d->mkey != NULL) {
+        sodium_memzero(d->mkey, 32);
+        sodium_free(d->mkey);
+    }
+    free(d);
+}
+
+/* v2: derive d's K into guarded memory and its commitment into c
+ * [F-CRYPTO-KEY-2], [F-CRYPTO-COMMIT-1]; v1: the AEAD key is the DEK. */
+static ks_err derive_keys(ks_wdek *d, const ks_envelope *shape, uint8_t c[KS_COMMITMENT_LEN])
+{
+    if (shape->version != KS_FORMAT_V2) {
+        d->aead_key = d->key;
+        return KS_OK;
+    }
+    d->mkey = sodium_malloc(32);
+    if (d->mkey == NULL) {
+        return KS_ERR_NO_MEMORY;
+    }
+    ks_v2_keys(shape->algorithm, d->key, d->mkey, c);
+    d->aead_key = d->mkey;
+    return KS_OK;
+}
+
+/* The share of a budget one shard's slot reserves at a time:
+ * min(cap, budget / 64), at least `floor`. */
+static uint64_t share_of(uint64_t budget, uint64_t cap, uint64_t floor)
+{
+    uint64_t n = budget / 64;
+    n = n < cap ? n : cap;
+    return n < floor ? floor : n;
+}
+
 /* See dek_writer.h. */
 ks_err ks_wdek_new(const ks_envelope *shape, uint32_t req_version, const ks_wdek_limits *lim,
                    uint8_t *key, ks_wdek **out)
 {
     size_t need;
+    uint8_t c[KS_COMMITMENT_LEN] = {0};
     ks_envelope probe = *shape;
     probe.ciphertext = (ks_bytes){shape->nonce.ptr, KS_TAG_LEN}; /* length only */
     ks_err err = ks_envelope_encoded_len(&probe, NULL, &need);
-    ks_wdek *d = err == KS_OK ? calloc(1, sizeof *d + need) : NULL;
+    ks_wdek *d = err == KS_OK ? aligned_alloc(_Alignof(ks_wdek), (sizeof *d + need + 63) / 64 * 64)
+                              : NULL;
     if (d == NULL) {
         ks_wdek_key_free(key);
         return err != KS_OK ? err : KS_ERR_NO_MEMORY;
     }
+    memset(d, 0, sizeof *d);
     d->key = key;
-    err = build_template(d, shape, need);
-    if (err == KS_OK && shape->version == KS_FORMAT_V1) {
+    err = derive_keys(d, shape, c);
+    if (err == KS_OK) {
+        err = build_template(d, shape, c, need);
+    }
+    if (err == KS_OK) {
         err = data_aad_head(d);
     }
-    if (err == KS_OK && shape->version == KS_FORMAT_V1 && shape->algorithm == KS_ALG_AES256GCM &&
-        crypto_aead_aes256gcm_is_available()) {
+    if (err == KS_OK && shape->algorithm == KS_ALG_AES256GCM && crypto_aead_aes256gcm_is_available()) {
         err = aes_state_new(d);
     }
     if (err != KS_OK) {
         ks_wdek_key_free(key);
-        free(d);
+        record_free(d);
         return err;
     }
     size_t nonce_len = ks_alg_nonce_len(shape->algorithm);
@@ -211,6 +265,8 @@ ks_err ks_wdek_new(const ks_envelope *shape, uint32_t req_version, const ks_wdek
         d->max_messages = (uint64_t)1 << 32; /* [F-CRYPTO-NONCE-3] */
     }
     d->max_bytes = lim->max_bytes;
+    d->block = share_of(d->max_messages, KS_SEAL_BLOCK_MAX, 1);
+    d->chunk = share_of(d->max_bytes, KS_SEAL_BYTES_MAX, 0);
     d->expires = ks_mono_seconds() + lim->max_age;
     d->generation = ks_fork_generation();
     d->req_version = req_version;
@@ -225,14 +281,13 @@ ks_err ks_wdek_new(const ks_envelope *shape, uint32_t req_version, const ks_wdek
 void ks_wdek_release(ks_wdek *d)
 {
     if (d != NULL && atomic_fetch_sub_explicit(&d->refs, 1, memory_order_acq_rel) == 1) {
-        aes_state_free(d);
         ks_wdek_key_free(d->key);
-        free(d);
+        record_free(d);
     }
 }
 
-/* Nonzero when d is the active DEK of t. */
-static int tuple_match(const ks_wdek *d, const ks_wdek_tuple *t)
+/* See dek_writer.h. */
+int ks_wdek_match(const ks_wdek *d, const ks_wdek_tuple *t)
 {
     const ks_envelope *e = &d->tmpl;
     return e->version == t->format && e->algorithm == t->algorithm &&
@@ -289,49 +344,12 @@ static ks_wdek *take_slot(ks_dek_writer *w, size_t i)
     return d;
 }
 
-/* Reserve one message of pt_len bytes on d, given the process generation
- * and the clock read by the caller: nonzero when d may seal it
- * [F-CRYPTO-NONCE-2], [F-CRYPTO-NONCE-3], its counter value in *counter.
- * The caller owns d's budget: d is not installed yet, or w->mu is held.
- * A refused reservation may burn a counter value; counters are never
- * handed out twice. */
-static int reserve(ks_wdek *d, size_t pt_len, uint64_t gen, uint64_t now, uint64_t *counter)
-{
-    if (d->generation != gen || now >= d->expires) {
-        return 0;
-    }
-    const uint64_t c = d->counter++;
-    if (c >= d->max_messages) {
-        return 0;
-    }
-    const uint64_t b = d->bytes;
-    d->bytes += (uint64_t)pt_len;
-    if (b >= d->max_bytes) {
-        return 0;
-    }
-    *counter = c;
-    return 1;
-}
-
-/* Write d's nonce of counter value c [F-CRYPTO-NONCE-1]: prefix ||
- * u64be(c). */
-static void nonce_of(const ks_wdek *d, uint64_t c, uint8_t nonce[KS_NONCE_MAX])
+/* See dek_writer.h. */
+void ks_wdek_nonce(const ks_wdek *d, uint64_t c, uint8_t nonce[KS_NONCE_MAX])
 {
     const size_t plen = d->tmpl.nonce.len - KS_NONCE_COUNTER_LEN;
     memcpy(nonce, d->prefix, plen);
     ks_be_put(nonce + plen, c, KS_NONCE_COUNTER_LEN);
-}
-
-/* See dek_writer.h: d is not installed yet, so its budget is the
- * caller's alone. */
-ks_err ks_wdek_reserve(ks_wdek *d, size_t pt_len, uint8_t nonce[KS_NONCE_MAX])
-{
-    uint64_t c;
-    if (!reserve(d, pt_len, ks_fork_generation(), ks_mono_seconds(), &c)) {
-        return KS_ERR_NOT_FOUND;
-    }
-    nonce_of(d, c, nonce);
-    return KS_OK;
 }
 
 /* See dek_writer.h. */
@@ -340,37 +358,110 @@ void ks_wdek_retain(ks_wdek *d)
     atomic_fetch_add_explicit(&d->refs, 1, memory_order_relaxed);
 }
 
-/* See dek_writer.h.  One critical section finds t's record, reserves on
- * it (a plain update of its budget: every reservation on an installed
- * record holds w->mu, so none needs an atomic read-modify-write) and
- * takes a reference, or retires it when it is spent.  The generation and
- * the clock are read before the lock. */
-ks_err ks_dek_writer_reserve(ks_dek_writer *w, const ks_wdek_tuple *t, size_t pt_len,
-                             ks_wdek **out, uint8_t nonce[KS_NONCE_MAX])
+/* Give s's unsealed bytes back to its record (w->mu held): they were
+ * reserved and never sealed, so the record may hand them out again. */
+static void give_back(ks_seal_slot *s)
+{
+    if (s->d != NULL) {
+        assert(s->bytes <= s->d->bytes);
+        s->d->bytes -= s->bytes;
+        s->bytes = 0;
+    }
+}
+
+/*
+ * Reserve on d (w->mu held) for s and a message of pt_len bytes, given
+ * the process generation and the clock; nonzero on success
+ * [F-CRYPTO-NONCE-2], [F-CRYPTO-NONCE-3].  s keeps its nonces when it is
+ * on d and has some left; else it takes a block of fresh ones (moving its
+ * reference to *old for the caller to release).  Bytes: a message is
+ * sealed while d's reserved bytes are under max_bytes (the one that
+ * crosses the limit included), so the bytes reserved are pt_len plus, for
+ * a shard's slot, d's chunk capped at what is left under the limit.
+ */
+static int grant(ks_wdek *d, ks_seal_slot *s, size_t pt_len, int block, uint64_t gen,
+                 uint64_t now, ks_wdek **old)
+{
+    const int keep = s->d == d && s->next < s->end;
+    if (d->generation != gen || now >= d->expires || d->bytes >= d->max_bytes ||
+        (!keep && d->counter >= d->max_messages)) {
+        return 0;
+    }
+    if (!keep) {
+        uint64_t n = block ? d->block : 1, left = d->max_messages - d->counter;
+        n = n < left ? n : left;
+        if (s->d != d) {
+            *old = s->d;
+            ks_wdek_retain(d);
+            s->d = d;
+        }
+        s->next = d->counter;
+        s->end = d->counter + n;
+        d->counter += n;
+    }
+    uint64_t extra = block ? d->max_bytes - d->bytes : 0;
+    extra = extra < d->chunk ? extra : d->chunk;
+    s->bytes = (uint64_t)pt_len + extra;
+    d->bytes += s->bytes;
+    return 1;
+}
+
+/* The slot index of t's record (w->mu held), or w->used. */
+static size_t find_slot(const ks_dek_writer *w, const ks_wdek_tuple *t)
+{
+    size_t i = 0;
+    while (i < w->used && !ks_wdek_match(w->slot[i], t)) {
+        i++;
+    }
+    return i;
+}
+
+/* Empty s (w->mu held), its reference moved to *old. */
+static void empty_slot(ks_seal_slot *s, ks_wdek **old)
+{
+    *old = s->d;
+    *s = (ks_seal_slot){NULL, 0, 0, 0};
+}
+
+/* See dek_writer.h.  The generation and the clock are read before the
+ * lock; references are dropped after it. */
+ks_err ks_dek_writer_refill(ks_dek_writer *w, const ks_wdek_tuple *t, size_t pt_len, int block,
+                            ks_seal_slot *s)
 {
     const uint64_t gen = ks_fork_generation(), now = ks_mono_seconds();
-    ks_wdek *d = NULL, *gone = NULL;
-    uint64_t c = 0;
+    ks_wdek *old = NULL, *gone = NULL;
+    int ok = 0;
     pthread_mutex_lock(&w->mu);
-    for (size_t i = 0; i < w->used; i++) {
-        if (tuple_match(w->slot[i], t)) {
-            if (reserve(w->slot[i], pt_len, gen, now, &c)) {
-                d = w->slot[i];
-                ks_wdek_retain(d);
-            } else {
-                gone = take_slot(w, i); /* spent: retired */
-            }
-            break;
+    give_back(s);
+    size_t i = find_slot(w, t);
+    if (i < w->used) {
+        ok = grant(w->slot[i], s, pt_len, block, gen, now, &old);
+        if (!ok) {
+            gone = take_slot(w, i); /* spent: retired */
         }
     }
-    pthread_mutex_unlock(&w->mu);
-    ks_wdek_release(gone);
-    if (d == NULL) {
-        return KS_ERR_NOT_FOUND;
+    if (!ok) {
+        assert(old == NULL);
+        empty_slot(s, &old);
     }
-    nonce_of(d, c, nonce);
-    *out = d;
-    return KS_OK;
+    pthread_mutex_unlock(&w->mu);
+    ks_wdek_release(old);
+    ks_wdek_release(gone);
+    return ok ? KS_OK : KS_ERR_NOT_FOUND;
+}
+
+/* See dek_writer.h. */
+void ks_dek_writer_drop(ks_dek_writer *w, ks_seal_slot *s)
+{
+    ks_wdek *old = NULL;
+    if (s->d == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&w->mu);
+    give_back(s);
+    empty_slot(s, &old);
+    pthread_mutex_unlock(&w->mu);
+    ks_wdek_release(old);
 }
 
 /* Index of the oldest-created record (w->mu held, table not empty). */
@@ -386,34 +477,68 @@ static size_t oldest_slot(const ks_dek_writer *w)
 }
 
 /* See dek_writer.h. */
-void ks_dek_writer_install(ks_dek_writer *w, ks_wdek *d)
+ks_err ks_dek_writer_install(ks_dek_writer *w, ks_wdek *d, size_t pt_len, int block, ks_seal_slot *s)
 {
-    ks_wdek *gone = NULL;
+    const uint64_t gen = ks_fork_generation(), now = ks_mono_seconds();
+    ks_wdek *gone = NULL, *old = NULL;
     ks_wdek_tuple t = {d->tmpl.version, d->tmpl.algorithm, d->tmpl.tenant,
                        d->tmpl.purpose,  d->tmpl.key_id,    d->req_version};
     pthread_mutex_lock(&w->mu);
-    for (size_t i = 0; i < w->used; i++) {
-        if (tuple_match(w->slot[i], &t)) {
-            gone = take_slot(w, i);
-            break;
-        }
-    }
-    if (gone == NULL && w->used == KS_WRITER_SLOTS) {
+    size_t i = find_slot(w, &t);
+    if (i < w->used) {
+        gone = take_slot(w, i);
+    } else if (w->used == KS_WRITER_SLOTS) {
         gone = take_slot(w, oldest_slot(w));
     }
     w->slot[w->used++] = d;
+    give_back(s);
+    int ok = grant(d, s, pt_len, block, gen, now, &old);
+    if (!ok) {
+        assert(old == NULL);
+        empty_slot(s, &old);
+    }
     pthread_mutex_unlock(&w->mu);
+    ks_wdek_release(old);
     ks_wdek_release(gone);
+    return ok ? KS_OK : KS_ERR_NOT_FOUND;
 }
 
-/* See dek_writer.h. */
+/* See dek_writer.h.  The owner is recorded so that a provider that
+ * forks while this thread creates a DEK does not wait for itself in
+ * ks_dek_writer_fork_prepare(). */
 void ks_dek_writer_create_lock(ks_dek_writer *w)
 {
     pthread_mutex_lock(&w->create_mu);
+    atomic_store_explicit(&w->create_owner, (uintptr_t)&creating_token, memory_order_relaxed);
 }
 
 /* See dek_writer.h. */
 void ks_dek_writer_create_unlock(ks_dek_writer *w)
 {
+    atomic_store_explicit(&w->create_owner, 0, memory_order_relaxed);
     pthread_mutex_unlock(&w->create_mu);
+}
+
+/* See dek_writer.h.  create_mu before mu, as acquire_dek() nests them.
+ * Waiting for create_mu waits for another thread's provider call (a
+ * bounded one: the provider's deadline).  When this thread holds it (a
+ * provider forking), the child's copy stays held by this same thread,
+ * which goes on to release it there as in the parent. */
+void ks_dek_writer_fork_prepare(ks_dek_writer *w)
+{
+    w->fork_took_create = atomic_load_explicit(&w->create_owner, memory_order_relaxed) !=
+                          (uintptr_t)&creating_token;
+    if (w->fork_took_create) {
+        pthread_mutex_lock(&w->create_mu);
+    }
+    pthread_mutex_lock(&w->mu);
+}
+
+/* See dek_writer.h. */
+void ks_dek_writer_fork_release(ks_dek_writer *w)
+{
+    pthread_mutex_unlock(&w->mu);
+    if (w->fork_took_create) {
+        pthread_mutex_unlock(&w->create_mu);
+    }
 }

@@ -4,10 +4,14 @@
  * nonce reservation on it (docs/format.md [F-CRYPTO-NONCE-1..3]).
  *
  * A DEK record (ks_wdek) is created by crypto.c (which talks to the
- * provider), then installed here.  Sealing reserves one nonce with
- * ks_dek_writer_reserve(): one short critical section finds the record,
- * takes a counter value and byte budget of it, and takes a reference.  A
- * record is retired (removed from the table) when it reaches
+ * provider), then installed here.  Sealing takes nonces from a seal slot
+ * (ks_seal_slot): a reference on a record and a block of its counter
+ * values and byte budget, reserved in one short critical section by
+ * ks_dek_writer_refill() and then spent by one thread alone with
+ * ks_seal_slot_use(), which touches no shared memory.  A thread that
+ * owns a shard (shard.h) keeps its slots between seals and so reserves
+ * blocks of up to KS_SEAL_BLOCK_MAX nonces; others reserve one nonce at a
+ * time.  A record is retired (removed from the table) when it reaches
  * max_messages, max_bytes or max_age, or when it was created by another
  * process (fork: see ks_fork_generation()); it is wiped and freed when
  * its last reference goes.
@@ -48,40 +52,61 @@ typedef struct ks_wdek_limits {
     uint32_t max_age;
 } ks_wdek_limits;
 
+/* The most nonces one seal slot reserves at a time, and the most
+ * plaintext bytes (beyond the message at hand): a slot reserves
+ * min(KS_SEAL_BLOCK_MAX, max_messages / 64) nonces (at least 1) and
+ * min(KS_SEAL_BYTES_MAX, max_bytes / 64) bytes, so that an idle thread's
+ * slot never holds more than 1/64 of a DEK's budget. */
+#define KS_SEAL_BLOCK_MAX 256u
+#define KS_SEAL_BYTES_MAX ((uint64_t)1 << 30)
+
 /* One write-side DEK.  Immutable after ks_wdek_new() except counter and
- * bytes (changed only by the creator before ks_dek_writer_install(), then
- * only under the writer's lock) and refs. */
+ * bytes (changed only under the writer's lock) and refs.  The first
+ * members are the ones every seal reads. */
 typedef struct ks_wdek {
-    uint64_t counter;          /* next nonce counter [F-CRYPTO-NONCE-1] */
-    uint64_t bytes;            /* plaintext bytes reserved so far */
-    _Atomic uint32_t refs;     /* the table's reference + one per seal in flight */
-    uint64_t max_messages;     /* already capped at 2^32 for aes-256-gcm */
-    uint64_t max_bytes;
     uint64_t expires;          /* ks_mono_seconds() at which it retires */
     uint64_t generation;       /* ks_fork_generation() at creation */
-    uint32_t req_version;
-    uint8_t *key;              /* KS_DEK_LEN bytes, sodium_malloc'd */
-    /* v1 aes-256-gcm only (else NULL): the AEAD key is the DEK itself
-     * [F-CRYPTO-KEY-1], so libsodium's expanded key state
-     * (crypto_aead_aes256gcm_state, 16-byte aligned) is computed once, in
-     * sodium_malloc'd memory, and wiped and freed with the key. */
+    /* The AEAD key: the DEK itself in v1 [F-CRYPTO-KEY-1], the derived K
+     * in v2 [F-CRYPTO-KEY-2] (mkey). */
+    const uint8_t *aead_key;
+    /* aes-256-gcm only (else NULL): libsodium's expanded key state of
+     * aead_key (crypto_aead_aes256gcm_state, 16-byte aligned), computed
+     * once, in sodium_malloc'd memory, and wiped and freed with the key. */
     void *aes;
     uint8_t prefix[KS_NONCE_MAX - KS_NONCE_COUNTER_LEN]; /* random, per DEK */
-    /* v1 only (else aad_head_len 0): the data AAD [F-CRYPTO-AAD-1] is
-     * aad_head || lp(context), aad_head depending on the DEK's header
-     * alone (v2 puts the per-message commitment before lp(context)); it
-     * is the library's ks_aad_data() of the template with an empty
-     * context, less that context's 4-byte length. */
+    /* The data AAD [F-CRYPTO-AAD-1] is aad_head || lp(context), aad_head
+     * depending on the DEK's header alone (the v2 commitment is per DEK):
+     * the library's ks_aad_data() of the template with an empty context,
+     * less that context's 4-byte length. */
     size_t aad_head_len;
     uint8_t aad_head[KS_DATA_AAD_HEAD_MAX];
-    /* The envelope header with a zero nonce and commitment: bytes
-     * [0, tmpl.header_len) of every envelope sealed with this DEK, up to
-     * the ciphertext tag.  tmpl's views point into hdr. */
+    /* Written under the writer's lock, by refills only. */
+    _Alignas(64) uint64_t counter; /* next nonce counter [F-CRYPTO-NONCE-1] */
+    uint64_t bytes;            /* plaintext bytes reserved so far (given back unused) */
+    _Atomic uint32_t refs;     /* the table's reference + one per seal slot */
+    uint64_t max_messages;     /* already capped at 2^32 for aes-256-gcm */
+    uint64_t max_bytes;
+    uint64_t block;            /* nonces a shard's slot reserves at a time */
+    uint64_t chunk;            /* bytes it reserves beyond the message at hand */
+    uint32_t req_version;
+    uint8_t *key;              /* the DEK, KS_DEK_LEN bytes, sodium_malloc'd */
+    uint8_t *mkey;             /* v2: K, 32 bytes, sodium_malloc'd; else NULL */
+    /* The envelope header with a zero nonce and (v2) the DEK's
+     * commitment [F-CRYPTO-COMMIT-1]: bytes [0, tmpl.header_len) of every
+     * envelope sealed with this DEK, up to the ciphertext tag.  tmpl's
+     * views point into hdr. */
     ks_envelope tmpl;
     size_t nonce_off;          /* offset of the nonce bytes in hdr */
-    size_t commit_off;         /* v2: offset of the commitment bytes; else 0 */
     uint8_t hdr[];
 } ks_wdek;
+
+/* A block of nonces and bytes reserved on one record, spent by one
+ * thread alone.  All zero is an empty slot. */
+typedef struct ks_seal_slot {
+    ks_wdek *d;                /* a reference on the record, or NULL */
+    uint64_t next, end;        /* counter values reserved: [next, end) */
+    uint64_t bytes;            /* plaintext bytes reserved and not yet sealed */
+} ks_seal_slot;
 
 /* A fresh DEK: KS_DEK_LEN random bytes in sodium_malloc'd memory, or NULL
  * when memory is short.  Free with ks_wdek_key_free(). */
@@ -107,11 +132,35 @@ void ks_wdek_retain(ks_wdek *d);
  * no-op. */
 void ks_wdek_release(ks_wdek *d);
 
-/* Reserve one nonce of d, not yet installed, for a message of pt_len
- * bytes into nonce[0, nonce length): KS_OK, or KS_ERR_NOT_FOUND when d
- * must retire (counter, bytes or age at its limit, or another process
- * generation). */
-KS_WUR ks_err ks_wdek_reserve(ks_wdek *d, size_t pt_len, uint8_t nonce[KS_NONCE_MAX]);
+/* Nonzero when d is the active DEK of t (d's header fields and requested
+ * version are t's). */
+int ks_wdek_match(const ks_wdek *d, const ks_wdek_tuple *t);
+
+/* Write d's nonce of counter value c [F-CRYPTO-NONCE-1]: prefix ||
+ * u64be(c). */
+void ks_wdek_nonce(const ks_wdek *d, uint64_t c, uint8_t nonce[KS_NONCE_MAX]);
+
+/*
+ * Nonzero when s can seal a message of pt_len bytes under tuple t, given
+ * the process generation and the clock; 0 when it cannot (empty, another
+ * tuple, spent, or its record expired or of another process generation):
+ * then ks_dek_writer_refill().  Reads s and its immutable record only.
+ */
+static inline int ks_seal_slot_ready(const ks_seal_slot *s, const ks_wdek_tuple *t, size_t pt_len,
+                                     uint64_t gen, uint64_t now)
+{
+    const ks_wdek *d = s->d;
+    return d != NULL && s->next < s->end && pt_len <= s->bytes && d->generation == gen &&
+           now < d->expires && ks_wdek_match(d, t);
+}
+
+/* Spend one nonce of a ready (or just refilled) slot s on a message of
+ * pt_len bytes, into nonce[].  Touches s alone. */
+static inline void ks_seal_slot_use(ks_seal_slot *s, size_t pt_len, uint8_t nonce[KS_NONCE_MAX])
+{
+    ks_wdek_nonce(s->d, s->next++, nonce);
+    s->bytes -= pt_len;
+}
 
 typedef struct ks_dek_writer ks_dek_writer;
 
@@ -122,23 +171,40 @@ KS_WUR ks_err ks_dek_writer_new(ks_dek_writer **out);
 void ks_dek_writer_free(ks_dek_writer *w);
 
 /*
- * Find the tuple's active DEK and reserve one nonce of it for a message of
- * pt_len bytes: on KS_OK, *out holds a reference (ks_wdek_release() it)
- * and nonce[0, nonce length) the unique nonce.  KS_ERR_NOT_FOUND when the
- * tuple has no usable DEK (none yet, or the one there was just retired):
- * the caller creates one and installs it.
+ * Refill s for a message of pt_len bytes under tuple t, in one critical
+ * section: give back s's unsealed bytes, then reserve on t's active DEK
+ * (keeping s's nonces when it is the same record and some are left) a
+ * block of nonces and bytes: the record's block and chunk when `block` is
+ * nonzero (a shard's slot, kept between seals), else one nonce and
+ * exactly pt_len bytes.  A record at a limit is retired.  KS_OK: s serves
+ * this message (ks_seal_slot_use() may follow).  KS_ERR_NOT_FOUND: t has
+ * no usable DEK; s is then empty, and the caller creates a DEK and
+ * installs it.
  */
-KS_WUR ks_err ks_dek_writer_reserve(ks_dek_writer *w, const ks_wdek_tuple *t, size_t pt_len,
-                                    ks_wdek **out, uint8_t nonce[KS_NONCE_MAX]);
+KS_WUR ks_err ks_dek_writer_refill(ks_dek_writer *w, const ks_wdek_tuple *t, size_t pt_len,
+                                   int block, ks_seal_slot *s);
 
 /* Make d the tuple's active DEK (the table takes over the caller's
  * reference), retiring any record it replaces, and the oldest record when
- * the table is full. */
-void ks_dek_writer_install(ks_dek_writer *w, ks_wdek *d);
+ * the table is full; then, in the same critical section, refill s from
+ * d as ks_dek_writer_refill() does.  KS_ERR_NOT_FOUND only when d is spent
+ * at once (the clock jumped by max_age, or the process forked). */
+KS_WUR ks_err ks_dek_writer_install(ks_dek_writer *w, ks_wdek *d, size_t pt_len, int block,
+                                    ks_seal_slot *s);
+
+/* Empty s: give back its unsealed bytes and drop its reference. */
+void ks_dek_writer_drop(ks_dek_writer *w, ks_seal_slot *s);
 
 /* Serialise DEK creation (provider calls) without blocking seals. */
 void ks_dek_writer_create_lock(ks_dek_writer *w);
 void ks_dek_writer_create_unlock(ks_dek_writer *w);
+
+/* fork() safety (crypto.c's atfork handlers): take every lock of w, in
+ * the order the writer takes them, except the creation lock when the
+ * calling thread holds it; release them again, in the parent and in the
+ * child alike. */
+void ks_dek_writer_fork_prepare(ks_dek_writer *w);
+void ks_dek_writer_fork_release(ks_dek_writer *w);
 
 /*
  * The process generation [F-CRYPTO-NONCE-2]: changes in a child after

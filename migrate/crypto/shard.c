@@ -1,0 +1,135 @@
+/*
+ * migrate/crypto/shard.c -- see shard.h.
+ *
+ * Layout of a shard's secret slab (sodium_malloc'd, so flush with its
+ * guard page: every size below is a multiple of 16, which keeps each AES
+ * state 16-byte aligned): KS_SHARD_OPENS expanded AES-GCM keys, then
+ * KS_SHARD_OPENS read keys of KS_RKEYS_MAX bytes.
+ */
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <sodium.h>
+
+#include "shard.h"
+
+#define AES_STATE sizeof(crypto_aead_aes256gcm_state)
+#define SECRET_LEN (KS_SHARD_OPENS * (AES_STATE + KS_RKEYS_MAX))
+_Static_assert(AES_STATE % 16 == 0 && KS_RKEYS_MAX % 16 == 0, "16-byte aligned states");
+
+/* See shard.h. */
+ks_shard *ks_shard_new(size_t id_max, uint32_t opens)
+{
+    ks_shard *sh = calloc(1, sizeof *sh);
+    if (sh == NULL) {
+        return NULL;
+    }
+    sh->opens = opens < KS_SHARD_OPENS ? opens : KS_SHARD_OPENS;
+    sh->id_max = id_max;
+    sh->ids = malloc(KS_SHARD_OPENS * id_max);
+    sh->secret = sodium_malloc(SECRET_LEN);
+    if (sh->ids == NULL || sh->secret == NULL) {
+        free(sh->ids);
+        sodium_free(sh->secret);
+        free(sh);
+        return NULL;
+    }
+    sodium_memzero(sh->secret, SECRET_LEN);
+    for (size_t i = 0; i < KS_SHARD_OPENS; i++) {
+        sh->open[i].id = sh->ids + i * id_max;
+        sh->open[i].keys = sh->secret + KS_SHARD_OPENS * AES_STATE + i * KS_RKEYS_MAX;
+    }
+    return sh;
+}
+
+/* Empty every slot without reading it (the slab and the id buffers, set
+ * at creation, stay). */
+static void reset(ks_shard *sh)
+{
+    sodium_memzero(sh->secret, SECRET_LEN);
+    memset(sh->seal, 0, sizeof sh->seal);
+    for (size_t i = 0; i < KS_SHARD_OPENS; i++) {
+        sh->open[i].expires = 0;
+        sh->open[i].id_len = 0;
+        sh->open[i].keys_len = 0;
+        sh->open[i].aes = NULL;
+    }
+    sh->seal_next = sh->open_next = 0;
+}
+
+/* See shard.h. */
+void ks_shard_free(ks_shard *sh)
+{
+    if (sh == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < KS_SHARD_SEALS; i++) {
+        ks_wdek_release(sh->seal[i].d);
+    }
+    reset(sh);
+    sodium_free(sh->secret);
+    free(sh->ids);
+    free(sh);
+}
+
+/* See shard.h. */
+void ks_shard_abandon(ks_shard *sh)
+{
+    reset(sh);
+}
+
+/* See shard.h. */
+ks_seal_slot *ks_shard_seal_slot(ks_shard *sh, const ks_wdek_tuple *t)
+{
+    for (size_t i = 0; i < KS_SHARD_SEALS; i++) {
+        if (sh->seal[i].d != NULL && ks_wdek_match(sh->seal[i].d, t)) {
+            return &sh->seal[i];
+        }
+    }
+    ks_seal_slot *s = &sh->seal[sh->seal_next];
+    sh->seal_next = (sh->seal_next + 1) % KS_SHARD_SEALS;
+    return s;
+}
+
+/* See shard.h.  At most KS_SHARD_OPENS comparisons, each cut short by the
+ * length. */
+const ks_open_slot *ks_shard_open_find(const ks_shard *sh, const uint8_t *id, size_t id_len,
+                                       uint64_t now)
+{
+    for (size_t i = 0; i < sh->opens; i++) {
+        const ks_open_slot *o = &sh->open[i];
+        if (o->id_len == id_len && now < o->expires && memcmp(o->id, id, id_len) == 0) {
+            return o;
+        }
+    }
+    return NULL;
+}
+
+/* See shard.h. */
+const ks_open_slot *ks_shard_open_put(ks_shard *sh, const uint8_t *id, size_t id_len,
+                                      const uint8_t *keys, size_t keys_len, uint64_t expires,
+                                      int aes)
+{
+    if (sh->opens == 0 || id_len > sh->id_max || keys_len < 32 || keys_len > KS_RKEYS_MAX) {
+        return NULL;
+    }
+    const size_t i = sh->open_next;
+    sh->open_next = (uint32_t)((i + 1) % sh->opens);
+    ks_open_slot *o = &sh->open[i];
+    uint8_t *state = sh->secret + i * AES_STATE;
+    sodium_memzero(o->keys, KS_RKEYS_MAX);
+    sodium_memzero(state, AES_STATE);
+    memcpy(o->id, id, id_len);
+    memcpy(o->keys, keys, keys_len);
+    o->id_len = id_len;
+    o->keys_len = keys_len;
+    o->expires = expires;
+    o->aes = NULL;
+    if (aes) {
+        assert(((uintptr_t)state & 15) == 0);
+        (void)crypto_aead_aes256gcm_beforenm((crypto_aead_aes256gcm_state *)(void *)state, keys);
+        o->aes = state;
+    }
+    return o;
+}

@@ -1,0 +1,92 @@
+/*
+ * migrate/crypto/shard.h -- one thread's share of a ks_ctx: its seal slots
+ * (dek_writer.h) and a few read keys, so that a seal on an active DEK and
+ * an open whose DEK is cached write no memory that another thread writes.
+ *
+ * A context has one shard per thread index (thread_index.h), made by its
+ * owner on first use and used by that owner alone, with no lock; threads
+ * on the shared index have none and take the locked paths (the writer's
+ * table, the read cache).  Sharing a context between threads therefore
+ * costs no cache-line traffic on the hot paths.
+ *
+ * Read keys ("rkeys"): what an open needs of a DEK, the read cache's value
+ * (crypto.c): v1, the DEK (the AEAD key, [F-CRYPTO-KEY-1]); v2, K || C ||
+ * DEK ([F-CRYPTO-KEY-2], [F-CRYPTO-COMMIT-1]).  The AEAD key is always the
+ * first 32 bytes.  A shard keeps a few of them (ks_shard_new()), each with
+ * the wrap identity it belongs to (compared in full), its expiry (that of
+ * the read cache's entry it was copied from, so the cache TTL bounds it
+ * too) and, for aes-256-gcm, its expanded key.  Secrets live in one
+ * sodium_malloc'd slab per shard and are wiped on replacement and free.
+ *
+ * Internal to the library (no KS_API).
+ */
+#ifndef KS_MIGRATE_SHARD_H
+#define KS_MIGRATE_SHARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <keyshift/provider.h>
+
+#include "dek_writer.h"
+
+/* Seal slots and read keys per shard: tuples and DEKs one thread uses in
+ * turn (a service alternating between a few tenants). */
+#define KS_SHARD_SEALS 4u
+#define KS_SHARD_OPENS 4u
+/* The longest read keys: K || C || DEK. */
+#define KS_RKEYS_MAX (32 + KS_COMMITMENT_LEN + KS_DEK_LEN)
+
+/* One cached read key of a shard.  expires 0: empty. */
+typedef struct ks_open_slot {
+    uint64_t expires;   /* ks_mono_seconds() from which it is not used */
+    size_t id_len;
+    size_t keys_len;
+    uint8_t *id;        /* the wrap identity, id_max bytes (public) */
+    uint8_t *keys;      /* KS_RKEYS_MAX bytes of guarded memory */
+    void *aes;          /* the expanded AES-GCM key of keys[0, 32), or NULL */
+} ks_open_slot;
+
+typedef struct ks_shard {
+    ks_seal_slot seal[KS_SHARD_SEALS];
+    ks_open_slot open[KS_SHARD_OPENS];
+    uint32_t seal_next, open_next; /* the next slot to replace */
+    uint32_t opens;     /* read keys kept: <= KS_SHARD_OPENS */
+    size_t id_max;
+    uint8_t *secret;    /* the slab: AES states, then read keys */
+    uint8_t *ids;
+} ks_shard;
+
+/* A shard with empty slots, keeping up to min(opens, KS_SHARD_OPENS) read
+ * keys (the context's cache_entries: a shard never keeps more DEKs than
+ * the read cache may) of wrap identities of up to id_max bytes, or NULL
+ * when memory is short. */
+ks_shard *ks_shard_new(size_t id_max, uint32_t opens);
+
+/* Drop every seal slot's reference, wipe every secret and free; NULL is a
+ * no-op.  Its records' unsealed bytes are not given back (the context
+ * goes too). */
+void ks_shard_free(ks_shard *sh);
+
+/* In a child of fork(), for a shard whose owner was another thread: its
+ * slots may have been mid-update when the address space was copied, so
+ * they are not interpreted: secrets wiped, slots emptied (their record
+ * references are abandoned, never dropped). */
+void ks_shard_abandon(ks_shard *sh);
+
+/* The seal slot for t: the one on t's tuple, else the next to replace
+ * (ks_dek_writer_refill() gives back and drops what it held). */
+ks_seal_slot *ks_shard_seal_slot(ks_shard *sh, const ks_wdek_tuple *t);
+
+/* The read keys cached under id[0, id_len) and valid at `now`, or NULL. */
+const ks_open_slot *ks_shard_open_find(const ks_shard *sh, const uint8_t *id, size_t id_len,
+                                       uint64_t now);
+
+/* Cache keys[0, keys_len) under id[0, id_len) until `expires`, replacing
+ * the next slot (wiped first); with aes nonzero, also expand keys[0, 32)
+ * for aes-256-gcm.  Returns the slot, or NULL when id is too long. */
+const ks_open_slot *ks_shard_open_put(ks_shard *sh, const uint8_t *id, size_t id_len,
+                                      const uint8_t *keys, size_t keys_len, uint64_t expires,
+                                      int aes);
+
+#endif /* KS_MIGRATE_SHARD_H */
