@@ -3,8 +3,14 @@
 #   make            build the libraries, the CLI and keyshift-demo-app (release,
 #                   hardened)
 #   make test       everything CI checks: deps, -Werror build, cmocka unit
-#                   tests and CLI tests under ASan+UBSan, exported-symbol
+#                   tests under ASan+UBSan then the threaded ones under
+#                   TSan, CLI tests under ASan+UBSan, exported-symbol
 #                   check, corpus replay, coverage gate, fuzz smoke
+#   make unit       the cmocka unit tests (tests/test_*.c) under ASan+UBSan
+#   make tsan       the library and the threaded unit tests (TSAN_TESTS:
+#                   test_fork, test_crypto, test_migrate, test_rollout,
+#                   test_rowstore_sqlite) under clang's ThreadSanitizer,
+#                   built in build/tsan/, halting on the first report
 #   make fuzz       run each libFuzzer target (FUZZ_SECONDS, default 60)
 #   make fuzz-afl   run each target under afl-fuzz -V 20
 #   make coverage   llvm-cov over the committed corpus; gate on parser/
@@ -65,7 +71,7 @@ DEMO_APP_SRCS := tools/demo_app.c tools/cli.c
 DEMO_APP     := $(B)/bin/keyshift-demo-app
 DEMO_APP_SAN := $(B)/san/bin/keyshift-demo-app
 
-.PHONY: all deps test unit cli-test install-test symbols check-layout fuzz fuzz-afl fuzz-smoke fuzz-replay \
+.PHONY: all deps test unit tsan cli-test install-test symbols check-layout fuzz fuzz-afl fuzz-smoke fuzz-replay \
         coverage bench demo install uninstall clean
 
 all: $(STATIC) $(SHARED) $(CLI) $(DEMO_APP)
@@ -139,6 +145,31 @@ export ASAN_OPTIONS := detect_leaks=1:abort_on_error=1:strict_string_checks=1
 unit: $(UNIT_BINS)
 	@set -e; for t in $(UNIT_BINS); do echo "== $$t"; KS_SPEC=docs/format.md $$t; done
 
+# ---- thread sanitizer (make tsan) ---------------------------------------
+# The library and the unit tests that run threads (or fork while threads
+# run) rebuilt with clang's ThreadSanitizer; cmocka, libsodium and SQLite
+# stay uninstrumented.  halt_on_error: the first data race or lock-order
+# inversion fails the run.
+
+TSAN      := -O1 -g -fno-omit-frame-pointer -fsanitize=thread
+TSAN_OBJS := $(LIB_SRCS:%.c=$(B)/tsan/%.o)
+TSAN_TESTS := test_fork test_crypto test_migrate test_rollout test_rowstore_sqlite
+TSAN_BINS := $(TSAN_TESTS:%=$(B)/tsan/tests/%)
+TSAN_RUN_OPTIONS := halt_on_error=1:second_deadlock_stack=1
+
+$(B)/tsan/%.o: %.c $(LIB_HDRS)
+	@mkdir -p $(dir $@)
+	$(CLANG) $(WARN) $(TSAN) $(SAN_HOOKS) $(INC) -c $< -o $@
+
+$(B)/tsan/tests/%: tests/%.c $(UNIT_SUPPORT) $(TSAN_OBJS) $(LIB_HDRS) $(wildcard tests/*.h) $(NANOPB_H)
+	@mkdir -p $(dir $@)
+	$(CLANG) $(WARN) $(TSAN) $(INC) -I$(B)/gen -Iformat -Iparser $< $(UNIT_SUPPORT) $(TSAN_OBJS) \
+	    $(NANOPB_C) -lprotobuf-nanopb -lcmocka $(LIB_LIBS) -o $@
+
+tsan: $(TSAN_BINS)
+	@set -e; for t in $(TSAN_BINS); do echo "== $$t"; \
+	    KS_SPEC=docs/format.md TSAN_OPTIONS=$(TSAN_RUN_OPTIONS) $$t; done
+
 cli-test: $(CLI_SAN) $(CLI) $(DEMO_APP_SAN)
 	@KEYSHIFT=$(CLI_SAN) tests/cli_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_crypto_test.sh
@@ -189,7 +220,7 @@ demo: deps all
 test:
 	@tools/deps.sh
 	@$(MAKE) --no-print-directory all check-layout symbols
-	@$(MAKE) --no-print-directory unit cli-test install-test
+	@$(MAKE) --no-print-directory unit tsan cli-test install-test
 	@$(MAKE) --no-print-directory fuzz-replay coverage fuzz-smoke
 	@echo "make test: all checks passed"
 
