@@ -26,14 +26,10 @@
  * pre-built AAD head, and the envelope header is copied from the DEK's
  * pre-encoded template.
  *
- * fork(): atfork handlers take every context's locks before fork() and
- * release them after, so a child never inherits a lock held by a thread
- * it does not have; the child empties the shards of those threads
- * (ks_shard_abandon) and seals only with DEKs of its own
- * ([F-CRYPTO-NONCE-2]).
+ * The context itself (struct ks_ctx, its lifecycle, metrics and fork
+ * safety) is in ctx.c and ctx_internal.h.
  */
 #include <assert.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +40,7 @@
 
 #include "../../format/rules.h"
 #include "crypto_hooks.h"
+#include "ctx_internal.h"
 #include "dek_cache.h"
 #include "dek_writer.h"
 #include "mono_clock.h"
@@ -53,65 +50,8 @@
 
 /* The ciphertext field's tag byte: field 15, wire type 2 (LEN). */
 #define KS_CT_TAG ((uint8_t)(KS_FIELD_CIPHERTEXT << 3 | 2))
-/* The longest envelope header through the wrapped DEK: the prefix, the
- * five tags, varints of at most five bytes, and the longest values. */
-#define KS_WRAP_HEAD_MAX (KS_PREFIX_LEN + 5 * 6 + KS_TENANT_MAX + KS_KEY_ID_MAX + KS_WRAPPED_DEK_MAX)
-/* A wrap identity as the read cache keys it (wrap_key()): for v2,
- * u8(purpose length) || purpose first. */
-#define KS_WRAP_ID_MAX (1 + KS_PURPOSE_MAX + KS_WRAP_HEAD_MAX)
-/* The read cache hashes a wrap identity's length and last 16 bytes: the
- * end of the wrapped DEK (dek_cache.c, hash_key()).  Its entries are put
- * only after the provider unwrapped them; lookups still compare in full.
- * The memo hashes whole keys (their tail is the caller's target key_id). */
-#define KS_ID_HASH_TAIL 16
 /* A rewrap memo key: u32be(id length) || id || u32be(version) || key_id. */
 #define KS_MEMO_KEY_MAX (4 + KS_WRAP_ID_MAX + 4 + KS_KEY_ID_MAX)
-/* A rewrap memo value: u32be(version) || wrapped_dek. */
-#define KS_MEMO_VAL_MAX (4 + KS_WRAPPED_DEK_MAX)
-/* The most expanded AES-GCM keys the read cache keeps (512 bytes each, in
- * guarded memory): the most recently used v1 aes-256-gcm DEKs'. */
-#define KS_CACHE_AES_STATES 256u
-
-/* The seal and open counts of one thread index (thread_index.h; the last
- * is the shared index's), and the opens its shard's read keys served, on
- * a cache line of its own. */
-typedef struct op_shard {
-    _Alignas(64) _Atomic uint64_t seals;
-    _Atomic uint64_t opens;
-    _Atomic uint64_t hits;
-} op_shard;
-
-/* Every counter of ks_metrics, as relaxed C11 atomics, but seals and opens
- * (op_shard, counted per thread) and cache_hits and cache_misses (the
- * shards' hits, and the read cache's hits and misses, which it counts
- * under the lock it holds for the lookup anyway, ks_dek_cache_counts()). */
-typedef struct counters {
-    _Atomic uint64_t rewraps;
-    _Atomic uint64_t auth_failures, auth_fail_unwrap, auth_fail_commitment, auth_fail_aead,
-        auth_fail_binding;
-    _Atomic uint64_t parse_errors[32];
-    _Atomic uint64_t unknown_key;
-    _Atomic uint64_t provider_errors[6];
-    _Atomic uint64_t wraps, unwraps, deks_created;
-} counters;
-
-#define BUMP(ctx, field) atomic_fetch_add_explicit(&(ctx)->m.field, 1, memory_order_relaxed)
-
-struct ks_ctx {
-    ks_provider prov;
-    ks_ctx_config cfg;
-    ks_wdek_limits limits;
-    ks_dek_writer *writer;
-    ks_dek_cache *cache; /* read side: wrap identity -> DEK; NULL when disabled */
-    ks_dek_cache *memo;  /* rewrap: (identity, target) -> new wrap; NULL when disabled */
-    counters m;
-    op_shard ops[KS_THREAD_SLOTS + 1];
-    /* Each thread index's shard, made and used by its owner alone. */
-    _Atomic(ks_shard *) shards[KS_THREAD_SLOTS];
-    _Atomic uint64_t seal_hist[KS_HIST_BUCKETS]; /* cfg.latency_histograms */
-    _Atomic uint64_t open_hist[KS_HIST_BUCKETS];
-    ks_ctx *reg_prev, *reg_next; /* every live context, for the atfork handlers */
-};
 
 /* Why an open failed authentication (one error code, four counters). */
 typedef enum auth_cause { CAUSE_UNWRAP, CAUSE_COMMITMENT, CAUSE_AEAD, CAUSE_BINDING } auth_cause;
@@ -125,43 +65,6 @@ void ks_crypto_test_hide_aes(int hide)
 }
 
 /* ---- small helpers --------------------------------------------------------- */
-
-/* What count_op counts. */
-enum { COUNT_SEAL, COUNT_OPEN, COUNT_SHARD_HIT };
-
-/*
- * Count one seal, open or shard hit (`what`) on thread index t
- * (thread_index.h).  An index of its own is written by its owner alone,
- * so a relaxed load and store count without a locked read-modify-write, a
- * few ns on every operation; the shared index takes an atomic add.
- * Readers (ks_ctx_metrics()) load the counters with relaxed atomics.
- */
-static void count_op(ks_ctx *ctx, uint32_t t, int what)
-{
-    op_shard *sh = &ctx->ops[t];
-    _Atomic uint64_t *n = what == COUNT_SEAL ? &sh->seals : what == COUNT_OPEN ? &sh->opens : &sh->hits;
-    if (t < KS_THREAD_SLOTS) {
-        atomic_store_explicit(n, atomic_load_explicit(n, memory_order_relaxed) + 1,
-                              memory_order_relaxed);
-    } else {
-        atomic_fetch_add_explicit(n, 1, memory_order_relaxed);
-    }
-}
-
-/* Thread index t's shard in ctx, made on its first use; NULL for the
- * shared index, or when memory is short (the locked paths then serve). */
-static ks_shard *shard_of(ks_ctx *ctx, uint32_t t)
-{
-    if (t >= KS_THREAD_SLOTS) {
-        return NULL;
-    }
-    ks_shard *sh = atomic_load_explicit(&ctx->shards[t], memory_order_relaxed);
-    if (sh == NULL) {
-        sh = ks_shard_new(KS_WRAP_ID_MAX, ctx->cfg.cache_entries);
-        atomic_store_explicit(&ctx->shards[t], sh, memory_order_release);
-    }
-    return sh;
-}
 
 /* Count an authentication failure by cause; returns KS_ERR_AUTH_FAILED. */
 static ks_err auth_failed(ks_ctx *ctx, auth_cause cause)
@@ -182,21 +85,6 @@ static ks_err auth_failed(ks_ctx *ctx, auth_cause cause)
         break;
     }
     return KS_ERR_AUTH_FAILED;
-}
-
-/* Count a provider error by class (not-found also as unknown_key) and
- * pass it through unchanged. */
-static ks_err provider_failed(ks_ctx *ctx, ks_err err)
-{
-    assert(err != KS_OK);
-    if (err >= KS_ERR_UNAVAILABLE && err <= KS_ERR_INTEGRITY) {
-        atomic_fetch_add_explicit(&ctx->m.provider_errors[err - KS_ERR_UNAVAILABLE], 1,
-                                  memory_order_relaxed);
-    }
-    if (err == KS_ERR_NOT_FOUND) {
-        BUMP(ctx, unknown_key);
-    }
-    return err;
 }
 
 /* Count a parse rejection by code and pass it through. */
@@ -268,16 +156,6 @@ static int aead_decrypt(uint32_t alg, const void *aes, uint8_t *m, const uint8_t
     return crypto_aead_xchacha20poly1305_ietf_decrypt_detached(m, NULL, c, mlen, tag, ad, adlen, nonce, k);
 }
 
-/* The read cache's derived state of an aes-256-gcm DEK's read keys
- * (shard.h): the expanded AES-GCM key of their first 32 bytes, the AEAD
- * key. */
-static void aes_expand(void *state, const uint8_t *keys, size_t len)
-{
-    assert(len >= 32 && len <= KS_RKEYS_MAX);
-    (void)len;
-    (void)crypto_aead_aes256gcm_beforenm((crypto_aead_aes256gcm_state *)state, keys); /* always 0 */
-}
-
 /* The read keys of a DEK as an open and a rewrap use them (shard.h):
  * views into a shard slot, a stack copy of the cache's value, or a pinned
  * cache state (aes). */
@@ -320,245 +198,6 @@ static int commitment_ok(const ks_envelope *env, const rkeys *k)
 {
     _Static_assert(KS_COMMITMENT_LEN == crypto_verify_32_BYTES, "commitment is 32 bytes");
     return env->version != KS_FORMAT_V2 || crypto_verify_32(k->commit, env->commitment.ptr) == 0;
-}
-
-/* ---- fork() safety ------------------------------------------------------ */
-
-/* Every live context, for the atfork handlers; registry_mu guards the
- * list and is held from the prepare handler to the parent's or child's. */
-static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
-static ks_ctx *registry;
-static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
-
-/* atfork prepare: take every context's locks (the writer's, then the read
- * cache's and the memo's; no path holds two of these but the writer's
- * pair, taken in its own order), so that fork() copies none of them held
- * by a thread the child will not have. */
-static void fork_prepare(void)
-{
-    pthread_mutex_lock(&registry_mu);
-    for (ks_ctx *c = registry; c != NULL; c = c->reg_next) {
-        ks_dek_writer_fork_prepare(c->writer);
-        ks_dek_cache_fork_prepare(c->cache);
-        ks_dek_cache_fork_prepare(c->memo);
-    }
-}
-
-/* Release what fork_prepare took, in reverse. */
-static void fork_release(void)
-{
-    for (ks_ctx *c = registry; c != NULL; c = c->reg_next) {
-        ks_dek_cache_fork_release(c->memo);
-        ks_dek_cache_fork_release(c->cache);
-        ks_dek_writer_fork_release(c->writer);
-    }
-    pthread_mutex_unlock(&registry_mu);
-}
-
-/* atfork child: only this thread exists here.  Every other thread index
- * is free again, and the shards those threads owned, which may have been
- * mid-update when the address space was copied, are emptied without
- * being read (ks_shard_abandon); then the locks are released. */
-static void fork_child(void)
-{
-    ks_thread_index_fork_child();
-    const uint32_t mine = ks_thread_index();
-    for (ks_ctx *c = registry; c != NULL; c = c->reg_next) {
-        for (uint32_t i = 0; i < KS_THREAD_SLOTS; i++) {
-            ks_shard *sh = atomic_load_explicit(&c->shards[i], memory_order_acquire);
-            if (i != mine && sh != NULL) {
-                ks_shard_abandon(sh);
-            }
-        }
-    }
-    fork_release();
-}
-
-/* Once per process: install the handlers. */
-static void atfork_init(void)
-{
-    (void)pthread_atfork(fork_prepare, fork_release, fork_child);
-}
-
-/* Add ctx to the registry (ks_ctx_new). */
-static void registry_add(ks_ctx *ctx)
-{
-    (void)pthread_once(&atfork_once, atfork_init);
-    pthread_mutex_lock(&registry_mu);
-    ctx->reg_prev = NULL;
-    ctx->reg_next = registry;
-    if (registry != NULL) {
-        registry->reg_prev = ctx;
-    }
-    registry = ctx;
-    pthread_mutex_unlock(&registry_mu);
-}
-
-/* Remove ctx from the registry (ks_ctx_free), if it is there. */
-static void registry_remove(ks_ctx *ctx)
-{
-    pthread_mutex_lock(&registry_mu);
-    if (ctx->reg_prev != NULL) {
-        ctx->reg_prev->reg_next = ctx->reg_next;
-    } else if (registry == ctx) {
-        registry = ctx->reg_next;
-    }
-    if (ctx->reg_next != NULL) {
-        ctx->reg_next->reg_prev = ctx->reg_prev;
-    }
-    ctx->reg_prev = ctx->reg_next = NULL;
-    pthread_mutex_unlock(&registry_mu);
-}
-
-/* ---- context ------------------------------------------------------------- */
-
-/* See keyshift/crypto.h. */
-void ks_ctx_config_default(ks_ctx_config *cfg)
-{
-    if (cfg == NULL) {
-        return;
-    }
-    *cfg = (ks_ctx_config){KS_DEK_MAX_MESSAGES_DEFAULT, KS_DEK_MAX_BYTES_DEFAULT,
-                           KS_DEK_MAX_AGE_DEFAULT,      KS_CACHE_ENTRIES_DEFAULT,
-                           KS_CACHE_TTL_DEFAULT,        0,
-                           0};
-}
-
-/* Nonzero when every member of cfg is in its documented range. */
-static int config_ok(const ks_ctx_config *cfg)
-{
-    return cfg->dek_max_messages >= 1 && cfg->dek_max_messages <= KS_DEK_MAX_MESSAGES_AESGCM &&
-           cfg->dek_max_bytes >= 1 && cfg->dek_max_age >= 1 &&
-           cfg->cache_entries <= KS_CACHE_ENTRIES_MAX &&
-           (cfg->cache_entries == 0 || cfg->cache_ttl >= 1);
-}
-
-/* Nonzero when the provider has every operation a context calls. */
-static int provider_ok(const ks_provider *p)
-{
-    return p != NULL && p->ops != NULL && p->ops->wrap != NULL && p->ops->unwrap != NULL &&
-           p->ops->key_info != NULL;
-}
-
-/* See keyshift/crypto.h. */
-ks_err ks_ctx_new(const ks_provider *provider, const ks_ctx_config *cfg, ks_ctx **out)
-{
-    ks_ctx_config defaults;
-    if (cfg == NULL) {
-        ks_ctx_config_default(&defaults);
-        cfg = &defaults;
-    }
-    if (out == NULL || !provider_ok(provider) || !config_ok(cfg)) {
-        return KS_ERR_INVALID_ARGUMENT;
-    }
-    *out = NULL;
-    if (sodium_init() < 0) {
-        return KS_ERR_CRYPTO_INIT;
-    }
-    /* aligned: the op shards are on cache lines of their own */
-    ks_ctx *ctx = aligned_alloc(_Alignof(ks_ctx), sizeof *ctx);
-    if (ctx == NULL) {
-        return KS_ERR_NO_MEMORY;
-    }
-    memset(ctx, 0, sizeof *ctx);
-    ctx->prov = *provider;
-    ctx->cfg = *cfg;
-    ctx->limits = (ks_wdek_limits){cfg->dek_max_messages, cfg->dek_max_bytes, cfg->dek_max_age};
-    ks_err err = ks_dek_writer_new(&ctx->writer);
-    if (err == KS_OK && cfg->cache_entries != 0) {
-        err = ks_dek_cache_new(cfg->cache_entries, cfg->cache_ttl, KS_RKEYS_MAX, 1, KS_ID_HASH_TAIL,
-                               &ctx->cache);
-    }
-    if (err == KS_OK && cfg->cache_entries != 0 && crypto_aead_aes256gcm_is_available()) {
-        err = ks_dek_cache_enable_states(ctx->cache, sizeof(crypto_aead_aes256gcm_state),
-                                         KS_CACHE_AES_STATES, aes_expand);
-    }
-    if (err == KS_OK && cfg->cache_entries != 0) {
-        err = ks_dek_cache_new(cfg->cache_entries, cfg->cache_ttl, KS_MEMO_VAL_MAX, 0, 0, &ctx->memo);
-    }
-    if (err != KS_OK) {
-        ks_ctx_free(ctx);
-        return err;
-    }
-    registry_add(ctx);
-    *out = ctx;
-    return KS_OK;
-}
-
-/* See keyshift/crypto.h. */
-void ks_ctx_free(ks_ctx *ctx)
-{
-    if (ctx == NULL) {
-        return;
-    }
-    registry_remove(ctx);
-    for (size_t i = 0; i < KS_THREAD_SLOTS; i++) {
-        ks_shard_free(atomic_load_explicit(&ctx->shards[i], memory_order_acquire));
-    }
-    ks_dek_writer_free(ctx->writer);
-    ks_dek_cache_free(ctx->cache);
-    ks_dek_cache_free(ctx->memo);
-    sodium_memzero(ctx, sizeof *ctx);
-    free(ctx);
-}
-
-/* See crypto.h: the provider's key_info with the context's timeout, for
- * callers (the migration engine) that must pin a primary version once. */
-ks_err ks_ctx_key_info(ks_ctx *ctx, ks_bytes key_id, uint32_t key_version, ks_key_info *out)
-{
-    if (ctx == NULL || out == NULL || key_id.len == 0 || key_id.ptr == NULL) {
-        return KS_ERR_INVALID_ARGUMENT;
-    }
-    memset(out, 0, sizeof *out);
-    ks_err err = ctx->prov.ops->key_info(ctx->prov.self, key_id, key_version, out,
-                                         ctx->cfg.provider_timeout_ms);
-    if (err != KS_OK) {
-        memset(out, 0, sizeof *out);
-        return provider_failed(ctx, err);
-    }
-    if (out->version == 0 || (key_version != 0 && out->version != key_version)) {
-        memset(out, 0, sizeof *out);
-        return provider_failed(ctx, KS_ERR_INTEGRITY); /* a provider that names another version */
-    }
-    return KS_OK;
-}
-
-/* See keyshift/crypto.h. */
-void ks_ctx_metrics(ks_ctx *ctx, ks_metrics *out)
-{
-    if (out == NULL) {
-        return;
-    }
-    memset(out, 0, sizeof *out);
-    if (ctx == NULL) {
-        return;
-    }
-#define LOAD(f) atomic_load_explicit(&ctx->m.f, memory_order_relaxed)
-    uint64_t shard_hits = 0;
-    for (size_t i = 0; i <= KS_THREAD_SLOTS; i++) {
-        out->seals += atomic_load_explicit(&ctx->ops[i].seals, memory_order_relaxed);
-        out->opens += atomic_load_explicit(&ctx->ops[i].opens, memory_order_relaxed);
-        shard_hits += atomic_load_explicit(&ctx->ops[i].hits, memory_order_relaxed);
-    }
-    out->rewraps = LOAD(rewraps);
-    out->auth_failures = LOAD(auth_failures);
-    out->auth_fail_unwrap = LOAD(auth_fail_unwrap);
-    out->auth_fail_commitment = LOAD(auth_fail_commitment);
-    out->auth_fail_aead = LOAD(auth_fail_aead);
-    out->auth_fail_binding = LOAD(auth_fail_binding);
-    for (size_t i = 0; i < 32; i++) {
-        out->parse_errors[i] = LOAD(parse_errors[i]);
-    }
-    out->unknown_key = LOAD(unknown_key);
-    for (size_t i = 0; i < 6; i++) {
-        out->provider_errors[i] = LOAD(provider_errors[i]);
-    }
-    ks_dek_cache_counts(ctx->cache, &out->cache_hits, &out->cache_misses);
-    out->cache_hits += shard_hits;
-    out->wraps = LOAD(wraps);
-    out->unwraps = LOAD(unwraps);
-    out->deks_created = LOAD(deks_created);
-#undef LOAD
 }
 
 /* ---- sealing ------------------------------------------------------------- */
@@ -631,10 +270,10 @@ static ks_err resolve_version(ks_ctx *ctx, ks_bytes key_id, uint32_t requested, 
     }
     ks_err err = ctx->prov.ops->key_info(ctx->prov.self, key_id, 0, &info, ctx->cfg.provider_timeout_ms);
     if (err != KS_OK) {
-        return provider_failed(ctx, err);
+        return ks_ctx_provider_failed(ctx, err);
     }
     if (info.version == 0) {
-        return provider_failed(ctx, KS_ERR_INTEGRITY); /* a provider that names no version */
+        return ks_ctx_provider_failed(ctx, KS_ERR_INTEGRITY); /* a provider that names no version */
     }
     *out = info.version;
     return KS_OK;
@@ -658,10 +297,10 @@ static ks_err wrap_dek(ks_ctx *ctx, const ks_envelope *env, const uint8_t *dek, 
                               (ks_bytes){aad, aad_len}, out, KS_WRAPPED_DEK_MAX, out_len,
                               ctx->cfg.provider_timeout_ms);
     if (err != KS_OK) {
-        return provider_failed(ctx, err);
+        return ks_ctx_provider_failed(ctx, err);
     }
     if (*out_len == 0 || *out_len > KS_WRAPPED_DEK_MAX) {
-        return provider_failed(ctx, KS_ERR_INTEGRITY); /* the format cannot carry it */
+        return ks_ctx_provider_failed(ctx, KS_ERR_INTEGRITY); /* the format cannot carry it */
     }
     return KS_OK;
 }
@@ -786,7 +425,7 @@ static ks_err seal_call(ks_ctx *ctx, const ks_seal_params *p, const uint8_t *pt,
         return KS_ERR_TOO_LARGE;
     }
     const uint32_t ti = ks_thread_index();
-    ks_shard *sh = shard_of(ctx, ti);
+    ks_shard *sh = ks_ctx_shard(ctx, ti);
     ks_seal_slot one = {NULL, 0, 0, 0};
     ks_seal_slot *s = sh != NULL ? ks_shard_seal_slot(sh, &t) : &one;
     if (!ks_seal_slot_ready(s, &t, pt_len, ks_fork_generation(), ks_mono_seconds())) {
@@ -802,7 +441,7 @@ static ks_err seal_call(ks_ctx *ctx, const ks_seal_params *p, const uint8_t *pt,
         ks_wdek_release(one.d);
     }
     if (err == KS_OK) {
-        count_op(ctx, ti, COUNT_SEAL);
+        ks_ctx_count(ctx, ti, KS_COUNT_SEAL);
     }
     return err;
 }
@@ -872,7 +511,7 @@ static ks_err provider_unwrap(ks_ctx *ctx, const ks_envelope *env, uint8_t dek[K
     }
     if (err != KS_OK) {
         sodium_memzero(dek, KS_DEK_LEN);
-        return err == KS_ERR_AUTH_FAILED ? auth_failed(ctx, CAUSE_UNWRAP) : provider_failed(ctx, err);
+        return err == KS_ERR_AUTH_FAILED ? auth_failed(ctx, CAUSE_UNWRAP) : ks_ctx_provider_failed(ctx, err);
     }
     return KS_OK;
 }
@@ -943,11 +582,11 @@ static ks_err open_keys(ks_ctx *ctx, uint32_t ti, const uint8_t *buf, const ks_e
     const uint8_t *id = NULL;
     const size_t id_len = wrap_key(buf, env, scratch, &id);
     const int aes = env->algorithm == KS_ALG_AES256GCM;
-    ks_shard *sh = ctx->cache != NULL ? shard_of(ctx, ti) : NULL;
+    ks_shard *sh = ctx->cache != NULL ? ks_ctx_shard(ctx, ti) : NULL;
     const uint64_t now = ks_mono_seconds();
     const ks_open_slot *o = sh != NULL ? ks_shard_open_find(sh, id, id_len, now) : NULL;
     if (o != NULL) {
-        count_op(ctx, ti, COUNT_SHARD_HIT);
+        ks_ctx_count(ctx, ti, KS_COUNT_SHARD_HIT);
         *k = rkeys_view(env, o->keys, o->aes);
         return KS_OK;
     }
@@ -1010,7 +649,7 @@ static ks_err open_call(ks_ctx *ctx, const uint8_t *env, size_t env_len, const k
         if (!check_only) {
             *pt_len = e.ciphertext.len - KS_TAG_LEN;
         }
-        count_op(ctx, ti, COUNT_OPEN);
+        ks_ctx_count(ctx, ti, KS_COUNT_OPEN);
     }
     return err;
 }
@@ -1063,41 +702,6 @@ ks_err ks_verify(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_open_
                  ks_parse_error *perr)
 {
     return timed_open(ctx, env, env_len, p, 1, NULL, 0, NULL, perr);
-}
-
-/* Saturating sum of n counters. */
-static uint64_t sum_loaded(_Atomic uint64_t *c, size_t n)
-{
-    uint64_t t = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint64_t v = atomic_load_explicit(&c[i], memory_order_relaxed);
-        t = t > UINT64_MAX - v ? UINT64_MAX : t + v;
-    }
-    return t;
-}
-
-/* See keyshift/crypto.h. */
-void ks_ctx_health_sample(ks_ctx *ctx, ks_health_sample *out)
-{
-    if (out == NULL) {
-        return;
-    }
-    memset(out, 0, sizeof *out);
-    if (ctx == NULL) {
-        return;
-    }
-    ks_metrics m;
-    ks_ctx_metrics(ctx, &m);
-    out->seals = m.seals;
-    out->auth_failures = m.auth_failures;
-    out->parse_errors = sum_loaded(ctx->m.parse_errors, 32);
-    out->opens = m.opens + m.auth_failures + out->parse_errors;
-    out->provider_calls = m.wraps + m.unwraps;
-    out->provider_errors = sum_loaded(ctx->m.provider_errors, 6);
-    for (size_t i = 0; i < KS_HIST_BUCKETS; i++) {
-        out->seal_ns.bucket[i] = atomic_load_explicit(&ctx->seal_hist[i], memory_order_relaxed);
-        out->open_ns.bucket[i] = atomic_load_explicit(&ctx->open_hist[i], memory_order_relaxed);
-    }
 }
 
 /* ---- rewrapping ---------------------------------------------------------- */
