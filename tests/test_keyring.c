@@ -819,6 +819,77 @@ static void test_sealed(void **state)
     ks_keyring_close(kr);
 }
 
+/* The orders of checks that the spec makes normative: the file checks
+ * before the contents [K-ERR-3], the header before the passphrase and the
+ * passphrase before the body [K-SEAL-6], the charset before the key order
+ * [K-KEY-3]. */
+static void test_check_order(void **state)
+{
+    fixture *f = *state;
+    ks_parse_error pe;
+    ks_keyring *kr = NULL;
+    size_t n;
+
+    /* [K-ERR-3] An oversized file is too-large at the largest keyring's
+     * length, unread: not bad-magic.  Permissions come first. */
+    spit(f->path, (const uint8_t *)"XYZ", 3, 0600);
+    assert_int_equal(truncate(f->path, (off_t)KS_KRF_FILE_MAX + 1), 0);
+    memset(&pe, 0xFF, sizeof pe);
+    assert_int_equal(ks_keyring_open(f->path, NO_PASS, &kr, &pe), KS_ERR_INTEGRITY);
+    assert_null(kr);
+    assert_int_equal(pe.code, KS_ERR_TOO_LARGE);
+    assert_int_equal(pe.offset, KS_KRF_FILE_MAX);
+    assert_int_equal(pe.offset, 61 + 16 + 193214468);
+    assert_int_equal(pe.field, 0);
+    assert_int_equal(ks_keyring_open(f->path, PASS, &kr, &pe), KS_ERR_INTEGRITY);
+    assert_int_equal(pe.code, KS_ERR_TOO_LARGE);
+    assert_int_equal(chmod(f->path, 0640), 0);
+    memset(&pe, 0xFF, sizeof pe);
+    assert_int_equal(ks_keyring_open(f->path, NO_PASS, &kr, &pe), KS_ERR_INSECURE);
+    assert_int_equal(pe.code, KS_OK); /* only integrity fills *err */
+    assert_int_equal(unlink(f->path), 0);
+
+    /* [K-SEAL-6] A plain file with a corrupt body: with a passphrase the
+     * mode mismatch wins, without one the body's rejection is reported. */
+    ks_keyring_close(make_keyring(f->path));
+    uint8_t *plain = slurp(f->path, &n);
+    plain[KS_KRF_PREFIX_LEN] = 0xFF; /* key count far above 1024 */
+    assert_int_equal(open_bytes(f->path, plain, n, PASS, &pe), KS_ERR_BAD_PASSPHRASE);
+    assert_int_equal(open_bytes(f->path, plain, n, NO_PASS, &pe), KS_ERR_INTEGRITY);
+    assert_int_equal(pe.code, KS_ERR_TOO_LARGE);
+    assert_int_equal(pe.offset, KS_KRF_PREFIX_LEN);
+    /* A plain file with a header fault is integrity with or without one. */
+    plain[3] = 2;
+    assert_int_equal(open_bytes(f->path, plain, n, PASS, &pe), KS_ERR_INTEGRITY);
+    assert_int_equal(pe.code, KS_ERR_UNSUPPORTED_VERSION);
+    free(plain);
+
+    /* A sealed file with a header fault: integrity even without a
+     * passphrase; with a sound header and none, bad-passphrase. */
+    assert_int_equal(unlink(f->path), 0);
+    assert_int_equal(ks_keyring_init(f->path, PASS), KS_OK);
+    uint8_t *sealed = slurp(f->path, &n);
+    assert_int_equal(open_bytes(f->path, sealed, n, NO_PASS, &pe), KS_ERR_BAD_PASSPHRASE);
+    assert_int_equal(open_bytes(f->path, sealed, KS_KRF_SEALED_HDR_LEN + 19, NO_PASS, &pe),
+                     KS_ERR_INTEGRITY);
+    assert_int_equal(pe.code, KS_ERR_TRUNCATED);
+    assert_int_equal(pe.offset, KS_KRF_SEALED_HDR_LEN);
+    sealed[29] = 0xFF; /* memlimit above 1 GiB */
+    assert_int_equal(open_bytes(f->path, sealed, n, NO_PASS, &pe), KS_ERR_INTEGRITY);
+    assert_int_equal(pe.code, KS_ERR_BAD_VALUE);
+    assert_int_equal(pe.offset, 29);
+    free(sealed);
+
+    /* [K-KEY-3] The encoder, like the parser (vector keys-order-and-charset),
+     * reports the charset before the order. */
+    uint8_t mat[KS_KEK_LEN] = {0};
+    ks_krf_version vs[1] = {{KS_KEY_ACTIVE, 1, mat}};
+    ks_krf_key keys[2] = {{B("b"), 1, 1, vs}, {B("a a"), 1, 1, vs}};
+    assert_int_equal(ks_krf_body_len(keys, 2, &n), KS_ERR_BAD_VALUE);
+    keys[1].key_id = B("a");
+    assert_int_equal(ks_krf_body_len(keys, 2, &n), KS_ERR_FIELD_ORDER);
+}
+
 /* ---- processes: concurrency and crashes ----------------------------------------------- */
 
 #define CHILDREN 4
@@ -1296,6 +1367,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_provider_states, setup, teardown),
         cmocka_unit_test_setup_teardown(test_truncated_and_corrupt, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sealed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_check_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_processes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_crash_before_rename, setup, teardown),
         cmocka_unit_test_setup_teardown(test_two_handles, setup, teardown),
