@@ -176,6 +176,9 @@ def vectors():
     add("keys-prefix-order", 'Keys "ab" then "a": a proper prefix sorts first.',
         ("field-order", 9 + len(simple_key(b"ab")) + 4),
         plain(body([simple_key(b"ab"), simple_key(b"a")])))
+    add("keys-order-and-charset",
+        'Keys "b" then "a a": out of order and a space; the charset is checked first.',
+        ("bad-value", 9 + len(first) + 4 + 2 + 1), plain(body([first, simple_key(b"a a")])))
     add("version-count-0", "A key with no versions.", ("bad-value", 16),
         plain(body([key(record(b"k", [], 1))])))
     add("version-count-4097", "A version count of 4097.", ("too-large", 16),

@@ -117,6 +117,27 @@ IN="$T/env.sealed" KEYSHIFT_PASSPHRASE='correct horse battery staple' run "decry
 expect_same "sealed keyring round trip" "$T/out" "$T/pt"
 if grep -q -F "k1" "$KEYSHIFT_KEYRING"; then bad "sealed keyring hides key ids"; else ok "sealed keyring hides key ids"; fi
 
+# docs/keyring.md [K-SEAL-7]: a passphrase file, or KEYSHIFT_PASSPHRASE,
+# loses exactly one trailing LF and nothing else.
+printf 'pw' >"$T/pw"; printf 'pw\n' >"$T/pw.lf"; printf 'pw\n\n' >"$T/pw.lflf"
+printf 'pw\r\n' >"$T/pw.crlf"; printf '\n' >"$T/pw.empty"
+run "init a keyring sealed with 'pw'" 0 "$KS" keys init --keyring "$T/pw.ring" --passphrase-file "$T/pw"
+run "a file 'pw' opens it" 0 "$KS" keys list --keyring "$T/pw.ring" --passphrase-file "$T/pw"
+run "a file 'pw\\n' opens it: one LF is stripped" 0 "$KS" keys list --keyring "$T/pw.ring" --passphrase-file "$T/pw.lf"
+KEYSHIFT_PASSPHRASE=$'pw\n' run "KEYSHIFT_PASSPHRASE 'pw\\n' opens it too" 0 "$KS" keys list --keyring "$T/pw.ring"
+run "a file 'pw\\n\\n' does not: only one LF is stripped" 78 "$KS" keys list --keyring "$T/pw.ring" --passphrase-file "$T/pw.lflf"
+expect_grep "'pw\\n\\n': wrong passphrase" "$T/err" "wrong or missing passphrase"
+run "a file 'pw\\r\\n' does not: the CR stays" 78 "$KS" keys list --keyring "$T/pw.ring" --passphrase-file "$T/pw.crlf"
+expect_grep "'pw\\r\\n': wrong passphrase" "$T/err" "wrong or missing passphrase"
+run "init a keyring from a file 'pw\\r\\n'" 0 "$KS" keys init --keyring "$T/pwcr.ring" --passphrase-file "$T/pw.crlf"
+KEYSHIFT_PASSPHRASE=$'pw\r' run "its passphrase is 'pw\\r'" 0 "$KS" keys list --keyring "$T/pwcr.ring"
+run "and 'pw' does not open it" 78 "$KS" keys list --keyring "$T/pwcr.ring" --passphrase-file "$T/pw"
+run "init from a file 'pw\\n\\n'" 0 "$KS" keys init --keyring "$T/pwlf.ring" --passphrase-file "$T/pw.lflf"
+KEYSHIFT_PASSPHRASE=$'pw\n\n' run "KEYSHIFT_PASSPHRASE 'pw\\n\\n' is the same passphrase" 0 "$KS" keys list --keyring "$T/pwlf.ring"
+run "a file 'pw\\n' does not open it" 78 "$KS" keys list --keyring "$T/pwlf.ring" --passphrase-file "$T/pw.lf"
+run "a file of one LF is an empty passphrase, refused" 78 "$KS" keys init --keyring "$T/pwe.ring" --passphrase-file "$T/pw.empty"
+expect_grep "empty passphrase: said so" "$T/err" "the passphrase is empty"
+
 # ---- usage ----------------------------------------------------------------------------
 run "encrypt without --tenant" 64 "$KS" encrypt --key-id k1
 run "encrypt bad algorithm" 64 "$KS" encrypt --tenant t --key-id k1 --algorithm rot13

@@ -82,6 +82,21 @@ expect_grep "huge file: too-large" "$T/err" "invalid envelope: too-large at byte
 run "endless stdin is refused" 65 bash -c "yes | '$KS' inspect -"
 expect_grep "endless stdin: too-large" "$T/err" "invalid envelope: too-large at byte"
 
+# [F-LIMITS-3] The refusal is too-large at max_len (1050086 under the
+# default limits) before any byte is examined: a file of zeros one byte
+# longer is not bad-magic; one of exactly max_len bytes is parsed.
+expect_eq "endless stdin: at max_len" "$T/err" "keyshift: invalid envelope: too-large at byte 1050086"
+head -c 1050087 /dev/zero >"$T/over"
+run "max_len + 1 zero bytes" 65 "$KS" inspect "$T/over"
+expect_eq "max_len + 1: too-large at max_len, not bad-magic" "$T/err" "keyshift: invalid envelope: too-large at byte 1050086"
+run "max_len + 1 zero bytes, --json" 65 "$KS" inspect --json "$T/over"
+expect_eq "--json: the same error and offset" "$T/out" '{"error":"too-large","offset":1050086}'
+IN="$T/over" run "decrypt refuses max_len + 1 bytes the same way" 65 "$KS" decrypt
+expect_eq "decrypt: too-large at max_len" "$T/err" "keyshift: invalid envelope: too-large at byte 1050086"
+head -c 1050086 /dev/zero >"$T/at-max"
+run "max_len zero bytes are parsed" 65 "$KS" inspect "$T/at-max"
+expect_eq "max_len: bad-magic at 0" "$T/err" "keyshift: invalid envelope: bad-magic at byte 0"
+
 # ---- other failures --------------------------------------------------------
 run "missing file" 66 "$KS" inspect "$T/nope.kse"
 expect_grep "missing file: message" "$T/err" "cannot open"

@@ -1228,6 +1228,17 @@ static void test_arguments(void **state)
     assert_int_equal(ks_seal(w->ctx, &p, msg, sizeof msg, out, sizeof out, &n), KS_OK);
     ks_open_params o = {p.context, {NULL, 0}, {NULL, 0}};
     open_expect(w->ctx, (sealed){out, n}, &o, msg, sizeof msg);
+    /* [F-CRYPTO-CTX-1] Opening with a context over the maximum is a caller
+     * error found before the envelope is parsed, whatever its bytes. */
+    const ks_open_params too_big = {{big_ctx, sizeof big_ctx}, {NULL, 0}, {NULL, 0}};
+    ks_parse_error ctx_pe = {KS_OK, 0, 0};
+    size_t ctx_n = 0;
+    assert_int_equal(ks_open(w->ctx, out, n, &too_big, pt, sizeof pt, &ctx_n, &ctx_pe),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_open(w->ctx, (const uint8_t *)"7B7D", 4, &too_big, pt, sizeof pt, &ctx_n, &ctx_pe),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ctx_pe.code, KS_OK); /* not a rejection: nothing was parsed */
+    assert_int_equal(ks_verify(w->ctx, out, n, &too_big, &ctx_pe), KS_ERR_INVALID_ARGUMENT);
     /* Plaintext beyond the default ciphertext limit. */
     p = params(0, 0);
     assert_int_equal(ks_seal(w->ctx, &p, msg, KS_CIPHERTEXT_DEFAULT_MAX - KS_TAG_LEN + 1, out, sizeof out, &n),

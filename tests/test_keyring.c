@@ -819,6 +819,77 @@ static void test_sealed(void **state)
     ks_keyring_close(kr);
 }
 
+/* The orders of checks that the spec makes normative: the file checks
+ * before the contents [K-ERR-3], the header before the passphrase and the
+ * passphrase before the body [K-SEAL-6], the charset before the key order
+ * [K-KEY-3]. */
+static void test_check_order(void **state)
+{
+    fixture *f = *state;
+    ks_parse_error pe;
+    ks_keyring *kr = NULL;
+    size_t n;
+
+    /* [K-ERR-3] An oversized file is too-large at the largest keyring's
+     * length, unread: not bad-magic.  Permissions come first. */
+    spit(f->path, (const uint8_t *)"XYZ", 3, 0600);
+    assert_int_equal(truncate(f->path, (off_t)KS_KRF_FILE_MAX + 1), 0);
+    memset(&pe, 0xFF, sizeof pe);
+    assert_int_equal(ks_keyring_open(f->path, NO_PASS, &kr, &pe), KS_ERR_INTEGRITY);
+    assert_null(kr);
+    assert_int_equal(pe.code, KS_ERR_TOO_LARGE);
+    assert_int_equal(pe.offset, KS_KRF_FILE_MAX);
+    assert_int_equal(pe.offset, 61 + 16 + 193214468);
+    assert_int_equal(pe.field, 0);
+    assert_int_equal(ks_keyring_open(f->path, PASS, &kr, &pe), KS_ERR_INTEGRITY);
+    assert_int_equal(pe.code, KS_ERR_TOO_LARGE);
+    assert_int_equal(chmod(f->path, 0640), 0);
+    memset(&pe, 0xFF, sizeof pe);
+    assert_int_equal(ks_keyring_open(f->path, NO_PASS, &kr, &pe), KS_ERR_INSECURE);
+    assert_int_equal(pe.code, KS_OK); /* only integrity fills *err */
+    assert_int_equal(unlink(f->path), 0);
+
+    /* [K-SEAL-6] A plain file with a corrupt body: with a passphrase the
+     * mode mismatch wins, without one the body's rejection is reported. */
+    ks_keyring_close(make_keyring(f->path));
+    uint8_t *plain = slurp(f->path, &n);
+    plain[KS_KRF_PREFIX_LEN] = 0xFF; /* key count far above 1024 */
+    assert_int_equal(open_bytes(f->path, plain, n, PASS, &pe), KS_ERR_BAD_PASSPHRASE);
+    assert_int_equal(open_bytes(f->path, plain, n, NO_PASS, &pe), KS_ERR_INTEGRITY);
+    assert_int_equal(pe.code, KS_ERR_TOO_LARGE);
+    assert_int_equal(pe.offset, KS_KRF_PREFIX_LEN);
+    /* A plain file with a header fault is integrity with or without one. */
+    plain[3] = 2;
+    assert_int_equal(open_bytes(f->path, plain, n, PASS, &pe), KS_ERR_INTEGRITY);
+    assert_int_equal(pe.code, KS_ERR_UNSUPPORTED_VERSION);
+    free(plain);
+
+    /* A sealed file with a header fault: integrity even without a
+     * passphrase; with a sound header and none, bad-passphrase. */
+    assert_int_equal(unlink(f->path), 0);
+    assert_int_equal(ks_keyring_init(f->path, PASS), KS_OK);
+    uint8_t *sealed = slurp(f->path, &n);
+    assert_int_equal(open_bytes(f->path, sealed, n, NO_PASS, &pe), KS_ERR_BAD_PASSPHRASE);
+    assert_int_equal(open_bytes(f->path, sealed, KS_KRF_SEALED_HDR_LEN + 19, NO_PASS, &pe),
+                     KS_ERR_INTEGRITY);
+    assert_int_equal(pe.code, KS_ERR_TRUNCATED);
+    assert_int_equal(pe.offset, KS_KRF_SEALED_HDR_LEN);
+    sealed[29] = 0xFF; /* memlimit above 1 GiB */
+    assert_int_equal(open_bytes(f->path, sealed, n, NO_PASS, &pe), KS_ERR_INTEGRITY);
+    assert_int_equal(pe.code, KS_ERR_BAD_VALUE);
+    assert_int_equal(pe.offset, 29);
+    free(sealed);
+
+    /* [K-KEY-3] The encoder, like the parser (vector keys-order-and-charset),
+     * reports the charset before the order. */
+    uint8_t mat[KS_KEK_LEN] = {0};
+    ks_krf_version vs[1] = {{KS_KEY_ACTIVE, 1, mat}};
+    ks_krf_key keys[2] = {{B("b"), 1, 1, vs}, {B("a a"), 1, 1, vs}};
+    assert_int_equal(ks_krf_body_len(keys, 2, &n), KS_ERR_BAD_VALUE);
+    keys[1].key_id = B("a");
+    assert_int_equal(ks_krf_body_len(keys, 2, &n), KS_ERR_FIELD_ORDER);
+}
+
 /* ---- processes: concurrency and crashes ----------------------------------------------- */
 
 #define CHILDREN 4
@@ -1057,59 +1128,236 @@ static void spec_path(char *out, size_t cap)
 
 #define MAX_VECTORS 128
 
+/* The keys of a vector block (docs/keyring.md Appendix A). */
+enum {
+    VK_NAME, VK_EXPECT, VK_PASSPHRASE, VK_DERIVED_KEY, VK_BODY, VK_HEX,
+    VK_KEYRING, VK_KEY_ID, VK_VERSION, VK_KEK, VK_AAD, VK_DEK, VK_WRAPPED, VK_COUNT
+};
+
+/* Each key's name and the block kinds ('k' keyring, 'w' wrap) it belongs to;
+ * only hex may repeat. */
+static const struct {
+    const char *name;
+    const char *kinds;
+} vector_keys[VK_COUNT] = {
+    [VK_NAME] = {"name", "kw"},       [VK_EXPECT] = {"expect", "kw"},
+    [VK_PASSPHRASE] = {"passphrase", "k"}, [VK_DERIVED_KEY] = {"derived_key", "k"},
+    [VK_BODY] = {"body", "k"},        [VK_HEX] = {"hex", "k"},
+    [VK_KEYRING] = {"keyring", "w"},  [VK_KEY_ID] = {"key_id", "w"},
+    [VK_VERSION] = {"version", "w"},  [VK_KEK] = {"kek", "w"},
+    [VK_AAD] = {"aad", "w"},          [VK_DEK] = {"dek", "w"},
+    [VK_WRAPPED] = {"wrapped", "w"},
+};
+
 typedef struct vector {
     char kind;               /* 'k': keyring, 'w': wrap */
+    unsigned seen;           /* bit VK_x: key x was given */
     char name[64];
-    char expect[64];         /* "ok", "bad-passphrase", "<name> at <offset>" */
+    char expect[64];         /* "ok", "bad-passphrase", "auth-failed", "<name> at <offset>" */
     char passphrase[64];
     char keyring[64];        /* wrap: the keyring vector's name */
     char key_id[64];
     uint32_t version;
     uint8_t *bytes;          /* keyring: the file */
     size_t len;
+    uint8_t *body;           /* sealed keyring: the plaintext body */
+    size_t body_len;
+    uint8_t derived_key[crypto_secretbox_KEYBYTES], kek[KS_KEK_LEN];
     uint8_t aad[256], dek[64], wrapped[128];
-    size_t aad_len, dek_len, wrapped_len;
+    size_t derived_key_len, kek_len, aad_len, dek_len, wrapped_len;
 } vector;
 
-/* Append the hex digits of s (spaces ignored) to *buf. */
-static void append_hex(const char *s, uint8_t **buf, size_t *len)
+/* Append the hex digits of s[0, n) (spaces ignored) to *buf; -1 unless
+ * they are whole bytes of hex digits. */
+static int append_hex(const char *s, size_t n, uint8_t **buf, size_t *len)
 {
-    for (; *s != '\0' && *s != '\n'; s++) {
-        if (*s == ' ') {
+    int hi = -1;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == ' ') {
             continue;
         }
-        unsigned byte;
-        assert_int_equal(sscanf(s, "%2x", &byte), 1);
-        *buf = realloc(*buf, *len + 1);
-        assert_non_null(*buf);
-        (*buf)[(*len)++] = (uint8_t)byte;
-        s++;
+        const char *digits = "0123456789abcdef0123456789ABCDEF";
+        const char *d = s[i] != '\0' ? strchr(digits, s[i]) : NULL;
+        if (d == NULL) {
+            return -1;
+        }
+        const int v = (int)((d - digits) & 15);
+        if (hi < 0) {
+            hi = v;
+            continue;
+        }
+        uint8_t *grown = realloc(*buf, *len + 1);
+        assert_non_null(grown);
+        *buf = grown;
+        (*buf)[(*len)++] = (uint8_t)(hi << 4 | v);
+        hi = -1;
+    }
+    return hi < 0 ? 0 : -1;
+}
+
+/* Decode the hex value s[0, n) into out[0, cap); -1 if it is not hex or
+ * does not fit. */
+static int hex_field(const char *s, size_t n, uint8_t *out, size_t cap, size_t *out_len)
+{
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    const int ok = append_hex(s, n, &buf, &len) == 0 && len <= cap;
+    if (ok && len != 0) {
+        memcpy(out, buf, len);
+    }
+    free(buf);
+    *out_len = len;
+    return ok ? 0 : -1;
+}
+
+/* Copy the text value s[0, n) into out[0, cap) as a C string; -1 if it
+ * does not fit. */
+static int text_field(const char *s, size_t n, char *out, size_t cap)
+{
+    if (n >= cap) {
+        return -1;
+    }
+    memcpy(out, s, n);
+    out[n] = '\0';
+    return 0;
+}
+
+/* A decimal key version 1..2^32-1 in s[0, n); -1 for anything else. */
+static int version_field(const char *s, size_t n, uint32_t *out)
+{
+    uint64_t v = 0;
+    if (n == 0 || n > 10 || s[0] == '0') {
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') {
+            return -1;
+        }
+        v = v * 10 + (uint64_t)(s[i] - '0');
+    }
+    if (v > UINT32_MAX) {
+        return -1;
+    }
+    *out = (uint32_t)v;
+    return 0;
+}
+
+/* Store value s[0, n) of key k in v; -1 if the value is malformed. */
+static int store_key(vector *v, int k, const char *s, size_t n)
+{
+    switch (k) {
+    case VK_NAME: return text_field(s, n, v->name, sizeof v->name);
+    case VK_EXPECT: return text_field(s, n, v->expect, sizeof v->expect);
+    case VK_PASSPHRASE: return text_field(s, n, v->passphrase, sizeof v->passphrase);
+    case VK_KEYRING: return text_field(s, n, v->keyring, sizeof v->keyring);
+    case VK_KEY_ID: return text_field(s, n, v->key_id, sizeof v->key_id);
+    case VK_VERSION: return version_field(s, n, &v->version);
+    case VK_HEX: return append_hex(s, n, &v->bytes, &v->len);
+    case VK_BODY: return append_hex(s, n, &v->body, &v->body_len);
+    case VK_DERIVED_KEY:
+        return hex_field(s, n, v->derived_key, sizeof v->derived_key, &v->derived_key_len);
+    case VK_KEK: return hex_field(s, n, v->kek, sizeof v->kek, &v->kek_len);
+    case VK_AAD: return hex_field(s, n, v->aad, sizeof v->aad, &v->aad_len);
+    case VK_DEK: return hex_field(s, n, v->dek, sizeof v->dek, &v->dek_len);
+    case VK_WRAPPED: return hex_field(s, n, v->wrapped, sizeof v->wrapped, &v->wrapped_len);
+    }
+    return -1;
+}
+
+#define HAS(v, k) ((int)(((v)->seen >> (k)) & 1u))
+
+/* Check that v holds exactly the keys Appendix A's tables require for its
+ * kind and expectation; NULL when it does, else what is wrong. */
+static const char *check_presence(const vector *v)
+{
+    if (!HAS(v, VK_NAME) || !HAS(v, VK_EXPECT)) {
+        return "no name or no expect";
+    }
+    if (v->kind == 'k') {
+        const int sealed = v->len > 4 && v->bytes[4] == KS_KRF_MODE_SEALED;
+        const int ok = strcmp(v->expect, "ok") == 0;
+        const int opens = ok || strcmp(v->expect, "bad-passphrase") == 0;
+        if (!HAS(v, VK_HEX)) {
+            return "no hex";
+        }
+        if (HAS(v, VK_PASSPHRASE) != (sealed && opens)) {
+            return "passphrase: required exactly in sealed ok and bad-passphrase vectors";
+        }
+        if (HAS(v, VK_DERIVED_KEY) != HAS(v, VK_PASSPHRASE) ||
+            (HAS(v, VK_DERIVED_KEY) && v->derived_key_len != sizeof v->derived_key)) {
+            return "derived_key: 32 bytes, exactly where passphrase is";
+        }
+        if (HAS(v, VK_BODY) != (sealed && ok)) {
+            return "body: required exactly in sealed ok vectors";
+        }
+        return NULL;
+    }
+    const int ok = strcmp(v->expect, "ok") == 0;
+    if (!ok && strcmp(v->expect, "auth-failed") != 0) {
+        return "expect: ok or auth-failed";
+    }
+    static const int required[] = {VK_KEYRING, VK_KEY_ID, VK_VERSION, VK_KEK, VK_AAD, VK_WRAPPED};
+    for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) {
+        if (!HAS(v, required[i])) {
+            return "a required key is missing";
+        }
+    }
+    if (v->kek_len != KS_KEK_LEN || v->wrapped_len != KS_LOCAL_WRAPPED_LEN) {
+        return "kek: 32 bytes, wrapped: 72 bytes";
+    }
+    if (HAS(v, VK_DEK) != ok || (ok && v->dek_len != KS_DEK_LEN)) {
+        return "dek: 32 bytes, exactly in ok vectors";
+    }
+    return NULL;
+}
+
+/* Read one block's lines, text[0, end), into v (kind already set); NULL
+ * when the block is well formed, else what is wrong. */
+static const char *parse_block(const char *text, const char *end, vector *v)
+{
+    for (const char *line = text; line < end;) {
+        const char *eol = memchr(line, '\n', (size_t)(end - line));
+        eol = eol != NULL ? eol : end;
+        const char *colon = memchr(line, ':', (size_t)(eol - line));
+        int k = 0;
+        while (colon != NULL && k < VK_COUNT &&
+               !(strlen(vector_keys[k].name) == (size_t)(colon - line) &&
+                 memcmp(vector_keys[k].name, line, (size_t)(colon - line)) == 0 &&
+                 strchr(vector_keys[k].kinds, v->kind) != NULL)) {
+            k++;
+        }
+        if (colon == NULL || k == VK_COUNT) {
+            return "unknown key";
+        }
+        if (HAS(v, k) && k != VK_HEX) {
+            return "repeated key";
+        }
+        const char *val = colon + 1;
+        if (val < eol && *val == ' ') {
+            val++;
+        }
+        if (store_key(v, k, val, (size_t)(eol - val)) != 0) {
+            return "malformed value";
+        }
+        v->seen |= 1u << k;
+        line = eol + 1;
+    }
+    return check_presence(v);
+}
+
+/* Release the vectors vs[0, n). */
+static void free_vectors(vector *vs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(vs[i].bytes);
+        free(vs[i].body);
     }
 }
 
-/* Decode a hex line into out[0, cap). */
-static size_t hex_field(const char *s, uint8_t *out, size_t cap)
-{
-    uint8_t *buf = NULL;
-    size_t n = 0;
-    append_hex(s, &buf, &n);
-    assert_true(n <= cap);
-    memcpy(out, buf, n);
-    free(buf);
-    return n;
-}
-
-/* Copy the rest of the line after "key: " into out. */
-static void text_field(const char *s, char *out, size_t cap)
-{
-    size_t n = strcspn(s, "\n");
-    assert_true(n < cap);
-    memcpy(out, s, n);
-    out[n] = '\0';
-}
-
-/* Parse every vector block of the document text. */
-static size_t parse_vectors(const char *text, vector *vs)
+/* Parse every vector block of the document text into vs (at most
+ * MAX_VECTORS); the count, or -1 with *why (and the block's name, if it
+ * got one, in *where) for a malformed block, every vector then freed. */
+static long parse_vectors(const char *text, vector *vs, const char **why, const char **where)
 {
     size_t count = 0;
     const char *p = text;
@@ -1120,40 +1368,24 @@ static size_t parse_vectors(const char *text, vector *vs)
         if (!is_keyring && !is_wrap) {
             continue;
         }
-        assert_true(count < MAX_VECTORS);
-        vector *v = &vs[count++];
-        memset(v, 0, sizeof *v);
-        v->kind = is_keyring ? 'k' : 'w';
-        const char *end = strstr(p, "\n```");
-        assert_non_null(end);
-        for (const char *line = strchr(p, '\n') + 1; line < end; line = strchr(line, '\n') + 1) {
-            if (strncmp(line, "name: ", 6) == 0) {
-                text_field(line + 6, v->name, sizeof v->name);
-            } else if (strncmp(line, "expect: ", 8) == 0) {
-                text_field(line + 8, v->expect, sizeof v->expect);
-            } else if (strncmp(line, "passphrase: ", 12) == 0) {
-                text_field(line + 12, v->passphrase, sizeof v->passphrase);
-            } else if (strncmp(line, "keyring: ", 9) == 0) {
-                text_field(line + 9, v->keyring, sizeof v->keyring);
-            } else if (strncmp(line, "key_id: ", 8) == 0) {
-                text_field(line + 8, v->key_id, sizeof v->key_id);
-            } else if (strncmp(line, "version: ", 9) == 0) {
-                v->version = (uint32_t)strtoul(line + 9, NULL, 10);
-            } else if (strncmp(line, "hex:", 4) == 0) {
-                append_hex(line + 4, &v->bytes, &v->len);
-            } else if (strncmp(line, "aad: ", 5) == 0) {
-                v->aad_len = hex_field(line + 5, v->aad, sizeof v->aad);
-            } else if (strncmp(line, "dek: ", 5) == 0) {
-                v->dek_len = hex_field(line + 5, v->dek, sizeof v->dek);
-            } else if (strncmp(line, "wrapped: ", 9) == 0) {
-                v->wrapped_len = hex_field(line + 9, v->wrapped, sizeof v->wrapped);
-            } else {
-                fail_msg("vector %s: unexpected line", v->name);
-            }
+        const char *start = strchr(p, '\n') + 1;
+        const char *end = strstr(start - 1, "\n```");
+        *why = count < MAX_VECTORS ? (end != NULL ? NULL : "unterminated block") : "too many";
+        vector *v = &vs[count];
+        if (*why == NULL) {
+            memset(v, 0, sizeof *v);
+            v->kind = is_keyring ? 'k' : 'w';
+            count++;
+            *why = end > start ? parse_block(start, end, v) : "empty block";
+        }
+        if (*why != NULL) {
+            *where = count > 0 ? vs[count - 1].name : "";
+            free_vectors(vs, count);
+            return -1;
         }
         p = end + 4;
     }
-    return count;
+    return (long)count;
 }
 
 /* The rejection code whose name is `name`, or 0. */
@@ -1167,7 +1399,47 @@ static ks_err code_named(const char *name)
     return KS_OK;
 }
 
-/* Check one keyring vector: the parser functions, then the library. */
+/* The plaintext body of keyring vector k: its file after the prefix, or
+ * (sealed) its `body`. */
+static ks_bytes vector_body(const vector *k)
+{
+    if (k->len > 4 && k->bytes[4] == KS_KRF_MODE_SEALED) {
+        return (ks_bytes){k->body, k->body_len};
+    }
+    assert_true(k->len >= KS_KRF_PREFIX_LEN);
+    return (ks_bytes){k->bytes + KS_KRF_PREFIX_LEN, k->len - KS_KRF_PREFIX_LEN};
+}
+
+/* [K-SEAL-3], [K-SEAL-4] for a sealed vector with a passphrase: Argon2id
+ * of the passphrase and the file's salt and costs is derived_key, and the
+ * box opens under it to body (ok) or does not open (bad-passphrase). */
+static void check_sealed_vector(const vector *v, const ks_krf_header *h, int ok)
+{
+    uint8_t key[crypto_secretbox_KEYBYTES];
+    assert_int_equal(crypto_pwhash(key, sizeof key, v->passphrase, strlen(v->passphrase), h->salt.ptr,
+                                   h->opslimit, (size_t)h->memlimit, crypto_pwhash_ALG_ARGON2ID13),
+                     0);
+    if (memcmp(key, v->derived_key, sizeof key) != 0) {
+        fail_msg("vector %s: derived_key is not Argon2id of the passphrase", v->name);
+    }
+    const size_t blen = h->payload.len - crypto_secretbox_MACBYTES;
+    uint8_t *body = malloc(blen + 1);
+    assert_non_null(body);
+    const int opened =
+        crypto_secretbox_open_easy(body, h->payload.ptr, h->payload.len, h->nonce.ptr, key) == 0;
+    assert_int_equal(opened, ok);
+    if (ok) {
+        assert_int_equal(blen, v->body_len);
+        assert_memory_equal(body, v->body, blen);
+        assert_int_equal(ks_krf_parse_body(body, blen, h->payload_offset + crypto_secretbox_MACBYTES,
+                                           NULL, NULL, NULL),
+                         KS_OK);
+    }
+    free(body);
+}
+
+/* Check one keyring vector: the parser functions, libsodium, then the
+ * library. */
 static void check_keyring_vector(const fixture *f, const vector *v, unsigned *seen)
 {
     ks_parse_error pe = {KS_OK, 0, 0};
@@ -1175,6 +1447,7 @@ static void check_keyring_vector(const fixture *f, const vector *v, unsigned *se
     const ks_bytes pass = B(v->passphrase);
     ks_err he = ks_krf_parse_header(v->bytes, v->len, &h, &pe);
     if (strcmp(v->expect, "ok") == 0 || strcmp(v->expect, "bad-passphrase") == 0) {
+        const int ok = v->expect[0] == 'o';
         assert_int_equal(he, KS_OK);
         if (h.mode == KS_KRF_MODE_PLAIN) {
             kt_model m;
@@ -1182,9 +1455,11 @@ static void check_keyring_vector(const fixture *f, const vector *v, unsigned *se
                              KS_OK);
             assert_true(kt_model_reencodes(&m, h.payload.ptr, h.payload.len));
             kt_model_free(&m);
+        } else {
+            check_sealed_vector(v, &h, ok);
         }
-        const ks_err want = v->expect[0] == 'o' ? KS_OK : KS_ERR_BAD_PASSPHRASE;
-        assert_int_equal(open_bytes(f->path, v->bytes, v->len, pass, &pe), want);
+        assert_int_equal(open_bytes(f->path, v->bytes, v->len, pass, &pe),
+                         ok ? KS_OK : KS_ERR_BAD_PASSPHRASE);
         return;
     }
     char name[48];
@@ -1206,7 +1481,23 @@ static void check_keyring_vector(const fixture *f, const vector *v, unsigned *se
     assert_int_equal(pe.offset, offset);
 }
 
-/* Check one wrap vector against the keyring vector it names. */
+/* The material of version `version` of key_id in body (NULL if absent). */
+static const uint8_t *material_in(ks_bytes body, const char *key_id, uint32_t version, kt_model *m)
+{
+    ks_parse_error pe;
+    assert_int_equal(kt_model_parse(body.ptr, body.len, 0, m, &pe), KS_OK);
+    for (size_t i = 0; i < m->nkeys; i++) {
+        const ks_krf_key *k = &m->keys[i];
+        if (k->key_id.len == strlen(key_id) && memcmp(k->key_id.ptr, key_id, k->key_id.len) == 0 &&
+            version >= 1 && version <= k->count) {
+            return k->versions[version - 1].material;
+        }
+    }
+    return NULL;
+}
+
+/* Check one wrap vector against the keyring vector it names, with the
+ * provider and with libsodium directly [K-WRAP-1], [K-WRAP-2]. */
 static void check_wrap_vector(const fixture *f, const vector *v, const vector *vs, size_t n)
 {
     const vector *k = NULL;
@@ -1216,17 +1507,45 @@ static void check_wrap_vector(const fixture *f, const vector *v, const vector *v
         }
     }
     assert_non_null(k);
+    assert_string_equal(k->expect, "ok");
+    const int ok = strcmp(v->expect, "ok") == 0;
+
+    /* kek is the named version's material. */
+    kt_model m;
+    const uint8_t *mat = material_in(vector_body(k), v->key_id, v->version, &m);
+    assert_non_null(mat);
+    assert_memory_equal(mat, v->kek, KS_KEK_LEN);
+    kt_model_free(&m);
+
+    /* libsodium: XChaCha20-Poly1305 of wrapped[24..] under kek. */
+    uint8_t dek[KS_DEK_LEN + 16];
+    unsigned long long dlen = 0;
+    const size_t wn = crypto_aead_xchacha20poly1305_ietf_NPUBBYTES;
+    const int opened = crypto_aead_xchacha20poly1305_ietf_decrypt(
+                           dek, &dlen, NULL, v->wrapped + wn, v->wrapped_len - wn, v->aad,
+                           v->aad_len, v->wrapped, v->kek) == 0;
+    assert_int_equal(opened, ok);
+    if (ok) {
+        assert_int_equal(dlen, KS_DEK_LEN);
+        assert_memory_equal(dek, v->dek, KS_DEK_LEN);
+    }
+
+    /* The provider over the keyring file. */
     spit(f->path, k->bytes, k->len, 0600);
     ks_keyring *kr = must_open(f->path, B(k->passphrase));
     ks_provider p;
-    uint8_t dek[KS_DEK_LEN];
+    memset(dek, 0xA5, sizeof dek);
     assert_int_equal(ks_keyring_provider(kr, &p), KS_OK);
-    assert_int_equal(v->dek_len, KS_DEK_LEN);
     assert_int_equal(p.ops->unwrap(p.self, B(v->key_id), v->version,
                                    (ks_bytes){v->wrapped, v->wrapped_len},
-                                   (ks_bytes){v->aad, v->aad_len}, dek, sizeof dek, 0),
-                     KS_OK);
-    assert_memory_equal(dek, v->dek, KS_DEK_LEN);
+                                   (ks_bytes){v->aad, v->aad_len}, dek, KS_DEK_LEN, 0),
+                     ok ? KS_OK : KS_ERR_AUTH_FAILED);
+    if (ok) {
+        assert_memory_equal(dek, v->dek, KS_DEK_LEN);
+    } else {
+        static const uint8_t zero[KS_DEK_LEN];
+        assert_memory_equal(dek, zero, KS_DEK_LEN);
+    }
     ks_keyring_close(kr);
     /* The AAD is the library's wrap AAD for that envelope identity. */
     uint8_t aad[KS_WRAP_AAD_MAX];
@@ -1235,29 +1554,91 @@ static void check_wrap_vector(const fixture *f, const vector *v, const vector *v
     assert_memory_equal(aad, v->aad, an);
 }
 
+/* The vector loader is strict: each malformed block below is refused. */
+static void test_vector_loader_strict(void **state)
+{
+    (void)state;
+    static const char *const good_k = "```ks-keyring-vector\nname: e\nexpect: ok\nhex: 4b534b010000000000\n```\n";
+    static const char *const bad[] = {
+        /* unknown key */
+        "```ks-keyring-vector\nname: e\nexpect: ok\ncomment: x\nhex: 4b534b010000000000\n```\n",
+        /* a wrap key in a keyring block */
+        "```ks-keyring-vector\nname: e\nexpect: ok\ndek: 00\nhex: 4b534b010000000000\n```\n",
+        /* a line that is no key */
+        "```ks-keyring-vector\nname: e\nexpect: ok\n4b534b010000000000\n```\n",
+        /* missing expect, missing hex, missing name */
+        "```ks-keyring-vector\nname: e\nhex: 4b534b010000000000\n```\n",
+        "```ks-keyring-vector\nname: e\nexpect: ok\n```\n",
+        "```ks-keyring-vector\nexpect: ok\nhex: 4b534b010000000000\n```\n",
+        /* repeated name, repeated expect */
+        "```ks-keyring-vector\nname: e\nname: f\nexpect: ok\nhex: 4b534b010000000000\n```\n",
+        "```ks-keyring-vector\nname: e\nexpect: ok\nexpect: ok\nhex: 4b534b010000000000\n```\n",
+        /* bad hex: odd, not hex */
+        "```ks-keyring-vector\nname: e\nexpect: ok\nhex: 4b534b01000000000\n```\n",
+        "```ks-keyring-vector\nname: e\nexpect: ok\nhex: 4b534b01000000000g\n```\n",
+        /* a passphrase in a plain vector; a sealed ok vector without one */
+        "```ks-keyring-vector\nname: e\nexpect: ok\npassphrase: p\nderived_key: "
+        "0000000000000000000000000000000000000000000000000000000000000000\nhex: 4b534b010000000000\n```\n",
+        "```ks-keyring-vector\nname: s\nexpect: ok\nhex: 4b534b0101\n```\n",
+        /* an empty block, an unterminated one */
+        "```ks-keyring-vector\n```\n",
+        "```ks-keyring-vector\nname: e\nexpect: ok\nhex: 4b534b010000000000\n",
+        /* wrap: missing expect; dek in an auth-failed vector; version 0 */
+        "```ks-wrap-vector\nname: w\nkeyring: e\nkey_id: k\nversion: 1\nkek: "
+        "0000000000000000000000000000000000000000000000000000000000000000\naad: 00\nwrapped: 00\n```\n",
+        "```ks-wrap-vector\nname: w\nexpect: auth-failed\nkeyring: e\nkey_id: k\nversion: 0\nkek: 00\n"
+        "aad: 00\nwrapped: 00\n```\n",
+    };
+    vector *vs = calloc(MAX_VECTORS, sizeof *vs);
+    const char *why = NULL, *where = NULL;
+    assert_non_null(vs);
+    assert_int_equal(parse_vectors(good_k, vs, &why, &where), 1);
+    free_vectors(vs, 1);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *text = malloc(strlen(good_k) + strlen(bad[i]) + 1);
+        assert_non_null(text);
+        strcpy(text, good_k);
+        strcat(text, bad[i]);
+        why = NULL;
+        if (parse_vectors(text, vs, &why, &where) != -1) {
+            fail_msg("malformed block %zu was accepted", i);
+        }
+        assert_non_null(why);
+        free(text);
+    }
+    free(vs);
+}
+
 static void test_spec_vectors(void **state)
 {
     fixture *f = *state;
     char path[256];
-    size_t n, nk = 0, nw = 0;
+    size_t n, nk = 0, nw = 0, nsealed = 0, nfail = 0;
     unsigned seen[32] = {0};
+    const char *why = "", *where = "";
 
     spec_path(path, sizeof path);
     uint8_t *text = slurp(path, &n);
     text[n] = '\0';
     vector *vs = calloc(MAX_VECTORS, sizeof *vs);
     assert_non_null(vs);
-    const size_t count = parse_vectors((const char *)text, vs);
+    const long got = parse_vectors((const char *)text, vs, &why, &where);
+    if (got < 0) {
+        fail_msg("%s: vector '%s': %s", path, where, why);
+    }
+    const size_t count = (size_t)got;
     for (size_t i = 0; i < count; i++) {
         if (vs[i].kind == 'k') {
             check_keyring_vector(f, &vs[i], seen);
             nk++;
+            nsealed += HAS(&vs[i], VK_DERIVED_KEY);
         }
     }
     for (size_t i = 0; i < count; i++) {
         if (vs[i].kind == 'w') {
             check_wrap_vector(f, &vs[i], vs, count);
             nw++;
+            nfail += !HAS(&vs[i], VK_DEK);
         }
     }
     /* Every rejection class the keyring format uses has a vector. */
@@ -1268,11 +1649,11 @@ static void test_spec_vectors(void **state)
         assert_true(seen[classes[i]] > 0);
     }
     assert_true(nk >= 40);
-    assert_true(nw >= 1);
-    print_message("keyring vectors: %zu keyring, %zu wrap\n", nk, nw);
-    for (size_t i = 0; i < count; i++) {
-        free(vs[i].bytes);
-    }
+    assert_true(nsealed >= 2);
+    assert_true(nw >= 2 && nfail >= 1 && nfail < nw);
+    print_message("keyring vectors: %zu keyring (%zu sealed with a derived key), %zu wrap\n", nk,
+                  nsealed, nw);
+    free_vectors(vs, count);
     free(vs);
     free(text);
 }
@@ -1296,11 +1677,13 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_provider_states, setup, teardown),
         cmocka_unit_test_setup_teardown(test_truncated_and_corrupt, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sealed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_check_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_processes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_crash_before_rename, setup, teardown),
         cmocka_unit_test_setup_teardown(test_two_handles, setup, teardown),
         cmocka_unit_test(test_format_encoder_refuses),
         cmocka_unit_test_setup_teardown(test_format_visitor_failure, setup, teardown),
+        cmocka_unit_test(test_vector_loader_strict),
         cmocka_unit_test_setup_teardown(test_spec_vectors, setup, teardown),
     };
     return cmocka_run_group_tests_name("keyring", tests, NULL, NULL);

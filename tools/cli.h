@@ -96,9 +96,14 @@ int ks_cli_keyring_open(const char *path, const char *passphrase_file, ks_keyrin
  */
 int ks_cli_keyring_args(const char **path, const char *passphrase_file, ks_bytes *pass);
 
+/* How every manual states the passphrase rule of ks_cli_passphrase_load()
+ * (docs/keyring.md [K-SEAL-7]); a string literal, to paste into help text. */
+#define KS_CLI_PASSPHRASE_RULE "one trailing newline (LF) removed, nothing else"
+
 /*
  * Read the passphrase from passphrase_file, else $KEYSHIFT_PASSPHRASE, into
- * sodium_malloc'd memory (one trailing newline removed).  *out is {NULL, 0}
+ * sodium_malloc'd memory, exactly one trailing LF removed if present and
+ * nothing else (no CR, no second LF, no spaces) [K-SEAL-7].  *out is {NULL, 0}
  * when there is none.  Free with ks_cli_passphrase_free().  Returns EX_OK
  * or an exit code after printing the error.
  */
