@@ -14,16 +14,42 @@
  * max_age.  Nonces are unique per DEK across threads and fork(): each is a
  * random per-DEK prefix and a 64-bit counter, and a child process never
  * seals with a DEK its parent created (docs/format.md [F-CRYPTO-NONCE]).
+ * Format 2's message key and commitment are derived once per DEK
+ * ([F-CRYPTO-KEY-2], [F-CRYPTO-COMMIT-1]) and kept with it.
  *
- * Read side.  Unwrapped DEKs are cached (bounded entries and TTL) under
- * the whole wrap identity (every wrap AAD field and the wrapped bytes),
- * so one tenant's entry can never serve another's envelope.
+ * Read side.  Unwrapped DEKs (with, for format 2, their derived key and
+ * commitment) are cached (bounded entries and TTL) under the whole wrap
+ * identity (every wrap AAD field and the wrapped bytes), so one tenant's
+ * entry can never serve another's envelope.
  *
- * Memory.  DEKs live in sodium_malloc'd (guarded, mlocked) memory and are
- * wiped on eviction and by ks_ctx_free().  Plaintext, DEKs and AADs are
- * never logged.
+ * Memory.  DEKs and derived keys live in sodium_malloc'd (guarded,
+ * mlocked) memory and are wiped on eviction, when the thread that held a
+ * copy exits, and by ks_ctx_free().  Plaintext, DEKs and AADs are never
+ * logged.
  *
- * Threads.  A ks_ctx may be used from several threads at once.
+ * Threads.  A ks_ctx may be used from several threads at once, and scales
+ * with them: each of the first 63 threads alive at once that uses a
+ * context gets a per-thread share of it on its first call (a few KiB),
+ * so that a seal on an active DEK and an open of a cached DEK take no
+ * lock and write no memory another thread writes.  Such a thread reserves
+ * nonces and plaintext bytes of a DEK in blocks (at most 256 nonces and
+ * 1/64 of the DEK's budgets at a time; a block left unspent is never
+ * reissued, so a DEK may retire a little before its limits) and keeps up
+ * to min(4, cache_entries) of the DEKs it opened last, each for no longer
+ * than its read-cache entry's TTL.  The read cache therefore holds at
+ * most cache_entries DEKs, and each such thread at most 4 more.  Further
+ * threads take the locked paths.  A thread's share is wiped when it
+ * exits.  The limits above still hold over all threads: a DEK seals at
+ * most max_messages messages and at most max_bytes bytes plus the message
+ * that crosses the limit.
+ *
+ * fork().  A child may go on using a context its parent created, from the
+ * thread that forked: atfork handlers take every context lock before
+ * fork() (so fork() waits for a DEK being created, a provider call bounded
+ * by its timeout) and release them in both processes; the child seals only
+ * with DEKs of its own.  A provider's own locks are the provider's
+ * concern (the local keyring's read lock never blocks another reader).
+ * ks_ctx_free() must not run while another thread uses the context.
  */
 #ifndef KEYSHIFT_CRYPTO_H
 #define KEYSHIFT_CRYPTO_H
@@ -52,7 +78,8 @@ typedef struct ks_ctx_config {
                                     capped at 2^32 whatever is set) */
     uint64_t dek_max_bytes;      /* plaintext bytes per write-side DEK; >= 1 */
     uint32_t dek_max_age;        /* seconds a write-side DEK is used; >= 1 */
-    uint32_t cache_entries;      /* read-side cache entries; 0 disables the cache */
+    uint32_t cache_entries;      /* read-side cache entries; 0 disables the cache (and the
+                                    per-thread copies: every open then unwraps) */
     uint32_t cache_ttl;          /* seconds an unwrapped DEK stays cached */
     uint32_t provider_timeout_ms; /* deadline per provider call; 0: the provider's default */
     int latency_histograms;      /* nonzero: time every ks_seal and ks_open (two clock reads,

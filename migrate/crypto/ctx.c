@@ -111,10 +111,26 @@ static void fork_child(void)
     fork_release();
 }
 
-/* Once per process: install the handlers. */
+/* Thread exit hook (thread_index.h): the exiting owner of index i empties
+ * its shard in every live context, so that its DEKs, keys and reserved
+ * budgets do not wait for the index's next owner or for ks_ctx_free(). */
+static void thread_exit(uint32_t i)
+{
+    pthread_mutex_lock(&registry_mu);
+    for (ks_ctx *c = registry; c != NULL; c = c->reg_next) {
+        ks_shard *sh = atomic_load_explicit(&c->shards[i], memory_order_relaxed);
+        if (sh != NULL) {
+            ks_shard_clear(sh, c->writer);
+        }
+    }
+    pthread_mutex_unlock(&registry_mu);
+}
+
+/* Once per process: install the fork handlers and the thread exit hook. */
 static void atfork_init(void)
 {
     (void)pthread_atfork(fork_prepare, fork_release, fork_child);
+    ks_thread_index_on_exit(thread_exit);
 }
 
 /* Add ctx to the registry (ks_ctx_new). */

@@ -74,6 +74,15 @@ void ks_shard_free(ks_shard *sh)
 }
 
 /* See shard.h. */
+void ks_shard_clear(ks_shard *sh, ks_dek_writer *w)
+{
+    for (size_t i = 0; i < KS_SHARD_SEALS; i++) {
+        ks_dek_writer_drop(w, &sh->seal[i]);
+    }
+    reset(sh);
+}
+
+/* See shard.h. */
 void ks_shard_abandon(ks_shard *sh)
 {
     reset(sh);

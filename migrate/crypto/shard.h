@@ -68,6 +68,12 @@ ks_shard *ks_shard_new(size_t id_max, uint32_t opens);
  * goes too). */
 void ks_shard_free(ks_shard *sh);
 
+/* Empty sh for its owner, which is exiting: give back each seal slot's
+ * unsealed bytes and drop its reference (ks_dek_writer_drop, on w), and
+ * wipe every read key.  The shard stays, empty, for the index's next
+ * owner. */
+void ks_shard_clear(ks_shard *sh, ks_dek_writer *w);
+
 /* In a child of fork(), for a shard whose owner was another thread: its
  * slots may have been mid-update when the address space was copied, so
  * they are not interpreted: secrets wiped, slots emptied (their record

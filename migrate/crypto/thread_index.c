@@ -24,13 +24,26 @@ static _Thread_local uint32_t mine_1;
 static pthread_key_t exit_key;
 static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 static int key_ok;
+/* What an exiting owner runs before giving its index back. */
+static void (*_Atomic on_exit_fn)(uint32_t);
 
-/* TLS destructor: give the exiting thread's index back (release: what it
- * wrote under the index happens before the next owner's reads). */
+/* See thread_index.h. */
+void ks_thread_index_on_exit(void (*fn)(uint32_t index))
+{
+    atomic_store_explicit(&on_exit_fn, fn, memory_order_release);
+}
+
+/* TLS destructor: run the exit hook, then give the exiting thread's index
+ * back (release: what it wrote under the index happens before the next
+ * owner's reads). */
 static void give_back(void *v)
 {
     uint32_t i = (uint32_t)(uintptr_t)v - 1;
     if (i < KS_THREAD_SLOTS) {
+        void (*fn)(uint32_t) = atomic_load_explicit(&on_exit_fn, memory_order_acquire);
+        if (fn != NULL) {
+            fn(i);
+        }
         atomic_fetch_and_explicit(&taken, ~((uint64_t)1 << i), memory_order_release);
     }
     mine_1 = 0;

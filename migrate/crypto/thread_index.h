@@ -29,4 +29,10 @@ uint32_t ks_thread_index(void);
  * calling thread's is free again (the other threads do not exist here). */
 void ks_thread_index_fork_child(void);
 
+/* Call fn(index) in each exiting thread that owns an index, just before
+ * the index is given back (ctx.c empties that index's shards, so that no
+ * key material outlives the thread that used it).  Set once, before any
+ * thread exits with an index; later calls replace it. */
+void ks_thread_index_on_exit(void (*fn)(uint32_t index));
+
 #endif /* KS_MIGRATE_THREAD_INDEX_H */
