@@ -8,8 +8,8 @@
 #                   check, corpus replay, coverage gate, fuzz smoke
 #   make unit       the cmocka unit tests (tests/test_*.c) under ASan+UBSan
 #   make tsan       the library and the threaded unit tests (TSAN_TESTS:
-#                   test_fork, test_crypto, test_migrate, test_rollout,
-#                   test_rowstore_sqlite) under clang's ThreadSanitizer,
+#                   test_fork, test_threads, test_crypto, test_migrate,
+#                   test_rollout, test_rowstore_sqlite) under clang's TSan,
 #                   built in build/tsan/, halting on the first report
 #   make fuzz       run each libFuzzer target (FUZZ_SECONDS, default 60)
 #   make fuzz-afl   run each target under afl-fuzz -V 20

@@ -538,8 +538,9 @@ static ks_err read_keys(ks_ctx *ctx, const ks_envelope *env, const uint8_t *id, 
     if (err == KS_OK) {
         rkeys_build(env, dek, keys);
         *expires = ks_mono_seconds() + ctx->cfg.cache_ttl;
+        /* the pool of expanded keys serves v1 aes-256-gcm only (open_keys) */
         ks_dek_cache_put(ctx->cache, id, id_len, keys, rkeys_len(env),
-                         env->algorithm == KS_ALG_AES256GCM);
+                         env->version == KS_FORMAT_V1 && env->algorithm == KS_ALG_AES256GCM);
     }
     sodium_memzero(dek, sizeof dek);
     return err;

@@ -5,9 +5,10 @@
  *   the read-side DEK cache: key = the whole wrap identity (every wrap AAD
  *   field and the wrapped_dek, in the envelope's canonical encoding:
  *   crypto.c, wrap_key()), compared in full, so an entry never serves
- *   another tenant, key or version; value = the unwrapped DEK, kept in one
- *   sodium_malloc'd slab and wiped on eviction, expiry and free ("secret"
- *   values);
+ *   another tenant, key or version; value = the DEK's read keys (the
+ *   unwrapped DEK, and for format 2 its derived key and commitment:
+ *   shard.h), kept in one sodium_malloc'd slab and wiped on eviction,
+ *   expiry and free ("secret" values);
  *
  *   the rewrap memo: key = old wrap identity || target, value = the target
  *   version and wrapped bytes (public: kept with the key on the heap).
@@ -21,7 +22,8 @@
  * hit allocates nothing.  Expiry uses ks_mono_seconds().
  *
  * A secret map may also keep, for some entries, a state derived from the
- * value (the read cache: a v1 aes-256-gcm DEK's expanded AES-GCM key), in
+ * value (the read cache: a v1 aes-256-gcm DEK's expanded AES-GCM key, for
+ * opens on threads without a shard, crypto.c), in
  * a bounded pool of guarded memory shared by the entries in LRU order.  A
  * lookup pins an entry's state instead of copying its value, so the
  * caller uses it outside the lock; a state is wiped when its entry goes
