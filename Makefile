@@ -89,9 +89,12 @@ $(STATIC): $(REL_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
+# -z nodelete: the library registers a thread-exit destructor and atfork
+# handlers (migrate/crypto/thread_index.c, ctx.c), so dlclose() must never
+# unmap its code while they can still run.
 $(SHARED): $(REL_OBJS) tools/libkeyshift.map
 	@mkdir -p $(dir $@)
-	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=tools/libkeyshift.map $(LDHARDEN) \
+	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=tools/libkeyshift.map -Wl,-z,nodelete $(LDHARDEN) \
 	    $(LDFLAGS) $(REL_OBJS) $(LIB_LIBS) -o $@
 	ln -sf $(notdir $@) $(B)/lib/$(SONAME)
 	ln -sf $(SONAME) $(B)/lib/libkeyshift.so
