@@ -99,7 +99,7 @@ static void fork_release(void)
 static void fork_child(void)
 {
     ks_thread_index_fork_child();
-    const uint32_t mine = ks_thread_index();
+    const uint32_t mine = ks_thread_index_owned(); /* KS_THREAD_SHARED: none */
     for (ks_ctx *c = registry; c != NULL; c = c->reg_next) {
         for (uint32_t i = 0; i < KS_THREAD_SLOTS; i++) {
             ks_shard *sh = atomic_load_explicit(&c->shards[i], memory_order_acquire);

@@ -89,6 +89,12 @@ uint32_t ks_thread_index(void)
 }
 
 /* See thread_index.h. */
+uint32_t ks_thread_index_owned(void)
+{
+    return mine_1 != 0 ? mine_1 - 1 : KS_THREAD_SHARED;
+}
+
+/* See thread_index.h. */
 void ks_thread_index_fork_child(void)
 {
     uint64_t keep = mine_1 != 0 ? (uint64_t)1 << (mine_1 - 1) : 0;

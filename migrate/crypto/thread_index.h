@@ -25,6 +25,10 @@
  * while every index is taken (asked again on later calls). */
 uint32_t ks_thread_index(void);
 
+/* This thread's own index, or KS_THREAD_SHARED when it owns none; never
+ * takes one. */
+uint32_t ks_thread_index_owned(void);
+
 /* In a child of fork(), from an atfork child handler: every index but the
  * calling thread's is free again (the other threads do not exist here). */
 void ks_thread_index_fork_child(void);
