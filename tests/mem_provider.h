@@ -289,7 +289,7 @@ static inline ks_err ks_mem_key_info(void *self, ks_bytes key_id, uint32_t key_v
 /* The ks_provider over m (which must outlive it). */
 static inline ks_provider ks_mem_provider_of(ks_mem_provider *m)
 {
-    static const ks_provider_ops ops = {ks_mem_wrap, ks_mem_unwrap, ks_mem_key_info, NULL};
+    static const ks_provider_ops ops = {ks_mem_wrap, ks_mem_unwrap, ks_mem_key_info, NULL, NULL};
     return (ks_provider){&ops, m, "mem"};
 }
 

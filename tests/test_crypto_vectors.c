@@ -424,7 +424,7 @@ static ks_err ref_key_info(void *self, ks_bytes key_id, uint32_t key_version, ks
     return rc;
 }
 
-static const ks_provider_ops ref_provider_ops = {ref_wrap, ref_unwrap, ref_key_info, NULL};
+static const ks_provider_ops ref_provider_ops = {ref_wrap, ref_unwrap, ref_key_info, NULL, NULL};
 
 /* A temporary local keyring. */
 typedef struct keyring_env {

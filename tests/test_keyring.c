@@ -492,6 +492,71 @@ static size_t wrap_aad(const char *key_id, uint32_t version, uint8_t *out, size_
     return n;
 }
 
+/* What a listing collected (admin list callback). */
+typedef struct listing {
+    char ids[8][32];
+    uint32_t version[8];
+    ks_key_state state[8];
+    int primary[8];
+    size_t n, stop_after;
+} listing;
+
+/* Collect one entry; stop after stop_after entries when it is set. */
+static int collect(void *arg, const ks_key_entry *e)
+{
+    listing *l = arg;
+    assert_true(l->n < 8 && e->key_id.len < 32);
+    memcpy(l->ids[l->n], e->key_id.ptr, e->key_id.len);
+    l->ids[l->n][e->key_id.len] = '\0';
+    l->version[l->n] = e->version;
+    l->state[l->n] = e->state;
+    l->primary[l->n] = e->is_primary;
+    l->n++;
+    return l->stop_after != 0 && l->n == l->stop_after;
+}
+
+/* The local provider's key management (ks_provider_admin_ops) is the
+ * keyring's changes and listing, with their rules and errors. */
+static void test_provider_admin(void **state)
+{
+    fixture *f = *state;
+    ks_provider p;
+    assert_int_equal(ks_keyring_init(f->path, NO_PASS), KS_OK);
+    ks_keyring *kr = must_open(f->path, NO_PASS);
+    assert_int_equal(ks_keyring_provider(kr, &p), KS_OK);
+    const ks_provider_admin_ops *a = p.ops->admin;
+    assert_non_null(a);
+    assert_int_equal(a->create(p.self, B("zeta"), 0), KS_OK);
+    assert_int_equal(a->create(p.self, B("alpha"), 0), KS_OK);
+    assert_int_equal(a->create(p.self, B("alpha"), 0), KS_ERR_EXISTS);
+    assert_int_equal(a->create(p.self, B("no spaces"), 0), KS_ERR_BAD_VALUE);
+    uint32_t v = 0;
+    assert_int_equal(a->add_version(p.self, B("alpha"), &v, 0), KS_OK);
+    assert_int_equal(v, 2);
+    assert_int_equal(a->set_state(p.self, B("alpha"), 1, KS_KEY_DECRYPT_ONLY, 0), KS_ERR_STATE);
+    assert_int_equal(a->promote(p.self, B("alpha"), 2, 0), KS_OK);
+    assert_int_equal(a->set_state(p.self, B("alpha"), 1, KS_KEY_DECRYPT_ONLY, 0), KS_OK);
+    assert_int_equal(a->promote(p.self, B("nope"), 1, 0), KS_ERR_NOT_FOUND);
+    /* Every version, keys in key_id order. */
+    listing l = {0};
+    assert_int_equal(a->list(p.self, (ks_bytes){NULL, 0}, collect, &l, 0), KS_OK);
+    assert_int_equal(l.n, 3);
+    assert_string_equal(l.ids[0], "alpha");
+    assert_true(l.version[0] == 1 && l.state[0] == KS_KEY_DECRYPT_ONLY && !l.primary[0]);
+    assert_true(l.version[1] == 2 && l.state[1] == KS_KEY_ACTIVE && l.primary[1]);
+    assert_string_equal(l.ids[2], "zeta");
+    assert_true(l.version[2] == 1 && l.primary[2]);
+    /* One key; a callback that stops; an unknown key. */
+    l = (listing){0};
+    assert_int_equal(a->list(p.self, B("zeta"), collect, &l, 0), KS_OK);
+    assert_int_equal(l.n, 1);
+    l = (listing){.stop_after = 1};
+    assert_int_equal(a->list(p.self, (ks_bytes){NULL, 0}, collect, &l, 0), KS_OK);
+    assert_int_equal(l.n, 1);
+    assert_int_equal(a->list(p.self, B("nope"), collect, &l, 0), KS_ERR_NOT_FOUND);
+    ks_keyring_close(kr);
+}
+
 static void test_provider_round_trip(void **state)
 {
     fixture *f = *state;
@@ -1674,6 +1739,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_primary_rules, setup, teardown),
         cmocka_unit_test_setup_teardown(test_destroy_wipes_material, setup, teardown),
         cmocka_unit_test_setup_teardown(test_provider_round_trip, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_provider_admin, setup, teardown),
         cmocka_unit_test_setup_teardown(test_provider_states, setup, teardown),
         cmocka_unit_test_setup_teardown(test_truncated_and_corrupt, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sealed, setup, teardown),

@@ -64,6 +64,47 @@ typedef struct ks_key_info {
     int is_primary;          /* nonzero for the key's primary version */
 } ks_key_info;
 
+/* One key version as a provider lists it (ks_provider_admin_ops.list). */
+typedef struct ks_key_entry {
+    ks_bytes key_id;         /* valid during the callback only */
+    uint32_t version;
+    ks_key_state state;
+    int is_primary;
+} ks_key_entry;
+
+/* Called once per listed key version; a nonzero return stops the listing
+ * (ks_provider_admin_ops.list). */
+typedef int (*ks_key_list_fn)(void *arg, const ks_key_entry *entry);
+
+/*
+ * Key management (the CLI's `keys` commands), optional: a provider that
+ * cannot manage its keys has none.  KEK material is always generated
+ * inside the provider and never leaves it.  The state rules are those of
+ * docs/keyring.md [K-STATE-1..3] for every provider: any change among
+ * active, decrypt-only and disabled; any state to destroyed, which is
+ * final; never a change that leaves the primary not active.  Errors, as
+ * ks_keyring_create() and its siblings give them: KS_ERR_EXISTS,
+ * KS_ERR_NOT_FOUND, KS_ERR_STATE, KS_ERR_BAD_VALUE (a key_id outside
+ * [F-KEYID-1]), KS_ERR_TOO_LARGE, KS_ERR_INVALID_ARGUMENT, and the
+ * provider errors above.  A change already in effect succeeds.
+ */
+typedef struct ks_provider_admin_ops {
+    /* Create key_id with version 1, active and primary. */
+    ks_err (*create)(void *self, ks_bytes key_id, uint32_t timeout_ms);
+    /* Add the next version of key_id, active and not primary; its number
+     * goes to *version. */
+    ks_err (*add_version)(void *self, ks_bytes key_id, uint32_t *version, uint32_t timeout_ms);
+    /* Make version the primary of key_id; it must be active. */
+    ks_err (*promote)(void *self, ks_bytes key_id, uint32_t version, uint32_t timeout_ms);
+    /* Set the state of a version. */
+    ks_err (*set_state)(void *self, ks_bytes key_id, uint32_t version, ks_key_state state,
+                        uint32_t timeout_ms);
+    /* Call fn for every version of key_id (every key when key_id is
+     * empty), keys in key_id order, versions in increasing order.  A
+     * nonzero return from fn stops the listing; list then returns KS_OK. */
+    ks_err (*list)(void *self, ks_bytes key_id, ks_key_list_fn fn, void *arg, uint32_t timeout_ms);
+} ks_provider_admin_ops;
+
 /* The operations of a provider.  self is the provider's own state. */
 typedef struct ks_provider_ops {
     /* Wrap dek[0, dek_len) under (key_id, key_version), binding aad, into
@@ -84,6 +125,8 @@ typedef struct ks_provider_ops {
                        uint32_t timeout_ms);
     /* Release self, wiping any key material. May be NULL. */
     void (*destroy)(void *self);
+    /* Key management, or NULL (see ks_provider_admin_ops). */
+    const ks_provider_admin_ops *admin;
 } ks_provider_ops;
 
 /* A provider: its operations, its state and a short name for messages

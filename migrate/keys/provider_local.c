@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <sodium.h>
 
@@ -192,11 +193,90 @@ static ks_err local_key_info(void *self, ks_bytes key_id, uint32_t key_version, 
     return ks_keyring_use(self, key_id, key_version, describe, out);
 }
 
+/* ---- key management (ks_provider_admin_ops): the keyring's changes -------- */
+
+/* Create key_id in the keyring (ks_keyring_create). */
+static ks_err local_create(void *self, ks_bytes key_id, uint32_t timeout_ms)
+{
+    (void)timeout_ms;
+    return self == NULL ? KS_ERR_INVALID_ARGUMENT : ks_keyring_create(self, key_id);
+}
+
+/* Add a version (ks_keyring_add_version). */
+static ks_err local_add_version(void *self, ks_bytes key_id, uint32_t *version, uint32_t timeout_ms)
+{
+    (void)timeout_ms;
+    return self == NULL ? KS_ERR_INVALID_ARGUMENT : ks_keyring_add_version(self, key_id, version);
+}
+
+/* Promote a version (ks_keyring_promote). */
+static ks_err local_promote(void *self, ks_bytes key_id, uint32_t version, uint32_t timeout_ms)
+{
+    (void)timeout_ms;
+    return self == NULL ? KS_ERR_INVALID_ARGUMENT : ks_keyring_promote(self, key_id, version);
+}
+
+/* Change a version's state (ks_keyring_set_state). */
+static ks_err local_set_state(void *self, ks_bytes key_id, uint32_t version, ks_key_state state,
+                              uint32_t timeout_ms)
+{
+    (void)timeout_ms;
+    return self == NULL ? KS_ERR_INVALID_ARGUMENT : ks_keyring_set_state(self, key_id, version, state);
+}
+
+/* Nonzero when a and b hold the same bytes. */
+static int same_id(ks_bytes a, ks_bytes b)
+{
+    return a.len == b.len && (a.len == 0 || memcmp(a.ptr, b.ptr, a.len) == 0);
+}
+
+/* List the keyring's versions, keys in key_id order (the keyring's own
+ * order, [K-KEY-3]); KS_ERR_NOT_FOUND when key_id names no key. */
+static ks_err local_list(void *self, ks_bytes key_id, ks_key_list_fn fn, void *arg,
+                         uint32_t timeout_ms)
+{
+    (void)timeout_ms;
+    if (self == NULL || fn == NULL || !view_ok(key_id)) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    int found = 0;
+    for (size_t i = 0, n = ks_keyring_count(self); i < n; i++) {
+        ks_keyring_key k;
+        if (ks_keyring_key_at(self, i, &k) != KS_OK) {
+            return KS_ERR_INTEGRITY;
+        }
+        if (key_id.len != 0 && !same_id(k.key_id, key_id)) {
+            continue;
+        }
+        found = 1;
+        for (uint32_t v = 1; v <= k.versions; v++) {
+            ks_keyring_version kv;
+            if (ks_keyring_version_at(self, i, v, &kv) != KS_OK) {
+                return KS_ERR_INTEGRITY;
+            }
+            ks_key_entry e = {k.key_id, v, kv.state, v == k.primary};
+            if (fn(arg, &e) != 0) {
+                return KS_OK;
+            }
+        }
+    }
+    return key_id.len != 0 && !found ? KS_ERR_NOT_FOUND : KS_OK;
+}
+
+static const ks_provider_admin_ops local_admin = {
+    .create = local_create,
+    .add_version = local_add_version,
+    .promote = local_promote,
+    .set_state = local_set_state,
+    .list = local_list,
+};
+
 static const ks_provider_ops local_ops = {
     .wrap = local_wrap,
     .unwrap = local_unwrap,
     .key_info = local_key_info,
     .destroy = NULL, /* the keyring is borrowed: its owner closes it */
+    .admin = &local_admin,
 };
 
 /* See keyshift/keyring.h. */
