@@ -11,6 +11,7 @@
 #include <keyshift/provider.h>
 #include <keyshift/crypto.h>
 #include <keyshift/keyring.h>
+#include <keyshift/pkcs11.h>
 #include <keyshift/rowstore.h>
 #include <keyshift/migrate.h>
 #include <keyshift/health.h>
