@@ -120,48 +120,72 @@ static int change_failed(const char *what, const char *key_id, ks_err e)
     return e == KS_ERR_BAD_VALUE ? EX_USAGE : rc;
 }
 
-/* `keys list`: a table, or one JSON object with --json. */
-static int list_keys(const ks_keyring *kr, int json)
+/* What `keys list` has printed so far: the key being listed, for grouping
+ * one key's versions in the JSON output. */
+typedef struct list_state {
+    const ks_provider *p;
+    int json;
+    ks_err err;             /* a key_info that failed, ending the listing */
+    size_t keys;            /* keys started */
+    uint8_t id[KS_KEY_ID_MAX];
+    size_t id_len;
+} list_state;
+
+/* Print one version (a ks_key_list_fn): a table row, or JSON, opening a
+ * new key object when the key_id changes. */
+static int list_one(void *arg, const ks_key_entry *e)
 {
-    size_t n = ks_keyring_count(kr);
+    list_state *l = arg;
+    char when[32];
+    ks_cli_format_time((int64_t)e->created, when, sizeof when);
+    if (!l->json) {
+        printf("%-32.*s %-8u %-13s %-8s %s\n", (int)e->key_id.len, (const char *)e->key_id.ptr,
+               e->version, ks_key_state_name(e->state), e->is_primary ? "*" : "", when);
+        return 0;
+    }
+    const int same = l->keys > 0 && e->key_id.len == l->id_len &&
+                     memcmp(e->key_id.ptr, l->id, l->id_len) == 0;
+    if (!same) {
+        ks_key_info primary = {0};
+        l->err = l->p->ops->key_info(l->p->self, e->key_id, 0, &primary, 0);
+        if (l->err != KS_OK) {
+            return 1;
+        }
+        printf("%s{\"key_id\":", l->keys ? "]}," : "");
+        ks_cli_put_json_string(stdout, e->key_id.ptr, e->key_id.len);
+        printf(",\"primary\":%u,\"versions\":[", primary.version);
+        l->keys++;
+        l->id_len = e->key_id.len <= sizeof l->id ? e->key_id.len : sizeof l->id;
+        memcpy(l->id, e->key_id.ptr, l->id_len);
+    }
+    printf("%s{\"version\":%u,\"state\":\"%s\",\"primary\":%s,\"created\":\"%s\"}",
+           same ? "," : "", e->version, ks_key_state_name(e->state), e->is_primary ? "true" : "false",
+           when);
+    return 0;
+}
+
+/* `keys list`: every version the provider manages, a table or one JSON
+ * object with --json. */
+static int list_keys(const ks_provider *p, int json)
+{
+    list_state l = {p, json, KS_OK, 0, {0}, 0};
     if (json) {
         printf("{\"keys\":[");
     } else {
         printf("%-32s %-8s %-13s %-8s %s\n", "KEY_ID", "VERSION", "STATE", "PRIMARY", "CREATED");
     }
-    for (size_t i = 0; i < n; i++) {
-        ks_keyring_key k;
-        if (ks_keyring_key_at(kr, i, &k) != KS_OK) {
-            return EX_SOFTWARE;
-        }
+    fflush(stdout);
+    ks_err e = p->ops->admin->list(p->self, (ks_bytes){NULL, 0}, list_one, &l, 0);
+    e = e == KS_OK ? l.err : e;
+    if (e != KS_OK) {
         if (json) {
-            printf("%s{\"key_id\":", i ? "," : "");
-            ks_cli_put_json_string(stdout, k.key_id.ptr, k.key_id.len);
-            printf(",\"primary\":%u,\"versions\":[", k.primary);
+            printf("\n");
         }
-        for (uint32_t v = 1; v <= k.versions; v++) {
-            ks_keyring_version kv;
-            char when[32];
-            if (ks_keyring_version_at(kr, i, v, &kv) != KS_OK) {
-                return EX_SOFTWARE;
-            }
-            ks_cli_format_time((int64_t)kv.created, when, sizeof when);
-            if (json) {
-                printf("%s{\"version\":%u,\"state\":\"%s\",\"primary\":%s,\"created\":\"%s\"}",
-                       v > 1 ? "," : "", kv.version, ks_key_state_name(kv.state),
-                       kv.version == k.primary ? "true" : "false", when);
-            } else {
-                printf("%-32.*s %-8u %-13s %-8s %s\n", (int)k.key_id.len, (const char *)k.key_id.ptr,
-                       kv.version, ks_key_state_name(kv.state), kv.version == k.primary ? "*" : "",
-                       when);
-            }
-        }
-        if (json) {
-            printf("]}");
-        }
+        ks_cli_error("cannot list keys: %s", ks_err_name(e));
+        return ks_cli_exit_code(e);
     }
     if (json) {
-        printf("]}\n");
+        printf("%s]}\n", l.keys ? "]}" : "");
     }
     return EX_OK;
 }
@@ -477,22 +501,23 @@ static int destroy_guard(const destroy_opts *d, const char *key_id, uint32_t ver
 }
 
 /* Run one change on an open keyring; pos[0] is the action. */
-static int change(ks_keyring *kr, const char **pos, int npos, const destroy_opts *d)
+static int change(const ks_provider *p, const char **pos, int npos, const destroy_opts *d)
 {
+    const ks_provider_admin_ops *a = p->ops->admin;
     const char *act = pos[0];
     ks_bytes id = {(const uint8_t *)pos[1], strlen(pos[1])};
     uint32_t version = 0;
     ks_err e;
 
     if (strcmp(act, "create") == 0) {
-        if ((e = ks_keyring_create(kr, id)) != KS_OK) {
+        if ((e = a->create(p->self, id, 0)) != KS_OK) {
             return change_failed("create key", pos[1], e);
         }
         fprintf(stderr, KS_PROG ": created %s version 1 (active, primary)\n", pos[1]);
         return EX_OK;
     }
     if (strcmp(act, "add-version") == 0) {
-        if ((e = ks_keyring_add_version(kr, id, &version)) != KS_OK) {
+        if ((e = a->add_version(p->self, id, &version, 0)) != KS_OK) {
             return change_failed("add a version to", pos[1], e);
         }
         printf("%u\n", version);
@@ -504,7 +529,7 @@ static int change(ks_keyring *kr, const char **pos, int npos, const destroy_opts
         return ks_cli_usage_error("keys", "%s needs KEY_ID VERSION (a number from 1)", act);
     }
     if (strcmp(act, "promote") == 0) {
-        if ((e = ks_keyring_promote(kr, id, version)) != KS_OK) {
+        if ((e = a->promote(p->self, id, version, 0)) != KS_OK) {
             return change_failed("promote", pos[1], e);
         }
         fprintf(stderr, KS_PROG ": %s version %u is now primary\n", pos[1], version);
@@ -522,7 +547,7 @@ static int change(ks_keyring *kr, const char **pos, int npos, const destroy_opts
         (rc = destroy_guard(d, pos[1], version, affected, n_affected)) != EX_OK) {
         return rc;
     }
-    if ((e = ks_keyring_set_state(kr, id, version, (ks_key_state)state)) != KS_OK) {
+    if ((e = a->set_state(p->self, id, version, (ks_key_state)state, 0)) != KS_OK) {
         return change_failed("change the state of", pos[1], e);
     }
     fprintf(stderr, KS_PROG ": %s version %u is now %s\n", pos[1], version, pos[3]);
@@ -603,10 +628,15 @@ int ks_cmd_keys(int argc, char **argv)
         return init_keyring(keyring, passfile);
     }
     ks_keyring *kr;
+    ks_provider p;
     if ((rc = ks_cli_keyring_open(keyring, passfile, &kr)) != EX_OK) {
         return rc;
     }
-    rc = strcmp(pos[0], "list") == 0 ? list_keys(kr, json) : change(kr, pos, npos, &d);
+    if (ks_keyring_provider(kr, &p) != KS_OK || p.ops->admin == NULL) {
+        rc = EX_SOFTWARE;
+    } else {
+        rc = strcmp(pos[0], "list") == 0 ? list_keys(&p, json) : change(&p, pos, npos, &d);
+    }
     ks_keyring_close(kr);
     return rc;
 }

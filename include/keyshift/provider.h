@@ -70,6 +70,7 @@ typedef struct ks_key_entry {
     uint32_t version;
     ks_key_state state;
     int is_primary;
+    uint64_t created;        /* Unix time, seconds; 0 when the provider does not know */
 } ks_key_entry;
 
 /* Called once per listed key version; a nonzero return stops the listing

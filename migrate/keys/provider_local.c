@@ -254,7 +254,7 @@ static ks_err local_list(void *self, ks_bytes key_id, ks_key_list_fn fn, void *a
             if (ks_keyring_version_at(self, i, v, &kv) != KS_OK) {
                 return KS_ERR_INTEGRITY;
             }
-            ks_key_entry e = {k.key_id, v, kv.state, v == k.primary};
+            ks_key_entry e = {k.key_id, v, kv.state, v == k.primary, kv.created};
             if (fn(arg, &e) != 0) {
                 return KS_OK;
             }
