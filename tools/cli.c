@@ -5,6 +5,7 @@
 #define _POSIX_C_SOURCE 200809L /* open(O_CLOEXEC), read, fstat */
 
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -419,22 +420,107 @@ int ks_cli_keyring_open(const char *path, const char *passphrase_file, ks_keyrin
     return ks_cli_exit_code(e);
 }
 
-/* See cli.h. */
-int ks_cli_ctx_open(const char *keyring, const char *passfile, ks_keyring **kr, ks_ctx **ctx)
+/* See cli.h.  The file's own problems and every credential of a provider
+ * (a passphrase or PIN that cannot be read, a wrong or locked PIN) are
+ * configuration errors (78); a provider that cannot be reached is
+ * unavailable (69). */
+int ks_cli_registry_failed(const char *path, ks_err e, const ks_registry_error *err)
 {
-    ks_provider prov;
-    *ctx = NULL;
-    int rc = ks_cli_keyring_open(keyring, passfile, kr);
+    switch (err->stage) {
+    case KS_REGISTRY_STAGE_PARSE:
+        ks_cli_error("providers file %s is invalid: %s at line %" PRIu32 ", column %" PRIu32
+                     " (byte %zu)", path, ks_err_name(err->code), err->line, err->column,
+                     err->offset);
+        return EX_CONFIG;
+    case KS_REGISTRY_STAGE_PROVIDER:
+        if (err->setting != NULL) {
+            ks_cli_error("providers file %s: provider %s: cannot use its %s: %s", path, err->name,
+                         err->setting, ks_err_name(e));
+            return e == KS_ERR_UNAVAILABLE ? EX_UNAVAILABLE : EX_CONFIG;
+        }
+        ks_cli_error("providers file %s: provider %s did not open: %s%s", path, err->name,
+                     ks_err_name(e),
+                     e == KS_ERR_DENIED ? " (wrong or locked PIN, or the token's final try: "
+                                          "not retried)" : "");
+        return e == KS_ERR_DENIED ? EX_CONFIG : ks_cli_exit_code(e);
+    default:
+        if (e == KS_ERR_INSECURE) {
+            ks_cli_error("providers file %s is writable by group or others, or not a regular "
+                         "file of yours; run: chmod go-w %s", path, path);
+        } else if (e == KS_ERR_IO) {
+            struct stat st;
+            ks_cli_error("cannot read providers file %s: %s", path,
+                         stat(path, &st) != 0 ? strerror(errno) : "not a readable regular file");
+        } else {
+            ks_cli_error("cannot load providers file %s: %s", path, ks_err_name(e));
+        }
+        return e == KS_ERR_NO_MEMORY ? EX_OSERR : EX_CONFIG;
+    }
+}
+
+/* See cli.h. */
+int ks_cli_keys_open(const char *cmd, const char *keyring, const char *passfile,
+                     const char *providers, ks_cli_keys *out)
+{
+    memset(out, 0, sizeof *out);
+    if (providers != NULL && keyring != NULL) {
+        return ks_cli_usage_error(cmd, "give --keyring or --providers, not both");
+    }
+    if (providers == NULL && keyring == NULL) {
+        const char *env = getenv("KEYSHIFT_PROVIDERS");
+        providers = env != NULL && *env != '\0' ? env : NULL;
+    }
+    if (providers != NULL) {
+        if (passfile != NULL) {
+            return ks_cli_usage_error(cmd, "--passphrase-file goes with --keyring; a providers "
+                                           "file names each keyring's passphrase itself");
+        }
+        ks_registry_error err;
+        ks_err e = ks_registry_load(providers, &out->reg, &err);
+        if (e == KS_OK) {
+            e = ks_registry_provider(out->reg, &out->prov);
+        }
+        if (e != KS_OK) {
+            int rc = out->reg == NULL ? ks_cli_registry_failed(providers, e, &err) : EX_SOFTWARE;
+            ks_cli_keys_close(out);
+            return rc;
+        }
+        snprintf(out->source, sizeof out->source, "providers %s", providers);
+        return EX_OK;
+    }
+    int rc = ks_cli_keyring_open(keyring, passfile, &out->kr);
     if (rc != EX_OK) {
         return rc;
     }
-    ks_err e = ks_keyring_provider(*kr, &prov);
-    if (e == KS_OK) {
-        e = ks_ctx_new(&prov, NULL, ctx);
+    if (ks_keyring_provider(out->kr, &out->prov) != KS_OK) {
+        ks_cli_keys_close(out);
+        return EX_SOFTWARE;
     }
+    snprintf(out->source, sizeof out->source, "keyring %s",
+             keyring != NULL ? keyring : getenv("KEYSHIFT_KEYRING"));
+    return EX_OK;
+}
+
+/* See cli.h. */
+void ks_cli_keys_close(ks_cli_keys *k)
+{
+    ks_registry_close(k->reg);
+    ks_keyring_close(k->kr);
+    memset(k, 0, sizeof *k);
+}
+
+/* See cli.h. */
+int ks_cli_ctx_open(const char *cmd, const char *keyring, const char *passfile,
+                    const char *providers, ks_cli_keys *keys, ks_ctx **ctx)
+{
+    *ctx = NULL;
+    int rc = ks_cli_keys_open(cmd, keyring, passfile, providers, keys);
+    if (rc != EX_OK) {
+        return rc;
+    }
+    ks_err e = ks_ctx_new(&keys->prov, NULL, ctx);
     if (e != KS_OK) {
-        ks_keyring_close(*kr);
-        *kr = NULL;
+        ks_cli_keys_close(keys);
         ks_cli_error("cannot set up encryption: %s", ks_err_name(e));
         return ks_cli_exit_code(e);
     }

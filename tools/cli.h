@@ -112,10 +112,48 @@ int ks_cli_passphrase_load(const char *passphrase_file, ks_bytes *out);
 /* Wipe and free a passphrase from ks_cli_passphrase_load(). */
 void ks_cli_passphrase_free(ks_bytes *pass);
 
-/* Open the keyring (as ks_cli_keyring_open) and a ks_ctx over its local
- * provider.  Returns EX_OK, or an exit code after printing the error (then
- * *kr and *ctx are NULL).  The caller frees ctx, then closes kr. */
-int ks_cli_ctx_open(const char *keyring, const char *passfile, ks_keyring **kr, ks_ctx **ctx);
+/* Where a command's keys come from: a keyring file (the local provider
+ * over it) or a provider registry (its routing provider). */
+typedef struct ks_cli_keys {
+    ks_keyring *kr;       /* --keyring / $KEYSHIFT_KEYRING, else NULL */
+    ks_registry *reg;     /* --providers / $KEYSHIFT_PROVIDERS, else NULL */
+    ks_provider prov;     /* the provider to use: local over kr, or reg's router */
+    char source[320];     /* for messages: "keyring PATH" or "providers PATH" */
+} ks_cli_keys;
+
+/* How every manual states which of --keyring and --providers applies; a
+ * string literal, to paste into help text. */
+#define KS_CLI_KEYS_RULE                                                                       \
+    "--providers FILE (or $KEYSHIFT_PROVIDERS) names a provider registry\n"                 \
+    "                  (docs/providers.md) that routes each key_id to its provider:\n"     \
+    "                  a local keyring, or an HSM through PKCS#11; without it,\n"          \
+    "                  --keyring FILE (or $KEYSHIFT_KEYRING) as before. Giving both\n"     \
+    "                  options is a usage error; --keyring beats $KEYSHIFT_PROVIDERS\n"
+
+/*
+ * Open the keys a command uses: the registry named by providers (else
+ * $KEYSHIFT_PROVIDERS when keyring is NULL), else the keyring (as
+ * ks_cli_keyring_open).  Both named: EX_USAGE for subcommand cmd.
+ * Returns EX_OK, or an exit code after printing the problem (then *out
+ * holds nothing).  Close with ks_cli_keys_close().
+ */
+int ks_cli_keys_open(const char *cmd, const char *keyring, const char *passfile,
+                     const char *providers, ks_cli_keys *out);
+
+/* Report a failed ks_registry_load() or ks_registry_read() of path (with
+ * line and column for a rejection, the provider's name for a provider
+ * that did not open) and return its exit code. */
+int ks_cli_registry_failed(const char *path, ks_err e, const ks_registry_error *err);
+
+/* Close what ks_cli_keys_open() opened; an empty *k is a no-op. */
+void ks_cli_keys_close(ks_cli_keys *k);
+
+/* Open the keys (as ks_cli_keys_open) and a ks_ctx over their provider.
+ * Returns EX_OK, or an exit code after printing the error (then *keys
+ * holds nothing and *ctx is NULL).  The caller frees ctx, then closes
+ * keys. */
+int ks_cli_ctx_open(const char *cmd, const char *keyring, const char *passfile,
+                    const char *providers, ks_cli_keys *keys, ks_ctx **ctx);
 
 /* Write all of p[0, n) to stdout; EX_OK or EX_IOERR after a message. */
 int ks_cli_write_stdout(const uint8_t *p, size_t n);
@@ -200,6 +238,7 @@ uint64_t ks_cli_census_key_rows(const ks_census *c, const char *key_id, uint32_t
 /* Subcommands. */
 int ks_cmd_inspect(int argc, char **argv);
 int ks_cmd_keys(int argc, char **argv);
+int ks_cmd_providers(int argc, char **argv);
 int ks_cmd_encrypt(int argc, char **argv);
 int ks_cmd_decrypt(int argc, char **argv);
 int ks_cmd_census(int argc, char **argv);

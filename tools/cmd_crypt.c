@@ -30,16 +30,18 @@ static void usage_encrypt(FILE *f)
             "SYNOPSIS\n"
             "    keyshift encrypt --tenant T --key-id K [--key-version N] [--context C]\n"
             "                     [--purpose P] [--format 1|2] [--algorithm NAME]\n"
-            "                     [--keyring FILE] [--passphrase-file FILE] < plaintext > envelope\n"
+            "                     [--keyring FILE [--passphrase-file FILE] | --providers FILE]\n"
+            "                     < plaintext > envelope\n"
             "\n"
             "DESCRIPTION\n"
             "    Reads at most %zu bytes of plaintext from standard input, seals them\n"
-            "    under a fresh data key wrapped by the keyring's key K, and writes the\n"
+            "    under a fresh data key wrapped by key K (in the keyring, or with\n"
+            "    --providers in the provider serving K), and writes the\n"
             "    envelope (docs/format.md) to standard output.\n"
             "\n"
             "OPTIONS\n"
             "    --tenant T        tenant the record belongs to ([A-Za-z0-9._:-], 1..64)\n"
-            "    --key-id K        key-encryption key in the keyring\n"
+            "    --key-id K        key-encryption key\n"
             "    --key-version N   that key's version (default: its primary)\n"
             "    --context C       bytes the reader rebuilds from trusted data, e.g.\n"
             "                      'payments:42:card', taken as its exact bytes; bound into\n"
@@ -51,11 +53,13 @@ static void usage_encrypt(FILE *f)
             "    --keyring FILE    default: $KEYSHIFT_KEYRING\n"
             "    --passphrase-file FILE  keyring passphrase (default: $KEYSHIFT_PASSPHRASE);\n"
             "                      " KS_CLI_PASSPHRASE_RULE "\n"
+            "    --providers FILE  " KS_CLI_KEYS_RULE
             "\n"
             "EXIT STATUS\n"
             "    0 sealed; 64 usage; 65 input too large; 69 algorithm or provider\n"
             "    unavailable; 75 provider timeout; 77 key disabled, destroyed, denied or\n"
-            "    missing; 78 insecure, unreadable or corrupt keyring, or wrong passphrase.\n"
+            "    missing (or served by no provider); 78 insecure, unreadable or corrupt\n"
+            "    keyring or providers file, wrong passphrase, or wrong or locked PIN.\n"
             "\n"
             "EXAMPLE\n"
             "    printf 4111111111111111 | keyshift encrypt --tenant acme --key-id payments/kek \\\n"
@@ -71,10 +75,12 @@ static void usage_decrypt(FILE *f)
           "\n"
           "SYNOPSIS\n"
           "    keyshift decrypt [--context C] [--purpose P] [--tenant T]\n"
-          "                     [--keyring FILE] [--passphrase-file FILE] < envelope > plaintext\n"
+          "                     [--keyring FILE [--passphrase-file FILE] | --providers FILE]\n"
+          "                     < envelope > plaintext\n"
           "\n"
           "DESCRIPTION\n"
-          "    Parses the envelope strictly, unwraps its data key with the keyring,\n"
+          "    Parses the envelope strictly, unwraps its data key with the keyring (or\n"
+          "    the provider serving its key_id),\n"
           "    checks the key commitment (format 2) and the authentication tag, and\n"
           "    only then writes the plaintext to standard output. On any failure\n"
           "    nothing at all is written to standard output.\n"
@@ -83,14 +89,14 @@ static void usage_decrypt(FILE *f)
           "    --context C   the context the writer bound (default: empty)\n"
           "    --purpose P   require this purpose (format 2)\n"
           "    --tenant T    require this tenant\n"
-          "    --keyring FILE, --passphrase-file FILE   as for encrypt\n"
+          "    --keyring FILE, --passphrase-file FILE, --providers FILE   as for encrypt\n"
           "\n"
           "EXIT STATUS\n"
           "    0 opened; 64 usage; 65 malformed envelope, or authentication failed\n"
           "    (wrong key, context, tenant or purpose, or tampering: one message for\n"
           "    all); 69 provider or algorithm unavailable; 75 provider timeout;\n"
           "    77 key disabled, destroyed, denied or missing; 78 insecure, unreadable\n"
-          "    or corrupt keyring, or wrong passphrase.\n",
+          "    or corrupt keyring or providers file, wrong passphrase, or wrong PIN.\n",
           f);
 }
 
@@ -161,9 +167,11 @@ int ks_cmd_encrypt(int argc, char **argv)
 {
     const char *keyring = NULL, *passfile = NULL, *tenant = NULL, *key_id = NULL, *version = NULL;
     const char *context = NULL, *purpose = NULL, *format = NULL, *algorithm = NULL;
+    const char *providers = NULL;
     int npos = 0;
     const ks_cli_opt opts[] = {
         {"--keyring", &keyring, NULL}, {"--passphrase-file", &passfile, NULL},
+        {"--providers", &providers, NULL},
         {"--tenant", &tenant, NULL},   {"--key-id", &key_id, NULL},
         {"--key-version", &version, NULL}, {"--context", &context, NULL},
         {"--purpose", &purpose, NULL}, {"--format", &format, NULL},
@@ -193,7 +201,7 @@ int ks_cmd_encrypt(int argc, char **argv)
     p.purpose = p.format == KS_FORMAT_V2 ? str_view(purpose != NULL ? purpose : "default") : str_view(NULL);
     p.context = str_view(context);
 
-    ks_keyring *kr = NULL;
+    ks_cli_keys keys = {0};
     ks_ctx *ctx = NULL;
     uint8_t *pt = NULL, *out = NULL;
     size_t pt_len = 0, out_len = 0;
@@ -206,14 +214,15 @@ int ks_cmd_encrypt(int argc, char **argv)
     } else if ((out = malloc(cap)) == NULL) {
         ks_cli_error("out of memory");
         rc = EX_OSERR;
-    } else if ((rc = ks_cli_ctx_open(keyring, passfile, &kr, &ctx)) == EX_OK) {
+    } else if ((rc = ks_cli_ctx_open("encrypt", keyring, passfile, providers, &keys, &ctx)) ==
+               EX_OK) {
         ks_err e = ks_seal(ctx, &p, pt, pt_len, out, cap, &out_len);
         rc = e == KS_OK ? ks_cli_write_stdout(out, out_len) : crypt_failed("encrypt", e, NULL);
     }
     sodium_free(pt);
     free(out);
     ks_ctx_free(ctx);
-    ks_keyring_close(kr);
+    ks_cli_keys_close(&keys);
     return rc;
 }
 
@@ -221,9 +230,11 @@ int ks_cmd_encrypt(int argc, char **argv)
 int ks_cmd_decrypt(int argc, char **argv)
 {
     const char *keyring = NULL, *passfile = NULL, *tenant = NULL, *context = NULL, *purpose = NULL;
+    const char *providers = NULL;
     int npos = 0;
     const ks_cli_opt opts[] = {
         {"--keyring", &keyring, NULL}, {"--passphrase-file", &passfile, NULL},
+        {"--providers", &providers, NULL},
         {"--tenant", &tenant, NULL},   {"--context", &context, NULL},
         {"--purpose", &purpose, NULL}, {NULL, NULL, NULL},
     };
@@ -246,12 +257,13 @@ int ks_cmd_decrypt(int argc, char **argv)
     if (rc != EX_OK) {
         return rc;
     }
-    ks_keyring *kr = NULL;
+    ks_cli_keys keys = {0};
     ks_ctx *ctx = NULL;
     if ((pt = sodium_malloc(env_len ? env_len : 1)) == NULL) {
         ks_cli_error("out of memory");
         rc = EX_OSERR;
-    } else if ((rc = ks_cli_ctx_open(keyring, passfile, &kr, &ctx)) == EX_OK) {
+    } else if ((rc = ks_cli_ctx_open("decrypt", keyring, passfile, providers, &keys, &ctx)) ==
+               EX_OK) {
         ks_parse_error perr;
         ks_err e = ks_open(ctx, env, env_len, &p, pt, env_len, &pt_len, &perr);
         rc = e == KS_OK ? ks_cli_write_stdout(pt, pt_len) : crypt_failed("decrypt", e, &perr);
@@ -261,6 +273,6 @@ int ks_cmd_decrypt(int argc, char **argv)
     }
     free(env);
     ks_ctx_free(ctx);
-    ks_keyring_close(kr);
+    ks_cli_keys_close(&keys);
     return rc;
 }

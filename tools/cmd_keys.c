@@ -20,7 +20,7 @@
 static void usage(FILE *f)
 {
     fputs("NAME\n"
-          "    keyshift keys - manage the local keyring of key-encryption keys\n"
+          "    keyshift keys - manage key-encryption keys, in a keyring or a provider\n"
           "\n"
           "SYNOPSIS\n"
           "    keyshift keys init\n"
@@ -31,12 +31,17 @@ static void usage(FILE *f)
           "    keyshift keys set-state KEY_ID VERSION destroyed [--db FILE]...\n"
           "        [--force --reason TEXT]\n"
           "    keyshift keys list [--json]\n"
-          "    (each also takes --keyring FILE and --passphrase-file FILE)\n"
+          "    (each also takes --keyring FILE and --passphrase-file FILE, or, but\n"
+          "    init, --providers FILE)\n"
           "\n"
           "DESCRIPTION\n"
           "    A keyring file holds key-encryption keys (KEKs) by KEY_ID, each with\n"
           "    numbered versions and one primary version, which wraps the data keys\n"
           "    of new envelopes. The format is specified in docs/keyring.md.\n"
+          "    With --providers, each KEY_ID is managed in the provider that serves\n"
+          "    it (docs/providers.md): the same commands create, rotate and retire a\n"
+          "    key held in an HSM through PKCS#11, whose material is generated in the\n"
+          "    token and never leaves it; list shows the keys of every provider.\n"
           "\n"
           "    init         create an empty keyring (mode 0600); sealed with the\n"
           "                 passphrase when one is given\n"
@@ -65,6 +70,7 @@ static void usage(FILE *f)
           "    --passphrase-file FILE  read the keyring passphrase from FILE (default:\n"
           "                            $KEYSHIFT_PASSPHRASE; never on the command line);\n"
           "                            " KS_CLI_PASSPHRASE_RULE "\n"
+          "    --providers FILE        " KS_CLI_KEYS_RULE
           "    --json                  list: one JSON object\n"
           "    --db FILE               set-state destroyed: a database to check for\n"
           "                            references (repeatable)\n"
@@ -81,8 +87,10 @@ static void usage(FILE *f)
           "    0 success; 64 usage (destroyed without --db or --force); 65 refused\n"
           "    (key exists, forbidden state change); 66 a --db database missing;\n"
           "    75 destroyed refused: the version is still referenced (the message\n"
-          "    says where); 77 no such key or version; 78 insecure, unreadable or\n"
-          "    corrupt keyring, or wrong passphrase; 71 system error.\n"
+          "    says where); 69 provider unreachable; 77 no such key or version (or\n"
+          "    no provider serves KEY_ID); 78 insecure, unreadable or corrupt keyring\n"
+          "    or providers file, wrong passphrase, or wrong or locked PIN; 71 system\n"
+          "    error.\n"
           "\n"
           "EXAMPLES\n"
           "    export KEYSHIFT_KEYRING=$HOME/.keyshift/keyring\n"
@@ -577,13 +585,14 @@ static int arity_ok(const char *act, int npos)
 /* See cli.h. */
 int ks_cmd_keys(int argc, char **argv)
 {
-    const char *keyring = NULL, *passfile = NULL, *pos[4], *db = NULL;
+    const char *keyring = NULL, *passfile = NULL, *pos[4], *db = NULL, *providers = NULL;
     int json = 0, npos = 0;
     destroy_opts d;
     memset(&d, 0, sizeof d);
     const ks_cli_opt opts[] = {
         {"--keyring", &keyring, NULL},
         {"--passphrase-file", &passfile, NULL},
+        {"--providers", &providers, NULL},
         {"--json", NULL, &json},
         {"--db", &db, NULL},
         {"--force", NULL, &d.force},
@@ -625,18 +634,23 @@ int ks_cmd_keys(int argc, char **argv)
         return ks_cli_usage_error("keys", "wrong number of arguments for '%s'", pos[0]);
     }
     if (strcmp(pos[0], "init") == 0) {
+        if (providers != NULL) {
+            return ks_cli_usage_error("keys", "init makes a keyring file: give --keyring FILE, "
+                                              "not --providers");
+        }
         return init_keyring(keyring, passfile);
     }
-    ks_keyring *kr;
-    ks_provider p;
-    if ((rc = ks_cli_keyring_open(keyring, passfile, &kr)) != EX_OK) {
+    ks_cli_keys keys;
+    if ((rc = ks_cli_keys_open("keys", keyring, passfile, providers, &keys)) != EX_OK) {
         return rc;
     }
-    if (ks_keyring_provider(kr, &p) != KS_OK || p.ops->admin == NULL) {
-        rc = EX_SOFTWARE;
+    if (keys.prov.ops->admin == NULL) {
+        ks_cli_error("%s cannot manage keys", keys.source);
+        rc = EX_UNAVAILABLE;
     } else {
-        rc = strcmp(pos[0], "list") == 0 ? list_keys(&p, json) : change(&p, pos, npos, &d);
+        rc = strcmp(pos[0], "list") == 0 ? list_keys(&keys.prov, json)
+                                         : change(&keys.prov, pos, npos, &d);
     }
-    ks_keyring_close(kr);
+    ks_cli_keys_close(&keys);
     return rc;
 }

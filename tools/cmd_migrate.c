@@ -41,13 +41,12 @@ static void usage(FILE *f)
           "        [--purpose P] [--batch-size N] [--max-failure-rate R]\n"
           "        [--max-rows-per-second N] [--no-verify] [--serial]\n"
           "        [--from-key KEY_ID] [--supersede] [--busy-timeout MS] [--json]\n"
-          "        [--keyring FILE]\n"
-          "        [--passphrase-file FILE]\n"
+          "        [--keyring FILE [--passphrase-file FILE] | --providers FILE]\n"
           "    keyshift migrate status --db FILE [--table T --column C] [--json]\n"
           "    keyshift migrate verify --db FILE --table T --column C [--sample N]\n"
           "        [--id-column I] [--context TEMPLATE] [--tenant-column COL |\n"
           "        --tenant T] [--purpose P] [--from-key KEY_ID] [--json]\n"
-          "        [--keyring FILE] [--passphrase-file FILE]\n"
+          "        [--keyring FILE [--passphrase-file FILE] | --providers FILE]\n"
           "\n"
           "DESCRIPTION\n"
           "    run     rewrites column C of table T, batch by batch, while the\n"
@@ -167,6 +166,10 @@ static void usage(FILE *f)
           "    --keyring FILE         default: $KEYSHIFT_KEYRING\n"
           "    --passphrase-file FILE keyring passphrase (default: $KEYSHIFT_PASSPHRASE);\n"
           "          " KS_CLI_PASSPHRASE_RULE "\n"
+          "    --providers FILE       " KS_CLI_KEYS_RULE
+          "          A rewrap to a key another provider serves (--to-key hsm/k)\n"
+          "          moves every DEK into that provider without touching the\n"
+          "          ciphertext: how a column leaves a key file for an HSM.\n"
           "    -h, --help             print this manual\n"
           "\n"
           "EXIT STATUS\n"
@@ -183,7 +186,8 @@ static void usage(FILE *f)
           "    75  paused by SIGINT/SIGTERM, key provider timeout, or the database\n"
           "        stayed locked: rerun the same command to resume\n"
           "    77  target key unknown, disabled, destroyed or denied\n"
-          "    78  keyring insecure, unreadable or corrupt, or wrong passphrase; run:\n"
+          "    78  keyring or providers file insecure, unreadable or corrupt, wrong\n"
+          "        passphrase, or wrong or locked PIN; run:\n"
           "        the column's rollout is not in backfill, or targets another class\n"
           "    Every code is explained, with recovery steps, in docs/migration.md.\n"
           "\n"
@@ -205,7 +209,7 @@ static void usage(FILE *f)
 typedef struct mig_opts {
     const char *db, *table, *column, *id_column, *mode, *to_key, *to_format, *algorithm;
     const char *tenant_column, *tenant, *context, *purpose, *batch_size, *max_failure_rate;
-    const char *max_rps, *busy_timeout, *sample, *keyring, *passfile, *from_key;
+    const char *max_rps, *busy_timeout, *sample, *keyring, *passfile, *from_key, *providers;
     int no_verify, serial, json, supersede;
 } mig_opts;
 
@@ -234,6 +238,7 @@ static int parse(const char *cmd, int argc, char **argv, mig_opts *o, int *rc)
         {"--sample", &o->sample, NULL},
         {"--keyring", &o->keyring, NULL},
         {"--passphrase-file", &o->passfile, NULL},
+        {"--providers", &o->providers, NULL},
         {"--no-verify", NULL, &o->no_verify},
         {"--serial", NULL, &o->serial},
         {"--supersede", NULL, &o->supersede},
@@ -259,6 +264,7 @@ static int only_options(const char *cmd, const mig_opts *o, const char *allowed)
         {"--max-rows-per-second", o->max_rps != NULL},
         {"--busy-timeout", o->busy_timeout != NULL}, {"--sample", o->sample != NULL},
         {"--keyring", o->keyring != NULL},     {"--passphrase-file", o->passfile != NULL},
+        {"--providers", o->providers != NULL},
         {"--no-verify", o->no_verify},         {"--id-column", o->id_column != NULL},
         {"--serial", o->serial},               {"--from-key", o->from_key != NULL},
         {"--supersede", o->supersede},
@@ -598,7 +604,8 @@ static const char *outcome_advice(ks_err e)
     case KS_ERR_STORE:
         return "database error; the batch was rolled back and the checkpoint kept: fix the "
                "cause, then run the same command again to resume";
-    case KS_ERR_NOT_FOUND: return "the target key or version does not exist in the keyring";
+    case KS_ERR_NOT_FOUND: return "the target key or version does not exist (in the keyring, or in the provider "
+                                   "serving it)";
     case KS_ERR_DENIED:
         return "the target key version may not wrap (disabled or decrypt-only); promote an "
                "active version or pick another";
@@ -880,7 +887,7 @@ static int cmd_run(int argc, char **argv)
     if ((rc = only_options(cmd, &o, " --mode --to-key --to-format --algorithm --tenant-column "
                                     "--tenant --context --purpose --batch-size --max-failure-rate "
                                     "--max-rows-per-second --busy-timeout --keyring "
-                                    "--passphrase-file --no-verify --id-column --serial "
+                                    "--passphrase-file --providers --no-verify --id-column --serial "
                                     "--from-key --supersede ")) != EX_OK) {
         return rc;
     }
@@ -894,20 +901,20 @@ static int cmd_run(int argc, char **argv)
         return rc;
     }
     p.supersede = o.supersede;
-    ks_keyring *kr = NULL;
+    ks_cli_keys keys = {0};
     ks_ctx *ctx = NULL;
     ks_rowstore store = {NULL, NULL, NULL};
     int64_t rollout_id = 0;
     char from_key[KS_KEY_ID_MAX + 1];
     if ((rc = ks_cli_store_open(o.db, &t, 0, busy_ms, &store)) == EX_OK &&
-        (rc = ks_cli_ctx_open(o.keyring, o.passfile, &kr, &ctx)) == EX_OK &&
+        (rc = ks_cli_ctx_open(cmd, o.keyring, o.passfile, o.providers, &keys, &ctx)) == EX_OK &&
         (rc = rollout_gate(&o, &p, ctx, &rollout_id, from_key)) == EX_OK &&
         (rc = backfill_gate(&store, rollout_id)) == EX_OK) {
         rc = run_engine(ctx, &store, &p, &o, rollout_id);
     }
     ks_rowstore_close(&store);
     ks_ctx_free(ctx);
-    ks_keyring_close(kr);
+    ks_cli_keys_close(&keys);
     return rc;
 }
 
@@ -1124,7 +1131,8 @@ static int cmd_verify(int argc, char **argv)
         return rc;
     }
     if ((rc = only_options(cmd, &o, " --tenant-column --tenant --context --purpose --sample "
-                                    "--keyring --passphrase-file --id-column --from-key ")) != EX_OK) {
+                                    "--keyring --passphrase-file --providers --id-column "
+                                    "--from-key ")) != EX_OK) {
         return rc;
     }
     ks_migrate_params p;
@@ -1138,13 +1146,13 @@ static int cmd_verify(int argc, char **argv)
     if (o.sample != NULL && ks_cli_parse_size(o.sample, 1, SIZE_MAX, &sample) != 0) {
         return ks_cli_usage_error(cmd, "--sample must be a number from 1");
     }
-    ks_keyring *kr = NULL;
+    ks_cli_keys keys = {0};
     ks_ctx *ctx = NULL;
     ks_rowstore store = {NULL, NULL, NULL};
     verify_state s = {o.json, 0};
     ks_verify_result r = {0, 0, 0};
     if ((rc = ks_cli_store_open(o.db, &t, 1, 0, &store)) == EX_OK &&
-        (rc = ks_cli_ctx_open(o.keyring, o.passfile, &kr, &ctx)) == EX_OK) {
+        (rc = ks_cli_ctx_open(cmd, o.keyring, o.passfile, o.providers, &keys, &ctx)) == EX_OK) {
         ks_err e = ks_migrate_verify(ctx, &store, &p, sample, on_failure, &s, &r);
         if (e != KS_OK) {
             ks_cli_error("verify of %s.%s stopped: %s", o.table, o.column, ks_err_name(e));
@@ -1168,7 +1176,7 @@ static int cmd_verify(int argc, char **argv)
     }
     ks_rowstore_close(&store);
     ks_ctx_free(ctx);
-    ks_keyring_close(kr);
+    ks_cli_keys_close(&keys);
     return rc;
 }
 

@@ -43,10 +43,11 @@ static void usage(FILE *f)
           "    keyshift rollout start --db FILE --key-id K --columns T.C[,T2.C2...]\n"
           "        --source CLASS --target CLASS [the options above]\n"
           "    keyshift rollout advance --db FILE [SELECT] [--tenants a,b | --percent N |\n"
-          "        --all] [--keyring FILE] [--passphrase-file FILE] [--actor A]\n"
+          "        --all] [--keyring FILE [--passphrase-file FILE] | --providers FILE]\n"
+          "        [--actor A]\n"
           "        [--reason TEXT] [--json]\n"
           "    keyshift rollout rollback --db FILE [SELECT] --reason TEXT [--actor A]\n"
-          "        [--keyring FILE] [--passphrase-file FILE] [--json]\n"
+          "        [--keyring FILE [--passphrase-file FILE] | --providers FILE] [--json]\n"
           "    keyshift rollout canary --db FILE [SELECT] --tenants a,b | --percent N |\n"
           "        --all [--actor A] [--reason TEXT] [--json]\n"
           "    keyshift rollout status --db FILE [SELECT] [--json]\n"
@@ -154,6 +155,7 @@ static void usage(FILE *f)
           "    --keyring FILE         default: $KEYSHIFT_KEYRING\n"
           "    --passphrase-file FILE keyring passphrase (default: $KEYSHIFT_PASSPHRASE);\n"
           "          " KS_CLI_PASSPHRASE_RULE "\n"
+          "    --providers FILE       " KS_CLI_KEYS_RULE
           "    --actor A              who, in the log (default: $USER@hostname)\n"
           "    --reason TEXT          why, in the log (printable ASCII, up to 1024)\n"
           "    --limit N              log: the last N entries\n"
@@ -209,6 +211,7 @@ typedef struct ro_opts {
     const char *reader_ttl;
     const char *max_auth, *max_parse, *max_provider, *max_seal, *max_open, *min_samples;
     const char *window, *actor, *reason, *tenants, *percent, *keyring, *passfile, *limit;
+    const char *providers;
     int all, json, prometheus, auto_rollback;
     char actor_buf[KS_ROLLOUT_ACTOR_MAX + 1];
 } ro_opts;
@@ -244,6 +247,7 @@ static int parse(const char *cmd, int argc, char **argv, const char *allowed, ro
         {"--percent", &o->percent, NULL},
         {"--keyring", &o->keyring, NULL},
         {"--passphrase-file", &o->passfile, NULL},
+        {"--providers", &o->providers, NULL},
         {"--limit", &o->limit, NULL},
         {"--all", NULL, &o->all},
         {"--json", NULL, &o->json},
@@ -638,20 +642,26 @@ static int health_of(ks_rollout_db *db, const ks_rollout *r, int64_t now, ks_hea
     return EX_OK;
 }
 
-/* Open the keyring (--keyring or $KEYSHIFT_KEYRING) when one is named;
- * when required and none is, a usage error says why it is needed. */
+/* Open the keys (--keyring, --providers, $KEYSHIFT_KEYRING or
+ * $KEYSHIFT_PROVIDERS) when some are named, into *keys (then *opened is
+ * set); when required and none are, a usage error says why they are
+ * needed. */
 static int keyring_for(const char *cmd, const ro_opts *o, int required, const char *why,
-                       ks_keyring **kr, ks_ctx **ctx)
+                       ks_cli_keys *keys, int *opened, ks_ctx **ctx)
 {
-    *kr = NULL;
+    *opened = 0;
     *ctx = NULL;
-    const char *env = getenv("KEYSHIFT_KEYRING");
-    if (o->keyring == NULL && (env == NULL || *env == '\0')) {
-        return required ? ks_cli_usage_error(cmd, "%s: give --keyring FILE or set "
-                                                  "KEYSHIFT_KEYRING", why)
+    const char *env = getenv("KEYSHIFT_KEYRING"), *penv = getenv("KEYSHIFT_PROVIDERS");
+    if (o->keyring == NULL && o->providers == NULL && (env == NULL || *env == '\0') &&
+        (penv == NULL || *penv == '\0')) {
+        return required ? ks_cli_usage_error(cmd, "%s: give --keyring FILE or --providers FILE "
+                                                  "(or set KEYSHIFT_KEYRING or KEYSHIFT_PROVIDERS)",
+                                             why)
                         : EX_OK;
     }
-    return ks_cli_ctx_open(o->keyring, o->passfile, kr, ctx);
+    int rc = ks_cli_ctx_open(cmd, o->keyring, o->passfile, o->providers, keys, ctx);
+    *opened = rc == EX_OK;
+    return rc;
 }
 
 /* Ask the keyring about class c's key version: its state into *state
@@ -1164,11 +1174,13 @@ static int finalize_precheck(const char *cmd, ks_ctx *ctx, const ks_rollout *r, 
 }
 
 /* After finalizing: move the source key version to decrypt-only. */
-static int retire_source(ks_keyring *kr, const ks_rollout *r)
+static int retire_source(const ks_cli_keys *keys, const ks_rollout *r)
 {
     const ks_rollout_class *s = &r->source;
     ks_bytes id = {(const uint8_t *)s->key_id, strlen(s->key_id)};
-    ks_err e = ks_keyring_set_state(kr, id, s->key_version, KS_KEY_DECRYPT_ONLY);
+    const ks_provider_admin_ops *a = keys->prov.ops->admin;
+    ks_err e = a == NULL ? KS_ERR_DENIED
+                         : a->set_state(keys->prov.self, id, s->key_version, KS_KEY_DECRYPT_ONLY, 0);
     if (e != KS_OK) {
         ks_cli_error("rollout %" PRId64 " is finalized, but source key %s:%" PRIu32 " did not "
                      "become decrypt-only: %s; run 'keyshift keys set-state %s %" PRIu32
@@ -1235,7 +1247,7 @@ static int apply_canary(ks_rollout_db *db, const ks_rollout *r, const ks_rollout
 
 /* The advance itself, with the database and keyring open. */
 static int advance(const char *cmd, const ro_opts *o, ks_rollout_db *db, const ks_rollout *r,
-                   ks_keyring *kr, ks_ctx *ctx, const ks_rollout_canary *canary)
+                   const ks_cli_keys *keys, ks_ctx *ctx, const ks_rollout_canary *canary)
 {
     ks_rollout_phase to = next_phase(r->phase);
     ks_rollout_facts f;
@@ -1261,7 +1273,7 @@ static int advance(const char *cmd, const ro_opts *o, ks_rollout_db *db, const k
     }
     rc = transition(cmd, db, r, to, &f, o, 0, o->reason);
     if (rc == EX_OK && retire) {
-        rc = retire_source(kr, r);
+        rc = retire_source(keys, r);
     } else if (rc == EX_OK && to == KS_PHASE_FINALIZED && source_retires(r) && ctx == NULL) {
         fprintf(stderr, KS_PROG ": source key %s:%" PRIu32 " was left as it is (no keyring); "
                 "retire it with 'keyshift keys set-state %s %" PRIu32 " decrypt-only'\n",
@@ -1272,7 +1284,7 @@ static int advance(const char *cmd, const ro_opts *o, ks_rollout_db *db, const k
 
 /* What a step (advance or rollback) does once the keyring is open. */
 typedef int (*step_fn)(const char *cmd, const ro_opts *o, ks_rollout_db *db, const ks_rollout *r,
-                       ks_keyring *kr, ks_ctx *ctx, const ks_rollout_canary *canary);
+                       const ks_cli_keys *keys, ks_ctx *ctx, const ks_rollout_canary *canary);
 
 /* Run step with the keyring open when the transition uses it (wanted:
  * only then, so a keyring that is not needed is never opened) and one is
@@ -1281,14 +1293,15 @@ static int with_keyring(const char *cmd, const ro_opts *o, int wanted, int requi
                         const char *why, ks_rollout_db *db, const ks_rollout *r,
                         const ks_rollout_canary *canary, step_fn step)
 {
-    ks_keyring *kr = NULL;
+    ks_cli_keys keys = {0};
     ks_ctx *ctx = NULL;
-    int rc = wanted ? keyring_for(cmd, o, required, why, &kr, &ctx) : EX_OK;
+    int opened = 0;
+    int rc = wanted ? keyring_for(cmd, o, required, why, &keys, &opened, &ctx) : EX_OK;
     if (rc == EX_OK) {
-        rc = step(cmd, o, db, r, kr, ctx, canary);
+        rc = step(cmd, o, db, r, opened ? &keys : NULL, ctx, canary);
     }
     ks_ctx_free(ctx);
-    ks_keyring_close(kr);
+    ks_cli_keys_close(&keys);
     return rc;
 }
 
@@ -1333,9 +1346,9 @@ static ks_rollout_phase back_phase(ks_rollout_phase p)
 
 /* The rollback step, with the keyring open when needed. */
 static int rollback(const char *cmd, const ro_opts *o, ks_rollout_db *db, const ks_rollout *r,
-                    ks_keyring *kr, ks_ctx *ctx, const ks_rollout_canary *canary)
+                    const ks_cli_keys *keys, ks_ctx *ctx, const ks_rollout_canary *canary)
 {
-    (void)kr;
+    (void)keys;
     (void)canary;
     ks_rollout_phase to = back_phase(r->phase);
     ks_rollout_facts f;
@@ -1883,9 +1896,10 @@ static const struct {
     int writes;
     on_rollout_fn run;
 } on_rollout_cmds[] = {
-    {"advance", "--tenants --percent --all --keyring --passphrase-file --actor --reason",
+    {"advance", "--tenants --percent --all --keyring --passphrase-file --providers --actor --reason",
      WRITES_ALWAYS, on_advance},
-    {"rollback", "--reason --actor --keyring --passphrase-file", WRITES_ALWAYS, on_rollback},
+    {"rollback", "--reason --actor --keyring --passphrase-file --providers", WRITES_ALWAYS,
+     on_rollback},
     {"canary", "--tenants --percent --all --actor --reason", WRITES_ALWAYS, on_canary},
     {"status", "", WRITES_NEVER, on_status},
     {"log", "--limit", WRITES_NEVER, on_log},

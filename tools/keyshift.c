@@ -12,8 +12,10 @@
 
 static const ks_cli_command commands[] = {
     {"inspect", "parse one envelope strictly and print its fields", ks_cmd_inspect},
-    {"keys", "manage the local keyring: init, create, add-version, promote, set-state, list",
+    {"keys", "manage keys in the keyring or a provider: init, create, add-version, promote, "
+             "set-state, list",
      ks_cmd_keys},
+    {"providers", "the provider registry (keyring files, HSMs): list, check", ks_cmd_providers},
     {"encrypt", "seal standard input into one envelope", ks_cmd_encrypt},
     {"decrypt", "open one envelope from standard input", ks_cmd_decrypt},
     {"census", "count a database column's rows by encryption state and key", ks_cmd_census},
@@ -57,6 +59,8 @@ static void usage(FILE *f)
             "\n"
             "ENVIRONMENT\n"
             "    KEYSHIFT_KEYRING     the keyring file, when --keyring is not given\n"
+            "    KEYSHIFT_PROVIDERS   the provider registry (docs/providers.md), when\n"
+            "                         neither --providers nor --keyring is given\n"
             "    KEYSHIFT_PASSPHRASE  the keyring passphrase, when --passphrase-file is\n"
             "                         not given (passphrases are never taken from argv).\n"
             "                         From either, exactly one trailing newline (LF) is\n"
@@ -80,7 +84,8 @@ static void usage(FILE *f)
             "        paused by SIGINT/SIGTERM; rerun to resume. A rollout guard refused:\n"
             "        not safe yet, the message says what is missing (EX_TEMPFAIL)\n"
             "    77  key disabled, destroyed, denied or missing (EX_NOPERM)\n"
-            "    78  keyring insecure, unreadable or corrupt, or wrong passphrase (EX_CONFIG)\n"
+            "    78  keyring or providers file insecure, unreadable or corrupt, wrong\n"
+            "        passphrase, or wrong or locked PIN (EX_CONFIG)\n"
             "\n"
             "    Migration outcomes and recovery: docs/migration.md. 'keyshift rollout\n"
             "    check' uses 0-3 as monitoring plugins do (see its --help).\n");

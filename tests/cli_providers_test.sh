@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# tests/cli_providers_test.sh -- the provider registry from the command
+# line (docs/providers.md): --providers and KEYSHIFT_PROVIDERS on the key
+# commands, encrypt, decrypt and migrate; keyshift providers list|check;
+# refusals of a bad or unsafe registry; and a rewrap that moves a column's
+# DEKs from one provider to another without touching the ciphertext.
+#
+# Two local keyrings stand for two providers here; tests/cli_pkcs11_test.sh
+# does the same with a SoftHSM2 token.
+set -u
+. "$(dirname "$0")/cli_lib.sh"
+
+sql() { sqlite3 -batch "$1" "$2"; }
+unset KEYSHIFT_KEYRING KEYSHIFT_PASSPHRASE KEYSHIFT_PROVIDERS
+
+A="$T/a.keyring"
+B="$T/b.keyring"
+REG="$T/providers"
+run "init keyring a" 0 "$KS" keys init --keyring "$A"
+printf 'pw-b\n' >"$T/b.pass"
+chmod 600 "$T/b.pass"
+run "init keyring b (sealed)" 0 "$KS" keys init --keyring "$B" --passphrase-file "$T/b.pass"
+cat >"$REG" <<EOF
+keyshift-providers 1
+
+# team keys in a plain keyring
+provider alpha
+  type local
+  keyring $A
+  serve-prefix a/
+
+provider beta
+  type local
+  keyring $B
+  passphrase-file $T/b.pass
+  serve b/main
+  serve-prefix a/moved/
+EOF
+chmod 600 "$REG"
+
+# ---- keys through the registry: each key in the provider that serves it ----
+run "keys create a/k1 (routed to alpha)" 0 "$KS" keys create a/k1 --providers "$REG"
+run "keys create b/main (routed to beta)" 0 "$KS" keys create b/main --providers "$REG"
+run "keys create a/moved/k (longest prefix: beta)" 0 "$KS" keys create a/moved/k --providers "$REG"
+run "keys create c/x: nothing serves it" 77 "$KS" keys create c/x --providers "$REG"
+expect_grep "unserved key: message" "$T/err" "c/x"
+run "alpha holds a/k1" 0 "$KS" keys list --keyring "$A"
+expect_grep "a/k1 in keyring a" "$T/out" "^a/k1 "
+if grep -q "b/main" "$T/out"; then bad "b/main not in keyring a"; else ok "b/main not in keyring a"; fi
+run "beta holds b/main and a/moved/k" 0 "$KS" keys list --keyring "$B" --passphrase-file "$T/b.pass"
+expect_grep "b/main in keyring b" "$T/out" "^b/main "
+expect_grep "a/moved/k in keyring b" "$T/out" "^a/moved/k "
+run "keys list --providers: every provider's keys" 0 "$KS" keys list --providers "$REG" --json
+expect_grep "merged list: a/k1" "$T/out" '"key_id":"a/k1","primary":1'
+expect_grep "merged list: a/moved/k" "$T/out" '"key_id":"a/moved/k","primary":1'
+expect_grep "merged list: b/main" "$T/out" '"key_id":"b/main","primary":1'
+run "KEYSHIFT_PROVIDERS works as --providers" 0 env KEYSHIFT_PROVIDERS="$REG" "$KS" keys add-version a/k1
+expect_eq "add-version through the environment prints 2" "$T/out" "2"
+run "--keyring beats KEYSHIFT_PROVIDERS" 0 env KEYSHIFT_PROVIDERS="$REG" "$KS" keys list --keyring "$A"
+run "--keyring and --providers together" 64 "$KS" keys list --keyring "$A" --providers "$REG"
+run "--passphrase-file with --providers" 64 "$KS" keys list --providers "$REG" --passphrase-file "$T/b.pass"
+run "keys init with --providers" 64 "$KS" keys init --providers "$REG"
+
+# ---- encrypt and decrypt through the registry ----------------------------
+printf 'routed secret' >"$T/pt"
+IN="$T/pt" run "encrypt under a/k1" 0 "$KS" encrypt --tenant acme --key-id a/k1 --context row:1 --providers "$REG"
+cp "$T/out" "$T/env1"
+IN="$T/env1" run "decrypt through the registry" 0 "$KS" decrypt --context row:1 --providers "$REG"
+expect_same "registry decrypt gives the plaintext" "$T/out" "$T/pt"
+IN="$T/env1" run "decrypt with keyring a alone" 0 "$KS" decrypt --context row:1 --keyring "$A"
+expect_same "keyring decrypt gives the plaintext" "$T/out" "$T/pt"
+IN="$T/pt" run "encrypt under an unserved key" 77 "$KS" encrypt --tenant acme --key-id c/x --providers "$REG"
+expect_empty "unserved encrypt writes nothing" "$T/out"
+
+# ---- providers list and check ---------------------------------------------
+run "providers list" 0 "$KS" providers list --providers "$REG"
+expect_grep "list: alpha" "$T/out" "^alpha (local)"
+expect_grep "list: beta's exact serve" "$T/out" "serve  *b/main"
+run "providers list --json" 0 "$KS" providers list --providers "$REG" --json
+expect_grep "list --json: beta" "$T/out" '"name":"beta","type":"local"'
+if grep -q "pw-b" "$T/out"; then bad "list shows no secret"; else ok "list shows no secret"; fi
+run "providers check --json" 0 "$KS" providers check --providers "$REG" --json
+expect_grep "check: alpha ok with its key" "$T/out" '"name":"alpha","type":"local","status":"ok","keys":1,"versions":2'
+expect_grep "check: beta ok with its keys" "$T/out" '"name":"beta","type":"local","status":"ok","keys":2,"versions":2'
+run "providers: no registry" 64 "$KS" providers list
+run "providers: unknown action" 64 "$KS" providers frob --providers "$REG"
+run "providers --help" 0 "$KS" providers --help
+expect_grep "providers manual" "$T/out" "^EXIT STATUS"
+
+# ---- a registry that must be refused ---------------------------------------
+cp "$REG" "$T/open.reg"
+chmod 620 "$T/open.reg"
+run "group-writable registry" 78 "$KS" keys list --providers "$T/open.reg"
+expect_grep "group-writable: says why" "$T/err" "writable by group or others"
+printf 'keyshift-providers 1\nprovider x\n  type local\n  keyring %s\n  serve-prefix a/\n  colour blue\n' "$A" >"$T/bad.reg"
+chmod 600 "$T/bad.reg"
+run "unknown setting" 78 "$KS" keys list --providers "$T/bad.reg"
+expect_grep "unknown setting: line and column" "$T/err" "unknown-field at line 6, column 3"
+run "providers check: unknown setting" 78 "$KS" providers check --providers "$T/bad.reg"
+run "missing registry" 78 "$KS" keys list --providers "$T/nosuch.reg"
+sed "s|passphrase-file $T/b.pass|passphrase-file $T/nosuch.pass|" "$REG" >"$T/nopass.reg"
+chmod 600 "$T/nopass.reg"
+run "a provider's passphrase file missing" 78 "$KS" keys list --providers "$T/nopass.reg"
+expect_grep "names the provider" "$T/err" "provider beta"
+run "check: alpha ok, beta failed" 78 "$KS" providers check --providers "$T/nopass.reg" --json
+expect_grep "check: first provider ok" "$T/out" '"name":"alpha","type":"local","status":"ok"'
+expect_grep "check: second provider failed" "$T/out" '"name":"beta","type":"local","status":"failed"'
+printf 'pw-wrong\n' >"$T/wrong.pass"
+chmod 600 "$T/wrong.pass"
+sed "s|passphrase-file $T/b.pass|passphrase-file $T/wrong.pass|" "$REG" >"$T/wrong.reg"
+chmod 600 "$T/wrong.reg"
+run "a provider's wrong passphrase" 78 "$KS" keys list --providers "$T/wrong.reg"
+
+# ---- cross-provider rewrap: the DEKs move, the ciphertext stays --------------
+D="$T/shop.db"
+sql "$D" "CREATE TABLE pay(id INTEGER PRIMARY KEY, tenant TEXT, card BLOB);"
+for i in $(seq 1 120); do echo "INSERT INTO pay VALUES($i, 'acme', 'card-$i');"; done | sqlite3 -batch "$D"
+TGT=(--db "$D" --table pay --column card)
+CTX=(--tenant-column tenant --context 'pay:{id}:card' --purpose card)
+run "migrate encrypt under a/k1 (alpha)" 0 "$KS" migrate run "${TGT[@]}" --mode encrypt --to-key a/k1 "${CTX[@]}" --providers "$REG"
+sql "$D" "SELECT id, hex(card) FROM pay ORDER BY id" >"$T/before"
+run "migrate rewrap --to-key b/main (beta)" 0 "$KS" migrate run "${TGT[@]}" --mode rewrap --to-key b/main "${CTX[@]}" --providers "$REG" --json
+expect_grep "rewrap complete" "$T/out" '"result":"complete"'
+run "census after the move" 0 "$KS" census "${TGT[@]}" --json
+expect_grep "census: every row under b/main" "$T/out" '"key_id":"b/main","key_version":1,"rows":120}'
+if grep -q '"key_id":"a/k1"' "$T/out"; then bad "census: nothing left under a/k1"; else ok "census: nothing left under a/k1"; fi
+run "migrate verify through the registry" 0 "$KS" migrate verify "${TGT[@]}" "${CTX[@]}" --providers "$REG"
+run "migrate verify with keyring b alone" 0 "$KS" migrate verify "${TGT[@]}" "${CTX[@]}" --keyring "$B" --passphrase-file "$T/b.pass"
+run "keyring a alone can no longer open the column" 65 "$KS" migrate verify "${TGT[@]}" "${CTX[@]}" --keyring "$A"
+sql "$D" "SELECT id, hex(card) FROM pay ORDER BY id" >"$T/after"
+# nonce and ciphertext are the envelope's tail: same in both
+strip_head() { sed 's/|.*\(.\{160\}\)$/|\1/' "$1"; }
+strip_head "$T/before" >"$T/before.tail"
+strip_head "$T/after" >"$T/after.tail"
+expect_same "nonce and ciphertext unchanged by the move" "$T/before.tail" "$T/after.tail"
+
+cli_finish cli-providers
