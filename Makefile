@@ -45,7 +45,10 @@ WARN    := -std=c11 -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing
 HARDEN  := -O2 -DNDEBUG -D_FORTIFY_SOURCE=2 -fstack-protector-strong -fstack-clash-protection -fPIC \
            -fvisibility=hidden
 LDHARDEN := -Wl,-z,relro,-z,now,-z,noexecstack
-INC     := -Iinclude
+# PKCS#11 (migrate/keys/provider_pkcs11.c): p11-kit's pkcs11.h and its URI parser.
+P11_CFLAGS := $(shell pkg-config --cflags p11-kit-1 2>/dev/null)
+P11_LIBS   := $(shell pkg-config --libs p11-kit-1 2>/dev/null)
+INC     := -Iinclude $(P11_CFLAGS)
 SAN     := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 # Test builds compile in the test hooks (e.g. docs/keyring.md [K-FILE-6]).
 SAN_HOOKS := -DKS_TEST_HOOKS
@@ -53,8 +56,9 @@ SAN_HOOKS := -DKS_TEST_HOOKS
 # The library.  Nothing under parser/ may include libsodium or SQLite.
 LIB_SRCS := format/format.c format/encode.c format/aad.c parser/envelope.c $(sort $(wildcard migrate/*.c migrate/*/*.c))
 LIB_HDRS := $(wildcard include/keyshift/*.h) format/rules.h parser/cursor.h $(wildcard migrate/*.h migrate/*/*.h)
-# libsodium, SQLite (and threads) for migrate/; parser/ and format/ need none.
-LIB_LIBS := -lsodium -lsqlite3 -pthread
+# libsodium, SQLite (and threads) for migrate/; parser/ and format/ need none;
+# p11-kit and dlopen for the pkcs11 provider.
+LIB_LIBS := -lsodium -lsqlite3 $(P11_LIBS) -ldl -pthread
 CLI_SRCS := tools/keyshift.c tools/cli.c $(wildcard tools/cmd_*.c)
 CLI_HDRS := $(wildcard tools/*.h)
 
