@@ -4,8 +4,8 @@
  *   p11_session.c      the module, the token, the login, the session pool,
  *                      deadlines, reconnects, fork() and the PKCS#11 error
  *                      mapping;
- *   provider_pkcs11.c  the object model (KEK objects and metadata
- *                      records), wrap, unwrap, key_info and key management.
+ *   p11_objects.c      the object model: KEK objects and metadata records;
+ *   provider_pkcs11.c  wrap, unwrap, key_info, key management and open.
  * Internal header (no KS_API).  The p11-kit header comes last: its
  * compatibility names are macros (value, count, ...), so code after it
  * avoids those identifiers.
@@ -20,6 +20,8 @@
 
 #include <keyshift/pkcs11.h>
 #include <keyshift/provider.h>
+
+#include "p11_meta.h"
 
 #include <p11-kit/pkcs11.h>
 #include <p11-kit/uri.h>
@@ -119,6 +121,69 @@ ks_err ks_p11_start(ks_p11 *p, const char *module);
 /* Log out, close, finalise if ours, unload and free everything of p
  * (p itself too, and its mutexes).  Safe on a partly started p. */
 void ks_p11_stop(ks_p11 *p);
+
+/* ---- the object model (p11_objects.c) ----------------------------------- */
+
+/* Metadata objects one key may have at once (more: integrity). */
+#define KS_P11_META_MAX_OBJECTS 16
+
+/* A loaded metadata record and the objects that hold it (all of the key's
+ * records: a change destroys them once it has written its own). */
+typedef struct ks_p11_meta_state {
+    ks_p11meta m;
+    CK_OBJECT_HANDLE objs[KS_P11_META_MAX_OBJECTS];
+    CK_ULONG nobjs;
+    uint8_t best[KS_P11META_MAX_LEN];
+    size_t best_len;
+} ks_p11_meta_state;
+
+/* A non-const pointer for a PKCS#11 input parameter the module only reads
+ * (the API has no const); the cast through uintptr_t is deliberate. */
+static inline CK_BYTE_PTR ks_p11_in_ptr(const void *p)
+{
+    return (CK_BYTE_PTR)(uintptr_t)p;
+}
+
+/* Load key_id's preferred record (highest seq; equal ones: the greater
+ * bytes) into *st, with every metadata object of the key: KS_ERR_NOT_FOUND
+ * when it has none, KS_ERR_INTEGRITY for a malformed record, one naming
+ * another key, or too many objects. */
+ks_err ks_p11_load_meta(ks_p11_op *op, ks_bytes key_id, ks_p11_meta_state *st);
+
+/* Write st->m (its seq already advanced) as a new metadata object, then
+ * destroy the objects st held; st then holds the new one. */
+ks_err ks_p11_write_meta(ks_p11_op *op, ks_p11_meta_state *st);
+
+/* The one KEK object of (key_id, version): KS_ERR_NOT_FOUND, or
+ * KS_ERR_INTEGRITY for several or one that is not a 32-byte AES key. */
+ks_err ks_p11_find_key(ks_p11_op *op, ks_bytes key_id, uint32_t version, CK_OBJECT_HANDLE *out);
+
+/* Destroy every KEK object of (key_id, version). */
+ks_err ks_p11_destroy_keys(ks_p11_op *op, ks_bytes key_id, uint32_t version);
+
+/* Generate the KEK object of (key_id, version), active. */
+ks_err ks_p11_generate_key(ks_p11_op *op, ks_bytes key_id, uint32_t version);
+
+/* Set CKA_ENCRYPT and CKA_DECRYPT of KEK object h for `state`. */
+ks_err ks_p11_set_usage(ks_p11_op *op, CK_OBJECT_HANDLE h, ks_key_state state);
+
+/* The records a listing collected: one per key, the preferred one. */
+typedef struct ks_p11_list_call {
+    ks_bytes key_id;       /* empty: every key */
+    ks_p11meta **recs;
+    size_t n, cap;
+} ks_p11_list_call;
+
+/* Free a listing's records. */
+void ks_p11_list_clear(ks_p11_list_call *l);
+
+/* A ks_p11_body collecting the preferred record of l->key_id, or of every
+ * key when it is empty, into l (arg). */
+ks_err ks_p11_list_body(ks_p11_op *op, void *arg);
+
+/* qsort order of ks_p11meta pointers: key_id bytewise, a proper prefix
+ * first [K-KEY-3]. */
+int ks_p11_rec_cmp(const void *a, const void *b);
 
 #ifdef KS_TEST_HOOKS
 /* Tests only: when set, called with the module's function list once it
