@@ -9,7 +9,7 @@
 #   make unit       the cmocka unit tests (tests/test_*.c) under ASan+UBSan
 #   make tsan       the library and the threaded unit tests (TSAN_TESTS:
 #                   test_fork, test_threads, test_crypto, test_migrate,
-#                   test_rollout, test_rowstore_sqlite) under clang's TSan,
+#                   test_rollout, test_rowstore_sqlite, test_pkcs11) under clang's TSan,
 #                   built in build/tsan/, halting on the first report
 #   make fuzz       run each libFuzzer target (FUZZ_SECONDS, default 60)
 #   make fuzz-afl   run each target under afl-fuzz -V 20
@@ -45,7 +45,10 @@ WARN    := -std=c11 -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing
 HARDEN  := -O2 -DNDEBUG -D_FORTIFY_SOURCE=2 -fstack-protector-strong -fstack-clash-protection -fPIC \
            -fvisibility=hidden
 LDHARDEN := -Wl,-z,relro,-z,now,-z,noexecstack
-INC     := -Iinclude
+# PKCS#11 (migrate/keys/provider_pkcs11.c): p11-kit's pkcs11.h and its URI parser.
+P11_CFLAGS := $(shell pkg-config --cflags p11-kit-1 2>/dev/null)
+P11_LIBS   := $(shell pkg-config --libs p11-kit-1 2>/dev/null)
+INC     := -Iinclude $(P11_CFLAGS)
 SAN     := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 # Test builds compile in the test hooks (e.g. docs/keyring.md [K-FILE-6]).
 SAN_HOOKS := -DKS_TEST_HOOKS
@@ -53,8 +56,9 @@ SAN_HOOKS := -DKS_TEST_HOOKS
 # The library.  Nothing under parser/ may include libsodium or SQLite.
 LIB_SRCS := format/format.c format/encode.c format/aad.c parser/envelope.c $(sort $(wildcard migrate/*.c migrate/*/*.c))
 LIB_HDRS := $(wildcard include/keyshift/*.h) format/rules.h parser/cursor.h $(wildcard migrate/*.h migrate/*/*.h)
-# libsodium, SQLite (and threads) for migrate/; parser/ and format/ need none.
-LIB_LIBS := -lsodium -lsqlite3 -pthread
+# libsodium, SQLite (and threads) for migrate/; parser/ and format/ need none;
+# p11-kit and dlopen for the pkcs11 provider.
+LIB_LIBS := -lsodium -lsqlite3 $(P11_LIBS) -ldl -pthread
 CLI_SRCS := tools/keyshift.c tools/cli.c $(wildcard tools/cmd_*.c)
 CLI_HDRS := $(wildcard tools/*.h)
 
@@ -156,7 +160,7 @@ unit: $(UNIT_BINS)
 
 TSAN      := -O1 -g -fno-omit-frame-pointer -fsanitize=thread
 TSAN_OBJS := $(LIB_SRCS:%.c=$(B)/tsan/%.o)
-TSAN_TESTS := test_fork test_threads test_crypto test_migrate test_rollout test_rowstore_sqlite
+TSAN_TESTS := test_fork test_threads test_crypto test_migrate test_rollout test_rowstore_sqlite test_pkcs11
 TSAN_BINS := $(TSAN_TESTS:%=$(B)/tsan/tests/%)
 .SECONDARY: $(TSAN_OBJS)
 TSAN_RUN_OPTIONS := halt_on_error=1:second_deadlock_stack=1

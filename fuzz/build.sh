@@ -21,7 +21,8 @@
 # its generator and pb_*.c are used instead, compiled with $CFLAGS.
 #
 # libsodium (migrate/ needs it, with threads): the system package
-# (libsodium-dev), linked with -lsodium -lsqlite3 -lpthread.  Like the packaged nanopb
+# (libsodium-dev), linked with -lsodium -lsqlite3 -lpthread; p11-kit
+# (libp11-kit-dev) likewise, for the pkcs11 provider.  Like the packaged nanopb
 # it is not instrumented: fine for ASan, UBSan and coverage feedback on our
 # own code (libsodium is not what is being fuzzed), not for MSan, which is
 # not enabled.
@@ -41,6 +42,7 @@ dict_for() {
     case $1 in
         fuzz_keyring) echo corpus/keyring.dict ;;
         fuzz_rollout) echo corpus/rollout.dict ;;
+        fuzz_p11meta) echo corpus/p11meta.dict ;;
         *) echo corpus/envelope.dict ;;
     esac
 }
@@ -69,7 +71,11 @@ else
     NANOPB_LIB="-lprotobuf-nanopb"
 fi
 
-INCS="-Iinclude -I$GEN $NANOPB_INC"
+# p11-kit: the pkcs11 provider (migrate/keys/) needs its pkcs11.h and links
+# its URI parser.
+P11_CFLAGS=$(pkg-config --cflags p11-kit-1)
+P11_LIBS=$(pkg-config --libs p11-kit-1)
+INCS="-Iinclude -I$GEN $NANOPB_INC $P11_CFLAGS"
 for src in $LIB_SRCS "$GEN/envelope.pb.c"; do
     rel=${src#"$WORK"/}
     o="$OBJ/$(echo "${rel%.c}" | tr / _).o"   # format/aad.c -> format_aad.o
@@ -81,7 +87,7 @@ for t in $TARGETS; do
     $CC $CFLAGS -std=c11 $INCS -c "fuzz/$t.c" -o "$OBJ/$t.o"
     # shellcheck disable=SC2086
     $CXX $CFLAGS "$OBJ/$t.o" $LIB_OBJS $NANOPB_OBJS $LIB_FUZZING_ENGINE $NANOPB_LIB \
-        -lsodium -lsqlite3 -lpthread -o "$OUT/$t"
+        -lsodium -lsqlite3 $P11_LIBS -ldl -lpthread -o "$OUT/$t"
 
     seeds="$WORK/keyshift-seeds-$t"
     rm -rf "$seeds" && mkdir -p "$seeds"
