@@ -209,9 +209,9 @@ include fuzz/fuzz.mk
 
 # ---- benchmarks ---------------------------------------------------------
 
-$(B)/bin/bench: tools/bench.c $(REL_OBJS) $(NANOPB_C) $(NANOPB_H)
+$(B)/bin/bench: tools/bench.c tools/bench_hsm.c tools/bench.h $(REL_OBJS) $(NANOPB_C) $(NANOPB_H)
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) -O2 $(INC) -I$(B)/gen $< $(REL_OBJS) $(NANOPB_C) -lprotobuf-nanopb \
+	$(CC) $(WARN) -O2 $(INC) -I$(B)/gen tools/bench.c tools/bench_hsm.c $(REL_OBJS) $(NANOPB_C) -lprotobuf-nanopb \
 	    $(LIB_LIBS) -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc -o $@
 
 bench: deps $(B)/bin/bench

@@ -63,6 +63,7 @@
 
 #include <keyshift/keyshift.h>
 
+#include "bench.h"
 #include "envelope.pb.h"
 
 #define ROUNDS 41
@@ -128,8 +129,6 @@ static void make_envelope(void)
 
 /* ---- measurement ------------------------------------------------------------ */
 
-/* One operation under test: returns 0 on success. */
-typedef int (*op_fn)(void *arg);
 
 static volatile size_t sink; /* keeps results observable */
 
@@ -188,19 +187,12 @@ static double allocs_per_op(op_fn fn, void *arg, long iters)
     return (double)(atomic_load(&allocs) - before) / (double)iters;
 }
 
-/* The result of measuring a contender against its baseline. */
-typedef struct pair_result {
-    double ns, base_ns;         /* fastest round of each: the figure compared */
-    double med_ns, med_base_ns; /* median round of each, for reference */
-    double allocs;
-} pair_result;
-
 /* ns/op of fn and of base, interleaved round by round (ROUNDS rounds of
  * about ROUND_NS each), and fn's heap allocations per call.  The figure
  * compared is each side's fastest round: noise on a shared VM only ever
  * adds time, and interleaving gives both sides the same quiet moments;
  * medians are kept for reference.  -1 in ns when a call failed. */
-static pair_result measure_pair(op_fn fn, void *arg, op_fn base, void *base_arg)
+pair_result measure_pair(op_fn fn, void *arg, op_fn base, void *base_arg)
 {
     pair_result r = {-1, -1, -1, -1, -1};
     double a[ROUNDS], b[ROUNDS];
@@ -640,7 +632,7 @@ static int bench_threads_case(ks_ctx *ctx, uint8_t format, uint32_t alg, size_t 
 /* ---- the crypt part -------------------------------------------------------------- */
 
 /* A throw-away local keyring with one key, and a context over it. */
-static int bench_keyring(char *dir, size_t dir_cap, ks_keyring **kr, ks_ctx **ctx)
+int bench_keyring(char *dir, size_t dir_cap, ks_keyring **kr, ks_ctx **ctx)
 {
     char path[512];
     ks_provider prov;
@@ -659,7 +651,7 @@ static int bench_keyring(char *dir, size_t dir_cap, ks_keyring **kr, ks_ctx **ct
 }
 
 /* Remove the throw-away keyring. */
-static void bench_keyring_remove(const char *dir)
+void bench_keyring_remove(const char *dir)
 {
     char path[600];
     static const char *const names[] = {"keyring", "keyring.lock"};
@@ -753,32 +745,18 @@ done:
  * (MIG_REPS_DEFAULT, or KS_BENCH_MIGRATE_REPS=N up to MIG_REPS_MAX) of
  * the ratio within each pair; the goal lines list every pair's ratio.
  * Each copy is synced before its pass starts, so that no pass pays for
- * writing out the copy made for it (or for the pass before).
+ * writing out the copy made for it (or for the pass before).  The
+ * constants are in tools/bench.h.
  */
-#define MIG_ROWS_DEFAULT 20000
-#define MIG_VALUE 2048
-#define MIG_BATCH 500
-#define MIG_REPS_DEFAULT 21
-#define MIG_REPS_MAX 64
-#define MIG_DEK_MESSAGES 1000
-
-/* mig_run flags: verification off (for the record only); no pipeline. */
-#define MIG_NO_VERIFY 1u
-#define MIG_SERIAL 2u
-
-static const char MIG_KEY[] = "bench/kek";
-static const char MIG_TENANT[] = "tenant-00042";
-static const char MIG_PURPOSE[] = "card";
-static const char MIG_TEMPLATE[] = "payments:{id}:card";
 
 /* Seconds of monotonic time. */
-static double now_s(void)
+double now_s(void)
 {
     return now_ns() / 1e9;
 }
 
 /* Copy file from to file to (byte for byte); 0 on success. */
-static int copy_file(const char *from, const char *to)
+int copy_file(const char *from, const char *to)
 {
     static char buf[1 << 16];
     FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
@@ -805,7 +783,7 @@ static int copy_file(const char *from, const char *to)
 }
 
 /* Remove a database file and its journals. */
-static void remove_db(const char *path)
+void remove_db(const char *path)
 {
     char p[600];
     unlink(path);
@@ -818,7 +796,7 @@ static void remove_db(const char *path)
 }
 
 /* Create the plaintext table with n rows of MIG_VALUE random bytes. */
-static int mig_create(const char *path, long n)
+int mig_create(const char *path, long n)
 {
     sqlite3 *db = NULL;
     sqlite3_stmt *st = NULL;
@@ -863,11 +841,11 @@ static int mig_store(const char *path, int read_only, ks_rowstore *st)
 }
 
 /* The migration parameters of the bench: mode to version, format 2, xchacha. */
-static ks_migrate_params mig_params(ks_migrate_mode mode, uint32_t version)
+static ks_migrate_params mig_params(ks_migrate_mode mode, const char *key, uint32_t version)
 {
     ks_migrate_params p = {0};
     p.mode = mode;
-    p.to_key_id = (ks_bytes){(const uint8_t *)MIG_KEY, sizeof MIG_KEY - 1};
+    p.to_key_id = (ks_bytes){(const uint8_t *)key, strlen(key)};
     p.to_key_version = version;
     p.to_format = KS_FORMAT_V2;
     p.algorithm = KS_ALG_XCHACHA20POLY1305;
@@ -881,8 +859,9 @@ static ks_migrate_params mig_params(ks_migrate_mode mode, uint32_t version)
 
 /* Run one migration of path with a fresh context (cold DEK cache); its
  * wall time in *secs and the context's counters in *m. */
-static int mig_run(const ks_provider *prov, const char *path, ks_migrate_mode mode, uint32_t version,
-                   uint64_t dek_messages, unsigned flags, double *secs, ks_metrics *m, ks_checkpoint *cp_out)
+int mig_run_to(const ks_provider *prov, const char *path, ks_migrate_mode mode, const char *key,
+               uint32_t version, uint64_t dek_messages, unsigned flags, double *secs, ks_metrics *m,
+               ks_checkpoint *cp_out)
 {
     ks_ctx_config cfg;
     ks_ctx *ctx = NULL;
@@ -896,7 +875,7 @@ static int mig_run(const ks_provider *prov, const char *path, ks_migrate_mode mo
         ks_ctx_free(ctx);
         return -1;
     }
-    ks_migrate_params p = mig_params(mode, version);
+    ks_migrate_params p = mig_params(mode, key, version);
     p.no_verify = (flags & MIG_NO_VERIFY) != 0;
     p.serial = (flags & MIG_SERIAL) != 0;
     double t0 = now_s();
@@ -913,6 +892,13 @@ static int mig_run(const ks_provider *prov, const char *path, ks_migrate_mode mo
         return -1;
     }
     return 0;
+}
+
+/* mig_run_to with the bench's key, MIG_KEY. */
+static int mig_run(const ks_provider *prov, const char *path, ks_migrate_mode mode, uint32_t version,
+                   uint64_t dek_messages, unsigned flags, double *secs, ks_metrics *m, ks_checkpoint *cp_out)
+{
+    return mig_run_to(prov, path, mode, MIG_KEY, version, dek_messages, flags, secs, m, cp_out);
 }
 
 /* Give a baseline connection the row store's page cache
@@ -1157,7 +1143,7 @@ static int mig_pair(const ks_provider *prov, const char *src, const char *work, 
 }
 
 /* Median of v[0, n) (sorts v). */
-static double median(double *v, int n)
+double median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof v[0], cmp_double);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
@@ -1356,7 +1342,7 @@ static void cpu_model(char *out, size_t cap)
 int main(int argc, char **argv)
 {
     char cpu[128];
-    const char *only = argc > 1 ? argv[1] : NULL; /* "parse", "crypt" or "migrate" */
+    const char *only = argc > 1 ? argv[1] : NULL; /* "parse", "crypt", "migrate" or "hsm" */
     if (sodium_init() < 0) {
         fprintf(stderr, "bench: sodium_init failed\n");
         return 1;
@@ -1373,6 +1359,9 @@ int main(int argc, char **argv)
         return 1;
     }
     if ((only == NULL || strcmp(only, "migrate") == 0) && bench_migrate() != 0) {
+        return 1;
+    }
+    if ((only == NULL || strcmp(only, "hsm") == 0) && bench_hsm() != 0) {
         return 1;
     }
     return 0;

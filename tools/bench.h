@@ -1,0 +1,71 @@
+/*
+ * tools/bench.h -- what the parts of `make bench` share (tools/bench.c,
+ * tools/bench_hsm.c): the interleaved pair measurement, the throw-away
+ * keyring and the migration fixtures.  A tool's header: nothing here is
+ * part of the library.
+ */
+#ifndef KS_TOOLS_BENCH_H
+#define KS_TOOLS_BENCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <keyshift/keyshift.h>
+
+/* One operation under test: returns 0 on success. */
+typedef int (*op_fn)(void *arg);
+
+/* The result of measuring a contender against its baseline. */
+typedef struct pair_result {
+    double ns, base_ns;         /* fastest round of each: the figure compared */
+    double med_ns, med_base_ns; /* median round of each, for reference */
+    double allocs;
+} pair_result;
+
+/* ns/op of fn against base, interleaved (tools/bench.c). */
+pair_result measure_pair(op_fn fn, void *arg, op_fn base, void *base_arg);
+
+/* A throw-away local keyring in a new temp directory dir, with the key
+ * "bench/kek", and a context over it; bench_keyring_remove removes it. */
+int bench_keyring(char *dir, size_t dir_cap, ks_keyring **kr, ks_ctx **ctx);
+void bench_keyring_remove(const char *dir);
+
+/* Seconds of monotonic time. */
+double now_s(void);
+
+/* Byte copies of a database, and their removal (with journals). */
+int copy_file(const char *from, const char *to);
+void remove_db(const char *path);
+
+/* A database of n rows of MIG_VALUE random bytes (see tools/bench.c). */
+int mig_create(const char *path, long n);
+
+/* One migration of path with the bench's parameters to (key, version),
+ * timed into *secs, the context's metrics into *m. */
+int mig_run_to(const ks_provider *prov, const char *path, ks_migrate_mode mode, const char *key,
+               uint32_t version, uint64_t dek_messages, unsigned flags, double *secs, ks_metrics *m,
+               ks_checkpoint *cp_out);
+
+/* The median of v[0, n) (sorts v). */
+double median(double *v, int n);
+
+/* The HSM part (tools/bench_hsm.c). */
+int bench_hsm(void);
+
+#define MIG_ROWS_DEFAULT 20000
+#define MIG_VALUE 2048
+#define MIG_BATCH 500
+#define MIG_REPS_DEFAULT 21
+#define MIG_REPS_MAX 64
+#define MIG_DEK_MESSAGES 1000
+
+/* mig_run flags: verification off (for the record only); no pipeline. */
+#define MIG_NO_VERIFY 1u
+#define MIG_SERIAL 2u
+
+static const char MIG_KEY[] = "bench/kek";
+static const char MIG_TENANT[] = "tenant-00042";
+static const char MIG_PURPOSE[] = "card";
+static const char MIG_TEMPLATE[] = "payments:{id}:card";
+
+#endif /* KS_TOOLS_BENCH_H */
