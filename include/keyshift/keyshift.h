@@ -12,6 +12,7 @@
 #include <keyshift/crypto.h>
 #include <keyshift/keyring.h>
 #include <keyshift/pkcs11.h>
+#include <keyshift/registry.h>
 #include <keyshift/rowstore.h>
 #include <keyshift/migrate.h>
 #include <keyshift/health.h>
