@@ -34,6 +34,7 @@
 #include <keyshift/provider.h>
 
 #include "keyring_test_util.h"
+#include "test_files.h"
 
 /* A ks_bytes over a string literal or a C string. */
 #define B(s) ((ks_bytes){(const uint8_t *)(s), strlen(s)})
@@ -42,73 +43,19 @@
 
 /* ---- per-test directory ---------------------------------------------------------- */
 
-typedef struct fixture {
-    char dir[64];
-    char path[128]; /* dir/keyring */
-} fixture;
-
+/* A directory /tmp/ks-keyring-test-XXXXXX; the fixture's path is dir/keyring. */
 static int setup(void **state)
 {
-    fixture *f = calloc(1, sizeof *f);
-    assert_non_null(f);
-    snprintf(f->dir, sizeof f->dir, "/tmp/ks-keyring-test-XXXXXX");
-    assert_non_null(mkdtemp(f->dir));
-    snprintf(f->path, sizeof f->path, "%s/keyring", f->dir);
-    *state = f;
-    return 0;
+    return tf_setup(state, "keyring", "keyring");
 }
 
-/* Remove the directory and what the tests left in it (no subdirectories
- * except those a test made itself and removed). */
+/* Remove the directory and what the test left in it. */
 static int teardown(void **state)
 {
-    fixture *f = *state;
-    DIR *d = opendir(f->dir);
-    if (d != NULL) {
-        struct dirent *de;
-        while ((de = readdir(d)) != NULL) {
-            if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0) {
-                if (unlinkat(dirfd(d), de->d_name, 0) != 0) {
-                    (void)unlinkat(dirfd(d), de->d_name, AT_REMOVEDIR);
-                }
-            }
-        }
-        closedir(d);
-    }
-    rmdir(f->dir);
-    free(f);
-    return 0;
+    return tf_teardown(state);
 }
 
 /* ---- helpers ----------------------------------------------------------------- */
-
-/* Read a whole file into a malloc'd buffer. */
-static uint8_t *slurp(const char *path, size_t *len)
-{
-    FILE *fp = fopen(path, "rb");
-    assert_non_null(fp);
-    assert_int_equal(fseek(fp, 0, SEEK_END), 0);
-    long n = ftell(fp);
-    assert_true(n >= 0);
-    rewind(fp);
-    uint8_t *buf = malloc((size_t)n + 1);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, (size_t)n, fp), (size_t)n);
-    fclose(fp);
-    *len = (size_t)n;
-    return buf;
-}
-
-/* Write buf[0, n) to path with the given mode (replacing the file). */
-static void spit(const char *path, const uint8_t *buf, size_t n, mode_t mode)
-{
-    (void)unlink(path);
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, mode);
-    assert_true(fd >= 0);
-    assert_int_equal(fchmod(fd, mode), 0);
-    assert_int_equal(write(fd, buf, n), (ssize_t)n);
-    close(fd);
-}
 
 /* Nonzero when needle[0, n) occurs in hay[0, len). */
 static int contains(const uint8_t *hay, size_t len, const uint8_t *needle, size_t n)
@@ -219,7 +166,7 @@ static void test_init_and_open_empty(void **state)
 
     /* The file is exactly the empty plain keyring of Appendix A. */
     size_t n;
-    uint8_t *buf = slurp(f->path, &n);
+    uint8_t *buf = tf_slurp(f->path, &n);
     static const uint8_t empty[] = {0x4B, 0x53, 0x4B, 1, 0, 0, 0, 0, 0};
     assert_int_equal(n, sizeof empty);
     assert_memory_equal(buf, empty, n);
@@ -463,12 +410,12 @@ static void test_destroy_wipes_material(void **state)
     assert_int_equal(ks_keyring_import_version(kr, B("app/main"), kek, &v), KS_OK);
     assert_int_equal(v, 2);
     assert_int_equal(ks_keyring_import_version(kr, B("app/main"), NULL, &v), KS_ERR_INVALID_ARGUMENT);
-    uint8_t *buf = slurp(f->path, &n);
+    uint8_t *buf = tf_slurp(f->path, &n);
     assert_true(contains(buf, n, kek, sizeof kek)); /* plain keyring: in clear */
     free(buf);
 
     assert_int_equal(ks_keyring_set_state(kr, B("app/main"), 2, KS_KEY_DESTROYED), KS_OK);
-    buf = slurp(f->path, &n);
+    buf = tf_slurp(f->path, &n);
     assert_false(contains(buf, n, kek, sizeof kek));
     free(buf);
     assert_int_equal(ks_keyring_set_state(kr, B("app/main"), 2, KS_KEY_ACTIVE), KS_ERR_STATE);
@@ -732,7 +679,7 @@ static ks_err open_bytes(const char *path, const uint8_t *buf, size_t n, ks_byte
                          ks_parse_error *pe)
 {
     ks_keyring *kr = (ks_keyring *)pe; /* must be reset to NULL on error */
-    spit(path, buf, n, 0600);
+    tf_spit(path, buf, n, 0600);
     ks_err e = ks_keyring_open(path, pass, &kr, pe);
     if (e == KS_OK) {
         assert_non_null(kr);
@@ -751,7 +698,7 @@ static void test_truncated_and_corrupt(void **state)
     ks_keyring *kr = make_keyring(f->path);
     assert_int_equal(ks_keyring_set_state(kr, B("db"), 2, KS_KEY_DESTROYED), KS_OK);
     ks_keyring_close(kr);
-    uint8_t *good = slurp(f->path, &n);
+    uint8_t *good = tf_slurp(f->path, &n);
 
     /* Every proper prefix is corrupt, with the error inside the file. */
     for (size_t len = 0; len < n; len++) {
@@ -790,10 +737,10 @@ static void test_truncated_and_corrupt(void **state)
     /* A change on top of a corrupt file is refused, the file left alone. */
     assert_int_equal(open_bytes(f->path, good, n, NO_PASS, &pe), KS_OK);
     kr = must_open(f->path, NO_PASS);
-    spit(f->path, good, n - 1, 0600);
+    tf_spit(f->path, good, n - 1, 0600);
     assert_int_equal(ks_keyring_create(kr, B("new")), KS_ERR_INTEGRITY);
     size_t m;
-    uint8_t *now = slurp(f->path, &m);
+    uint8_t *now = tf_slurp(f->path, &m);
     assert_int_equal(m, n - 1);
     free(now);
     ks_keyring_close(kr);
@@ -820,7 +767,7 @@ static void test_sealed(void **state)
     ks_keyring_close(kr);
 
     /* No key material, and the header of [K-SEAL-1], in the file. */
-    uint8_t *file = slurp(f->path, &n);
+    uint8_t *file = tf_slurp(f->path, &n);
     assert_false(contains(file, n, kek, sizeof kek));
     assert_int_equal(file[4], KS_KRF_MODE_SEALED);
     ks_krf_header h;
@@ -871,11 +818,11 @@ static void test_sealed(void **state)
 
     /* A handle whose file was resealed (another salt) cannot write it. */
     kr = must_open(f->path, PASS);
-    uint8_t *other = slurp(f->path, &n);
+    uint8_t *other = tf_slurp(f->path, &n);
     (void)unlink(f->path);
     assert_int_equal(ks_keyring_init(f->path, PASS), KS_OK);
     assert_int_equal(ks_keyring_create(kr, B("x")), KS_ERR_BAD_PASSPHRASE);
-    spit(f->path, other, n, 0600);
+    tf_spit(f->path, other, n, 0600);
     assert_int_equal(ks_keyring_create(kr, B("x")), KS_OK);
     free(other);
     ks_keyring_close(kr);
@@ -897,7 +844,7 @@ static void test_check_order(void **state)
 
     /* [K-ERR-3] An oversized file is too-large at the largest keyring's
      * length, unread: not bad-magic.  Permissions come first. */
-    spit(f->path, (const uint8_t *)"XYZ", 3, 0600);
+    tf_spit(f->path, (const uint8_t *)"XYZ", 3, 0600);
     assert_int_equal(truncate(f->path, (off_t)KS_KRF_FILE_MAX + 1), 0);
     memset(&pe, 0xFF, sizeof pe);
     assert_int_equal(ks_keyring_open(f->path, NO_PASS, &kr, &pe), KS_ERR_INTEGRITY);
@@ -917,7 +864,7 @@ static void test_check_order(void **state)
     /* [K-SEAL-6] A plain file with a corrupt body: with a passphrase the
      * mode mismatch wins, without one the body's rejection is reported. */
     ks_keyring_close(make_keyring(f->path));
-    uint8_t *plain = slurp(f->path, &n);
+    uint8_t *plain = tf_slurp(f->path, &n);
     plain[KS_KRF_PREFIX_LEN] = 0xFF; /* key count far above 1024 */
     assert_int_equal(open_bytes(f->path, plain, n, PASS, &pe), KS_ERR_BAD_PASSPHRASE);
     assert_int_equal(open_bytes(f->path, plain, n, NO_PASS, &pe), KS_ERR_INTEGRITY);
@@ -933,7 +880,7 @@ static void test_check_order(void **state)
      * passphrase; with a sound header and none, bad-passphrase. */
     assert_int_equal(unlink(f->path), 0);
     assert_int_equal(ks_keyring_init(f->path, PASS), KS_OK);
-    uint8_t *sealed = slurp(f->path, &n);
+    uint8_t *sealed = tf_slurp(f->path, &n);
     assert_int_equal(open_bytes(f->path, sealed, n, NO_PASS, &pe), KS_ERR_BAD_PASSPHRASE);
     assert_int_equal(open_bytes(f->path, sealed, KS_KRF_SEALED_HDR_LEN + 19, NO_PASS, &pe),
                      KS_ERR_INTEGRITY);
@@ -1034,7 +981,7 @@ static void test_crash_before_rename(void **state)
     size_t n0, n1;
     ks_keyring *kr = make_keyring(f->path);
     ks_keyring_close(kr);
-    uint8_t *before = slurp(f->path, &n0);
+    uint8_t *before = tf_slurp(f->path, &n0);
 
     pid_t pid = fork();
     assert_true(pid >= 0);
@@ -1054,7 +1001,7 @@ static void test_crash_before_rename(void **state)
     assert_int_equal(WEXITSTATUS(status), 99);
 
     /* The old keyring, byte for byte, and a stale temporary beside it. */
-    uint8_t *after = slurp(f->path, &n1);
+    uint8_t *after = tf_slurp(f->path, &n1);
     assert_int_equal(n0, n1);
     assert_memory_equal(before, after, n0);
     free(before);
@@ -1170,7 +1117,7 @@ static void test_format_visitor_failure(void **state)
     ks_parse_error pe = {KS_OK, 0, 0};
     ks_keyring *kr = make_keyring(f->path);
     ks_keyring_close(kr);
-    uint8_t *file = slurp(f->path, &n);
+    uint8_t *file = tf_slurp(f->path, &n);
     const ks_krf_visitor vis = {failing_key, kt_on_version, NULL};
     assert_int_equal(ks_krf_parse_body(file + 5, n - 5, 5, &vis, NULL, &pe), KS_ERR_NO_MEMORY);
     assert_int_equal(pe.code, KS_OK); /* not a rejection: err untouched */
@@ -1178,18 +1125,6 @@ static void test_format_visitor_failure(void **state)
 }
 
 /* ---- the vectors of docs/keyring.md -------------------------------------------------- */
-
-/* The path of docs/keyring.md: beside $KS_SPEC (docs/format.md) if set. */
-static void spec_path(char *out, size_t cap)
-{
-    const char *spec = getenv("KS_SPEC");
-    const char *slash = spec != NULL ? strrchr(spec, '/') : NULL;
-    if (slash == NULL) {
-        snprintf(out, cap, "docs/keyring.md");
-    } else {
-        snprintf(out, cap, "%.*s/keyring.md", (int)(slash - spec), spec);
-    }
-}
 
 #define MAX_VECTORS 128
 
@@ -1232,41 +1167,13 @@ typedef struct vector {
     size_t derived_key_len, kek_len, aad_len, dek_len, wrapped_len;
 } vector;
 
-/* Append the hex digits of s[0, n) (spaces ignored) to *buf; -1 unless
- * they are whole bytes of hex digits. */
-static int append_hex(const char *s, size_t n, uint8_t **buf, size_t *len)
-{
-    int hi = -1;
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] == ' ') {
-            continue;
-        }
-        const char *digits = "0123456789abcdef0123456789ABCDEF";
-        const char *d = s[i] != '\0' ? strchr(digits, s[i]) : NULL;
-        if (d == NULL) {
-            return -1;
-        }
-        const int v = (int)((d - digits) & 15);
-        if (hi < 0) {
-            hi = v;
-            continue;
-        }
-        uint8_t *grown = realloc(*buf, *len + 1);
-        assert_non_null(grown);
-        *buf = grown;
-        (*buf)[(*len)++] = (uint8_t)(hi << 4 | v);
-        hi = -1;
-    }
-    return hi < 0 ? 0 : -1;
-}
-
 /* Decode the hex value s[0, n) into out[0, cap); -1 if it is not hex or
  * does not fit. */
 static int hex_field(const char *s, size_t n, uint8_t *out, size_t cap, size_t *out_len)
 {
     uint8_t *buf = NULL;
     size_t len = 0;
-    const int ok = append_hex(s, n, &buf, &len) == 0 && len <= cap;
+    const int ok = tf_append_hex(s, n, &buf, &len) == 0 && len <= cap;
     if (ok && len != 0) {
         memcpy(out, buf, len);
     }
@@ -1317,8 +1224,8 @@ static int store_key(vector *v, int k, const char *s, size_t n)
     case VK_KEYRING: return text_field(s, n, v->keyring, sizeof v->keyring);
     case VK_KEY_ID: return text_field(s, n, v->key_id, sizeof v->key_id);
     case VK_VERSION: return version_field(s, n, &v->version);
-    case VK_HEX: return append_hex(s, n, &v->bytes, &v->len);
-    case VK_BODY: return append_hex(s, n, &v->body, &v->body_len);
+    case VK_HEX: return tf_append_hex(s, n, &v->bytes, &v->len);
+    case VK_BODY: return tf_append_hex(s, n, &v->body, &v->body_len);
     case VK_DERIVED_KEY:
         return hex_field(s, n, v->derived_key, sizeof v->derived_key, &v->derived_key_len);
     case VK_KEK: return hex_field(s, n, v->kek, sizeof v->kek, &v->kek_len);
@@ -1596,7 +1503,7 @@ static void check_wrap_vector(const fixture *f, const vector *v, const vector *v
     }
 
     /* The provider over the keyring file. */
-    spit(f->path, k->bytes, k->len, 0600);
+    tf_spit(f->path, k->bytes, k->len, 0600);
     ks_keyring *kr = must_open(f->path, B(k->passphrase));
     ks_provider p;
     memset(dek, 0xA5, sizeof dek);
@@ -1617,6 +1524,22 @@ static void check_wrap_vector(const fixture *f, const vector *v, const vector *v
     const size_t an = wrap_aad(v->key_id, v->version, aad, sizeof aad);
     assert_int_equal(an, v->aad_len);
     assert_memory_equal(aad, v->aad, an);
+}
+
+/* Nonzero when parse_vectors() loads every block of doc. */
+static int loads(const char *doc)
+{
+    vector *vs = calloc(MAX_VECTORS, sizeof *vs);
+    const char *why = NULL, *where = NULL;
+    assert_non_null(vs);
+    const long n = parse_vectors(doc, vs, &why, &where);
+    if (n >= 0) {
+        free_vectors(vs, (size_t)n);
+    } else {
+        assert_non_null(why);
+    }
+    free(vs);
+    return n >= 0;
 }
 
 /* The vector loader is strict: each malformed block below is refused. */
@@ -1654,24 +1577,7 @@ static void test_vector_loader_strict(void **state)
         "```ks-wrap-vector\nname: w\nexpect: auth-failed\nkeyring: e\nkey_id: k\nversion: 0\nkek: 00\n"
         "aad: 00\nwrapped: 00\n```\n",
     };
-    vector *vs = calloc(MAX_VECTORS, sizeof *vs);
-    const char *why = NULL, *where = NULL;
-    assert_non_null(vs);
-    assert_int_equal(parse_vectors(good_k, vs, &why, &where), 1);
-    free_vectors(vs, 1);
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        char *text = malloc(strlen(good_k) + strlen(bad[i]) + 1);
-        assert_non_null(text);
-        strcpy(text, good_k);
-        strcat(text, bad[i]);
-        why = NULL;
-        if (parse_vectors(text, vs, &why, &where) != -1) {
-            fail_msg("malformed block %zu was accepted", i);
-        }
-        assert_non_null(why);
-        free(text);
-    }
-    free(vs);
+    tf_loader_refuses(good_k, bad, sizeof bad / sizeof bad[0], loads);
 }
 
 static void test_spec_vectors(void **state)
@@ -1682,8 +1588,8 @@ static void test_spec_vectors(void **state)
     unsigned seen[32] = {0};
     const char *why = "", *where = "";
 
-    spec_path(path, sizeof path);
-    uint8_t *text = slurp(path, &n);
+    tf_spec_path("keyring.md", path, sizeof path);
+    uint8_t *text = tf_slurp(path, &n);
     text[n] = '\0';
     vector *vs = calloc(MAX_VECTORS, sizeof *vs);
     assert_non_null(vs);

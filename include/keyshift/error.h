@@ -78,8 +78,12 @@ typedef enum ks_err {
     KS_ERR_NO_ROLLOUT = 193,        /* "no-rollout": no such rollout, or none for the scope */
     KS_ERR_ROLLOUT_EXISTS = 194,    /* "rollout-exists": the scope already has a rollout
                                        that is not finalized */
-    KS_ERR_STALE = 195              /* "stale": the rollout is no longer in the phase the
+    KS_ERR_STALE = 195,             /* "stale": the rollout is no longer in the phase the
                                        caller saw (another operator moved it) */
+
+    /* The provider registry (include/keyshift/registry.h, docs/providers.md). */
+    KS_ERR_CONFLICT = 224           /* "conflict": a provider name, an exact key_id or a
+                                       prefix given twice in one registry file */
 } ks_err;
 
 /* The stable name of an error code, e.g. "noncanonical-varint"; "ok" for

@@ -1,0 +1,396 @@
+#!/usr/bin/python3
+"""fuzz/providers_seeds.py -- the registry test vectors and the fuzz_providers seeds.
+
+    /usr/bin/python3 fuzz/providers_seeds.py [--markdown] [--list]
+
+Builds provider registry files (docs/providers.md, "Registry") with a
+writer of its own, independent of migrate/keys/registry_format.c: valid
+registries of several shapes and at least one input of every rejection
+class.  The offset of each rejection is computed here from the text
+(where the offending element starts), not taken from the parser.
+
+  (default)   write each vector of docs/providers.md (fenced
+              ks-providers-vector blocks) and each input built here, plus
+              every truncation of two valid registries, as
+              corpus/fuzz_providers/<sha1 of content>;
+  --markdown  print the built-in vectors as ks-providers-vector blocks, the
+              form in which docs/providers.md holds them;
+  --list      print name, expectation and length of each built-in vector.
+
+Idempotent: a seed's name is its content's hash; nothing is removed.
+Standard library only; run from anywhere.
+"""
+import os
+import re
+import sys
+
+from seedlib import write_corpus
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CORPUS = os.path.join(ROOT, "corpus", "fuzz_providers")
+SPEC = os.path.join(ROOT, "docs", "providers.md")
+
+HEADER = "keyshift-providers 1"
+
+
+def text(*lines):
+    """The file of these lines, each ended by LF."""
+    return "".join(l + "\n" for l in lines).encode("ascii")
+
+
+def at(data, needle, nth=0, plus=0):
+    """The offset of the nth occurrence of needle in data, plus `plus`."""
+    needle = needle.encode("ascii") if isinstance(needle, str) else needle
+    i = -1
+    for _ in range(nth + 1):
+        i = data.index(needle, i + 1)
+    return i + plus
+
+
+def local(name, keyring, *serves, extra=()):
+    return ["provider " + name, "  type local", "  keyring " + keyring] + list(extra) + \
+        ["  " + s for s in serves]
+
+
+def pkcs11(name, *serves, extra=("  token-label prod hsm", "  pin-env HSM_PIN")):
+    return ["provider " + name, "  type pkcs11"] + list(extra) + ["  " + s for s in serves]
+
+
+# ---- the vectors ------------------------------------------------------------
+
+def vectors():
+    """[(name, description, expect, bytes, result)]; expect is 'ok' or (error, offset);
+    result is the list of result lines of an ok vector."""
+    v = []
+
+    def add(name, desc, expect, data, result=None):
+        assert (expect == "ok") == (result is not None)
+        v.append((name, desc, expect, data, result))
+
+    def bad(name, desc, error, data, offset):
+        add(name, desc, (error, offset), data)
+
+    # ---- accepted --------------------------------------------------------
+    add("one-local", "One local keyring serving one key_id.", "ok",
+        text(HEADER, *local("app", "/etc/keyshift/app.keyring", "serve app/main")),
+        ["provider: app local", "setting: app keyring /etc/keyshift/app.keyring",
+         "serve: app exact app/main"])
+    add("comments-and-blank-lines",
+        "Comments and empty lines before the header, between sections and inside one.", "ok",
+        text("# keyshift providers", "", HEADER, "", "# the main keyring",
+             "provider app", "  type local", "# sealed", "  keyring /etc/keyshift/app.keyring",
+             "", "  passphrase-file /run/secrets/app-pass", "  serve app/main", "",
+             "#  indented text after # is still a comment"),
+        ["provider: app local", "setting: app keyring /etc/keyshift/app.keyring",
+         "setting: app passphrase-file /run/secrets/app-pass", "serve: app exact app/main"])
+    add("local-and-pkcs11",
+        "A local keyring for tests and a token for production, every pkcs11 setting given "
+        "(settings in a non-canonical order).", "ok",
+        text(HEADER,
+             *local("dev", "/var/lib/keyshift/dev.keyring", "serve-prefix dev/",
+                    extra=["  passphrase-env KEYSHIFT_DEV_PASS"]),
+             "provider prod-hsm", "  type pkcs11", "  timeout-ms 2500", "  serve-prefix prod/",
+             "  gcm-params no-ivbits", "  pin-file /run/secrets/hsm-pin",
+             "  token-uri pkcs11:token=prod%20hsm;manufacturer=SoftHSM%20project",
+             "  module /usr/lib/x86_64-linux-gnu/softhsm/libsofthsm2.so",
+             "  serve prod/billing@eu+1=x"),
+        ["provider: dev local", "setting: dev keyring /var/lib/keyshift/dev.keyring",
+         "setting: dev passphrase-env KEYSHIFT_DEV_PASS", "serve: dev prefix dev/",
+         "provider: prod-hsm pkcs11",
+         "setting: prod-hsm module /usr/lib/x86_64-linux-gnu/softhsm/libsofthsm2.so",
+         "setting: prod-hsm token-uri pkcs11:token=prod%20hsm;manufacturer=SoftHSM%20project",
+         "setting: prod-hsm pin-file /run/secrets/hsm-pin",
+         "setting: prod-hsm gcm-params no-ivbits", "setting: prod-hsm timeout-ms 2500",
+         "serve: prod-hsm prefix prod/", "serve: prod-hsm exact prod/billing@eu+1=x"])
+    label32 = "Prod HSM #1 / eu-west (primary!)"
+    assert len(label32) == 32
+    add("pkcs11-label-32", "A token label of 32 bytes with inner spaces and punctuation; the "
+        "defaults for module, gcm-params and timeout-ms.", "ok",
+        text(HEADER, *pkcs11("hsm", "serve k", extra=("  token-label " + label32, "  pin-env PIN"))),
+        ["provider: hsm pkcs11", "setting: hsm token-label " + label32, "setting: hsm pin-env PIN",
+         "serve: hsm exact k"])
+    add("routing-overlap", "Exact and prefix lines that overlap across providers: allowed, "
+        "routing decides ([P-ROUTE-1..2]).", "ok",
+        text(HEADER,
+             *local("a", "/k/a", "serve-prefix app/", "serve app/main"),
+             *local("b", "/k/b", "serve-prefix app/eu/", "serve-prefix app/main", "serve app/main2")),
+        ["provider: a local", "setting: a keyring /k/a", "serve: a prefix app/",
+         "serve: a exact app/main", "provider: b local", "setting: b keyring /k/b",
+         "serve: b prefix app/eu/", "serve: b prefix app/main", "serve: b exact app/main2"])
+    longest = "x" * 63
+    path1000 = "/" + "p" * 999
+    add("limits", "A 63-byte name, a 256-byte key_id, a 128-byte variable name, a line of "
+        "exactly 1024 bytes, timeout-ms 600000.", "ok",
+        text(HEADER, "provider " + longest, "  type pkcs11", "  token-label t",
+             "  pin-env " + "P" * 128, "  timeout-ms 600000", "  module " + path1000[:1024 - 9],
+             "  serve " + "k" * 256),
+        ["provider: %s pkcs11" % longest,
+         "setting: %s module %s" % (longest, path1000[:1024 - 9]),
+         "setting: %s token-label t" % longest, "setting: %s pin-env %s" % (longest, "P" * 128),
+         "setting: %s timeout-ms 600000" % longest, "serve: %s exact %s" % (longest, "k" * 256)])
+
+    # ---- the file and its lines [P-FILE], [P-LINE] -----------------------
+    one = text(HEADER, *local("app", "/k", "serve app/main"))
+    bad("empty-file", "An empty file: no header.", "truncated", b"", 0)
+    bad("only-comments", "Comments and empty lines only.", "truncated", text("# x", ""), 5)
+    bad("no-final-lf", "The last line has no LF.", "truncated", one[:-1], len(one) - 1)
+    bad("crlf", "CR LF line endings: the CR is refused.", "bad-value",
+        one.replace(b"\n", b"\r\n"), len(HEADER))
+    bad("tab-indent", "A setting indented with a tab.", "bad-value",
+        one.replace(b"  type", b"\ttype"), at(one, "  type"))
+    bad("utf8-in-comment", "UTF-8 in a comment: only 20..7E.", "bad-value",
+        HEADER.encode() + b"\n# caf\xc3\xa9\n", len(HEADER) + 1 + 5)
+    bad("nul-byte", "A NUL byte in a value.", "bad-value",
+        one.replace(b"app/main", b"app\x00main"), at(one, "app/main", plus=3))
+    bad("trailing-space", "A trailing space after a value.", "bad-value",
+        one.replace(b"app/main\n", b"app/main  \n"), at(one, "app/main", plus=8))
+    bad("blank-with-spaces", "A line of two spaces between settings.", "bad-value",
+        one.replace(b"  keyring", b"  \n  keyring"), at(one, "  keyring"))
+    long_line = HEADER.encode() + b"\n#" + b"c" * 1023 + b"\n"
+    add("comment-1024", "A comment line of exactly 1024 bytes is fine; the file still needs a "
+        "provider.", ("missing-field", len(long_line)), long_line)
+    bad("line-1025", "A comment line of 1025 bytes.", "too-large",
+        HEADER.encode() + b"\n#" + b"c" * 1024 + b"\n", len(HEADER) + 1 + 1024)
+    big = text(HEADER, *local("app", "/k", "serve app/main"))
+    big += b"#" * 1000 + b"\n"
+    while len(big) <= 65536:
+        big += b"#" * 1000 + b"\n"
+    bad("file-too-large", "A valid registry padded with comments past 65536 bytes.",
+        "too-large", big, 65536)
+
+    # ---- the header [P-HEAD-1] -------------------------------------------
+    bad("no-header", "A provider line first.", "bad-magic",
+        text(*local("app", "/k", "serve app/main")), 0)
+    bad("header-version-2", "Version 2.", "unsupported-version",
+        text("keyshift-providers 2", *local("app", "/k", "serve app/main")), 19)
+    bad("header-version-01", "Version 01: not exactly 1.", "unsupported-version",
+        text("keyshift-providers 01", *local("app", "/k", "serve app/main")), 19)
+    bad("header-no-version", "The header word without a version.", "bad-magic",
+        text("keyshift-providers", *local("app", "/k", "serve app/main")), 0)
+    bad("header-indented", "The header indented.", "bad-magic",
+        text("  keyshift-providers 1", *local("app", "/k", "serve app/main")), 0)
+    bad("no-provider", "A header and nothing else.", "missing-field", text(HEADER), 21)
+
+    # ---- sections and names [P-SECT], [P-PROV] --------------------------
+    bad("unknown-section", "A top-level line that is not a provider line.", "unknown-field",
+        text(HEADER, "providers app"), 21)
+    bad("provider-without-name", "A provider line without a name.", "missing-field",
+        text(HEADER, "provider", "  type local"), 21 + 8)
+    bad("provider-two-spaces", "Two spaces before the name.", "bad-value",
+        text(HEADER, "provider  app", "  type local"), 21 + 9)
+    bad("name-uppercase", "An uppercase letter in a name.", "bad-value",
+        text(HEADER, *local("App", "/k", "serve a")), 21 + 9)
+    bad("name-leading-dash", "A name beginning with a dash.", "bad-value",
+        text(HEADER, *local("-app", "/k", "serve a")), 21 + 9)
+    bad("name-64", "A name of 64 bytes.", "too-large",
+        text(HEADER, *local("n" * 64, "/k", "serve a")), 21 + 9 + 63)
+    d = text(HEADER, *local("app", "/k", "serve a"), *local("app", "/k2", "serve b"))
+    bad("name-duplicate", "Two providers named app.", "conflict", d, at(d, "provider app", 1, 9))
+    many = [HEADER]
+    for i in range(65):
+        many += local("p%d" % i, "/k", "serve k%d" % i)
+    m = text(*many)
+    bad("providers-65", "65 providers.", "too-large", m, at(m, "provider p64"))
+    s = text(HEADER, *local("app", "/k", "serve a")[:3], *local("b", "/k", "serve b"))
+    bad("section-without-serve", "A section with no serve line: found where the next begins.",
+        "missing-field", s, at(s, "provider b"))
+    s = text(HEADER, "provider app", "provider b")
+    bad("section-empty", "A provider line with no settings.", "missing-field", s,
+        at(s, "provider b"))
+    s = text(HEADER, "provider app", "  type local", "  serve a")
+    bad("local-without-keyring", "A local provider without its keyring, at the end of the file.",
+        "missing-field", s, len(s))
+    s = text(HEADER, *pkcs11("hsm", "serve a", extra=("  pin-env PIN",)))
+    bad("pkcs11-without-token", "A pkcs11 provider with neither token-label nor token-uri.",
+        "missing-field", s, len(s))
+    s = text(HEADER, *pkcs11("hsm", "serve a", extra=("  token-label t",)))
+    bad("pkcs11-without-pin", "A pkcs11 provider with neither pin-file nor pin-env.",
+        "missing-field", s, len(s))
+
+    # ---- setting lines [P-SET] ---------------------------------------------
+    s = text(HEADER, "  type local", *local("app", "/k", "serve a"))
+    bad("setting-before-provider", "A setting before any provider line.", "missing-field", s, 21)
+    s = text(HEADER, "provider app", " type local")
+    bad("indent-one", "A setting indented by one space.", "bad-value", s, at(s, " type", plus=1))
+    s = text(HEADER, "provider app", "   type local")
+    bad("indent-three", "A setting indented by three spaces.", "bad-value", s,
+        at(s, "   type", plus=2))
+    s = text(HEADER, "provider app", "  type local", "  colour blue")
+    bad("unknown-key", "A key that does not exist.", "unknown-field", s, at(s, "colour"))
+    s = text(HEADER, "provider app", "  type local", "  pin 1234")
+    bad("pin-value", "A PIN in the file: no key takes one ([P-PKCS11-3]).", "unknown-field", s,
+        at(s, "pin 1234"))
+    s = text(HEADER, "provider app", "  type local", "  pin-file /run/pin")
+    bad("key-of-other-type", "pin-file in a local provider.", "unknown-field", s, at(s, "pin-file"))
+    s = text(HEADER, "provider app", "  keyring /k", "  type local")
+    bad("type-not-first", "keyring before type.", "missing-field", s, at(s, "keyring"))
+    s = text(HEADER, "provider app", "  colour blue", "  type local")
+    bad("unknown-before-type", "An unknown key before type: unknown-field first.",
+        "unknown-field", s, at(s, "colour"))
+    s = text(HEADER, "provider app", "  type local", "  type local")
+    bad("type-twice", "type given twice.", "field-order", s, at(s, "type", 1))
+    s = text(HEADER, *local("app", "/k", "serve a", extra=["  keyring /k2"]))
+    bad("keyring-twice", "keyring given twice.", "field-order", s, at(s, "keyring", 1))
+    s = text(HEADER, *local("app", "/k", "serve a", extra=["  passphrase-file /p", "  passphrase-env P"]))
+    bad("passphrase-both", "passphrase-file and passphrase-env together.", "field-order", s,
+        at(s, "passphrase-env"))
+    s = text(HEADER, *pkcs11("hsm", "serve a", extra=("  token-label t", "  token-uri pkcs11:token=t",
+                                                       "  pin-env P")))
+    bad("token-both", "token-label and token-uri together.", "field-order", s, at(s, "token-uri"))
+    s = text(HEADER, "provider app", "  type")
+    bad("key-without-value", "A key without a value.", "missing-field", s, len(s) - 1)
+    s = text(HEADER, "provider app", "  type  local")
+    bad("value-two-spaces", "Two spaces between key and value.", "bad-value", s,
+        at(s, "type", plus=5))
+
+    # ---- values [P-VAL], [P-TYPE], [P-SERVE], [P-LOCAL], [P-PKCS11] --------
+    s = text(HEADER, "provider app", "  type kms")
+    bad("type-unknown", "A provider type that does not exist.", "bad-value", s, at(s, "kms"))
+    s = text(HEADER, *local("app", "k/app.keyring", "serve a"))
+    bad("path-relative", "A relative keyring path.", "bad-value", s, at(s, "k/app.keyring"))
+    s = text(HEADER, *local("app", "/k", "serve a", extra=["  passphrase-env 1PASS"]))
+    bad("env-digit-first", "A variable name beginning with a digit.", "bad-value", s, at(s, "1PASS"))
+    s = text(HEADER, *local("app", "/k", "serve a", extra=["  passphrase-env MY-PASS"]))
+    bad("env-dash", "A dash in a variable name.", "bad-value", s, at(s, "MY-PASS", plus=2))
+    s = text(HEADER, *local("app", "/k", "serve a", extra=["  passphrase-env " + "P" * 129]))
+    bad("env-129", "A variable name of 129 bytes.", "too-large", s, at(s, "P" * 129, plus=128))
+    s = text(HEADER, *local("app", "/k", "serve app main"))
+    bad("serve-space", "A space in a served key_id.", "bad-value", s, at(s, "app main", plus=3))
+    s = text(HEADER, *local("app", "/k", "serve-prefix app#"))
+    bad("prefix-charset", "A # in a prefix.", "bad-value", s, at(s, "app#", plus=3))
+    s = text(HEADER, *local("app", "/k", "serve " + "k" * 257))
+    bad("serve-257", "A served key_id of 257 bytes.", "too-large", s, at(s, "k" * 257, plus=256))
+    s = text(HEADER, *pkcs11("hsm", "serve a", extra=("  token-label " + "L" * 33, "  pin-env P")))
+    bad("label-33", "A token label of 33 bytes.", "too-large", s, at(s, "L" * 33, plus=32))
+    s = text(HEADER, *pkcs11("hsm", "serve a", extra=("  token-uri token=t", "  pin-env P")))
+    bad("uri-scheme", "A token-uri without pkcs11:.", "bad-value", s, at(s, "token=t"))
+    s = text(HEADER, *pkcs11("hsm", "serve a", extra=("  token-uri pkcs11:token=prod hsm", "  pin-env P")))
+    bad("uri-space", "A space in a token-uri.", "bad-value", s, at(s, "prod hsm", plus=4))
+    s = text(HEADER, *pkcs11("hsm", "serve a", extra=("  token-label t", "  pin-env P",
+                                                       "  gcm-params ivbits")))
+    bad("gcm-unknown", "An unknown gcm-params layout.", "bad-value", s, at(s, "ivbits"))
+    for val, off, why in (("0", 0, "0"), ("600001", 0, "600001"), ("0100", 0, "a leading zero"),
+                          ("10s", 2, "a unit"), ("99999999999", 0, "eleven digits")):
+        s = text(HEADER, *pkcs11("hsm", "serve a", extra=("  token-label t", "  pin-env P",
+                                                           "  timeout-ms " + val)))
+        bad("timeout-" + re.sub(r"[^a-z0-9]+", "-", why).strip("-"), "timeout-ms with %s." % why,
+            "bad-value", s, at(s, "timeout-ms ", plus=11 + off))
+
+    # ---- routing conflicts and limits [P-SERVE-3..4] ----------------------
+    s = text(HEADER, *local("a", "/k", "serve app/main"), *local("b", "/k", "serve app/main"))
+    bad("serve-conflict", "The same key_id served by two providers.", "conflict", s,
+        at(s, "app/main", 1))
+    s = text(HEADER, *local("a", "/k", "serve-prefix app/", "serve-prefix app/"))
+    bad("prefix-twice", "The same prefix twice in one provider.", "conflict", s, at(s, "app/", 1))
+    s = text(HEADER, *local("a", "/k", "serve-prefix app/"), *local("b", "/k", "serve-prefix app/"))
+    bad("prefix-conflict", "The same prefix in two providers.", "conflict", s, at(s, "app/", 1))
+    lines = [HEADER] + local("a", "/k") + ["  serve k%d" % i for i in range(257)]
+    s = text(*lines)
+    bad("serves-257", "257 serve lines.", "too-large", s, at(s, "  serve k256", plus=2))
+    return v
+
+
+def extra_seeds():
+    """Inputs beyond the vectors, for branches the vectors leave alone."""
+    def p11(*extra):
+        return text(HEADER, *pkcs11("hsm", "serve a", extra=("  token-label t", "  pin-env P") + extra))
+    return [
+        p11("  gcm-params p11kit"),
+        p11("  timeout-ms 1.5"),
+        p11("  timeout-ms 1"),
+        text(HEADER, *pkcs11("hsm", "serve a", extra=("  token-uri pkcs", "  pin-env P"))),
+        text(HEADER, *local("app", "/k", "serve a", extra=["  passphrase-env my_pass_2"])),
+        text(HEADER, *local("a~", "/k", "serve a")),
+        text(HEADER, *local("a", "/k", "serve a")) + b"prov\n",
+        text(HEADER, *local("a", "/k", "serve a")) + b"provider\n",
+        text(HEADER, *local("a", "/k", "serve a")) + b"providerx b\n",
+        text(HEADER, *local("a", "/k", "serve-prefix a/b", "serve-prefix a/", "serve a/b/c")),
+    ]
+
+
+def check_unique(vs):
+    """Every vector's name is unique (the tests and the docs refer to them)."""
+    names = [x[0] for x in vs]
+    assert len(names) == len(set(names)), "duplicate vector names"
+    return vs
+
+
+def position(data, offset):
+    """The 1-based line and column of offset ([P-ERR-3])."""
+    before = data[:offset]
+    return before.count(b"\n") + 1, offset - (before.rfind(b"\n") + 1) + 1
+
+
+def printable_lines(data):
+    """data as `line:` values when [P-LINE-1..4] allow it, else None."""
+    if not data.endswith(b"\n") or len(data) > 4096:
+        return None
+    lines = data[:-1].split(b"\n")
+    for l in lines:
+        if any(b < 0x20 or b > 0x7E for b in l) or l.endswith(b" ") or len(l) > 1024:
+            return None
+    return [l.decode("ascii") for l in lines]
+
+
+def block(name, expect, data, result):
+    exp = "ok" if expect == "ok" else "%s at %d" % expect
+    out = ["```ks-providers-vector", "name: " + name, "expect: " + exp]
+    if expect != "ok":
+        out.append("position: %d:%d" % position(data, expect[1]))
+    lines = printable_lines(data)
+    if lines is not None:
+        out += ["line: " + l if l else "line:" for l in lines]
+    else:
+        out += ["hex: " + data[i:i + 32].hex() for i in range(0, len(data), 32)] or ["hex:"]
+    out += result or []
+    out.append("```")
+    return out
+
+
+def markdown(vs):
+    out = []
+    for name, desc, expect, data, result in vs:
+        if len(data) > 2048:
+            continue  # the limit cases: tests/test_registry.c builds its own
+        out += [desc, ""] + block(name, expect, data, result) + [""]
+    return "\n".join(out)
+
+
+def spec_vectors():
+    """The bytes of every ks-providers-vector block of docs/providers.md."""
+    if not os.path.exists(SPEC):
+        return []
+    doc = open(SPEC, encoding="utf-8").read()
+    found = []
+    for b in re.findall(r"```ks-providers-vector\n(.*?)```", doc, re.S):
+        hexes, lines = [], []
+        for l in b.splitlines():
+            if l.startswith("hex:"):
+                hexes.append(l[4:].replace(" ", ""))
+            elif l == "line:" or l.startswith("line: "):
+                lines.append(l[6:])
+        if hexes:
+            found.append(bytes.fromhex("".join(hexes)))
+        else:
+            found.append("".join(l + "\n" for l in lines).encode("ascii"))
+    return found
+
+
+def main():
+    vs = check_unique(vectors())
+    if "--markdown" in sys.argv:
+        print(markdown(vs))
+        return
+    if "--list" in sys.argv:
+        for name, _, expect, data, _ in vs:
+            print(name, expect, len(data))
+        return
+    seeds = [x[3] for x in vs] + spec_vectors() + extra_seeds()
+    for n, _, _, d, _ in vs:
+        if n in ("one-local", "local-and-pkcs11"):
+            seeds += [d[:i] for i in range(len(d))]
+    write_corpus("providers_seeds", list(dict.fromkeys(seeds)), CORPUS)
+
+
+if __name__ == "__main__":
+    main()

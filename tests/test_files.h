@@ -1,0 +1,156 @@
+/*
+ * tests/test_files.h -- what the file-based unit tests share
+ * (tests/test_keyring.c, tests/test_registry.c): a per-test directory
+ * under /tmp, reading and writing whole files, the path of a document
+ * beside $KS_SPEC, and the hex values of the documents' vector blocks.
+ *
+ * Include after <cmocka.h>.  Everything is static inline (no warning when
+ * a test does not need a helper).
+ */
+#ifndef KS_TESTS_TEST_FILES_H
+#define KS_TESTS_TEST_FILES_H
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* A test's directory and one file path in it. */
+typedef struct fixture {
+    char dir[64];
+    char path[128]; /* dir/<file> */
+} fixture;
+
+/* Make a directory /tmp/ks-<tag>-test-XXXXXX and a fixture for it whose
+ * path is dir/<file>; for a cmocka setup function. */
+static inline int tf_setup(void **state, const char *tag, const char *file)
+{
+    fixture *f = calloc(1, sizeof *f);
+    assert_non_null(f);
+    snprintf(f->dir, sizeof f->dir, "/tmp/ks-%s-test-XXXXXX", tag);
+    assert_non_null(mkdtemp(f->dir));
+    snprintf(f->path, sizeof f->path, "%s/%s", f->dir, file);
+    *state = f;
+    return 0;
+}
+
+/* Remove the directory and what the test left in it (no subdirectories
+ * except those a test made itself and removed), and free the fixture. */
+static inline int tf_teardown(void **state)
+{
+    fixture *f = *state;
+    DIR *d = opendir(f->dir);
+    if (d != NULL) {
+        struct dirent *de;
+        while ((de = readdir(d)) != NULL) {
+            if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0) {
+                if (unlinkat(dirfd(d), de->d_name, 0) != 0) {
+                    (void)unlinkat(dirfd(d), de->d_name, AT_REMOVEDIR);
+                }
+            }
+        }
+        closedir(d);
+    }
+    rmdir(f->dir);
+    free(f);
+    return 0;
+}
+
+/* Read a whole file into a malloc'd buffer, NUL-terminated after its
+ * *len bytes. */
+static inline uint8_t *tf_slurp(const char *path, size_t *len)
+{
+    FILE *fp = fopen(path, "rb");
+    assert_non_null(fp);
+    assert_int_equal(fseek(fp, 0, SEEK_END), 0);
+    long n = ftell(fp);
+    assert_true(n >= 0);
+    rewind(fp);
+    uint8_t *buf = malloc((size_t)n + 1);
+    assert_non_null(buf);
+    assert_int_equal(fread(buf, 1, (size_t)n, fp), (size_t)n);
+    buf[n] = '\0';
+    fclose(fp);
+    *len = (size_t)n;
+    return buf;
+}
+
+/* Write buf[0, n) to path with the given mode (replacing the file). */
+static inline void tf_spit(const char *path, const void *buf, size_t n, mode_t mode)
+{
+    (void)unlink(path);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, mode);
+    assert_true(fd >= 0);
+    assert_int_equal(fchmod(fd, mode), 0);
+    assert_int_equal(write(fd, buf, n), (ssize_t)n);
+    close(fd);
+}
+
+/* The path of docs/<name> into out: beside $KS_SPEC (docs/format.md) if
+ * it is set, else under docs/. */
+static inline void tf_spec_path(const char *name, char *out, size_t cap)
+{
+    const char *spec = getenv("KS_SPEC");
+    const char *slash = spec != NULL ? strrchr(spec, '/') : NULL;
+    if (slash == NULL) {
+        snprintf(out, cap, "docs/%s", name);
+    } else {
+        snprintf(out, cap, "%.*s/%s", (int)(slash - spec), spec, name);
+    }
+}
+
+/* Append the hex digits of s[0, n) (spaces ignored, either case) to the
+ * malloc'd *buf of *len bytes; -1 unless they are whole bytes of hex
+ * digits. */
+static inline int tf_append_hex(const char *s, size_t n, uint8_t **buf, size_t *len)
+{
+    int hi = -1;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == ' ') {
+            continue;
+        }
+        const char *digits = "0123456789abcdef0123456789ABCDEF";
+        const char *d = s[i] != '\0' ? strchr(digits, s[i]) : NULL;
+        if (d == NULL) {
+            return -1;
+        }
+        const int v = (int)((d - digits) & 15);
+        if (hi < 0) {
+            hi = v;
+            continue;
+        }
+        uint8_t *grown = realloc(*buf, *len + 1);
+        assert_non_null(grown);
+        *buf = grown;
+        (*buf)[(*len)++] = (uint8_t)(hi << 4 | v);
+        hi = -1;
+    }
+    return hi < 0 ? 0 : -1;
+}
+
+/*
+ * The strictness check of a vector loader: `accepts` (a loader run over a
+ * whole document, nonzero when it loads every block) takes `good` alone,
+ * and refuses good followed by each of bad[0, n).
+ */
+static inline void tf_loader_refuses(const char *good, const char *const *bad, size_t n,
+                                     int (*accepts)(const char *doc))
+{
+    assert_true(accepts(good));
+    for (size_t i = 0; i < n; i++) {
+        char *doc = malloc(strlen(good) + strlen(bad[i]) + 1);
+        assert_non_null(doc);
+        strcpy(doc, good);
+        strcat(doc, bad[i]);
+        if (accepts(doc)) {
+            fail_msg("malformed block %zu was accepted", i);
+        }
+        free(doc);
+    }
+}
+
+#endif /* KS_TESTS_TEST_FILES_H */
