@@ -528,7 +528,7 @@ static ks_err p11_list(void *self, ks_bytes key_id, ks_key_list_fn fn, void *arg
         int stop = 0;
         for (uint32_t v = 1; v <= r->nversions && !stop; v++) {
             ks_key_entry ent = {{r->key_id, r->key_id_len}, v, (ks_key_state)r->states[v - 1],
-                                v == r->primary};
+                                v == r->primary, 0 /* the token keeps no creation time */};
             stop = fn(arg, &ent) != 0;
         }
         if (stop) {

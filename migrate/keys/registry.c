@@ -609,6 +609,7 @@ typedef struct merged_entry {
     uint32_t version;
     ks_key_state state;
     int is_primary;
+    uint64_t created;
 } merged_entry;
 
 /* The entries gathered from every provider for one merged listing. */
@@ -649,6 +650,7 @@ static int gather(void *arg, const ks_key_entry *e)
     d->version = e->version;
     d->state = e->state;
     d->is_primary = e->is_primary;
+    d->created = e->created;
     return 0;
 }
 
@@ -688,7 +690,8 @@ static ks_err list_all(const ks_registry *r, ks_key_list_fn fn, void *arg, uint3
     }
     for (size_t j = 0; e == KS_OK && j < m.n; j++) {
         const merged_entry *d = &m.v[j];
-        const ks_key_entry out = {{d->key_id, d->key_id_len}, d->version, d->state, d->is_primary};
+        const ks_key_entry out = {{d->key_id, d->key_id_len}, d->version, d->state, d->is_primary,
+                                  d->created};
         if (fn(arg, &out) != 0) {
             break;
         }
