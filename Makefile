@@ -186,6 +186,7 @@ cli-test: $(CLI_SAN) $(CLI) $(DEMO_APP_SAN)
 	@KEYSHIFT=$(CLI_SAN) tests/cli_migrate_faults_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_rollout_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_providers_test.sh
+	@KEYSHIFT=$(CLI_SAN) tests/cli_pkcs11_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_spec_decryptor_test.sh
 	@KEYSHIFT=$(CLI_SAN) DEMO_APP=$(DEMO_APP_SAN) tests/cli_rollout_lifecycle_test.sh
 
