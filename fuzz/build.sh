@@ -41,6 +41,7 @@ dict_for() {
     case $1 in
         fuzz_keyring) echo corpus/keyring.dict ;;
         fuzz_rollout) echo corpus/rollout.dict ;;
+        fuzz_providers) echo corpus/providers.dict ;;
         *) echo corpus/envelope.dict ;;
     esac
 }
