@@ -43,6 +43,7 @@ dict_for() {
         fuzz_keyring) echo corpus/keyring.dict ;;
         fuzz_rollout) echo corpus/rollout.dict ;;
         fuzz_p11meta) echo corpus/p11meta.dict ;;
+        fuzz_providers) echo corpus/providers.dict ;;
         *) echo corpus/envelope.dict ;;
     esac
 }

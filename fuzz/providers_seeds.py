@@ -305,6 +305,9 @@ def extra_seeds():
         text(HEADER, *local("a", "/k", "serve a")) + b"provider\n",
         text(HEADER, *local("a", "/k", "serve a")) + b"providerx b\n",
         text(HEADER, *local("a", "/k", "serve-prefix a/b", "serve-prefix a/", "serve a/b/c")),
+        text(HEADER, *local("app", "/k", "serve a", extra=["  passphrase-env A{"])),
+        text(HEADER, *local("app", "/k", "serve a", extra=["  passphrase-env A:"])),
+        text(HEADER, *local("a", "/k", "serve a"), "serve-prefix b"),
     ]
 
 
