@@ -247,23 +247,30 @@ static CK_SESSION_HANDLE raw_session(const ks_provider *prov)
     return s;
 }
 
-/* The number of secret key objects with label "keyshift:" key_id ":" v. */
-static CK_ULONG count_key_objects(CK_SESSION_HANDLE s, const char *key_id, uint32_t v,
-                                  CK_OBJECT_HANDLE *first)
+/* The number of objects of class cls labelled label; the first in *first. */
+static CK_ULONG count_objects(CK_SESSION_HANDLE s, CK_OBJECT_CLASS cls, const char *label,
+                              CK_OBJECT_HANDLE *first)
 {
-    char label[400];
-    snprintf(label, sizeof label, "keyshift:%s:%u", key_id, (unsigned)v);
-    CK_OBJECT_CLASS cls = CKO_SECRET_KEY;
-    CK_ATTRIBUTE t[] = {{CKA_CLASS, &cls, sizeof cls}, {CKA_LABEL, label, strlen(label)}};
-    CK_OBJECT_HANDLE h[4];
+    CK_ATTRIBUTE t[] = {{CKA_CLASS, &cls, sizeof cls},
+                        {CKA_LABEL, (void *)(uintptr_t)label, strlen(label)}};
+    CK_OBJECT_HANDLE h[8];
     CK_ULONG n = 0;
     assert_int_equal(g_real->C_FindObjectsInit(s, t, 2), CKR_OK);
-    assert_int_equal(g_real->C_FindObjects(s, h, 4, &n), CKR_OK);
+    assert_int_equal(g_real->C_FindObjects(s, h, 8, &n), CKR_OK);
     assert_int_equal(g_real->C_FindObjectsFinal(s), CKR_OK);
     if (first != NULL && n > 0) {
         *first = h[0];
     }
     return n;
+}
+
+/* The number of secret key objects labelled "keyshift:" key_id ":" v. */
+static CK_ULONG count_key_objects(CK_SESSION_HANDLE s, const char *key_id, uint32_t v,
+                                  CK_OBJECT_HANDLE *first)
+{
+    char label[400];
+    snprintf(label, sizeof label, "keyshift:%s:%u", key_id, (unsigned)v);
+    return count_objects(s, CKO_SECRET_KEY, label, first);
 }
 
 /* Wrap a fixed DEK under (key_id, v); the result code. */
@@ -617,15 +624,7 @@ static void test_admin(void **state)
 
     /* The token holds one metadata object per key after all those changes. */
     CK_SESSION_HANDLE s = raw_session(&p);
-    CK_OBJECT_CLASS cls = CKO_DATA;
-    CK_ATTRIBUTE t[] = {{CKA_CLASS, &cls, sizeof cls},
-                        {CKA_LABEL, (void *)(uintptr_t) "keyshift-meta:adm/a", 19}};
-    CK_OBJECT_HANDLE h[4];
-    CK_ULONG n = 0;
-    assert_int_equal(g_real->C_FindObjectsInit(s, t, 2), CKR_OK);
-    assert_int_equal(g_real->C_FindObjects(s, h, 4, &n), CKR_OK);
-    assert_int_equal(g_real->C_FindObjectsFinal(s), CKR_OK);
-    assert_int_equal(n, 1);
+    assert_int_equal(count_objects(s, CKO_DATA, "keyshift-meta:adm/a", NULL), 1);
     assert_int_equal(count_key_objects(s, "adm/a", 3, NULL), 0);
     assert_int_equal(count_key_objects(s, "adm/a", 2, NULL), 1);
     g_real->C_CloseSession(s);
@@ -792,6 +791,107 @@ static void test_not_extractable(void **state)
     CK_BBOOL yes = CK_TRUE;
     CK_ATTRIBUTE mk = {CKA_EXTRACTABLE, &yes, sizeof yes};
     assert_int_not_equal(g_real->C_SetAttributeValue(s, h, &mk, 1), CKR_OK);
+    g_real->C_CloseSession(s);
+    ks_provider_destroy(&p);
+}
+
+/* ---- what the token holds ----------------------------------------------------------- */
+
+/* Create a metadata data object for key_id holding value[0, len). */
+static CK_OBJECT_HANDLE put_meta(CK_SESSION_HANDLE s, const char *key_id, const uint8_t *value,
+                                 size_t len)
+{
+    char label[300];
+    snprintf(label, sizeof label, "keyshift-meta:%s", key_id);
+    CK_OBJECT_CLASS cls = CKO_DATA;
+    CK_BBOOL yes = CK_TRUE;
+    CK_ATTRIBUTE t[] = {{CKA_CLASS, &cls, sizeof cls},
+                        {CKA_TOKEN, &yes, sizeof yes},
+                        {CKA_PRIVATE, &yes, sizeof yes},
+                        {CKA_APPLICATION, (void *)(uintptr_t) "keyshift", 8},
+                        {CKA_LABEL, label, strlen(label)},
+                        {CKA_VALUE, (void *)(uintptr_t)value, len}};
+    CK_OBJECT_HANDLE h = CK_INVALID_HANDLE;
+    assert_int_equal(g_real->C_CreateObject(s, t, 6, &h), CKR_OK);
+    return h;
+}
+
+/* Encode a record of key_id: n versions, all active, primary p, seq. */
+static size_t make_record(const char *key_id, uint64_t seq, uint32_t n, uint32_t p, uint8_t *out)
+{
+    ks_p11meta m;
+    memset(&m, 0, sizeof m);
+    m.seq = seq;
+    m.key_id_len = strlen(key_id);
+    memcpy(m.key_id, key_id, m.key_id_len);
+    m.nversions = n;
+    m.primary = p;
+    memset(m.states, KS_KEY_ACTIVE, n);
+    size_t len = 0;
+    assert_int_equal(ks_p11meta_encode(&m, out, KS_P11META_MAX_LEN, &len), KS_OK);
+    return len;
+}
+
+/* Malformed or misplaced records and duplicate key objects are integrity
+ * failures; of several records the highest seq wins (equal: the greater
+ * bytes), and the next change leaves one. */
+static void test_token_records(void **state)
+{
+    (void)state;
+    ks_provider p = open_ok();
+    const ks_provider_admin_ops *a = p.ops->admin;
+    CK_SESSION_HANDLE s = raw_session(&p);
+    ks_key_info ki;
+    static uint8_t rec[KS_P11META_MAX_LEN];
+
+    /* Garbage, and a good record under another key's label. */
+    CK_OBJECT_HANDLE bad = put_meta(s, "tok/garbage", (const uint8_t *)"KSPM\x01junk", 9);
+    assert_int_equal(p.ops->key_info(p.self, S("tok/garbage"), 0, &ki, 0), KS_ERR_INTEGRITY);
+    listing l;
+    memset(&l, 0, sizeof l);
+    assert_int_equal(a->list(p.self, S(""), collect, &l, 0), KS_ERR_INTEGRITY);
+    assert_int_equal(g_real->C_DestroyObject(s, bad), CKR_OK);
+    size_t len = make_record("tok/other", 1, 1, 1, rec);
+    bad = put_meta(s, "tok/moved", rec, len);
+    assert_int_equal(p.ops->key_info(p.self, S("tok/moved"), 0, &ki, 0), KS_ERR_INTEGRITY);
+    memset(&l, 0, sizeof l);
+    assert_int_equal(a->list(p.self, S(""), collect, &l, 0), KS_ERR_INTEGRITY);
+    assert_int_equal(g_real->C_DestroyObject(s, bad), CKR_OK);
+    memset(&l, 0, sizeof l);
+    assert_int_equal(a->list(p.self, S(""), collect, &l, 0), KS_OK);
+
+    /* The highest seq wins; a change then leaves a single record. */
+    assert_int_equal(a->create(p.self, S("tok/k"), 0), KS_OK);
+    len = make_record("tok/k", 9, 2, 2, rec); /* says version 2 is primary */
+    put_meta(s, "tok/k", rec, len);
+    assert_int_equal(p.ops->key_info(p.self, S("tok/k"), 0, &ki, 0), KS_OK);
+    assert_int_equal(ki.version, 2);
+    /* Equal seq (two writers at once): the greater bytes win. */
+    len = make_record("tok/k", 9, 3, 3, rec);
+    put_meta(s, "tok/k", rec, len);
+    assert_int_equal(p.ops->key_info(p.self, S("tok/k"), 0, &ki, 0), KS_OK);
+    assert_int_equal(ki.version, 3);
+    assert_int_equal(a->promote(p.self, S("tok/k"), 1, 0), KS_OK);
+    assert_int_equal(count_objects(s, CKO_DATA, "keyshift-meta:tok/k", NULL), 1);
+    assert_int_equal(p.ops->key_info(p.self, S("tok/k"), 0, &ki, 0), KS_OK);
+    assert_int_equal(ki.version, 1);
+
+    /* A second key object with version 1's CKA_ID: never used. */
+    uint8_t id[16] = {0, 0, 0, 1, 't', 'o', 'k', '/', 'k'};
+    CK_OBJECT_CLASS kc = CKO_SECRET_KEY;
+    CK_KEY_TYPE kt = CKK_AES;
+    CK_ULONG vlen = 32;
+    CK_BBOOL yes = CK_TRUE;
+    CK_ATTRIBUTE kt_tmpl[] = {{CKA_CLASS, &kc, sizeof kc},   {CKA_KEY_TYPE, &kt, sizeof kt},
+                              {CKA_VALUE_LEN, &vlen, sizeof vlen}, {CKA_TOKEN, &yes, sizeof yes},
+                              {CKA_ENCRYPT, &yes, sizeof yes}, {CKA_ID, id, 9}};
+    CK_MECHANISM gen = {CKM_AES_KEY_GEN, NULL, 0};
+    CK_OBJECT_HANDLE dup = CK_INVALID_HANDLE;
+    assert_int_equal(g_real->C_GenerateKey(s, &gen, kt_tmpl, 6, &dup), CKR_OK);
+    uint8_t w[64];
+    assert_int_equal(wrap(&p, "tok/k", 1, w, &len), KS_ERR_INTEGRITY);
+    assert_int_equal(g_real->C_DestroyObject(s, dup), CKR_OK);
+    assert_int_equal(wrap(&p, "tok/k", 1, w, &len), KS_OK);
     g_real->C_CloseSession(s);
     ks_provider_destroy(&p);
 }
@@ -1036,6 +1136,7 @@ int main(void)
         cmocka_unit_test(test_wrap_unwrap),
         cmocka_unit_test(test_states),
         cmocka_unit_test(test_not_extractable),
+        cmocka_unit_test(test_token_records),
         cmocka_unit_test(test_ctx),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_fork),

@@ -16,7 +16,10 @@
  * child of fork() it re-initialises the module before its first call.
  *
  * PINs come from a file or the environment (the caller reads them), never
- * from argv, and are wiped after login.  A wrong PIN is never retried.
+ * from argv; the caller wipes its own copy.  The provider keeps one copy
+ * in sodium_malloc'd memory, no-access except while logging in, to log
+ * in again in a fork() child or after a reconnect, and wipes it on
+ * destroy.  A wrong PIN is never retried.
  */
 #ifndef KEYSHIFT_PKCS11_H
 #define KEYSHIFT_PKCS11_H

@@ -491,20 +491,27 @@ ks_err ks_p11_list_body(ks_p11_op *op, void *arg)
         return KS_ERR_NO_MEMORY;
     }
     CK_ULONG n = 0;
-    CK_RV rv = KS_P11_CALL(op, C_FindObjectsInit, op->s, tmpl, sizeof tmpl / sizeof tmpl[0]);
-    ks_err e = ks_p11_map(rv);
+    const CK_RV init = KS_P11_CALL(op, C_FindObjectsInit, op->s, tmpl, sizeof tmpl / sizeof tmpl[0]);
+    ks_err e = ks_p11_map(init);
     while (e == KS_OK && n <= max) {
+        const CK_ULONG room = (CK_ULONG)(max + 1 - n);
         CK_ULONG got = 0;
-        rv = KS_P11_CALL(op, C_FindObjects, op->s, h + n, (CK_ULONG)(max + 1 - n), &got);
-        if (rv != CKR_OK || got > max + 1 - n) {
-            e = rv != CKR_OK ? ks_p11_map(rv) : KS_ERR_INTEGRITY;
+        const CK_RV rv = KS_P11_CALL(op, C_FindObjects, op->s, h + n, room, &got);
+        if (rv != CKR_OK) {
+            e = ks_p11_map(rv);
+        } else if (got > room) {
+            e = KS_ERR_INTEGRITY; /* more handles than the room we gave */
         } else if (got == 0) {
             break;
+        } else {
+            n += got;
         }
-        n += got;
     }
-    if (rv != KS_P11_RV_TIMEOUT && e != KS_ERR_INVALID_ARGUMENT) {
-        (void)KS_P11_CALL(op, C_FindObjectsFinal, op->s);
+    if (init == CKR_OK) {
+        const CK_RV fin = KS_P11_CALL(op, C_FindObjectsFinal, op->s);
+        if (e == KS_OK) {
+            e = ks_p11_map(fin);
+        }
     }
     if (e == KS_OK && n > max) {
         e = KS_ERR_INTEGRITY;
