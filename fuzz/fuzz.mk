@@ -8,8 +8,9 @@
 #
 #   make fuzz-replay     replay corpus/<target>/ and corpus/regressions/ under ASan+UBSan
 #   make coverage        llvm-cov over the same inputs; gate on the lines and branches of
-                 migrate/keys/registry_format.c migrate/rollout/guard.c migrate/rollout/retire.c \
-                 migrate/keys/p11_meta.c
+#                        parser/, migrate/keys/keyring_format.c, migrate/keys/registry_format.c,
+#                        the rollout guards (migrate/rollout/guard.c, retire.c) and the pkcs11
+#                        metadata record parser (migrate/keys/p11_meta.c) (FUZZ_COV_SRCS)
 #   make fuzz-smoke      each libFuzzer target for FUZZ_SMOKE_SECONDS from a copy of the corpus
 #                        (fuzz-smoke, fuzz, fuzz-afl: each with its own dictionary, fuzz_dict)
 #   make fuzz            each libFuzzer target for FUZZ_SECONDS, corpus kept in $(B)/fuzz/run/

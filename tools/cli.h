@@ -124,11 +124,11 @@ typedef struct ks_cli_keys {
 /* How every manual states which of --keyring and --providers applies; a
  * string literal, to paste into help text. */
 #define KS_CLI_KEYS_RULE                                                                       \
-    "--providers FILE (or $KEYSHIFT_PROVIDERS) names a provider registry\n"                 \
-    "                  (docs/providers.md) that routes each key_id to its provider:\n"     \
-    "                  a local keyring, or an HSM through PKCS#11; without it,\n"          \
-    "                  --keyring FILE (or $KEYSHIFT_KEYRING) as before. Giving both\n"     \
-    "                  options is a usage error; --keyring beats $KEYSHIFT_PROVIDERS\n"
+    "a provider registry (docs/providers.md; default:\n"                                   \
+    "                      $KEYSHIFT_PROVIDERS) routing each key_id to its provider,\n"     \
+    "                      a keyring or an HSM through PKCS#11, instead of --keyring;\n"    \
+    "                      both options is a usage error, and --keyring beats\n"           \
+    "                      $KEYSHIFT_PROVIDERS\n"
 
 /*
  * Open the keys a command uses: the registry named by providers (else
