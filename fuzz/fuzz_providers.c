@@ -172,8 +172,16 @@ static void check_canonical(const uint8_t *data, size_t size)
     CHECK(m == n && memcmp(enc, enc2, n) == 0);
     CHECK(ks_regf_encode(&first, enc2, n - 1, &m) == KS_ERR_BUFFER_TOO_SMALL && m == n);
     CHECK(ks_regf_encode(&first, NULL, 0, &m) == KS_ERR_BUFFER_TOO_SMALL && m == n);
+    /* Without its final LF: truncated, unless that LF ended an empty
+     * last line, which is then simply gone. */
     ks_regf_error e;
-    CHECK(ks_regf_parse(data, size - 1, &second, &e) == KS_ERR_TRUNCATED && e.offset == size - 1);
+    if (data[size - 2] == '\n') {
+        CHECK(ks_regf_parse(data, size - 1, &second, &e) == KS_OK);
+        CHECK(same_registry(&first, &second));
+    } else {
+        CHECK(ks_regf_parse(data, size - 1, &second, &e) == KS_ERR_TRUNCATED);
+        CHECK(e.offset == size - 1);
+    }
 }
 
 /* The reference route of [P-ROUTE-1..3]: an exact serve line, else the
@@ -263,6 +271,7 @@ static void check_names(void)
     CHECK(ks_regf_encode(&first, enc, sizeof enc, NULL) == KS_ERR_INVALID_ARGUMENT);
 }
 
+/* One input: oracles 1 to 5 (see the header comment). */
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     ks_regf_error e;

@@ -1131,6 +1131,8 @@ static void test_vector_loader_strict(void **state)
     tf_loader_refuses(good, bad, sizeof bad / sizeof bad[0], loads);
 }
 
+/* Every vector of docs/providers.md Appendix R, and at least one of each
+ * rejection class. */
 static void test_spec_vectors(void **state)
 {
     char path[256];
@@ -1173,6 +1175,7 @@ static void test_spec_vectors(void **state)
     free(doc);
 }
 
+/* Run the tests. */
 int main(void)
 {
     if (sodium_init() < 0) {
