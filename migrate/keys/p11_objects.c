@@ -333,8 +333,8 @@ ks_err ks_p11_generate_key(ks_p11_op *op, ks_bytes key_id, uint32_t version)
     if (e == KS_OK && n != 1) {
         e = KS_ERR_UNAVAILABLE;
     }
-    if (e != KS_OK) {
-        (void)op->f->C_DestroyObject(op->s, h);
+    if (e != KS_OK && ks_p11_tick(op) == CKR_OK) {
+        (void)op->f->C_DestroyObject(op->s, h); /* keep the first failure in op->rv */
     }
     return e;
 }
