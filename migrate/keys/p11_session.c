@@ -459,6 +459,23 @@ static void release(ks_p11 *p, ks_p11_op *op, int ok)
     op->s = CK_INVALID_HANDLE;
 }
 
+/*
+ * After a lookup found no object (KS_ERR_NOT_FOUND): nonzero when the
+ * token itself is gone rather than the object, i.e. C_GetTokenInfo on its
+ * slot fails or names another token.  A module whose token is a store
+ * that went away (SoftHSM2's token directory removed) answers lookups
+ * with nothing but fails C_GetTokenInfo; a hardware token pulled out
+ * answers CKR_DEVICE_REMOVED before this is ever asked.  The caller then
+ * treats it as a lost token: one reconnect, then unavailable -- never a
+ * not-found that would say the key does not exist.
+ */
+static int token_gone(ks_p11 *p, ks_p11_op *op)
+{
+    CK_TOKEN_INFO ti;
+    const CK_RV r = KS_P11_CALL(op, C_GetTokenInfo, p->slot, &ti);
+    return r != CKR_OK ? r != KS_P11_RV_TIMEOUT : !token_matches(p, &ti);
+}
+
 /* See p11_internal.h. */
 ks_err ks_p11_run(ks_p11 *p, uint32_t timeout_ms, ks_p11_body body, void *arg)
 {
@@ -472,6 +489,10 @@ ks_err ks_p11_run(ks_p11 *p, uint32_t timeout_ms, ks_p11_body body, void *arg)
         if (e == KS_OK) {
             op.rv = CKR_OK;
             e = body(&op, arg);
+            if (e == KS_ERR_NOT_FOUND && token_gone(p, &op)) {
+                op.rv = CKR_TOKEN_NOT_PRESENT;
+                e = KS_ERR_UNAVAILABLE;
+            }
             release(p, &op, e == KS_OK || op.rv == CKR_OK);
         }
         if (e == KS_OK || attempt == 1 || !needs_reconnect(op.rv)) {
