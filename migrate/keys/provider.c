@@ -9,6 +9,8 @@
 
 #include <keyshift/provider.h>
 
+#include "provider_internal.h"
+
 /* The names of the states, indexed by ks_key_state; they are stable: the
  * CLI prints them and scripts match them. */
 static const char *const state_names[] = {
@@ -55,4 +57,19 @@ void ks_provider_destroy(ks_provider *provider)
         provider->ops->destroy(provider->self);
     }
     memset(provider, 0, sizeof *provider);
+}
+
+/* See provider_internal.h. */
+ks_err ks_key_state_usable(int state, int for_wrap)
+{
+    switch (state) {
+    case KS_KEY_ACTIVE:
+        return KS_OK;
+    case KS_KEY_DECRYPT_ONLY:
+        return for_wrap ? KS_ERR_DENIED : KS_OK;
+    case KS_KEY_DISABLED:
+        return KS_ERR_DENIED;
+    default:
+        return KS_ERR_REVOKED;
+    }
 }

@@ -21,24 +21,9 @@
 #include <keyshift/provider.h>
 
 #include "keyring_format.h"
+#include "provider_internal.h"
 
 #define WRAP_NONCE_LEN crypto_aead_xchacha20poly1305_ietf_NPUBBYTES
-
-/* Whether a version in `state` may wrap (for_wrap) or unwrap [K-STATE-1]:
- * destroyed is revoked, disabled is denied, decrypt-only is denied a wrap. */
-static ks_err check_usable(uint8_t state, int for_wrap)
-{
-    switch (state) {
-    case KS_KEY_ACTIVE:
-        return KS_OK;
-    case KS_KEY_DECRYPT_ONLY:
-        return for_wrap ? KS_ERR_DENIED : KS_OK;
-    case KS_KEY_DISABLED:
-        return KS_ERR_DENIED;
-    default:
-        return KS_ERR_REVOKED;
-    }
-}
 
 /* Nonzero when a view is {NULL, 0} or points at its bytes. */
 static int view_ok(ks_bytes b)
@@ -62,7 +47,7 @@ static ks_err usable_version(const ks_krf_key *key, uint32_t version, int for_wr
                              const ks_krf_version **v)
 {
     *v = &key->versions[version - 1];
-    return check_usable((*v)->state, for_wrap);
+    return ks_key_state_usable((*v)->state, for_wrap);
 }
 
 /* Wrap under version `version` of key [K-WRAP-1]: a fresh random nonce,

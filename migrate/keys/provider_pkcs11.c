@@ -34,6 +34,7 @@
 #include "keyring_format.h"
 #include "p11_meta.h"
 #include "p11_internal.h"
+#include "provider_internal.h"
 
 #define IV_LEN 12
 #define TAG_LEN 16
@@ -53,21 +54,6 @@ typedef struct gcm_params_no_ivbits {
 static int view_ok(ks_bytes b)
 {
     return b.ptr != NULL || b.len == 0;
-}
-
-/* Whether a version in `state` may wrap (for_wrap) or unwrap [K-STATE-1]. */
-static ks_err check_usable(uint8_t state, int for_wrap)
-{
-    switch (state) {
-    case KS_KEY_ACTIVE:
-        return KS_OK;
-    case KS_KEY_DECRYPT_ONLY:
-        return for_wrap ? KS_ERR_DENIED : KS_OK;
-    case KS_KEY_DISABLED:
-        return KS_ERR_DENIED;
-    default:
-        return KS_ERR_REVOKED;
-    }
 }
 
 /* ---- wrap, unwrap, key_info ------------------------------------------------ */
@@ -101,7 +87,7 @@ static ks_err usable_key(ks_p11_op *op, const wrap_call *w, int for_wrap, CK_OBJ
     }
     ks_err e = load_version(op, w->key_id, w->version, st);
     if (e == KS_OK) {
-        e = check_usable(st->m.states[w->version - 1], for_wrap);
+        e = ks_key_state_usable(st->m.states[w->version - 1], for_wrap);
     }
     free(st);
     return e != KS_OK ? e : ks_p11_find_key(op, w->key_id, w->version, h);
