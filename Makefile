@@ -143,8 +143,15 @@ UNIT_SUPPORT := $(filter-out $(UNIT_SRCS),$(wildcard tests/*.c))
 
 $(B)/san/tests/%: tests/%.c $(UNIT_SUPPORT) $(SAN_OBJS) $(LIB_HDRS) $(wildcard tests/*.h) $(NANOPB_H)
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(SAN) $(INC) -I$(B)/gen -Iformat -Iparser $< $(UNIT_SUPPORT) $(SAN_OBJS) \
-	    $(NANOPB_C) -lprotobuf-nanopb -lcmocka $(LIB_LIBS) -o $@
+	$(CC) $(WARN) $(SAN) $(INC) -I$(B)/gen -Iformat -Iparser $< $(UNIT_SUPPORT) $(UNIT_EXTRA) $(SAN_OBJS) \
+	    $(NANOPB_C) -lprotobuf-nanopb -lcmocka $(LIB_LIBS) $(UNIT_EXTRA_LIBS) -o $@
+
+# Unit tests of code outside the library: its sources join that test's
+# link only (UNIT_EXTRA, UNIT_EXTRA_LIBS are target-specific).
+KMS_AWS_DIR  := tools/kms-aws
+SIGV4_SRCS   := $(KMS_AWS_DIR)/sigv4.c
+$(B)/san/tests/test_sigv4: UNIT_EXTRA := $(SIGV4_SRCS)
+$(B)/san/tests/test_sigv4: $(SIGV4_SRCS) $(KMS_AWS_DIR)/sigv4.h
 
 export UBSAN_OPTIONS := print_stacktrace=1:halt_on_error=1
 export ASAN_OPTIONS := detect_leaks=1:abort_on_error=1:strict_string_checks=1
