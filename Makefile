@@ -6,6 +6,8 @@
 #                   tests under ASan+UBSan then the threaded ones under
 #                   TSan, CLI tests under ASan+UBSan, exported-symbol
 #                   check, corpus replay, coverage gate, fuzz smoke
+#   make kms-aws-test  the AWS KMS client (tools/kms-aws/) against moto_server
+#                   (also run by cli-test)
 #   make unit       the cmocka unit tests (tests/test_*.c) under ASan+UBSan
 #   make tsan       the library and the threaded unit tests (TSAN_TESTS:
 #                   test_fork, test_threads, test_crypto, test_migrate,
@@ -75,7 +77,7 @@ DEMO_APP_SRCS := tools/demo_app.c tools/cli.c
 DEMO_APP     := $(B)/bin/keyshift-demo-app
 DEMO_APP_SAN := $(B)/san/bin/keyshift-demo-app
 
-.PHONY: all deps test unit tsan cli-test install-test symbols check-layout fuzz fuzz-afl fuzz-smoke fuzz-replay \
+.PHONY: all deps test unit tsan cli-test kms-aws-test install-test symbols check-layout fuzz fuzz-afl fuzz-smoke fuzz-replay \
         coverage bench demo install uninstall clean
 
 all: $(STATIC) $(SHARED) $(CLI) $(DEMO_APP)
@@ -139,7 +141,8 @@ $(NANOPB_C) $(NANOPB_H) &: format/envelope.proto format/envelope.options
 
 UNIT_SRCS := $(wildcard tests/test_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/%.c=$(B)/san/tests/%)
-UNIT_SUPPORT := $(filter-out $(UNIT_SRCS),$(wildcard tests/*.c))
+# tests/kms_aws_driver.c is a program of its own (tests/kms_aws_test.sh).
+UNIT_SUPPORT := $(filter-out $(UNIT_SRCS) tests/kms_aws_driver.c,$(wildcard tests/*.c))
 
 $(B)/san/tests/%: tests/%.c $(UNIT_SUPPORT) $(SAN_OBJS) $(LIB_HDRS) $(wildcard tests/*.h) $(NANOPB_H)
 	@mkdir -p $(dir $@)
@@ -152,6 +155,22 @@ KMS_AWS_DIR  := tools/kms-aws
 SIGV4_SRCS   := $(KMS_AWS_DIR)/sigv4.c
 $(B)/san/tests/test_sigv4: UNIT_EXTRA := $(SIGV4_SRCS)
 $(B)/san/tests/test_sigv4: $(SIGV4_SRCS) $(KMS_AWS_DIR)/sigv4.h
+
+# ---- the AWS KMS client of keyshift-kms-aws (tools/kms-aws/) ------------
+# Checked against moto_server, the AWS emulator, by tests/kms_aws_test.sh
+# through a driver program (under ASan+UBSan, not installed).
+KMS_AWS_SRCS := $(SIGV4_SRCS) $(KMS_AWS_DIR)/kms.c $(KMS_AWS_DIR)/kms_config.c
+KMS_AWS_HDRS := $(wildcard $(KMS_AWS_DIR)/*.h)
+KMS_AWS_LIBS := -lsodium $(shell pkg-config --libs libcurl jansson 2>/dev/null) -pthread
+KMS_AWS_DRIVER := $(B)/san/bin/kms_aws_driver
+
+$(KMS_AWS_DRIVER): tests/kms_aws_driver.c $(KMS_AWS_SRCS) $(KMS_AWS_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(SAN) $(shell pkg-config --cflags libcurl jansson 2>/dev/null) tests/kms_aws_driver.c \
+	    $(KMS_AWS_SRCS) $(KMS_AWS_LIBS) -o $@
+
+kms-aws-test: $(KMS_AWS_DRIVER)
+	@KMS_AWS_DRIVER=$(KMS_AWS_DRIVER) tests/kms_aws_test.sh
 
 export UBSAN_OPTIONS := print_stacktrace=1:halt_on_error=1
 export ASAN_OPTIONS := detect_leaks=1:abort_on_error=1:strict_string_checks=1
@@ -196,6 +215,7 @@ cli-test: $(CLI_SAN) $(CLI) $(DEMO_APP_SAN)
 	@KEYSHIFT=$(CLI_SAN) tests/cli_pkcs11_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_spec_decryptor_test.sh
 	@KEYSHIFT=$(CLI_SAN) DEMO_APP=$(DEMO_APP_SAN) tests/cli_rollout_lifecycle_test.sh
+	@$(MAKE) --no-print-directory kms-aws-test
 
 # make install into a staging DESTDIR, then build against it via pkg-config.
 install-test: all

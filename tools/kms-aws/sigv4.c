@@ -368,8 +368,9 @@ static int amz_date_ok(const char *d)
     return 1;
 }
 
-/* Whether a scope part (region, service) is a short [a-z0-9-] string. */
-static int scope_part_ok(const char *s)
+/* Whether a scope part (region, service) is 1..64 of [a-z0-9-]
+ * (sigv4.h). */
+int sigv4_scope_part_ok(const char *s)
 {
     if (s == NULL) {
         return 0;
@@ -406,8 +407,8 @@ int sigv4_string_to_sign(const sigv4_signer *s, const char *creq, size_t creq_le
     wbuf w;
 
     *out_len = 0;
-    if (s == NULL || !amz_date_ok(s->amz_date) || !scope_part_ok(s->region) || !scope_part_ok(s->service) ||
-        creq == NULL) {
+    if (s == NULL || !amz_date_ok(s->amz_date) || !sigv4_scope_part_ok(s->region) ||
+        !sigv4_scope_part_ok(s->service) || creq == NULL) {
         return -1;
     }
     crypto_hash_sha256(h, (const uint8_t *)creq, creq_len);
@@ -444,8 +445,8 @@ int sigv4_signing_key(const sigv4_signer *s, uint8_t out[SIGV4_KEY_LEN])
     size_t n;
 
     sodium_memzero(out, SIGV4_KEY_LEN);
-    if (s == NULL || s->secret_access_key == NULL || !amz_date_ok(s->amz_date) || !scope_part_ok(s->region) ||
-        !scope_part_ok(s->service)) {
+    if (s == NULL || s->secret_access_key == NULL || !amz_date_ok(s->amz_date) || !sigv4_scope_part_ok(s->region) ||
+        !sigv4_scope_part_ok(s->service)) {
         return -1;
     }
     n = strnlen(s->secret_access_key, SIGV4_SECRET_MAX + 1);

@@ -89,6 +89,9 @@ void sigv4_signature(const uint8_t key[SIGV4_KEY_LEN], const char *sts, size_t s
  * into out (cap bytes).  0, or -1 if anything is malformed or too long. */
 int sigv4_authorization(const sigv4_signer *s, const sigv4_request *req, char *out, size_t cap);
 
+/* Whether s can be a region or service in the scope: 1..64 of [a-z0-9-]. */
+int sigv4_scope_part_ok(const char *s);
+
 /* Lower-case hex of n bytes into hex (2n + 1 bytes). */
 void sigv4_hex(const uint8_t *in, size_t n, char *hex);
 

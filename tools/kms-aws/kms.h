@@ -1,0 +1,181 @@
+/*
+ * tools/kms-aws/kms.h -- the AWS KMS calls the keyshift-kms-aws plugin
+ * makes: Encrypt, Decrypt and DescribeKey over the JSON 1.1 protocol
+ * (POST /, X-Amz-Target: TrentService.<Op>, Content-Type:
+ * application/x-amz-json-1.1), signed with SigV4 (sigv4.h), sent with
+ * libcurl, parsed with jansson.
+ *
+ * Everything the endpoint sends is untrusted: a response is at most
+ * KMS_MAX_RESPONSE bytes, must be one JSON object without duplicate
+ * members, every member this module reads must have the exact JSON type
+ * and a bounded length, and base64 must be strict (standard alphabet,
+ * padded, no whitespace).  Members it does not read are ignored, so that
+ * AWS adding one does not break the plugin; an optional member that is
+ * null counts as absent.
+ *
+ * Secrets: the secret access key and session token live in kms_config
+ * (wipe it with kms_config_wipe()); plaintext DEKs are wiped from every
+ * buffer this module and jansson (its allocator is replaced with one that
+ * wipes on free) own.  libcurl's and the TLS library's own I/O buffers are
+ * outside its reach.
+ *
+ * Encryption context (what KMS binds the ciphertext to, and logs in
+ * CloudTrail).  Every call with a kms_context sends this JSON object:
+ *
+ *   "keyshift-aad":         base64 (standard, padded) of keyshift's wrap
+ *                           AAD, the binary bytes the envelope binds its
+ *                           wrapped DEK to
+ *   "keyshift-tenant":      the tenant                     (if not NULL)
+ *   "keyshift-key-id":      keyshift's key id              (if not NULL)
+ *   "keyshift-key-version": the key version, in decimal    (if not NULL)
+ *   "keyshift-purpose":     the purpose (v2 envelopes)     (if not NULL)
+ *
+ * The readable members only repeat what the AAD already binds, so that a
+ * CloudTrail reader can tell which key and tenant a call was for; the AAD
+ * is what makes a wrapped DEK useless under any other context.  Decrypt
+ * must send exactly the context Encrypt did, or KMS refuses it
+ * (InvalidCiphertextException).  Values are caller-provided UTF-8 strings
+ * of at most KMS_MAX_CONTEXT_VALUE bytes.
+ *
+ * Errors, from the response's __type (the part after any '#') or, without
+ * a body, the HTTP status:
+ *   ThrottlingException, LimitExceededException             KMS_THROTTLED
+ *   HTTP 5xx, KMSInternalException, DependencyTimeoutException,
+ *   KeyUnavailableException, connection failures, timeouts  KMS_UNAVAILABLE
+ *   AccessDeniedException, DisabledException,
+ *   InvalidKeyUsageException, UnrecognizedClientException,
+ *   InvalidSignatureException, ExpiredTokenException         KMS_DENIED
+ *   KMSInvalidStateException                                 see below
+ *   NotFoundException                                        KMS_NOT_FOUND
+ *   InvalidCiphertextException, IncorrectKeyException        KMS_AUTH_FAILED
+ *   anything else, or a malformed response                   KMS_INVALID
+ * KMSInvalidStateException covers several key states (pending deletion,
+ * pending import, unavailable custom key store, ...) and its message text
+ * is not a contract, so the rule is: ask DescribeKey for the KeyState;
+ * PendingDeletion or PendingReplicaDeletion is KMS_REVOKED (the key is
+ * going away: nothing wrapped under it will decrypt again unless an
+ * operator cancels the deletion), anything else -- or DescribeKey failing
+ * -- is KMS_DENIED.
+ */
+#ifndef KS_KMS_AWS_KMS_H
+#define KS_KMS_AWS_KMS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#define KMS_MAX_RESPONSE 65536
+#define KMS_MAX_PLAINTEXT 4096     /* KMS's own limit for Encrypt */
+#define KMS_MAX_CIPHERTEXT 6144    /* KMS's CiphertextBlob limit */
+#define KMS_MAX_AAD 4096
+#define KMS_MAX_CONTEXT_VALUE 1024
+#define KMS_MAX_KEY_ID 2048
+#define KMS_MAX_SECRET 256
+#define KMS_MAX_TOKEN 4096
+#define KMS_MAX_URL 1024
+
+/* What a call came to. */
+typedef enum {
+    KMS_OK = 0,
+    KMS_UNAVAILABLE, /* retryable: no connection, timeout, 5xx */
+    KMS_THROTTLED,   /* retryable: later, slower */
+    KMS_DENIED,      /* credentials or policy refuse, or the key is disabled */
+    KMS_REVOKED,     /* the key is pending deletion */
+    KMS_NOT_FOUND,   /* no such key */
+    KMS_AUTH_FAILED, /* the ciphertext does not open under this key and context */
+    KMS_INVALID,     /* a malformed request, response or configuration */
+} kms_status;
+
+/* Where and as whom to call.  Fill it with kms_config_load(). */
+typedef struct {
+    char access_key_id[129];
+    char secret_access_key[KMS_MAX_SECRET + 1];
+    char session_token[KMS_MAX_TOKEN + 1]; /* "" when none */
+    char region[65];
+    char endpoint[KMS_MAX_URL + 1]; /* scheme://authority/ */
+    char host[256];                 /* the authority, as signed in Host */
+    long timeout_ms;                /* whole call; default 10000 */
+    time_t now;                     /* 0: the clock (tests may fix it) */
+} kms_config;
+
+/* A refusal's details, safe to print: type and message are the
+ * endpoint's, reduced to printable ASCII and bounded. */
+typedef struct {
+    long http_status; /* 0: no response */
+    char type[64];
+    char message[256];
+} kms_error;
+
+/* The encryption context (see above).  aad is required. */
+typedef struct {
+    const uint8_t *aad;
+    size_t aad_len;
+    const char *tenant;
+    const char *key_id;
+    const char *key_version;
+    const char *purpose;
+} kms_context;
+
+/* What DescribeKey says of a key. */
+typedef struct {
+    char arn[KMS_MAX_KEY_ID + 1];
+    char key_state[32];
+    char key_usage[32];
+    int enabled;
+} kms_key_info;
+
+typedef struct kms_client kms_client;
+
+/* The configuration from the environment and the shared files:
+ *   credentials  AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY (+ optional
+ *                AWS_SESSION_TOKEN), else the profile AWS_PROFILE (default
+ *                "default") of AWS_SHARED_CREDENTIALS_FILE or
+ *                $HOME/.aws/credentials;
+ *   region       AWS_REGION, AWS_DEFAULT_REGION, else the profile's region
+ *                in AWS_CONFIG_FILE or $HOME/.aws/config;
+ *   endpoint     AWS_ENDPOINT_URL_KMS, AWS_ENDPOINT_URL, else
+ *                https://kms.REGION.amazonaws.com/.
+ * The files are parsed strictly: [section] lines, key = value lines,
+ * blank lines and #/; comments; anything else, a duplicate key in the
+ * profile or a line over 4096 bytes is an error, and so is a profile that
+ * asks for what this plugin does not do (credential_process, role_arn,
+ * sso_*).  KMS_OK, or KMS_INVALID with why in err. */
+kms_status kms_config_load(kms_config *cfg, char *err, size_t errlen);
+
+/* Check and set cfg's endpoint from url (http or https, a host and
+ * optional port, path empty or "/").  0 or -1. */
+int kms_config_set_endpoint(kms_config *cfg, const char *url);
+
+/* Zero cfg, secrets included. */
+void kms_config_wipe(kms_config *cfg);
+
+/* A client for cfg (copied).  NULL on allocation or libcurl failure. */
+kms_client *kms_client_open(const kms_config *cfg);
+
+/* Close c and wipe its copy of the configuration.  NULL is a no-op. */
+void kms_client_close(kms_client *c);
+
+/* Encrypt pt (at most KMS_MAX_PLAINTEXT bytes) under key_id with ctx; the
+ * CiphertextBlob into ct (ct_cap bytes), its length into *ct_len. */
+kms_status kms_encrypt(kms_client *c, const char *key_id, const uint8_t *pt, size_t pt_len, const kms_context *ctx,
+                       uint8_t *ct, size_t ct_cap, size_t *ct_len, kms_error *err);
+
+/* Decrypt ct under key_id (always named, so that KMS refuses a blob of
+ * another key) with ctx; the plaintext into pt (pt_cap bytes), its length
+ * into *pt_len.  pt is zeroed unless the call succeeds. */
+kms_status kms_decrypt(kms_client *c, const char *key_id, const uint8_t *ct, size_t ct_len, const kms_context *ctx,
+                       uint8_t *pt, size_t pt_cap, size_t *pt_len, kms_error *err);
+
+/* DescribeKey for key_id. */
+kms_status kms_describe_key(kms_client *c, const char *key_id, kms_key_info *info, kms_error *err);
+
+/* A status's name: "ok", "unavailable", "throttled", "denied", "revoked",
+ * "not-found", "auth-failed", "invalid". */
+const char *kms_status_name(kms_status s);
+
+/* The status an error __type (with or without a "prefix#") and HTTP
+ * status map to, before the KMSInvalidStateException rule; *invalid_state
+ * is set when that rule applies. */
+kms_status kms_classify(const char *type, long http_status, int *invalid_state);
+
+#endif
