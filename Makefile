@@ -163,6 +163,9 @@ KMS_AWS_SRCS := $(SIGV4_SRCS) $(KMS_AWS_DIR)/kms.c $(KMS_AWS_DIR)/kms_config.c
 KMS_AWS_HDRS := $(wildcard $(KMS_AWS_DIR)/*.h)
 KMS_AWS_LIBS := -lsodium $(shell pkg-config --libs libcurl jansson 2>/dev/null) -pthread
 KMS_AWS_DRIVER := $(B)/san/bin/kms_aws_driver
+$(B)/san/tests/test_kms_aws: UNIT_EXTRA := $(KMS_AWS_SRCS) $(shell pkg-config --cflags libcurl jansson 2>/dev/null)
+$(B)/san/tests/test_kms_aws: UNIT_EXTRA_LIBS := $(KMS_AWS_LIBS)
+$(B)/san/tests/test_kms_aws: $(KMS_AWS_SRCS) $(KMS_AWS_HDRS)
 
 $(KMS_AWS_DRIVER): tests/kms_aws_driver.c $(KMS_AWS_SRCS) $(KMS_AWS_HDRS)
 	@mkdir -p $(dir $@)

@@ -86,7 +86,7 @@ int main(int argc, char **argv)
     kms_error err;
     int rc = 2;
 
-    if (sodium_init() < 0 || argc < 3) {
+    if (kms_global_init() != 0 || argc < 3) {
         fprintf(stderr, "usage: kms_aws_driver encrypt|decrypt|describe KEY ...\n");
         return 2;
     }

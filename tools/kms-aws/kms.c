@@ -59,15 +59,58 @@ static void wipe_free(void *p)
     free(b);
 }
 
+/* calloc for libcurl, through wipe_malloc. */
+static void *wipe_calloc(size_t nmemb, size_t size)
+{
+    if (size != 0 && nmemb > (size_t)-1 / size) {
+        return NULL;
+    }
+    void *p = wipe_malloc(nmemb * size);
+    if (p != NULL) {
+        memset(p, 0, nmemb * size);
+    }
+    return p;
+}
+
+/* realloc for libcurl: a new block, the old one wiped and freed. */
+static void *wipe_realloc(void *p, size_t n)
+{
+    if (p == NULL) {
+        return wipe_malloc(n);
+    }
+    size_t old;
+    memcpy(&old, (unsigned char *)p - WIPE_HDR, sizeof old);
+    void *q = wipe_malloc(n);
+    if (q == NULL) {
+        return NULL;
+    }
+    memcpy(q, p, old < n ? old : n);
+    wipe_free(p);
+    return q;
+}
+
+/* strdup for libcurl, through wipe_malloc. */
+static char *wipe_strdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *p = wipe_malloc(n);
+    if (p != NULL) {
+        memcpy(p, s, n);
+    }
+    return p;
+}
+
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static int init_ok;
 
-/* Once per process: libsodium, libcurl, and jansson's allocator (before
- * any jansson value exists). */
+/* Once per process: libsodium, and libcurl and jansson with the wiping
+ * allocator (libcurl copies a small POST body, the base64 of a DEK, into
+ * its own request buffer), set before either allocates anything. */
 static void global_init(void)
 {
     json_set_alloc_funcs(wipe_malloc, wipe_free);
-    init_ok = sodium_init() >= 0 && curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK;
+    init_ok = sodium_init() >= 0 && curl_global_init_mem(CURL_GLOBAL_DEFAULT, wipe_malloc, wipe_free, wipe_realloc,
+                                                         wipe_strdup, wipe_calloc) == CURLE_OK;
 }
 
 /* ---- small helpers ---------------------------------------------------- */
@@ -241,10 +284,16 @@ kms_status kms_classify(const char *type, long http_status, int *invalid_state)
 /* ---- the client ------------------------------------------------------- */
 
 /* kms.h */
-kms_client *kms_client_open(const kms_config *cfg)
+int kms_global_init(void)
 {
     pthread_once(&init_once, global_init);
-    if (!init_ok || cfg == NULL || cfg->host[0] == '\0' || cfg->access_key_id[0] == '\0' ||
+    return init_ok ? 0 : -1;
+}
+
+/* kms.h */
+kms_client *kms_client_open(const kms_config *cfg)
+{
+    if (kms_global_init() != 0 || cfg == NULL || cfg->host[0] == '\0' || cfg->access_key_id[0] == '\0' ||
         cfg->secret_access_key[0] == '\0' || cfg->region[0] == '\0') {
         return NULL;
     }

@@ -15,9 +15,10 @@
  *
  * Secrets: the secret access key and session token live in kms_config
  * (wipe it with kms_config_wipe()); plaintext DEKs are wiped from every
- * buffer this module and jansson (its allocator is replaced with one that
- * wipes on free) own.  libcurl's and the TLS library's own I/O buffers are
- * outside its reach.
+ * buffer this module owns, and from jansson's and libcurl's, whose
+ * allocators are replaced process-wide by kms_global_init() with one that
+ * wipes on free.  The TLS library's own buffers are outside
+ * its reach.
  *
  * Encryption context (what KMS binds the ciphertext to, and logs in
  * CloudTrail).  Every call with a kms_context sends this JSON object:
@@ -136,7 +137,9 @@ typedef struct kms_client kms_client;
  *   endpoint     AWS_ENDPOINT_URL_KMS, AWS_ENDPOINT_URL, else
  *                https://kms.REGION.amazonaws.com/.
  * The files are parsed strictly: [section] lines, key = value lines,
- * blank lines and #/; comments; anything else, a duplicate key in the
+ * blank lines, #/; comments, and indented lines only right after a key
+ * with an empty value (a nested setting such as "s3 =", skipped: none
+ * of the keys read is nested); anything else, a duplicate key in the
  * profile or a line over 4096 bytes is an error, and so is a profile that
  * asks for what this plugin does not do (credential_process, role_arn,
  * sso_*).  KMS_OK, or KMS_INVALID with why in err. */
@@ -148,6 +151,11 @@ int kms_config_set_endpoint(kms_config *cfg, const char *url);
 
 /* Zero cfg, secrets included. */
 void kms_config_wipe(kms_config *cfg);
+
+/* Once per process, before anything else uses libcurl or jansson (it
+ * replaces their allocators): libsodium, libcurl, jansson.  0 or -1.
+ * kms_client_open() calls it too. */
+int kms_global_init(void);
 
 /* A client for cfg (copied).  NULL on allocation or libcurl failure. */
 kms_client *kms_client_open(const kms_config *cfg);

@@ -267,8 +267,8 @@ static int ini_parse(const char *path, char *text, size_t len, const char *secti
         }
         if (indented) {
             /* a nested value ("s3 =" then indented lines): only after an
-             * empty value, and never in the profile read */
-            if (!may_continue || in_section) {
+             * empty value; none of the keys read is nested */
+            if (!may_continue) {
                 seterr(err, errlen, "%s:%zu: unexpected indented line", path, lineno);
                 return -1;
             }

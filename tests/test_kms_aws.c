@@ -1,0 +1,345 @@
+/*
+ * tests/test_kms_aws.c -- the AWS KMS client's offline parts
+ * (tools/kms-aws/kms.c, kms_config.c): error classification, the
+ * endpoint URL check, and the strict reading of the environment and the
+ * shared credentials and config files.  The calls themselves are tested
+ * against moto_server and a fake endpoint by tests/kms_aws_test.sh.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "../tools/kms-aws/kms.h"
+
+static char dir[64];
+static char creds_path[128], config_path[128];
+
+/* Every variable kms_config_load reads, cleared; HOME the test's. */
+static void clear_env(void)
+{
+    static const char *const VARS[] = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                                       "AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION",
+                                       "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_ENDPOINT_URL_KMS",
+                                       "AWS_ENDPOINT_URL"};
+    for (size_t i = 0; i < sizeof VARS / sizeof VARS[0]; i++) {
+        unsetenv(VARS[i]);
+    }
+    setenv("HOME", dir, 1);
+    unlink(creds_path);
+    unlink(config_path);
+}
+
+/* Write text to path. */
+static void put(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* A temporary HOME with .aws/ for the group. */
+static int setup(void **state)
+{
+    (void)state;
+    char aws[96];
+    snprintf(dir, sizeof dir, "/tmp/ks-kms-aws-XXXXXX");
+    if (mkdtemp(dir) == NULL) {
+        return -1;
+    }
+    snprintf(aws, sizeof aws, "%s/.aws", dir);
+    snprintf(creds_path, sizeof creds_path, "%s/credentials", aws);
+    snprintf(config_path, sizeof config_path, "%s/config", aws);
+    return mkdir(aws, 0700);
+}
+
+/* Remove the temporary HOME. */
+static int teardown(void **state)
+{
+    (void)state;
+    char aws[96];
+    unlink(creds_path);
+    unlink(config_path);
+    snprintf(aws, sizeof aws, "%s/.aws", dir);
+    rmdir(aws);
+    rmdir(dir);
+    return 0;
+}
+
+/* Load the configuration, expecting want; err for the caller to look at. */
+static kms_config load(kms_status want, char *err, size_t errlen)
+{
+    kms_config c;
+    kms_status got = kms_config_load(&c, err, errlen);
+    if (got != want) {
+        fail_msg("kms_config_load: %s (%s), want %s", kms_status_name(got), err, kms_status_name(want));
+    }
+    return c;
+}
+
+/* Every documented __type, with and without a prefix, and the statuses. */
+static void test_classify(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *type;
+        long http;
+        kms_status want;
+        int inv;
+    } CASES[] = {
+        {"ThrottlingException", 400, KMS_THROTTLED, 0},
+        {"LimitExceededException", 400, KMS_THROTTLED, 0},
+        {"KMSInternalException", 500, KMS_UNAVAILABLE, 0},
+        {"DependencyTimeoutException", 503, KMS_UNAVAILABLE, 0},
+        {"KeyUnavailableException", 500, KMS_UNAVAILABLE, 0},
+        {"AccessDeniedException", 400, KMS_DENIED, 0},
+        {"DisabledException", 400, KMS_DENIED, 0},
+        {"KMSInvalidStateException", 400, KMS_DENIED, 1},
+        {"com.amazonaws.kms#KMSInvalidStateException", 400, KMS_DENIED, 1},
+        {"NotFoundException", 400, KMS_NOT_FOUND, 0},
+        {"com.amazonaws.kms#NotFoundException", 400, KMS_NOT_FOUND, 0},
+        {"InvalidCiphertextException", 400, KMS_AUTH_FAILED, 0},
+        {"IncorrectKeyException", 400, KMS_AUTH_FAILED, 0},
+        {"AccessDeniedException:http://internal.amazon.com/coral/com.amazon.coral.service/", 400, KMS_DENIED, 0},
+        {"ExpiredTokenException", 400, KMS_DENIED, 0},
+        {"NotFoundExceptionX", 400, KMS_INVALID, 0},
+        {"ValidationException", 400, KMS_INVALID, 0},
+        {NULL, 503, KMS_UNAVAILABLE, 0},
+        {"", 500, KMS_UNAVAILABLE, 0},
+        {NULL, 429, KMS_THROTTLED, 0},
+        {NULL, 400, KMS_INVALID, 0},
+        {NULL, 302, KMS_INVALID, 0},
+    };
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        int inv = -1;
+        kms_status got = kms_classify(CASES[i].type, CASES[i].http, &inv);
+        if (got != CASES[i].want || inv != CASES[i].inv) {
+            fail_msg("%s/%ld: %s inv %d", CASES[i].type ? CASES[i].type : "(null)", CASES[i].http,
+                     kms_status_name(got), inv);
+        }
+    }
+    assert_string_equal(kms_status_name(KMS_NOT_FOUND), "not-found");
+    assert_string_equal(kms_status_name(KMS_AUTH_FAILED), "auth-failed");
+    assert_string_equal(kms_status_name(KMS_REVOKED), "revoked");
+    assert_string_equal(kms_status_name((kms_status)99), "invalid");
+}
+
+/* Endpoint URLs: http(s), host[:port], nothing after "/". */
+static void test_endpoint(void **state)
+{
+    (void)state;
+    kms_config c;
+    memset(&c, 0, sizeof c);
+    assert_int_equal(kms_config_set_endpoint(&c, "https://KMS.us-east-1.amazonaws.com"), 0);
+    assert_string_equal(c.endpoint, "https://kms.us-east-1.amazonaws.com/");
+    assert_string_equal(c.host, "kms.us-east-1.amazonaws.com");
+    assert_int_equal(kms_config_set_endpoint(&c, "http://127.0.0.1:5000/"), 0);
+    assert_string_equal(c.endpoint, "http://127.0.0.1:5000/");
+    assert_string_equal(c.host, "127.0.0.1:5000");
+    assert_int_equal(kms_config_set_endpoint(&c, "http://[::1]:4566"), 0);
+    assert_string_equal(c.host, "[::1]:4566");
+    static const char *const BAD[] = {"ftp://x/", "https://", "https:///", "https://a/b", "https://a?x=1",
+                                      "https://user@host/", "https://host:0/", "https://host:65536/",
+                                      "https://host:/", "https://host:12x/", "https://[]/", "https://[::1/",
+                                      "https://ho st/", "kms.us-east-1.amazonaws.com", "https://a//"};
+    for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
+        if (kms_config_set_endpoint(&c, BAD[i]) == 0) {
+            fail_msg("accepted %s", BAD[i]);
+        }
+    }
+}
+
+/* The environment: credentials, token, region, endpoint precedence. */
+static void test_env(void **state)
+{
+    (void)state;
+    char err[512];
+    clear_env();
+    setenv("AWS_ACCESS_KEY_ID", "AKIDENV", 1);
+    setenv("AWS_SECRET_ACCESS_KEY", "secret/env+", 1);
+    setenv("AWS_SESSION_TOKEN", "tok", 1);
+    setenv("AWS_DEFAULT_REGION", "eu-west-1", 1);
+    kms_config c = load(KMS_OK, err, sizeof err);
+    assert_string_equal(c.access_key_id, "AKIDENV");
+    assert_string_equal(c.secret_access_key, "secret/env+");
+    assert_string_equal(c.session_token, "tok");
+    assert_string_equal(c.region, "eu-west-1");
+    assert_string_equal(c.endpoint, "https://kms.eu-west-1.amazonaws.com/");
+    setenv("AWS_REGION", "us-west-2", 1);
+    setenv("AWS_ENDPOINT_URL", "http://localhost:1", 1);
+    c = load(KMS_OK, err, sizeof err);
+    assert_string_equal(c.region, "us-west-2");
+    assert_string_equal(c.endpoint, "http://localhost:1/");
+    setenv("AWS_ENDPOINT_URL_KMS", "http://localhost:2", 1);
+    c = load(KMS_OK, err, sizeof err);
+    assert_string_equal(c.endpoint, "http://localhost:2/");
+    kms_config_wipe(&c);
+    assert_string_equal(c.secret_access_key, "");
+
+    setenv("AWS_ENDPOINT_URL_KMS", "localhost:2", 1);
+    load(KMS_INVALID, err, sizeof err);
+    unsetenv("AWS_ENDPOINT_URL_KMS");
+    setenv("AWS_REGION", "US_EAST", 1);
+    load(KMS_INVALID, err, sizeof err);
+    setenv("AWS_REGION", "us-east-1", 1);
+    unsetenv("AWS_SECRET_ACCESS_KEY");
+    load(KMS_INVALID, err, sizeof err);
+    assert_non_null(strstr(err, "AWS_SECRET_ACCESS_KEY"));
+    setenv("AWS_SECRET_ACCESS_KEY", "has space", 1);
+    load(KMS_INVALID, err, sizeof err);
+    setenv("AWS_SECRET_ACCESS_KEY", "ok", 1);
+    setenv("AWS_PROFILE", "../etc", 1);
+    load(KMS_INVALID, err, sizeof err);
+}
+
+/* The shared files: profiles, comments, CRLF, nested values elsewhere,
+ * region from [profile NAME] or [default]. */
+static void test_shared_files(void **state)
+{
+    (void)state;
+    char err[512];
+    clear_env();
+    put(creds_path, "# comment\r\n; another\r\n[default]\r\naws_access_key_id=AKIDDEF\r\n"
+                    "aws_secret_access_key = sdef\r\n\r\n[ks]\r\naws_access_key_id   =   AKIDKS  \r\n"
+                    "aws_secret_access_key = s/ks+\r\naws_session_token = tks\r\nregion = ignored-here\r\n");
+    put(config_path, "[default]\nregion = ap-south-1\ns3 =\n  max_concurrent_requests = 10\n"
+                     "[profile ks]\nregion = eu-central-1\noutput = json\n");
+    kms_config c = load(KMS_OK, err, sizeof err);
+    assert_string_equal(c.access_key_id, "AKIDDEF");
+    assert_string_equal(c.secret_access_key, "sdef");
+    assert_string_equal(c.session_token, "");
+    assert_string_equal(c.region, "ap-south-1");
+    setenv("AWS_PROFILE", "ks", 1);
+    c = load(KMS_OK, err, sizeof err);
+    assert_string_equal(c.access_key_id, "AKIDKS");
+    assert_string_equal(c.secret_access_key, "s/ks+");
+    assert_string_equal(c.session_token, "tks");
+    assert_string_equal(c.region, "eu-central-1");
+
+    /* the files named by variables instead */
+    char alt[160];
+    snprintf(alt, sizeof alt, "%s/alt-credentials", dir);
+    put(alt, "[ks]\naws_access_key_id = AKIDALT\naws_secret_access_key = salt\n");
+    setenv("AWS_SHARED_CREDENTIALS_FILE", alt, 1);
+    setenv("AWS_REGION", "us-east-2", 1);
+    c = load(KMS_OK, err, sizeof err);
+    assert_string_equal(c.access_key_id, "AKIDALT");
+    assert_string_equal(c.region, "us-east-2");
+    unlink(alt);
+    kms_config_wipe(&c);
+}
+
+/* What the strict parser refuses, each with a message naming it. */
+static void test_shared_files_refused(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *creds;
+        const char *why;
+    } CASES[] = {
+        {"aws_access_key_id = A\n", "expected [section]"},
+        {"[ks]\naws_access_key_id = A\naws_secret_access_key = s\naws_access_key_id = B\n", "given twice"},
+        {"[ks]\naws_access_key_id = A\n[ks]\naws_secret_access_key = s\n", "given twice"},
+        {"[ks]\naws_access_key_id = A\naws_secret_access_key = s\ncredential_process = x\n", "does not support"},
+        {"[ks]\nrole_arn = arn:aws:iam::1:role/x\nsource_profile = default\n", "does not support"},
+        {"[ks]\naws_access_key_id = A\njunk\n", "expected [section]"},
+        {"[ks\naws_access_key_id = A\n", "malformed section"},
+        {"[]\n", "empty section"},
+        {"[ks]\n= x\n", "empty key"},
+        {"[ks]\naws_access_key_id = A\n  nested = 1\n", "indented"},
+        {"[ks]\n  aws_access_key_id = A\n", "indented"},
+        {"[ks]\naws_access_key_id = A B\naws_secret_access_key = s\n", "not printable"},
+        {"[ks]\naws_access_key_id = A\n", "no credentials"},
+        {"[other]\naws_access_key_id = A\naws_secret_access_key = s\n", "no credentials"},
+    };
+    char err[512];
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        clear_env();
+        setenv("AWS_PROFILE", "ks", 1);
+        setenv("AWS_REGION", "us-east-1", 1);
+        put(creds_path, CASES[i].creds);
+        load(KMS_INVALID, err, sizeof err);
+        if (strstr(err, CASES[i].why) == NULL) {
+            fail_msg("case %zu: '%s' does not say '%s'", i, err, CASES[i].why);
+        }
+    }
+    /* an over-long line */
+    clear_env();
+    setenv("AWS_REGION", "us-east-1", 1);
+    char *big = malloc(5000);
+    assert_non_null(big);
+    memset(big, 'a', 4999);
+    memcpy(big, "[default]\n# ", 12);
+    big[4999] = '\0';
+    put(creds_path, big);
+    free(big);
+    load(KMS_INVALID, err, sizeof err);
+    assert_non_null(strstr(err, "longer than"));
+    /* no region anywhere */
+    clear_env();
+    put(creds_path, "[default]\naws_access_key_id = A\naws_secret_access_key = s\n");
+    load(KMS_INVALID, err, sizeof err);
+    assert_non_null(strstr(err, "no region"));
+    /* a directory where the file should be */
+    clear_env();
+    setenv("AWS_REGION", "us-east-1", 1);
+    setenv("AWS_SHARED_CREDENTIALS_FILE", dir, 1);
+    load(KMS_INVALID, err, sizeof err);
+    assert_non_null(strstr(err, "regular file"));
+}
+
+/* Calls refuse bad arguments before any network use. */
+static void test_call_arguments(void **state)
+{
+    (void)state;
+    kms_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    strcpy(cfg.access_key_id, "AKID");
+    strcpy(cfg.secret_access_key, "s");
+    strcpy(cfg.region, "us-east-1");
+    assert_int_equal(kms_config_set_endpoint(&cfg, "http://127.0.0.1:9"), 0);
+    kms_client *c = kms_client_open(&cfg);
+    assert_non_null(c);
+    uint8_t pt[KMS_MAX_PLAINTEXT + 1] = {0}, ct[64];
+    size_t n = 99;
+    kms_error e;
+    kms_context ctx = {(const uint8_t *)"aad", 3, NULL, NULL, NULL, NULL};
+    assert_int_equal(kms_encrypt(c, "k", pt, KMS_MAX_PLAINTEXT + 1, &ctx, ct, sizeof ct, &n, &e), KMS_INVALID);
+    assert_int_equal(n, 0);
+    assert_int_equal(kms_encrypt(c, "", pt, 1, &ctx, ct, sizeof ct, &n, &e), KMS_INVALID);
+    assert_int_equal(kms_encrypt(c, "a key", pt, 1, &ctx, ct, sizeof ct, &n, &e), KMS_INVALID);
+    kms_context noaad = {NULL, 0, NULL, NULL, NULL, NULL};
+    assert_int_equal(kms_encrypt(c, "k", pt, 1, &noaad, ct, sizeof ct, &n, &e), KMS_INVALID);
+    kms_context badutf8 = {(const uint8_t *)"aad", 3, "\xff\xfe", NULL, NULL, NULL};
+    assert_int_equal(kms_encrypt(c, "k", pt, 1, &badutf8, ct, sizeof ct, &n, &e), KMS_INVALID);
+    memset(ct, 0x55, sizeof ct);
+    assert_int_equal(kms_decrypt(c, "k", pt, 0, &ctx, ct, sizeof ct, &n, &e), KMS_INVALID);
+    for (size_t i = 0; i < sizeof ct; i++) {
+        assert_int_equal(ct[i], 0);
+    }
+    kms_client_close(c);
+    kms_client_close(NULL);
+}
+
+/* Run the kms-aws tests. */
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_classify),      cmocka_unit_test(test_endpoint),
+        cmocka_unit_test(test_env),           cmocka_unit_test(test_shared_files),
+        cmocka_unit_test(test_shared_files_refused), cmocka_unit_test(test_call_arguments),
+    };
+    if (kms_global_init() != 0) {
+        return 1;
+    }
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
