@@ -146,11 +146,12 @@ UNIT_SUPPORT := $(filter-out $(UNIT_SRCS) tests/kms_aws_driver.c,$(wildcard test
 
 $(B)/san/tests/%: tests/%.c $(UNIT_SUPPORT) $(SAN_OBJS) $(LIB_HDRS) $(wildcard tests/*.h) $(NANOPB_H)
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(SAN) $(INC) -I$(B)/gen -Iformat -Iparser $< $(UNIT_SUPPORT) $(UNIT_EXTRA) $(SAN_OBJS) \
+	$(CC) $(WARN) $(SAN) $(INC) $(UNIT_EXTRA_CFLAGS) -I$(B)/gen -Iformat -Iparser $< $(UNIT_SUPPORT) $(UNIT_EXTRA) $(SAN_OBJS) \
 	    $(NANOPB_C) -lprotobuf-nanopb -lcmocka $(LIB_LIBS) $(UNIT_EXTRA_LIBS) -o $@
 
 # Unit tests of code outside the library: its sources join that test's
-# link only (UNIT_EXTRA, UNIT_EXTRA_LIBS are target-specific).
+# link only (UNIT_EXTRA, UNIT_EXTRA_CFLAGS, UNIT_EXTRA_LIBS are
+# target-specific).
 KMS_AWS_DIR  := tools/kms-aws
 SIGV4_SRCS   := $(KMS_AWS_DIR)/sigv4.c
 $(B)/san/tests/test_sigv4: UNIT_EXTRA := $(SIGV4_SRCS)
@@ -161,15 +162,17 @@ $(B)/san/tests/test_sigv4: $(SIGV4_SRCS) $(KMS_AWS_DIR)/sigv4.h
 # through a driver program (under ASan+UBSan, not installed).
 KMS_AWS_SRCS := $(SIGV4_SRCS) $(KMS_AWS_DIR)/kms.c $(KMS_AWS_DIR)/kms_config.c
 KMS_AWS_HDRS := $(wildcard $(KMS_AWS_DIR)/*.h)
+KMS_AWS_CFLAGS := $(shell pkg-config --cflags libcurl jansson 2>/dev/null)
 KMS_AWS_LIBS := -lsodium $(shell pkg-config --libs libcurl jansson 2>/dev/null) -pthread
 KMS_AWS_DRIVER := $(B)/san/bin/kms_aws_driver
-$(B)/san/tests/test_kms_aws: UNIT_EXTRA := $(KMS_AWS_SRCS) $(shell pkg-config --cflags libcurl jansson 2>/dev/null)
+$(B)/san/tests/test_kms_aws: UNIT_EXTRA := $(KMS_AWS_SRCS)
+$(B)/san/tests/test_kms_aws: UNIT_EXTRA_CFLAGS := $(KMS_AWS_CFLAGS)
 $(B)/san/tests/test_kms_aws: UNIT_EXTRA_LIBS := $(KMS_AWS_LIBS)
 $(B)/san/tests/test_kms_aws: $(KMS_AWS_SRCS) $(KMS_AWS_HDRS)
 
 $(KMS_AWS_DRIVER): tests/kms_aws_driver.c $(KMS_AWS_SRCS) $(KMS_AWS_HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(SAN) $(shell pkg-config --cflags libcurl jansson 2>/dev/null) tests/kms_aws_driver.c \
+	$(CC) $(WARN) $(SAN) $(KMS_AWS_CFLAGS) tests/kms_aws_driver.c \
 	    $(KMS_AWS_SRCS) $(KMS_AWS_LIBS) -o $@
 
 kms-aws-test: $(KMS_AWS_DRIVER)
