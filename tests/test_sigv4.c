@@ -282,6 +282,15 @@ static void test_refusals(void **state)
     b.nheaders = SIGV4_MAX_HEADERS + 1;
     assert_int_equal(sigv4_canonical_request(&b, creq, sizeof creq, &n, sh, sizeof sh), -1);
 
+    b = r;
+    b.payload_hash = "E3B0C44298FC1C149AFBF4C8996FB92427AE41E4649B934CA495991B7852B855";
+    assert_int_equal(sigv4_canonical_request(&b, creq, sizeof creq, &n, sh, sizeof sh), -1);
+    b.payload_hash = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b85";
+    assert_int_equal(sigv4_canonical_request(&b, creq, sizeof creq, &n, sh, sizeof sh), -1);
+    b.payload_hash = EMPTY_SHA256;
+    assert_int_equal(sigv4_canonical_request(&b, creq, sizeof creq, &n, sh, sizeof sh), 0);
+    assert_string_equal(creq, v->creq);
+
     sigv4_signer t = s;
     t.amz_date = "20150830 123600Z";
     assert_int_equal(sigv4_authorization(&t, &r, auth, sizeof auth), -1);

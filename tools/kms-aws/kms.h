@@ -125,6 +125,10 @@ typedef struct {
     int enabled;
 } kms_key_info;
 
+/* A connection to one endpoint as one identity.  Not thread-safe: one
+ * call at a time per client (it reuses one libcurl handle, so that calls
+ * after the first reuse the TLS connection).  Calls do not retry: a
+ * retryable status goes back to the caller, which owns the backoff. */
 typedef struct kms_client kms_client;
 
 /* The configuration from the environment and the shared files:

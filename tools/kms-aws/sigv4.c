@@ -304,7 +304,8 @@ int sigv4_canonical_request(const sigv4_request *req, char *out, size_t cap, siz
         }
     }
     if (req->payload_hash != NULL) {
-        if (strnlen(req->payload_hash, SIGV4_HEX_LEN + 1) != SIGV4_HEX_LEN) {
+        if (strnlen(req->payload_hash, SIGV4_HEX_LEN + 1) != SIGV4_HEX_LEN ||
+            strspn(req->payload_hash, "0123456789abcdef") != SIGV4_HEX_LEN) {
             return -1;
         }
         memcpy(phash, req->payload_hash, sizeof phash);

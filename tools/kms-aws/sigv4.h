@@ -38,8 +38,8 @@ typedef struct {
 
 /* The request being signed.  headers must include host and x-amz-date
  * (and x-amz-security-token when a session token is used); they are all
- * signed.  payload_hash, when not NULL, is the 64-hex-digit SHA-256 of the
- * payload to use instead of hashing payload. */
+ * signed.  payload_hash, when not NULL, is the SHA-256 of the payload in
+ * 64 lower-case hex digits, used instead of hashing payload. */
 typedef struct {
     const char *method;
     const char *path;
