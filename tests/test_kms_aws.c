@@ -52,7 +52,8 @@ static int setup(void **state)
 {
     (void)state;
     char aws[96];
-    snprintf(dir, sizeof dir, "/tmp/ks-kms-aws-XXXXXX");
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/ks-kms-aws-XXXXXX", tmp != NULL && tmp[0] != '\0' && strlen(tmp) < 40 ? tmp : "/tmp");
     if (mkdtemp(dir) == NULL) {
         return -1;
     }
