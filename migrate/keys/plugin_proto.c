@@ -338,10 +338,13 @@ static ks_err only_members(kp_read *st, unsigned allowed)
 }
 
 /* Decode the base64 string member m [KP-B64-1] into buf[0, cap), min..max
- * bytes; the length goes to *n. */
+ * bytes (max <= KS_KP_WRAPPED_MAX); the length goes to *n.  The text is
+ * decoded into a scratch buffer first, wiped afterwards, so that a text
+ * a few bytes too long is bad-length rather than a short buffer. */
 static ks_err b64_member(kp_read *st, int m, uint8_t *buf, size_t cap, size_t min, size_t max,
                          size_t *n)
 {
+    uint8_t scratch[(KS_KP_WRAPPED_MAX + 2) / 3 * 3];
     json_t *v;
     ks_err e = member(st, m, JSON_STRING, 1, &v);
     if (e != KS_OK) {
@@ -352,12 +355,16 @@ static ks_err b64_member(kp_read *st, int m, uint8_t *buf, size_t cap, size_t mi
     if (len > (max + 2) / 3 * 4) {
         return refuse(st, KS_KP_R_BAD_LENGTH, m);
     }
-    if (len % 4 != 0 || sodium_base642bin(buf, cap, s, len, NULL, n, NULL,
+    if (len % 4 != 0 || sodium_base642bin(scratch, sizeof scratch, s, len, NULL, n, NULL,
                                           sodium_base64_VARIANT_ORIGINAL) != 0) {
-        sodium_memzero(buf, cap);
-        return refuse(st, KS_KP_R_BAD_BASE64, m);
+        e = refuse(st, KS_KP_R_BAD_BASE64, m);
+    } else if (*n < min || *n > max || *n > cap) {
+        e = refuse(st, KS_KP_R_BAD_LENGTH, m);
+    } else {
+        memcpy(buf, scratch, *n);
     }
-    return *n >= min && *n <= max ? KS_OK : refuse(st, KS_KP_R_BAD_LENGTH, m);
+    sodium_memzero(scratch, sizeof scratch);
+    return e;
 }
 
 /* Copy the printable-ASCII view of s[0, n) into out (KS_KP_MESSAGE_KEPT + 1
