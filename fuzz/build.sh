@@ -45,6 +45,7 @@ dict_for() {
         fuzz_rollout) echo corpus/rollout.dict ;;
         fuzz_p11meta) echo corpus/p11meta.dict ;;
         fuzz_providers) echo corpus/providers.dict ;;
+        fuzz_plugin_resp) echo corpus/plugin.dict ;;
         *) echo corpus/envelope.dict ;;
     esac
 }

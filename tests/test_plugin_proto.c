@@ -28,6 +28,7 @@
 #include <keyshift/provider.h>
 
 #include "../migrate/keys/plugin_proto.h"
+#include "plugin_test_util.h"
 #include "test_files.h"
 
 extern char **environ;
@@ -35,28 +36,16 @@ extern char **environ;
 /* A ks_bytes over a C string. */
 #define B(s) ((ks_bytes){(const uint8_t *)(s), strlen(s)})
 
-/* The buffers a response is read into, and the response. */
-typedef struct reply {
-    uint8_t dek[KS_DEK_LEN];
-    uint8_t wrapped[KS_KP_WRAPPED_MAX];
-    ks_kp_response r;
-    ks_kp_error e;
-} reply;
-
 /* Read line[0, len) as the response to (op, id, key_version) into *rp. */
-static ks_err parse(reply *rp, const void *line, size_t len, ks_kp_op op, uint64_t id,
+static ks_err parse(kp_reply *rp, const void *line, size_t len, ks_kp_op op, uint64_t id,
                     uint32_t key_version)
 {
     const ks_kp_request_ctx ctx = {op, id, key_version};
-    memset(&rp->r, 0, sizeof rp->r);
-    rp->r.dek = rp->dek;
-    rp->r.wrapped = rp->wrapped;
-    rp->r.wrapped_cap = sizeof rp->wrapped;
-    return ks_kp_parse_response(line, len, &ctx, &rp->r, &rp->e);
+    return kp_read(rp, line, len, &ctx, 1);
 }
 
 /* Read the C string s (its LF included) as the response to a wrap with id 7. */
-static ks_err parse_wrap(reply *rp, const char *s)
+static ks_err parse_wrap(kp_reply *rp, const char *s)
 {
     return parse(rp, s, strlen(s), KS_KP_WRAP, 7, 0);
 }
@@ -64,13 +53,7 @@ static ks_err parse_wrap(reply *rp, const char *s)
 /* Nonzero when every byte of p[0, n) is zero. */
 static int all_zero(const void *p, size_t n)
 {
-    const uint8_t *b = p;
-    for (size_t i = 0; i < n; i++) {
-        if (b[i] != 0) {
-            return 0;
-        }
-    }
-    return 1;
+    return sodium_is_zero(p, n);
 }
 
 /* Append the hex of p[0, n) to t. */
@@ -403,7 +386,7 @@ static void test_vector_loader_strict(void **state)
 /* Check one vector against the reader. */
 static void check_vector(const vector *v, unsigned *kinds)
 {
-    reply rp;
+    kp_reply rp;
     const ks_err got = parse(&rp, v->line.s, v->line.len, v->op, v->id, v->key_version);
     const int kind = got != KS_OK ? 2 : rp.r.ok ? 0 : 1;
     kinds[kind]++;
@@ -566,7 +549,7 @@ static void test_base64_strict(void **state)
 static void test_line_bound(void **state)
 {
     (void)state;
-    reply rp;
+    kp_reply rp;
     static const char head[] = "{\"v\":1,\"id\":7,\"ok\":true,\"wrapped\":\"AQ==\",\"x-pad\":\"";
     char *line = malloc(KS_KP_LINE_MAX + 2);
     assert_non_null(line);
@@ -594,7 +577,7 @@ static void test_line_bound(void **state)
 static void test_dek_wiped(void **state)
 {
     (void)state;
-    reply rp;
+    kp_reply rp;
     static const char *const lines[] = {
         "{\"v\":1,\"id\":7,\"ok\":true,\"dek\":\"AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\",\"n\":1}\n",
         "{\"v\":1,\"id\":8,\"ok\":true,\"dek\":\"AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\"}\n",
@@ -627,7 +610,7 @@ static void test_dek_wiped(void **state)
 static void test_reasons_and_arguments(void **state)
 {
     (void)state;
-    reply rp;
+    kp_reply rp;
     for (int r = 0; r < KS_KP_R_COUNT; r++) {
         assert_non_null(ks_kp_reason_name(r));
     }
@@ -726,7 +709,7 @@ static void plugin_start(plugin *p, const char *keys)
 
 /* Send req (its id set here) and read the response into *rp; the
  * reader's result. */
-static ks_err plugin_call(plugin *p, ks_kp_request req, reply *rp)
+static ks_err plugin_call(plugin *p, ks_kp_request req, kp_reply *rp)
 {
     uint8_t line[KS_KP_LINE_MAX + 1];
     size_t n = 0;
@@ -771,7 +754,7 @@ static void test_example_plugin(void **state)
     tf_spit(f->path, keys, sizeof keys - 1, 0600);
     signal(SIGPIPE, SIG_IGN);
     plugin p;
-    reply rp;
+    kp_reply rp;
     uint8_t dek[KS_DEK_LEN], wrapped[KS_KP_WRAPPED_MAX];
     randombytes_buf(dek, sizeof dek);
     plugin_start(&p, f->path);
