@@ -50,6 +50,8 @@ LDHARDEN := -Wl,-z,relro,-z,now,-z,noexecstack
 # PKCS#11 (migrate/keys/provider_pkcs11.c): p11-kit's pkcs11.h and its URI parser.
 P11_CFLAGS := $(shell pkg-config --cflags p11-kit-1 2>/dev/null)
 P11_LIBS   := $(shell pkg-config --libs p11-kit-1 2>/dev/null)
+# jansson (migrate/keys/plugin_proto.c): the KMS plugin protocol's JSON reader.
+JANSSON_LIBS := $(shell pkg-config --libs jansson 2>/dev/null)
 INC     := -Iinclude $(P11_CFLAGS)
 SAN     := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 # Test builds compile in the test hooks (e.g. docs/keyring.md [K-FILE-6]).
@@ -60,7 +62,7 @@ LIB_SRCS := format/format.c format/encode.c format/aad.c parser/envelope.c $(sor
 LIB_HDRS := $(wildcard include/keyshift/*.h) format/rules.h parser/cursor.h $(wildcard migrate/*.h migrate/*/*.h)
 # libsodium, SQLite (and threads) for migrate/; parser/ and format/ need none;
 # p11-kit and dlopen for the pkcs11 provider.
-LIB_LIBS := -lsodium -lsqlite3 $(P11_LIBS) -ldl -pthread
+LIB_LIBS := -lsodium -lsqlite3 $(JANSSON_LIBS) $(P11_LIBS) -ldl -pthread
 CLI_SRCS := tools/keyshift.c tools/cli.c $(wildcard tools/cmd_*.c)
 CLI_HDRS := $(wildcard tools/*.h)
 

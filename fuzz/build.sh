@@ -22,7 +22,8 @@
 #
 # libsodium (migrate/ needs it, with threads): the system package
 # (libsodium-dev), linked with -lsodium -lsqlite3 -lpthread; p11-kit
-# (libp11-kit-dev) likewise, for the pkcs11 provider.  Like the packaged nanopb
+# (libp11-kit-dev) likewise, for the pkcs11 provider, and jansson
+# (libjansson-dev, -ljansson) for the KMS plugin protocol's JSON reader.  Like the packaged nanopb
 # it is not instrumented: fine for ASan, UBSan and coverage feedback on our
 # own code (libsodium is not what is being fuzzed), not for MSan, which is
 # not enabled.
@@ -44,6 +45,7 @@ dict_for() {
         fuzz_rollout) echo corpus/rollout.dict ;;
         fuzz_p11meta) echo corpus/p11meta.dict ;;
         fuzz_providers) echo corpus/providers.dict ;;
+        fuzz_plugin_resp) echo corpus/plugin.dict ;;
         *) echo corpus/envelope.dict ;;
     esac
 }
@@ -88,7 +90,7 @@ for t in $TARGETS; do
     $CC $CFLAGS -std=c11 $INCS -c "fuzz/$t.c" -o "$OBJ/$t.o"
     # shellcheck disable=SC2086
     $CXX $CFLAGS "$OBJ/$t.o" $LIB_OBJS $NANOPB_OBJS $LIB_FUZZING_ENGINE $NANOPB_LIB \
-        -lsodium -lsqlite3 $P11_LIBS -ldl -lpthread -o "$OUT/$t"
+        -lsodium -lsqlite3 -ljansson $P11_LIBS -ldl -lpthread -o "$OUT/$t"
 
     seeds="$WORK/keyshift-seeds-$t"
     rm -rf "$seeds" && mkdir -p "$seeds"

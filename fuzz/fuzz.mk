@@ -9,8 +9,9 @@
 #   make fuzz-replay     replay corpus/<target>/ and corpus/regressions/ under ASan+UBSan
 #   make coverage        llvm-cov over the same inputs; gate on the lines and branches of
 #                        parser/, migrate/keys/keyring_format.c, migrate/keys/registry_format.c,
-#                        the rollout guards (migrate/rollout/guard.c, retire.c) and the pkcs11
-#                        metadata record parser (migrate/keys/p11_meta.c) (FUZZ_COV_SRCS)
+#                        the rollout guards (migrate/rollout/guard.c, retire.c), the pkcs11
+#                        metadata record parser (migrate/keys/p11_meta.c) and the KMS plugin
+#                        protocol (migrate/keys/plugin_proto.c) (FUZZ_COV_SRCS)
 #   make fuzz-smoke      each libFuzzer target for FUZZ_SMOKE_SECONDS from a copy of the corpus
 #                        (fuzz-smoke, fuzz, fuzz-afl: each with its own dictionary, fuzz_dict)
 #   make fuzz            each libFuzzer target for FUZZ_SECONDS, corpus kept in $(B)/fuzz/run/
@@ -21,7 +22,7 @@
 # Nothing here writes into corpus/ except fuzz-seeds.
 
 FUZZ_TARGETS := fuzz_parse fuzz_differential fuzz_open fuzz_keyring fuzz_migrate fuzz_rollout \
-                fuzz_providers fuzz_p11meta
+                fuzz_providers fuzz_p11meta fuzz_plugin_resp
 FUZZ_SMOKE_SECONDS ?= 20
 FUZZ_SECONDS ?= 60
 AFL_SECONDS ?= 20
@@ -37,6 +38,7 @@ FUZZ_DICT_fuzz_keyring := corpus/keyring.dict
 FUZZ_DICT_fuzz_rollout := corpus/rollout.dict
 FUZZ_DICT_fuzz_p11meta := corpus/p11meta.dict
 FUZZ_DICT_fuzz_providers := corpus/providers.dict
+FUZZ_DICT_fuzz_plugin_resp := corpus/plugin.dict
 fuzz_dict = $(or $(FUZZ_DICT_$(1)),$(FUZZ_DICT_DEFAULT))
 AFL_CC ?= afl-clang-fast
 LLVM_PROFDATA ?= llvm-profdata-14
@@ -128,7 +130,7 @@ fuzz-replay: $(FUZZ_RP_BINS)
 FUZZ_COV_DIR := $(FZ)/cov
 FUZZ_COV_SRCS := parser/envelope.c parser/cursor.h migrate/keys/keyring_format.c \
                  migrate/keys/registry_format.c migrate/rollout/guard.c migrate/rollout/retire.c \
-                 migrate/keys/p11_meta.c
+                 migrate/keys/p11_meta.c migrate/keys/plugin_proto.c
 
 coverage: $(FUZZ_CV_BINS)
 	@set -e; rm -rf $(FUZZ_COV_DIR)/prof; mkdir -p $(FUZZ_COV_DIR)/prof; \
@@ -145,7 +147,7 @@ coverage: $(FUZZ_CV_BINS)
 	     $(FUZZ_COV_SRCS) > $(FUZZ_COV_DIR)/summary.json; \
 	 $(PYTHON_DEBIAN) -c 'import json,sys; t=json.load(open(sys.argv[1]))["data"][0]["totals"]; \
 	     l=t["lines"]; b=t["branches"]; \
-	     print("coverage: parser/, keyring_format.c, registry_format.c, rollout guard.c + retire.c, p11_meta.c lines %.2f%% (%d/%d), branches %.2f%% (%d/%d); gate %s%% / %s%%" % \
+	     print("coverage: parser/, keyring_format.c, registry_format.c, rollout guard.c + retire.c, p11_meta.c, plugin_proto.c lines %.2f%% (%d/%d), branches %.2f%% (%d/%d); gate %s%% / %s%%" % \
 	           (l["percent"], l["covered"], l["count"], b["percent"], b["covered"], b["count"], sys.argv[2], sys.argv[3])); \
 	     ok = l["percent"] >= float(sys.argv[2]) and b["percent"] >= float(sys.argv[3]); \
 	     print("coverage: " + ("ok" if ok else "FAILED: below the gate; see " + sys.argv[4])); \

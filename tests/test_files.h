@@ -2,7 +2,8 @@
  * tests/test_files.h -- what the file-based unit tests share
  * (tests/test_keyring.c, tests/test_registry.c): a per-test directory
  * under /tmp, reading and writing whole files, the path of a document
- * beside $KS_SPEC, and the hex values of the documents' vector blocks.
+ * beside $KS_SPEC, the hex values of the documents' vector blocks, and a
+ * growing text buffer for their results.
  *
  * Include after <cmocka.h>.  Everything is static inline (no warning when
  * a test does not need a helper).
@@ -11,6 +12,7 @@
 #define KS_TESTS_TEST_FILES_H
 
 #include <dirent.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -130,6 +132,37 @@ static inline int tf_append_hex(const char *s, size_t n, uint8_t **buf, size_t *
         hi = -1;
     }
     return hi < 0 ? 0 : -1;
+}
+
+/* A growing text buffer (malloc'd). */
+typedef struct tf_text {
+    char *s;
+    size_t len, cap;
+} tf_text;
+
+/* Append p[0, n) to t, keeping t NUL-terminated. */
+static inline void add_bytes(tf_text *t, const void *p, size_t n)
+{
+    if (t->len + n + 1 > t->cap) {
+        t->cap = (t->len + n + 1) * 2;
+        t->s = realloc(t->s, t->cap);
+        assert_non_null(t->s);
+    }
+    memcpy(t->s + t->len, p, n);
+    t->len += n;
+    t->s[t->len] = '\0';
+}
+
+/* Append printf-formatted text to t (at most 2047 bytes at once). */
+static inline void addf(tf_text *t, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char tmp[2048];
+    const int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    assert_true(n >= 0 && (size_t)n < sizeof tmp);
+    add_bytes(t, tmp, (size_t)n);
 }
 
 /*

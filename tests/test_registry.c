@@ -35,6 +35,8 @@
 #include "../migrate/keys/registry_format.h"
 #include "test_files.h"
 
+typedef tf_text text;
+
 /* A ks_bytes over a C string. */
 #define B(s) ((ks_bytes){(const uint8_t *)(s), strlen(s)})
 #define NO_PASS ((ks_bytes){NULL, 0})
@@ -57,37 +59,6 @@ static int teardown(void **state)
 static void spit_text(const char *path, const char *s)
 {
     tf_spit(path, s, strlen(s), 0644);
-}
-
-/* A growing text buffer (malloc'd). */
-typedef struct text {
-    char *s;
-    size_t len, cap;
-} text;
-
-/* Append p[0, n) to t, keeping t NUL-terminated. */
-static void add_bytes(text *t, const void *p, size_t n)
-{
-    if (t->len + n + 1 > t->cap) {
-        t->cap = (t->len + n + 1) * 2;
-        t->s = realloc(t->s, t->cap);
-        assert_non_null(t->s);
-    }
-    memcpy(t->s + t->len, p, n);
-    t->len += n;
-    t->s[t->len] = '\0';
-}
-
-/* Append printf-formatted text to t. */
-static void addf(text *t, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    char tmp[2048];
-    const int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    assert_true(n >= 0 && (size_t)n < sizeof tmp);
-    add_bytes(t, tmp, (size_t)n);
 }
 
 /* Parse the C string s; the parser's result. */
