@@ -186,4 +186,32 @@ static inline void tf_loader_refuses(const char *good, const char *const *bad, s
     }
 }
 
+/*
+ * Split the next line of a doc vector block, line[0, end) (every loader's
+ * blocks are lines of `key: value`): its end (the LF, or end) into *eol,
+ * its colon into *colon, and the index of its key among the n names at
+ * names, stride bytes apart (an array of names, or the name member of an
+ * array of structs).  Returns that index, or -1 when the line has no
+ * colon or its key is none of the names.  The value rules after the colon
+ * are each loader's own.
+ */
+static inline int tf_block_line(const char *line, const char *end, const char *const *names,
+                                size_t n, size_t stride, const char **eol, const char **colon)
+{
+    const char *e = memchr(line, '\n', (size_t)(end - line));
+    *eol = e != NULL ? e : end;
+    *colon = memchr(line, ':', (size_t)(*eol - line));
+    if (*colon == NULL) {
+        return -1;
+    }
+    const size_t len = (size_t)(*colon - line);
+    for (size_t k = 0; k < n; k++) {
+        const char *name = *(const char *const *)(const void *)((const char *)names + k * stride);
+        if (strlen(name) == len && memcmp(name, line, len) == 0) {
+            return (int)k;
+        }
+    }
+    return -1;
+}
+
 #endif /* KS_TESTS_TEST_FILES_H */

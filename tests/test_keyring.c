@@ -1288,18 +1288,11 @@ static const char *check_presence(const vector *v)
 static const char *parse_block(const char *text, const char *end, vector *v)
 {
     for (const char *line = text; line < end;) {
-        const char *eol = memchr(line, '\n', (size_t)(end - line));
-        eol = eol != NULL ? eol : end;
-        const char *colon = memchr(line, ':', (size_t)(eol - line));
-        int k = 0;
-        while (colon != NULL && k < VK_COUNT &&
-               !(strlen(vector_keys[k].name) == (size_t)(colon - line) &&
-                 memcmp(vector_keys[k].name, line, (size_t)(colon - line)) == 0 &&
-                 strchr(vector_keys[k].kinds, v->kind) != NULL)) {
-            k++;
-        }
-        if (colon == NULL || k == VK_COUNT) {
-            return "unknown key";
+        const char *eol, *colon;
+        const int k = tf_block_line(line, end, &vector_keys[0].name, VK_COUNT, sizeof vector_keys[0],
+                                    &eol, &colon);
+        if (k < 0 || strchr(vector_keys[k].kinds, v->kind) == NULL) {
+            return "unknown key"; /* names are unique: a key of another kind is unknown here */
         }
         if (HAS(v, k) && k != VK_HEX) {
             return "repeated key";

@@ -265,16 +265,10 @@ static const char *check_presence(const vector *v)
 static const char *parse_block(const char *s, const char *end, vector *v)
 {
     for (const char *line = s; line < end;) {
-        const char *eol = memchr(line, '\n', (size_t)(end - line));
-        eol = eol != NULL ? eol : end;
-        const char *colon = memchr(line, ':', (size_t)(eol - line));
-        int k = 0;
-        while (colon != NULL && k < VK_COUNT &&
-               !(strlen(vector_keys[k]) == (size_t)(colon - line) &&
-                 memcmp(vector_keys[k], line, (size_t)(colon - line)) == 0)) {
-            k++;
-        }
-        if (colon == NULL || k == VK_COUNT) {
+        const char *eol, *colon;
+        const int k = tf_block_line(line, end, vector_keys, VK_COUNT, sizeof vector_keys[0], &eol,
+                                    &colon);
+        if (k < 0) {
             return "unknown key";
         }
         if (HAS(v, k) && !REPEATS(k)) {
