@@ -245,9 +245,10 @@ include fuzz/fuzz.mk
 
 # ---- benchmarks ---------------------------------------------------------
 
-$(B)/bin/bench: tools/bench.c tools/bench_hsm.c tools/bench.h $(REL_OBJS) $(NANOPB_C) $(NANOPB_H)
+BENCH_SRCS := tools/bench.c tools/bench_hsm.c tools/bench_plugin.c tools/bench_remote.c
+$(B)/bin/bench: $(BENCH_SRCS) tools/bench.h $(REL_OBJS) $(NANOPB_C) $(NANOPB_H)
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) -O2 $(INC) -I$(B)/gen tools/bench.c tools/bench_hsm.c $(REL_OBJS) $(NANOPB_C) -lprotobuf-nanopb \
+	$(CC) $(WARN) -O2 $(INC) -I$(B)/gen $(BENCH_SRCS) $(REL_OBJS) $(NANOPB_C) -lprotobuf-nanopb \
 	    $(LIB_LIBS) -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc -o $@
 
 bench: deps $(B)/bin/bench

@@ -1342,7 +1342,7 @@ static void cpu_model(char *out, size_t cap)
 int main(int argc, char **argv)
 {
     char cpu[128];
-    const char *only = argc > 1 ? argv[1] : NULL; /* "parse", "crypt", "migrate" or "hsm" */
+    const char *only = argc > 1 ? argv[1] : NULL; /* "parse", "crypt", "migrate", "hsm" or "plugin" */
     if (sodium_init() < 0) {
         fprintf(stderr, "bench: sodium_init failed\n");
         return 1;
@@ -1362,6 +1362,9 @@ int main(int argc, char **argv)
         return 1;
     }
     if ((only == NULL || strcmp(only, "hsm") == 0) && bench_hsm() != 0) {
+        return 1;
+    }
+    if ((only == NULL || strcmp(only, "plugin") == 0) && bench_plugin() != 0) {
         return 1;
     }
     return 0;

@@ -1,6 +1,6 @@
 /*
  * tools/bench.h -- what the parts of `make bench` share (tools/bench.c,
- * tools/bench_hsm.c): the interleaved pair measurement, the throw-away
+ * tools/bench_hsm.c, tools/bench_plugin.c, tools/bench_remote.c): the interleaved pair measurement, the throw-away
  * keyring and the migration fixtures.  A tool's header: nothing here is
  * part of the library.
  */
@@ -49,8 +49,53 @@ int mig_run_to(const ks_provider *prov, const char *path, ks_migrate_mode mode, 
 /* The median of v[0, n) (sorts v). */
 double median(double *v, int n);
 
-/* The HSM part (tools/bench_hsm.c). */
+/* The HSM part (tools/bench_hsm.c) and the KMS plugin part
+ * (tools/bench_plugin.c). */
 int bench_hsm(void);
+int bench_plugin(void);
+
+/* ---- a provider outside the process against the local keyring (tools/bench_remote.c) ---- */
+
+/* A router: key_ids beginning with prefix go to remote, the rest to local. */
+typedef struct bench_router {
+    ks_provider local;
+    const ks_provider *remote;
+    const char *prefix;
+} bench_router;
+
+/* The provider over r (which must outlive it). */
+ks_provider bench_router_provider(bench_router *r);
+
+/* What bench_remote() measures: the remote provider, the key_id prefix the
+ * bench's router sends to it, and its key version, created by the caller. */
+typedef struct remote_case {
+    const char *name;          /* "hsm", "plugin": the JSON lines' names */
+    const ks_provider *remote;
+    const char *prefix;
+    const char *key;
+    uint32_t version;
+} remote_case;
+
+/* One call and a rewrap migration of rc->remote against the local
+ * keyring kr (which holds MIG_KEY version 1; the bench adds version 2),
+ * with the databases in dir.  0, or -1 after a message on stderr. */
+int bench_remote(const remote_case *rc, ks_keyring *kr, const char *dir);
+
+/* A source database in dir of rows rows sealed under MIG_KEY v1 of kr, a
+ * new DEK every dek_messages seals; its path into src, its DEKs to *deks. */
+int bench_source(ks_keyring *kr, const char *dir, long rows, uint64_t dek_messages, char *src, size_t cap,
+                 uint64_t *deks);
+
+/* One timed rewrap of a copy of src (at work, removed after) to (key,
+ * version) under prov. */
+int bench_rewrap_once(const ks_provider *prov, const char *src, const char *work, const char *key,
+                      uint32_t version, double *secs, ks_metrics *m);
+
+/* The rows of the migration benches: KS_BENCH_MIGRATE_ROWS, else MIG_ROWS_DEFAULT. */
+long bench_rows(void);
+
+/* Remove dir and everything under it (a run's own temp directory). */
+void bench_tree_remove(const char *dir);
 
 #define MIG_ROWS_DEFAULT 20000
 #define MIG_VALUE 2048
