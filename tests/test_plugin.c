@@ -86,7 +86,7 @@ static int teardown(void **state)
 {
     pfix *p = *state;
     char path[256];
-    static const char *const files[] = {"plan", "used", "used.tmp", "log", "lock"};
+    static const char *const files[] = {"plan", "used", "used.tmp", "log", "lock", "deks"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", p->f->dir, files[i]);
         unlink(path);
