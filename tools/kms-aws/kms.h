@@ -36,7 +36,8 @@
  * is what makes a wrapped DEK useless under any other context.  Decrypt
  * must send exactly the context Encrypt did, or KMS refuses it
  * (InvalidCiphertextException).  Values are caller-provided UTF-8 strings
- * of at most KMS_MAX_CONTEXT_VALUE bytes.
+ * of at most KMS_MAX_CONTEXT_VALUE bytes.  The plugin's use of it is
+ * docs/kms-plugin.md [KP-AWS-6].
  *
  * Errors, from the response's __type (the part after any '#') or, without
  * a body, the HTTP status:
