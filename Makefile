@@ -1,13 +1,14 @@
 # keyshift -- envelope encryption format and key-rotation toolkit.
 #
-#   make            build the libraries, the CLI and keyshift-demo-app (release,
-#                   hardened)
+#   make            build the libraries, the CLI, keyshift-kms-aws and
+#                   keyshift-demo-app (release, hardened)
 #   make test       everything CI checks: deps, -Werror build, cmocka unit
 #                   tests under ASan+UBSan then the threaded ones under
 #                   TSan, CLI tests under ASan+UBSan, exported-symbol
 #                   check, corpus replay, coverage gate, fuzz smoke
-#   make kms-aws-test  the AWS KMS client (tools/kms-aws/) against moto_server
-#                   (also run by cli-test)
+#   make kms-aws-test  the AWS KMS client (tools/kms-aws/) and the
+#                   keyshift-kms-aws plugin against moto_server (also run
+#                   by cli-test)
 #   make unit       the cmocka unit tests (tests/test_*.c) under ASan+UBSan
 #   make tsan       the library and the threaded unit tests (TSAN_TESTS:
 #                   test_fork, test_threads, test_crypto, test_migrate,
@@ -18,7 +19,8 @@
 #   make coverage   llvm-cov over the committed corpus; gate on parser/
 #   make bench      JSON lines: strict parser vs nanopb, same run
 #   make demo       encrypt, rotate and verify a 100,000-row sample database
-#   make install    PREFIX=/usr/local DESTDIR= (headers, libs, CLI, keyshift.pc)
+#   make install    PREFIX=/usr/local DESTDIR= (headers, libs, CLI,
+#                   keyshift-kms-aws, keyshift.pc)
 #   make clean
 
 .DEFAULT_GOAL := all
@@ -78,11 +80,14 @@ CLI_SAN := $(B)/san/bin/keyshift
 DEMO_APP_SRCS := tools/demo_app.c tools/cli.c
 DEMO_APP     := $(B)/bin/keyshift-demo-app
 DEMO_APP_SAN := $(B)/san/bin/keyshift-demo-app
+# The AWS KMS plugin (a program of its own, installed; see its section).
+KMS_AWS     := $(B)/bin/keyshift-kms-aws
+KMS_AWS_SAN := $(B)/san/bin/keyshift-kms-aws
 
 .PHONY: all deps test unit tsan cli-test kms-aws-test install-test symbols check-layout fuzz fuzz-afl fuzz-smoke fuzz-replay \
         coverage bench demo install uninstall clean
 
-all: $(STATIC) $(SHARED) $(CLI) $(DEMO_APP)
+all: $(STATIC) $(SHARED) $(CLI) $(DEMO_APP) $(KMS_AWS)
 
 deps:
 	@tools/deps.sh
@@ -177,8 +182,25 @@ $(KMS_AWS_DRIVER): tests/kms_aws_driver.c $(KMS_AWS_SRCS) $(KMS_AWS_HDRS)
 	$(CC) $(WARN) $(SAN) $(KMS_AWS_CFLAGS) tests/kms_aws_driver.c \
 	    $(KMS_AWS_SRCS) $(KMS_AWS_LIBS) -o $@
 
-kms-aws-test: $(KMS_AWS_DRIVER)
+# ---- keyshift-kms-aws, the AWS KMS plugin (installed) --------------------
+# A program of its own: the client above and the plugin's files, linked
+# with libsodium, libcurl and jansson only (nothing of the library but
+# include/keyshift/common.h's version).  Release flags as the CLI's; the
+# sanitizer build is the one the tests drive.
+KMS_AWS_PLUGIN_SRCS := $(KMS_AWS_SRCS) $(KMS_AWS_DIR)/plugin_main.c $(KMS_AWS_DIR)/plugin_args.c \
+    $(KMS_AWS_DIR)/plugin_msg.c
+$(KMS_AWS): $(KMS_AWS_PLUGIN_SRCS) $(KMS_AWS_HDRS) include/keyshift/common.h
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(HARDEN) -Iinclude $(KMS_AWS_CFLAGS) $(CFLAGS) -pie $(LDHARDEN) $(LDFLAGS) \
+	    $(KMS_AWS_PLUGIN_SRCS) $(KMS_AWS_LIBS) -o $@
+
+$(KMS_AWS_SAN): $(KMS_AWS_PLUGIN_SRCS) $(KMS_AWS_HDRS) include/keyshift/common.h
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(SAN) -Iinclude $(KMS_AWS_CFLAGS) $(KMS_AWS_PLUGIN_SRCS) $(KMS_AWS_LIBS) -o $@
+
+kms-aws-test: $(KMS_AWS_DRIVER) $(KMS_AWS_SAN)
 	@KMS_AWS_DRIVER=$(KMS_AWS_DRIVER) tests/kms_aws_test.sh
+	@KMS_AWS_PLUGIN=$(KMS_AWS_SAN) tests/kms_aws_plugin_test.sh
 
 export UBSAN_OPTIONS := print_stacktrace=1:halt_on_error=1
 export ASAN_OPTIONS := detect_leaks=1:abort_on_error=1:strict_string_checks=1
@@ -285,12 +307,13 @@ install: all $(B)/keyshift.pc
 	install -m 755 $(SHARED) $(DESTDIR)$(LIBDIR)/
 	ln -sf $(notdir $(SHARED)) $(DESTDIR)$(LIBDIR)/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libkeyshift.so
-	install -m 755 $(CLI) $(DESTDIR)$(BINDIR)/
+	install -m 755 $(CLI) $(KMS_AWS) $(DESTDIR)$(BINDIR)/
 	install -m 644 $(B)/keyshift.pc $(DESTDIR)$(PCDIR)/
 
 uninstall:
 	rm -rf $(DESTDIR)$(INCDIR)/keyshift
-	rm -f $(DESTDIR)$(LIBDIR)/libkeyshift.* $(DESTDIR)$(BINDIR)/keyshift $(DESTDIR)$(PCDIR)/keyshift.pc
+	rm -f $(DESTDIR)$(LIBDIR)/libkeyshift.* $(DESTDIR)$(BINDIR)/keyshift \
+	    $(DESTDIR)$(BINDIR)/keyshift-kms-aws $(DESTDIR)$(PCDIR)/keyshift.pc
 
 clean:
 	rm -rf $(B)

@@ -21,6 +21,7 @@ check "headers installed" test -f "$R/include/keyshift/keyshift.h" -a -f "$R/inc
 check "static library installed" test -f "$R/lib/libkeyshift.a"
 check "shared library has a versioned soname" sh -c "readelf -d '$R/lib/libkeyshift.so' | grep -q 'SONAME.*libkeyshift.so.0'"
 check "CLI installed" test -x "$R/bin/keyshift"
+check "keyshift-kms-aws installed" test -x "$R/bin/keyshift-kms-aws"
 check "keyshift.pc installed" test -f "$R/lib/pkgconfig/keyshift.pc"
 
 cat >"$T/use.c" <<'C'
@@ -45,6 +46,10 @@ check "run against the shared library" env LD_LIBRARY_PATH="$R/lib" "$T/use_shar
 check "link against the static library" cc -std=c11 -Wall -Werror "$T/use.c" $(pkg-config --cflags keyshift) "$R/lib/libkeyshift.a" $(pkg-config --static --libs-only-l --libs-only-other keyshift | sed "s/-lkeyshift//") -o "$T/use_static"
 check "run against the static library" "$T/use_static"
 check "installed CLI runs" "$R/bin/keyshift" --version
+check "installed keyshift-kms-aws runs" sh -c "'$R/bin/keyshift-kms-aws' --version | grep -qx 'keyshift-kms-aws [0-9.]*'"
+make --no-print-directory -s uninstall PREFIX="$PREFIX" DESTDIR="$T/stage" >/dev/null
+check "uninstall removes keyshift-kms-aws" test ! -e "$R/bin/keyshift-kms-aws"
+check "uninstall removes the CLI" test ! -e "$R/bin/keyshift"
 
 echo "install: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -13,50 +13,16 @@
 set -u
 KEYSHIFT=${KEYSHIFT:-unused}
 . "$(dirname "$0")/cli_lib.sh"
+. "$(dirname "$0")/kms_aws_lib.sh"
 
 DRV=${KMS_AWS_DRIVER:-build/san/bin/kms_aws_driver}
-if ! command -v moto_server >/dev/null || ! python3 -c 'import boto3' 2>/dev/null; then
-    bad "moto_server and boto3 are installed (the test needs the AWS emulator)"
-    cli_finish kms-aws
-    exit 1
-fi
 if [ ! -x "$DRV" ]; then
     bad "the driver $DRV is built (make kms-aws-test builds it)"
     cli_finish kms-aws
     exit 1
 fi
+kms_aws_start kms-aws || exit 1
 
-PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-(cd "$T" && exec moto_server -H 127.0.0.1 -p "$PORT" >"$T/moto.log" 2>&1) &
-MOTO=$!
-trap 'kill "$MOTO" 2>/dev/null; wait "$MOTO" 2>/dev/null; rm -rf "$T"' EXIT
-
-up=0
-for _ in $(seq 1 100); do
-    if curl -s -o /dev/null "http://127.0.0.1:$PORT/moto-api/"; then up=1; break; fi
-    kill -0 "$MOTO" 2>/dev/null || break
-    sleep 0.1
-done
-if [ "$up" -ne 1 ]; then
-    bad "moto_server answers on port $PORT" "$(tail -5 "$T/moto.log")"
-    cli_finish kms-aws
-    exit 1
-fi
-ok "moto_server answers on port $PORT"
-
-unset AWS_PROFILE AWS_SESSION_TOKEN AWS_ENDPOINT_URL AWS_DEFAULT_REGION AWS_CONFIG_FILE AWS_SHARED_CREDENTIALS_FILE
-export AWS_ACCESS_KEY_ID=AKIDKEYSHIFTTEST AWS_SECRET_ACCESS_KEY=keyshift-test-secret AWS_REGION=us-east-1
-export AWS_ENDPOINT_URL_KMS="http://127.0.0.1:$PORT"
-export HOME="$T/home"
-mkdir -p "$HOME"
-
-# boto3 PYTHON: run a snippet with client k on the emulator.
-boto() {
-    python3 -c "import boto3, sys
-k = boto3.client('kms', endpoint_url='$AWS_ENDPOINT_URL_KMS', region_name='us-east-1',
-                 aws_access_key_id='x', aws_secret_access_key='y')
-$1"
-}
 A=$(boto "print(k.create_key(Description='keyshift A')['KeyMetadata']['KeyId'])")
 B=$(boto "print(k.create_key(Description='keyshift B')['KeyMetadata']['KeyId'])")
 C=$(boto "print(k.create_key(Description='keyshift C')['KeyMetadata']['KeyId'])")
@@ -140,7 +106,7 @@ env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY \
 expect_eq "a key outside any section is refused" "$T/out" "invalid"
 
 # No endpoint: connection refused is retryable.
-DEAD=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+DEAD=$(free_port)
 AWS_ENDPOINT_URL_KMS="http://127.0.0.1:$DEAD" "$DRV" describe "$A" >"$T/out" 2>"$T/err"
 expect_eq "no endpoint is unavailable" "$T/out" "unavailable"
 

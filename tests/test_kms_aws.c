@@ -131,6 +131,7 @@ static void test_classify(void **state)
     assert_string_equal(kms_status_name(KMS_NOT_FOUND), "not-found");
     assert_string_equal(kms_status_name(KMS_AUTH_FAILED), "auth-failed");
     assert_string_equal(kms_status_name(KMS_REVOKED), "revoked");
+    assert_string_equal(kms_status_name(KMS_TIMEOUT), "timeout");
     assert_string_equal(kms_status_name((kms_status)99), "invalid");
 }
 
@@ -298,6 +299,48 @@ static void test_shared_files_refused(void **state)
     assert_non_null(strstr(err, "regular file"));
 }
 
+/* Overrides (the plugin's command line): an explicit profile takes the
+ * credentials from the shared file even when the environment has some;
+ * region and endpoint replace the environment's. */
+static void test_overrides(void **state)
+{
+    (void)state;
+    char err[512];
+    kms_config c;
+    clear_env();
+    setenv("AWS_ACCESS_KEY_ID", "AKIDENV", 1);
+    setenv("AWS_SECRET_ACCESS_KEY", "senv", 1);
+    setenv("AWS_REGION", "eu-west-1", 1);
+    setenv("AWS_ENDPOINT_URL_KMS", "http://localhost:2", 1);
+    put(creds_path, "[ks]\naws_access_key_id = AKIDKS\naws_secret_access_key = sks\n");
+    put(config_path, "[profile ks]\nregion = eu-central-1\n");
+    kms_overrides ov = {"ks", NULL, NULL};
+    assert_int_equal(kms_config_load_with(&c, &ov, err, sizeof err), KMS_OK);
+    assert_string_equal(c.access_key_id, "AKIDKS");
+    assert_string_equal(c.secret_access_key, "sks");
+    assert_string_equal(c.region, "eu-west-1");
+    assert_string_equal(c.endpoint, "http://localhost:2/");
+    kms_overrides ov2 = {NULL, "ap-south-1", "https://kms.example.test"};
+    assert_int_equal(kms_config_load_with(&c, &ov2, err, sizeof err), KMS_OK);
+    assert_string_equal(c.access_key_id, "AKIDENV");
+    assert_string_equal(c.region, "ap-south-1");
+    assert_string_equal(c.endpoint, "https://kms.example.test/");
+    unsetenv("AWS_ENDPOINT_URL_KMS");
+    kms_overrides ov3 = {NULL, "ap-south-1", NULL};
+    assert_int_equal(kms_config_load_with(&c, &ov3, err, sizeof err), KMS_OK);
+    assert_string_equal(c.endpoint, "https://kms.ap-south-1.amazonaws.com/");
+    kms_overrides bad[] = {{"no/such", NULL, NULL}, {"absent", NULL, NULL}, {NULL, "US_EAST", NULL},
+                           {NULL, NULL, "ftp://x"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(kms_config_load_with(&c, &bad[i], err, sizeof err), KMS_INVALID);
+        assert_string_equal(c.secret_access_key, "");
+    }
+    assert_non_null(strstr(err, "--endpoint-url"));
+    assert_true(kms_config_profile_ok("a.b_c-1"));
+    assert_false(kms_config_profile_ok(""));
+    kms_config_wipe(&c);
+}
+
 /* Calls refuse bad arguments before any network use. */
 static void test_call_arguments(void **state)
 {
@@ -337,7 +380,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_classify),      cmocka_unit_test(test_endpoint),
         cmocka_unit_test(test_env),           cmocka_unit_test(test_shared_files),
-        cmocka_unit_test(test_shared_files_refused), cmocka_unit_test(test_call_arguments),
+        cmocka_unit_test(test_shared_files_refused), cmocka_unit_test(test_overrides),
+        cmocka_unit_test(test_call_arguments),
     };
     if (kms_global_init() != 0) {
         return 1;

@@ -174,19 +174,12 @@ static json_t *b64_string(const uint8_t *in, size_t n)
     return s;
 }
 
-/* Decode o[key], which must be a strict base64 string of at most cap
- * decoded bytes, into out.  0 or -1 (out zeroed). */
-static int get_b64(const json_t *o, const char *key, uint8_t *out, size_t cap, size_t *out_len)
+/* kms.h */
+int kms_base64_decode(const char *s, size_t n, uint8_t *out, size_t cap, size_t *out_len)
 {
-    const json_t *v = json_object_get(o, key);
     const char *end = NULL;
     *out_len = 0;
-    if (!json_is_string(v)) {
-        return -1;
-    }
-    const char *s = json_string_value(v);
-    size_t n = json_string_length(v);
-    if (n == 0 || n > B64_LEN(cap) || strlen(s) != n ||
+    if (n == 0 || n % 4 != 0 || n > B64_LEN(cap) || strlen(s) != n ||
         sodium_base642bin(out, cap, s, n, NULL, out_len, &end, sodium_base64_VARIANT_ORIGINAL) != 0 ||
         end != s + n) {
         sodium_memzero(out, cap);
@@ -194,6 +187,18 @@ static int get_b64(const json_t *o, const char *key, uint8_t *out, size_t cap, s
         return -1;
     }
     return 0;
+}
+
+/* Decode o[key], which must be a strict base64 string of at most cap
+ * decoded bytes, into out.  0 or -1 (out zeroed). */
+static int get_b64(const json_t *o, const char *key, uint8_t *out, size_t cap, size_t *out_len)
+{
+    const json_t *v = json_object_get(o, key);
+    *out_len = 0;
+    if (!json_is_string(v)) {
+        return -1;
+    }
+    return kms_base64_decode(json_string_value(v), json_string_length(v), out, cap, out_len);
 }
 
 /* o[key] as a string of 1..max bytes without NUL, or NULL; *absent is set
@@ -233,6 +238,8 @@ const char *kms_status_name(kms_status s)
         return "auth-failed";
     case KMS_INVALID:
         return "invalid";
+    case KMS_TIMEOUT:
+        return "timeout";
     }
     return "invalid";
 }
@@ -496,7 +503,7 @@ static kms_status call(kms_client *c, const char *op, json_t *req, json_t **resp
     }
     if (rc != CURLE_OK) {
         set_error(err, 0, NULL, curl_easy_strerror(rc));
-        st = KMS_UNAVAILABLE;
+        st = rc == CURLE_OPERATION_TIMEDOUT ? KMS_TIMEOUT : KMS_UNAVAILABLE;
         goto out;
     }
     if (http != 200) {

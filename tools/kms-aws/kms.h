@@ -36,13 +36,15 @@
  * is what makes a wrapped DEK useless under any other context.  Decrypt
  * must send exactly the context Encrypt did, or KMS refuses it
  * (InvalidCiphertextException).  Values are caller-provided UTF-8 strings
- * of at most KMS_MAX_CONTEXT_VALUE bytes.
+ * of at most KMS_MAX_CONTEXT_VALUE bytes.  The plugin's use of it is
+ * docs/kms-plugin.md [KP-AWS-6].
  *
  * Errors, from the response's __type (the part after any '#') or, without
  * a body, the HTTP status:
  *   ThrottlingException, LimitExceededException             KMS_THROTTLED
  *   HTTP 5xx, KMSInternalException, DependencyTimeoutException,
- *   KeyUnavailableException, connection failures, timeouts  KMS_UNAVAILABLE
+ *   KeyUnavailableException, connection failures            KMS_UNAVAILABLE
+ *   no answer within timeout_ms (CURLE_OPERATION_TIMEDOUT)   KMS_TIMEOUT
  *   AccessDeniedException, DisabledException,
  *   InvalidKeyUsageException, UnrecognizedClientException,
  *   InvalidSignatureException, ExpiredTokenException         KMS_DENIED
@@ -85,6 +87,7 @@ typedef enum {
     KMS_NOT_FOUND,   /* no such key */
     KMS_AUTH_FAILED, /* the ciphertext does not open under this key and context */
     KMS_INVALID,     /* a malformed request, response or configuration */
+    KMS_TIMEOUT,     /* retryable: no answer within timeout_ms */
 } kms_status;
 
 /* Where and as whom to call.  Fill it with kms_config_load(). */
@@ -149,9 +152,26 @@ typedef struct kms_client kms_client;
  * sso_*).  KMS_OK, or KMS_INVALID with why in err. */
 kms_status kms_config_load(kms_config *cfg, char *err, size_t errlen);
 
+/* What a caller (the plugin's command line) sets instead of what
+ * kms_config_load() would read; NULL members change nothing. */
+typedef struct {
+    const char *profile;  /* instead of AWS_PROFILE; credentials then come
+                             from this profile only, never from
+                             AWS_ACCESS_KEY_ID (as the AWS SDKs do) */
+    const char *region;   /* instead of AWS_REGION and the config file */
+    const char *endpoint; /* instead of AWS_ENDPOINT_URL(_KMS) and the
+                             regional default */
+} kms_overrides;
+
+/* kms_config_load() with ov (which may be NULL) applied. */
+kms_status kms_config_load_with(kms_config *cfg, const kms_overrides *ov, char *err, size_t errlen);
+
 /* Check and set cfg's endpoint from url (http or https, a host and
  * optional port, path empty or "/").  0 or -1. */
 int kms_config_set_endpoint(kms_config *cfg, const char *url);
+
+/* Whether s can name a profile: 1..64 of [A-Za-z0-9_.-]. */
+int kms_config_profile_ok(const char *s);
 
 /* Zero cfg, secrets included. */
 void kms_config_wipe(kms_config *cfg);
@@ -181,8 +201,13 @@ kms_status kms_decrypt(kms_client *c, const char *key_id, const uint8_t *ct, siz
 /* DescribeKey for key_id. */
 kms_status kms_describe_key(kms_client *c, const char *key_id, kms_key_info *info, kms_error *err);
 
+/* Decode s[0..n) (NUL-terminated at n), which must be canonical base64
+ * (standard alphabet, padded, no whitespace, unused bits zero), of at most
+ * cap bytes, into out.  0, or -1 with out zeroed. */
+int kms_base64_decode(const char *s, size_t n, uint8_t *out, size_t cap, size_t *out_len);
+
 /* A status's name: "ok", "unavailable", "throttled", "denied", "revoked",
- * "not-found", "auth-failed", "invalid". */
+ * "not-found", "auth-failed", "invalid", "timeout". */
 const char *kms_status_name(kms_status s);
 
 /* The status an error __type (with or without a "prefix#") and HTTP

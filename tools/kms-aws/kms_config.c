@@ -51,8 +51,8 @@ static int copy_token(char *dst, size_t cap, const char *s, int allow_space)
     return 0;
 }
 
-/* Whether s is a profile name: 1..64 of [A-Za-z0-9_.-]. */
-static int profile_ok(const char *s)
+/* Whether s is a profile name (kms.h). */
+int kms_config_profile_ok(const char *s)
 {
     size_t n = strnlen(s, 65);
     if (n == 0 || n > 64) {
@@ -381,33 +381,19 @@ static int load_shared(const char *var, const char *leaf, const char *section, i
     return r;
 }
 
-/* Load the configuration (kms.h). */
-kms_status kms_config_load(kms_config *cfg, char *err, size_t errlen)
+/* The credentials: the environment's, unless a profile was named
+ * explicitly (explicit), else the profile's in the shared credentials
+ * file.  *from_env says which.  0, or -1 with why in err. */
+static int load_credentials(kms_config *cfg, const char *profile, int explicit, int *from_env, char *err,
+                            size_t errlen)
 {
-    char section[80];
     int found;
-    const char *v;
-
-    if (err != NULL && errlen > 0) {
-        err[0] = '\0';
-    }
-    sodium_memzero(cfg, sizeof *cfg);
-    cfg->timeout_ms = 10000;
-    const char *profile = getenv("AWS_PROFILE");
-    if (profile == NULL || profile[0] == '\0') {
-        profile = "default";
-    }
-    if (!profile_ok(profile)) {
-        seterr(err, errlen, "AWS_PROFILE: not a profile name");
-        goto fail;
-    }
-
     const char *id = getenv("AWS_ACCESS_KEY_ID"), *secret = getenv("AWS_SECRET_ACCESS_KEY");
-    int from_env = id != NULL && id[0] != '\0';
-    if (from_env) {
+    *from_env = !explicit && id != NULL && id[0] != '\0';
+    if (*from_env) {
         if (secret == NULL || secret[0] == '\0') {
             seterr(err, errlen, "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not");
-            goto fail;
+            return -1;
         }
         const char *token = getenv("AWS_SESSION_TOKEN");
         if (copy_token(cfg->access_key_id, sizeof cfg->access_key_id, id, 0) != 0 ||
@@ -416,68 +402,128 @@ kms_status kms_config_load(kms_config *cfg, char *err, size_t errlen)
              copy_token(cfg->session_token, sizeof cfg->session_token, token, 0) != 0)) {
             seterr(err, errlen, "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or AWS_SESSION_TOKEN: too long or "
                                 "not printable");
-            goto fail;
+            return -1;
         }
-    } else {
-        ini_want want[] = {
-            {"aws_access_key_id", cfg->access_key_id, sizeof cfg->access_key_id, 0, 0},
-            {"aws_secret_access_key", cfg->secret_access_key, sizeof cfg->secret_access_key, 0, 0},
-            {"aws_session_token", cfg->session_token, sizeof cfg->session_token, 0, 0},
-        };
-        if (load_shared("AWS_SHARED_CREDENTIALS_FILE", "credentials", profile, want, 3, 1, &found, err, errlen) !=
-            0) {
-            goto fail;
-        }
-        if (!found || !want[0].seen || !want[1].seen) {
-            seterr(err, errlen, "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or give "
-                                "profile [%s] aws_access_key_id and aws_secret_access_key in the shared "
-                                "credentials file", profile);
-            goto fail;
-        }
+        return 0;
     }
+    ini_want want[] = {
+        {"aws_access_key_id", cfg->access_key_id, sizeof cfg->access_key_id, 0, 0},
+        {"aws_secret_access_key", cfg->secret_access_key, sizeof cfg->secret_access_key, 0, 0},
+        {"aws_session_token", cfg->session_token, sizeof cfg->session_token, 0, 0},
+    };
+    if (load_shared("AWS_SHARED_CREDENTIALS_FILE", "credentials", profile, want, 3, 1, &found, err, errlen) != 0) {
+        return -1;
+    }
+    if (!found || !want[0].seen || !want[1].seen) {
+        seterr(err, errlen, "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or give "
+                            "profile [%s] aws_access_key_id and aws_secret_access_key in the shared "
+                            "credentials file", profile);
+        return -1;
+    }
+    return 0;
+}
 
-    v = getenv("AWS_REGION");
-    if (v == NULL || v[0] == '\0') {
-        v = getenv("AWS_DEFAULT_REGION");
+/* given when not NULL, else the variable first if set and not empty, else
+ * the variable second (which may be NULL or empty). */
+static const char *given_or_env(const char *given, const char *first, const char *second)
+{
+    if (given != NULL) {
+        return given;
     }
+    const char *v = getenv(first);
+    return v != NULL && v[0] != '\0' ? v : getenv(second);
+}
+
+/* The region: region when not NULL, else AWS_REGION, AWS_DEFAULT_REGION,
+ * else the profile's in the config file (checked for unsupported keys
+ * unless the credentials came from the environment).  0, or -1 with why
+ * in err. */
+static int load_region(kms_config *cfg, const char *region, const char *profile, int from_env, char *err,
+                       size_t errlen)
+{
+    char section[80];
+    int found;
+    const char *v = given_or_env(region, "AWS_REGION", "AWS_DEFAULT_REGION");
+    const char *what = region != NULL ? "--region" : "AWS_REGION/AWS_DEFAULT_REGION";
     if (v != NULL && v[0] != '\0') {
         if (!sigv4_scope_part_ok(v)) {
-            seterr(err, errlen, "AWS_REGION/AWS_DEFAULT_REGION: not a region name");
-            goto fail;
+            seterr(err, errlen, "%s: not a region name", what);
+            return -1;
         }
         memcpy(cfg->region, v, strlen(v) + 1);
+        return 0;
+    }
+    ini_want want[] = {{"region", cfg->region, sizeof cfg->region, 0, 0}};
+    if (strcmp(profile, "default") == 0) {
+        snprintf(section, sizeof section, "default");
     } else {
-        ini_want want[] = {{"region", cfg->region, sizeof cfg->region, 0, 0}};
-        if (strcmp(profile, "default") == 0) {
-            snprintf(section, sizeof section, "default");
-        } else {
-            snprintf(section, sizeof section, "profile %s", profile);
-        }
-        if (load_shared("AWS_CONFIG_FILE", "config", section, want, 1, !from_env, &found, err, errlen) != 0) {
-            goto fail;
-        }
-        if (!want[0].seen || !sigv4_scope_part_ok(cfg->region)) {
-            seterr(err, errlen, "no region: set AWS_REGION or give [%s] a region in the config file", section);
-            goto fail;
-        }
+        snprintf(section, sizeof section, "profile %s", profile);
     }
+    if (load_shared("AWS_CONFIG_FILE", "config", section, want, 1, !from_env, &found, err, errlen) != 0) {
+        return -1;
+    }
+    if (!want[0].seen || !sigv4_scope_part_ok(cfg->region)) {
+        seterr(err, errlen, "no region: set AWS_REGION or give [%s] a region in the config file", section);
+        return -1;
+    }
+    return 0;
+}
 
-    v = getenv("AWS_ENDPOINT_URL_KMS");
-    if (v == NULL || v[0] == '\0') {
-        v = getenv("AWS_ENDPOINT_URL");
-    }
+/* The endpoint: url when not NULL, else AWS_ENDPOINT_URL_KMS,
+ * AWS_ENDPOINT_URL, else the region's https://kms.REGION.amazonaws.com/.
+ * 0, or -1 with why in err. */
+static int load_endpoint(kms_config *cfg, const char *url, char *err, size_t errlen)
+{
+    const char *v = given_or_env(url, "AWS_ENDPOINT_URL_KMS", "AWS_ENDPOINT_URL");
+    const char *what = url != NULL ? "--endpoint-url" : "AWS_ENDPOINT_URL(_KMS)";
     if (v != NULL && v[0] != '\0') {
         if (kms_config_set_endpoint(cfg, v) != 0) {
-            seterr(err, errlen, "AWS_ENDPOINT_URL(_KMS): not an http(s)://host[:port][/] URL");
-            goto fail;
+            seterr(err, errlen, "%s: not an http(s)://host[:port][/] URL", what);
+            return -1;
         }
-    } else {
-        char url[128];
-        snprintf(url, sizeof url, "https://kms.%s.amazonaws.com/", cfg->region);
-        if (kms_config_set_endpoint(cfg, url) != 0) {
-            seterr(err, errlen, "region %s makes no endpoint", cfg->region);
-            goto fail;
-        }
+        return 0;
+    }
+    char def[128];
+    snprintf(def, sizeof def, "https://kms.%s.amazonaws.com/", cfg->region);
+    if (kms_config_set_endpoint(cfg, def) != 0) {
+        seterr(err, errlen, "region %s makes no endpoint", cfg->region);
+        return -1;
+    }
+    return 0;
+}
+
+/* Load the configuration (kms.h). */
+kms_status kms_config_load(kms_config *cfg, char *err, size_t errlen)
+{
+    return kms_config_load_with(cfg, NULL, err, errlen);
+}
+
+/* Load the configuration with overrides (kms.h). */
+kms_status kms_config_load_with(kms_config *cfg, const kms_overrides *ov, char *err, size_t errlen)
+{
+    static const kms_overrides NONE = {NULL, NULL, NULL};
+    int from_env = 0;
+
+    if (err != NULL && errlen > 0) {
+        err[0] = '\0';
+    }
+    if (ov == NULL) {
+        ov = &NONE;
+    }
+    sodium_memzero(cfg, sizeof *cfg);
+    cfg->timeout_ms = 10000;
+    const char *profile = ov->profile != NULL ? ov->profile : getenv("AWS_PROFILE");
+    if (profile == NULL || profile[0] == '\0') {
+        profile = "default";
+    }
+    if (!kms_config_profile_ok(profile)) {
+        seterr(err, errlen, "%s: not a profile name", ov->profile != NULL ? "--profile" : "AWS_PROFILE");
+        goto fail;
+    }
+    if (load_credentials(cfg, profile, ov->profile != NULL, &from_env, err, errlen) != 0 ||
+        load_region(cfg, ov->region, profile, from_env, err, errlen) != 0 ||
+        load_endpoint(cfg, ov->endpoint, err, errlen) != 0) {
+        goto fail;
     }
     return KMS_OK;
 fail:
