@@ -6,7 +6,8 @@
 # DEKs from one provider to another without touching the ciphertext.
 #
 # Two local keyrings stand for two providers here; tests/cli_pkcs11_test.sh
-# does the same with a SoftHSM2 token.
+# does the same with a SoftHSM2 token.  A KMS plugin provider is listed and
+# checked here too.
 set -u
 . "$(dirname "$0")/cli_lib.sh"
 
@@ -110,6 +111,40 @@ chmod 600 "$T/wrong.pass"
 sed "s|passphrase-file $T/b.pass|passphrase-file $T/wrong.pass|" "$REG" >"$T/wrong.reg"
 chmod 600 "$T/wrong.reg"
 run "a provider's wrong passphrase" 78 "$KS" keys list --providers "$T/wrong.reg"
+
+# ---- a KMS plugin provider (docs/providers.md [P-PLUGIN-1..8]) ----------------
+PREG="$T/plugin.reg"
+cat >"$PREG" <<EOF
+keyshift-providers 1
+provider alpha
+  type local
+  keyring $A
+  serve-prefix a/
+
+provider kms
+  type plugin
+  command example
+  arg --region eu-west-1
+  arg two words
+  rate-limit 0
+  retries 1
+  serve-prefix k/
+EOF
+chmod 600 "$PREG"
+run "providers list: a plugin provider" 0 "$KS" providers list --providers "$PREG"
+expect_grep "list: kms is a plugin" "$T/out" "^kms (plugin)"
+expect_grep "list: its command" "$T/out" "command  *example"
+expect_grep "list: an arg with a space, whole" "$T/out" "arg  *two words$"
+run "providers list --json: a plugin provider" 0 "$KS" providers list --providers "$PREG" --json
+expect_grep "list --json: settings and args in order" "$T/out" \
+    '"name":"kms","type":"plugin","settings":{"command":"example","retries":"1","rate-limit":"0"},"args":\["--region eu-west-1","two words"\]'
+printf 'keyshift-providers 1\nprovider kms\n  type plugin\n  command aws\n  keyring /k\n  serve k\n' >"$T/badplug.reg"
+chmod 600 "$T/badplug.reg"
+run "keyring in a plugin provider" 78 "$KS" providers list --providers "$T/badplug.reg"
+expect_grep "keyring in a plugin: line and column" "$T/err" "unknown-field at line 5, column 3"
+printf 'keyshift-providers 1\nprovider kms\n  type plugin\n  command aws\n  retries 11\n  serve k\n' >"$T/badplug.reg"
+run "retries 11" 78 "$KS" providers list --providers "$T/badplug.reg"
+expect_grep "retries 11: bad-value at its value" "$T/err" "bad-value at line 5, column 11"
 
 # ---- cross-provider rewrap: the DEKs move, the ciphertext stays --------------
 D="$T/shop.db"
