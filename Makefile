@@ -194,7 +194,7 @@ unit: $(UNIT_BINS)
 
 TSAN      := -O1 -g -fno-omit-frame-pointer -fsanitize=thread
 TSAN_OBJS := $(LIB_SRCS:%.c=$(B)/tsan/%.o)
-TSAN_TESTS := test_fork test_threads test_crypto test_migrate test_rollout test_rowstore_sqlite test_pkcs11
+TSAN_TESTS := test_fork test_threads test_crypto test_migrate test_rollout test_rowstore_sqlite test_pkcs11 test_plugin
 TSAN_BINS := $(TSAN_TESTS:%=$(B)/tsan/tests/%)
 .SECONDARY: $(TSAN_OBJS)
 TSAN_RUN_OPTIONS := halt_on_error=1:second_deadlock_stack=1

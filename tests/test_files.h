@@ -154,6 +154,7 @@ static inline void add_bytes(tf_text *t, const void *p, size_t n)
 }
 
 /* Append printf-formatted text to t (at most 2047 bytes at once). */
+static inline void addf(tf_text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static inline void addf(tf_text *t, const char *fmt, ...)
 {
     va_list ap;

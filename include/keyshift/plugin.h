@@ -19,17 +19,21 @@
  *                 at a time (version 1 has no pipelining); a call waits
  *                 for a free one within its deadline;
  *   rate limit    a token bucket per provider: at most `rate_limit`
- *                 requests per second, evenly spaced (bucket depth 1),
- *                 over all its processes, retries included;
+ *                 requests per second, spaced 1.05 / rate_limit s apart
+ *                 (bucket depth 1), over all its processes, retries
+ *                 included, hellos not;
  *   restarts      a process that died, was killed or answered a line the
  *                 protocol refuses is replaced on the next call, after a
  *                 backoff that doubles with each start that failed in a
  *                 row (from backoff_ms up to backoff_max_ms);
  *   stderr        read, kept bounded (the last KS_PLUGIN_STDERR_KEPT
  *                 bytes), reduced to printable ASCII and stripped of
- *                 anything that may be key material (any run of 20 or
- *                 more base64 or hex characters becomes "[redacted]")
- *                 before it is shown anywhere (ks_plugin_stats).
+ *                 anything that may be key material (any run of 16 or
+ *                 more characters of [A-Za-z0-9+/=] holding a digit
+ *                 becomes "[redacted]") before it is shown anywhere
+ *                 (ks_plugin_stats).
+ *
+ * docs/kms-plugin.md section 10 ([KP-BRIDGE-1..12]) is the specification.
  *
  * Errors of a call are those of include/keyshift/provider.h, mapped from
  * the plugin's error classes by docs/kms-plugin.md [KP-ERR-3].  A
