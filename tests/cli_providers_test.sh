@@ -146,6 +146,49 @@ printf 'keyshift-providers 1\nprovider kms\n  type plugin\n  command aws\n  retr
 run "retries 11" 78 "$KS" providers list --providers "$T/badplug.reg"
 expect_grep "retries 11: bad-value at its value" "$T/err" "bad-value at line 5, column 11"
 
+# check starts and greets the plugin: tools/keyshift-kms-example, found on
+# PATH by the NAME "example", with its key file.
+TOOLS=$(cd "$(dirname "$0")/../tools" && pwd)
+kek=$(head -c 32 /dev/urandom | base64)
+printf '{"k/main": {"primary": 1, "versions": {"1": {"state": "active", "kek": "%s"}}}}\n' "$kek" >"$T/kms-keys.json"
+PLUGENV=(env PATH="$TOOLS:$PATH" KEYSHIFT_KMS_EXAMPLE_KEYS="$T/kms-keys.json")
+run "providers check: the plugin starts and says hello" 0 "${PLUGENV[@]}" "$KS" providers check --providers "$PREG"
+expect_grep "check: kms ok, its hello's plugin string" "$T/out" "^kms  *plugin  *ok  *plugin keyshift-kms-example 1$"
+expect_grep "check: alpha ok beside it" "$T/out" "^alpha  *local  *ok  *keys 1"
+run "providers check --json: the plugin" 0 "${PLUGENV[@]}" "$KS" providers check --providers "$PREG" --json
+expect_grep "check --json: kms ok with its plugin string" "$T/out" \
+    '"name":"kms","type":"plugin","status":"ok","plugin":"keyshift-kms-example 1"}'
+IN="$T/pt" run "encrypt under k/main (the plugin)" 0 "${PLUGENV[@]}" "$KS" encrypt --tenant acme --key-id k/main --context row:7 --providers "$PREG"
+cp "$T/out" "$T/env-kms"
+IN="$T/env-kms" run "decrypt through the plugin" 0 "${PLUGENV[@]}" "$KS" decrypt --context row:7 --providers "$PREG"
+expect_same "plugin decrypt gives the plaintext" "$T/out" "$T/pt"
+run "keys create through a plugin: denied" 77 "${PLUGENV[@]}" "$KS" keys create k/new --providers "$PREG"
+# A command that names no program: not on PATH, and an absolute path that is not there.
+run "check: command names no program" 78 env KEYSHIFT_KMS_EXAMPLE_KEYS="$T/kms-keys.json" "$KS" providers check --providers "$PREG"
+expect_grep "no program: alpha was ok" "$T/out" "^alpha  *local  *ok"
+expect_grep "no program: kms failed" "$T/out" "^kms  *plugin  *failed  *not-found"
+expect_grep "no program: says which, the stage and why" "$T/err" \
+    "provider kms (plugin) did not open: not-found at start.*keyshift-kms-NAME on PATH"
+sed "s|command example|command $T/no-such-plugin|" "$PREG" >"$T/plugin-abs.reg"
+chmod 600 "$T/plugin-abs.reg"
+IN="$T/pt" run "encrypt: a plugin path that is not there" 78 "$KS" encrypt --tenant acme --key-id k/main --providers "$T/plugin-abs.reg"
+expect_grep "absolute path: the provider named" "$T/err" "provider kms (plugin) did not open: not-found"
+expect_empty "absolute path: nothing written" "$T/out"
+# A plugin that starts but fails its hello: its message and redacted stderr are shown.
+printf '{}\n' >"$T/empty-keys.json"
+cat >"$T/keyshift-kms-broken" <<'EOF'
+#!/bin/sh
+echo "broken plugin: secret 0123456789abcdef0123456789abcdef here" >&2
+exit 3
+EOF
+chmod 755 "$T/keyshift-kms-broken"
+sed "s|command example|command broken|" "$PREG" >"$T/plugin-broken.reg"
+chmod 600 "$T/plugin-broken.reg"
+run "check: a plugin that dies at hello" 69 env PATH="$T:$PATH" "$KS" providers check --providers "$T/plugin-broken.reg"
+expect_grep "dies at hello: the stage" "$T/err" "provider kms (plugin) did not open: unavailable at hello"
+expect_grep "dies at hello: its stderr, redacted" "$T/err" "its stderr (redacted): broken plugin: secret \[redacted\] here"
+if grep -q 0123456789abcdef "$T/err"; then bad "dies at hello: no key-like run shown"; else ok "dies at hello: no key-like run shown"; fi
+
 # ---- cross-provider rewrap: the DEKs move, the ciphertext stays --------------
 D="$T/shop.db"
 sql "$D" "CREATE TABLE pay(id INTEGER PRIMARY KEY, tenant TEXT, card BLOB);"

@@ -932,8 +932,74 @@ static void test_plugin_fails_closed(void **state)
     assert_string_equal(err.name, "kms");
     assert_int_equal(err.provider, 2);
     assert_null(err.setting);
-    assert_non_null(err.plugin.stage);
+    assert_int_equal(e, KS_ERR_NOT_FOUND);
+    assert_string_equal(err.plugin.stage, "start");
     assert_int_equal(err.plugin.code, e);
+}
+
+/* The example plugin's key file: app/main, version 1 active. */
+static const char example_keys[] =
+    "{\"app/main\": {\"primary\": 1, \"versions\": {"
+    "\"1\": {\"state\": \"active\", \"kek\": \"AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=\"}}}}\n";
+
+/* A plugin provider opened from the registry ([P-LOAD-3]): the example
+ * plugin (tools/keyshift-kms-example) is started and greeted at load,
+ * wraps and unwraps through the routing provider, is denied key
+ * management (it has no admin ops, [P-ROUTE-5]) and is skipped by the
+ * merged listing; ks_registry_plugin_stats gives its hello's name. */
+static void test_plugin_opens(void **state)
+{
+    fixture *f = *state;
+    ks_registry_error err;
+    ks_provider p;
+    ks_plugin_stats stats;
+    char kpath[192], keys[192], spec[256], buf[1536];
+    make_keyring_k(f, "local.keyring", NO_PASS, kpath, sizeof kpath);
+    snprintf(keys, sizeof keys, "%s/keys.json", f->dir);
+    tf_spit(keys, example_keys, sizeof example_keys - 1, 0600);
+    assert_int_equal(setenv("KEYSHIFT_KMS_EXAMPLE_KEYS", keys, 1), 0);
+    tf_spec_path("providers.md", spec, sizeof spec);
+    char *abs = realpath(spec, NULL);
+    assert_non_null(abs);
+    snprintf(buf, sizeof buf,
+             "keyshift-providers 1\nprovider dev\n  type local\n  keyring %s\n  serve-prefix dev/\n"
+             "provider kms\n  type plugin\n  command %.*s/../tools/keyshift-kms-example\n"
+             "  arg --unused two words\n  timeout-ms 20000\n  retries 0\n  rate-limit 0\n"
+             "  concurrency 1\n  serve-prefix app/\n",
+             kpath, (int)(strrchr(abs, '/') - abs), abs);
+    free(abs);
+    spit_text(f->path, buf);
+    ks_registry *r = load_expect(f->path, KS_OK, &err);
+    assert_null(err.plugin.stage);
+    assert_int_equal(ks_registry_plugin_stats(r, 1, &stats), KS_OK);
+    assert_string_equal(stats.plugin, "keyshift-kms-example 1");
+    assert_int_equal(stats.starts, 1);
+    assert_int_equal(ks_registry_plugin_stats(r, 0, &stats), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_registry_plugin_stats(r, 2, &stats), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_registry_plugin_stats(r, 1, NULL), KS_ERR_INVALID_ARGUMENT);
+
+    uint8_t dek[KS_DEK_LEN], back[KS_DEK_LEN], wrapped[256];
+    size_t wlen = 0;
+    const ks_bytes aad = B("wrap-aad");
+    ks_key_info info;
+    randombytes_buf(dek, sizeof dek);
+    assert_int_equal(ks_registry_provider(r, &p), KS_OK);
+    assert_int_equal(p.ops->key_info(p.self, B("app/main"), 0, &info, 0), KS_OK);
+    assert_int_equal(info.version, 1);
+    assert_int_equal(p.ops->wrap(p.self, B("app/main"), 1, dek, sizeof dek, aad, wrapped,
+                                 sizeof wrapped, &wlen, 0), KS_OK);
+    assert_int_equal(p.ops->unwrap(p.self, B("app/main"), 1, (ks_bytes){wrapped, wlen}, aad, back,
+                                   sizeof back, 0), KS_OK);
+    assert_memory_equal(dek, back, sizeof dek);
+    assert_int_equal(p.ops->key_info(p.self, B("app/none"), 0, &info, 0), KS_ERR_NOT_FOUND);
+    assert_int_equal(p.ops->admin->create(p.self, B("app/new"), 0), KS_ERR_DENIED);
+    listing l = {0};
+    assert_int_equal(p.ops->admin->list(p.self, (ks_bytes){NULL, 0}, collect, &l, 0), KS_OK);
+    assert_int_equal(l.n, 0); /* dev's k is not routed to dev; kms cannot list */
+    assert_int_equal(ks_registry_plugin_stats(r, 1, &stats), KS_OK);
+    assert_int_equal(stats.calls, 4);
+    ks_registry_close(r);
+    unsetenv("KEYSHIFT_KMS_EXAMPLE_KEYS");
 }
 
 /* ---- the vectors of docs/providers.md ------------------------------------------------ */
@@ -1310,6 +1376,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_pkcs11_fails_closed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_plugin_read, setup, teardown),
         cmocka_unit_test_setup_teardown(test_plugin_fails_closed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_plugin_opens, setup, teardown),
         cmocka_unit_test(test_vector_loader_strict),
         cmocka_unit_test(test_spec_vectors),
     };

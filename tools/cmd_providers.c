@@ -43,9 +43,10 @@ static void usage(FILE *f)
           "           (after a failure); for a PKCS#11 token the mechanisms keyshift\n"
           "           needs (CKM_AES_GCM, CKM_AES_KEY_GEN), checked when it opens;\n"
           "           for a KMS plugin, which is started and greeted, the name its\n"
-          "           hello gave; and the keys each provider holds that the registry\n"
-          "           routes to it. A plugin that does not open is reported with the\n"
-          "           stage it failed at, why, its message and its (redacted) stderr.\n"
+          "           hello gave (a plugin cannot list its keys); for the others the\n"
+          "           keys each provider holds that the registry routes to it. A\n"
+          "           plugin that does not open is reported with the stage it failed\n"
+          "           at, why, its message and its (redacted) stderr.\n"
           "\n"
           "OPTIONS\n"
           "    --providers FILE  the registry (default: $KEYSHIFT_PROVIDERS)\n"
@@ -181,7 +182,8 @@ static int count_key(void *arg, const ks_key_entry *e)
 
 /* Print check's line (or JSON object) for provider i: status "ok",
  * "failed" (with why) or "not checked".  opened is the loaded registry
- * (NULL when it did not load), for a plugin's hello. */
+ * (NULL when it did not load).  An open plugin shows its hello's plugin
+ * string instead of key counts: it cannot list its keys ([P-ROUTE-4]). */
 static void put_check(const ks_registry *listed, const ks_registry *opened, size_t i,
                       const char *status, const char *why, size_t keys, size_t versions, int json)
 {
@@ -194,12 +196,11 @@ static void put_check(const ks_registry *listed, const ks_registry *opened, size
     const int hello = ok && ks_registry_plugin_stats(opened, i, &stats) == KS_OK;
     if (!json) {
         printf("%-24s %-8s %-12s", info.name, info.type, status);
-        if (ok) {
+        if (hello) {
+            printf(" plugin %s", stats.plugin);
+        } else if (ok) {
             printf(" keys %zu, versions %zu%s", keys, versions,
                    p11 ? ", mechanisms CKM_AES_GCM CKM_AES_KEY_GEN" : "");
-            if (hello) {
-                printf(", plugin %s", stats.plugin);
-            }
         } else if (why != NULL) {
             printf(" %s", why);
         }
@@ -209,13 +210,12 @@ static void put_check(const ks_registry *listed, const ks_registry *opened, size
     printf("%s{\"name\":", i ? "," : "");
     ks_cli_put_json_string(stdout, (const uint8_t *)info.name, strlen(info.name));
     printf(",\"type\":\"%s\",\"status\":\"%s\"", info.type, status);
-    if (ok) {
+    if (hello) {
+        printf(",\"plugin\":");
+        ks_cli_put_json_string(stdout, (const uint8_t *)stats.plugin, strlen(stats.plugin));
+    } else if (ok) {
         printf(",\"keys\":%zu,\"versions\":%zu,\"mechanisms\":[%s]", keys, versions,
                p11 ? "\"CKM_AES_GCM\",\"CKM_AES_KEY_GEN\"" : "");
-        if (hello) {
-            printf(",\"plugin\":");
-            ks_cli_put_json_string(stdout, (const uint8_t *)stats.plugin, strlen(stats.plugin));
-        }
     } else if (why != NULL) {
         printf(",\"error\":\"%s\"", why);
     }
