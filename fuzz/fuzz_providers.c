@@ -16,7 +16,9 @@
  *      views: the parse is deterministic); every view lies inside the
  *      input and is non-empty where present; the counts are within the
  *      limits, every provider serves something and every serve line's
- *      provider exists.
+ *      provider exists; a numeric setting's number agrees with its
+ *      presence and limits; arg lines belong to plugin providers, in
+ *      contiguous runs of at most KS_PLUGIN_ARGS_MAX.
  *   3. Canonical form [P-CANON-1].  The encoder's output is no longer than
  *      the input, parses to the same registry (values compared by bytes),
  *      and re-encodes to itself; the input without its final LF is
@@ -36,6 +38,7 @@
 #include <string.h>
 
 #include <keyshift/error.h>
+#include <keyshift/plugin.h>
 
 #include "../migrate/keys/registry_format.h"
 
@@ -76,13 +79,14 @@ static int same_bytes(ks_bytes a, ks_bytes b)
 /* Nonzero when two parses describe the same registry, by bytes. */
 static int same_registry(const ks_regf_file *a, const ks_regf_file *b)
 {
-    if (a->nproviders != b->nproviders || a->nserves != b->nserves) {
+    if (a->nproviders != b->nproviders || a->nserves != b->nserves || a->nargs != b->nargs) {
         return 0;
     }
     for (size_t i = 0; i < a->nproviders; i++) {
         const ks_regf_provider *x = &a->providers[i], *y = &b->providers[i];
-        if (!same_bytes(x->name, y->name) || x->type != y->type || x->timeout_ms != y->timeout_ms ||
-            x->serves != y->serves) {
+        if (!same_bytes(x->name, y->name) || x->type != y->type ||
+            memcmp(x->number, y->number, sizeof x->number) != 0 || x->serves != y->serves ||
+            x->args != y->args) {
             return 0;
         }
         for (int k = 0; k < KS_REGF_KEY_COUNT; k++) {
@@ -98,7 +102,41 @@ static int same_registry(const ks_regf_file *a, const ks_regf_file *b)
             return 0;
         }
     }
+    for (size_t j = 0; j < a->nargs; j++) {
+        if (!same_bytes(a->args[j].value, b->args[j].value) ||
+            a->args[j].provider != b->args[j].provider) {
+            return 0;
+        }
+    }
     return 1;
+}
+
+/* The largest value of each numeric setting, by key (0: not a number). */
+static const uint32_t number_max[KS_REGF_KEY_COUNT] = {
+    [KS_REGF_TIMEOUT_MS] = KS_REGF_TIMEOUT_MAX,
+    [KS_REGF_RETRIES] = KS_PLUGIN_RETRIES_MAX,
+    [KS_REGF_RETRY_BUDGET_MS] = KS_PLUGIN_BUDGET_MAX,
+    [KS_REGF_RATE_LIMIT] = KS_PLUGIN_RATE_MAX,
+    [KS_REGF_CONCURRENCY] = KS_PLUGIN_CONCURRENCY_MAX,
+};
+
+/* The arg lines of an accepted registry: each of a plugin provider,
+ * contiguous, at most KS_PLUGIN_ARGS_MAX of one, counted right. */
+static void check_args(const uint8_t *data, size_t size)
+{
+    uint32_t per[KS_REGF_PROVIDERS_MAX] = {0};
+    CHECK(first.nargs <= KS_REGF_ARGS_MAX);
+    for (size_t j = 0; j < first.nargs; j++) {
+        const ks_regf_arg *a = &first.args[j];
+        CHECK(view_inside(a->value, data, size) && a->value.ptr != NULL);
+        CHECK(a->provider < first.nproviders);
+        CHECK(first.providers[a->provider].type == KS_REGF_PLUGIN);
+        CHECK(j == 0 || a->provider >= first.args[j - 1].provider);
+        per[a->provider]++;
+    }
+    for (size_t i = 0; i < first.nproviders; i++) {
+        CHECK(per[i] == first.providers[i].args && per[i] <= KS_PLUGIN_ARGS_MAX);
+    }
 }
 
 /* Oracle 1: a rejection is well formed. */
@@ -130,18 +168,25 @@ static void check_accepted(const uint8_t *data, size_t size)
     for (size_t i = 0; i < first.nproviders; i++) {
         const ks_regf_provider *p = &first.providers[i];
         CHECK(view_inside(p->name, data, size) && p->name.len <= KS_REGF_NAME_MAX);
-        CHECK(p->type == KS_REGF_LOCAL || p->type == KS_REGF_PKCS11);
+        CHECK(p->type == KS_REGF_LOCAL || p->type == KS_REGF_PKCS11 || p->type == KS_REGF_PLUGIN);
         CHECK(p->serves >= 1);
         CHECK(p->offset < size);
         CHECK(p->value[KS_REGF_TYPE].ptr != NULL);
         for (int k = 0; k < KS_REGF_KEY_COUNT; k++) {
             CHECK(view_inside(p->value[k], data, size));
         }
-        CHECK((p->timeout_ms != 0) == (p->value[KS_REGF_TIMEOUT_MS].ptr != NULL));
-        CHECK(p->timeout_ms <= KS_REGF_TIMEOUT_MAX);
+        for (int k = 0; k < KS_REGF_KEY_COUNT; k++) {
+            CHECK(p->number[k] <= number_max[k]);
+            CHECK(p->value[k].ptr != NULL || p->number[k] == 0);
+        }
+        CHECK(p->value[KS_REGF_TIMEOUT_MS].ptr == NULL || p->number[KS_REGF_TIMEOUT_MS] != 0);
+        CHECK((p->value[KS_REGF_COMMAND].ptr != NULL) == (p->type == KS_REGF_PLUGIN));
         if (p->type == KS_REGF_LOCAL) {
             CHECK(p->value[KS_REGF_KEYRING].ptr != NULL);
             CHECK(p->value[KS_REGF_PIN_FILE].ptr == NULL && p->value[KS_REGF_MODULE].ptr == NULL);
+        } else if (p->type == KS_REGF_PLUGIN) {
+            CHECK(p->value[KS_REGF_KEYRING].ptr == NULL && p->value[KS_REGF_PIN_ENV].ptr == NULL);
+            CHECK(p->value[KS_REGF_GCM_PARAMS].ptr == NULL);
         } else {
             CHECK((p->value[KS_REGF_TOKEN_LABEL].ptr == NULL) != (p->value[KS_REGF_TOKEN_URI].ptr == NULL));
             CHECK((p->value[KS_REGF_PIN_FILE].ptr == NULL) != (p->value[KS_REGF_PIN_ENV].ptr == NULL));
@@ -158,6 +203,7 @@ static void check_accepted(const uint8_t *data, size_t size)
         counted++;
     }
     CHECK(counted == first.nserves);
+    check_args(data, size);
 }
 
 /* Oracle 3: the canonical form. */
@@ -254,14 +300,15 @@ static void check_names(void)
 {
     size_t n = 0, i;
     CHECK(ks_regf_encode(&first, enc, sizeof enc, &n) == KS_OK);
-    for (int k = -1; k <= KS_REGF_SERVE_PREFIX + 1; k++) {
+    for (int k = -1; k <= KS_REGF_ARG + 1; k++) {
         const char *name = ks_regf_key_name(k);
-        CHECK((name != NULL) == (k >= 0 && k <= KS_REGF_SERVE_PREFIX));
+        CHECK((name != NULL) == (k >= 0 && k <= KS_REGF_ARG));
         if (k > KS_REGF_TYPE && k < KS_REGF_KEY_COUNT && first.providers[0].value[k].len != 0) {
             CHECK(has_text(enc, n, name));
         }
     }
-    CHECK(ks_regf_type_name(0) == NULL && ks_regf_type_name(3) == NULL);
+    CHECK(ks_regf_type_name(0) == NULL && ks_regf_type_name(KS_REGF_PLUGIN + 1) == NULL);
+    CHECK(first.providers[0].args == 0 || has_text(enc, n, "\n  arg "));
     CHECK(has_text(enc, n, ks_regf_type_name(first.providers[0].type)));
     CHECK(ks_regf_route(NULL, (ks_bytes){NULL, 0}, &i) == KS_ERR_INVALID_ARGUMENT);
     CHECK(ks_regf_route(&first, (ks_bytes){NULL, 0}, NULL) == KS_ERR_INVALID_ARGUMENT);

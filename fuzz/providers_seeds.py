@@ -56,6 +56,11 @@ def pkcs11(name, *serves, extra=("  token-label prod hsm", "  pin-env HSM_PIN"))
     return ["provider " + name, "  type pkcs11"] + list(extra) + ["  " + s for s in serves]
 
 
+def plugin(name, command, *serves, extra=()):
+    return ["provider " + name, "  type plugin", "  command " + command] + list(extra) + \
+        ["  " + s for s in serves]
+
+
 # ---- the vectors ------------------------------------------------------------
 
 def vectors():
@@ -128,6 +133,40 @@ def vectors():
          "setting: %s module %s" % (longest, path1000[:1024 - 9]),
          "setting: %s token-label t" % longest, "setting: %s pin-env %s" % (longest, "P" * 128),
          "setting: %s timeout-ms 600000" % longest, "serve: %s exact %s" % (longest, "k" * 256)])
+
+    add("one-plugin", "A KMS plugin found on PATH by its name ([P-PLUGIN-2]): "
+        "keyshift-kms-aws.", "ok",
+        text(HEADER, *plugin("kms", "aws", "serve-prefix app/")),
+        ["provider: kms plugin", "setting: kms command aws", "serve: kms prefix app/"])
+    arn = "arn:aws:kms:eu-west-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    add("plugin-every-setting",
+        "A plugin by absolute path with every setting, in a non-canonical order: arg lines "
+        "(spaces kept, one argv element each) stay in file order after the other settings, "
+        "serve lines after them; retries and rate-limit 0.", "ok",
+        text(HEADER, "provider aws-eu", "  type plugin", "  arg --key=app/main,1," + arn,
+             "  serve-prefix app/", "  concurrency 8", "  rate-limit 0",
+             "  arg --region eu-west-1", "  retries 0", "  retry-budget-ms 60000",
+             "  command /usr/libexec/keyshift/keyshift-kms-aws", "  timeout-ms 2500",
+             "  serve billing/main", "  arg --profile=prod #1"),
+        ["provider: aws-eu plugin", "setting: aws-eu timeout-ms 2500",
+         "setting: aws-eu command /usr/libexec/keyshift/keyshift-kms-aws",
+         "setting: aws-eu retries 0", "setting: aws-eu retry-budget-ms 60000",
+         "setting: aws-eu rate-limit 0", "setting: aws-eu concurrency 8",
+         "setting: aws-eu arg --key=app/main,1," + arn, "setting: aws-eu arg --region eu-west-1",
+         "setting: aws-eu arg --profile=prod #1",
+         "serve: aws-eu prefix app/", "serve: aws-eu exact billing/main"])
+    cmd63 = "k" + "-0" * 31
+    assert len(cmd63) == 63
+    add("plugin-limits", "A 63-byte command name, 32 arg lines, and each number at its largest.",
+        "ok",
+        text(HEADER, *plugin("p", cmd63, "serve k",
+                             extra=["  timeout-ms 600000", "  retries 10",
+                                    "  retry-budget-ms 3600000", "  rate-limit 100000",
+                                    "  concurrency 64"] + ["  arg %d" % i for i in range(32)])),
+        ["provider: p plugin", "setting: p timeout-ms 600000", "setting: p command " + cmd63,
+         "setting: p retries 10", "setting: p retry-budget-ms 3600000",
+         "setting: p rate-limit 100000", "setting: p concurrency 64"] +
+        ["setting: p arg %d" % i for i in range(32)] + ["serve: p exact k"])
 
     # ---- the file and its lines [P-FILE], [P-LINE] -----------------------
     one = text(HEADER, *local("app", "/k", "serve app/main"))
@@ -276,6 +315,69 @@ def vectors():
         bad("timeout-" + re.sub(r"[^a-z0-9]+", "-", why).strip("-"), "timeout-ms with %s." % why,
             "bad-value", s, at(s, "timeout-ms ", plus=11 + off))
 
+    # ---- plugin providers [P-PLUGIN] ---------------------------------------
+    s = text(HEADER, "provider kms", "  type plugin", "  arg --x", "  serve a")
+    bad("plugin-without-command", "A plugin provider without its command, at the end of the file.",
+        "missing-field", s, len(s))
+    s = text(HEADER, *plugin("kms", "aws", "serve a", extra=["  keyring /k"]))
+    bad("plugin-keyring", "keyring in a plugin provider.", "unknown-field", s, at(s, "keyring"))
+    s = text(HEADER, *plugin("kms", "aws", "serve a", extra=["  token-label t"]))
+    bad("plugin-token-label", "token-label in a plugin provider.", "unknown-field", s,
+        at(s, "token-label"))
+    s = text(HEADER, *local("app", "/k", "serve a", extra=["  arg --x"]))
+    bad("arg-in-local", "arg in a local provider.", "unknown-field", s, at(s, "arg"))
+    s = text(HEADER, *pkcs11("hsm", "serve a", extra=("  token-label t", "  pin-env P",
+                                                       "  command aws")))
+    bad("command-in-pkcs11", "command in a pkcs11 provider.", "unknown-field", s, at(s, "command"))
+    s = text(HEADER, *local("app", "/k", "serve a", extra=["  retries 3"]))
+    bad("retries-in-local", "retries in a local provider.", "unknown-field", s, at(s, "retries"))
+    s = text(HEADER, *plugin("kms", "aws", "serve a", extra=["  command gcp"]))
+    bad("command-twice", "command given twice.", "field-order", s, at(s, "command", 1))
+    s = text(HEADER, *plugin("kms", "aws", "serve a", extra=["  rate-limit 5", "  rate-limit 6"]))
+    bad("rate-limit-twice", "rate-limit given twice.", "field-order", s, at(s, "rate-limit", 1))
+    s = text(HEADER, *plugin("kms", "bin/kms", "serve a"))
+    bad("command-relative", "A relative command path: the / is outside a NAME.", "bad-value", s,
+        at(s, "bin/kms", plus=3))
+    s = text(HEADER, *plugin("kms", "AWS", "serve a"))
+    bad("command-uppercase", "An uppercase command name.", "bad-value", s, at(s, "AWS"))
+    s = text(HEADER, *plugin("kms", "-aws", "serve a"))
+    bad("command-leading-dash", "A command name beginning with a dash.", "bad-value", s,
+        at(s, "-aws"))
+    s = text(HEADER, *plugin("kms", "keyshift-kms-aws exec", "serve a"))
+    bad("command-space", "A space in a command name.", "bad-value", s,
+        at(s, "keyshift-kms-aws exec", plus=16))
+    s = text(HEADER, *plugin("kms", "c" * 64, "serve a"))
+    bad("command-64", "A command name of 64 bytes.", "too-large", s, at(s, "c" * 64, plus=63))
+    s = text(HEADER, *plugin("kms", "aws", "serve a", extra=["  arg  --x"]))
+    bad("arg-leading-space", "An arg value beginning with a space ([P-SET-6]).", "bad-value", s,
+        at(s, "arg  --x", plus=4))
+    s = text(HEADER, *plugin("kms", "aws", "serve a", extra=["  arg"]))
+    bad("arg-without-value", "An arg line without a value.", "missing-field", s,
+        at(s, "  arg\n", plus=5))
+    s = text(HEADER, *plugin("kms", "aws", "serve a", extra=["  arg %d" % i for i in range(33)]))
+    bad("args-33", "33 arg lines in one provider.", "too-large", s, at(s, "  arg 32", plus=2))
+    many = [HEADER]
+    for i in range(9):
+        many += plugin("p%d" % i, "aws", "serve k%d" % i,
+                       extra=["  arg %d" % j for j in range(32 if i < 8 else 1)])
+    m = text(*many)
+    bad("args-257", "257 arg lines in the file (8 providers of 32, then one more).", "too-large",
+        m, at(m, "provider p8") + len("provider p8\n  type plugin\n  command aws\n") + 2)
+    for key, val, off, why in (("timeout-ms", "0", 0, "0"), ("timeout-ms", "600001", 0, "600001"),
+                               ("retries", "11", 0, "11"), ("retries", "01", 0, "a leading zero"),
+                               ("retries", "-1", 0, "a sign"),
+                               ("retry-budget-ms", "0", 0, "0"),
+                               ("retry-budget-ms", "3600001", 0, "3600001"),
+                               ("rate-limit", "100001", 0, "100001"),
+                               ("rate-limit", "50/s", 2, "a unit"),
+                               ("rate-limit", "00", 0, "two zeros"),
+                               ("concurrency", "0", 0, "0"), ("concurrency", "65", 0, "65"),
+                               ("concurrency", "4294967297", 0, "2^32 + 1")):
+        s = text(HEADER, *plugin("kms", "aws", "serve a", extra=["  %s %s" % (key, val)]))
+        name = "plugin-%s-%s" % (key, re.sub(r"[^a-z0-9]+", "-", why).strip("-"))
+        bad(name, "A plugin's %s with %s." % (key, why), "bad-value", s,
+            at(s, "  %s " % key, plus=len(key) + 3 + off))
+
     # ---- routing conflicts and limits [P-SERVE-3..4] ----------------------
     s = text(HEADER, *local("a", "/k", "serve app/main"), *local("b", "/k", "serve app/main"))
     bad("serve-conflict", "The same key_id served by two providers.", "conflict", s,
@@ -308,6 +410,15 @@ def extra_seeds():
         text(HEADER, *local("app", "/k", "serve a", extra=["  passphrase-env A{"])),
         text(HEADER, *local("app", "/k", "serve a", extra=["  passphrase-env A:"])),
         text(HEADER, *local("a", "/k", "serve a"), "serve-prefix b"),
+        text(HEADER, *plugin("p", "/", "serve a", extra=["  arg #", "  arg a b  c"])),
+        text(HEADER, *plugin("p", "a-", "serve a", extra=["  retries 0", "  rate-limit 1"])),
+        text(HEADER, *plugin("p", "9", "serve a", extra=["  timeout-ms 1", "  concurrency 1",
+                                                         "  retry-budget-ms 1"])),
+        text(HEADER, "provider p", "  type plugin", "  arg x", "  serve a", "  command a"),
+        text(HEADER, "provider p", "  type plugin", "  command a", "  serve a",
+             "provider q", "  type plugin", "  command b", "  arg y", "  serve b"),
+        text(HEADER, *plugin("p", "aws", "serve a", extra=["  retries 1.5"])),
+        text(HEADER, *plugin("p", "aws", "serve a", extra=["  gcm-params p11kit"])),
     ]
 
 
@@ -390,7 +501,7 @@ def main():
         return
     seeds = [x[3] for x in vs] + spec_vectors() + extra_seeds()
     for n, _, _, d, _ in vs:
-        if n in ("one-local", "local-and-pkcs11"):
+        if n in ("one-local", "local-and-pkcs11", "plugin-every-setting"):
             seeds += [d[:i] for i in range(len(d))]
     write_corpus("providers_seeds", list(dict.fromkeys(seeds)), CORPUS)
 

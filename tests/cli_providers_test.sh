@@ -6,7 +6,8 @@
 # DEKs from one provider to another without touching the ciphertext.
 #
 # Two local keyrings stand for two providers here; tests/cli_pkcs11_test.sh
-# does the same with a SoftHSM2 token.
+# does the same with a SoftHSM2 token.  A KMS plugin provider is listed and
+# checked here too.
 set -u
 . "$(dirname "$0")/cli_lib.sh"
 
@@ -110,6 +111,83 @@ chmod 600 "$T/wrong.pass"
 sed "s|passphrase-file $T/b.pass|passphrase-file $T/wrong.pass|" "$REG" >"$T/wrong.reg"
 chmod 600 "$T/wrong.reg"
 run "a provider's wrong passphrase" 78 "$KS" keys list --providers "$T/wrong.reg"
+
+# ---- a KMS plugin provider (docs/providers.md [P-PLUGIN-1..8]) ----------------
+PREG="$T/plugin.reg"
+cat >"$PREG" <<EOF
+keyshift-providers 1
+provider alpha
+  type local
+  keyring $A
+  serve-prefix a/
+
+provider kms
+  type plugin
+  command example
+  arg --region eu-west-1
+  arg two words
+  rate-limit 0
+  retries 1
+  serve-prefix k/
+EOF
+chmod 600 "$PREG"
+run "providers list: a plugin provider" 0 "$KS" providers list --providers "$PREG"
+expect_grep "list: kms is a plugin" "$T/out" "^kms (plugin)"
+expect_grep "list: its command" "$T/out" "command  *example"
+expect_grep "list: an arg with a space, whole" "$T/out" "arg  *two words$"
+run "providers list --json: a plugin provider" 0 "$KS" providers list --providers "$PREG" --json
+expect_grep "list --json: settings and args in order" "$T/out" \
+    '"name":"kms","type":"plugin","settings":{"command":"example","retries":"1","rate-limit":"0"},"args":\["--region eu-west-1","two words"\]'
+printf 'keyshift-providers 1\nprovider kms\n  type plugin\n  command aws\n  keyring /k\n  serve k\n' >"$T/badplug.reg"
+chmod 600 "$T/badplug.reg"
+run "keyring in a plugin provider" 78 "$KS" providers list --providers "$T/badplug.reg"
+expect_grep "keyring in a plugin: line and column" "$T/err" "unknown-field at line 5, column 3"
+printf 'keyshift-providers 1\nprovider kms\n  type plugin\n  command aws\n  retries 11\n  serve k\n' >"$T/badplug.reg"
+run "retries 11" 78 "$KS" providers list --providers "$T/badplug.reg"
+expect_grep "retries 11: bad-value at its value" "$T/err" "bad-value at line 5, column 11"
+
+# check starts and greets the plugin: tools/keyshift-kms-example, found on
+# PATH by the NAME "example", with its key file.
+TOOLS=$(cd "$(dirname "$0")/../tools" && pwd)
+kek=$(head -c 32 /dev/urandom | base64)
+printf '{"k/main": {"primary": 1, "versions": {"1": {"state": "active", "kek": "%s"}}}}\n' "$kek" >"$T/kms-keys.json"
+PLUGENV=(env PATH="$TOOLS:$PATH" KEYSHIFT_KMS_EXAMPLE_KEYS="$T/kms-keys.json")
+run "providers check: the plugin starts and says hello" 0 "${PLUGENV[@]}" "$KS" providers check --providers "$PREG"
+expect_grep "check: kms ok, its hello's plugin string" "$T/out" "^kms  *plugin  *ok  *plugin keyshift-kms-example 1$"
+expect_grep "check: alpha ok beside it" "$T/out" "^alpha  *local  *ok  *keys 1"
+run "providers check --json: the plugin" 0 "${PLUGENV[@]}" "$KS" providers check --providers "$PREG" --json
+expect_grep "check --json: kms ok with its plugin string" "$T/out" \
+    '"name":"kms","type":"plugin","status":"ok","plugin":"keyshift-kms-example 1"}'
+IN="$T/pt" run "encrypt under k/main (the plugin)" 0 "${PLUGENV[@]}" "$KS" encrypt --tenant acme --key-id k/main --context row:7 --providers "$PREG"
+cp "$T/out" "$T/env-kms"
+IN="$T/env-kms" run "decrypt through the plugin" 0 "${PLUGENV[@]}" "$KS" decrypt --context row:7 --providers "$PREG"
+expect_same "plugin decrypt gives the plaintext" "$T/out" "$T/pt"
+run "keys create through a plugin: denied" 77 "${PLUGENV[@]}" "$KS" keys create k/new --providers "$PREG"
+# A command that names no program: not on PATH, and an absolute path that is not there.
+run "check: command names no program" 78 env KEYSHIFT_KMS_EXAMPLE_KEYS="$T/kms-keys.json" "$KS" providers check --providers "$PREG"
+expect_grep "no program: alpha was ok" "$T/out" "^alpha  *local  *ok"
+expect_grep "no program: kms failed" "$T/out" "^kms  *plugin  *failed  *not-found"
+expect_grep "no program: says which, the stage and why" "$T/err" \
+    "provider kms (plugin) did not open: not-found at start.*keyshift-kms-NAME on PATH"
+sed "s|command example|command $T/no-such-plugin|" "$PREG" >"$T/plugin-abs.reg"
+chmod 600 "$T/plugin-abs.reg"
+IN="$T/pt" run "encrypt: a plugin path that is not there" 78 "$KS" encrypt --tenant acme --key-id k/main --providers "$T/plugin-abs.reg"
+expect_grep "absolute path: the provider named" "$T/err" "provider kms (plugin) did not open: not-found"
+expect_empty "absolute path: nothing written" "$T/out"
+# A plugin that starts but fails its hello: its message and redacted stderr are shown.
+printf '{}\n' >"$T/empty-keys.json"
+cat >"$T/keyshift-kms-broken" <<'EOF'
+#!/bin/sh
+echo "broken plugin: secret 0123456789abcdef0123456789abcdef here" >&2
+exit 3
+EOF
+chmod 755 "$T/keyshift-kms-broken"
+sed "s|command example|command broken|" "$PREG" >"$T/plugin-broken.reg"
+chmod 600 "$T/plugin-broken.reg"
+run "check: a plugin that dies at hello" 69 env PATH="$T:$PATH" "$KS" providers check --providers "$T/plugin-broken.reg"
+expect_grep "dies at hello: the stage" "$T/err" "provider kms (plugin) did not open: unavailable at hello"
+expect_grep "dies at hello: its stderr, redacted" "$T/err" "its stderr (redacted): broken plugin: secret \[redacted\] here"
+if grep -q 0123456789abcdef "$T/err"; then bad "dies at hello: no key-like run shown"; else ok "dies at hello: no key-like run shown"; fi
 
 # ---- cross-provider rewrap: the DEKs move, the ciphertext stays --------------
 D="$T/shop.db"

@@ -81,6 +81,12 @@ static void render(const ks_regf_file *f, text *t)
                      (int)p->value[k].len, (const char *)p->value[k].ptr);
             }
         }
+        for (size_t j = 0; j < f->nargs; j++) {
+            if (f->args[j].provider == i) {
+                addf(t, "setting: %.*s arg %.*s\n", nl, nm, (int)f->args[j].value.len,
+                     (const char *)f->args[j].value.ptr);
+            }
+        }
         for (size_t j = 0; j < f->nserves; j++) {
             const ks_regf_serve *s = &f->serves[j];
             if (s->provider == i) {
@@ -184,6 +190,82 @@ static void test_limits(void **state)
     assert_int_equal(e.offset, KS_REGF_FILE_MAX);
     assert_int_equal(f.nproviders, 0);
     free(big);
+}
+
+/* The arg limits [P-PLUGIN-3]: 32 arg lines in a provider and 256 in
+ * the file pass; a 33rd in a provider, or a 257th in the file, is
+ * too-large at its KEY. */
+static void test_arg_limits(void **state)
+{
+    static ks_regf_file f;
+    ks_regf_error e;
+    (void)state;
+    for (int extra = 0; extra <= 1; extra++) {
+        text t = {0};
+        addf(&t, "keyshift-providers 1\n");
+        for (int i = 0; i < 8; i++) {
+            addf(&t, "provider p%d\n  type plugin\n  command aws\n", i);
+            for (int j = 0; j < 32 + (i == 7 ? extra : 0); j++) {
+                addf(&t, "  arg %d\n", j);
+            }
+            addf(&t, "  serve k%d\n", i);
+        }
+        assert_int_equal(parse_text(t.s, &f, &e), extra ? KS_ERR_TOO_LARGE : KS_OK);
+        if (extra) {
+            assert_int_equal(e.offset, (size_t)(strstr(strstr(t.s, "provider p7"), "  arg 32\n") -
+                                                t.s) + 2);
+            assert_int_equal(e.provider, 8);
+        } else {
+            assert_int_equal(f.nargs, 256);
+            check_canonical((const uint8_t *)t.s, t.len, &f);
+        }
+        /* A 257th in the file, in a provider of one. */
+        if (!extra) {
+            addf(&t, "provider q\n  type plugin\n  command aws\n  arg x\n  serve q\n");
+            assert_int_equal(parse_text(t.s, &f, &e), KS_ERR_TOO_LARGE);
+            assert_int_equal(e.offset, (size_t)(strstr(t.s, "  arg x\n") - t.s) + 2);
+            assert_int_equal(e.provider, 9);
+        }
+        free(t.s);
+    }
+}
+
+/* [P-CANON-1] with arg lines: after the other settings (timeout-ms,
+ * command, then the plugin numbers, in the table's order), in file
+ * order, before the serve lines; spaces inside an arg kept. */
+static void test_plugin_canonical(void **state)
+{
+    static ks_regf_file f;
+    ks_regf_error e;
+    uint8_t out[1024];
+    size_t n = 0;
+    (void)state;
+    assert_int_equal(parse_text("# a plugin\nkeyshift-providers 1\nprovider kms\n  type plugin\n"
+                                "  arg --b x\n  serve k/1\n  rate-limit 0\n  arg a\n"
+                                "  command aws\n  serve-prefix k/\n  retries 2\n"
+                                "  timeout-ms 40\n  arg --b x\n"
+                                "provider dev\n  type local\n  keyring /k\n  serve d\n",
+                                &f, &e),
+                     KS_OK);
+    assert_int_equal(f.nargs, 3);
+    assert_int_equal(f.providers[0].args, 3);
+    assert_int_equal(f.providers[1].args, 0);
+    assert_int_equal(f.providers[0].number[KS_REGF_RETRIES], 2);
+    assert_int_equal(f.providers[0].number[KS_REGF_TIMEOUT_MS], 40);
+    assert_int_equal(f.providers[0].number[KS_REGF_RATE_LIMIT], 0);
+    assert_non_null(f.providers[0].value[KS_REGF_RATE_LIMIT].ptr);
+    assert_int_equal(ks_regf_encode(&f, out, sizeof out, &n), KS_OK);
+    static const char want[] = "keyshift-providers 1\nprovider kms\n  type plugin\n"
+                               "  timeout-ms 40\n  command aws\n  retries 2\n  rate-limit 0\n"
+                               "  arg --b x\n  arg a\n  arg --b x\n  serve k/1\n"
+                               "  serve-prefix k/\nprovider dev\n  type local\n  keyring /k\n"
+                               "  serve d\n";
+    assert_int_equal(n, sizeof want - 1);
+    assert_memory_equal(out, want, n);
+    check_canonical(out, n, &f);
+    assert_string_equal(ks_regf_type_name(KS_REGF_PLUGIN), "plugin");
+    assert_string_equal(ks_regf_key_name(KS_REGF_ARG), "arg");
+    assert_null(ks_regf_type_name(KS_REGF_PLUGIN + 1));
 }
 
 /* The section a fault is in, and the error struct for an accepted file. */
@@ -301,6 +383,14 @@ static void make_keyring(const fixture *f, const char *name, const char *const *
         assert_int_equal(ks_keyring_create(kr, B(keys[i])), KS_OK);
     }
     ks_keyring_close(kr);
+}
+
+/* Make a keyring at dir/name holding the one key "k", as make_keyring. */
+static void make_keyring_k(const fixture *f, const char *name, ks_bytes pass, char *path,
+                           size_t cap)
+{
+    static const char *const keys[] = {"k"};
+    make_keyring(f, name, keys, 1, pass, path, cap);
 }
 
 /* [P-LOAD-1]: the file checks, and [P-LOAD-2]'s stages. */
@@ -644,9 +734,8 @@ static void test_secrets_and_failures(void **state)
 {
     fixture *f = *state;
     ks_registry_error err;
-    static const char *const keys[] = {"k"};
     char kpath[192], ppath[192], buf[1024];
-    make_keyring(f, "sealed.keyring", keys, 1, B("pw"), kpath, sizeof kpath);
+    make_keyring_k(f, "sealed.keyring", B("pw"), kpath, sizeof kpath);
     snprintf(ppath, sizeof ppath, "%s/pass", f->dir);
 
     /* From a variable, one LF removed. */
@@ -733,9 +822,8 @@ static void test_pkcs11_fails_closed(void **state)
 {
     fixture *f = *state;
     ks_registry_error err;
-    static const char *const keys[] = {"k"};
     char kpath[192], pin[192], buf[1024];
-    make_keyring(f, "local.keyring", keys, 1, NO_PASS, kpath, sizeof kpath);
+    make_keyring_k(f, "local.keyring", NO_PASS, kpath, sizeof kpath);
     snprintf(pin, sizeof pin, "%s/pin", f->dir);
     tf_spit(pin, "1234\n", 5, 0600);
     snprintf(buf, sizeof buf,
@@ -783,6 +871,135 @@ static void test_pkcs11_fails_closed(void **state)
     size_t i;
     assert_int_equal(ks_registry_route(r, B("k"), &i), KS_OK);
     ks_registry_close(r);
+}
+
+/* A plugin provider's settings, listed by a read registry (arg lines
+ * last, in file order; no plugin started); ks_registry_plugin_stats
+ * refuses a read registry, a provider past the end and a provider of
+ * another type. */
+static void test_plugin_read(void **state)
+{
+    fixture *f = *state;
+    ks_registry_error err;
+    ks_registry *r = NULL;
+    ks_registry_info ri;
+    ks_registry_setting rs;
+    ks_plugin_stats stats;
+    spit_text(f->path, "keyshift-providers 1\nprovider dev\n  type local\n  keyring /k\n"
+                       "  serve d\nprovider kms\n  type plugin\n  arg --key=app/main,1,arn:x\n"
+                       "  concurrency 2\n  command aws\n  arg two words\n  serve-prefix app/\n");
+    assert_int_equal(ks_registry_read(f->path, &r, &err), KS_OK);
+    assert_int_equal(ks_registry_info_at(r, 1, &ri), KS_OK);
+    assert_string_equal(ri.type, "plugin");
+    assert_int_equal(ri.settings, 4);
+    assert_int_equal(ri.serves, 1);
+    static const char *const want[][2] = {
+        {"command", "aws"}, {"concurrency", "2"}, {"arg", "--key=app/main,1,arn:x"},
+        {"arg", "two words"}};
+    for (size_t j = 0; j < 4; j++) {
+        assert_int_equal(ks_registry_setting_at(r, 1, j, &rs), KS_OK);
+        assert_string_equal(rs.key, want[j][0]);
+        assert_string_equal(rs.value, want[j][1]);
+    }
+    assert_int_equal(ks_registry_setting_at(r, 1, 4, &rs), KS_ERR_NOT_FOUND);
+    assert_int_equal(ks_registry_setting_at(r, 0, 1, &rs), KS_ERR_NOT_FOUND);
+    assert_int_equal(ks_registry_plugin_stats(r, 1, &stats), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_registry_plugin_stats(NULL, 1, &stats), KS_ERR_INVALID_ARGUMENT);
+    ks_registry_close(r);
+}
+
+/* A plugin that cannot be started fails the whole load at stage
+ * PROVIDER, with the plugin's own report in err.plugin ([P-LOAD-3]);
+ * the local provider opened before it is closed again. */
+static void test_plugin_fails_closed(void **state)
+{
+    fixture *f = *state;
+    ks_registry_error err;
+    char kpath[192], buf[1024];
+    make_keyring_k(f, "local.keyring", NO_PASS, kpath, sizeof kpath);
+    snprintf(buf, sizeof buf,
+             "keyshift-providers 1\nprovider dev\n  type local\n  keyring %s\n  serve-prefix dev/\n"
+             "provider kms\n  type plugin\n  command %s/no-such-plugin\n  timeout-ms 2000\n"
+             "  retries 0\n  serve-prefix app/\n",
+             kpath, f->dir);
+    spit_text(f->path, buf);
+    ks_registry *r = (ks_registry *)(uintptr_t)1;
+    const ks_err e = ks_registry_load(f->path, &r, &err);
+    assert_int_not_equal(e, KS_OK);
+    assert_null(r);
+    assert_int_equal(err.stage, KS_REGISTRY_STAGE_PROVIDER);
+    assert_int_equal(err.code, e);
+    assert_string_equal(err.name, "kms");
+    assert_int_equal(err.provider, 2);
+    assert_null(err.setting);
+    assert_int_equal(e, KS_ERR_NOT_FOUND);
+    assert_string_equal(err.plugin.stage, "start");
+    assert_int_equal(err.plugin.code, e);
+}
+
+/* The example plugin's key file: app/main, version 1 active. */
+static const char example_keys[] =
+    "{\"app/main\": {\"primary\": 1, \"versions\": {"
+    "\"1\": {\"state\": \"active\", \"kek\": \"AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=\"}}}}\n";
+
+/* A plugin provider opened from the registry ([P-LOAD-3]): the example
+ * plugin (tools/keyshift-kms-example) is started and greeted at load,
+ * wraps and unwraps through the routing provider, is denied key
+ * management (it has no admin ops, [P-ROUTE-5]) and is skipped by the
+ * merged listing; ks_registry_plugin_stats gives its hello's name. */
+static void test_plugin_opens(void **state)
+{
+    fixture *f = *state;
+    ks_registry_error err;
+    ks_provider p;
+    ks_plugin_stats stats;
+    char kpath[192], keys[192], spec[256], buf[1536];
+    make_keyring_k(f, "local.keyring", NO_PASS, kpath, sizeof kpath);
+    snprintf(keys, sizeof keys, "%s/keys.json", f->dir);
+    tf_spit(keys, example_keys, sizeof example_keys - 1, 0600);
+    assert_int_equal(setenv("KEYSHIFT_KMS_EXAMPLE_KEYS", keys, 1), 0);
+    tf_spec_path("providers.md", spec, sizeof spec);
+    char *abs = realpath(spec, NULL);
+    assert_non_null(abs);
+    snprintf(buf, sizeof buf,
+             "keyshift-providers 1\nprovider dev\n  type local\n  keyring %s\n  serve-prefix dev/\n"
+             "provider kms\n  type plugin\n  command %.*s/../tools/keyshift-kms-example\n"
+             "  arg --unused two words\n  timeout-ms 20000\n  retries 0\n  rate-limit 0\n"
+             "  concurrency 1\n  serve-prefix app/\n",
+             kpath, (int)(strrchr(abs, '/') - abs), abs);
+    free(abs);
+    spit_text(f->path, buf);
+    ks_registry *r = load_expect(f->path, KS_OK, &err);
+    assert_null(err.plugin.stage);
+    assert_int_equal(ks_registry_plugin_stats(r, 1, &stats), KS_OK);
+    assert_string_equal(stats.plugin, "keyshift-kms-example 1");
+    assert_int_equal(stats.starts, 1);
+    assert_int_equal(ks_registry_plugin_stats(r, 0, &stats), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_registry_plugin_stats(r, 2, &stats), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_registry_plugin_stats(r, 1, NULL), KS_ERR_INVALID_ARGUMENT);
+
+    uint8_t dek[KS_DEK_LEN], back[KS_DEK_LEN], wrapped[256];
+    size_t wlen = 0;
+    const ks_bytes aad = B("wrap-aad");
+    ks_key_info info;
+    randombytes_buf(dek, sizeof dek);
+    assert_int_equal(ks_registry_provider(r, &p), KS_OK);
+    assert_int_equal(p.ops->key_info(p.self, B("app/main"), 0, &info, 0), KS_OK);
+    assert_int_equal(info.version, 1);
+    assert_int_equal(p.ops->wrap(p.self, B("app/main"), 1, dek, sizeof dek, aad, wrapped,
+                                 sizeof wrapped, &wlen, 0), KS_OK);
+    assert_int_equal(p.ops->unwrap(p.self, B("app/main"), 1, (ks_bytes){wrapped, wlen}, aad, back,
+                                   sizeof back, 0), KS_OK);
+    assert_memory_equal(dek, back, sizeof dek);
+    assert_int_equal(p.ops->key_info(p.self, B("app/none"), 0, &info, 0), KS_ERR_NOT_FOUND);
+    assert_int_equal(p.ops->admin->create(p.self, B("app/new"), 0), KS_ERR_DENIED);
+    listing l = {0};
+    assert_int_equal(p.ops->admin->list(p.self, (ks_bytes){NULL, 0}, collect, &l, 0), KS_OK);
+    assert_int_equal(l.n, 0); /* dev's k is not routed to dev; kms cannot list */
+    assert_int_equal(ks_registry_plugin_stats(r, 1, &stats), KS_OK);
+    assert_int_equal(stats.calls, 4);
+    ks_registry_close(r);
+    unsetenv("KEYSHIFT_KMS_EXAMPLE_KEYS");
 }
 
 /* ---- the vectors of docs/providers.md ------------------------------------------------ */
@@ -1148,6 +1365,8 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_arg_limits),
+        cmocka_unit_test(test_plugin_canonical),
         cmocka_unit_test(test_error_details),
         cmocka_unit_test(test_routing),
         cmocka_unit_test_setup_teardown(test_load_refusals, setup, teardown),
@@ -1155,6 +1374,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_provider_without_admin, setup, teardown),
         cmocka_unit_test_setup_teardown(test_secrets_and_failures, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pkcs11_fails_closed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_plugin_read, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_plugin_fails_closed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_plugin_opens, setup, teardown),
         cmocka_unit_test(test_vector_loader_strict),
         cmocka_unit_test(test_spec_vectors),
     };

@@ -420,10 +420,48 @@ int ks_cli_keyring_open(const char *path, const char *passphrase_file, ks_keyrin
     return ks_cli_exit_code(e);
 }
 
+/* Report a plugin provider that did not open (err->plugin: its stage,
+ * the refusal's reason and field, the plugin's message and its redacted
+ * stderr, each when there is one) and return the exit code: a command
+ * that names no program, a configuration out of limits and a refused
+ * hello are configuration errors (78); the rest as ks_cli_exit_code (a
+ * plugin that would not start or died: 69; one that did not answer: 75;
+ * an error answer by its class). */
+static int plugin_failed(const char *path, ks_err e, const ks_registry_error *err)
+{
+    const ks_plugin_error *pe = &err->plugin;
+    char detail[600] = "";
+    size_t n = 0;
+    if (pe->reason != NULL) {
+        n += (size_t)snprintf(detail + n, sizeof detail - n, ", reason %s", pe->reason);
+    }
+    if (pe->field != NULL && n < sizeof detail) {
+        n += (size_t)snprintf(detail + n, sizeof detail - n, ", field %s", pe->field);
+    }
+    if (pe->message[0] != '\0' && n < sizeof detail) {
+        (void)snprintf(detail + n, sizeof detail - n, "; the plugin says: %s", pe->message);
+    }
+    ks_cli_error("providers file %s: provider %s (plugin) did not open: %s at %s%s%s", path,
+                 err->name, ks_err_name(e), pe->stage, detail,
+                 e == KS_ERR_NOT_FOUND ? " (no such program: an absolute path, or NAME for "
+                                         "keyshift-kms-NAME on PATH)" : "");
+    if (pe->stderr_tail[0] != '\0') {
+        ks_cli_error("provider %s: its stderr (redacted): %s", err->name, pe->stderr_tail);
+    }
+    switch (e) {
+    case KS_ERR_NOT_FOUND:
+    case KS_ERR_INVALID_ARGUMENT:
+    case KS_ERR_INTEGRITY:
+        return EX_CONFIG;
+    default:
+        return ks_cli_exit_code(e);
+    }
+}
+
 /* See cli.h.  The file's own problems and every credential of a provider
  * (a passphrase or PIN that cannot be read, a wrong or locked PIN) are
  * configuration errors (78); a provider that cannot be reached is
- * unavailable (69). */
+ * unavailable (69); a plugin's failures as plugin_failed() says. */
 int ks_cli_registry_failed(const char *path, ks_err e, const ks_registry_error *err)
 {
     switch (err->stage) {
@@ -433,6 +471,9 @@ int ks_cli_registry_failed(const char *path, ks_err e, const ks_registry_error *
                      err->offset);
         return EX_CONFIG;
     case KS_REGISTRY_STAGE_PROVIDER:
+        if (err->plugin.stage != NULL) {
+            return plugin_failed(path, e, err);
+        }
         if (err->setting != NULL) {
             ks_cli_error("providers file %s: provider %s: cannot use its %s: %s", path, err->name,
                          err->setting, ks_err_name(e));

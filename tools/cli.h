@@ -126,7 +126,8 @@ typedef struct ks_cli_keys {
 #define KS_CLI_KEYS_RULE                                                                       \
     "a provider registry (docs/providers.md; default:\n"                                   \
     "                      $KEYSHIFT_PROVIDERS) routing each key_id to its provider,\n"     \
-    "                      a keyring or an HSM through PKCS#11, instead of --keyring;\n"    \
+    "                      a keyring, an HSM through PKCS#11 or a KMS through a\n"        \
+    "                      plugin, instead of --keyring;\n"                               \
     "                      both options is a usage error, and --keyring beats\n"           \
     "                      $KEYSHIFT_PROVIDERS\n"
 

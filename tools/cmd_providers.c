@@ -6,7 +6,8 @@
  *   list   the providers, their settings (never a secret: the file holds
  *          none) and the key_ids each serves; reads the file only.
  *   check  opens every provider, as any command would, and reports each
- *          one's reachability, its mechanisms and its keys.
+ *          one's reachability, its mechanisms and its keys, and for a KMS
+ *          plugin the name its hello gave.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -27,18 +28,25 @@ static void usage(FILE *f)
           "\n"
           "DESCRIPTION\n"
           "    A provider registry (docs/providers.md) names the key providers a\n"
-          "    process uses -- local keyring files, PKCS#11 tokens (HSMs) -- and the\n"
-          "    key_ids each one serves. Every command that uses keys takes it with\n"
-          "    --providers FILE or $KEYSHIFT_PROVIDERS.\n"
+          "    process uses -- local keyring files, PKCS#11 tokens (HSMs), KMS\n"
+          "    plugins (docs/kms-plugin.md) -- and the key_ids each one serves. Every\n"
+          "    command that uses keys takes it with --providers FILE or\n"
+          "    $KEYSHIFT_PROVIDERS.\n"
           "\n"
-          "    list   prints each provider, its settings and what it serves. It reads\n"
-          "           the file only: no provider is opened, no secret is read.\n"
+          "    list   prints each provider, its settings and what it serves (a\n"
+          "           plugin's arg lines in file order; in --json an \"args\" array). It\n"
+          "           reads the file only: no provider is opened, no plugin started, no\n"
+          "           secret read.\n"
           "    check  opens the providers in file order, exactly as a command would\n"
           "           (reading each passphrase or PIN its file or variable names),\n"
           "           and prints for each: ok, failed (with why), or not checked\n"
           "           (after a failure); for a PKCS#11 token the mechanisms keyshift\n"
           "           needs (CKM_AES_GCM, CKM_AES_KEY_GEN), checked when it opens;\n"
-          "           and the keys each provider holds that the registry routes to it.\n"
+          "           for a KMS plugin, which is started and greeted, the name its\n"
+          "           hello gave (a plugin cannot list its keys); for the others the\n"
+          "           keys each provider holds that the registry routes to it. A\n"
+          "           plugin that does not open is reported with the stage it failed\n"
+          "           at, why, its message and its (redacted) stderr.\n"
           "\n"
           "OPTIONS\n"
           "    --providers FILE  the registry (default: $KEYSHIFT_PROVIDERS)\n"
@@ -47,9 +55,11 @@ static void usage(FILE *f)
           "\n"
           "EXIT STATUS\n"
           "    0 listed, or every provider ok; 64 usage (no registry named);\n"
-          "    69 a provider unreachable; 75 a provider timed out; 77 a provider\n"
-          "    refused its keys; 78 the file insecure, unreadable or invalid, a\n"
-          "    passphrase or PIN unreadable, or a wrong or locked PIN.\n"
+          "    69 a provider unreachable (a plugin that would not start or died);\n"
+          "    75 a provider timed out; 77 a provider refused its keys; 78 the file\n"
+          "    insecure, unreadable or invalid, a passphrase or PIN unreadable, a\n"
+          "    wrong or locked PIN, or a plugin's command not found or its hello\n"
+          "    refused.\n"
           "\n"
           "EXAMPLES\n"
           "    keyshift providers list --providers /etc/keyshift/providers\n"
@@ -73,15 +83,27 @@ static void put_provider(const ks_registry *r, size_t i, int json)
         printf(",\"type\":\"%s\",\"settings\":{", info.type);
     }
     ks_registry_setting st;
+    size_t nargs = 0;
     for (size_t j = 0; ks_registry_setting_at(r, i, j, &st) == KS_OK; j++) {
         if (!json) {
             printf("    %-16s %s\n", st.key, st.value);
-            continue;
+        } else if (strcmp(st.key, "arg") == 0) {
+            nargs++; /* repeated: in "args" below */
+        } else {
+            printf("%s\"%s\":", j ? "," : "", st.key);
+            ks_cli_put_json_string(stdout, (const uint8_t *)st.value, strlen(st.value));
         }
-        printf("%s\"%s\":", j ? "," : "", st.key);
-        ks_cli_put_json_string(stdout, (const uint8_t *)st.value, strlen(st.value));
     }
-    if (json) {
+    if (json && strcmp(info.type, "plugin") == 0) {
+        printf("},\"args\":[");
+        for (size_t j = info.settings - nargs; j < info.settings; j++) {
+            if (ks_registry_setting_at(r, i, j, &st) == KS_OK) {
+                printf("%s", j > info.settings - nargs ? "," : "");
+                ks_cli_put_json_string(stdout, (const uint8_t *)st.value, strlen(st.value));
+            }
+        }
+        printf("],\"serves\":[");
+    } else if (json) {
         printf("},\"serves\":[");
     }
     ks_registry_serve sv;
@@ -159,18 +181,24 @@ static int count_key(void *arg, const ks_key_entry *e)
 }
 
 /* Print check's line (or JSON object) for provider i: status "ok",
- * "failed" (with why) or "not checked". */
-static void put_check(const ks_registry *listed, size_t i, const char *status, const char *why,
-                      size_t keys, size_t versions, int json)
+ * "failed" (with why) or "not checked".  opened is the loaded registry
+ * (NULL when it did not load).  An open plugin shows its hello's plugin
+ * string instead of key counts: it cannot list its keys ([P-ROUTE-4]). */
+static void put_check(const ks_registry *listed, const ks_registry *opened, size_t i,
+                      const char *status, const char *why, size_t keys, size_t versions, int json)
 {
     ks_registry_info info;
+    ks_plugin_stats stats;
     if (ks_registry_info_at(listed, i, &info) != KS_OK) {
         return;
     }
     const int p11 = strcmp(info.type, "pkcs11") == 0, ok = strcmp(status, "ok") == 0;
+    const int hello = ok && ks_registry_plugin_stats(opened, i, &stats) == KS_OK;
     if (!json) {
         printf("%-24s %-8s %-12s", info.name, info.type, status);
-        if (ok) {
+        if (hello) {
+            printf(" plugin %s", stats.plugin);
+        } else if (ok) {
             printf(" keys %zu, versions %zu%s", keys, versions,
                    p11 ? ", mechanisms CKM_AES_GCM CKM_AES_KEY_GEN" : "");
         } else if (why != NULL) {
@@ -182,7 +210,10 @@ static void put_check(const ks_registry *listed, size_t i, const char *status, c
     printf("%s{\"name\":", i ? "," : "");
     ks_cli_put_json_string(stdout, (const uint8_t *)info.name, strlen(info.name));
     printf(",\"type\":\"%s\",\"status\":\"%s\"", info.type, status);
-    if (ok) {
+    if (hello) {
+        printf(",\"plugin\":");
+        ks_cli_put_json_string(stdout, (const uint8_t *)stats.plugin, strlen(stats.plugin));
+    } else if (ok) {
         printf(",\"keys\":%zu,\"versions\":%zu,\"mechanisms\":[%s]", keys, versions,
                p11 ? "\"CKM_AES_GCM\",\"CKM_AES_KEY_GEN\"" : "");
     } else if (why != NULL) {
@@ -232,8 +263,8 @@ static int do_check(const char *path, int json)
         }
         for (size_t i = 0; i < n; i++) {
             const char *status = i < failed ? "ok" : i == failed ? "failed" : "not checked";
-            put_check(listed, i, status, i == failed ? ks_err_name(e) : NULL, keys[i], versions[i],
-                      json);
+            put_check(listed, r, i, status, i == failed ? ks_err_name(e) : NULL, keys[i],
+                      versions[i], json);
         }
         if (json) {
             printf("]}\n");

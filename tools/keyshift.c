@@ -15,7 +15,8 @@ static const ks_cli_command commands[] = {
     {"keys", "manage keys in the keyring or a provider: init, create, add-version, promote, "
              "set-state, list",
      ks_cmd_keys},
-    {"providers", "the provider registry (keyring files, HSMs): list, check", ks_cmd_providers},
+    {"providers", "the provider registry (keyring files, HSMs, KMS plugins): list, check",
+     ks_cmd_providers},
     {"encrypt", "seal standard input into one envelope", ks_cmd_encrypt},
     {"decrypt", "open one envelope from standard input", ks_cmd_decrypt},
     {"census", "count a database column's rows by encryption state and key", ks_cmd_census},
@@ -85,7 +86,8 @@ static void usage(FILE *f)
             "        not safe yet, the message says what is missing (EX_TEMPFAIL)\n"
             "    77  key disabled, destroyed, denied or missing (EX_NOPERM)\n"
             "    78  keyring or providers file insecure, unreadable or corrupt, wrong\n"
-            "        passphrase, or wrong or locked PIN (EX_CONFIG)\n"
+            "        passphrase, wrong or locked PIN, or a KMS plugin's command not\n"
+            "        found or its hello refused (EX_CONFIG)\n"
             "\n"
             "    Migration outcomes and recovery: docs/migration.md. 'keyshift rollout\n"
             "    check' uses 0-3 as monitoring plugins do (see its --help).\n");

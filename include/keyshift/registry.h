@@ -23,6 +23,7 @@
 #include <keyshift/common.h>
 #include <keyshift/envelope.h>
 #include <keyshift/error.h>
+#include <keyshift/plugin.h>
 #include <keyshift/provider.h>
 
 #ifdef __cplusplus
@@ -56,6 +57,10 @@ typedef struct ks_registry_error {
                             or NULL when the provider's own open failed; static storage */
     ks_parse_error keyring; /* PROVIDER, a local keyring that does not parse
                                (code KS_ERR_INTEGRITY): its rejection */
+    ks_plugin_error plugin; /* PROVIDER, a plugin provider that did not open: what
+                               ks_plugin_open() found (its stage, the refusal's reason
+                               and field, the plugin's message, its redacted stderr);
+                               else zeroed (stage NULL) */
 } ks_registry_error;
 
 /*
@@ -72,7 +77,9 @@ typedef struct ks_registry_error {
  * that failed to open (from ks_keyring_open, ks_pkcs11_open, or reading
  * its passphrase or PIN: KS_ERR_NOT_FOUND for an unset variable,
  * KS_ERR_BAD_VALUE for an empty secret, KS_ERR_TOO_LARGE above 4096
- * bytes).  *out is NULL on error.  err may be NULL.
+ * bytes; from ks_plugin_open for a plugin, which is started and greeted
+ * here, its details in err->plugin).  *out is NULL on error.  err may be
+ * NULL.
  */
 KS_API KS_WUR ks_err ks_registry_load(const char *path, ks_registry **out, ks_registry_error *err);
 
@@ -110,8 +117,9 @@ KS_API KS_WUR ks_err ks_registry_route(const ks_registry *r, ks_bytes key_id, si
 /* One provider.  Strings are NUL-terminated, valid until ks_registry_close(). */
 typedef struct ks_registry_info {
     const char *name;
-    const char *type;    /* "local" or "pkcs11" */
-    size_t settings;     /* its settings other than type and serve lines */
+    const char *type;    /* "local", "pkcs11" or "plugin" */
+    size_t settings;     /* its settings other than type and serve lines (arg lines
+                            included) */
     size_t serves;       /* its serve and serve-prefix lines */
 } ks_registry_info;
 
@@ -135,14 +143,21 @@ KS_API size_t ks_registry_count(const ks_registry *r);
 KS_API KS_WUR ks_err ks_registry_info_at(const ks_registry *r, size_t i, ks_registry_info *out);
 
 /* Setting j of provider i, in the canonical order of [P-CANON-1] (the
- * defaults a setting left out takes are not listed); KS_ERR_NOT_FOUND
- * past the end. */
+ * defaults a setting left out takes are not listed; a plugin's arg lines
+ * come last, each a setting "arg", in file order); KS_ERR_NOT_FOUND past
+ * the end. */
 KS_API KS_WUR ks_err ks_registry_setting_at(const ks_registry *r, size_t i, size_t j,
                                             ks_registry_setting *out);
 
 /* Serve line j of provider i, in file order; KS_ERR_NOT_FOUND past the end. */
 KS_API KS_WUR ks_err ks_registry_serve_at(const ks_registry *r, size_t i, size_t j,
                                           ks_registry_serve *out);
+
+/* The counters of provider i, a plugin provider, and the hello's plugin
+ * string (include/keyshift/plugin.h).  KS_ERR_INVALID_ARGUMENT when r was
+ * only read (ks_registry_read), i is past the end, or provider i is not a
+ * plugin. */
+KS_API KS_WUR ks_err ks_registry_plugin_stats(const ks_registry *r, size_t i, ks_plugin_stats *out);
 
 #ifdef __cplusplus
 }

@@ -23,6 +23,7 @@
 
 #include <keyshift/keyring.h>
 #include <keyshift/pkcs11.h>
+#include <keyshift/plugin.h>
 #include <keyshift/provider.h>
 #include <keyshift/registry.h>
 
@@ -39,6 +40,7 @@ struct ks_registry {
     const char *name[KS_REGF_PROVIDERS_MAX];
     const char *value[KS_REGF_PROVIDERS_MAX][KS_REGF_KEY_COUNT]; /* NULL when absent */
     const char *pattern[KS_REGF_SERVES_MAX];
+    const char *arg[KS_REGF_ARGS_MAX];   /* in file order: each provider's are contiguous */
     int opened;                          /* ks_registry_load: providers are open */
     ks_keyring *keyring[KS_REGF_PROVIDERS_MAX];  /* local providers' keyrings */
     ks_provider provider[KS_REGF_PROVIDERS_MAX]; /* opened providers (ops NULL: not open) */
@@ -134,6 +136,18 @@ static ks_err read_registry(const char *path, uint8_t **text, size_t *len, ks_re
     return KS_OK;
 }
 
+/* Copy v to p as a NUL-terminated string, which goes to *out; the byte
+ * after it. */
+static char *copy_string(char *p, ks_bytes v, const char **out)
+{
+    if (v.len != 0) {
+        memcpy(p, v.ptr, v.len);
+    }
+    p[v.len] = '\0';
+    *out = p;
+    return p + v.len + 1;
+}
+
 /* Copy the values of r->file into NUL-terminated strings [r->strings]. */
 static ks_err make_strings(ks_registry *r)
 {
@@ -148,36 +162,31 @@ static ks_err make_strings(ks_registry *r)
     for (size_t j = 0; j < f->nserves; j++) {
         need += f->serves[j].pattern.len + 1;
     }
+    for (size_t j = 0; j < f->nargs; j++) {
+        need += f->args[j].value.len + 1;
+    }
     char *p = r->strings = malloc(need);
     if (p == NULL) {
         return KS_ERR_NO_MEMORY;
     }
     for (size_t i = 0; i < f->nproviders; i++) {
         const ks_regf_provider *prov = &f->providers[i];
-        memcpy(p, prov->name.ptr, prov->name.len);
-        p[prov->name.len] = '\0';
-        r->name[i] = p;
-        p += prov->name.len + 1;
+        p = copy_string(p, prov->name, &r->name[i]);
         for (int k = 0; k < KS_REGF_KEY_COUNT; k++) {
             const ks_bytes v = k == KS_REGF_TYPE
                                    ? (ks_bytes){(const uint8_t *)ks_regf_type_name(prov->type),
                                                 strlen(ks_regf_type_name(prov->type))}
                                    : prov->value[k];
-            if (v.len == 0) {
-                continue;
+            if (v.len != 0) {
+                p = copy_string(p, v, &r->value[i][k]);
             }
-            memcpy(p, v.ptr, v.len);
-            p[v.len] = '\0';
-            r->value[i][k] = p;
-            p += v.len + 1;
         }
     }
     for (size_t j = 0; j < f->nserves; j++) {
-        const ks_bytes v = f->serves[j].pattern;
-        memcpy(p, v.ptr, v.len);
-        p[v.len] = '\0';
-        r->pattern[j] = p;
-        p += v.len + 1;
+        p = copy_string(p, f->serves[j].pattern, &r->pattern[j]);
+    }
+    for (size_t j = 0; j < f->nargs; j++) {
+        p = copy_string(p, f->args[j].value, &r->arg[j]);
     }
     return KS_OK;
 }
@@ -326,11 +335,62 @@ static ks_err open_pkcs11(ks_registry *r, size_t i, ks_registry_error *err)
     cfg.gcm_layout = v[KS_REGF_GCM_PARAMS] != NULL && strcmp(v[KS_REGF_GCM_PARAMS], "no-ivbits") == 0
                          ? KS_PKCS11_GCM_NO_IVBITS
                          : KS_PKCS11_GCM_P11KIT;
-    cfg.timeout_ms = p->timeout_ms;
+    cfg.timeout_ms = p->number[KS_REGF_TIMEOUT_MS];
     e = ks_pkcs11_open(&cfg, &r->provider[i]);
     free_secret(&cfg.pin);
     if (e != KS_OK) {
         memset(&r->provider[i], 0, sizeof r->provider[i]);
+        return fail_provider(err, r, i, NULL, e);
+    }
+    return KS_OK;
+}
+
+/* The index in r->file.args of provider i's first arg line (its arg
+ * lines are contiguous). */
+static size_t first_arg(const ks_registry *r, size_t i)
+{
+    size_t j = 0;
+    while (j < r->file.nargs && r->file.args[j].provider < i) {
+        j++;
+    }
+    return j;
+}
+
+/* Open plugin provider i [P-PLUGIN-1..8]: the defaults of
+ * ks_plugin_config_init, then what its settings give; the plugin is
+ * started and greeted.  A failure's details go to err->plugin. */
+static ks_err open_plugin(ks_registry *r, size_t i, ks_registry_error *err)
+{
+    const ks_regf_provider *p = &r->file.providers[i];
+    ks_plugin_config cfg;
+    ks_plugin_error perr;
+
+    ks_plugin_config_init(&cfg);
+    const struct {
+        int key;
+        uint32_t *field;
+    } numbers[] = {
+        {KS_REGF_TIMEOUT_MS, &cfg.timeout_ms},
+        {KS_REGF_RETRIES, &cfg.retries},
+        {KS_REGF_RETRY_BUDGET_MS, &cfg.retry_budget_ms},
+        {KS_REGF_RATE_LIMIT, &cfg.rate_limit},
+        {KS_REGF_CONCURRENCY, &cfg.concurrency},
+    };
+    cfg.command = r->value[i][KS_REGF_COMMAND];
+    cfg.args = &r->arg[first_arg(r, i)];
+    cfg.nargs = p->args;
+    for (size_t n = 0; n < sizeof numbers / sizeof numbers[0]; n++) {
+        if (r->value[i][numbers[n].key] != NULL) {
+            *numbers[n].field = p->number[numbers[n].key];
+        }
+    }
+    memset(&perr, 0, sizeof perr);
+    const ks_err e = ks_plugin_open(&cfg, &r->provider[i], &perr);
+    if (e != KS_OK) {
+        memset(&r->provider[i], 0, sizeof r->provider[i]);
+        if (err != NULL) {
+            err->plugin = perr;
+        }
         return fail_provider(err, r, i, NULL, e);
     }
     return KS_OK;
@@ -396,8 +456,11 @@ static ks_err load(const char *path, int open, ks_registry **out, ks_registry_er
         return fail(err, KS_REGISTRY_STAGE_NONE, KS_ERR_NO_MEMORY);
     }
     for (size_t i = 0; open && i < r->file.nproviders; i++) {
-        e = r->file.providers[i].type == KS_REGF_LOCAL ? open_local(r, i, err)
-                                                       : open_pkcs11(r, i, err);
+        switch (r->file.providers[i].type) {
+        case KS_REGF_LOCAL: e = open_local(r, i, err); break;
+        case KS_REGF_PKCS11: e = open_pkcs11(r, i, err); break;
+        default: e = open_plugin(r, i, err); break;
+        }
         if (e != KS_OK) {
             ks_registry_close(r); /* fail closed: nothing of it survives */
             return e;
@@ -445,7 +508,7 @@ ks_err ks_registry_info_at(const ks_registry *r, size_t i, ks_registry_info *out
     }
     out->name = r->name[i];
     out->type = r->value[i][KS_REGF_TYPE];
-    out->settings = 0;
+    out->settings = r->file.providers[i].args;
     for (int k = KS_REGF_TYPE + 1; k < KS_REGF_KEY_COUNT; k++) {
         out->settings += r->value[i][k] != NULL;
     }
@@ -466,7 +529,22 @@ ks_err ks_registry_setting_at(const ks_registry *r, size_t i, size_t j, ks_regis
             return KS_OK;
         }
     }
+    if (i < r->file.nproviders && j < r->file.providers[i].args) {
+        out->key = ks_regf_key_name(KS_REGF_ARG); /* [P-CANON-1]: after the others */
+        out->value = r->arg[first_arg(r, i) + j];
+        return KS_OK;
+    }
     return KS_ERR_NOT_FOUND;
+}
+
+/* See keyshift/registry.h. */
+ks_err ks_registry_plugin_stats(const ks_registry *r, size_t i, ks_plugin_stats *out)
+{
+    if (r == NULL || out == NULL || !r->opened || i >= r->file.nproviders ||
+        r->file.providers[i].type != KS_REGF_PLUGIN) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    return ks_plugin_stats_get(&r->provider[i], out);
 }
 
 /* See keyshift/registry.h. */

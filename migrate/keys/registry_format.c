@@ -17,54 +17,75 @@
 #include <assert.h>
 #include <string.h>
 
+#include <keyshift/plugin.h>
+
 #include "registry_format.h"
 
 #include "../../format/rules.h"
 #include "../../parser/cursor.h"
 
-/* ---- the key table [P-SET-3], [P-LOCAL-1], [P-PKCS11-1] ---------------------- */
+/* ---- the key table [P-SET-3], [P-LOCAL-1], [P-PKCS11-1], [P-PLUGIN-1] ---------- */
 
-/* Which provider types a key belongs to. */
+/* Which provider types a key belongs to: bit (type - 1). */
 #define FOR_LOCAL 1u
 #define FOR_PKCS11 2u
-#define FOR_ALL (FOR_LOCAL | FOR_PKCS11)
+#define FOR_PLUGIN 4u
+#define FOR_ALL (FOR_LOCAL | FOR_PKCS11 | FOR_PLUGIN)
 
 /* How a key's value is checked [P-VAL]. */
 typedef enum value_rule {
-    V_TYPE,     /* local | pkcs11 */
+    V_TYPE,     /* local | pkcs11 | plugin */
     V_PATTERN,  /* 1..256 bytes of [F-KEYID-1] */
     V_PATH,     /* an absolute path */
     V_ENV,      /* an environment variable name */
     V_LABEL,    /* 1..32 printable bytes */
     V_URI,      /* pkcs11:..., no space */
     V_GCM,      /* p11kit | no-ivbits */
-    V_TIMEOUT   /* 1..600000, decimal */
+    V_NUMBER,   /* decimal in [min, max] [P-VAL-4] */
+    V_COMMAND,  /* an absolute path or a plugin NAME [P-PLUGIN-2] */
+    V_ANY       /* any bytes of [P-LINE-3] [P-PLUGIN-3] */
 } value_rule;
 
-/* One key: its text, the types it is allowed in, its value rule and the
- * key that excludes it (the other spelling of one setting), or -1. */
+/* One key: its text, the types it is allowed in, its value rule, the
+ * key that excludes it (the other spelling of one setting) or -1, and
+ * for a number its range. */
 typedef struct key_def {
     const char *name;
     uint8_t types;
     uint8_t rule;
     int8_t partner;
+    uint32_t min, max;
 } key_def;
 
 static const key_def keys[] = {
-    [KS_REGF_TYPE] = {"type", FOR_ALL, V_TYPE, -1},
-    [KS_REGF_KEYRING] = {"keyring", FOR_LOCAL, V_PATH, -1},
-    [KS_REGF_PASSPHRASE_FILE] = {"passphrase-file", FOR_LOCAL, V_PATH, KS_REGF_PASSPHRASE_ENV},
-    [KS_REGF_PASSPHRASE_ENV] = {"passphrase-env", FOR_LOCAL, V_ENV, KS_REGF_PASSPHRASE_FILE},
-    [KS_REGF_MODULE] = {"module", FOR_PKCS11, V_PATH, -1},
-    [KS_REGF_TOKEN_LABEL] = {"token-label", FOR_PKCS11, V_LABEL, KS_REGF_TOKEN_URI},
-    [KS_REGF_TOKEN_URI] = {"token-uri", FOR_PKCS11, V_URI, KS_REGF_TOKEN_LABEL},
-    [KS_REGF_PIN_FILE] = {"pin-file", FOR_PKCS11, V_PATH, KS_REGF_PIN_ENV},
-    [KS_REGF_PIN_ENV] = {"pin-env", FOR_PKCS11, V_ENV, KS_REGF_PIN_FILE},
-    [KS_REGF_GCM_PARAMS] = {"gcm-params", FOR_PKCS11, V_GCM, -1},
-    [KS_REGF_TIMEOUT_MS] = {"timeout-ms", FOR_PKCS11, V_TIMEOUT, -1},
-    [KS_REGF_SERVE] = {"serve", FOR_ALL, V_PATTERN, -1},
-    [KS_REGF_SERVE_PREFIX] = {"serve-prefix", FOR_ALL, V_PATTERN, -1},
+    [KS_REGF_TYPE] = {"type", FOR_ALL, V_TYPE, -1, 0, 0},
+    [KS_REGF_KEYRING] = {"keyring", FOR_LOCAL, V_PATH, -1, 0, 0},
+    [KS_REGF_PASSPHRASE_FILE] = {"passphrase-file", FOR_LOCAL, V_PATH, KS_REGF_PASSPHRASE_ENV, 0, 0},
+    [KS_REGF_PASSPHRASE_ENV] = {"passphrase-env", FOR_LOCAL, V_ENV, KS_REGF_PASSPHRASE_FILE, 0, 0},
+    [KS_REGF_MODULE] = {"module", FOR_PKCS11, V_PATH, -1, 0, 0},
+    [KS_REGF_TOKEN_LABEL] = {"token-label", FOR_PKCS11, V_LABEL, KS_REGF_TOKEN_URI, 0, 0},
+    [KS_REGF_TOKEN_URI] = {"token-uri", FOR_PKCS11, V_URI, KS_REGF_TOKEN_LABEL, 0, 0},
+    [KS_REGF_PIN_FILE] = {"pin-file", FOR_PKCS11, V_PATH, KS_REGF_PIN_ENV, 0, 0},
+    [KS_REGF_PIN_ENV] = {"pin-env", FOR_PKCS11, V_ENV, KS_REGF_PIN_FILE, 0, 0},
+    [KS_REGF_GCM_PARAMS] = {"gcm-params", FOR_PKCS11, V_GCM, -1, 0, 0},
+    [KS_REGF_TIMEOUT_MS] = {"timeout-ms", FOR_PKCS11 | FOR_PLUGIN, V_NUMBER, -1, 1,
+                            KS_REGF_TIMEOUT_MAX},
+    [KS_REGF_COMMAND] = {"command", FOR_PLUGIN, V_COMMAND, -1, 0, 0},
+    [KS_REGF_RETRIES] = {"retries", FOR_PLUGIN, V_NUMBER, -1, 0, KS_PLUGIN_RETRIES_MAX},
+    [KS_REGF_RETRY_BUDGET_MS] = {"retry-budget-ms", FOR_PLUGIN, V_NUMBER, -1, 1,
+                                 KS_PLUGIN_BUDGET_MAX},
+    [KS_REGF_RATE_LIMIT] = {"rate-limit", FOR_PLUGIN, V_NUMBER, -1, 0, KS_PLUGIN_RATE_MAX},
+    [KS_REGF_CONCURRENCY] = {"concurrency", FOR_PLUGIN, V_NUMBER, -1, 1,
+                             KS_PLUGIN_CONCURRENCY_MAX},
+    [KS_REGF_SERVE] = {"serve", FOR_ALL, V_PATTERN, -1, 0, 0},
+    [KS_REGF_SERVE_PREFIX] = {"serve-prefix", FOR_ALL, V_PATTERN, -1, 0, 0},
+    [KS_REGF_ARG] = {"arg", FOR_PLUGIN, V_ANY, -1, 0, 0},
 };
+
+/* A plugin's timeout-ms is one attempt's deadline, with the same range. */
+_Static_assert(KS_REGF_TIMEOUT_MAX == KS_PLUGIN_TIMEOUT_MAX, "one timeout-ms range");
+/* seen (a uint32_t) has a bit per key. */
+_Static_assert(KS_REGF_ARG < 32, "a bit per key");
 
 #define N_KEYS (sizeof keys / sizeof keys[0])
 
@@ -74,14 +95,19 @@ const char *ks_regf_key_name(int key)
     return key >= 0 && (size_t)key < N_KEYS ? keys[key].name : NULL;
 }
 
+/* The provider types by ks_regf_type [P-TYPE-1]. */
+static const char *const type_names[] = {
+    [KS_REGF_LOCAL] = "local",
+    [KS_REGF_PKCS11] = "pkcs11",
+    [KS_REGF_PLUGIN] = "plugin",
+};
+
+#define N_TYPES (sizeof type_names / sizeof type_names[0])
+
 /* See registry_format.h. */
 const char *ks_regf_type_name(int type)
 {
-    switch (type) {
-    case KS_REGF_LOCAL: return "local";
-    case KS_REGF_PKCS11: return "pkcs11";
-    default: return NULL;
-    }
+    return type > 0 && (size_t)type < N_TYPES ? type_names[type] : NULL;
 }
 
 /* ---- small helpers -------------------------------------------------------------- */
@@ -153,24 +179,39 @@ static int pattern_byte(uint8_t b, int first)
     return ks_rules_charset_scan(KS_RULE_KEY_ID, &b, 1) == 1;
 }
 
-/* Check a timeout-ms value [P-PKCS11-5]: digits only, then 1..600000
- * without a leading zero. */
-static ks_err check_timeout(regf_parse *st, ks_bytes v, size_t off, uint32_t *out)
+/* Nonzero for a decimal digit [P-VAL-4]. */
+static int digit_byte(uint8_t b, int first)
 {
-    uint32_t n = 0;
-    for (size_t i = 0; i < v.len; i++) {
-        if (v.ptr[i] < '0' || v.ptr[i] > '9') {
-            return fault(st, KS_ERR_BAD_VALUE, off + i);
-        }
-        if (n <= KS_REGF_TIMEOUT_MAX) {
-            n = n * 10 + (uint32_t)(v.ptr[i] - '0');
-        }
+    (void)first;
+    return b >= '0' && b <= '9';
+}
+
+/* Check a NUMBER value [P-VAL-4] (timeout-ms, retries, ...): digits only
+ * (bad-value at the first other byte), then no leading zero but "0"
+ * itself and within min..max (bad-value at the value's first byte). */
+static ks_err check_number(regf_parse *st, ks_bytes v, size_t off, uint32_t min, uint32_t max,
+                           uint32_t *out)
+{
+    ks_err e = scan_value(st, v, off, SIZE_MAX, digit_byte);
+    if (e != KS_OK) {
+        return e;
     }
-    if (v.ptr[0] == '0' || n > KS_REGF_TIMEOUT_MAX) {
+    uint64_t n = 0;
+    for (size_t i = 0; i < v.len && n <= max; i++) {
+        n = n * 10 + (uint64_t)(v.ptr[i] - '0');
+    }
+    if ((v.ptr[0] == '0' && v.len > 1) || n < min || n > max) {
         return fault(st, KS_ERR_BAD_VALUE, off);
     }
-    *out = n;
+    *out = (uint32_t)n;
     return KS_OK;
+}
+
+/* Check a command value [P-PLUGIN-2]: an absolute path [P-VAL-2], else a
+ * NAME of the provider name's class and length [P-PROV-1]. */
+static ks_err check_command(regf_parse *st, ks_bytes v, size_t off)
+{
+    return v.ptr[0] == '/' ? KS_OK : scan_value(st, v, off, KS_REGF_NAME_MAX, name_byte);
 }
 
 /* Check the value v (at file offset off) of key k by its rule [P-VAL]. */
@@ -179,8 +220,11 @@ static ks_err check_value(regf_parse *st, int k, ks_bytes v, size_t off)
     static const char uri_scheme[] = "pkcs11:";
     switch ((value_rule)keys[k].rule) {
     case V_TYPE:
-        if (view_is(v, "local") || view_is(v, "pkcs11")) {
-            return KS_OK;
+        for (size_t t = 1; t < N_TYPES; t++) {
+            if (view_is(v, type_names[t])) {
+                st->cur->type = (ks_regf_type)t;
+                return KS_OK;
+            }
         }
         return fault(st, KS_ERR_BAD_VALUE, off); /* [P-TYPE-1] */
     case V_PATTERN:
@@ -206,8 +250,12 @@ static ks_err check_value(regf_parse *st, int k, ks_bytes v, size_t off)
             return KS_OK;
         }
         return fault(st, KS_ERR_BAD_VALUE, off); /* [P-PKCS11-4] */
-    case V_TIMEOUT:
-        return check_timeout(st, v, off, &st->cur->timeout_ms); /* [P-PKCS11-5] */
+    case V_NUMBER: /* [P-PKCS11-5], [P-PLUGIN-4..8] */
+        return check_number(st, v, off, keys[k].min, keys[k].max, &st->cur->number[k]);
+    case V_COMMAND:
+        return check_command(st, v, off); /* [P-PLUGIN-2] */
+    case V_ANY:
+        return KS_OK; /* [P-PLUGIN-3]: [P-LINE-3] and [P-SET-6] have checked it */
     }
     assert(0);
     return KS_ERR_BAD_VALUE;
@@ -242,6 +290,8 @@ static ks_err close_section(regf_parse *st, size_t off)
     int ok = (s & (1u << KS_REGF_TYPE)) != 0;
     if (ok && p->type == KS_REGF_LOCAL) {
         ok = (s & (1u << KS_REGF_KEYRING)) != 0; /* [P-LOCAL-1] */
+    } else if (ok && p->type == KS_REGF_PLUGIN) {
+        ok = (s & (1u << KS_REGF_COMMAND)) != 0; /* [P-PLUGIN-1] */
     } else if (ok) {
         ok = (s & (1u << KS_REGF_TOKEN_LABEL | 1u << KS_REGF_TOKEN_URI)) != 0 &&
              (s & (1u << KS_REGF_PIN_FILE | 1u << KS_REGF_PIN_ENV)) != 0; /* [P-PKCS11-1] */
@@ -310,27 +360,41 @@ static int find_key(ks_bytes k)
 }
 
 /* The position rules of key k at file offset off in the open section
- * [P-SET-3..5], and for a serve key the limit [P-SERVE-4]. */
+ * [P-SET-3..5], and for a repeatable key its limits [P-SERVE-4],
+ * [P-PLUGIN-3]. */
 static ks_err check_key(regf_parse *st, int k, size_t off)
 {
-    const int serve = k == KS_REGF_SERVE || k == KS_REGF_SERVE_PREFIX;
+    const int repeats = k >= KS_REGF_KEY_COUNT;
     if (k < 0) {
         return fault(st, KS_ERR_UNKNOWN_FIELD, off); /* [P-SET-3] */
     }
     if ((st->seen & 1u << KS_REGF_TYPE) == 0) {
         return k == KS_REGF_TYPE ? KS_OK : fault(st, KS_ERR_MISSING_FIELD, off); /* [P-SET-4] */
     }
-    const uint8_t type_bit = st->cur->type == KS_REGF_LOCAL ? FOR_LOCAL : FOR_PKCS11;
-    if ((keys[k].types & type_bit) == 0) {
+    if ((keys[k].types & 1u << (st->cur->type - 1)) == 0) {
         return fault(st, KS_ERR_UNKNOWN_FIELD, off); /* [P-SET-3] */
     }
-    if (!serve && ((st->seen >> k & 1u) != 0 ||
-                   (keys[k].partner >= 0 && (st->seen >> keys[k].partner & 1u) != 0))) {
+    if (!repeats && ((st->seen >> k & 1u) != 0 ||
+                     (keys[k].partner >= 0 && (st->seen >> keys[k].partner & 1u) != 0))) {
         return fault(st, KS_ERR_FIELD_ORDER, off); /* [P-SET-5] */
     }
-    if (serve && st->out->nserves == KS_REGF_SERVES_MAX) {
+    if (k != KS_REGF_ARG && repeats && st->out->nserves == KS_REGF_SERVES_MAX) {
         return fault(st, KS_ERR_TOO_LARGE, off); /* [P-SERVE-4] */
     }
+    if (k == KS_REGF_ARG &&
+        (st->cur->args == KS_PLUGIN_ARGS_MAX || st->out->nargs == KS_REGF_ARGS_MAX)) {
+        return fault(st, KS_ERR_TOO_LARGE, off); /* [P-PLUGIN-3] */
+    }
+    return KS_OK;
+}
+
+/* Record an arg line of the open section [P-PLUGIN-3], in file order. */
+static ks_err add_arg(regf_parse *st, ks_bytes v)
+{
+    ks_regf_arg *a = &st->out->args[st->out->nargs++];
+    a->value = v;
+    a->provider = (uint8_t)(st->cur - st->out->providers);
+    st->cur->args++;
     return KS_OK;
 }
 
@@ -399,8 +463,8 @@ static ks_err parse_setting(regf_parse *st, ks_cursor *lc)
     if ((e = check_value(st, k, value, val_off)) != KS_OK) {
         return e;
     }
-    if (k == KS_REGF_TYPE) {
-        st->cur->type = view_is(value, "local") ? KS_REGF_LOCAL : KS_REGF_PKCS11;
+    if (k == KS_REGF_ARG) {
+        return add_arg(st, value);
     }
     if (k == KS_REGF_SERVE || k == KS_REGF_SERVE_PREFIX) {
         return add_serve(st, k, value, val_off);
@@ -598,6 +662,11 @@ ks_err ks_regf_encode(const ks_regf_file *f, uint8_t *out, size_t cap, size_t *o
         for (int k = KS_REGF_TYPE + 1; k < KS_REGF_KEY_COUNT; k++) {
             if (p->value[k].len != 0) {
                 put_line(&s, "  ", keys[k].name, p->value[k]);
+            }
+        }
+        for (size_t j = 0; j < f->nargs; j++) {
+            if (f->args[j].provider == i) {
+                put_line(&s, "  ", keys[KS_REGF_ARG].name, f->args[j].value);
             }
         }
         for (size_t j = 0; j < f->nserves; j++) {

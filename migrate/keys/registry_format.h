@@ -22,7 +22,7 @@
 #include <keyshift/provider.h>
 #include <keyshift/registry.h>
 
-/* The limits of [P-FILE-1], [P-LINE-2], [P-PROV-2], [P-SERVE-4]. */
+/* The limits of [P-FILE-1], [P-LINE-2], [P-PROV-2], [P-SERVE-4], [P-PLUGIN-3]. */
 #define KS_REGF_FILE_MAX 65536u  /* bytes in a file */
 #define KS_REGF_LINE_MAX 1024u   /* bytes in a line, its LF not counted */
 #define KS_REGF_PROVIDERS_MAX 64u
@@ -32,6 +32,8 @@
 #define KS_REGF_LABEL_MAX 32u    /* bytes in a token label [P-PKCS11-2] */
 #define KS_REGF_ENV_MAX 128u     /* bytes in an environment variable name [P-VAL-3] */
 #define KS_REGF_TIMEOUT_MAX 600000u
+#define KS_REGF_ARGS_MAX 256u    /* arg lines, over all providers [P-PLUGIN-3]; of one:
+                                    KS_PLUGIN_ARGS_MAX */
 
 /* The header line's text, without its LF [P-HEAD-1]. */
 #define KS_REGF_HEADER "keyshift-providers 1"
@@ -39,11 +41,14 @@
 /* Provider types [P-TYPE-1]. */
 typedef enum ks_regf_type {
     KS_REGF_LOCAL = 1,
-    KS_REGF_PKCS11 = 2
+    KS_REGF_PKCS11 = 2,
+    KS_REGF_PLUGIN = 3
 } ks_regf_type;
 
 /* The keys of a setting line, in the canonical order of [P-CANON-1]
- * (serve and serve-prefix go to ks_regf_file.serves, not to values). */
+ * (the repeatable ones, from KS_REGF_KEY_COUNT on, are not in values:
+ * serve and serve-prefix go to ks_regf_file.serves, arg to
+ * ks_regf_file.args). */
 typedef enum ks_regf_key {
     KS_REGF_TYPE = 0,
     KS_REGF_KEYRING,
@@ -56,9 +61,15 @@ typedef enum ks_regf_key {
     KS_REGF_PIN_ENV,
     KS_REGF_GCM_PARAMS,
     KS_REGF_TIMEOUT_MS,
+    KS_REGF_COMMAND,
+    KS_REGF_RETRIES,
+    KS_REGF_RETRY_BUDGET_MS,
+    KS_REGF_RATE_LIMIT,
+    KS_REGF_CONCURRENCY,
     KS_REGF_KEY_COUNT,       /* the number of keys above */
     KS_REGF_SERVE = KS_REGF_KEY_COUNT,
-    KS_REGF_SERVE_PREFIX
+    KS_REGF_SERVE_PREFIX,
+    KS_REGF_ARG
 } ks_regf_key;
 
 /* One provider section.  Views point into the parsed input; an absent
@@ -68,8 +79,10 @@ typedef struct ks_regf_provider {
     size_t offset;                        /* of the section's `provider` line */
     ks_regf_type type;
     ks_bytes value[KS_REGF_KEY_COUNT];    /* by ks_regf_key */
-    uint32_t timeout_ms;                  /* the value of timeout-ms, or 0 when absent */
+    uint32_t number[KS_REGF_KEY_COUNT];   /* a numeric setting's value (timeout-ms,
+                                             retries, ...), by ks_regf_key; 0 when absent */
     uint32_t serves;                      /* its serve and serve-prefix lines */
+    uint32_t args;                        /* its arg lines */
 } ks_regf_provider;
 
 /* One serve or serve-prefix line. */
@@ -79,13 +92,21 @@ typedef struct ks_regf_serve {
     uint8_t provider;       /* index into ks_regf_file.providers */
 } ks_regf_serve;
 
-/* A parsed registry file: providers in file order, serve lines in file
- * order (so each provider's lines are contiguous). */
+/* One arg line of a plugin provider [P-PLUGIN-3]. */
+typedef struct ks_regf_arg {
+    ks_bytes value;         /* one argv element, as written */
+    uint8_t provider;       /* index into ks_regf_file.providers */
+} ks_regf_arg;
+
+/* A parsed registry file: providers in file order, serve lines and arg
+ * lines in file order (so each provider's lines are contiguous). */
 typedef struct ks_regf_file {
     size_t nproviders;
     size_t nserves;
+    size_t nargs;
     ks_regf_provider providers[KS_REGF_PROVIDERS_MAX];
     ks_regf_serve serves[KS_REGF_SERVES_MAX];
+    ks_regf_arg args[KS_REGF_ARGS_MAX];
 } ks_regf_file;
 
 /* A rejection [P-ERR-1..3]: the code (1..11 or KS_ERR_CONFLICT), the
@@ -119,7 +140,7 @@ ks_err ks_regf_route(const ks_regf_file *f, ks_bytes key_id, size_t *index);
 /* The text of a key ("type", "serve-prefix", ...), or NULL. */
 const char *ks_regf_key_name(int key);
 
-/* The text of a type ("local", "pkcs11"), or NULL. */
+/* The text of a type ("local", "pkcs11", "plugin"), or NULL. */
 const char *ks_regf_type_name(int type);
 
 /*
