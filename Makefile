@@ -12,12 +12,15 @@
 #   make unit       the cmocka unit tests (tests/test_*.c) under ASan+UBSan
 #   make tsan       the library and the threaded unit tests (TSAN_TESTS:
 #                   test_fork, test_threads, test_crypto, test_migrate,
-#                   test_rollout, test_rowstore_sqlite, test_pkcs11) under clang's TSan,
+#                   test_rollout, test_rowstore_sqlite, test_pkcs11,
+#                   test_plugin) under clang's TSan,
 #                   built in build/tsan/, halting on the first report
 #   make fuzz       run each libFuzzer target (FUZZ_SECONDS, default 60)
 #   make fuzz-afl   run each target under afl-fuzz -V 20
 #   make coverage   llvm-cov over the committed corpus; gate on parser/
-#   make bench      JSON lines: strict parser vs nanopb, same run
+#   make bench      JSON lines, each against a baseline in the same run:
+#                   parser vs nanopb, seal/open vs raw AEAD, migration vs
+#                   raw SQLite, HSM and KMS plugin vs the local keyring
 #   make demo       encrypt, rotate and verify a 100,000-row sample database
 #   make install    PREFIX=/usr/local DESTDIR= (headers, libs, CLI,
 #                   keyshift-kms-aws, keyshift.pc)
@@ -234,7 +237,7 @@ tsan: $(TSAN_BINS)
 	@set -e; for t in $(TSAN_BINS); do echo "== $$t"; \
 	    KS_SPEC=docs/format.md TSAN_OPTIONS=$(TSAN_RUN_OPTIONS) $$t; done
 
-cli-test: $(CLI_SAN) $(CLI) $(DEMO_APP_SAN)
+cli-test: $(CLI_SAN) $(CLI) $(DEMO_APP_SAN) $(KMS_AWS_SAN)
 	@KEYSHIFT=$(CLI_SAN) tests/cli_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_crypto_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_migrate_test.sh
@@ -243,6 +246,8 @@ cli-test: $(CLI_SAN) $(CLI) $(DEMO_APP_SAN)
 	@KEYSHIFT=$(CLI_SAN) tests/cli_rollout_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_providers_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_pkcs11_test.sh
+	@KEYSHIFT=$(CLI_SAN) tests/cli_plugin_test.sh
+	@KEYSHIFT=$(CLI_SAN) KMS_AWS_PLUGIN=$(KMS_AWS_SAN) tests/cli_kms_aws_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_spec_decryptor_test.sh
 	@KEYSHIFT=$(CLI_SAN) DEMO_APP=$(DEMO_APP_SAN) tests/cli_rollout_lifecycle_test.sh
 	@$(MAKE) --no-print-directory kms-aws-test

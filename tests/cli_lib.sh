@@ -29,6 +29,13 @@ rep() {
     printf '%s' "$out"
 }
 
+# ct_tails DB: each row of DB's table pay as "ID|HEX", HEX the last 80 hex
+# digits of its card (the tag and the ciphertext's tail, which a rewrap
+# must keep byte for byte).
+ct_tails() {
+    sqlite3 -batch "$1" "SELECT id, substr(hex(card), length(hex(card)) - 79) FROM pay ORDER BY id"
+}
+
 ok() { pass=$((pass + 1)); echo "ok   - $1"; }
 bad() { fail=$((fail + 1)); echo "FAIL - $1"; [ -n "${2:-}" ] && printf '       %s\n' "$2"; }
 

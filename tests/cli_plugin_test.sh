@@ -69,10 +69,7 @@ for i in $(seq 1 $ROWS); do
     echo "INSERT INTO pay VALUES($i, 'acme', X'$hx');"
 done | sqlite3 -batch "$SRC"
 if [ "$(sql "$SRC" "SELECT count(*) FROM pay")" = "$ROWS" ]; then ok "40 rows, each under its own DEK"; else bad "the source column"; fi
-# nonce and ciphertext of each row: the last 80 hex digits hold the tag and
-# the tail of the ciphertext, which a rewrap must keep byte for byte
-tails() { sql "$1" "SELECT id, substr(hex(card), length(hex(card)) - 79) FROM pay ORDER BY id"; }
-tails "$SRC" >"$T/src.tails"
+ct_tails "$SRC" >"$T/src.tails"
 CTX=(--tenant-column tenant --context 'pay:{id}:card' --purpose card)
 
 # no_secrets NAME FILE...: no DEK the plugin saw, no plaintext, in FILEs
@@ -119,7 +116,7 @@ fault_case() {
     run "$name: census" 0 "$KS" census "${tgt[@]}" --json
     expect_grep "$name: every row under kms/card" "$T/out" "\"key_id\":\"kms/card\",\"key_version\":1,\"rows\":$ROWS}\\]"
     run "$name: verify" 0 "$KS" migrate verify "${tgt[@]}" "${CTX[@]}"
-    tails "$db" >"$T/case.tails"
+    ct_tails "$db" >"$T/case.tails"
     expect_same "$name: every row's ciphertext unchanged (nothing lost)" "$T/src.tails" "$T/case.tails"
     no_secrets "$name" "$T/case.out" "$T/case.err"
 }
@@ -130,7 +127,7 @@ fault_case "exit once" 'wrap ok 6\nwrap exit 1\n' 0 1
 fault_case "exit mid-line once" 'wrap ok 6\nwrap midline 1\n' 0 1
 fault_case "slow within the deadline" 'wrap ok 6\nwrap slow:300 3\n' 0 3
 fault_case "throttled twice" 'wrap ok 6\nwrap error:throttled 2\n' 0 2
-fault_case "a DEK on stderr and in a vendor member" 'wrap ok 6\nwrap leak 3\nunwrap leak 3\n' 0 3
+fault_case "a DEK on stderr and in a vendor member" 'wrap ok 6\nwrap leak 3\nunwrap leak 3\n' 0 6
 
 # ---- faults that stop the run (retried ones give up after 1 + retries) -------------------------
 fault_case "hang" 'wrap ok 6\nwrap hang *\n' 75 3
@@ -140,14 +137,15 @@ fault_case "unavailable" 'wrap ok 6\nwrap error:unavailable *\n' 69 3
 fault_case "timeout" 'wrap ok 6\nwrap error:timeout *\n' 75 3
 fault_case "throttled" 'wrap ok 6\nwrap error:throttled *\n' 69 3
 fault_case "a DEK in an error message" 'wrap ok 6\nwrap message-leak *\n' 69 3
-fault_case "garbage" 'wrap ok 6\nwrap garbage *\n' 70 1
-fault_case "an oversized line" 'wrap ok 6\nwrap oversized *\n' 70 1
-fault_case "a wrong id" 'wrap ok 6\nwrap wrong-id *\n' 70 1
+# a line the protocol refuses is an integrity failure of the provider: 78
+fault_case "garbage" 'wrap ok 6\nwrap garbage *\n' 78 1
+fault_case "an oversized line" 'wrap ok 6\nwrap oversized *\n' 78 1
+fault_case "a wrong id" 'wrap ok 6\nwrap wrong-id *\n' 78 1
 fault_case "denied" 'wrap ok 6\nwrap error:denied *\n' 77 1
 fault_case "revoked" 'wrap ok 6\nwrap error:revoked *\n' 77 1
-fault_case "not-found" 'wrap ok 6\nwrap error:not-found *\n' 78 1
-fault_case "integrity" 'wrap ok 6\nwrap error:integrity *\n' 70 1
-fault_case "invalid" 'wrap ok 6\nwrap error:invalid *\n' 70 1
+fault_case "not-found" 'wrap ok 6\nwrap error:not-found *\n' 77 1
+fault_case "integrity" 'wrap ok 6\nwrap error:integrity *\n' 78 1
+fault_case "invalid" 'wrap ok 6\nwrap error:invalid *\n' 64 1
 fault_case "auth-failed on the verify's unwrap" 'unwrap ok 6\nunwrap error:auth-failed *\n' 65 1
 fault_case "a duplicate answer" 'wrap ok 6\nwrap duplicate *\n' 0 40
 
@@ -180,7 +178,7 @@ if [ "$orphans" = 0 ]; then ok "kill -9: the plugin exited with keyshift (its in
 run "resume after kill -9" 0 "$KS" migrate run "${KT[@]}" --mode rewrap --to-key kms/card:1 "${CTX[@]}"
 run "census after the resume" 0 "$KS" census "${KT[@]}" --json
 expect_grep "after kill -9 and resume, every row under kms/card" "$T/out" "\"key_id\":\"kms/card\",\"key_version\":1,\"rows\":$ROWS}\\]"
-tails "$T/kill.db" >"$T/kill.tails"
+ct_tails "$T/kill.db" >"$T/kill.tails"
 expect_same "after kill -9 and resume: ciphertexts unchanged ($done_rows rows)" "$T/src.tails" "$T/kill.tails"
 # every row opens to its plaintext through the plugin
 wrong=""
@@ -202,12 +200,12 @@ provider kms
   serve-prefix kms/
 EOF
 chmod 600 "$T/missing"
-run "a plugin not on PATH" 69 "$KS" providers check --providers "$T/missing"
+run "a plugin not on PATH" 78 "$KS" providers check --providers "$T/missing"
 expect_grep "the message names the program" "$T/err" "keyshift-kms-none-such"
 printf 'hello exit *\n' >"$KEYSHIFT_FAULT_DIR/plan"
 run "a plugin that exits before its hello" 69 "$KS" providers check
 printf 'hello garbage *\n' >"$KEYSHIFT_FAULT_DIR/plan"
-run "a plugin whose hello is garbage" 70 "$KS" providers check
+run "a plugin whose hello is garbage" 78 "$KS" providers check
 expect_grep "the refusal's reason is named" "$T/err" "bad-json"
 : >"$KEYSHIFT_FAULT_DIR/plan"
 

@@ -441,9 +441,9 @@ static int plugin_failed(const char *path, ks_err e, const ks_registry_error *er
     if (pe->message[0] != '\0' && n < sizeof detail) {
         (void)snprintf(detail + n, sizeof detail - n, "; the plugin says: %s", pe->message);
     }
-    ks_cli_error("providers file %s: provider %s (plugin) did not open: %s at %s%s%s", path,
-                 err->name, ks_err_name(e), pe->stage, detail,
-                 e == KS_ERR_NOT_FOUND ? " (no such program: an absolute path, or NAME for "
+    ks_cli_error("providers file %s: provider %s (plugin %s) did not open: %s at %s%s%s", path,
+                 err->name, pe->program[0] != '\0' ? pe->program : "?", ks_err_name(e), pe->stage, detail,
+                 e == KS_ERR_NOT_FOUND ? " (no such program: `command` is an absolute path, or NAME for "
                                          "keyshift-kms-NAME on PATH)" : "");
     if (pe->stderr_tail[0] != '\0') {
         ks_cli_error("provider %s: its stderr (redacted): %s", err->name, pe->stderr_tail);

@@ -118,6 +118,7 @@ typedef struct ks_plugin_error {
     const char *stage;        /* "config", "start" or "hello"; static storage */
     const char *reason;       /* a refused hello: the [KP-RESP] reason ("bad-json"...), else NULL */
     const char *field;        /* the member the refusal concerns, or NULL */
+    char program[KS_PLUGIN_COMMAND_MAX + 16]; /* what was run: the path, or keyshift-kms-NAME */
     char message[257];        /* the plugin's own error message, if it gave one */
     char stderr_tail[KS_PLUGIN_STDERR_KEPT + 1]; /* what it wrote to stderr, redacted */
 } ks_plugin_error;

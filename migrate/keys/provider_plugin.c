@@ -677,6 +677,7 @@ static void open_error(ks_plugin_error *err, ks_err code, const char *stage, con
     if (pl == NULL) {
         return;
     }
+    snprintf(err->program, sizeof err->program, "%s", pl->argv[0]);
     ks_pstderr_show(&pl->err, err->stderr_tail, sizeof err->stderr_tail);
     if (code == KS_ERR_INTEGRITY && pl->why.reason != KS_KP_R_NONE) {
         err->reason = ks_kp_reason_name((int)pl->why.reason);
