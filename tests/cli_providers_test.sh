@@ -168,11 +168,11 @@ run "check: command names no program" 78 env KEYSHIFT_KMS_EXAMPLE_KEYS="$T/kms-k
 expect_grep "no program: alpha was ok" "$T/out" "^alpha  *local  *ok"
 expect_grep "no program: kms failed" "$T/out" "^kms  *plugin  *failed  *not-found"
 expect_grep "no program: says which, the stage and why" "$T/err" \
-    "provider kms (plugin) did not open: not-found at start.*keyshift-kms-NAME on PATH"
+    "provider kms (plugin [^)]*) did not open: not-found at start.*keyshift-kms-NAME on PATH"
 sed "s|command example|command $T/no-such-plugin|" "$PREG" >"$T/plugin-abs.reg"
 chmod 600 "$T/plugin-abs.reg"
 IN="$T/pt" run "encrypt: a plugin path that is not there" 78 "$KS" encrypt --tenant acme --key-id k/main --providers "$T/plugin-abs.reg"
-expect_grep "absolute path: the provider named" "$T/err" "provider kms (plugin) did not open: not-found"
+expect_grep "absolute path: the provider named" "$T/err" "provider kms (plugin [^)]*) did not open: not-found"
 expect_empty "absolute path: nothing written" "$T/out"
 # A plugin that starts but fails its hello: its message and redacted stderr are shown.
 printf '{}\n' >"$T/empty-keys.json"
@@ -185,7 +185,7 @@ chmod 755 "$T/keyshift-kms-broken"
 sed "s|command example|command broken|" "$PREG" >"$T/plugin-broken.reg"
 chmod 600 "$T/plugin-broken.reg"
 run "check: a plugin that dies at hello" 69 env PATH="$T:$PATH" "$KS" providers check --providers "$T/plugin-broken.reg"
-expect_grep "dies at hello: the stage" "$T/err" "provider kms (plugin) did not open: unavailable at hello"
+expect_grep "dies at hello: the stage" "$T/err" "provider kms (plugin [^)]*) did not open: unavailable at hello"
 expect_grep "dies at hello: its stderr, redacted" "$T/err" "its stderr (redacted): broken plugin: secret \[redacted\] here"
 if grep -q 0123456789abcdef "$T/err"; then bad "dies at hello: no key-like run shown"; else ok "dies at hello: no key-like run shown"; fi
 
