@@ -53,7 +53,8 @@ reg() {
     chmod 600 "$f"
 }
 REG="$T/providers"
-reg "$REG" "timeout-ms 800" "retries 2" "rate-limit 0"
+# 2 s per request: ample for the Python plugin on a loaded host
+reg "$REG" "timeout-ms 2000" "retries 2" "rate-limit 0"
 export KEYSHIFT_PROVIDERS="$REG"
 : >"$KEYSHIFT_FAULT_DIR/plan"
 run "providers check: the plugin greets" 0 "$KS" providers check --json
@@ -131,7 +132,7 @@ fault_case "a DEK on stderr and in a vendor member" 'wrap ok 6\nwrap leak 3\nunw
 
 # ---- faults that stop the run (retried ones give up after 1 + retries) -------------------------
 fault_case "hang" 'wrap ok 6\nwrap hang *\n' 75 3
-fault_case "slower than the deadline" 'wrap ok 6\nwrap slow:1500 *\n' 75 3
+fault_case "slower than the deadline" 'wrap ok 6\nwrap slow:3000 *\n' 75 3
 fault_case "exit" 'wrap ok 6\nwrap exit *\n' 69 3
 fault_case "unavailable" 'wrap ok 6\nwrap error:unavailable *\n' 69 3
 fault_case "timeout" 'wrap ok 6\nwrap error:timeout *\n' 75 3

@@ -278,7 +278,7 @@ static void retried_once(pfix *p, const char *fault, uint64_t timeouts)
     char text[96];
     snprintf(text, sizeof text, "wrap %s 1\n", fault);
     ks_plugin_config c = quick(p);
-    c.timeout_ms = 700;
+    c.timeout_ms = 1000;
     ks_provider prov;
     start(p, text, &c, &prov);
     uint8_t w[1024];
@@ -298,7 +298,7 @@ static void test_hang_once(void **state)
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     retried_once(*state, "hang", 1);
-    assert_true(ms_since(&t0) >= 700);
+    assert_true(ms_since(&t0) >= 1000);
 }
 
 /* A plugin that exits without answering, or half-way through its line, is
@@ -314,7 +314,7 @@ static void test_exit_and_midline(void **state)
 static void test_slow(void **state)
 {
     pfix *p = *state;
-    retried_once(p, "slow:1200", 1);
+    retried_once(p, "slow:2500", 1);
     ks_plugin_config c = quick(p);
     ks_provider prov;
     start(p, "wrap slow:200 1\n", &c, &prov);
@@ -333,7 +333,7 @@ static void test_hang_always(void **state)
 {
     pfix *p = *state;
     ks_plugin_config c = quick(p);
-    c.timeout_ms = 300;
+    c.timeout_ms = 1000;
     ks_provider prov;
     start(p, "wrap hang *\n", &c, &prov);
     uint8_t w[1024];
@@ -342,7 +342,12 @@ static void test_hang_always(void **state)
     clock_gettime(CLOCK_MONOTONIC, &t0);
     assert_int_equal(wrap(&prov, p, w, &n), KS_ERR_TIMEOUT);
     const uint64_t took = ms_since(&t0);
-    assert_true(took >= 900 && took < 5000);
+    if (took < 3000 || took > 10500) {
+        ks_plugin_stats d = stats(&prov, p->dek);
+        fail_msg("took %llu ms: timeouts %llu retries %llu starts %llu last %s", (unsigned long long)took,
+                 (unsigned long long)d.timeouts, (unsigned long long)d.retries, (unsigned long long)d.starts,
+                 d.last_error);
+    }
     ks_plugin_stats s = stats(&prov, p->dek);
     assert_int_equal(s.timeouts, 3);
     assert_int_equal(s.retries, 2);
@@ -353,7 +358,7 @@ static void test_hang_always(void **state)
     clock_gettime(CLOCK_MONOTONIC, &t0);
     assert_int_equal(prov.ops->wrap(prov.self, key_id, 2, p->dek, KS_DEK_LEN, aad, w, sizeof w, &n, 400),
                      KS_ERR_TIMEOUT);
-    assert_true(ms_since(&t0) < 1500);
+    assert_true(ms_since(&t0) < 2500);
     ks_provider_destroy(&prov);
 }
 

@@ -5,9 +5,10 @@
  * talks to the KMS (AWS KMS, Google Cloud KMS, Vault, ...); keyshift owns
  * the policy around it:
  *
- *   deadline      every attempt has one (timeout_ms); a plugin that
- *                 overruns it is killed (SIGKILL) and the attempt is
- *                 KS_ERR_TIMEOUT;
+ *   deadline      every request has one (timeout_ms; a start and its
+ *                 hello at least KS_PLUGIN_START_MIN_MS, for interpreters
+ *                 and SDKs that start slowly); a plugin that overruns it
+ *                 is killed (SIGKILL) and the attempt is KS_ERR_TIMEOUT;
  *   retries       `unavailable`, `timeout`, `throttled`, a crash and a
  *                 killed plugin are retried, at most `retries` times and
  *                 within `retry_budget_ms` for the whole call, after a
@@ -76,6 +77,7 @@ extern "C" {
 #define KS_PLUGIN_COMMAND_MAX 1024        /* bytes in the command */
 #define KS_PLUGIN_TIMEOUT_DEFAULT 10000u  /* ms: one attempt */
 #define KS_PLUGIN_TIMEOUT_MAX 600000u
+#define KS_PLUGIN_START_MIN_MS 5000u      /* ms: a start and its hello, at least */
 #define KS_PLUGIN_RETRIES_DEFAULT 3u
 #define KS_PLUGIN_RETRIES_MAX 10u
 #define KS_PLUGIN_BUDGET_DEFAULT 30000u   /* ms: one call, its retries and backoffs included */

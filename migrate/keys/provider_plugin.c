@@ -292,11 +292,18 @@ static ks_err exchange(ks_plugin *pl, slot *s, ks_kp_request *req, ks_kp_respons
     return KS_OK;
 }
 
-/* The deadline of one step of an attempt that begins now: timeout_ms
- * from now, but never past the call's end. */
-static uint64_t step_deadline(const ks_plugin *pl, uint64_t end)
+/* The time a plugin process has to start and answer its hello
+ * [KP-BRIDGE-1]: timeout_ms, but at least KS_PLUGIN_START_MIN_MS, in ns. */
+static uint64_t start_ns(const ks_plugin_config *c)
 {
-    const uint64_t d = ks_mono_ns() + (uint64_t)pl->cfg.timeout_ms * MS;
+    return (uint64_t)(c->timeout_ms > KS_PLUGIN_START_MIN_MS ? c->timeout_ms : KS_PLUGIN_START_MIN_MS) * MS;
+}
+
+/* The deadline of one step of an attempt that begins now: `len` ns from
+ * now, but never past the call's end. */
+static uint64_t step_deadline(uint64_t len, uint64_t end)
+{
+    const uint64_t d = ks_mono_ns() + len;
     return d < end ? d : end;
 }
 
@@ -333,7 +340,7 @@ static ks_err slot_start(ks_plugin *pl, slot *s, uint64_t end)
     ks_kp_request req = {.op = KS_KP_HELLO};
     ks_kp_response resp;
     memset(&resp, 0, sizeof resp);
-    rc = exchange(pl, s, &req, &resp, step_deadline(pl, end));
+    rc = exchange(pl, s, &req, &resp, step_deadline(start_ns(&pl->cfg), end));
     if (rc == KS_OK && !resp.ok) {
         rc = resp.status;
         slot_bury(pl, s);
@@ -378,7 +385,7 @@ static ks_err attempt(ks_plugin *pl, ks_kp_request *req, ks_kp_response *resp, u
         rc = rate_wait(pl, end);
     }
     if (rc == KS_OK) {
-        rc = exchange(pl, s, req, resp, step_deadline(pl, end));
+        rc = exchange(pl, s, req, resp, step_deadline((uint64_t)pl->cfg.timeout_ms * MS, end));
     }
     slot_give(pl, s);
     return rc;
@@ -714,7 +721,7 @@ ks_err ks_plugin_open(const ks_plugin_config *cfg, ks_provider *out, ks_plugin_e
     }
     slot *s = &pl->slots[0];
     s->busy = 1;
-    const uint64_t deadline = ks_mono_ns() + (uint64_t)cfg->timeout_ms * MS;
+    const uint64_t deadline = ks_mono_ns() + start_ns(cfg);
     rc = ks_pproc_start(&s->proc, pl->argv);
     const char *stage = "start";
     ks_kp_response resp;
