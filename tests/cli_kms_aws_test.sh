@@ -127,7 +127,7 @@ sleep 1.5
 kill -9 "$kpid" 2>/dev/null
 wait "$kpid" 2>/dev/null
 cat "$T/kill.out" "$T/kill.err" >>"$T/all.out"
-sleep 0.3
+for _ in $(seq 1 50); do pgrep -f "$T/bin/keyshift-kms-aws" >/dev/null || break; sleep 0.1; done
 if pgrep -f "$T/bin/keyshift-kms-aws" >/dev/null; then bad "kill -9: the plugin exited with keyshift"; else ok "kill -9: the plugin exited with keyshift (its input closed)"; fi
 run "resume after kill -9" 0 "$KS" migrate run "${T2[@]}" --mode rewrap --to-key app/card:3 "${CTX[@]}" --json
 cat "$T/out" "$T/err" >>"$T/all.out"
