@@ -135,6 +135,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #include "fuzz_check.h"
 #include "fuzz_drbg.h"
 #include "fuzz_input.h"
+#include "fuzz_sqlite.h"
 
 #define DRBG_LABEL "keyshift fuzz_rollout fixed"
 #define MAX_OPS 64
@@ -232,17 +233,34 @@ static int initialised;
  * one closes. */
 static const char db_path[] = "/fuzz_rollout.db";
 
-/* Once per process: the fixed random source, and SQLite's "memdb" VFS as
- * the default, so that the library's plain-path opens (no URI, no
- * SQLITE_OPEN_CREATE) all reach one in-memory database. */
+static uint64_t drbg_start; /* the random stream's position at each input's start */
+
+/* Once per process: the fixed random source; SQLite's "memdb" VFS as the
+ * default, so that the library's plain-path opens (no URI, no
+ * SQLITE_OPEN_CREATE) all reach one in-memory database, under the fuzzing
+ * limits (fuzz/fuzz_sqlite.h); and the template every input starts from:
+ * table t and keyshift's tables as ks_rollout_db_open and the row store
+ * create them (u is added per input, in a key scope only). */
 static void init(void)
 {
     CHECK(ks_fuzz_drbg_install(DRBG_LABEL) == 0);
     CHECK(sodium_init() >= 0);
-    CHECK(sqlite3_initialize() == SQLITE_OK);
-    sqlite3_vfs *memdb = sqlite3_vfs_find("memdb");
-    CHECK(memdb != NULL);
-    CHECK(sqlite3_vfs_register(memdb, 1) == SQLITE_OK);
+    ks_fuzz_sqlite_init();
+    sqlite3 *raw = NULL;
+    CHECK(sqlite3_open_v2(db_path, &raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) == SQLITE_OK);
+    CHECK(sqlite3_exec(raw, "CREATE TABLE t(id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, v)", NULL,
+                       NULL, NULL) == SQLITE_OK);
+    ks_rollout_db *db = NULL;
+    char eb[256];
+    CHECK(ks_rollout_db_open(db_path, 0, &db, eb, sizeof eb) == KS_OK);
+    ks_rollout_db_close(db);
+    ks_rowstore st;
+    ks_rowstore_target tg = {"t", "v", NULL, "tenant", {NULL}, 0};
+    CHECK(ks_rowstore_sqlite_open(db_path, &tg, NULL, &st, eb, sizeof eb) == KS_OK);
+    ks_rowstore_close(&st);
+    ks_fuzz_sqlite_template_save(raw);
+    CHECK(sqlite3_close(raw) == SQLITE_OK);
+    drbg_start = ks_fuzz_drbg_tell();
     initialised = 1;
 }
 
@@ -343,9 +361,10 @@ static ks_err write_row(world *w, sqlite3 *db, unsigned id, unsigned tenant, con
     return err;
 }
 
-/* Build the provider and the database (table t, initial rows at the
- * source) for one input, through the application's connection, which
- * stays open (it keeps the in-memory database alive) until teardown. */
+/* Build the provider and the database (the template, table u in a key
+ * scope, initial rows at the source) for one input, through the
+ * application's connection, which stays open (it keeps the in-memory
+ * database alive) until teardown. */
 static void build(world *w, uint8_t h0)
 {
     static const uint8_t kek[MAX_KV][32] = {"fuzz_rollout kek k:1 ...........",
@@ -367,8 +386,7 @@ static void build(world *w, uint8_t h0)
     CHECK(ks_ctx_new(&prov, &cfg, &w->ctx) == KS_OK);
 
     CHECK(sqlite3_open_v2(db_path, &w->raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) == SQLITE_OK);
-    CHECK(sqlite3_exec(w->raw, "CREATE TABLE t(id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, v)",
-                       NULL, NULL, NULL) == SQLITE_OK);
+    ks_fuzz_sqlite_template_load(w->raw);
     if (w->key_mode)
         CHECK(sqlite3_exec(w->raw, "CREATE TABLE u(id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, v)",
                            NULL, NULL, NULL) == SQLITE_OK);
@@ -1391,6 +1409,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!initialised)
         init();
     memset(&w, 0, sizeof w);
+    ks_fuzz_drbg_seek(drbg_start);
     w.verbose = getenv("FUZZ_ROLLOUT_VERBOSE") != NULL;
     w.now = T0;
     ks_fuzz_input in = {data, size, 0};
