@@ -54,4 +54,18 @@ static inline int ks_fuzz_drbg_install(const char *label)
     return randombytes_set_implementation(&impl);
 }
 
+/* The position in the stream (how many draws so far). */
+static inline uint64_t ks_fuzz_drbg_tell(void)
+{
+    return ks_fuzz_drbg_calls;
+}
+
+/* Go back to position pos (from ks_fuzz_drbg_tell), so that every input
+ * draws the same bytes whatever ran before it: a crash found in a long
+ * run then replays alone. */
+static inline void ks_fuzz_drbg_seek(uint64_t pos)
+{
+    ks_fuzz_drbg_calls = pos;
+}
+
 #endif /* KS_FUZZ_DRBG_H */

@@ -8,7 +8,8 @@
  *           confined to one key by from_key_id, other-key when bit 2 is
  *           set, else fuzz-key), bit 2 format 1 (else 2; for 3, the key),
  *           bit 3 AES-256-GCM (else XChaCha20),
- *           bits 4-6 batch size - 1, bit 7 no_verify
+ *           bits 4-6 batch size - 1, bit 7 no_verify (the run is serial
+ *           when the rows fit in one batch, else pipelined)
  *   byte 1  bits 0-1 context template (TEMPLATES), bit 2 tenant column (else
  *           the constant tenant "acme"), bit 3 purpose "db.orders" (else
  *           "db.users"; format 1 has none), bits 4-5 target (TARGETS),
@@ -28,24 +29,30 @@
  * World (built once): libsodium's random source replaced by a fixed-seed
  * generator (as in fuzz_open.c), the in-memory provider of
  * tests/mem_provider.h (fuzz-key versions 1 and 2, 2 primary; other-key
- * version 1), a context, and GENUINE envelopes sealed at init, so an input
- * can place genuine envelopes (possibly with one byte changed) in rows.
- * The database is a file in a directory made once with mkdtemp (under
- * /dev/shm when it exists: the store's commits fsync), recreated for every
- * input: the store opens files only (no URI, no SQLITE_OPEN_CREATE).
+ * version 1), and GENUINE envelopes sealed at init (with a context of
+ * their own), so an input can place genuine envelopes (possibly with one
+ * byte changed) in rows.
+ * The database lives in SQLite's in-memory "memdb" VFS, made the default
+ * (fuzz/fuzz_sqlite.h: the store opens plain paths only, no URI, no
+ * SQLITE_OPEN_CREATE), under SQLite's fuzzing limits; its schema (table t
+ * and keyshift's tables) is a template image built once.
  *
- * Per input: build the database with the harness's own connection (closed
- * again), note sqlite3_memory_used(), open the store, run the migration
- * (and, after a stop, an injected failure or the threshold, run it once
- * more without either), run a census and a verify, close the store.
+ * Per input (each independent of the ones before: the random stream is
+ * rewound, the context and its caches are new, the database starts from
+ * the template): note sqlite3_memory_used(), open the harness's own
+ * connection (it keeps the in-memory database alive), load the template
+ * and insert the rows, open the store, run the migration (and, after a
+ * stop, an injected failure or the threshold, run it once more without
+ * either), run a census and a verify, close the store, read the rows
+ * back, close the harness's connection (the database goes).
  *
  * Oracles (abort() on failure):
  *   1. Every ks_migrate_run result is allowed: OK, THRESHOLD, STOPPED
  *      (a stop was requested), the injected provider error, NOT_FOUND (an
  *      envelope names a key the provider lacks), INVALID_ARGUMENT (only
  *      with both a tenant column and a constant tenant).
- *   2. sqlite3_memory_used() after closing the store equals its value
- *      before opening it.
+ *   2. sqlite3_memory_used() after closing the store and the harness's
+ *      connection equals its value before the input.
  *   3. A pre-quarantined row, and every row the run quarantined, is
  *      byte-identical to its original value.
  *   4. Every row whose value changed is a BLOB envelope at the target key
@@ -69,7 +76,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <sodium.h>
 #include <sqlite3.h>
@@ -86,6 +92,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #include "fuzz_check.h"
 #include "fuzz_drbg.h"
 #include "fuzz_input.h"
+#include "fuzz_sqlite.h"
 
 #define BV(s) ((ks_bytes){(const uint8_t *)(s), sizeof(s) - 1})
 #define MAX_ROWS 16
@@ -150,28 +157,31 @@ typedef struct sealed {
 } sealed;
 
 static ks_mem_provider mem;
-static ks_ctx *ctx;
+static ks_ctx *ctx;          /* the input's context (the init's while sealing GENUINE) */
 static sealed gen[N_GENUINE];
-static char db_path[256];
+static uint64_t drbg_start;  /* the random stream's position at each input's start */
+static int initialised;
+static sqlite3 *raw;         /* the harness's connection during an input */
 
-/* Remove the database file and its journal. */
-static void remove_db(void)
-{
-    char j[300];
-    snprintf(j, sizeof j, "%s-journal", db_path);
-    (void)unlink(db_path);
-    (void)unlink(j);
-}
+/* The database's name in the in-memory VFS (shared by every connection of
+ * the process while one is open, the leading '/'). */
+static const char db_path[] = "/fuzz_migrate.db";
 
-/* atexit: remove the database and its directory. */
-static void cleanup_dir(void)
+/* Read-cache entries of a context: more than one input can use (MAX_ROWS
+ * rows, each opened as found and as written), far below the default 4096,
+ * whose slabs would cost more to allocate than the input to run. */
+#define CACHE_ENTRIES 64
+
+/* The context of one input (and of the init): the default configuration
+ * but for CACHE_ENTRIES, fresh so that no cached DEK or memoised rewrap
+ * of an earlier input changes how many provider calls this one makes. */
+static void new_ctx(void)
 {
-    remove_db();
-    char *slash = strrchr(db_path, '/');
-    if (slash != NULL) {
-        *slash = '\0';
-        (void)rmdir(db_path);
-    }
+    ks_ctx_config cfg;
+    ks_ctx_config_default(&cfg);
+    cfg.cache_entries = CACHE_ENTRIES;
+    ks_provider prov = ks_mem_provider_of(&mem);
+    CHECK(ks_ctx_new(&prov, &cfg, &ctx) == KS_OK);
 }
 
 /* Build the world once. */
@@ -186,8 +196,7 @@ static void init(void)
     CHECK(ks_mem_add(&mem, "fuzz-key", 1, 0, kek1) == 0);
     CHECK(ks_mem_add(&mem, "fuzz-key", 2, 1, kek2) == 0);
     CHECK(ks_mem_add(&mem, "other-key", 1, 1, kek3) == 0);
-    ks_provider prov = ks_mem_provider_of(&mem);
-    CHECK(ks_ctx_new(&prov, NULL, &ctx) == KS_OK);
+    new_ctx();
     int aes = crypto_aead_aes256gcm_is_available();
     for (size_t i = 0; i < N_GENUINE; i++) {
         const genuine_spec *g = &GENUINE[i];
@@ -203,13 +212,18 @@ static void init(void)
                             {(const uint8_t *)g->context, strlen(g->context)}};
         CHECK(ks_seal(ctx, &p, pt, pt_len, gen[i].env, sizeof gen[i].env, &gen[i].env_len) == KS_OK);
     }
-    const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : getenv("TMPDIR");
-    char dir[200];
-    snprintf(dir, sizeof dir, "%s/ks_fuzz_migrate.XXXXXX",
-             base != NULL && strlen(base) < 150 ? base : "/tmp");
-    CHECK(mkdtemp(dir) != NULL);
-    snprintf(db_path, sizeof db_path, "%s/db.sqlite", dir);
-    atexit(cleanup_dir);
+    ks_ctx_free(ctx);
+    ctx = NULL;
+    ks_fuzz_sqlite_init();
+    CHECK(sqlite3_open_v2(db_path, &raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) == SQLITE_OK);
+    CHECK(sqlite3_exec(raw, "CREATE TABLE t(id INTEGER PRIMARY KEY, v, tenant, org);", NULL, NULL,
+                       NULL) == SQLITE_OK);
+    CHECK(sqlite3_exec(raw, ks_sqlite_schema_sql, NULL, NULL, NULL) == SQLITE_OK);
+    ks_fuzz_sqlite_template_save(raw);
+    CHECK(sqlite3_close(raw) == SQLITE_OK);
+    raw = NULL;
+    drbg_start = ks_fuzz_drbg_tell();
+    initialised = 1;
 }
 
 /* ---- decoding ------------------------------------------------------------------ */
@@ -344,6 +358,10 @@ static void decode(const uint8_t *data, size_t size, world_in *w)
         w->any_quarantined |= r->quarantined;
         w->n_rows++;
     }
+    /* one batch has nothing to overlap: compute it on the calling thread
+     * (the serial path), and save starting a helper thread, a seventh of
+     * the time of a small input; several batches are pipelined */
+    w->p.serial = w->n_rows <= w->p.batch_size;
 }
 
 /* ---- the database -------------------------------------------------------------- */
@@ -368,17 +386,15 @@ static void bind_extra(sqlite3_stmt *st, int col, int is_org, int kind)
     }
 }
 
-/* Create the database file with table t and w's rows (and quarantine). */
+/* Open the harness's connection (kept until the input ends) on a new
+ * database: the template (table t, keyshift's tables), w's rows and the
+ * quarantine entries. */
 static void build_db(world_in *w)
 {
-    remove_db();
-    sqlite3 *db = NULL;
-    CHECK(sqlite3_open_v2(db_path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) == SQLITE_OK);
-    CHECK(sqlite3_exec(db,
-                       "PRAGMA synchronous=OFF; PRAGMA journal_mode=MEMORY; BEGIN;"
-                       "CREATE TABLE t(id INTEGER PRIMARY KEY, v, tenant, org);",
-                       NULL, NULL, NULL) == SQLITE_OK);
-    CHECK(sqlite3_exec(db, ks_sqlite_schema_sql, NULL, NULL, NULL) == SQLITE_OK);
+    CHECK(sqlite3_open_v2(db_path, &raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) == SQLITE_OK);
+    ks_fuzz_sqlite_template_load(raw);
+    sqlite3 *db = raw;
+    CHECK(sqlite3_exec(db, "BEGIN", NULL, NULL, NULL) == SQLITE_OK);
     sqlite3_stmt *ins = NULL, *q = NULL, *rt = NULL;
     CHECK(sqlite3_prepare_v2(db, "INSERT INTO t(id, v, tenant, org) VALUES(?1, ?2, ?3, ?4)", -1, &ins,
                              NULL) == SQLITE_OK);
@@ -417,7 +433,6 @@ static void build_db(world_in *w)
     sqlite3_finalize(q);
     sqlite3_finalize(rt);
     CHECK(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL) == SQLITE_OK);
-    CHECK(sqlite3_close(db) == SQLITE_OK);
 }
 
 /* A row's value after the run, read back by the harness. */
@@ -430,11 +445,11 @@ typedef struct final {
     int in_quarantine;
 } final;
 
-/* Read every row's value and quarantine flag into f (by id - 1). */
+/* Read every row's value and quarantine flag into f (by id - 1), through
+ * the harness's connection. */
 static void read_back(const world_in *w, final *f)
 {
-    sqlite3 *db = NULL;
-    CHECK(sqlite3_open_v2(db_path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK);
+    sqlite3 *db = raw;
     sqlite3_stmt *st = NULL;
     CHECK(sqlite3_prepare_v2(db,
                              "SELECT id, v, EXISTS(SELECT 1 FROM keyshift_quarantine AS q WHERE "
@@ -463,7 +478,6 @@ static void read_back(const world_in *w, final *f)
     }
     CHECK(n == w->n_rows);
     sqlite3_finalize(st);
-    CHECK(sqlite3_close(db) == SQLITE_OK);
 }
 
 /* ---- oracles ----------------------------------------------------------------- */
@@ -762,14 +776,21 @@ static void check_rows(const world_in *w, ks_err last)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static world_in w;
-    if (ctx == NULL) {
+    if (!initialised) {
         init();
     }
+    ks_fuzz_drbg_seek(drbg_start);
+    clear_faults();
+    new_ctx();
     decode(data, size, &w);
-    build_db(&w);
     sqlite3_int64 mem0 = sqlite3_memory_used();
+    build_db(&w);
     ks_err last = migrate(&w);
-    CHECK(sqlite3_memory_used() == mem0);
     check_rows(&w, last);
+    CHECK(sqlite3_close(raw) == SQLITE_OK); /* the last connection: the database goes */
+    raw = NULL;
+    CHECK(sqlite3_memory_used() == mem0);
+    ks_ctx_free(ctx);
+    ctx = NULL;
     return 0;
 }

@@ -135,6 +135,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #include "fuzz_check.h"
 #include "fuzz_drbg.h"
 #include "fuzz_input.h"
+#include "fuzz_sqlite.h"
 
 #define DRBG_LABEL "keyshift fuzz_rollout fixed"
 #define MAX_OPS 64
@@ -232,17 +233,34 @@ static int initialised;
  * one closes. */
 static const char db_path[] = "/fuzz_rollout.db";
 
-/* Once per process: the fixed random source, and SQLite's "memdb" VFS as
- * the default, so that the library's plain-path opens (no URI, no
- * SQLITE_OPEN_CREATE) all reach one in-memory database. */
+static uint64_t drbg_start; /* the random stream's position at each input's start */
+
+/* Once per process: the fixed random source; SQLite's "memdb" VFS as the
+ * default, so that the library's plain-path opens (no URI, no
+ * SQLITE_OPEN_CREATE) all reach one in-memory database, under the fuzzing
+ * limits (fuzz/fuzz_sqlite.h); and the template every input starts from:
+ * table t and keyshift's tables as ks_rollout_db_open and the row store
+ * create them (u is added per input, in a key scope only). */
 static void init(void)
 {
     CHECK(ks_fuzz_drbg_install(DRBG_LABEL) == 0);
     CHECK(sodium_init() >= 0);
-    CHECK(sqlite3_initialize() == SQLITE_OK);
-    sqlite3_vfs *memdb = sqlite3_vfs_find("memdb");
-    CHECK(memdb != NULL);
-    CHECK(sqlite3_vfs_register(memdb, 1) == SQLITE_OK);
+    ks_fuzz_sqlite_init();
+    sqlite3 *raw = NULL;
+    CHECK(sqlite3_open_v2(db_path, &raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) == SQLITE_OK);
+    CHECK(sqlite3_exec(raw, "CREATE TABLE t(id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, v)", NULL,
+                       NULL, NULL) == SQLITE_OK);
+    ks_rollout_db *db = NULL;
+    char eb[256];
+    CHECK(ks_rollout_db_open(db_path, 0, &db, eb, sizeof eb) == KS_OK);
+    ks_rollout_db_close(db);
+    ks_rowstore st;
+    ks_rowstore_target tg = {"t", "v", NULL, "tenant", {NULL}, 0};
+    CHECK(ks_rowstore_sqlite_open(db_path, &tg, NULL, &st, eb, sizeof eb) == KS_OK);
+    ks_rowstore_close(&st);
+    ks_fuzz_sqlite_template_save(raw);
+    CHECK(sqlite3_close(raw) == SQLITE_OK);
+    drbg_start = ks_fuzz_drbg_tell();
     initialised = 1;
 }
 
@@ -287,6 +305,50 @@ static void bind_str(sqlite3_stmt *q, int i, const char *s)
     CHECK(sqlite3_bind_text(q, i, s, -1, SQLITE_STATIC) == SQLITE_OK);
 }
 
+/* The application's statements on its connection, by SQL text (string
+ * literals, compared by address): prepared once per input, as an
+ * application prepares once, reset after each use and finalized at
+ * teardown.  Re-preparing them per call was a fifth of all statements. */
+#define N_APP_STMTS 8
+static struct {
+    const char *sql;
+    sqlite3_stmt *st;
+} app_stmts[N_APP_STMTS];
+
+/* The application's prepared statement for sql, ready to bind. */
+static sqlite3_stmt *app_stmt(const world *w, const char *sql)
+{
+    for (size_t i = 0; i < N_APP_STMTS; i++) {
+        if (app_stmts[i].sql == sql)
+            return app_stmts[i].st;
+        if (app_stmts[i].sql == NULL) {
+            CHECK(sqlite3_prepare_v2(w->raw, sql, -1, &app_stmts[i].st, NULL) == SQLITE_OK);
+            app_stmts[i].sql = sql;
+            return app_stmts[i].st;
+        }
+    }
+    CHECK(!"more statements than N_APP_STMTS");
+    return NULL;
+}
+
+/* Done with q (from app_stmt): reset, so that it holds no transaction
+ * open and no binding to the caller's buffers. */
+static void app_done(sqlite3_stmt *q)
+{
+    (void)sqlite3_reset(q);
+    CHECK(sqlite3_clear_bindings(q) == SQLITE_OK);
+}
+
+/* Finalize the application's statements (before its connection closes). */
+static void app_finalize(void)
+{
+    for (size_t i = 0; i < N_APP_STMTS; i++) {
+        sqlite3_finalize(app_stmts[i].st);
+        app_stmts[i].st = NULL;
+        app_stmts[i].sql = NULL;
+    }
+}
+
 /* The table of row id: t, or u for the upper half of a key scope's. */
 static const char *tbl_of(const world *w, unsigned id)
 {
@@ -295,26 +357,23 @@ static const char *tbl_of(const world *w, unsigned id)
 
 /* Write row id (1-based) of its table: plaintext as TEXT, an envelope as
  * a BLOB. */
-static void put_row(const world *w, sqlite3 *db, unsigned id, unsigned tenant, const uint8_t *v,
-                    size_t len, int blob)
+static void put_row(const world *w, unsigned id, unsigned tenant, const uint8_t *v, size_t len,
+                    int blob)
 {
-    sqlite3_stmt *q = NULL;
-    CHECK(sqlite3_prepare_v2(db,
-                             strcmp(tbl_of(w, id), "u") == 0
-                                 ? "INSERT OR REPLACE INTO u(id, tenant, v) VALUES(?1, ?2, ?3)"
-                                 : "INSERT OR REPLACE INTO t(id, tenant, v) VALUES(?1, ?2, ?3)",
-                             -1, &q, NULL) == SQLITE_OK);
+    sqlite3_stmt *q = app_stmt(w, strcmp(tbl_of(w, id), "u") == 0
+                                      ? "INSERT OR REPLACE INTO u(id, tenant, v) VALUES(?1, ?2, ?3)"
+                                      : "INSERT OR REPLACE INTO t(id, tenant, v) VALUES(?1, ?2, ?3)");
     CHECK(sqlite3_bind_int(q, 1, (int)id) == SQLITE_OK);
     bind_str(q, 2, TENANTS[tenant]);
     CHECK((blob ? sqlite3_bind_blob(q, 3, v, (int)len, SQLITE_STATIC)
                 : sqlite3_bind_text(q, 3, (const char *)v, (int)len, SQLITE_STATIC)) == SQLITE_OK);
     CHECK(sqlite3_step(q) == SQLITE_DONE);
-    sqlite3_finalize(q);
+    app_done(q);
 }
 
 /* Seal (or, for plaintext, store) a fresh plaintext into row id under class
  * c for tenant; returns the seal's result (the model changes on KS_OK). */
-static ks_err write_row(world *w, sqlite3 *db, unsigned id, unsigned tenant, const ks_rollout_class *c)
+static ks_err write_row(world *w, unsigned id, unsigned tenant, const ks_rollout_class *c)
 {
     mrow *m = &w->rows[id - 1];
     mrow nr;
@@ -324,7 +383,7 @@ static ks_err write_row(world *w, sqlite3 *db, unsigned id, unsigned tenant, con
     nr.tenant = tenant;
     nr.pt_len = (size_t)snprintf((char *)nr.pt, sizeof nr.pt, "row %u write %" PRIu32, id, w->writes++);
     if (c->is_plaintext) {
-        put_row(w, db, id, tenant, nr.pt, nr.pt_len, 0);
+        put_row(w, id, tenant, nr.pt, nr.pt_len, 0);
         *m = nr;
         return KS_OK;
     }
@@ -337,15 +396,16 @@ static ks_err write_row(world *w, sqlite3 *db, unsigned id, unsigned tenant, con
     size_t env_len = 0;
     ks_err err = ks_seal(w->ctx, &p, nr.pt, nr.pt_len, env, sizeof env, &env_len);
     if (err == KS_OK) {
-        put_row(w, db, id, tenant, env, env_len, 1);
+        put_row(w, id, tenant, env, env_len, 1);
         *m = nr;
     }
     return err;
 }
 
-/* Build the provider and the database (table t, initial rows at the
- * source) for one input, through the application's connection, which
- * stays open (it keeps the in-memory database alive) until teardown. */
+/* Build the provider and the database (the template, table u in a key
+ * scope, initial rows at the source) for one input, through the
+ * application's connection, which stays open (it keeps the in-memory
+ * database alive) until teardown. */
 static void build(world *w, uint8_t h0)
 {
     static const uint8_t kek[MAX_KV][32] = {"fuzz_rollout kek k:1 ...........",
@@ -367,15 +427,14 @@ static void build(world *w, uint8_t h0)
     CHECK(ks_ctx_new(&prov, &cfg, &w->ctx) == KS_OK);
 
     CHECK(sqlite3_open_v2(db_path, &w->raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) == SQLITE_OK);
-    CHECK(sqlite3_exec(w->raw, "CREATE TABLE t(id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, v)",
-                       NULL, NULL, NULL) == SQLITE_OK);
+    ks_fuzz_sqlite_template_load(w->raw);
     if (w->key_mode)
         CHECK(sqlite3_exec(w->raw, "CREATE TABLE u(id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, v)",
                            NULL, NULL, NULL) == SQLITE_OK);
     unsigned n = (h0 >> 4) & 7;
     for (unsigned i = 1; i <= n; i++) {
         unsigned id = w->key_mode && !(i & 1) ? MAX_ROWS / 2 + i : i; /* both tables */
-        CHECK(write_row(w, w->raw, id, i % N_TENANTS, &w->cur.source) == KS_OK);
+        CHECK(write_row(w, id, i % N_TENANTS, &w->cur.source) == KS_OK);
     }
 }
 
@@ -668,7 +727,7 @@ static void op_write(world *w, uint8_t a, uint8_t b)
     int target = r->phase >= KS_PHASE_BACKFILL ||
                  (r->phase == KS_PHASE_WRITE_UPGRADE && model_in_canary(r, t));
     CHECK(ks_rollout_class_equal(&c, target ? &r->target : &r->source));
-    ks_err err = write_row(w, w->raw, id, t, &c);
+    ks_err err = write_row(w, id, t, &c);
     if (w->verbose)
         fprintf(stderr, "  row %u (%s) <- %s: %s\n", id, TENANTS[t],
                 c.is_plaintext ? "plaintext" : target ? "target" : "source", ks_err_name(err));
@@ -683,11 +742,8 @@ static void op_write(world *w, uint8_t a, uint8_t b)
  * returns its length (the model says it is present). */
 static size_t read_value(world *w, unsigned id, uint8_t *buf, size_t cap, int *is_blob)
 {
-    sqlite3_stmt *q = NULL;
-    CHECK(sqlite3_prepare_v2(w->raw,
-                             strcmp(tbl_of(w, id), "u") == 0 ? "SELECT v FROM u WHERE id = ?1"
-                                                             : "SELECT v FROM t WHERE id = ?1",
-                             -1, &q, NULL) == SQLITE_OK);
+    sqlite3_stmt *q = app_stmt(w, strcmp(tbl_of(w, id), "u") == 0 ? "SELECT v FROM u WHERE id = ?1"
+                                                                  : "SELECT v FROM t WHERE id = ?1");
     CHECK(sqlite3_bind_int(q, 1, (int)id) == SQLITE_OK);
     CHECK(sqlite3_step(q) == SQLITE_ROW);
     int type = sqlite3_column_type(q, 0);
@@ -697,7 +753,7 @@ static size_t read_value(world *w, unsigned id, uint8_t *buf, size_t cap, int *i
     CHECK(n <= cap);
     memcpy(buf, p, n);
     *is_blob = type == SQLITE_BLOB;
-    sqlite3_finalize(q);
+    app_done(q);
     return n;
 }
 
@@ -1277,11 +1333,9 @@ static void check_world(world *w)
         if (slot_live(w, &w->slots[k]))
             CHECK(ks_policy_refresh(w->slots[k].pol) == KS_OK);
     w->rollout_changed = 0;
-    sqlite3_stmt *q = NULL;
-    CHECK(sqlite3_prepare_v2(w->raw,
-                             w->key_mode ? "SELECT id, v FROM t UNION ALL SELECT id, v FROM u ORDER BY id"
-                                         : "SELECT id, v FROM t ORDER BY id",
-                             -1, &q, NULL) == SQLITE_OK);
+    sqlite3_stmt *q = app_stmt(w, w->key_mode
+                                      ? "SELECT id, v FROM t UNION ALL SELECT id, v FROM u ORDER BY id"
+                                      : "SELECT id, v FROM t ORDER BY id");
     size_t stored = 0, present = 0;
     while (sqlite3_step(q) == SQLITE_ROW) {
         int64_t id = sqlite3_column_int64(q, 0);
@@ -1310,7 +1364,7 @@ static void check_world(world *w)
         /* 3. finalized implies no source rows */
         CHECK(w->cur.phase != KS_PHASE_FINALIZED || !ks_rollout_class_equal(&m->cls, &w->cur.source));
     }
-    sqlite3_finalize(q);
+    app_done(q);
     for (size_t i = 0; i < MAX_ROWS; i++)
         present += w->rows[i].present != 0;
     CHECK(stored == present);
@@ -1321,11 +1375,10 @@ static void check_world(world *w)
     /* 4. the log only grows, by exactly the step's entries: its row count
      * (read through the application's connection) grows by them, and the
      * new rows, read through the store, are them */
-    CHECK(sqlite3_prepare_v2(w->raw, "SELECT count(*), coalesce(max(id), 0) FROM keyshift_rollout_log",
-                             -1, &q, NULL) == SQLITE_OK);
+    q = app_stmt(w, "SELECT count(*), coalesce(max(id), 0) FROM keyshift_rollout_log");
     CHECK(sqlite3_step(q) == SQLITE_ROW);
     int64_t count = sqlite3_column_int64(q, 0), last = sqlite3_column_int64(q, 1);
-    sqlite3_finalize(q);
+    app_done(q);
     CHECK(count == w->log_count + (int64_t)w->n_want);
     if (w->n_want != 0) {
         ks_rollout_log_entry e[5];
@@ -1380,6 +1433,7 @@ static void teardown(world *w)
     if (w->key_mode)
         ks_rowstore_close(&w->st_u);
     ks_rollout_db_close(w->db);
+    app_finalize();
     CHECK(sqlite3_close(w->raw) == SQLITE_OK); /* the last one: the database goes */
     ks_ctx_free(w->ctx);
     ks_mem_cleanup(&mem);
@@ -1391,6 +1445,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!initialised)
         init();
     memset(&w, 0, sizeof w);
+    ks_fuzz_drbg_seek(drbg_start);
     w.verbose = getenv("FUZZ_ROLLOUT_VERBOSE") != NULL;
     w.now = T0;
     ks_fuzz_input in = {data, size, 0};

@@ -80,6 +80,18 @@
 #include "../store/sqlite_util.h"
 #include "rollout_internal.h"
 
+/* Statements a store keeps prepared (more than the distinct SQL texts of
+ * this file, so every one is kept once used). */
+#define STMT_CACHE 64
+
+/* One kept statement: its SQL text (a string literal, known by address)
+ * and whether a caller holds it now. */
+typedef struct kept_stmt {
+    const char *sql;
+    sqlite3_stmt *st;
+    int busy;
+} kept_stmt;
+
 /* One open rollout store. */
 struct ks_rollout_db {
     sqlite3 *db;
@@ -87,6 +99,7 @@ struct ks_rollout_db {
     int read_only;
     int have_tables;          /* the version 2 tables exist (read-only: maybe v2 only) */
     int v3;                   /* and version 3's: scope_key_id, keyshift_rollout_column */
+    kept_stmt kept[STMT_CACHE]; /* prepared once, reset after each use (prep, unprep) */
 };
 
 /* The version 2 tables (see the file comment). */
@@ -173,11 +186,51 @@ static const char schema_sql_v3[] =
 
 /* ---- statements ------------------------------------------------------------- */
 
-/* Prepare sql on db (one-shot; control-plane calls are rare). */
+/* Prepare sql (a string literal: kept statements are found by its
+ * address) on db, or take the statement kept for it.  A policy asks the
+ * same few questions after every change and a tool polls them, so each
+ * statement is parsed once per connection instead of once per call; a
+ * statement already held (a nested use) or past the cache is prepared for
+ * this use only.  Release it with unprep. */
 static int prep(ks_rollout_db *db, const char *sql, sqlite3_stmt **st)
 {
     *st = NULL;
-    return sqlite3_prepare_v2(db->db, sql, -1, st, NULL);
+    kept_stmt *free_slot = NULL;
+    for (size_t i = 0; i < STMT_CACHE; i++) {
+        kept_stmt *k = &db->kept[i];
+        if (k->sql == sql && !k->busy) {
+            k->busy = 1;
+            *st = k->st;
+            return SQLITE_OK;
+        }
+        if (k->sql == NULL && free_slot == NULL)
+            free_slot = k;
+    }
+    if (free_slot == NULL)
+        return sqlite3_prepare_v2(db->db, sql, -1, st, NULL);
+    int rc = sqlite3_prepare_v3(db->db, sql, -1, SQLITE_PREPARE_PERSISTENT, st, NULL);
+    if (rc == SQLITE_OK && *st != NULL)
+        *free_slot = (kept_stmt){sql, *st, 1};
+    return rc;
+}
+
+/* Release st (from prep; NULL is fine): a kept statement is reset, with
+ * its bindings cleared (they point into the caller's memory), for the
+ * next use; any other is finalized. */
+static void unprep(ks_rollout_db *db, sqlite3_stmt *st)
+{
+    if (st == NULL)
+        return;
+    for (size_t i = 0; i < STMT_CACHE; i++) {
+        kept_stmt *k = &db->kept[i];
+        if (k->st == st) {
+            (void)sqlite3_reset(st);
+            (void)sqlite3_clear_bindings(st);
+            k->busy = 0;
+            return;
+        }
+    }
+    sqlite3_finalize(st);
 }
 
 /* Prepare sql into *st and bind parameters 1, 2, ... from the variadic
@@ -185,7 +238,7 @@ static int prep(ks_rollout_db *db, const char *sql, sqlite3_stmt **st)
  * (TEXT; NULL binds NULL), 'd' a double, 'b' a const uint8_t * then an
  * int length (BLOB).  Values are bound SQLITE_STATIC: they must outlive
  * the statement.  Returns SQLITE_OK, else the failing code (*st may then
- * be prepared: finalize it). */
+ * be prepared: release it with unprep). */
 static int prep_bind(ks_rollout_db *db, sqlite3_stmt **st, const char *sql, const char *types,
                      ...)
 {
@@ -220,13 +273,13 @@ static int prep_bind(ks_rollout_db *db, sqlite3_stmt **st, const char *sql, cons
     return rc;
 }
 
-/* Step a write statement to completion and finalize it: SQLITE_OK when
+/* Step a write statement to completion and release it: SQLITE_OK when
  * it completed; rc (a binding failure) is passed through. */
-static int run_done(sqlite3_stmt *st, int rc)
+static int run_done(ks_rollout_db *db, sqlite3_stmt *st, int rc)
 {
     if (rc == SQLITE_OK)
         rc = sqlite3_step(st);
-    sqlite3_finalize(st);
+    unprep(db, st);
     if (rc == SQLITE_DONE)
         return SQLITE_OK;
     return rc == SQLITE_OK || rc == SQLITE_ROW ? SQLITE_ERROR : rc;
@@ -241,12 +294,15 @@ static ks_err rc_err(int rc)
     return ks_sqlite_map_rc(rc);
 }
 
-/* BEGIN IMMEDIATE (waiting through the busy handler). */
+/* BEGIN IMMEDIATE (waiting through the busy handler), a kept statement
+ * like COMMIT in txn_end. */
 static ks_err txn_begin(ks_rollout_db *db)
 {
     if (db->read_only || !db->have_tables)
         return KS_ERR_INVALID_ARGUMENT;
-    int rc = sqlite3_exec(db->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+    sqlite3_stmt *st;
+    int rc = prep(db, "BEGIN IMMEDIATE", &st);
+    rc = run_done(db, st, rc);
     return rc == SQLITE_OK ? KS_OK : ks_sqlite_map_rc(rc);
 }
 
@@ -255,7 +311,9 @@ static ks_err txn_begin(ks_rollout_db *db)
 static ks_err txn_end(ks_rollout_db *db, ks_err err)
 {
     if (err == KS_OK) {
-        int rc = sqlite3_exec(db->db, "COMMIT", NULL, NULL, NULL);
+        sqlite3_stmt *st;
+        int rc = prep(db, "COMMIT", &st);
+        rc = run_done(db, st, rc);
         if (rc != SQLITE_OK)
             err = ks_sqlite_map_rc(rc);
     }
@@ -273,7 +331,7 @@ static ks_err query_i64(ks_rollout_db *db, const char *sql, int64_t *out)
         rc = sqlite3_step(st);
     if (rc == SQLITE_ROW)
         *out = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
+    unprep(db, st);
     if (rc == SQLITE_ROW)
         return KS_OK;
     return ks_sqlite_map_rc(rc == SQLITE_DONE ? SQLITE_ERROR : rc);
@@ -505,10 +563,10 @@ static ks_err read_rollout(sqlite3_stmt *st, void *out)
 typedef ks_err (*row_reader)(sqlite3_stmt *st, void *out);
 
 /* Run st (prepared and bound when rc is SQLITE_OK) and read up to max
- * rows with read into out[0, *n) (elements of elem bytes), then finalize
+ * rows with read into out[0, *n) (elements of elem bytes), then release
  * st.  On failure *n is 0. */
-static ks_err read_rows(sqlite3_stmt *st, int rc, row_reader read, void *out, size_t elem,
-                        size_t max, size_t *n)
+static ks_err read_rows(ks_rollout_db *db, sqlite3_stmt *st, int rc, row_reader read, void *out,
+                        size_t elem, size_t max, size_t *n)
 {
     ks_err err = KS_OK;
     *n = 0;
@@ -523,7 +581,7 @@ static ks_err read_rows(sqlite3_stmt *st, int rc, row_reader read, void *out, si
             break;
         (*n)++;
     }
-    sqlite3_finalize(st);
+    unprep(db, st);
     if (err == KS_OK && rc != SQLITE_DONE && rc != SQLITE_ROW && rc != SQLITE_OK)
         err = ks_sqlite_map_rc(rc);
     if (err != KS_OK)
@@ -562,7 +620,7 @@ static ks_err load_columns(ks_rollout_db *db, ks_rollout *rs, size_t n)
             else
                 r->n_columns++;
         }
-        sqlite3_finalize(st);
+        unprep(db, st);
         if (err == KS_OK && rc != SQLITE_DONE)
             err = ks_sqlite_map_rc(rc);
         if (err == KS_OK && r->n_columns == 0)
@@ -578,7 +636,7 @@ static ks_err load_columns(ks_rollout_db *db, ks_rollout *rs, size_t n)
 static ks_err read_one(ks_rollout_db *db, sqlite3_stmt *st, int rc, ks_rollout *out)
 {
     size_t n = 0;
-    ks_err err = read_rows(st, rc, read_rollout, out, sizeof *out, 1, &n);
+    ks_err err = read_rows(db, st, rc, read_rollout, out, sizeof *out, 1, &n);
     if (err == KS_OK && n == 0)
         err = KS_ERR_NO_ROLLOUT;
     if (err == KS_OK)
@@ -610,7 +668,7 @@ static ks_err log_append(ks_rollout_db *db, int64_t rollout_id, int64_t now, con
                        "iitttti", rollout_id, now, actor,
                        from == 0 ? NULL : ks_rollout_phase_name(from), ks_rollout_phase_name(to),
                        reason != NULL ? reason : "", (int64_t)(automatic != 0));
-    rc = run_done(st, rc);
+    rc = run_done(db, st, rc);
     return rc == SQLITE_OK ? KS_OK : rc_err(rc);
 }
 
@@ -795,6 +853,8 @@ void ks_rollout_db_close(ks_rollout_db *db)
     if (db->db != NULL) {
         if (!sqlite3_get_autocommit(db->db))
             (void)sqlite3_exec(db->db, "ROLLBACK", NULL, NULL, NULL);
+        for (size_t i = 0; i < STMT_CACHE; i++)
+            sqlite3_finalize(db->kept[i].st);
         int rc = sqlite3_close_v2(db->db);
         assert(rc == SQLITE_OK);
         (void)rc;
@@ -915,7 +975,7 @@ static ks_err find_scope(ks_rollout_db *db, const char *table, const char *colum
         err = ks_sqlite_fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
                              "table or column name of \"%s\".\"%s\" is too long", pt, pc);
     }
-    sqlite3_finalize(st);
+    unprep(db, st);
     return err;
 }
 
@@ -949,7 +1009,7 @@ static ks_err find_open(ks_rollout_db *db, const char *tbl, const char *col, con
         if (!col_text(st, 1, phase, 31))
             snprintf(phase, 32, "?");
     }
-    sqlite3_finalize(st);
+    unprep(db, st);
     if (rc != SQLITE_ROW && rc != SQLITE_DONE)
         return ks_sqlite_map_rc(rc);
     ks_rollout other;
@@ -1017,7 +1077,7 @@ static ks_err insert_rollout(ks_rollout_db *db, const ks_rollout *s, const ks_ro
         (int64_t)t->max_seal_p99_us, (int64_t)t->max_open_p99_us, (int64_t)t->min_samples,
         (int64_t)t->window_s, (int64_t)s->min_soak_s, (int64_t)s->reader_ttl_s,
         sc->scope == KS_SCOPE_KEY ? a->key_id : "");
-    rc = run_done(st, rc);
+    rc = run_done(db, st, rc);
     if (rc != SQLITE_OK)
         return rc_err(rc);
     *id = sqlite3_last_insert_rowid(db->db);
@@ -1026,7 +1086,7 @@ static ks_err insert_rollout(ks_rollout_db *db, const ks_rollout *s, const ks_ro
                        "INSERT INTO main.keyshift_rollout_column(rollout_id, tbl, col) "
                        "VALUES(?1, ?2, ?3)",
                        "itt", *id, sc->columns[i].table, sc->columns[i].column);
-        rc = run_done(st, rc);
+        rc = run_done(db, st, rc);
     }
     return rc == SQLITE_OK ? KS_OK : rc_err(rc);
 }
@@ -1139,7 +1199,7 @@ ks_err ks_rollout_db_list(ks_rollout_db *db, int64_t after_id, ks_rollout *out, 
     static const char *const q[2] = SELECT_ROLLOUT("WHERE id > ?1 ORDER BY id LIMIT ?2");
     sqlite3_stmt *st;
     int rc = prep_bind(db, &st, q[db->v3], "ii", after_id, limit_of(max));
-    ks_err err = read_rows(st, rc, read_rollout, out, sizeof *out, max, n);
+    ks_err err = read_rows(db, st, rc, read_rollout, out, sizeof *out, max, n);
     if (err == KS_OK)
         err = load_columns(db, out, *n);
     if (err != KS_OK)
@@ -1209,7 +1269,7 @@ static ks_err load_readers(ks_rollout_db *db, uint32_t ttl_s, int64_t now, ks_ro
         if (*n < max)
             (*n)++;
     }
-    sqlite3_finalize(st);
+    unprep(db, st);
     if (err == KS_OK && rc != SQLITE_DONE)
         err = ks_sqlite_map_rc(rc);
     return err;
@@ -1243,7 +1303,7 @@ ks_err ks_rollout_db_reader_register(ks_rollout_db *db, const ks_rollout_reader 
                        ") VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?6)",
                        "ttiiti", r->instance_id, r->library_version, (int64_t)r->max_format,
                        (int64_t)r->algorithms, r->keys, now);
-    rc = run_done(st, rc);
+    rc = run_done(db, st, rc);
     return rc == SQLITE_OK ? KS_OK : rc_err(rc);
 }
 
@@ -1257,7 +1317,7 @@ static ks_err reader_write(ks_rollout_db *db, const char *sql, const char *types
         return KS_ERR_INVALID_ARGUMENT;
     sqlite3_stmt *st;
     int rc = prep_bind(db, &st, sql, types, instance_id, now);
-    rc = run_done(st, rc);
+    rc = run_done(db, st, rc);
     *changed = sqlite3_changes(db->db);
     return rc == SQLITE_OK ? KS_OK : rc_err(rc);
 }
@@ -1308,7 +1368,7 @@ static ks_err is_latest(ks_rollout_db *db, const ks_rollout *r, int *latest)
     if (rc == SQLITE_OK)
         rc = sqlite3_step(st);
     *latest = rc == SQLITE_ROW && sqlite3_column_int64(st, 0) == 0;
-    sqlite3_finalize(st);
+    unprep(db, st);
     return rc == SQLITE_ROW ? KS_OK : ks_sqlite_map_rc(rc == SQLITE_DONE ? SQLITE_ERROR : rc);
 }
 
@@ -1345,7 +1405,7 @@ static ks_err write_phase(ks_rollout_db *db, int64_t id, int from, int to, int64
                        "updated = ?2, verified_at = CASE WHEN ?1 = 'backfill' THEN 0 "
                        "ELSE verified_at END WHERE id = ?3 AND phase = ?4",
                        "tiit", ks_rollout_phase_name(to), now, id, ks_rollout_phase_name(from));
-    rc = run_done(st, rc);
+    rc = run_done(db, st, rc);
     if (rc != SQLITE_OK)
         return rc_err(rc);
     if (sqlite3_changes(db->db) != 1)
@@ -1355,7 +1415,7 @@ static ks_err write_phase(ks_rollout_db *db, int64_t id, int from, int to, int64
     rc = prep_bind(db, &st,
                    "UPDATE main.keyshift_rollout_column SET verified_at = 0 WHERE rollout_id = ?1",
                    "i", id);
-    rc = run_done(st, rc);
+    rc = run_done(db, st, rc);
     return rc == SQLITE_OK ? KS_OK : rc_err(rc);
 }
 
@@ -1421,7 +1481,7 @@ ks_err ks_rollout_db_set_canary(ks_rollout_db *db, int64_t id, const ks_rollout_
                            "canary_percent = ?2, canary_tenants = ?3, updated = ?4 WHERE id = ?5",
                            "titii", canary_names[canary->kind], (int64_t)canary->percent, tenants,
                            now, id);
-        rc = run_done(st, rc);
+        rc = run_done(db, st, rc);
         err = rc == SQLITE_OK ? KS_OK : rc_err(rc);
     }
     if (err == KS_OK) {
@@ -1464,7 +1524,7 @@ static ks_err record_verify(ks_rollout_db *db, int64_t id, const char *table, co
                                  "UPDATE main.keyshift_rollout SET verified_at = ?1, "
                                  "updated = ?1 WHERE id = ?2",
                                  "ii", now, id);
-        rc = run_done(st, rc);
+        rc = run_done(db, st, rc);
         err = rc == SQLITE_OK ? KS_OK : rc_err(rc);
         if (err == KS_OK && sqlite3_changes(db->db) != 1)
             err = KS_ERR_STORE;
@@ -1528,7 +1588,7 @@ ks_err ks_rollout_db_log(ks_rollout_db *db, int64_t rollout_id, int64_t after_id
                        "automatic FROM main.keyshift_rollout_log WHERE (?1 = 0 OR rollout_id = ?1) "
                        "AND id > ?2 ORDER BY id LIMIT ?3",
                        "iii", rollout_id, after_id, limit_of(max));
-    return read_rows(st, rc, read_log, out, sizeof *out, max, n);
+    return read_rows(db, st, rc, read_log, out, sizeof *out, max, n);
 }
 
 /* ---- metrics --------------------------------------------------------------------- */
@@ -1586,7 +1646,7 @@ ks_err ks_rollout_db_metrics_insert(ks_rollout_db *db, int64_t rollout_id,
                        (int64_t)counts[0], (int64_t)counts[1], (int64_t)counts[2],
                        (int64_t)counts[3], (int64_t)counts[4], (int64_t)counts[5], seal,
                        (int)HIST_BLOB_LEN, open, (int)HIST_BLOB_LEN);
-    rc = run_done(st, rc);
+    rc = run_done(db, st, rc);
     return rc == SQLITE_OK ? KS_OK : rc_err(rc);
 }
 
@@ -1642,7 +1702,7 @@ ks_err ks_rollout_db_metrics_sum(ks_rollout_db *db, int64_t rollout_id, int64_t 
         if (err != KS_OK)
             break;
     }
-    sqlite3_finalize(st);
+    unprep(db, st);
     if (err == KS_OK && rc != SQLITE_DONE)
         err = ks_sqlite_map_rc(rc);
     if (err != KS_OK)
