@@ -507,7 +507,7 @@ def main():
     allowed = [m for m in survived if key_of(m) in allow]
     survivors = [m for m in survived if key_of(m) not in allow]
     keys = {key_of(m): m for m in results}
-    stale = [k for k in allow if k not in keys or keys[k]["status"] != "survived"]
+    stale = [k for k in allow if k.startswith(args.filter) and (k not in keys or keys[k]["status"] != "survived")]
     scored = len(results) - len(stillborn) - len(allowed)
     score = 100.0 * len(killed) / scored if scored else 100.0
     elapsed = time.time() - t0
