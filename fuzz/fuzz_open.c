@@ -25,6 +25,9 @@
  *      the input did (same outcome, same plaintext).
  *   4. ks_verify, on the input and on a rewrapped result, returns exactly
  *      what ks_open returned (the same parse rejection at the same offset).
+ *   5. The context's counters (ks_ctx_metrics) never decrease and count
+ *      the open's outcome; ks_ctx_health_sample's totals are their
+ *      documented sums.
  *
  * FUZZ_OPEN_DUMP=dir (environment) writes each genuine input to dir as
  * seed-<n>, for regenerating the seeds (name them by sha1 afterwards).
@@ -220,6 +223,55 @@ static void check_rewrap(const uint8_t *env, size_t len, const ks_open_params *p
     }
 }
 
+/* Nonzero when every counter of b is at least a's. */
+static int metrics_ge(const ks_metrics *b, const ks_metrics *a)
+{
+    const uint64_t *pb = (const uint64_t *)(const void *)b;
+    const uint64_t *pa = (const uint64_t *)(const void *)a;
+    for (size_t i = 0; i < sizeof *a / sizeof(uint64_t); i++) {
+        if (pb[i] < pa[i]) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Oracle 5: the counters moved with what this input did.  Every
+ * ks_metrics counter is non-decreasing; the open's outcome was counted
+ * (opens, auth_failures and one cause, or parse_errors[code]; at least
+ * once: ks_verify and the rewrap's open count too; a not-found is left
+ * alone, since it need not reach the provider); ks_ctx_health_sample() totals are
+ * the documented sums of the metrics, non-decreasing, with time 0. */
+static void check_counters(const ks_metrics *m0, const ks_health_sample *h0, ks_err open_err)
+{
+    ks_metrics m;
+    ks_health_sample h;
+    ks_ctx_metrics(ctx, &m);
+    ks_ctx_health_sample(ctx, &h);
+    CHECK(metrics_ge(&m, m0));
+    if (open_err == KS_OK) {
+        CHECK(m.opens > m0->opens);
+    } else if (open_err == KS_ERR_AUTH_FAILED) {
+        CHECK(m.auth_failures > m0->auth_failures);
+        CHECK(m.auth_fail_unwrap + m.auth_fail_commitment + m.auth_fail_aead + m.auth_fail_binding >
+              m0->auth_fail_unwrap + m0->auth_fail_commitment + m0->auth_fail_aead +
+                  m0->auth_fail_binding);
+    } else if (ks_err_is_rejection(open_err)) {
+        CHECK(m.parse_errors[open_err] > m0->parse_errors[open_err]);
+    }
+    uint64_t parse = 0, perr = 0;
+    for (size_t i = 0; i < sizeof m.parse_errors / sizeof m.parse_errors[0]; i++) {
+        parse += m.parse_errors[i];
+    }
+    for (size_t i = 0; i < sizeof m.provider_errors / sizeof m.provider_errors[0]; i++) {
+        perr += m.provider_errors[i];
+    }
+    CHECK(h.time == 0 && h.seals == m.seals && h.parse_errors == parse);
+    CHECK(h.opens == m.opens + m.auth_failures + parse && h.auth_failures == m.auth_failures);
+    CHECK(h.provider_calls == m.wraps + m.unwraps && h.provider_errors == perr);
+    CHECK(h.opens >= h0->opens && h.provider_calls >= h0->provider_calls);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static uint8_t pt[PT_CAP];
@@ -238,7 +290,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *env = size > off ? data + off : NULL;
     size_t env_len = size - off;
     size_t pt_len = 0;
+    ks_metrics m0;
+    ks_health_sample h0;
+    ks_ctx_metrics(ctx, &m0);
+    ks_ctx_health_sample(ctx, &h0);
     ks_err err = check_open(env, env_len, &p, pt, &pt_len);
     check_rewrap(env, env_len, &p, err, pt, pt_len);
+    check_counters(&m0, &h0, err);
     return 0;
 }
