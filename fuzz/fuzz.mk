@@ -156,12 +156,12 @@ FUZZ_COV_MIN_parsers := $(FUZZ_COV_MIN_LINES) $(FUZZ_COV_MIN_BRANCHES)
 FUZZ_COV_SRCS_stateful := $(sort $(wildcard migrate/crypto/*.c migrate/engine/*.c)) \
                  migrate/rollout/guard.c migrate/rollout/policy.c
 FUZZ_COV_MIN_stateful := 85 75
-# Below 85 / 75 today (80.97% / 67.88%): enforced at these figures, with the
+# Below 85 / 75 today (83.24% / 69.77%): enforced at these figures, with the
 # reason printed on every run, until the corpora and harnesses reach the
 # floors; then this line goes (docs/fuzzing.md, "The coverage gates").
-FUZZ_COV_ALLOW_stateful := 80 67 'the committed corpora reach 80.97 / 67.88 percent, short of the issue 14 floors of 85 / 75: \
-    what they miss is fixed by the harnesses, not the inputs - context and cache lifecycle, fork handlers, provider, \
-    store and allocation failures - see docs/fuzzing.md'
+FUZZ_COV_ALLOW_stateful := 82 69 'the committed corpora reach 83.24 / 69.77 percent, short of the issue 14 floors of 85 / 75: \
+    most of the gap is in migrate/engine/ and policy.c, whose misses are store and allocation failures and rows \
+    the library did not write - fuzz_migrate, fuzz_rollout and fuzz_faults are to reach them - see docs/fuzzing.md'
 # The legacy name: every gated file.
 FUZZ_COV_SRCS := $(sort $(foreach g,$(FUZZ_COV_GROUPS),$(FUZZ_COV_SRCS_$(g))))
 
