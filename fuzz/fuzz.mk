@@ -156,10 +156,10 @@ FUZZ_COV_MIN_parsers := $(FUZZ_COV_MIN_LINES) $(FUZZ_COV_MIN_BRANCHES)
 FUZZ_COV_SRCS_stateful := $(sort $(wildcard migrate/crypto/*.c migrate/engine/*.c)) \
                  migrate/rollout/guard.c migrate/rollout/policy.c
 FUZZ_COV_MIN_stateful := 85 75
-# Below 85 / 75 today (83.24% / 69.77%): enforced at these figures, with the
+# Below 85 / 75 today (83.74% / 70.70%): enforced at these figures, with the
 # reason printed on every run, until the corpora and harnesses reach the
 # floors; then this line goes (docs/fuzzing.md, "The coverage gates").
-FUZZ_COV_ALLOW_stateful := 82 69 'the committed corpora reach 83.24 / 69.77 percent, short of the issue 14 floors of 85 / 75: \
+FUZZ_COV_ALLOW_stateful := 83 70 'the committed corpora reach 83.74 / 70.70 percent, short of the issue 14 floors of 85 / 75: \
     most of the gap is in migrate/engine/ and policy.c, whose misses are store and allocation failures and rows \
     the library did not write - fuzz_migrate, fuzz_rollout and fuzz_faults are to reach them - see docs/fuzzing.md'
 # The legacy name: every gated file.

@@ -36,7 +36,10 @@
  *   7. Seal and open round-trip: the input's envelope bytes, sealed as a
  *      plaintext through that context under the input's context (flags
  *      bits 6 and 7 pick the format and the algorithm), fit
- *      ks_seal_max_len() and open through both contexts to the same bytes.
+ *      ks_seal_max_len() and open through both contexts to the same bytes;
+ *      ks_seal refuses each bad argument (format, algorithm, a v1 purpose,
+ *      context, tenant, an unknown key, NULLs, a plaintext too large, a
+ *      buffer one byte short) with its documented code, writing nothing.
  *
  * FUZZ_OPEN_DUMP=dir (environment) writes each genuine input to dir as
  * seed-<n>, for regenerating the seeds (name them by sha1 afterwards).
@@ -145,6 +148,51 @@ static void check_tiny(const uint8_t *env, size_t len, const ks_open_params *p, 
     CHECK(err == KS_ERR_NOT_FOUND || h.opens >= 1); /* a not-found is no verdict */
 }
 
+/* Oracle 7's refusals: ks_seal refuses each bad argument with the code
+ * keyshift/crypto.h gives, writing nothing; env_len is the length a good
+ * seal of pt_len bytes under *good just gave. */
+static void check_seal_refusals(const ks_seal_params *good, const uint8_t *pt, size_t pt_len,
+                                size_t env_len)
+{
+    static uint8_t out[PT_CAP + 1024];
+    static const uint8_t big[KS_CONTEXT_MAX + 1];
+    struct {
+        ks_seal_params p;
+        ks_err want;
+    } bad[8];
+    for (size_t i = 0; i < 8; i++) {
+        bad[i].p = *good;
+        bad[i].want = KS_ERR_INVALID_ARGUMENT;
+    }
+    bad[0].p.format = 3;
+    bad[1].p.algorithm = 3;
+    bad[2].p.format = KS_FORMAT_V1;
+    bad[2].p.purpose = BV("db.users");
+    bad[3].p.context = (ks_bytes){big, sizeof big};
+    bad[4].p.context = (ks_bytes){NULL, 1};
+    bad[5].p.tenant = BV("a b"); /* outside [F-NAME-1] */
+    bad[6].p.tenant = (ks_bytes){NULL, 0};
+    bad[7].p.key_id = BV("no-such-key");
+    size_t n = 7;
+    for (size_t i = 0; i < 8; i++) {
+        out[0] = 0xA5;
+        ks_err err = ks_seal(tiny, &bad[i].p, pt, pt_len, out, sizeof out, &n);
+        CHECK(i == 7 ? err != KS_OK : err == bad[i].want);
+        CHECK(out[0] == 0xA5 && n == 7);
+    }
+    CHECK(ks_seal_max_len(&bad[0].p, pt_len) == 0 && ks_seal_max_len(NULL, pt_len) == 0);
+    CHECK(ks_seal(NULL, good, pt, pt_len, out, sizeof out, &n) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_seal(tiny, NULL, pt, pt_len, out, sizeof out, &n) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_seal(tiny, good, NULL, 1, out, sizeof out, &n) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_seal(tiny, good, pt, pt_len, NULL, 1, &n) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_seal(tiny, good, pt, pt_len, out, sizeof out, NULL) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_seal(tiny, good, big, KS_CIPHERTEXT_DEFAULT_MAX, out, sizeof out, &n) ==
+          KS_ERR_TOO_LARGE);
+    out[0] = 0xA5;
+    CHECK(ks_seal(tiny, good, pt, pt_len, out, env_len - 1, &n) == KS_ERR_BUFFER_TOO_SMALL);
+    CHECK(out[0] == 0xA5 && n == 7);
+}
+
 /* Oracle 7: seal and open round-trip.  The input's envelope bytes, as a
  * plaintext, sealed through the one-entry context under the input's
  * context (flags bit 6: v1, else v2; bit 7: aes-256-gcm where available,
@@ -166,6 +214,7 @@ static void check_seal(const uint8_t *pt, size_t pt_len, uint8_t flags, ks_bytes
     }
     CHECK(ks_seal(tiny, &sp, pt, pt_len, env, sizeof env, &env_len) == KS_OK);
     CHECK(env_len <= ks_seal_max_len(&sp, pt_len));
+    check_seal_refusals(&sp, pt, pt_len, env_len);
     ks_open_params op = {context, BV("acme"), purpose};
     ks_ctx *both[2] = {tiny, ctx};
     for (size_t i = 0; i < 2; i++) {
