@@ -5,7 +5,8 @@
 #   make test       everything CI checks: deps, -Werror build, cmocka unit
 #                   tests under ASan+UBSan then the threaded ones under
 #                   TSan, CLI tests under ASan+UBSan, exported-symbol
-#                   check, corpus replay, coverage gate, fuzz smoke
+#                   check, corpus replay, coverage gates, fuzz smoke gated
+#                   on fuzz/gates.txt, and the negative canary
 #   make kms-aws-test  the AWS KMS client (tools/kms-aws/) and the
 #                   keyshift-kms-aws plugin against moto_server (also run
 #                   by cli-test)
@@ -17,7 +18,8 @@
 #                   built in build/tsan/, halting on the first report
 #   make fuzz       run each libFuzzer target (FUZZ_SECONDS, default 60)
 #   make fuzz-afl   run each target under afl-fuzz -V 20
-#   make coverage   llvm-cov over the committed corpus; gate on parser/
+#   make coverage   llvm-cov over the committed corpus; each file's figures,
+#                   gates on the parsers (95/90) and the stateful code
 #   make bench      JSON lines, each against a baseline in the same run:
 #                   parser vs nanopb, seal/open vs raw AEAD, migration vs
 #                   raw SQLite, HSM and KMS plugin vs the local keyring

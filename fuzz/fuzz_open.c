@@ -25,6 +25,21 @@
  *      the input did (same outcome, same plaintext).
  *   4. ks_verify, on the input and on a rewrapped result, returns exactly
  *      what ks_open returned (the same parse rejection at the same offset).
+ *   5. The context's counters (ks_ctx_metrics) never decrease and count
+ *      the open's outcome; ks_ctx_health_sample's totals are their
+ *      documented sums.
+ *   6. The cache is transparent: a second context over the same provider
+ *      with a one-entry cache (and latency histograms) opens the input to
+ *      the same result and plaintext; it is freed and rebuilt on inputs
+ *      whose length is a multiple of 16.  At init, ks_ctx_new refuses
+ *      every broken configuration rule.
+ *   7. Seal and open round-trip: the input's envelope bytes, sealed as a
+ *      plaintext through that context under the input's context (flags
+ *      bits 6 and 7 pick the format and the algorithm), fit
+ *      ks_seal_max_len() and open through both contexts to the same bytes;
+ *      ks_seal refuses each bad argument (format, algorithm, a v1 purpose,
+ *      context, tenant, an unknown key, NULLs, a plaintext too large, a
+ *      buffer one byte short) with its documented code, writing nothing.
  *
  * FUZZ_OPEN_DUMP=dir (environment) writes each genuine input to dir as
  * seed-<n>, for regenerating the seeds (name them by sha1 afterwards).
@@ -70,8 +85,144 @@ typedef struct genuine {
 
 static ks_mem_provider mem;
 static ks_ctx *ctx;
+static ks_ctx *tiny; /* oracle 6: a one-entry cache, latency histograms on */
 static genuine gen[MAX_GENUINE];
 static size_t ngen;
+
+/* (Re)create oracle 6's context over the same provider: one cache entry,
+ * so opens of different keys evict each other, and latency histograms. */
+static void new_tiny(void)
+{
+    ks_ctx_config cfg;
+    ks_ctx_config_default(&cfg);
+    cfg.cache_entries = 1;
+    cfg.latency_histograms = 1;
+    cfg.dek_max_messages = 3; /* oracle 7's seals rotate the write-side DEK often */
+    ks_provider prov = ks_mem_provider_of(&mem);
+    ks_ctx_free(tiny);
+    tiny = NULL;
+    CHECK(ks_ctx_new(&prov, &cfg, &tiny) == KS_OK);
+}
+
+/* ks_ctx_new refuses each configuration rule broken, and a NULL provider
+ * or result, with invalid-argument and no context. */
+static void check_bad_configs(const ks_provider *prov)
+{
+    for (int rule = 0; rule < 6; rule++) {
+        ks_ctx_config cfg;
+        ks_ctx_config_default(&cfg);
+        switch (rule) {
+        case 0: cfg.dek_max_messages = 0; break;
+        case 1: cfg.dek_max_messages = UINT64_MAX; break;
+        case 2: cfg.dek_max_bytes = 0; break;
+        case 3: cfg.dek_max_age = 0; break;
+        case 4: cfg.cache_entries = UINT32_MAX; break;
+        default: cfg.cache_ttl = 0; break;
+        }
+        ks_ctx *c = NULL;
+        CHECK(ks_ctx_new(prov, &cfg, &c) == KS_ERR_INVALID_ARGUMENT && c == NULL);
+    }
+    ks_ctx *c = NULL;
+    CHECK(ks_ctx_new(NULL, NULL, &c) == KS_ERR_INVALID_ARGUMENT && c == NULL);
+    CHECK(ks_ctx_new(prov, NULL, NULL) == KS_ERR_INVALID_ARGUMENT);
+    ks_ctx_free(NULL);
+}
+
+/* Oracle 6: the cache is transparent.  The same open through the
+ * one-entry context gives the same result and plaintext; inputs whose
+ * length is a multiple of 16 free and rebuild that context first, with
+ * whatever it had cached. */
+static void check_tiny(const uint8_t *env, size_t len, const ks_open_params *p, ks_err open_err,
+                       const uint8_t *pt, size_t pt_len, size_t input_size)
+{
+    static uint8_t pt2[PT_CAP];
+    if (input_size % 16 == 0) {
+        new_tiny();
+    }
+    size_t pt2_len = 0;
+    ks_err err = ks_open(tiny, env, len, p, pt2, sizeof pt2, &pt2_len, NULL);
+    CHECK(err == open_err);
+    CHECK(err != KS_OK || (pt2_len == pt_len && memcmp(pt2, pt, pt_len) == 0));
+    ks_health_sample h;
+    ks_ctx_health_sample(tiny, &h);
+    CHECK(err == KS_ERR_NOT_FOUND || h.opens >= 1); /* a not-found is no verdict */
+}
+
+/* Oracle 7's refusals: ks_seal refuses each bad argument with the code
+ * keyshift/crypto.h gives, writing nothing; env_len is the length a good
+ * seal of pt_len bytes under *good just gave. */
+static void check_seal_refusals(const ks_seal_params *good, const uint8_t *pt, size_t pt_len,
+                                size_t env_len)
+{
+    static uint8_t out[PT_CAP + 1024];
+    static const uint8_t big[KS_CONTEXT_MAX + 1];
+    struct {
+        ks_seal_params p;
+        ks_err want;
+    } bad[8];
+    for (size_t i = 0; i < 8; i++) {
+        bad[i].p = *good;
+        bad[i].want = KS_ERR_INVALID_ARGUMENT;
+    }
+    bad[0].p.format = 3;
+    bad[1].p.algorithm = 3;
+    bad[2].p.format = KS_FORMAT_V1;
+    bad[2].p.purpose = BV("db.users");
+    bad[3].p.context = (ks_bytes){big, sizeof big};
+    bad[4].p.context = (ks_bytes){NULL, 1};
+    bad[5].p.tenant = BV("a b"); /* outside [F-NAME-1] */
+    bad[6].p.tenant = (ks_bytes){NULL, 0};
+    bad[7].p.key_id = BV("no-such-key");
+    size_t n = 7;
+    for (size_t i = 0; i < 8; i++) {
+        out[0] = 0xA5;
+        ks_err err = ks_seal(tiny, &bad[i].p, pt, pt_len, out, sizeof out, &n);
+        CHECK(i == 7 ? err != KS_OK : err == bad[i].want);
+        CHECK(out[0] == 0xA5 && n == 7);
+    }
+    CHECK(ks_seal_max_len(&bad[0].p, pt_len) == 0 && ks_seal_max_len(NULL, pt_len) == 0);
+    CHECK(ks_seal(NULL, good, pt, pt_len, out, sizeof out, &n) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_seal(tiny, NULL, pt, pt_len, out, sizeof out, &n) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_seal(tiny, good, NULL, 1, out, sizeof out, &n) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_seal(tiny, good, pt, pt_len, NULL, 1, &n) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_seal(tiny, good, pt, pt_len, out, sizeof out, NULL) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_seal(tiny, good, big, KS_CIPHERTEXT_DEFAULT_MAX, out, sizeof out, &n) ==
+          KS_ERR_TOO_LARGE);
+    out[0] = 0xA5;
+    CHECK(ks_seal(tiny, good, pt, pt_len, out, env_len - 1, &n) == KS_ERR_BUFFER_TOO_SMALL);
+    CHECK(out[0] == 0xA5 && n == 7);
+}
+
+/* Oracle 7: seal and open round-trip.  The input's envelope bytes, as a
+ * plaintext, sealed through the one-entry context under the input's
+ * context (flags bit 6: v1, else v2; bit 7: aes-256-gcm where available,
+ * else xchacha20-poly1305), fit ks_seal_max_len() and open, through both
+ * contexts, to exactly those bytes. */
+static void check_seal(const uint8_t *pt, size_t pt_len, uint8_t flags, ks_bytes context)
+{
+    static uint8_t env[PT_CAP + 1024];
+    static uint8_t back[PT_CAP];
+    uint8_t format = (flags & 0x40) ? KS_FORMAT_V1 : KS_FORMAT_V2;
+    uint32_t alg = (flags & 0x80) && crypto_aead_aes256gcm_is_available()
+                       ? KS_ALG_AES256GCM
+                       : KS_ALG_XCHACHA20POLY1305;
+    ks_bytes purpose = format == KS_FORMAT_V2 ? BV("db.users") : (ks_bytes){NULL, 0};
+    ks_seal_params sp = {format, alg, BV("acme"), BV("fuzz-key"), 0, purpose, context};
+    size_t env_len = 0, back_len = 0;
+    if (pt_len > PT_CAP) {
+        return;
+    }
+    CHECK(ks_seal(tiny, &sp, pt, pt_len, env, sizeof env, &env_len) == KS_OK);
+    CHECK(env_len <= ks_seal_max_len(&sp, pt_len));
+    check_seal_refusals(&sp, pt, pt_len, env_len);
+    ks_open_params op = {context, BV("acme"), purpose};
+    ks_ctx *both[2] = {tiny, ctx};
+    for (size_t i = 0; i < 2; i++) {
+        memset(back, 0, sizeof back);
+        CHECK(ks_open(both[i], env, env_len, &op, back, sizeof back, &back_len, NULL) == KS_OK);
+        CHECK(back_len == pt_len && (pt_len == 0 || memcmp(back, pt, pt_len) == 0));
+    }
+}
 
 /* Seal one genuine envelope and record it. */
 static void seal_one(uint8_t format, uint32_t alg, const char *tenant, const char *purpose,
@@ -134,6 +285,8 @@ static void init(void)
         }
     }
     seal_one(KS_FORMAT_V2, KS_ALG_XCHACHA20POLY1305, "acme", "db.users", "row:42", 0);
+    new_tiny();
+    check_bad_configs(&prov);
     const char *dir = getenv("FUZZ_OPEN_DUMP");
     if (dir != NULL) {
         dump(dir);
@@ -220,6 +373,55 @@ static void check_rewrap(const uint8_t *env, size_t len, const ks_open_params *p
     }
 }
 
+/* Nonzero when every counter of b is at least a's. */
+static int metrics_ge(const ks_metrics *b, const ks_metrics *a)
+{
+    const uint64_t *pb = (const uint64_t *)(const void *)b;
+    const uint64_t *pa = (const uint64_t *)(const void *)a;
+    for (size_t i = 0; i < sizeof *a / sizeof(uint64_t); i++) {
+        if (pb[i] < pa[i]) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Oracle 5: the counters moved with what this input did.  Every
+ * ks_metrics counter is non-decreasing; the open's outcome was counted
+ * (opens, auth_failures and one cause, or parse_errors[code]; at least
+ * once: ks_verify and the rewrap's open count too; a not-found is left
+ * alone, since it need not reach the provider); ks_ctx_health_sample() totals are
+ * the documented sums of the metrics, non-decreasing, with time 0. */
+static void check_counters(const ks_metrics *m0, const ks_health_sample *h0, ks_err open_err)
+{
+    ks_metrics m;
+    ks_health_sample h;
+    ks_ctx_metrics(ctx, &m);
+    ks_ctx_health_sample(ctx, &h);
+    CHECK(metrics_ge(&m, m0));
+    if (open_err == KS_OK) {
+        CHECK(m.opens > m0->opens);
+    } else if (open_err == KS_ERR_AUTH_FAILED) {
+        CHECK(m.auth_failures > m0->auth_failures);
+        CHECK(m.auth_fail_unwrap + m.auth_fail_commitment + m.auth_fail_aead + m.auth_fail_binding >
+              m0->auth_fail_unwrap + m0->auth_fail_commitment + m0->auth_fail_aead +
+                  m0->auth_fail_binding);
+    } else if (ks_err_is_rejection(open_err)) {
+        CHECK(m.parse_errors[open_err] > m0->parse_errors[open_err]);
+    }
+    uint64_t parse = 0, perr = 0;
+    for (size_t i = 0; i < sizeof m.parse_errors / sizeof m.parse_errors[0]; i++) {
+        parse += m.parse_errors[i];
+    }
+    for (size_t i = 0; i < sizeof m.provider_errors / sizeof m.provider_errors[0]; i++) {
+        perr += m.provider_errors[i];
+    }
+    CHECK(h.time == 0 && h.seals == m.seals && h.parse_errors == parse);
+    CHECK(h.opens == m.opens + m.auth_failures + parse && h.auth_failures == m.auth_failures);
+    CHECK(h.provider_calls == m.wraps + m.unwraps && h.provider_errors == perr);
+    CHECK(h.opens >= h0->opens && h.provider_calls >= h0->provider_calls);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static uint8_t pt[PT_CAP];
@@ -238,7 +440,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *env = size > off ? data + off : NULL;
     size_t env_len = size - off;
     size_t pt_len = 0;
+    ks_metrics m0;
+    ks_health_sample h0;
+    ks_ctx_metrics(ctx, &m0);
+    ks_ctx_health_sample(ctx, &h0);
     ks_err err = check_open(env, env_len, &p, pt, &pt_len);
     check_rewrap(env, env_len, &p, err, pt, pt_len);
+    check_counters(&m0, &h0, err);
+    check_tiny(env, env_len, &p, err, pt, pt_len, size);
+    check_seal(env, env_len, flags, p.context);
     return 0;
 }

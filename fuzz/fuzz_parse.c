@@ -30,6 +30,17 @@
  *      against their contracts (absolute offsets, a failed read leaves the
  *      cursor unchanged).  This is also what covers ks_cursor_read_sub(),
  *      which the parser itself does not call.
+ *   7. On an accepted envelope: damaged copies (version 3, a v2-only field
+ *      in v1, an empty, too long or badly charactered value, key_version
+ *      0, a NULL view) are refused by ks_envelope_check(), _encoded_len()
+ *      and _encode() with the same code, nothing written; caller errors
+ *      give invalid-argument or buffer-too-small; ks_aad_data() and
+ *      ks_aad_wrap() accept the envelope and refuse what keyshift/aad.h
+ *      says they refuse.
+ *   8. Once per process: every error code has a name, the defined names
+ *      are distinct, ks_err_is_rejection() is exactly 1..11 and
+ *      ks_err_is_retryable() exactly unavailable and timeout; algorithm
+ *      names round-trip.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -37,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <keyshift/aad.h>
 #include <keyshift/envelope.h>
 #include <keyshift/error.h>
 
@@ -212,6 +224,131 @@ static void check_caller_errors(const uint8_t *data, size_t size)
     CHECK(pe.code == epe.code && pe.offset == 0 && epe.offset == 0);
 }
 
+/* Oracle 7's expectation for one damaged envelope: check, encoded_len and
+ * encode agree on want, and encode writes nothing. */
+static void expect_refused(const ks_envelope *d, const ks_limits *lim, ks_err want)
+{
+    static uint8_t out[8192];
+    size_t n = 7;
+    CHECK(want != KS_OK);
+    CHECK(ks_envelope_check(d, lim) == want);
+    CHECK(ks_envelope_encoded_len(d, lim, &n) == want && n == 7);
+    out[0] = 0xA5;
+    CHECK(ks_envelope_encode(d, lim, out, sizeof out, &n) == want && n == 7 && out[0] == 0xA5);
+}
+
+/* Oracle 7: the encoder refuses damaged copies of an accepted envelope
+ * with the code docs/format.md gives and writes nothing; it refuses caller
+ * errors; the AAD writers of format/aad.c accept the envelope and refuse
+ * what keyshift/aad.h says they refuse.  Every damage on every accepted
+ * input, so the committed corpus covers them all. */
+static void check_encoder_refusals(const ks_envelope *env)
+{
+    static const uint8_t long_name[KS_KEY_ID_MAX + 1] = {0};
+    static uint8_t out[KS_DATA_AAD_MAX + KS_WRAP_AAD_MAX];
+    ks_envelope d = *env;
+    ks_limits bad;
+    size_t n = 0, need = 0;
+
+    CHECK(ks_envelope_encoded_len(env, NULL, &need) == KS_OK);
+    CHECK(ks_envelope_encoded_len(env, NULL, NULL) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_envelope_encode(env, NULL, out, sizeof out, NULL) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_envelope_encode(env, NULL, NULL, 1, &n) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_envelope_encode(env, NULL, NULL, 0, &n) == KS_ERR_BUFFER_TOO_SMALL);
+    expect_refused(NULL, NULL, KS_ERR_INVALID_ARGUMENT);
+    ks_limits_default(&bad);
+    bad.max_tenant = 0;
+    expect_refused(env, &bad, KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_limits_check(NULL) == KS_ERR_INVALID_ARGUMENT && ks_envelope_max_len(&bad) == 0);
+
+    d.version = 3;
+    expect_refused(&d, NULL, KS_ERR_UNSUPPORTED_VERSION);
+    d = *env;
+    d.tenant.ptr = NULL;
+    expect_refused(&d, NULL, d.tenant.len != 0 ? KS_ERR_INVALID_ARGUMENT : KS_ERR_BAD_VALUE);
+    d = *env;
+    if (d.version == KS_FORMAT_V1) {
+        d.purpose = (ks_bytes){env->tenant.ptr, env->tenant.len};
+    } else {
+        d.version = KS_FORMAT_V1;
+    }
+    expect_refused(&d, NULL, KS_ERR_UNKNOWN_FIELD);
+    d = *env;
+    d.tenant.len = 0;
+    expect_refused(&d, NULL, KS_ERR_BAD_VALUE);
+    d = *env;
+    d.tenant = (ks_bytes){long_name, KS_TENANT_MAX + 1};
+    expect_refused(&d, NULL, KS_ERR_TOO_LARGE);
+    d = *env;
+    d.key_id = (ks_bytes){long_name, 1}; /* a NUL is outside the key_id charset */
+    expect_refused(&d, NULL, KS_ERR_BAD_VALUE);
+    d = *env;
+    d.key_version = 0;
+    expect_refused(&d, NULL, KS_ERR_BAD_VALUE);
+
+    /* The AADs of the accepted envelope, and their refusals. */
+    ks_bytes ctx = {long_name, 3};
+    CHECK(ks_aad_data(env, ctx, out, sizeof out, &n) == KS_OK && n <= KS_DATA_AAD_MAX);
+    CHECK(ks_aad_data(env, ctx, out, n - 1, &need) == KS_ERR_BUFFER_TOO_SMALL);
+    CHECK(ks_aad_data(env, ctx, NULL, sizeof out, &need) == KS_ERR_BUFFER_TOO_SMALL);
+    CHECK(ks_aad_data(env, ctx, out, sizeof out, NULL) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_aad_data(env, (ks_bytes){NULL, 1}, out, sizeof out, &n) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_aad_data(env, (ks_bytes){long_name, KS_CONTEXT_MAX + 1}, out, sizeof out, &n) ==
+          KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_aad_wrap(env, out, sizeof out, &n) == KS_OK && n <= KS_WRAP_AAD_MAX);
+    CHECK(ks_aad_wrap(env, out, n - 1, &need) == KS_ERR_BUFFER_TOO_SMALL);
+    CHECK(ks_aad_wrap(env, NULL, sizeof out, &need) == KS_ERR_BUFFER_TOO_SMALL);
+    CHECK(ks_aad_wrap(env, out, sizeof out, NULL) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_aad_wrap(NULL, out, sizeof out, &n) == KS_ERR_INVALID_ARGUMENT);
+    d = *env;
+    d.version = 3;
+    CHECK(ks_aad_data(&d, ctx, out, sizeof out, &n) == KS_ERR_INVALID_ARGUMENT);
+    d = *env;
+    d.tenant = (ks_bytes){long_name, KS_TENANT_MAX + 1};
+    CHECK(ks_aad_wrap(&d, out, sizeof out, &n) == KS_ERR_INVALID_ARGUMENT);
+    d = *env;
+    d.key_id = (ks_bytes){long_name, KS_KEY_ID_MAX + 1};
+    CHECK(ks_aad_wrap(&d, out, sizeof out, &n) == KS_ERR_INVALID_ARGUMENT);
+    d = *env;
+    d.purpose = (ks_bytes){long_name, KS_PURPOSE_MAX + 1};
+    CHECK(ks_aad_data(&d, ctx, out, sizeof out, &n) == KS_ERR_INVALID_ARGUMENT);
+    if (env->version == KS_FORMAT_V2) {
+        d = *env;
+        d.commitment.len = KS_COMMITMENT_LEN - 1;
+        CHECK(ks_aad_data(&d, ctx, out, sizeof out, &n) == KS_ERR_INVALID_ARGUMENT);
+        d.commitment = (ks_bytes){NULL, 0};
+        CHECK(ks_aad_data(&d, ctx, out, sizeof out, &n) == KS_ERR_INVALID_ARGUMENT);
+    }
+}
+
+/* Oracle 8, once per process: the names of format/format.c.  Every code
+ * has a name; the names of defined codes are distinct; rejections are
+ * exactly 1..11 and retryable exactly unavailable and timeout; algorithm
+ * names round-trip and nothing else maps to an algorithm. */
+static void check_names(void)
+{
+    static int done;
+    if (done) {
+        return;
+    }
+    done = 1;
+    const char *names[256];
+    for (int c = 0; c < 256; c++) {
+        names[c] = ks_err_name((ks_err)c);
+        CHECK(names[c] != NULL);
+        CHECK(ks_err_is_rejection((ks_err)c) == (c >= 1 && c <= 11));
+        CHECK(ks_err_is_retryable((ks_err)c) == (c == KS_ERR_UNAVAILABLE || c == KS_ERR_TIMEOUT));
+        CHECK(!ks_err_is_rejection((ks_err)c) || strcmp(names[c], "unknown-error") != 0);
+        for (int o = 0; o < c && strcmp(names[c], "unknown-error") != 0; o++) {
+            CHECK(strcmp(names[c], names[o]) != 0);
+        }
+    }
+    for (uint32_t alg = KS_ALG_AES256GCM; alg <= KS_ALG_XCHACHA20POLY1305; alg++) {
+        CHECK(ks_alg_from_name(ks_alg_name(alg)) == alg && ks_alg_nonce_len(alg) != 0);
+    }
+    CHECK(ks_alg_name(0) == NULL && ks_alg_from_name(NULL) == 0 && ks_alg_from_name("aes") == 0);
+}
+
 /* Oracle 6's reference: a protobuf varint read the general way (up to ten
  * bytes, 64-bit), then judged by the rules of [F-VARINT-1..4]. */
 static ks_err ref_varint32(const uint8_t *p, size_t avail, uint32_t *out, size_t *used)
@@ -310,6 +447,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (e == KS_OK) {
         check_accepted(&env, data, size);
         check_round_trip(&env, data, size);
+        check_encoder_refusals(&env);
     } else {
         check_rejection(e, &pe, &env, size);
     }
@@ -322,5 +460,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check_lowered(data, size, e, &env, &pe);
     check_caller_errors(data, size);
     check_cursor(data, size);
+    check_names();
     return 0;
 }

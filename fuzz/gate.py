@@ -1,0 +1,198 @@
+#!/usr/bin/python3
+"""fuzz/gate.py -- the fuzz gates of `make fuzz-smoke` and `make coverage`.
+
+    gate.py lines GATES TARGET...            every target has a line in GATES
+    gate.py check GATES|- TARGET LOG SECONDS CORPUS
+                                             one libFuzzer run against its line
+                                             (-: print the figures, gate nothing)
+    gate.py canary SECONDS LOG -- CMD...     run the negative canary, expect a find
+    gate.py coverage SUMMARY GROUP MIN_LINES MIN_BRANCHES [LINES BRANCHES REASON...]
+                                             per-file and group coverage figures from
+                                             llvm-cov export; the optional allowance is
+                                             enforced while the group is below its floors
+
+GATES (fuzz/gates.txt) has one line per fuzz target:
+
+    TARGET  MIN_FEATURES  MIN_EXEC_PER_S  [REASON...]
+
+A run fails when it ends with fewer features (libFuzzer's `ft:` on its
+last status line) than MIN_FEATURES, or runs slower (stat::average_exec_
+per_sec) than MIN_EXEC_PER_S.  MIN_EXEC_PER_S is 1000 (the rule) unless a
+REASON says why a target may be slower: a line with a lower figure and no
+reason is itself an error.  `#` starts a comment.  Standard library only.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+SPEED_RULE = 1000
+
+
+def fail(msg):
+    """Print a gate failure and exit non-zero."""
+    print(msg)
+    sys.exit(1)
+
+
+def read_gates(path):
+    """Parse GATES into {target: (min_features, min_eps, reason)}; exit on a bad line."""
+    gates = {}
+    with open(path, encoding="utf-8") as f:
+        for no, raw in enumerate(f, 1):
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            parts = line.split(None, 3)
+            where = "%s:%d" % (path, no)
+            if len(parts) < 3 or not parts[1].isdigit() or not parts[2].isdigit():
+                fail("fuzz-gate: %s: want TARGET MIN_FEATURES MIN_EXEC_PER_S [REASON]" % where)
+            target, feats, eps = parts[0], int(parts[1]), int(parts[2])
+            reason = parts[3].strip() if len(parts) == 4 else ""
+            if target in gates:
+                fail("fuzz-gate: %s: a second line for %s" % (where, target))
+            if eps < SPEED_RULE and not reason:
+                fail("fuzz-gate: %s: %s allows %d exec/s, below the %d rule, without a reason"
+                     % (where, target, eps, SPEED_RULE))
+            gates[target] = (feats, eps, reason)
+    return gates
+
+
+def cmd_lines(path, targets):
+    """Fail, naming them, when some targets have no line in GATES."""
+    gates = read_gates(path)
+    missing = [t for t in targets if t not in gates]
+    if missing:
+        fail("fuzz-gate: FAILED: no line in %s for %s; add `TARGET MIN_FEATURES MIN_EXEC_PER_S "
+             "[REASON]` (measure with make fuzz-smoke, floor ~65%% of the features)"
+             % (path, " ".join(missing)))
+    extra = sorted(set(gates) - set(targets))
+    if extra:
+        print("fuzz-gate: note: %s has lines for targets not in FUZZ_TARGETS: %s"
+              % (path, " ".join(extra)))
+
+
+def log_figures(log):
+    """(execs, exec/s, features, cov) from a libFuzzer log run with -print_final_stats=1."""
+    execs = eps = feats = cov = None
+    with open(log, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            m = re.match(r"stat::number_of_executed_units:\s*(\d+)", line)
+            if m:
+                execs = int(m.group(1))
+            m = re.match(r"stat::average_exec_per_sec:\s*(\d+)", line)
+            if m:
+                eps = int(m.group(1))
+            m = re.match(r"#\d+\s+\w+\s+cov: (\d+) ft: (\d+)", line)
+            if m:
+                cov, feats = int(m.group(1)), int(m.group(2))
+    return execs, eps, feats, cov
+
+
+def cmd_check(path, target, log, seconds, corpus):
+    """Print one run's figures and fail when they are below the target's line."""
+    execs, eps, feats, cov = log_figures(log)
+    if execs is None or eps is None or feats is None:
+        fail("%s: FAILED: no final stats or status line in %s" % (target, log))
+    files = len(os.listdir(corpus))
+    if path == "-":
+        print("%s: ok, %d execs in %s s, %d exec/s, %d features, cov %d, corpus %d files (%s)"
+              % (target, execs, seconds, eps, feats, cov, files, os.path.dirname(log)))
+        return
+    gates = read_gates(path)
+    if target not in gates:
+        cmd_lines(path, [target])
+    min_feats, min_eps, reason = gates[target]
+    bad = []
+    if feats < min_feats:
+        bad.append("%d features, below its floor of %d" % (feats, min_feats))
+    if eps < min_eps:
+        bad.append("%d exec/s, below its floor of %d" % (eps, min_eps))
+    print("%s: %s, %d execs in %s s, %d exec/s (floor %d%s), %d features (floor %d), cov %d, "
+          "corpus %d files (%s)" % (target, "FAILED" if bad else "ok", execs, seconds, eps,
+                                    min_eps, ", allowlisted" if min_eps < SPEED_RULE else "",
+                                    feats, min_feats, cov, files, os.path.dirname(log)))
+    if bad:
+        fail("%s: FAILED the gate (%s): %s" % (target, path, "; ".join(bad)))
+    if min_eps < SPEED_RULE:
+        print("%s: note: allowed below %d exec/s: %s" % (target, SPEED_RULE, reason))
+
+
+def cmd_canary(seconds, log, cmd):
+    """Run the canary fuzzer; pass only when it reports the planted over-read in time."""
+    start = time.monotonic()
+    with open(log, "w", encoding="utf-8") as out:
+        rc = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT)
+    took = time.monotonic() - start
+    with open(log, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    # The report's stack names walk() when a symbolizer is installed; the
+    # two lines below are there either way.
+    found = "ERROR: AddressSanitizer: heap-buffer-overflow" in text and "READ of size 1" in text
+    if rc != 0 and found and took <= float(seconds) + 5:
+        print("fuzz_canary: ok, found the planted out-of-bounds read in %.1f s (limit %s s)"
+              % (took, seconds))
+        return
+    print(text[-3000:])
+    fail("fuzz_canary: FAILED: the planted out-of-bounds read was not found within %s s "
+         "(exit %d after %.1f s, log %s): the fuzzing setup does not find bugs"
+         % (seconds, rc, took, log))
+
+
+def cmd_coverage(summary, group, min_lines, min_branches, allow):
+    """Print each file's and the group's figures from llvm-cov's export; gate the group.
+
+    allow, when given, is [LINES, BRANCHES, REASON...]: lower floors enforced
+    while the group is below its own, with the reason printed on every run."""
+    with open(summary, encoding="utf-8") as f:
+        data = json.load(f)["data"][0]
+    for fi in sorted(data["files"], key=lambda x: x["filename"]):
+        name = os.path.relpath(fi["filename"])
+        s = fi["summary"]
+        print("coverage: %-34s lines %6.2f%% (%d/%d), branches %6.2f%% (%d/%d)"
+              % (name, s["lines"]["percent"], s["lines"]["covered"], s["lines"]["count"],
+                 s["branches"]["percent"], s["branches"]["covered"], s["branches"]["count"]))
+    t = data["totals"]
+    ln, br = t["lines"], t["branches"]
+    figures = ("coverage: group %s: lines %.2f%% (%d/%d), branches %.2f%% (%d/%d)"
+               % (group, ln["percent"], ln["covered"], ln["count"], br["percent"],
+                  br["covered"], br["count"]))
+
+    def meets(lines, branches):
+        """Nonzero when the group reaches both floors."""
+        return ln["percent"] >= float(lines) and br["percent"] >= float(branches)
+
+    if meets(min_lines, min_branches):
+        print("%s; gate %s%% / %s%%: ok" % (figures, min_lines, min_branches))
+        if allow:
+            print("coverage: group %s: note: it reaches its floors; drop its allowance" % group)
+        return
+    if allow and meets(allow[0], allow[1]):
+        print("%s; gate %s%% / %s%%: BELOW, allowed down to %s%% / %s%%: %s"
+              % (figures, min_lines, min_branches, allow[0], allow[1], " ".join(allow[2:])))
+        return
+    print("%s; gate %s%% / %s%%%s: FAILED" % (figures, min_lines, min_branches,
+                                             " (allowed down to %s%% / %s%%)" % tuple(allow[:2])
+                                             if allow else ""))
+    sys.exit(1)
+
+
+def main(argv):
+    """Dispatch on the subcommand."""
+    if len(argv) >= 3 and argv[1] == "lines":
+        cmd_lines(argv[2], argv[3:])
+    elif len(argv) == 7 and argv[1] == "check":
+        cmd_check(*argv[2:])
+    elif len(argv) >= 6 and argv[1] == "canary" and argv[4] == "--":
+        cmd_canary(argv[2], argv[3], argv[5:])
+    elif (len(argv) == 6 or len(argv) >= 9) and argv[1] == "coverage":
+        cmd_coverage(argv[2], argv[3], argv[4], argv[5], argv[6:])
+    else:
+        print(__doc__.strip())
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
