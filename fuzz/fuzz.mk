@@ -22,7 +22,7 @@
 # Nothing here writes into corpus/ except fuzz-seeds.
 
 FUZZ_TARGETS := fuzz_parse fuzz_differential fuzz_open fuzz_keyring fuzz_migrate fuzz_rollout \
-                fuzz_providers fuzz_p11meta fuzz_plugin_resp
+                fuzz_providers fuzz_p11meta fuzz_plugin_resp fuzz_faults
 FUZZ_SMOKE_SECONDS ?= 20
 FUZZ_SECONDS ?= 60
 AFL_SECONDS ?= 20

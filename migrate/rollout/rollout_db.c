@@ -79,6 +79,7 @@
 #include "../store/sqlite_store.h"
 #include "../store/sqlite_util.h"
 #include "rollout_internal.h"
+#include "../alloc_hook.h"
 
 /* One open rollout store. */
 struct ks_rollout_db {
