@@ -10,7 +10,8 @@
 #   make kms-aws-test  the AWS KMS client (tools/kms-aws/) and the
 #                   keyshift-kms-aws plugin against moto_server (also run
 #                   by cli-test)
-#   make unit       the cmocka unit tests (tests/test_*.c) under ASan+UBSan
+#   make unit       the cmocka unit tests (tests/test_*.c) under ASan+UBSan,
+#                   with the fault-injection sweeps (tests/test_faults.c)
 #   make tsan       the library and the threaded unit tests (TSAN_TESTS:
 #                   test_fork, test_threads, test_crypto, test_migrate,
 #                   test_rollout, test_rowstore_sqlite, test_pkcs11,

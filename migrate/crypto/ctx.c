@@ -20,6 +20,7 @@
 #include <keyshift/crypto.h>
 
 #include "ctx_internal.h"
+#include "../alloc_hook.h"
 
 /* The read cache's derived state of an aes-256-gcm DEK's read keys
  * (shard.h): the expanded AES-GCM key of their first 32 bytes, the AEAD

@@ -27,6 +27,7 @@
 
 #include "dek_cache.h"
 #include "mono_clock.h"
+#include "../alloc_hook.h"
 
 #define NIL UINT32_MAX
 /* NH's input in 32-bit words: the longest tail, then u64(key length). */

@@ -26,6 +26,7 @@
 #include "dek_writer.h"
 #include "mono_clock.h"
 #include "v2_keys.h"
+#include "../alloc_hook.h"
 
 /* Active DEKs per context.  Past this many tuples the oldest is retired
  * (it is re-created on its next seal): a bound on memory and on the

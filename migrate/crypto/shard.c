@@ -13,6 +13,7 @@
 #include <sodium.h>
 
 #include "shard.h"
+#include "../alloc_hook.h"
 
 #define AES_STATE sizeof(crypto_aead_aes256gcm_state)
 #define SECRET_LEN (KS_SHARD_OPENS * (AES_STATE + KS_RKEYS_MAX))

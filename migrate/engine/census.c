@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "../alloc_hook.h"
 
 /* The growing state of one census run. */
 typedef struct census_run {

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "../alloc_hook.h"
 
 /* Find name[0, len) among t's columns; its index or -1. */
 static int find_column(const ks_context_tmpl *t, const uint8_t *name, size_t len)

@@ -138,6 +138,7 @@
 #include <sodium.h>
 
 #include "engine.h"
+#include "../alloc_hook.h"
 
 #define KS_MIGRATE_MAX_PASSES 10
 #define KS_MIGRATE_RATE_MIN_ROWS 100

@@ -29,6 +29,7 @@
 #include <sodium.h>
 
 #include "engine.h"
+#include "../alloc_hook.h"
 
 /* The state of one verify call. */
 typedef struct verify_run {

@@ -37,6 +37,7 @@
 #include <keyshift/keyring.h>
 
 #include "keyring_format.h"
+#include "../alloc_hook.h"
 
 /* The format's constants must be libsodium's (keyring_format.c may not
  * include sodium.h, so they are repeated there). */
@@ -675,6 +676,11 @@ static ks_err encode_file(const ks_keyring *kr, const ks_krf_key *keys, size_t n
 /*
  * Write keys[0, n) as kr's keyring file (create: a new file that must not
  * exist) and, on success, load what was written into *img [K-FILE-4].
+ * The image is loaded from the encoded body before the file is replaced:
+ * once the new file is in place nothing is left that can fail, so an
+ * error always means the file is unchanged (an allocation failing in the
+ * load after the rename reported an error for a change that was already
+ * durable, and a retried add-version then added a second version).
  */
 static ks_err write_keys(const ks_keyring *kr, const ks_krf_key *keys, size_t n, int create,
                          kr_image *img)
@@ -687,9 +693,11 @@ static ks_err write_keys(const ks_keyring *kr, const ks_krf_key *keys, size_t n,
     if (e != KS_OK) {
         return e;
     }
-    e = replace_file(kr->path, file, file_len, create);
-    if (e == KS_OK && img != NULL) {
+    if (img != NULL) {
         e = image_load(body, body_len, body_base, img, &pe);
+    }
+    if (e == KS_OK && (e = replace_file(kr->path, file, file_len, create)) != KS_OK && img != NULL) {
+        image_free(img);
     }
     sodium_free(file);
     sodium_free(body);

@@ -15,6 +15,7 @@
 
 #include "p11_meta.h"
 #include "p11_internal.h"
+#include "../alloc_hook.h"
 
 #define KEY_LABEL_PREFIX "keyshift:"
 #define META_LABEL_PREFIX "keyshift-meta:"

@@ -33,6 +33,7 @@
 
 #include "../crypto/mono_clock.h"
 #include "p11_internal.h"
+#include "../alloc_hook.h"
 
 #ifdef KS_TEST_HOOKS
 CK_FUNCTION_LIST_PTR (*ks_p11_test_filter)(CK_FUNCTION_LIST_PTR f);

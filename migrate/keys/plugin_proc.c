@@ -18,6 +18,7 @@
 
 #include "../crypto/mono_clock.h"
 #include "plugin_proc.h"
+#include "../alloc_hook.h"
 
 extern char **environ;
 

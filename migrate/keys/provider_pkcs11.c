@@ -35,6 +35,7 @@
 #include "p11_meta.h"
 #include "p11_internal.h"
 #include "provider_internal.h"
+#include "../alloc_hook.h"
 
 #define IV_LEN 12
 #define TAG_LEN 16

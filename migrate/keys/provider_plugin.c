@@ -28,6 +28,7 @@
 #include "../crypto/mono_clock.h"
 #include "plugin_proc.h"
 #include "plugin_proto.h"
+#include "../alloc_hook.h"
 
 #define MS 1000000ull /* nanoseconds */
 

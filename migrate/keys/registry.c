@@ -29,6 +29,7 @@
 
 #include "keyring_format.h"
 #include "registry_format.h"
+#include "../alloc_hook.h"
 
 /* The largest passphrase or PIN read from a file or a variable [P-SECRET-2]. */
 #define SECRET_MAX 4096

@@ -30,6 +30,7 @@
 #include "../../format/rules.h"
 #include "../store/sqlite_util.h"
 #include "rollout_internal.h"
+#include "../alloc_hook.h"
 
 /* The default least time between two checks of the database. */
 #define REFRESH_DEFAULT_MS 1000u

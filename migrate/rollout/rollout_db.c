@@ -79,6 +79,7 @@
 #include "../store/sqlite_store.h"
 #include "../store/sqlite_util.h"
 #include "rollout_internal.h"
+#include "../alloc_hook.h"
 
 /* Statements a store keeps prepared (more than the distinct SQL texts of
  * this file, so every one is kept once used). */

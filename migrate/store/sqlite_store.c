@@ -121,6 +121,7 @@
 
 #include "sqlite_store.h"
 #include "sqlite_util.h"
+#include "../alloc_hook.h"
 
 /* The longest identifier or error name accepted. */
 #define IDENT_MAX 1024u
