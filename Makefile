@@ -269,6 +269,7 @@ check-layout:
 
 # ---- fuzzing (fuzz/fuzz.mk) ---------------------------------------------
 include fuzz/fuzz.mk
+include tools/prove.mk
 
 # ---- benchmarks ---------------------------------------------------------
 
