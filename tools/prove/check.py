@@ -20,19 +20,29 @@ PROVED = {"Valid", "Considered valid", "Dead"}
 
 
 def load_alarms(path):
-    """(file, function, property) -> justification, from lines
-    `file | function | property | why`; `#` starts a comment line."""
+    """(file, function, source line, property) -> justification, from
+    lines `file ¦ function ¦ source line ¦ property ¦ why`; `#` starts a
+    comment line."""
     out = {}
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             line = line.rstrip("\n")
             if not line.strip() or line.startswith("#"):
                 continue
-            parts = line.split(" | ", 3)
-            if len(parts) != 4 or not parts[3].strip():
-                sys.exit(f"{path}:{n}: want `file | function | property | why`")
-            out[tuple(parts[:3])] = parts[3]
+            parts = line.split(" ¦ ", 4)
+            if len(parts) != 5 or not parts[4].strip():
+                sys.exit(f"{path}:{n}: want `file ¦ function ¦ source line ¦ property ¦ why`")
+            out[tuple(parts[:4])] = parts[4]
     return out
+
+
+def source_line(path, line, cache={}):
+    """The text of line `line` of `path`, stripped: it names the alarm's
+    statement without its line number, so edits elsewhere do not move it."""
+    if path not in cache:
+        with open(path, encoding="utf-8") as f:
+            cache[path] = f.read().split("\n")
+    return cache[path][int(line) - 1].strip()
 
 
 def main():
@@ -49,12 +59,12 @@ def main():
             counts[status] += 1
             if status in PROVED:
                 continue
-            key = (path, row["function"], row["property"])
+            key = (path, row["function"], source_line(path, row["line"]), row["property"])
             if key in alarms:
                 justified.add(key)
                 continue
-            unjustified.append(f"{path}:{row['line']}: {row['function']}: "
-                               f"{row['property kind']}: {status}: {row['property']}")
+            unjustified.append(f"{row['property kind']}, {status} at {path}:{row['line']}:\n"
+                               f"    {' | '.join(key)} | ?")
     total = sum(counts.values())
     print("prove: properties of parser/, format/ and the driver: "
           + ", ".join(f"{counts[s]} {s.lower()}" for s in sorted(counts)) + f" (of {total})")
