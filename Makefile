@@ -273,6 +273,7 @@ check-layout:
 # ---- fuzzing (fuzz/fuzz.mk) ---------------------------------------------
 include fuzz/fuzz.mk
 include tools/mutate.mk
+include tools/prove.mk
 
 # ---- benchmarks ---------------------------------------------------------
 
@@ -299,7 +300,7 @@ test:
 	@tools/deps.sh
 	@$(MAKE) --no-print-directory all check-layout symbols
 	@$(MAKE) --no-print-directory unit tsan cli-test install-test
-	@$(MAKE) --no-print-directory fuzz-replay coverage fuzz-smoke
+	@$(MAKE) --no-print-directory fuzz-replay coverage fuzz-smoke prove
 	@echo "make test: all checks passed"
 
 # ---- install ------------------------------------------------------------

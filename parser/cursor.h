@@ -12,6 +12,11 @@
  * Offsets reported by a cursor are absolute: relative to the start of the
  * outermost input, including for sub-cursors.  Internal header: all static
  * inline; no allocation, no libc beyond the types.
+ *
+ * The comments that open with an at sign are ACSL contracts, for Frama-C
+ * (`make prove`, docs/fuzzing.md "Proof"): WP proves each function
+ * against its contract, and Eva checks every call's precondition in the
+ * parser.  A compiler sees comments only.
  */
 #ifndef KS_PARSER_CURSOR_H
 #define KS_PARSER_CURSOR_H
@@ -30,7 +35,19 @@ typedef struct ks_cursor {
     size_t base;        /* absolute offset of buf[0] in the outermost input */
 } ks_cursor;
 
+/*@ // The cursor's invariant: pos <= len, every byte of the region
+    // readable, and every absolute offset representable in a size_t.
+    predicate ks_cursor_inv{L}(ks_cursor *c) =
+      \valid_read(c) && c->pos <= c->len && c->base + c->len <= SIZE_MAX &&
+      \valid_read(c->buf + (0 .. c->len - 1));
+*/
+
 /* A cursor over buf[0, len) at absolute offset 0. */
+/*@ requires len == 0 || \valid_read(buf + (0 .. len - 1));
+    assigns \nothing;
+    ensures \result.buf == buf && \result.len == len;
+    ensures \result.pos == 0 && \result.base == 0;
+*/
 static inline ks_cursor ks_cursor_init(const uint8_t *buf, size_t len)
 {
     ks_cursor c = {buf, len, 0, 0};
@@ -39,6 +56,10 @@ static inline ks_cursor ks_cursor_init(const uint8_t *buf, size_t len)
 }
 
 /* Bytes not yet consumed. */
+/*@ requires \valid_read(c) && c->pos <= c->len;
+    assigns \nothing;
+    ensures \result == c->len - c->pos;
+*/
 static inline size_t ks_cursor_remaining(const ks_cursor *c)
 {
     assert(c->pos <= c->len);
@@ -46,18 +67,40 @@ static inline size_t ks_cursor_remaining(const ks_cursor *c)
 }
 
 /* Nonzero when every byte has been consumed. */
+/*@ requires \valid_read(c) && c->pos <= c->len;
+    assigns \nothing;
+    ensures \result != 0 <==> c->pos == c->len;
+*/
 static inline int ks_cursor_is_empty(const ks_cursor *c)
 {
     return ks_cursor_remaining(c) == 0;
 }
 
 /* Absolute offset of the next byte to be read. */
+/*@ requires \valid_read(c) && c->base + c->pos <= SIZE_MAX;
+    assigns \nothing;
+    ensures \result == c->base + c->pos;
+*/
 static inline size_t ks_cursor_offset(const ks_cursor *c)
 {
     return c->base + c->pos;
 }
 
 /* Read one byte.  KS_ERR_TRUNCATED, cursor unchanged, when none is left. */
+/*@ requires \valid(c) && ks_cursor_inv(c) && \valid(out) && \separated(c, out);
+    assigns c->pos, *out;
+    ensures ks_cursor_inv(c);
+    behavior empty:
+      assumes c->pos == c->len;
+      assigns \nothing;
+      ensures \result == KS_ERR_TRUNCATED;
+    behavior byte:
+      assumes c->pos < c->len;
+      ensures \result == KS_OK && c->pos == \old(c->pos) + 1;
+      ensures *out == \old(c->buf[c->pos]);
+    complete behaviors;
+    disjoint behaviors;
+*/
 static inline ks_err ks_cursor_read_u8(ks_cursor *c, uint8_t *out)
 {
     if (1 > ks_cursor_remaining(c)) {
@@ -70,6 +113,22 @@ static inline ks_err ks_cursor_read_u8(ks_cursor *c, uint8_t *out)
 
 /* Read a view of the next n bytes, without copying.  KS_ERR_TRUNCATED,
  * cursor unchanged, when fewer than n remain. */
+/*@ requires \valid(c) && ks_cursor_inv(c) && \valid(out) && \separated(c, out);
+    assigns c->pos, *out;
+    ensures ks_cursor_inv(c);
+    behavior short:
+      assumes n > c->len - c->pos;
+      assigns \nothing;
+      ensures \result == KS_ERR_TRUNCATED;
+    behavior view:
+      assumes n <= c->len - c->pos;
+      ensures \result == KS_OK && c->pos == \old(c->pos) + n && out->len == n;
+      ensures n == 0 ==> out->ptr == \null;
+      ensures n != 0 ==> out->ptr == c->buf + \old(c->pos);
+      ensures \valid_read(out->ptr + (0 .. n - 1));
+    complete behaviors;
+    disjoint behaviors;
+*/
 static inline ks_err ks_cursor_read_view(ks_cursor *c, size_t n, ks_bytes *out)
 {
     if (n > ks_cursor_remaining(c)) {
@@ -83,6 +142,22 @@ static inline ks_err ks_cursor_read_view(ks_cursor *c, size_t n, ks_bytes *out)
 
 /* Split off the next n bytes as a sub-cursor and advance past them.
  * KS_ERR_TRUNCATED, cursor unchanged, when fewer than n remain. */
+/*@ requires \valid(c) && ks_cursor_inv(c) && \valid(sub) && \separated(c, sub);
+    assigns c->pos, *sub;
+    ensures ks_cursor_inv(c);
+    behavior short:
+      assumes n > c->len - c->pos;
+      assigns \nothing;
+      ensures \result == KS_ERR_TRUNCATED;
+    behavior sub:
+      assumes n <= c->len - c->pos;
+      ensures \result == KS_OK && c->pos == \old(c->pos) + n;
+      ensures sub->buf == c->buf + \old(c->pos) && sub->len == n && sub->pos == 0;
+      ensures sub->base == \old(c->base + c->pos);
+      ensures ks_cursor_inv(sub);
+    complete behaviors;
+    disjoint behaviors;
+*/
 static inline ks_err ks_cursor_read_sub(ks_cursor *c, size_t n, ks_cursor *sub)
 {
     if (n > ks_cursor_remaining(c)) {
@@ -109,6 +184,14 @@ static inline ks_err ks_cursor_read_sub(ks_cursor *c, size_t n, ks_cursor *sub)
  * On any failure the cursor is unchanged, so ks_cursor_offset() is the
  * varint's first byte.  Reads at most five bytes.
  */
+/*@ requires \valid(c) && ks_cursor_inv(c) && \valid(out) && \separated(c, out);
+    assigns c->pos, *out;
+    ensures ks_cursor_inv(c);
+    ensures \result == KS_OK || \result == KS_ERR_TRUNCATED ||
+            \result == KS_ERR_VARINT_OVERFLOW || \result == KS_ERR_NONCANONICAL_VARINT;
+    ensures \result != KS_OK ==> c->pos == \old(c->pos);
+    ensures \result == KS_OK ==> \old(c->pos) < c->pos <= \old(c->pos) + 5;
+*/
 static inline ks_err ks_cursor_read_varint32(ks_cursor *c, uint32_t *out)
 {
     const size_t avail = ks_cursor_remaining(c);
@@ -121,6 +204,10 @@ static inline ks_err ks_cursor_read_varint32(ks_cursor *c, uint32_t *out)
         c->pos++;
         return KS_OK;
     }
+    /*@ loop invariant 0 <= i <= 5 && i <= avail && c->pos == \at(c->pos, Pre);
+        loop assigns i, v;
+        loop variant 5 - i;
+    */
     for (size_t i = 0; i < 5; i++) {
         if (i + 1 > avail) {
             return KS_ERR_TRUNCATED;
