@@ -151,6 +151,13 @@ static void decode(const uint8_t *data, size_t size, input *in)
         for (size_t k = 0; k < len && c.off < c.n; k++) {
             in->pt[i][in->pt_len[i]++] = ks_fuzz_next(&c);
         }
+        /* A value that begins "KSE" is an envelope to the engine
+         * (ks_engine_is_envelope): as a plaintext it would be quarantined
+         * as malformed with or without a fault, which oracle 5 does not
+         * model.  The harness's plaintexts never begin with it. */
+        if (in->pt_len[i] >= 3 && memcmp(in->pt[i], "KSE", 3) == 0) {
+            in->pt[i][0] = 'k';
+        }
         char ctx[32];
         ks_seal_params sp = {2, KS_ALG_XCHACHA20POLY1305, BV("acme"), BV("k"), 1, BV("db.cards"),
                              kf_row_context((int64_t)i + 1, ctx, sizeof ctx)};
