@@ -22,7 +22,7 @@ T_EMPTY, T_ID, T_ORG, T_FIXED = 0, 1, 2, 3
 TG_PRIMARY, TG_V1, TG_V2, TG_OTHER = 0, 1, 2, 3
 # actions of byte 3
 A_NONE, A_STOP, A_UNWRAP, A_WRAP, A_KEYINFO, A_DENIED = 0, 1, 2, 3, 4, 5
-# tenant column values and org column values
+# tenant column values (TENANTS of fuzz/fuzz_migrate.c) and org column values
 TN_ACME, TN_GLOBEX, TN_NULL, TN_BAD = 0, 1, 2, 3
 ORG_NULL, ORG_7, ORG_SALES, ORG_DEAD = 0, 1, 2, 3
 
@@ -127,6 +127,27 @@ def seeds():
     s.append(params(FILTERED, fmt1=True, batch=3, verify=True, rate=254) +
              genuine(16) + genuine(17, as_text=True) + genuine(3) + genuine(16, mut=9, xor=4))
     s.append(params(FILTERED, target=TG_OTHER, verify=True) + genuine(16) + genuine(2))
+    # TEXT rows read as context templates (oracle 7): literals, "{{" and "}}",
+    # {id}, repeated and distinct columns, and every malformed shape
+    tmpls = [b"{id}:{org}:{kind}:{org}", b"{{x}}", b"a}b", b"{x", b"{a{b}", b"{}", b"{ok}{id}",
+             b"".join(b"{c%d}" % i for i in range(12)), b"{nul\x00}", b"}}{{", b"{"]
+    s.append(params(ENCRYPT, batch=8) + b"".join(text(t) for t in tmpls))
+    # census through the scan and sampled verify with failures (odd row counts)
+    s.append(params(REWRAP, batch=2, verify=True) + gid + genuine(2, mut=5, xor=1) +
+             genuine(3, mut=9, xor=4) + null() + text(b"plain"))
+    s.append(params(REENCRYPT, tmpl=T_ORG, verify=True, batch=3) + genuine(9, org=ORG_SALES) +
+             genuine(1, org=ORG_DEAD) + genuine(2, org=ORG_7) + genuine(9, mut=3, xor=2, org=ORG_SALES) +
+             text(b"x", org=ORG_DEAD))
+    s.append(params(ENCRYPT, tmpl=T_ORG, verify=True, tenant_col=True) +
+             text(b"a", tenant=TN_GLOBEX, org=ORG_DEAD) + blob(b"b", org=ORG_7) + integer(-5, org=ORG_DEAD))
+    s.append(params(FILTERED, verify=True, batch=8) + genuine(16) + genuine(1) + genuine(16, mut=4, xor=8))
+    s.append(params(REWRAP, both=True, tenant_col=True, verify=True) + genuine(1) + genuine(2) + genuine(3))
+    # verify of one row (the sample covers it), and of rows whose tenant column is unusable
+    s.append(params(REWRAP, verify=True) + genuine(1))
+    s.append(params(REWRAP, tmpl=T_EMPTY, tenant_col=True, verify=True) + genuine(0, tenant=TN_NULL) +
+             genuine(0, tenant=TN_BAD) + genuine(13, tenant=TN_GLOBEX) + genuine(0))
+    s.append(params(REWRAP, tmpl=T_ID, tenant_col=True, verify=True, batch=3) +
+             genuine(1, tenant=TN_NULL) + genuine(8, tenant=TN_GLOBEX) + genuine(3, tenant=TN_BAD))
     s.append(b"")
     s.append(params(ENCRYPT))
     return s
