@@ -23,7 +23,7 @@
  *   (NULL, INTEGER, TEXT, BLOB, genuine envelope as BLOB / TEXT, REAL,
  *   "KSE"-prefixed BLOB), bit 3 pre-quarantined, bits 4-5 the tenant
  *   column (acme, Globex-2.x_y:z, NULL, "bad tenant"), bits 6-7 the org column
- *   (NULL, 7, "sales", x'dead'); followed by the kind's bytes (see
+ *   (NULL, -7, "sales", x'dead'); followed by the kind's bytes (see
  *   read_row).  Row i has id i + 1.
  *
  * World (built once): libsodium's random source replaced by a fixed-seed
@@ -381,7 +381,7 @@ static void bind_extra(sqlite3_stmt *st, int col, int is_org, int kind)
     if (is_org) {
         switch (kind) {
         case 0: CHECK(sqlite3_bind_null(st, col) == SQLITE_OK); break;
-        case 1: CHECK(sqlite3_bind_int64(st, col, 7) == SQLITE_OK); break;
+        case 1: CHECK(sqlite3_bind_int64(st, col, -7) == SQLITE_OK); break;
         case 2: CHECK(sqlite3_bind_text(st, col, "sales", 5, SQLITE_STATIC) == SQLITE_OK); break;
         default: CHECK(sqlite3_bind_blob(st, col, "\xde\xad", 2, SQLITE_STATIC) == SQLITE_OK); break;
         }
@@ -512,7 +512,7 @@ static int starts_kse(const row *r)
 /* The context the engine renders for r under template tmpl. */
 static size_t render(unsigned tmpl, const row *r, char *buf, size_t cap)
 {
-    static const char *const orgs[4] = {"", "7", "sales", "dead"};
+    static const char *const orgs[4] = {"", "-7", "sales", "dead"};
     switch (tmpl) {
     case 0: buf[0] = '\0'; break;
     case 1: snprintf(buf, cap, "t:%lld", (long long)r->id); break;

@@ -939,6 +939,12 @@ static void op_join(world *w, uint8_t a, uint8_t b)
     ks_policy_options o = {n.r.instance_id, n.r.max_format, n.r.algorithms, n.r.keys,
                            0xffffffffu, 0};
     CHECK(ks_policy_open(db_path, &o, &n.pol) == KS_OK);
+    /* without its heartbeat a policy registers nothing itself: a heartbeat
+     * does nothing, a malformed key list is refused, and setting the keys
+     * it already holds changes nothing */
+    CHECK(ks_policy_heartbeat(n.pol) == KS_OK);
+    CHECK(ks_policy_set_keys(n.pol, "not a key list") == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_policy_set_keys(n.pol, n.r.keys) == KS_OK);
     CHECK(ks_rollout_db_reader_register(w->db, &n.r, w->now) == KS_OK);
     n.registered = 1;
     n.heartbeat = w->now;

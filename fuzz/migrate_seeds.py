@@ -24,7 +24,7 @@ TG_PRIMARY, TG_V1, TG_V2, TG_OTHER = 0, 1, 2, 3
 A_NONE, A_STOP, A_UNWRAP, A_WRAP, A_KEYINFO, A_DENIED = 0, 1, 2, 3, 4, 5
 # tenant column values (TENANTS of fuzz/fuzz_migrate.c) and org column values
 TN_ACME, TN_GLOBEX, TN_NULL, TN_BAD = 0, 1, 2, 3
-ORG_NULL, ORG_7, ORG_SALES, ORG_DEAD = 0, 1, 2, 3
+ORG_NULL, ORG_7, ORG_SALES, ORG_DEAD = 0, 1, 2, 3  # ORG_7: the integer -7
 
 
 def params(mode, fmt1=False, aes=False, batch=1, no_verify=False, tmpl=T_ID, tenant_col=False,
@@ -148,6 +148,16 @@ def seeds():
              genuine(0, tenant=TN_BAD) + genuine(13, tenant=TN_GLOBEX) + genuine(0))
     s.append(params(REWRAP, tmpl=T_ID, tenant_col=True, verify=True, batch=3) +
              genuine(1, tenant=TN_NULL) + genuine(8, tenant=TN_GLOBEX) + genuine(3, tenant=TN_BAD))
+    # values that start like the envelope magic and are not envelopes
+    near = text(b"K") + text(b"Kx") + text(b"KSx") + blob(b"KS") + blob(b"KSF")
+    s.append(params(ENCRYPT, batch=8, verify=True) + near)
+    s.append(params(REWRAP, batch=8, verify=True) + near + genuine(1) + genuine(2))
+    s.append(params(FILTERED, batch=8, verify=True) + near + genuine(16) + genuine(2) + null())
+    # the census of every envelope class of GENUINE (nine: more than its first allocation),
+    # by the scan (nine rows) and by visit_values (ten); encrypt leaves them as they are
+    classes = b"".join(genuine(k) for k in (0, 4, 7, 10, 11, 14, 15, 16, 17))
+    s.append(params(ENCRYPT, batch=8) + classes)
+    s.append(params(ENCRYPT, batch=8) + classes + genuine(1))
     s.append(b"")
     s.append(params(ENCRYPT))
     return s
