@@ -310,9 +310,10 @@ static uint64_t step_deadline(uint64_t len, uint64_t end)
 
 /* Start s's process and greet it ([KP-HELLO-1..4]), honouring its restart
  * backoff, all before the call's end; the hello has a deadline of its own
- * (step_deadline).  KS_OK, or the failure (s's process then killed and
- * its next start pushed back). */
-static ks_err slot_start(ks_plugin *pl, slot *s, uint64_t end)
+ * (start_ns).  The hello's answer goes to *resp, and *stage becomes
+ * "hello" once the process runs (for ks_plugin_open's error).  KS_OK, or
+ * the failure (s's process then killed and its next start pushed back). */
+static ks_err slot_start(ks_plugin *pl, slot *s, uint64_t end, ks_kp_response *resp, const char **stage)
 {
     pthread_mutex_lock(&pl->mu);
     const uint64_t nb = s->not_before;
@@ -338,17 +339,17 @@ static ks_err slot_start(ks_plugin *pl, slot *s, uint64_t end)
         slot_bury(pl, s);
         return rc;
     }
+    *stage = "hello";
     ks_kp_request req = {.op = KS_KP_HELLO};
-    ks_kp_response resp;
-    memset(&resp, 0, sizeof resp);
-    rc = exchange(pl, s, &req, &resp, step_deadline(start_ns(&pl->cfg), end));
-    if (rc == KS_OK && !resp.ok) {
-        rc = resp.status;
+    memset(resp, 0, sizeof *resp);
+    rc = exchange(pl, s, &req, resp, step_deadline(start_ns(&pl->cfg), end));
+    if (rc == KS_OK && !resp->ok) {
+        rc = resp->status;
         slot_bury(pl, s);
     }
     if (rc == KS_OK) {
         pthread_mutex_lock(&pl->mu);
-        memcpy(pl->st.plugin, resp.plugin, sizeof pl->st.plugin);
+        memcpy(pl->st.plugin, resp->plugin, sizeof pl->st.plugin);
         pthread_mutex_unlock(&pl->mu);
     }
     return rc;
@@ -377,7 +378,9 @@ static ks_err attempt(ks_plugin *pl, ks_kp_request *req, ks_kp_response *resp, u
         slot_bury(pl, s);
     }
     if (s->proc.pid == 0) {
-        rc = slot_start(pl, s, end);
+        ks_kp_response hello;
+        const char *stage = "start";
+        rc = slot_start(pl, s, end, &hello, &stage);
         if (rc == KS_ERR_NOT_FOUND) {
             rc = KS_ERR_UNAVAILABLE; /* the program is gone: the provider is unavailable */
         }
@@ -722,34 +725,16 @@ ks_err ks_plugin_open(const ks_plugin_config *cfg, ks_provider *out, ks_plugin_e
     }
     slot *s = &pl->slots[0];
     s->busy = 1;
-    const uint64_t deadline = ks_mono_ns() + start_ns(cfg);
-    rc = ks_pproc_start(&s->proc, pl->argv);
-    const char *stage = "start";
     ks_kp_response resp;
     memset(&resp, 0, sizeof resp);
-    if (rc == KS_OK) {
-        pl->st.starts++;
-        stage = "hello";
-        ks_kp_request req = {.op = KS_KP_HELLO};
-        rc = exchange(pl, s, &req, &resp, deadline);
-        if (rc == KS_OK && !resp.ok) {
-            rc = resp.status;
-        } else if (rc == KS_OK) {
-            memcpy(pl->st.plugin, resp.plugin, sizeof pl->st.plugin);
-        }
-    } else {
-        last_error(pl, "start", rc == KS_ERR_NOT_FOUND ? "no such program" : "the program could not be run");
-    }
+    const char *stage = "start";
+    rc = slot_start(pl, s, ks_mono_ns() + start_ns(cfg), &resp, &stage);
     slot_give(pl, s);
     if (rc != KS_OK) {
         open_error(err, rc, stage, pl, &resp);
         plugin_destroy(pl);
         return rc;
     }
-    pthread_mutex_lock(&pl->mu);
-    s->deaths = 0;
-    s->not_before = 0;
-    pthread_mutex_unlock(&pl->mu);
     out->ops = &plugin_ops;
     out->self = pl;
     out->name = "plugin";
