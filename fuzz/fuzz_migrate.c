@@ -37,22 +37,29 @@
  * SQLITE_OPEN_CREATE), under SQLite's fuzzing limits; its schema (table t
  * and keyshift's tables) is a template image built once.
  *
+ * The connections and the four stores an input can ask for (with or
+ * without the tenant column, with or without org as a context column)
+ * are opened once and kept (fuzz/fuzz_sqlite.h), with secrets on the
+ * heap (migrate/alloc_hook.h, fuzz builds): opening a store parsed the
+ * schema and was half of every input.
+ *
  * Per input (each independent of the ones before: the random stream is
- * rewound, the context and its caches are new, the database starts from
- * the template): note sqlite3_memory_used(), open the harness's own
- * connection (it keeps the in-memory database alive), load the template
- * and insert the rows, open the store, run the migration (and, after a
- * stop, an injected failure or the threshold, run it once more without
- * either), run a census and a verify, close the store, read the rows
- * back, close the harness's connection (the database goes).
+ * rewound, the context and its caches are new, the database is the
+ * template the last input's reset left): insert the rows, run the
+ * migration through the store of the input's target (and, after a stop,
+ * an injected failure or the threshold, run it once more without either),
+ * run a census and a verify, read the rows back, then reset the database
+ * to the template and check SQLite's memory (fuzz/fuzz_sqlite.h).
  *
  * Oracles (abort() on failure):
  *   1. Every ks_migrate_run result is allowed: OK, THRESHOLD, STOPPED
  *      (a stop was requested), the injected provider error, NOT_FOUND (an
  *      envelope names a key the provider lacks), INVALID_ARGUMENT (only
  *      with both a tenant column and a constant tenant).
- *   2. sqlite3_memory_used() after closing the store and the harness's
- *      connection equals its value before the input.
+ *   2. sqlite3_memory_used(), once the database is reset and the page
+ *      caches released, equals its value before the input (unless a
+ *      kept connection now holds more statements, schema or pages:
+ *      fuzz/fuzz_sqlite.h), and is 0 at exit once everything is closed.
  *   3. A pre-quarantined row, and every row the run quarantined, is
  *      byte-identical to its original value.
  *   4. Every row whose value changed is a BLOB envelope at the target key
@@ -167,7 +174,8 @@ static ks_ctx *ctx;          /* the input's context (the init's while sealing GE
 static sealed gen[N_GENUINE];
 static uint64_t drbg_start;  /* the random stream's position at each input's start */
 static int initialised;
-static sqlite3 *raw;         /* the harness's connection during an input */
+static sqlite3 *raw;         /* the harness's connection (fuzz/fuzz_sqlite.h's keeper) */
+static ks_rowstore stores[2][2]; /* by tenant column, then the org context column */
 
 /* The database's name in the in-memory VFS (shared by every connection of
  * the process while one is open, the leading '/'). */
@@ -188,6 +196,36 @@ static void new_ctx(void)
     cfg.cache_entries = CACHE_ENTRIES;
     ks_provider prov = ks_mem_provider_of(&mem);
     CHECK(ks_ctx_new(&prov, &cfg, &ctx) == KS_OK);
+}
+
+/* Open, once, the store of t.v with (tenant_column) or without the tenant
+ * column and with (context_org) or without org as a context column: every
+ * target an input can ask for, kept for the whole run like the
+ * connections (fuzz/fuzz_sqlite.h). */
+static void open_store(int tenant_column, int context_org)
+{
+    static const char *const org[1] = {"org"};
+    ks_rowstore_target tg = {"t", "v", NULL, tenant_column ? "tenant" : NULL, {NULL}, 0};
+    if (context_org) {
+        tg.context_columns[0] = org[0];
+        tg.n_context_columns = 1;
+    }
+    char eb[256];
+    CHECK(ks_rowstore_sqlite_open(db_path, &tg, NULL, &stores[tenant_column][context_org], eb,
+                                  sizeof eb) == KS_OK);
+}
+
+/* At exit: close the stores, then SQLite's world (fuzz/fuzz_sqlite.h
+ * checks that nothing of SQLite's is left). */
+static void close_stores(void)
+{
+    ks_fuzz_sqlite_stmts_finalize();
+    for (int tc = 0; tc < 2; tc++) {
+        for (int org = 0; org < 2; org++) {
+            ks_rowstore_close(&stores[tc][org]);
+        }
+    }
+    ks_fuzz_sqlite_world_end();
 }
 
 /* Build the world once. */
@@ -221,13 +259,17 @@ static void init(void)
     ks_ctx_free(ctx);
     ctx = NULL;
     ks_fuzz_sqlite_init();
-    CHECK(sqlite3_open_v2(db_path, &raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) == SQLITE_OK);
+    raw = ks_fuzz_sqlite_world_begin(db_path);
     CHECK(sqlite3_exec(raw, "CREATE TABLE t(id INTEGER PRIMARY KEY, v, tenant, org);", NULL, NULL,
                        NULL) == SQLITE_OK);
     CHECK(sqlite3_exec(raw, ks_sqlite_schema_sql, NULL, NULL, NULL) == SQLITE_OK);
-    ks_fuzz_sqlite_template_save(raw);
-    CHECK(sqlite3_close(raw) == SQLITE_OK);
-    raw = NULL;
+    for (int tc = 0; tc < 2; tc++) {
+        for (int org = 0; org < 2; org++) {
+            open_store(tc, org);
+        }
+    }
+    ks_fuzz_sqlite_world_seal("/fuzz_migrate.tmpl");
+    CHECK(atexit(close_stores) == 0);
     drbg_start = ks_fuzz_drbg_tell();
     initialised = 1;
 }
@@ -392,21 +434,17 @@ static void bind_extra(sqlite3_stmt *st, int col, int is_org, int kind)
     }
 }
 
-/* Open the harness's connection (kept until the input ends) on a new
- * database: the template (table t, keyshift's tables), w's rows and the
- * quarantine entries. */
+/* Fill the database, as the last input's reset left it (the template:
+ * table t and keyshift's tables, empty), with w's rows and the quarantine
+ * entries, through the harness's connection. */
 static void build_db(world_in *w)
 {
-    CHECK(sqlite3_open_v2(db_path, &raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) == SQLITE_OK);
-    ks_fuzz_sqlite_template_load(raw);
     sqlite3 *db = raw;
-    CHECK(sqlite3_exec(db, "BEGIN", NULL, NULL, NULL) == SQLITE_OK);
-    sqlite3_stmt *ins = NULL, *q = NULL, *rt = NULL;
-    CHECK(sqlite3_prepare_v2(db, "INSERT INTO t(id, v, tenant, org) VALUES(?1, ?2, ?3, ?4)", -1, &ins,
-                             NULL) == SQLITE_OK);
-    CHECK(sqlite3_prepare_v2(db, "INSERT INTO keyshift_quarantine VALUES('t', 'v', ?1, 'auth-failed', 0)",
-                             -1, &q, NULL) == SQLITE_OK);
-    CHECK(sqlite3_prepare_v2(db, "SELECT CAST(?1 AS TEXT)", -1, &rt, NULL) == SQLITE_OK);
+    ks_fuzz_sqlite_run(ks_fuzz_sqlite_stmt(db, "BEGIN"));
+    sqlite3_stmt *ins = ks_fuzz_sqlite_stmt(db, "INSERT INTO t(id, v, tenant, org) VALUES(?1, ?2, ?3, ?4)");
+    sqlite3_stmt *q =
+        ks_fuzz_sqlite_stmt(db, "INSERT INTO keyshift_quarantine VALUES('t', 'v', ?1, 'auth-failed', 0)");
+    sqlite3_stmt *rt = ks_fuzz_sqlite_stmt(db, "SELECT CAST(?1 AS TEXT)");
     for (size_t i = 0; i < w->n_rows; i++) {
         row *r = &w->rows[i];
         CHECK(sqlite3_bind_int64(ins, 1, r->id) == SQLITE_OK);
@@ -435,10 +473,10 @@ static void build_db(world_in *w)
             CHECK(sqlite3_reset(q) == SQLITE_OK);
         }
     }
-    sqlite3_finalize(ins);
-    sqlite3_finalize(q);
-    sqlite3_finalize(rt);
-    CHECK(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL) == SQLITE_OK);
+    ks_fuzz_sqlite_done(ins);
+    ks_fuzz_sqlite_done(q);
+    ks_fuzz_sqlite_done(rt);
+    ks_fuzz_sqlite_run(ks_fuzz_sqlite_stmt(db, "COMMIT"));
 }
 
 /* A row's value after the run, read back by the harness. */
@@ -456,11 +494,8 @@ typedef struct final {
 static void read_back(const world_in *w, final *f)
 {
     sqlite3 *db = raw;
-    sqlite3_stmt *st = NULL;
-    CHECK(sqlite3_prepare_v2(db,
-                             "SELECT id, v, EXISTS(SELECT 1 FROM keyshift_quarantine AS q WHERE "
-                             "q.tbl = 't' AND q.col = 'v' AND q.id = t.id) FROM t ORDER BY id",
-                             -1, &st, NULL) == SQLITE_OK);
+    sqlite3_stmt *st = ks_fuzz_sqlite_stmt(db, "SELECT id, v, EXISTS(SELECT 1 FROM keyshift_quarantine AS q WHERE "
+                                              "q.tbl = 't' AND q.col = 'v' AND q.id = t.id) FROM t ORDER BY id");
     size_t n = 0;
     while (sqlite3_step(st) == SQLITE_ROW) {
         CHECK(n < w->n_rows && sqlite3_column_int64(st, 0) == w->rows[n].id);
@@ -483,7 +518,7 @@ static void read_back(const world_in *w, final *f)
         x->in_quarantine = sqlite3_column_int(st, 2);
     }
     CHECK(n == w->n_rows);
-    sqlite3_finalize(st);
+    ks_fuzz_sqlite_done(st);
 }
 
 /* ---- oracles ----------------------------------------------------------------- */
@@ -719,15 +754,7 @@ static void on_verify_failure(void *arg, const ks_verify_failure *f)
  * census (oracle 6) and a verify, close; returns the last run's result. */
 static ks_err migrate(const world_in *w)
 {
-    static const char *const org[1] = {"org"};
-    ks_rowstore_target tg = {"t", "v", NULL, w->tenant_column ? "tenant" : NULL, {NULL}, 0};
-    if (w->context_org) {
-        tg.context_columns[0] = org[0];
-        tg.n_context_columns = 1;
-    }
-    ks_rowstore st;
-    char eb[256];
-    CHECK(ks_rowstore_sqlite_open(db_path, &tg, NULL, &st, eb, sizeof eb) == KS_OK);
+    ks_rowstore st = stores[w->tenant_column != 0][w->context_org != 0];
     prog pr = {w, 0, 0, KS_OK};
     if (w->act_after == 0) {
         act(&pr);
@@ -770,7 +797,6 @@ static ks_err migrate(const world_in *w)
         CHECK(verr == KS_OK || verr == KS_ERR_INVALID_ARGUMENT);
         CHECK(verr != KS_OK || (failures == vr.failed && vr.checked + vr.skipped <= w->n_rows));
     }
-    ks_rowstore_close(&st);
     return err;
 }
 
@@ -843,13 +869,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             check_template(&w.rows[i]);
         }
     }
-    sqlite3_int64 mem0 = sqlite3_memory_used();
     build_db(&w);
     ks_err last = migrate(&w);
     check_rows(&w, last);
-    CHECK(sqlite3_close(raw) == SQLITE_OK); /* the last connection: the database goes */
-    raw = NULL;
-    CHECK(sqlite3_memory_used() == mem0);
+    ks_fuzz_sqlite_world_check(); /* oracle 2, and the reset for the next input */
     ks_ctx_free(ctx);
     ctx = NULL;
     return 0;

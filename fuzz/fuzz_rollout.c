@@ -95,18 +95,22 @@
  *      verify appear, in order, with their fields;
  * plus: the stored rollout and rows match the model, the census matches
  * the model, and sqlite3_memory_used() is back to its starting value after
- * each input.
+ * each input (fuzz/fuzz_sqlite.h), and 0 at exit.
  *
  * World: libsodium's random source is fixed (fuzz/fuzz_drbg.h); the clock
  * is simulated (every ks_rollout_db_* call takes `now`; the policies never
  * register themselves and refresh explicitly).  The stores open plain
  * paths only (no URI, no SQLITE_OPEN_CREATE), so the harness makes
  * SQLite's in-memory "memdb" VFS the process's default: every connection
- * (the operator's ks_rollout_db, the policies, the row store, the
- * application's own) opens the same in-memory database, which vanishes
- * when the last one closes at the end of the input -- no file, and every
- * input starts from nothing.  Keys come from tests/mem_provider.h (as in
- * fuzz_migrate), rebuilt per input.
+ * (the operator's ks_rollout_db, the policies, the row stores, the
+ * application's own) opens the same in-memory database.  They are opened
+ * once and kept for the whole run (fuzz/fuzz_sqlite.h; a policy per slot
+ * and max format, which a JOIN gives its key list and reloads), and the
+ * database is reset to the template (tables t and u, keyshift's tables,
+ * all empty) after each input, so every input starts from the same
+ * state.  Secrets live on the heap in fuzz builds (migrate/alloc_hook.h).
+ * Keys come from tests/mem_provider.h (as in fuzz_migrate), rebuilt per
+ * input.
  *
  * FUZZ_ROLLOUT_VERBOSE=1 (environment) prints every operation.
  */
@@ -235,6 +239,49 @@ static const char db_path[] = "/fuzz_rollout.db";
 
 static uint64_t drbg_start; /* the random stream's position at each input's start */
 
+/* What every input shares, opened once (fuzz/fuzz_sqlite.h): the
+ * operator's store, the row stores of t.v and u.v, the application's
+ * connection. */
+static struct {
+    ks_rollout_db *db;
+    ks_rowstore st, st_u;
+    sqlite3 *raw;
+    ks_policy *pol[N_SLOTS][2]; /* by slot, then max format 2 (else 1) */
+} kept;
+
+/* Once per run: the policy of every instance a JOIN can start, one per
+ * slot and max format (opening one parses the schema and checks it: a
+ * fifth of every input when each JOIN opened its own).  A JOIN sets its
+ * key list and reloads its rules, which is all a new policy's state: its
+ * refresh interval never elapses and it never registers itself. */
+static void init_policies(void)
+{
+    for (size_t i = 0; i < N_SLOTS; i++) {
+        for (int f = 0; f < 2; f++) {
+            ks_policy_options o = {INSTANCES[i], f ? KS_FORMAT_V2 : KS_FORMAT_V1,
+                                   1u << KS_ALG_XCHACHA20POLY1305, "", 0xffffffffu, 0};
+            CHECK(ks_policy_open(db_path, &o, &kept.pol[i][f]) == KS_OK);
+        }
+    }
+}
+
+/* At exit: close what init opened (every connection closes cleanly: no
+ * statement left behind), then SQLite's world. */
+static void close_kept(void)
+{
+    ks_fuzz_sqlite_stmts_finalize();
+    for (size_t i = 0; i < N_SLOTS; i++) {
+        for (int f = 0; f < 2; f++) {
+            ks_policy_close(kept.pol[i][f]);
+        }
+    }
+    ks_rowstore_close(&kept.st);
+    ks_rowstore_close(&kept.st_u);
+    ks_rollout_db_close(kept.db);
+    CHECK(sqlite3_close(kept.raw) == SQLITE_OK);
+    ks_fuzz_sqlite_world_end();
+}
+
 /* Once per process: the fixed random source; SQLite's "memdb" VFS as the
  * default, so that the library's plain-path opens (no URI, no
  * SQLITE_OPEN_CREATE) all reach one in-memory database, under the fuzzing
@@ -246,20 +293,21 @@ static void init(void)
     CHECK(ks_fuzz_drbg_install(DRBG_LABEL) == 0);
     CHECK(sodium_init() >= 0);
     ks_fuzz_sqlite_init();
-    sqlite3 *raw = NULL;
-    CHECK(sqlite3_open_v2(db_path, &raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) == SQLITE_OK);
-    CHECK(sqlite3_exec(raw, "CREATE TABLE t(id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, v)", NULL,
-                       NULL, NULL) == SQLITE_OK);
-    ks_rollout_db *db = NULL;
+    sqlite3 *keeper = ks_fuzz_sqlite_world_begin(db_path);
+    CHECK(sqlite3_exec(keeper,
+                       "CREATE TABLE t(id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, v);"
+                       "CREATE TABLE u(id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, v);",
+                       NULL, NULL, NULL) == SQLITE_OK);
     char eb[256];
-    CHECK(ks_rollout_db_open(db_path, 0, &db, eb, sizeof eb) == KS_OK);
-    ks_rollout_db_close(db);
-    ks_rowstore st;
+    CHECK(ks_rollout_db_open(db_path, 0, &kept.db, eb, sizeof eb) == KS_OK);
     ks_rowstore_target tg = {"t", "v", NULL, "tenant", {NULL}, 0};
-    CHECK(ks_rowstore_sqlite_open(db_path, &tg, NULL, &st, eb, sizeof eb) == KS_OK);
-    ks_rowstore_close(&st);
-    ks_fuzz_sqlite_template_save(raw);
-    CHECK(sqlite3_close(raw) == SQLITE_OK);
+    CHECK(ks_rowstore_sqlite_open(db_path, &tg, NULL, &kept.st, eb, sizeof eb) == KS_OK);
+    ks_rowstore_target tu = {"u", "v", NULL, "tenant", {NULL}, 0};
+    CHECK(ks_rowstore_sqlite_open(db_path, &tu, NULL, &kept.st_u, eb, sizeof eb) == KS_OK);
+    CHECK(sqlite3_open_v2(db_path, &kept.raw, SQLITE_OPEN_READWRITE, NULL) == SQLITE_OK);
+    init_policies();
+    ks_fuzz_sqlite_world_seal("/fuzz_rollout.tmpl");
+    CHECK(atexit(close_kept) == 0);
     drbg_start = ks_fuzz_drbg_tell();
     initialised = 1;
 }
@@ -305,48 +353,18 @@ static void bind_str(sqlite3_stmt *q, int i, const char *s)
     CHECK(sqlite3_bind_text(q, i, s, -1, SQLITE_STATIC) == SQLITE_OK);
 }
 
-/* The application's statements on its connection, by SQL text (string
- * literals, compared by address): prepared once per input, as an
- * application prepares once, reset after each use and finalized at
- * teardown.  Re-preparing them per call was a fifth of all statements. */
-#define N_APP_STMTS 8
-static struct {
-    const char *sql;
-    sqlite3_stmt *st;
-} app_stmts[N_APP_STMTS];
-
-/* The application's prepared statement for sql, ready to bind. */
+/* The application's prepared statement for sql (a string literal), ready
+ * to bind: prepared once per run, as an application prepares once
+ * (fuzz/fuzz_sqlite.h); release it with app_done. */
 static sqlite3_stmt *app_stmt(const world *w, const char *sql)
 {
-    for (size_t i = 0; i < N_APP_STMTS; i++) {
-        if (app_stmts[i].sql == sql)
-            return app_stmts[i].st;
-        if (app_stmts[i].sql == NULL) {
-            CHECK(sqlite3_prepare_v2(w->raw, sql, -1, &app_stmts[i].st, NULL) == SQLITE_OK);
-            app_stmts[i].sql = sql;
-            return app_stmts[i].st;
-        }
-    }
-    CHECK(!"more statements than N_APP_STMTS");
-    return NULL;
+    return ks_fuzz_sqlite_stmt(w->raw, sql);
 }
 
-/* Done with q (from app_stmt): reset, so that it holds no transaction
- * open and no binding to the caller's buffers. */
+/* Done with q (from app_stmt): no transaction held, no binding kept. */
 static void app_done(sqlite3_stmt *q)
 {
-    (void)sqlite3_reset(q);
-    CHECK(sqlite3_clear_bindings(q) == SQLITE_OK);
-}
-
-/* Finalize the application's statements (before its connection closes). */
-static void app_finalize(void)
-{
-    for (size_t i = 0; i < N_APP_STMTS; i++) {
-        sqlite3_finalize(app_stmts[i].st);
-        app_stmts[i].st = NULL;
-        app_stmts[i].sql = NULL;
-    }
+    ks_fuzz_sqlite_done(q);
 }
 
 /* The table of row id: t, or u for the upper half of a key scope's. */
@@ -426,11 +444,6 @@ static void build(world *w, uint8_t h0)
     ks_provider prov = ks_mem_provider_of(&mem);
     CHECK(ks_ctx_new(&prov, &cfg, &w->ctx) == KS_OK);
 
-    CHECK(sqlite3_open_v2(db_path, &w->raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) == SQLITE_OK);
-    ks_fuzz_sqlite_template_load(w->raw);
-    if (w->key_mode)
-        CHECK(sqlite3_exec(w->raw, "CREATE TABLE u(id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, v)",
-                           NULL, NULL, NULL) == SQLITE_OK);
     unsigned n = (h0 >> 4) & 7;
     for (unsigned i = 1; i <= n; i++) {
         unsigned id = w->key_mode && !(i & 1) ? MAX_ROWS / 2 + i : i; /* both tables */
@@ -933,12 +946,11 @@ static void op_join(world *w, uint8_t a, uint8_t b)
     }
     if (!may_start(w, &n))
         return;
-    if (s->pol != NULL)
-        ks_policy_close(s->pol);
-    s->pol = NULL;
-    ks_policy_options o = {n.r.instance_id, n.r.max_format, n.r.algorithms, n.r.keys,
-                           0xffffffffu, 0};
-    CHECK(ks_policy_open(db_path, &o, &n.pol) == KS_OK);
+    /* the instance's policy, opened once per run (init_policies), made
+     * what a new one would be: its key list, and rules loaded now */
+    n.pol = kept.pol[(a & 3u) % N_SLOTS][n.r.max_format == KS_FORMAT_V2];
+    CHECK(ks_policy_set_keys(n.pol, n.r.keys) == KS_OK);
+    CHECK(ks_policy_refresh(n.pol) == KS_OK);
     /* without its heartbeat a policy registers nothing itself: a heartbeat
      * does nothing, a malformed key list is refused, and setting the keys
      * it already holds changes nothing */
@@ -961,7 +973,6 @@ static void op_leave(world *w, uint8_t a)
     if (!s->registered)
         return;
     CHECK(ks_rollout_db_reader_deregister(w->db, s->r.instance_id) == KS_OK);
-    ks_policy_close(s->pol);
     s->pol = NULL;
     s->registered = 0;
 }
@@ -1433,14 +1444,6 @@ static void spec_of(uint8_t h0, uint8_t h1, uint8_t h2, uint8_t h3, ks_rollout *
 /* Close everything of the input's world (the provider too). */
 static void teardown(world *w)
 {
-    for (size_t i = 0; i < N_SLOTS; i++)
-        ks_policy_close(w->slots[i].pol);
-    ks_rowstore_close(&w->st);
-    if (w->key_mode)
-        ks_rowstore_close(&w->st_u);
-    ks_rollout_db_close(w->db);
-    app_finalize();
-    CHECK(sqlite3_close(w->raw) == SQLITE_OK); /* the last one: the database goes */
     ks_ctx_free(w->ctx);
     ks_mem_cleanup(&mem);
 }
@@ -1460,15 +1463,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     spec_of(h0, h1, h2, h3, &spec);
     w.cur.source = spec.source;
     w.key_mode = spec.scope == KS_SCOPE_KEY;
-    sqlite3_int64 mem0 = sqlite3_memory_used();
+    w.db = kept.db;
+    w.st = kept.st;
+    w.st_u = kept.st_u;
+    w.raw = kept.raw;
     build(&w, h0);
-    char eb[256];
-    CHECK(ks_rollout_db_open(db_path, 0, &w.db, eb, sizeof eb) == KS_OK);
-    ks_rowstore_target tg = {"t", "v", NULL, "tenant", {NULL}, 0};
-    CHECK(ks_rowstore_sqlite_open(db_path, &tg, NULL, &w.st, eb, sizeof eb) == KS_OK);
-    ks_rowstore_target tu = {"u", "v", NULL, "tenant", {NULL}, 0};
-    if (w.key_mode)
-        CHECK(ks_rowstore_sqlite_open(db_path, &tu, NULL, &w.st_u, eb, sizeof eb) == KS_OK);
     start(&w, &spec);
     check_world(&w);
     for (unsigned k = 0; k < MAX_OPS && in.off < in.n; k++) {
@@ -1515,6 +1514,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (w.rows[id - 1].present)
             open_row(&w, id);
     teardown(&w);
-    CHECK(sqlite3_memory_used() == mem0);
+    ks_fuzz_sqlite_world_check(); /* SQLite's memory is back; the next input's database */
     return 0;
 }

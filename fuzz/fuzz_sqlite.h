@@ -1,21 +1,42 @@
 /*
  * fuzz/fuzz_sqlite.h -- the SQLite world shared by the stateful harnesses
- * (fuzz_migrate, fuzz_rollout): an in-memory database that every
- * connection of the process reaches by one plain path, restored per input
- * from a template image built once, under SQLite's own fuzzing limits.
+ * (fuzz_migrate, fuzz_rollout): one in-memory database that every
+ * connection of the process reaches by one plain path, whose connections
+ * stay open for the whole run, reset to a template between inputs, under
+ * SQLite's own fuzzing limits, with an exact check of SQLite's memory.
  *
  * - The library opens plain paths only (no URI, no SQLITE_OPEN_CREATE), so
  *   ks_fuzz_sqlite_init() makes SQLite's "memdb" VFS the process's
  *   default: a path starting with '/' names one database shared by every
- *   connection while one is open, gone when the last one closes.  memdb
- *   keeps its rollback journal in memory and its xSync does nothing, so
- *   journal_mode=MEMORY and synchronous=OFF hold without a PRAGMA.
- * - Template: ks_fuzz_sqlite_template_save() copies a database built at
- *   start-up (the schema the library itself creates) into a private
- *   in-memory connection; ks_fuzz_sqlite_template_load() copies it back
- *   into an input's fresh database with the backup API (a few pages), so
- *   no input pays for CREATE TABLE or schema upgrades.  sqlite3_deserialize
- *   cannot be used: it detaches the connection from the shared database.
+ *   connection while one is open.  memdb keeps its rollback journal in
+ *   memory and its xSync does nothing, so journal_mode=MEMORY and
+ *   synchronous=OFF hold without a PRAGMA.
+ * - Persistent connections.  Opening a connection parses the whole schema
+ *   and the library's open checks it and prepares its statements: that
+ *   was 40 to 50% of every input, so the harness opens its connections
+ *   and the library's stores once, between ks_fuzz_sqlite_world_begin()
+ *   and ks_fuzz_sqlite_world_seal(), and keeps them.  Objects an input
+ *   opens itself (a policy, a context) still open and close per input.
+ * - Reset.  ks_fuzz_sqlite_world_seal() copies the database as it is then
+ *   (the schema the library created, and any rows) into a second memdb
+ *   database, the template, attached to the keeper connection, and
+ *   prepares for every table a DELETE and an INSERT ... SELECT from the
+ *   template; ks_fuzz_sqlite_world_reset() runs them in one transaction
+ *   (triggers off on the keeper only: keyshift_rollout_log refuses
+ *   deletes).  The schema never changes, so no connection re-parses it;
+ *   rowids and sqlite_sequence come back with the rows, so an input sees
+ *   what it would see in a new database (libFuzzer needs each input to
+ *   run alone).  sqlite3_deserialize and the backup API cannot be used:
+ *   the first detaches a connection from the shared database, the second
+ *   bumps the schema cookie and makes every connection re-parse.
+ * - Memory oracle.  ks_fuzz_sqlite_world_check() releases the page cache
+ *   of every persistent connection (sqlite3_db_release_memory) and
+ *   compares sqlite3_memory_used() with the value after the input before:
+ *   equal, unless a persistent connection now holds more prepared
+ *   statements (the library keeps statements on first use, up to its
+ *   cache; at most a bounded number of inputs per run) or the database
+ *   file grew past its high-water mark (memdb's buffer; the seal pads it
+ *   so that this is rare) -- then that input sets the new baseline.
  * - Limits as SQLite's own fuzz harness sets them: sqlite3_hard_heap_limit64
  *   for the process, and on every connection (an auto-extension, so the
  *   library's connections too) SQLITE_LIMIT_LENGTH and a progress handler
@@ -30,6 +51,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <sqlite3.h>
 
@@ -47,8 +69,52 @@
  * more than 16 calls. */
 #define KS_FUZZ_SQLITE_PROGRESS_MAX 10000u
 
+/* Connections open for the whole run (the keeper is the first). */
+#define KS_FUZZ_SQLITE_MAX_CONNS 16
+/* Tables the reset can restore. */
+#define KS_FUZZ_SQLITE_MAX_RESET 32
+/* Bytes the seal grows the database file by, then frees (see the file
+ * comment): well above what one input of the corpora writes. */
+#define KS_FUZZ_SQLITE_PAD (4 << 20)
+
 static unsigned ks_fuzz_sqlite_ticks; /* progress calls in this input */
-static sqlite3 *ks_fuzz_sqlite_tmpl;  /* the template, private, in memory */
+
+/* What a persistent connection may keep from one input to the next, and
+ * so what may change sqlite3_memory_used() between two inputs without a
+ * leak: prepared statements (count and bytes: the library keeps some on
+ * first use, and SQLite re-prepares one when its plan may change), the
+ * schema's bytes (SQLite caches a table's affinity string on first use)
+ * and the database file's pages (memdb's buffer). */
+typedef struct ks_fuzz_sqlite_kept {
+    int stmts;
+    int stmt_bytes;
+    int schema_bytes;
+    sqlite3_int64 pages;
+} ks_fuzz_sqlite_kept;
+
+/* The reset of one table of the template. */
+typedef struct ks_fuzz_sqlite_table {
+    sqlite3_stmt *del;  /* DELETE FROM main.<table> */
+    sqlite3_stmt *ins;  /* INSERT ... SELECT from the template; NULL: it is empty there */
+    int bit;            /* empty there: the table's bit in the probe */
+} ks_fuzz_sqlite_table;
+
+/* The persistent world (one per process). */
+static struct {
+    int recording;                                /* between world_begin and world_seal */
+    sqlite3 *conns[KS_FUZZ_SQLITE_MAX_CONNS];     /* conns[0]: the keeper */
+    int n_conns;
+    sqlite3 *tmpl;                                /* holds the template database open */
+    ks_fuzz_sqlite_table reset[KS_FUZZ_SQLITE_MAX_RESET];
+    int n_reset;
+    int n_probed;                                 /* tables with a bit in the probe */
+    sqlite3_stmt *probe;                          /* the bits of those holding a row */
+    sqlite3_stmt *page_count;                     /* PRAGMA main.page_count on the keeper */
+    sqlite3_stmt *begin, *commit;                 /* the reset's transaction, on the keeper */
+    sqlite3_int64 mem;                            /* sqlite3_memory_used() after the last reset */
+    ks_fuzz_sqlite_kept kept;                     /* what conns kept then */
+    unsigned rebaselines;                         /* inputs that set a new baseline */
+} ks_fuzz_sqlite_w;
 
 /* Progress handler: count one tick; past the input's budget, report and
  * abort, as a libFuzzer timeout would, only sooner and with the cause. */
@@ -69,10 +135,15 @@ static int ks_fuzz_sqlite_limits(sqlite3 *db, const char **err,
 {
     (void)err;
     (void)api;
+    if (ks_fuzz_sqlite_w.recording) {
+        CHECK(ks_fuzz_sqlite_w.n_conns < KS_FUZZ_SQLITE_MAX_CONNS);
+        ks_fuzz_sqlite_w.conns[ks_fuzz_sqlite_w.n_conns++] = db;
+    }
     sqlite3_limit(db, SQLITE_LIMIT_LENGTH, KS_FUZZ_SQLITE_LENGTH);
     sqlite3_progress_handler(db, KS_FUZZ_SQLITE_PROGRESS_N, ks_fuzz_sqlite_progress, NULL);
     return SQLITE_OK;
 }
+
 
 /* Once per process: memdb as the default VFS, the heap cap, the limits. */
 static void ks_fuzz_sqlite_init(void)
@@ -86,6 +157,33 @@ static void ks_fuzz_sqlite_init(void)
     CHECK(sqlite3_auto_extension((void (*)(void))(void *)ks_fuzz_sqlite_limits) == SQLITE_OK);
 }
 
+/* Once per process, after ks_fuzz_sqlite_init(): open and return the
+ * keeper connection on path (creating the database), and record every
+ * connection opened from now until ks_fuzz_sqlite_world_seal() as
+ * persistent.  The caller then builds its schema (through the keeper and
+ * the library's opens) and opens what it keeps. */
+static sqlite3 *ks_fuzz_sqlite_world_begin(const char *path)
+{
+    sqlite3 *keeper = NULL;
+    ks_fuzz_sqlite_w.recording = 1;
+    CHECK(sqlite3_open_v2(path, &keeper, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) == SQLITE_OK);
+    CHECK(ks_fuzz_sqlite_w.n_conns == 1 && ks_fuzz_sqlite_w.conns[0] == keeper);
+    int off = -1;
+    CHECK(sqlite3_db_config(keeper, SQLITE_DBCONFIG_ENABLE_TRIGGER, 0, &off) == SQLITE_OK && off == 0);
+    /* Grow the file (memdb's buffer) now, before any other connection
+     * parses the schema, and leave fuzz_warm (empty) for the seal's
+     * first writes.  Blobs of 64 KiB: SQLITE_LIMIT_LENGTH holds here too. */
+    char *pad = sqlite3_mprintf("CREATE TABLE main.fuzz_pad(x);"
+                                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < %d)"
+                                " INSERT INTO main.fuzz_pad SELECT zeroblob(65536) FROM n;"
+                                "DROP TABLE main.fuzz_pad; CREATE TABLE main.fuzz_warm(x);",
+                                KS_FUZZ_SQLITE_PAD / 65536);
+    CHECK(pad != NULL);
+    CHECK(sqlite3_exec(keeper, pad, NULL, NULL, NULL) == SQLITE_OK);
+    sqlite3_free(pad);
+    return keeper;
+}
+
 /* Copy every page of src's main database into dst's; abort on failure. */
 static void ks_fuzz_sqlite_copy(sqlite3 *dst, sqlite3 *src)
 {
@@ -95,26 +193,251 @@ static void ks_fuzz_sqlite_copy(sqlite3 *dst, sqlite3 *src)
     CHECK(sqlite3_backup_finish(b) == SQLITE_OK);
 }
 
-/* Once per process: keep src's database (built through the library, so
- * with its exact schema) as the template, and copy it out once so that
- * the template connection's page cache holds every page before the first
- * input measures sqlite3_memory_used(). */
-static void ks_fuzz_sqlite_template_save(sqlite3 *src)
+/* Prepare sql on db, aborting on failure. */
+static sqlite3_stmt *ks_fuzz_sqlite_prepare(sqlite3 *db, const char *sql)
 {
-    sqlite3 *scratch = NULL;
-    CHECK(sqlite3_open_v2(":memory:", &ks_fuzz_sqlite_tmpl, SQLITE_OPEN_READWRITE, NULL) == SQLITE_OK);
-    ks_fuzz_sqlite_copy(ks_fuzz_sqlite_tmpl, src);
-    CHECK(sqlite3_open_v2(":memory:", &scratch, SQLITE_OPEN_READWRITE, NULL) == SQLITE_OK);
-    ks_fuzz_sqlite_copy(scratch, ks_fuzz_sqlite_tmpl);
-    CHECK(sqlite3_close(scratch) == SQLITE_OK);
+    sqlite3_stmt *st = NULL;
+    CHECK(sqlite3_prepare_v3(db, sql, -1, SQLITE_PREPARE_PERSISTENT, &st, NULL) == SQLITE_OK);
+    CHECK(st != NULL);
+    return st;
 }
 
-/* Per input: make dst's (fresh, empty) database the template, and give the
- * input its whole progress budget. */
-static void ks_fuzz_sqlite_template_load(sqlite3 *dst)
+/* Run a prepared statement that returns no row, and reset it. */
+static void ks_fuzz_sqlite_run(sqlite3_stmt *st)
 {
+    CHECK(sqlite3_step(st) == SQLITE_DONE);
+    CHECK(sqlite3_reset(st) == SQLITE_OK);
+}
+
+/* Prepare the reset of every table of the template (see the file comment):
+ * for a table the template leaves empty, a DELETE, run only when the
+ * probe finds a row in it (clearing an empty table still journals its
+ * root page: most of the reset's cost); for one with rows, a DELETE and
+ * an INSERT from the template, run every time. */
+static void ks_fuzz_sqlite_reset_prepare(sqlite3 *keeper)
+{
+    sqlite3_stmt *tables = ks_fuzz_sqlite_prepare(
+        keeper, "SELECT name FROM tmpl.sqlite_schema WHERE type = 'table' "
+                "AND name NOT LIKE 'sqlite_stat%' ORDER BY name");
+    sqlite3_str *probe = sqlite3_str_new(keeper);
+    sqlite3_str_appendall(probe, "SELECT 0");
+    while (sqlite3_step(tables) == SQLITE_ROW) {
+        const char *name = (const char *)sqlite3_column_text(tables, 0);
+        char *del = sqlite3_mprintf("DELETE FROM main.\"%w\"", name);
+        char *cnt = sqlite3_mprintf("SELECT count(*) FROM tmpl.\"%w\"", name);
+        CHECK(del != NULL && cnt != NULL);
+        sqlite3_stmt *c = ks_fuzz_sqlite_prepare(keeper, cnt);
+        CHECK(sqlite3_step(c) == SQLITE_ROW);
+        int has_rows = sqlite3_column_int64(c, 0) > 0;
+        CHECK(sqlite3_finalize(c) == SQLITE_OK);
+        CHECK(ks_fuzz_sqlite_w.n_reset < KS_FUZZ_SQLITE_MAX_RESET);
+        ks_fuzz_sqlite_table *t = &ks_fuzz_sqlite_w.reset[ks_fuzz_sqlite_w.n_reset];
+        t->del = ks_fuzz_sqlite_prepare(keeper, del);
+        if (has_rows) {
+            char *ins = sqlite3_mprintf("INSERT INTO main.\"%w\" SELECT * FROM tmpl.\"%w\"", name, name);
+            CHECK(ins != NULL);
+            t->ins = ks_fuzz_sqlite_prepare(keeper, ins);
+            sqlite3_free(ins);
+        } else {
+            t->bit = ks_fuzz_sqlite_w.n_probed++;
+            CHECK(t->bit < 63);
+            sqlite3_str_appendf(probe, " | (EXISTS (SELECT 1 FROM main.\"%w\") << %d)", name, t->bit);
+        }
+        ks_fuzz_sqlite_w.n_reset++;
+        sqlite3_free(del);
+        sqlite3_free(cnt);
+    }
+    CHECK(sqlite3_finalize(tables) == SQLITE_OK);
+    char *sql = sqlite3_str_finish(probe);
+    CHECK(sql != NULL);
+    ks_fuzz_sqlite_w.probe = ks_fuzz_sqlite_prepare(keeper, sql);
+    sqlite3_free(sql);
+}
+
+/* Per input (and at the seal): bring the database back to the template,
+ * in one transaction on the keeper. */
+static void ks_fuzz_sqlite_world_reset(void)
+{
+    ks_fuzz_sqlite_run(ks_fuzz_sqlite_w.begin);
+    CHECK(sqlite3_step(ks_fuzz_sqlite_w.probe) == SQLITE_ROW);
+    sqlite3_int64 used = sqlite3_column_int64(ks_fuzz_sqlite_w.probe, 0);
+    CHECK(sqlite3_reset(ks_fuzz_sqlite_w.probe) == SQLITE_OK);
+    for (int i = 0; i < ks_fuzz_sqlite_w.n_reset; i++) {
+        const ks_fuzz_sqlite_table *t = &ks_fuzz_sqlite_w.reset[i];
+        if (t->ins != NULL || (used >> t->bit & 1)) {
+            ks_fuzz_sqlite_run(t->del);
+        }
+        if (t->ins != NULL) {
+            ks_fuzz_sqlite_run(t->ins);
+        }
+    }
+    ks_fuzz_sqlite_run(ks_fuzz_sqlite_w.commit);
+}
+
+/* Release every persistent connection's page cache (and check that no
+ * statement of theirs holds a read open between inputs). */
+static void ks_fuzz_sqlite_release(void)
+{
+    for (int i = 0; i < ks_fuzz_sqlite_w.n_conns; i++) {
+        sqlite3 *db = ks_fuzz_sqlite_w.conns[i];
+        CHECK(sqlite3_db_release_memory(db) == SQLITE_OK);
+        for (sqlite3_stmt *st = sqlite3_next_stmt(db, NULL); st != NULL; st = sqlite3_next_stmt(db, st)) {
+            CHECK(!sqlite3_stmt_busy(st));
+        }
+    }
+}
+
+/* Measure what the persistent connections keep into *k (a walk of every
+ * statement and the schema: only when the memory moved). */
+static void ks_fuzz_sqlite_measure(ks_fuzz_sqlite_kept *k)
+{
+    memset(k, 0, sizeof *k);
+    CHECK(sqlite3_step(ks_fuzz_sqlite_w.page_count) == SQLITE_ROW);
+    k->pages = sqlite3_column_int64(ks_fuzz_sqlite_w.page_count, 0);
+    CHECK(sqlite3_reset(ks_fuzz_sqlite_w.page_count) == SQLITE_OK);
+    for (int i = 0; i < ks_fuzz_sqlite_w.n_conns; i++) {
+        sqlite3 *db = ks_fuzz_sqlite_w.conns[i];
+        int cur = 0, hw = 0;
+        for (sqlite3_stmt *st = sqlite3_next_stmt(db, NULL); st != NULL; st = sqlite3_next_stmt(db, st)) {
+            k->stmts++;
+        }
+        CHECK(sqlite3_db_status(db, SQLITE_DBSTATUS_STMT_USED, &cur, &hw, 0) == SQLITE_OK);
+        k->stmt_bytes += cur;
+        CHECK(sqlite3_db_status(db, SQLITE_DBSTATUS_SCHEMA_USED, &cur, &hw, 0) == SQLITE_OK);
+        k->schema_bytes += cur;
+    }
+}
+
+/* Once per process: the persistent connections are open.  Save the
+ * database as the template (attached to the keeper as "tmpl"), pad the
+ * file, prepare the reset, reset once and take the memory baseline. */
+static void ks_fuzz_sqlite_world_seal(const char *tmpl_path)
+{
+    sqlite3 *keeper = ks_fuzz_sqlite_w.conns[0];
+    ks_fuzz_sqlite_w.recording = 0;
+    CHECK(sqlite3_open_v2(tmpl_path, &ks_fuzz_sqlite_w.tmpl, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE,
+                          NULL) == SQLITE_OK);
+    ks_fuzz_sqlite_copy(ks_fuzz_sqlite_w.tmpl, keeper);
+    char *attach = sqlite3_mprintf("ATTACH '%q' AS tmpl", tmpl_path);
+    CHECK(attach != NULL);
+    CHECK(sqlite3_exec(keeper, attach, NULL, NULL, NULL) == SQLITE_OK);
+    sqlite3_free(attach);
+    /* A connection's first write cursor allocates a page of scratch space
+     * (btree.c, allocateTempSpace) that it keeps until it closes: let
+     * every persistent connection open one now, not in some input. */
+    for (int i = 0; i < ks_fuzz_sqlite_w.n_conns; i++) {
+        CHECK(sqlite3_exec(ks_fuzz_sqlite_w.conns[i], "DELETE FROM main.fuzz_warm WHERE rowid = -1",
+                           NULL, NULL, NULL) == SQLITE_OK);
+    }
+    ks_fuzz_sqlite_reset_prepare(keeper);
+    ks_fuzz_sqlite_w.page_count = ks_fuzz_sqlite_prepare(keeper, "PRAGMA main.page_count");
+    ks_fuzz_sqlite_w.begin = ks_fuzz_sqlite_prepare(keeper, "BEGIN IMMEDIATE");
+    ks_fuzz_sqlite_w.commit = ks_fuzz_sqlite_prepare(keeper, "COMMIT");
+    ks_fuzz_sqlite_world_reset();
+    ks_fuzz_sqlite_release();
+    ks_fuzz_sqlite_measure(&ks_fuzz_sqlite_w.kept);
+    ks_fuzz_sqlite_w.mem = sqlite3_memory_used();
     ks_fuzz_sqlite_ticks = 0;
-    ks_fuzz_sqlite_copy(dst, ks_fuzz_sqlite_tmpl);
+}
+
+/* Statements a harness prepares on its own persistent connections, kept
+ * for the whole run like the library keeps its own. */
+#define KS_FUZZ_SQLITE_MAX_STMTS 16
+static struct {
+    sqlite3 *db;
+    const char *sql;
+    sqlite3_stmt *st;
+} ks_fuzz_sqlite_stmts[KS_FUZZ_SQLITE_MAX_STMTS];
+
+/* The statement for sql (a string literal: found by its address) on db, a
+ * persistent connection: prepared on first use, then reused.  Release it
+ * with ks_fuzz_sqlite_done. */
+static sqlite3_stmt *ks_fuzz_sqlite_stmt(sqlite3 *db, const char *sql)
+{
+    for (size_t i = 0; i < KS_FUZZ_SQLITE_MAX_STMTS; i++) {
+        if (ks_fuzz_sqlite_stmts[i].sql == sql && ks_fuzz_sqlite_stmts[i].db == db) {
+            return ks_fuzz_sqlite_stmts[i].st;
+        }
+        if (ks_fuzz_sqlite_stmts[i].sql == NULL) {
+            ks_fuzz_sqlite_stmts[i].st = ks_fuzz_sqlite_prepare(db, sql);
+            ks_fuzz_sqlite_stmts[i].db = db;
+            ks_fuzz_sqlite_stmts[i].sql = sql;
+            return ks_fuzz_sqlite_stmts[i].st;
+        }
+    }
+    CHECK(!"more statements than KS_FUZZ_SQLITE_MAX_STMTS");
+    return NULL;
+}
+
+/* Done with st (from ks_fuzz_sqlite_stmt): reset, so that it holds no
+ * read open and no binding to the caller's buffers. */
+static void ks_fuzz_sqlite_done(sqlite3_stmt *st)
+{
+    (void)sqlite3_reset(st);
+    CHECK(sqlite3_clear_bindings(st) == SQLITE_OK);
+}
+
+/* Per input, after it closed what it opened: reset the database, then the
+ * memory oracle (see the file comment), and give the next input its whole
+ * progress budget. */
+static void ks_fuzz_sqlite_world_check(void)
+{
+    ks_fuzz_sqlite_world_reset();
+    ks_fuzz_sqlite_release();
+    sqlite3_int64 mem = sqlite3_memory_used();
+    if (mem != ks_fuzz_sqlite_w.mem) {
+        ks_fuzz_sqlite_kept k, *was = &ks_fuzz_sqlite_w.kept;
+        ks_fuzz_sqlite_measure(&k);
+        if (memcmp(&k, was, sizeof k) == 0) {
+            fprintf(stderr, "fuzz: sqlite3_memory_used() %lld after the input, %lld before\n",
+                    (long long)mem, (long long)ks_fuzz_sqlite_w.mem);
+            CHECK(mem == ks_fuzz_sqlite_w.mem);
+        }
+        /* statements only accumulate, up to the library's caches; the file
+         * only grows (its free pages are reused, never given back) */
+        CHECK(k.stmts >= was->stmts && k.pages >= was->pages);
+        ks_fuzz_sqlite_w.rebaselines++;
+        *was = k;
+    }
+    ks_fuzz_sqlite_w.mem = mem;
+    ks_fuzz_sqlite_ticks = 0;
+}
+
+/* At exit: finalize the statements of ks_fuzz_sqlite_stmt, so that their
+ * connections can close. */
+static void ks_fuzz_sqlite_stmts_finalize(void)
+{
+    for (size_t i = 0; i < KS_FUZZ_SQLITE_MAX_STMTS; i++) {
+        sqlite3_finalize(ks_fuzz_sqlite_stmts[i].st);
+        ks_fuzz_sqlite_stmts[i].st = NULL;
+        ks_fuzz_sqlite_stmts[i].sql = NULL;
+    }
+}
+
+/* At exit, after the harness closed what it opened between world_begin
+ * and world_seal: finalize the harness's statements, close the keeper and
+ * the template, and check that SQLite holds no memory any more (every
+ * connection and statement of the run is gone). */
+static void ks_fuzz_sqlite_world_end(void)
+{
+    ks_fuzz_sqlite_stmts_finalize();
+    for (int i = 0; i < ks_fuzz_sqlite_w.n_reset; i++) {
+        sqlite3_finalize(ks_fuzz_sqlite_w.reset[i].del);
+        sqlite3_finalize(ks_fuzz_sqlite_w.reset[i].ins);
+    }
+    sqlite3_finalize(ks_fuzz_sqlite_w.probe);
+    ks_fuzz_sqlite_w.n_reset = 0;
+    sqlite3_finalize(ks_fuzz_sqlite_w.page_count);
+    sqlite3_finalize(ks_fuzz_sqlite_w.begin);
+    sqlite3_finalize(ks_fuzz_sqlite_w.commit);
+    CHECK(sqlite3_close(ks_fuzz_sqlite_w.conns[0]) == SQLITE_OK);
+    CHECK(sqlite3_close(ks_fuzz_sqlite_w.tmpl) == SQLITE_OK);
+    ks_fuzz_sqlite_w.n_conns = 0;
+    sqlite3_reset_auto_extension(); /* its list is SQLite's last allocation */
+    if (sqlite3_memory_used() != 0) {
+        fprintf(stderr, "fuzz: SQLite still holds %lld bytes at exit\n", (long long)sqlite3_memory_used());
+        CHECK(sqlite3_memory_used() == 0);
+    }
 }
 
 #endif /* KS_FUZZ_SQLITE_H */

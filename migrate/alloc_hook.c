@@ -1,7 +1,9 @@
 /*
  * migrate/alloc_hook.c -- the counting allocation wrappers of
- * alloc_hook.h, compiled into test builds only (-DKS_TEST_HOOKS).  A
- * release build compiles this file to nothing but a typedef.
+ * alloc_hook.h, compiled into test builds only (-DKS_TEST_HOOKS), and the
+ * heap-backed secret memory of fuzz builds
+ * (FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION).  A release build compiles
+ * this file to nothing but a typedef.
  *
  * One process-wide counter (atomic: the migration pipeline allocates on
  * a helper thread too).  A fault fails one call, the Nth since
@@ -11,10 +13,17 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <sodium.h>
+
+#if !defined(KS_TEST_HOOKS) && defined(FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION)
+#include <malloc.h> /* malloc_usable_size: glibc's, and ASan's */
+
+#include "alloc_hook.h" /* its fuzz-build macros touch nothing this file calls */
+#endif
 
 /* Unused in a release build: keeps the translation unit non-empty. */
 typedef int ks_alloc_hook_unused;
@@ -116,3 +125,43 @@ void *ks_test_sodium_allocarray(size_t count, size_t size)
     return should_fail() ? NULL : sodium_allocarray(count, size);
 }
 #endif /* KS_TEST_HOOKS */
+
+#if !defined(KS_TEST_HOOKS) && defined(FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION)
+/* Alignment of fuzz builds' secret memory: a cache line, at least what
+ * libsodium's AES-GCM state (16) and every C type need. */
+#define SECRET_ALIGN 64u
+
+/* See alloc_hook.h: n bytes (n rounded up to SECRET_ALIGN, as aligned_alloc
+ * wants), or NULL, like sodium_malloc. */
+void *ks_fuzz_secret_malloc(size_t n)
+{
+    if (n > SIZE_MAX - SECRET_ALIGN)
+        return NULL;
+    size_t m = (n + SECRET_ALIGN - 1) / SECRET_ALIGN * SECRET_ALIGN;
+    return aligned_alloc(SECRET_ALIGN, m == 0 ? SECRET_ALIGN : m);
+}
+
+/* See alloc_hook.h: count * size bytes, NULL when that overflows. */
+void *ks_fuzz_secret_allocarray(size_t count, size_t size)
+{
+    if (size != 0 && count > SIZE_MAX / size)
+        return NULL;
+    return ks_fuzz_secret_malloc(count * size);
+}
+
+/* See alloc_hook.h: wipe the whole block, then free it; NULL is a no-op. */
+void ks_fuzz_secret_free(void *p)
+{
+    if (p == NULL)
+        return;
+    sodium_memzero(p, malloc_usable_size(p));
+    free(p);
+}
+
+/* See alloc_hook.h: no page protection on the heap; succeeds. */
+int ks_fuzz_secret_mprotect(void *p)
+{
+    (void)p;
+    return 0;
+}
+#endif /* fuzz builds */

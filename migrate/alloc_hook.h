@@ -53,6 +53,34 @@ void *ks_test_sodium_allocarray(size_t count, size_t size);
 #define strndup(s, n) ks_test_strndup(s, n)
 #define sodium_malloc(n) ks_test_sodium_malloc(n)
 #define sodium_allocarray(c, s) ks_test_sodium_allocarray(c, s)
-#endif /* KS_TEST_HOOKS */
+#elif defined(FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION)
+/*
+ * Fuzz builds only (never a test or release build): secret memory from
+ * the C heap instead of libsodium's guarded pages.  Every sodium_malloc
+ * is an mmap, three mprotects and an mlock, and every sodium_free as
+ * many again, with TLB shootdowns: in the stateful harnesses, a fresh
+ * DEK per seal made the kernel a quarter of each input.  Under ASan the
+ * heap is checked more tightly than guard pages check (any overrun, and
+ * use after free); the memory is still wiped when freed, and the
+ * mprotect calls (the PKCS#11 PIN) do nothing.  All of a library file's
+ * secret allocations and frees go through this header, so a pointer
+ * never crosses to the other allocator.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <sodium.h>
+
+void *ks_fuzz_secret_malloc(size_t n);
+void *ks_fuzz_secret_allocarray(size_t count, size_t size);
+void ks_fuzz_secret_free(void *p);
+int ks_fuzz_secret_mprotect(void *p);
+
+#define sodium_malloc(n) ks_fuzz_secret_malloc(n)
+#define sodium_allocarray(c, s) ks_fuzz_secret_allocarray(c, s)
+#define sodium_free(p) ks_fuzz_secret_free(p)
+#define sodium_mprotect_noaccess(p) ks_fuzz_secret_mprotect(p)
+#define sodium_mprotect_readonly(p) ks_fuzz_secret_mprotect(p)
+#endif /* KS_TEST_HOOKS, FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION */
 
 #endif /* KS_MIGRATE_ALLOC_HOOK_H */

@@ -23,6 +23,13 @@
 #include <keyshift/envelope.h>
 #include <keyshift/provider.h>
 
+/* Fuzz builds: the KEKs in the heap, as the library's own secrets there
+ * (migrate/alloc_hook.h); never in a test build, whose fault sweeps must
+ * not count this header's allocations. */
+#if defined(FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION) && !defined(KS_TEST_HOOKS)
+#include "../migrate/alloc_hook.h"
+#endif
+
 #define KS_MEM_MAX_KEYS 64
 #define KS_MEM_KEK_LEN 32
 #define KS_MEM_WRAPPED_LEN (crypto_aead_xchacha20poly1305_ietf_NPUBBYTES + KS_DEK_LEN + 16)
