@@ -1,6 +1,6 @@
 /*
  * tests/test_rowstore_sqlite.c -- the SQLite row store
- * (keyshift/rowstore.h, migrate/store/sqlite_store.c).
+ * (keyshift/rowstore.h, migrate/store/sqlite/sqlite_store.c).
  *
  * Every test builds its database with the SQLite C API in a fresh
  * mkdtemp directory under /tmp and removes it afterwards.  Lock tests use
@@ -24,7 +24,7 @@
 
 #include <keyshift/rowstore.h>
 
-#include "../migrate/store/sqlite_store.h"
+#include "../migrate/store/sqlite/sqlite_store.h"
 #include "sqlite_test_util.h"
 
 /* One test's world: a temporary directory holding db.sqlite. */

@@ -1,5 +1,5 @@
 /*
- * migrate/store/sqlite_store.c -- the SQLite row store (keyshift/rowstore.h).
+ * migrate/store/sqlite/sqlite_store.c -- the SQLite row store (keyshift/rowstore.h).
  *
  * ---- Tables kept in the target database (schema version 1) -------------
  *
@@ -121,7 +121,7 @@
 
 #include "sqlite_store.h"
 #include "sqlite_util.h"
-#include "../alloc_hook.h"
+#include "../../alloc_hook.h"
 
 /* The longest identifier or error name accepted. */
 #define IDENT_MAX 1024u

@@ -1,6 +1,6 @@
 /*
- * migrate/store/sqlite_store.h -- internals of the SQLite row store
- * (migrate/store/sqlite_store.c).  Internal (no KS_API, hidden in the
+ * migrate/store/sqlite/sqlite_store.h -- internals of the SQLite row store
+ * (migrate/store/sqlite/sqlite_store.c).  Internal (no KS_API, hidden in the
  * shared library): only code linked with the library's objects, i.e. the
  * unit tests, can reach them.
  */
