@@ -28,4 +28,13 @@ extern const char ks_sqlite_schema_sql[];
  * KS_ERR_INVALID_ARGUMENT for another kind of store. */
 ks_err ks_rowstore_sqlite_test_max_pages(const ks_rowstore *store, uint32_t pages);
 
+/* Tests only (built with -DKS_TEST_HOOKS): the integer value of PRAGMA
+ * main.<name> (lowercase letters and '_') as the store's own connection
+ * sees it, e.g. "synchronous" (1 NORMAL, 2 FULL), which is per
+ * connection and so cannot be read from another one.  Returns
+ * KS_ERR_INVALID_ARGUMENT for another kind of store or a bad name,
+ * KS_ERR_STORE when the pragma gives no row. */
+KS_WUR ks_err ks_rowstore_sqlite_test_pragma(const ks_rowstore *store, const char *name,
+                                             int64_t *out);
+
 #endif /* KS_MIGRATE_SQLITE_STORE_H */
