@@ -23,7 +23,8 @@
 #                   gates on the parsers (95/90) and the stateful code
 #   make bench      JSON lines, each against a baseline in the same run:
 #                   parser vs nanopb, seal/open vs raw AEAD, migration vs
-#                   raw SQLite, HSM and KMS plugin vs the local keyring
+#                   raw SQLite (rollback journal; WAL at synchronous FULL
+#                   and NORMAL), HSM and KMS plugin vs the local keyring
 #   make demo       encrypt, rotate and verify a 100,000-row sample database
 #   make install    PREFIX=/usr/local DESTDIR= (headers, libs, CLI,
 #                   keyshift-kms-aws, keyshift.pc)
