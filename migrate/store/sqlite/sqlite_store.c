@@ -103,11 +103,11 @@
  * read at open, is WAL: refused otherwise, since in a rollback-journal
  * mode NORMAL risks corruption on power loss, in WAL only the last
  * commits.  The mode cannot leave WAL while the store is open (SQLite
- * needs the only connection for that), so the check holds.  cas runs an ordinary UPDATE, so the
- * application's triggers on the column fire.  The connection is opened
- * without SQLITE_OPEN_CREATE (a missing file is KS_ERR_NO_TARGET), with
- * SQLITE_DBCONFIG_DEFENSIVE on and the schema untrusted
- * (SQLITE_DBCONFIG_TRUSTED_SCHEMA off).
+ * needs the only connection for that), so the check holds.  cas runs an
+ * ordinary UPDATE, so the application's triggers on the column fire.
+ * The connection is opened without SQLITE_OPEN_CREATE (a missing file is
+ * KS_ERR_NO_TARGET), with SQLITE_DBCONFIG_DEFENSIVE on and the schema
+ * untrusted (SQLITE_DBCONFIG_TRUSTED_SCHEMA off).
  *
  * Messages in errbuf name files, tables and columns, never row values, and
  * never include SQLite's error text (only sqlite3_errstr of the code).
