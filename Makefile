@@ -23,7 +23,8 @@
 #                   gates on the parsers (95/90) and the stateful code
 #   make bench      JSON lines, each against a baseline in the same run:
 #                   parser vs nanopb, seal/open vs raw AEAD, migration vs
-#                   raw SQLite, HSM and KMS plugin vs the local keyring
+#                   raw SQLite (rollback journal; WAL at synchronous FULL
+#                   and NORMAL), HSM and KMS plugin vs the local keyring
 #   make demo       encrypt, rotate and verify a 100,000-row sample database
 #   make install    PREFIX=/usr/local DESTDIR= (headers, libs, CLI,
 #                   keyshift-kms-aws, keyshift.pc)
@@ -66,8 +67,8 @@ SAN     := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sani
 SAN_HOOKS := -DKS_TEST_HOOKS
 
 # The library.  Nothing under parser/ may include libsodium or SQLite.
-LIB_SRCS := format/format.c format/encode.c format/aad.c parser/envelope.c $(sort $(wildcard migrate/*.c migrate/*/*.c))
-LIB_HDRS := $(wildcard include/keyshift/*.h) format/rules.h parser/cursor.h $(wildcard migrate/*.h migrate/*/*.h)
+LIB_SRCS := format/format.c format/encode.c format/aad.c parser/envelope.c $(sort $(wildcard migrate/*.c migrate/*/*.c migrate/*/*/*.c))
+LIB_HDRS := $(wildcard include/keyshift/*.h) format/rules.h parser/cursor.h $(wildcard migrate/*.h migrate/*/*.h migrate/*/*/*.h)
 # libsodium, SQLite (and threads) for migrate/; parser/ and format/ need none;
 # p11-kit and dlopen for the pkcs11 provider.
 LIB_LIBS := -lsodium -lsqlite3 $(JANSSON_LIBS) $(P11_LIBS) -ldl -pthread

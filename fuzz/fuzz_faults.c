@@ -211,7 +211,7 @@ static ks_err run(const input *in)
     }
     ks_rowstore store = {0};
     ks_rowstore_target t = kf_target();
-    ks_sqlite_options so = {0, 1, 0};
+    ks_sqlite_options so = {0, 1, 0, KS_SQLITE_SYNC_FULL};
     ks_err e = ks_rowstore_sqlite_open(db_path, &t, &so, &store, NULL, 0);
     if (e != KS_OK) {
         return e;

@@ -101,7 +101,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#include "../migrate/store/sqlite_store.h"
+#include "../migrate/store/sqlite/sqlite_store.h"
 #include "fuzz_check.h"
 #include "fuzz_drbg.h"
 #include "fuzz_input.h"
@@ -415,7 +415,7 @@ static void decode(const uint8_t *data, size_t size, world_in *w)
 /* ---- the database -------------------------------------------------------------- */
 
 /* keyshift's tables are created with the store's own SQL (ks_sqlite_schema_sql,
- * migrate/store/sqlite_store.h) when the harness pre-quarantines rows. */
+ * migrate/store/sqlite/sqlite_store.h) when the harness pre-quarantines rows. */
 
 /* Bind the tenant (kind 0-3) or org (kind 0-3) column value. */
 static void bind_extra(sqlite3_stmt *st, int col, int is_org, int kind)

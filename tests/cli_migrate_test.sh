@@ -3,8 +3,9 @@
 # `keyshift migrate run|status|verify` on small SQLite databases built with
 # the sqlite3 CLI: exact census counts, encrypt/rewrap round trips checked
 # with `keyshift decrypt`, idempotent reruns, verify, every documented exit
-# code (64, 65, 66, 75, 77), pause on SIGINT and resume, and a smoke run
-# of tools/demo.sh.
+# code (64, 65, 66, 75, 77), pause on SIGINT and resume, --synchronous
+# (normal on a WAL database, refused on a rollback journal), and a smoke
+# run of tools/demo.sh.
 #
 # Usage: KEYSHIFT=path/to/keyshift tests/cli_migrate_test.sh
 set -u
@@ -206,6 +207,36 @@ fi
 run "status lists both" 0 "$KS" migrate status --db "$W" --json
 expect_grep "status: column a" "$T/out" '"column":"a"'
 expect_grep "status: column b" "$T/out" '"column":"b"'
+
+# ---- --synchronous: normal only for a WAL database ------------------------------------
+Y="$T/sync-wal.db"
+sql "$Y" "PRAGMA journal_mode = WAL;
+CREATE TABLE pay (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, card TEXT);
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300)
+INSERT INTO pay SELECT i, 'acme', printf('card-%04d-4111', i) FROM n;" >/dev/null
+YTGT=(--db "$Y" --table pay --column card --mode encrypt --to-key payments/kek "${CTX[@]}")
+run "migrate --help" 0 "$KS" migrate --help
+expect_grep "migrate --help documents --synchronous" "$T/out" "--synchronous full|normal"
+run "--synchronous: bad value" 64 "$KS" migrate run "${YTGT[@]}" --synchronous fast
+expect_grep "--synchronous: bad value named" "$T/err" "synchronous must be full or normal"
+run "--synchronous is an option of run only" 64 "$KS" migrate verify --db "$Y" --table pay --column card --tenant acme --synchronous normal
+run "--synchronous normal on a WAL database" 0 "$KS" migrate run "${YTGT[@]}" --synchronous normal --batch-size 50
+expect_grep "--synchronous normal: complete" "$T/err" "complete: 300 rewritten"
+run "--synchronous normal: census" 0 "$KS" census --db "$Y" --table pay --column card --json
+expect_grep "--synchronous normal: converged (0 plaintext, 300 envelopes)" "$T/out" '"plaintext":0,"envelopes":300,'
+run "--synchronous normal: verify" 0 "$KS" migrate verify --db "$Y" --table pay --column card "${CTX[@]}"
+if [ "$(sql "$Y" "PRAGMA journal_mode")" = wal ]; then ok "--synchronous normal: the database stays in WAL"; else bad "--synchronous normal: the database stays in WAL"; fi
+R="$T/sync-delete.db"
+sql "$R" "CREATE TABLE pay (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, card TEXT);
+INSERT INTO pay VALUES (1, 'acme', 'card-0001-4111'), (2, 'acme', 'card-0002-4111');"
+run "--synchronous normal on a rollback journal: refused" 64 "$KS" migrate run --db "$R" --table pay --column card \
+    --mode encrypt --to-key payments/kek "${CTX[@]}" --synchronous normal
+expect_grep "--synchronous normal refused: why" "$T/err" "synchronous NORMAL is safe only in WAL mode, and the database's journal mode is delete"
+if [ "$(sql "$R" "SELECT count(*) FROM sqlite_master WHERE name LIKE 'keyshift%'")-$(sql "$R" "SELECT count(*) FROM pay WHERE card LIKE '%4111'")" = 0-2 ]; then
+    ok "--synchronous normal refused: nothing written"; else bad "--synchronous normal refused: nothing written"; fi
+run "--synchronous full on a rollback journal" 0 "$KS" migrate run --db "$R" --table pay --column card \
+    --mode encrypt --to-key payments/kek "${CTX[@]}" --synchronous full
+expect_grep "--synchronous full: complete" "$T/err" "complete: 2 rewritten"
 
 # ---- the demo, small -------------------------------------------------------------------------
 DEMO_ROWS=2000 DEMO_DIR="$T/demo" run "demo smoke (2000 rows)" 0 "$ROOT/tools/demo.sh" "$KS"

@@ -325,7 +325,7 @@ static ks_err census_run(const op *o)
     (void)o;
     ks_rowstore store = {0};
     ks_rowstore_target t = kf_target();
-    ks_sqlite_options so = {0, 1, 0};
+    ks_sqlite_options so = {0, 1, 0, KS_SQLITE_SYNC_FULL};
     char err[256];
     ks_err e = ks_rowstore_sqlite_open(W.db, &t, &so, &store, err, sizeof err);
     if (e != KS_OK) {

@@ -1,6 +1,6 @@
 /*
  * tests/test_rowstore_sqlite.c -- the SQLite row store
- * (keyshift/rowstore.h, migrate/store/sqlite_store.c).
+ * (keyshift/rowstore.h, migrate/store/sqlite/sqlite_store.c).
  *
  * Every test builds its database with the SQLite C API in a fresh
  * mkdtemp directory under /tmp and removes it afterwards.  Lock tests use
@@ -24,7 +24,7 @@
 
 #include <keyshift/rowstore.h>
 
-#include "../migrate/store/sqlite_store.h"
+#include "../migrate/store/sqlite/sqlite_store.h"
 #include "sqlite_test_util.h"
 
 /* One test's world: a temporary directory holding db.sqlite. */
@@ -205,7 +205,7 @@ static void test_missing_file(void **state)
     ks_rowstore_target t = target("t", "v", NULL);
     open_fails(w, &t, KS_ERR_NO_TARGET, "no database file");
     assert_int_not_equal(access(w->path, F_OK), 0);
-    ks_sqlite_options ro = {0, 1, 0};
+    ks_sqlite_options ro = {0, 1, 0, KS_SQLITE_SYNC_FULL};
     assert_int_equal(open_store(w, &t, &ro), KS_ERR_NO_TARGET);
     assert_int_not_equal(access(w->path, F_OK), 0);
 }
@@ -511,7 +511,7 @@ static void test_visit_values(void **state)
     /* a read-only store visits too, without keyshift's tables */
     exec_sql(w->path, "CREATE TABLE u(v); INSERT INTO u(rowid, v) VALUES(2, 'y'),(1, 'x');");
     t = target("u", "v", NULL);
-    ks_sqlite_options ro = {0, 1, 0};
+    ks_sqlite_options ro = {0, 1, 0, KS_SQLITE_SYNC_FULL};
     assert_int_equal(open_store(w, &t, &ro), KS_OK);
     vs.stop_at = 0;
     assert_int_equal(visit(w, &vs), KS_OK);
@@ -943,7 +943,7 @@ static void open_one_row(world *w, uint32_t timeout_ms)
 {
     exec_sql(w->path, "CREATE TABLE t(id INTEGER PRIMARY KEY, v); INSERT INTO t VALUES(1, 'x');");
     ks_rowstore_target t = target("t", "v", NULL);
-    ks_sqlite_options opts = {timeout_ms, 0, 0};
+    ks_sqlite_options opts = {timeout_ms, 0, 0, KS_SQLITE_SYNC_FULL};
     assert_int_equal(open_store(w, &t, &opts), KS_OK);
 }
 
@@ -1022,7 +1022,7 @@ static void test_write_gate(void **state)
     assert_int_equal(commit(w), KS_OK);
     assert_int_equal(ks_rowstore_sqlite_set_write_gate(&w->store, "SELECT nonsense FROM nowhere"),
                      KS_ERR_STORE);
-    ks_sqlite_options ro = {0, 1, 0};
+    ks_sqlite_options ro = {0, 1, 0, KS_SQLITE_SYNC_FULL};
     assert_int_equal(open_store(w, &t, &ro), KS_OK);
     assert_int_equal(ks_rowstore_sqlite_set_write_gate(&w->store, "SELECT 1"),
                      KS_ERR_INVALID_ARGUMENT);
@@ -1078,7 +1078,7 @@ static void test_read_only(void **state)
     world *w = *state;
     exec_sql(w->path, "CREATE TABLE t(id INTEGER PRIMARY KEY, v); INSERT INTO t VALUES(1, 'x');");
     ks_rowstore_target t = target("t", "v", NULL);
-    ks_sqlite_options ro = {0, 1, 0};
+    ks_sqlite_options ro = {0, 1, 0, KS_SQLITE_SYNC_FULL};
     assert_int_equal(open_store(w, &t, &ro), KS_OK);
     ks_row rows[2];
     size_t n = 0;
@@ -1102,6 +1102,101 @@ static void test_read_only(void **state)
     assert_int_equal(open_store(w, &t, &ro), KS_OK);
     assert_int_equal(scan(w, NULL, 2, rows, &n), KS_OK);
     assert_true(rows[0].quarantined);
+}
+
+/* ---- synchronous ------------------------------------------------------------------- */
+
+/* PRAGMA synchronous as the store's own connection has it. */
+static int64_t store_synchronous(world *w)
+{
+    int64_t v = -1;
+    assert_int_equal(ks_rowstore_sqlite_test_pragma(&w->store, "synchronous", &v), KS_OK);
+    return v;
+}
+
+/* One compare-and-swap of row 1 from old to nv, committed. */
+static void write_one(world *w, const char *old, const char *nv)
+{
+    ks_value id = vint(1), o = vbytes(KS_VALUE_TEXT, old);
+    int swapped = 0;
+    assert_int_equal(begin(w), KS_OK);
+    assert_int_equal(cas(w, &id, &o, nv, &swapped), KS_OK);
+    assert_int_equal(swapped, 1);
+    assert_int_equal(commit(w), KS_OK);
+}
+
+/* By default the connection runs FULL (2), in a rollback journal and in
+ * WAL alike, whatever the build's default. */
+static void test_synchronous_default_full(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "CREATE TABLE t(id INTEGER PRIMARY KEY, v); INSERT INTO t VALUES(1, 'x');");
+    ks_rowstore_target t = target("t", "v", NULL);
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    assert_int_equal(store_synchronous(w), 2);
+    ks_sqlite_options full = {0, 0, 0, KS_SQLITE_SYNC_FULL};
+    assert_int_equal(open_store(w, &t, &full), KS_OK);
+    assert_int_equal(store_synchronous(w), 2);
+    ks_rowstore_close(&w->store);
+    exec_sql(w->path, "PRAGMA journal_mode = WAL");
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    assert_int_equal(store_synchronous(w), 2);
+    write_one(w, "x", "y");
+    ks_rowstore other = {NULL, NULL, NULL};
+    int64_t v = 0;
+    assert_int_equal(ks_rowstore_sqlite_test_pragma(&other, "synchronous", &v),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_rowstore_sqlite_test_pragma(&w->store, "synchronous; --", &v),
+                     KS_ERR_INVALID_ARGUMENT);
+}
+
+/* NORMAL on a WAL database: the connection runs NORMAL (1), writes commit
+ * and another connection sees them; a read-only store accepts it too. */
+static void test_synchronous_normal_wal(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "PRAGMA journal_mode = WAL;"
+                      "CREATE TABLE t(id INTEGER PRIMARY KEY, v); INSERT INTO t VALUES(1, 'x');");
+    ks_rowstore_target t = target("t", "v", NULL);
+    ks_sqlite_options normal = {0, 0, 0, KS_SQLITE_SYNC_NORMAL};
+    assert_int_equal(open_store(w, &t, &normal), KS_OK);
+    assert_int_equal(store_synchronous(w), 1);
+    write_one(w, "x", "y");
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM t WHERE id = 1 AND v = x'79'"), 1);
+    ks_sqlite_options ro = {0, 1, 0, KS_SQLITE_SYNC_NORMAL};
+    assert_int_equal(open_store(w, &t, &ro), KS_OK);
+    assert_int_equal(store_synchronous(w), 1);
+}
+
+/* NORMAL on a database in a rollback journal is refused, with a message
+ * naming the mode, before anything is created: one that never was in WAL
+ * and one taken out of it (only WAL persists in the file: a rollback
+ * mode another connection set is that connection's, and the store's own
+ * is delete).  So is a value that is neither FULL nor NORMAL. */
+static void test_synchronous_normal_refused(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "CREATE TABLE t(id INTEGER PRIMARY KEY, v); INSERT INTO t VALUES(1, 'x');");
+    ks_rowstore_target t = target("t", "v", NULL);
+    ks_sqlite_options normal = {0, 0, 0, KS_SQLITE_SYNC_NORMAL};
+    static const char *const setup[] = {"PRAGMA journal_mode = truncate",
+                                        "PRAGMA journal_mode = WAL; PRAGMA journal_mode = delete"};
+    for (size_t i = 0; i < sizeof setup / sizeof setup[0]; i++) {
+        exec_sql(w->path, setup[i]);
+        assert_int_equal(open_store(w, &t, &normal), KS_ERR_INVALID_ARGUMENT);
+        assert_null(w->store.self);
+        if (strstr(w->err, "WAL mode") == NULL || strstr(w->err, "is delete") == NULL)
+            fail_msg("message \"%s\" lacks the modes", w->err);
+    }
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM sqlite_master WHERE name LIKE "
+                                        "'keyshift%'"),
+                     0);
+    ks_sqlite_options bad = {0, 0, 0, (ks_sqlite_sync)7};
+    exec_sql(w->path, "PRAGMA journal_mode = WAL");
+    assert_int_equal(open_store(w, &t, &bad), KS_ERR_INVALID_ARGUMENT);
+    assert_null(w->store.self);
+    assert_non_null(strstr(w->err, "synchronous"));
+    assert_int_equal(open_store(w, &t, &normal), KS_OK); /* the same file, now in WAL */
 }
 
 /* A database whose keyshift tables are newer than this code is refused. */
@@ -1164,6 +1259,9 @@ int main(void)
         T(test_full),
         T(test_write_gate),
         T(test_read_only),
+        T(test_synchronous_default_full),
+        T(test_synchronous_normal_wal),
+        T(test_synchronous_normal_refused),
         T(test_newer_schema_refused),
         T(test_memory_returns),
     };

@@ -37,7 +37,9 @@
  * Migrating and census: ks_migrate_run (reencrypt, rewrap) against a raw
  * SQLite pass with the same batches and compare-and-swap, and
  * ks_census_run against a bare SELECT scan, on byte copies of one
- * database, wall time, medians of paired repetitions (see that part).
+ * database, wall time, medians of paired repetitions (see that part);
+ * then reencrypt and rewrap again with the database in WAL mode, at
+ * synchronous FULL and NORMAL, each against a raw pass in the same mode.
  *
  * Timing (parse, seal and open): ROUNDS rounds of contender and baseline,
  * interleaved round by round so that frequency changes and noise from
@@ -747,6 +749,13 @@ done:
  * Each copy is synced before its pass starts, so that no pass pays for
  * writing out the copy made for it (or for the pass before).  The
  * constants are in tools/bench.h.
+ *
+ * Journal modes: the source converted to WAL (one more byte copy), then
+ * the same repetitions of the two pairs (reencrypt, rewrap) on copies of
+ * it, with synchronous FULL (the store's default) and then NORMAL
+ * (MIG_SYNC_NORMAL: the raw pass's connection too), interleaved
+ * repetition by repetition; one goal line each, with the goals of the
+ * rollback-journal pairs.
  */
 
 /* Seconds of monotonic time. */
@@ -824,11 +833,12 @@ int mig_create(const char *path, long n)
     return rc == SQLITE_OK ? 0 : -1;
 }
 
-/* Open the store of path on payments.card (read_only for census). */
-static int mig_store(const char *path, int read_only, ks_rowstore *st)
+/* Open the store of path on payments.card (read_only for census), its
+ * connection at synchronous sync. */
+static int mig_store(const char *path, int read_only, ks_sqlite_sync sync, ks_rowstore *st)
 {
     ks_rowstore_target t = {0};
-    ks_sqlite_options o = {0, read_only, 0};
+    ks_sqlite_options o = {0, read_only, 0, sync};
     char err[256];
     t.table = "payments";
     t.column = "card";
@@ -871,7 +881,8 @@ int mig_run_to(const ks_provider *prov, const char *path, ks_migrate_mode mode, 
     if (dek_messages != 0) {
         cfg.dek_max_messages = dek_messages;
     }
-    if (ks_ctx_new(prov, &cfg, &ctx) != KS_OK || mig_store(path, 0, &st) != 0) {
+    ks_sqlite_sync sync = (flags & MIG_SYNC_NORMAL) != 0 ? KS_SQLITE_SYNC_NORMAL : KS_SQLITE_SYNC_FULL;
+    if (ks_ctx_new(prov, &cfg, &ctx) != KS_OK || mig_store(path, 0, sync, &st) != 0) {
         ks_ctx_free(ctx);
         return -1;
     }
@@ -911,10 +922,20 @@ static int mig_cache(sqlite3 *db)
     return sqlite3_exec(db, sql, NULL, NULL, NULL);
 }
 
+/* Set a baseline connection's synchronous as the store sets its own
+ * (FULL, or NORMAL for MIG_SYNC_NORMAL), whatever the build's default. */
+static int mig_sync(sqlite3 *db, unsigned flags)
+{
+    return sqlite3_exec(db,
+                        (flags & MIG_SYNC_NORMAL) != 0 ? "PRAGMA synchronous = NORMAL"
+                                                       : "PRAGMA synchronous = FULL",
+                        NULL, NULL, NULL);
+}
+
 /* The baseline: the same batches and compare-and-swap as the engine in raw
  * SQLite, writing back each value with one byte changed (SQLite does not
- * rewrite a page whose bytes are unchanged). */
-static int mig_raw(const char *path, double *secs, long *rows)
+ * rewrite a page whose bytes are unchanged), at the synchronous of flags. */
+static int mig_raw(const char *path, unsigned flags, double *secs, long *rows)
 {
     sqlite3 *db = NULL;
     sqlite3_stmt *scan = NULL, *cas = NULL, *begin = NULL, *commit = NULL;
@@ -925,6 +946,9 @@ static int mig_raw(const char *path, double *secs, long *rows)
     int rc = buf == NULL ? SQLITE_NOMEM : sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE, NULL);
     if (rc == SQLITE_OK) {
         rc = mig_cache(db);
+    }
+    if (rc == SQLITE_OK) {
+        rc = mig_sync(db, flags);
     }
     if (rc == SQLITE_OK) {
         rc = sqlite3_prepare_v2(db, "SELECT id, card FROM payments WHERE id > ? ORDER BY id LIMIT ?", -1,
@@ -1037,7 +1061,7 @@ static int mig_scan(const char *path, double *secs, long *rows)
 static int mig_census(const char *path, double *secs, ks_census *c)
 {
     ks_rowstore st = {0};
-    if (mig_store(path, 1, &st) != 0) {
+    if (mig_store(path, 1, KS_SQLITE_SYNC_FULL, &st) != 0) {
         return -1;
     }
     double t0 = now_s();
@@ -1118,7 +1142,8 @@ static int mig_time(const ks_provider *prov, const char *src, const char *work, 
 /*
  * One pair: the raw pass and a migration (mig_time), each on a fresh
  * copy of src, back to back; the raw pass first when raw_first, else
- * second.  The bench alternates the order from pair to pair, so that
+ * second.  The raw pass takes the synchronous of flags (MIG_SYNC_NORMAL),
+ * as the migration does.  The bench alternates the order from pair to pair, so that
  * neither side always runs in the wake of the other (the previous pass's
  * file removal, the machine's load moving).
  */
@@ -1129,7 +1154,8 @@ static int mig_pair(const ks_provider *prov, const char *src, const char *work, 
     for (int k = 0; k < 2; k++) {
         if ((k == 0) == (raw_first != 0)) {
             long raw_rows = 0;
-            int rc = copy_file(src, work) != 0 || mig_raw(work, raw_s, &raw_rows) != 0 || raw_rows != rows;
+            int rc = copy_file(src, work) != 0 || mig_raw(work, flags & MIG_SYNC_NORMAL, raw_s, &raw_rows) != 0 ||
+                     raw_rows != rows;
             remove_db(work);
             if (rc) {
                 fprintf(stderr, "bench: the raw SQLite pass failed\n");
@@ -1169,10 +1195,85 @@ static void mig_goal(const char *name, const char *ratio_name, double *r, int n,
            pass ? "true" : "false", pairs);
 }
 
+/* One repetition's two pairs (mig_pair) on copies of src with flags:
+ * raw[0] against reencrypt *reenc (the raw pass first when raw_first),
+ * raw[1] against rewrap *rewrap (in the other order). */
+static int mig_two_pairs(const ks_provider *prov, const char *src, const char *work, unsigned flags,
+                         int raw_first, long rows, double raw[2], double *reenc, double *rewrap,
+                         ks_metrics *m_reenc, ks_metrics *m_rewrap, uint64_t *done_reenc,
+                         uint64_t *done_rewrap)
+{
+    return mig_pair(prov, src, work, KS_MIGRATE_REENCRYPT, flags, raw_first, rows, &raw[0], reenc, m_reenc,
+                    done_reenc) != 0 ||
+                   mig_pair(prov, src, work, KS_MIGRATE_REWRAP, flags, !raw_first, rows, &raw[1], rewrap,
+                            m_rewrap, done_rewrap) != 0
+               ? -1
+               : 0;
+}
+
+/* Make wal, a byte copy of src switched to WAL mode (the mode is in the
+ * file's header, so every copy of it opens in WAL); closing the only
+ * connection checkpoints and removes the -wal file. */
+static int mig_make_wal(const char *src, const char *wal)
+{
+    sqlite3 *db = NULL;
+    sqlite3_stmt *st = NULL;
+    int ok = copy_file(src, wal) == 0 && sqlite3_open_v2(wal, &db, SQLITE_OPEN_READWRITE, NULL) == SQLITE_OK &&
+             sqlite3_prepare_v2(db, "PRAGMA journal_mode = WAL", -1, &st, NULL) == SQLITE_OK &&
+             sqlite3_step(st) == SQLITE_ROW && strcmp((const char *)sqlite3_column_text(st, 0), "wal") == 0;
+    sqlite3_finalize(st);
+    ok = sqlite3_close(db) == SQLITE_OK && ok;
+    return ok ? 0 : -1;
+}
+
+/* The journal modes (see the comment at the top of this part): the two
+ * pairs in WAL at synchronous FULL and at NORMAL, reps repetitions
+ * interleaved, each against its own raw pass; goal lines
+ * migrate-{reencrypt,rewrap}-wal and -wal-normal. */
+static int mig_journals(const ks_provider *prov, const char *src, const char *wal, const char *work, long rows,
+                        int reps)
+{
+    static const struct {
+        const char *suffix;
+        unsigned flags;
+    } modes[] = {{"wal", 0}, {"wal-normal", MIG_SYNC_NORMAL}};
+    enum { NMODES = sizeof modes / sizeof modes[0] };
+    double raw[NMODES][2 * MIG_REPS_MAX], reenc[NMODES][MIG_REPS_MAX], rewrap[NMODES][MIG_REPS_MAX];
+    double r_reenc[NMODES][MIG_REPS_MAX], r_rewrap[NMODES][MIG_REPS_MAX];
+    if (mig_make_wal(src, wal) != 0) {
+        fprintf(stderr, "bench: cannot switch a copy of the source to WAL\n");
+        return -1;
+    }
+    for (int i = 0; i < reps; i++) {
+        for (int k = 0; k < NMODES; k++) {
+            int j = (i + k) % NMODES; /* the modes' order rotates too */
+            ks_metrics m1, m2;
+            uint64_t d1 = 0, d2 = 0;
+            if (mig_two_pairs(prov, wal, work, modes[j].flags, i % 2 == 0, rows, &raw[j][2 * i], &reenc[j][i],
+                              &rewrap[j][i], &m1, &m2, &d1, &d2) != 0 ||
+                d1 != (uint64_t)rows || d2 != (uint64_t)rows) {
+                fprintf(stderr, "bench: the %s pairs failed\n", modes[j].suffix);
+                return -1;
+            }
+            r_reenc[j][i] = reenc[j][i] / raw[j][2 * i];
+            r_rewrap[j][i] = rewrap[j][i] / raw[j][2 * i + 1];
+        }
+    }
+    for (int j = 0; j < NMODES; j++) {
+        char name[64];
+        double raw_m = median(raw[j], 2 * reps);
+        snprintf(name, sizeof name, "migrate-reencrypt-%s", modes[j].suffix);
+        mig_goal(name, "reencrypt_s/raw_s", r_reenc[j], reps, 1.25, 1, rows, median(reenc[j], reps), raw_m);
+        snprintf(name, sizeof name, "migrate-rewrap-%s", modes[j].suffix);
+        mig_goal(name, "rewrap_s/raw_s", r_rewrap[j], reps, 1.10, 1, rows, median(rewrap[j], reps), raw_m);
+    }
+    return 0;
+}
+
 /* Build, encrypt, and measure; see the comment at the top of this part. */
 static int bench_migrate(void)
 {
-    char dir[256], src[300], plain[300], work[300];
+    char dir[256], src[300], plain[300], work[300], wal[300];
     ks_keyring *kr = NULL;
     ks_ctx *unused = NULL;
     ks_provider prov;
@@ -1195,6 +1296,7 @@ static int bench_migrate(void)
     snprintf(src, sizeof src, "%s/source.db", dir);
     snprintf(plain, sizeof plain, "%s/plain.db", dir);
     snprintf(work, sizeof work, "%s/work.db", dir);
+    snprintf(wal, sizeof wal, "%s/source-wal.db", dir);
     double secs;
     ks_metrics m;
     ks_checkpoint cp;
@@ -1225,11 +1327,8 @@ static int bench_migrate(void)
     uint64_t done_reenc = 0, done_rewrap = 0, census_rows = 0;
     for (int i = 0; i < reps; i++) {
         ks_census c;
-        int raw_first = i % 2 == 0;
-        if (mig_pair(&prov, src, work, KS_MIGRATE_REENCRYPT, 0, raw_first, rows, &raw[2 * i], &reenc[i],
-                     &m_reenc, &done_reenc) != 0 ||
-            mig_pair(&prov, src, work, KS_MIGRATE_REWRAP, 0, !raw_first, rows, &raw[2 * i + 1], &rewrap[i],
-                     &m_rewrap, &done_rewrap) != 0) {
+        if (mig_two_pairs(&prov, src, work, 0, i % 2 == 0, rows, &raw[2 * i], &reenc[i], &rewrap[i], &m_reenc,
+                          &m_rewrap, &done_reenc, &done_rewrap) != 0) {
             goto done;
         }
         ks_metrics m_nv;
@@ -1304,9 +1403,13 @@ static int bench_migrate(void)
            "\"open_old_s\":%.3f,\"seal_s\":%.3f,\"verify_open_s\":%.3f,\"crypto_s\":%.3f,"
            "\"engine_rest_s\":%.3f}\n",
            split_rows, raw_m, reenc_m, o_s, s_s, v_s, o_s + s_s + v_s, reenc_m - raw_m - (o_s + s_s + v_s));
+    if (mig_journals(&prov, src, wal, work, rows, reps) != 0) {
+        goto done;
+    }
     rc = 0;
 done:
     remove_db(work);
+    remove_db(wal);
     remove_db(src);
     remove_db(plain);
     ks_ctx_free(unused);

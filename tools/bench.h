@@ -104,9 +104,12 @@ void bench_tree_remove(const char *dir);
 #define MIG_REPS_MAX 64
 #define MIG_DEK_MESSAGES 1000
 
-/* mig_run flags: verification off (for the record only); no pipeline. */
+/* mig_run flags: verification off (for the record only); no pipeline;
+ * synchronous NORMAL for the store and the raw pass alike (a WAL
+ * database: the store refuses it otherwise). */
 #define MIG_NO_VERIFY 1u
 #define MIG_SERIAL 2u
+#define MIG_SYNC_NORMAL 4u
 
 static const char MIG_KEY[] = "bench/kek";
 static const char MIG_TENANT[] = "tenant-00042";

@@ -621,14 +621,14 @@ static int db_exists(const char *path)
 
 /* See cli.h. */
 int ks_cli_store_open(const char *db, const ks_rowstore_target *t, int read_only,
-                      uint32_t busy_timeout_ms, ks_rowstore *out)
+                      uint32_t busy_timeout_ms, ks_sqlite_sync sync, ks_rowstore *out)
 {
     *out = (ks_rowstore){NULL, NULL, NULL};
     int rc = db_exists(db);
     if (rc != EX_OK) {
         return rc;
     }
-    ks_sqlite_options o = {busy_timeout_ms ? busy_timeout_ms : 30000, read_only, 0};
+    ks_sqlite_options o = {busy_timeout_ms ? busy_timeout_ms : 30000, read_only, 0, sync};
     char msg[256] = "";
     ks_err e = ks_rowstore_sqlite_open(db, t, &o, out, msg, sizeof msg);
     if (e == KS_ERR_INVALID_ARGUMENT) {
@@ -638,6 +638,19 @@ int ks_cli_store_open(const char *db, const ks_rowstore_target *t, int read_only
     if (e != KS_OK) {
         ks_cli_error("%s: %s", db, msg[0] ? msg : ks_err_name(e));
         return ks_cli_exit_code(e);
+    }
+    return EX_OK;
+}
+
+/* See cli.h. */
+int ks_cli_parse_synchronous(const char *cmd, const char *s, ks_sqlite_sync *out)
+{
+    if (strcmp(s, "full") == 0) {
+        *out = KS_SQLITE_SYNC_FULL;
+    } else if (strcmp(s, "normal") == 0) {
+        *out = KS_SQLITE_SYNC_NORMAL;
+    } else {
+        return ks_cli_usage_error(cmd, "--synchronous must be full or normal");
     }
     return EX_OK;
 }
@@ -803,7 +816,7 @@ int ks_cli_census(const char *path, const char *table, const char *column, ks_ce
     ks_rowstore_target t = {.table = table, .column = column};
     ks_rowstore store;
     memset(out, 0, sizeof *out);
-    int rc = ks_cli_store_open(path, &t, 1, 0, &store);
+    int rc = ks_cli_store_open(path, &t, 1, 0, KS_SQLITE_SYNC_FULL, &store);
     if (rc != EX_OK) {
         return rc;
     }

@@ -170,12 +170,18 @@ int ks_cli_template_columns(const char *cmd, const char *tmpl, ks_rowstore_targe
                             char storage[KS_CONTEXT_TEMPLATE_MAX]);
 
 /*
- * Open the SQLite database db (which must exist) with target t.  Returns
+ * Open the SQLite database db (which must exist) with target t, its
+ * connection at PRAGMA synchronous sync (ks_sqlite_sync).  Returns
  * EX_OK, or an exit code after printing the problem: EX_NOINPUT for no
- * such database, table or column.
+ * such database, table or column; EX_USAGE for a bad name or for
+ * synchronous NORMAL on a database not in WAL mode.
  */
 int ks_cli_store_open(const char *db, const ks_rowstore_target *t, int read_only,
-                      uint32_t busy_timeout_ms, ks_rowstore *out);
+                      uint32_t busy_timeout_ms, ks_sqlite_sync sync, ks_rowstore *out);
+
+/* Parse the value of --synchronous (full or normal) into *out; on
+ * anything else, say so and return EX_USAGE (cmd names the command). */
+int ks_cli_parse_synchronous(const char *cmd, const char *s, ks_sqlite_sync *out);
 
 /* Write a row id: an integer, text (a JSON string when json), a BLOB as
  * x'hex', or NULL.  Never used for secret values. */

@@ -141,7 +141,7 @@ int ks_cmd_census(int argc, char **argv)
     }
     ks_rowstore_target t = {.table = table, .column = column, .id_column = id_column};
     ks_rowstore store;
-    if ((rc = ks_cli_store_open(db, &t, 1, 0, &store)) != EX_OK) {
+    if ((rc = ks_cli_store_open(db, &t, 1, 0, KS_SQLITE_SYNC_FULL, &store)) != EX_OK) {
         return rc;
     }
     ks_census c;

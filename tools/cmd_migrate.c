@@ -40,7 +40,8 @@ static void usage(FILE *f)
           "        [--tenant-column COL | --tenant T] [--context TEMPLATE]\n"
           "        [--purpose P] [--batch-size N] [--max-failure-rate R]\n"
           "        [--max-rows-per-second N] [--no-verify] [--serial]\n"
-          "        [--from-key KEY_ID] [--supersede] [--busy-timeout MS] [--json]\n"
+          "        [--from-key KEY_ID] [--supersede] [--busy-timeout MS]\n"
+          "        [--synchronous full|normal] [--json]\n"
           "        [--keyring FILE [--passphrase-file FILE] | --providers FILE]\n"
           "    keyshift migrate status --db FILE [--table T --column C] [--json]\n"
           "    keyshift migrate verify --db FILE --table T --column C [--sample N]\n"
@@ -151,6 +152,18 @@ static void usage(FILE *f)
           "          throttled runs (--max-rows-per-second) are serial)\n"
           "    --busy-timeout MS      wait up to MS for the database lock, with backoff,\n"
           "          before giving up with exit 75 (default 30000)\n"
+          "    --synchronous full|normal  run: how the run's own connection makes each\n"
+          "          batch durable (PRAGMA synchronous; the application's\n"
+          "          connections keep theirs). full (default): every\n"
+          "          committed batch is on disk, in any journal mode.\n"
+          "          normal: only for a database in WAL mode (the usual\n"
+          "          setting of a WAL application), faster; a power loss\n"
+          "          (not a crash or a kill) may roll back the last\n"
+          "          batches, never corrupting the database, and since\n"
+          "          each batch commits its checkpoint with its rows, the\n"
+          "          next run redoes just those. Refused (exit 64) for a\n"
+          "          database in a rollback-journal mode (DELETE,\n"
+          "          TRUNCATE, ...), which keeps full\n"
           "    --from-key KEY_ID      run (rewrap, reencrypt) and verify: only envelopes\n"
           "          whose key id is KEY_ID; plaintext and other keys'\n"
           "          envelopes are skipped and counted so (a column holding\n"
@@ -174,7 +187,8 @@ static void usage(FILE *f)
           "\n"
           "EXIT STATUS\n"
           "    0   run: complete; verify: every envelope opened; status: printed\n"
-          "    64  usage error\n"
+          "    64  usage error; run: also --synchronous normal on a database not in\n"
+          "        WAL mode (nothing written)\n"
           "    65  run: stopped by --max-failure-rate (checkpoint valid; see\n"
           "        keyshift_quarantine), or an unfinished migration of this database\n"
           "        with other parameters exists (resume it, or --supersede);\n"
@@ -210,6 +224,7 @@ typedef struct mig_opts {
     const char *db, *table, *column, *id_column, *mode, *to_key, *to_format, *algorithm;
     const char *tenant_column, *tenant, *context, *purpose, *batch_size, *max_failure_rate;
     const char *max_rps, *busy_timeout, *sample, *keyring, *passfile, *from_key, *providers;
+    const char *synchronous;
     int no_verify, serial, json, supersede;
 } mig_opts;
 
@@ -235,6 +250,7 @@ static int parse(const char *cmd, int argc, char **argv, mig_opts *o, int *rc)
         {"--max-failure-rate", &o->max_failure_rate, NULL},
         {"--max-rows-per-second", &o->max_rps, NULL},
         {"--busy-timeout", &o->busy_timeout, NULL},
+        {"--synchronous", &o->synchronous, NULL},
         {"--sample", &o->sample, NULL},
         {"--keyring", &o->keyring, NULL},
         {"--passphrase-file", &o->passfile, NULL},
@@ -263,6 +279,7 @@ static int only_options(const char *cmd, const mig_opts *o, const char *allowed)
         {"--max-failure-rate", o->max_failure_rate != NULL},
         {"--max-rows-per-second", o->max_rps != NULL},
         {"--busy-timeout", o->busy_timeout != NULL}, {"--sample", o->sample != NULL},
+        {"--synchronous", o->synchronous != NULL},
         {"--keyring", o->keyring != NULL},     {"--passphrase-file", o->passfile != NULL},
         {"--providers", o->providers != NULL},
         {"--no-verify", o->no_verify},         {"--id-column", o->id_column != NULL},
@@ -389,8 +406,9 @@ static int run_target(const mig_opts *o, ks_migrate_params *p)
     return parse_to_key(cmd, o->to_key, p);
 }
 
-/* Parse the pacing and safety options of `migrate run`. */
-static int run_limits(const mig_opts *o, ks_migrate_params *p, uint32_t *busy_ms)
+/* Parse the pacing, locking and durability options of `migrate run`. */
+static int run_limits(const mig_opts *o, ks_migrate_params *p, uint32_t *busy_ms,
+                      ks_sqlite_sync *sync)
 {
     static const char cmd[] = "migrate run";
     size_t v;
@@ -417,6 +435,10 @@ static int run_limits(const mig_opts *o, ks_migrate_params *p, uint32_t *busy_ms
             return ks_cli_usage_error(cmd, "--busy-timeout must be milliseconds (0..86400000)");
         }
         *busy_ms = (uint32_t)v;
+    }
+    *sync = KS_SQLITE_SYNC_FULL;
+    if (o->synchronous != NULL && ks_cli_parse_synchronous(cmd, o->synchronous, sync) != EX_OK) {
+        return EX_USAGE;
     }
     p->no_verify = o->no_verify;
     p->serial = o->serial;
@@ -886,7 +908,7 @@ static int cmd_run(int argc, char **argv)
     }
     if ((rc = only_options(cmd, &o, " --mode --to-key --to-format --algorithm --tenant-column "
                                     "--tenant --context --purpose --batch-size --max-failure-rate "
-                                    "--max-rows-per-second --busy-timeout --keyring "
+                                    "--max-rows-per-second --busy-timeout --synchronous --keyring "
                                     "--passphrase-file --providers --no-verify --id-column --serial "
                                     "--from-key --supersede ")) != EX_OK) {
         return rc;
@@ -896,8 +918,9 @@ static int cmd_run(int argc, char **argv)
     ks_rowstore_target t;
     char names[KS_CONTEXT_TEMPLATE_MAX];
     uint32_t busy_ms;
+    ks_sqlite_sync sync;
     if ((rc = common_params(cmd, &o, &p, &t, names)) != EX_OK || (rc = run_target(&o, &p)) != EX_OK ||
-        (rc = run_limits(&o, &p, &busy_ms)) != EX_OK) {
+        (rc = run_limits(&o, &p, &busy_ms, &sync)) != EX_OK) {
         return rc;
     }
     p.supersede = o.supersede;
@@ -906,7 +929,7 @@ static int cmd_run(int argc, char **argv)
     ks_rowstore store = {NULL, NULL, NULL};
     int64_t rollout_id = 0;
     char from_key[KS_KEY_ID_MAX + 1];
-    if ((rc = ks_cli_store_open(o.db, &t, 0, busy_ms, &store)) == EX_OK &&
+    if ((rc = ks_cli_store_open(o.db, &t, 0, busy_ms, sync, &store)) == EX_OK &&
         (rc = ks_cli_ctx_open(cmd, o.keyring, o.passfile, o.providers, &keys, &ctx)) == EX_OK &&
         (rc = rollout_gate(&o, &p, ctx, &rollout_id, from_key)) == EX_OK &&
         (rc = backfill_gate(&store, rollout_id)) == EX_OK) {
@@ -1032,7 +1055,7 @@ static int cmd_status(int argc, char **argv)
     ks_rowstore store;
     if (o.table != NULL) { /* check the target exists */
         ks_rowstore_target t = {.table = o.table, .column = o.column, .id_column = o.id_column};
-        if ((rc = ks_cli_store_open(o.db, &t, 1, 0, &store)) != EX_OK) {
+        if ((rc = ks_cli_store_open(o.db, &t, 1, 0, KS_SQLITE_SYNC_FULL, &store)) != EX_OK) {
             return rc;
         }
         ks_rowstore_close(&store);
@@ -1151,7 +1174,7 @@ static int cmd_verify(int argc, char **argv)
     ks_rowstore store = {NULL, NULL, NULL};
     verify_state s = {o.json, 0};
     ks_verify_result r = {0, 0, 0};
-    if ((rc = ks_cli_store_open(o.db, &t, 1, 0, &store)) == EX_OK &&
+    if ((rc = ks_cli_store_open(o.db, &t, 1, 0, KS_SQLITE_SYNC_FULL, &store)) == EX_OK &&
         (rc = ks_cli_ctx_open(cmd, o.keyring, o.passfile, o.providers, &keys, &ctx)) == EX_OK) {
         ks_err e = ks_migrate_verify(ctx, &store, &p, sample, on_failure, &s, &r);
         if (e != KS_OK) {

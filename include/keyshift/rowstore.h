@@ -163,12 +163,45 @@ typedef struct ks_rowstore {
     const char *name;    /* "sqlite", ... */
 } ks_rowstore;
 
-/* Options of the SQLite store. */
+/*
+ * How the SQLite store's connection makes its commits durable (PRAGMA
+ * synchronous; ks_sqlite_options.synchronous).  Per connection: the
+ * application's own connections keep their setting.
+ *
+ *   KS_SQLITE_SYNC_FULL    (0, the default) every commit is on disk when
+ *                          it returns, in any journal mode.
+ *   KS_SQLITE_SYNC_NORMAL  WAL databases only: the WAL is synced at
+ *                          checkpoints, not at each commit, so after a
+ *                          power loss (not a crash of the process) the
+ *                          last commits may roll back; the database is
+ *                          never corrupted.  Each batch commits its
+ *                          checkpoint with its rows, so a migration then
+ *                          resumes from the last durable batch and redoes
+ *                          at most the batches lost.  For a database in
+ *                          any other journal mode (DELETE, TRUNCATE,
+ *                          PERSIST, ...: there NORMAL leaves a small chance
+ *                          of corruption on power loss)
+ *                          ks_rowstore_sqlite_open refuses it with
+ *                          KS_ERR_INVALID_ARGUMENT and a message; it never
+ *                          falls back to FULL silently.  The journal mode
+ *                          is read when the store opens; SQLite lets no
+ *                          connection leave WAL while the store's is open.
+ *
+ * Any other value: KS_ERR_INVALID_ARGUMENT.  docs/migration.md,
+ * "Durability: --synchronous".
+ */
+typedef enum ks_sqlite_sync {
+    KS_SQLITE_SYNC_FULL = 0,
+    KS_SQLITE_SYNC_NORMAL = 1,
+} ks_sqlite_sync;
+
+/* Options of the SQLite store (zero-initialised: the defaults). */
 typedef struct ks_sqlite_options {
     uint32_t busy_timeout_ms;  /* how long to wait for a lock, with backoff; default 30000 */
     int read_only;             /* open read-only (census, verify, status) */
     uint32_t cache_kib;        /* the connection's page cache (PRAGMA cache_size) in KiB;
                                   0: KS_SQLITE_CACHE_KIB_DEFAULT */
+    ks_sqlite_sync synchronous; /* PRAGMA synchronous (ks_sqlite_sync); default FULL */
 } ks_sqlite_options;
 
 /* The store's default page cache: 16 MiB.  The engine scans batch k+1
@@ -182,7 +215,8 @@ typedef struct ks_sqlite_options {
  * Open the SQLite database at path with the target checked against its
  * schema: KS_ERR_NO_TARGET (with a message in errbuf) when the file,
  * table or a column does not exist or id_column is not unique and NOT
- * NULL; KS_ERR_INVALID_ARGUMENT for a bad identifier.  Unless read_only,
+ * NULL; KS_ERR_INVALID_ARGUMENT for a bad identifier, or for
+ * synchronous NORMAL on a database not in WAL mode.  Unless read_only,
  * creates the keyshift_migration and keyshift_quarantine tables if
  * missing.  opts NULL: defaults.
  */

@@ -20,7 +20,7 @@
 #include <keyshift/rollout.h>
 
 #include "../../format/rules.h"
-#include "../store/sqlite_util.h"
+#include "../store/sqlite/sqlite_util.h"
 #include "rollout_internal.h"
 
 /* The phase names, indexed by phase. */

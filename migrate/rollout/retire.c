@@ -16,7 +16,7 @@
 #include <keyshift/rollout.h>
 
 #include "../../format/rules.h"
-#include "../store/sqlite_util.h"
+#include "../store/sqlite/sqlite_util.h"
 #include "rollout_internal.h"
 
 /* Nonzero when s is 1..KS_ROLLOUT_REASON_MAX printable ASCII bytes: a

@@ -5,7 +5,7 @@
  *
  * ---- Tables (schema version 3 of keyshift_meta) --------------------------
  *
- * Version 1 (migrate/store/sqlite_store.c) has keyshift_meta,
+ * Version 1 (migrate/store/sqlite/sqlite_store.c) has keyshift_meta,
  * keyshift_migration and keyshift_quarantine.  Version 2 adds the four
  * tables below and changes none of version 1's; version 3 adds key scopes
  * (keyshift_rollout.scope_key_id, keyshift_rollout_column, the open-rollout
@@ -76,8 +76,8 @@
 #include <keyshift/rollout.h>
 
 #include "../../format/rules.h"
-#include "../store/sqlite_store.h"
-#include "../store/sqlite_util.h"
+#include "../store/sqlite/sqlite_store.h"
+#include "../store/sqlite/sqlite_util.h"
 #include "rollout_internal.h"
 #include "../alloc_hook.h"
 

@@ -1,5 +1,5 @@
 /*
- * migrate/store/sqlite_util.h -- what every SQLite connection of the
+ * migrate/store/sqlite/sqlite_util.h -- what every SQLite connection of the
  * library shares: opening and configuring a connection safely, the busy
  * handler with backoff and jitter, error mapping, messages, and the
  * versions of keyshift's own tables.  Used by the row store

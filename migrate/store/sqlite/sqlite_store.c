@@ -1,5 +1,5 @@
 /*
- * migrate/store/sqlite_store.c -- the SQLite row store (keyshift/rowstore.h).
+ * migrate/store/sqlite/sqlite_store.c -- the SQLite row store (keyshift/rowstore.h).
  *
  * ---- Tables kept in the target database (schema version 1) -------------
  *
@@ -97,11 +97,17 @@
  *
  * The store does not change the database's journal mode (WAL or rollback
  * journal: the application's choice stands); with a rollback journal a
- * commit may also wait for readers.  cas runs an ordinary UPDATE, so the
- * application's triggers on the column fire.  The connection is opened
- * without SQLITE_OPEN_CREATE (a missing file is KS_ERR_NO_TARGET), with
- * SQLITE_DBCONFIG_DEFENSIVE on and the schema untrusted
- * (SQLITE_DBCONFIG_TRUSTED_SCHEMA off).
+ * commit may also wait for readers.  Its connection runs PRAGMA
+ * synchronous = FULL, set explicitly (a build's default may differ), or
+ * NORMAL when asked (ks_sqlite_options.synchronous) and the journal mode,
+ * read at open, is WAL: refused otherwise, since in a rollback-journal
+ * mode NORMAL risks corruption on power loss, in WAL only the last
+ * commits.  The mode cannot leave WAL while the store is open (SQLite
+ * needs the only connection for that), so the check holds.  cas runs an
+ * ordinary UPDATE, so the application's triggers on the column fire.
+ * The connection is opened without SQLITE_OPEN_CREATE (a missing file is
+ * KS_ERR_NO_TARGET), with SQLITE_DBCONFIG_DEFENSIVE on and the schema
+ * untrusted (SQLITE_DBCONFIG_TRUSTED_SCHEMA off).
  *
  * Messages in errbuf name files, tables and columns, never row values, and
  * never include SQLite's error text (only sqlite3_errstr of the code).
@@ -121,7 +127,7 @@
 
 #include "sqlite_store.h"
 #include "sqlite_util.h"
-#include "../alloc_hook.h"
+#include "../../alloc_hook.h"
 
 /* The longest identifier or error name accepted. */
 #define IDENT_MAX 1024u
@@ -1413,21 +1419,69 @@ static ks_err check_args(const char *path, const ks_rowstore_target *t, ks_rowst
     return KS_OK;
 }
 
+/* Read the main database's journal mode ("wal", "delete", ...) into
+ * mode: what decides whether synchronous NORMAL is safe (set_synchronous). */
+static ks_err journal_mode(opener *o, char *mode, size_t mode_len)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(o->s->db, "PRAGMA main.journal_mode", -1, &st, NULL);
+    if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const unsigned char *t = sqlite3_column_text(st, 0);
+        ks_sqlite_printable(t != NULL ? (const char *)t : "?", mode, mode_len);
+        rc = SQLITE_OK;
+    } else if (rc == SQLITE_DONE) {
+        rc = SQLITE_ERROR; /* a pragma that always answers answered nothing */
+    }
+    sqlite3_finalize(st);
+    return rc == SQLITE_OK ? KS_OK : open_fail_rc(o, rc, "reading the journal mode");
+}
+
+/* Set the connection's PRAGMA synchronous to sync (rowstore.h,
+ * ks_sqlite_sync): FULL always, NORMAL only on a WAL database, refused
+ * otherwise rather than quietly kept at FULL (the caller asked for a
+ * trade-off the database cannot make safely). */
+static ks_err set_synchronous(opener *o, ks_sqlite_sync sync)
+{
+    if (sync != KS_SQLITE_SYNC_FULL && sync != KS_SQLITE_SYNC_NORMAL)
+        return ks_sqlite_fail(o->errbuf, o->errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                              "synchronous must be FULL or NORMAL");
+    if (sync == KS_SQLITE_SYNC_NORMAL) {
+        char mode[16];
+        ks_err err = journal_mode(o, mode, sizeof mode);
+        if (err != KS_OK)
+            return err;
+        if (strcmp(mode, "wal") != 0)
+            return ks_sqlite_fail(o->errbuf, o->errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                                  "synchronous NORMAL is safe only in WAL mode, and the "
+                                  "database's journal mode is %s: use FULL (the default) or "
+                                  "switch the database to WAL", mode);
+    }
+    int rc = sqlite3_exec(o->s->db,
+                          sync == KS_SQLITE_SYNC_NORMAL ? "PRAGMA synchronous = NORMAL"
+                                                        : "PRAGMA synchronous = FULL",
+                          NULL, NULL, NULL);
+    return rc == SQLITE_OK ? KS_OK : open_fail_rc(o, rc, "setting synchronous");
+}
+
 /* Open the connection (never creating the file) and configure it
  * (sqlite_util.h): extended result codes, defensive mode, untrusted
- * schema, busy handler. */
-static ks_err open_db(opener *o, const char *path, uint32_t cache_kib)
+ * schema, busy handler; then the page cache and synchronous of opts
+ * (NULL: the defaults). */
+static ks_err open_db(opener *o, const char *path, const ks_sqlite_options *opts)
 {
     sqlite_store *s = o->s;
     ks_err err = ks_sqlite_connect(path, s->read_only, 0, &s->busy, &s->db, o->errbuf,
                                    o->errbuf_len);
     if (err != KS_OK)
         return err;
+    uint32_t cache_kib = opts != NULL ? opts->cache_kib : 0;
     char sql[48];
     snprintf(sql, sizeof sql, "PRAGMA cache_size = -%u",
              (unsigned)(cache_kib != 0 ? cache_kib : KS_SQLITE_CACHE_KIB_DEFAULT));
     int rc = sqlite3_exec(s->db, sql, NULL, NULL, NULL);
-    return rc == SQLITE_OK ? KS_OK : open_fail_rc(o, rc, "setting the page cache");
+    if (rc != SQLITE_OK)
+        return open_fail_rc(o, rc, "setting the page cache");
+    return set_synchronous(o, opts != NULL ? opts->synchronous : KS_SQLITE_SYNC_FULL);
 }
 
 /* Nonzero when colinfo a and b are the same column. */
@@ -1543,7 +1597,7 @@ ks_err ks_rowstore_sqlite_open(const char *path, const ks_rowstore_target *targe
     resolved r;
     memset(&r, 0, sizeof r);
     int have_tables = 0;
-    err = open_db(&o, path, opts != NULL ? opts->cache_kib : 0);
+    err = open_db(&o, path, opts);
     if (err == KS_OK)
         err = resolve_target(&o, target, &r);
     if (err == KS_OK)
@@ -1665,6 +1719,25 @@ ks_err ks_rowstore_sqlite_set_write_gate(const ks_rowstore *store, const char *s
 }
 
 #ifdef KS_TEST_HOOKS
+/* See sqlite_store.h. */
+ks_err ks_rowstore_sqlite_test_pragma(const ks_rowstore *store, const char *name, int64_t *out)
+{
+    if (store == NULL || store->ops != &sqlite_ops || store->self == NULL || name == NULL ||
+        strspn(name, "abcdefghijklmnopqrstuvwxyz_") != strlen(name))
+        return KS_ERR_INVALID_ARGUMENT;
+    sqlite_store *s = store->self;
+    char sql[80];
+    snprintf(sql, sizeof sql, "PRAGMA main.%s", name);
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(s->db, sql, -1, &st, NULL);
+    if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        *out = sqlite3_column_int64(st, 0);
+        rc = SQLITE_OK;
+    }
+    sqlite3_finalize(st);
+    return rc == SQLITE_OK ? KS_OK : KS_ERR_STORE;
+}
+
 /* See sqlite_store.h. */
 ks_err ks_rowstore_sqlite_test_max_pages(const ks_rowstore *store, uint32_t pages)
 {

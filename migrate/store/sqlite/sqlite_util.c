@@ -1,5 +1,5 @@
 /*
- * migrate/store/sqlite_util.c -- the helpers every SQLite connection of the
+ * migrate/store/sqlite/sqlite_util.c -- the helpers every SQLite connection of the
  * library shares (sqlite_util.h): safe opening, the busy handler, error
  * mapping and messages.
  *
