@@ -60,17 +60,20 @@ P11_CFLAGS := $(shell pkg-config --cflags p11-kit-1 2>/dev/null)
 P11_LIBS   := $(shell pkg-config --libs p11-kit-1 2>/dev/null)
 # jansson (migrate/keys/plugin_proto.c): the KMS plugin protocol's JSON reader.
 JANSSON_LIBS := $(shell pkg-config --libs jansson 2>/dev/null)
-INC     := -Iinclude $(P11_CFLAGS)
+# libpq (migrate/store/pg/): the PostgreSQL row store.
+PQ_CFLAGS := $(shell pkg-config --cflags libpq 2>/dev/null)
+PQ_LIBS   := $(shell pkg-config --libs libpq 2>/dev/null || echo -lpq)
+INC     := -Iinclude $(P11_CFLAGS) $(PQ_CFLAGS)
 SAN     := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 # Test builds compile in the test hooks (e.g. docs/keyring.md [K-FILE-6]).
 SAN_HOOKS := -DKS_TEST_HOOKS
 
 # The library.  Nothing under parser/ may include libsodium or SQLite.
-LIB_SRCS := format/format.c format/encode.c format/aad.c parser/envelope.c $(sort $(wildcard migrate/*.c migrate/*/*.c))
-LIB_HDRS := $(wildcard include/keyshift/*.h) format/rules.h parser/cursor.h $(wildcard migrate/*.h migrate/*/*.h)
+LIB_SRCS := format/format.c format/encode.c format/aad.c parser/envelope.c $(sort $(wildcard migrate/*.c migrate/*/*.c migrate/*/*/*.c))
+LIB_HDRS := $(wildcard include/keyshift/*.h) format/rules.h parser/cursor.h $(wildcard migrate/*.h migrate/*/*.h migrate/*/*/*.h)
 # libsodium, SQLite (and threads) for migrate/; parser/ and format/ need none;
-# p11-kit and dlopen for the pkcs11 provider.
-LIB_LIBS := -lsodium -lsqlite3 $(JANSSON_LIBS) $(P11_LIBS) -ldl -pthread
+# p11-kit and dlopen for the pkcs11 provider; libpq for the PostgreSQL store.
+LIB_LIBS := -lsodium -lsqlite3 $(PQ_LIBS) $(JANSSON_LIBS) $(P11_LIBS) -ldl -pthread
 CLI_SRCS := tools/keyshift.c tools/cli.c $(wildcard tools/cmd_*.c)
 CLI_HDRS := $(wildcard tools/*.h)
 
