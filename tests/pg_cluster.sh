@@ -141,8 +141,11 @@ CONF
         cat "$dir/server.log" >&2 2>/dev/null || true
         die "the server did not start"
     }
+    # a reader that went away (a killed test) must not leave the cluster
+    # running: the EXIT trap stands until the line is written
+    trap '' PIPE
+    echo "host=$dir port=$PORT dbname=postgres user=$(owner_name)" || exit 1
     trap - EXIT INT TERM HUP
-    echo "host=$dir port=$PORT dbname=postgres user=$(owner_name)"
 }
 
 [ $# -eq 2 ] || die "usage: pg_cluster.sh start|stop DIR"

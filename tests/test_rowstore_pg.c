@@ -511,6 +511,54 @@ static void test_lock_timeout(void **state)
     assert_int_equal(ops->commit(w->store.self), KS_OK);
 }
 
+/* A statement that outlives statement_timeout (here: waiting for a
+ * table lock under a long lock_timeout) is KS_ERR_BUSY too, outside a
+ * transaction as inside one. */
+static void test_statement_timeout(void **state)
+{
+    world *w = *state;
+    make_items(w, 2);
+    ks_pg_options o = {.lock_timeout_ms = 60000, .statement_timeout_ms = 100};
+    assert_int_equal(open_store(w, "items", "v", NULL, &o), KS_OK);
+    const ks_rowstore_ops *ops = w->store.ops;
+    admin_exec(w, "BEGIN");
+    admin_exec(w, "LOCK TABLE items IN ACCESS EXCLUSIVE MODE");
+    uint64_t c = 0;
+    assert_int_equal(ops->count(w->store.self, &c), KS_ERR_BUSY);
+    ks_row rows[2];
+    size_t n = 0;
+    assert_int_equal(ops->begin(w->store.self), KS_OK);
+    assert_int_equal(ops->scan(w->store.self, NULL, 2, rows, &n), KS_ERR_BUSY);
+    admin_exec(w, "ROLLBACK");
+    assert_int_equal(ops->begin(w->store.self), KS_OK); /* the failed one was rolled back */
+    ops->rollback(w->store.self);
+    assert_int_equal(ops->count(w->store.self, &c), KS_OK);
+    assert_int_equal(c, 2);
+}
+
+/* A connection the server drops is KS_ERR_UNAVAILABLE, and a failed
+ * open's message never quotes row values. */
+static void test_connection_lost(void **state)
+{
+    world *w = *state;
+    make_items(w, 2);
+    admin_exec(w, "UPDATE items SET v = 'row-secret' WHERE id = 1");
+    assert_int_equal(open_store(w, "items", "v", NULL, NULL), KS_OK);
+    admin_exec(w, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                  "WHERE application_name = 'keyshift'");
+    uint64_t c = 0;
+    assert_int_equal(w->store.ops->count(w->store.self, &c), KS_ERR_UNAVAILABLE);
+    ks_row rows[2];
+    size_t n = 0;
+    assert_int_equal(w->store.ops->scan(w->store.self, NULL, 2, rows, &n), KS_ERR_UNAVAILABLE);
+    /* a duplicate in a would-be unique id: the message names columns only */
+    admin_exec(w, "CREATE TABLE dup(id int NOT NULL, v bytea)");
+    admin_exec(w, "INSERT INTO dup VALUES (1, 'row-secret'), (1, 'row-secret')");
+    assert_int_equal(open_store(w, "dup", "v", "id", NULL), KS_ERR_NO_TARGET);
+    assert_null(strstr(w->err, "row-secret"));
+    assert_non_null(strstr(w->err, "id"));
+}
+
 /* ---- the engine ---------------------------------------------------------------------- */
 
 #define MIG_ROWS 1000
@@ -612,7 +660,8 @@ int main(void)
 #define T(f) cmocka_unit_test_setup_teardown(f, world_setup, world_teardown)
     const struct CMUnitTest tests[] = {
         T(test_open_checks), T(test_read_only),  T(test_scan_paging), T(test_cas_raced),
-        T(test_quarantine),  T(test_checkpoint), T(test_lock_timeout), T(test_migrate_run),
+        T(test_quarantine),  T(test_checkpoint), T(test_lock_timeout), T(test_statement_timeout),
+        T(test_connection_lost), T(test_migrate_run),
     };
 #undef T
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
