@@ -255,9 +255,11 @@ static void test_read_only(void **state)
 
 /* ---- scans ------------------------------------------------------------------------- */
 
-/* Row visitor: append the row's id to the array arg points to. */
+/* The ids seen_fn saw, in order. */
 static int64_t g_seen[64];
 static size_t g_nseen;
+
+/* Row visitor: record the row's id in g_seen. */
 static ks_err seen_fn(void *arg, const ks_row *row)
 {
     (void)arg;
@@ -649,12 +651,26 @@ static void test_migrate_run(void **state)
     assert_int_equal(cp.done, MIG_ROWS - nulls);
     check_rec(w, ctx, 2);
     assert_int_equal(admin_int(w, "SELECT count(*) FROM keyshift_migration WHERE state = 'complete'"), 2);
+    /* verify and the census read through the same store (the census by scan) */
+    ks_verify_result vr;
+    assert_int_equal(ks_migrate_verify(ctx, &w->store, &p, 0, NULL, NULL, &vr), KS_OK);
+    assert_int_equal(vr.checked, MIG_ROWS - nulls);
+    assert_int_equal(vr.failed, 0);
+    ks_census census;
+    assert_int_equal(ks_census_run(&w->store, &census), KS_OK);
+    assert_int_equal(census.rows, MIG_ROWS);
+    assert_int_equal(census.null_rows, nulls);
+    assert_int_equal(census.n_classes, 1);
+    assert_int_equal(census.classes[0].key_version, 2);
+    assert_int_equal(census.classes[0].rows, MIG_ROWS - nulls);
+    ks_census_free(&census);
 
     ks_rowstore_close(&w->store);
     ks_ctx_free(ctx);
     ks_mem_cleanup(&mem);
 }
 
+/* The store's tests, one cluster for the group. */
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, world_setup, world_teardown)
