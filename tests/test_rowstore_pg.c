@@ -30,11 +30,17 @@
 
 #define BV(s) ((ks_bytes){(const uint8_t *)(s), sizeof(s) - 1})
 
-/* One test's world: the admin connection and the store under test. */
+/* One test's world: the admin connection, the store under test and,
+ * for the engine's tests, keys. */
 typedef struct world {
     PGconn *admin;
     ks_rowstore store;
     char err[256];
+    /* the engine tests' key provider and context (engine_setup) */
+    ks_mem_provider mem;
+    int have_mem;
+    ks_provider prov;
+    ks_ctx *ctx;
 } world;
 
 /* ---- helpers ------------------------------------------------------------------ */
@@ -80,11 +86,15 @@ static int world_setup(void **state)
     return 0;
 }
 
-/* Close the store and the admin connection. */
+/* Close the store, the engine's context and provider, and the admin
+ * connection. */
 static int world_teardown(void **state)
 {
     world *w = *state;
     ks_rowstore_close(&w->store);
+    ks_ctx_free(w->ctx);
+    if (w->have_mem)
+        ks_mem_cleanup(&w->mem);
     PQfinish(w->admin);
     free(w);
     return 0;
@@ -564,6 +574,9 @@ static void test_connection_lost(void **state)
 /* ---- the engine ---------------------------------------------------------------------- */
 
 #define MIG_ROWS 1000
+/* The row the application changes while the engine runs (test_migrate_raced). */
+#define RACE_ROWS 300
+#define RACE_ID 150
 
 /* The plaintext of row id ("" for the NULL rows, every 97th). */
 static void plain_of(int64_t id, char *out, size_t cap)
@@ -574,20 +587,55 @@ static void plain_of(int64_t id, char *out, size_t cap)
         snprintf(out, cap, "secret-%lld", (long long)id);
 }
 
-/* Every row of rec: NULL where it was NULL, else an envelope under
- * (k, version) that opens to its original plaintext. */
-static void check_rec(world *w, ks_ctx *ctx, uint32_t version)
+/* Table rec(id bigint primary key, v bytea) with rows 1..n of plain_of,
+ * the key provider (key "k" version 1) and a context in w, and the store
+ * open on rec. */
+static void engine_setup(world *w, int64_t n)
 {
-    PGresult *res = PQexecParams(w->admin, "SELECT id, v FROM rec ORDER BY id", 0, NULL, NULL,
-                                 NULL, NULL, 0);
-    assert_int_equal(PQresultStatus(res), PGRES_TUPLES_OK);
-    assert_int_equal(PQntuples(res), MIG_ROWS);
-    PQclear(res);
-    for (int64_t id = 1; id <= MIG_ROWS; id++) {
+    admin_exec(w, "CREATE TABLE rec(id bigint PRIMARY KEY, v bytea)");
+    admin_exec(w, "BEGIN");
+    for (int64_t id = 1; id <= n; id++) {
+        char pt[32];
+        plain_of(id, pt, sizeof pt);
+        admin_insert(w, "rec", id, pt[0] != '\0' ? pt : NULL, strlen(pt));
+    }
+    admin_exec(w, "COMMIT");
+    assert_true(sodium_init() >= 0);
+    ks_mem_init(&w->mem);
+    w->have_mem = 1;
+    assert_int_equal(ks_mem_add(&w->mem, "k", 1, 1, NULL), 0);
+    w->prov = ks_mem_provider_of(&w->mem);
+    assert_int_equal(ks_ctx_new(&w->prov, NULL, &w->ctx), KS_OK);
+    assert_int_equal(open_store(w, "rec", "v", NULL, NULL), KS_OK);
+}
+
+/* Encrypt under "k" with tenant acme, purpose pp, context "rec:{id}". */
+static ks_migrate_params rec_params(size_t batch)
+{
+    ks_migrate_params p = {0};
+    p.mode = KS_MIGRATE_ENCRYPT;
+    p.to_key_id = BV("k");
+    p.tenant = BV("acme");
+    p.purpose = BV("pp");
+    p.context_template = BV("rec:{id}");
+    p.batch_size = batch;
+    p.max_failure_rate = -1;
+    return p;
+}
+
+/* Every row 1..n of rec: NULL where it was NULL, else an envelope under
+ * (k, version) that opens to its original plaintext, or for race_id
+ * (0: none) to "app-new". */
+static void check_rec(world *w, int64_t n_rows, uint32_t version, int64_t race_id)
+{
+    assert_int_equal(admin_int(w, "SELECT count(*) FROM rec"), n_rows);
+    for (int64_t id = 1; id <= n_rows; id++) {
         uint8_t v[512];
         int n = admin_value(w, "rec", id, v, sizeof v);
         char want[32];
         plain_of(id, want, sizeof want);
+        if (id == race_id)
+            snprintf(want, sizeof want, "app-new");
         if (want[0] == '\0') {
             assert_int_equal(n, -1);
             continue;
@@ -601,59 +649,37 @@ static void check_rec(world *w, ks_ctx *ctx, uint32_t version)
         ks_open_params op = {{(const uint8_t *)c, strlen(c)}, BV("acme"), BV("pp")};
         uint8_t pt[64];
         size_t ptn = 0;
-        assert_int_equal(ks_open(ctx, v, (size_t)n, &op, pt, sizeof pt, &ptn, NULL), KS_OK);
+        assert_int_equal(ks_open(w->ctx, v, (size_t)n, &op, pt, sizeof pt, &ptn, NULL), KS_OK);
         assert_int_equal(ptn, strlen(want));
         assert_memory_equal(pt, want, ptn);
     }
 }
 
 /* ks_migrate_run encrypts a PostgreSQL table, then rewraps it under a
- * new key version; every row opens to its original plaintext. */
+ * new key version; every row opens to its original plaintext, and
+ * verify and the census agree. */
 static void test_migrate_run(void **state)
 {
     world *w = *state;
-    admin_exec(w, "CREATE TABLE rec(id bigint PRIMARY KEY, v bytea)");
-    admin_exec(w, "BEGIN");
-    for (int64_t id = 1; id <= MIG_ROWS; id++) {
-        char pt[32];
-        plain_of(id, pt, sizeof pt);
-        admin_insert(w, "rec", id, pt[0] != '\0' ? pt : NULL, strlen(pt));
-    }
-    admin_exec(w, "COMMIT");
-    assert_true(sodium_init() >= 0);
-    ks_mem_provider mem;
-    ks_mem_init(&mem);
-    assert_int_equal(ks_mem_add(&mem, "k", 1, 1, NULL), 0);
-    ks_provider prov = ks_mem_provider_of(&mem);
-    ks_ctx *ctx = NULL;
-    assert_int_equal(ks_ctx_new(&prov, NULL, &ctx), KS_OK);
-    assert_int_equal(open_store(w, "rec", "v", NULL, NULL), KS_OK);
-
-    ks_migrate_params p = {0};
-    p.mode = KS_MIGRATE_ENCRYPT;
-    p.to_key_id = BV("k");
-    p.tenant = BV("acme");
-    p.purpose = BV("pp");
-    p.context_template = BV("rec:{id}");
-    p.batch_size = 128;
-    p.max_failure_rate = -1;
+    engine_setup(w, MIG_ROWS);
+    ks_migrate_params p = rec_params(128);
     ks_checkpoint cp;
-    assert_int_equal(ks_migrate_run(ctx, &w->store, &p, NULL, NULL, NULL, &cp), KS_OK);
+    assert_int_equal(ks_migrate_run(w->ctx, &w->store, &p, NULL, NULL, NULL, &cp), KS_OK);
     uint64_t nulls = MIG_ROWS / 97;
     assert_int_equal(cp.done, MIG_ROWS - nulls);
     assert_int_equal(cp.raced, 0);
     assert_int_equal(cp.quarantined, 0);
-    check_rec(w, ctx, 1);
+    check_rec(w, MIG_ROWS, 1, 0);
 
-    assert_int_equal(ks_mem_add(&mem, "k", 2, 1, NULL), 0);
+    assert_int_equal(ks_mem_add(&w->mem, "k", 2, 1, NULL), 0);
     p.mode = KS_MIGRATE_REWRAP;
-    assert_int_equal(ks_migrate_run(ctx, &w->store, &p, NULL, NULL, NULL, &cp), KS_OK);
+    assert_int_equal(ks_migrate_run(w->ctx, &w->store, &p, NULL, NULL, NULL, &cp), KS_OK);
     assert_int_equal(cp.done, MIG_ROWS - nulls);
-    check_rec(w, ctx, 2);
+    check_rec(w, MIG_ROWS, 2, 0);
     assert_int_equal(admin_int(w, "SELECT count(*) FROM keyshift_migration WHERE state = 'complete'"), 2);
     /* verify and the census read through the same store (the census by scan) */
     ks_verify_result vr;
-    assert_int_equal(ks_migrate_verify(ctx, &w->store, &p, 0, NULL, NULL, &vr), KS_OK);
+    assert_int_equal(ks_migrate_verify(w->ctx, &w->store, &p, 0, NULL, NULL, &vr), KS_OK);
     assert_int_equal(vr.checked, MIG_ROWS - nulls);
     assert_int_equal(vr.failed, 0);
     ks_census census;
@@ -664,10 +690,35 @@ static void test_migrate_run(void **state)
     assert_int_equal(census.classes[0].key_version, 2);
     assert_int_equal(census.classes[0].rows, MIG_ROWS - nulls);
     ks_census_free(&census);
+}
 
-    ks_rowstore_close(&w->store);
-    ks_ctx_free(ctx);
-    ks_mem_cleanup(&mem);
+/* Progress callback: after the first committed batch (ids 1..100), the
+ * application writes row RACE_ID, which the pipelined engine has already
+ * scanned in batch 2: its compare-and-swap must come back raced. */
+static void race_progress(void *arg, const ks_migrate_progress *pr)
+{
+    world *w = arg;
+    const ks_checkpoint *cp = pr->checkpoint;
+    if (pr->batch_rows > 0 && cp->pass == 1 && cp->cursor.type == KS_VALUE_INTEGER &&
+        cp->cursor.integer == 100)
+        admin_exec(w, "UPDATE rec SET v = 'app-new' WHERE id = 150"); /* RACE_ID */
+}
+
+/* The engine over PostgreSQL with the application writing underneath:
+ * the raced row is counted, retried in pass 2 and ends up encrypting the
+ * application's value; every other row its own. */
+static void test_migrate_raced(void **state)
+{
+    world *w = *state;
+    engine_setup(w, RACE_ROWS);
+    ks_migrate_params p = rec_params(100);
+    ks_checkpoint cp;
+    assert_int_equal(ks_migrate_run(w->ctx, &w->store, &p, NULL, race_progress, w, &cp), KS_OK);
+    uint64_t nulls = RACE_ROWS / 97;
+    assert_int_equal(cp.raced, 1);
+    assert_int_equal(cp.pass, 2);
+    assert_int_equal(cp.done, RACE_ROWS - nulls);
+    check_rec(w, RACE_ROWS, 1, RACE_ID);
 }
 
 /* The store's tests, one cluster for the group. */
@@ -677,7 +728,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         T(test_open_checks), T(test_read_only),  T(test_scan_paging), T(test_cas_raced),
         T(test_quarantine),  T(test_checkpoint), T(test_lock_timeout), T(test_statement_timeout),
-        T(test_connection_lost), T(test_migrate_run),
+        T(test_connection_lost), T(test_migrate_run), T(test_migrate_raced),
     };
 #undef T
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
