@@ -51,7 +51,9 @@
  * 55P03 (lock_timeout) and 57014 (statement_timeout) are KS_ERR_BUSY,
  * for the caller to retry; class 08 and a broken connection are
  * KS_ERR_UNAVAILABLE; 53100 (disk full) KS_ERR_FULL; 42501 (insufficient
- * privilege) and every other failure KS_ERR_STORE.  Messages in errbuf
+ * privilege) and every other failure KS_ERR_STORE.  The store does not
+ * reconnect: after KS_ERR_UNAVAILABLE, close it and open it again (the
+ * engine resumes from the last committed checkpoint).  Messages in errbuf
  * (open only) name the table and columns and the SQLSTATE, never a row
  * value and never the server's own message (its DETAIL may quote rows).
  *

@@ -471,7 +471,11 @@ static ks_err op_count(void *self, uint64_t *n)
 static ks_err op_begin(void *self)
 {
     pg_store *s = self;
-    if (s == NULL || s->read_only || s->in_txn || PQtransactionStatus(s->conn) != PQTRANS_IDLE)
+    if (s == NULL || s->read_only || s->in_txn)
+        return KS_ERR_INVALID_ARGUMENT;
+    if (PQstatus(s->conn) != CONNECTION_OK)
+        return KS_ERR_UNAVAILABLE; /* the store must be opened again */
+    if (PQtransactionStatus(s->conn) != PQTRANS_IDLE)
         return KS_ERR_INVALID_ARGUMENT;
     ks_err err = run_simple(s, "BEGIN ISOLATION LEVEL READ COMMITTED", NULL, 0);
     if (err != KS_OK)
@@ -1281,7 +1285,7 @@ static ks_err prepare_statements(opener *o)
     if (err == KS_OK)
         err = prepare_scan(o, 1);
     if (err == KS_OK) {
-        const char *parts[] = {"SELECT count(*) FROM ", o->qtable};
+        const char *parts[] = {"SELECT pg_catalog.count(*) FROM ", o->qtable};
         err = prepare(o, ST_COUNT, concat(parts, 2), 0);
     }
     if (err == KS_OK && s->have_tables) {
@@ -1303,6 +1307,8 @@ static ks_err prepare_statements(opener *o)
                           "pg_catalog.set_config('statement_timeout', $2::text, true)"),
                   2);
     if (err == KS_OK) {
+        /* unnest of several arrays is FROM-clause syntax (ROWS FROM), not
+         * a function that could be schema-qualified or shadowed */
         const char *parts[] = {"UPDATE ", o->qtable, " AS t SET ", qcol,
                                " = u.new FROM unnest($1::int8[], $2::bytea[], $3::bytea[]) "
                                "AS u(id, old, new) WHERE t.", qid, " = u.id AND t.", qcol,
