@@ -59,8 +59,10 @@
  *
  * Lifetimes and threads as in rowstore.h: views point into the store's
  * last result, valid until the next call on the store; one thread at a
- * time.  visit_values is NULL (the census uses scan); visit_rows is
- * offered.
+ * time.  visit_values is NULL: one statement over the whole table would
+ * hold one snapshot for the whole census (holding back vacuum) and run
+ * into statement_timeout on a large table, so the census reads through
+ * the batched keyset scan instead; visit_rows is offered.
  */
 #ifndef KEYSHIFT_ROWSTORE_PG_H
 #define KEYSHIFT_ROWSTORE_PG_H
