@@ -135,6 +135,7 @@ fsync = off
 synchronous_commit = off
 full_page_writes = off
 max_connections = 20
+deadlock_timeout = 100ms
 shared_buffers = 32MB
 CONF
     as_owner "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null 2>&1 || {

@@ -19,6 +19,7 @@
 
 #include <cmocka.h>
 #include <libpq-fe.h>
+#include <pthread.h>
 #include <sodium.h>
 
 #include <keyshift/migrate.h>
@@ -523,6 +524,67 @@ static void test_lock_timeout(void **state)
     assert_int_equal(ops->commit(w->store.self), KS_OK);
 }
 
+/* One compare-and-swap run on a thread of its own (test_deadlock). */
+typedef struct cas_job {
+    ks_rowstore *st;
+    int64_t id;
+    const char *old, *neu;
+    ks_err err;
+    int swapped;
+} cas_job;
+
+/* Thread body: the job's compare-and-swap, inside the job store's
+ * transaction. */
+static void *cas_thread(void *arg)
+{
+    cas_job *j = arg;
+    ks_value id = {KS_VALUE_INTEGER, j->id, {NULL, 0}}, old = blob(j->old);
+    ks_bytes neu = {(const uint8_t *)j->neu, strlen(j->neu)};
+    j->err = j->st->ops->cas(j->st->self, &id, &old, neu, &j->swapped);
+    return NULL;
+}
+
+/* Two stores locking two rows in opposite orders: the server picks one
+ * as the deadlock victim (40P01), which gets KS_ERR_BUSY with its
+ * transaction rolled back; the other goes on and commits. */
+static void test_deadlock(void **state)
+{
+    world *w = *state;
+    make_items(w, 2);
+    ks_pg_options o = {.lock_timeout_ms = 20000};
+    assert_int_equal(open_store(w, "items", "v", NULL, &o), KS_OK);
+    ks_rowstore other;
+    ks_rowstore_target tg = {.table = "items", .column = "v"};
+    assert_int_equal(ks_rowstore_pg_open(ks_pg_test_conninfo, &tg, &o, &other, w->err,
+                                         sizeof w->err),
+                     KS_OK);
+    cas_job a1 = {&w->store, 1, "v1", "a1", KS_OK, 0}, b2 = {&other, 2, "v2", "b2", KS_OK, 0};
+    cas_job b1 = {&other, 1, "v1", "b1", KS_OK, 0}, a2 = {&w->store, 2, "v2", "a2", KS_OK, 0};
+    assert_int_equal(w->store.ops->begin(w->store.self), KS_OK);
+    assert_int_equal(other.ops->begin(other.self), KS_OK);
+    cas_thread(&a1);
+    cas_thread(&b2);
+    assert_int_equal(a1.err, KS_OK);
+    assert_int_equal(b2.err, KS_OK);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, cas_thread, &b1), 0); /* waits for a1's lock */
+    cas_thread(&a2);                                                /* waits for b2's lock */
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_true((a2.err == KS_ERR_BUSY) != (b1.err == KS_ERR_BUSY));
+    assert_true(a2.err == KS_OK || b1.err == KS_OK);
+    ks_rowstore *winner = a2.err == KS_OK ? &w->store : &other;
+    assert_int_equal(winner->ops->commit(winner->self), KS_OK);
+    other.ops->rollback(other.self);
+    w->store.ops->rollback(w->store.self);
+    ks_rowstore_close(&other);
+    const char *want = winner == &w->store ? "a1a2" : "b1b2";
+    uint8_t v[8];
+    assert_int_equal(admin_value(w, "items", 1, v, sizeof v), 2);
+    assert_memory_equal(v, want, 2);
+    assert_int_equal(admin_value(w, "items", 2, v, sizeof v), 2);
+    assert_memory_equal(v, want + 2, 2);
+}
+
 /* A statement that outlives statement_timeout (here: waiting for a
  * table lock under a long lock_timeout) is KS_ERR_BUSY too, outside a
  * transaction as inside one. */
@@ -727,7 +789,8 @@ int main(void)
 #define T(f) cmocka_unit_test_setup_teardown(f, world_setup, world_teardown)
     const struct CMUnitTest tests[] = {
         T(test_open_checks), T(test_read_only),  T(test_scan_paging), T(test_cas_raced),
-        T(test_quarantine),  T(test_checkpoint), T(test_lock_timeout), T(test_statement_timeout),
+        T(test_quarantine),  T(test_checkpoint), T(test_lock_timeout), T(test_deadlock),
+        T(test_statement_timeout),
         T(test_connection_lost), T(test_migrate_run), T(test_migrate_raced),
     };
 #undef T
