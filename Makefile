@@ -12,6 +12,8 @@
 #                   by cli-test)
 #   make unit       the cmocka unit tests (tests/test_*.c) under ASan+UBSan,
 #                   with the fault-injection sweeps (tests/test_faults.c)
+#                   and the PostgreSQL store's tests on a throw-away
+#                   cluster (tests/pg_cluster.sh)
 #   make tsan       the library and the threaded unit tests (TSAN_TESTS:
 #                   test_fork, test_threads, test_crypto, test_migrate,
 #                   test_rollout, test_rowstore_sqlite, test_pkcs11,

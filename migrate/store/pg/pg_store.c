@@ -30,13 +30,14 @@
  *
  * ---- Behaviour -------------------------------------------------------------
  *
- * Statements.  Every statement that carries a value is prepared once at
- * open (PQprepare) with every parameter cast in its text, and run with
- * PQexecPrepared: values and integers go as binary parameters, results
- * come back in binary (bigint as 8 bytes big-endian, bytea and text as
- * their bytes).  Identifiers enter SQL only as the catalog spells them,
- * quoted by PQescapeIdentifier; constant statements (BEGIN, COMMIT, the
- * DDL) carry no value.
+ * Statements.  Every value is a bound parameter.  The operations'
+ * statements are prepared once at open (PQprepare) with every parameter
+ * cast in their text, and run with PQexecPrepared: values and integers
+ * go as binary parameters, results come back in binary (bigint as 8
+ * bytes big-endian, bytea and text as their bytes).  The catalog
+ * look-ups of open bind the names with PQexecParams.  Identifiers enter
+ * SQL only as the catalog spells them, quoted by PQescapeIdentifier;
+ * constant statements (BEGIN, COMMIT, the DDL) carry no value.
  *
  * Views.  The rows of a scan and the strings of a loaded checkpoint point
  * into the last PGresult, which the store keeps until its next call.
