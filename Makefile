@@ -12,10 +12,12 @@
 #                   by cli-test)
 #   make unit       the cmocka unit tests (tests/test_*.c) under ASan+UBSan,
 #                   with the fault-injection sweeps (tests/test_faults.c)
+#                   and the PostgreSQL store's tests on a throw-away
+#                   cluster (tests/pg_cluster.sh)
 #   make tsan       the library and the threaded unit tests (TSAN_TESTS:
 #                   test_fork, test_threads, test_crypto, test_migrate,
 #                   test_rollout, test_rowstore_sqlite, test_pkcs11,
-#                   test_plugin) under clang's TSan,
+#                   test_plugin, test_rowstore_pg) under clang's TSan,
 #                   built in build/tsan/, halting on the first report
 #   make fuzz       run each libFuzzer target (FUZZ_SECONDS, default 60)
 #   make fuzz-afl   run each target under afl-fuzz -V 20
@@ -61,7 +63,10 @@ P11_CFLAGS := $(shell pkg-config --cflags p11-kit-1 2>/dev/null)
 P11_LIBS   := $(shell pkg-config --libs p11-kit-1 2>/dev/null)
 # jansson (migrate/keys/plugin_proto.c): the KMS plugin protocol's JSON reader.
 JANSSON_LIBS := $(shell pkg-config --libs jansson 2>/dev/null)
-INC     := -Iinclude $(P11_CFLAGS)
+# libpq (migrate/store/pg/): the PostgreSQL row store.
+PQ_CFLAGS := $(shell pkg-config --cflags libpq 2>/dev/null)
+PQ_LIBS   := $(shell pkg-config --libs libpq 2>/dev/null || echo -lpq)
+INC     := -Iinclude $(P11_CFLAGS) $(PQ_CFLAGS)
 SAN     := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 # Test builds compile in the test hooks (e.g. docs/keyring.md [K-FILE-6]).
 SAN_HOOKS := -DKS_TEST_HOOKS
@@ -70,8 +75,8 @@ SAN_HOOKS := -DKS_TEST_HOOKS
 LIB_SRCS := format/format.c format/encode.c format/aad.c parser/envelope.c $(sort $(wildcard migrate/*.c migrate/*/*.c migrate/*/*/*.c))
 LIB_HDRS := $(wildcard include/keyshift/*.h) format/rules.h parser/cursor.h $(wildcard migrate/*.h migrate/*/*.h migrate/*/*/*.h)
 # libsodium, SQLite (and threads) for migrate/; parser/ and format/ need none;
-# p11-kit and dlopen for the pkcs11 provider.
-LIB_LIBS := -lsodium -lsqlite3 $(JANSSON_LIBS) $(P11_LIBS) -ldl -pthread
+# p11-kit and dlopen for the pkcs11 provider; libpq for the PostgreSQL store.
+LIB_LIBS := -lsodium -lsqlite3 $(PQ_LIBS) $(JANSSON_LIBS) $(P11_LIBS) -ldl -pthread
 CLI_SRCS := tools/keyshift.c tools/cli.c $(wildcard tools/cmd_*.c)
 CLI_HDRS := $(wildcard tools/*.h)
 
@@ -223,7 +228,8 @@ unit: $(UNIT_BINS)
 
 TSAN      := -O1 -g -fno-omit-frame-pointer -fsanitize=thread
 TSAN_OBJS := $(LIB_SRCS:%.c=$(B)/tsan/%.o)
-TSAN_TESTS := test_fork test_threads test_crypto test_migrate test_rollout test_rowstore_sqlite test_pkcs11 test_plugin
+TSAN_TESTS := test_fork test_threads test_crypto test_migrate test_rollout test_rowstore_sqlite test_pkcs11 test_plugin \
+              test_rowstore_pg
 TSAN_BINS := $(TSAN_TESTS:%=$(B)/tsan/tests/%)
 .SECONDARY: $(TSAN_OBJS)
 TSAN_RUN_OPTIONS := halt_on_error=1:second_deadlock_stack=1

@@ -23,7 +23,8 @@
 # libsodium (migrate/ needs it, with threads): the system package
 # (libsodium-dev), linked with -lsodium -lsqlite3 -lpthread; p11-kit
 # (libp11-kit-dev) likewise, for the pkcs11 provider, and jansson
-# (libjansson-dev, -ljansson) for the KMS plugin protocol's JSON reader.  Like the packaged nanopb
+# (libjansson-dev, -ljansson) for the KMS plugin protocol's JSON reader, and
+# libpq (libpq-dev) for the PostgreSQL row store.  Like the packaged nanopb
 # it is not instrumented: fine for ASan, UBSan and coverage feedback on our
 # own code (libsodium is not what is being fuzzed), not for MSan, which is
 # not enabled.
@@ -78,7 +79,10 @@ fi
 # its URI parser.
 P11_CFLAGS=$(pkg-config --cflags p11-kit-1)
 P11_LIBS=$(pkg-config --libs p11-kit-1)
-INCS="-Iinclude -I$GEN $NANOPB_INC $P11_CFLAGS"
+# libpq: the PostgreSQL row store (migrate/store/pg/).
+PQ_CFLAGS=$(pkg-config --cflags libpq)
+PQ_LIBS=$(pkg-config --libs libpq)
+INCS="-Iinclude -I$GEN $NANOPB_INC $P11_CFLAGS $PQ_CFLAGS"
 for src in $LIB_SRCS "$GEN/envelope.pb.c"; do
     rel=${src#"$WORK"/}
     o="$OBJ/$(echo "${rel%.c}" | tr / _).o"   # format/aad.c -> format_aad.o
@@ -90,7 +94,7 @@ for t in $TARGETS; do
     $CC $CFLAGS -std=c11 $INCS -c "fuzz/$t.c" -o "$OBJ/$t.o"
     # shellcheck disable=SC2086
     $CXX $CFLAGS "$OBJ/$t.o" $LIB_OBJS $NANOPB_OBJS $LIB_FUZZING_ENGINE $NANOPB_LIB \
-        -lsodium -lsqlite3 -ljansson $P11_LIBS -ldl -lpthread -o "$OUT/$t"
+        -lsodium -lsqlite3 $PQ_LIBS -ljansson $P11_LIBS -ldl -lpthread -o "$OUT/$t"
 
     seeds="$WORK/keyshift-seeds-$t"
     rm -rf "$seeds" && mkdir -p "$seeds"

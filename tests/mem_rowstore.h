@@ -255,6 +255,18 @@ static inline ks_err mrs_cas(void *self, const ks_value *id, const ks_value *old
     return KS_OK;
 }
 
+/* A cas_batch for tests of the engine's batched path: mrs_cas per row
+ * (the store's own ops leave cas_batch NULL). */
+static inline ks_err mrs_cas_batch(void *self, size_t n, const ks_value *const *ids,
+                                   const ks_value *const *olds, const ks_bytes *nvs, int *swapped)
+{
+    for (size_t i = 0; i < n; i++) {
+        ks_err err = mrs_cas(self, ids[i], olds[i], nvs[i], &swapped[i]);
+        if (err != KS_OK) return err;
+    }
+    return KS_OK;
+}
+
 static inline ks_err mrs_quarantine(void *self, const ks_value *id, const char *error)
 {
     mem_rowstore *m = self;
@@ -348,7 +360,8 @@ static inline mem_rowstore *mrs_new(ks_rowstore *out)
 {
     static const ks_rowstore_ops ops = {mrs_scan, mrs_count, mrs_begin, mrs_cas, mrs_quarantine,
                                         mrs_cp_save, mrs_cp_load, mrs_commit, mrs_rollback, mrs_close,
-                                        mrs_visit, NULL /* no visit_rows: the engine scans */};
+                                        mrs_visit, NULL /* no visit_rows: the engine scans */,
+                                        NULL /* no cas_batch: the engine calls cas */};
     mem_rowstore *m = calloc(1, sizeof *m);
     *out = (ks_rowstore){&ops, m, "mem"};
     return m;

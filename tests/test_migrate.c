@@ -606,6 +606,20 @@ static void test_races(void **state)
     check_all(w, "k", 1); /* row 9 holds the application's new value */
 }
 
+/* test_races through the engine's batched path (a store with
+ * cas_batch): the same raced, done and pass counts, the same values. */
+static void test_races_batched(void **state)
+{
+    world *w = *state;
+    static ks_rowstore_ops ops; /* outlives a failed assertion: teardown closes through it */
+    ops = *w->st.ops;
+    ops.cas_batch = mrs_cas_batch;
+    ks_rowstore plain = w->st;
+    w->st.ops = &ops;
+    test_races(state);
+    w->st = plain;
+}
+
 /* ---- the SQLite store ------------------------------------------------------ */
 
 /* Create an empty temporary file (under TMPDIR, else /tmp) for a
@@ -891,6 +905,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_provider_unavailable, setup, teardown),
         cmocka_unit_test_setup_teardown(test_provider_unavailable_serial, setup, teardown),
         cmocka_unit_test_setup_teardown(test_serial, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_races_batched, setup, teardown),
         cmocka_unit_test_setup_teardown(test_commit_failure, setup, teardown),
         cmocka_unit_test_setup_teardown(test_races, setup, teardown),
         cmocka_unit_test_setup_teardown(test_verify, setup, teardown),

@@ -14,6 +14,7 @@
 #include <keyshift/pkcs11.h>
 #include <keyshift/registry.h>
 #include <keyshift/rowstore.h>
+#include <keyshift/rowstore_pg.h>
 #include <keyshift/migrate.h>
 #include <keyshift/health.h>
 #include <keyshift/rollout.h>

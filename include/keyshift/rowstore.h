@@ -8,9 +8,9 @@
  * transaction as each batch; the census visits every value once, without
  * copies, where the store offers it (visit_values), and the engine reads
  * each batch's rows straight into memory of its own (visit_rows).  SQLite
- * (ks_rowstore_sqlite_open) is the embedded default; another store (e.g.
- * PostgreSQL with several workers) implements the same operations without
- * any change to the engine.
+ * (ks_rowstore_sqlite_open) is the embedded default; PostgreSQL
+ * (keyshift/rowstore_pg.h, ks_rowstore_pg_open) implements the same
+ * operations without any change to the engine.
  *
  * Values read from the database are untrusted: the engine hands envelope
  * bytes to the strict parser only.
@@ -155,6 +155,17 @@ typedef struct ks_rowstore_ops {
      * (after fn saw some rows, maybe: a caller discards what it kept). */
     ks_err (*visit_rows)(void *self, const ks_value *after, size_t max, ks_rowstore_row_fn fn,
                          void *arg);
+    /* Optional (NULL: callers call cas once per row): inside the
+     * transaction, the n compare-and-swaps cas would do for ids[i],
+     * olds[i], new_values[i] (i < n, distinct ids), as one round trip to
+     * the database where the store can (PostgreSQL: one UPDATE over
+     * arrays).  swapped[i] is set as cas sets *swapped, synchronously:
+     * the caller counts done and raced rows from it before saving the
+     * checkpoint.  An error rolls the transaction back (no swapped[i]
+     * is then meaningful), as for cas.  A store for which one statement
+     * per row costs nothing more (SQLite, in process) leaves it NULL. */
+    ks_err (*cas_batch)(void *self, size_t n, const ks_value *const *ids,
+                        const ks_value *const *olds, const ks_bytes *new_values, int *swapped);
 } ks_rowstore_ops;
 
 typedef struct ks_rowstore {

@@ -213,6 +213,10 @@ typedef struct run {
     char params[KS_PARAMS_MAX];
     size_t params_len;
     ks_row *rows;      /* the store's scan (views into the store) */
+    /* the arguments of the store's cas_batch (NULL when it has none) */
+    const ks_value **cas_ids, **cas_olds;
+    ks_bytes *cas_news;
+    int *cas_swapped;
     batch b[2];
     uint8_t *cur_buf;  /* the checkpoint cursor's bytes */
     size_t cur_cap;
@@ -440,6 +444,16 @@ static ks_err alloc_run(run *r)
     if (r->tmpl == NULL || r->rows == NULL) {
         return KS_ERR_NO_MEMORY;
     }
+    if (r->st->ops->cas_batch != NULL) {
+        r->cas_ids = calloc(r->batch, sizeof *r->cas_ids);
+        r->cas_olds = calloc(r->batch, sizeof *r->cas_olds);
+        r->cas_news = calloc(r->batch, sizeof *r->cas_news);
+        r->cas_swapped = calloc(r->batch, sizeof *r->cas_swapped);
+        if (r->cas_ids == NULL || r->cas_olds == NULL || r->cas_news == NULL ||
+            r->cas_swapped == NULL) {
+            return KS_ERR_NO_MEMORY;
+        }
+    }
     for (size_t k = 0; k < 2; k++) {
         batch *b = &r->b[k];
         b->r = r;
@@ -526,6 +540,10 @@ static void free_run(run *r)
     }
     free(r->cur_buf);
     free(r->rows);
+    free(r->cas_ids);
+    free(r->cas_olds);
+    free(r->cas_news);
+    free(r->cas_swapped);
     free(r->tmpl);
 }
 
@@ -1141,6 +1159,33 @@ static ks_err save_alone(run *r, const ks_checkpoint *cp)
     return err;
 }
 
+/* Inside apply_batch's transaction, through the store's cas_batch: every
+ * compare-and-swap of b in one call (one round trip for a remote
+ * database), counted into next from the store's per-row answers exactly
+ * as apply_batch counts cas's. */
+static ks_err cas_all(run *r, const batch *b, ks_checkpoint *next)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        const slot *s = &b->slots[i];
+        if (s->act == ACT_WRITE) {
+            r->cas_ids[n] = &b->rows[i].id;
+            r->cas_olds[n] = &b->rows[i].value;
+            r->cas_news[n] = (ks_bytes){b->neu + s->new_off, s->new_len};
+            n++;
+        }
+    }
+    if (n == 0) {
+        return KS_OK;
+    }
+    ks_err err = r->st->ops->cas_batch(r->st->self, n, r->cas_ids, r->cas_olds, r->cas_news,
+                                       r->cas_swapped);
+    for (size_t k = 0; k < n && err == KS_OK; k++) {
+        r->cas_swapped[k] ? next->done++ : next->raced++;
+    }
+    return err;
+}
+
 /* Write the computed batch b and the checkpoint next in one transaction.
  * next's counts are updated here; r->cp takes next only on commit.  When
  * `deferred` is not NULL, its computation starts once every write of the
@@ -1149,12 +1194,19 @@ static ks_err apply_batch(run *r, const batch *b, ks_checkpoint *next, batch *de
 {
     const ks_rowstore_ops *ops = r->st->ops;
     ks_err err = ops->begin(r->st->self);
+    int batched = ops->cas_batch != NULL;
+    if (err == KS_OK && batched) {
+        err = cas_all(r, b, next);
+    }
     for (size_t i = 0; i < b->n && err == KS_OK; i++) {
         const slot *s = &b->slots[i];
         const ks_row *row = &b->rows[i];
         int swapped = 0;
         switch (s->act) {
         case ACT_WRITE:
+            if (batched) {
+                break; /* cas_all did it */
+            }
             err = ops->cas(r->st->self, &row->id, &row->value,
                            (ks_bytes){b->neu + s->new_off, s->new_len}, &swapped);
             if (err == KS_OK) {

@@ -1,0 +1,115 @@
+/*
+ * keyshift/rowstore_pg.h -- the PostgreSQL row store (keyshift/rowstore.h
+ * over libpq).  docs/migration.md, "PostgreSQL store", says what it needs
+ * of the database and which tables it keeps there.
+ *
+ * The target.  table is looked up, spelled exactly (PostgreSQL folds only
+ * unquoted names: a table created as "Mixed Case" is given as
+ * `Mixed Case`, one created as orders as `orders`), among the tables the
+ * connection's search_path makes visible; every column likewise in
+ * pg_attribute.  Names are bound as parameters in those look-ups and put
+ * into SQL only as the catalog spells them, quoted by
+ * PQescapeIdentifier.  The id column (id_column, or with NULL the
+ * table's one-column primary key) must be a smallint, integer or bigint
+ * that is the primary key or NOT NULL with a unique index of its own
+ * (not partial, not on an expression); ids are KS_VALUE_INTEGER.  The
+ * target column must be bytea (values are KS_VALUE_BLOB, or NULL);
+ * tenant and context columns may be of any type: integers are
+ * KS_VALUE_INTEGER, bytea KS_VALUE_BLOB, everything else its text form
+ * (KS_VALUE_TEXT).  Anything else is KS_ERR_NO_TARGET, with a message.
+ *
+ * Scans are keyset scans on the id (WHERE id > $1 ORDER BY id LIMIT $2,
+ * never OFFSET), each outside a write transaction its own statement.
+ * Every value is bound as a parameter, never pasted into SQL.
+ *
+ * Compare-and-swap.  The store offers cas_batch (rowstore.h): the whole
+ * batch of compare-and-swaps is one statement,
+ *   UPDATE t SET c = u.new FROM unnest($1::bigint[], $2::bytea[],
+ *       $3::bytea[]) AS u(id, old, new)
+ *   WHERE t.id = u.id AND t.c IS NOT DISTINCT FROM u.old RETURNING t.id
+ * and an id that does not come back was raced (swapped 0).  Why a new
+ * optional operation rather than buffering cas calls until commit: cas
+ * reports *swapped synchronously and the engine counts done and raced
+ * rows from it into the checkpoint it saves in the same transaction, so
+ * a store that deferred the UPDATE would have to guess, or the engine
+ * would save wrong counts; with cas_batch the answers come back before
+ * the checkpoint is saved, the engine's logic stays the same for every
+ * store (it calls cas per row when cas_batch is NULL, as for SQLite), and
+ * a round trip per row is saved.  cas itself is the same statement over
+ * one row.
+ *
+ * Transactions.  begin starts a READ COMMITTED transaction and sets its
+ * lock_timeout and statement_timeout (set_config(..., true), i.e. SET
+ * LOCAL; the same values are the session's for the reads outside a
+ * transaction).  Row locks are taken only by the batch's UPDATE, right
+ * before the checkpoint and the COMMIT: the store never waits on
+ * anything but the database while it holds them.  When any operation
+ * inside a transaction fails, the store rolls it back before returning
+ * (the engine treats the batch as lost), as the SQLite store does.
+ *
+ * Errors, by SQLSTATE: 40P01 (deadlock), 40001 (serialization failure),
+ * 55P03 (lock_timeout) and 57014 (statement_timeout) are KS_ERR_BUSY,
+ * for the caller to retry; class 08 and a broken connection are
+ * KS_ERR_UNAVAILABLE; 53100 (disk full) KS_ERR_FULL; 42501 (insufficient
+ * privilege) and every other failure KS_ERR_STORE.  The store does not
+ * reconnect: after KS_ERR_UNAVAILABLE, close it and open it again (the
+ * engine resumes from the last committed checkpoint).  Messages in errbuf
+ * (open only) name the table and columns and the SQLSTATE, never a row
+ * value and never the server's own message (its DETAIL may quote rows).
+ *
+ * Lifetimes and threads as in rowstore.h: views point into the store's
+ * last result, valid until the next call on the store; one thread at a
+ * time.  visit_values is NULL: one statement over the whole table would
+ * hold one snapshot for the whole census (holding back vacuum) and run
+ * into statement_timeout on a large table, so the census reads through
+ * the batched keyset scan instead; visit_rows is offered.
+ */
+#ifndef KEYSHIFT_ROWSTORE_PG_H
+#define KEYSHIFT_ROWSTORE_PG_H
+
+#include <keyshift/common.h>
+#include <keyshift/error.h>
+#include <keyshift/rowstore.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Defaults of ks_pg_options (a 0 field takes them). */
+#define KS_PG_LOCK_TIMEOUT_DEFAULT_MS 30000u
+#define KS_PG_STATEMENT_TIMEOUT_DEFAULT_MS 300000u
+
+/* Options of the PostgreSQL store; NULL or all-zero: the defaults. */
+typedef struct ks_pg_options {
+    uint32_t lock_timeout_ms;      /* the longest wait for a lock (SET LOCAL lock_timeout),
+                                      then KS_ERR_BUSY; 0: KS_PG_LOCK_TIMEOUT_DEFAULT_MS */
+    uint32_t statement_timeout_ms; /* the longest one statement may run, then KS_ERR_BUSY;
+                                      0: KS_PG_STATEMENT_TIMEOUT_DEFAULT_MS */
+    int read_only;                 /* census, verify, status: the session is read-only
+                                      (default_transaction_read_only), begin refuses, and
+                                      keyshift's tables are never created */
+} ks_pg_options;
+
+/*
+ * Connect with conninfo (a libpq connection string or URI: the caller's,
+ * copied by libpq, not kept) and check target against the catalog as
+ * the file comment says.  Unless read_only, create keyshift_migration and
+ * keyshift_quarantine in the target table's schema if missing (one
+ * transaction, serialized between concurrent openers by an advisory
+ * lock).  On success *out is the store, released by ks_rowstore_close;
+ * target's strings need not outlive the call.  Errors (with a message in
+ * errbuf when errbuf_len > 0): KS_ERR_INVALID_ARGUMENT for a NULL or
+ * empty argument, a name over 1024 bytes or a keyshift_* table;
+ * KS_ERR_UNAVAILABLE when the server cannot be reached; KS_ERR_NO_TARGET
+ * for a missing table or column or one of the wrong kind; KS_ERR_BUSY,
+ * KS_ERR_FULL or KS_ERR_STORE (e.g. no CREATE privilege) as mapped above.
+ * *out is cleared on failure.
+ */
+KS_API KS_WUR ks_err ks_rowstore_pg_open(const char *conninfo, const ks_rowstore_target *target,
+                                         const ks_pg_options *opts, ks_rowstore *out,
+                                         char *errbuf, size_t errbuf_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KEYSHIFT_ROWSTORE_PG_H */

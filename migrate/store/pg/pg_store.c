@@ -1,0 +1,1410 @@
+/*
+ * migrate/store/pg/pg_store.c -- the PostgreSQL row store
+ * (keyshift/rowstore_pg.h over libpq).
+ *
+ * ---- Tables kept in the target table's schema ------------------------------
+ *
+ * Unless the store is opened read-only, ks_rowstore_pg_open creates these
+ * two tables when either is missing, in one transaction that first takes
+ * an advisory lock (so that several workers opening at once do not race
+ * on CREATE TABLE IF NOT EXISTS).  They have the columns and meaning of
+ * the SQLite store's (migrate/store/sqlite_store.c) with PostgreSQL
+ * types, and live next to the target table, so that a checkpoint commits
+ * in the same transaction as the rows it describes:
+ *
+ *   CREATE TABLE keyshift_migration(
+ *       tbl text NOT NULL, col text NOT NULL,   -- target, catalog spelling
+ *       params text NOT NULL, state text NOT NULL,
+ *       cursor bigint,                          -- NULL before the first batch
+ *       pass, done, skipped, raced, quarantined, wrong_state,
+ *       started, updated, finished bigint NOT NULL,
+ *       saved timestamptz NOT NULL,             -- clock_timestamp() of the save:
+ *                                               -- breaks ties of updated
+ *       PRIMARY KEY (tbl, col, params));
+ *   CREATE TABLE keyshift_quarantine(
+ *       tbl text NOT NULL, col text NOT NULL,
+ *       id text NOT NULL,                       -- the row's id in decimal
+ *       error text NOT NULL,                    -- ks_err_name, never data
+ *       time bigint NOT NULL,                   -- Unix seconds
+ *       PRIMARY KEY (tbl, col, id));
+ *
+ * ---- Behaviour -------------------------------------------------------------
+ *
+ * Statements.  Every value is a bound parameter.  The operations'
+ * statements are prepared once at open (PQprepare) with every parameter
+ * cast in their text, and run with PQexecPrepared: values and integers
+ * go as binary parameters, results come back in binary (bigint as 8
+ * bytes big-endian, bytea and text as their bytes).  The catalog
+ * look-ups of open bind the names with PQexecParams.  Identifiers enter
+ * SQL only as the catalog spells them, quoted by PQescapeIdentifier;
+ * constant statements (BEGIN, COMMIT, the DDL) carry no value.
+ *
+ * Views.  The rows of a scan and the strings of a loaded checkpoint point
+ * into the last PGresult, which the store keeps until its next call.
+ *
+ * Failures inside a transaction roll it back before returning.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <libpq-fe.h>
+
+#include <keyshift/rowstore.h>
+#include <keyshift/rowstore_pg.h>
+
+/* The longest identifier or error name accepted. */
+#define IDENT_MAX 1024u
+#define ERROR_NAME_MAX 128u
+
+/* Type oids (fixed in every PostgreSQL release). */
+#define OID_BOOL 16u
+#define OID_BYTEA 17u
+#define OID_INT8 20u
+#define OID_INT2 21u
+#define OID_INT4 23u
+#define OID_TEXT 25u
+
+/* The most parameters of one statement. */
+#define MAX_PARAMS 16
+
+/* The prepared statements, by name. */
+static const char *const ST_SCAN_FIRST = "ks_scan_first";
+static const char *const ST_SCAN_AFTER = "ks_scan_after";
+static const char *const ST_COUNT = "ks_count";
+static const char *const ST_TXN_CFG = "ks_txn_cfg";
+static const char *const ST_CAS = "ks_cas";
+static const char *const ST_QUARANTINE = "ks_quarantine";
+static const char *const ST_CP_SAVE = "ks_cp_save";
+static const char *const ST_CP_LOAD = "ks_cp_load";
+static const char *const ST_CP_LATEST = "ks_cp_latest";
+
+/* One PostgreSQL store. */
+typedef struct pg_store {
+    PGconn *conn;
+    PGresult *res;            /* the last result: every view points into it */
+    int read_only;
+    int in_txn;               /* begin() opened a transaction */
+    int have_tables;          /* keyshift_migration and keyshift_quarantine exist */
+    size_t n_context;
+    char *table, *column;     /* catalog spellings, for keyshift_*.tbl / col */
+    char lock_ms[24], stmt_ms[24]; /* the timeouts as set_config values */
+    uint8_t *buf;             /* cas_batch's array parameters */
+    size_t buf_cap;
+} pg_store;
+
+/* The parameters of one statement: binary values with their lengths. */
+typedef struct params {
+    const char *v[MAX_PARAMS];
+    int len[MAX_PARAMS];
+    int fmt[MAX_PARAMS];
+    uint8_t ints[MAX_PARAMS][8];
+    int n;
+} params;
+
+/* What the catalog says about one column. */
+typedef struct colinfo {
+    int attnum;
+    char *name;               /* catalog spelling (malloc'd) */
+    unsigned type;            /* type oid */
+    int notnull, generated;
+    char *quoted;             /* PQescapeIdentifier of name (malloc'd copy) */
+} colinfo;
+
+/* The present view of a zero-length value. */
+static const uint8_t empty_bytes[1] = {0};
+
+/* ---- errors ------------------------------------------------------------------ */
+
+/* Format a message into errbuf (when there is one); returns err so that
+ * callers can write `return fail(...)`. */
+__attribute__((format(printf, 4, 5))) static ks_err fail(char *errbuf, size_t errbuf_len,
+                                                        ks_err err, const char *fmt, ...)
+{
+    if (errbuf != NULL && errbuf_len > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(errbuf, errbuf_len, fmt, ap);
+        va_end(ap);
+    }
+    return err;
+}
+
+/* Copy name into out for a message, control bytes as '?', truncated. */
+static const char *printable(const char *name, char *out, size_t out_len)
+{
+    size_t i = 0;
+    for (; name != NULL && name[i] != '\0' && i + 1 < out_len; i++)
+        out[i] = (unsigned char)name[i] < 0x20 || name[i] == 0x7f ? '?' : name[i];
+    out[i] = '\0';
+    return out;
+}
+
+/* Map an SQLSTATE (NULL: none, a client-side failure) to a keyshift
+ * error (rowstore_pg.h, "Errors"). */
+static ks_err map_sqlstate(const char *state)
+{
+    if (state == NULL || strlen(state) != 5)
+        return KS_ERR_STORE;
+    if (strcmp(state, "40P01") == 0 || strcmp(state, "40001") == 0 ||
+        strcmp(state, "55P03") == 0 || strcmp(state, "57014") == 0)
+        return KS_ERR_BUSY;
+    if (strncmp(state, "08", 2) == 0 || strncmp(state, "57P0", 4) == 0)
+        return KS_ERR_UNAVAILABLE;
+    if (strcmp(state, "53100") == 0)
+        return KS_ERR_FULL;
+    return KS_ERR_STORE;
+}
+
+/* The keyshift error of a failed result res (NULL: libpq could not even
+ * send): a lost connection is KS_ERR_UNAVAILABLE whatever the code. */
+static ks_err result_err(const pg_store *s, const PGresult *res)
+{
+    if (PQstatus(s->conn) != CONNECTION_OK)
+        return KS_ERR_UNAVAILABLE;
+    if (res == NULL)
+        return KS_ERR_STORE;
+    return map_sqlstate(PQresultErrorField(res, PG_DIAG_SQLSTATE));
+}
+
+/* The SQLSTATE of res for a message ("-----" when there is none). */
+static const char *sqlstate_of(const PGresult *res)
+{
+    const char *st = res != NULL ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+    return st != NULL ? st : "-----";
+}
+
+/* ---- parameters and results --------------------------------------------------- */
+
+/* Write v as 8 bytes big-endian at p. */
+static void put_be64(uint8_t *p, uint64_t v)
+{
+    for (int i = 7; i >= 0; i--) {
+        p[i] = (uint8_t)v;
+        v >>= 8;
+    }
+}
+
+/* Write v as 4 bytes big-endian at p. */
+static void put_be32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+/* Read 8 bytes big-endian at p. */
+static uint64_t get_be64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* Add a binary parameter of len bytes (text, bytea or an array); an
+ * absent view of length 0 is the empty value, not NULL. */
+static void p_bytes(params *p, const void *v, size_t len)
+{
+    p->v[p->n] = v != NULL ? (const char *)v : (const char *)empty_bytes;
+    p->len[p->n] = (int)len;
+    p->fmt[p->n] = 1;
+    p->n++;
+}
+
+/* Add a NUL-terminated string as a binary text parameter. */
+static void p_str(params *p, const char *s)
+{
+    p_bytes(p, s, strlen(s));
+}
+
+/* Add a bigint parameter. */
+static void p_int(params *p, int64_t v)
+{
+    put_be64(p->ints[p->n], (uint64_t)v);
+    p_bytes(p, p->ints[p->n], 8);
+}
+
+/* Add a NULL parameter. */
+static void p_null(params *p)
+{
+    p->v[p->n] = NULL;
+    p->len[p->n] = 0;
+    p->fmt[p->n] = 1;
+    p->n++;
+}
+
+/* Make res the store's kept result (freeing the previous one): every
+ * view the store hands out points into it. */
+static void keep_result(pg_store *s, PGresult *res)
+{
+    if (s->res != NULL)
+        PQclear(s->res);
+    s->res = res;
+}
+
+/* Run the prepared statement name with p, binary results.  KS_OK with
+ * *out the result (the caller's to clear) when it returned `want`; else
+ * the mapped error, the result cleared. */
+static ks_err run_prepared(pg_store *s, const char *name, const params *p, ExecStatusType want,
+                           PGresult **out)
+{
+    PGresult *res = PQexecPrepared(s->conn, name, p->n, p->v, p->len, p->fmt, 1);
+    *out = NULL;
+    if (res != NULL && PQresultStatus(res) == want) {
+        *out = res;
+        return KS_OK;
+    }
+    ks_err err = result_err(s, res);
+    PQclear(res);
+    return err;
+}
+
+/* Run a constant statement (no value in it); KS_OK when it returned
+ * PGRES_COMMAND_OK, *cmd (when not NULL) set to its command tag's first
+ * bytes. */
+static ks_err run_simple(pg_store *s, const char *sql, char *cmd, size_t cmd_len)
+{
+    PGresult *res = PQexec(s->conn, sql);
+    ks_err err = KS_OK;
+    if (res == NULL || PQresultStatus(res) != PGRES_COMMAND_OK)
+        err = result_err(s, res);
+    else if (cmd != NULL)
+        snprintf(cmd, cmd_len, "%s", PQcmdStatus(res));
+    PQclear(res);
+    return err;
+}
+
+/* Read cell (row, col) of res into *v as a view of res: bigint is
+ * INTEGER, bytea BLOB, text TEXT; KS_ERR_STORE for another type. */
+static ks_err cell(const PGresult *res, int row, int col, ks_value *v)
+{
+    memset(v, 0, sizeof *v);
+    if (PQgetisnull(res, row, col)) {
+        v->type = KS_VALUE_NULL;
+        return KS_OK;
+    }
+    const uint8_t *p = (const uint8_t *)PQgetvalue(res, row, col);
+    int n = PQgetlength(res, row, col);
+    if (p == NULL || n < 0)
+        return KS_ERR_STORE;
+    switch (PQftype(res, col)) {
+    case OID_INT8:
+        if (n != 8)
+            return KS_ERR_STORE;
+        v->type = KS_VALUE_INTEGER;
+        v->integer = (int64_t)get_be64(p);
+        return KS_OK;
+    case OID_BYTEA:
+        v->type = KS_VALUE_BLOB;
+        break;
+    case OID_TEXT:
+        v->type = KS_VALUE_TEXT;
+        break;
+    default:
+        return KS_ERR_STORE;
+    }
+    v->bytes = (ks_bytes){n > 0 ? p : empty_bytes, (size_t)n};
+    return KS_OK;
+}
+
+/* Nonzero when v is a well-formed value (known type; bytes absent only
+ * when empty). */
+static int value_ok(const ks_value *v)
+{
+    if (v == NULL)
+        return 0;
+    if (v->type == KS_VALUE_TEXT || v->type == KS_VALUE_BLOB)
+        return (v->bytes.ptr != NULL || v->bytes.len == 0) && v->bytes.len <= (size_t)INT32_MAX;
+    return v->type == KS_VALUE_NULL || v->type == KS_VALUE_INTEGER;
+}
+
+/* ---- transactions -------------------------------------------------------------- */
+
+/* Roll back whatever transaction the connection has open, and forget it.
+ * Used on every error inside a transaction: the batch is lost. */
+static void rollback_now(pg_store *s)
+{
+    if (s->conn != NULL && PQtransactionStatus(s->conn) != PQTRANS_IDLE &&
+        PQstatus(s->conn) == CONNECTION_OK) {
+        ks_err err = run_simple(s, "ROLLBACK", NULL, 0);
+        (void)err; /* nothing more to undo: the server drops it with the session */
+    }
+    s->in_txn = 0;
+}
+
+/* Fail an operation: roll back an open transaction, return err. */
+static ks_err fail_txn(pg_store *s, ks_err err)
+{
+    if (s->in_txn)
+        rollback_now(s);
+    return err;
+}
+
+/* Nonzero when a write operation may run: a writable store inside begin(). */
+static int writable(const pg_store *s)
+{
+    return s != NULL && !s->read_only && s->in_txn;
+}
+
+/* ---- operations ------------------------------------------------------------------ */
+
+/* Run the keyset scan for up to max rows after *after: the result is
+ * kept (views into it) and its row count in *rows_out. */
+static ks_err scan_exec(pg_store *s, const ks_value *after, size_t max, int *rows_out)
+{
+    int from_start = after == NULL || after->type == KS_VALUE_NULL;
+    if (!from_start && after->type != KS_VALUE_INTEGER)
+        return KS_ERR_INVALID_ARGUMENT; /* ids of this store are integers */
+    params p = {.n = 0};
+    if (!from_start)
+        p_int(&p, after->integer);
+    p_int(&p, max > (size_t)INT64_MAX ? INT64_MAX : (int64_t)max);
+    if (s->have_tables) {
+        p_str(&p, s->table);
+        p_str(&p, s->column);
+    }
+    PGresult *res;
+    ks_err err = run_prepared(s, from_start ? ST_SCAN_FIRST : ST_SCAN_AFTER, &p,
+                              PGRES_TUPLES_OK, &res);
+    if (err != KS_OK)
+        return fail_txn(s, err);
+    keep_result(s, res);
+    *rows_out = PQntuples(res);
+    return KS_OK;
+}
+
+/* Read row i of the kept scan result into *r (views into it). */
+static ks_err scan_row(pg_store *s, int i, ks_row *r)
+{
+    memset(r, 0, sizeof *r);
+    ks_err err = cell(s->res, i, 0, &r->id);
+    if (err == KS_OK && r->id.type != KS_VALUE_INTEGER)
+        err = KS_ERR_STORE;
+    if (err == KS_OK)
+        err = cell(s->res, i, 1, &r->value);
+    if (err == KS_OK)
+        err = cell(s->res, i, 2, &r->tenant);
+    for (size_t j = 0; err == KS_OK && j < s->n_context; j++)
+        err = cell(s->res, i, 3 + (int)j, &r->context[j]);
+    int qcol = 3 + (int)s->n_context;
+    if (err == KS_OK && (PQftype(s->res, qcol) != OID_BOOL || PQgetlength(s->res, i, qcol) != 1))
+        err = KS_ERR_STORE;
+    if (err == KS_OK)
+        r->quarantined = PQgetvalue(s->res, i, qcol)[0] != 0;
+    return err;
+}
+
+/* Scan up to max rows after *after: into rows[0, *n) when rows is not
+ * NULL, else each handed to fn.  Views into the kept result. */
+static ks_err scan_run(pg_store *s, const ks_value *after, size_t max, ks_row *rows,
+                       ks_rowstore_row_fn fn, void *arg, size_t *n)
+{
+    int got = 0;
+    *n = 0;
+    ks_err err = scan_exec(s, after, max, &got);
+    for (int i = 0; err == KS_OK && i < got && (size_t)i < max; i++) {
+        ks_row one, *r = rows != NULL ? &rows[i] : &one;
+        err = scan_row(s, i, r);
+        if (err != KS_OK)
+            return fail_txn(s, err);
+        *n = (size_t)i + 1;
+        if (fn != NULL && (err = fn(arg, r)) != KS_OK)
+            return err; /* the caller's stop: its transaction stands */
+    }
+    return err;
+}
+
+/* ops.scan: up to max rows after *after in id order (rowstore.h). */
+static ks_err op_scan(void *self, const ks_value *after, size_t max, ks_row *rows, size_t *n)
+{
+    pg_store *s = self;
+    if (s == NULL || n == NULL || (max > 0 && rows == NULL) || (after != NULL && !value_ok(after)))
+        return KS_ERR_INVALID_ARGUMENT;
+    *n = 0;
+    if (max == 0)
+        return KS_OK;
+    return scan_run(s, after, max, rows, NULL, NULL, n);
+}
+
+/* ops.visit_rows: the rows of op_scan, handed to fn one at a time. */
+static ks_err op_visit_rows(void *self, const ks_value *after, size_t max, ks_rowstore_row_fn fn,
+                            void *arg)
+{
+    pg_store *s = self;
+    if (s == NULL || fn == NULL || (after != NULL && !value_ok(after)))
+        return KS_ERR_INVALID_ARGUMENT;
+    if (max == 0)
+        return KS_OK;
+    size_t got = 0;
+    return scan_run(s, after, max, NULL, fn, arg, &got);
+}
+
+/* ops.count: SELECT count(*) of the target table. */
+static ks_err op_count(void *self, uint64_t *n)
+{
+    pg_store *s = self;
+    if (s == NULL || n == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    params p = {.n = 0};
+    PGresult *res;
+    ks_err err = run_prepared(s, ST_COUNT, &p, PGRES_TUPLES_OK, &res);
+    if (err != KS_OK)
+        return fail_txn(s, err);
+    ks_value v;
+    err = PQntuples(res) == 1 ? cell(res, 0, 0, &v) : KS_ERR_STORE;
+    if (err == KS_OK && v.type != KS_VALUE_INTEGER)
+        err = KS_ERR_STORE;
+    if (err == KS_OK)
+        *n = v.integer < 0 ? 0 : (uint64_t)v.integer;
+    PQclear(res);
+    return err == KS_OK ? KS_OK : fail_txn(s, err);
+}
+
+/* ops.begin: a READ COMMITTED transaction with this store's lock and
+ * statement timeouts as SET LOCAL. */
+static ks_err op_begin(void *self)
+{
+    pg_store *s = self;
+    if (s == NULL || s->read_only || s->in_txn)
+        return KS_ERR_INVALID_ARGUMENT;
+    if (PQstatus(s->conn) != CONNECTION_OK)
+        return KS_ERR_UNAVAILABLE; /* the store must be opened again */
+    if (PQtransactionStatus(s->conn) != PQTRANS_IDLE)
+        return KS_ERR_INVALID_ARGUMENT;
+    ks_err err = run_simple(s, "BEGIN ISOLATION LEVEL READ COMMITTED", NULL, 0);
+    if (err != KS_OK)
+        return err;
+    s->in_txn = 1;
+    params p = {.n = 0};
+    p_str(&p, s->lock_ms);
+    p_str(&p, s->stmt_ms);
+    PGresult *res;
+    err = run_prepared(s, ST_TXN_CFG, &p, PGRES_TUPLES_OK, &res);
+    PQclear(res);
+    return err == KS_OK ? KS_OK : fail_txn(s, err);
+}
+
+/* Make the store's array buffer hold at least need bytes. */
+static ks_err buf_reserve(pg_store *s, size_t need)
+{
+    if (need <= s->buf_cap)
+        return KS_OK;
+    size_t cap = s->buf_cap ? s->buf_cap : 4096;
+    while (cap < need)
+        cap *= 2;
+    uint8_t *np = realloc(s->buf, cap);
+    if (np == NULL)
+        return KS_ERR_NO_MEMORY;
+    s->buf = np;
+    s->buf_cap = cap;
+    return KS_OK;
+}
+
+/* Write the header of a one-dimensional binary array of n elements of
+ * type elem at p (array_send's format); returns its length, 20. */
+static size_t array_header(uint8_t *p, size_t n, unsigned elem, int has_null)
+{
+    put_be32(p, 1);                  /* dimensions */
+    put_be32(p + 4, has_null ? 1 : 0);
+    put_be32(p + 8, elem);
+    put_be32(p + 12, (uint32_t)n);   /* length of the dimension */
+    put_be32(p + 16, 1);             /* its lower bound */
+    return 20;
+}
+
+/* Append one array element (len bytes at v, or NULL when v is NULL and
+ * len is SIZE_MAX) at p + *off. */
+static void array_elem(uint8_t *p, size_t *off, const void *v, size_t len)
+{
+    if (len == SIZE_MAX) {
+        put_be32(p + *off, UINT32_MAX); /* -1: NULL */
+        *off += 4;
+        return;
+    }
+    put_be32(p + *off, (uint32_t)len);
+    if (len > 0)
+        memcpy(p + *off + 4, v, len);
+    *off += 4 + len;
+}
+
+/* Check cas_batch's arguments and return the bytes its three arrays
+ * take in *need (0 when they do not fit one statement). */
+static ks_err cas_check(size_t n, const ks_value *const *ids, const ks_value *const *olds,
+                        const ks_bytes *news, const int *swapped, size_t *need)
+{
+    if (ids == NULL || olds == NULL || news == NULL || swapped == NULL || n > (size_t)INT32_MAX)
+        return KS_ERR_INVALID_ARGUMENT;
+    size_t total = 60 + n * (12 + 8);
+    for (size_t i = 0; i < n; i++) {
+        const ks_value *id = ids[i], *old = olds[i];
+        if (!value_ok(id) || id->type != KS_VALUE_INTEGER || !value_ok(old) ||
+            old->type == KS_VALUE_INTEGER || (news[i].ptr == NULL && news[i].len > 0) ||
+            news[i].len > (size_t)INT32_MAX)
+            return KS_ERR_INVALID_ARGUMENT;
+        total += old->bytes.len + news[i].len;
+        if (total > (size_t)INT32_MAX)
+            return KS_ERR_INVALID_ARGUMENT; /* over one parameter's limit */
+    }
+    *need = total;
+    return KS_OK;
+}
+
+/* Build cas_batch's parameters in the store's buffer: bigint[] of ids,
+ * bytea[] of old values (NULL where NULL), bytea[] of new values. */
+static void cas_params(pg_store *s, size_t n, const ks_value *const *ids,
+                       const ks_value *const *olds, const ks_bytes *news, params *p)
+{
+    uint8_t *b = s->buf;
+    size_t off = array_header(b, n, OID_INT8, 0), start = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t be[8];
+        put_be64(be, (uint64_t)ids[i]->integer);
+        array_elem(b, &off, be, 8);
+    }
+    p_bytes(p, b, off);
+    int has_null = 0;
+    for (size_t i = 0; i < n; i++)
+        has_null |= olds[i]->type == KS_VALUE_NULL;
+    start = off;
+    off += array_header(b + off, n, OID_BYTEA, has_null);
+    for (size_t i = 0; i < n; i++) {
+        const ks_value *o = olds[i];
+        array_elem(b, &off, o->bytes.ptr, o->type == KS_VALUE_NULL ? SIZE_MAX : o->bytes.len);
+    }
+    p_bytes(p, b + start, off - start);
+    start = off;
+    off += array_header(b + off, n, OID_BYTEA, 0);
+    for (size_t i = 0; i < n; i++)
+        array_elem(b, &off, news[i].ptr, news[i].len);
+    p_bytes(p, b + start, off - start);
+}
+
+/* ops.cas_batch: every compare-and-swap of the batch as one UPDATE over
+ * unnest()ed arrays; the ids it returns were swapped, the others raced
+ * (rowstore_pg.h, "Compare-and-swap"). */
+static ks_err op_cas_batch(void *self, size_t n, const ks_value *const *ids,
+                           const ks_value *const *olds, const ks_bytes *news, int *swapped)
+{
+    pg_store *s = self;
+    size_t need = 0;
+    if (!writable(s))
+        return KS_ERR_INVALID_ARGUMENT;
+    ks_err err = cas_check(n, ids, olds, news, swapped, &need);
+    if (err != KS_OK)
+        return err;
+    for (size_t i = 0; i < n; i++)
+        swapped[i] = 0;
+    if (n == 0)
+        return KS_OK;
+    err = buf_reserve(s, need);
+    if (err != KS_OK)
+        return fail_txn(s, err);
+    params p = {.n = 0};
+    cas_params(s, n, ids, olds, news, &p);
+    PGresult *res;
+    err = run_prepared(s, ST_CAS, &p, PGRES_TUPLES_OK, &res);
+    if (err != KS_OK)
+        return fail_txn(s, err);
+    size_t hint = 0;
+    for (int r = 0; err == KS_OK && r < PQntuples(res); r++) {
+        ks_value v;
+        err = cell(res, r, 0, &v);
+        if (err != KS_OK || v.type != KS_VALUE_INTEGER) {
+            err = KS_ERR_STORE;
+            break;
+        }
+        /* rows usually come back in the arrays' order: look from the last hit */
+        size_t k = 0;
+        for (; k < n && ids[(hint + k) % n]->integer != v.integer; k++) {
+        }
+        if (k == n) {
+            err = KS_ERR_STORE; /* an id that was not asked for */
+            break;
+        }
+        hint = (hint + k) % n;
+        swapped[hint] = 1;
+        hint = (hint + 1) % n;
+    }
+    PQclear(res);
+    return err == KS_OK ? KS_OK : fail_txn(s, err);
+}
+
+/* ops.cas: the compare-and-swap of one row, through cas_batch's statement. */
+static ks_err op_cas(void *self, const ks_value *id, const ks_value *old, ks_bytes new_value,
+                     int *swapped)
+{
+    if (swapped == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    *swapped = 0;
+    return op_cas_batch(self, 1, &id, &old, &new_value, swapped);
+}
+
+/* ops.quarantine: INSERT ... ON CONFLICT DO NOTHING of the row's id with
+ * an error name. */
+static ks_err op_quarantine(void *self, const ks_value *id, const char *error)
+{
+    pg_store *s = self;
+    if (!writable(s) || !value_ok(id) || id->type != KS_VALUE_INTEGER || error == NULL ||
+        error[0] == '\0' || strlen(error) > ERROR_NAME_MAX)
+        return KS_ERR_INVALID_ARGUMENT;
+    char idtext[24];
+    snprintf(idtext, sizeof idtext, "%lld", (long long)id->integer);
+    params p = {.n = 0};
+    p_str(&p, s->table);
+    p_str(&p, s->column);
+    p_str(&p, idtext);
+    p_str(&p, error);
+    p_int(&p, (int64_t)time(NULL));
+    PGresult *res;
+    ks_err err = run_prepared(s, ST_QUARANTINE, &p, PGRES_COMMAND_OK, &res);
+    PQclear(res);
+    return err == KS_OK ? KS_OK : fail_txn(s, err);
+}
+
+/* Nonzero when every count of cp fits a bigint. */
+static int counts_fit(const ks_checkpoint *cp)
+{
+    return cp->done <= INT64_MAX && cp->skipped <= INT64_MAX && cp->raced <= INT64_MAX &&
+           cp->quarantined <= INT64_MAX && cp->wrong_state <= INT64_MAX;
+}
+
+/* ops.checkpoint_save: upsert the row of (target, cp->params). */
+static ks_err op_checkpoint_save(void *self, const ks_checkpoint *cp)
+{
+    pg_store *s = self;
+    if (!writable(s) || cp == NULL || cp->params.ptr == NULL || cp->params.len == 0 ||
+        cp->params.len > (size_t)INT32_MAX || cp->state.ptr == NULL || cp->state.len == 0 ||
+        cp->state.len > 64 || !value_ok(&cp->cursor) ||
+        (cp->cursor.type != KS_VALUE_NULL && cp->cursor.type != KS_VALUE_INTEGER) ||
+        !counts_fit(cp))
+        return KS_ERR_INVALID_ARGUMENT;
+    params p = {.n = 0};
+    p_str(&p, s->table);
+    p_str(&p, s->column);
+    p_bytes(&p, cp->params.ptr, cp->params.len);
+    p_bytes(&p, cp->state.ptr, cp->state.len);
+    if (cp->cursor.type == KS_VALUE_NULL)
+        p_null(&p);
+    else
+        p_int(&p, cp->cursor.integer);
+    const int64_t counts[] = {(int64_t)cp->pass,        (int64_t)cp->done,
+                              (int64_t)cp->skipped,     (int64_t)cp->raced,
+                              (int64_t)cp->quarantined, (int64_t)cp->wrong_state,
+                              cp->started,              cp->updated,
+                              cp->finished};
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
+        p_int(&p, counts[i]);
+    PGresult *res;
+    ks_err err = run_prepared(s, ST_CP_SAVE, &p, PGRES_COMMAND_OK, &res);
+    PQclear(res);
+    return err == KS_OK ? KS_OK : fail_txn(s, err);
+}
+
+/* Read the checkpoint of row 0 of the kept result into cp (views into
+ * it).  KS_ERR_STORE for a malformed row. */
+static ks_err read_checkpoint(const pg_store *s, ks_checkpoint *cp)
+{
+    ks_value v[12];
+    memset(cp, 0, sizeof *cp);
+    for (int i = 0; i < 12; i++) {
+        ks_err err = cell(s->res, 0, i, &v[i]);
+        if (err != KS_OK)
+            return err;
+        ks_value_type want = i < 2 ? KS_VALUE_TEXT : KS_VALUE_INTEGER;
+        if (v[i].type != want && !(i == 2 && v[i].type == KS_VALUE_NULL))
+            return KS_ERR_STORE;
+        if (i >= 3 && i < 9 && v[i].integer < 0)
+            return KS_ERR_STORE;
+    }
+    if (v[3].integer > (int64_t)UINT32_MAX)
+        return KS_ERR_STORE;
+    cp->params = v[0].bytes;
+    cp->state = v[1].bytes;
+    cp->cursor = v[2];
+    cp->pass = (uint32_t)v[3].integer;
+    cp->done = (uint64_t)v[4].integer;
+    cp->skipped = (uint64_t)v[5].integer;
+    cp->raced = (uint64_t)v[6].integer;
+    cp->quarantined = (uint64_t)v[7].integer;
+    cp->wrong_state = (uint64_t)v[8].integer;
+    cp->started = v[9].integer;
+    cp->updated = v[10].integer;
+    cp->finished = v[11].integer;
+    return KS_OK;
+}
+
+/* ops.checkpoint_load: the checkpoint of params, or the most recently
+ * updated one for params {NULL, 0}; KS_ERR_NOT_FOUND when none (also when
+ * a read-only store's schema has no keyshift tables). */
+static ks_err op_checkpoint_load(void *self, ks_bytes params_, ks_checkpoint *cp)
+{
+    pg_store *s = self;
+    if (s == NULL || cp == NULL || (params_.ptr == NULL && params_.len > 0) ||
+        params_.len > (size_t)INT32_MAX)
+        return KS_ERR_INVALID_ARGUMENT;
+    if (!s->have_tables)
+        return KS_ERR_NOT_FOUND;
+    int latest = params_.ptr == NULL;
+    params p = {.n = 0};
+    p_str(&p, s->table);
+    p_str(&p, s->column);
+    if (!latest)
+        p_bytes(&p, params_.ptr, params_.len);
+    PGresult *res;
+    ks_err err = run_prepared(s, latest ? ST_CP_LATEST : ST_CP_LOAD, &p, PGRES_TUPLES_OK, &res);
+    if (err != KS_OK)
+        return fail_txn(s, err);
+    keep_result(s, res); /* after the run: params_ may have viewed the old result */
+    if (PQntuples(res) == 0)
+        return KS_ERR_NOT_FOUND;
+    err = read_checkpoint(s, cp);
+    return err == KS_OK ? KS_OK : fail_txn(s, err);
+}
+
+/* ops.commit: COMMIT; a transaction the server had already aborted
+ * answers ROLLBACK, which is a failure too. */
+static ks_err op_commit(void *self)
+{
+    pg_store *s = self;
+    if (!writable(s))
+        return KS_ERR_INVALID_ARGUMENT;
+    char tag[16] = "";
+    ks_err err = run_simple(s, "COMMIT", tag, sizeof tag);
+    if (err == KS_OK && strcmp(tag, "COMMIT") != 0)
+        err = KS_ERR_STORE;
+    if (err != KS_OK)
+        rollback_now(s);
+    s->in_txn = 0;
+    return err;
+}
+
+/* ops.rollback: roll back an open transaction; a no-op outside one. */
+static void op_rollback(void *self)
+{
+    pg_store *s = self;
+    if (s != NULL)
+        rollback_now(s);
+}
+
+/* Release everything of s: the result, the connection (rolling back),
+ * names, buffer.  Used by close and by a failed open. */
+static void store_free(pg_store *s)
+{
+    if (s == NULL)
+        return;
+    keep_result(s, NULL);
+    if (s->conn != NULL) {
+        rollback_now(s);
+        PQfinish(s->conn);
+    }
+    free(s->table);
+    free(s->column);
+    free(s->buf);
+    free(s);
+}
+
+/* ops.close: roll back any open transaction and release the store. */
+static void op_close(void *self)
+{
+    store_free(self);
+}
+
+static const ks_rowstore_ops pg_ops = {
+    .scan = op_scan,
+    .count = op_count,
+    .begin = op_begin,
+    .cas = op_cas,
+    .quarantine = op_quarantine,
+    .checkpoint_save = op_checkpoint_save,
+    .checkpoint_load = op_checkpoint_load,
+    .commit = op_commit,
+    .rollback = op_rollback,
+    .close = op_close,
+    .visit_values = NULL,
+    .visit_rows = op_visit_rows,
+    .cas_batch = op_cas_batch,
+};
+
+/* ---- opening ------------------------------------------------------------------------ */
+
+/* The context of an open: the store being built, the target's catalog
+ * facts, and where messages go. */
+typedef struct opener {
+    pg_store *s;
+    char *errbuf;
+    size_t errbuf_len;
+    char tname[96];           /* the table name, printable, for messages */
+    char *table_oid;          /* pg_class.oid as text */
+    char *ns_oid;             /* its schema's oid as text */
+    char *qtable;             /* "schema"."table", quoted */
+    char *qschema;            /* "schema", quoted */
+    colinfo column, id, tenant, context[KS_ROWSTORE_MAX_CONTEXT_COLUMNS];
+} opener;
+
+/* strdup that reports failure as NULL. */
+static char *dup_str(const char *p)
+{
+    size_t n = strlen(p) + 1;
+    char *d = malloc(n);
+    if (d != NULL)
+        memcpy(d, p, n);
+    return d;
+}
+
+/* Concatenate the n strings of parts into a new string (NULL when out
+ * of memory); a NULL part is skipped. */
+static char *concat(const char *const *parts, size_t n)
+{
+    size_t len = 1;
+    for (size_t i = 0; i < n; i++)
+        len += parts[i] != NULL ? strlen(parts[i]) : 0;
+    char *out = malloc(len), *q = out;
+    if (out == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        size_t k = parts[i] != NULL ? strlen(parts[i]) : 0;
+        memcpy(q, parts[i] != NULL ? parts[i] : "", k);
+        q += k;
+    }
+    *q = '\0';
+    return out;
+}
+
+/* name quoted as an identifier by libpq, in memory of our own (NULL
+ * when out of memory or libpq refuses it). */
+static char *quote_ident(PGconn *conn, const char *name)
+{
+    char *q = PQescapeIdentifier(conn, name, strlen(name));
+    if (q == NULL)
+        return NULL;
+    char *d = dup_str(q);
+    PQfreemem(q);
+    return d;
+}
+
+/* Run a catalog query sql with text parameters vals[0, n) and text
+ * results; KS_OK with *out (the caller's to clear) on success. */
+static ks_err catalog_query(opener *o, const char *sql, const char *const *vals, int n,
+                            PGresult **out, const char *what)
+{
+    PGresult *res = PQexecParams(o->s->conn, sql, n, NULL, vals, NULL, NULL, 0);
+    *out = NULL;
+    if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK) {
+        *out = res;
+        return KS_OK;
+    }
+    ks_err err = fail(o->errbuf, o->errbuf_len, result_err(o->s, res),
+                      "%s failed (SQLSTATE %s)", what, sqlstate_of(res));
+    PQclear(res);
+    return err;
+}
+
+/* Check the caller's arguments before connecting. */
+static ks_err check_args(const char *conninfo, const ks_rowstore_target *t, ks_rowstore *out,
+                         char *errbuf, size_t errbuf_len)
+{
+    if (conninfo == NULL || t == NULL || out == NULL)
+        return fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                    "missing connection string, target or store");
+    if (t->n_context_columns > KS_ROWSTORE_MAX_CONTEXT_COLUMNS)
+        return fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT, "at most %d context columns",
+                    KS_ROWSTORE_MAX_CONTEXT_COLUMNS);
+    const char *names[4 + KS_ROWSTORE_MAX_CONTEXT_COLUMNS] = {t->table, t->column};
+    size_t n = 2;
+    if (t->id_column != NULL)
+        names[n++] = t->id_column;
+    if (t->tenant_column != NULL)
+        names[n++] = t->tenant_column;
+    for (size_t i = 0; i < t->n_context_columns; i++)
+        names[n++] = t->context_columns[i];
+    for (size_t i = 0; i < n; i++)
+        if (names[i] == NULL || names[i][0] == '\0' || strlen(names[i]) > IDENT_MAX)
+            return fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                        "a table or column name is missing, empty or too long");
+    if (strncmp(t->table, "keyshift_", 9) == 0 || strncmp(t->table, "pg_", 3) == 0)
+        return fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                    "table \"%s\" is reserved (pg_*, keyshift_*)", t->table);
+    return KS_OK;
+}
+
+/* Connect and set the session's timeouts and read-only mode (bound
+ * through set_config, never pasted). */
+static ks_err connect_db(opener *o, const char *conninfo)
+{
+    pg_store *s = o->s;
+    const char *keys[] = {"fallback_application_name", "dbname", NULL};
+    const char *vals[] = {"keyshift", conninfo, NULL};
+    s->conn = PQconnectdbParams(keys, vals, 1);
+    if (s->conn == NULL)
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+    if (PQstatus(s->conn) != CONNECTION_OK) {
+        /* libpq's own text (server address, authentication): never row data */
+        char msg[160];
+        snprintf(msg, sizeof msg, "%s", PQerrorMessage(s->conn));
+        msg[strcspn(msg, "\n")] = '\0';
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_UNAVAILABLE, "cannot connect: %s", msg);
+    }
+    const char *cfg[] = {s->lock_ms, s->stmt_ms, s->read_only ? "on" : "off"};
+    PGresult *res;
+    ks_err err = catalog_query(o,
+                               "SELECT pg_catalog.set_config('lock_timeout', $1, false), "
+                               "pg_catalog.set_config('statement_timeout', $2, false), "
+                               "pg_catalog.set_config('default_transaction_read_only', $3, false)",
+                               cfg, 3, &res, "setting the session's timeouts");
+    PQclear(res);
+    return err;
+}
+
+/* Look up the target table among the visible ones: its oid, schema and
+ * quoted names.  A view or another kind of relation is refused. */
+static ks_err find_table(opener *o, const char *table)
+{
+    PGresult *res;
+    ks_err err = catalog_query(o,
+                               "SELECT c.oid, n.oid, n.nspname, c.relkind "
+                               "FROM pg_catalog.pg_class c "
+                               "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+                               "WHERE c.relname = $1 AND pg_catalog.pg_table_is_visible(c.oid) "
+                               "AND c.relkind IN ('r', 'p', 'v', 'm', 'f')",
+                               &table, 1, &res, "reading the catalog");
+    if (err != KS_OK)
+        return err;
+    if (PQntuples(res) != 1) {
+        PQclear(res);
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_TARGET, "no table \"%s\" in the database",
+                    o->tname);
+    }
+    const char *kind = PQgetvalue(res, 0, 3);
+    if (strcmp(kind, "r") != 0 && strcmp(kind, "p") != 0) {
+        PQclear(res);
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                    "\"%s\" is not a table (a view, materialized view or foreign table)",
+                    o->tname);
+    }
+    o->table_oid = dup_str(PQgetvalue(res, 0, 0));
+    o->ns_oid = dup_str(PQgetvalue(res, 0, 1));
+    o->qschema = quote_ident(o->s->conn, PQgetvalue(res, 0, 2));
+    char *qname = quote_ident(o->s->conn, table);
+    PQclear(res);
+    o->s->table = dup_str(table);
+    if (qname != NULL && o->qschema != NULL) {
+        const char *parts[] = {o->qschema, ".", qname};
+        o->qtable = concat(parts, 3);
+    }
+    free(qname);
+    if (o->table_oid == NULL || o->ns_oid == NULL || o->qtable == NULL || o->s->table == NULL)
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+    return KS_OK;
+}
+
+/* Look up column name of the target table into *c (role names it in
+ * messages); KS_ERR_NO_TARGET when there is none. */
+static ks_err find_column(opener *o, const char *name, const char *role, colinfo *c)
+{
+    const char *vals[] = {o->table_oid, name};
+    PGresult *res;
+    ks_err err = catalog_query(o,
+                               "SELECT a.attnum, a.atttypid, a.attnotnull, a.attgenerated <> '' "
+                               "FROM pg_catalog.pg_attribute a WHERE a.attrelid = $1::oid "
+                               "AND a.attname = $2 AND a.attnum > 0 AND NOT a.attisdropped",
+                               vals, 2, &res, "reading the catalog");
+    if (err != KS_OK)
+        return err;
+    if (PQntuples(res) != 1) {
+        PQclear(res);
+        char pcol[96];
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_TARGET,
+                    "no %s column \"%s\" in table \"%s\"", role,
+                    printable(name, pcol, sizeof pcol), o->tname);
+    }
+    c->attnum = atoi(PQgetvalue(res, 0, 0));
+    c->type = (unsigned)strtoul(PQgetvalue(res, 0, 1), NULL, 10);
+    c->notnull = strcmp(PQgetvalue(res, 0, 2), "t") == 0;
+    c->generated = strcmp(PQgetvalue(res, 0, 3), "t") == 0;
+    PQclear(res);
+    c->name = dup_str(name);
+    c->quoted = quote_ident(o->s->conn, name);
+    if (c->name == NULL || c->quoted == NULL)
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+    return KS_OK;
+}
+
+/* Without an id_column: the name of the table's one-column primary key
+ * (malloc'd) into *name. */
+static ks_err primary_key(opener *o, char **name)
+{
+    PGresult *res;
+    const char *oid = o->table_oid;
+    ks_err err = catalog_query(o,
+                               "SELECT a.attname FROM pg_catalog.pg_index i "
+                               "JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid "
+                               "AND a.attnum = i.indkey[0] WHERE i.indrelid = $1::oid "
+                               "AND i.indisprimary AND i.indnkeyatts = 1",
+                               &oid, 1, &res, "reading the catalog");
+    if (err != KS_OK)
+        return err;
+    *name = PQntuples(res) == 1 ? dup_str(PQgetvalue(res, 0, 0)) : NULL;
+    int found = PQntuples(res) == 1;
+    PQclear(res);
+    if (!found)
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_TARGET,
+                    "table \"%s\" has no one-column primary key: name an id column", o->tname);
+    return *name != NULL ? KS_OK : fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+}
+
+/* Nonzero for the integer types an id may have. */
+static int integer_type(unsigned t)
+{
+    return t == OID_INT2 || t == OID_INT4 || t == OID_INT8;
+}
+
+/* Check that the id column is an integer and the primary key, or NOT
+ * NULL with a unique index of its own (full, immediate, valid). */
+static ks_err check_id(opener *o)
+{
+    char pid[96];
+    printable(o->id.name, pid, sizeof pid);
+    if (!integer_type(o->id.type))
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_TARGET,
+                    "id column \"%s\" of table \"%s\" is not a smallint, integer or bigint", pid,
+                    o->tname);
+    char attnum[16];
+    snprintf(attnum, sizeof attnum, "%d", o->id.attnum);
+    const char *vals[] = {o->table_oid, attnum, o->id.notnull ? "t" : "f"};
+    PGresult *res;
+    ks_err err = catalog_query(o,
+                               "SELECT 1 FROM pg_catalog.pg_index i WHERE i.indrelid = $1::oid "
+                               "AND i.indisunique AND i.indnkeyatts = 1 AND i.indkey[0] = $2::int2 "
+                               "AND i.indpred IS NULL AND i.indexprs IS NULL AND i.indisvalid "
+                               "AND i.indimmediate AND (i.indisprimary OR $3::bool)",
+                               vals, 3, &res, "reading the catalog");
+    if (err != KS_OK)
+        return err;
+    int ok = PQntuples(res) > 0;
+    PQclear(res);
+    if (!ok)
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_TARGET,
+                    "id column \"%s\" of table \"%s\" is neither the primary key nor NOT NULL "
+                    "with a unique index of its own",
+                    pid, o->tname);
+    return KS_OK;
+}
+
+/* Resolve every name of target t against the catalog, with the checks
+ * of rowstore_pg.h. */
+static ks_err resolve_target(opener *o, const ks_rowstore_target *t)
+{
+    ks_err err = find_table(o, t->table);
+    if (err == KS_OK)
+        err = find_column(o, t->column, "target", &o->column);
+    if (err == KS_OK && t->id_column != NULL) {
+        err = find_column(o, t->id_column, "id", &o->id);
+    } else if (err == KS_OK) {
+        char *pk = NULL;
+        err = primary_key(o, &pk);
+        if (err == KS_OK)
+            err = find_column(o, pk, "id", &o->id);
+        free(pk);
+    }
+    if (err == KS_OK && t->tenant_column != NULL)
+        err = find_column(o, t->tenant_column, "tenant", &o->tenant);
+    for (size_t i = 0; err == KS_OK && i < t->n_context_columns; i++)
+        err = find_column(o, t->context_columns[i], "context", &o->context[i]);
+    if (err == KS_OK)
+        err = check_id(o);
+    if (err != KS_OK)
+        return err;
+    char pcol[96];
+    printable(o->column.name, pcol, sizeof pcol);
+    if (o->column.type != OID_BYTEA)
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_TARGET,
+                    "column \"%s\" of table \"%s\" is not bytea", pcol, o->tname);
+    int clash = o->column.attnum == o->id.attnum || o->column.attnum == o->tenant.attnum;
+    for (size_t i = 0; i < t->n_context_columns; i++)
+        clash |= o->column.attnum == o->context[i].attnum;
+    if (clash || o->column.generated)
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                    "column \"%s\" is generated, or also the id, tenant or a context column",
+                    pcol);
+    o->s->column = dup_str(o->column.name);
+    return o->s->column != NULL ? KS_OK : fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY,
+                                              "out of memory");
+}
+
+/* The DDL of keyshift's tables in schema qs (quoted), %s standing for it. */
+static const char own_tables_ddl[] =
+    "CREATE TABLE IF NOT EXISTS %s.keyshift_migration("
+    "tbl text NOT NULL, col text NOT NULL, params text NOT NULL, state text NOT NULL, "
+    "cursor bigint, pass bigint NOT NULL, done bigint NOT NULL, skipped bigint NOT NULL, "
+    "raced bigint NOT NULL, quarantined bigint NOT NULL, wrong_state bigint NOT NULL, "
+    "started bigint NOT NULL, updated bigint NOT NULL, finished bigint NOT NULL, "
+    "saved timestamptz NOT NULL, PRIMARY KEY (tbl, col, params)); "
+    "CREATE TABLE IF NOT EXISTS %s.keyshift_quarantine("
+    "tbl text NOT NULL, col text NOT NULL, id text NOT NULL, error text NOT NULL, "
+    "time bigint NOT NULL, PRIMARY KEY (tbl, col, id))";
+
+/* Whether keyshift's two tables exist in the target's schema; unless
+ * read-only, create them when they do not (rowstore_pg.h). */
+static ks_err ensure_own_tables(opener *o)
+{
+    PGresult *res;
+    const char *ns = o->ns_oid;
+    ks_err err = catalog_query(o,
+                               "SELECT count(*) FROM pg_catalog.pg_class c "
+                               "WHERE c.relnamespace = $1::oid AND c.relkind IN ('r', 'p') "
+                               "AND c.relname IN ('keyshift_migration', 'keyshift_quarantine')",
+                               &ns, 1, &res, "reading the catalog");
+    if (err != KS_OK)
+        return err;
+    o->s->have_tables = strcmp(PQgetvalue(res, 0, 0), "2") == 0;
+    PQclear(res);
+    if (o->s->have_tables || o->s->read_only)
+        return KS_OK;
+    size_t len = sizeof own_tables_ddl + 2 * strlen(o->qschema);
+    char *ddl = malloc(len);
+    if (ddl == NULL)
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+    snprintf(ddl, len, own_tables_ddl, o->qschema, o->qschema);
+    err = run_simple(o->s, "BEGIN", NULL, 0);
+    PGresult *lock = NULL;
+    if (err == KS_OK) {
+        /* one creator at a time: 0x6b657973 is "keys" */
+        lock = PQexec(o->s->conn, "SELECT pg_catalog.pg_advisory_xact_lock(1801812339)");
+        if (lock == NULL || PQresultStatus(lock) != PGRES_TUPLES_OK)
+            err = result_err(o->s, lock);
+    }
+    PQclear(lock);
+    if (err == KS_OK)
+        err = run_simple(o->s, ddl, NULL, 0);
+    if (err == KS_OK)
+        err = run_simple(o->s, "COMMIT", NULL, 0);
+    free(ddl);
+    if (err != KS_OK) {
+        rollback_now(o->s);
+        return fail(o->errbuf, o->errbuf_len, err,
+                    "cannot create keyshift_migration and keyshift_quarantine in the schema of "
+                    "\"%s\" (CREATE privilege?)",
+                    o->tname);
+    }
+    o->s->have_tables = 1;
+    return KS_OK;
+}
+
+/* The select-list expression of column c of t: integers as bigint,
+ * bytea as it is, anything else as text (rowstore_pg.h). */
+static const char *cast_of(const colinfo *c)
+{
+    if (integer_type(c->type))
+        return "::int8";
+    return c->type == OID_BYTEA ? "" : "::text";
+}
+
+/* Prepare sql as statement name with n parameters (typed by the casts
+ * in sql); frees sql. */
+static ks_err prepare(opener *o, const char *name, char *sql, int n)
+{
+    if (sql == NULL)
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+    PGresult *res = PQprepare(o->s->conn, name, sql, n, NULL);
+    free(sql);
+    ks_err err = KS_OK;
+    if (res == NULL || PQresultStatus(res) != PGRES_COMMAND_OK)
+        err = fail(o->errbuf, o->errbuf_len, result_err(o->s, res),
+                   "preparing %s failed (SQLSTATE %s)", name, sqlstate_of(res));
+    PQclear(res);
+    return err;
+}
+
+/* Build and prepare one of the two scans: after (WHERE id > $1) or from
+ * the start, with the quarantine flag from keyshift_quarantine when it
+ * exists (its tbl and col as the last two parameters). */
+static ks_err prepare_scan(opener *o, int after)
+{
+    const char *qid = o->id.quoted;
+    const char *parts[64];
+    size_t n = 0;
+    parts[n++] = "SELECT t.";
+    parts[n++] = qid;
+    parts[n++] = "::int8, t.";
+    parts[n++] = o->column.quoted;
+    if (o->tenant.quoted != NULL) {
+        parts[n++] = ", t.";
+        parts[n++] = o->tenant.quoted;
+        parts[n++] = cast_of(&o->tenant);
+    } else {
+        parts[n++] = ", NULL::int8";
+    }
+    for (size_t i = 0; i < o->s->n_context; i++) {
+        parts[n++] = ", t.";
+        parts[n++] = o->context[i].quoted;
+        parts[n++] = cast_of(&o->context[i]);
+    }
+    int has_q = o->s->have_tables;
+    parts[n++] = has_q ? ", q.id IS NOT NULL FROM " : ", false FROM ";
+    parts[n++] = o->qtable;
+    parts[n++] = " AS t";
+    if (has_q) {
+        parts[n++] = " LEFT JOIN ";
+        parts[n++] = o->qschema;
+        parts[n++] = after ? ".keyshift_quarantine AS q ON q.tbl = $3::text AND q.col = $4::text"
+                           : ".keyshift_quarantine AS q ON q.tbl = $2::text AND q.col = $3::text";
+        parts[n++] = " AND q.id = t.";
+        parts[n++] = qid;
+        parts[n++] = "::text";
+    }
+    if (after) {
+        parts[n++] = " WHERE t.";
+        parts[n++] = qid;
+        parts[n++] = " > $1::int8";
+    }
+    parts[n++] = " ORDER BY t.";
+    parts[n++] = qid;
+    parts[n++] = after ? " LIMIT $2::int8" : " LIMIT $1::int8";
+    return prepare(o, after ? ST_SCAN_AFTER : ST_SCAN_FIRST, concat(parts, n),
+                   (after ? 2 : 1) + (has_q ? 2 : 0));
+}
+
+/* The columns of a checkpoint, in read_checkpoint's order. */
+#define CP_COLS                                                                              \
+    "SELECT params, state, cursor, pass, done, skipped, raced, quarantined, wrong_state, "    \
+    "started, updated, finished FROM "
+
+/* Prepare every statement of the store (the writes unless read-only;
+ * the checkpoint reads when the tables exist). */
+static ks_err prepare_statements(opener *o)
+{
+    pg_store *s = o->s;
+    const char *qs = o->qschema, *qid = o->id.quoted, *qcol = o->column.quoted;
+    ks_err err = prepare_scan(o, 0);
+    if (err == KS_OK)
+        err = prepare_scan(o, 1);
+    if (err == KS_OK) {
+        const char *parts[] = {"SELECT pg_catalog.count(*) FROM ", o->qtable};
+        err = prepare(o, ST_COUNT, concat(parts, 2), 0);
+    }
+    if (err == KS_OK && s->have_tables) {
+        const char *parts[] = {CP_COLS, qs,
+                               ".keyshift_migration WHERE tbl = $1::text AND col = $2::text "
+                               "AND params = $3::text"};
+        err = prepare(o, ST_CP_LOAD, concat(parts, 3), 3);
+    }
+    if (err == KS_OK && s->have_tables) {
+        const char *parts[] = {CP_COLS, qs,
+                               ".keyshift_migration WHERE tbl = $1::text AND col = $2::text "
+                               "ORDER BY updated DESC, saved DESC LIMIT 1"};
+        err = prepare(o, ST_CP_LATEST, concat(parts, 3), 2);
+    }
+    if (err != KS_OK || s->read_only)
+        return err;
+    err = prepare(o, ST_TXN_CFG,
+                  dup_str("SELECT pg_catalog.set_config('lock_timeout', $1::text, true), "
+                          "pg_catalog.set_config('statement_timeout', $2::text, true)"),
+                  2);
+    if (err == KS_OK) {
+        /* unnest of several arrays is FROM-clause syntax (ROWS FROM), not
+         * a function that could be schema-qualified or shadowed */
+        const char *parts[] = {"UPDATE ", o->qtable, " AS t SET ", qcol,
+                               " = u.new FROM unnest($1::int8[], $2::bytea[], $3::bytea[]) "
+                               "AS u(id, old, new) WHERE t.", qid, " = u.id AND t.", qcol,
+                               " IS NOT DISTINCT FROM u.old RETURNING t.", qid, "::int8"};
+        err = prepare(o, ST_CAS, concat(parts, sizeof parts / sizeof parts[0]), 3);
+    }
+    if (err == KS_OK) {
+        const char *parts[] = {"INSERT INTO ", qs,
+                               ".keyshift_quarantine(tbl, col, id, error, time) VALUES ($1::text, "
+                               "$2::text, $3::text, $4::text, $5::int8) ON CONFLICT DO NOTHING"};
+        err = prepare(o, ST_QUARANTINE, concat(parts, 3), 5);
+    }
+    if (err == KS_OK) {
+        const char *parts[] = {
+            "INSERT INTO ", qs,
+            ".keyshift_migration AS m(tbl, col, params, state, cursor, pass, done, skipped, "
+            "raced, quarantined, wrong_state, started, updated, finished, saved) VALUES "
+            "($1::text, $2::text, $3::text, $4::text, $5::int8, $6::int8, $7::int8, $8::int8, "
+            "$9::int8, $10::int8, $11::int8, $12::int8, $13::int8, $14::int8, "
+            "pg_catalog.clock_timestamp()) ON CONFLICT (tbl, col, params) DO UPDATE SET "
+            "state = EXCLUDED.state, cursor = EXCLUDED.cursor, pass = EXCLUDED.pass, "
+            "done = EXCLUDED.done, skipped = EXCLUDED.skipped, raced = EXCLUDED.raced, "
+            "quarantined = EXCLUDED.quarantined, wrong_state = EXCLUDED.wrong_state, "
+            "started = EXCLUDED.started, updated = EXCLUDED.updated, "
+            "finished = EXCLUDED.finished, saved = EXCLUDED.saved"};
+        err = prepare(o, ST_CP_SAVE, concat(parts, 3), 14);
+    }
+    return err;
+}
+
+/* Free the strings of c. */
+static void colinfo_free(colinfo *c)
+{
+    free(c->name);
+    free(c->quoted);
+    memset(c, 0, sizeof *c);
+}
+
+/* Free what the opener holds (not the store). */
+static void opener_free(opener *o)
+{
+    free(o->table_oid);
+    free(o->ns_oid);
+    free(o->qtable);
+    free(o->qschema);
+    colinfo_free(&o->column);
+    colinfo_free(&o->id);
+    colinfo_free(&o->tenant);
+    for (size_t i = 0; i < KS_ROWSTORE_MAX_CONTEXT_COLUMNS; i++)
+        colinfo_free(&o->context[i]);
+}
+
+/* See rowstore_pg.h. */
+ks_err ks_rowstore_pg_open(const char *conninfo, const ks_rowstore_target *target,
+                           const ks_pg_options *opts, ks_rowstore *out, char *errbuf,
+                           size_t errbuf_len)
+{
+    if (errbuf != NULL && errbuf_len > 0)
+        errbuf[0] = '\0';
+    ks_err err = check_args(conninfo, target, out, errbuf, errbuf_len);
+    if (err != KS_OK)
+        return err;
+    memset(out, 0, sizeof *out);
+    pg_store *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return fail(errbuf, errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+    s->read_only = opts != NULL && opts->read_only;
+    s->n_context = target->n_context_columns;
+    uint32_t lock = opts != NULL && opts->lock_timeout_ms ? opts->lock_timeout_ms
+                                                          : KS_PG_LOCK_TIMEOUT_DEFAULT_MS;
+    uint32_t stmt = opts != NULL && opts->statement_timeout_ms
+                        ? opts->statement_timeout_ms
+                        : KS_PG_STATEMENT_TIMEOUT_DEFAULT_MS;
+    snprintf(s->lock_ms, sizeof s->lock_ms, "%lums", (unsigned long)lock);
+    snprintf(s->stmt_ms, sizeof s->stmt_ms, "%lums", (unsigned long)stmt);
+    opener o;
+    memset(&o, 0, sizeof o);
+    o.s = s;
+    o.errbuf = errbuf;
+    o.errbuf_len = errbuf_len;
+    printable(target->table, o.tname, sizeof o.tname);
+    err = connect_db(&o, conninfo);
+    if (err == KS_OK)
+        err = resolve_target(&o, target);
+    if (err == KS_OK)
+        err = ensure_own_tables(&o);
+    if (err == KS_OK)
+        err = prepare_statements(&o);
+    opener_free(&o);
+    if (err != KS_OK) {
+        store_free(s);
+        return err;
+    }
+    out->ops = &pg_ops;
+    out->self = s;
+    out->name = "pg";
+    return KS_OK;
+}
