@@ -1,11 +1,14 @@
 /*
- * migrate/rollout/health.c -- rollout health (include/keyshift/health.h,
+ * migrate/health/health.c -- rollout health (include/keyshift/health.h,
  * docs/rollout.md "Health and thresholds"): log2 latency histograms,
  * summing interval samples, judging a window against thresholds, and the
  * Prometheus text exposition of all three.
  *
  * Pure functions over plain data: no I/O, no clock, no allocation, no
- * libsodium or SQLite.  Counters saturate at UINT64_MAX rather than wrap,
+ * libsodium or SQLite.  A module of its own, below every other folder of
+ * migrate/: the crypto core (migrate/crypto/) counts its latencies in
+ * these histograms, the rollout code (migrate/rollout/) judges them, and
+ * neither layer may reach into the other (`make check-layout`).  Counters saturate at UINT64_MAX rather than wrap,
  * so a sum over a long window can only overstate, never reset to small.
  */
 #include <assert.h>
