@@ -66,8 +66,8 @@ SAN     := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sani
 SAN_HOOKS := -DKS_TEST_HOOKS
 
 # The library.  Nothing under parser/ may include libsodium or SQLite.
-LIB_SRCS := format/format.c format/encode.c format/aad.c parser/envelope.c $(sort $(wildcard migrate/*.c migrate/*/*.c))
-LIB_HDRS := $(wildcard include/keyshift/*.h) format/rules.h parser/cursor.h $(wildcard migrate/*.h migrate/*/*.h)
+LIB_SRCS := format/format.c format/encode.c format/aad.c parser/envelope.c $(sort $(wildcard migrate/*.c migrate/*/*.c migrate/*/*/*.c))
+LIB_HDRS := $(wildcard include/keyshift/*.h) format/rules.h parser/cursor.h $(wildcard migrate/*.h migrate/*/*.h migrate/*/*/*.h)
 # libsodium, SQLite (and threads) for migrate/; parser/ and format/ need none;
 # p11-kit and dlopen for the pkcs11 provider.
 LIB_LIBS := -lsodium -lsqlite3 $(JANSSON_LIBS) $(P11_LIBS) -ldl -pthread
@@ -269,9 +269,10 @@ symbols: $(SHARED)
 # The layering of migrate/ (docs/rollout.md "Architecture"): a lower layer
 # never includes a higher one.  health/ (pure data) is below crypto/ and
 # engine/, which reach a database only through include/keyshift/rowstore.h;
-# rollout/ reaches its own tables only through the rollout-store interface,
-# never a database's internals (migrate/store/<db>/, or the SQLite helpers
-# of migrate/store/ itself).
+# rollout/ reaches its own tables only through the rollout-store interface
+# (include/keyshift/rollout_store.h), never a database's internals
+# (migrate/store/<db>/, the SQLite helpers of migrate/store/, SQLite
+# itself); migrate/store/ never includes migrate/rollout/.
 check-layout: $(REL_OBJS)
 	@if grep -rnE '#\s*include\s*[<"](sodium|sqlite3)' parser/; then \
 	    echo "check-layout: parser/ must not include libsodium or SQLite"; exit 1; fi
@@ -282,6 +283,16 @@ check-layout: $(REL_OBJS)
 	    || grep -rnE '#\s*include\s*[<"]sqlite3' migrate/crypto/ migrate/engine/; then \
 	    echo "check-layout: migrate/crypto/ and migrate/engine/ must not include migrate/rollout/ or migrate/store/"; \
 	    exit 1; fi
+	@if grep -rnE '#\s*include\s*"[^"]*store/' migrate/rollout/ \
+	    || grep -rnE '#\s*include\s*[<"]sqlite3' migrate/rollout/; then \
+	    echo "check-layout: migrate/rollout/ reaches its tables only through keyshift/rollout_store.h"; \
+	    exit 1; fi
+	@if grep -rnE '#\s*include\s*"[^"]*rollout/' migrate/store/; then \
+	    echo "check-layout: migrate/store/ must not include migrate/rollout/"; exit 1; fi
+	@bad=$$(nm -u $(filter $(B)/rel/migrate/rollout/%,$(REL_OBJS)) \
+	    | awk '$$1 == "U" && $$2 ~ /^(sqlite3_|ks_sqlite_|ks_rsql_)/ { print $$2 }' | sort -u); \
+	 if [ -n "$$bad" ]; then \
+	     echo "check-layout: migrate/rollout/ calls a database directly:" $$bad; exit 1; fi
 	@nm -u $(filter $(B)/rel/migrate/crypto/% $(B)/rel/migrate/engine/% $(B)/rel/migrate/health/%,$(REL_OBJS)) \
 	    | awk '$$1 == "U" { print $$2 }' | sort -u > $(B)/layout-low.txt; \
 	 nm --defined-only $(filter $(B)/rel/migrate/rollout/% $(B)/rel/migrate/store/%,$(REL_OBJS)) \
