@@ -5,11 +5,13 @@
  * Prometheus text exposition of all three.
  *
  * Pure functions over plain data: no I/O, no clock, no allocation, no
- * libsodium or SQLite.  A module of its own, below every other folder of
- * migrate/: the crypto core (migrate/crypto/) counts its latencies in
- * these histograms, the rollout code (migrate/rollout/) judges them, and
- * neither layer may reach into the other (`make check-layout`).  Counters saturate at UINT64_MAX rather than wrap,
+ * libsodium or SQLite.  Counters saturate at UINT64_MAX rather than wrap,
  * so a sum over a long window can only overstate, never reset to small.
+ *
+ * A module of its own, below the other folders of migrate/: the crypto
+ * core (migrate/crypto/) counts its latencies in these histograms and the
+ * rollout code (migrate/rollout/) judges them, and the crypto core must
+ * not reach up into the rollout code for them (`make check-layout`).
  */
 #include <assert.h>
 #include <math.h>

@@ -122,7 +122,8 @@ int ks_rollout_scope_covers(const ks_rollout *r, const char *table, const char *
     if (table == NULL || column == NULL)
         return 0;
     if (r->scope == KS_SCOPE_COLUMN)
-        return ks_rollout_name_cmp(r->table, table) == 0 && ks_rollout_name_cmp(r->column, column) == 0;
+        return ks_rollout_name_cmp(r->table, table) == 0 &&
+               ks_rollout_name_cmp(r->column, column) == 0;
     for (size_t i = 0; i < r->n_columns && i < KS_ROLLOUT_COLUMNS_MAX; i++)
         if (ks_rollout_name_cmp(r->columns[i].table, table) == 0 &&
             ks_rollout_name_cmp(r->columns[i].column, column) == 0)
@@ -407,8 +408,8 @@ static ks_err readers_support(const ks_rollout_facts *f, const ks_rollout_class 
     char tc[KS_KEY_ID_MAX + 48];
     ks_rollout_class_text(c, tc, sizeof tc);
     return ks_rollout_fail(why, why_len, KS_ERR_GUARD, "%zu live %s cannot read %s: %s%s", missing,
-                          missing == 1 ? "reader" : "readers", tc, names,
-                          missing > 8 ? ", ..." : "");
+                           missing == 1 ? "reader" : "readers", tc, names,
+                           missing > 8 ? ", ..." : "");
 }
 
 /* read-compat -> write-upgrade: every live reader supports the target,
@@ -431,7 +432,8 @@ static ks_err guard_write_upgrade(const ks_rollout_facts *f, char *why, size_t w
 static ks_err guard_backfill(const ks_rollout_facts *f, char *why, size_t why_len)
 {
     if (!f->health_known)
-        return ks_rollout_fail(why, why_len, KS_ERR_GUARD, "the health of the window was not evaluated");
+        return ks_rollout_fail(why, why_len, KS_ERR_GUARD,
+                               "the health of the window was not evaluated");
     if (f->health == KS_HEALTH_TRIPPED)
         return ks_rollout_fail(why, why_len, KS_ERR_GUARD,
                       "the health check tripped a threshold in the last %" PRIu32 " s",
@@ -468,8 +470,8 @@ static ks_err columns_verified(const ks_rollout *r, char *why, size_t why_len)
     if (n == 0)
         return KS_OK;
     return ks_rollout_fail(why, why_len, KS_ERR_GUARD,
-                          "no `migrate verify` pass was recorded since backfill began for "
-                          "%zu of %zu columns: %s", n, r->n_columns, missing);
+                           "no `migrate verify` pass was recorded since backfill began for "
+                           "%zu of %zu columns: %s", n, r->n_columns, missing);
 }
 
 /* backfill -> finalized: no row left at the source, and a verify pass
@@ -579,5 +581,6 @@ ks_err ks_rollout_guard(const ks_rollout_facts *f, ks_rollout_phase to, char *wh
             return guard_unfinalize(f, why, why_len);
         break;
     }
-    return ks_rollout_fail(why, why_len, KS_ERR_STATE, "there is no transition from %s to %s", fn, tn);
+    return ks_rollout_fail(why, why_len, KS_ERR_STATE, "there is no transition from %s to %s", fn,
+                           tn);
 }

@@ -68,7 +68,10 @@ int ks_rsql_col_text(sqlite3_stmt *st, int i, char *out, size_t max);
 /* INTEGER column i within [lo, hi] into *out: 0 otherwise. */
 int ks_rsql_col_int(sqlite3_stmt *st, int i, int64_t lo, int64_t hi, int64_t *out);
 
-/* ---- the operations on rows (rollout_sqlite_rows.c) ---- */
+/* ---- the operations on rows (rollout_sqlite_rows.c) ----
+ * Each is the member of ks_rollout_store_ops of the same name (see
+ * keyshift/rollout_store.h for what it does); rollout_sqlite.c puts them
+ * in the store's operations. */
 
 ks_err ks_rsql_find_column(ks_rollout_store *s, const char *table, const char *column,
                            char tbl[KS_ROLLOUT_IDENT_MAX + 1], char col[KS_ROLLOUT_IDENT_MAX + 1],

@@ -44,7 +44,8 @@
      "SELECT " ROLLOUT_COLS ", scope_key_id FROM main.keyshift_rollout " tail}
 
 /* The columns of keyshift_readers in the order read_reader expects. */
-#define READER_COLS "instance_id, library_version, max_format, algorithms, key_versions, started, heartbeat"
+#define READER_COLS                                                                                \
+    "instance_id, library_version, max_format, algorithms, key_versions, started, heartbeat"
 
 /* Bytes of a stored histogram. */
 #define HIST_BLOB_LEN (KS_HIST_BUCKETS * 8)
@@ -89,7 +90,8 @@ static int read_canary(sqlite3_stmt *st, int i, ks_rollout_canary *c)
     char tenants[TENANTS_TEXT_MAX + 1];
     int64_t pct;
     memset(c, 0, sizeof *c);
-    if (!ks_rsql_col_text(st, i, kind, sizeof kind - 1) || !ks_rsql_col_int(st, i + 1, 0, 100, &pct) ||
+    if (!ks_rsql_col_text(st, i, kind, sizeof kind - 1) ||
+        !ks_rsql_col_int(st, i + 1, 0, 100, &pct) ||
         !ks_rsql_col_text(st, i + 2, tenants, TENANTS_TEXT_MAX))
         return 0;
     int k = -1;
@@ -397,19 +399,21 @@ ks_err ks_rsql_find_open(ks_rollout_store *s, const char *tbl, const char *col,
     ks_rsql *db = ks_rsql_of(s);
     sqlite3_stmt *st;
     *id = 0;
-    int rc = key_id != NULL
-                 ? ks_rsql_prep_bind(db, &st,
-                                     "SELECT id FROM main.keyshift_rollout WHERE scope_key_id = ?1 "
-                                     "AND phase <> 'finalized' ORDER BY id LIMIT 1",
-                                     "t", key_id)
-                 : ks_rsql_prep_bind(db, &st,
-                                     "SELECT id FROM main.keyshift_rollout AS r WHERE "
-                                     "phase <> 'finalized' AND ((scope_key_id = '' AND "
-                                     "tbl = ?1 COLLATE NOCASE AND col = ?2 COLLATE NOCASE) OR (?3 AND "
-                                     "EXISTS (SELECT 1 FROM main.keyshift_rollout_column AS c WHERE "
-                                     "c.rollout_id = r.id AND c.tbl = ?1 AND c.col = ?2))) "
-                                     "ORDER BY id LIMIT 1",
-                                     "tti", tbl, col, (int64_t)(key_scopes != 0));
+    int rc;
+    if (key_id != NULL)
+        rc = ks_rsql_prep_bind(db, &st,
+                               "SELECT id FROM main.keyshift_rollout WHERE scope_key_id = ?1 "
+                               "AND phase <> 'finalized' ORDER BY id LIMIT 1",
+                               "t", key_id);
+    else
+        rc = ks_rsql_prep_bind(db, &st,
+                               "SELECT id FROM main.keyshift_rollout AS r WHERE "
+                               "phase <> 'finalized' AND ((scope_key_id = '' AND "
+                               "tbl = ?1 COLLATE NOCASE AND col = ?2 COLLATE NOCASE) OR (?3 AND "
+                               "EXISTS (SELECT 1 FROM main.keyshift_rollout_column AS c WHERE "
+                               "c.rollout_id = r.id AND c.tbl = ?1 AND c.col = ?2))) "
+                               "ORDER BY id LIMIT 1",
+                               "tti", tbl, col, (int64_t)(key_scopes != 0));
     if (rc == SQLITE_OK)
         rc = sqlite3_step(st);
     if (rc == SQLITE_ROW)
@@ -547,15 +551,17 @@ ks_err ks_rsql_set_verified(ks_rollout_store *s, int64_t id, const char *table,
 {
     ks_rsql *db = ks_rsql_of(s);
     sqlite3_stmt *st;
-    int rc = table != NULL
-                 ? ks_rsql_prep_bind(db, &st,
-                                     "UPDATE main.keyshift_rollout_column SET verified_at = ?1 "
-                                     "WHERE rollout_id = ?2 AND tbl = ?3 AND col = ?4",
-                                     "iitt", now, id, table, column)
-                 : ks_rsql_prep_bind(db, &st,
-                                     "UPDATE main.keyshift_rollout SET verified_at = ?1, "
-                                     "updated = ?1 WHERE id = ?2",
-                                     "ii", now, id);
+    int rc;
+    if (table != NULL)
+        rc = ks_rsql_prep_bind(db, &st,
+                               "UPDATE main.keyshift_rollout_column SET verified_at = ?1 "
+                               "WHERE rollout_id = ?2 AND tbl = ?3 AND col = ?4",
+                               "iitt", now, id, table, column);
+    else
+        rc = ks_rsql_prep_bind(db, &st,
+                               "UPDATE main.keyshift_rollout SET verified_at = ?1, "
+                               "updated = ?1 WHERE id = ?2",
+                               "ii", now, id);
     rc = ks_rsql_run_done(db, st, rc);
     if (rc != SQLITE_OK)
         return ks_rsql_rc_err(rc);
