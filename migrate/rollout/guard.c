@@ -97,20 +97,24 @@ const char *ks_rollout_class_text(const ks_rollout_class *c, char *out, size_t o
 
 /* ---- scopes ------------------------------------------------------------------ */
 
-/* See rollout_internal.h: SQLite's rule for identifiers (sqlite3_stricmp
- * folds ASCII letters only), here without SQLite, so that the rollout
- * layer matches names the same whichever store holds them. */
+/* c with an ASCII capital letter made small, and every other byte as it
+ * is (no locale: sqlite3_stricmp folds ASCII only), without a branch. */
+static unsigned fold_ascii(unsigned char c)
+{
+    return c + 32u * ((unsigned)(c - 'A') < 26u);
+}
+
+/* See rollout_internal.h: SQLite's rule for identifiers, here without
+ * SQLite, so that the rollout layer matches names the same whichever
+ * store holds them. */
 int ks_rollout_name_cmp(const char *a, const char *b)
 {
-    for (;; a++, b++) {
-        unsigned char x = (unsigned char)*a, y = (unsigned char)*b;
-        if (x >= 'A' && x <= 'Z')
-            x = (unsigned char)(x - 'A' + 'a');
-        if (y >= 'A' && y <= 'Z')
-            y = (unsigned char)(y - 'A' + 'a');
-        if (x != y || x == '\0')
-            return (int)x - (int)y;
+    const unsigned char *x = (const unsigned char *)a, *y = (const unsigned char *)b;
+    while (*x != '\0' && fold_ascii(*x) == fold_ascii(*y)) {
+        x++;
+        y++;
     }
+    return (int)fold_ascii(*x) - (int)fold_ascii(*y);
 }
 
 /* See rollout.h: compared with ks_rollout_name_cmp (ASCII letters in
