@@ -56,7 +56,7 @@ int ks_rsql_prep_bind(ks_rsql *db, sqlite3_stmt **st, const char *sql, const cha
 /* Step a write statement to completion and release it. */
 int ks_rsql_run_done(ks_rsql *db, sqlite3_stmt *st, int rc);
 /* Map a failing rc (a UNIQUE constraint: KS_ERR_ROLLOUT_EXISTS). */
-ks_err ks_rsql_rc_err(int rc);
+KS_WUR ks_err ks_rsql_rc_err(int rc);
 /* Zero unless db may be written (not read-only, tables present). */
 int ks_rsql_writable(const ks_rsql *db);
 
@@ -73,37 +73,40 @@ int ks_rsql_col_int(sqlite3_stmt *st, int i, int64_t lo, int64_t hi, int64_t *ou
  * keyshift/rollout_store.h for what it does); rollout_sqlite.c puts them
  * in the store's operations. */
 
-ks_err ks_rsql_find_column(ks_rollout_store *s, const char *table, const char *column,
-                           char tbl[KS_ROLLOUT_IDENT_MAX + 1], char col[KS_ROLLOUT_IDENT_MAX + 1],
-                           char *errbuf, size_t errbuf_len);
-ks_err ks_rsql_find_open(ks_rollout_store *s, const char *tbl, const char *col,
-                         const char *key_id, int key_scopes, int64_t *id);
-ks_err ks_rsql_insert(ks_rollout_store *s, const ks_rollout *r, int64_t *id);
-ks_err ks_rsql_get(ks_rollout_store *s, int64_t id, ks_rollout *out);
-ks_err ks_rsql_latest(ks_rollout_store *s, const char *table, const char *column,
-                      ks_rollout *out);
-ks_err ks_rsql_latest_key(ks_rollout_store *s, const char *key_id, ks_rollout *out);
-ks_err ks_rsql_list(ks_rollout_store *s, int64_t after_id, ks_rollout *out, size_t max,
-                    size_t *n);
-ks_err ks_rsql_later_count(ks_rollout_store *s, const ks_rollout *r, int64_t *n);
-ks_err ks_rsql_set_phase(ks_rollout_store *s, int64_t id, ks_rollout_phase from,
-                         ks_rollout_phase to, int64_t now);
-ks_err ks_rsql_set_canary(ks_rollout_store *s, int64_t id, const ks_rollout_canary *canary,
-                          int64_t now);
-ks_err ks_rsql_set_verified(ks_rollout_store *s, int64_t id, const char *table,
-                            const char *column, int64_t now);
-ks_err ks_rsql_log_append(ks_rollout_store *s, int64_t rollout_id, int64_t time,
-                          const char *actor, int from, int to, const char *reason, int automatic);
-ks_err ks_rsql_log_list(ks_rollout_store *s, int64_t rollout_id, int64_t after_id,
-                        ks_rollout_log_entry *out, size_t max, size_t *n);
-ks_err ks_rsql_readers_live(ks_rollout_store *s, int64_t since, ks_rollout_reader *out,
-                            size_t max, size_t *n, size_t *total);
-ks_err ks_rsql_reader_put(ks_rollout_store *s, const ks_rollout_reader *r, int64_t now);
-ks_err ks_rsql_reader_heartbeat(ks_rollout_store *s, const char *instance_id, int64_t now);
-ks_err ks_rsql_reader_delete(ks_rollout_store *s, const char *instance_id);
-ks_err ks_rsql_metrics_insert(ks_rollout_store *s, int64_t rollout_id, const char *instance_id,
-                              const char *source, const ks_health_sample *sample);
-ks_err ks_rsql_metrics_sum(ks_rollout_store *s, int64_t rollout_id, int64_t since,
-                           ks_health_sample *out);
+KS_WUR ks_err ks_rsql_find_column(ks_rollout_store *s, const char *table, const char *column,
+                                  char tbl[KS_ROLLOUT_IDENT_MAX + 1],
+                                  char col[KS_ROLLOUT_IDENT_MAX + 1],
+                                  char *errbuf, size_t errbuf_len);
+KS_WUR ks_err ks_rsql_find_open(ks_rollout_store *s, const char *tbl, const char *col,
+                                const char *key_id, int key_scopes, int64_t *id);
+KS_WUR ks_err ks_rsql_insert(ks_rollout_store *s, const ks_rollout *r, int64_t *id);
+KS_WUR ks_err ks_rsql_get(ks_rollout_store *s, int64_t id, ks_rollout *out);
+KS_WUR ks_err ks_rsql_latest(ks_rollout_store *s, const char *table, const char *column,
+                             ks_rollout *out);
+KS_WUR ks_err ks_rsql_latest_key(ks_rollout_store *s, const char *key_id, ks_rollout *out);
+KS_WUR ks_err ks_rsql_list(ks_rollout_store *s, int64_t after_id, ks_rollout *out, size_t max,
+                           size_t *n);
+KS_WUR ks_err ks_rsql_later_count(ks_rollout_store *s, const ks_rollout *r, int64_t *n);
+KS_WUR ks_err ks_rsql_set_phase(ks_rollout_store *s, int64_t id, ks_rollout_phase from,
+                                ks_rollout_phase to, int64_t now);
+KS_WUR ks_err ks_rsql_set_canary(ks_rollout_store *s, int64_t id, const ks_rollout_canary *canary,
+                                 int64_t now);
+KS_WUR ks_err ks_rsql_set_verified(ks_rollout_store *s, int64_t id, const char *table,
+                                   const char *column, int64_t now);
+KS_WUR ks_err ks_rsql_log_append(ks_rollout_store *s, int64_t rollout_id, int64_t time,
+                                 const char *actor, int from, int to, const char *reason,
+                                 int automatic);
+KS_WUR ks_err ks_rsql_log_list(ks_rollout_store *s, int64_t rollout_id, int64_t after_id,
+                               ks_rollout_log_entry *out, size_t max, size_t *n);
+KS_WUR ks_err ks_rsql_readers_live(ks_rollout_store *s, int64_t since, ks_rollout_reader *out,
+                                   size_t max, size_t *n, size_t *total);
+KS_WUR ks_err ks_rsql_reader_put(ks_rollout_store *s, const ks_rollout_reader *r, int64_t now);
+KS_WUR ks_err ks_rsql_reader_heartbeat(ks_rollout_store *s, const char *instance_id, int64_t now);
+KS_WUR ks_err ks_rsql_reader_delete(ks_rollout_store *s, const char *instance_id);
+KS_WUR ks_err ks_rsql_metrics_insert(ks_rollout_store *s, int64_t rollout_id,
+                                     const char *instance_id, const char *source,
+                                     const ks_health_sample *sample);
+KS_WUR ks_err ks_rsql_metrics_sum(ks_rollout_store *s, int64_t rollout_id, int64_t since,
+                                  ks_health_sample *out);
 
 #endif /* KS_MIGRATE_ROLLOUT_SQLITE_H */
