@@ -273,9 +273,40 @@ symbols: $(SHARED)
 	 echo "symbols: $$(nm -D --defined-only $(SHARED) | grep -c ' ks_') exported, all ks_*"
 
 # Nothing under parser/ includes libsodium or SQLite (DEVELOPERS layout rule).
-check-layout:
+# The layering of migrate/ (docs/rollout.md "Architecture"): a lower layer
+# never includes a higher one.  health/ (pure data) is below crypto/ and
+# engine/, which reach a database only through include/keyshift/rowstore.h;
+# rollout/ reaches its own tables only through the rollout-store interface
+# (include/keyshift/rollout_store.h), never a database's internals
+# (migrate/store/<db>/, the SQLite helpers of migrate/store/, SQLite
+# itself); migrate/store/ never includes migrate/rollout/.
+check-layout: $(REL_OBJS)
 	@if grep -rnE '#\s*include\s*[<"](sodium|sqlite3)' parser/; then \
 	    echo "check-layout: parser/ must not include libsodium or SQLite"; exit 1; fi
+	@if grep -rnE '#\s*include\s*"[^"]*(rollout|store|crypto|engine|keys)/' migrate/health/ \
+	    || grep -rnE '#\s*include\s*[<"](sodium|sqlite3)' migrate/health/; then \
+	    echo "check-layout: migrate/health/ must include nothing but public headers"; exit 1; fi
+	@if grep -rnE '#\s*include\s*"[^"]*(rollout|store)/' migrate/crypto/ migrate/engine/ \
+	    || grep -rnE '#\s*include\s*[<"]sqlite3' migrate/crypto/ migrate/engine/; then \
+	    echo "check-layout: migrate/crypto/ and migrate/engine/ must not include migrate/rollout/ or migrate/store/"; \
+	    exit 1; fi
+	@if grep -rnE '#\s*include\s*"[^"]*store/' migrate/rollout/ \
+	    || grep -rnE '#\s*include\s*[<"]sqlite3' migrate/rollout/; then \
+	    echo "check-layout: migrate/rollout/ reaches its tables only through keyshift/rollout_store.h"; \
+	    exit 1; fi
+	@if grep -rnE '#\s*include\s*"[^"]*rollout/' migrate/store/; then \
+	    echo "check-layout: migrate/store/ must not include migrate/rollout/"; exit 1; fi
+	@bad=$$(nm -u $(filter $(B)/rel/migrate/rollout/%,$(REL_OBJS)) \
+	    | awk '$$1 == "U" && $$2 ~ /^(sqlite3_|ks_sqlite_|ks_rsql_)/ { print $$2 }' | sort -u); \
+	 if [ -n "$$bad" ]; then \
+	     echo "check-layout: migrate/rollout/ calls a database directly:" $$bad; exit 1; fi
+	@nm -u $(filter $(B)/rel/migrate/crypto/% $(B)/rel/migrate/engine/% $(B)/rel/migrate/health/%,$(REL_OBJS)) \
+	    | awk '$$1 == "U" { print $$2 }' | sort -u > $(B)/layout-low.txt; \
+	 nm --defined-only $(filter $(B)/rel/migrate/rollout/% $(B)/rel/migrate/store/%,$(REL_OBJS)) \
+	    | awk 'NF == 3 && $$2 ~ /[TDBR]/ { print $$3 }' | sort -u > $(B)/layout-high.txt; \
+	 bad=$$(comm -12 $(B)/layout-low.txt $(B)/layout-high.txt); \
+	 if [ -n "$$bad" ]; then \
+	     echo "check-layout: migrate/crypto/, engine/ or health/ call into migrate/rollout/ or store/:" $$bad; exit 1; fi
 
 # ---- fuzzing (fuzz/fuzz.mk) ---------------------------------------------
 include fuzz/fuzz.mk

@@ -18,5 +18,6 @@
 #include <keyshift/migrate.h>
 #include <keyshift/health.h>
 #include <keyshift/rollout.h>
+#include <keyshift/rollout_store.h>
 
 #endif /* KEYSHIFT_KEYSHIFT_H */

@@ -23,7 +23,9 @@
  *   - ks_rollout_db: the state in the application's database (tables
  *     keyshift_rollout, keyshift_rollout_log, keyshift_readers,
  *     keyshift_metrics, keyshift_rollout_column; schema version 3 of
- *     keyshift_meta);
+ *     keyshift_meta), reached through a rollout store
+ *     (keyshift/rollout_store.h: SQLite by ks_rollout_db_open, any other
+ *     by ks_rollout_db_wrap);
  *   - ks_policy: what an application embeds to ask "what do I write" and
  *     "may I read this", cached in memory.
  *

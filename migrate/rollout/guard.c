@@ -15,12 +15,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include <sqlite3.h>
-
 #include <keyshift/rollout.h>
 
 #include "../../format/rules.h"
-#include "../store/sqlite/sqlite_util.h"
 #include "rollout_internal.h"
 
 /* The phase names, indexed by phase. */
@@ -100,18 +97,40 @@ const char *ks_rollout_class_text(const ks_rollout_class *c, char *out, size_t o
 
 /* ---- scopes ------------------------------------------------------------------ */
 
-/* See rollout.h: compared with sqlite3_stricmp, as SQLite compares
- * identifiers, so that a scope matches whatever spelling a caller uses. */
+/* c with an ASCII capital letter made small, and every other byte as it
+ * is (no locale: sqlite3_stricmp folds ASCII only), without a branch. */
+static unsigned fold_ascii(unsigned char c)
+{
+    return c + 32u * ((unsigned)(c - 'A') < 26u);
+}
+
+/* See rollout_internal.h: SQLite's rule for identifiers, here without
+ * SQLite, so that the rollout layer matches names the same whichever
+ * store holds them. */
+int ks_rollout_name_cmp(const char *a, const char *b)
+{
+    const unsigned char *x = (const unsigned char *)a, *y = (const unsigned char *)b;
+    while (*x != '\0' && fold_ascii(*x) == fold_ascii(*y)) {
+        x++;
+        y++;
+    }
+    return (int)fold_ascii(*x) - (int)fold_ascii(*y);
+}
+
+/* See rollout.h: compared with ks_rollout_name_cmp (ASCII letters in
+ * either case, as SQLite compares identifiers), so that a scope matches
+ * whatever spelling a caller uses. */
 int ks_rollout_scope_covers(const ks_rollout *r, const char *table, const char *column)
 {
     assert(r != NULL);
     if (table == NULL || column == NULL)
         return 0;
     if (r->scope == KS_SCOPE_COLUMN)
-        return sqlite3_stricmp(r->table, table) == 0 && sqlite3_stricmp(r->column, column) == 0;
+        return ks_rollout_name_cmp(r->table, table) == 0 &&
+               ks_rollout_name_cmp(r->column, column) == 0;
     for (size_t i = 0; i < r->n_columns && i < KS_ROLLOUT_COLUMNS_MAX; i++)
-        if (sqlite3_stricmp(r->columns[i].table, table) == 0 &&
-            sqlite3_stricmp(r->columns[i].column, column) == 0)
+        if (ks_rollout_name_cmp(r->columns[i].table, table) == 0 &&
+            ks_rollout_name_cmp(r->columns[i].column, column) == 0)
             return 1;
     return 0;
 }
@@ -358,14 +377,14 @@ static ks_err guard_read_compat(const ks_rollout_facts *f, char *why, size_t why
     if (s == KS_KEY_ACTIVE || s == KS_KEY_DECRYPT_ONLY)
         return KS_OK;
     if (s == KS_ROLLOUT_KEY_UNKNOWN)
-        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
+        return ks_rollout_fail(why, why_len, KS_ERR_GUARD,
                       "the state of target key %s:%" PRIu32 " was not checked with the provider",
                       t->key_id, t->key_version);
     if (s == KS_ROLLOUT_KEY_MISSING)
-        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
+        return ks_rollout_fail(why, why_len, KS_ERR_GUARD,
                       "target key %s:%" PRIu32 " does not exist in the key provider", t->key_id,
                       t->key_version);
-    return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "target key %s:%" PRIu32 " is %s", t->key_id,
+    return ks_rollout_fail(why, why_len, KS_ERR_GUARD, "target key %s:%" PRIu32 " is %s", t->key_id,
                   t->key_version, key_fact_name(s));
 }
 
@@ -392,9 +411,9 @@ static ks_err readers_support(const ks_rollout_facts *f, const ks_rollout_class 
         return KS_OK;
     char tc[KS_KEY_ID_MAX + 48];
     ks_rollout_class_text(c, tc, sizeof tc);
-    return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "%zu live %s cannot read %s: %s%s", missing,
-                          missing == 1 ? "reader" : "readers", tc, names,
-                          missing > 8 ? ", ..." : "");
+    return ks_rollout_fail(why, why_len, KS_ERR_GUARD, "%zu live %s cannot read %s: %s%s", missing,
+                           missing == 1 ? "reader" : "readers", tc, names,
+                           missing > 8 ? ", ..." : "");
 }
 
 /* read-compat -> write-upgrade: every live reader supports the target,
@@ -407,7 +426,7 @@ static ks_err guard_write_upgrade(const ks_rollout_facts *f, char *why, size_t w
         return err;
     int64_t lasted = f->now - r->phase_since;
     if (lasted < (int64_t)r->min_soak_s)
-        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
+        return ks_rollout_fail(why, why_len, KS_ERR_GUARD,
                       "read-compat has lasted %" PRId64 " s of the %" PRIu32 " s minimum soak",
                       lasted < 0 ? 0 : lasted, r->min_soak_s);
     return KS_OK;
@@ -417,18 +436,19 @@ static ks_err guard_write_upgrade(const ks_rollout_facts *f, char *why, size_t w
 static ks_err guard_backfill(const ks_rollout_facts *f, char *why, size_t why_len)
 {
     if (!f->health_known)
-        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "the health of the window was not evaluated");
+        return ks_rollout_fail(why, why_len, KS_ERR_GUARD,
+                               "the health of the window was not evaluated");
     if (f->health == KS_HEALTH_TRIPPED)
-        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
+        return ks_rollout_fail(why, why_len, KS_ERR_GUARD,
                       "the health check tripped a threshold in the last %" PRIu32 " s",
                       f->rollout.thresholds.window_s);
     if (f->health == KS_HEALTH_INSUFFICIENT)
-        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
+        return ks_rollout_fail(why, why_len, KS_ERR_GUARD,
                       "the health check has too few samples (fewer than %" PRIu64
                       ") in the last %" PRIu32 " s",
                       f->rollout.thresholds.min_samples, f->rollout.thresholds.window_s);
     if (f->health != KS_HEALTH_OK)
-        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "the health verdict is not valid");
+        return ks_rollout_fail(why, why_len, KS_ERR_GUARD, "the health verdict is not valid");
     return KS_OK;
 }
 
@@ -441,7 +461,7 @@ static ks_err columns_verified(const ks_rollout *r, char *why, size_t why_len)
     size_t used = 0, n = 0;
     missing[0] = '\0';
     if (r->n_columns == 0 || r->n_columns > KS_ROLLOUT_COLUMNS_MAX)
-        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "the key scope lists no column");
+        return ks_rollout_fail(why, why_len, KS_ERR_GUARD, "the key scope lists no column");
     for (size_t i = 0; i < r->n_columns; i++) {
         const ks_rollout_column *c = &r->columns[i];
         if (c->verified_at != 0 && c->verified_at >= r->phase_since)
@@ -453,9 +473,9 @@ static ks_err columns_verified(const ks_rollout *r, char *why, size_t why_len)
     }
     if (n == 0)
         return KS_OK;
-    return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
-                          "no `migrate verify` pass was recorded since backfill began for "
-                          "%zu of %zu columns: %s", n, r->n_columns, missing);
+    return ks_rollout_fail(why, why_len, KS_ERR_GUARD,
+                           "no `migrate verify` pass was recorded since backfill began for "
+                           "%zu of %zu columns: %s", n, r->n_columns, missing);
 }
 
 /* backfill -> finalized: no row left at the source, and a verify pass
@@ -465,15 +485,15 @@ static ks_err guard_finalize(const ks_rollout_facts *f, char *why, size_t why_le
     const ks_rollout *r = &f->rollout;
     char rows[48], scope[SCOPE_TEXT_MAX];
     if (!f->census_known)
-        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "the census of %s was not computed",
+        return ks_rollout_fail(why, why_len, KS_ERR_GUARD, "the census of %s was not computed",
                       ks_rollout_scope_text(r, scope, sizeof scope));
     if (f->rows_at_source > 0)
-        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "%s still at the source",
+        return ks_rollout_fail(why, why_len, KS_ERR_GUARD, "%s still at the source",
                       rows_are(f->rows_at_source, rows));
     if (r->scope == KS_SCOPE_KEY)
         return columns_verified(r, why, why_len);
     if (r->verified_at == 0 || r->verified_at < r->phase_since)
-        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
+        return ks_rollout_fail(why, why_len, KS_ERR_GUARD,
                       "no `migrate verify` pass was recorded since backfill began");
     return KS_OK;
 }
@@ -484,11 +504,11 @@ static ks_err guard_to_planned(const ks_rollout_facts *f, char *why, size_t why_
     const ks_rollout *r = &f->rollout;
     char scope[SCOPE_TEXT_MAX];
     if (!f->census_known)
-        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "the census of %s was not computed",
+        return ks_rollout_fail(why, why_len, KS_ERR_GUARD, "the census of %s was not computed",
                       ks_rollout_scope_text(r, scope, sizeof scope));
     if (f->rows_at_target > 0) {
         char g[32];
-        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
+        return ks_rollout_fail(why, why_len, KS_ERR_GUARD,
                       "rolling back to planned would make %s %s unreadable",
                       grouped(f->rows_at_target, g), f->rows_at_target == 1 ? "row" : "rows");
     }
@@ -507,7 +527,7 @@ static ks_err guard_unfinalize(const ks_rollout_facts *f, char *why, size_t why_
     const ks_rollout_class *s = &f->rollout.source;
     char scope[SCOPE_TEXT_MAX];
     if (!f->is_latest)
-        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
+        return ks_rollout_fail(why, why_len, KS_ERR_GUARD,
                       "a later rollout governs %s: only the latest may be rolled back",
                       ks_rollout_scope_text(&f->rollout, scope, sizeof scope));
     ks_err err = readers_support(f, s, why, why_len);
@@ -519,10 +539,10 @@ static ks_err guard_unfinalize(const ks_rollout_facts *f, char *why, size_t why_
     if (st == KS_KEY_ACTIVE || st == KS_KEY_DECRYPT_ONLY || st == KS_KEY_DISABLED)
         return KS_OK;
     if (st == KS_KEY_DESTROYED)
-        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
+        return ks_rollout_fail(why, why_len, KS_ERR_GUARD,
                       "source key %s:%" PRIu32 " was destroyed: its rows could never be read",
                       s->key_id, s->key_version);
-    return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "the state of source key %s:%" PRIu32 " is %s",
+    return ks_rollout_fail(why, why_len, KS_ERR_GUARD, "the state of source key %s:%" PRIu32 " is %s",
                   s->key_id, s->key_version, key_fact_name(st));
 }
 
@@ -565,5 +585,6 @@ ks_err ks_rollout_guard(const ks_rollout_facts *f, ks_rollout_phase to, char *wh
             return guard_unfinalize(f, why, why_len);
         break;
     }
-    return ks_sqlite_fail(why, why_len, KS_ERR_STATE, "there is no transition from %s to %s", fn, tn);
+    return ks_rollout_fail(why, why_len, KS_ERR_STATE, "there is no transition from %s to %s", fn,
+                           tn);
 }

@@ -7,10 +7,11 @@
  * columns, so an earlier one can still govern a column).  Answers (write
  * target, may read) pick the governing rollout with ks_rollout_scope_find
  * under a mutex, with no query.
- * Before answering, at most once per refresh_ms, the policy reads
- * `PRAGMA data_version` (which changes when another connection commits to
- * the database) and reloads the rollouts, in one read transaction, only
- * when it changed.  A failed refresh keeps the rollouts it had and makes
+ * Before answering, at most once per refresh_ms, the policy reads the
+ * store's data_version (keyshift/rollout_store.h; SQLite's `PRAGMA
+ * data_version`, which changes when another connection commits to the
+ * database) and reloads the rollouts, in one read transaction (the
+ * store's snapshot), only when it changed.  A failed refresh keeps the rollouts it had and makes
  * the call that triggered it fail (fail closed: the caller does not act on
  * an answer it could not check).
  */
@@ -23,12 +24,11 @@
 #include <time.h>
 
 #include <sodium.h>
-#include <sqlite3.h>
 
 #include <keyshift/rollout.h>
 
 #include "../../format/rules.h"
-#include "../store/sqlite/sqlite_util.h"
+#include "../crypto/mono_clock.h"
 #include "rollout_internal.h"
 #include "../alloc_hook.h"
 
@@ -82,8 +82,8 @@ static ks_err keep_latest(ks_rollout **rules, size_t *n, size_t *cap, const ks_r
 {
     for (size_t i = 0; r->scope == KS_SCOPE_COLUMN && i < *n; i++) {
         if ((*rules)[i].scope == KS_SCOPE_COLUMN &&
-            sqlite3_stricmp((*rules)[i].table, r->table) == 0 &&
-            sqlite3_stricmp((*rules)[i].column, r->column) == 0) {
+            ks_rollout_name_cmp((*rules)[i].table, r->table) == 0 &&
+            ks_rollout_name_cmp((*rules)[i].column, r->column) == 0) {
             (*rules)[i] = *r;
             return KS_OK;
         }
@@ -141,7 +141,7 @@ static ks_err reload(ks_policy *p)
  * check, read data_version and reload when it changed. */
 static ks_err refresh_locked(ks_policy *p, int force)
 {
-    uint64_t now = ks_sqlite_mono_ms();
+    uint64_t now = ks_mono_ns() / 1000000u;
     if (!force && p->loaded && now - p->last_check_ms < p->refresh_ms)
         return KS_OK;
     int64_t dv = 0;

@@ -16,7 +16,6 @@
 #include <keyshift/rollout.h>
 
 #include "../../format/rules.h"
-#include "../store/sqlite/sqlite_util.h"
 #include "rollout_internal.h"
 
 /* Nonzero when s is 1..KS_ROLLOUT_REASON_MAX printable ASCII bytes: a
@@ -59,24 +58,24 @@ ks_err ks_rollout_destroy_guard(const ks_rollout_destroy_facts *f, char *why, si
         !ks_rollout_charset_ok(f->key_id, KS_KEY_ID_MAX, KS_RULE_KEY_ID))
         return KS_ERR_INVALID_ARGUMENT;
     if (f->force && !reason_ok(f->reason))
-        return ks_sqlite_fail(why, why_len, KS_ERR_INVALID_ARGUMENT,
-                              "a forced destroy of %s:%" PRIu32 " needs a written reason",
-                              f->key_id, f->key_version);
+        return ks_rollout_fail(why, why_len, KS_ERR_INVALID_ARGUMENT,
+                               "a forced destroy of %s:%" PRIu32 " needs a written reason",
+                               f->key_id, f->key_version);
     if (f->force && (!f->rows_known || !f->readers_known))
-        return ks_sqlite_fail(why, why_len, KS_OK,
-                              "forced: the %s referencing %s:%" PRIu32 " were not checked",
-                              !f->rows_known && !f->readers_known ? "rows and live readers"
-                              : !f->rows_known                    ? "rows"
-                                                                  : "live readers",
-                              f->key_id, f->key_version);
+        return ks_rollout_fail(why, why_len, KS_OK,
+                               "forced: the %s referencing %s:%" PRIu32 " were not checked",
+                               !f->rows_known && !f->readers_known ? "rows and live readers"
+                               : !f->rows_known                    ? "rows"
+                                                                   : "live readers",
+                               f->key_id, f->key_version);
     if (!f->rows_known)
-        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
-                              "the rows referencing %s:%" PRIu32 " were not counted", f->key_id,
-                              f->key_version);
+        return ks_rollout_fail(why, why_len, KS_ERR_GUARD,
+                               "the rows referencing %s:%" PRIu32 " were not counted", f->key_id,
+                               f->key_version);
     if (!f->readers_known)
-        return ks_sqlite_fail(why, why_len, KS_ERR_GUARD,
-                              "the live readers holding %s:%" PRIu32 " were not checked",
-                              f->key_id, f->key_version);
+        return ks_rollout_fail(why, why_len, KS_ERR_GUARD,
+                               "the live readers holding %s:%" PRIu32 " were not checked",
+                               f->key_id, f->key_version);
     if (f->rows == 0 && f->live_readers == 0 && f->open_rollouts == 0)
         return KS_OK;
     char refs[160];
@@ -89,8 +88,9 @@ ks_err ks_rollout_destroy_guard(const ks_rollout_destroy_facts *f, char *why, si
               "live reader");
     add_count(refs, sizeof refs, &used, &items, 1, f->open_rollouts, "open rollout");
     if (f->force)
-        return ks_sqlite_fail(why, why_len, KS_OK, "forced: %s:%" PRIu32 " was still referenced by %s",
-                              f->key_id, f->key_version, refs);
-    return ks_sqlite_fail(why, why_len, KS_ERR_GUARD, "%s:%" PRIu32 " is still referenced by %s",
-                          f->key_id, f->key_version, refs);
+        return ks_rollout_fail(why, why_len, KS_OK,
+                               "forced: %s:%" PRIu32 " was still referenced by %s", f->key_id,
+                               f->key_version, refs);
+    return ks_rollout_fail(why, why_len, KS_ERR_GUARD, "%s:%" PRIu32 " is still referenced by %s",
+                           f->key_id, f->key_version, refs);
 }

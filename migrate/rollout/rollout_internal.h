@@ -1,7 +1,8 @@
 /*
  * migrate/rollout/rollout_internal.h -- what the parts of the rollout code
- * (guard.c, rollout_db.c, policy.c) share.  Internal to the library (no
- * KS_API, hidden in the shared library).
+ * (guard.c, retire.c, rollout_db.c, policy.c) share.  Internal to the
+ * library (no KS_API, hidden in the shared library).  Nothing here knows a
+ * database: the state is reached through keyshift/rollout_store.h.
  */
 #ifndef KS_MIGRATE_ROLLOUT_INTERNAL_H
 #define KS_MIGRATE_ROLLOUT_INTERNAL_H
@@ -10,6 +11,8 @@
 #include <stdint.h>
 
 #include <keyshift/rollout.h>
+
+#include "../errbuf.h"
 
 /* Nonzero when s is 1..max bytes (NUL-terminated within max + 1) of the
  * character class kind (KS_RULE_NAME or KS_RULE_KEY_ID of format/rules.h). */
@@ -21,8 +24,16 @@ const char *ks_rollout_class_text(const ks_rollout_class *c, char *out, size_t o
 /* Bytes that ks_rollout_scope_text always fits in. */
 #define SCOPE_TEXT_MAX KS_ROLLOUT_SCOPE_TEXT_MAX
 
-/* PRAGMA data_version of db's connection: changes when another connection
- * commits to the database. */
+/* The refusals of the guards and the rollout layer are written with the
+ * library's one formatter. */
+#define ks_rollout_fail ks_errbuf_fail
+
+/* Compare two names as SQLite compares identifiers (ASCII letters in
+ * either case): 0 when equal, else the sign of the first difference. */
+int ks_rollout_name_cmp(const char *a, const char *b);
+
+/* The store's data_version (keyshift/rollout_store.h): changes when
+ * another connection commits to the database. */
 KS_WUR ks_err ks_rollout_db_data_version(ks_rollout_db *db, int64_t *out);
 
 /* Start (begin nonzero) or end a read transaction on db, so that several

@@ -25,20 +25,6 @@
 #define BUSY_FIRST_MS 1u
 #define BUSY_CAP_MS 100u
 
-/* See sqlite_util.h. */
-ks_err ks_sqlite_fail(char *errbuf, size_t errbuf_len, ks_err err, const char *fmt, ...)
-{
-    if (errbuf != NULL && errbuf_len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(errbuf, errbuf_len, fmt, ap);
-        va_end(ap);
-        if (n < 0)
-            errbuf[0] = '\0';
-    }
-    return err;
-}
-
 /* See sqlite_util.h: a name cannot forge terminal output. */
 const char *ks_sqlite_printable(const char *name, char *out, size_t out_len)
 {

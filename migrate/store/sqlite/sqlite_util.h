@@ -17,6 +17,8 @@
 
 #include <keyshift/error.h>
 
+#include "../../errbuf.h"
+
 /* The newest version of keyshift's tables (keyshift_meta.schema_version)
  * any part of this library understands: 1 has keyshift_meta,
  * keyshift_migration and keyshift_quarantine (the row store); 2 adds the
@@ -38,9 +40,9 @@ typedef struct ks_sqlite_busy {
 } ks_sqlite_busy;
 
 /* Format a message into errbuf (when there is one); returns err so that
- * callers can write `return ks_sqlite_fail(...)`. */
-__attribute__((format(printf, 4, 5))) ks_err ks_sqlite_fail(char *errbuf, size_t errbuf_len,
-                                                           ks_err err, const char *fmt, ...);
+ * callers can write `return ks_sqlite_fail(...)`: the library's one
+ * formatter (migrate/errbuf.h). */
+#define ks_sqlite_fail ks_errbuf_fail
 
 /* Copy a user-given name into out for a message, replacing control bytes
  * by '?' and truncating; returns out. */

@@ -1,5 +1,5 @@
 /*
- * migrate/rollout/health.c -- rollout health (include/keyshift/health.h,
+ * migrate/health/health.c -- rollout health (include/keyshift/health.h,
  * docs/rollout.md "Health and thresholds"): log2 latency histograms,
  * summing interval samples, judging a window against thresholds, and the
  * Prometheus text exposition of all three.
@@ -7,6 +7,11 @@
  * Pure functions over plain data: no I/O, no clock, no allocation, no
  * libsodium or SQLite.  Counters saturate at UINT64_MAX rather than wrap,
  * so a sum over a long window can only overstate, never reset to small.
+ *
+ * A module of its own, below the other folders of migrate/: the crypto
+ * core (migrate/crypto/) counts its latencies in these histograms and the
+ * rollout code (migrate/rollout/) judges them, and the crypto core must
+ * not reach up into the rollout code for them (`make check-layout`).
  */
 #include <assert.h>
 #include <math.h>
