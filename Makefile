@@ -315,7 +315,7 @@ include tools/prove.mk
 
 # ---- benchmarks ---------------------------------------------------------
 
-BENCH_SRCS := tools/bench.c tools/bench_hsm.c tools/bench_plugin.c tools/bench_remote.c
+BENCH_SRCS := tools/bench.c tools/bench_hsm.c tools/bench_plugin.c tools/bench_remote.c tools/bench_pg.c
 $(B)/bin/bench: $(BENCH_SRCS) tools/bench.h $(REL_OBJS) $(NANOPB_C) $(NANOPB_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) -O2 $(INC) -I$(B)/gen $(BENCH_SRCS) $(REL_OBJS) $(NANOPB_C) -lprotobuf-nanopb \

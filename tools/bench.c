@@ -851,7 +851,7 @@ static int mig_store(const char *path, int read_only, ks_sqlite_sync sync, ks_ro
 }
 
 /* The migration parameters of the bench: mode to version, format 2, xchacha. */
-static ks_migrate_params mig_params(ks_migrate_mode mode, const char *key, uint32_t version)
+ks_migrate_params mig_params(ks_migrate_mode mode, const char *key, uint32_t version)
 {
     ks_migrate_params p = {0};
     p.mode = mode;
@@ -873,30 +873,41 @@ int mig_run_to(const ks_provider *prov, const char *path, ks_migrate_mode mode, 
                uint32_t version, uint64_t dek_messages, unsigned flags, double *secs, ks_metrics *m,
                ks_checkpoint *cp_out)
 {
+    ks_rowstore st = {0};
+    ks_sqlite_sync sync = (flags & MIG_SYNC_NORMAL) != 0 ? KS_SQLITE_SYNC_NORMAL : KS_SQLITE_SYNC_FULL;
+    if (mig_store(path, 0, sync, &st) != 0) {
+        return -1;
+    }
+    int rc = mig_run_store(prov, &st, mode, key, version, dek_messages, flags, secs, m, cp_out);
+    ks_rowstore_close(&st);
+    return rc;
+}
+
+/* See bench.h: one migration through st with a fresh context. */
+int mig_run_store(const ks_provider *prov, const ks_rowstore *st, ks_migrate_mode mode, const char *key,
+                  uint32_t version, uint64_t dek_messages, unsigned flags, double *secs, ks_metrics *m,
+                  ks_checkpoint *cp_out)
+{
     ks_ctx_config cfg;
     ks_ctx *ctx = NULL;
-    ks_rowstore st = {0};
     ks_checkpoint cp;
     ks_ctx_config_default(&cfg);
     if (dek_messages != 0) {
         cfg.dek_max_messages = dek_messages;
     }
-    ks_sqlite_sync sync = (flags & MIG_SYNC_NORMAL) != 0 ? KS_SQLITE_SYNC_NORMAL : KS_SQLITE_SYNC_FULL;
-    if (ks_ctx_new(prov, &cfg, &ctx) != KS_OK || mig_store(path, 0, sync, &st) != 0) {
-        ks_ctx_free(ctx);
+    if (ks_ctx_new(prov, &cfg, &ctx) != KS_OK) {
         return -1;
     }
     ks_migrate_params p = mig_params(mode, key, version);
     p.no_verify = (flags & MIG_NO_VERIFY) != 0;
     p.serial = (flags & MIG_SERIAL) != 0;
     double t0 = now_s();
-    ks_err err = ks_migrate_run(ctx, &st, &p, NULL, NULL, NULL, &cp);
+    ks_err err = ks_migrate_run(ctx, st, &p, NULL, NULL, NULL, &cp);
     *secs = now_s() - t0;
     if (cp_out != NULL) {
         *cp_out = cp; /* counts only: the views die with the store */
     }
     ks_ctx_metrics(ctx, m);
-    ks_rowstore_close(&st);
     ks_ctx_free(ctx);
     if (err != KS_OK) {
         fprintf(stderr, "bench: %s migration failed: %s\n", ks_migrate_mode_name((int)mode), ks_err_name(err));
@@ -1178,8 +1189,8 @@ double median(double *v, int n)
 /* Print one goal line: the median of the n pair ratios r[] against goal,
  * pass when on the right side, and every pair's ratio in run order (r is
  * sorted on return). */
-static void mig_goal(const char *name, const char *ratio_name, double *r, int n, double goal, int at_most,
-                     long rows, double t, double base_t)
+void mig_goal(const char *name, const char *ratio_name, double *r, int n, double goal, int at_most,
+              long rows, double t, double base_t)
 {
     char pairs[MIG_REPS_MAX * 8 + 2] = "";
     size_t len = 0;
@@ -1445,7 +1456,7 @@ static void cpu_model(char *out, size_t cap)
 int main(int argc, char **argv)
 {
     char cpu[128];
-    const char *only = argc > 1 ? argv[1] : NULL; /* "parse", "crypt", "migrate", "hsm" or "plugin" */
+    const char *only = argc > 1 ? argv[1] : NULL; /* "parse", "crypt", "migrate", "hsm", "plugin", "pg" */
     if (sodium_init() < 0) {
         fprintf(stderr, "bench: sodium_init failed\n");
         return 1;
@@ -1468,6 +1479,9 @@ int main(int argc, char **argv)
         return 1;
     }
     if ((only == NULL || strcmp(only, "plugin") == 0) && bench_plugin() != 0) {
+        return 1;
+    }
+    if ((only == NULL || strcmp(only, "pg") == 0) && bench_pg() != 0) {
         return 1;
     }
     return 0;

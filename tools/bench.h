@@ -46,6 +46,21 @@ int mig_run_to(const ks_provider *prov, const char *path, ks_migrate_mode mode, 
                uint32_t version, uint64_t dek_messages, unsigned flags, double *secs, ks_metrics *m,
                ks_checkpoint *cp_out);
 
+/* One migration through st (any store) with a fresh context: mig_run_to
+ * without the SQLite file. */
+int mig_run_store(const ks_provider *prov, const ks_rowstore *st, ks_migrate_mode mode, const char *key,
+                  uint32_t version, uint64_t dek_messages, unsigned flags, double *secs, ks_metrics *m,
+                  ks_checkpoint *cp_out);
+
+/* The bench's migration parameters (MIG_TENANT, MIG_PURPOSE, MIG_TEMPLATE,
+ * MIG_BATCH, format 2, xchacha20-poly1305) to (key, version). */
+ks_migrate_params mig_params(ks_migrate_mode mode, const char *key, uint32_t version);
+
+/* Print one goal line (JSON): the median of the n pair ratios r[] against
+ * goal (at most, or at least), with every pair's ratio; sorts r. */
+void mig_goal(const char *name, const char *ratio_name, double *r, int n, double goal, int at_most,
+              long rows, double t, double base_t);
+
 /* The median of v[0, n) (sorts v). */
 double median(double *v, int n);
 
@@ -53,6 +68,9 @@ double median(double *v, int n);
  * (tools/bench_plugin.c). */
 int bench_hsm(void);
 int bench_plugin(void);
+
+/* The PostgreSQL part (tools/bench_pg.c). */
+int bench_pg(void);
 
 /* ---- a provider outside the process against the local keyring (tools/bench_remote.c) ---- */
 
