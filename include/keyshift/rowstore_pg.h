@@ -109,6 +109,24 @@ KS_API KS_WUR ks_err ks_rowstore_pg_open(const char *conninfo, const ks_rowstore
                                          const ks_pg_options *opts, ks_rowstore *out,
                                          char *errbuf, size_t errbuf_len);
 
+/*
+ * List the migration checkpoints kept in the PostgreSQL database of
+ * conninfo, as ks_rowstore_sqlite_checkpoints does for SQLite: most
+ * recently updated first; with table and column (both or neither), only
+ * that column's, read from the keyshift_migration next to the visible
+ * table `table`; without them, from the keyshift_migration the
+ * connection's search_path makes visible.  Read-only (a read-only
+ * session; never creates keyshift's tables: a schema without them has
+ * no checkpoint, KS_OK with no call).  Each row is checked as
+ * checkpoint_load checks it: KS_ERR_STORE (with a message in errbuf) for
+ * a malformed one.  KS_ERR_UNAVAILABLE when the server cannot be
+ * reached, KS_ERR_BUSY, KS_ERR_STORE as mapped above.  For `keyshift
+ * migrate status`.
+ */
+KS_API KS_WUR ks_err ks_rowstore_pg_checkpoints(const char *conninfo, const char *table,
+                                                const char *column, ks_checkpoint_list_fn fn,
+                                                void *arg, char *errbuf, size_t errbuf_len);
+
 #ifdef __cplusplus
 }
 #endif
