@@ -162,9 +162,16 @@ static ks_err map_sqlstate(const char *state)
 }
 
 /* The keyshift error of a failed result res (NULL: libpq could not even
- * send): a lost connection is KS_ERR_UNAVAILABLE whatever the code. */
+ * send): a lost connection is KS_ERR_UNAVAILABLE whatever the code.  A
+ * failure libpq made itself (no SQLSTATE) may be a server that went
+ * away without a word (an immediate shutdown): libpq reports "server
+ * closed the connection unexpectedly" in the result but marks the
+ * connection bad only on its next read, so read once to find out. */
 static ks_err result_err(const pg_store *s, const PGresult *res)
 {
+    if (PQstatus(s->conn) == CONNECTION_OK &&
+        (res == NULL || PQresultErrorField(res, PG_DIAG_SQLSTATE) == NULL))
+        (void)PQconsumeInput(s->conn); /* 0 on a closed connection, which it marks bad */
     if (PQstatus(s->conn) != CONNECTION_OK)
         return KS_ERR_UNAVAILABLE;
     if (res == NULL)
@@ -934,6 +941,16 @@ static ks_err check_args(const char *conninfo, const ks_rowstore_target *t, ks_r
     return KS_OK;
 }
 
+/* A notice processor that drops the server's notices and warnings
+ * (libpq's default prints them on stderr): they are the server's own
+ * text, which keyshift never passes on (it may quote rows), and the one
+ * that matters, a shutdown's warning, comes back as KS_ERR_UNAVAILABLE. */
+static void drop_notice(void *arg, const char *message)
+{
+    (void)arg;
+    (void)message;
+}
+
 /* Connect and set the session's timeouts and read-only mode (bound
  * through set_config, never pasted). */
 static ks_err connect_db(opener *o, const char *conninfo)
@@ -944,6 +961,7 @@ static ks_err connect_db(opener *o, const char *conninfo)
     s->conn = PQconnectdbParams(keys, vals, 1);
     if (s->conn == NULL)
         return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+    PQsetNoticeProcessor(s->conn, drop_notice, NULL);
     if (PQstatus(s->conn) != CONNECTION_OK) {
         /* libpq's own text (server address, authentication): never row data */
         char msg[160];
