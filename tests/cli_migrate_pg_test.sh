@@ -118,6 +118,8 @@ expect_grep "unreachable: says it cannot connect" "$T/err" "cannot connect"
 run "--synchronous with PostgreSQL: refused" 64 "$KS" migrate run --db "$CI" --table t --column v \
     --mode encrypt --to-key payments/kek --tenant acme --synchronous full
 expect_grep "--synchronous refused: why" "$T/err" "SQLite option"
+run "rollouts on PostgreSQL: refused" 64 "$KS" rollout status --db "$CI"
+expect_grep "rollouts refused: says why" "$T/err" "rollouts are kept in a SQLite database"
 run "status before any run" 0 "$KS" migrate status --db "$CI"
 expect_grep "status: no migration yet" "$T/out" "no migration has run"
 run "status --json before any run" 0 "$KS" migrate status --db "$URI" --json

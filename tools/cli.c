@@ -857,6 +857,11 @@ int ks_cli_actor(const char *cmd, const char *given, char *out, size_t cap)
 int ks_cli_rollout_open(const char *path, int read_only, ks_rollout_db **out)
 {
     *out = NULL;
+    if (ks_cli_db_is_pg(path)) { /* not "no such database": say what is missing */
+        ks_cli_error("rollouts are kept in a SQLite database; a PostgreSQL --db is not "
+                     "supported for rollouts yet (docs/migration.md, section 11)");
+        return EX_USAGE;
+    }
     int rc = db_exists(path);
     if (rc != EX_OK) {
         return rc;

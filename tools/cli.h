@@ -173,11 +173,11 @@ int ks_cli_template_columns(const char *cmd, const char *tmpl, ks_rowstore_targe
  * paste into help text after "--db DB". */
 #define KS_CLI_DB_RULE                                                                         \
     "the database: a SQLite file (must exist), or a\n"                                       \
-    "          PostgreSQL connection URI (postgresql://[user@]host[:port]/dbname?...,\n"       \
-    "          or postgres://) or libpq key=value string ('host=H dbname=D ...',\n"          \
+    "          PostgreSQL connection URI (postgresql://[user@]host[:port]/db?...\n"           \
+    "          or postgres://...) or libpq key=value string ('host=H dbname=D',\n"          \
     "          recognized by its first keyword). No password in it: a URI with\n"            \
     "          user:password@ or a password= keyword is refused (exit 64); give\n"           \
-    "          passwords through PGPASSFILE or PGPASSWORD. A file whose name looks\n"        \
+    "          it through PGPASSFILE or PGPASSWORD. A file whose name looks\n"               \
     "          like a connection string is given as ./NAME\n"
 
 /* How every manual lists the environment of a PostgreSQL --db; a string
@@ -269,7 +269,8 @@ int ks_cli_actor(const char *cmd, const char *given, char *out, size_t cap);
 /*
  * Open the rollout store of the SQLite database path (which must exist),
  * read-only or not (a writer creates or upgrades keyshift's tables).
- * Returns EX_OK, or an exit code after printing the problem.
+ * Returns EX_OK, or an exit code after printing the problem (EX_USAGE for
+ * a PostgreSQL connection string: rollouts are kept in SQLite only).
  */
 int ks_cli_rollout_open(const char *path, int read_only, ks_rollout_db **out);
 

@@ -54,7 +54,7 @@
  * privilege) and every other failure KS_ERR_STORE.  The store does not
  * reconnect: after KS_ERR_UNAVAILABLE, close it and open it again (the
  * engine resumes from the last committed checkpoint).  Messages in errbuf
- * (open only) name the table and columns and the SQLSTATE, never a row
+ * (open and checkpoints only) name the table and columns and the SQLSTATE, never a row
  * value and never the server's own message (its DETAIL may quote rows).
  *
  * Lifetimes and threads as in rowstore.h: views point into the store's
