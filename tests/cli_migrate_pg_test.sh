@@ -11,7 +11,7 @@
 # --db refused (64), --synchronous refused (64), an unreachable server
 # (69), kill -9 mid-run then resume (the checkpoint matches the data),
 # rows changed by another connection during the run raced and redone in
-# a catch-up pass, and the cluster stopped mid-run (a clean exit 69; the
+# a catch-up pass, a lock held past --busy-timeout (75, then rerun), and the cluster stopped mid-run (a clean exit 69; the
 # issue allows 69 or 74, and the store maps a lost connection to 69) then
 # started again, the rerun completing from the checkpoint.
 #
@@ -115,6 +115,9 @@ run "password in a URI query: refused" 64 "$KS" migrate verify --db "$URI&passwo
 run "a bad connection string: 64" 64 "$KS" census --db "host='unterminated" --table t --column v
 run "unreachable server: 69" 69 "$KS" census --db "host=$T/nosock dbname=postgres" --table t --column v
 expect_grep "unreachable: says it cannot connect" "$T/err" "cannot connect"
+run "a path with '=' stays a SQLite file" 66 "$KS" census --db "$T/host=x.db" --table t --column v
+expect_grep "a path with '=': no such database" "$T/err" "no such database"
+run "./dbname=... stays a SQLite file" 66 "$KS" census --db "./dbname=nosuch.db" --table t --column v
 run "--synchronous with PostgreSQL: refused" 64 "$KS" migrate run --db "$CI" --table t --column v \
     --mode encrypt --to-key payments/kek --tenant acme --synchronous full
 expect_grep "--synchronous refused: why" "$T/err" "SQLite option"
@@ -289,6 +292,38 @@ q "UPDATE live_orig SET card = convert_to('changed-' || id, 'UTF8') WHERE id IN 
 no_plaintext live "live"
 check_sample live 5 "live"
 
+# ---- a lock held past --busy-timeout (lock_timeout): 75, then resumed ---------------------------
+# hold_lock TABLE MODE SQL: another session runs SQL (taking a lock of
+# MODE on TABLE) and holds it for 3 s; returns once the lock is granted.
+hold_lock() {
+    printf 'BEGIN;\n%s;\nSELECT pg_sleep(3);\nCOMMIT;\n' "$3" |
+        psql "$CI" -qXAt -v ON_ERROR_STOP=1 >/dev/null 2>"$T/locker.err" &
+    wpid=$!
+    local i
+    for ((i = 0; i < 50; i++)); do
+        [ "$(q "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+                 WHERE c.relname = '$1' AND l.mode = '$2' AND l.granted")" -gt 0 ] && return 0
+        sleep 0.1
+    done
+}
+make_pay busy 300
+BTGT=(--db "$CI" --table busy --column card --mode encrypt --to-key payments/kek "${CTX[@]}")
+# a row lock: the batch's UPDATE waits for it, then gives up
+hold_lock busy RowShareLock "SELECT id FROM busy WHERE id = 150 FOR UPDATE"
+run "a row lock held past --busy-timeout: 75" 75 "$KS" migrate run "${BTGT[@]}" --busy-timeout 300 --batch-size 100
+expect_grep "row lock: says to rerun" "$T/err" "stayed locked.*run the same command again"
+wait "$wpid"
+wpid=
+if [ "$(status_field busy done)" = 100 ]; then ok "row lock: the batches before it stand (done 100)"; else bad "row lock: the batches before it stand" "$(cat "$T/st")"; fi
+# a table lock: the run cannot even prepare its UPDATE
+hold_lock busy ExclusiveLock "LOCK TABLE busy IN EXCLUSIVE MODE"
+run "a table lock held past --busy-timeout: 75" 75 "$KS" migrate run "${BTGT[@]}" --busy-timeout 300
+expect_grep "table lock: says to rerun" "$T/err" "stayed locked.*run the same command again"
+wait "$wpid"
+wpid=
+run "busy: rerun once the locks are gone" 0 "$KS" migrate run "${BTGT[@]}" --busy-timeout 300
+no_plaintext busy "busy"
+
 # ---- the cluster stopped mid-run, then started again -----------------------------------------------
 make_pay gone 2000
 GTGT=(--db "$CI" --table gone --column card --mode encrypt --to-key payments/kek "${CTX[@]}")
@@ -316,6 +351,6 @@ if [ "$(status_field gone done)" = 2000 ]; then ok "rerun: done == 2000 exactly"
 no_plaintext gone "rerun"
 check_sample gone 5 "rerun"
 run "status lists every column's migration" 0 "$KS" migrate status --db "$CI" --json
-for t in pay mal slow live gone; do expect_grep "status lists $t" "$T/out" "\"table\":\"$t\""; done
+for t in pay mal slow live busy gone; do expect_grep "status lists $t" "$T/out" "\"table\":\"$t\""; done
 
 cli_finish cli_migrate_pg_test

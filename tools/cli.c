@@ -693,7 +693,12 @@ static int pg_store_open(const char *db, const ks_rowstore_target *t, int read_o
     char msg[256] = "";
     ks_err e = ks_rowstore_pg_open(db, t, &o, out, msg, sizeof msg);
     if (e != KS_OK) {
-        ks_cli_error("PostgreSQL database %s: %s", db, msg[0] ? msg : ks_err_name(e));
+        const char *advice = e == KS_ERR_BUSY ? " (the table stayed locked past --busy-timeout: "
+                                                "run the same command again later)"
+                             : e == KS_ERR_UNAVAILABLE ? " (run the same command again once the "
+                                                         "server is reachable)"
+                                                       : "";
+        ks_cli_error("PostgreSQL database %s: %s%s", db, msg[0] ? msg : ks_err_name(e), advice);
         return e == KS_ERR_INVALID_ARGUMENT ? EX_USAGE : ks_cli_exit_code(e);
     }
     return EX_OK;
