@@ -1,6 +1,7 @@
 /*
  * tools/cli.c -- helpers shared by the keyshift subcommands: messages,
- * bounded input, number parsing and output encodings.
+ * bounded input, number parsing, output encodings, and opening a --db
+ * (a SQLite file or a PostgreSQL connection string, in one place).
  */
 #define _POSIX_C_SOURCE 200809L /* open(O_CLOEXEC), read, fstat */
 

@@ -73,7 +73,7 @@ static void usage(FILE *f)
             "\n"
             "EXIT STATUS (sysexits.h)\n"
             "    0   success\n"
-            "    64  usage error (EX_USAGE)\n"
+            "    64  usage error, or a password in a PostgreSQL --db (EX_USAGE)\n"
             "    65  invalid data: a malformed envelope, authentication failed, a refused\n"
             "        change; a migration stopped by its failure threshold or blocked by\n"
             "        another migration's checkpoint; rows that failed verify (EX_DATAERR)\n"
