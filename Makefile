@@ -7,6 +7,9 @@
 #                   TSan, CLI tests under ASan+UBSan, exported-symbol
 #                   check, corpus replay, coverage gates, fuzz smoke gated
 #                   on fuzz/gates.txt, and the negative canary
+#   make cli-test   the CLI tests (tests/cli_*.sh) against the ASan+UBSan
+#                   CLI, the PostgreSQL ones (tests/cli_migrate_pg_test.sh)
+#                   on a throw-away cluster of their own
 #   make kms-aws-test  the AWS KMS client (tools/kms-aws/) and the
 #                   keyshift-kms-aws plugin against moto_server (also run
 #                   by cli-test)
@@ -253,6 +256,7 @@ cli-test: $(CLI_SAN) $(CLI) $(DEMO_APP_SAN) $(KMS_AWS_SAN)
 	@KEYSHIFT=$(CLI_SAN) tests/cli_migrate_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_migrate_stress_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_migrate_faults_test.sh
+	@KEYSHIFT=$(CLI_SAN) tests/cli_migrate_pg_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_rollout_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_providers_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_pkcs11_test.sh

@@ -36,6 +36,27 @@ ct_tails() {
     sqlite3 -batch "$1" "SELECT id, substr(hex(card), length(hex(card)) - 79) FROM pay ORDER BY id"
 }
 
+# json_field FILE NAME: the first numeric value of "NAME" in FILE.
+json_field() { sed -n "s/.*\"$2\":\([0-9]*\).*/\1/p" "$1" | head -1; }
+# last_field FILE NAME: the numeric value of "NAME" on the last line of FILE.
+last_field() { tail -n 1 "$1" | sed -n "s/.*\"$2\":\([0-9]*\).*/\1/p"; }
+
+# seal_card CONTEXT FORMAT: an envelope of "secret" as hex, under
+# payments/kek (tenant acme; format 2 with purpose card).
+seal_card() {
+    local purpose=()
+    [ "$2" = 2 ] && purpose=(--purpose card)
+    printf 'secret' | "$KS" encrypt --tenant acme --key-id payments/kek --context "$1" \
+        --format "$2" "${purpose[@]}" | od -An -tx1 | tr -d ' \n'
+}
+
+# open_hex HEX ID: decrypt envelope HEX as row ID of table pay (context
+# pay:ID:card, tenant acme, purpose card).
+open_hex() {
+    unhex "$1" >"$T/row.kse"
+    "$KS" decrypt --context "pay:$2:card" --tenant acme --purpose card <"$T/row.kse"
+}
+
 ok() { pass=$((pass + 1)); echo "ok   - $1"; }
 bad() { fail=$((fail + 1)); echo "FAIL - $1"; [ -n "${2:-}" ] && printf '       %s\n' "$2"; }
 
@@ -64,6 +85,22 @@ expect_empty() {
 # expect_same NAME FILE1 FILE2
 expect_same() {
     if cmp -s "$2" "$3"; then ok "$1"; else bad "$1" "$2 and $3 differ"; fi
+}
+
+# sigint_run ARGS...: start `keyshift migrate run ARGS`, throttled to
+# 1000 rows/s in batches of 100, interrupt it with SIGINT after a second
+# and check that it pauses (exit 75) saying how to resume; its output is
+# left in $T/out and $T/err.
+sigint_run() {
+    local pid rc
+    "$KS" migrate run "$@" --max-rows-per-second 1000 --batch-size 100 >"$T/out" 2>"$T/err" &
+    pid=$!
+    sleep 1
+    kill -INT $pid
+    wait $pid
+    rc=$?
+    if [ $rc = 75 ]; then ok "SIGINT: exit 75"; else bad "SIGINT: exit 75" "exit $rc: $(head -c 300 "$T/err")"; fi
+    expect_grep "SIGINT: says how to resume" "$T/err" "run the same command again"
 }
 
 # Print the closing line and return the status.

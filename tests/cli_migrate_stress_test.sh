@@ -34,15 +34,6 @@ START=$SECONDS
 command -v sqlite3 >/dev/null || { echo "cli_migrate_stress_test: sqlite3 is missing (tools/deps.sh)"; exit 1; }
 
 sql() { sqlite3 "$1" "$2"; }
-# json_field FILE NAME: the first numeric value of "NAME" in FILE.
-json_field() { sed -n "s/.*\"$2\":\([0-9]*\).*/\1/p" "$1" | head -1; }
-# last_field FILE NAME: the numeric value of "NAME" on the last line of FILE.
-last_field() { tail -n 1 "$1" | sed -n "s/.*\"$2\":\([0-9]*\).*/\1/p"; }
-# open_hex HEX ID: decrypt envelope HEX as row ID of table pay.
-open_hex() {
-    unhex "$1" >"$T/row.kse"
-    "$KS" decrypt --context "pay:$2:card" --tenant acme --purpose card <"$T/row.kse"
-}
 # make_table DB ROWS JOURNAL_MODE: pay(id, tenant, card) with ~200 bytes
 # of random plaintext per row, and a copy of it as DB.orig.
 make_table() {

@@ -21,22 +21,8 @@ command -v sqlite3 >/dev/null || { echo "cli_migrate_test: sqlite3 is missing (t
 # sql DB STATEMENTS: run SQL with the sqlite3 CLI.
 sql() { sqlite3 "$1" "$2"; }
 
-# seal CONTEXT FORMAT: an envelope of "secret" as hex, under payments/kek.
-seal() {
-    local purpose=()
-    [ "$2" = 2 ] && purpose=(--purpose card)
-    printf 'secret' | "$KS" encrypt --tenant acme --key-id payments/kek --context "$1" \
-        --format "$2" "${purpose[@]}" | od -An -tx1 | tr -d ' \n'
-}
-
 # open_row DB ID: decrypt row ID of table pay (context pay:ID:card).
-open_row() {
-    unhex "$(sql "$1" "SELECT hex(card) FROM pay WHERE id = $2")" >"$T/row.kse"
-    "$KS" decrypt --context "pay:$2:card" --tenant acme --purpose card <"$T/row.kse"
-}
-
-# json_field FILE NAME: the first numeric value of "NAME" in FILE.
-json_field() { sed -n "s/.*\"$2\":\([0-9]*\).*/\1/p" "$1" | head -1; }
+open_row() { open_hex "$(sql "$1" "SELECT hex(card) FROM pay WHERE id = $2")" "$2"; }
 
 run "keys init" 0 "$KS" keys init
 run "keys create" 0 "$KS" keys create payments/kek
@@ -53,8 +39,8 @@ expect_grep "top-level help lists migrate" "$T/out" "migrate "
 C="$T/census.db"
 sql "$C" "CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB);
 INSERT INTO t (v) VALUES (NULL), (NULL), (NULL), ('plain 1'), ('plain 2'), (X'00'), ('');
-INSERT INTO t (v) VALUES (X'$(seal c1 1)'), (X'$(seal c2 1)');
-INSERT INTO t (v) VALUES (X'$(seal c3 2)'), (X'$(seal c4 2)'), (X'$(seal c5 2)');
+INSERT INTO t (v) VALUES (X'$(seal_card c1 1)'), (X'$(seal_card c2 1)');
+INSERT INTO t (v) VALUES (X'$(seal_card c3 2)'), (X'$(seal_card c4 2)'), (X'$(seal_card c5 2)');
 INSERT INTO t (v) VALUES (X'4B534502'), (X'4B534509');"
 run "census" 0 "$KS" census --db "$C" --table t --column v
 expect_grep "census: 14 rows" "$T/out" "^rows *14$"
@@ -157,14 +143,7 @@ sql "$S" "CREATE TABLE pay (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, card T
 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3000)
 INSERT INTO pay SELECT i, 'acme', printf('card-%04d-4111', i) FROM n;"
 STGT=(--db "$S" --table pay --column card --mode encrypt --to-key payments/kek "${CTX[@]}")
-"$KS" migrate run "${STGT[@]}" --max-rows-per-second 1000 --batch-size 100 >"$T/out" 2>"$T/err" &
-pid=$!
-sleep 1
-kill -INT $pid
-wait $pid
-rc=$?
-if [ $rc = 75 ]; then ok "SIGINT: exit 75"; else bad "SIGINT: exit 75" "exit $rc: $(head -c 300 "$T/err")"; fi
-expect_grep "SIGINT: says how to resume" "$T/err" "run the same command again"
+sigint_run "${STGT[@]}"
 left=$(sql "$S" "SELECT count(*) FROM pay WHERE card LIKE 'card-%'")
 if [ "$left" -gt 0 ] && [ "$left" -lt 3000 ]; then ok "SIGINT: paused part-way ($left rows left)"; else bad "SIGINT: paused part-way" "$left rows left"; fi
 run "status: paused" 0 "$KS" migrate status --db "$S" --json

@@ -9,6 +9,11 @@
 #                                   connection string on stdout
 #   tests/pg_cluster.sh stop DIR    stop it at once (pg_ctl -m immediate)
 #                                   and remove DIR
+#   tests/pg_cluster.sh down DIR    stop its server at once (as a crash
+#                                   would), keeping DIR, for a test of a
+#                                   database that goes away
+#   tests/pg_cluster.sh up DIR      start the server of DIR again (after
+#                                   down), with the same connection string
 #
 # For tests only: fsync is off and local connections are trusted (the
 # socket lives in DIR, mode 0700, which nobody else can enter).  initdb
@@ -99,6 +104,22 @@ stop_cluster() {
     rm -rf "$dir"
 }
 
+# Stop the server of the cluster in $1 at once, keeping the cluster.
+down_cluster() {
+    [ -f "$1/.keyshift-pg-cluster" ] || die "$1 was not made by pg_cluster.sh start"
+    bindir=$(find_bindir) || die "no PostgreSQL server programs (pg_ctl) found"
+    as_owner "$bindir/pg_ctl" -D "$1/data" -m immediate -w -t 30 stop >/dev/null 2>&1 ||
+        die "the server did not stop"
+}
+
+# Start the server of the cluster in $1 again (after down_cluster).
+up_cluster() {
+    [ -f "$1/.keyshift-pg-cluster" ] || die "$1 was not made by pg_cluster.sh start"
+    bindir=$(find_bindir) || die "no PostgreSQL server programs (pg_ctl) found"
+    as_owner "$bindir/pg_ctl" -D "$1/data" -l "$1/server.log" -w -t 60 start >/dev/null 2>&1 ||
+        die "the server did not start"
+}
+
 # initdb and start a cluster in $1; print its connection string.
 start_cluster() {
     dir=$1
@@ -149,9 +170,11 @@ CONF
     trap - EXIT INT TERM HUP
 }
 
-[ $# -eq 2 ] || die "usage: pg_cluster.sh start|stop DIR"
+[ $# -eq 2 ] || die "usage: pg_cluster.sh start|stop|down|up DIR"
 case $1 in
 start) start_cluster "$2" ;;
 stop) stop_cluster "$2" ;;
-*) die "usage: pg_cluster.sh start|stop DIR" ;;
+down) down_cluster "$2" ;;
+up) up_cluster "$2" ;;
+*) die "usage: pg_cluster.sh start|stop|down|up DIR" ;;
 esac

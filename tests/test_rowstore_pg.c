@@ -501,6 +501,85 @@ static void test_checkpoint(void **state)
     assert_int_equal(ops->checkpoint_load(w->store.self, BV("nope"), &got), KS_ERR_NOT_FOUND);
 }
 
+/* What list_fn saw of a checkpoint listing. */
+typedef struct listed {
+    int n;
+    char tables[4][16];
+    uint64_t done[4];
+} listed;
+
+/* Record one listed checkpoint (ks_checkpoint_list_fn); stop after 4. */
+static int list_fn(void *arg, ks_bytes table, ks_bytes column, const ks_checkpoint *cp)
+{
+    listed *l = arg;
+    assert_int_equal(column.len, 1);
+    assert_true(table.len < sizeof l->tables[0]);
+    memcpy(l->tables[l->n], table.ptr, table.len);
+    l->tables[l->n][table.len] = '\0';
+    l->done[l->n] = cp->done;
+    return ++l->n == 4;
+}
+
+/* Save a checkpoint of params with done and updated through a writable
+ * store on table t (column v). */
+static void save_checkpoint(world *w, const char *t, ks_bytes params, uint64_t done, int64_t updated)
+{
+    assert_int_equal(open_store(w, t, "v", NULL, NULL), KS_OK);
+    const ks_rowstore_ops *ops = w->store.ops;
+    ks_checkpoint cp = {.params = params, .state = BV("complete"),
+                        .cursor = {KS_VALUE_INTEGER, 2, {NULL, 0}}, .pass = 1, .done = done,
+                        .started = 1000, .updated = updated, .finished = updated};
+    assert_int_equal(ops->begin(w->store.self), KS_OK);
+    assert_int_equal(ops->checkpoint_save(w->store.self, &cp), KS_OK);
+    assert_int_equal(ops->commit(w->store.self), KS_OK);
+    ks_rowstore_close(&w->store);
+}
+
+/* ks_rowstore_pg_checkpoints lists read-only, most recently updated
+ * first, one column's or all; a schema without keyshift's tables has
+ * none (and gets none); a malformed row is KS_ERR_STORE with the SQLite
+ * listing's message; an unreachable server is KS_ERR_UNAVAILABLE. */
+static void test_checkpoints_list(void **state)
+{
+    world *w = *state;
+    listed l;
+    memset(&l, 0, sizeof l);
+    assert_int_equal(ks_rowstore_pg_checkpoints(ks_pg_test_conninfo, NULL, NULL, list_fn, &l,
+                                                w->err, sizeof w->err), KS_OK);
+    assert_int_equal(l.n, 0);
+    assert_int_equal(admin_int(w, "SELECT count(*) FROM pg_class WHERE relname LIKE 'keyshift%'"), 0);
+    make_items(w, 2);
+    admin_exec(w, "CREATE TABLE other(id bigint PRIMARY KEY, v bytea)");
+    save_checkpoint(w, "items", BV("mode=encrypt"), 2, 1001);
+    save_checkpoint(w, "other", BV("mode=encrypt"), 7, 1003);
+    save_checkpoint(w, "items", BV("mode=rewrap"), 5, 1002);
+    assert_int_equal(ks_rowstore_pg_checkpoints(ks_pg_test_conninfo, NULL, NULL, list_fn, &l,
+                                                w->err, sizeof w->err), KS_OK);
+    assert_int_equal(l.n, 3);
+    assert_string_equal(l.tables[0], "other");
+    assert_int_equal(l.done[0], 7);
+    assert_string_equal(l.tables[1], "items");
+    assert_int_equal(l.done[1], 5);
+    assert_int_equal(l.done[2], 2);
+    memset(&l, 0, sizeof l);
+    assert_int_equal(ks_rowstore_pg_checkpoints(ks_pg_test_conninfo, "items", "v", list_fn, &l,
+                                                w->err, sizeof w->err), KS_OK);
+    assert_int_equal(l.n, 2);
+    assert_int_equal(l.done[0], 5);
+    memset(&l, 0, sizeof l);
+    assert_int_equal(ks_rowstore_pg_checkpoints(ks_pg_test_conninfo, "items", "nosuch", list_fn,
+                                                &l, w->err, sizeof w->err), KS_OK);
+    assert_int_equal(l.n, 0);
+    assert_int_equal(ks_rowstore_pg_checkpoints(ks_pg_test_conninfo, "items", NULL, list_fn, &l,
+                                                w->err, sizeof w->err), KS_ERR_INVALID_ARGUMENT);
+    admin_exec(w, "UPDATE keyshift_migration SET done = -1 WHERE tbl = 'other'");
+    assert_int_equal(ks_rowstore_pg_checkpoints(ks_pg_test_conninfo, NULL, NULL, list_fn, &l,
+                                                w->err, sizeof w->err), KS_ERR_STORE);
+    assert_non_null(strstr(w->err, "malformed row in keyshift_migration"));
+    assert_int_equal(ks_rowstore_pg_checkpoints("host=/nonexistent dbname=x", NULL, NULL, list_fn,
+                                                &l, w->err, sizeof w->err), KS_ERR_UNAVAILABLE);
+}
+
 /* A row lock held by another connection makes the write wait only up to
  * lock_timeout: KS_ERR_BUSY, the transaction rolled back, the store
  * usable again. */
@@ -791,7 +870,8 @@ int main(void)
         T(test_open_checks), T(test_read_only),  T(test_scan_paging), T(test_cas_raced),
         T(test_quarantine),  T(test_checkpoint), T(test_lock_timeout), T(test_deadlock),
         T(test_statement_timeout),
-        T(test_connection_lost), T(test_migrate_run), T(test_migrate_raced),
+        T(test_connection_lost), T(test_checkpoints_list), T(test_migrate_run),
+        T(test_migrate_raced),
     };
 #undef T
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

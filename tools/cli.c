@@ -1,6 +1,7 @@
 /*
  * tools/cli.c -- helpers shared by the keyshift subcommands: messages,
- * bounded input, number parsing and output encodings.
+ * bounded input, number parsing, output encodings, and opening a --db
+ * (a SQLite file or a PostgreSQL connection string, in one place).
  */
 #define _POSIX_C_SOURCE 200809L /* open(O_CLOEXEC), read, fstat */
 
@@ -14,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <libpq-fe.h>
 #include <sodium.h>
 
 #include "cli.h"
@@ -619,12 +621,110 @@ static int db_exists(const char *path)
     return EX_OK;
 }
 
+/* Nonzero when the n bytes at word are one of libpq's connection
+ * keywords (PQconndefaults: host, dbname, user, service, ...). */
+static int libpq_keyword(const char *word, size_t n)
+{
+    PQconninfoOption *all = PQconndefaults();
+    int found = 0;
+    for (const PQconninfoOption *o = all; o != NULL && o->keyword != NULL && !found; o++) {
+        found = strlen(o->keyword) == n && memcmp(o->keyword, word, n) == 0;
+    }
+    PQconninfoFree(all);
+    return found;
+}
+
+/* See cli.h. */
+int ks_cli_db_is_pg(const char *db)
+{
+    if (strncmp(db, "postgresql://", 13) == 0 || strncmp(db, "postgres://", 11) == 0) {
+        return 1;
+    }
+    const char *p = db;
+    while (*p == ' ' || *p == '\t') {
+        p++;
+    }
+    size_t n = strspn(p, "abcdefghijklmnopqrstuvwxyz_");
+    const char *q = p + n;
+    while (*q == ' ' || *q == '\t') {
+        q++;
+    }
+    return n > 0 && *q == '=' && libpq_keyword(p, n);
+}
+
+/* See cli.h.  libpq's parse error is not printed: it may quote part of
+ * the string, which may hold a password. */
+int ks_cli_db_check(const char *db, int *is_pg)
+{
+    int pg = ks_cli_db_is_pg(db);
+    if (is_pg != NULL) {
+        *is_pg = pg;
+    }
+    if (!pg) {
+        return EX_OK;
+    }
+    char *err = NULL;
+    PQconninfoOption *opts = PQconninfoParse(db, &err);
+    if (err != NULL) {
+        PQfreemem(err);
+    }
+    if (opts == NULL) {
+        ks_cli_error("--db: not a valid PostgreSQL connection URI or key=value string");
+        return EX_USAGE;
+    }
+    int password = 0;
+    for (const PQconninfoOption *o = opts; o->keyword != NULL; o++) {
+        password |= strcmp(o->keyword, "password") == 0 && o->val != NULL;
+    }
+    PQconninfoFree(opts);
+    if (password) {
+        ks_cli_error("--db: the PostgreSQL connection string holds a password, which the "
+                     "command line would show to other users: remove it and give it through "
+                     "PGPASSFILE (a 0600 file) or PGPASSWORD");
+        return EX_USAGE;
+    }
+    return EX_OK;
+}
+
+/* Open the PostgreSQL store of ks_cli_store_open (db checked already). */
+static int pg_store_open(const char *db, const ks_rowstore_target *t, int read_only,
+                         uint32_t busy_timeout_ms, ks_rowstore *out)
+{
+    ks_pg_options o = {busy_timeout_ms ? busy_timeout_ms : 30000, 0, read_only};
+    char msg[256] = "";
+    ks_err e = ks_rowstore_pg_open(db, t, &o, out, msg, sizeof msg);
+    if (e != KS_OK) {
+        const char *advice = e == KS_ERR_BUSY ? " (the table stayed locked past --busy-timeout: "
+                                                "run the same command again later)"
+                             : e == KS_ERR_UNAVAILABLE ? " (run the same command again once the "
+                                                         "server is reachable)"
+                                                       : "";
+        ks_cli_error("PostgreSQL database %s: %s%s", db, msg[0] ? msg : ks_err_name(e), advice);
+        return e == KS_ERR_INVALID_ARGUMENT ? EX_USAGE : ks_cli_exit_code(e);
+    }
+    return EX_OK;
+}
+
+/* See cli.h. */
+ks_err ks_cli_checkpoints(const char *db, const char *table, const char *column,
+                          ks_checkpoint_list_fn fn, void *arg, char *errbuf, size_t errbuf_len)
+{
+    return ks_cli_db_is_pg(db)
+               ? ks_rowstore_pg_checkpoints(db, table, column, fn, arg, errbuf, errbuf_len)
+               : ks_rowstore_sqlite_checkpoints(db, table, column, fn, arg, errbuf, errbuf_len);
+}
+
 /* See cli.h. */
 int ks_cli_store_open(const char *db, const ks_rowstore_target *t, int read_only,
                       uint32_t busy_timeout_ms, ks_sqlite_sync sync, ks_rowstore *out)
 {
     *out = (ks_rowstore){NULL, NULL, NULL};
-    int rc = db_exists(db);
+    int pg;
+    int rc = ks_cli_db_check(db, &pg);
+    if (rc != EX_OK || pg) {
+        return rc != EX_OK ? rc : pg_store_open(db, t, read_only, busy_timeout_ms, out);
+    }
+    rc = db_exists(db);
     if (rc != EX_OK) {
         return rc;
     }
@@ -763,6 +863,11 @@ int ks_cli_actor(const char *cmd, const char *given, char *out, size_t cap)
 int ks_cli_rollout_open(const char *path, int read_only, ks_rollout_db **out)
 {
     *out = NULL;
+    if (ks_cli_db_is_pg(path)) { /* not "no such database": say what is missing */
+        ks_cli_error("rollouts are kept in a SQLite database; a PostgreSQL --db is not "
+                     "supported for rollouts yet (docs/migration.md, section 11)");
+        return EX_USAGE;
+    }
     int rc = db_exists(path);
     if (rc != EX_OK) {
         return rc;

@@ -169,15 +169,63 @@ int ks_cli_write_stdout(const uint8_t *p, size_t n);
 int ks_cli_template_columns(const char *cmd, const char *tmpl, ks_rowstore_target *t,
                             char storage[KS_CONTEXT_TEMPLATE_MAX]);
 
+/* How every manual describes the two forms of --db; a string literal, to
+ * paste into help text after "--db DB". */
+#define KS_CLI_DB_RULE                                                                         \
+    "the database: a SQLite file (must exist), or a\n"                                       \
+    "          PostgreSQL connection URI (postgresql://[user@]host[:port]/db?...\n"           \
+    "          or postgres://...) or libpq key=value string ('host=H dbname=D',\n"          \
+    "          recognized by its first keyword). No password in it: a URI with\n"            \
+    "          user:password@ or a password= keyword is refused (exit 64); give\n"           \
+    "          it through PGPASSFILE or PGPASSWORD. A file whose name looks\n"               \
+    "          like a connection string is given as ./NAME\n"
+
+/* How every manual lists the environment of a PostgreSQL --db; a string
+ * literal, to paste into an ENVIRONMENT section. */
+#define KS_CLI_PG_ENV                                                                          \
+    "    PGPASSFILE, PGPASSWORD  the PostgreSQL password (libpq): the only places\n"          \
+    "                keyshift takes one from. Prefer PGPASSFILE (a 0600 file) over\n"      \
+    "                PGPASSWORD, which other users may see in the process table on\n"        \
+    "                some systems\n"                                                         \
+    "    PGHOST, PGPORT, PGDATABASE, PGUSER, PGSSLMODE, PGSERVICE, ...  libpq's\n"           \
+    "                defaults for whatever the --db connection string leaves out\n"
+
 /*
- * Open the SQLite database db (which must exist) with target t, its
- * connection at PRAGMA synchronous sync (ks_sqlite_sync).  Returns
- * EX_OK, or an exit code after printing the problem: EX_NOINPUT for no
- * such database, table or column; EX_USAGE for a bad name or for
- * synchronous NORMAL on a database not in WAL mode.
+ * Whether db names a PostgreSQL database rather than a SQLite file: it
+ * starts with postgresql:// or postgres://, or its first word is a libpq
+ * keyword followed by '=' (host=..., dbname=...).  Anything else is a
+ * path.
+ */
+int ks_cli_db_is_pg(const char *db);
+
+/*
+ * Check a --db value before any command uses it: a PostgreSQL one must
+ * parse (PQconninfoParse) and hold no password.  *is_pg (when not NULL)
+ * says which kind it is.  Returns EX_OK, or EX_USAGE after printing the
+ * problem (never the string itself, which may hold a password).
+ */
+int ks_cli_db_check(const char *db, int *is_pg);
+
+/*
+ * Open the database db with target t: a SQLite file (which must exist),
+ * its connection at PRAGMA synchronous sync (ks_sqlite_sync) and
+ * busy_timeout_ms, or a PostgreSQL database (ks_cli_db_is_pg; checked as
+ * ks_cli_db_check) with busy_timeout_ms as its lock_timeout (sync does
+ * not apply).  0: 30000.  Returns EX_OK, or an exit code after printing
+ * the problem: EX_NOINPUT for no such database, table or column;
+ * EX_USAGE for a bad name, a password in a connection string, or for
+ * synchronous NORMAL on a database not in WAL mode; EX_UNAVAILABLE for a
+ * PostgreSQL server that cannot be reached.
  */
 int ks_cli_store_open(const char *db, const ks_rowstore_target *t, int read_only,
                       uint32_t busy_timeout_ms, ks_sqlite_sync sync, ks_rowstore *out);
+
+/* List the migration checkpoints of db (SQLite or PostgreSQL, as
+ * ks_cli_store_open dispatches), as ks_rowstore_sqlite_checkpoints or
+ * ks_rowstore_pg_checkpoints do; db has passed ks_cli_db_check. */
+KS_WUR ks_err ks_cli_checkpoints(const char *db, const char *table, const char *column,
+                                 ks_checkpoint_list_fn fn, void *arg, char *errbuf,
+                                 size_t errbuf_len);
 
 /* Parse the value of --synchronous (full or normal) into *out; on
  * anything else, say so and return EX_USAGE (cmd names the command). */
@@ -221,7 +269,8 @@ int ks_cli_actor(const char *cmd, const char *given, char *out, size_t cap);
 /*
  * Open the rollout store of the SQLite database path (which must exist),
  * read-only or not (a writer creates or upgrades keyshift's tables).
- * Returns EX_OK, or an exit code after printing the problem.
+ * Returns EX_OK, or an exit code after printing the problem (EX_USAGE for
+ * a PostgreSQL connection string: rollouts are kept in SQLite only).
  */
 int ks_cli_rollout_open(const char *path, int read_only, ks_rollout_db **out);
 

@@ -1,7 +1,7 @@
 /*
  * tools/cmd_migrate.c -- `keyshift migrate run|status|verify`: encrypt,
- * rewrap or re-encrypt one column of a live SQLite database in short,
- * resumable, verified batches (docs/migration.md).
+ * rewrap or re-encrypt one column of a live SQLite or PostgreSQL database
+ * in short, resumable, verified batches (docs/migration.md).
  *
  * The engine (ks_migrate_run) does the work; this file parses options,
  * opens the store and the keyring, reports progress (a bar on a terminal,
@@ -34,7 +34,7 @@ static void usage(FILE *f)
           "    keyshift migrate - encrypt, rewrap or re-encrypt a column of a live database\n"
           "\n"
           "SYNOPSIS\n"
-          "    keyshift migrate run --db FILE --table T --column C\n"
+          "    keyshift migrate run --db DB --table T --column C\n"
           "        --mode encrypt|rewrap|reencrypt --to-key KEY_ID[:VERSION]\n"
           "        [--to-format 1|2] [--algorithm NAME] [--id-column I]\n"
           "        [--tenant-column COL | --tenant T] [--context TEMPLATE]\n"
@@ -43,11 +43,15 @@ static void usage(FILE *f)
           "        [--from-key KEY_ID] [--supersede] [--busy-timeout MS]\n"
           "        [--synchronous full|normal] [--json]\n"
           "        [--keyring FILE [--passphrase-file FILE] | --providers FILE]\n"
-          "    keyshift migrate status --db FILE [--table T --column C] [--json]\n"
-          "    keyshift migrate verify --db FILE --table T --column C [--sample N]\n"
+          "    keyshift migrate status --db DB [--table T --column C] [--json]\n"
+          "    keyshift migrate verify --db DB --table T --column C [--sample N]\n"
           "        [--id-column I] [--context TEMPLATE] [--tenant-column COL |\n"
           "        --tenant T] [--purpose P] [--from-key KEY_ID] [--json]\n"
           "        [--keyring FILE [--passphrase-file FILE] | --providers FILE]\n"
+          "    DB is a SQLite file or a PostgreSQL connection string:\n"
+          "        --db shop.db\n"
+          "        --db 'postgresql://app@db.example/shop?sslmode=verify-full'\n"
+          "        --db 'host=/run/postgresql dbname=shop user=app'\n"
           "\n"
           "DESCRIPTION\n"
           "    run     rewrites column C of table T, batch by batch, while the\n"
@@ -108,13 +112,27 @@ static void usage(FILE *f)
           "    and at its end, and stops before its next batch (exit 75) if the\n"
           "    rollout leaves backfill.\n"
           "\n"
+          "    PostgreSQL: the table needs a smallint, integer or bigint primary key\n"
+          "    (or a unique NOT NULL --id-column) and a bytea column C. run needs\n"
+          "    SELECT and UPDATE on the table, and keeps its checkpoints and\n"
+          "    quarantine in keyshift_migration and keyshift_quarantine in the\n"
+          "    table's schema, which it creates on its first run (CREATE on the\n"
+          "    schema, or have them created beforehand: docs/migration.md). Each\n"
+          "    batch is one READ COMMITTED transaction; --busy-timeout is its\n"
+          "    lock_timeout. verify, status and census use a read-only session.\n"
+          "    Rollouts (kept in a SQLite database) do not govern a PostgreSQL\n"
+          "    column yet: run and verify neither consult nor record one. A run\n"
+          "    whose database goes away (the server stopped, the connection lost)\n"
+          "    exits 69 with its last committed batch kept: rerun it once the\n"
+          "    server is back and it resumes from its checkpoint.\n"
+          "\n"
           "    Progress: on a terminal, run draws a progress bar on standard error\n"
           "    (rows done/total, rows/s, ETA); with --json it writes one JSON object\n"
           "    per committed batch to standard output, then a summary object.\n"
           "    Otherwise it prints only the summary, on standard error.\n"
           "\n"
           "OPTIONS\n"
-          "    --db FILE              the SQLite database (must exist)\n"
+          "    --db DB                " KS_CLI_DB_RULE
           "    --table T, --column C  the table and the column to migrate\n"
           "    --id-column I          unique NOT NULL column identifying rows, scanned in\n"
           "          order (default: the rowid)\n"
@@ -151,7 +169,9 @@ static void usage(FILE *f)
           "          (slower; leaves the other cores to the application;\n"
           "          throttled runs (--max-rows-per-second) are serial)\n"
           "    --busy-timeout MS      wait up to MS for the database lock, with backoff,\n"
-          "          before giving up with exit 75 (default 30000)\n"
+          "          before giving up with exit 75 (default 30000); on\n"
+          "          PostgreSQL the batch's lock_timeout (a statement also\n"
+          "          stops after 300 s: exit 75)\n"
           "    --synchronous full|normal  run: how the run's own connection makes each\n"
           "          batch durable (PRAGMA synchronous; the application's\n"
           "          connections keep theirs). full (default): every\n"
@@ -163,7 +183,9 @@ static void usage(FILE *f)
           "          each batch commits its checkpoint with its rows, the\n"
           "          next run redoes just those. Refused (exit 64) for a\n"
           "          database in a rollback-journal mode (DELETE,\n"
-          "          TRUNCATE, ...), which keeps full\n"
+          "          TRUNCATE, ...), which keeps full. SQLite only: refused\n"
+          "          (exit 64) with a PostgreSQL --db, whose commits are as\n"
+          "          durable as the server's synchronous_commit makes them\n"
           "    --from-key KEY_ID      run (rewrap, reencrypt) and verify: only envelopes\n"
           "          whose key id is KEY_ID; plaintext and other keys'\n"
           "          envelopes are skipped and counted so (a column holding\n"
@@ -185,20 +207,29 @@ static void usage(FILE *f)
           "          ciphertext: how a column leaves a key file for an HSM.\n"
           "    -h, --help             print this manual\n"
           "\n"
+          "ENVIRONMENT\n"
+          "    KEYSHIFT_KEYRING, KEYSHIFT_PASSPHRASE, KEYSHIFT_PROVIDERS  as the options\n"
+          "                say\n"
+          KS_CLI_PG_ENV
+          "\n"
           "EXIT STATUS\n"
           "    0   run: complete; verify: every envelope opened; status: printed\n"
-          "    64  usage error; run: also --synchronous normal on a database not in\n"
-          "        WAL mode (nothing written)\n"
+          "    64  usage error; a password in a PostgreSQL --db; run: also\n"
+          "        --synchronous normal on a database not in WAL mode, or\n"
+          "        --synchronous with PostgreSQL (nothing written)\n"
           "    65  run: stopped by --max-failure-rate (checkpoint valid; see\n"
           "        keyshift_quarantine), or an unfinished migration of this database\n"
           "        with other parameters exists (resume it, or --supersede);\n"
           "        verify: some rows did not open\n"
           "    66  no such database, table or column\n"
-          "    69  key provider unavailable (batch rolled back, checkpoint kept; rerun)\n"
+          "    69  key provider unavailable, or the PostgreSQL database unreachable or\n"
+          "        gone away mid-run (batch rolled back, checkpoint kept; rerun once it\n"
+          "        is back)\n"
           "    74  database error or disk full (batch rolled back; rerun once fixed);\n"
           "        status: a malformed checkpoint row\n"
           "    75  paused by SIGINT/SIGTERM, key provider timeout, or the database\n"
-          "        stayed locked: rerun the same command to resume\n"
+          "        stayed locked (PostgreSQL: lock_timeout, statement_timeout, a\n"
+          "        deadlock or serialization failure): rerun the same command to resume\n"
           "    77  target key unknown, disabled, destroyed or denied\n"
           "    78  keyring or providers file insecure, unreadable or corrupt, wrong\n"
           "        passphrase, or wrong or locked PIN; run:\n"
@@ -214,6 +245,9 @@ static void usage(FILE *f)
           "    keyshift migrate run --db shop.db --table payments --column card \\\n"
           "        --mode rewrap --to-key payments/kek:2 --max-rows-per-second 5000\n"
           "    keyshift migrate status --db shop.db --json\n"
+          "    PGPASSFILE=~/.pgpass keyshift migrate run \\\n"
+          "        --db 'postgresql://migrator@db.example/shop' --table payments \\\n"
+          "        --column card --mode rewrap --to-key payments/kek:2\n"
           "    keyshift migrate verify --db shop.db --table payments --column card \\\n"
           "        --context 'payments:{id}:card' --purpose card --sample 1000\n",
           f);
@@ -602,7 +636,8 @@ static const char *outcome_advice(ks_err e)
     case KS_ERR_STOPPED:
         return "paused after the last committed batch; run the same command again to resume";
     case KS_ERR_BUSY:
-        return "the database stayed locked past --busy-timeout; the batch was rolled back and "
+        return "the database stayed locked past --busy-timeout (PostgreSQL: or a statement ran "
+               "past statement_timeout, or a deadlock); the batch was rolled back and "
                "the checkpoint kept: run the same command again to resume";
     case KS_ERR_TIMEOUT:
         return "the key provider timed out; the batch was rolled back and the checkpoint kept: "
@@ -673,9 +708,11 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* Run the engine with progress and signals, then report its outcome. */
+/* Run the engine with progress and signals, then report its outcome
+ * (pg: the store is PostgreSQL, whose lost connection is
+ * KS_ERR_UNAVAILABLE too). */
 static int run_engine(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_params *p,
-                      const mig_opts *o, int64_t rollout_id)
+                      const mig_opts *o, int64_t rollout_id, int pg)
 {
     progress_state s;
     memset(&s, 0, sizeof s);
@@ -703,6 +740,10 @@ static int run_engine(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_pa
         if (e == KS_ERR_STOPPED && rollout_id != 0 && !stop_requested) {
             advice = "the rollout left backfill (rolled back?); the batch was not written and the "
                      "checkpoint kept: run the same command again once it is back in backfill";
+        } else if (e == KS_ERR_UNAVAILABLE && pg) {
+            advice = "the database went away (server stopped or connection lost) or the key "
+                     "provider is unavailable; the batch was rolled back and the checkpoint "
+                     "kept: run the same command again once both are back";
         }
         if (s.tty && !s.json && s.have) {
             fputc('\n', stderr);
@@ -924,6 +965,14 @@ static int cmd_run(int argc, char **argv)
         return rc;
     }
     p.supersede = o.supersede;
+    int pg;
+    if ((rc = ks_cli_db_check(o.db, &pg)) != EX_OK) {
+        return rc;
+    }
+    if (pg && o.synchronous != NULL) {
+        return ks_cli_usage_error(cmd, "--synchronous is a SQLite option; a PostgreSQL commit "
+                                       "is as durable as the server's synchronous_commit");
+    }
     ks_cli_keys keys = {0};
     ks_ctx *ctx = NULL;
     ks_rowstore store = {NULL, NULL, NULL};
@@ -931,9 +980,9 @@ static int cmd_run(int argc, char **argv)
     char from_key[KS_KEY_ID_MAX + 1];
     if ((rc = ks_cli_store_open(o.db, &t, 0, busy_ms, sync, &store)) == EX_OK &&
         (rc = ks_cli_ctx_open(cmd, o.keyring, o.passfile, o.providers, &keys, &ctx)) == EX_OK &&
-        (rc = rollout_gate(&o, &p, ctx, &rollout_id, from_key)) == EX_OK &&
+        (pg || (rc = rollout_gate(&o, &p, ctx, &rollout_id, from_key)) == EX_OK) &&
         (rc = backfill_gate(&store, rollout_id)) == EX_OK) {
-        rc = run_engine(ctx, &store, &p, &o, rollout_id);
+        rc = run_engine(ctx, &store, &p, &o, rollout_id, pg);
     }
     ks_rowstore_close(&store);
     ks_ctx_free(ctx);
@@ -1009,15 +1058,15 @@ static int print_listed(void *arg, ks_bytes tbl, ks_bytes col, const ks_checkpoi
 
 /*
  * Print every checkpoint of db (or of table.column), most recently
- * updated first, read-only, through the SQLite store's listing (which
- * checks each row).  A database without keyshift's tables has had no
- * migration.
+ * updated first, read-only, through the store's listing (which checks
+ * each row; SQLite or PostgreSQL, ks_cli_checkpoints).  A database
+ * without keyshift's tables has had no migration.
  */
 static int list_checkpoints(const char *db, const char *table, const char *column, int json)
 {
     list_state l = {json, 0};
     char msg[256];
-    ks_err err = ks_rowstore_sqlite_checkpoints(db, table, column, print_listed, &l, msg, sizeof msg);
+    ks_err err = ks_cli_checkpoints(db, table, column, print_listed, &l, msg, sizeof msg);
     if (err != KS_OK) {
         if (json && l.n) {
             printf("]}\n"); /* keep stdout well-formed; the error goes to stderr */
@@ -1051,6 +1100,9 @@ static int cmd_status(int argc, char **argv)
     }
     if ((o.table == NULL) != (o.column == NULL)) {
         return ks_cli_usage_error(cmd, "give --table and --column together");
+    }
+    if ((rc = ks_cli_db_check(o.db, NULL)) != EX_OK) {
+        return rc;
     }
     ks_rowstore store;
     if (o.table != NULL) { /* check the target exists */
@@ -1183,7 +1235,7 @@ static int cmd_verify(int argc, char **argv)
         } else {
             rc = r.failed ? EX_DATAERR : EX_OK;
         }
-        if (rc == EX_OK && sample == 0) {
+        if (rc == EX_OK && sample == 0 && !ks_cli_db_is_pg(o.db)) { /* rollouts: SQLite only */
             rc = record_verify(&o);
         }
         if (o.json) {

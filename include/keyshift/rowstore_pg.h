@@ -54,7 +54,7 @@
  * privilege) and every other failure KS_ERR_STORE.  The store does not
  * reconnect: after KS_ERR_UNAVAILABLE, close it and open it again (the
  * engine resumes from the last committed checkpoint).  Messages in errbuf
- * (open only) name the table and columns and the SQLSTATE, never a row
+ * (open and checkpoints only) name the table and columns and the SQLSTATE, never a row
  * value and never the server's own message (its DETAIL may quote rows).
  *
  * Lifetimes and threads as in rowstore.h: views point into the store's
@@ -108,6 +108,24 @@ typedef struct ks_pg_options {
 KS_API KS_WUR ks_err ks_rowstore_pg_open(const char *conninfo, const ks_rowstore_target *target,
                                          const ks_pg_options *opts, ks_rowstore *out,
                                          char *errbuf, size_t errbuf_len);
+
+/*
+ * List the migration checkpoints kept in the PostgreSQL database of
+ * conninfo, as ks_rowstore_sqlite_checkpoints does for SQLite: most
+ * recently updated first; with table and column (both or neither), only
+ * that column's, read from the keyshift_migration next to the visible
+ * table `table`; without them, from the keyshift_migration the
+ * connection's search_path makes visible.  Read-only (a read-only
+ * session; never creates keyshift's tables: a schema without them has
+ * no checkpoint, KS_OK with no call).  Each row is checked as
+ * checkpoint_load checks it: KS_ERR_STORE (with a message in errbuf) for
+ * a malformed one.  KS_ERR_UNAVAILABLE when the server cannot be
+ * reached, KS_ERR_BUSY, KS_ERR_STORE as mapped above.  For `keyshift
+ * migrate status`.
+ */
+KS_API KS_WUR ks_err ks_rowstore_pg_checkpoints(const char *conninfo, const char *table,
+                                                const char *column, ks_checkpoint_list_fn fn,
+                                                void *arg, char *errbuf, size_t errbuf_len);
 
 #ifdef __cplusplus
 }

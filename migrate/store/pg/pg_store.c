@@ -162,9 +162,16 @@ static ks_err map_sqlstate(const char *state)
 }
 
 /* The keyshift error of a failed result res (NULL: libpq could not even
- * send): a lost connection is KS_ERR_UNAVAILABLE whatever the code. */
+ * send): a lost connection is KS_ERR_UNAVAILABLE whatever the code.  A
+ * failure libpq made itself (no SQLSTATE) may be a server that went
+ * away without a word (an immediate shutdown): libpq reports "server
+ * closed the connection unexpectedly" in the result but marks the
+ * connection bad only on its next read, so read once to find out. */
 static ks_err result_err(const pg_store *s, const PGresult *res)
 {
+    if (PQstatus(s->conn) == CONNECTION_OK &&
+        (res == NULL || PQresultErrorField(res, PG_DIAG_SQLSTATE) == NULL))
+        (void)PQconsumeInput(s->conn); /* 0 on a closed connection, which it marks bad */
     if (PQstatus(s->conn) != CONNECTION_OK)
         return KS_ERR_UNAVAILABLE;
     if (res == NULL)
@@ -707,14 +714,14 @@ static ks_err op_checkpoint_save(void *self, const ks_checkpoint *cp)
     return err == KS_OK ? KS_OK : fail_txn(s, err);
 }
 
-/* Read the checkpoint of row 0 of the kept result into cp (views into
- * it).  KS_ERR_STORE for a malformed row. */
-static ks_err read_checkpoint(const pg_store *s, ks_checkpoint *cp)
+/* Read the checkpoint of row `row` of res (the columns of CP_COLS) into
+ * cp (views into res).  KS_ERR_STORE for a malformed row. */
+static ks_err read_checkpoint(const PGresult *res, int row, ks_checkpoint *cp)
 {
     ks_value v[12];
     memset(cp, 0, sizeof *cp);
     for (int i = 0; i < 12; i++) {
-        ks_err err = cell(s->res, 0, i, &v[i]);
+        ks_err err = cell(res, row, i, &v[i]);
         if (err != KS_OK)
             return err;
         ks_value_type want = i < 2 ? KS_VALUE_TEXT : KS_VALUE_INTEGER;
@@ -764,7 +771,7 @@ static ks_err op_checkpoint_load(void *self, ks_bytes params_, ks_checkpoint *cp
     keep_result(s, res); /* after the run: params_ may have viewed the old result */
     if (PQntuples(res) == 0)
         return KS_ERR_NOT_FOUND;
-    err = read_checkpoint(s, cp);
+    err = read_checkpoint(s->res, 0, cp);
     return err == KS_OK ? KS_OK : fail_txn(s, err);
 }
 
@@ -934,6 +941,16 @@ static ks_err check_args(const char *conninfo, const ks_rowstore_target *t, ks_r
     return KS_OK;
 }
 
+/* A notice processor that drops the server's notices and warnings
+ * (libpq's default prints them on stderr): they are the server's own
+ * text, which keyshift never passes on (it may quote rows), and the one
+ * that matters, a shutdown's warning, comes back as KS_ERR_UNAVAILABLE. */
+static void drop_notice(void *arg, const char *message)
+{
+    (void)arg;
+    (void)message;
+}
+
 /* Connect and set the session's timeouts and read-only mode (bound
  * through set_config, never pasted). */
 static ks_err connect_db(opener *o, const char *conninfo)
@@ -944,6 +961,7 @@ static ks_err connect_db(opener *o, const char *conninfo)
     s->conn = PQconnectdbParams(keys, vals, 1);
     if (s->conn == NULL)
         return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+    PQsetNoticeProcessor(s->conn, drop_notice, NULL);
     if (PQstatus(s->conn) != CONNECTION_OK) {
         /* libpq's own text (server address, authentication): never row data */
         char msg[160];
@@ -1272,9 +1290,10 @@ static ks_err prepare_scan(opener *o, int after)
 }
 
 /* The columns of a checkpoint, in read_checkpoint's order. */
-#define CP_COLS                                                                              \
-    "SELECT params, state, cursor, pass, done, skipped, raced, quarantined, wrong_state, "    \
-    "started, updated, finished FROM "
+#define CP_FIELDS                                                                            \
+    "params, state, cursor, pass, done, skipped, raced, quarantined, wrong_state, started, "  \
+    "updated, finished"
+#define CP_COLS "SELECT " CP_FIELDS " FROM "
 
 /* Prepare every statement of the store (the writes unless read-only;
  * the checkpoint reads when the tables exist). */
@@ -1407,4 +1426,120 @@ ks_err ks_rowstore_pg_open(const char *conninfo, const ks_rowstore_target *targe
     out->self = s;
     out->name = "pg";
     return KS_OK;
+}
+
+/* The schema (quoted, malloc'd in *qschema; NULL when there is none) of
+ * the keyshift_migration that ks_rowstore_pg_checkpoints lists: the one
+ * next to the visible table `table`, or with table NULL the one the
+ * search_path makes visible. */
+static ks_err checkpoints_schema(opener *o, const char *table, char **qschema)
+{
+    PGresult *res;
+    *qschema = NULL;
+    ks_err err = catalog_query(
+        o,
+        "SELECT n.nspname FROM pg_catalog.pg_class c "
+        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.relname = 'keyshift_migration' AND c.relkind IN ('r', 'p') AND "
+        "CASE WHEN $1::text IS NULL THEN pg_catalog.pg_table_is_visible(c.oid) "
+        "ELSE c.relnamespace = (SELECT t.relnamespace FROM pg_catalog.pg_class t "
+        "WHERE t.relname = $1::text AND pg_catalog.pg_table_is_visible(t.oid) "
+        "AND t.relkind IN ('r', 'p')) END",
+        &table, 1, &res, "reading the catalog");
+    if (err != KS_OK)
+        return err;
+    if (PQntuples(res) == 1) {
+        *qschema = quote_ident(o->s->conn, PQgetvalue(res, 0, 0));
+        if (*qschema == NULL)
+            err = fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+    }
+    PQclear(res);
+    return err;
+}
+
+/* A name read back from keyshift_migration (cell col of row): text of
+ * 1..IDENT_MAX bytes, as check_args admits; else KS_ERR_STORE. */
+static ks_err read_name(const PGresult *res, int row, int col, ks_bytes *out)
+{
+    ks_value v;
+    ks_err err = cell(res, row, col, &v);
+    if (err != KS_OK || v.type != KS_VALUE_TEXT || v.bytes.len == 0 || v.bytes.len > IDENT_MAX ||
+        memchr(v.bytes.ptr, 0, v.bytes.len) != NULL)
+        return KS_ERR_STORE;
+    *out = v.bytes;
+    return KS_OK;
+}
+
+/* Hand each row of the checkpoint listing res to fn, checking every row
+ * as checkpoint_load checks it (ks_rowstore_pg_checkpoints). */
+static ks_err list_rows(const PGresult *res, ks_checkpoint_list_fn fn, void *arg)
+{
+    for (int i = 0; i < PQntuples(res); i++) {
+        ks_checkpoint cp;
+        ks_bytes tbl, col;
+        ks_err err = read_checkpoint(res, i, &cp);
+        if (err == KS_OK)
+            err = read_name(res, i, 12, &tbl);
+        if (err == KS_OK)
+            err = read_name(res, i, 13, &col);
+        if (err != KS_OK)
+            return err;
+        if (fn(arg, tbl, col, &cp) != 0)
+            break;
+    }
+    return KS_OK;
+}
+
+/* See rowstore_pg.h.  A read-only session, like a census's: the listing
+ * is one statement, its values (table, column) bound. */
+ks_err ks_rowstore_pg_checkpoints(const char *conninfo, const char *table, const char *column,
+                                  ks_checkpoint_list_fn fn, void *arg, char *errbuf,
+                                  size_t errbuf_len)
+{
+    if (errbuf != NULL && errbuf_len > 0)
+        errbuf[0] = '\0';
+    if (conninfo == NULL || fn == NULL || (table == NULL) != (column == NULL) ||
+        (table != NULL && (table[0] == '\0' || column[0] == '\0' || strlen(table) > IDENT_MAX ||
+                           strlen(column) > IDENT_MAX)))
+        return fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                    "missing connection string or callback, a table without a column, or an "
+                    "empty or too long name");
+    pg_store *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return fail(errbuf, errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+    s->read_only = 1;
+    snprintf(s->lock_ms, sizeof s->lock_ms, "%lums", (unsigned long)KS_PG_LOCK_TIMEOUT_DEFAULT_MS);
+    snprintf(s->stmt_ms, sizeof s->stmt_ms, "%lums",
+             (unsigned long)KS_PG_STATEMENT_TIMEOUT_DEFAULT_MS);
+    opener o;
+    memset(&o, 0, sizeof o);
+    o.s = s;
+    o.errbuf = errbuf;
+    o.errbuf_len = errbuf_len;
+    char *qs = NULL, *sql = NULL;
+    ks_err err = connect_db(&o, conninfo);
+    if (err == KS_OK)
+        err = checkpoints_schema(&o, table, &qs);
+    if (err == KS_OK && qs != NULL) {
+        const char *parts[] = {"SELECT " CP_FIELDS ", tbl, col FROM ", qs,
+                               ".keyshift_migration WHERE $1::text IS NULL OR "
+                               "(tbl = $1::text AND col = $2::text) "
+                               "ORDER BY updated DESC, saved DESC"};
+        sql = concat(parts, 3);
+        const char *vals[] = {table, column};
+        PGresult *res = sql != NULL ? PQexecParams(s->conn, sql, 2, NULL, vals, NULL, NULL, 1) : NULL;
+        if (sql == NULL)
+            err = fail(errbuf, errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+        else if (res == NULL || PQresultStatus(res) != PGRES_TUPLES_OK)
+            err = fail(errbuf, errbuf_len, result_err(s, res),
+                       "listing the checkpoints failed (SQLSTATE %s)", sqlstate_of(res));
+        else if ((err = list_rows(res, fn, arg)) == KS_ERR_STORE)
+            (void)fail(errbuf, errbuf_len, err, "a malformed row in keyshift_migration");
+        PQclear(res);
+    }
+    free(sql);
+    free(qs);
+    opener_free(&o);
+    store_free(s);
+    return err;
 }

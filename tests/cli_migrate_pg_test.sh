@@ -1,0 +1,356 @@
+#!/usr/bin/env bash
+# tests/cli_migrate_pg_test.sh -- end-to-end tests of `keyshift census` and
+# `keyshift migrate run|status|verify` with a PostgreSQL --db, on a
+# throw-away cluster of tests/pg_cluster.sh (a Unix socket in a mktemp
+# directory, stopped and removed on any exit): the SQLite tests of
+# tests/cli_migrate_test.sh that apply (census counts, encrypt, rewrap and
+# reencrypt checked with `keyshift decrypt`, idempotent reruns, status in
+# text and JSON, verify clean and with a moved envelope, quarantine of a
+# corrupted envelope and the failure threshold, pause on SIGINT and
+# resume, a parameter mismatch), and what PostgreSQL adds: a password in
+# --db refused (64), --synchronous refused (64), an unreachable server
+# (69), kill -9 mid-run then resume (the checkpoint matches the data),
+# rows changed by another connection during the run raced and redone in
+# a catch-up pass, a lock held past --busy-timeout (75, then rerun), and the cluster stopped mid-run (a clean exit 69; the
+# issue allows 69 or 74, and the store maps a lost connection to 69) then
+# started again, the rerun completing from the checkpoint.
+#
+# Needs the PostgreSQL server programs (initdb, pg_ctl) and psql.
+# Usage: KEYSHIFT=path/to/keyshift tests/cli_migrate_pg_test.sh
+set -u
+
+. "$(dirname "$0")/cli_lib.sh"
+unset KEYSHIFT_PASSPHRASE PGPASSWORD PGSERVICE
+export KEYSHIFT_KEYRING="$T/keyring"
+IN=/dev/null
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+CLUSTER="$ROOT/tests/pg_cluster.sh"
+
+command -v psql >/dev/null || { echo "cli_migrate_pg_test: psql is missing (tools/deps.sh)"; exit 1; }
+
+# The cluster lives in a directory of its own (pg_cluster.sh gives it to
+# the unprivileged owner under root); stopped and removed on any exit.
+PGD=$(mktemp -d /tmp/ks_pgcli_XXXXXX)
+cleanup() {
+    [ -n "${wpid:-}" ] && kill "$wpid" 2>/dev/null
+    "$CLUSTER" stop "$PGD" >/dev/null 2>&1 || rm -rf "$PGD"
+    rm -rf "$T"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+CI=$("$CLUSTER" start "$PGD") || { echo "cli_migrate_pg_test: cannot start a cluster"; exit 1; }
+
+# q SQL: run SQL through psql, unaligned tuples only, stopping on error.
+q() { psql "$CI" -qXAt -v ON_ERROR_STOP=1 -c "$1"; }
+
+# make_pay TABLE ROWS: TABLE(id bigint primary key, tenant, card bytea)
+# with ROWS rows of random plaintext ('row-ID-' and 64 random hex
+# digits) and a copy of the cards in TABLE_orig.
+make_pay() {
+    q "CREATE TABLE $1 (id bigint PRIMARY KEY, tenant text NOT NULL, card bytea);
+       INSERT INTO $1 SELECT i, 'acme', convert_to(format('row-%s-', lpad(i::text, 5, '0'))
+           || md5(random()::text) || md5(random()::text), 'UTF8') FROM generate_series(1, $2) i;
+       CREATE TABLE $1_orig AS SELECT id, card FROM $1;"
+}
+
+# card_hex TABLE ID: the card of row ID as hex.
+card_hex() { q "SELECT encode(card, 'hex') FROM $1 WHERE id = $2"; }
+
+# check_sample TABLE N NAME: N random rows of TABLE (context pay:ID:card)
+# decrypt to their original plaintext.
+check_sample() {
+    local i id wrong="" checked=0 max
+    max=$(q "SELECT max(id) FROM $1_orig")
+    for ((i = 0; i < $2; i++)); do
+        id=$(((RANDOM * 32768 + RANDOM) % max + 1))
+        checked=$((checked + 1))
+        if [ "$(open_hex "$(card_hex "$1" "$id")" "$id" 2>/dev/null)" != \
+             "$(q "SELECT convert_from(card, 'UTF8') FROM $1_orig WHERE id = $id")" ]; then
+            wrong+=" $id"
+        fi
+    done
+    if [ -z "$wrong" ]; then ok "$3: $checked sampled rows decrypt to their original plaintext"
+    else bad "$3: sampled rows decrypt to their original plaintext" "wrong:$wrong"; fi
+}
+
+# no_plaintext TABLE NAME: no row of TABLE still holds its original value
+# and every non-NULL card is an envelope.
+no_plaintext() {
+    local n
+    n=$(q "SELECT count(*) FROM $1 t JOIN $1_orig o USING (id)
+           WHERE t.card = o.card OR substring(t.card FROM 1 FOR 3) <> 'KSE'::bytea")
+    if [ "$n" = 0 ]; then ok "$2: no plaintext left"; else bad "$2: no plaintext left" "$n rows"; fi
+}
+
+# status_field TABLE NAME: field NAME of TABLE.card's checkpoint.
+status_field() {
+    "$KS" migrate status --db "$CI" --table "$1" --column card --json >"$T/st" 2>"$T/st.err"
+    json_field "$T/st" "$2"
+}
+
+run "keys init" 0 "$KS" keys init
+run "keys create" 0 "$KS" keys create payments/kek
+CTX=(--context 'pay:{id}:card' --purpose card --tenant-column tenant)
+
+# ---- help and usage -----------------------------------------------------------------
+run "migrate --help" 0 "$KS" migrate --help
+expect_grep "migrate --help: a PostgreSQL URI for --db" "$T/out" "postgresql://"
+expect_grep "migrate --help: ENVIRONMENT names PGPASSFILE" "$T/out" "PGPASSFILE, PGPASSWORD"
+expect_grep "migrate --help: 69 for a database gone away" "$T/out" "PostgreSQL database unreachable"
+run "census --help" 0 "$KS" census --help
+expect_grep "census --help: a PostgreSQL URI for --db" "$T/out" "postgresql://"
+expect_grep "census --help: ENVIRONMENT" "$T/out" "^ENVIRONMENT"
+run "keyshift --help" 0 "$KS" --help
+expect_grep "keyshift --help: 69 covers PostgreSQL" "$T/out" "PostgreSQL database"
+sock="${CI#host=}"
+sock="${sock%% *}"
+URI="postgresql://$(id -un)@/postgres?host=$sock"
+[ "$(id -u)" -eq 0 ] && URI="postgresql://${KS_PG_USER:-keyshift-test}@/postgres?host=$sock"
+run "password in a URI: refused" 64 "$KS" census --db "${URI/@/:hunter2@}" --table t --column v
+expect_grep "password refused: says PGPASSFILE" "$T/err" "PGPASSFILE"
+if grep -q hunter2 "$T/err" "$T/out"; then bad "password refused: not echoed"; else ok "password refused: not echoed"; fi
+run "password= keyword: refused" 64 "$KS" migrate status --db "$CI password=hunter2"
+if grep -q hunter2 "$T/err" "$T/out"; then bad "password= refused: not echoed"; else ok "password= refused: not echoed"; fi
+run "password in a URI query: refused" 64 "$KS" migrate verify --db "$URI&password=hunter2" --table t --column v --tenant acme
+run "a bad connection string: 64" 64 "$KS" census --db "host='unterminated" --table t --column v
+run "unreachable server: 69" 69 "$KS" census --db "host=$T/nosock dbname=postgres" --table t --column v
+expect_grep "unreachable: says it cannot connect" "$T/err" "cannot connect"
+run "a path with '=' stays a SQLite file" 66 "$KS" census --db "$T/host=x.db" --table t --column v
+expect_grep "a path with '=': no such database" "$T/err" "no such database"
+run "./dbname=... stays a SQLite file" 66 "$KS" census --db "./dbname=nosuch.db" --table t --column v
+run "--synchronous with PostgreSQL: refused" 64 "$KS" migrate run --db "$CI" --table t --column v \
+    --mode encrypt --to-key payments/kek --tenant acme --synchronous full
+expect_grep "--synchronous refused: why" "$T/err" "SQLite option"
+run "rollouts on PostgreSQL: refused" 64 "$KS" rollout status --db "$CI"
+expect_grep "rollouts refused: says why" "$T/err" "rollouts are kept in a SQLite database"
+run "status before any run" 0 "$KS" migrate status --db "$CI"
+expect_grep "status: no migration yet" "$T/out" "no migration has run"
+run "status --json before any run" 0 "$KS" migrate status --db "$URI" --json
+expect_eq "status --json: empty list" "$T/out" '{"migrations":[]}'
+
+# ---- census ----------------------------------------------------------------------------
+q "CREATE TABLE t (id bigint PRIMARY KEY, v bytea);
+   INSERT INTO t (id, v) VALUES (1, NULL), (2, NULL), (3, NULL), (4, 'plain 1'), (5, 'plain 2'),
+       (6, '\\x00'), (7, ''),
+       (8, '\\x$(seal_card c1 1)'), (9, '\\x$(seal_card c2 1)'),
+       (10, '\\x$(seal_card c3 2)'), (11, '\\x$(seal_card c4 2)'), (12, '\\x$(seal_card c5 2)'),
+       (13, '\\x4B534502'), (14, '\\x4B534509');"
+run "census" 0 "$KS" census --db "$CI" --table t --column v
+expect_grep "census: 14 rows" "$T/out" "^rows *14$"
+expect_grep "census: 3 NULL" "$T/out" "^null *3$"
+expect_grep "census: 4 plaintext" "$T/out" "^plaintext *4$"
+expect_grep "census: 5 envelopes" "$T/out" "^envelopes *5$"
+expect_grep "census: 2 malformed" "$T/out" "^malformed *2$"
+run "census --json (URI form)" 0 "$KS" census --db "$URI" --table t --column v --json
+expect_grep "census --json totals" "$T/out" '^{"rows":14,"null":3,"plaintext":4,"envelopes":5,"malformed":2,"classes":\['
+expect_grep "census --json v1 class" "$T/out" '{"version":1,"algorithm":"xchacha20-poly1305","key_id":"payments/kek","key_version":1,"rows":2}'
+run "census: no such table" 66 "$KS" census --db "$CI" --table nosuch --column v
+run "census: no such column" 66 "$KS" census --db "$CI" --table t --column nosuch
+if [ "$(q "SELECT count(*) FROM pg_class WHERE relname LIKE 'keyshift%'")" = 0 ]; then
+    ok "census and status created no table"; else bad "census and status created no table"; fi
+
+# ---- encrypt, rewrap, reencrypt ---------------------------------------------------------
+make_pay pay 2000
+q "INSERT INTO pay VALUES (2001, 'acme', NULL), (2002, 'acme', NULL)"
+TGT=(--db "$CI" --table pay --column card)
+run "encrypt: unknown key" 77 "$KS" migrate run "${TGT[@]}" --mode encrypt --to-key nosuch/kek "${CTX[@]}"
+run "encrypt: no such column" 66 "$KS" migrate run --db "$CI" --table pay --column nosuch --mode encrypt --to-key payments/kek "${CTX[@]}"
+run "encrypt" 0 "$KS" migrate run "${TGT[@]}" --mode encrypt --to-key payments/kek "${CTX[@]}" --batch-size 250
+expect_grep "encrypt: summary on stderr" "$T/err" "complete: 2000 rewritten"
+expect_empty "encrypt: nothing on stdout without --json" "$T/out"
+run "census after encrypt" 0 "$KS" census "${TGT[@]}" --json
+expect_grep "census after encrypt: 0 plaintext, 2000 envelopes" "$T/out" '"null":2,"plaintext":0,"envelopes":2000,"malformed":0'
+check_sample pay 8 "encrypt"
+no_plaintext pay "encrypt"
+if [ "$(q "SELECT count(*) FROM pg_class WHERE relname IN ('keyshift_migration', 'keyshift_quarantine')")" = 2 ]; then
+    ok "run created keyshift_migration and keyshift_quarantine"; else bad "run created keyshift's tables"; fi
+run "status --json after encrypt" 0 "$KS" migrate status --db "$CI" --json
+expect_grep "status --json: complete" "$T/out" '"state":"complete"'
+expect_grep "status --json: 2000 done" "$T/out" '"done":2000,'
+expect_grep "status --json: the shape of SQLite's" "$T/out" '^{"migrations":\[{"table":"pay","column":"card","params":"mode=encrypt;'
+run "status --table --column" 0 "$KS" migrate status --db "$CI" --table pay --column card
+expect_grep "status text: state" "$T/out" "^state *complete"
+expect_grep "status text: rewritten" "$T/out" "^rewritten *2000"
+run "status: no such table" 66 "$KS" migrate status --db "$CI" --table nosuch --column card
+SUM="SELECT md5(string_agg(encode(card, 'hex'), ',' ORDER BY id)) FROM pay"
+before=$(q "$SUM")
+run "encrypt again" 0 "$KS" migrate run "${TGT[@]}" --mode encrypt --to-key payments/kek "${CTX[@]}" --batch-size 250
+if [ "$(q "$SUM")" = "$before" ]; then ok "encrypt again writes nothing"; else bad "encrypt again writes nothing"; fi
+
+run "add-version" 0 "$KS" keys add-version payments/kek
+run "promote 2" 0 "$KS" keys promote payments/kek 2
+TAILS="SELECT md5(string_agg(right(encode(card, 'hex'), 80), ',' ORDER BY id)) FROM pay"
+tails=$(q "$TAILS")
+run "rewrap --json" 0 "$KS" migrate run "${TGT[@]}" --mode rewrap --to-key payments/kek "${CTX[@]}" --json --batch-size 300
+expect_grep "rewrap --json: per-batch objects" "$T/out" '^{"batch":1,'
+expect_grep "rewrap --json: summary" "$T/out" '^{"result":"complete","error":"ok","exit":0,'
+if [ "$(q "$TAILS")" = "$tails" ]; then ok "rewrap kept every ciphertext and tag"; else bad "rewrap kept every ciphertext and tag"; fi
+run "census after rewrap" 0 "$KS" census "${TGT[@]}" --json
+expect_grep "census: all 2000 under version 2" "$T/out" '"classes":\[{"version":2,"algorithm":"xchacha20-poly1305","key_id":"payments/kek","key_version":2,"rows":2000}\]'
+check_sample pay 5 "rewrap"
+
+run "verify" 0 "$KS" migrate verify "${TGT[@]}" "${CTX[@]}"
+expect_grep "verify: 2000 checked" "$T/out" "2000 envelopes checked, 0 failed"
+run "verify --sample --json" 0 "$KS" migrate verify "${TGT[@]}" "${CTX[@]}" --sample 50 --json
+expect_grep "verify --json summary" "$T/out" '"failed":0,'
+row1=$(card_hex pay 1)
+q "UPDATE pay SET card = (SELECT card FROM pay WHERE id = 2) WHERE id = 1"
+run "verify finds a moved envelope" 65 "$KS" migrate verify "${TGT[@]}" "${CTX[@]}"
+expect_grep "verify names the row by id" "$T/out" "FAILED id 1: auth-failed"
+expect_grep "verify counts one failure" "$T/out" "2000 envelopes checked, 1 failed"
+if grep -q "row-00002" "$T/out" "$T/err"; then bad "verify prints no plaintext"; else ok "verify prints no plaintext"; fi
+q "UPDATE pay SET card = '\\x$row1' WHERE id = 1"
+
+# reencrypt with one envelope's tag corrupted: that row is quarantined,
+# untouched, and every other row re-encrypted
+q "UPDATE pay SET card = set_byte(card, length(card) - 1, get_byte(card, length(card) - 1) # 1) WHERE id = 10"
+row10=$(card_hex pay 10)
+run "reencrypt to aes-256-gcm, one corrupted envelope" 0 "$KS" migrate run "${TGT[@]}" --mode reencrypt \
+    --to-key payments/kek --algorithm aes-256-gcm "${CTX[@]}" --batch-size 400 --max-failure-rate 0.01
+expect_grep "reencrypt: 1999 rewritten, 1 quarantined" "$T/err" "1999 rewritten, 0 already at target, 0 raced, 1 quarantined"
+expect_eq "reencrypt: the corrupted row is in keyshift_quarantine" <(q "SELECT tbl, col, id, error FROM keyshift_quarantine") "pay|card|10|auth-failed"
+if [ "$(card_hex pay 10)" = "$row10" ]; then ok "reencrypt: the quarantined row is untouched"; else bad "reencrypt: the quarantined row is untouched"; fi
+run "census after reencrypt" 0 "$KS" census "${TGT[@]}" --json
+expect_grep "census: 1999 under aes-256-gcm" "$T/out" '{"version":2,"algorithm":"aes-256-gcm","key_id":"payments/kek","key_version":2,"rows":1999}'
+check_sample pay 5 "reencrypt"
+run "verify after reencrypt: the corrupted row" 65 "$KS" migrate verify "${TGT[@]}" "${CTX[@]}"
+expect_grep "verify names the corrupted row" "$T/out" "FAILED id 10: auth-failed"
+
+# ---- failure threshold --------------------------------------------------------------------
+q "CREATE TABLE mal (id bigint PRIMARY KEY, tenant text NOT NULL, card bytea);
+   INSERT INTO mal SELECT i, 'acme', CASE WHEN i % 2 = 1 THEN '\\x4B534502'::bytea ELSE 'plain'::bytea END
+   FROM generate_series(1, 100) i;"
+run "threshold: exit 65" 65 "$KS" migrate run --db "$CI" --table mal --column card --mode encrypt \
+    --to-key payments/kek "${CTX[@]}" --max-failure-rate 0.001 --batch-size 10
+expect_grep "threshold: explained" "$T/err" "keyshift_quarantine"
+if [ "$(q "SELECT count(*) FROM mal WHERE card = '\\x4B534502'")" = 50 ]; then ok "threshold: quarantined rows are untouched"; else bad "threshold: quarantined rows are untouched"; fi
+run "threshold raised: complete" 0 "$KS" migrate run --db "$CI" --table mal --column card --mode encrypt \
+    --to-key payments/kek "${CTX[@]}" --max-failure-rate 1 --batch-size 10
+expect_eq "threshold: 50 rows quarantined" <(q "SELECT count(*) FROM keyshift_quarantine WHERE tbl = 'mal'") "50"
+run "threshold: census" 0 "$KS" census --db "$CI" --table mal --column card --json
+expect_grep "threshold: 50 envelopes, 50 malformed" "$T/out" '"plaintext":0,"envelopes":50,"malformed":50'
+
+# ---- SIGINT: pause, then resume; kill -9, then resume ------------------------------------------
+make_pay slow 2000
+STGT=(--db "$CI" --table slow --column card --mode encrypt --to-key payments/kek "${CTX[@]}")
+sigint_run "${STGT[@]}"
+left=$(q "SELECT count(*) FROM slow WHERE substring(card FROM 1 FOR 3) <> 'KSE'::bytea")
+if [ "$left" -gt 0 ] && [ "$left" -lt 2000 ]; then ok "SIGINT: paused part-way ($left rows left)"; else bad "SIGINT: paused part-way" "$left rows left"; fi
+if [ "$(status_field slow done)" = $((2000 - left)) ]; then ok "SIGINT: the checkpoint counts the rows written"; else bad "SIGINT: checkpoint counts" "$(cat "$T/st")"; fi
+expect_grep "status: state paused" "$T/st" '"state":"paused"'
+run "other parameters while paused: exit 65" 65 "$KS" migrate run --db "$CI" --table slow --column card \
+    --mode encrypt --to-key payments/kek --tenant-column tenant --context 'other:{id}' --purpose card
+expect_grep "mismatch: names --supersede" "$T/err" "supersede"
+# kill -9 mid-run: the batch in flight is rolled back with the session
+"$KS" migrate run "${STGT[@]}" --max-rows-per-second 1000 --batch-size 100 >"$T/out" 2>"$T/err" &
+pid=$!
+sleep 0.7
+kill -9 $pid
+wait $pid 2>/dev/null
+left=$(q "SELECT count(*) FROM slow WHERE substring(card FROM 1 FOR 3) <> 'KSE'::bytea")
+if [ "$(status_field slow done)" = $((2000 - left)) ]; then ok "kill -9: the checkpoint matches the data ($left rows left)"; else bad "kill -9: checkpoint matches the data" "$left left; $(cat "$T/st")"; fi
+run "resume" 0 "$KS" migrate run "${STGT[@]}" --batch-size 500
+if [ "$(status_field slow done)" = 2000 ]; then ok "resume: done == 2000 exactly"; else bad "resume: done == 2000" "$(cat "$T/st")"; fi
+no_plaintext slow "resume"
+check_sample slow 6 "resume"
+run "verify after resume" 0 "$KS" migrate verify --db "$CI" --table slow --column card "${CTX[@]}"
+
+# ---- rows changed by another connection: raced, then redone ----------------------------------
+# The other session holds the row locks of two rows of one batch (changing
+# their plaintext) while the run reaches them: the run read the committed
+# values, its compare-and-swap waits for the locks, then finds other
+# values (READ COMMITTED re-reads the rows), counts both rows raced and
+# redoes them in the catch-up pass.
+make_pay live 2000
+psql "$CI" -qXAt -v ON_ERROR_STOP=1 >/dev/null 2>"$T/writer.err" <<'SQL' &
+BEGIN;
+UPDATE live SET card = convert_to('changed-' || id, 'UTF8') WHERE id IN (650, 651);
+SELECT pg_sleep(3);
+COMMIT;
+SQL
+wpid=$!
+for ((i = 0; i < 50; i++)); do
+    [ "$(q "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+             WHERE c.relname = 'live' AND l.mode = 'RowExclusiveLock' AND l.granted")" -gt 0 ] && break
+    sleep 0.1
+done
+run "live: run while another session changes rows" 0 "$KS" migrate run --db "$CI" --table live --column card \
+    --mode encrypt --to-key payments/kek "${CTX[@]}" --batch-size 100 --json
+wait "$wpid"
+wrc=$?
+wpid=
+if [ "$wrc" = 0 ]; then ok "live: the other session committed"; else bad "live: the other session committed" "$(cat "$T/writer.err")"; fi
+raced=$(last_field "$T/out" raced)
+passes=$(last_field "$T/out" pass)
+if [ "${raced:-0}" -ge 2 ] && [ "${passes:-0}" -ge 2 ]; then ok "live: both rows raced, redone in a catch-up pass (raced=$raced, pass=$passes)"
+else bad "live: rows raced and redone" "raced=$raced pass=$passes: $(tail -n 1 "$T/out")"; fi
+for id in 650 651; do
+    if [ "$(open_hex "$(card_hex live $id)" $id 2>&1)" = "changed-$id" ]; then ok "live: row $id opens to the other session's value"
+    else bad "live: row $id opens to the other session's value"; fi
+done
+q "UPDATE live_orig SET card = convert_to('changed-' || id, 'UTF8') WHERE id IN (650, 651)"
+no_plaintext live "live"
+check_sample live 5 "live"
+
+# ---- a lock held past --busy-timeout (lock_timeout): 75, then resumed ---------------------------
+# hold_lock TABLE MODE SQL: another session runs SQL (taking a lock of
+# MODE on TABLE) and holds it for 3 s; returns once the lock is granted.
+hold_lock() {
+    printf 'BEGIN;\n%s;\nSELECT pg_sleep(3);\nCOMMIT;\n' "$3" |
+        psql "$CI" -qXAt -v ON_ERROR_STOP=1 >/dev/null 2>"$T/locker.err" &
+    wpid=$!
+    local i
+    for ((i = 0; i < 50; i++)); do
+        [ "$(q "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+                 WHERE c.relname = '$1' AND l.mode = '$2' AND l.granted")" -gt 0 ] && return 0
+        sleep 0.1
+    done
+}
+make_pay busy 300
+BTGT=(--db "$CI" --table busy --column card --mode encrypt --to-key payments/kek "${CTX[@]}")
+# a row lock: the batch's UPDATE waits for it, then gives up
+hold_lock busy RowShareLock "SELECT id FROM busy WHERE id = 150 FOR UPDATE"
+run "a row lock held past --busy-timeout: 75" 75 "$KS" migrate run "${BTGT[@]}" --busy-timeout 300 --batch-size 100
+expect_grep "row lock: says to rerun" "$T/err" "stayed locked.*run the same command again"
+wait "$wpid"
+wpid=
+if [ "$(status_field busy done)" = 100 ]; then ok "row lock: the batches before it stand (done 100)"; else bad "row lock: the batches before it stand" "$(cat "$T/st")"; fi
+# a table lock: the run cannot even prepare its UPDATE
+hold_lock busy ExclusiveLock "LOCK TABLE busy IN EXCLUSIVE MODE"
+run "a table lock held past --busy-timeout: 75" 75 "$KS" migrate run "${BTGT[@]}" --busy-timeout 300
+expect_grep "table lock: says to rerun" "$T/err" "stayed locked.*run the same command again"
+wait "$wpid"
+wpid=
+run "busy: rerun once the locks are gone" 0 "$KS" migrate run "${BTGT[@]}" --busy-timeout 300
+no_plaintext busy "busy"
+
+# ---- the cluster stopped mid-run, then started again -----------------------------------------------
+make_pay gone 2000
+GTGT=(--db "$CI" --table gone --column card --mode encrypt --to-key payments/kek "${CTX[@]}")
+"$KS" migrate run "${GTGT[@]}" --max-rows-per-second 1000 --batch-size 100 >"$T/out" 2>"$T/err" &
+pid=$!
+sleep 1
+"$CLUSTER" down "$PGD" || bad "cluster down"
+wait $pid
+rc=$?
+if [ $rc = 69 ]; then ok "cluster stopped mid-run: clean exit 69"; else bad "cluster stopped mid-run: exit 69" "exit $rc: $(head -c 300 "$T/err")"; fi
+expect_grep "cluster stopped: says the database went away, and to rerun" "$T/err" "database went away.*run the same command again"
+if grep -q "WARNING\|terminating connection" "$T/err"; then bad "cluster stopped: no server text on stderr"; else ok "cluster stopped: no server text on stderr"; fi
+if grep -q "AddressSanitizer\|runtime error" "$T/err"; then bad "cluster stopped: no sanitizer report"; else ok "cluster stopped: no sanitizer report"; fi
+run "status while the cluster is down: 69" 69 "$KS" migrate status --db "$CI"
+run "census while the cluster is down: 69" 69 "$KS" census --db "$CI" --table gone --column card
+"$CLUSTER" up "$PGD" || bad "cluster up"
+left=$(q "SELECT count(*) FROM gone WHERE substring(card FROM 1 FOR 3) <> 'KSE'::bytea")
+if [ "$left" -gt 0 ] && [ "$left" -lt 2000 ] && [ "$(status_field gone done)" = $((2000 - left)) ]; then
+    ok "cluster back: the checkpoint matches the data ($left rows left)"
+else
+    bad "cluster back: the checkpoint matches the data" "$left left; $(cat "$T/st")"
+fi
+run "rerun once the cluster is back" 0 "$KS" migrate run "${GTGT[@]}" --batch-size 500
+if [ "$(status_field gone done)" = 2000 ]; then ok "rerun: done == 2000 exactly"; else bad "rerun: done == 2000" "$(cat "$T/st")"; fi
+no_plaintext gone "rerun"
+check_sample gone 5 "rerun"
+run "status lists every column's migration" 0 "$KS" migrate status --db "$CI" --json
+for t in pay mal slow live busy gone; do expect_grep "status lists $t" "$T/out" "\"table\":\"$t\""; done
+
+cli_finish cli_migrate_pg_test
