@@ -282,6 +282,20 @@ static int pg_store(const char *conninfo, const char *table, ks_rowstore *st)
     return 0;
 }
 
+/* One timed migration of st to version in mode, its checkpoints deleted
+ * first (outside the time): 0 when every row was done. */
+static int pg_migrate(const ks_provider *prov, PGconn *c, const ks_rowstore *st, ks_migrate_mode mode,
+                      uint32_t version, long rows, double *secs)
+{
+    ks_metrics m;
+    ks_checkpoint cp;
+    if (pg_exec(c, "DELETE FROM keyshift_migration") != 0 ||
+        mig_run_store(prov, st, mode, MIG_KEY, version, MIG_DEK_MESSAGES, 0, secs, &m, &cp) != 0) {
+        return -1;
+    }
+    return (long)cp.done == rows ? 0 : -1;
+}
+
 /* The repetitions: raw against rewrap, raw against reencrypt, scan
  * against census; the goal lines and the WAL figures. */
 static int pg_reps(const ks_provider *prov, PGconn *c, const char *conninfo, long rows, int reps)
@@ -297,45 +311,58 @@ static int pg_reps(const ks_provider *prov, PGconn *c, const char *conninfo, lon
     }
     uint32_t version = 1;
     for (int i = 0; i < reps; i++) {
-        ks_metrics m;
-        ks_checkpoint cp;
+        /* each pair in both orders over the repetitions (odd ones run the
+         * contender first), so that neither side always meets the cache
+         * the other warmed */
+        int first = i % 2 == 0;
         long long w0 = wal_pos(c);
-        if (raw_pass(&st_r, rows, &raw[2 * i]) != 0) {
+        if (first && raw_pass(&st_r, rows, &raw[2 * i]) != 0) {
             goto out;
         }
         long long w1 = wal_pos(c);
         version = version == 1 ? 2 : 1;
-        if (pg_exec(c, "DELETE FROM keyshift_migration") != 0 ||
-            mig_run_store(prov, &st_t, KS_MIGRATE_REWRAP, MIG_KEY, version, MIG_DEK_MESSAGES, 0,
-                          &rewrap[i], &m, &cp) != 0 || (long)cp.done != rows) {
+        if (pg_migrate(prov, c, &st_t, KS_MIGRATE_REWRAP, version, rows, &rewrap[i]) != 0) {
             goto out;
         }
         long long w2 = wal_pos(c);
-        if (raw_pass(&st_r, rows, &raw[2 * i + 1]) != 0) {
+        if (!first && raw_pass(&st_r, rows, &raw[2 * i]) != 0) {
+            goto out;
+        }
+        if (first && raw_pass(&st_r, rows, &raw[2 * i + 1]) != 0) {
             goto out;
         }
         version = version == 1 ? 2 : 1;
         long long w3 = wal_pos(c);
-        if (pg_exec(c, "DELETE FROM keyshift_migration") != 0 ||
-            mig_run_store(prov, &st_t, KS_MIGRATE_REENCRYPT, MIG_KEY, version, MIG_DEK_MESSAGES, 0,
-                          &reenc[i], &m, &cp) != 0 || (long)cp.done != rows) {
+        if (pg_migrate(prov, c, &st_t, KS_MIGRATE_REENCRYPT, version, rows, &reenc[i]) != 0) {
             goto out;
         }
         long long w4 = wal_pos(c);
-        wal_raw += w1 - w0;
+        if (!first && raw_pass(&st_r, rows, &raw[2 * i + 1]) != 0) {
+            goto out;
+        }
+        if (first) {
+            wal_raw += w1 - w0;
+        }
         wal_rewrap += w2 - w1;
         wal_reenc += w4 - w3;
         long n = 0;
         ks_census cs;
-        if (scan_pass(&st_t, &n, &scan[i]) != 0 || n != rows) {
+        double t0 = 0;
+        if (!first && scan_pass(&st_t, &n, &scan[i]) != 0) {
             goto out;
         }
-        double t0 = now_s();
+        t0 = now_s();
         if (ks_census_run(&st_t, &cs) != KS_OK) {
             goto out;
         }
         census[i] = now_s() - t0;
         ks_census_free(&cs);
+        if (first && scan_pass(&st_t, &n, &scan[i]) != 0) {
+            goto out;
+        }
+        if (n != rows) {
+            goto out;
+        }
         r_rewrap[i] = rewrap[i] / raw[2 * i];
         r_reenc[i] = reenc[i] / raw[2 * i + 1];
         r_census[i] = scan[i] / census[i]; /* census rows/s over scan rows/s */
@@ -346,10 +373,11 @@ static int pg_reps(const ks_provider *prov, PGconn *c, const char *conninfo, lon
     mig_goal("pg-reencrypt", "reencrypt_s/raw_s", r_reenc, reps, 1.40, 1, rows, reenc_m, raw_m);
     mig_goal("pg-census", "census_rows_per_s/scan_rows_per_s", r_census, reps, 0.80, 0, rows, census_m,
              scan_m);
+    int raw_reps = (reps + 1) / 2; /* the WAL of the raw passes run first */
     printf("{\"bench\":\"pg-wal\",\"rows\":%ld,\"reps\":%d,\"raw_bytes_per_row\":%.0f,"
            "\"rewrap_bytes_per_row\":%.0f,\"reencrypt_bytes_per_row\":%.0f}\n",
-           rows, reps, (double)wal_raw / ((double)rows * reps), (double)wal_rewrap / ((double)rows * reps),
-           (double)wal_reenc / ((double)rows * reps));
+           rows, reps, (double)wal_raw / ((double)rows * raw_reps),
+           (double)wal_rewrap / ((double)rows * reps), (double)wal_reenc / ((double)rows * reps));
     rc = 0;
 out:
     ks_rowstore_close(&st_t);
