@@ -896,6 +896,54 @@ static void test_policy_open_store_args(void **state)
     ks_policy_close(p);
 }
 
+/* A role with only the privileges docs/rollout.md lists (the tables
+ * made by another role) runs a rollout, registers a reader and reports
+ * samples; it cannot edit the log. */
+static void test_least_privilege(void **state)
+{
+    world *w = *state;
+    admin_exec(w, "DO $$BEGIN IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'ks_app') THEN "
+                  "DROP OWNED BY ks_app; DROP ROLE ks_app; END IF; END$$");
+    admin_exec(w, "CREATE ROLE ks_app LOGIN");
+    admin_exec(w, "GRANT USAGE ON SCHEMA public TO ks_app");
+    admin_exec(w, "GRANT SELECT, INSERT, UPDATE ON keyshift_rollout, keyshift_rollout_column, "
+                  "keyshift_readers, keyshift_metrics TO ks_app");
+    admin_exec(w, "GRANT SELECT, INSERT ON keyshift_rollout_log TO ks_app");
+    admin_exec(w, "GRANT SELECT ON keyshift_meta TO ks_app");
+    admin_exec(w, "GRANT SELECT, UPDATE ON keyshift_rollout_version TO ks_app");
+    admin_exec(w, "GRANT DELETE ON keyshift_readers TO ks_app");
+    char conninfo[sizeof ks_pg_test_conninfo + 16];
+    snprintf(conninfo, sizeof conninfo, "%s user=ks_app", ks_pg_test_conninfo);
+    ks_rollout_store *as = NULL;
+    ks_rollout_db *db = NULL;
+    assert_int_equal(ks_rollout_store_pg_open(conninfo, 0, &as, w->err, sizeof w->err), KS_OK);
+    assert_int_equal(ks_rollout_db_wrap(as, &db), KS_OK);
+    ks_rollout sp = spec("payments", "card");
+    int64_t id = 0;
+    assert_int_equal(ks_rollout_db_start(db, &sp, "app", 1000, &id, w->err, sizeof w->err), KS_OK);
+    ks_rollout_facts f = {.now = 1100, .target_key_state = KS_KEY_ACTIVE};
+    ks_rollout_change c = {id, KS_PHASE_PLANNED, KS_PHASE_READ_COMPAT, "app", "go", 0};
+    assert_int_equal(ks_rollout_db_transition(db, &c, &f, w->err, sizeof w->err), KS_OK);
+    ks_rollout_reader r = reader("web-1", "k:1");
+    assert_int_equal(ks_rollout_db_reader_register(db, &r, 1100), KS_OK);
+    assert_int_equal(ks_rollout_db_reader_deregister(db, "web-1"), KS_OK);
+    ks_health_sample h = {.time = 1100, .seals = 1};
+    assert_int_equal(ks_rollout_db_metrics_insert(db, id, "web-1", "app", &h), KS_OK);
+    ks_rollout_log_entry e[4];
+    size_t n = 0;
+    assert_int_equal(ks_rollout_db_log(db, id, 0, e, 4, &n), KS_OK);
+    assert_int_equal(n, 2);
+    ks_rollout_db_close(db);
+    PGconn *app = PQconnectdb(conninfo);
+    assert_int_equal(PQstatus(app), CONNECTION_OK);
+    PGresult *res = PQexec(app, "DELETE FROM keyshift_rollout_log");
+    assert_int_equal(PQresultStatus(res), PGRES_FATAL_ERROR);
+    PQclear(res);
+    PQfinish(app);
+    admin_exec(w, "DROP OWNED BY ks_app");
+    admin_exec(w, "DROP ROLE ks_app");
+}
+
 /* Run the tests on one throw-away cluster. */
 int main(void)
 {
@@ -910,6 +958,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_race_transition, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(test_lifecycle, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(test_policy_open_store_args, world_setup, world_teardown),
+        cmocka_unit_test_setup_teardown(test_least_privilege, world_setup, world_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
