@@ -896,6 +896,31 @@ static void test_policy_open_store_args(void **state)
     ks_policy_close(p);
 }
 
+/* A change whose log row cannot be written leaves nothing behind: the
+ * rollout layer rolls the store's transaction back (here another
+ * process's trigger refuses the log row), and the next change works. */
+static void test_failed_change_rolls_back(void **state)
+{
+    world *w = *state;
+    wrap(w);
+    admin_exec(w, "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS "
+                  "$f$BEGIN RAISE EXCEPTION 'refused'; END$f$");
+    admin_exec(w, "CREATE TRIGGER refuse BEFORE INSERT ON keyshift_rollout_log "
+                  "FOR EACH ROW EXECUTE FUNCTION refuse()");
+    int64_t id = 0;
+    long long v0 = admin_int(w, "SELECT version FROM keyshift_rollout_version");
+    ks_rollout sp = spec("payments", "card");
+    assert_int_equal(ks_rollout_db_start(w->db, &sp, "alice", 1000, &id, w->err, sizeof w->err),
+                     KS_ERR_STORE);
+    assert_int_equal(admin_int(w, "SELECT count(*) FROM keyshift_rollout"), 0);
+    /* the counter's bump was rolled back with the insert */
+    assert_int_equal(admin_int(w, "SELECT version FROM keyshift_rollout_version"), v0);
+    admin_exec(w, "DROP TRIGGER refuse ON keyshift_rollout_log");
+    assert_int_equal(ks_rollout_db_start(w->db, &sp, "alice", 1000, &id, w->err, sizeof w->err),
+                     KS_OK);
+    assert_int_equal(admin_int(w, "SELECT count(*) FROM keyshift_rollout_log"), 1);
+}
+
 /* A role with only the privileges docs/rollout.md lists (the tables
  * made by another role) runs a rollout, registers a reader and reports
  * samples; it cannot edit the log. */
@@ -959,6 +984,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_lifecycle, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(test_policy_open_store_args, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(test_least_privilege, world_setup, world_teardown),
+        cmocka_unit_test_setup_teardown(test_failed_change_rolls_back, world_setup,
+                                        world_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
