@@ -192,8 +192,9 @@ static void test_open_creates_schema(void **state)
 {
     world *w = *state;
     assert_int_equal(admin_int(w, "SELECT count(*) FROM pg_class WHERE relname IN "
-                                  "('keyshift_meta', 'keyshift_rollout', 'keyshift_rollout_column', "
-                                  "'keyshift_rollout_log', 'keyshift_readers', 'keyshift_metrics', "
+                                  "('keyshift_meta', 'keyshift_rollout', "
+                                  "'keyshift_rollout_column', 'keyshift_rollout_log', "
+                                  "'keyshift_readers', 'keyshift_metrics', "
                                   "'keyshift_rollout_version', 'keyshift_rollout_open')"),
                      8);
     assert_int_equal(admin_int(w, "SELECT value FROM keyshift_meta "
@@ -227,8 +228,8 @@ static void test_open_creates_schema(void **state)
     assert_int_equal(dv, 0);
     assert_int_equal(ro->ops->begin(ro), KS_ERR_INVALID_ARGUMENT);
     ro->ops->close(ro);
-    assert_int_equal(admin_int(w, "SELECT count(*) FROM pg_class WHERE relname = 'keyshift_rollout'"),
-                     0);
+    assert_int_equal(
+        admin_int(w, "SELECT count(*) FROM pg_class WHERE relname = 'keyshift_rollout'"), 0);
     /* a schema newer than this library is refused */
     assert_int_equal(ks_rollout_store_pg_open(ks_pg_test_conninfo, 0, &ro, w->err, sizeof w->err),
                      KS_OK);
@@ -623,8 +624,9 @@ static void test_race_transition(void **state)
     /* wait (bounded) until the racer is blocked on the table lock */
     int waiting = 0;
     for (int i = 0; i < 2000 && !waiting; i++) {
-        waiting = admin_int(w, "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = "
-                               "l.relation WHERE c.relname = 'keyshift_rollout' AND NOT l.granted") > 0;
+        waiting = admin_int(w, "SELECT count(*) FROM pg_locks l JOIN pg_class c ON "
+                               "c.oid = l.relation WHERE c.relname = 'keyshift_rollout' "
+                               "AND NOT l.granted") > 0;
         if (!waiting)
             nanosleep(&(struct timespec){0, 5000000}, NULL);
     }
@@ -896,6 +898,25 @@ static void test_policy_open_store_args(void **state)
     ks_policy_close(p);
 }
 
+/* A writer that cannot get the write lock within the store's
+ * lock_timeout gets KS_ERR_BUSY (SQLSTATE 55P03), its transaction rolled
+ * back, and can begin once the holder commits. */
+static void test_lock_timeout_busy(void **state)
+{
+    world *w = *state;
+    ks_rollout_store *o = NULL;
+    assert_int_equal(ks_rollout_store_pg_open(ks_pg_test_conninfo, 0, &o, w->err, sizeof w->err),
+                     KS_OK);
+    assert_int_equal(w->s->ops->begin(w->s), KS_OK);
+    assert_int_equal(o->ops->begin(o), KS_ERR_BUSY); /* after KS_ROLLOUT_PG_LOCK_TIMEOUT_MS */
+    assert_int_equal(w->s->ops->commit(w->s), KS_OK);
+    assert_int_equal(o->ops->begin(o), KS_OK);
+    assert_int_equal(o->ops->commit(o), KS_OK);
+    /* commit without a transaction is refused */
+    assert_int_equal(o->ops->commit(o), KS_ERR_INVALID_ARGUMENT);
+    o->ops->close(o);
+}
+
 /* A change whose log row cannot be written leaves nothing behind: the
  * rollout layer rolls the store's transaction back (here another
  * process's trigger refuses the log row), and the next change works. */
@@ -986,6 +1007,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_least_privilege, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(test_failed_change_rolls_back, world_setup,
                                         world_teardown),
+        cmocka_unit_test_setup_teardown(test_lock_timeout_busy, world_setup, world_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

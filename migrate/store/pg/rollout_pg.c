@@ -486,7 +486,8 @@ static ks_err op_data_version(ks_rollout_store *s, int64_t *out)
     PGresult *res;
     ks_err err = ks_rpg_exec(db, &res, "SELECT version FROM keyshift_rollout_version WHERE id = 1",
                              "");
-    if (err == KS_OK && (PQntuples(res) != 1 || !ks_rpg_col_int(res, 0, 0, INT64_MIN, INT64_MAX, out)))
+    if (err == KS_OK &&
+        (PQntuples(res) != 1 || !ks_rpg_col_int(res, 0, 0, INT64_MIN, INT64_MAX, out)))
         err = KS_ERR_STORE;
     PQclear(res);
     return err;
@@ -641,7 +642,8 @@ ks_err ks_rollout_store_pg_open(const char *conninfo, int read_only, ks_rollout_
         return KS_ERR_INVALID_ARGUMENT;
     *out = NULL;
     if (conninfo == NULL)
-        return ks_rpg_fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT, "missing connection string");
+        return ks_rpg_fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                           "missing connection string");
     ks_rpg *db = calloc(1, sizeof *db);
     if (db == NULL)
         return KS_ERR_NO_MEMORY;

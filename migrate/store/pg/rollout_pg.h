@@ -18,7 +18,8 @@
 
 /* ASCII-only case folding of an SQL text expression x, as
  * ks_rollout_name_cmp folds (lower() would follow the locale). */
-#define KS_RPG_FOLD(x) "translate(" x ", 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz')"
+#define KS_RPG_FOLD(x)                                                                             \
+    "translate(" x ", 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz')"
 
 /* One open PostgreSQL rollout store. */
 typedef struct ks_rpg {

@@ -301,13 +301,15 @@ ks_err ks_rpg_find_column(ks_rollout_store *s, const char *table, const char *co
         ambiguous = !(exact_t > exact_t2 || (exact_t == exact_t2 && exact_c > exact_c2));
     }
     if (rows == 0)
-        err = ks_rpg_fail(errbuf, errbuf_len, KS_ERR_NO_TARGET, "no table \"%s\" in the database", pt);
+        err = ks_rpg_fail(errbuf, errbuf_len, KS_ERR_NO_TARGET,
+                          "no table \"%s\" in the database", pt);
     else if (ambiguous)
         err = ks_rpg_fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
                    "\"%s\".\"%s\" matches more than one table or column that differ only in case",
                    pt, pc);
     else if (ks_rpg_col_null(res, 0, 1))
-        err = ks_rpg_fail(errbuf, errbuf_len, KS_ERR_NO_TARGET, "no column \"%s\" in table \"%s\"", pc,
+        err = ks_rpg_fail(errbuf, errbuf_len, KS_ERR_NO_TARGET,
+                          "no column \"%s\" in table \"%s\"", pc,
                    pt);
     else if (!ks_rpg_col_int(res, 0, 2, 0, 1, &flag) || flag != 0)
         err = ks_rpg_fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
@@ -457,7 +459,8 @@ ks_err ks_rpg_set_canary(ks_rollout_store *s, int64_t id, const ks_rollout_canar
     return ks_rpg_run(ks_rpg_of(s), NULL,
                       "UPDATE keyshift_rollout SET canary_kind = $1, canary_percent = $2, "
                       "canary_tenants = $3, updated = $4 WHERE id = $5",
-                      "titii", ks_rcodec_canary_name(canary->kind), (int64_t)canary->percent, tenants, now,
+                      "titii", ks_rcodec_canary_name(canary->kind), (int64_t)canary->percent,
+                      tenants, now,
                       id);
 }
 
@@ -505,7 +508,8 @@ static ks_err read_log(const PGresult *res, int row, void *out)
              ks_rpg_col_int(res, row, 1, 1, INT64_MAX, &e->rollout_id) &&
              ks_rpg_col_int(res, row, 2, INT64_MIN, INT64_MAX, &e->time) &&
              ks_rpg_col_text(res, row, 3, e->actor, KS_ROLLOUT_ACTOR_MAX) &&
-             (ks_rpg_col_null(res, row, 4) || ks_rpg_col_text(res, row, 4, from, sizeof from - 1)) &&
+             (ks_rpg_col_null(res, row, 4) ||
+              ks_rpg_col_text(res, row, 4, from, sizeof from - 1)) &&
              ks_rpg_col_text(res, row, 5, to, sizeof to - 1) &&
              ks_rpg_col_text(res, row, 6, e->reason, KS_ROLLOUT_REASON_MAX) &&
              ks_rpg_col_int(res, row, 7, 0, 1, &automatic);
