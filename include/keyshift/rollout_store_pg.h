@@ -17,6 +17,12 @@
  * folding, as ks_rollout_name_cmp and SQLite's NOCASE do.  Errors map by
  * SQLSTATE as the row store's (keyshift/rowstore_pg.h, "Errors"), and a
  * unique violation on insert is KS_ERR_ROLLOUT_EXISTS.
+ *
+ * Lost connections.  The call that meets a dropped connection fails with
+ * KS_ERR_UNAVAILABLE (inside a transaction, the transaction is lost);
+ * the next begin, snapshot or data_version outside a transaction
+ * reconnects with the same parameters and settings, so a long-lived
+ * policy fails closed once and then recovers by itself.
  */
 #ifndef KEYSHIFT_ROLLOUT_STORE_PG_H
 #define KEYSHIFT_ROLLOUT_STORE_PG_H

@@ -60,6 +60,10 @@
  * (BEGIN, COMMIT, the DDL) carry no value.  Every cell read back is
  * decoded strictly by type oid, length and range; a bad row is
  * KS_ERR_STORE.  Messages never quote the server's text.
+ *
+ * Reconnecting.  A lost connection fails the call that meets it
+ * (KS_ERR_UNAVAILABLE); begin, snapshot and data_version then PQreset it
+ * when no transaction is open and set the session's timeouts again.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -401,6 +405,42 @@ int ks_rpg_col_null(const PGresult *res, int row, int i)
     return res != NULL && row < PQntuples(res) && i < PQnfields(res) && PQgetisnull(res, row, i);
 }
 
+/* ---- the connection ---------------------------------------------------------------- */
+
+/* Set the session's lock and statement timeouts and its read-only mode
+ * (bound through set_config): at connect and after every reconnect. */
+static ks_err configure_session(ks_rpg *db)
+{
+    PGresult *res;
+    ks_err err = ks_rpg_exec(db, &res,
+                             "SELECT pg_catalog.set_config('lock_timeout', $1, false), "
+                             "pg_catalog.set_config('statement_timeout', $2, false), "
+                             "pg_catalog.set_config('default_transaction_read_only', $3, false)",
+                             "ttt", STR(KS_ROLLOUT_PG_LOCK_TIMEOUT_MS),
+                             STR(KS_ROLLOUT_PG_STATEMENT_TIMEOUT_MS),
+                             db->read_only ? "on" : "off");
+    PQclear(res);
+    return err;
+}
+
+/* Before a transaction or the policy's poll: when the connection was
+ * lost (the server restarted, a proxy dropped it) and no transaction is
+ * open, connect again with the same parameters and settings, so a
+ * long-lived policy recovers by itself; the call that saw the loss
+ * failed with KS_ERR_UNAVAILABLE (fail closed).  KS_ERR_UNAVAILABLE
+ * while the server cannot be reached. */
+static ks_err ensure_connected(ks_rpg *db)
+{
+    if (PQstatus(db->conn) == CONNECTION_OK)
+        return KS_OK;
+    if (db->in_txn)
+        return KS_ERR_UNAVAILABLE; /* the transaction is lost: the caller rolls back */
+    PQreset(db->conn);
+    if (PQstatus(db->conn) != CONNECTION_OK)
+        return KS_ERR_UNAVAILABLE;
+    return configure_session(db);
+}
+
 /* ---- transactions ------------------------------------------------------------------ */
 
 /* The rollback op: roll back whatever transaction is open. */
@@ -423,16 +463,17 @@ static ks_err op_begin(ks_rollout_store *s)
     ks_rpg *db = ks_rpg_of(s);
     if (!ks_rpg_writable(db) || db->in_txn)
         return KS_ERR_INVALID_ARGUMENT;
-    if (PQstatus(db->conn) != CONNECTION_OK)
-        return KS_ERR_UNAVAILABLE;
+    ks_err err = ensure_connected(db);
+    if (err != KS_OK)
+        return err;
     db->in_txn = 1;
-    ks_err err = run_const(db,
-                           "BEGIN ISOLATION LEVEL READ COMMITTED;"
-                           "SET LOCAL lock_timeout = " STR(KS_ROLLOUT_PG_LOCK_TIMEOUT_MS) ";"
-                           "SET LOCAL statement_timeout = " STR(
-                               KS_ROLLOUT_PG_STATEMENT_TIMEOUT_MS) ";"
-                           "LOCK TABLE keyshift_rollout IN SHARE ROW EXCLUSIVE MODE",
-                           NULL, 0);
+    err = run_const(db,
+                    "BEGIN ISOLATION LEVEL READ COMMITTED;"
+                    "SET LOCAL lock_timeout = " STR(KS_ROLLOUT_PG_LOCK_TIMEOUT_MS) ";"
+                    "SET LOCAL statement_timeout = " STR(
+                        KS_ROLLOUT_PG_STATEMENT_TIMEOUT_MS) ";"
+                    "LOCK TABLE keyshift_rollout IN SHARE ROW EXCLUSIVE MODE",
+                    NULL, 0);
     if (err != KS_OK)
         op_rollback(s);
     return err;
@@ -469,7 +510,9 @@ static ks_err op_snapshot(ks_rollout_store *s, int begin)
         return db->in_txn ? commit_now(db) : KS_ERR_INVALID_ARGUMENT;
     if (db->in_txn)
         return KS_ERR_INVALID_ARGUMENT;
-    ks_err err = run_const(db, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", NULL, 0);
+    ks_err err = ensure_connected(db);
+    if (err == KS_OK)
+        err = run_const(db, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", NULL, 0);
     db->in_txn = err == KS_OK;
     return err;
 }
@@ -483,9 +526,11 @@ static ks_err op_data_version(ks_rollout_store *s, int64_t *out)
     *out = 0;
     if (!db->have_tables)
         return KS_OK;
+    ks_err err = ensure_connected(db);
+    if (err != KS_OK)
+        return err;
     PGresult *res;
-    ks_err err = ks_rpg_exec(db, &res, "SELECT version FROM keyshift_rollout_version WHERE id = 1",
-                             "");
+    err = ks_rpg_exec(db, &res, "SELECT version FROM keyshift_rollout_version WHERE id = 1", "");
     if (err == KS_OK &&
         (PQntuples(res) != 1 || !ks_rpg_col_int(res, 0, 0, INT64_MIN, INT64_MAX, out)))
         err = KS_ERR_STORE;
@@ -570,24 +615,16 @@ static ks_err create_tables(ks_rpg *db, char *errbuf, size_t errbuf_len)
 }
 
 /* Connect with conninfo and set the session's timeouts and read-only
- * mode (bound through set_config). */
+ * mode. */
 static ks_err connect_db(ks_rpg *db, const char *conninfo, char *errbuf, size_t errbuf_len)
 {
     ks_err err = ks_pg_connect(conninfo, &db->conn, errbuf, errbuf_len);
-    if (err != KS_OK)
-        return err;
-    PGresult *res;
-    err = ks_rpg_exec(db, &res,
-                      "SELECT pg_catalog.set_config('lock_timeout', $1, false), "
-                      "pg_catalog.set_config('statement_timeout', $2, false), "
-                      "pg_catalog.set_config('default_transaction_read_only', $3, false)",
-                      "ttt", STR(KS_ROLLOUT_PG_LOCK_TIMEOUT_MS),
-                      STR(KS_ROLLOUT_PG_STATEMENT_TIMEOUT_MS), db->read_only ? "on" : "off");
-    PQclear(res);
-    if (err != KS_OK)
-        return ks_rpg_fail(errbuf, errbuf_len, err, "setting the session's timeouts: %s",
+    if (err == KS_OK)
+        err = configure_session(db);
+    if (err != KS_OK && errbuf != NULL && errbuf_len > 0 && errbuf[0] == '\0')
+        ks_rpg_fail(errbuf, errbuf_len, err, "setting the session's timeouts: %s",
                     ks_err_name(err));
-    return KS_OK;
+    return err;
 }
 
 /* The close op: roll back what is open, close the connection. */
