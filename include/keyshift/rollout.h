@@ -494,7 +494,9 @@ typedef struct ks_policy_options {
  * instance.  The policy re-reads the rollouts at most once per refresh_ms,
  * and only when `PRAGMA data_version` says another connection committed:
  * answering never costs a query per record.  Errors of ks_rollout_db_open;
- * KS_ERR_INVALID_ARGUMENT for bad options.
+ * KS_ERR_INVALID_ARGUMENT for bad options.  ks_policy_open_store
+ * (keyshift/rollout_store.h) opens one over any rollout store instead,
+ * e.g. PostgreSQL's.
  */
 KS_API KS_WUR ks_err ks_policy_open(const char *path, const ks_policy_options *opts,
                                     ks_policy **out);

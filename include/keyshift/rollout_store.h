@@ -170,6 +170,17 @@ KS_API KS_WUR ks_err ks_rollout_store_sqlite_open(const char *path, unsigned fla
  * ks_rollout_db_close, or here on failure: KS_ERR_NO_MEMORY). */
 KS_API KS_WUR ks_err ks_rollout_db_wrap(ks_rollout_store *store, ks_rollout_db **out);
 
+/*
+ * Open a policy (ks_policy_open's rules and answers) over store instead of
+ * a SQLite path: e.g. a store of ks_rollout_store_pg_open, for an
+ * application whose rollout state lives in PostgreSQL.  The policy owns
+ * store from this call on (closed by ks_policy_close, or here on any
+ * failure).  Its refresh polls the store's data_version, as over SQLite.
+ * Errors of ks_policy_open; KS_ERR_INVALID_ARGUMENT for a NULL store.
+ */
+KS_API KS_WUR ks_err ks_policy_open_store(ks_rollout_store *store, const ks_policy_options *opts,
+                                          ks_policy **out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -26,6 +26,7 @@
 #include <sodium.h>
 
 #include <keyshift/rollout.h>
+#include <keyshift/rollout_store.h>
 
 #include "../../format/rules.h"
 #include "../crypto/mono_clock.h"
@@ -179,14 +180,10 @@ static ks_err take_options(ks_policy *p, const ks_policy_options *o)
     return KS_OK;
 }
 
-/* See rollout.h. */
-ks_err ks_policy_open(const char *path, const ks_policy_options *opts, ks_policy **out)
+/* A policy with opts taken and its mutex made, no database yet. */
+static ks_err policy_new(const ks_policy_options *opts, ks_policy **out)
 {
-    if (out == NULL)
-        return KS_ERR_INVALID_ARGUMENT;
     *out = NULL;
-    if (path == NULL || opts == NULL)
-        return KS_ERR_INVALID_ARGUMENT;
     ks_policy *p = calloc(1, sizeof *p);
     if (p == NULL)
         return KS_ERR_NO_MEMORY;
@@ -200,7 +197,14 @@ ks_err ks_policy_open(const char *path, const ks_policy_options *opts, ks_policy
         free(p);
         return err;
     }
-    err = ks_rollout_db_open(path, 0, &p->db, NULL, 0);
+    *out = p;
+    return KS_OK;
+}
+
+/* With p->db open (err, the result of opening it): register the
+ * instance when asked, load the rollouts, and hand p out (or close it). */
+static ks_err policy_finish(ks_policy *p, ks_err err, ks_policy **out)
+{
     if (err == KS_OK && p->heartbeat)
         err = ks_rollout_db_reader_register(p->db, &p->self, (int64_t)time(NULL));
     if (err != KS_OK)
@@ -213,6 +217,43 @@ ks_err ks_policy_open(const char *path, const ks_policy_options *opts, ks_policy
     }
     *out = p;
     return KS_OK;
+}
+
+/* See rollout.h. */
+ks_err ks_policy_open(const char *path, const ks_policy_options *opts, ks_policy **out)
+{
+    if (out == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    *out = NULL;
+    if (path == NULL || opts == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    ks_policy *p;
+    ks_err err = policy_new(opts, &p);
+    if (err != KS_OK)
+        return err;
+    return policy_finish(p, ks_rollout_db_open(path, 0, &p->db, NULL, 0), out);
+}
+
+/* See rollout_store.h: as ks_policy_open, over a store it owns (the
+ * rollout layer wraps it; closed here on any failure). */
+ks_err ks_policy_open_store(ks_rollout_store *store, const ks_policy_options *opts,
+                            ks_policy **out)
+{
+    if (out != NULL)
+        *out = NULL;
+    if (store == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    if (out == NULL || opts == NULL) {
+        store->ops->close(store);
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    ks_policy *p;
+    ks_err err = policy_new(opts, &p);
+    if (err != KS_OK) {
+        store->ops->close(store);
+        return err;
+    }
+    return policy_finish(p, ks_rollout_db_wrap(store, &p->db), out);
 }
 
 /* See rollout.h. */

@@ -58,6 +58,8 @@
 #include <keyshift/rowstore.h>
 #include <keyshift/rowstore_pg.h>
 
+#include "pg_util.h"
+
 /* The longest identifier or error name accepted. */
 #define IDENT_MAX 1024u
 #define ERROR_NAME_MAX 128u
@@ -135,32 +137,6 @@ __attribute__((format(printf, 4, 5))) static ks_err fail(char *errbuf, size_t er
     return err;
 }
 
-/* Copy name into out for a message, control bytes as '?', truncated. */
-static const char *printable(const char *name, char *out, size_t out_len)
-{
-    size_t i = 0;
-    for (; name != NULL && name[i] != '\0' && i + 1 < out_len; i++)
-        out[i] = (unsigned char)name[i] < 0x20 || name[i] == 0x7f ? '?' : name[i];
-    out[i] = '\0';
-    return out;
-}
-
-/* Map an SQLSTATE (NULL: none, a client-side failure) to a keyshift
- * error (rowstore_pg.h, "Errors"). */
-static ks_err map_sqlstate(const char *state)
-{
-    if (state == NULL || strlen(state) != 5)
-        return KS_ERR_STORE;
-    if (strcmp(state, "40P01") == 0 || strcmp(state, "40001") == 0 ||
-        strcmp(state, "55P03") == 0 || strcmp(state, "57014") == 0)
-        return KS_ERR_BUSY;
-    if (strncmp(state, "08", 2) == 0 || strncmp(state, "57P0", 4) == 0)
-        return KS_ERR_UNAVAILABLE;
-    if (strcmp(state, "53100") == 0)
-        return KS_ERR_FULL;
-    return KS_ERR_STORE;
-}
-
 /* The keyshift error of a failed result res (NULL: libpq could not even
  * send): a lost connection is KS_ERR_UNAVAILABLE whatever the code.  A
  * failure libpq made itself (no SQLSTATE) may be a server that went
@@ -176,7 +152,7 @@ static ks_err result_err(const pg_store *s, const PGresult *res)
         return KS_ERR_UNAVAILABLE;
     if (res == NULL)
         return KS_ERR_STORE;
-    return map_sqlstate(PQresultErrorField(res, PG_DIAG_SQLSTATE));
+    return ks_pg_map_sqlstate(PQresultErrorField(res, PG_DIAG_SQLSTATE));
 }
 
 /* The SQLSTATE of res for a message ("-----" when there is none). */
@@ -941,41 +917,21 @@ static ks_err check_args(const char *conninfo, const ks_rowstore_target *t, ks_r
     return KS_OK;
 }
 
-/* A notice processor that drops the server's notices and warnings
- * (libpq's default prints them on stderr): they are the server's own
- * text, which keyshift never passes on (it may quote rows), and the one
- * that matters, a shutdown's warning, comes back as KS_ERR_UNAVAILABLE. */
-static void drop_notice(void *arg, const char *message)
-{
-    (void)arg;
-    (void)message;
-}
-
 /* Connect and set the session's timeouts and read-only mode (bound
  * through set_config, never pasted). */
 static ks_err connect_db(opener *o, const char *conninfo)
 {
     pg_store *s = o->s;
-    const char *keys[] = {"fallback_application_name", "dbname", NULL};
-    const char *vals[] = {"keyshift", conninfo, NULL};
-    s->conn = PQconnectdbParams(keys, vals, 1);
-    if (s->conn == NULL)
-        return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
-    PQsetNoticeProcessor(s->conn, drop_notice, NULL);
-    if (PQstatus(s->conn) != CONNECTION_OK) {
-        /* libpq's own text (server address, authentication): never row data */
-        char msg[160];
-        snprintf(msg, sizeof msg, "%s", PQerrorMessage(s->conn));
-        msg[strcspn(msg, "\n")] = '\0';
-        return fail(o->errbuf, o->errbuf_len, KS_ERR_UNAVAILABLE, "cannot connect: %s", msg);
-    }
+    ks_err err = ks_pg_connect(conninfo, &s->conn, o->errbuf, o->errbuf_len);
+    if (err != KS_OK)
+        return err;
     const char *cfg[] = {s->lock_ms, s->stmt_ms, s->read_only ? "on" : "off"};
     PGresult *res;
-    ks_err err = catalog_query(o,
-                               "SELECT pg_catalog.set_config('lock_timeout', $1, false), "
-                               "pg_catalog.set_config('statement_timeout', $2, false), "
-                               "pg_catalog.set_config('default_transaction_read_only', $3, false)",
-                               cfg, 3, &res, "setting the session's timeouts");
+    err = catalog_query(o,
+                        "SELECT pg_catalog.set_config('lock_timeout', $1, false), "
+                        "pg_catalog.set_config('statement_timeout', $2, false), "
+                        "pg_catalog.set_config('default_transaction_read_only', $3, false)",
+                        cfg, 3, &res, "setting the session's timeouts");
     PQclear(res);
     return err;
 }
@@ -1040,7 +996,7 @@ static ks_err find_column(opener *o, const char *name, const char *role, colinfo
         char pcol[96];
         return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_TARGET,
                     "no %s column \"%s\" in table \"%s\"", role,
-                    printable(name, pcol, sizeof pcol), o->tname);
+                    ks_pg_printable(name, pcol, sizeof pcol), o->tname);
     }
     c->attnum = atoi(PQgetvalue(res, 0, 0));
     c->type = (unsigned)strtoul(PQgetvalue(res, 0, 1), NULL, 10);
@@ -1088,7 +1044,7 @@ static int integer_type(unsigned t)
 static ks_err check_id(opener *o)
 {
     char pid[96];
-    printable(o->id.name, pid, sizeof pid);
+    ks_pg_printable(o->id.name, pid, sizeof pid);
     if (!integer_type(o->id.type))
         return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_TARGET,
                     "id column \"%s\" of table \"%s\" is not a smallint, integer or bigint", pid,
@@ -1140,7 +1096,7 @@ static ks_err resolve_target(opener *o, const ks_rowstore_target *t)
     if (err != KS_OK)
         return err;
     char pcol[96];
-    printable(o->column.name, pcol, sizeof pcol);
+    ks_pg_printable(o->column.name, pcol, sizeof pcol);
     if (o->column.type != OID_BYTEA)
         return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_TARGET,
                     "column \"%s\" of table \"%s\" is not bytea", pcol, o->tname);
@@ -1409,7 +1365,7 @@ ks_err ks_rowstore_pg_open(const char *conninfo, const ks_rowstore_target *targe
     o.s = s;
     o.errbuf = errbuf;
     o.errbuf_len = errbuf_len;
-    printable(target->table, o.tname, sizeof o.tname);
+    ks_pg_printable(target->table, o.tname, sizeof o.tname);
     err = connect_db(&o, conninfo);
     if (err == KS_OK)
         err = resolve_target(&o, target);

@@ -25,6 +25,7 @@
 
 #include "sqlite_util.h"
 #include "rollout_sqlite.h"
+#include "../rollout_codec.h"
 #include "../../alloc_hook.h"
 
 /* The columns of keyshift_rollout in the order read_rollout expects. */
@@ -47,12 +48,6 @@
 #define READER_COLS                                                                                \
     "instance_id, library_version, max_format, algorithms, key_versions, started, heartbeat"
 
-/* Bytes of a stored histogram. */
-#define HIST_BLOB_LEN (KS_HIST_BUCKETS * 8)
-
-/* The canary's tenants joined by ',' fit in this many bytes. */
-#define TENANTS_TEXT_MAX (KS_ROLLOUT_TENANTS_MAX * (KS_TENANT_MAX + 1))
-
 /* max as an SQL LIMIT. */
 static int64_t limit_of(size_t max)
 {
@@ -61,60 +56,19 @@ static int64_t limit_of(size_t max)
 
 /* ---- canary ------------------------------------------------------------------- */
 
-/* The stored names of the canary kinds, indexed by kind. */
-static const char *const canary_names[] = {"all", "tenants", "percent"};
-
-/* The canary's tenants joined by ',' into out (TENANTS_TEXT_MAX + 1
- * bytes suffice for KS_ROLLOUT_TENANTS_MAX tenants). */
-static void canary_join(const ks_rollout_canary *c, char out[TENANTS_TEXT_MAX + 1])
-{
-    size_t o = 0;
-    out[0] = '\0';
-    for (size_t i = 0; c->kind == KS_CANARY_TENANTS && i < c->n_tenants; i++) {
-        size_t n = strlen(c->tenants[i]);
-        assert(o + n + 1 <= TENANTS_TEXT_MAX + 1);
-        if (i > 0)
-            out[o++] = ',';
-        memcpy(out + o, c->tenants[i], n);
-        o += n;
-        out[o] = '\0';
-    }
-}
-
 /* Parse stored canary columns (kind at column i, percent i + 1, tenants
  * i + 2) strictly into *c: 0 for anything malformed (whether the canary
  * is valid is the rollout layer's check). */
 static int read_canary(sqlite3_stmt *st, int i, ks_rollout_canary *c)
 {
     char kind[16];
-    char tenants[TENANTS_TEXT_MAX + 1];
+    char tenants[KS_RCODEC_TENANTS_MAX + 1];
     int64_t pct;
     memset(c, 0, sizeof *c);
-    if (!ks_rsql_col_text(st, i, kind, sizeof kind - 1) ||
-        !ks_rsql_col_int(st, i + 1, 0, 100, &pct) ||
-        !ks_rsql_col_text(st, i + 2, tenants, TENANTS_TEXT_MAX))
-        return 0;
-    int k = -1;
-    for (int j = 0; j < 3; j++)
-        if (strcmp(kind, canary_names[j]) == 0)
-            k = j;
-    if (k < 0)
-        return 0;
-    c->kind = (ks_canary_kind)k;
-    c->percent = (uint32_t)pct;
-    for (char *p = tenants; k == KS_CANARY_TENANTS;) {
-        char *comma = strchr(p, ',');
-        size_t n = comma != NULL ? (size_t)(comma - p) : strlen(p);
-        if (c->n_tenants == KS_ROLLOUT_TENANTS_MAX || n == 0 || n > KS_TENANT_MAX)
-            return 0;
-        memcpy(c->tenants[c->n_tenants], p, n);
-        c->tenants[c->n_tenants][n] = '\0';
-        c->n_tenants++;
-        if (comma == NULL)
-            break;
-        p = comma + 1;
-    }
-    return k == KS_CANARY_TENANTS || tenants[0] == '\0';
+    return ks_rsql_col_text(st, i, kind, sizeof kind - 1) &&
+           ks_rsql_col_int(st, i + 1, 0, 100, &pct) &&
+           ks_rsql_col_text(st, i + 2, tenants, KS_RCODEC_TENANTS_MAX) &&
+           ks_rcodec_canary_parse(kind, pct, tenants, c);
 }
 
 /* ---- rollout rows ------------------------------------------------------------- */
@@ -150,19 +104,6 @@ static int col_rate(sqlite3_stmt *st, int i, double *out)
     return !isnan(*out);
 }
 
-/* Set r's scope from the stored scope key (empty: a column scope, which
- * names its table and column; else a key scope, which names neither and
- * whose columns load_columns reads, and whose key is the key_id of its
- * source and target): 0 when the columns disagree. */
-static int scope_ok(ks_rollout *r, const char *key)
-{
-    if (key[0] == '\0')
-        return r->table[0] != '\0' && r->column[0] != '\0';
-    r->scope = KS_SCOPE_KEY;
-    return r->table[0] == '\0' && r->column[0] == '\0' && !r->source.is_plaintext &&
-           strcmp(r->source.key_id, key) == 0 && strcmp(r->target.key_id, key) == 0;
-}
-
 /* Read the row of ROLLOUT_COLS under st into *r, decoding every field
  * strictly: KS_ERR_STORE for a malformed row. */
 static ks_err read_rollout(sqlite3_stmt *st, void *out)
@@ -175,7 +116,7 @@ static ks_err read_rollout(sqlite3_stmt *st, void *out)
              ks_rsql_col_text(st, 1, r->table, KS_ROLLOUT_IDENT_MAX) &&
              ks_rsql_col_text(st, 2, r->column, KS_ROLLOUT_IDENT_MAX) &&
              read_class(st, 3, 1, &r->source) && read_class(st, 8, 0, &r->target) &&
-             ks_rsql_col_text(st, 29, key, KS_KEY_ID_MAX) && scope_ok(r, key) &&
+             ks_rsql_col_text(st, 29, key, KS_KEY_ID_MAX) && ks_rcodec_scope_ok(r, key) &&
              ks_rsql_col_text(st, 12, phase, sizeof phase - 1) &&
              ks_rsql_col_int(st, 13, INT64_MIN, INT64_MAX, &r->phase_since) &&
              read_canary(st, 14, &r->canary) &&
@@ -191,18 +132,7 @@ static ks_err read_rollout(sqlite3_stmt *st, void *out)
              ks_rsql_col_int(st, 26, INT64_MIN, INT64_MAX, &r->created) &&
              ks_rsql_col_int(st, 27, INT64_MIN, INT64_MAX, &r->updated) &&
              ks_rsql_col_int(st, 28, 0, INT64_MAX, &r->verified_at);
-    if (!ok)
-        return KS_ERR_STORE;
-    r->phase = (ks_rollout_phase)ks_rollout_phase_from_name(phase);
-    if (r->phase == 0)
-        return KS_ERR_STORE;
-    r->thresholds.max_seal_p99_us = (uint64_t)v[0];
-    r->thresholds.max_open_p99_us = (uint64_t)v[1];
-    r->thresholds.min_samples = (uint64_t)v[2];
-    r->thresholds.window_s = (uint32_t)v[3];
-    r->min_soak_s = (uint32_t)v[4];
-    r->reader_ttl_s = (uint32_t)v[5];
-    return KS_OK;
+    return ok && ks_rcodec_rollout_finish(r, phase, v) ? KS_OK : KS_ERR_STORE;
 }
 
 /* Reads one row under a statement's cursor into *out. */
@@ -431,8 +361,8 @@ ks_err ks_rsql_insert(ks_rollout_store *s, const ks_rollout *r, int64_t *id)
     ks_rsql *db = ks_rsql_of(s);
     if (!ks_rsql_writable(db))
         return KS_ERR_INVALID_ARGUMENT;
-    char tenants[TENANTS_TEXT_MAX + 1];
-    canary_join(&r->canary, tenants);
+    char tenants[KS_RCODEC_TENANTS_MAX + 1];
+    ks_rcodec_canary_join(&r->canary, tenants);
     const ks_thresholds *t = &r->thresholds;
     const ks_rollout_class *a = &r->source, *b = &r->target;
     sqlite3_stmt *st;
@@ -451,7 +381,7 @@ ks_err ks_rsql_insert(ks_rollout_store *s, const ks_rollout *r, int64_t *id)
         (int64_t)a->version, (int64_t)a->algorithm, a->key_id, (int64_t)a->key_version,
         (int64_t)b->version, (int64_t)b->algorithm, b->key_id, (int64_t)b->key_version,
         ks_rollout_phase_name((int)r->phase), r->phase_since,
-        canary_names[r->canary.kind], (int64_t)r->canary.percent, tenants,
+        ks_rcodec_canary_name(r->canary.kind), (int64_t)r->canary.percent, tenants,
         t->max_auth_failure_rate, t->max_parse_error_rate, t->max_provider_error_rate,
         (int64_t)t->max_seal_p99_us, (int64_t)t->max_open_p99_us, (int64_t)t->min_samples,
         (int64_t)t->window_s, (int64_t)r->min_soak_s, (int64_t)r->reader_ttl_s, r->created,
@@ -532,14 +462,14 @@ ks_err ks_rsql_set_canary(ks_rollout_store *s, int64_t id, const ks_rollout_cana
                           int64_t now)
 {
     ks_rsql *db = ks_rsql_of(s);
-    char tenants[TENANTS_TEXT_MAX + 1];
-    canary_join(canary, tenants);
+    char tenants[KS_RCODEC_TENANTS_MAX + 1];
+    ks_rcodec_canary_join(canary, tenants);
     sqlite3_stmt *st;
     int rc = ks_rsql_prep_bind(db, &st,
                                "UPDATE main.keyshift_rollout SET canary_kind = ?1, "
                                "canary_percent = ?2, canary_tenants = ?3, updated = ?4 "
                                "WHERE id = ?5",
-                               "titii", canary_names[canary->kind], (int64_t)canary->percent,
+                               "titii", ks_rcodec_canary_name(canary->kind), (int64_t)canary->percent,
                                tenants, now, id);
     rc = ks_rsql_run_done(db, st, rc);
     return rc == SQLITE_OK ? KS_OK : ks_rsql_rc_err(rc);
@@ -604,12 +534,7 @@ static ks_err read_log(sqlite3_stmt *st, void *out)
              ks_rsql_col_text(st, 5, to, sizeof to - 1) &&
              ks_rsql_col_text(st, 6, e->reason, KS_ROLLOUT_REASON_MAX) &&
              ks_rsql_col_int(st, 7, 0, 1, &automatic);
-    if (!ok)
-        return KS_ERR_STORE;
-    e->from = from[0] != '\0' ? ks_rollout_phase_from_name(from) : 0;
-    e->to = ks_rollout_phase_from_name(to);
-    e->automatic = (int)automatic;
-    return (from[0] != '\0' && e->from == 0) || e->to == 0 ? KS_ERR_STORE : KS_OK;
+    return ok && ks_rcodec_log_finish(e, from, to, automatic) ? KS_OK : KS_ERR_STORE;
 }
 
 /* See rollout_store.h (log_list). */
@@ -735,29 +660,16 @@ ks_err ks_rsql_reader_delete(ks_rollout_store *s, const char *instance_id)
 
 /* ---- metrics --------------------------------------------------------------------- */
 
-/* Encode h as KS_HIST_BUCKETS little-endian uint64 into out. */
-static void hist_encode(const ks_histogram *h, uint8_t out[HIST_BLOB_LEN])
-{
-    for (size_t i = 0; i < KS_HIST_BUCKETS; i++)
-        for (size_t j = 0; j < 8; j++)
-            out[i * 8 + j] = (uint8_t)(h->bucket[i] >> (8 * j));
-}
-
 /* Decode the histogram BLOB at column i of st into h: 0 unless it is a
- * BLOB of exactly HIST_BLOB_LEN bytes. */
+ * BLOB of exactly KS_RCODEC_HIST_LEN bytes. */
 static int hist_decode(sqlite3_stmt *st, int i, ks_histogram *h)
 {
     if (sqlite3_column_type(st, i) != SQLITE_BLOB)
         return 0;
     const uint8_t *p = sqlite3_column_blob(st, i);
-    if (p == NULL || sqlite3_column_bytes(st, i) != HIST_BLOB_LEN)
+    if (p == NULL || sqlite3_column_bytes(st, i) != KS_RCODEC_HIST_LEN)
         return 0;
-    for (size_t b = 0; b < KS_HIST_BUCKETS; b++) {
-        uint64_t v = 0;
-        for (size_t j = 0; j < 8; j++)
-            v |= (uint64_t)p[b * 8 + j] << (8 * j);
-        h->bucket[b] = v;
-    }
+    ks_rcodec_hist_decode(p, h);
     return 1;
 }
 
@@ -768,9 +680,9 @@ ks_err ks_rsql_metrics_insert(ks_rollout_store *s, int64_t rollout_id, const cha
     ks_rsql *db = ks_rsql_of(s);
     if (!ks_rsql_writable(db))
         return KS_ERR_INVALID_ARGUMENT;
-    uint8_t seal[HIST_BLOB_LEN], open[HIST_BLOB_LEN];
-    hist_encode(&sample->seal_ns, seal);
-    hist_encode(&sample->open_ns, open);
+    uint8_t seal[KS_RCODEC_HIST_LEN], open[KS_RCODEC_HIST_LEN];
+    ks_rcodec_hist_encode(&sample->seal_ns, seal);
+    ks_rcodec_hist_encode(&sample->open_ns, open);
     sqlite3_stmt *st;
     int rc = ks_rsql_prep_bind(db, &st,
                                "INSERT INTO main.keyshift_metrics(rollout_id, instance_id, source, "
@@ -781,7 +693,7 @@ ks_err ks_rsql_metrics_insert(ks_rollout_store *s, int64_t rollout_id, const cha
                                (int64_t)sample->seals, (int64_t)sample->opens,
                                (int64_t)sample->auth_failures, (int64_t)sample->parse_errors,
                                (int64_t)sample->provider_calls, (int64_t)sample->provider_errors,
-                               seal, (int)HIST_BLOB_LEN, open, (int)HIST_BLOB_LEN);
+                               seal, (int)KS_RCODEC_HIST_LEN, open, (int)KS_RCODEC_HIST_LEN);
     rc = ks_rsql_run_done(db, st, rc);
     return rc == SQLITE_OK ? KS_OK : ks_rsql_rc_err(rc);
 }
@@ -800,12 +712,7 @@ static ks_err add_sample(sqlite3_stmt *st, ks_health_sample *acc)
     if (!ks_rsql_col_int(st, 0, INT64_MIN, INT64_MAX, &row.time) ||
         !hist_decode(st, 7, &row.seal_ns) || !hist_decode(st, 8, &row.open_ns))
         return KS_ERR_STORE;
-    row.seals = (uint64_t)v[0];
-    row.opens = (uint64_t)v[1];
-    row.auth_failures = (uint64_t)v[2];
-    row.parse_errors = (uint64_t)v[3];
-    row.provider_calls = (uint64_t)v[4];
-    row.provider_errors = (uint64_t)v[5];
+    ks_rcodec_sample_counters(&row, v);
     ks_health_add(acc, &row);
     return KS_OK;
 }

@@ -1,0 +1,31 @@
+/*
+ * migrate/store/pg/pg_util.h -- libpq helpers that the PostgreSQL row
+ * store (pg_store.c) and rollout store (rollout_pg*.c) share: connecting
+ * with a message that never holds row data, the SQLSTATE mapping of
+ * keyshift/rowstore_pg.h ("Errors"), and names made printable for
+ * messages.  Internal to the library (no KS_API).
+ */
+#ifndef KS_MIGRATE_PG_UTIL_H
+#define KS_MIGRATE_PG_UTIL_H
+
+#include <stddef.h>
+
+#include <libpq-fe.h>
+
+#include <keyshift/error.h>
+
+/* Connect with conninfo (a connection string or URI, expanded as dbname;
+ * application name "keyshift" unless it names one) into *conn, which the
+ * caller PQfinishes even on failure: KS_ERR_NO_MEMORY, or
+ * KS_ERR_UNAVAILABLE with libpq's first line (server address,
+ * authentication: never row data) in errbuf.  The server's notices are
+ * dropped, never printed (they are its own text and may quote rows). */
+KS_WUR ks_err ks_pg_connect(const char *conninfo, PGconn **conn, char *errbuf, size_t errbuf_len);
+/* Map an SQLSTATE (NULL: none, a client-side failure) to a keyshift
+ * error: 40P01, 40001, 55P03, 57014 KS_ERR_BUSY; class 08 and 57P0x
+ * KS_ERR_UNAVAILABLE; 53100 KS_ERR_FULL; anything else KS_ERR_STORE. */
+KS_WUR ks_err ks_pg_map_sqlstate(const char *state);
+/* Copy name into out for a message, control bytes as '?', truncated. */
+const char *ks_pg_printable(const char *name, char *out, size_t out_len);
+
+#endif /* KS_MIGRATE_PG_UTIL_H */
