@@ -11,7 +11,10 @@
 # --db refused (64), --synchronous refused (64), an unreachable server
 # (69), kill -9 mid-run then resume (the checkpoint matches the data),
 # rows changed by another connection during the run raced and redone in
-# a catch-up pass, a lock held past --busy-timeout (75, then rerun), and the cluster stopped mid-run (a clean exit 69; the
+# a catch-up pass, a lock held past --busy-timeout (75, then rerun), a
+# rollout's lifecycle kept in the same database (start, read-compat,
+# write-upgrade, backfill with migrate run gated on the phase, a recorded
+# verify, finalize; the log append-only), and the cluster stopped mid-run (a clean exit 69; the
 # issue allows 69 or 74, and the store maps a lost connection to 69) then
 # started again, the rerun completing from the checkpoint.
 #
@@ -121,8 +124,9 @@ run "./dbname=... stays a SQLite file" 66 "$KS" census --db "./dbname=nosuch.db"
 run "--synchronous with PostgreSQL: refused" 64 "$KS" migrate run --db "$CI" --table t --column v \
     --mode encrypt --to-key payments/kek --tenant acme --synchronous full
 expect_grep "--synchronous refused: why" "$T/err" "SQLite option"
-run "rollouts on PostgreSQL: refused" 64 "$KS" rollout status --db "$CI"
-expect_grep "rollouts refused: says why" "$T/err" "rollouts are kept in a SQLite database"
+run "rollouts on PostgreSQL: none yet" 66 "$KS" rollout status --db "$CI"
+run "rollouts: a password in --db refused" 64 "$KS" rollout status --db "$CI password=hunter2"
+if grep -q hunter2 "$T/err"; then bad "rollouts: the password is not echoed"; else ok "rollouts: the password is not echoed"; fi
 run "status before any run" 0 "$KS" migrate status --db "$CI"
 expect_grep "status: no migration yet" "$T/out" "no migration has run"
 run "status --json before any run" 0 "$KS" migrate status --db "$URI" --json
@@ -323,6 +327,43 @@ wait "$wpid"
 wpid=
 run "busy: rerun once the locks are gone" 0 "$KS" migrate run "${BTGT[@]}" --busy-timeout 300
 no_plaintext busy "busy"
+
+# ---- a rollout's lifecycle on PostgreSQL ----------------------------------------------------------
+# The rollout state (keyshift_rollout, its log, readers, metrics) lives in
+# the same PostgreSQL database: start, read-compat, write-upgrade,
+# backfill with `migrate run` (gated on the phase, the rollout row locked
+# FOR SHARE in each batch), a complete `migrate verify` recorded, finalize.
+make_roll() { make_pay roll 300; }
+make_roll
+RTGT=v2:xchacha20-poly1305:payments/kek:2
+R=(--db "$CI")
+run "rollout: start on PostgreSQL" 0 "$KS" rollout start "${R[@]}" --table roll --column card --source plaintext \
+    --target "$RTGT" --min-soak 0s --reader-ttl 60 --actor ops --reason "encrypt roll.card"
+rid=$(cat "$T/out")
+if [ "$(q "SELECT phase FROM keyshift_rollout WHERE id = $rid")" = planned ]; then ok "rollout: planned in keyshift_rollout"; else bad "rollout: planned in keyshift_rollout"; fi
+run "rollout: migrate run refused before backfill" 78 "$KS" migrate run --db "$CI" --table roll --column card --mode encrypt --to-key payments/kek "${CTX[@]}"
+run "rollout: advance to read-compat" 0 "$KS" rollout advance "${R[@]}" --rollout "$rid" --reason "key everywhere"
+run "rollout: advance to write-upgrade" 0 "$KS" rollout advance "${R[@]}" --rollout "$rid" --all
+# a healthy window, as the application's policy reports it (keyshift_metrics)
+q "INSERT INTO keyshift_metrics(rollout_id, instance_id, source, time, seals, opens, auth_failures,
+       parse_errors, provider_calls, provider_errors, seal_ns, open_ns)
+   VALUES ($rid, 'web-1', 'app', extract(epoch FROM now())::bigint, 2000, 2000, 0, 0, 10, 0,
+       decode(repeat('00', 192), 'hex'), decode(repeat('00', 192), 'hex'))"
+run "rollout: advance to backfill" 0 "$KS" rollout advance "${R[@]}" --rollout "$rid"
+if [ "$(q "SELECT phase FROM keyshift_rollout WHERE id = $rid")" = backfill ]; then ok "rollout: in backfill"; else bad "rollout: in backfill"; fi
+run "rollout: finalize refused before the backfill" 75 "$KS" rollout advance "${R[@]}" --rollout "$rid"
+run "rollout: migrate run in backfill" 0 "$KS" migrate run --db "$CI" --table roll --column card --mode encrypt --to-key payments/kek "${CTX[@]}"
+no_plaintext roll "rollout backfill"
+run "rollout: finalize refused without a verify" 75 "$KS" rollout advance "${R[@]}" --rollout "$rid"
+run "rollout: migrate verify (recorded)" 0 "$KS" migrate verify --db "$CI" --table roll --column card "${CTX[@]}" --tenant-column tenant
+if [ "$(q "SELECT verified_at > 0 FROM keyshift_rollout WHERE id = $rid")" = t ]; then ok "rollout: verify recorded"; else bad "rollout: verify recorded"; fi
+run "rollout: advance to finalized" 0 "$KS" rollout advance "${R[@]}" --rollout "$rid"
+if [ "$(q "SELECT phase FROM keyshift_rollout WHERE id = $rid")" = finalized ]; then ok "rollout: finalized"; else bad "rollout: finalized"; fi
+run "rollout: status --json" 0 "$KS" rollout status "${R[@]}" --rollout "$rid" --json
+expect_grep "rollout: status shows finalized" "$T/out" '"phase":"finalized"'
+run "rollout: log" 0 "$KS" rollout log "${R[@]}" --rollout "$rid" --json
+expect_grep "rollout: the log holds the finalize" "$T/out" '"to":"finalized"'
+if q "UPDATE keyshift_rollout_log SET reason = 'x'" >/dev/null 2>&1; then bad "rollout: the log is append-only"; else ok "rollout: the log is append-only"; fi
 
 # ---- the cluster stopped mid-run, then started again -----------------------------------------------
 make_pay gone 2000

@@ -18,6 +18,9 @@
 #include <libpq-fe.h>
 #include <sodium.h>
 
+#include <keyshift/rollout_store.h>
+#include <keyshift/rollout_store_pg.h>
+
 #include "cli.h"
 
 /* The program named in messages (ks_cli_set_prog). */
@@ -863,16 +866,29 @@ int ks_cli_actor(const char *cmd, const char *given, char *out, size_t cap)
 int ks_cli_rollout_open(const char *path, int read_only, ks_rollout_db **out)
 {
     *out = NULL;
-    if (ks_cli_db_is_pg(path)) { /* not "no such database": say what is missing */
-        ks_cli_error("rollouts are kept in a SQLite database; a PostgreSQL --db is not "
-                     "supported for rollouts yet (docs/migration.md, section 11)");
-        return EX_USAGE;
+    char msg[256] = "";
+    if (ks_cli_db_is_pg(path)) { /* the rollouts live in the application's PostgreSQL database */
+        int rc = ks_cli_db_check(path, NULL); /* no password in argv */
+        if (rc != EX_OK) {
+            return rc;
+        }
+        ks_rollout_store *store = NULL;
+        ks_err e = ks_rollout_store_pg_open(path, read_only, &store, msg, sizeof msg);
+        if (e == KS_OK) {
+            e = ks_rollout_db_wrap(store, out); /* it owns the store, even on failure */
+        }
+        if (e != KS_OK) {
+            /* never the connection string: it may carry more than a host */
+            ks_cli_error("cannot open the rollouts of the PostgreSQL database: %s",
+                         msg[0] ? msg : ks_err_name(e));
+            return ks_cli_exit_code(e);
+        }
+        return EX_OK;
     }
     int rc = db_exists(path);
     if (rc != EX_OK) {
         return rc;
     }
-    char msg[256] = "";
     ks_err e = ks_rollout_db_open(path, read_only ? KS_ROLLOUT_DB_READ_ONLY : 0, out, msg, sizeof msg);
     if (e != KS_OK) {
         ks_cli_error("cannot open the rollouts of %s: %s", path, msg[0] ? msg : ks_err_name(e));

@@ -120,8 +120,10 @@ static void usage(FILE *f)
           "    schema, or have them created beforehand: docs/migration.md). Each\n"
           "    batch is one READ COMMITTED transaction; --busy-timeout is its\n"
           "    lock_timeout. verify, status and census use a read-only session.\n"
-          "    Rollouts (kept in a SQLite database) do not govern a PostgreSQL\n"
-          "    column yet: run and verify neither consult nor record one. A run\n"
+          "    Rollouts live in the same PostgreSQL database (keyshift_rollout and\n"
+          "    its tables) and govern run and verify as on SQLite; each batch reads\n"
+          "    its rollout's phase FOR SHARE, so a rollback waits for the batch and\n"
+          "    stops the next one. A run\n"
           "    whose database goes away (the server stopped, the connection lost)\n"
           "    exits 69 with its last committed batch kept: rerun it once the\n"
           "    server is back and it resumes from its checkpoint.\n"
@@ -913,22 +915,33 @@ static int rollout_gate(const mig_opts *o, ks_migrate_params *p, ks_ctx *ctx, in
 /*
  * With a rollout in backfill governing the column: make every batch's
  * write transaction check, under the write lock, that the rollout is
- * still in backfill (ks_rowstore_sqlite_set_write_gate).  A rollback
+ * still in backfill (ks_rowstore_sqlite_set_write_gate, or the PostgreSQL
+ * store's with the row locked FOR SHARE).  A rollback
  * committed meanwhile then stops the run before its next batch is
  * written (KS_ERR_STOPPED, exit 75, resumable once the rollout is back in
  * backfill), so that no target row is written after, say, a rollback to
  * read-compat and on to planned counted none.  The id is ours, not data.
  */
-static int backfill_gate(const ks_rowstore *store, int64_t rollout_id)
+static int backfill_gate(const ks_rowstore *store, int64_t rollout_id, int pg)
 {
     if (rollout_id <= 0) {
         return EX_OK;
     }
     char sql[128];
-    snprintf(sql, sizeof sql,
-             "SELECT phase = 'backfill' FROM main.keyshift_rollout WHERE id = %lld",
-             (long long)rollout_id);
-    ks_err e = ks_rowstore_sqlite_set_write_gate(store, sql);
+    ks_err e;
+    if (pg) {
+        /* FOR SHARE: a transition of the rollout waits for the batch's
+         * commit, and the next batch sees it (rowstore_pg.h) */
+        snprintf(sql, sizeof sql,
+                 "SELECT phase = 'backfill' FROM keyshift_rollout WHERE id = %lld FOR SHARE",
+                 (long long)rollout_id);
+        e = ks_rowstore_pg_set_write_gate(store, sql);
+    } else {
+        snprintf(sql, sizeof sql,
+                 "SELECT phase = 'backfill' FROM main.keyshift_rollout WHERE id = %lld",
+                 (long long)rollout_id);
+        e = ks_rowstore_sqlite_set_write_gate(store, sql);
+    }
     if (e != KS_OK) {
         ks_cli_error("cannot watch rollout %lld during the run: %s", (long long)rollout_id,
                      ks_err_name(e));
@@ -980,8 +993,8 @@ static int cmd_run(int argc, char **argv)
     char from_key[KS_KEY_ID_MAX + 1];
     if ((rc = ks_cli_store_open(o.db, &t, 0, busy_ms, sync, &store)) == EX_OK &&
         (rc = ks_cli_ctx_open(cmd, o.keyring, o.passfile, o.providers, &keys, &ctx)) == EX_OK &&
-        (pg || (rc = rollout_gate(&o, &p, ctx, &rollout_id, from_key)) == EX_OK) &&
-        (rc = backfill_gate(&store, rollout_id)) == EX_OK) {
+        (rc = rollout_gate(&o, &p, ctx, &rollout_id, from_key)) == EX_OK &&
+        (rc = backfill_gate(&store, rollout_id, pg)) == EX_OK) {
         rc = run_engine(ctx, &store, &p, &o, rollout_id, pg);
     }
     ks_rowstore_close(&store);
@@ -1235,7 +1248,7 @@ static int cmd_verify(int argc, char **argv)
         } else {
             rc = r.failed ? EX_DATAERR : EX_OK;
         }
-        if (rc == EX_OK && sample == 0 && !ks_cli_db_is_pg(o.db)) { /* rollouts: SQLite only */
+        if (rc == EX_OK && sample == 0) {
             rc = record_verify(&o);
         }
         if (o.json) {

@@ -127,6 +127,23 @@ KS_API KS_WUR ks_err ks_rowstore_pg_checkpoints(const char *conninfo, const char
                                                 const char *column, ks_checkpoint_list_fn fn,
                                                 void *arg, char *errbuf, size_t errbuf_len);
 
+/*
+ * Make every write transaction of store (a PostgreSQL store) check a
+ * condition right after it begins, as ks_rowstore_sqlite_set_write_gate
+ * does for SQLite: sql is a SELECT (the caller's own text, prepared
+ * once, never data) whose first row's first column is true or 1 while
+ * writes may go on; anything else (false, NULL, no row) rolls the
+ * transaction back and begin() fails with KS_ERR_STOPPED, so the engine
+ * stops before writing that batch (resumable).  A query that locks the
+ * row it reads (FOR SHARE) makes a change of that row wait for the
+ * batch's commit, and the next batch see it.  `keyshift migrate run` uses
+ * it to stop the moment its rollout leaves backfill.  NULL removes the
+ * gate.  KS_ERR_INVALID_ARGUMENT for another kind of store, a read-only
+ * one or one inside a transaction; KS_ERR_STORE when sql does not
+ * prepare.
+ */
+KS_API KS_WUR ks_err ks_rowstore_pg_set_write_gate(const ks_rowstore *store, const char *sql);
+
 #ifdef __cplusplus
 }
 #endif

@@ -98,6 +98,7 @@ typedef struct pg_store {
     char lock_ms[24], stmt_ms[24]; /* the timeouts as set_config values */
     uint8_t *buf;             /* cas_batch's array parameters */
     size_t buf_cap;
+    int gate;                 /* ks_rowstore_pg_set_write_gate: "ks_gate" is prepared */
 } pg_store;
 
 /* The parameters of one statement: binary values with their lengths. */
@@ -452,6 +453,23 @@ static ks_err op_count(void *self, uint64_t *n)
 
 /* ops.begin: a READ COMMITTED transaction with this store's lock and
  * statement timeouts as SET LOCAL. */
+/* The write gate, inside a just-begun write transaction: the caller's
+ * query (ks_rowstore_pg_set_write_gate) must return one row whose first
+ * column is true or 1, else KS_ERR_STOPPED (begin then rolls back). */
+static ks_err check_gate(pg_store *s)
+{
+    PGresult *res = PQexecPrepared(s->conn, "ks_gate", 0, NULL, NULL, NULL, 0);
+    ks_err err = KS_OK;
+    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+        err = result_err(s, res);
+    } else if (PQntuples(res) < 1 || PQnfields(res) < 1 || PQgetisnull(res, 0, 0) ||
+               (strcmp(PQgetvalue(res, 0, 0), "t") != 0 && strcmp(PQgetvalue(res, 0, 0), "1") != 0)) {
+        err = KS_ERR_STOPPED;
+    }
+    PQclear(res);
+    return err;
+}
+
 static ks_err op_begin(void *self)
 {
     pg_store *s = self;
@@ -471,6 +489,8 @@ static ks_err op_begin(void *self)
     PGresult *res;
     err = run_prepared(s, ST_TXN_CFG, &p, PGRES_TUPLES_OK, &res);
     PQclear(res);
+    if (err == KS_OK && s->gate)
+        err = check_gate(s);
     return err == KS_OK ? KS_OK : fail_txn(s, err);
 }
 
@@ -1497,5 +1517,27 @@ ks_err ks_rowstore_pg_checkpoints(const char *conninfo, const char *table, const
     free(qs);
     opener_free(&o);
     store_free(s);
+    return err;
+}
+
+/* See keyshift/rowstore_pg.h. */
+ks_err ks_rowstore_pg_set_write_gate(const ks_rowstore *store, const char *sql)
+{
+    if (store == NULL || store->ops != &pg_ops || store->self == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    pg_store *s = store->self;
+    if (s->read_only || s->in_txn)
+        return KS_ERR_INVALID_ARGUMENT;
+    if (s->gate) {
+        PGresult *res = PQexec(s->conn, "DEALLOCATE ks_gate");
+        PQclear(res);
+        s->gate = 0;
+    }
+    if (sql == NULL)
+        return KS_OK;
+    PGresult *res = PQprepare(s->conn, "ks_gate", sql, 0, NULL);
+    ks_err err = PQresultStatus(res) == PGRES_COMMAND_OK ? KS_OK : KS_ERR_STORE;
+    PQclear(res);
+    s->gate = err == KS_OK;
     return err;
 }
