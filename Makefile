@@ -81,7 +81,7 @@ LIB_HDRS := $(wildcard include/keyshift/*.h) format/rules.h parser/cursor.h $(wi
 # libsodium, SQLite (and threads) for migrate/; parser/ and format/ need none;
 # p11-kit and dlopen for the pkcs11 provider; libpq for the PostgreSQL store.
 LIB_LIBS := -lsodium -lsqlite3 $(PQ_LIBS) $(JANSSON_LIBS) $(P11_LIBS) -ldl -pthread
-CLI_SRCS := tools/keyshift.c tools/cli.c $(wildcard tools/cmd_*.c)
+CLI_SRCS := tools/keyshift.c tools/cli.c tools/throttle.c $(wildcard tools/cmd_*.c)
 CLI_HDRS := $(wildcard tools/*.h)
 
 REL_OBJS := $(LIB_SRCS:%.c=$(B)/rel/%.o)

@@ -365,6 +365,54 @@ run "rollout: log" 0 "$KS" rollout log "${R[@]}" --rollout "$rid" --json
 expect_grep "rollout: the log holds the finalize" "$T/out" '"to":"finalized"'
 if q "UPDATE keyshift_rollout_log SET reason = 'x'" >/dev/null 2>&1; then bad "rollout: the log is append-only"; else ok "rollout: the log is append-only"; fi
 
+# ---- throttling: a throttle query, the pause flag ------------------------------------------------
+# converted KSE rows of TABLE
+kse_rows() { q "SELECT count(*) FROM $1 WHERE substring(card FROM 1 FOR 3) = 'KSE'::bytea"; }
+make_pay thr 1500
+q "CREATE TABLE throttle_flag (busy boolean NOT NULL); INSERT INTO throttle_flag VALUES (false)"
+THR=(--db "$CI" --table thr --column card --mode encrypt --to-key payments/kek "${CTX[@]}" --batch-size 50 --max-rows-per-second 1000)
+"$KS" migrate run "${THR[@]}" --throttle-query "SELECT busy FROM throttle_flag" --json >"$T/thr.json" 2>"$T/thr.err" &
+tpid=$!
+sleep 0.5
+q "UPDATE throttle_flag SET busy = true"
+sleep 1
+d1=$(kse_rows thr)
+sleep 1.5
+d2=$(kse_rows thr)
+if [ "$d1" = "$d2" ] && [ "$d1" -lt 1500 ]; then ok "throttle query true: the run waits after its batch ($d1 rows)"; else bad "throttle query true: the run waits" "$d1 then $d2 rows"; fi
+q "UPDATE throttle_flag SET busy = false"
+wait $tpid
+rc=$?
+if [ $rc = 0 ]; then ok "throttle query false again: the run completes"; else bad "throttle: the run completes" "exit $rc: $(head -c 300 "$T/thr.err")"; fi
+expect_grep "throttle: a JSON line says throttled" "$T/thr.json" '"throttled":true,"reason":"the throttle query returned true"'
+thr_s=$(grep '"result"' "$T/thr.json" | sed -n 's/.*"throttled_s":\([0-9.]*\).*/\1/p')
+if awk -v t="${thr_s:-0}" 'BEGIN { exit !(t >= 1.5) }'; then ok "throttle: the summary counts the time throttled (${thr_s} s)"; else bad "throttle: throttled_s >= 1.5" "$(tail -1 "$T/thr.json")"; fi
+run "throttle: a query that does not prepare: 64" 64 "$KS" migrate run "${THR[@]}" --throttle-query "SELEC nonsense"
+run "throttle: --max-replica-lag must be a duration" 64 "$KS" migrate run "${THR[@]}" --max-replica-lag soon
+run "throttle: no replica, no lag: runs" 0 "$KS" migrate run "${THR[@]}" --max-replica-lag 5s
+run "throttle: --throttle-query on SQLite: 64" 64 "$KS" migrate run --db "$T/x.db" --table t --column v --mode encrypt --to-key payments/kek --throttle-query "SELECT 1"
+
+make_pay pau 1000
+PAU=(--db "$CI" --table pau --column card)
+"$KS" migrate run "${PAU[@]}" --mode encrypt --to-key payments/kek "${CTX[@]}" --batch-size 50 --max-rows-per-second 500 >"$T/pau.out" 2>"$T/pau.err" &
+ppid=$!
+sleep 0.5
+run "pause: a running migration" 0 "$KS" migrate pause "${PAU[@]}" --reason "peak hour"
+sleep 1
+c1=$(kse_rows pau)
+sleep 1.5
+c2=$(kse_rows pau)
+if [ "$c1" = "$c2" ] && [ "$c1" -lt 1000 ]; then ok "pause: the run waits after its batch ($c1 rows)"; else bad "pause: the run waits" "$c1 then $c2 rows"; fi
+run "resume" 0 "$KS" migrate resume "${PAU[@]}"
+wait $ppid
+rc=$?
+if [ $rc = 0 ]; then ok "resume: the run completes"; else bad "resume: the run completes" "exit $rc: $(head -c 300 "$T/pau.err")"; fi
+expect_grep "pause: the run says why it waits" "$T/pau.err" "throttled: paused by keyshift migrate pause (peak hour)"
+expect_grep "pause: the summary counts the pause" "$T/pau.err" "throttled .* s in 1 pauses"
+if [ "$(kse_rows pau)" = 1000 ]; then ok "pause: every row converted after resume"; else bad "pause: every row converted"; fi
+run "pause: needs --table and --column" 64 "$KS" migrate pause --db "$CI" --table pau
+run "pause: a SQLite --db is refused" 64 "$KS" migrate pause --db "$T/x.db" --table t --column v
+
 # ---- the cluster stopped mid-run, then started again -----------------------------------------------
 make_pay gone 2000
 GTGT=(--db "$CI" --table gone --column card --mode encrypt --to-key payments/kek "${CTX[@]}")

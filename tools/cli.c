@@ -977,3 +977,32 @@ int ks_cli_subcommand_help(int argc, char **argv, void (*usage)(FILE *), int *rc
     }
     return 0;
 }
+
+/* See cli.h. */
+int ks_cli_parse_duration(const char *s, uint32_t *out)
+{
+    char *end;
+    if (s == NULL || *s < '0' || *s > '9') {
+        return -1;
+    }
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    unsigned long long mul = 1;
+    if (*end != '\0') {
+        if (end[1] != '\0') {
+            return -1;
+        }
+        switch (*end) {
+        case 's': mul = 1; break;
+        case 'm': mul = 60; break;
+        case 'h': mul = 3600; break;
+        case 'd': mul = 86400; break;
+        default: return -1;
+        }
+    }
+    if (errno != 0 || v > UINT32_MAX / mul) {
+        return -1;
+    }
+    *out = (uint32_t)(v * mul);
+    return 0;
+}

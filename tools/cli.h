@@ -81,6 +81,10 @@ int ks_cli_parse_opts(const char *cmd, void (*usage)(FILE *), int argc, char **a
 /* The sysexits code for a library error (docs in `keyshift --help`). */
 int ks_cli_exit_code(ks_err err);
 
+/* Parse a duration: seconds, or a number followed by s, m, h or d, into
+ * *out seconds; 0, or -1 for anything else (or past UINT32_MAX s). */
+int ks_cli_parse_duration(const char *s, uint32_t *out);
+
 /*
  * Open the keyring named by path (NULL: $KEYSHIFT_KEYRING) with the
  * passphrase read from passphrase_file (NULL: $KEYSHIFT_PASSPHRASE, if

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "throttle.h"
 
 /* Set by SIGINT/SIGTERM; the engine polls it between batches. */
 static volatile sig_atomic_t stop_requested;
@@ -41,9 +42,12 @@ static void usage(FILE *f)
           "        [--purpose P] [--batch-size N] [--max-failure-rate R]\n"
           "        [--max-rows-per-second N] [--no-verify] [--serial]\n"
           "        [--from-key KEY_ID] [--supersede] [--busy-timeout MS]\n"
-          "        [--synchronous full|normal] [--json]\n"
+          "        [--synchronous full|normal] [--throttle-query SQL]\n"
+          "        [--max-replica-lag DURATION] [--json]\n"
           "        [--keyring FILE [--passphrase-file FILE] | --providers FILE]\n"
           "    keyshift migrate status --db DB [--table T --column C] [--json]\n"
+          "    keyshift migrate pause --db PG --table T --column C [--reason R]\n"
+          "    keyshift migrate resume --db PG --table T --column C\n"
           "    keyshift migrate verify --db DB --table T --column C [--sample N]\n"
           "        [--id-column I] [--context TEMPLATE] [--tenant-column COL |\n"
           "        --tenant T] [--purpose P] [--from-key KEY_ID] [--json]\n"
@@ -80,6 +84,10 @@ static void usage(FILE *f)
           "            application changed meanwhile are retried in a later pass; rows\n"
           "            that do not parse or open are quarantined (keyshift_quarantine)\n"
           "            and never modified. No mode ever writes plaintext.\n"
+          "    pause, resume  (PostgreSQL) set or clear column C's pause flag\n"
+          "            (keyshift_migrate_pause, created if missing): every run over\n"
+          "            the column, on any host, waits after its current batch while\n"
+          "            the flag is set, and goes on when it is cleared.\n"
           "    status  lists the migration checkpoints kept in the database, most\n"
           "            recently updated first (target, parameters, state, pass, cursor,\n"
           "            counts, times); with --json one object {\"migrations\":[...]}.\n"
@@ -188,6 +196,19 @@ static void usage(FILE *f)
           "          TRUNCATE, ...), which keeps full. SQLite only: refused\n"
           "          (exit 64) with a PostgreSQL --db, whose commits are as\n"
           "          durable as the server's synchronous_commit makes them\n"
+          "    --throttle-query SQL   run, PostgreSQL: after every batch, run SQL (a\n"
+          "          SELECT of the operator's, on a read-only session of its\n"
+          "          own) and wait while its first row's first column is\n"
+          "          true, checking every 0.5 s (e.g. \"SELECT load > 0.8 FROM\n"
+          "          app_load\"). A query that does not prepare: exit 64\n"
+          "    --max-replica-lag DURATION  run, PostgreSQL: wait while a replica's\n"
+          "          replay lag (pg_stat_replication.replay_lag; seeing it\n"
+          "          needs pg_monitor) is above DURATION (5s, 1m)\n"
+          "          Throttled time (these two and the pause flag) is\n"
+          "          reported (stderr, or {\"throttled\":...} lines and\n"
+          "          throttled_s with --json) and left out of the rate and\n"
+          "          the ETA; no row lock is held while waiting\n"
+          "    --reason R             pause: why (shown by the runs that wait)\n"
           "    --from-key KEY_ID      run (rewrap, reencrypt) and verify: only envelopes\n"
           "          whose key id is KEY_ID; plaintext and other keys'\n"
           "          envelopes are skipped and counted so (a column holding\n"
@@ -260,7 +281,7 @@ typedef struct mig_opts {
     const char *db, *table, *column, *id_column, *mode, *to_key, *to_format, *algorithm;
     const char *tenant_column, *tenant, *context, *purpose, *batch_size, *max_failure_rate;
     const char *max_rps, *busy_timeout, *sample, *keyring, *passfile, *from_key, *providers;
-    const char *synchronous;
+    const char *synchronous, *throttle_query, *max_replica_lag, *reason;
     int no_verify, serial, json, supersede;
 } mig_opts;
 
@@ -287,6 +308,9 @@ static int parse(const char *cmd, int argc, char **argv, mig_opts *o, int *rc)
         {"--max-rows-per-second", &o->max_rps, NULL},
         {"--busy-timeout", &o->busy_timeout, NULL},
         {"--synchronous", &o->synchronous, NULL},
+        {"--throttle-query", &o->throttle_query, NULL},
+        {"--max-replica-lag", &o->max_replica_lag, NULL},
+        {"--reason", &o->reason, NULL},
         {"--sample", &o->sample, NULL},
         {"--keyring", &o->keyring, NULL},
         {"--passphrase-file", &o->passfile, NULL},
@@ -316,6 +340,9 @@ static int only_options(const char *cmd, const mig_opts *o, const char *allowed)
         {"--max-rows-per-second", o->max_rps != NULL},
         {"--busy-timeout", o->busy_timeout != NULL}, {"--sample", o->sample != NULL},
         {"--synchronous", o->synchronous != NULL},
+        {"--throttle-query", o->throttle_query != NULL},
+        {"--max-replica-lag", o->max_replica_lag != NULL},
+        {"--reason", o->reason != NULL},
         {"--keyring", o->keyring != NULL},     {"--passphrase-file", o->passfile != NULL},
         {"--providers", o->providers != NULL},
         {"--no-verify", o->no_verify},         {"--id-column", o->id_column != NULL},
@@ -520,7 +547,16 @@ typedef struct progress_state {
     ks_ctx *ctx;
     ks_health_sample reported;
     double last_report;
+    ks_cli_throttle *throttle; /* PostgreSQL's pauses between batches (tools/throttle.h) */
 } progress_state;
+
+/* Seconds of the run spent working: elapsed less the time throttled,
+ * which the rate and the ETA leave out. */
+static double working_s(const progress_state *s, double elapsed)
+{
+    double w = elapsed - (s->throttle != NULL ? s->throttle->throttled_s : 0);
+    return w > 0 ? w : 0;
+}
 
 /* Copy the counts of cp. */
 static counts counts_of(const ks_checkpoint *cp)
@@ -540,7 +576,8 @@ static void draw_bar(const progress_state *s)
     uint64_t n = processed(&s->c);
     double frac = s->total ? (double)n / (double)s->total : 1.0;
     frac = frac > 1.0 ? 1.0 : frac;
-    double rate = s->elapsed > 0 ? (double)s->run_rows / s->elapsed : 0.0;
+    double work = working_s(s, s->elapsed);
+    double rate = work > 0 ? (double)s->run_rows / work : 0.0;
     char bar[31];
     int fill = (int)(frac * 30.0);
     for (int i = 0; i < 30; i++) {
@@ -616,17 +653,23 @@ static void on_progress(void *arg, const ks_migrate_progress *p)
     s->c = counts_of(p->checkpoint);
     s->have = 1;
     if (s->json) {
-        double rate = p->elapsed_s > 0 ? (double)s->run_rows / p->elapsed_s : 0.0;
+        double work = working_s(s, p->elapsed_s);
+        double rate = work > 0 ? (double)s->run_rows / work : 0.0;
         printf("{\"batch\":%llu,\"pass\":%u,\"done\":%llu,\"skipped\":%llu,\"raced\":%llu,"
-               "\"quarantined\":%llu,\"wrong_state\":%llu,\"total\":%llu,\"rows_per_s\":%.1f}\n",
+               "\"quarantined\":%llu,\"wrong_state\":%llu,\"total\":%llu,\"rows_per_s\":%.1f,"
+               "\"throttled_s\":%.1f}\n",
                (unsigned long long)s->batches, s->c.pass, (unsigned long long)s->c.done,
                (unsigned long long)s->c.skipped, (unsigned long long)s->c.raced,
                (unsigned long long)s->c.quarantined, (unsigned long long)s->c.wrong_state,
-               (unsigned long long)s->total, rate);
+               (unsigned long long)s->total, rate, p->elapsed_s - work);
         fflush(stdout);
     } else if (s->tty && (p->elapsed_s - s->last_draw >= 0.1 || s->batches == 1)) {
         s->last_draw = p->elapsed_s;
         draw_bar(s);
+    }
+    /* between batches: the batch is committed, no row lock is held */
+    if (s->throttle != NULL) {
+        ks_cli_throttle_wait(s->throttle, &stop_requested, s->json);
     }
 }
 
@@ -677,7 +720,9 @@ static const char *outcome_advice(ks_err e)
 static void print_summary(const progress_state *s, ks_err e, int rc, double elapsed)
 {
     const counts *c = &s->c;
-    double rate = elapsed > 0 ? (double)s->run_rows / elapsed : 0.0;
+    double work = working_s(s, elapsed);
+    double rate = work > 0 ? (double)s->run_rows / work : 0.0;
+    double throttled = elapsed - work;
     const char *result = e == KS_OK ? (s->batches == 0 ? "already complete, nothing to do" : "complete")
                          : rc == EX_TEMPFAIL ? "paused" : "failed";
     if (s->tty && !s->json && s->have) {
@@ -687,12 +732,16 @@ static void print_summary(const progress_state *s, ks_err e, int rc, double elap
         result = e == KS_OK ? "complete" : rc == EX_TEMPFAIL ? "paused" : "failed";
         printf("{\"result\":\"%s\",\"error\":\"%s\",\"exit\":%d,\"pass\":%u,\"done\":%llu,"
                "\"skipped\":%llu,\"raced\":%llu,\"quarantined\":%llu,\"wrong_state\":%llu,"
-               "\"total\":%llu,\"elapsed_s\":%.3f,\"rows_per_s\":%.1f}\n",
+               "\"total\":%llu,\"elapsed_s\":%.3f,\"rows_per_s\":%.1f,\"throttled_s\":%.3f}\n",
                result, ks_err_name(e), rc, c->pass, (unsigned long long)c->done,
                (unsigned long long)c->skipped, (unsigned long long)c->raced,
                (unsigned long long)c->quarantined, (unsigned long long)c->wrong_state,
-               (unsigned long long)s->total, elapsed, rate);
+               (unsigned long long)s->total, elapsed, rate, throttled);
         return;
+    }
+    if (s->throttle != NULL && s->throttle->pauses > 0) {
+        fprintf(stderr, KS_PROG " migrate: throttled %.1f s in %u pauses (left out of the rate)\n",
+                throttled, s->throttle->pauses);
     }
     fprintf(stderr,
             KS_PROG " migrate: %s: %llu rewritten, %llu already at target, %llu raced, "
@@ -714,10 +763,11 @@ static double now_s(void)
  * (pg: the store is PostgreSQL, whose lost connection is
  * KS_ERR_UNAVAILABLE too). */
 static int run_engine(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_params *p,
-                      const mig_opts *o, int64_t rollout_id, int pg)
+                      const mig_opts *o, int64_t rollout_id, int pg, ks_cli_throttle *throttle)
 {
     progress_state s;
     memset(&s, 0, sizeof s);
+    s.throttle = throttle;
     s.rollout_id = rollout_id;
     s.db = o->db;
     s.ctx = ctx;
@@ -964,7 +1014,7 @@ static int cmd_run(int argc, char **argv)
                                     "--tenant --context --purpose --batch-size --max-failure-rate "
                                     "--max-rows-per-second --busy-timeout --synchronous --keyring "
                                     "--passphrase-file --providers --no-verify --id-column --serial "
-                                    "--from-key --supersede ")) != EX_OK) {
+                                    "--from-key --supersede --throttle-query --max-replica-lag ")) != EX_OK) {
         return rc;
     }
     ks_migrate_params p;
@@ -986,6 +1036,12 @@ static int cmd_run(int argc, char **argv)
         return ks_cli_usage_error(cmd, "--synchronous is a SQLite option; a PostgreSQL commit "
                                        "is as durable as the server's synchronous_commit");
     }
+    if (!pg && (o.throttle_query != NULL || o.max_replica_lag != NULL)) {
+        return ks_cli_usage_error(cmd, "--throttle-query and --max-replica-lag need a PostgreSQL "
+                                       "--db (a SQLite run pauses on SIGINT and resumes)");
+    }
+    ks_cli_throttle throttle;
+    memset(&throttle, 0, sizeof throttle);
     ks_cli_keys keys = {0};
     ks_ctx *ctx = NULL;
     ks_rowstore store = {NULL, NULL, NULL};
@@ -994,9 +1050,12 @@ static int cmd_run(int argc, char **argv)
     if ((rc = ks_cli_store_open(o.db, &t, 0, busy_ms, sync, &store)) == EX_OK &&
         (rc = ks_cli_ctx_open(cmd, o.keyring, o.passfile, o.providers, &keys, &ctx)) == EX_OK &&
         (rc = rollout_gate(&o, &p, ctx, &rollout_id, from_key)) == EX_OK &&
-        (rc = backfill_gate(&store, rollout_id, pg)) == EX_OK) {
-        rc = run_engine(ctx, &store, &p, &o, rollout_id, pg);
+        (rc = backfill_gate(&store, rollout_id, pg)) == EX_OK &&
+        (!pg || (rc = ks_cli_throttle_open(&throttle, o.db, o.table, o.column, o.throttle_query,
+                                           o.max_replica_lag)) == EX_OK)) {
+        rc = run_engine(ctx, &store, &p, &o, rollout_id, pg, pg ? &throttle : NULL);
     }
+    ks_cli_throttle_close(&throttle);
     ks_rowstore_close(&store);
     ks_ctx_free(ctx);
     ks_cli_keys_close(&keys);
@@ -1268,6 +1327,39 @@ static int cmd_verify(int argc, char **argv)
     return rc;
 }
 
+/* `migrate pause` (paused nonzero) and `migrate resume`: set or clear
+ * the column's flag, which every run over it (on any host) checks after
+ * each batch. */
+static int cmd_pause(int argc, char **argv, int paused)
+{
+    const char *cmd = paused ? "migrate pause" : "migrate resume";
+    mig_opts o;
+    memset(&o, 0, sizeof o);
+    int rc, pg = 0;
+    if (parse(cmd, argc, argv, &o, &rc)) {
+        return rc;
+    }
+    if ((rc = only_options(cmd, &o, paused ? " --reason " : " ")) != EX_OK) {
+        return rc;
+    }
+    if (o.db == NULL || o.table == NULL || o.column == NULL) {
+        return ks_cli_usage_error(cmd, "--db, --table and --column are required");
+    }
+    if ((rc = ks_cli_db_check(o.db, &pg)) != EX_OK) {
+        return rc;
+    }
+    if (!pg) {
+        return ks_cli_usage_error(cmd, "a PostgreSQL --db only (stop a SQLite run with SIGINT)");
+    }
+    rc = ks_cli_pause_set(o.db, o.table, o.column, paused, o.reason);
+    if (rc == EX_OK && !o.json) {
+        fprintf(stderr, KS_PROG " %s: %s.%s %s\n", cmd, o.table, o.column,
+                paused ? "paused: every run over it waits after its current batch"
+                       : "resumed");
+    }
+    return rc;
+}
+
 /* See cli.h. */
 int ks_cmd_migrate(int argc, char **argv)
 {
@@ -1284,5 +1376,9 @@ int ks_cmd_migrate(int argc, char **argv)
     if (strcmp(argv[1], "verify") == 0) {
         return cmd_verify(argc - 1, argv + 1);
     }
-    return ks_cli_usage_error("migrate", "no such subcommand '%s' (run, status or verify)", argv[1]);
+    if (strcmp(argv[1], "pause") == 0 || strcmp(argv[1], "resume") == 0) {
+        return cmd_pause(argc - 1, argv + 1, strcmp(argv[1], "pause") == 0);
+    }
+    return ks_cli_usage_error("migrate", "no such subcommand '%s' (run, status, verify, pause or "
+                                         "resume)", argv[1]);
 }

@@ -284,35 +284,6 @@ static int parse(const char *cmd, int argc, char **argv, const char *allowed, ro
 
 /* ---- parsing values -------------------------------------------------------------- */
 
-/* Parse a duration: seconds, or a number followed by s, m, h or d. */
-static int parse_duration(const char *s, uint32_t *out)
-{
-    char *end;
-    if (s == NULL || *s < '0' || *s > '9') {
-        return -1;
-    }
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    unsigned long long mul = 1;
-    if (*end != '\0') {
-        if (end[1] != '\0') {
-            return -1;
-        }
-        switch (*end) {
-        case 's': mul = 1; break;
-        case 'm': mul = 60; break;
-        case 'h': mul = 3600; break;
-        case 'd': mul = 86400; break;
-        default: return -1;
-        }
-    }
-    if (errno != 0 || v > UINT32_MAX / mul) {
-        return -1;
-    }
-    *out = (uint32_t)(v * mul);
-    return 0;
-}
-
 /* Parse a finite rate (a negative one disables its check). */
 static int parse_rate(const char *s, double *out)
 {
@@ -977,7 +948,7 @@ static int parse_thresholds(const char *cmd, const ro_opts *o, ks_thresholds *t)
         }
         *counts[i].out = v;
     }
-    if (o->window != NULL && (parse_duration(o->window, &t->window_s) != 0 || t->window_s == 0)) {
+    if (o->window != NULL && (ks_cli_parse_duration(o->window, &t->window_s) != 0 || t->window_s == 0)) {
         return ks_cli_usage_error(cmd, "--window must be a duration of at least 1 s "
                                        "(300, 300s, 5m, 1h)");
     }
@@ -1071,11 +1042,11 @@ static int start_spec(const char *cmd, const ro_opts *o, ks_rollout *s)
     }
     s->min_soak_s = DEFAULT_MIN_SOAK_S;
     s->reader_ttl_s = DEFAULT_READER_TTL_S;
-    if (o->min_soak != NULL && parse_duration(o->min_soak, &s->min_soak_s) != 0) {
+    if (o->min_soak != NULL && ks_cli_parse_duration(o->min_soak, &s->min_soak_s) != 0) {
         return ks_cli_usage_error(cmd, "--min-soak must be a duration (300, 300s, 5m, 1h)");
     }
     if (o->reader_ttl != NULL &&
-        (parse_duration(o->reader_ttl, &s->reader_ttl_s) != 0 || s->reader_ttl_s == 0)) {
+        (ks_cli_parse_duration(o->reader_ttl, &s->reader_ttl_s) != 0 || s->reader_ttl_s == 0)) {
         return ks_cli_usage_error(cmd, "--reader-ttl must be a duration of at least 1 s");
     }
     s->canary.kind = KS_CANARY_ALL;
@@ -1513,7 +1484,7 @@ static int cmd_readers(int argc, char **argv)
         return rc;
     }
     uint32_t ttl = DEFAULT_READER_TTL_S;
-    if (o.reader_ttl != NULL && parse_duration(o.reader_ttl, &ttl) != 0) {
+    if (o.reader_ttl != NULL && ks_cli_parse_duration(o.reader_ttl, &ttl) != 0) {
         return ks_cli_usage_error(cmd, "--reader-ttl must be a duration (60, 60s, 1m)");
     }
     ks_rollout_db *db;
