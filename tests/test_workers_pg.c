@@ -515,6 +515,46 @@ static void test_kill9(void **state)
     check_rows(w, 1);
 }
 
+/* ---- stop ------------------------------------------------------------------------ */
+
+/* The stop flag of test_stop. */
+static volatile sig_atomic_t g_stop;
+
+/* Set the stop flag after the tenth batch of any worker. */
+static void stop_progress(void *arg, const ks_workers_progress *p)
+{
+    (void)arg;
+    if (p->batch_rows > 0 && p->rows >= 10 * 200)
+        g_stop = 1;
+}
+
+/* The stop flag: every worker commits its batch, gives its chunk up
+ * ("paused", no owner) and stops with KS_ERR_STOPPED; a rerun (another
+ * process's workers would do the same) completes without waiting for a
+ * lease. */
+static void test_stop(void **state)
+{
+    world *w = *state;
+    make_rows(w, STALL_ROWS);
+    ks_migrate_params p = rec_params(KS_MIGRATE_ENCRYPT, 200);
+    ks_workers_options o = {.workers = 3, .chunk_ids = 2000, .lease_ms = 600000};
+    g_stop = 0;
+    ks_workers_result r;
+    assert_int_equal(ks_migrate_run_workers(w->ctx, &p, &o, open_worker, NULL, &g_stop,
+                                            stop_progress, NULL, &r),
+                     KS_ERR_STOPPED);
+    assert_true(r.rows >= 10 * 200 && r.rows < STALL_ROWS);
+    assert_int_equal(admin_int(w, "SELECT count(*) FROM keyshift_chunk WHERE owner IS NOT NULL"),
+                     0);
+    assert_true(admin_int(w, "SELECT count(*) FROM keyshift_chunk WHERE state = 'paused'") >= 1);
+    /* the long lease would block a takeover: the rerun finds the chunks free */
+    assert_int_equal(ks_migrate_run_workers(w->ctx, &p, &o, open_worker, NULL, NULL, NULL, NULL,
+                                            &r),
+                     KS_OK);
+    check_chunks(w, &r);
+    check_rows(w, 1);
+}
+
 /* The workers' tests, one cluster for the group. */
 int main(void)
 {
@@ -523,6 +563,7 @@ int main(void)
         T(test_lost_lease),
         T(test_takeover),
         T(test_kill9),
+        T(test_stop),
         T(test_converge),
     };
 #undef T

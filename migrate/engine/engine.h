@@ -9,6 +9,8 @@
 #ifndef KS_MIGRATE_ENGINE_H
 #define KS_MIGRATE_ENGINE_H
 
+#include <stdatomic.h>
+
 #include <keyshift/aad.h>
 #include <keyshift/migrate.h>
 #include <keyshift/rowstore.h>
@@ -121,7 +123,8 @@ typedef ks_err (*ks_engine_save_fn)(void *arg, const ks_checkpoint *cp);
  * the end of a pass's) goes to save instead of the store's
  * checkpoint_save, in the same transaction; the catch-up pass of a rerun
  * does not apply (a complete chunk is never claimed).  halt (or NULL) is
- * a second stop flag, read where *stop is.
+ * a second stop flag, read where *stop is: atomic, since another
+ * worker's thread sets it.
  */
 typedef struct ks_engine_slice {
     int64_t lo, hi;
@@ -129,7 +132,7 @@ typedef struct ks_engine_slice {
     const ks_checkpoint *start;
     ks_engine_save_fn save;
     void *save_arg;
-    volatile sig_atomic_t *halt;
+    const atomic_int *halt;
 } ks_engine_slice;
 
 /* ks_migrate_run over one slice (the store needs visit_rows_range, else

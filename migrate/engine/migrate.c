@@ -1321,7 +1321,8 @@ static ks_err commit_batch(run *r, batch *b, volatile sig_atomic_t *stop, batch 
     assert(b->n > 0 && !b->running);
     const ks_value *last = &b->rows[b->n - 1].id;
     int stopping = (stop != NULL && *stop != 0) ||
-                   (r->slice != NULL && r->slice->halt != NULL && *r->slice->halt != 0);
+                   (r->slice != NULL && r->slice->halt != NULL &&
+                    atomic_load_explicit(r->slice->halt, memory_order_relaxed) != 0);
     ks_err err;
     if (r->catchup && !r->catchup_wrote && !batch_changes(b)) {
         /* A catch-up pass with nothing to write: advance in memory only. */

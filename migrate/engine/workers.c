@@ -20,7 +20,8 @@
  * Threads.  Each worker uses its own store and coordinator only; the
  * ks_ctx is shared (it is thread-safe, keyshift/crypto.h).  The shared
  * counts and the progress callback are under the driver's mutex; the
- * halt flag is written by any worker and read by all, as a stop flag.
+ * halt flag (atomic) is written by any worker and read by all, as a
+ * stop flag.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -63,7 +64,7 @@ typedef struct driver {
     ks_bytes params;        /* settled.params */
     uint32_t lease_ms, idle_ms;
     volatile sig_atomic_t *stop;
-    volatile sig_atomic_t halt; /* a worker failed: the others stop */
+    atomic_int halt;        /* a worker failed: the others stop */
     ks_workers_progress_fn progress;
     void *progress_arg;
     pthread_mutex_t mu;
@@ -92,7 +93,8 @@ static void sleep_ms(uint32_t ms)
 /* Nonzero once the caller asked to stop or a worker failed. */
 static int stopping(const driver *d)
 {
-    return (d->stop != NULL && *d->stop != 0) || d->halt != 0;
+    return (d->stop != NULL && *d->stop != 0) ||
+           atomic_load_explicit(&d->halt, memory_order_relaxed) != 0;
 }
 
 /* Name worker w: the caller's prefix (or host:pid), its index and a
@@ -211,7 +213,7 @@ static void *worker_main(void *arg)
         }
     }
     if (err != KS_OK && err != KS_ERR_STOPPED)
-        d->halt = 1;
+        atomic_store_explicit(&d->halt, 1, memory_order_relaxed);
     w->err = err;
     return NULL;
 }
@@ -247,7 +249,7 @@ static ks_err run_all(driver *d)
         worker *w = &d->w[i];
         w->started = pthread_create(&w->thread, NULL, worker_main, w) == 0;
         if (!w->started) {
-            d->halt = 1;
+            atomic_store_explicit(&d->halt, 1, memory_order_relaxed);
             err = KS_ERR_NO_MEMORY;
             break;
         }
@@ -322,6 +324,7 @@ ks_err ks_migrate_run_workers(ks_ctx *ctx, const ks_migrate_params *params,
     driver *d = calloc(1, sizeof *d);
     if (d == NULL)
         return KS_ERR_NO_MEMORY;
+    atomic_init(&d->halt, 0);
     d->ctx = ctx;
     d->p = params;
     d->n = o.workers ? o.workers : 1;
