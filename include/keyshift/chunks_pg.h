@@ -13,6 +13,8 @@
  *       owner text, lease_until timestamptz, claims bigint,
  *       updated timestamptz,
  *       PRIMARY KEY (tbl, col, params, chunk_id));
+ *   CREATE INDEX keyshift_chunk_open ON keyshift_chunk
+ *       (tbl, col, params, chunk_id) WHERE state <> 'complete';
  *
  * Claims are one UPDATE of the row a subquery picks with FOR UPDATE SKIP
  * LOCKED LIMIT 1; leases are now() plus lease_ms, compared with now():

@@ -125,6 +125,17 @@
  * Progress.  The target's rows are counted (for ks_migrate_progress's
  * total_rows) only when there is a progress callback: the count reads
  * every page of the table.
+ *
+ * Chunks.  ks_engine_run_slice (engine.h, for workers.c) runs the same
+ * loop over one chunk of a chunked run: its rows are read with the
+ * store's visit_rows_range within the chunk's ids, a new pass restarts
+ * at the chunk's first id, the chunk's state stands for the checkpoint
+ * (loaded by the caller's claim, not by load_checkpoint) and every save
+ * goes to the chunk through the slice's callback, in the same
+ * transaction as the batch it describes; a failing save (a chunk another
+ * worker took over) rolls the batch back like any failed write.  There
+ * is no catch-up pass and no count of the table.  With no slice nothing
+ * of this applies.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <assert.h>

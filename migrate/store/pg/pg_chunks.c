@@ -46,7 +46,11 @@ static const char DDL[] =
     "pass bigint NOT NULL, done bigint NOT NULL, skipped bigint NOT NULL, "
     "raced bigint NOT NULL, quarantined bigint NOT NULL, wrong_state bigint NOT NULL, "
     "owner text, lease_until timestamptz, claims bigint NOT NULL, "
-    "updated timestamptz NOT NULL, PRIMARY KEY (tbl, col, params, chunk_id))";
+    "updated timestamptz NOT NULL, PRIMARY KEY (tbl, col, params, chunk_id)); "
+    /* claims look for the first chunk not complete: without this index each
+     * claim would pass over every complete chunk before it */
+    "CREATE INDEX IF NOT EXISTS keyshift_chunk_open ON @S.keyshift_chunk"
+    "(tbl, col, params, chunk_id) WHERE state <> 'complete'";
 static const char SQL_PLANNED[] = "SELECT count(*) FROM @S.keyshift_chunk WHERE " KEY;
 /* $4 first id, $5 ids per chunk, $6 number of chunks */
 static const char SQL_PLAN[] =
