@@ -92,7 +92,9 @@ typedef struct ks_workers_result {
  * returns KS_OK at once (a catch-up pass is ks_migrate_run's).  Then the
  * workers run until every chunk is complete: KS_OK, the migration's
  * checkpoint saved "complete" with the chunks' summed counts.
- * *stop nonzero (or a worker's failure): every worker commits its
+ * *stop nonzero (read by the calling thread only, every 50 ms while the
+ * workers run; set it from a signal handler or a progress callback), or
+ * a worker's failure: every worker commits its
  * current batch with its chunk "paused" (given up) and stops;
  * KS_ERR_STOPPED, or the first worker's error: KS_ERR_THRESHOLD (its
  * chunk's failure rate: the threshold applies per chunk), provider

@@ -21,7 +21,9 @@
  * ks_ctx is shared (it is thread-safe, keyshift/crypto.h).  The shared
  * counts and the progress callback are under the driver's mutex; the
  * halt flag (atomic) is written by any worker and read by all, as a
- * stop flag.
+ * stop flag.  Only the calling thread reads the caller's stop flag (as
+ * in ks_migrate_run), every 50 ms while the workers run, and copies it
+ * into the halt flag.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -63,11 +65,13 @@ typedef struct driver {
     ks_engine_settled settled;
     ks_bytes params;        /* settled.params */
     uint32_t lease_ms, idle_ms;
-    volatile sig_atomic_t *stop;
-    atomic_int halt;        /* a worker failed: the others stop */
+    volatile sig_atomic_t *stop; /* the caller's: read by the calling thread only */
+    atomic_int halt;        /* stop (the caller's stop seen, or a worker failed) */
     ks_workers_progress_fn progress;
     void *progress_arg;
     pthread_mutex_t mu;
+    pthread_cond_t cv;     /* a worker ended */
+    unsigned running;      /* workers not ended, under mu */
     ks_workers_result res; /* counts, under mu */
     struct timespec t0;
     unsigned n;
@@ -90,11 +94,12 @@ static void sleep_ms(uint32_t ms)
     }
 }
 
-/* Nonzero once the caller asked to stop or a worker failed. */
-static int stopping(const driver *d)
+/* Nonzero once the caller asked to stop or a worker failed (the halt
+ * flag: the calling thread copies the caller's stop flag into it, so
+ * that only that thread reads the caller's flag). */
+static int stopping(driver *d)
 {
-    return (d->stop != NULL && *d->stop != 0) ||
-           atomic_load_explicit(&d->halt, memory_order_relaxed) != 0;
+    return atomic_load_explicit(&d->halt, memory_order_relaxed) != 0;
 }
 
 /* Name worker w: the caller's prefix (or host:pid), its index and a
@@ -165,7 +170,7 @@ static ks_err run_chunk(worker *w, const ks_chunk *k)
     w->chunk = k->id;
     ks_checkpoint start = k->cp; /* the engine copies its cursor before any other call */
     ks_engine_slice slice = {k->lo, k->hi, d->settled.to_version, &start, save_chunk, w, &d->halt};
-    return ks_engine_run_slice(d->ctx, &w->store, d->p, &slice, d->stop, on_batch, w);
+    return ks_engine_run_slice(d->ctx, &w->store, d->p, &slice, NULL, on_batch, w);
 }
 
 /* Nonzero when every chunk is complete; sets *err on a failure to tell. */
@@ -215,6 +220,10 @@ static void *worker_main(void *arg)
     if (err != KS_OK && err != KS_ERR_STOPPED)
         atomic_store_explicit(&d->halt, 1, memory_order_relaxed);
     w->err = err;
+    pthread_mutex_lock(&d->mu);
+    d->running--;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
     return NULL;
 }
 
@@ -241,19 +250,46 @@ static void close_all(driver *d)
     }
 }
 
+/* Until every worker has ended: every 50 ms, copy the caller's stop
+ * flag into the halt flag the workers read. */
+static void watch(driver *d)
+{
+    pthread_mutex_lock(&d->mu);
+    while (d->running > 0) {
+        if (d->stop != NULL && *d->stop != 0)
+            atomic_store_explicit(&d->halt, 1, memory_order_relaxed);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 50 * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        (void)pthread_cond_timedwait(&d->cv, &d->mu, &until);
+    }
+    pthread_mutex_unlock(&d->mu);
+}
+
 /* Run the worker threads and collect the first failure (a stop last). */
 static ks_err run_all(driver *d)
 {
     ks_err err = KS_OK;
     for (unsigned i = 0; i < d->n; i++) {
         worker *w = &d->w[i];
+        pthread_mutex_lock(&d->mu);
+        d->running++;
+        pthread_mutex_unlock(&d->mu);
         w->started = pthread_create(&w->thread, NULL, worker_main, w) == 0;
         if (!w->started) {
+            pthread_mutex_lock(&d->mu);
+            d->running--;
+            pthread_mutex_unlock(&d->mu);
             atomic_store_explicit(&d->halt, 1, memory_order_relaxed);
             err = KS_ERR_NO_MEMORY;
             break;
         }
     }
+    watch(d);
     for (unsigned i = 0; i < d->n; i++) {
         worker *w = &d->w[i];
         if (!w->started)
@@ -340,6 +376,12 @@ ks_err ks_migrate_run_workers(ks_ctx *ctx, const ks_migrate_params *params,
         free(d);
         return KS_ERR_NO_MEMORY;
     }
+    if (pthread_cond_init(&d->cv, NULL) != 0) {
+        pthread_mutex_destroy(&d->mu);
+        free(d->w);
+        free(d);
+        return KS_ERR_NO_MEMORY;
+    }
     for (unsigned i = 0; i < d->n; i++) {
         d->w[i].d = d;
         d->w[i].index = i;
@@ -351,6 +393,7 @@ ks_err ks_migrate_run_workers(ks_ctx *ctx, const ks_migrate_params *params,
     close_all(d);
     if (out != NULL)
         *out = d->res;
+    pthread_cond_destroy(&d->cv);
     pthread_mutex_destroy(&d->mu);
     free(d->w);
     free(d);
