@@ -18,8 +18,8 @@
 #                   test_fork, test_threads, test_crypto, test_migrate,
 #                   test_rollout, test_rowstore_sqlite, test_pkcs11,
 #                   test_plugin, test_rowstore_pg, test_workers_pg) under
-#                   clang's TSan,
-#                   built in build/tsan/, halting on the first report
+#                   clang's TSan, built in build/tsan/, halting on the
+#                   first report
 #   make fuzz       run each libFuzzer target (FUZZ_SECONDS, default 60)
 #   make fuzz-afl   run each target under afl-fuzz -V 20
 #   make coverage   llvm-cov over the committed corpus; each file's figures,
