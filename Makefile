@@ -20,9 +20,9 @@
 #   make tsan       the library and the threaded unit tests (TSAN_TESTS:
 #                   test_fork, test_threads, test_crypto, test_migrate,
 #                   test_rollout, test_rowstore_sqlite, test_pkcs11,
-#                   test_plugin, test_rowstore_pg,
-#                   test_rollout_pg_life) under clang's TSan,
-#                   built in build/tsan/, halting on the first report
+#                   test_plugin, test_rowstore_pg, test_rollout_pg_life,
+#                   test_workers_pg) under clang's TSan, built in
+#                   build/tsan/, halting on the first report
 #   make fuzz       run each libFuzzer target (FUZZ_SECONDS, default 60)
 #   make fuzz-afl   run each target under afl-fuzz -V 20
 #   make coverage   llvm-cov over the committed corpus; each file's figures,
@@ -233,7 +233,7 @@ unit: $(UNIT_BINS)
 TSAN      := -O1 -g -fno-omit-frame-pointer -fsanitize=thread
 TSAN_OBJS := $(LIB_SRCS:%.c=$(B)/tsan/%.o)
 TSAN_TESTS := test_fork test_threads test_crypto test_migrate test_rollout test_rowstore_sqlite test_pkcs11 test_plugin \
-              test_rowstore_pg test_rollout_pg_life
+              test_rowstore_pg test_rollout_pg_life test_workers_pg
 TSAN_BINS := $(TSAN_TESTS:%=$(B)/tsan/tests/%)
 .SECONDARY: $(TSAN_OBJS)
 TSAN_RUN_OPTIONS := halt_on_error=1:second_deadlock_stack=1

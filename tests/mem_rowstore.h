@@ -361,7 +361,8 @@ static inline mem_rowstore *mrs_new(ks_rowstore *out)
     static const ks_rowstore_ops ops = {mrs_scan, mrs_count, mrs_begin, mrs_cas, mrs_quarantine,
                                         mrs_cp_save, mrs_cp_load, mrs_commit, mrs_rollback, mrs_close,
                                         mrs_visit, NULL /* no visit_rows: the engine scans */,
-                                        NULL /* no cas_batch: the engine calls cas */};
+                                        NULL /* no cas_batch: the engine calls cas */,
+                                        NULL /* no visit_rows_range: no chunked runs */};
     mem_rowstore *m = calloc(1, sizeof *m);
     *out = (ks_rowstore){&ops, m, "mem"};
     return m;

@@ -12,7 +12,13 @@
  * starting stops the script, whose own trap removes what it made.  The
  * signal path uses only kill, fork, execv, waitpid, rmdir and raise.
  *
- * Test support code: static functions in one test file only.
+ * ks_pg_test_group_setup and ks_pg_test_group_teardown are a cmocka
+ * group's setup and teardown doing just that; ks_pg_test_exec and
+ * ks_pg_test_int run a test's own SQL (no values) on a connection of the
+ * test and assert that it succeeded; ks_pg_test_admin connects one with
+ * a fresh public schema (include cmocka.h and libpq-fe.h first).
+ *
+ * Test support code: static functions of the test files that include it.
  */
 #ifndef KS_TESTS_PG_TEST_H
 #define KS_TESTS_PG_TEST_H
@@ -163,6 +169,56 @@ static int ks_pg_test_start(void)
         return -1;
     }
     return 0;
+}
+
+/* A cmocka group setup: start the cluster for the whole group. */
+static int ks_pg_test_group_setup(void **state)
+{
+    (void)state;
+    return ks_pg_test_start() == 0 ? 0 : -1;
+}
+
+/* A cmocka group teardown: stop the cluster. */
+static int ks_pg_test_group_teardown(void **state)
+{
+    (void)state;
+    ks_pg_test_stop();
+    return 0;
+}
+
+/* Run sql (no values of the test's own) on conn and assert that it
+ * succeeded. */
+static void ks_pg_test_exec(PGconn *conn, const char *sql)
+{
+    PGresult *res = PQexec(conn, sql);
+    ExecStatusType st = PQresultStatus(res);
+    if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
+        fprintf(stderr, "pg_test: %s: %s", sql, PQerrorMessage(conn));
+    assert_true(st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK);
+    PQclear(res);
+}
+
+/* A connection to the cluster with a fresh, empty public schema (a
+ * test's admin connection); asserts that it worked. */
+static PGconn *ks_pg_test_admin(void)
+{
+    PGconn *conn = PQconnectdb(ks_pg_test_conninfo);
+    assert_int_equal(PQstatus(conn), CONNECTION_OK);
+    ks_pg_test_exec(conn, "SET client_min_messages = warning");
+    ks_pg_test_exec(conn, "DROP SCHEMA IF EXISTS public CASCADE");
+    ks_pg_test_exec(conn, "CREATE SCHEMA public");
+    return conn;
+}
+
+/* A single-integer query's answer on conn. */
+static long long ks_pg_test_int(PGconn *conn, const char *sql)
+{
+    PGresult *res = PQexec(conn, sql);
+    assert_int_equal(PQresultStatus(res), PGRES_TUPLES_OK);
+    assert_int_equal(PQntuples(res), 1);
+    long long v = atoll(PQgetvalue(res, 0, 0));
+    PQclear(res);
+    return v;
 }
 
 #endif /* KS_TESTS_PG_TEST_H */

@@ -46,31 +46,11 @@ typedef struct world {
 
 /* ---- helpers ------------------------------------------------------------------ */
 
-/* Start the cluster for the whole group. */
-static int group_setup(void **state)
-{
-    (void)state;
-    return ks_pg_test_start() == 0 ? 0 : -1;
-}
-
-/* Stop the cluster. */
-static int group_teardown(void **state)
-{
-    (void)state;
-    ks_pg_test_stop();
-    return 0;
-}
-
 /* Run sql (no values of the test's own) on the admin connection and
  * assert that it succeeded. */
 static void admin_exec(world *w, const char *sql)
 {
-    PGresult *res = PQexec(w->admin, sql);
-    ExecStatusType st = PQresultStatus(res);
-    if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
-        fprintf(stderr, "admin: %s: %s", sql, PQerrorMessage(w->admin));
-    assert_true(st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK);
-    PQclear(res);
+    ks_pg_test_exec(w->admin, sql);
 }
 
 /* A fresh public schema and an admin connection. */
@@ -78,11 +58,7 @@ static int world_setup(void **state)
 {
     world *w = calloc(1, sizeof *w);
     assert_non_null(w);
-    w->admin = PQconnectdb(ks_pg_test_conninfo);
-    assert_int_equal(PQstatus(w->admin), CONNECTION_OK);
-    admin_exec(w, "SET client_min_messages = warning");
-    admin_exec(w, "DROP SCHEMA IF EXISTS public CASCADE");
-    admin_exec(w, "CREATE SCHEMA public");
+    w->admin = ks_pg_test_admin();
     *state = w;
     return 0;
 }
@@ -139,12 +115,7 @@ static int admin_value(world *w, const char *t, int64_t id, uint8_t *out, size_t
 /* A single-integer query's answer on the admin connection. */
 static long long admin_int(world *w, const char *sql)
 {
-    PGresult *res = PQexec(w->admin, sql);
-    assert_int_equal(PQresultStatus(res), PGRES_TUPLES_OK);
-    assert_int_equal(PQntuples(res), 1);
-    long long v = atoll(PQgetvalue(res, 0, 0));
-    PQclear(res);
-    return v;
+    return ks_pg_test_int(w->admin, sql);
 }
 
 /* Open the store on table t / column c (id column idc, may be NULL). */
@@ -874,5 +845,5 @@ int main(void)
         T(test_migrate_raced),
     };
 #undef T
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, ks_pg_test_group_setup, ks_pg_test_group_teardown);
 }

@@ -166,6 +166,18 @@ typedef struct ks_rowstore_ops {
      * per row costs nothing more (SQLite, in process) leaves it NULL. */
     ks_err (*cas_batch)(void *self, size_t n, const ks_value *const *ids,
                         const ks_value *const *olds, const ks_bytes *new_values, int *swapped);
+    /* Optional (NULL: the store offers no bounded scan, and a caller that
+     * needs one, such as a chunked run (keyshift/chunks.h), refuses it):
+     * visit_rows restricted to ids at most *upto.  The rows visit_rows
+     * would return for after and max whose id is also <= *upto (upto an
+     * INTEGER: ids of a chunked store are integers), in the same order,
+     * with the same reads, transaction behaviour, views and errors.  It
+     * lets a worker read one key range (chunk) of the table without
+     * reading past its end into another worker's range.
+     * KS_ERR_INVALID_ARGUMENT when upto is NULL or not an INTEGER, or
+     * after is neither NULL, KS_VALUE_NULL nor an INTEGER. */
+    ks_err (*visit_rows_range)(void *self, const ks_value *after, const ks_value *upto,
+                               size_t max, ks_rowstore_row_fn fn, void *arg);
 } ks_rowstore_ops;
 
 typedef struct ks_rowstore {

@@ -19,7 +19,8 @@
  * (KS_VALUE_TEXT).  Anything else is KS_ERR_NO_TARGET, with a message.
  *
  * Scans are keyset scans on the id (WHERE id > $1 ORDER BY id LIMIT $2,
- * never OFFSET), each outside a write transaction its own statement.
+ * never OFFSET; visit_rows_range adds the chunk's bound: WHERE id >= $1
+ * AND id <= $2), each outside a write transaction its own statement.
  * Every value is bound as a parameter, never pasted into SQL.
  *
  * Compare-and-swap.  The store offers cas_batch (rowstore.h): the whole

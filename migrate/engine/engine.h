@@ -9,6 +9,8 @@
 #ifndef KS_MIGRATE_ENGINE_H
 #define KS_MIGRATE_ENGINE_H
 
+#include <stdatomic.h>
+
 #include <keyshift/aad.h>
 #include <keyshift/migrate.h>
 #include <keyshift/rowstore.h>
@@ -105,5 +107,61 @@ ks_err ks_migrate_canonical_params(const ks_migrate_params *p, uint32_t to_versi
  * variable fields may be percent-escaped (3 bytes). */
 #define KS_PARAMS_MAX (256 + 3 * (KS_KEY_ID_MAX + KS_TENANT_MAX + KS_PURPOSE_MAX + \
                                   KS_CONTEXT_TEMPLATE_MAX))
+
+
+/* ---- chunked runs (workers.c over migrate.c) -------------------------------- */
+
+/* A checkpoint save of a chunked run, inside the store's write
+ * transaction (ks_chunks_ops.save, bound to one chunk and worker). */
+typedef ks_err (*ks_engine_save_fn)(void *arg, const ks_checkpoint *cp);
+
+/*
+ * One chunk of a chunked run: the ids [lo, hi] to migrate, from the
+ * chunk's state start (its cursor, pass and counts; the params view is
+ * ignored), with the target version the caller settled
+ * (ks_engine_settle).  Every checkpoint the run would save (each batch's,
+ * the end of a pass's) goes to save instead of the store's
+ * checkpoint_save, in the same transaction; the catch-up pass of a rerun
+ * does not apply (a complete chunk is never claimed).  halt (or NULL) is
+ * a second stop flag, read where *stop is: atomic, since another
+ * worker's thread sets it.
+ */
+typedef struct ks_engine_slice {
+    int64_t lo, hi;
+    uint32_t to_version;
+    const ks_checkpoint *start;
+    ks_engine_save_fn save;
+    void *save_arg;
+    const atomic_int *halt;
+} ks_engine_slice;
+
+/* ks_migrate_run over one slice (the store needs visit_rows_range, else
+ * KS_ERR_INVALID_ARGUMENT): the same batches, pipeline, passes,
+ * threshold and stop, within [lo, hi].  The progress callback's
+ * checkpoint is the chunk's; total_rows is 0 (never counted). */
+ks_err ks_engine_run_slice(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_params *params,
+                           const ks_engine_slice *slice, volatile sig_atomic_t *stop,
+                           ks_migrate_progress_fn progress, void *progress_arg);
+
+/* The settled identity of a chunked run: what ks_migrate_run decides
+ * before its first batch. */
+typedef struct ks_engine_settled {
+    uint32_t to_version;
+    char params[KS_PARAMS_MAX];
+    size_t params_len;
+    int complete;      /* the migration's checkpoint was already complete */
+    int64_t started;   /* its start (Unix seconds) */
+} ks_engine_settled;
+
+/* Settle the target version and parameters of params on store as
+ * ks_migrate_run does (KS_ERR_MISMATCH, supersede, the pinned primary),
+ * and unless complete save the migration's checkpoint "running" in a
+ * transaction of its own, so that a single run and `status` see it. */
+ks_err ks_engine_settle(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_params *params,
+                        ks_engine_settled *out);
+
+/* Save cp with the store's checkpoint_save in a transaction of its own
+ * (rolled back on failure). */
+ks_err ks_engine_save_alone(const ks_rowstore *store, const ks_checkpoint *cp);
 
 #endif /* KS_MIGRATE_ENGINE_H */

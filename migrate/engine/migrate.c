@@ -125,6 +125,17 @@
  * Progress.  The target's rows are counted (for ks_migrate_progress's
  * total_rows) only when there is a progress callback: the count reads
  * every page of the table.
+ *
+ * Chunks.  ks_engine_run_slice (engine.h, for workers.c) runs the same
+ * loop over one chunk of a chunked run: its rows are read with the
+ * store's visit_rows_range within the chunk's ids, a new pass restarts
+ * at the chunk's first id, the chunk's state stands for the checkpoint
+ * (loaded by the caller's claim, not by load_checkpoint) and every save
+ * goes to the chunk through the slice's callback, in the same
+ * transaction as the batch it describes; a failing save (a chunk another
+ * worker took over) rolls the batch back like any failed write.  There
+ * is no catch-up pass and no count of the table.  With no slice nothing
+ * of this applies.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <assert.h>
@@ -231,6 +242,7 @@ typedef struct run {
     double fetch_s;        /* how long reading the last batch took */
     double compute_s;      /* how long computing the last batch took */
     helper h;
+    const ks_engine_slice *slice; /* a chunked run's chunk (workers.c), or NULL */
 } run;
 
 static const char ST_RUNNING[] = "running", ST_PAUSED[] = "paused", ST_STOPPED[] = "stopped",
@@ -1114,7 +1126,15 @@ static ks_err fetch_batch(run *r, const ks_value *after, batch *b)
     clock_gettime(CLOCK_MONOTONIC, &t0);
     b->n = 0;
     b->keep_len = 0;
-    if (ops->visit_rows != NULL) {
+    if (r->slice != NULL) {
+        /* a chunk's pass starts right below its first id */
+        int64_t lo = r->slice->lo;
+        ks_value from = {KS_VALUE_INTEGER, lo == INT64_MIN ? lo : lo - 1, {NULL, 0}};
+        ks_value upto = {KS_VALUE_INTEGER, r->slice->hi, {NULL, 0}};
+        int at_start = after == NULL || after->type == KS_VALUE_NULL;
+        const ks_value *a = !at_start ? after : lo == INT64_MIN ? NULL : &from;
+        err = ops->visit_rows_range(r->st->self, a, &upto, r->batch, take_row, b);
+    } else if (ops->visit_rows != NULL) {
         err = ops->visit_rows(r->st->self, after, r->batch, take_row, b);
     } else {
         size_t n = 0;
@@ -1143,20 +1163,43 @@ static int over_threshold(const run *r, const ks_checkpoint *cp, int force)
     return (double)cp->quarantined > rate * (double)processed;
 }
 
+/* Inside the write transaction: save cp where the run keeps its state:
+ * the store's checkpoint, or a chunked run's chunk (its slice's save). */
+static ks_err save_cp(const run *r, const ks_checkpoint *cp)
+{
+    if (r->slice != NULL) {
+        return r->slice->save(r->slice->save_arg, cp);
+    }
+    return r->st->ops->checkpoint_save(r->st->self, cp);
+}
+
+/* Save cp through save_cp (r NULL: the store's checkpoint_save) in its
+ * own transaction of st (ends of passes, final states). */
+static ks_err save_in_txn(const run *r, const ks_rowstore *st, const ks_checkpoint *cp)
+{
+    ks_err err = st->ops->begin(st->self);
+    if (err == KS_OK) {
+        err = r != NULL ? save_cp(r, cp) : st->ops->checkpoint_save(st->self, cp);
+    }
+    if (err == KS_OK) {
+        err = st->ops->commit(st->self);
+    }
+    if (err != KS_OK) {
+        st->ops->rollback(st->self);
+    }
+    return err;
+}
+
 /* Save cp in its own transaction (ends of passes, final states). */
 static ks_err save_alone(run *r, const ks_checkpoint *cp)
 {
-    ks_err err = r->st->ops->begin(r->st->self);
-    if (err == KS_OK) {
-        err = r->st->ops->checkpoint_save(r->st->self, cp);
-    }
-    if (err == KS_OK) {
-        err = r->st->ops->commit(r->st->self);
-    }
-    if (err != KS_OK) {
-        r->st->ops->rollback(r->st->self);
-    }
-    return err;
+    return save_in_txn(r, r->st, cp);
+}
+
+/* See engine.h. */
+ks_err ks_engine_save_alone(const ks_rowstore *store, const ks_checkpoint *cp)
+{
+    return save_in_txn(NULL, store, cp);
 }
 
 /* Inside apply_batch's transaction, through the store's cas_batch: every
@@ -1229,7 +1272,7 @@ static ks_err apply_batch(run *r, const batch *b, ks_checkpoint *next, batch *de
         }
     }
     if (err == KS_OK) {
-        err = ops->checkpoint_save(r->st->self, next);
+        err = save_cp(r, next);
     }
     if (err == KS_OK) {
         if (deferred != NULL) {
@@ -1288,7 +1331,9 @@ static ks_err commit_batch(run *r, batch *b, volatile sig_atomic_t *stop, batch 
 {
     assert(b->n > 0 && !b->running);
     const ks_value *last = &b->rows[b->n - 1].id;
-    int stopping = stop != NULL && *stop != 0;
+    int stopping = (stop != NULL && *stop != 0) ||
+                   (r->slice != NULL && r->slice->halt != NULL &&
+                    atomic_load_explicit(r->slice->halt, memory_order_relaxed) != 0);
     ks_err err;
     if (r->catchup && !r->catchup_wrote && !batch_changes(b)) {
         /* A catch-up pass with nothing to write: advance in memory only. */
@@ -1426,7 +1471,7 @@ static ks_err loop(run *r, volatile sig_atomic_t *stop, ks_migrate_progress_fn f
     /* The total is for progress reports only: without a callback to
      * report to, no count (it reads every page of the table). */
     uint64_t total = 0;
-    ks_err err = fn != NULL ? r->st->ops->count(r->st->self, &total) : KS_OK;
+    ks_err err = fn != NULL && r->slice == NULL ? r->st->ops->count(r->st->self, &total) : KS_OK;
     if (err != KS_OK) {
         return err;
     }
@@ -1496,21 +1541,23 @@ static ks_err loop(run *r, volatile sig_atomic_t *stop, ks_migrate_progress_fn f
     }
 }
 
-/* See keyshift/migrate.h and the file comment. */
-ks_err ks_migrate_run(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_params *params,
-                      volatile sig_atomic_t *stop, ks_migrate_progress_fn progress, void *progress_arg,
-                      ks_checkpoint *out)
+/* Make a run of params on store (NULL: out of memory or bad
+ * arguments, *err set): its buffers allocated. */
+static run *run_new(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_params *params,
+                    ks_err *err)
 {
     if (ctx == NULL || store == NULL || store->ops == NULL || params == NULL) {
-        return KS_ERR_INVALID_ARGUMENT;
+        *err = KS_ERR_INVALID_ARGUMENT;
+        return NULL;
     }
-    ks_err err = check_params(params);
-    if (err != KS_OK) {
-        return err;
+    *err = check_params(params);
+    if (*err != KS_OK) {
+        return NULL;
     }
     run *r = calloc(1, sizeof *r);
     if (r == NULL) {
-        return KS_ERR_NO_MEMORY;
+        *err = KS_ERR_NO_MEMORY;
+        return NULL;
     }
     r->ctx = ctx;
     r->st = store;
@@ -1519,8 +1566,30 @@ ks_err ks_migrate_run(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_pa
     r->alg = params->algorithm ? params->algorithm : KS_ALG_XCHACHA20POLY1305;
     r->batch = params->batch_size ? params->batch_size : KS_MIGRATE_BATCH_DEFAULT;
     clock_gettime(CLOCK_MONOTONIC, &r->t0);
+    *err = alloc_run(r);
+    return r;
+}
+
+/* Wipe, free and forget r. */
+static void run_free(run *r)
+{
+    if (r != NULL) {
+        free_run(r);
+        free(r);
+    }
+}
+
+/* See keyshift/migrate.h and the file comment. */
+ks_err ks_migrate_run(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_params *params,
+                      volatile sig_atomic_t *stop, ks_migrate_progress_fn progress, void *progress_arg,
+                      ks_checkpoint *out)
+{
+    ks_err err;
+    run *r = run_new(ctx, store, params, &err);
+    if (r == NULL) {
+        return err;
+    }
     int complete = 0;
-    err = alloc_run(r);
     if (err == KS_OK) {
         err = load_checkpoint(r, &complete);
     }
@@ -1540,7 +1609,67 @@ ks_err ks_migrate_run(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_pa
             memset(out, 0, sizeof *out);
         }
     }
-    free_run(r);
-    free(r);
+    run_free(r);
+    return err;
+}
+
+/* See engine.h. */
+ks_err ks_engine_settle(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_params *params,
+                        ks_engine_settled *out)
+{
+    ks_err err;
+    run *r = run_new(ctx, store, params, &err);
+    if (r == NULL) {
+        return err;
+    }
+    memset(out, 0, sizeof *out);
+    if (err == KS_OK) {
+        err = load_checkpoint(r, &out->complete);
+    }
+    if (err == KS_OK && !out->complete) {
+        r->cp.updated = (int64_t)time(NULL);
+        err = save_alone(r, &r->cp); /* "running": ours, seen by single runs and status */
+    }
+    if (err == KS_OK) {
+        out->to_version = r->to_version;
+        memcpy(out->params, r->params, r->params_len);
+        out->params_len = r->params_len;
+        out->started = r->cp.started;
+    }
+    run_free(r);
+    return err;
+}
+
+/* See engine.h: the chunk's state stands for the checkpoint. */
+ks_err ks_engine_run_slice(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_params *params,
+                           const ks_engine_slice *slice, volatile sig_atomic_t *stop,
+                           ks_migrate_progress_fn progress, void *progress_arg)
+{
+    if (slice == NULL || slice->start == NULL || slice->save == NULL || slice->lo > slice->hi ||
+        store == NULL || store->ops == NULL || store->ops->visit_rows_range == NULL) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    ks_err err;
+    run *r = run_new(ctx, store, params, &err);
+    if (r == NULL) {
+        return err;
+    }
+    r->slice = slice;
+    r->to_version = slice->to_version;
+    if (err == KS_OK) {
+        err = make_params(r, r->to_version);
+    }
+    if (err == KS_OK) {
+        r->cp = *slice->start;
+        err = ks_engine_value_copy(&slice->start->cursor, &r->cur_buf, &r->cur_cap, &r->cp.cursor);
+    }
+    if (err == KS_OK) {
+        r->cp.params = (ks_bytes){(const uint8_t *)r->params, r->params_len};
+        r->cp.state = sbytes(ST_RUNNING);
+        r->cp.finished = 0;
+        r->cp.pass = r->cp.pass == 0 ? 1 : r->cp.pass;
+        err = loop(r, stop, progress, progress_arg);
+    }
+    run_free(r);
     return err;
 }

@@ -58,6 +58,7 @@
 #include <keyshift/rowstore.h>
 #include <keyshift/rowstore_pg.h>
 
+#include "pg_internal.h"
 #include "pg_util.h"
 
 /* The longest identifier or error name accepted. */
@@ -78,6 +79,7 @@
 /* The prepared statements, by name. */
 static const char *const ST_SCAN_FIRST = "ks_scan_first";
 static const char *const ST_SCAN_AFTER = "ks_scan_after";
+static const char *const ST_SCAN_RANGE = "ks_scan_range";
 static const char *const ST_COUNT = "ks_count";
 static const char *const ST_TXN_CFG = "ks_txn_cfg";
 static const char *const ST_CAS = "ks_cas";
@@ -95,6 +97,7 @@ typedef struct pg_store {
     int have_tables;          /* keyshift_migration and keyshift_quarantine exist */
     size_t n_context;
     char *table, *column;     /* catalog spellings, for keyshift_*.tbl / col */
+    char *qschema, *qtable, *qid; /* quoted names, lent to pg_chunks.c */
     char lock_ms[24], stmt_ms[24]; /* the timeouts as set_config values */
     uint8_t *buf;             /* cas_batch's array parameters */
     size_t buf_cap;
@@ -339,24 +342,37 @@ static int writable(const pg_store *s)
 
 /* ---- operations ------------------------------------------------------------------ */
 
-/* Run the keyset scan for up to max rows after *after: the result is
- * kept (views into it) and its row count in *rows_out. */
-static ks_err scan_exec(pg_store *s, const ks_value *after, size_t max, int *rows_out)
+/* Run the keyset scan for up to max rows after *after (and, when upto
+ * is not NULL, at most *upto: the range scan, WHERE id >= after + 1 AND
+ * id <= upto): the result is kept (views into it) and its row count in
+ * *rows_out. */
+static ks_err scan_exec(pg_store *s, const ks_value *after, const ks_value *upto, size_t max,
+                        int *rows_out)
 {
     int from_start = after == NULL || after->type == KS_VALUE_NULL;
     if (!from_start && after->type != KS_VALUE_INTEGER)
         return KS_ERR_INVALID_ARGUMENT; /* ids of this store are integers */
     params p = {.n = 0};
-    if (!from_start)
+    const char *st = from_start ? ST_SCAN_FIRST : ST_SCAN_AFTER;
+    if (upto != NULL) {
+        if (!from_start && after->integer == INT64_MAX) {
+            *rows_out = 0; /* nothing is after the largest id */
+            keep_result(s, NULL);
+            return KS_OK;
+        }
+        p_int(&p, from_start ? INT64_MIN : after->integer + 1);
+        p_int(&p, upto->integer);
+        st = ST_SCAN_RANGE;
+    } else if (!from_start) {
         p_int(&p, after->integer);
+    }
     p_int(&p, max > (size_t)INT64_MAX ? INT64_MAX : (int64_t)max);
     if (s->have_tables) {
         p_str(&p, s->table);
         p_str(&p, s->column);
     }
     PGresult *res;
-    ks_err err = run_prepared(s, from_start ? ST_SCAN_FIRST : ST_SCAN_AFTER, &p,
-                              PGRES_TUPLES_OK, &res);
+    ks_err err = run_prepared(s, st, &p, PGRES_TUPLES_OK, &res);
     if (err != KS_OK)
         return fail_txn(s, err);
     keep_result(s, res);
@@ -387,12 +403,12 @@ static ks_err scan_row(pg_store *s, int i, ks_row *r)
 
 /* Scan up to max rows after *after: into rows[0, *n) when rows is not
  * NULL, else each handed to fn.  Views into the kept result. */
-static ks_err scan_run(pg_store *s, const ks_value *after, size_t max, ks_row *rows,
-                       ks_rowstore_row_fn fn, void *arg, size_t *n)
+static ks_err scan_run(pg_store *s, const ks_value *after, const ks_value *upto, size_t max,
+                       ks_row *rows, ks_rowstore_row_fn fn, void *arg, size_t *n)
 {
     int got = 0;
     *n = 0;
-    ks_err err = scan_exec(s, after, max, &got);
+    ks_err err = scan_exec(s, after, upto, max, &got);
     for (int i = 0; err == KS_OK && i < got && (size_t)i < max; i++) {
         ks_row one, *r = rows != NULL ? &rows[i] : &one;
         err = scan_row(s, i, r);
@@ -414,7 +430,7 @@ static ks_err op_scan(void *self, const ks_value *after, size_t max, ks_row *row
     *n = 0;
     if (max == 0)
         return KS_OK;
-    return scan_run(s, after, max, rows, NULL, NULL, n);
+    return scan_run(s, after, NULL, max, rows, NULL, NULL, n);
 }
 
 /* ops.visit_rows: the rows of op_scan, handed to fn one at a time. */
@@ -427,7 +443,22 @@ static ks_err op_visit_rows(void *self, const ks_value *after, size_t max, ks_ro
     if (max == 0)
         return KS_OK;
     size_t got = 0;
-    return scan_run(s, after, max, NULL, fn, arg, &got);
+    return scan_run(s, after, NULL, max, NULL, fn, arg, &got);
+}
+
+/* ops.visit_rows_range: the rows of op_visit_rows whose id is at most
+ * *upto (rowstore.h), by the range statement. */
+static ks_err op_visit_rows_range(void *self, const ks_value *after, const ks_value *upto,
+                                  size_t max, ks_rowstore_row_fn fn, void *arg)
+{
+    pg_store *s = self;
+    if (s == NULL || fn == NULL || (after != NULL && !value_ok(after)) || upto == NULL ||
+        upto->type != KS_VALUE_INTEGER)
+        return KS_ERR_INVALID_ARGUMENT;
+    if (max == 0)
+        return KS_OK;
+    size_t got = 0;
+    return scan_run(s, after, upto, max, NULL, fn, arg, &got);
 }
 
 /* ops.count: SELECT count(*) of the target table. */
@@ -809,6 +840,9 @@ static void store_free(pg_store *s)
     }
     free(s->table);
     free(s->column);
+    free(s->qschema);
+    free(s->qtable);
+    free(s->qid);
     free(s->buf);
     free(s);
 }
@@ -833,6 +867,7 @@ static const ks_rowstore_ops pg_ops = {
     .visit_values = NULL,
     .visit_rows = op_visit_rows,
     .cas_batch = op_cas_batch,
+    .visit_rows_range = op_visit_rows_range,
 };
 
 /* ---- opening ------------------------------------------------------------------------ */
@@ -1216,9 +1251,10 @@ static ks_err prepare(opener *o, const char *name, char *sql, int n)
     return err;
 }
 
-/* Build and prepare one of the two scans: after (WHERE id > $1) or from
- * the start, with the quarantine flag from keyshift_quarantine when it
- * exists (its tbl and col as the last two parameters). */
+/* Build and prepare one of the three scans: after (1: WHERE id > $1),
+ * a range (2: WHERE id >= $1 AND id <= $2) or from the start (0), with
+ * the quarantine flag from keyshift_quarantine when it exists (its tbl
+ * and col as the last two parameters). */
 static ks_err prepare_scan(opener *o, int after)
 {
     const char *qid = o->id.quoted;
@@ -1247,8 +1283,9 @@ static ks_err prepare_scan(opener *o, int after)
     if (has_q) {
         parts[n++] = " LEFT JOIN ";
         parts[n++] = o->qschema;
-        parts[n++] = after ? ".keyshift_quarantine AS q ON q.tbl = $3::text AND q.col = $4::text"
-                           : ".keyshift_quarantine AS q ON q.tbl = $2::text AND q.col = $3::text";
+        parts[n++] = after == 2 ? ".keyshift_quarantine AS q ON q.tbl = $4::text AND q.col = $5::text"
+                     : after    ? ".keyshift_quarantine AS q ON q.tbl = $3::text AND q.col = $4::text"
+                                : ".keyshift_quarantine AS q ON q.tbl = $2::text AND q.col = $3::text";
         parts[n++] = " AND q.id = t.";
         parts[n++] = qid;
         parts[n++] = "::text";
@@ -1256,13 +1293,17 @@ static ks_err prepare_scan(opener *o, int after)
     if (after) {
         parts[n++] = " WHERE t.";
         parts[n++] = qid;
-        parts[n++] = " > $1::int8";
+        parts[n++] = after == 2 ? " >= $1::int8 AND t." : " > $1::int8";
+    }
+    if (after == 2) {
+        parts[n++] = qid;
+        parts[n++] = " <= $2::int8";
     }
     parts[n++] = " ORDER BY t.";
     parts[n++] = qid;
-    parts[n++] = after ? " LIMIT $2::int8" : " LIMIT $1::int8";
-    return prepare(o, after ? ST_SCAN_AFTER : ST_SCAN_FIRST, concat(parts, n),
-                   (after ? 2 : 1) + (has_q ? 2 : 0));
+    parts[n++] = after == 2 ? " LIMIT $3::int8" : after ? " LIMIT $2::int8" : " LIMIT $1::int8";
+    return prepare(o, after == 2 ? ST_SCAN_RANGE : after ? ST_SCAN_AFTER : ST_SCAN_FIRST,
+                   concat(parts, n), 1 + after + (has_q ? 2 : 0));
 }
 
 /* The columns of a checkpoint, in read_checkpoint's order. */
@@ -1280,6 +1321,8 @@ static ks_err prepare_statements(opener *o)
     ks_err err = prepare_scan(o, 0);
     if (err == KS_OK)
         err = prepare_scan(o, 1);
+    if (err == KS_OK)
+        err = prepare_scan(o, 2);
     if (err == KS_OK) {
         const char *parts[] = {"SELECT pg_catalog.count(*) FROM ", o->qtable};
         err = prepare(o, ST_COUNT, concat(parts, 2), 0);
@@ -1393,6 +1436,13 @@ ks_err ks_rowstore_pg_open(const char *conninfo, const ks_rowstore_target *targe
         err = ensure_own_tables(&o);
     if (err == KS_OK)
         err = prepare_statements(&o);
+    if (err == KS_OK) {
+        /* kept for pg_chunks.c (ks_pg_store_parts_of) */
+        s->qschema = o.qschema;
+        s->qtable = o.qtable;
+        s->qid = o.id.quoted;
+        o.qschema = o.qtable = o.id.quoted = NULL;
+    }
     opener_free(&o);
     if (err != KS_OK) {
         store_free(s);
@@ -1540,4 +1590,38 @@ ks_err ks_rowstore_pg_set_write_gate(const ks_rowstore *store, const char *sql)
     PQclear(res);
     s->gate = err == KS_OK;
     return err;
+}
+
+/* ---- for pg_chunks.c (pg_internal.h) ----------------------------------------------- */
+
+/* See pg_internal.h. */
+ks_err ks_pg_store_parts_of(const ks_rowstore *store, ks_pg_store_parts *out)
+{
+    if (store == NULL || store->ops != &pg_ops || store->self == NULL || out == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    const pg_store *s = store->self;
+    *out = (ks_pg_store_parts){s->conn,    s->table,  s->column,   s->qschema,
+                               s->qtable,  s->qid,    s->read_only};
+    return KS_OK;
+}
+
+/* See pg_internal.h. */
+int ks_pg_store_in_txn(const ks_rowstore *store)
+{
+    return store != NULL && store->ops == &pg_ops && ((const pg_store *)store->self)->in_txn;
+}
+
+/* See pg_internal.h. */
+void ks_pg_store_fail_txn(const ks_rowstore *store)
+{
+    if (store != NULL && store->ops == &pg_ops)
+        (void)fail_txn(store->self, KS_OK);
+}
+
+/* See pg_internal.h. */
+ks_err ks_pg_error_of(PGconn *conn, const PGresult *res)
+{
+    if (PQstatus(conn) != CONNECTION_OK)
+        return KS_ERR_UNAVAILABLE;
+    return res == NULL ? KS_ERR_STORE : ks_pg_map_sqlstate(PQresultErrorField(res, PG_DIAG_SQLSTATE));
 }

@@ -1616,16 +1616,6 @@ ks_err ks_rowstore_sqlite_open(const char *path, const ks_rowstore_target *targe
     return KS_OK;
 }
 
-/* See rowstore.h. */
-void ks_rowstore_close(ks_rowstore *store)
-{
-    if (store == NULL)
-        return;
-    if (store->ops != NULL && store->ops->close != NULL && store->self != NULL)
-        store->ops->close(store->self);
-    memset(store, 0, sizeof *store);
-}
-
 /* A name read back from keyshift_migration: TEXT with no NUL inside and
  * at most IDENT_MAX bytes, as check_args admits; else KS_ERR_STORE. */
 static ks_err read_name(sqlite3_stmt *st, int col, ks_bytes *out)

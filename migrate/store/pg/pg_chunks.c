@@ -1,0 +1,600 @@
+/*
+ * migrate/store/pg/pg_chunks.c -- the PostgreSQL chunk coordinator
+ * (keyshift/chunks.h, keyshift/chunks_pg.h) on a PostgreSQL row store's
+ * connection (pg_internal.h).
+ *
+ * Every statement is a constant text with the target's schema, as the
+ * store quoted it, in place of @S, and every value a bound text
+ * parameter ($1 tbl, $2 col, $3 params in every statement).  claim,
+ * renew, release and plan run as their own short transactions (a single
+ * statement in autocommit, or BEGIN ... COMMIT for plan); save runs in
+ * the store's open transaction.  Leases are timed by now() of the
+ * database.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <libpq-fe.h>
+
+#include <keyshift/chunks.h>
+#include <keyshift/chunks_pg.h>
+
+#include "pg_internal.h"
+
+/* The columns of a chunk (the table as c), in read_chunk's order. */
+#define CHUNK_COLS                                                                           \
+    "c.chunk_id, c.lo, c.hi, c.state, c.cursor, c.pass, c.done, c.skipped, c.raced, "         \
+    "c.quarantined, c.wrong_state, coalesce(c.owner, ''), "                                  \
+    "coalesce((extract(epoch FROM c.lease_until) * 1000)::int8, 0), "                        \
+    "coalesce(c.lease_until > now(), false)"
+#define N_CHUNK_COLS 14
+
+/* The key of a migration's chunks. */
+#define KEY "tbl = $1::text AND col = $2::text AND params = $3::text"
+
+/* The statements, @S standing for the quoted schema. */
+static const char DDL[] =
+    "CREATE TABLE IF NOT EXISTS @S.keyshift_chunk("
+    "tbl text NOT NULL, col text NOT NULL, params text NOT NULL, chunk_id bigint NOT NULL, "
+    "lo bigint NOT NULL, hi bigint NOT NULL, state text NOT NULL, cursor bigint, "
+    "pass bigint NOT NULL, done bigint NOT NULL, skipped bigint NOT NULL, "
+    "raced bigint NOT NULL, quarantined bigint NOT NULL, wrong_state bigint NOT NULL, "
+    "owner text, lease_until timestamptz, claims bigint NOT NULL, "
+    "updated timestamptz NOT NULL, PRIMARY KEY (tbl, col, params, chunk_id)); "
+    /* claims look for the first chunk not complete: without this index each
+     * claim would pass over every complete chunk before it */
+    "CREATE INDEX IF NOT EXISTS keyshift_chunk_open ON @S.keyshift_chunk"
+    "(tbl, col, params, chunk_id) WHERE state <> 'complete'";
+static const char SQL_PLANNED[] = "SELECT count(*) FROM @S.keyshift_chunk WHERE " KEY;
+/* $4 first id, $5 ids per chunk, $6 number of chunks */
+static const char SQL_PLAN[] =
+    "INSERT INTO @S.keyshift_chunk(tbl, col, params, chunk_id, lo, hi, state, cursor, pass, "
+    "done, skipped, raced, quarantined, wrong_state, owner, lease_until, claims, updated) "
+    "SELECT $1::text, $2::text, $3::text, g, "
+    "CASE WHEN g = 0 THEN -9223372036854775808 "
+    "ELSE ($4::int8::numeric + g::numeric * $5::int8)::int8 END, "
+    "CASE WHEN g = $6::int8 - 1 THEN 9223372036854775807 "
+    "ELSE ($4::int8::numeric + (g + 1)::numeric * $5::int8 - 1)::int8 END, "
+    "'pending', NULL, 1, 0, 0, 0, 0, 0, NULL, NULL, 0, now() "
+    "FROM generate_series(0::int8, $6::int8 - 1) AS g ON CONFLICT DO NOTHING";
+/* $4 owner, $5 lease ms.  The pick is a CTE, run once: as a subquery
+ * in FROM it may be rescanned per row of the join, each rescan skipping
+ * the row the last one locked and so claiming several chunks. */
+static const char SQL_CLAIM[] =
+    "WITH f AS (SELECT chunk_id FROM @S.keyshift_chunk WHERE " KEY
+    " AND state <> 'complete' AND (owner IS NULL OR lease_until < now()) "
+    "ORDER BY chunk_id LIMIT 1 FOR UPDATE SKIP LOCKED) "
+    "UPDATE @S.keyshift_chunk AS c SET owner = $4::text, "
+    "lease_until = now() + $5::int8 * interval '1 millisecond', claims = c.claims + 1, "
+    "state = 'running', updated = now() FROM f "
+    "WHERE c.tbl = $1::text AND c.col = $2::text AND c.params = $3::text "
+    "AND c.chunk_id = f.chunk_id RETURNING " CHUNK_COLS;
+/* $4 owner, $5 lease ms, $6 chunk */
+static const char SQL_RENEW[] =
+    "UPDATE @S.keyshift_chunk SET lease_until = now() + $5::int8 * interval '1 millisecond', "
+    "updated = now() WHERE " KEY " AND chunk_id = $6::int8 AND owner = $4::text "
+    "AND state <> 'complete' RETURNING 1";
+/* $4 owner, $5 lease ms, $6 chunk, $7 state, $8 cursor, $9 pass, $10..$14 counts */
+static const char SQL_SAVE[] =
+    "UPDATE @S.keyshift_chunk SET state = $7::text, cursor = $8::int8, pass = $9::int8, "
+    "done = $10::int8, skipped = $11::int8, raced = $12::int8, quarantined = $13::int8, "
+    "wrong_state = $14::int8, "
+    "owner = CASE WHEN $7::text = 'running' THEN owner END, "
+    "lease_until = CASE WHEN $7::text = 'running' "
+    "THEN now() + $5::int8 * interval '1 millisecond' END, updated = now() "
+    "WHERE " KEY " AND chunk_id = $6::int8 AND owner = $4::text AND state <> 'complete' "
+    "RETURNING 1";
+/* $4 owner, $5 chunk */
+static const char SQL_RELEASE[] =
+    "UPDATE @S.keyshift_chunk SET owner = NULL, lease_until = NULL, updated = now() "
+    "WHERE " KEY " AND chunk_id = $5::int8 AND owner = $4::text RETURNING 1";
+static const char SQL_SUMMARY[] =
+    "SELECT count(*), count(*) FILTER (WHERE state = 'complete'), "
+    "count(*) FILTER (WHERE state <> 'complete' AND owner IS NOT NULL "
+    "AND lease_until >= now()), "
+    "coalesce(sum(done), 0), coalesce(sum(skipped), 0), coalesce(sum(raced), 0), "
+    "coalesce(sum(quarantined), 0), coalesce(sum(wrong_state), 0), coalesce(max(pass), 0) "
+    "FROM @S.keyshift_chunk WHERE " KEY;
+static const char SQL_LIST[] =
+    "SELECT " CHUNK_COLS " FROM @S.keyshift_chunk AS c WHERE " KEY " ORDER BY chunk_id";
+
+/* The statements of one coordinator, with the schema in place. */
+enum { Q_PLANNED, Q_PLAN, Q_CLAIM, Q_RENEW, Q_SAVE, Q_RELEASE, Q_SUMMARY, Q_LIST, Q_N };
+
+/* One coordinator: the borrowed store, its statements, the kept result
+ * (every view of a ks_chunk points into it) and the text parameters. */
+typedef struct pg_chunks {
+    const ks_rowstore *store;
+    ks_pg_store_parts parts;
+    char *sql[Q_N];
+    PGresult *res;
+    char *params, *owner;     /* NUL-terminated copies of the last call's */
+    size_t params_cap, owner_cap;
+} pg_chunks;
+
+/* The text parameters of one statement. */
+typedef struct tparams {
+    const char *v[14];
+    char num[14][24];
+    int n;
+} tparams;
+
+/* Format a message into errbuf (when there is one); returns err. */
+__attribute__((format(printf, 4, 5))) static ks_err say(char *errbuf, size_t errbuf_len,
+                                                       ks_err err, const char *fmt, ...)
+{
+    if (errbuf != NULL && errbuf_len > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(errbuf, errbuf_len, fmt, ap);
+        va_end(ap);
+    }
+    return err;
+}
+
+/* tmpl with every @S replaced by qs, in new memory (NULL: out of memory). */
+static char *with_schema(const char *tmpl, const char *qs)
+{
+    size_t n = 0, ql = strlen(qs);
+    for (const char *p = tmpl; (p = strstr(p, "@S")) != NULL; p += 2)
+        n++;
+    char *out = malloc(strlen(tmpl) + n * ql + 1), *q = out;
+    if (out == NULL)
+        return NULL;
+    for (const char *p = tmpl; *p != '\0';) {
+        if (p[0] == '@' && p[1] == 'S') {
+            memcpy(q, qs, ql);
+            q += ql;
+            p += 2;
+        } else {
+            *q++ = *p++;
+        }
+    }
+    *q = '\0';
+    return out;
+}
+
+/* Copy b into *buf (grown) as a NUL-terminated string; KS_ERR_INVALID_ARGUMENT
+ * for bytes with a NUL (text parameters cannot carry one) or empty. */
+static ks_err cstr(ks_bytes b, char **buf, size_t *cap)
+{
+    if (b.ptr == NULL || b.len == 0 || b.len > (size_t)INT32_MAX || memchr(b.ptr, 0, b.len) != NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    if (b.len + 1 > *cap) {
+        char *p = realloc(*buf, b.len + 1);
+        if (p == NULL)
+            return KS_ERR_NO_MEMORY;
+        *buf = p;
+        *cap = b.len + 1;
+    }
+    memcpy(*buf, b.ptr, b.len);
+    (*buf)[b.len] = '\0';
+    return KS_OK;
+}
+
+/* Start the parameters of a statement with the key ($1..$3) and, when
+ * owner is not NULL, $4 owner; params copied into c. */
+static ks_err key_params(pg_chunks *c, ks_bytes params, const ks_bytes *owner, tparams *p)
+{
+    ks_err err = cstr(params, &c->params, &c->params_cap);
+    if (err == KS_OK && owner != NULL)
+        err = cstr(*owner, &c->owner, &c->owner_cap);
+    if (err != KS_OK)
+        return err;
+    p->n = 0;
+    p->v[p->n++] = c->parts.table;
+    p->v[p->n++] = c->parts.column;
+    p->v[p->n++] = c->params;
+    if (owner != NULL)
+        p->v[p->n++] = c->owner;
+    return KS_OK;
+}
+
+/* Add an integer parameter (in decimal). */
+static void p_num(tparams *p, int64_t v)
+{
+    snprintf(p->num[p->n], sizeof p->num[p->n], "%" PRId64, v);
+    p->v[p->n] = p->num[p->n];
+    p->n++;
+}
+
+/* Run statement q with p (text in, text out) and keep its result when
+ * it returned want; else the store's mapping of the failure. */
+static ks_err run(pg_chunks *c, int q, const tparams *p, ExecStatusType want)
+{
+    PGresult *res = PQexecParams(c->parts.conn, c->sql[q], p->n, NULL, p->v, NULL, NULL, 0);
+    if (c->res != NULL)
+        PQclear(c->res);
+    c->res = NULL;
+    if (res != NULL && PQresultStatus(res) == want) {
+        c->res = res;
+        return KS_OK;
+    }
+    ks_err err = ks_pg_error_of(c->parts.conn, res);
+    PQclear(res);
+    return err;
+}
+
+/* Cell (row, col) of the kept result as an integer (0 for NULL). */
+static int64_t num_at(const pg_chunks *c, int row, int col)
+{
+    return PQgetisnull(c->res, row, col) ? 0 : strtoll(PQgetvalue(c->res, row, col), NULL, 10);
+}
+
+/* A count cell as unsigned (a negative one, never written, as 0). */
+static uint64_t count_at(const pg_chunks *c, int row, int col)
+{
+    int64_t v = num_at(c, row, col);
+    return v < 0 ? 0 : (uint64_t)v;
+}
+
+/* Row `row` of the kept result (CHUNK_COLS) into *k, views into it. */
+static void read_chunk(const pg_chunks *c, int row, ks_bytes params, ks_chunk *k)
+{
+    memset(k, 0, sizeof *k);
+    k->id = num_at(c, row, 0);
+    k->lo = num_at(c, row, 1);
+    k->hi = num_at(c, row, 2);
+    const char *st = PQgetvalue(c->res, row, 3);
+    k->cp.params = params;
+    k->cp.state = (ks_bytes){(const uint8_t *)st, strlen(st)};
+    if (!PQgetisnull(c->res, row, 4))
+        k->cp.cursor = (ks_value){KS_VALUE_INTEGER, num_at(c, row, 4), {NULL, 0}};
+    int64_t pass = num_at(c, row, 5);
+    k->cp.pass = pass < 1 ? 1 : pass > (int64_t)UINT32_MAX ? UINT32_MAX : (uint32_t)pass;
+    k->cp.done = count_at(c, row, 6);
+    k->cp.skipped = count_at(c, row, 7);
+    k->cp.raced = count_at(c, row, 8);
+    k->cp.quarantined = count_at(c, row, 9);
+    k->cp.wrong_state = count_at(c, row, 10);
+    const char *ow = PQgetvalue(c->res, row, 11);
+    k->owner = (ks_bytes){(const uint8_t *)ow, strlen(ow)};
+    k->lease_until_ms = num_at(c, row, 12);
+    k->lease_live = PQgetvalue(c->res, row, 13)[0] == 't';
+}
+
+/* Nonzero when the coordinator may run a statement of its own
+ * transaction now (the store is not inside one). */
+static int idle(const pg_chunks *c)
+{
+    return c != NULL && !ks_pg_store_in_txn(c->store);
+}
+
+/* A constant statement (BEGIN, COMMIT, ROLLBACK, a lock) on c's connection. */
+static ks_err simple(pg_chunks *c, const char *sql)
+{
+    PGresult *res = PQexec(c->parts.conn, sql);
+    ExecStatusType st = res != NULL ? PQresultStatus(res) : PGRES_FATAL_ERROR;
+    ks_err err = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK ? KS_OK
+                                                                 : ks_pg_error_of(c->parts.conn, res);
+    PQclear(res);
+    return err;
+}
+
+/* Roll back the plan's own transaction after a failure. */
+static void plan_abort(pg_chunks *c)
+{
+    if (PQtransactionStatus(c->parts.conn) != PQTRANS_IDLE &&
+        PQstatus(c->parts.conn) == CONNECTION_OK)
+        (void)simple(c, "ROLLBACK");
+}
+
+/* The ids per chunk for a range of `span` ids (max - min, 0..UINT64_MAX)
+ * asked `want` wide, so that at most KS_CHUNKS_MAX chunks result; the
+ * number of chunks in *n. */
+static uint64_t chunk_width(uint64_t span, uint64_t want, uint64_t *n)
+{
+    uint64_t w = want != 0 ? want : KS_CHUNK_IDS_DEFAULT;
+    uint64_t min_w = span / KS_CHUNKS_MAX + 1;
+    if (w < min_w)
+        w = min_w;
+    if (w > (uint64_t)INT64_MAX)
+        w = (uint64_t)INT64_MAX;
+    *n = span / w + 1;
+    return w;
+}
+
+/* ops.plan: see chunks.h.  Under an advisory lock of the transaction,
+ * so concurrent planners wait for the first one and then find its
+ * chunks. */
+static ks_err op_plan(void *self, ks_bytes params, uint64_t chunk_ids, uint64_t *n)
+{
+    pg_chunks *c = self;
+    if (!idle(c) || n == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    tparams p;
+    ks_err err = key_params(c, params, NULL, &p);
+    if (err != KS_OK)
+        return err;
+    err = simple(c, "BEGIN ISOLATION LEVEL READ COMMITTED");
+    if (err == KS_OK) /* "kcnk": one planner at a time */
+        err = simple(c, "SELECT pg_catalog.pg_advisory_xact_lock(1801678443)");
+    if (err == KS_OK)
+        err = run(c, Q_PLANNED, &p, PGRES_TUPLES_OK);
+    if (err == KS_OK && num_at(c, 0, 0) == 0) {
+        char sql[512];
+        snprintf(sql, sizeof sql, "SELECT min(%s)::int8, max(%s)::int8 FROM %s", c->parts.qid,
+                 c->parts.qid, c->parts.qtable);
+        PGresult *res = PQexec(c->parts.conn, sql);
+        err = res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK
+                  ? KS_OK
+                  : ks_pg_error_of(c->parts.conn, res);
+        int64_t lo = 0, hi = 0;
+        if (err == KS_OK && !PQgetisnull(res, 0, 0)) {
+            lo = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+            hi = strtoll(PQgetvalue(res, 0, 1), NULL, 10);
+        }
+        PQclear(res);
+        uint64_t count = 0;
+        uint64_t w = chunk_width((uint64_t)hi - (uint64_t)lo, chunk_ids, &count);
+        p_num(&p, lo);
+        p_num(&p, (int64_t)w);
+        p_num(&p, (int64_t)count);
+        if (err == KS_OK)
+            err = run(c, Q_PLAN, &p, PGRES_COMMAND_OK);
+        p.n = 3;
+        if (err == KS_OK)
+            err = run(c, Q_PLANNED, &p, PGRES_TUPLES_OK);
+    }
+    if (err == KS_OK)
+        *n = count_at(c, 0, 0);
+    if (err == KS_OK)
+        err = simple(c, "COMMIT");
+    if (err != KS_OK)
+        plan_abort(c);
+    return err;
+}
+
+/* ops.claim: see chunks.h. */
+static ks_err op_claim(void *self, ks_bytes params, ks_bytes owner, uint32_t lease_ms,
+                       ks_chunk *out)
+{
+    pg_chunks *c = self;
+    if (!idle(c) || out == NULL || lease_ms == 0)
+        return KS_ERR_INVALID_ARGUMENT;
+    tparams p;
+    ks_err err = key_params(c, params, &owner, &p);
+    if (err != KS_OK)
+        return err;
+    p_num(&p, lease_ms);
+    err = run(c, Q_CLAIM, &p, PGRES_TUPLES_OK);
+    if (err != KS_OK)
+        return err;
+    if (PQntuples(c->res) != 1 || PQnfields(c->res) != N_CHUNK_COLS)
+        return PQntuples(c->res) == 0 ? KS_ERR_NOT_FOUND : KS_ERR_STORE;
+    read_chunk(c, 0, params, out);
+    return KS_OK;
+}
+
+/* Run one of the owner-checked updates (renew, save, release): KS_OK
+ * when it changed the row, KS_ERR_STALE when the owner does not hold
+ * it. */
+static ks_err owned_update(pg_chunks *c, int q, const tparams *p)
+{
+    ks_err err = run(c, q, p, PGRES_TUPLES_OK);
+    if (err != KS_OK)
+        return err;
+    return PQntuples(c->res) == 1 ? KS_OK : KS_ERR_STALE;
+}
+
+/* ops.renew: see chunks.h. */
+static ks_err op_renew(void *self, ks_bytes params, int64_t chunk, ks_bytes owner,
+                       uint32_t lease_ms)
+{
+    pg_chunks *c = self;
+    if (!idle(c) || lease_ms == 0)
+        return KS_ERR_INVALID_ARGUMENT;
+    tparams p;
+    ks_err err = key_params(c, params, &owner, &p);
+    if (err != KS_OK)
+        return err;
+    p_num(&p, lease_ms);
+    p_num(&p, chunk);
+    return owned_update(c, Q_RENEW, &p);
+}
+
+/* ops.save: see chunks.h.  Inside the store's transaction: a failure or
+ * a lost chunk rolls that transaction back. */
+static ks_err op_save(void *self, ks_bytes params, int64_t chunk, ks_bytes owner,
+                      uint32_t lease_ms, const ks_checkpoint *cp)
+{
+    pg_chunks *c = self;
+    if (c == NULL || cp == NULL || !ks_pg_store_in_txn(c->store) || lease_ms == 0 ||
+        (cp->cursor.type != KS_VALUE_NULL && cp->cursor.type != KS_VALUE_INTEGER) ||
+        cp->done > INT64_MAX || cp->skipped > INT64_MAX || cp->raced > INT64_MAX ||
+        cp->quarantined > INT64_MAX || cp->wrong_state > INT64_MAX)
+        return KS_ERR_INVALID_ARGUMENT;
+    char state[65];
+    tparams p;
+    ks_err err = KS_OK;
+    if (cp->state.ptr == NULL || cp->state.len == 0 || cp->state.len >= sizeof state ||
+        memchr(cp->state.ptr, 0, cp->state.len) != NULL) {
+        err = KS_ERR_INVALID_ARGUMENT;
+    } else {
+        memcpy(state, cp->state.ptr, cp->state.len);
+        state[cp->state.len] = '\0';
+        err = key_params(c, params, &owner, &p);
+    }
+    if (err != KS_OK) {
+        ks_pg_store_fail_txn(c->store);
+        return err;
+    }
+    p_num(&p, lease_ms);
+    p_num(&p, chunk);
+    p.v[p.n++] = state;
+    if (cp->cursor.type == KS_VALUE_NULL)
+        p.v[p.n++] = NULL;
+    else
+        p_num(&p, cp->cursor.integer);
+    p_num(&p, cp->pass);
+    const uint64_t counts[] = {cp->done, cp->skipped, cp->raced, cp->quarantined,
+                               cp->wrong_state};
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
+        p_num(&p, (int64_t)counts[i]);
+    err = owned_update(c, Q_SAVE, &p);
+    if (err != KS_OK)
+        ks_pg_store_fail_txn(c->store);
+    return err;
+}
+
+/* ops.release: see chunks.h. */
+static ks_err op_release(void *self, ks_bytes params, int64_t chunk, ks_bytes owner)
+{
+    pg_chunks *c = self;
+    if (!idle(c))
+        return KS_ERR_INVALID_ARGUMENT;
+    tparams p;
+    ks_err err = key_params(c, params, &owner, &p);
+    if (err != KS_OK)
+        return err;
+    p_num(&p, chunk);
+    return owned_update(c, Q_RELEASE, &p);
+}
+
+/* Run the read q over the chunks of params (bound by the key alone),
+ * its rows kept. */
+static ks_err select_key(pg_chunks *c, int q, ks_bytes params)
+{
+    tparams p;
+    ks_err err = key_params(c, params, NULL, &p);
+    return err == KS_OK ? run(c, q, &p, PGRES_TUPLES_OK) : err;
+}
+
+/* ops.summary: see chunks.h. */
+static ks_err op_summary(void *self, ks_bytes params, ks_chunk_summary *out)
+{
+    pg_chunks *c = self;
+    if (c == NULL || out == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    ks_err err = select_key(c, Q_SUMMARY, params);
+    if (err != KS_OK)
+        return err;
+    memset(out, 0, sizeof *out);
+    out->chunks = count_at(c, 0, 0);
+    out->complete = count_at(c, 0, 1);
+    out->leased = count_at(c, 0, 2);
+    out->claimable = out->chunks - out->complete - out->leased;
+    out->done = count_at(c, 0, 3);
+    out->skipped = count_at(c, 0, 4);
+    out->raced = count_at(c, 0, 5);
+    out->quarantined = count_at(c, 0, 6);
+    out->wrong_state = count_at(c, 0, 7);
+    uint64_t mp = count_at(c, 0, 8);
+    out->max_pass = mp > UINT32_MAX ? UINT32_MAX : (uint32_t)mp;
+    return KS_OK;
+}
+
+/* ops.list: see chunks.h. */
+static ks_err op_list(void *self, ks_bytes params, ks_chunk_list_fn fn, void *arg)
+{
+    pg_chunks *c = self;
+    if (c == NULL || fn == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    ks_err err = select_key(c, Q_LIST, params);
+    if (err != KS_OK)
+        return err;
+    for (int i = 0; i < PQntuples(c->res); i++) {
+        ks_chunk k;
+        read_chunk(c, i, params, &k);
+        if (fn(arg, &k) != 0)
+            break;
+    }
+    return KS_OK;
+}
+
+/* Free c (not its store). */
+static void chunks_free(pg_chunks *c)
+{
+    if (c == NULL)
+        return;
+    if (c->res != NULL)
+        PQclear(c->res);
+    for (int q = 0; q < Q_N; q++)
+        free(c->sql[q]);
+    free(c->params);
+    free(c->owner);
+    free(c);
+}
+
+/* ops.close. */
+static void op_close(void *self)
+{
+    chunks_free(self);
+}
+
+static const ks_chunks_ops pg_chunks_ops = {
+    .plan = op_plan,
+    .claim = op_claim,
+    .renew = op_renew,
+    .save = op_save,
+    .release = op_release,
+    .summary = op_summary,
+    .list = op_list,
+    .close = op_close,
+};
+
+/* Create keyshift_chunk if missing, one creator at a time. */
+static ks_err ensure_table(pg_chunks *c)
+{
+    char *ddl = with_schema(DDL, c->parts.qschema);
+    if (ddl == NULL)
+        return KS_ERR_NO_MEMORY;
+    ks_err err = simple(c, "BEGIN");
+    if (err == KS_OK) /* the store's own creators' lock: "keys" */
+        err = simple(c, "SELECT pg_catalog.pg_advisory_xact_lock(1801812339)");
+    if (err == KS_OK) /* no NOTICE when the table exists */
+        err = simple(c, "SET LOCAL client_min_messages = warning");
+    if (err == KS_OK)
+        err = simple(c, ddl);
+    if (err == KS_OK)
+        err = simple(c, "COMMIT");
+    if (err != KS_OK)
+        plan_abort(c);
+    free(ddl);
+    return err;
+}
+
+/* See chunks_pg.h. */
+ks_err ks_chunks_pg_open(const ks_rowstore *store, ks_chunks *out, char *errbuf, size_t errbuf_len)
+{
+    if (errbuf != NULL && errbuf_len > 0)
+        errbuf[0] = '\0';
+    if (out == NULL)
+        return say(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT, "no coordinator to open");
+    memset(out, 0, sizeof *out);
+    pg_chunks *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return say(errbuf, errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+    c->store = store;
+    ks_err err = ks_pg_store_parts_of(store, &c->parts);
+    if (err != KS_OK || c->parts.read_only || ks_pg_store_in_txn(store)) {
+        chunks_free(c);
+        return say(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                   "chunks need a writable PostgreSQL store outside a transaction");
+    }
+    static const char *const tmpl[Q_N] = {SQL_PLANNED, SQL_PLAN,    SQL_CLAIM,   SQL_RENEW,
+                                          SQL_SAVE,    SQL_RELEASE, SQL_SUMMARY, SQL_LIST};
+    for (int q = 0; q < Q_N && err == KS_OK; q++) {
+        c->sql[q] = with_schema(tmpl[q], c->parts.qschema);
+        err = c->sql[q] != NULL ? KS_OK : KS_ERR_NO_MEMORY;
+    }
+    if (err == KS_OK)
+        err = ensure_table(c);
+    if (err != KS_OK) {
+        chunks_free(c);
+        return say(errbuf, errbuf_len, err,
+                   "cannot create keyshift_chunk beside the target (%s; CREATE privilege?)",
+                   ks_err_name(err));
+    }
+    out->ops = &pg_chunks_ops;
+    out->self = c;
+    out->name = "pg";
+    return KS_OK;
+}
+
