@@ -172,14 +172,14 @@ static int ks_pg_test_start(void)
 }
 
 /* A cmocka group setup: start the cluster for the whole group. */
-static int ks_pg_test_group_setup(void **state)
+static inline int ks_pg_test_group_setup(void **state)
 {
     (void)state;
     return ks_pg_test_start() == 0 ? 0 : -1;
 }
 
 /* A cmocka group teardown: stop the cluster. */
-static int ks_pg_test_group_teardown(void **state)
+static inline int ks_pg_test_group_teardown(void **state)
 {
     (void)state;
     ks_pg_test_stop();
@@ -188,7 +188,7 @@ static int ks_pg_test_group_teardown(void **state)
 
 /* Run sql (no values of the test's own) on conn and assert that it
  * succeeded. */
-static void ks_pg_test_exec(PGconn *conn, const char *sql)
+static inline void ks_pg_test_exec(PGconn *conn, const char *sql)
 {
     PGresult *res = PQexec(conn, sql);
     ExecStatusType st = PQresultStatus(res);
@@ -200,7 +200,7 @@ static void ks_pg_test_exec(PGconn *conn, const char *sql)
 
 /* A connection to the cluster with a fresh, empty public schema (a
  * test's admin connection); asserts that it worked. */
-static PGconn *ks_pg_test_admin(void)
+static inline PGconn *ks_pg_test_admin(void)
 {
     PGconn *conn = PQconnectdb(ks_pg_test_conninfo);
     assert_int_equal(PQstatus(conn), CONNECTION_OK);
@@ -211,7 +211,7 @@ static PGconn *ks_pg_test_admin(void)
 }
 
 /* A single-integer query's answer on conn. */
-static long long ks_pg_test_int(PGconn *conn, const char *sql)
+static inline long long ks_pg_test_int(PGconn *conn, const char *sql)
 {
     PGresult *res = PQexec(conn, sql);
     assert_int_equal(PQresultStatus(res), PGRES_TUPLES_OK);
