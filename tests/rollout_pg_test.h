@@ -40,21 +40,6 @@ typedef struct world {
 
 /* ---- helpers ------------------------------------------------------------------ */
 
-/* Start the cluster for the whole group. */
-static int group_setup(void **state)
-{
-    (void)state;
-    return ks_pg_test_start() == 0 ? 0 : -1;
-}
-
-/* Stop the cluster. */
-static int group_teardown(void **state)
-{
-    (void)state;
-    ks_pg_test_stop();
-    return 0;
-}
-
 /* Run sql on the admin connection; its status. */
 static ExecStatusType admin_try(world *w, const char *sql)
 {
@@ -64,39 +49,15 @@ static ExecStatusType admin_try(world *w, const char *sql)
     return st;
 }
 
-/* Run sql on the admin connection and assert that it succeeded. */
-static void admin_exec(world *w, const char *sql)
-{
-    ExecStatusType st = admin_try(w, sql);
-    if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
-        fprintf(stderr, "admin: %s: %s", sql, PQerrorMessage(w->admin));
-    assert_true(st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK);
-}
-
-/* The one integer sql returns on the admin connection. */
-static long long admin_int(world *w, const char *sql)
-{
-    PGresult *res = PQexec(w->admin, sql);
-    assert_int_equal(PQresultStatus(res), PGRES_TUPLES_OK);
-    assert_int_equal(PQntuples(res), 1);
-    long long v = atoll(PQgetvalue(res, 0, 0));
-    PQclear(res);
-    return v;
-}
-
 /* A fresh public schema with payments(id, tenant, card bytea, a
  * generated column), an admin connection, the store open on it. */
 static int world_setup(void **state)
 {
     world *w = calloc(1, sizeof *w);
     assert_non_null(w);
-    w->admin = PQconnectdb(ks_pg_test_conninfo);
-    assert_int_equal(PQstatus(w->admin), CONNECTION_OK);
-    admin_exec(w, "SET client_min_messages = warning");
-    admin_exec(w, "DROP SCHEMA IF EXISTS public CASCADE");
-    admin_exec(w, "CREATE SCHEMA public");
-    admin_exec(w, "CREATE TABLE payments(id bigint PRIMARY KEY, tenant text, card bytea, "
-                  "twice bigint GENERATED ALWAYS AS (id * 2) STORED)");
+    w->admin = ks_pg_test_admin();
+    ks_pg_test_exec(w->admin, "CREATE TABLE payments(id bigint PRIMARY KEY, tenant text, card bytea, "
+                              "twice bigint GENERATED ALWAYS AS (id * 2) STORED)");
     ks_err err = ks_rollout_store_pg_open(ks_pg_test_conninfo, 0, &w->s, w->err, sizeof w->err);
     if (err != KS_OK)
         fprintf(stderr, "open: %s: %s\n", ks_err_name(err), w->err);

@@ -33,13 +33,13 @@ static ks_rollout row(const char *table, const char *column, int64_t now)
 static void test_open_creates_schema(void **state)
 {
     world *w = *state;
-    assert_int_equal(admin_int(w, "SELECT count(*) FROM pg_class WHERE relname IN "
+    assert_int_equal(ks_pg_test_int(w->admin, "SELECT count(*) FROM pg_class WHERE relname IN "
                                   "('keyshift_meta', 'keyshift_rollout', "
                                   "'keyshift_rollout_column', 'keyshift_rollout_log', "
                                   "'keyshift_readers', 'keyshift_metrics', "
                                   "'keyshift_rollout_version', 'keyshift_rollout_open')"),
                      8);
-    assert_int_equal(admin_int(w, "SELECT value FROM keyshift_meta "
+    assert_int_equal(ks_pg_test_int(w->admin, "SELECT value FROM keyshift_meta "
                                   "WHERE key = 'rollout_schema_version'"),
                      1);
     ks_rollout_store *again = open_store(w, 0);
@@ -51,8 +51,8 @@ static void test_open_creates_schema(void **state)
     assert_int_equal(ro->ops->reader_put(ro, &r, 1), KS_ERR_INVALID_ARGUMENT);
     ro->ops->close(ro);
     /* read-only without tables: nothing found, nothing created */
-    admin_exec(w, "DROP SCHEMA public CASCADE");
-    admin_exec(w, "CREATE SCHEMA public");
+    ks_pg_test_exec(w->admin, "DROP SCHEMA public CASCADE");
+    ks_pg_test_exec(w->admin, "CREATE SCHEMA public");
     ro = open_store(w, 1);
     ks_rollout got;
     size_t n = 9, total = 9;
@@ -65,11 +65,11 @@ static void test_open_creates_schema(void **state)
     assert_int_equal(ro->ops->begin(ro), KS_ERR_INVALID_ARGUMENT);
     ro->ops->close(ro);
     assert_int_equal(
-        admin_int(w, "SELECT count(*) FROM pg_class WHERE relname = 'keyshift_rollout'"), 0);
+        ks_pg_test_int(w->admin, "SELECT count(*) FROM pg_class WHERE relname = 'keyshift_rollout'"), 0);
     /* a schema newer than this library is refused */
     ro = open_store(w, 0);
     ro->ops->close(ro);
-    admin_exec(w, "UPDATE keyshift_meta SET value = 99 WHERE key = 'rollout_schema_version'");
+    ks_pg_test_exec(w->admin, "UPDATE keyshift_meta SET value = 99 WHERE key = 'rollout_schema_version'");
     assert_int_equal(ks_rollout_store_pg_open(ks_pg_test_conninfo, 0, &ro, w->err, sizeof w->err),
                      KS_ERR_STORE);
     assert_null(ro);
@@ -103,13 +103,13 @@ static void test_find_column(void **state)
     assert_int_equal(s->ops->find_column(s, "payments", "twice", t, c, w->err, sizeof w->err),
                      KS_ERR_INVALID_ARGUMENT);
     /* a non-ASCII capital is not folded (as ks_rollout_name_cmp) */
-    admin_exec(w, "CREATE TABLE \"\xc3\xa9t\xc3\xa9\"(id bigint PRIMARY KEY, v bytea)");
+    ks_pg_test_exec(w->admin, "CREATE TABLE \"\xc3\xa9t\xc3\xa9\"(id bigint PRIMARY KEY, v bytea)");
     assert_int_equal(s->ops->find_column(s, "\xc3\x89T\xc3\x89", "v", t, c, w->err, sizeof w->err),
                      KS_ERR_NO_TARGET);
     assert_int_equal(s->ops->find_column(s, "\xc3\xa9T\xc3\xa9", "V", t, c, w->err, sizeof w->err),
                      KS_OK);
     /* two spellings that fold alike: the exact one, else ambiguous */
-    admin_exec(w, "CREATE TABLE \"Payments\"(id bigint PRIMARY KEY, card bytea)");
+    ks_pg_test_exec(w->admin, "CREATE TABLE \"Payments\"(id bigint PRIMARY KEY, card bytea)");
     assert_int_equal(s->ops->find_column(s, "Payments", "card", t, c, w->err, sizeof w->err),
                      KS_OK);
     assert_string_equal(t, "Payments");
@@ -245,29 +245,29 @@ static void test_strict_rows(void **state)
     assert_int_equal(s->ops->begin(s), KS_OK);
     assert_int_equal(s->ops->insert(s, &r, &id), KS_OK);
     assert_int_equal(s->ops->commit(s), KS_OK);
-    admin_exec(w, "UPDATE keyshift_rollout SET phase = 'bogus'");
+    ks_pg_test_exec(w->admin, "UPDATE keyshift_rollout SET phase = 'bogus'");
     assert_int_equal(s->ops->get(s, id, &got), KS_ERR_STORE);
-    admin_exec(w, "UPDATE keyshift_rollout SET phase = 'planned', canary_percent = 101");
+    ks_pg_test_exec(w->admin, "UPDATE keyshift_rollout SET phase = 'planned', canary_percent = 101");
     assert_int_equal(s->ops->get(s, id, &got), KS_ERR_STORE);
-    admin_exec(w, "UPDATE keyshift_rollout SET canary_percent = 0, src_format = 256");
+    ks_pg_test_exec(w->admin, "UPDATE keyshift_rollout SET canary_percent = 0, src_format = 256");
     assert_int_equal(s->ops->get(s, id, &got), KS_ERR_STORE);
-    admin_exec(w, "UPDATE keyshift_rollout SET src_format = 0, window_s = 0");
+    ks_pg_test_exec(w->admin, "UPDATE keyshift_rollout SET src_format = 0, window_s = 0");
     assert_int_equal(s->ops->get(s, id, &got), KS_ERR_STORE);
-    admin_exec(w, "UPDATE keyshift_rollout SET window_s = 60, canary_tenants = 'x'");
+    ks_pg_test_exec(w->admin, "UPDATE keyshift_rollout SET window_s = 60, canary_tenants = 'x'");
     assert_int_equal(s->ops->get(s, id, &got), KS_ERR_STORE);
-    admin_exec(w, "UPDATE keyshift_rollout SET canary_tenants = '', "
+    ks_pg_test_exec(w->admin, "UPDATE keyshift_rollout SET canary_tenants = '', "
                   "max_auth_failure_rate = 'NaN'");
     assert_int_equal(s->ops->get(s, id, &got), KS_ERR_STORE);
-    admin_exec(w, "UPDATE keyshift_rollout SET max_auth_failure_rate = 0");
+    ks_pg_test_exec(w->admin, "UPDATE keyshift_rollout SET max_auth_failure_rate = 0");
     assert_int_equal(s->ops->get(s, id, &got), KS_OK);
     ks_health_sample h = {.time = 5, .seals = 1};
     assert_int_equal(s->ops->metrics_insert(s, id, "web-1", "app", &h), KS_OK);
-    admin_exec(w, "UPDATE keyshift_metrics SET seal_ns = '\\x00'");
+    ks_pg_test_exec(w->admin, "UPDATE keyshift_metrics SET seal_ns = '\\x00'");
     assert_int_equal(s->ops->metrics_sum(s, id, 0, &h), KS_ERR_STORE);
     assert_int_equal(h.seals, 0);
     ks_rollout_reader rd = reader("web-1", "k:1");
     assert_int_equal(s->ops->reader_put(s, &rd, 10), KS_OK);
-    admin_exec(w, "UPDATE keyshift_readers SET max_format = 0");
+    ks_pg_test_exec(w->admin, "UPDATE keyshift_readers SET max_format = 0");
     size_t n = 0, total = 0;
     assert_int_equal(s->ops->readers_live(s, 0, &rd, 1, &n, &total), KS_ERR_STORE);
     assert_int_equal(s->ops->log_append(s, id, 1, "alice", 0, KS_PHASE_PLANNED, "x", 0), KS_OK);
@@ -295,7 +295,7 @@ static void test_log_append_only(void **state)
                      PGRES_FATAL_ERROR);
     assert_int_equal(admin_try(w, "DELETE FROM keyshift_rollout_log"), PGRES_FATAL_ERROR);
     assert_int_equal(admin_try(w, "TRUNCATE keyshift_rollout_log"), PGRES_FATAL_ERROR);
-    assert_int_equal(admin_int(w, "SELECT count(*) FROM keyshift_rollout_log"), 2);
+    assert_int_equal(ks_pg_test_int(w->admin, "SELECT count(*) FROM keyshift_rollout_log"), 2);
     ks_rollout_log_entry e[4];
     size_t n = 0;
     assert_int_equal(s->ops->log_list(s, 1, 0, e, 4, &n), KS_OK);
@@ -345,7 +345,7 @@ static void test_data_version_snapshot(void **state)
     assert_int_equal(s->ops->data_version(s, &v2), KS_OK);
     assert_true(v2 != v1);
     /* a direct change by someone else bumps it too */
-    admin_exec(w, "UPDATE keyshift_rollout SET updated = updated + 1");
+    ks_pg_test_exec(w->admin, "UPDATE keyshift_rollout SET updated = updated + 1");
     assert_int_equal(s->ops->data_version(s, &v1), KS_OK);
     assert_true(v1 != v2);
     o->ops->close(o);
@@ -429,22 +429,22 @@ static void test_failed_change_rolls_back(void **state)
 {
     world *w = *state;
     wrap(w);
-    admin_exec(w, "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS "
+    ks_pg_test_exec(w->admin, "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS "
                   "$f$BEGIN RAISE EXCEPTION 'refused'; END$f$");
-    admin_exec(w, "CREATE TRIGGER refuse BEFORE INSERT ON keyshift_rollout_log "
+    ks_pg_test_exec(w->admin, "CREATE TRIGGER refuse BEFORE INSERT ON keyshift_rollout_log "
                   "FOR EACH ROW EXECUTE FUNCTION refuse()");
     int64_t id = 0;
-    long long v0 = admin_int(w, "SELECT version FROM keyshift_rollout_version");
+    long long v0 = ks_pg_test_int(w->admin, "SELECT version FROM keyshift_rollout_version");
     ks_rollout sp = spec("payments", "card");
     assert_int_equal(ks_rollout_db_start(w->db, &sp, "alice", 1000, &id, w->err, sizeof w->err),
                      KS_ERR_STORE);
-    assert_int_equal(admin_int(w, "SELECT count(*) FROM keyshift_rollout"), 0);
+    assert_int_equal(ks_pg_test_int(w->admin, "SELECT count(*) FROM keyshift_rollout"), 0);
     /* the counter's bump was rolled back with the insert */
-    assert_int_equal(admin_int(w, "SELECT version FROM keyshift_rollout_version"), v0);
-    admin_exec(w, "DROP TRIGGER refuse ON keyshift_rollout_log");
+    assert_int_equal(ks_pg_test_int(w->admin, "SELECT version FROM keyshift_rollout_version"), v0);
+    ks_pg_test_exec(w->admin, "DROP TRIGGER refuse ON keyshift_rollout_log");
     assert_int_equal(ks_rollout_db_start(w->db, &sp, "alice", 1000, &id, w->err, sizeof w->err),
                      KS_OK);
-    assert_int_equal(admin_int(w, "SELECT count(*) FROM keyshift_rollout_log"), 1);
+    assert_int_equal(ks_pg_test_int(w->admin, "SELECT count(*) FROM keyshift_rollout_log"), 1);
 }
 
 /* A role with only the privileges docs/rollout.md lists (the tables
@@ -453,16 +453,16 @@ static void test_failed_change_rolls_back(void **state)
 static void test_least_privilege(void **state)
 {
     world *w = *state;
-    admin_exec(w, "DO $$BEGIN IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'ks_app') THEN "
+    ks_pg_test_exec(w->admin, "DO $$BEGIN IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'ks_app') THEN "
                   "DROP OWNED BY ks_app; DROP ROLE ks_app; END IF; END$$");
-    admin_exec(w, "CREATE ROLE ks_app LOGIN");
-    admin_exec(w, "GRANT USAGE ON SCHEMA public TO ks_app");
-    admin_exec(w, "GRANT SELECT, INSERT, UPDATE ON keyshift_rollout, keyshift_rollout_column, "
+    ks_pg_test_exec(w->admin, "CREATE ROLE ks_app LOGIN");
+    ks_pg_test_exec(w->admin, "GRANT USAGE ON SCHEMA public TO ks_app");
+    ks_pg_test_exec(w->admin, "GRANT SELECT, INSERT, UPDATE ON keyshift_rollout, keyshift_rollout_column, "
                   "keyshift_readers, keyshift_metrics TO ks_app");
-    admin_exec(w, "GRANT SELECT, INSERT ON keyshift_rollout_log TO ks_app");
-    admin_exec(w, "GRANT SELECT ON keyshift_meta TO ks_app");
-    admin_exec(w, "GRANT SELECT, UPDATE ON keyshift_rollout_version TO ks_app");
-    admin_exec(w, "GRANT DELETE ON keyshift_readers TO ks_app");
+    ks_pg_test_exec(w->admin, "GRANT SELECT, INSERT ON keyshift_rollout_log TO ks_app");
+    ks_pg_test_exec(w->admin, "GRANT SELECT ON keyshift_meta TO ks_app");
+    ks_pg_test_exec(w->admin, "GRANT SELECT, UPDATE ON keyshift_rollout_version TO ks_app");
+    ks_pg_test_exec(w->admin, "GRANT DELETE ON keyshift_readers TO ks_app");
     char conninfo[sizeof ks_pg_test_conninfo + 16];
     snprintf(conninfo, sizeof conninfo, "%s user=ks_app", ks_pg_test_conninfo);
     ks_rollout_store *as = NULL;
@@ -491,8 +491,8 @@ static void test_least_privilege(void **state)
     assert_int_equal(PQresultStatus(res), PGRES_FATAL_ERROR);
     PQclear(res);
     PQfinish(app);
-    admin_exec(w, "DROP OWNED BY ks_app");
-    admin_exec(w, "DROP ROLE ks_app");
+    ks_pg_test_exec(w->admin, "DROP OWNED BY ks_app");
+    ks_pg_test_exec(w->admin, "DROP ROLE ks_app");
 }
 
 /* Run the tests on one throw-away cluster. */
@@ -510,5 +510,5 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_failed_change_rolls_back, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(test_least_privilege, world_setup, world_teardown),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, ks_pg_test_group_setup, ks_pg_test_group_teardown);
 }

@@ -89,7 +89,7 @@ static void test_race_transition(void **state)
     /* wait (bounded) until the racer is blocked on the table lock */
     int waiting = 0;
     for (int i = 0; i < 2000 && !waiting; i++) {
-        waiting = admin_int(w, "SELECT count(*) FROM pg_locks l JOIN pg_class c ON "
+        waiting = ks_pg_test_int(w->admin, "SELECT count(*) FROM pg_locks l JOIN pg_class c ON "
                                "c.oid = l.relation WHERE c.relname = 'keyshift_rollout' "
                                "AND NOT l.granted") > 0;
         if (!waiting)
@@ -102,7 +102,7 @@ static void test_race_transition(void **state)
     /* and the loser of a plain race through the rollout layer is stale too */
     ks_rollout_facts f = {.target_key_state = KS_KEY_ACTIVE};
     assert_int_equal(move(w, id, KS_PHASE_PLANNED, KS_PHASE_READ_COMPAT, f, 1200), KS_ERR_STALE);
-    assert_int_equal(admin_int(w, "SELECT count(*) FROM keyshift_rollout_log WHERE to_phase = "
+    assert_int_equal(ks_pg_test_int(w->admin, "SELECT count(*) FROM keyshift_rollout_log WHERE to_phase = "
                                   "'read-compat'"),
                      1);
     holder->ops->close(holder);
@@ -119,7 +119,7 @@ static void fill_payments(world *w, int n)
              "INSERT INTO payments(id, tenant, card) SELECT g, 'acme', "
              "convert_to('card-' || g, 'UTF8') FROM generate_series(1, %d) g",
              n);
-    admin_exec(w, sql);
+    ks_pg_test_exec(w->admin, sql);
 }
 
 /* Encrypt (or rewrap) payments.card through the PostgreSQL row store
@@ -325,11 +325,11 @@ static void test_lifecycle(void **state)
     assert_int_equal(admin_try(w, "DELETE FROM keyshift_rollout_log"), PGRES_FATAL_ERROR);
 
     /* the policy registered its instance, and deregisters at close */
-    assert_int_equal(admin_int(w, "SELECT count(*) FROM keyshift_readers WHERE instance_id = "
+    assert_int_equal(ks_pg_test_int(w->admin, "SELECT count(*) FROM keyshift_readers WHERE instance_id = "
                                   "'app-1'"),
                      1);
     ks_policy_close(pol);
-    assert_int_equal(admin_int(w, "SELECT count(*) FROM keyshift_readers"), 0);
+    assert_int_equal(ks_pg_test_int(w->admin, "SELECT count(*) FROM keyshift_readers"), 0);
     ks_ctx_free(ctx);
     ks_mem_cleanup(&mem);
 }
@@ -371,7 +371,7 @@ static void test_policy_reconnects(void **state)
     ks_rollout_class c;
     assert_int_equal(ks_policy_write_target(pol, "payments", "card", BV("acme"), &c), KS_OK);
     assert_true(c.is_plaintext);
-    admin_exec(w, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+    ks_pg_test_exec(w->admin, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                   "WHERE application_name = 'keyshift' AND backend_type = 'client backend' "
                   "AND pid <> pg_backend_pid()");
     assert_int_equal(ks_policy_refresh(pol), KS_ERR_UNAVAILABLE);
@@ -389,5 +389,5 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_policy_open_store_args, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(test_policy_reconnects, world_setup, world_teardown),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, ks_pg_test_group_setup, ks_pg_test_group_teardown);
 }
