@@ -353,20 +353,6 @@ static void bind_str(sqlite3_stmt *q, int i, const char *s)
     CHECK(sqlite3_bind_text(q, i, s, -1, SQLITE_STATIC) == SQLITE_OK);
 }
 
-/* The application's prepared statement for sql (a string literal), ready
- * to bind: prepared once per run, as an application prepares once
- * (fuzz/fuzz_sqlite.h); release it with app_done. */
-static sqlite3_stmt *app_stmt(const world *w, const char *sql)
-{
-    return ks_fuzz_sqlite_stmt(w->raw, sql);
-}
-
-/* Done with q (from app_stmt): no transaction held, no binding kept. */
-static void app_done(sqlite3_stmt *q)
-{
-    ks_fuzz_sqlite_done(q);
-}
-
 /* The table of row id: t, or u for the upper half of a key scope's. */
 static const char *tbl_of(const world *w, unsigned id)
 {
@@ -378,7 +364,7 @@ static const char *tbl_of(const world *w, unsigned id)
 static void put_row(const world *w, unsigned id, unsigned tenant, const uint8_t *v, size_t len,
                     int blob)
 {
-    sqlite3_stmt *q = app_stmt(w, strcmp(tbl_of(w, id), "u") == 0
+    sqlite3_stmt *q = ks_fuzz_sqlite_stmt(w->raw, strcmp(tbl_of(w, id), "u") == 0
                                       ? "INSERT OR REPLACE INTO u(id, tenant, v) VALUES(?1, ?2, ?3)"
                                       : "INSERT OR REPLACE INTO t(id, tenant, v) VALUES(?1, ?2, ?3)");
     CHECK(sqlite3_bind_int(q, 1, (int)id) == SQLITE_OK);
@@ -386,7 +372,7 @@ static void put_row(const world *w, unsigned id, unsigned tenant, const uint8_t 
     CHECK((blob ? sqlite3_bind_blob(q, 3, v, (int)len, SQLITE_STATIC)
                 : sqlite3_bind_text(q, 3, (const char *)v, (int)len, SQLITE_STATIC)) == SQLITE_OK);
     CHECK(sqlite3_step(q) == SQLITE_DONE);
-    app_done(q);
+    ks_fuzz_sqlite_done(q);
 }
 
 /* Seal (or, for plaintext, store) a fresh plaintext into row id under class
@@ -755,7 +741,7 @@ static void op_write(world *w, uint8_t a, uint8_t b)
  * returns its length (the model says it is present). */
 static size_t read_value(world *w, unsigned id, uint8_t *buf, size_t cap, int *is_blob)
 {
-    sqlite3_stmt *q = app_stmt(w, strcmp(tbl_of(w, id), "u") == 0 ? "SELECT v FROM u WHERE id = ?1"
+    sqlite3_stmt *q = ks_fuzz_sqlite_stmt(w->raw, strcmp(tbl_of(w, id), "u") == 0 ? "SELECT v FROM u WHERE id = ?1"
                                                                   : "SELECT v FROM t WHERE id = ?1");
     CHECK(sqlite3_bind_int(q, 1, (int)id) == SQLITE_OK);
     CHECK(sqlite3_step(q) == SQLITE_ROW);
@@ -766,7 +752,7 @@ static size_t read_value(world *w, unsigned id, uint8_t *buf, size_t cap, int *i
     CHECK(n <= cap);
     memcpy(buf, p, n);
     *is_blob = type == SQLITE_BLOB;
-    app_done(q);
+    ks_fuzz_sqlite_done(q);
     return n;
 }
 
@@ -1350,7 +1336,7 @@ static void check_world(world *w)
         if (slot_live(w, &w->slots[k]))
             CHECK(ks_policy_refresh(w->slots[k].pol) == KS_OK);
     w->rollout_changed = 0;
-    sqlite3_stmt *q = app_stmt(w, w->key_mode
+    sqlite3_stmt *q = ks_fuzz_sqlite_stmt(w->raw, w->key_mode
                                       ? "SELECT id, v FROM t UNION ALL SELECT id, v FROM u ORDER BY id"
                                       : "SELECT id, v FROM t ORDER BY id");
     size_t stored = 0, present = 0;
@@ -1381,7 +1367,7 @@ static void check_world(world *w)
         /* 3. finalized implies no source rows */
         CHECK(w->cur.phase != KS_PHASE_FINALIZED || !ks_rollout_class_equal(&m->cls, &w->cur.source));
     }
-    app_done(q);
+    ks_fuzz_sqlite_done(q);
     for (size_t i = 0; i < MAX_ROWS; i++)
         present += w->rows[i].present != 0;
     CHECK(stored == present);
@@ -1392,10 +1378,10 @@ static void check_world(world *w)
     /* 4. the log only grows, by exactly the step's entries: its row count
      * (read through the application's connection) grows by them, and the
      * new rows, read through the store, are them */
-    q = app_stmt(w, "SELECT count(*), coalesce(max(id), 0) FROM keyshift_rollout_log");
+    q = ks_fuzz_sqlite_stmt(w->raw, "SELECT count(*), coalesce(max(id), 0) FROM keyshift_rollout_log");
     CHECK(sqlite3_step(q) == SQLITE_ROW);
     int64_t count = sqlite3_column_int64(q, 0), last = sqlite3_column_int64(q, 1);
-    app_done(q);
+    ks_fuzz_sqlite_done(q);
     CHECK(count == w->log_count + (int64_t)w->n_want);
     if (w->n_want != 0) {
         ks_rollout_log_entry e[5];

@@ -50,12 +50,15 @@
  */
 #define _DEFAULT_SOURCE /* clock_gettime, mkdtemp */
 
+#include <fcntl.h>
 #include <pthread.h>
+#include <spawn.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <pb_decode.h>
@@ -650,6 +653,52 @@ int bench_keyring(char *dir, size_t dir_cap, ks_keyring **kr, ks_ctx **ctx)
         return -1;
     }
     return 0;
+}
+
+extern char **environ;
+
+/* See bench.h.  Both pipe ends are closed in the child after the dup: a
+ * copy left open would pass to a server the program starts, and the read
+ * would never end. */
+int bench_spawn(char *const argv[], char *out, size_t cap)
+{
+    int fds[2] = {-1, -1};
+    posix_spawn_file_actions_t fa;
+    pid_t pid;
+    int rc = -1, status = 0;
+    if ((out != NULL && (cap == 0 || pipe(fds) != 0)) || posix_spawn_file_actions_init(&fa) != 0) {
+        return -1;
+    }
+    int ok = out != NULL ? posix_spawn_file_actions_adddup2(&fa, fds[1], 1) == 0 &&
+                               posix_spawn_file_actions_addclose(&fa, fds[0]) == 0 &&
+                               posix_spawn_file_actions_addclose(&fa, fds[1]) == 0
+                         : posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0) == 0;
+    if (ok && posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ) == 0) {
+        if (out != NULL) {
+            size_t len = 0;
+            ssize_t got;
+            close(fds[1]);
+            fds[1] = -1;
+            while (len + 1 < cap && (got = read(fds[0], out + len, cap - 1 - len)) > 0) {
+                len += (size_t)got;
+            }
+            out[len] = '\0';
+            while (len > 0 && (out[len - 1] == '\n' || out[len - 1] == '\r')) {
+                out[--len] = '\0';
+            }
+        }
+        if (waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+            rc = 0;
+        }
+    }
+    posix_spawn_file_actions_destroy(&fa);
+    if (fds[0] >= 0) {
+        close(fds[0]);
+    }
+    if (fds[1] >= 0) {
+        close(fds[1]);
+    }
+    return rc;
 }
 
 /* Remove the throw-away keyring. */

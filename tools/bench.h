@@ -30,6 +30,12 @@ pair_result measure_pair(op_fn fn, void *arg, op_fn base, void *base_arg);
 int bench_keyring(char *dir, size_t dir_cap, ks_keyring **kr, ks_ctx **ctx);
 void bench_keyring_remove(const char *dir);
 
+/* Run argv (a program on PATH) and wait: its standard output into
+ * out[0, cap) (NUL-terminated, trailing newlines cut), or to /dev/null
+ * with out NULL, so that only JSON lines reach ours.  0 when it exited
+ * 0 (tools/bench.c). */
+int bench_spawn(char *const argv[], char *out, size_t cap);
+
 /* Seconds of monotonic time. */
 double now_s(void);
 

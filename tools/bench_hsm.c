@@ -14,45 +14,22 @@
 #define _XOPEN_SOURCE 700 /* nftw */
 #define _DEFAULT_SOURCE   /* setenv */
 
-#include <fcntl.h>
 #include <ftw.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <sodium.h>
 
 #include "bench.h"
 
-extern char **environ;
-
 #define HSM_LABEL "ks-bench"
 #define HSM_PIN "5678"
 #define HSM_KEY "hsm/bench"
 
 /* ---- the token -------------------------------------------------------------- */
-
-/* Run argv (a program on PATH), its standard output to /dev/null so that
- * only JSON lines reach ours, and wait; 0 when it exited 0. */
-static int run_program(char *const argv[])
-{
-    pid_t pid;
-    int status = 0, rc = -1;
-    posix_spawn_file_actions_t fa;
-    if (posix_spawn_file_actions_init(&fa) != 0) {
-        return -1;
-    }
-    if (posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0) == 0 &&
-        posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ) == 0 && waitpid(pid, &status, 0) == pid) {
-        rc = WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
-    }
-    posix_spawn_file_actions_destroy(&fa);
-    return rc;
-}
 
 /* A SoftHSM2 configuration and an initialised token under dir (which
  * exists), with SOFTHSM2_CONF pointing at it before the module loads. */
@@ -73,7 +50,7 @@ static int token_make(const char *dir)
     setenv("SOFTHSM2_CONF", conf, 1);
     char *const argv[] = {"softhsm2-util", "--init-token", "--free", "--label", HSM_LABEL,
                           "--so-pin", "1234", "--pin", HSM_PIN, NULL};
-    return run_program(argv);
+    return bench_spawn(argv, NULL, 0);
 }
 
 /* nftw callback: remove one entry (children before their directory). */

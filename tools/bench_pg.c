@@ -26,12 +26,9 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include <fcntl.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <libpq-fe.h>
@@ -40,8 +37,6 @@
 #include <keyshift/rowstore_pg.h>
 
 #include "bench.h"
-
-extern char **environ;
 
 /* The cluster script, relative to the repository's root (make bench's
  * working directory); KS_BENCH_PG_CLUSTER overrides it. */
@@ -57,54 +52,15 @@ static const char *cluster_script(void)
 }
 
 /* Run the cluster script with verb and dir; its standard output (the
- * connection string, for start) into out[0, cap), trailing newline cut.
- * 0 when it exited 0. */
+ * connection string, for start) into out[0, cap).  0 when it exited 0. */
 static int cluster_run(const char *verb, const char *dir, char *out, size_t cap)
 {
-    int fds[2];
-    if (pipe(fds) != 0) {
-        return -1;
-    }
     char a_sh[] = "sh", a_script[512], a_verb[16], a_dir[512];
     snprintf(a_script, sizeof a_script, "%s", cluster_script());
     snprintf(a_verb, sizeof a_verb, "%s", verb);
     snprintf(a_dir, sizeof a_dir, "%s", dir);
     char *argv[] = {a_sh, a_script, a_verb, a_dir, NULL};
-    posix_spawn_file_actions_t fa;
-    pid_t pid;
-    int rc = -1, status = 0;
-    if (posix_spawn_file_actions_init(&fa) != 0) {
-        close(fds[0]);
-        close(fds[1]);
-        return -1;
-    }
-    /* both pipe ends closed in the child after the dup: a copy left open
-     * would pass to the server, and the read below would never end */
-    if (posix_spawn_file_actions_adddup2(&fa, fds[1], 1) == 0 &&
-        posix_spawn_file_actions_addclose(&fa, fds[0]) == 0 &&
-        posix_spawn_file_actions_addclose(&fa, fds[1]) == 0 &&
-        posix_spawnp(&pid, "sh", &fa, NULL, argv, environ) == 0) {
-        size_t len = 0;
-        ssize_t got;
-        close(fds[1]);
-        fds[1] = -1;
-        while ((got = read(fds[0], out + len, cap - 1 - len)) > 0 && len + (size_t)got < cap - 1) {
-            len += (size_t)got;
-        }
-        out[len] = '\0';
-        while (len > 0 && (out[len - 1] == '\n' || out[len - 1] == '\r')) {
-            out[--len] = '\0';
-        }
-        if (waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-            rc = 0;
-        }
-    }
-    posix_spawn_file_actions_destroy(&fa);
-    close(fds[0]);
-    if (fds[1] >= 0) {
-        close(fds[1]);
-    }
-    return rc;
+    return bench_spawn(argv, out, cap);
 }
 
 /* Run sql (no parameters) on c; 0 when it succeeded. */

@@ -1006,3 +1006,11 @@ int ks_cli_parse_duration(const char *s, uint32_t *out)
     *out = (uint32_t)(v * mul);
     return 0;
 }
+
+/* See cli.h. */
+double ks_cli_mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}

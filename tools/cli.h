@@ -85,6 +85,9 @@ int ks_cli_exit_code(ks_err err);
  * *out seconds; 0, or -1 for anything else (or past UINT32_MAX s). */
 int ks_cli_parse_duration(const char *s, uint32_t *out);
 
+/* Seconds on the monotonic clock (run times, throttled time). */
+double ks_cli_mono_s(void);
+
 /*
  * Open the keyring named by path (NULL: $KEYSHIFT_KEYRING) with the
  * passphrase read from passphrase_file (NULL: $KEYSHIFT_PASSPHRASE, if

@@ -751,14 +751,6 @@ static void print_summary(const progress_state *s, ks_err e, int rc, double elap
             (unsigned long long)c->wrong_state, c->pass, elapsed, rate);
 }
 
-/* Seconds on the monotonic clock. */
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* Run the engine with progress and signals, then report its outcome
  * (pg: the store is PostgreSQL, whose lost connection is
  * KS_ERR_UNAVAILABLE too). */
@@ -776,9 +768,9 @@ static int run_engine(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_pa
     ks_checkpoint cp;
     memset(&cp, 0, sizeof cp);
     install_signals();
-    double t0 = now_s();
+    double t0 = ks_cli_mono_s();
     ks_err e = ks_migrate_run(ctx, store, p, &stop_requested, on_progress, &s, &cp);
-    double elapsed = now_s() - t0;
+    double elapsed = ks_cli_mono_s() - t0;
     if (s.rollout_id > 0) {
         report_health(&s);
     }

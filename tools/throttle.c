@@ -20,14 +20,6 @@ static const char pause_schema[] =
     " tbl text NOT NULL, col text NOT NULL, paused_at bigint NOT NULL, reason text NOT NULL,"
     " PRIMARY KEY (tbl, col))";
 
-/* Seconds on the monotonic clock. */
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* Sleep for s seconds (an interrupting signal ends it early). */
 static void sleep_s(double s)
 {
@@ -85,6 +77,16 @@ int ks_cli_throttle_open(ks_cli_throttle *t, const char *conninfo, const char *t
     t->max_lag_s = max_lag != NULL ? (double)lag : -1;
     PGresult *res = PQexec(t->conn, "SET default_transaction_read_only = on");
     PQclear(res);
+    /* asked after every batch: parsed once */
+    res = PQprepare(t->conn, "ks_pause",
+                    "SELECT reason FROM keyshift_migrate_pause WHERE tbl = $1 AND col = $2", 2, NULL);
+    int prepared = PQresultStatus(res) == PGRES_COMMAND_OK;
+    PQclear(res);
+    if (!prepared) {
+        ks_cli_throttle_close(t);
+        ks_cli_error("cannot read keyshift_migrate_pause");
+        return EX_SOFTWARE;
+    }
     if (query != NULL) {
         res = PQprepare(t->conn, "ks_throttle", query, 0, NULL);
         int ok = PQresultStatus(res) == PGRES_COMMAND_OK;
@@ -113,9 +115,7 @@ static const char *one_value(PGresult *res)
 static int throttled(ks_cli_throttle *t, char *why, size_t cap)
 {
     const char *vals[2] = {t->table, t->column};
-    PGresult *res = PQexecParams(t->conn,
-                                 "SELECT reason FROM keyshift_migrate_pause WHERE tbl = $1 AND col = $2",
-                                 2, NULL, vals, NULL, NULL, 0);
+    PGresult *res = PQexecPrepared(t->conn, "ks_pause", 2, vals, NULL, NULL, 0);
     const char *v = one_value(res);
     if (v != NULL) {
         snprintf(why, cap, "paused by keyshift migrate pause (%.80s)", v);
@@ -162,7 +162,7 @@ void ks_cli_throttle_wait(ks_cli_throttle *t, volatile sig_atomic_t *stop, int j
     if (!throttled(t, why, sizeof why)) {
         return;
     }
-    double t0 = mono_s();
+    double t0 = ks_cli_mono_s();
     t->pauses++;
     if (json) {
         printf("{\"throttled\":true,\"reason\":\"%s\"}\n", why);
@@ -176,7 +176,7 @@ void ks_cli_throttle_wait(ks_cli_throttle *t, volatile sig_atomic_t *stop, int j
             break;
         }
     }
-    double spent = mono_s() - t0;
+    double spent = ks_cli_mono_s() - t0;
     t->throttled_s += spent;
     if (json) {
         printf("{\"throttled\":false,\"paused_s\":%.1f}\n", spent);
