@@ -23,38 +23,14 @@
 set -u
 
 . "$(dirname "$0")/cli_lib.sh"
+. "$(dirname "$0")/cli_pg_lib.sh"
 unset KEYSHIFT_PASSPHRASE PGPASSWORD PGSERVICE
 export KEYSHIFT_KEYRING="$T/keyring"
 IN=/dev/null
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-CLUSTER="$ROOT/tests/pg_cluster.sh"
 
-command -v psql >/dev/null || { echo "cli_migrate_pg_test: psql is missing (tools/deps.sh)"; exit 1; }
-
-# The cluster lives in a directory of its own (pg_cluster.sh gives it to
-# the unprivileged owner under root); stopped and removed on any exit.
-PGD=$(mktemp -d /tmp/ks_pgcli_XXXXXX)
-cleanup() {
-    [ -n "${wpid:-}" ] && kill "$wpid" 2>/dev/null
-    "$CLUSTER" stop "$PGD" >/dev/null 2>&1 || rm -rf "$PGD"
-    rm -rf "$T"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM HUP
-CI=$("$CLUSTER" start "$PGD") || { echo "cli_migrate_pg_test: cannot start a cluster"; exit 1; }
-
-# q SQL: run SQL through psql, unaligned tuples only, stopping on error.
-q() { psql "$CI" -qXAt -v ON_ERROR_STOP=1 -c "$1"; }
-
-# make_pay TABLE ROWS: TABLE(id bigint primary key, tenant, card bytea)
-# with ROWS rows of random plaintext ('row-ID-' and 64 random hex
-# digits) and a copy of the cards in TABLE_orig.
-make_pay() {
-    q "CREATE TABLE $1 (id bigint PRIMARY KEY, tenant text NOT NULL, card bytea);
-       INSERT INTO $1 SELECT i, 'acme', convert_to(format('row-%s-', lpad(i::text, 5, '0'))
-           || md5(random()::text) || md5(random()::text), 'UTF8') FROM generate_series(1, $2) i;
-       CREATE TABLE $1_orig AS SELECT id, card FROM $1;"
-}
+# the other session of a test, stopped on any exit
+pg_lib_hook() { [ -n "${wpid:-}" ] && kill "$wpid" 2>/dev/null; }
+pg_lib_start cli_migrate_pg_test
 
 # card_hex TABLE ID: the card of row ID as hex.
 card_hex() { q "SELECT encode(card, 'hex') FROM $1 WHERE id = $2"; }

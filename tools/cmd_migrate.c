@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "cmd_migrate_workers.h"
 #include "throttle.h"
 
 /* Set by SIGINT/SIGTERM; the engine polls it between batches. */
@@ -44,8 +45,9 @@ static void usage(FILE *f)
           "        [--from-key KEY_ID] [--supersede] [--busy-timeout MS]\n"
           "        [--synchronous full|normal] [--throttle-query SQL]\n"
           "        [--max-replica-lag DURATION] [--json]\n"
+          "        [--workers N [--chunk-ids N] [--lease DURATION]]\n"
           "        [--keyring FILE [--passphrase-file FILE] | --providers FILE]\n"
-          "    keyshift migrate status --db DB [--table T --column C] [--json]\n"
+          "    keyshift migrate status --db DB [--table T --column C] [--chunks] [--json]\n"
           "    keyshift migrate pause --db PG --table T --column C [--reason R]\n"
           "    keyshift migrate resume --db PG --table T --column C\n"
           "    keyshift migrate verify --db DB --table T --column C [--sample N]\n"
@@ -92,6 +94,15 @@ static void usage(FILE *f)
           "            recently updated first (target, parameters, state, pass, cursor,\n"
           "            counts, times); with --json one object {\"migrations\":[...]}.\n"
           "            --table and --column show only that column's migrations.\n"
+          "            PostgreSQL: a migration run with --workers also shows its\n"
+          "            chunks: a line 'chunks N: C complete, R running, P pending'\n"
+          "            (pending counts those with an expired lease too: their\n"
+          "            worker died, the next claim takes them over) and one line\n"
+          "            per running chunk (its ids, state, pass, cursor, done, the\n"
+          "            worker holding it and its lease's end); --chunks lists\n"
+          "            every chunk. With --json a \"chunks\" member: chunks,\n"
+          "            complete, running, pending, expired and \"list\" (the running\n"
+          "            chunks, or all with --chunks).\n"
           "            Read-only; a malformed checkpoint row stops it (exit 74).\n"
           "    verify  opens every envelope of the column (or a random sample of about\n"
           "            N rows) and lists, by row id and error name, those that do not\n"
@@ -136,10 +147,39 @@ static void usage(FILE *f)
           "    exits 69 with its last committed batch kept: rerun it once the\n"
           "    server is back and it resumes from its checkpoint.\n"
           "\n"
+          "    Workers (PostgreSQL): run --workers N runs N worker threads, each on a\n"
+          "    connection of its own. The column's id range is split once into\n"
+          "    chunks of about --chunk-ids ids, kept in keyshift_chunk beside the\n"
+          "    table; each worker claims a chunk (a lease of --lease, timed by the\n"
+          "    database's clock), migrates it in batches that save the chunk's\n"
+          "    cursor and counts in their own transaction, and claims the next,\n"
+          "    until every chunk is complete. Running the same command on several\n"
+          "    hosts adds their workers to the same migration. A worker that dies\n"
+          "    (kill -9, a host lost) leaves its chunk leased until the lease ends;\n"
+          "    then another worker takes it over from its last committed batch.\n"
+          "    The throttle (--throttle-query, --max-replica-lag, pause) holds\n"
+          "    every worker after its current batch, keeping its chunk's lease,\n"
+          "    and lets them all go on together. --max-rows-per-second applies to\n"
+          "    each worker. --workers 1 runs the chunked way too (it joins other\n"
+          "    hosts' workers); without --workers the run is the single-connection\n"
+          "    one. Finish a migration the way it began: both ways are safe\n"
+          "    together (every write is a compare-and-swap, rows at the target are\n"
+          "    skipped), but their counts do not add up across the switch. A\n"
+          "    rerun of a complete migration with --workers is the catch-up pass,\n"
+          "    on one connection. SQLite has one writer at a time: --workers 1\n"
+          "    is the single run there, more is refused (exit 64).\n"
+          "\n"
           "    Progress: on a terminal, run draws a progress bar on standard error\n"
           "    (rows done/total, rows/s, ETA); with --json it writes one JSON object\n"
           "    per committed batch to standard output, then a summary object.\n"
-          "    Otherwise it prints only the summary, on standard error.\n"
+          "    Otherwise it prints only the summary, on standard error. With\n"
+          "    --workers, one bar over every worker: the migration's rows done\n"
+          "    (every host's, from the chunks), this process's rows/s, an ETA at\n"
+          "    the whole migration's rate, and chunks complete/planned; the JSON\n"
+          "    lines add worker, chunk, chunks and chunks_complete, the summary\n"
+          "    workers, rows_here, chunks, chunks_complete, claims, takeovers\n"
+          "    (chunks resumed from a dead worker's cursor) and lost (chunks\n"
+          "    another worker took over meanwhile: that batch rolled back).\n"
           "\n"
           "OPTIONS\n"
           "    --db DB                " KS_CLI_DB_RULE
@@ -208,6 +248,19 @@ static void usage(FILE *f)
           "          reported (stderr, or {\"throttled\":...} lines and\n"
           "          throttled_s with --json) and left out of the rate and\n"
           "          the ETA; no row lock is held while waiting\n"
+          "    --workers N            run, PostgreSQL: N worker threads (1..64), each with a\n"
+          "          connection of its own, sharing the migration with the\n"
+          "          other hosts' (see Workers). The server needs N + 2\n"
+          "          connections per process (the run's own and the\n"
+          "          throttle's)\n"
+          "    --chunk-ids N          run --workers: about N ids per chunk (default 10000;\n"
+          "          wider when that would make more than 100000 chunks).\n"
+          "          Used by the first run of a migration only: its plan stays\n"
+          "    --lease DURATION       run --workers: how long a worker keeps a chunk without\n"
+          "          committing a batch (default 60s; 1s..1d). Longer than\n"
+          "          one batch, provider calls included; a dead worker's\n"
+          "          chunk waits this long to be taken over\n"
+          "    --chunks               status: list every chunk, not only the running ones\n"
           "    --reason R             pause: why (shown by the runs that wait)\n"
           "    --from-key KEY_ID      run (rewrap, reencrypt) and verify: only envelopes\n"
           "          whose key id is KEY_ID; plaintext and other keys'\n"
@@ -239,7 +292,8 @@ static void usage(FILE *f)
           "    0   run: complete; verify: every envelope opened; status: printed\n"
           "    64  usage error; a password in a PostgreSQL --db; run: also\n"
           "        --synchronous normal on a database not in WAL mode, or\n"
-          "        --synchronous with PostgreSQL (nothing written)\n"
+          "        --synchronous with PostgreSQL, or --workers above 1 on SQLite\n"
+          "        (nothing written)\n"
           "    65  run: stopped by --max-failure-rate (checkpoint valid; see\n"
           "        keyshift_quarantine), or an unfinished migration of this database\n"
           "        with other parameters exists (resume it, or --supersede);\n"
@@ -247,12 +301,13 @@ static void usage(FILE *f)
           "    66  no such database, table or column\n"
           "    69  key provider unavailable, or the PostgreSQL database unreachable or\n"
           "        gone away mid-run (batch rolled back, checkpoint kept; rerun once it\n"
-          "        is back)\n"
+          "        is back; --workers: its chunks are taken over once their leases end)\n"
           "    74  database error or disk full (batch rolled back; rerun once fixed);\n"
           "        status: a malformed checkpoint row\n"
           "    75  paused by SIGINT/SIGTERM, key provider timeout, or the database\n"
           "        stayed locked (PostgreSQL: lock_timeout, statement_timeout, a\n"
           "        deadlock or serialization failure): rerun the same command to resume\n"
+          "        (--workers: every worker committed its batch and gave its chunk up)\n"
           "    77  target key unknown, disabled, destroyed or denied\n"
           "    78  keyring or providers file insecure, unreadable or corrupt, wrong\n"
           "        passphrase, or wrong or locked PIN; run:\n"
@@ -268,6 +323,11 @@ static void usage(FILE *f)
           "    keyshift migrate run --db shop.db --table payments --column card \\\n"
           "        --mode rewrap --to-key payments/kek:2 --max-rows-per-second 5000\n"
           "    keyshift migrate status --db shop.db --json\n"
+          "    keyshift migrate run --db 'host=db.example dbname=shop user=migrator' \\\n"
+          "        --table payments --column card --mode rewrap --to-key payments/kek:2 \\\n"
+          "        --workers 8      # the same command on each of several hosts\n"
+          "    keyshift migrate status --db 'host=db.example dbname=shop user=reader' \\\n"
+          "        --table payments --column card\n"
           "    PGPASSFILE=~/.pgpass keyshift migrate run \\\n"
           "        --db 'postgresql://migrator@db.example/shop' --table payments \\\n"
           "        --column card --mode rewrap --to-key payments/kek:2\n"
@@ -282,7 +342,9 @@ typedef struct mig_opts {
     const char *tenant_column, *tenant, *context, *purpose, *batch_size, *max_failure_rate;
     const char *max_rps, *busy_timeout, *sample, *keyring, *passfile, *from_key, *providers;
     const char *synchronous, *throttle_query, *max_replica_lag, *reason;
+    const char *workers, *chunk_ids, *lease; /* run --workers (cmd_migrate_workers.c) */
     int no_verify, serial, json, supersede;
+    int chunks; /* status --chunks */
 } mig_opts;
 
 /* Parse argv into o. */
@@ -310,6 +372,10 @@ static int parse(const char *cmd, int argc, char **argv, mig_opts *o, int *rc)
         {"--synchronous", &o->synchronous, NULL},
         {"--throttle-query", &o->throttle_query, NULL},
         {"--max-replica-lag", &o->max_replica_lag, NULL},
+        {"--workers", &o->workers, NULL},
+        {"--chunk-ids", &o->chunk_ids, NULL},
+        {"--lease", &o->lease, NULL},
+        {"--chunks", NULL, &o->chunks},
         {"--reason", &o->reason, NULL},
         {"--sample", &o->sample, NULL},
         {"--keyring", &o->keyring, NULL},
@@ -342,6 +408,8 @@ static int only_options(const char *cmd, const mig_opts *o, const char *allowed)
         {"--synchronous", o->synchronous != NULL},
         {"--throttle-query", o->throttle_query != NULL},
         {"--max-replica-lag", o->max_replica_lag != NULL},
+        {"--workers", o->workers != NULL},     {"--chunk-ids", o->chunk_ids != NULL},
+        {"--lease", o->lease != NULL},         {"--chunks", o->chunks},
         {"--reason", o->reason != NULL},
         {"--keyring", o->keyring != NULL},     {"--passphrase-file", o->passfile != NULL},
         {"--providers", o->providers != NULL},
@@ -574,10 +642,17 @@ static uint64_t processed(const counts *c)
 static void draw_bar(const progress_state *s)
 {
     uint64_t n = processed(&s->c);
-    double frac = s->total ? (double)n / (double)s->total : 1.0;
-    frac = frac > 1.0 ? 1.0 : frac;
     double work = working_s(s, s->elapsed);
     double rate = work > 0 ? (double)s->run_rows / work : 0.0;
+    double eta = rate > 0 && n < s->total ? (double)(s->total - n) / rate : -1;
+    ks_cli_draw_bar(n, s->total, rate, eta, "");
+}
+
+/* See cmd_migrate_workers.h. */
+void ks_cli_draw_bar(uint64_t n, uint64_t total, double rate, double eta_s, const char *extra)
+{
+    double frac = total ? (double)n / (double)total : 1.0;
+    frac = frac > 1.0 ? 1.0 : frac;
     char bar[31];
     int fill = (int)(frac * 30.0);
     for (int i = 0; i < 30; i++) {
@@ -585,11 +660,11 @@ static void draw_bar(const progress_state *s)
     }
     bar[30] = '\0';
     fprintf(stderr, "\r[%s] %3d%% %llu/%llu rows  %.0f rows/s", bar, (int)(frac * 100.0),
-            (unsigned long long)n, (unsigned long long)s->total, rate);
-    if (rate > 0 && n < s->total) {
-        fprintf(stderr, "  ETA %.0fs   ", (double)(s->total - n) / rate);
+            (unsigned long long)n, (unsigned long long)total, rate);
+    if (eta_s >= 0) {
+        fprintf(stderr, "  ETA %.0fs%s   ", eta_s, extra);
     } else {
-        fputs("            ", stderr);
+        fprintf(stderr, "%s            ", extra);
     }
     fflush(stderr);
 }
@@ -673,9 +748,18 @@ static void on_progress(void *arg, const ks_migrate_progress *p)
     }
 }
 
-/* What to tell the operator about a run's outcome. */
-static const char *outcome_advice(ks_err e)
+/* See cmd_migrate_workers.h. */
+const char *ks_cli_migrate_advice(ks_err e, int pg, int rollout_left)
 {
+    if (e == KS_ERR_STOPPED && rollout_left) {
+        return "the rollout left backfill (rolled back?); the batch was not written and the "
+               "checkpoint kept: run the same command again once it is back in backfill";
+    }
+    if (e == KS_ERR_UNAVAILABLE && pg) {
+        return "the database went away (server stopped or connection lost) or the key "
+               "provider is unavailable; the batch was rolled back and the checkpoint "
+               "kept: run the same command again once both are back";
+    }
     switch (e) {
     case KS_OK: return "complete";
     case KS_ERR_STOPPED:
@@ -780,15 +864,7 @@ static int run_engine(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_pa
     }
     int rc = e == KS_ERR_STOPPED ? EX_TEMPFAIL : ks_cli_exit_code(e);
     if (e != KS_OK) {
-        const char *advice = outcome_advice(e);
-        if (e == KS_ERR_STOPPED && rollout_id != 0 && !stop_requested) {
-            advice = "the rollout left backfill (rolled back?); the batch was not written and the "
-                     "checkpoint kept: run the same command again once it is back in backfill";
-        } else if (e == KS_ERR_UNAVAILABLE && pg) {
-            advice = "the database went away (server stopped or connection lost) or the key "
-                     "provider is unavailable; the batch was rolled back and the checkpoint "
-                     "kept: run the same command again once both are back";
-        }
+        const char *advice = ks_cli_migrate_advice(e, pg, rollout_id != 0 && !stop_requested);
         if (s.tty && !s.json && s.have) {
             fputc('\n', stderr);
             s.have = 0;
@@ -964,7 +1040,7 @@ static int rollout_gate(const mig_opts *o, ks_migrate_params *p, ks_ctx *ctx, in
  * backfill), so that no target row is written after, say, a rollback to
  * read-compat and on to planned counted none.  The id is ours, not data.
  */
-static int backfill_gate(const ks_rowstore *store, int64_t rollout_id, int pg)
+int ks_cli_backfill_gate(const ks_rowstore *store, int64_t rollout_id, int pg)
 {
     if (rollout_id <= 0) {
         return EX_OK;
@@ -992,6 +1068,32 @@ static int backfill_gate(const ks_rowstore *store, int64_t rollout_id, int pg)
     return EX_OK;
 }
 
+/* A health sample of a run with workers (ks_cli_workers_env.health). */
+static void workers_health(void *arg)
+{
+    report_health(arg);
+}
+
+/* Run o's migration with workers (cmd_migrate_workers.c) on PostgreSQL,
+ * with this file's signals, rollout gate and health samples; the exit
+ * code, or KS_CLI_WORKERS_CATCHUP for the caller's single-connection
+ * catch-up pass. */
+static int run_workers(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_params *p,
+                       const mig_opts *o, const ks_rowstore_target *t, uint32_t busy_ms,
+                       int64_t rollout_id, const ks_cli_workers *wo, ks_cli_throttle *throttle)
+{
+    progress_state s; /* for the health samples only */
+    memset(&s, 0, sizeof s);
+    s.rollout_id = rollout_id;
+    s.db = o->db;
+    s.ctx = ctx;
+    ks_cli_workers_env env = {o->db,    t,         busy_ms,        o->json,
+                              rollout_id, throttle, &stop_requested,
+                              rollout_id > 0 ? workers_health : NULL, &s};
+    install_signals();
+    return ks_cli_workers_run(ctx, store, p, wo, &env);
+}
+
 /* `migrate run`. */
 static int cmd_run(int argc, char **argv)
 {
@@ -1006,7 +1108,8 @@ static int cmd_run(int argc, char **argv)
                                     "--tenant --context --purpose --batch-size --max-failure-rate "
                                     "--max-rows-per-second --busy-timeout --synchronous --keyring "
                                     "--passphrase-file --providers --no-verify --id-column --serial "
-                                    "--from-key --supersede --throttle-query --max-replica-lag ")) != EX_OK) {
+                                    "--from-key --supersede --throttle-query --max-replica-lag "
+                                    "--workers --chunk-ids --lease ")) != EX_OK) {
         return rc;
     }
     ks_migrate_params p;
@@ -1032,6 +1135,10 @@ static int cmd_run(int argc, char **argv)
         return ks_cli_usage_error(cmd, "--throttle-query and --max-replica-lag need a PostgreSQL "
                                        "--db (a SQLite run pauses on SIGINT and resumes)");
     }
+    ks_cli_workers wo;
+    if ((rc = ks_cli_workers_parse(o.workers, o.chunk_ids, o.lease, pg, &wo)) != EX_OK) {
+        return rc;
+    }
     ks_cli_throttle throttle;
     memset(&throttle, 0, sizeof throttle);
     ks_cli_keys keys = {0};
@@ -1042,10 +1149,14 @@ static int cmd_run(int argc, char **argv)
     if ((rc = ks_cli_store_open(o.db, &t, 0, busy_ms, sync, &store)) == EX_OK &&
         (rc = ks_cli_ctx_open(cmd, o.keyring, o.passfile, o.providers, &keys, &ctx)) == EX_OK &&
         (rc = rollout_gate(&o, &p, ctx, &rollout_id, from_key)) == EX_OK &&
-        (rc = backfill_gate(&store, rollout_id, pg)) == EX_OK &&
+        (rc = ks_cli_backfill_gate(&store, rollout_id, pg)) == EX_OK &&
         (!pg || (rc = ks_cli_throttle_open(&throttle, o.db, o.table, o.column, o.throttle_query,
                                            o.max_replica_lag)) == EX_OK)) {
-        rc = run_engine(ctx, &store, &p, &o, rollout_id, pg, pg ? &throttle : NULL);
+        rc = wo.workers ? run_workers(ctx, &store, &p, &o, &t, busy_ms, rollout_id, &wo, &throttle)
+                        : KS_CLI_WORKERS_CATCHUP;
+        if (rc == KS_CLI_WORKERS_CATCHUP) {
+            rc = run_engine(ctx, &store, &p, &o, rollout_id, pg, pg ? &throttle : NULL);
+        }
     }
     ks_cli_throttle_close(&throttle);
     ks_rowstore_close(&store);
@@ -1054,8 +1165,22 @@ static int cmd_run(int argc, char **argv)
     return rc;
 }
 
-/* Print one checkpoint of column tbl.col, as JSON or as a list of
- * fields. */
+/* See cmd_migrate_workers.h. */
+void ks_cli_put_progress_json(const ks_checkpoint *cp)
+{
+    printf("\"state\":");
+    ks_cli_put_json_string(stdout, cp->state.ptr, cp->state.len);
+    printf(",\"pass\":%u,\"cursor\":", cp->pass);
+    ks_cli_put_value(stdout, &cp->cursor, 1);
+    printf(",\"done\":%llu,\"skipped\":%llu,\"raced\":%llu,\"quarantined\":%llu,"
+           "\"wrong_state\":%llu",
+           (unsigned long long)cp->done, (unsigned long long)cp->skipped,
+           (unsigned long long)cp->raced, (unsigned long long)cp->quarantined,
+           (unsigned long long)cp->wrong_state);
+}
+
+/* Print one checkpoint of column tbl.col, as JSON (its object left
+ * open, for the caller's members) or as a list of fields. */
 static void print_checkpoint(ks_bytes tbl, ks_bytes col, const ks_checkpoint *cp, int json)
 {
     char started[32], updated[32], finished[32];
@@ -1069,16 +1194,10 @@ static void print_checkpoint(ks_bytes tbl, ks_bytes col, const ks_checkpoint *cp
         ks_cli_put_json_string(stdout, col.ptr, col.len);
         printf(",\"params\":");
         ks_cli_put_json_string(stdout, cp->params.ptr, cp->params.len);
-        printf(",\"state\":");
-        ks_cli_put_json_string(stdout, cp->state.ptr, cp->state.len);
-        printf(",\"pass\":%u,\"cursor\":", cp->pass);
-        ks_cli_put_value(stdout, &cp->cursor, 1);
-        printf(",\"done\":%llu,\"skipped\":%llu,\"raced\":%llu,\"quarantined\":%llu,"
-               "\"wrong_state\":%llu,\"started\":\"%s\",\"updated\":\"%s\",\"finished\":",
-               (unsigned long long)cp->done, (unsigned long long)cp->skipped,
-               (unsigned long long)cp->raced, (unsigned long long)cp->quarantined,
-               (unsigned long long)cp->wrong_state, started, updated);
-        printf(cp->finished ? "\"%s\"}" : "null}", finished);
+        fputc(',', stdout);
+        ks_cli_put_progress_json(cp);
+        printf(",\"started\":\"%s\",\"updated\":\"%s\",\"finished\":", started, updated);
+        printf(cp->finished ? "\"%s\"" : "null", finished);
         return;
     }
     /* text read back from the database: printed with non-printable bytes as '?' */
@@ -1104,6 +1223,9 @@ static void print_checkpoint(ks_bytes tbl, ks_bytes col, const ks_checkpoint *cp
 typedef struct list_state {
     int json;
     int n;
+    const char *db;        /* PostgreSQL: each checkpoint's chunks too; SQLite: NULL */
+    const char *id_column; /* --id-column */
+    int all_chunks;        /* --chunks */
 } list_state;
 
 /* Print one listed checkpoint (ks_checkpoint_list_fn). */
@@ -1116,19 +1238,28 @@ static int print_listed(void *arg, ks_bytes tbl, ks_bytes col, const ks_checkpoi
         fputc('\n', stdout);
     }
     print_checkpoint(tbl, col, cp, l->json);
+    if (l->db != NULL) {
+        ks_cli_chunks_print(l->db, tbl, col, cp->params, l->id_column, l->json, l->all_chunks);
+    }
+    if (l->json) {
+        fputc('}', stdout);
+    }
     l->n++;
     return 0;
 }
 
 /*
- * Print every checkpoint of db (or of table.column), most recently
+ * Print every checkpoint of db (or of o's table.column), most recently
  * updated first, read-only, through the store's listing (which checks
- * each row; SQLite or PostgreSQL, ks_cli_checkpoints).  A database
- * without keyshift's tables has had no migration.
+ * each row; SQLite or PostgreSQL, ks_cli_checkpoints); on PostgreSQL
+ * each with its chunks, if it ran with workers (ks_cli_chunks_print).  A
+ * database without keyshift's tables has had no migration.
  */
-static int list_checkpoints(const char *db, const char *table, const char *column, int json)
+static int list_checkpoints(const char *db, const mig_opts *o)
 {
-    list_state l = {json, 0};
+    const char *table = o->table, *column = o->column;
+    int json = o->json;
+    list_state l = {json, 0, ks_cli_db_is_pg(db) ? db : NULL, o->id_column, o->chunks};
     char msg[256];
     ks_err err = ks_cli_checkpoints(db, table, column, print_listed, &l, msg, sizeof msg);
     if (err != KS_OK) {
@@ -1156,7 +1287,7 @@ static int cmd_status(int argc, char **argv)
     if (parse(cmd, argc, argv, &o, &rc)) {
         return rc;
     }
-    if ((rc = only_options(cmd, &o, " --id-column ")) != EX_OK) {
+    if ((rc = only_options(cmd, &o, " --id-column --chunks ")) != EX_OK) {
         return rc;
     }
     if (o.db == NULL) {
@@ -1176,7 +1307,7 @@ static int cmd_status(int argc, char **argv)
         }
         ks_rowstore_close(&store);
     }
-    return list_checkpoints(o.db, o.table, o.column, o.json);
+    return list_checkpoints(o.db, &o);
 }
 
 /* What verify keeps while reporting failures. */

@@ -5,6 +5,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,38 +153,76 @@ static int throttled(ks_cli_throttle *t, char *why, size_t cap)
     return 0;
 }
 
-/* See throttle.h. */
-void ks_cli_throttle_wait(ks_cli_throttle *t, volatile sig_atomic_t *stop, int json)
+/* Close the pause in progress: count its time and say so (stderr only
+ * when the run goes on: a stopped run says why it ended instead). */
+static void pause_end(ks_cli_throttle *t, int json, int stopped)
 {
-    if (t->conn == NULL) {
-        return;
-    }
-    char why[160];
-    if (!throttled(t, why, sizeof why)) {
-        return;
-    }
-    double t0 = ks_cli_mono_s();
-    t->pauses++;
-    if (json) {
-        printf("{\"throttled\":true,\"reason\":\"%s\"}\n", why);
-        fflush(stdout);
-    } else {
-        ks_cli_error("throttled: %s; waiting (the time is left out of the ETA)", why);
-    }
-    while (!*stop) {
-        sleep_s(KS_CLI_THROTTLE_POLL_S);
-        if (!throttled(t, why, sizeof why)) {
-            break;
-        }
-    }
-    double spent = ks_cli_mono_s() - t0;
+    assert(t->active);
+    double spent = ks_cli_mono_s() - t->since;
     t->throttled_s += spent;
+    t->active = 0;
     if (json) {
         printf("{\"throttled\":false,\"paused_s\":%.1f}\n", spent);
         fflush(stdout);
-    } else if (!*stop) {
+    } else if (!stopped) {
         ks_cli_error("resumed after %.1f s", spent);
     }
+}
+
+/* See throttle.h. */
+int ks_cli_throttle_poll(ks_cli_throttle *t, int json)
+{
+    if (t->conn == NULL) {
+        return 0;
+    }
+    char why[160];
+    if (!throttled(t, why, sizeof why)) {
+        if (t->active) {
+            pause_end(t, json, 0);
+        }
+        return 0;
+    }
+    if (!t->active) {
+        t->active = 1;
+        t->since = ks_cli_mono_s();
+        t->pauses++;
+        if (json) {
+            printf("{\"throttled\":true,\"reason\":\"%s\"}\n", why);
+            fflush(stdout);
+        } else {
+            ks_cli_error("throttled: %s; waiting (the time is left out of the ETA)", why);
+        }
+    }
+    return 1;
+}
+
+/* See throttle.h. */
+void ks_cli_throttle_stopped(ks_cli_throttle *t, int json)
+{
+    if (t->active) {
+        pause_end(t, json, 1);
+    }
+}
+
+/* See throttle.h. */
+double ks_cli_throttle_spent(const ks_cli_throttle *t)
+{
+    return t->throttled_s + (t->active ? ks_cli_mono_s() - t->since : 0);
+}
+
+/* See throttle.h. */
+void ks_cli_throttle_wait(ks_cli_throttle *t, volatile sig_atomic_t *stop, int json)
+{
+    if (!ks_cli_throttle_poll(t, json)) {
+        return;
+    }
+    while (!*stop) {
+        sleep_s(KS_CLI_THROTTLE_POLL_S);
+        if (!ks_cli_throttle_poll(t, json)) {
+            return;
+        }
+    }
+    ks_cli_throttle_stopped(t, json);
 }
 
 /* See throttle.h. */

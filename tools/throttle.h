@@ -21,8 +21,10 @@ typedef struct ks_cli_throttle {
     int has_query;       /* --throttle-query is prepared as "ks_throttle" */
     double max_lag_s;    /* --max-replica-lag in seconds; < 0: not checked */
     char table[256], column[256];
-    double throttled_s;  /* seconds spent paused so far */
+    double throttled_s;  /* seconds spent paused so far (closed pauses) */
     unsigned pauses;     /* how many times it paused */
+    int active;          /* a pause is in progress, since `since` (ks_cli_mono_s) */
+    double since;
 } ks_cli_throttle;
 
 /* How often a paused run checks again, in seconds. */
@@ -48,6 +50,22 @@ int ks_cli_throttle_open(ks_cli_throttle *t, const char *conninfo, const char *t
  * run's own connection reports a lost server.
  */
 void ks_cli_throttle_wait(ks_cli_throttle *t, volatile sig_atomic_t *stop, int json);
+
+/*
+ * One check, without waiting (the gate of `migrate run --workers`, and
+ * each step of ks_cli_throttle_wait): nonzero while a condition holds.
+ * The first check that finds one says so (as ks_cli_throttle_wait does)
+ * and opens a pause; the first that finds none after it closes the
+ * pause ("resumed after"), its time going into t->throttled_s.  Not
+ * thread-safe: callers serialize.
+ */
+int ks_cli_throttle_poll(ks_cli_throttle *t, int json);
+
+/* A run stopped while paused: close the pause (its time counted). */
+void ks_cli_throttle_stopped(ks_cli_throttle *t, int json);
+
+/* The seconds throttled so far, the open pause's included. */
+double ks_cli_throttle_spent(const ks_cli_throttle *t);
 
 /* Close t's session; a zeroed t is fine. */
 void ks_cli_throttle_close(ks_cli_throttle *t);

@@ -34,11 +34,15 @@ extern "C" {
 #endif
 
 /*
- * Bind a chunk coordinator to store, a writable PostgreSQL store
- * (ks_rowstore_pg_open), creating keyshift_chunk if missing.  The store
- * must outlive *out and not be inside a transaction.  Errors:
- * KS_ERR_INVALID_ARGUMENT (another kind of store, a read-only one, one
- * inside a transaction, NULL), KS_ERR_NO_MEMORY, and the store's
+ * Bind a chunk coordinator to store, a PostgreSQL store
+ * (ks_rowstore_pg_open), creating keyshift_chunk if missing.  Over a
+ * read-only store (`keyshift migrate status`) the coordinator only reads:
+ * summary and list work (a missing keyshift_chunk, never created, reads
+ * as no chunks), plan, claim, renew and release return
+ * KS_ERR_INVALID_ARGUMENT.  The store must outlive *out and not be inside
+ * a transaction.  Errors:
+ * KS_ERR_INVALID_ARGUMENT (another kind of store, one inside a
+ * transaction, NULL), KS_ERR_NO_MEMORY, and the store's
  * mapping of database failures (e.g. KS_ERR_STORE without CREATE
  * privilege), with a message in errbuf.  *out is cleared on failure.
  */

@@ -33,6 +33,20 @@ extern "C" {
 #define KS_WORKERS_LEASE_DEFAULT_MS 60000u
 #define KS_WORKERS_IDLE_DEFAULT_MS 250u
 #define KS_WORKERS_MAX 64u
+#define KS_WORKERS_GATE_POLL_DEFAULT_MS 500u
+
+/*
+ * A gate (optional): asked by each worker before each claim and after
+ * each committed batch -- on the worker's thread, outside any
+ * transaction, with no row lock held, never under the driver's lock --
+ * whether it may go on (0) or must wait (nonzero), e.g. while a
+ * throttle query of the operator's is true.  A waiting worker sleeps
+ * gate_poll_ms, renewing the lease of the chunk it holds (so that no
+ * other worker takes a paused chunk over), and asks again, until the
+ * gate opens or the run stops.  Workers call it concurrently: it must
+ * be thread-safe, and return quickly (one query, say).
+ */
+typedef int (*ks_workers_gate_fn)(void *arg, unsigned worker);
 
 /*
  * Open worker `worker`'s (0 .. n-1) store and its chunk coordinator
@@ -55,6 +69,10 @@ typedef struct ks_workers_options {
                             leased by another worker; 0: KS_WORKERS_IDLE_DEFAULT_MS */
     const char *owner;   /* the prefix of the workers' owner names; NULL: host:pid.
                             Each worker adds ":<index>:<random>" */
+    ks_workers_gate_fn gate; /* NULL: none (never waits) */
+    void *gate_arg;
+    uint32_t gate_poll_ms;   /* how often a waiting worker asks again; 0:
+                                KS_WORKERS_GATE_POLL_DEFAULT_MS */
 } ks_workers_options;
 
 /* Progress, after every committed batch of any worker. */
@@ -66,6 +84,11 @@ typedef struct ks_workers_progress {
     uint64_t rows;                   /* rows committed by this call's workers */
     uint64_t chunks_done;            /* chunks this call's workers completed */
     double elapsed_s;
+    /* what this call's workers' batches added to their chunks' counts
+     * so far (a takeover's earlier counts are not this call's) */
+    uint64_t done, skipped, raced, quarantined, wrong_state;
+    ks_bytes params;                 /* the migration's canonical parameters (its
+                                        chunks' key: ks_chunks_ops.summary) */
 } ks_workers_progress;
 
 /* Called with the driver's lock held: one call at a time, never
@@ -81,6 +104,8 @@ typedef struct ks_workers_result {
     uint64_t chunks_done;      /* chunks this call completed */
     uint64_t lost;             /* chunks lost to another worker's takeover (their
                                   batch in flight rolled back) */
+    int already_complete;      /* the migration was complete before the call: nothing
+                                  was run (a catch-up pass is ks_migrate_run's) */
 } ks_workers_result;
 
 /*
@@ -89,7 +114,8 @@ typedef struct ks_workers_result {
  * migration is settled as ks_migrate_run settles it (KS_ERR_MISMATCH,
  * params->supersede, the pinned primary; its checkpoint saved "running")
  * and the chunks are planned (idempotent).  A migration already complete
- * returns KS_OK at once (a catch-up pass is ks_migrate_run's).  Then the
+ * returns KS_OK at once, out->already_complete set (a catch-up pass is
+ * ks_migrate_run's).  Then the
  * workers run until every chunk is complete: KS_OK, the migration's
  * checkpoint saved "complete" with the chunks' summed counts.
  * *stop nonzero (read by the calling thread only, every 50 ms while the

@@ -24,6 +24,14 @@
  * stop flag.  Only the calling thread reads the caller's stop flag (as
  * in ks_migrate_run), every 50 ms while the workers run, and copies it
  * into the halt flag.
+ *
+ * Gate.  The caller's gate (ks_workers_options.gate) is asked by each
+ * worker on its own thread, outside the driver's mutex and outside any
+ * transaction: before each claim and after each committed batch (from
+ * the engine's progress callback, which the engine calls after the
+ * COMMIT).  While it says wait, the worker sleeps in short slices,
+ * watching the halt flag, and renews the lease of the chunk it holds
+ * every quarter of the lease, on its own coordinator.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -45,6 +53,11 @@
 
 struct driver;
 
+/* The counts a worker's batches add to the migration. */
+typedef struct counts {
+    uint64_t done, skipped, raced, quarantined, wrong_state;
+} counts;
+
 /* One worker: its store and coordinator, its name and its chunk. */
 typedef struct worker {
     struct driver *d;
@@ -53,6 +66,8 @@ typedef struct worker {
     ks_chunks chunks;
     char owner[OWNER_MAX];
     int64_t chunk;          /* the chunk being run */
+    int holding;            /* chunk is claimed by this worker (its lease to renew) */
+    counts last;            /* the chunk's counts at its last report */
     ks_err err;             /* how the worker ended */
     pthread_t thread;
     int started;
@@ -65,6 +80,9 @@ typedef struct driver {
     ks_engine_settled settled;
     ks_bytes params;        /* settled.params */
     uint32_t lease_ms, idle_ms;
+    ks_workers_gate_fn gate; /* the caller's (NULL: none), its argument and poll */
+    void *gate_arg;
+    uint32_t gate_poll_ms;
     volatile sig_atomic_t *stop; /* the caller's: read by the calling thread only */
     atomic_int halt;        /* stop (the caller's stop seen, or a worker failed) */
     ks_workers_progress_fn progress;
@@ -73,6 +91,7 @@ typedef struct driver {
     pthread_cond_t cv;     /* a worker ended */
     unsigned running;      /* workers not ended, under mu */
     ks_workers_result res; /* counts, under mu */
+    counts added;          /* the workers' batches' counts, under mu */
     struct timespec t0;
     unsigned n;
     worker *w;
@@ -138,20 +157,92 @@ static ks_err save_chunk(void *arg, const ks_checkpoint *cp)
                                w->d->lease_ms, cp);
 }
 
-/* The engine's progress callback: count the batch and report it. */
+/* The counts of checkpoint cp. */
+static counts counts_of(const ks_checkpoint *cp)
+{
+    return (counts){cp->done, cp->skipped, cp->raced, cp->quarantined, cp->wrong_state};
+}
+
+/* b - a, where a chunk's counts only grow (0 if one did not). */
+static uint64_t grown(uint64_t a, uint64_t b)
+{
+    return b > a ? b - a : 0;
+}
+
+/* Add what the worker's chunk's counts grew by since its last report
+ * (now) to the driver's sums; under the driver's mutex. */
+static void add_growth(worker *w, const counts *now)
+{
+    counts *s = &w->d->added;
+    s->done += grown(w->last.done, now->done);
+    s->skipped += grown(w->last.skipped, now->skipped);
+    s->raced += grown(w->last.raced, now->raced);
+    s->quarantined += grown(w->last.quarantined, now->quarantined);
+    s->wrong_state += grown(w->last.wrong_state, now->wrong_state);
+    w->last = *now;
+}
+
+/* Sleep ms milliseconds in slices, returning early once the run stops. */
+static void nap(driver *d, uint32_t ms)
+{
+    while (ms > 0 && !stopping(d)) {
+        uint32_t slice = ms < 50 ? ms : 50;
+        sleep_ms(slice);
+        ms -= slice;
+    }
+}
+
+/* While the caller's gate says wait (and the run goes on): sleep, and
+ * keep the lease of the chunk w holds (a paused worker's chunk is not
+ * another's to take over).  On w's thread, outside any transaction and
+ * outside the driver's mutex. */
+static void gate_wait(worker *w)
+{
+    driver *d = w->d;
+    if (d->gate == NULL)
+        return;
+    uint32_t renew_every = d->lease_ms / 4 ? d->lease_ms / 4 : 1;
+    uint32_t step = d->gate_poll_ms < renew_every ? d->gate_poll_ms : renew_every;
+    uint32_t since_renew = 0, since_ask = 0;
+    while (!stopping(d) && d->gate(d->gate_arg, w->index) != 0) {
+        do {
+            nap(d, step);
+            since_renew += step;
+            since_ask += step;
+            if (w->holding && since_renew >= renew_every) {
+                /* a failure shows at the next batch's save (stale, or the
+                 * connection gone): nothing to do about it here */
+                (void)w->chunks.ops->renew(w->chunks.self, d->params, w->chunk, owner_of(w),
+                                           d->lease_ms);
+                since_renew = 0;
+            }
+        } while (since_ask < d->gate_poll_ms && !stopping(d));
+        since_ask = 0;
+    }
+}
+
+/* The engine's progress callback (after a COMMIT, on w's thread): count
+ * the batch and report it, then ask the gate. */
 static void on_batch(void *arg, const ks_migrate_progress *pr)
 {
     worker *w = arg;
     driver *d = w->d;
+    counts now = counts_of(pr->checkpoint);
     pthread_mutex_lock(&d->mu);
     d->res.rows += pr->batch_rows;
+    add_growth(w, &now);
     if (d->progress != NULL && pr->batch_rows > 0) {
-        ks_workers_progress wp = {w->index,      w->chunk,           pr->checkpoint,
-                                  pr->batch_rows, d->res.rows,        d->res.chunks_done,
-                                  since(&d->t0)};
+        ks_workers_progress wp = {w->index,          w->chunk,
+                                  pr->checkpoint,    pr->batch_rows,
+                                  d->res.rows,       d->res.chunks_done,
+                                  since(&d->t0),     d->added.done,
+                                  d->added.skipped,  d->added.raced,
+                                  d->added.quarantined, d->added.wrong_state,
+                                  d->params};
         d->progress(d->progress_arg, &wp);
     }
     pthread_mutex_unlock(&d->mu);
+    gate_wait(w);
 }
 
 /* Add one to a shared count. */
@@ -168,9 +259,13 @@ static ks_err run_chunk(worker *w, const ks_chunk *k)
 {
     driver *d = w->d;
     w->chunk = k->id;
+    w->last = counts_of(&k->cp);
+    w->holding = 1;
     ks_checkpoint start = k->cp; /* the engine copies its cursor before any other call */
     ks_engine_slice slice = {k->lo, k->hi, d->settled.to_version, &start, save_chunk, w, &d->halt};
-    return ks_engine_run_slice(d->ctx, &w->store, d->p, &slice, NULL, on_batch, w);
+    ks_err err = ks_engine_run_slice(d->ctx, &w->store, d->p, &slice, NULL, on_batch, w);
+    w->holding = 0;
+    return err;
 }
 
 /* Nonzero when every chunk is complete; sets *err on a failure to tell. */
@@ -188,6 +283,7 @@ static void *worker_main(void *arg)
     driver *d = w->d;
     ks_err err = KS_OK;
     while (err == KS_OK) {
+        gate_wait(w); /* holding no chunk: nothing to renew */
         if (stopping(d)) {
             err = KS_ERR_STOPPED;
             break;
@@ -208,6 +304,12 @@ static void *worker_main(void *arg)
         err = run_chunk(w, &k);
         if (err == KS_OK) {
             count(d, &d->res.chunks_done);
+        } else if (err == KS_ERR_STOPPED && !stopping(d)) {
+            /* not a stop of ours: the store refused the batch (its write
+             * gate, e.g. a rollout that left backfill), unwritten.  Give the
+             * chunk up and stop the others too */
+            (void)w->chunks.ops->release(w->chunks.self, d->params, w->chunk, owner_of(w));
+            atomic_store_explicit(&d->halt, 1, memory_order_relaxed);
         } else if (err == KS_ERR_STALE) {
             count(d, &d->res.lost); /* its batch rolled back: the new owner redoes it */
             err = KS_OK;
@@ -329,8 +431,10 @@ static ks_err drive(driver *d, uint64_t chunk_ids)
     if (err != KS_OK)
         return err;
     d->params = (ks_bytes){(const uint8_t *)d->settled.params, d->settled.params_len};
-    if (d->settled.complete) /* nothing to do: the chunks as they are (none, after a single run) */
+    if (d->settled.complete) { /* nothing to do: the chunks as they are (none, after a single run) */
+        d->res.already_complete = 1;
         return w0->chunks.ops->summary(w0->chunks.self, d->params, &d->res.summary);
+    }
     uint64_t n = 0;
     err = w0->chunks.ops->plan(w0->chunks.self, d->params, chunk_ids, &n);
     if (err == KS_OK)
@@ -366,6 +470,9 @@ ks_err ks_migrate_run_workers(ks_ctx *ctx, const ks_migrate_params *params,
     d->n = o.workers ? o.workers : 1;
     d->lease_ms = o.lease_ms ? o.lease_ms : KS_WORKERS_LEASE_DEFAULT_MS;
     d->idle_ms = o.idle_ms ? o.idle_ms : KS_WORKERS_IDLE_DEFAULT_MS;
+    d->gate = o.gate;
+    d->gate_arg = o.gate_arg;
+    d->gate_poll_ms = o.gate_poll_ms ? o.gate_poll_ms : KS_WORKERS_GATE_POLL_DEFAULT_MS;
     d->stop = stop;
     d->progress = progress;
     d->progress_arg = progress_arg;

@@ -116,6 +116,7 @@ typedef struct pg_chunks {
     PGresult *res;
     char *params, *owner;     /* NUL-terminated copies of the last call's */
     size_t params_cap, owner_cap;
+    int absent;               /* read-only, and keyshift_chunk does not exist: no chunks */
 } pg_chunks;
 
 /* The text parameters of one statement. */
@@ -259,11 +260,11 @@ static void read_chunk(const pg_chunks *c, int row, ks_bytes params, ks_chunk *k
     k->lease_live = PQgetvalue(c->res, row, 13)[0] == 't';
 }
 
-/* Nonzero when the coordinator may run a statement of its own
- * transaction now (the store is not inside one). */
+/* Nonzero when the coordinator may run a writing statement of its own
+ * transaction now (the store is writable and not inside a transaction). */
 static int idle(const pg_chunks *c)
 {
-    return c != NULL && !ks_pg_store_in_txn(c->store);
+    return c != NULL && !c->parts.read_only && !ks_pg_store_in_txn(c->store);
 }
 
 /* A constant statement (BEGIN, COMMIT, ROLLBACK, a lock) on c's connection. */
@@ -472,10 +473,12 @@ static ks_err op_summary(void *self, ks_bytes params, ks_chunk_summary *out)
     pg_chunks *c = self;
     if (c == NULL || out == NULL)
         return KS_ERR_INVALID_ARGUMENT;
+    memset(out, 0, sizeof *out);
+    if (c->absent)
+        return KS_OK;
     ks_err err = select_key(c, Q_SUMMARY, params);
     if (err != KS_OK)
         return err;
-    memset(out, 0, sizeof *out);
     out->chunks = count_at(c, 0, 0);
     out->complete = count_at(c, 0, 1);
     out->leased = count_at(c, 0, 2);
@@ -496,6 +499,8 @@ static ks_err op_list(void *self, ks_bytes params, ks_chunk_list_fn fn, void *ar
     pg_chunks *c = self;
     if (c == NULL || fn == NULL)
         return KS_ERR_INVALID_ARGUMENT;
+    if (c->absent)
+        return KS_OK;
     ks_err err = select_key(c, Q_LIST, params);
     if (err != KS_OK)
         return err;
@@ -560,6 +565,26 @@ static ks_err ensure_table(pg_chunks *c)
     return err;
 }
 
+/* A read-only coordinator: whether keyshift_chunk exists beside the
+ * target (c->absent when not), without creating it. */
+static ks_err probe_table(pg_chunks *c)
+{
+    char *name = with_schema("@S.keyshift_chunk", c->parts.qschema);
+    if (name == NULL)
+        return KS_ERR_NO_MEMORY;
+    const char *v[1] = {name};
+    PGresult *res = PQexecParams(c->parts.conn, "SELECT pg_catalog.to_regclass($1::text) IS NULL",
+                                 1, NULL, v, NULL, NULL, 0);
+    free(name);
+    ks_err err = KS_OK;
+    if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
+        c->absent = PQgetvalue(res, 0, 0)[0] == 't';
+    else
+        err = ks_pg_error_of(c->parts.conn, res);
+    PQclear(res);
+    return err;
+}
+
 /* See chunks_pg.h. */
 ks_err ks_chunks_pg_open(const ks_rowstore *store, ks_chunks *out, char *errbuf, size_t errbuf_len)
 {
@@ -573,10 +598,10 @@ ks_err ks_chunks_pg_open(const ks_rowstore *store, ks_chunks *out, char *errbuf,
         return say(errbuf, errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
     c->store = store;
     ks_err err = ks_pg_store_parts_of(store, &c->parts);
-    if (err != KS_OK || c->parts.read_only || ks_pg_store_in_txn(store)) {
+    if (err != KS_OK || ks_pg_store_in_txn(store)) {
         chunks_free(c);
         return say(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
-                   "chunks need a writable PostgreSQL store outside a transaction");
+                   "chunks need a PostgreSQL store outside a transaction");
     }
     static const char *const tmpl[Q_N] = {SQL_PLANNED, SQL_PLAN,    SQL_CLAIM,   SQL_RENEW,
                                           SQL_SAVE,    SQL_RELEASE, SQL_SUMMARY, SQL_LIST};
@@ -584,8 +609,16 @@ ks_err ks_chunks_pg_open(const ks_rowstore *store, ks_chunks *out, char *errbuf,
         c->sql[q] = with_schema(tmpl[q], c->parts.qschema);
         err = c->sql[q] != NULL ? KS_OK : KS_ERR_NO_MEMORY;
     }
-    if (err == KS_OK)
+    if (err == KS_OK && c->parts.read_only) {
+        err = probe_table(c);
+        if (err != KS_OK) {
+            chunks_free(c);
+            return say(errbuf, errbuf_len, err, "cannot look up keyshift_chunk (%s)",
+                       ks_err_name(err));
+        }
+    } else if (err == KS_OK) {
         err = ensure_table(c);
+    }
     if (err != KS_OK) {
         chunks_free(c);
         return say(errbuf, errbuf_len, err,
