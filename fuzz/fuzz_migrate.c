@@ -18,7 +18,21 @@
  *   byte 2  max_failure_rate: 255 the default (negative), else byte / 254
  *   byte 3  bits 0-2 after which committed batch to act (0: before the
  *           run), bits 3-5 the action (ACTIONS: stop, or make provider
- *           calls fail), bits 6-7 how many calls fail - 1
+ *           calls fail; 6 and 7 slice mode, below), bits 6-7 how many
+ *           calls fail - 1
+ *   slice mode only (byte 3's action 6 or 7; no seed before it had one):
+ *   byte 4  lo, byte 5 hi: the chunk's ids, each byte % 20 - 2 (-2..17),
+ *           255 the int64 extreme (lo INT64_MIN, hi INT64_MAX); lo > hi
+ *           is a refused slice
+ *   byte 6  the chunk's start: bits 0-1 its cursor (none, lo, 1 + bits
+ *           4-7 kept within [lo, hi], hi), bits 2-3 its pass (0-3); with a
+ *           cursor or a pass > 1 it has counts of its own (300 rows done
+ *           in pass 3) and, past pass 1, one raced row.  For a refused
+ *           slice the byte names the parameter also broken (bad_params)
+ *   and byte 3 means: action 6 sets the slice's halt flag (bit 6: the
+ *   stop flag instead) after batch bits 0-2 (0: never); action 7 fails
+ *   save number bits 0-2 + 1 with KS_ERR_STALE; bit 7 gives the slice no
+ *   halt flag (NULL)
  *   then up to MAX_ROWS rows, each a header byte: bits 0-2 the value kind
  *   (NULL, INTEGER, TEXT, BLOB, genuine envelope as BLOB / TEXT, REAL,
  *   "KSE"-prefixed BLOB), bit 3 pre-quarantined, bits 4-5 the tenant
@@ -46,7 +60,13 @@
  * Per input (each independent of the ones before: the random stream is
  * rewound, the context and its caches are new, the database is the
  * template the last input's reset left): insert the rows, run the
- * migration through the store of the input's target (with a cas_batch
+ * migration (in slice mode one chunk of a chunked run: settled by
+ * ks_engine_settle, then ks_engine_run_slice over the SQLite store's
+ * visit_rows_range, saving the chunk's state through an in-memory save
+ * callback, and resumed from the last saved state after a halt, a stop,
+ * a failed save or the threshold, as the chunk's next owner would: the
+ * path of migrate/engine/workers.c, whose coordinator is PostgreSQL's)
+ * through the store of the input's target (with a cas_batch
  * made of the store's cas per row when bit 1 of the row count is set: the
  * engine's path for stores that swap a batch in one statement, as
  * PostgreSQL's does), on the calling thread (the pipeline is
@@ -83,10 +103,26 @@
  *      half the rows when their number is odd).
  *   7. A TEXT row's bytes, read as a context template, give the column
  *      list ks_context_template_columns documents (check_template).
+ *   8. Slice mode: the settled target version is the input's; every save
+ *      is of the settled migration, in a chunk's state, its cursor NULL
+ *      or an id of [lo, hi], not behind the last save's in a pass, pass
+ *      and counts never lower; a halt or stop ends with a batch saved
+ *      "paused", a failed save with KS_ERR_STALE (its batch rolled back);
+ *      progress reports the chunk's checkpoint and no row total.  After
+ *      the runs, a row outside [lo, hi], or at or below the start's
+ *      cursor while no later pass ran, is exactly as it was, quarantine
+ *      included; the chunk's saved done and quarantined counts grew by
+ *      exactly the rows changed and newly quarantined, raced not at all,
+ *      and a first pass run to "complete" counted every row it decided;
+ *      the migration's own checkpoint is still ks_engine_settle's.  A
+ *      refused slice (lo > hi, no start, no save, no slice, a store
+ *      without visit_rows_range) and invalid parameters are refused with
+ *      KS_ERR_INVALID_ARGUMENT before anything is saved.
  *
  * FUZZ_MIGRATE_VERBOSE=1 (environment) prints each run's result and counts.
  */
 #define _POSIX_C_SOURCE 200809L
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -104,6 +140,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+#include "../migrate/engine/engine.h"
 #include "../migrate/store/sqlite/sqlite_store.h"
 #include "fuzz_check.h"
 #include "fuzz_drbg.h"
@@ -164,8 +201,12 @@ static const struct {
     uint32_t version;
 } TARGETS[4] = {{"fuzz-key", 0}, {"fuzz-key", 1}, {"fuzz-key", 2}, {"other-key", 0}};
 
-/* What byte 3 asks for after a batch. */
-enum { ACT_NONE, ACT_STOP, ACT_FAIL_UNWRAP, ACT_FAIL_WRAP, ACT_FAIL_KEY_INFO, ACT_FAIL_DENIED };
+/* What byte 3 asks for after a batch; the last two run the input in
+ * slice mode (one chunk through ks_engine_run_slice): set the halt flag
+ * (or the stop flag), or fail the chunk's save (KS_ERR_STALE, a chunk
+ * another worker took over). */
+enum { ACT_NONE, ACT_STOP, ACT_FAIL_UNWRAP, ACT_FAIL_WRAP, ACT_FAIL_KEY_INFO, ACT_FAIL_DENIED,
+       ACT_SLICE_HALT, ACT_SLICE_STALE };
 
 typedef struct sealed {
     uint8_t env[ENV_CAP];
@@ -333,6 +374,15 @@ typedef struct world_in {
     size_t n_rows;
     int any_quarantined;
     int verify;   /* run ks_migrate_verify after the migration */
+    /* slice mode (byte 3's action ACT_SLICE_HALT or ACT_SLICE_STALE) */
+    int slice;
+    int64_t lo, hi;          /* the chunk's ids */
+    int has_cursor;          /* the chunk's start has a cursor, start_at */
+    int64_t start_at;
+    uint32_t start_pass;     /* 0 (the engine makes it 1) to 3 */
+    int stop_flag;           /* byte 3 bit 6: ACT_SLICE_HALT sets the stop flag, not halt */
+    int no_halt;             /* byte 3 bit 7: the slice has no halt flag (NULL) */
+    unsigned bad_param;      /* lo > hi: the parameter the refusals also break (the start byte) */
 } world_in;
 
 static const char *const TENANTS[4] = {"acme", "Globex-2.x_y:z", NULL, "bad tenant"};
@@ -393,6 +443,31 @@ static void read_row(ks_fuzz_input *in, uint8_t h, row *r)
     }
 }
 
+/* The id of the slice bytes: 255 the extreme ext, else byte % 20 - 2
+ * (-2..17: around the rows' ids 1..16). */
+static int64_t slice_id(uint8_t b, int64_t ext)
+{
+    return b == 255 ? ext : (int64_t)(b % 20) - 2;
+}
+
+/* Decode slice mode's three bytes after byte 3 (docs/fuzzing.md): lo, hi,
+ * and the chunk's start (bits 0-1 its cursor: none, lo, 1 + bits 4-7
+ * within [lo, hi], hi; bits 2-3 its pass). */
+static void decode_slice(ks_fuzz_input *in, uint8_t b3, world_in *w)
+{
+    uint8_t b4 = ks_fuzz_next(in), b5 = ks_fuzz_next(in), b6 = ks_fuzz_next(in);
+    w->lo = slice_id(b4, INT64_MIN);
+    w->hi = slice_id(b5, INT64_MAX);
+    w->stop_flag = (b3 >> 6) & 1;
+    w->no_halt = (b3 >> 7) & 1;
+    w->start_pass = (b6 >> 2) & 3;
+    w->has_cursor = (b6 & 3) != 0;
+    int64_t mid = 1 + (b6 >> 4);
+    mid = mid < w->lo ? w->lo : mid > w->hi ? w->hi : mid;
+    w->start_at = (b6 & 3) == 1 ? w->lo : (b6 & 3) == 2 ? mid : w->hi;
+    w->bad_param = b6;
+}
+
 /* Decode the whole input into w. */
 static void decode(const uint8_t *data, size_t size, world_in *w)
 {
@@ -430,6 +505,10 @@ static void decode(const uint8_t *data, size_t size, world_in *w)
     w->act_after = b3 & 7;
     w->action = (b3 >> 3) & 7;
     w->fail_count = 1 + (b3 >> 6);
+    w->slice = w->action == ACT_SLICE_HALT || w->action == ACT_SLICE_STALE;
+    if (w->slice) {
+        decode_slice(&in, b3, w);
+    }
     w->n_rows = 0;
     w->any_quarantined = 0;
     while (in.off < in.n && w->n_rows < MAX_ROWS) {
@@ -716,12 +795,31 @@ static void check_left(const world_in *w, const row *r, uint32_t to_version)
 
 /* ---- the run ------------------------------------------------------------------- */
 
+/* What the save callback of a slice-mode input saw (slice_save): the
+ * chunk's start, and the last checkpoint it took (its transaction then
+ * committed: nothing fails after a save but a COMMIT, which the memory
+ * database never fails, and the run would return that failure). */
+typedef struct slice_run {
+    const world_in *w;
+    ks_engine_settled settled; /* the migration's, from ks_engine_settle */
+    ks_checkpoint start;       /* the chunk's state before the first run */
+    ks_checkpoint last;        /* the last save taken (valid when saved) */
+    char last_state[16];       /* its state's bytes */
+    int saved;
+    unsigned calls;            /* save calls in this run */
+    unsigned fail_at;          /* the call that fails with KS_ERR_STALE (0: none) */
+    uint32_t max_pass;         /* the highest pass saved */
+} slice_run;
+
 /* Progress state: which batch we are at and what to do. */
 typedef struct prog {
     const world_in *w;
     unsigned batches;
     volatile sig_atomic_t stop;
     ks_err injected; /* the error made to happen, or KS_OK */
+    const slice_run *sr; /* slice mode: the chunk's record; else NULL */
+    atomic_int *halt;    /* slice mode: the slice's halt flag, or NULL */
+    int halted;          /* the halt flag was set */
 } prog;
 
 /* Arm byte 3's action (stop or a provider failure). */
@@ -746,14 +844,35 @@ static void act(prog *pr)
         ks_mem_fail(&mem, KS_MEM_UNWRAP, KS_ERR_DENIED, w->fail_count);
         pr->injected = KS_ERR_DENIED;
         break;
+    case ACT_SLICE_HALT: /* another worker's failure, or the caller's stop */
+        if (w->stop_flag) {
+            pr->stop = 1;
+        } else if (pr->halt != NULL) {
+            atomic_store(pr->halt, 1);
+            pr->halted = 1;
+        }
+        break;
     default: break;
     }
 }
 
-/* Progress callback: act after the chosen committed batch. */
+/* Nonzero when v may be a chunk's cursor: NULL (a pass not begun) or an
+ * INTEGER id of the slice. */
+static int cursor_in_slice(const world_in *w, const ks_value *v)
+{
+    return v->type == KS_VALUE_NULL ||
+           (v->type == KS_VALUE_INTEGER && v->integer >= w->lo && v->integer <= w->hi);
+}
+
+/* Progress callback: act after the chosen committed batch.  In slice
+ * mode (oracle 8) the checkpoint is the chunk's and the table is never
+ * counted. */
 static void on_progress(void *arg, const ks_migrate_progress *p)
 {
     prog *pr = arg;
+    if (pr->sr != NULL) {
+        CHECK(p->total_rows == 0 && cursor_in_slice(pr->w, &p->checkpoint->cursor));
+    }
     if (p->batch_rows != 0 && ++pr->batches == pr->w->act_after) {
         act(pr);
     }
@@ -766,7 +885,8 @@ static void check_result(const world_in *w, const prog *pr, ks_err err)
         fprintf(stderr, "fuzz_migrate: ks_migrate_run: %s\n", ks_err_name(err));
     }
     CHECK(err == KS_OK || err == KS_ERR_THRESHOLD || err == KS_ERR_NOT_FOUND ||
-          (err == KS_ERR_STOPPED && pr->stop) || (pr->injected != KS_OK && err == pr->injected) ||
+          (err == KS_ERR_STOPPED && (pr->stop || pr->halted)) ||
+          (pr->injected != KS_OK && err == pr->injected) ||
           (err == KS_ERR_INVALID_ARGUMENT && w->tenant_column && w->p.tenant.len != 0));
 }
 
@@ -785,33 +905,247 @@ static void on_verify_failure(void *arg, const ks_verify_failure *f)
     (*(uint64_t *)arg)++;
 }
 
-/* Open the store, migrate (twice when the first run was interrupted), run a
- * census (oracle 6) and a verify, close; returns the last run's result. */
-static ks_err migrate(const world_in *w)
+/* Print a run's counts (FUZZ_MIGRATE_VERBOSE). */
+static void print_counts(const ks_checkpoint *cp)
+{
+    if (getenv("FUZZ_MIGRATE_VERBOSE") != NULL) {
+        fprintf(stderr, "fuzz_migrate: done %llu skipped %llu quarantined %llu wrong_state %llu\n",
+                (unsigned long long)cp->done, (unsigned long long)cp->skipped,
+                (unsigned long long)cp->quarantined, (unsigned long long)cp->wrong_state);
+    }
+}
+
+/* Migrate the whole table with ks_migrate_run (twice when the first run
+ * was interrupted); returns the last run's result. */
+static ks_err run_whole(const world_in *w, const ks_rowstore *st)
+{
+    prog pr = {w, 0, 0, KS_OK, NULL, NULL, 0};
+    if (w->act_after == 0) {
+        act(&pr);
+    }
+    ks_checkpoint cp;
+    ks_err err = ks_migrate_run(ctx, st, &w->p, &pr.stop, on_progress, &pr, &cp);
+    check_result(w, &pr, err);
+    clear_faults();
+    if (err == KS_ERR_STOPPED || err == KS_ERR_THRESHOLD || (pr.injected != KS_OK && err == pr.injected)) {
+        prog pr2 = {w, 0, 0, KS_OK, NULL, NULL, 0};
+        err = ks_migrate_run(ctx, st, &w->p, &pr2.stop, NULL, NULL, &cp);
+        check_result(w, &pr2, err);
+    }
+    print_counts(&cp);
+    return err;
+}
+
+/* Nonzero when count a is at least count b in every field (a chunk's
+ * counts never go down). */
+static int counts_ge(const ks_checkpoint *a, const ks_checkpoint *b)
+{
+    return a->done >= b->done && a->skipped >= b->skipped && a->raced >= b->raced &&
+           a->quarantined >= b->quarantined && a->wrong_state >= b->wrong_state;
+}
+
+/* Nonzero when state is s. */
+static int state_is(ks_bytes state, const char *s)
+{
+    return state.len == strlen(s) && memcmp(state.ptr, s, state.len) == 0;
+}
+
+/* The pass a chunk's start runs in (the engine makes pass 0 the first). */
+static uint32_t start_pass(const slice_run *sr)
+{
+    return sr->start.pass == 0 ? 1 : sr->start.pass;
+}
+
+/* The slice's save callback (oracle 8): the checkpoint is the settled
+ * migration's, its state one a chunk may have, its cursor in the slice
+ * and not behind the last save's in the same pass, its pass and counts
+ * not below the last save's (or the start's), its start the chunk's.
+ * The call numbered fail_at fails with KS_ERR_STALE (the engine must roll
+ * its batch back); any other is kept as the chunk's state. */
+static ks_err slice_save(void *arg, const ks_checkpoint *cp)
+{
+    slice_run *sr = arg;
+    const world_in *w = sr->w;
+    CHECK(cp->params.len == sr->settled.params_len &&
+          memcmp(cp->params.ptr, sr->settled.params, cp->params.len) == 0);
+    CHECK(state_is(cp->state, "running") || state_is(cp->state, "paused") ||
+          state_is(cp->state, "stopped") || state_is(cp->state, "complete"));
+    CHECK(cursor_in_slice(w, &cp->cursor));
+    const ks_checkpoint *prev = sr->saved ? &sr->last : &sr->start;
+    uint32_t prev_pass = prev->pass == 0 ? 1 : prev->pass;
+    CHECK(cp->pass >= prev_pass && counts_ge(cp, prev) && cp->started == sr->start.started);
+    if (cp->pass == prev_pass && cp->cursor.type == KS_VALUE_INTEGER &&
+        prev->cursor.type == KS_VALUE_INTEGER) {
+        CHECK(cp->cursor.integer >= prev->cursor.integer);
+    }
+    if (++sr->calls == sr->fail_at) {
+        return KS_ERR_STALE;
+    }
+    CHECK(cp->state.len < sizeof sr->last_state);
+    sr->last = *cp;
+    memcpy(sr->last_state, cp->state.ptr, cp->state.len);
+    sr->last.state = (ks_bytes){(const uint8_t *)sr->last_state, cp->state.len};
+    sr->last.params = (ks_bytes){NULL, 0}; /* the engine's view: checked above */
+    sr->saved = 1;
+    sr->max_pass = cp->pass > sr->max_pass ? cp->pass : sr->max_pass;
+    return KS_OK;
+}
+
+/* The chunk's state before the first run, from the input: its cursor (or
+ * none), its pass and, when it is a resumed chunk, counts of its own. */
+static void slice_start(const world_in *w, slice_run *sr)
+{
+    ks_checkpoint *c = &sr->start;
+    memset(c, 0, sizeof *c);
+    c->state = BV("running");
+    c->cursor = (ks_value){w->has_cursor ? KS_VALUE_INTEGER : KS_VALUE_NULL,
+                           w->has_cursor ? w->start_at : 0, {NULL, 0}};
+    c->pass = w->start_pass;
+    if (w->has_cursor || w->start_pass > 1) {
+        /* raced in a later pass resumed mid-way: the engine then runs one
+         * more; pass 3 starts with enough rows done for the threshold to
+         * be checked after every batch, not only at the end of the pass */
+        *c = (ks_checkpoint){c->params, c->state, c->cursor, c->pass,
+                             w->start_pass == 3 ? 300 : 3, 2, w->start_pass > 1, 0, 4, 1000,
+                             1000, 0};
+    }
+    c->started = 1000;
+    sr->max_pass = start_pass(sr);
+}
+
+/* w's parameters with the one the input names (kind % 16) made invalid,
+ * each a different rule of the engine's check (15: none broken, the
+ * context missing instead; *no_ctx set). */
+static ks_migrate_params bad_params(const world_in *w, unsigned kind, int *no_ctx)
+{
+    static const char long_name[KS_CONTEXT_TEMPLATE_MAX + 1] = {0};
+    ks_bytes too_long_id = {(const uint8_t *)long_name, KS_KEY_ID_MAX + 1};
+    ks_migrate_params p = w->p;
+    *no_ctx = 0;
+    if (kind % 16 >= 11) { /* the rules of the modes that seal */
+        p.mode = KS_MIGRATE_REENCRYPT;
+        p.from_key_id = (ks_bytes){NULL, 0};
+    }
+    switch (kind % 16) {
+    case 0: p.mode = (ks_migrate_mode)99; break;
+    case 1: p.to_key_id = (ks_bytes){NULL, 0}; break;
+    case 2: p.to_key_id = too_long_id; break;
+    case 3: p.context_template = (ks_bytes){(const uint8_t *)long_name, sizeof long_name}; break;
+    case 4: p.tenant = BV("bad tenant"); break;
+    case 5: p.purpose = BV("bad purpose"); break;
+    case 6: p.batch_size = 100001; break;
+    case 7: p.max_failure_rate = 2.0; break;
+    case 8: p.from_key_id = too_long_id; break;
+    case 9: p.from_key_id = (ks_bytes){NULL, 3}; break;
+    case 10: p.mode = KS_MIGRATE_ENCRYPT; p.from_key_id = BV("fuzz-key"); break;
+    case 11: p.to_format = 7; break;
+    case 12: p.algorithm = 99; break;
+    case 13: p.to_format = KS_FORMAT_V2; p.purpose = (ks_bytes){NULL, 0}; break;
+    case 14: p.to_format = KS_FORMAT_V1; p.purpose = BV("db.users"); break;
+    default: *no_ctx = 1; break;
+    }
+    return p;
+}
+
+/* A slice with lo > hi and every other bad argument is refused before
+ * anything is read or saved (oracle 8), and so are parameters the input
+ * makes invalid, by ks_migrate_run, ks_engine_settle and the slice run. */
+static void check_refusals(const world_in *w, const ks_rowstore *st, slice_run *sr)
+{
+    ks_engine_slice bad = {w->lo, w->hi, sr->settled.to_version, &sr->start, slice_save, sr, NULL};
+    CHECK(ks_engine_run_slice(ctx, st, &w->p, &bad, NULL, NULL, NULL) == KS_ERR_INVALID_ARGUMENT);
+    bad.lo = w->hi;
+    bad.hi = w->lo;
+    bad.start = NULL;
+    CHECK(ks_engine_run_slice(ctx, st, &w->p, &bad, NULL, NULL, NULL) == KS_ERR_INVALID_ARGUMENT);
+    bad.start = &sr->start;
+    bad.save = NULL;
+    CHECK(ks_engine_run_slice(ctx, st, &w->p, &bad, NULL, NULL, NULL) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_engine_run_slice(ctx, st, &w->p, NULL, NULL, NULL, NULL) == KS_ERR_INVALID_ARGUMENT);
+    bad.save = slice_save;
+    ks_rowstore_ops no_range = *st->ops;
+    no_range.visit_rows_range = NULL;
+    ks_rowstore nr = *st;
+    nr.ops = &no_range;
+    CHECK(ks_engine_run_slice(ctx, &nr, &w->p, &bad, NULL, NULL, NULL) == KS_ERR_INVALID_ARGUMENT);
+    nr.ops = NULL;
+    CHECK(ks_engine_run_slice(ctx, &nr, &w->p, &bad, NULL, NULL, NULL) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_engine_run_slice(ctx, NULL, &w->p, &bad, NULL, NULL, NULL) == KS_ERR_INVALID_ARGUMENT);
+    int no_ctx;
+    ks_migrate_params p = bad_params(w, w->bad_param, &no_ctx);
+    ks_ctx *c = no_ctx ? NULL : ctx;
+    ks_engine_settled settled;
+    CHECK(ks_migrate_run(c, st, &p, NULL, NULL, NULL, NULL) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_engine_settle(c, st, &p, &settled) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_engine_run_slice(c, st, &p, &bad, NULL, NULL, NULL) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(sr->calls == 0);
+}
+
+/* Slice mode: settle the migration as workers.c does, run the input's
+ * chunk through ks_engine_run_slice with the input's halt or save
+ * failure, and, when that run was interrupted, once more from the chunk's
+ * last saved state (as the chunk's next owner would); returns the last
+ * run's result. */
+static ks_err run_slices(const world_in *w, const ks_rowstore *st, slice_run *sr)
+{
+    memset(sr, 0, sizeof *sr);
+    sr->w = w;
+    slice_start(w, sr);
+    ks_err err = ks_engine_settle(ctx, st, &w->p, &sr->settled);
+    prog pr = {w, 0, 0, KS_OK, sr, NULL, 0};
+    if (err != KS_OK) {
+        check_result(w, &pr, err);
+        return err;
+    }
+    CHECK(!sr->settled.complete && sr->settled.to_version == w->to_version);
+    if (w->lo > w->hi) {
+        check_refusals(w, st, sr);
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    atomic_int halt;
+    atomic_init(&halt, 0);
+    pr.halt = w->no_halt ? NULL : &halt;
+    sr->fail_at = w->action == ACT_SLICE_STALE ? w->act_after + 1 : 0;
+    pr.injected = sr->fail_at != 0 ? KS_ERR_STALE : KS_OK;
+    /* ACT_SLICE_HALT after batch 0 never halts: on_progress counts from 1 */
+    ks_engine_slice sl = {w->lo, w->hi, sr->settled.to_version, &sr->start, slice_save, sr, pr.halt};
+    err = ks_engine_run_slice(ctx, st, &w->p, &sl, &pr.stop, on_progress, &pr);
+    check_result(w, &pr, err);
+    CHECK(err != KS_ERR_STALE || sr->calls == sr->fail_at);
+    /* a halt or stop commits its batch "paused" */
+    CHECK(err != KS_ERR_STOPPED || (sr->saved && state_is(sr->last.state, "paused")));
+    if ((err == KS_ERR_STOPPED || err == KS_ERR_STALE || err == KS_ERR_THRESHOLD) &&
+        !(sr->saved && state_is(sr->last.state, "complete"))) {
+        ks_checkpoint from = sr->saved ? sr->last : sr->start;
+        prog pr2 = {w, 0, 0, KS_OK, sr, NULL, 0};
+        sr->calls = 0;
+        sr->fail_at = 0;
+        sl.start = &from;
+        sl.halt = NULL;
+        err = ks_engine_run_slice(ctx, st, &w->p, &sl, &pr2.stop, NULL, NULL);
+        check_result(w, &pr2, err);
+    }
+    /* every save went to the chunk: the migration's own checkpoint is as
+     * ks_engine_settle left it */
+    ks_checkpoint cp;
+    CHECK(st->ops->checkpoint_load(st->self, (ks_bytes){(const uint8_t *)sr->settled.params,
+                                                        sr->settled.params_len},
+                                   &cp) == KS_OK);
+    CHECK(state_is(cp.state, "running") && cp.done == 0 && cp.cursor.type == KS_VALUE_NULL);
+    print_counts(sr->saved ? &sr->last : &sr->start);
+    return err;
+}
+
+/* Migrate (run_whole, or run_slices in slice mode: sr its record), run a
+ * census (oracle 6) and a verify; returns the last run's result. */
+static ks_err migrate(const world_in *w, slice_run *sr)
 {
     ks_rowstore st = stores[w->tenant_column != 0][w->context_org != 0];
     ks_rowstore_ops batched_ops;
     if ((w->n_rows >> 1) & 1) {
         st = with_cas_batch(st, &batched_ops);
     }
-    prog pr = {w, 0, 0, KS_OK};
-    if (w->act_after == 0) {
-        act(&pr);
-    }
-    ks_checkpoint cp;
-    ks_err err = ks_migrate_run(ctx, &st, &w->p, &pr.stop, on_progress, &pr, &cp);
-    check_result(w, &pr, err);
-    clear_faults();
-    if (err == KS_ERR_STOPPED || err == KS_ERR_THRESHOLD || (pr.injected != KS_OK && err == pr.injected)) {
-        prog pr2 = {w, 0, 0, KS_OK};
-        err = ks_migrate_run(ctx, &st, &w->p, &pr2.stop, NULL, NULL, &cp);
-        check_result(w, &pr2, err);
-    }
-    if (getenv("FUZZ_MIGRATE_VERBOSE") != NULL) {
-        fprintf(stderr, "fuzz_migrate: done %llu skipped %llu quarantined %llu wrong_state %llu\n",
-                (unsigned long long)cp.done, (unsigned long long)cp.skipped,
-                (unsigned long long)cp.quarantined, (unsigned long long)cp.wrong_state);
-    }
+    ks_err err = w->slice ? run_slices(w, &st, sr) : run_whole(w, &st);
     uint64_t nulls = 0;
     for (size_t i = 0; i < w->n_rows; i++) {
         nulls += w->rows[i].type == SQLITE_NULL; /* no mode ever writes NULL */
@@ -839,10 +1173,41 @@ static ks_err migrate(const world_in *w)
     return err;
 }
 
-/* Oracles 3-5 over the rows read back after the run. */
-static void check_rows(const world_in *w, ks_err last)
+/* Nonzero when a slice run may touch row r: its id in [lo, hi] and not
+ * at or below the start's cursor, unless a later pass rescanned them. */
+static int slice_may_touch(const world_in *w, const slice_run *sr, const row *r)
+{
+    if (r->id < w->lo || r->id > w->hi) {
+        return 0;
+    }
+    return !w->has_cursor || r->id > w->start_at || sr->max_pass > start_pass(sr);
+}
+
+/* Oracle 8 after a slice run: the chunk's last saved counts (or its
+ * start's) grew by exactly the rows changed and newly quarantined, never
+ * raced (nothing writes beside the run), and, for a first pass run to
+ * completion, by every row of it the engine had to decide (not NULL, not
+ * quarantined before). */
+static void check_slice_counts(const slice_run *sr, uint64_t changed, uint64_t newly_q,
+                               uint64_t decided)
+{
+    const ks_checkpoint *s = &sr->start, *f = sr->saved ? &sr->last : &sr->start;
+    CHECK(f->done - s->done == changed && f->quarantined - s->quarantined == newly_q);
+    CHECK(f->raced == s->raced);
+    if (state_is(f->state, "complete") && start_pass(sr) == 1 && sr->max_pass == 1) {
+        uint64_t d = (f->done - s->done) + (f->skipped - s->skipped) +
+                     (f->quarantined - s->quarantined) + (f->wrong_state - s->wrong_state);
+        CHECK(d == decided);
+    }
+}
+
+/* Oracles 3-5 over the rows read back after the run, and in slice mode
+ * (sr not NULL) oracle 8: a row the slice may not touch is exactly as it
+ * was, quarantine included, and the chunk's counts add up. */
+static void check_rows(const world_in *w, ks_err last, const slice_run *sr)
 {
     static final f[MAX_ROWS];
+    uint64_t changed = 0, newly_q = 0, decided = 0;
     read_back(w, f);
     for (size_t i = 0; i < w->n_rows; i++) {
         const row *r = &w->rows[i];
@@ -850,6 +1215,13 @@ static void check_rows(const world_in *w, ks_err last)
         if (r->quarantined) {
             CHECK(x->in_quarantine);
         }
+        newly_q += x->in_quarantine && !r->quarantined;
+        if (sr != NULL && !slice_may_touch(w, sr, r)) {
+            CHECK(unchanged(r, x) && x->in_quarantine == r->quarantined);
+            free(x->bytes);
+            continue;
+        }
+        decided += !r->quarantined && r->type != SQLITE_NULL;
         if (unchanged(r, x)) {
             if (last == KS_OK && !x->in_quarantine && r->type != SQLITE_NULL) {
                 check_left(w, r, w->to_version);
@@ -857,8 +1229,12 @@ static void check_rows(const world_in *w, ks_err last)
         } else {
             CHECK(!r->quarantined);
             check_changed(w, r, x, w->to_version);
+            changed++;
         }
         free(x->bytes);
+    }
+    if (sr != NULL) {
+        check_slice_counts(sr, changed, newly_q, decided);
     }
 }
 
@@ -896,6 +1272,7 @@ static void check_template(const row *r)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static world_in w;
+    static slice_run sr;
     if (!initialised) {
         init();
     }
@@ -909,8 +1286,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     }
     build_db(&w);
-    ks_err last = migrate(&w);
-    check_rows(&w, last);
+    ks_err last = migrate(&w, &sr);
+    check_rows(&w, last, w.slice ? &sr : NULL);
     ks_fuzz_sqlite_world_check(); /* oracle 2, and the reset for the next input */
     ks_ctx_free(ctx);
     ctx = NULL;

@@ -41,7 +41,11 @@
  *   MIGRATE  in backfill only: ks_migrate_run over a ks_rowstore of the
  *       same database (encrypt or rewrap to the target), batch size
  *       (a mod 4) + 1, stopped after the first batch unless a bit 2; a
- *       key scope migrates u.v when a bit 3, else t.v.
+ *       key scope migrates u.v when a bit 3, else t.v.  The engine's
+ *       pipeline (its helper thread) runs when a bits 4 and 5 are set,
+ *       else the serial loop: starting and joining a thread costs more
+ *       under ASan than the rest of an input, and this is the one target
+ *       that fuzzes the pipeline (fuzz_migrate is serial).
  *   VERIFY   ks_migrate_verify; a full pass with no failure in backfill is
  *       recorded with ks_rollout_db_record_verify (refused elsewhere); a
  *       key scope verifies u.v when a bit 0, else t.v, and records it with
@@ -839,6 +843,7 @@ static void op_migrate(world *w, uint8_t a)
     if (w->cur.phase != KS_PHASE_BACKFILL)
         return; /* `migrate` refuses in any other phase */
     ks_migrate_params p = migrate_params(w, 1 + a % 4u);
+    p.serial = (a & 0x30) != 0x30;
     stopper sp = {0};
     ks_checkpoint cp;
     memset(&cp, 0, sizeof cp);

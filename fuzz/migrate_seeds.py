@@ -20,8 +20,11 @@ ENCRYPT, REWRAP, REENCRYPT, FILTERED = 0, 1, 2, 3
 T_EMPTY, T_ID, T_ORG, T_FIXED = 0, 1, 2, 3
 # targets: fuzz-key primary (2), fuzz-key 1, fuzz-key 2, other-key primary
 TG_PRIMARY, TG_V1, TG_V2, TG_OTHER = 0, 1, 2, 3
-# actions of byte 3
-A_NONE, A_STOP, A_UNWRAP, A_WRAP, A_KEYINFO, A_DENIED = 0, 1, 2, 3, 4, 5
+# actions of byte 3 (A_HALT and A_STALE: slice mode)
+A_NONE, A_STOP, A_UNWRAP, A_WRAP, A_KEYINFO, A_DENIED, A_HALT, A_STALE = 0, 1, 2, 3, 4, 5, 6, 7
+# slice mode: the start's cursor (none, lo, a middle id, hi); MIN and MAX the int64 extremes
+C_NONE, C_LO, C_MID, C_HI = 0, 1, 2, 3
+MIN, MAX = "min", "max"
 # tenant column values (TENANTS of fuzz/fuzz_migrate.c) and org column values
 TN_ACME, TN_GLOBEX, TN_NULL, TN_BAD = 0, 1, 2, 3
 ORG_NULL, ORG_7, ORG_SALES, ORG_DEAD = 0, 1, 2, 3  # ORG_7: the integer -7
@@ -34,6 +37,26 @@ def params(mode, fmt1=False, aes=False, batch=1, no_verify=False, tmpl=T_ID, ten
     b1 = tmpl | tenant_col << 2 | orders << 3 | target << 4 | both << 6 | verify << 7
     b3 = after | action << 3 | (count - 1) << 6
     return bytes([b0, b1, rate, b3])
+
+
+def slice_id(v):
+    """The slice byte of id v: -2..17, or the int64 extreme MIN (lo) or MAX (hi)."""
+    if v in (MIN, MAX):
+        return 255
+    assert -2 <= v <= 17
+    return v + 2
+
+
+def sliced(mode, lo, hi, cursor=C_NONE, mid=1, start_pass=0, action=A_HALT, after=0,
+           stop_flag=False, no_halt=False, **kw):
+    """The parameter bytes of a slice-mode input: byte 3's action A_HALT
+    (halt, or the stop flag, after batch `after`; 0: never) or A_STALE
+    (save number after + 1 fails), then lo, hi and the start."""
+    assert action in (A_HALT, A_STALE)
+    p = params(mode, action=action, after=after, **kw)
+    b3 = p[3] | stop_flag << 6 | no_halt << 7
+    start = cursor | start_pass << 2 | (mid - 1) << 4
+    return p[:3] + bytes([b3, slice_id(lo), slice_id(hi), start])
 
 
 def hdr(kind, q=False, tenant=TN_ACME, org=ORG_NULL):
@@ -160,6 +183,54 @@ def seeds():
     s.append(params(ENCRYPT, batch=8) + classes + genuine(1))
     s.append(b"")
     s.append(params(ENCRYPT))
+    s.extend(slice_seeds(plain, gid, mixed))
+    return s
+
+
+def slice_seeds(plain, gid, mixed):
+    """Slice mode: one chunk through ks_engine_run_slice (fuzz_migrate.c, oracle 8)."""
+    s = []
+    eight = b"".join(plain) + text(b"z")
+    rewrap8 = gid + genuine(14) + text(b"plain") + null() + genuine(2, mut=5, xor=1) + genuine(3, q=True)
+    # the whole table, the int64 extremes as bounds, and chunks inside it
+    s.append(sliced(ENCRYPT, MIN, MAX, batch=3) + eight)
+    s.append(sliced(ENCRYPT, 3, 6, batch=2) + eight)
+    s.append(sliced(REWRAP, 2, 5, batch=2, verify=True) + rewrap8)
+    s.append(sliced(REWRAP, -2, 3, batch=1) + rewrap8)
+    s.append(sliced(REWRAP, 6, MAX, batch=2, target=TG_V1) + rewrap8)
+    s.append(sliced(REENCRYPT, MIN, 4, batch=2, aes=True) + gid + genuine(14) + text(b"pt"))
+    s.append(sliced(FILTERED, 1, 6, batch=2, rate=254) + mixed)
+    # chunks with no row, and a refused one (lo > hi)
+    s.append(sliced(ENCRYPT, -2, 0) + eight)
+    s.append(sliced(ENCRYPT, 12, 17) + eight)
+    s.append(sliced(ENCRYPT, 5, 4) + eight)
+    # a refused chunk's start byte names the parameter its refusals break (15: no context)
+    for k in range(1, 16):
+        s.append(sliced(FILTERED if k in (8, 9) else ENCRYPT, 5, 4, cursor=k & 3, start_pass=k >> 2) +
+                 text(b"x"))
+    # halts: the slice's flag after batch 1 and 2 and after the last, the stop flag, no flag
+    s.append(sliced(REWRAP, 1, 7, batch=2, after=1) + rewrap8)
+    s.append(sliced(ENCRYPT, MIN, MAX, batch=2, after=2) + eight)
+    s.append(sliced(ENCRYPT, 2, 8, batch=4, after=2) + eight)
+    s.append(sliced(ENCRYPT, 2, 8, batch=2, after=1, stop_flag=True) + eight)
+    s.append(sliced(ENCRYPT, 2, 8, batch=2, after=1, no_halt=True) + eight)
+    # a lost chunk: save 1, 2 and the end of the pass's fail (KS_ERR_STALE)
+    s.append(sliced(ENCRYPT, 1, 6, batch=2, action=A_STALE, after=0) + eight)
+    s.append(sliced(REWRAP, 1, 8, batch=3, action=A_STALE, after=1) + rewrap8)
+    s.append(sliced(ENCRYPT, 3, 4, batch=2, action=A_STALE, after=1) + eight)
+    # resumed chunks: a cursor at lo, in the middle and at hi; a later pass with and
+    # without one (with one, the start's raced row makes the engine run another pass)
+    s.append(sliced(ENCRYPT, 2, 7, cursor=C_LO, batch=2) + eight)
+    s.append(sliced(REWRAP, 1, 8, cursor=C_MID, mid=3, batch=2) + rewrap8)
+    s.append(sliced(ENCRYPT, 2, 7, cursor=C_HI) + eight)
+    s.append(sliced(ENCRYPT, MIN, MAX, cursor=C_MID, mid=4, start_pass=2, batch=3) + eight)
+    s.append(sliced(ENCRYPT, 1, 8, start_pass=3, batch=4) + eight)
+    # pass 3 starts with 300 rows done: the threshold is checked after each batch
+    s.append(sliced(ENCRYPT, MIN, MAX, start_pass=3, batch=2) + text(b"a") + kse(b"\x01\x00") +
+             text(b"b") + text(b"c"))
+    # the threshold inside a chunk, and a tenant both constant and a column (refused per row)
+    s.append(sliced(ENCRYPT, 1, 4, rate=0) + text(b"a") + kse(b"\x01\x00") + text(b"b", q=True) + text(b"c"))
+    s.append(sliced(REWRAP, MIN, MAX, both=True, tenant_col=True) + genuine(1, tenant=TN_ACME))
     return s
 
 

@@ -217,6 +217,43 @@ run "--synchronous full on a rollback journal" 0 "$KS" migrate run --db "$R" --t
     --mode encrypt --to-key payments/kek "${CTX[@]}" --synchronous full
 expect_grep "--synchronous full: complete" "$T/err" "complete: 2 rewritten"
 
+# ---- the adaptive batch size (--batch-target) -------------------------------------------
+A="$T/adapt.db"
+sql "$A" "CREATE TABLE pay (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, card TEXT);
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3000)
+INSERT INTO pay SELECT i, 'acme', printf('card-%04d-4111', i) FROM n;"
+ATGT=(--db "$A" --table pay --column card --mode encrypt --to-key payments/kek "${CTX[@]}")
+for bad_target in 0.5x 2h -1s 0.0001s 1.5ms ''; do
+    run "--batch-target '$bad_target': refused" 64 "$KS" migrate run "${ATGT[@]}" --batch-target "$bad_target"
+done
+run "--batch-max 5: refused" 64 "$KS" migrate run "${ATGT[@]}" --batch-target 1s --batch-max 5
+run "--batch-max 100001: refused" 64 "$KS" migrate run "${ATGT[@]}" --batch-target 1s --batch-max 100001
+run "--batch-max without --batch-target: refused" 64 "$KS" migrate run "${ATGT[@]}" --batch-max 100
+run "--batch-target is not verify's" 64 "$KS" migrate verify --db "$A" --table pay --column card "${CTX[@]}" --batch-target 1s
+if [ "$(sql "$A" "SELECT count(*) FROM sqlite_master WHERE name LIKE 'keyshift%'")" = 0 ]; then
+    ok "--batch-target refused: nothing written"; else bad "--batch-target refused: nothing written"; fi
+# batch_rows of every per-batch line of $T/out, one a line (not the
+# pass's end, a line of 0 rows)
+batch_rows() { sed -n 's/^{"batch":[0-9]*,"batch_rows":\([1-9][0-9]*\),.*/\1/p' "$T/out"; }
+# quick batches grow (at most twice a step) up to --batch-max; pipelined,
+# the batch after a commit is already read, so a size shows a batch late
+run "--batch-target 10s grows" 0 "$KS" migrate run "${ATGT[@]}" --batch-size 10 --batch-target 10s --batch-max 400 --json
+batch_rows >"$T/rows"
+if [ "$(head -4 "$T/rows" | tr '\n' ' ')" = "10 10 20 40 " ]; then ok "--batch-target: 10, 10, 20, 40 rows"; else bad "--batch-target: 10, 10, 20, 40 rows" "$(tr '\n' ' ' <"$T/rows")"; fi
+if [ "$(sort -n "$T/rows" | tail -1)" = 400 ]; then ok "--batch-target: up to --batch-max"; else bad "--batch-target: up to --batch-max" "$(tr '\n' ' ' <"$T/rows")"; fi
+expect_grep "--batch-target: complete" "$T/out" '"result":"complete"'
+expect_grep "--batch-target: every row" "$T/out" '"done":3000,'
+# batches far over the target shrink at once, down to the floor of 10 rows
+sql "$A" "DELETE FROM keyshift_migration; UPDATE pay SET card = printf('card-%04d-4111', id)"
+run "--batch-target 1ms shrinks" 0 "$KS" migrate run "${ATGT[@]}" --batch-size 1000 --batch-target 1ms --json
+batch_rows >"$T/rows"
+# (the pass's last batch, the rows left, may have fewer than 10)
+if [ "$(head -2 "$T/rows" | tr '\n' ' ')" = "1000 1000 " ] && [ "$(sed -n 3p "$T/rows")" -lt 1000 ] &&
+   [ "$(sed '$d' "$T/rows" | sort -n | head -1)" -ge 10 ]; then
+    ok "--batch-target 1ms: 1000 rows, then fewer (not under 10)"; else bad "--batch-target 1ms: 1000 rows, then fewer" "$(tr '\n' ' ' <"$T/rows")"; fi
+if [ "$(grep -c . "$T/rows")" -gt 5 ]; then ok "--batch-target 1ms: many small batches"; else bad "--batch-target 1ms: many small batches" "$(tr '\n' ' ' <"$T/rows")"; fi
+expect_grep "--batch-target 1ms: every row" "$T/out" '"done":3000,'
+
 # ---- the demo, small -------------------------------------------------------------------------
 DEMO_ROWS=2000 DEMO_DIR="$T/demo" run "demo smoke (2000 rows)" 0 "$ROOT/tools/demo.sh" "$KS"
 expect_grep "demo: summary" "$T/out" "2000 records encrypted, rotated to key version 2 and verified"

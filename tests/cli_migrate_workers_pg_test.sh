@@ -259,7 +259,7 @@ noff=$((${#pre} / 2 + 1))
 PAYLOAD="SELECT md5(string_agg(encode(substring(card FROM $noff FOR 24), 'hex') || encode(substring(card FROM octet_length(card) - $ctlen + 1), 'hex'), ',' ORDER BY id)) FROM kil"
 payload=$(q "$PAYLOAD")
 if [ -n "$nonce" ] && [ "$noff" -gt 1 ] && [ "${#payload}" = 32 ]; then ok "kill: nonces and ciphertexts digested (nonce at byte $noff)"; else bad "kill: payload digest" "nonce=$nonce off=$noff"; fi
-RW=("${KIL[@]}" --mode rewrap --to-key payments/kek --lease 2s --batch-size 100 --chunk-ids 1500 --max-rows-per-second 700)
+RW=("${KIL[@]}" --mode rewrap --to-key payments/kek --lease 2s --batch-size 100 --chunk-ids 1500)
 # at_v2: envelopes of kil under payments/kek version 2 (census)
 at_v2() {
     "$KS" census --db "$CI" --table kil --column card --json >"$T/census" 2>&1
@@ -271,7 +271,7 @@ mismatch="" kills=0
 for ((round = 1; round <= 10; round++)); do
     kp=()
     for n in 1 2 3; do
-        "$KS" migrate run "${RW[@]}" --workers 2 >/dev/null 2>"$T/kill$n.err" &
+        "$KS" migrate run "${RW[@]}" --workers 2 --max-rows-per-second 300 >/dev/null 2>"$T/kill$n.err" &
         kp+=($!)
         PIDS+=($!)
     done

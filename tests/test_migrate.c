@@ -477,24 +477,98 @@ static void stop_after_first(void *arg, const ks_migrate_progress *pr)
     g_stop = 1;
 }
 
+/* Fill w and run an encrypt to "k" stopped after its first batch: the
+ * checkpoint is paused after id 14 (two batches of 7: the stop is seen
+ * after the first, the second was read ahead).  The params and the
+ * checkpoint. */
+static ks_migrate_params encrypt_stopped(world *w, ks_checkpoint *cp)
+{
+    fill_plain(w);
+    ks_migrate_params p = mparams(KS_MIGRATE_ENCRYPT, "k", 0);
+    g_stop = 0;
+    assert_int_equal(ks_migrate_run(w->ctx, &w->st, &p, &g_stop, stop_after_first, NULL, cp),
+                     KS_ERR_STOPPED);
+    assert_memory_equal(cp->state.ptr, "paused", 6);
+    assert_int_equal(cp->cursor.type, KS_VALUE_INTEGER);
+    assert_int_equal(cp->cursor.integer, 14);
+    return p;
+}
+
 static void test_stop_resume(void **state)
 {
     world *w = *state;
-    fill_plain(w);
-    ks_migrate_params p = mparams(KS_MIGRATE_ENCRYPT, "k", 0);
     ks_checkpoint cp;
-    g_stop = 0;
-    assert_int_equal(ks_migrate_run(w->ctx, &w->st, &p, &g_stop, stop_after_first, NULL, &cp),
-                     KS_ERR_STOPPED);
-    assert_memory_equal(cp.state.ptr, "paused", 6);
-    assert_int_equal(cp.cursor.type, KS_VALUE_INTEGER);
-    assert_int_equal(cp.cursor.integer, 14); /* two batches of 7: stop is seen after the first */
+    ks_migrate_params p = encrypt_stopped(w, &cp);
     uint64_t done1 = cp.done;
     assert_true(done1 > 0);
     assert_int_equal(mrs_find(w->m, 15)->value.type, KS_VALUE_TEXT); /* untouched */
     assert_int_equal(run(w, &p, &cp), KS_OK);
     assert_int_equal(cp.done, N_ROWS - N_ROWS / 10);
     check_all(w, "k", 1);
+}
+
+/* The batch sizes a run reported (batch_target_ms). */
+typedef struct sizes_seen {
+    uint64_t min, max, batches, rows;
+} sizes_seen;
+
+/* progress: record every committed batch's rows (not a pass's end). */
+static void record_sizes(void *arg, const ks_migrate_progress *pr)
+{
+    sizes_seen *s = arg;
+    if (pr->batch_rows == 0) {
+        return;
+    }
+    s->min = s->batches == 0 || pr->batch_rows < s->min ? pr->batch_rows : s->min;
+    s->max = pr->batch_rows > s->max ? pr->batch_rows : s->max;
+    s->batches++;
+    s->rows += pr->batch_rows;
+}
+
+/*
+ * The adaptive batch size is not part of a migration's identity: a run
+ * stopped with fixed batches resumes with a target (and bounds), from
+ * the same checkpoint, to the same result; every batch of the resumed
+ * run is within the bounds (but the pass's last), whatever the sizes
+ * the timing picks, pipelined or serial.  Bad bounds are refused.
+ */
+static void test_batch_target(void **state)
+{
+    world *w = *state;
+    ks_checkpoint cp;
+    ks_migrate_params p = encrypt_stopped(w, &cp);
+    ks_migrate_params q = p;
+    q.batch_target_ms = 1;
+    q.batch_min = 2;
+    q.batch_max = 9;
+    char a[KS_PARAMS_MAX], b[KS_PARAMS_MAX];
+    size_t al = 0, bl = 0;
+    assert_int_equal(ks_migrate_canonical_params(&p, 1, a, sizeof a, &al), KS_OK);
+    assert_int_equal(ks_migrate_canonical_params(&q, 1, b, sizeof b, &bl), KS_OK);
+    assert_int_equal(al, bl);
+    assert_memory_equal(a, b, al);
+    for (int serial = 0; serial <= 1; serial++) {
+        q.serial = serial;
+        sizes_seen seen = {0, 0, 0, 0};
+        assert_int_equal(ks_migrate_run(w->ctx, &w->st, &q, NULL, record_sizes, &seen, &cp),
+                         KS_OK);
+        assert_true(seen.batches > 0);
+        assert_true(seen.max <= 9);
+        assert_true(seen.min >= 1); /* the pass's last batch may be smaller than 2 */
+        assert_int_equal(cp.done, N_ROWS - N_ROWS / 10);
+        check_all(w, "k", 1);
+        if (serial == 0) {
+            assert_int_equal(seen.rows, N_ROWS - 14); /* resumed after the first run's 14 */
+        }
+    }
+    q.batch_min = 10;
+    assert_int_equal(run(w, &q, &cp), KS_ERR_INVALID_ARGUMENT);
+    q.batch_min = 0;
+    q.batch_max = 100001;
+    assert_int_equal(run(w, &q, &cp), KS_ERR_INVALID_ARGUMENT);
+    q.batch_max = 0;
+    q.batch_target_ms = KS_MIGRATE_BATCH_TARGET_MAX_MS + 1;
+    assert_int_equal(run(w, &q, &cp), KS_ERR_INVALID_ARGUMENT);
 }
 
 /*
@@ -912,6 +986,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_from_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mismatch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_supersede, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_batch_target, setup, teardown),
         cmocka_unit_test_setup_teardown(test_census_sqlite, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sqlite, setup, teardown),
     };

@@ -139,6 +139,16 @@ typedef struct visited {
     ks_err stop_code;
 } visited;
 
+/* Append line to vs's log and count it; stop_code once stop_at lines
+ * are in (the visit callbacks' common end). */
+static ks_err log_line(visited *vs, const char *line)
+{
+    assert_true(strlen(vs->log) + strlen(line) < sizeof vs->log);
+    strcat(vs->log, line);
+    vs->n++;
+    return vs->stop_at != 0 && vs->n == vs->stop_at ? vs->stop_code : KS_OK;
+}
+
 /* The visit_values callback of the tests: log v (see visited). */
 static ks_err visit_log(void *arg, const ks_value *v)
 {
@@ -151,10 +161,7 @@ static ks_err visit_log(void *arg, const ks_value *v)
     } else {
         snprintf(line, sizeof line, "%d:%lld\n", (int)v->type, (long long)v->integer);
     }
-    assert_true(strlen(vs->log) + strlen(line) < sizeof vs->log);
-    strcat(vs->log, line);
-    vs->n++;
-    return vs->stop_at != 0 && vs->n == vs->stop_at ? vs->stop_code : KS_OK;
+    return log_line(vs, line);
 }
 
 /* Visit every value of w's store into vs (cleared first). */
@@ -624,6 +631,165 @@ static void test_visit_rows(void **state)
     ks_value bad = {(ks_value_type)9, 0, {NULL, 0}};
     assert_int_equal(w->store.ops->visit_rows(w->store.self, &bad, 3, row_check, &rs),
                      KS_ERR_INVALID_ARGUMENT);
+}
+
+/* ---- visit_rows_range ------------------------------------------------------------ */
+
+/* The visit_rows_range callback of the tests: log the row's id (always
+ * an INTEGER: a range holds integer ids only) into a visited as "<id>,",
+ * with a '*' after a quarantined row's. */
+static ks_err range_log(void *arg, const ks_row *row)
+{
+    char line[32];
+    assert_int_equal(row->id.type, KS_VALUE_INTEGER);
+    snprintf(line, sizeof line, "%lld%s,", (long long)row->id.integer, row->quarantined ? "*" : "");
+    return log_line(arg, line);
+}
+
+/* visit_rows_range of w's store for ids after *after (NULL: from the
+ * start) up to upto, at most max rows, into rs (cleared first). */
+static ks_err range(world *w, const ks_value *after, int64_t upto, size_t max, visited *rs)
+{
+    ks_value u = vint(upto);
+    rs->log[0] = '\0';
+    rs->n = 0;
+    return w->store.ops->visit_rows_range(w->store.self, after, &u, max, range_log, rs);
+}
+
+/* Assert that the range (after, upto] with at most max rows logs want. */
+static void assert_range(world *w, const ks_value *after, int64_t upto, size_t max,
+                         const char *want)
+{
+    visited rs = {.stop_at = 0};
+    assert_int_equal(range(w, after, upto, max, &rs), KS_OK);
+    assert_string_equal(rs.log, want);
+}
+
+/* The rowid's range scan: ids above after (or from the start) and at most
+ * upto, both bounds at the int64 extremes too, at most max rows in id
+ * order; an empty range and one whose upto is below after give nothing;
+ * batches of exactly the rows left consume the range; the rows are those
+ * visit_rows gives (quarantine flag, tenant, context); a callback's code
+ * stops it; bad bounds are refused. */
+static void test_visit_rows_range(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "CREATE TABLE t(id INTEGER PRIMARY KEY, v, tn, c1);"
+                      "INSERT INTO t VALUES(-9223372036854775808, 'min', 'a', 1),(-5, 'm5', 'b', 2),"
+                      "(1, 'one', 'a', NULL),(2, x'02', NULL, 'x'),(3, NULL, 'a', 3),"
+                      "(5, 5, 'c', 4),(8, 'eight', 'a', 5),(13, '', 'a', 6),"
+                      "(9223372036854775807, 'max', 'a', 7);");
+    ks_rowstore_target t = target("t", "v", NULL);
+    t.tenant_column = "tn";
+    t.context_columns[0] = "c1";
+    t.n_context_columns = 1;
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    ks_value q = vint(5);
+    quarantine_one(w, &q);
+    ks_value null = {KS_VALUE_NULL, 0, {NULL, 0}}, one = vint(1), three = vint(3), five = vint(5),
+             eight = vint(8), thirteen = vint(13), max = vint(INT64_MAX), min = vint(INT64_MIN);
+    /* bounds: from the start (NULL or a NULL value), after, upto inclusive */
+    assert_range(w, NULL, 3, 100, "-9223372036854775808,-5,1,2,3,");
+    assert_range(w, &null, -5, 100, "-9223372036854775808,-5,");
+    assert_range(w, &one, 8, 100, "2,3,5*,8,");
+    assert_range(w, &min, 1, 100, "-5,1,");
+    assert_range(w, &thirteen, INT64_MAX, 100, "9223372036854775807,");
+    assert_range(w, NULL, INT64_MIN, 100, "-9223372036854775808,");
+    /* empty: no id in (3, 4], (5, 5], nothing above INT64_MAX; upto below after */
+    assert_range(w, &three, 4, 100, "");
+    assert_range(w, &five, 5, 100, "");
+    assert_range(w, &max, INT64_MAX, 100, "");
+    assert_range(w, &eight, 2, 100, "");
+    assert_range(w, &max, INT64_MIN, 100, "");
+    /* at most max rows; exact consumption: (1, 8] in batches of 2, then of
+     * exactly the rows it holds, ends with an empty batch */
+    assert_range(w, NULL, INT64_MAX, 3, "-9223372036854775808,-5,1,");
+    assert_range(w, &one, 8, 2, "2,3,");
+    assert_range(w, &three, 8, 2, "5*,8,");
+    assert_range(w, &eight, 8, 2, "");
+    assert_range(w, &one, 8, 4, "2,3,5*,8,");
+    assert_range(w, &eight, 8, 4, "");
+    assert_range(w, &one, 8, 0, "");
+    /* the rows are visit_rows's, cut at upto */
+    ks_row rows[8];
+    size_t n = 0;
+    assert_int_equal(scan(w, &one, 8, rows, &n), KS_OK);
+    assert_int_equal(n, 6); /* 2, 3, 5, 8, 13, max */
+    rows_seen same = {rows, 4, 0, 0, KS_OK};
+    ks_value upto = vint(12);
+    assert_int_equal(w->store.ops->visit_rows_range(w->store.self, &one, &upto, 8, row_check, &same),
+                     KS_OK);
+    assert_int_equal(same.n, 4);
+    /* a callback's code stops the visit, inside a transaction that stands */
+    assert_int_equal(begin(w), KS_OK);
+    visited rs = {.stop_at = 2, .stop_code = KS_ERR_STOPPED};
+    assert_int_equal(range(w, NULL, INT64_MAX, 100, &rs), KS_ERR_STOPPED);
+    assert_string_equal(rs.log, "-9223372036854775808,-5,");
+    int swapped = 0;
+    ks_value two = vint(2), old = vbytes(KS_VALUE_BLOB, "\x02");
+    assert_int_equal(cas(w, &two, &old, "new", &swapped), KS_OK);
+    assert_int_equal(swapped, 1);
+    assert_int_equal(commit(w), KS_OK);
+    /* bad arguments: upto missing or not an INTEGER, after neither NULL nor
+     * an INTEGER, no callback, no store */
+    ks_value text = vbytes(KS_VALUE_TEXT, "1"), blob = vbytes(KS_VALUE_BLOB, "1");
+    const ks_rowstore_ops *ops = w->store.ops;
+    assert_int_equal(ops->visit_rows_range(w->store.self, NULL, NULL, 8, range_log, &rs),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ops->visit_rows_range(w->store.self, NULL, &text, 8, range_log, &rs),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ops->visit_rows_range(w->store.self, NULL, &null, 8, range_log, &rs),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ops->visit_rows_range(w->store.self, &text, &upto, 8, range_log, &rs),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ops->visit_rows_range(w->store.self, &blob, &upto, 8, range_log, &rs),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ops->visit_rows_range(w->store.self, NULL, &upto, 8, NULL, &rs),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ops->visit_rows_range(NULL, NULL, &upto, 8, range_log, &rs),
+                     KS_ERR_INVALID_ARGUMENT);
+}
+
+/* Ids other than the rowid: an INTEGER PRIMARY KEY column ranges as the
+ * rowid; a column of no affinity holding integers and other types gives
+ * its integers only (TEXT and BLOB are in no range), and a REAL id in
+ * range is refused as scan refuses it; a TEXT key has no row in any range
+ * (its bounds would compare as text); a read-only store ranges too. */
+static void test_visit_rows_range_id_types(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "CREATE TABLE p(k INTEGER PRIMARY KEY, v);"
+                      "INSERT INTO p VALUES(4, 'a'),(7, 'b'),(9, 'c');"
+                      "CREATE TABLE m(k NOT NULL UNIQUE, v);"
+                      "INSERT INTO m VALUES(3, 'a'),('2', 'b'),(x'01', 'c'),(1, 'd'),('abc', 'e'),"
+                      "(10, 'f'),(20.5, 'g');"
+                      "CREATE TABLE s(k TEXT PRIMARY KEY NOT NULL, v);"
+                      "INSERT INTO s VALUES('1', 'a'),('2', 'b'),('10', 'c'),('x', 'd');");
+    ks_rowstore_target t = target("p", "v", "k");
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    ks_value four = vint(4), three = vint(3), ten = vint(10);
+    assert_range(w, NULL, 8, 100, "4,7,");
+    assert_range(w, &four, 9, 1, "7,");
+    t = target("m", "v", "k");
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    assert_range(w, NULL, 20, 100, "1,3,10,"); /* '2' stays TEXT: no affinity */
+    assert_range(w, &three, 10, 100, "10,");
+    visited rs = {.stop_at = 0};
+    assert_int_equal(range(w, &ten, 30, 100, &rs), KS_ERR_STORE); /* the REAL 20.5 */
+    assert_int_equal(range(w, &ten, 20, 100, &rs), KS_OK);
+    assert_int_equal(rs.n, 0);
+    t = target("s", "v", "k");
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    assert_range(w, NULL, INT64_MAX, 100, "");
+    assert_range(w, NULL, 2, 100, "");
+    ks_row rows[4];
+    size_t n = 0;
+    assert_int_equal(scan(w, NULL, 4, rows, &n), KS_OK); /* scan still reads them all */
+    assert_int_equal(n, 4);
+    ks_sqlite_options ro = {0, 1, 0, KS_SQLITE_SYNC_FULL};
+    t = target("p", "v", "k");
+    assert_int_equal(open_store(w, &t, &ro), KS_OK);
+    assert_range(w, &four, INT64_MAX, 100, "7,9,");
 }
 
 /* ---- cas ----------------------------------------------------------------------- */
@@ -1250,6 +1416,8 @@ int main(void)
         T(test_scan_quarantine_flag),
         T(test_visit_values),
         T(test_visit_rows),
+        T(test_visit_rows_range),
+        T(test_visit_rows_range_id_types),
         T(test_cas),
         T(test_checkpoint_transactions),
         T(test_checkpoint_listing),

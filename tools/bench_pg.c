@@ -23,18 +23,38 @@
  * reported for the raw pass and the migrations.  Checkpoints are deleted
  * before each migration (alternating versions would otherwise find the
  * run before the last one finished).
+ *
+ * Workers (pg_workers): a rewrap of a fresh copy w of t (same rows, same
+ * batch) to version 2 through ks_migrate_run_workers with 1, 2 and 4
+ * workers, each worker a connection of its own, the table cut into
+ * WK_CHUNKS chunks; the order of the three rotates over the repetitions
+ * (KS_BENCH_PG_WORKERS_REPS, default WK_REPS_DEFAULT).  Each run starts
+ * after a CHECKPOINT, so that each pays the same full-page images in its
+ * WAL.  Goal (issue 15): 2 workers give at least 1.4 times the rows/s of
+ * 1.  Besides rows/s and WAL per row, each worker count's CPU per row is
+ * reported: the client's (getrusage) and the server's (its processes'
+ * times from /proc: Linux only, else -1), with the machine's load
+ * average, since the server shares the client's cores and the machine
+ * may run other work: together they tell whether a figure was bound by
+ * the cores or by waiting.  KS_BENCH_PG_WORKERS_ONLY=1 skips the
+ * one-connection lines (the table is encrypted all the same).
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <libpq-fe.h>
 #include <sodium.h>
 
+#include <keyshift/chunks_pg.h>
 #include <keyshift/rowstore_pg.h>
+#include <keyshift/workers.h>
 
 #include "bench.h"
 
@@ -341,6 +361,239 @@ out:
     return rc;
 }
 
+/* ---- workers ------------------------------------------------------------- */
+
+/* Chunks of the workers' table: enough for 4 workers to share the work
+ * evenly to the end (a chunk is a few batches). */
+#define WK_CHUNKS 16
+/* Repetitions of the workers' runs (KS_BENCH_PG_WORKERS_REPS): more than
+ * the others', since each run is short and the machine is shared. */
+#define WK_REPS_DEFAULT 5
+/* Worker counts measured; the goal compares the second with the first. */
+#define WK_COUNTS 3
+static const unsigned wk_counts[WK_COUNTS] = {1, 2, 4};
+
+/* What the workers' open callback needs: where, and which table. */
+typedef struct wk_target {
+    const char *conninfo;
+} wk_target;
+
+/* ks_worker_open_fn: a store on w.v and its chunk coordinator. */
+static ks_err wk_open(void *arg, unsigned worker, ks_rowstore *store, ks_chunks *chunks)
+{
+    const wk_target *t = arg;
+    (void)worker;
+    char err[256];
+    ks_rowstore_target tg = {"w", "v", NULL, NULL, {NULL}, 0};
+    ks_err e = ks_rowstore_pg_open(t->conninfo, &tg, NULL, store, err, sizeof err);
+    if (e == KS_OK) {
+        e = ks_chunks_pg_open(store, chunks, err, sizeof err);
+    }
+    if (e != KS_OK) {
+        fprintf(stderr, "bench: pg workers: %s: %s\n", ks_err_name(e), err);
+    }
+    return e;
+}
+
+/* Make w a fresh copy of t (envelopes under version 1), with no
+ * migration state, analyzed, and checkpoint the server. */
+static int wk_fresh_table(PGconn *c)
+{
+    return pg_exec(c, "DROP TABLE IF EXISTS w") != 0 ||
+                   pg_exec(c, "CREATE TABLE w (id bigint PRIMARY KEY, v bytea)") != 0 ||
+                   pg_exec(c, "INSERT INTO w SELECT id, v FROM t ORDER BY id") != 0 ||
+                   pg_exec(c, "DELETE FROM keyshift_migration") != 0 ||
+                   pg_exec(c, "DROP TABLE IF EXISTS keyshift_chunk") != 0 ||
+                   pg_exec(c, "VACUUM ANALYZE w") != 0 || pg_exec(c, "CHECKPOINT") != 0
+               ? -1
+               : 0;
+}
+
+/* The CPU seconds of process pid from /proc/<pid>/stat: its own (utime +
+ * stime) and, with children nonzero, those of its reaped children (cutime
+ * + cstime) too; its parent's pid into *ppid.  -1 when unreadable. */
+static double proc_cpu_s(long pid, int children, long *ppid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    size_t n = f != NULL ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f != NULL) {
+        fclose(f);
+    }
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* the command may hold spaces */
+    unsigned long long ut, st;
+    long long cut, cst;
+    if (p == NULL || sscanf(p + 2, "%*c %ld %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %lld %lld",
+                            ppid, &ut, &st, &cut, &cst) != 5) {
+        return -1;
+    }
+    double ticks = (double)ut + (double)st + (children ? (double)(cut + cst) : 0.0);
+    return ticks / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* The CPU seconds the server has used so far: the postmaster's (pid in
+ * the first line of dir/data/postmaster.pid), its exited children's
+ * (backends of closed connections) and its live children's (the admin
+ * connection's backend, the checkpointer, the WAL writer, ...).  Linux
+ * only; -1 elsewhere. */
+static double server_cpu_s(const char *dir)
+{
+    char path[600];
+    long pm = -1, pp = 0;
+    snprintf(path, sizeof path, "%s/data/postmaster.pid", dir);
+    FILE *f = fopen(path, "r");
+    if (f == NULL || fscanf(f, "%ld", &pm) != 1) {
+        if (f != NULL) {
+            fclose(f);
+        }
+        return -1;
+    }
+    fclose(f);
+    double total = proc_cpu_s(pm, 1, &pp);
+    DIR *d = opendir("/proc");
+    if (d == NULL || total < 0) {
+        if (d != NULL) {
+            closedir(d);
+        }
+        return -1;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        long pid = atol(e->d_name);
+        double c = pid > 0 && pid != pm ? proc_cpu_s(pid, 0, &pp) : -1;
+        if (c >= 0 && pp == pm) {
+            total += c;
+        }
+    }
+    closedir(d);
+    return total;
+}
+
+/* This process's CPU seconds (every thread). */
+static double self_cpu_s(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+}
+
+/* What one run of the workers took. */
+typedef struct wk_figures {
+    double secs;        /* wall */
+    long long wal;      /* the server's WAL bytes */
+    double server_cpu;  /* the server's CPU seconds (-1: unknown) */
+    double client_cpu;  /* this process's CPU seconds */
+} wk_figures;
+
+/* One timed rewrap of a fresh w to version 2 with n workers on the
+ * cluster in dir: its figures into *f; 0 when every row was done. */
+static int wk_run(const ks_provider *prov, PGconn *c, const char *conninfo, const char *dir,
+                  unsigned n, long rows, wk_figures *f)
+{
+    ks_ctx *ctx = NULL;
+    ks_ctx_config cfg;
+    ks_ctx_config_default(&cfg);
+    cfg.dek_max_messages = MIG_DEK_MESSAGES;
+    if (wk_fresh_table(c) != 0 || ks_ctx_new(prov, &cfg, &ctx) != KS_OK) {
+        return -1;
+    }
+    ks_migrate_params p = mig_params(KS_MIGRATE_REWRAP, MIG_KEY, 2);
+    ks_workers_options o = {0};
+    o.workers = n;
+    o.chunk_ids = (uint64_t)(rows + WK_CHUNKS - 1) / WK_CHUNKS;
+    o.idle_ms = 10; /* the last chunks' wait must not pad a short run */
+    wk_target tg = {conninfo};
+    ks_workers_result res;
+    long long w0 = wal_pos(c);
+    double s0 = server_cpu_s(dir), c0 = self_cpu_s(), t0 = now_s();
+    ks_err err = ks_migrate_run_workers(ctx, &p, &o, wk_open, &tg, NULL, NULL, NULL, &res);
+    f->secs = now_s() - t0;
+    f->client_cpu = self_cpu_s() - c0;
+    f->wal = wal_pos(c) - w0;
+    struct timespec ts = {0, 200 * 1000000L}; /* the workers' backends exit after their */
+    nanosleep(&ts, NULL);                      /* connections close */
+    double s1 = server_cpu_s(dir);
+    f->server_cpu = s0 >= 0 && s1 >= 0 ? s1 - s0 : -1;
+    ks_ctx_free(ctx);
+    if (err != KS_OK || (long)res.summary.done != rows) {
+        fprintf(stderr, "bench: pg workers (%u): %s, %llu of %ld rows\n", n, ks_err_name(err),
+                (unsigned long long)res.summary.done, rows);
+        return -1;
+    }
+    return 0;
+}
+
+/* The machine's 1-minute load average, or -1 where it cannot be read. */
+static double load_1min(void)
+{
+    double l = -1;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f != NULL) {
+        if (fscanf(f, "%lf", &l) != 1) {
+            l = -1;
+        }
+        fclose(f);
+    }
+    return l;
+}
+
+/* The workers' repetitions (t holds envelopes under version 1) on the
+ * cluster in dir: rows/s, WAL and CPU per row for each worker count, and
+ * the goal line of 2 workers against 1. */
+static int pg_workers(const ks_provider *prov, PGconn *c, const char *conninfo, const char *dir,
+                      long rows, int reps)
+{
+    double t[WK_COUNTS][MIG_REPS_MAX], ratio2[MIG_REPS_MAX], ratio4[MIG_REPS_MAX];
+    wk_figures sum[WK_COUNTS];
+    memset(sum, 0, sizeof sum);
+    double load0 = load_1min();
+    for (int i = 0; i < reps; i++) {
+        for (int k = 0; k < WK_COUNTS; k++) {
+            int j = (k + i) % WK_COUNTS; /* rotate the order over the repetitions */
+            wk_figures f;
+            if (wk_run(prov, c, conninfo, dir, wk_counts[j], rows, &f) != 0) {
+                return -1;
+            }
+            t[j][i] = f.secs;
+            sum[j].wal += f.wal;
+            sum[j].client_cpu += f.client_cpu;
+            sum[j].server_cpu = sum[j].server_cpu < 0 || f.server_cpu < 0 ? -1 : sum[j].server_cpu + f.server_cpu;
+        }
+        ratio2[i] = t[0][i] / t[1][i]; /* rows/s of 2 over rows/s of 1 */
+        ratio4[i] = t[0][i] / t[2][i];
+    }
+    double med[WK_COUNTS], load1 = load_1min();
+    for (int j = 0; j < WK_COUNTS; j++) {
+        med[j] = median(t[j], reps);
+    }
+    mig_goal("pg-workers-2", "rows_per_s_2_workers/rows_per_s_1_worker", ratio2, reps, 1.40, 0, rows,
+             med[1], med[0]);
+    double all = (double)rows * reps;
+    for (int j = 0; j < WK_COUNTS; j++) {
+        printf("{\"bench\":\"pg-workers\",\"mode\":\"rewrap\",\"workers\":%u,\"rows\":%ld,\"batch\":%d,"
+               "\"chunks\":%d,\"reps\":%d,\"s\":%.3f,\"rows_per_s\":%.0f,\"rows_per_s_over_1\":%.3f,"
+               "\"wal_bytes_per_row\":%.0f,\"server_cpu_us_per_row\":%.1f,"
+               "\"client_cpu_us_per_row\":%.1f,\"load_1min_before\":%.2f,\"load_1min_after\":%.2f}\n",
+               wk_counts[j], rows, MIG_BATCH, WK_CHUNKS, reps, med[j], (double)rows / med[j],
+               j == 0 ? 1.0 : median(j == 1 ? ratio2 : ratio4, reps), (double)sum[j].wal / all,
+               sum[j].server_cpu < 0 ? -1.0 : sum[j].server_cpu * 1e6 / all,
+               sum[j].client_cpu * 1e6 / all, load0, load1);
+    }
+    return pg_exec(c, "DROP TABLE w");
+}
+
+/* The repetitions named by environment variable name (1 ..
+ * MIG_REPS_MAX), else def. */
+static int env_reps_or(const char *name, int def)
+{
+    const char *v = getenv(name);
+    int n = v != NULL ? atoi(v) : 0;
+    return n <= 0 ? def : n < MIG_REPS_MAX ? n : MIG_REPS_MAX;
+}
+
 /* See bench.h. */
 int bench_pg(void)
 {
@@ -355,11 +608,7 @@ int bench_pg(void)
     if (env_rows != NULL && atol(env_rows) > 0) {
         rows = atol(env_rows);
     }
-    int reps = PG_REPS_DEFAULT;
-    const char *env_reps = getenv("KS_BENCH_PG_REPS");
-    if (env_reps != NULL && atoi(env_reps) > 0) {
-        reps = atoi(env_reps) < MIG_REPS_MAX ? atoi(env_reps) : MIG_REPS_MAX;
-    }
+    int reps = env_reps_or("KS_BENCH_PG_REPS", PG_REPS_DEFAULT);
     double t_setup = now_s();
     if (bench_keyring(dir, sizeof dir, &kr, &ctx0) != 0 || ks_keyring_provider(kr, &prov) != KS_OK) {
         fprintf(stderr, "bench: pg: cannot set up the keyring\n");
@@ -399,7 +648,11 @@ int bench_pg(void)
            "\"reps\":%d,\"workers\":1,\"server\":\"%s\",\"encrypt_s\":%.3f,\"setup_s\":%.3f}\n",
            rows, MIG_VALUE, env_len, MIG_BATCH, reps, PQparameterStatus(c, "server_version"), secs,
            now_s() - t_setup);
-    rc = pg_reps(&prov, c, conninfo, rows, reps);
+    const char *only = getenv("KS_BENCH_PG_WORKERS_ONLY");
+    rc = only != NULL && strcmp(only, "1") == 0 ? 0 : pg_reps(&prov, c, conninfo, rows, reps);
+    if (rc == 0) {
+        rc = pg_workers(&prov, c, conninfo, cdir, rows, env_reps_or("KS_BENCH_PG_WORKERS_REPS", WK_REPS_DEFAULT));
+    }
 done:
     PQfinish(c);
     if (started) {

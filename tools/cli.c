@@ -1008,6 +1008,55 @@ int ks_cli_parse_duration(const char *s, uint32_t *out)
 }
 
 /* See cli.h. */
+int ks_cli_parse_duration_ms(const char *s, uint32_t *out_ms)
+{
+    if (s == NULL || *s < '0' || *s > '9') {
+        return -1;
+    }
+    uint64_t whole = 0, frac = 0; /* frac: thousandths */
+    const char *c = s;
+    for (; *c >= '0' && *c <= '9'; c++) {
+        whole = whole * 10 + (uint64_t)(*c - '0');
+        if (whole > UINT32_MAX) {
+            return -1;
+        }
+    }
+    if (*c == '.') {
+        uint64_t scale = 100;
+        c++;
+        if (*c < '0' || *c > '9') {
+            return -1;
+        }
+        for (; *c >= '0' && *c <= '9'; c++, scale /= 10) {
+            if (scale == 0) {
+                return -1; /* finer than a millisecond */
+            }
+            frac += scale * (uint64_t)(*c - '0');
+        }
+    }
+    uint64_t mul = 1000;
+    if (strcmp(c, "ms") == 0) {
+        mul = 1;
+    } else if (strcmp(c, "m") == 0) {
+        mul = 60000;
+    } else if (strcmp(c, "h") == 0) {
+        mul = 3600000;
+    } else if (*c != '\0' && strcmp(c, "s") != 0) {
+        return -1;
+    }
+    /* thousandths of the unit: exact for s (ms), and for ms only whole */
+    if (mul == 1 && frac != 0) {
+        return -1;
+    }
+    uint64_t ms = whole * mul + frac * mul / 1000;
+    if (ms > UINT32_MAX) {
+        return -1;
+    }
+    *out_ms = (uint32_t)ms;
+    return 0;
+}
+
+/* See cli.h. */
 double ks_cli_mono_s(void)
 {
     struct timespec ts;

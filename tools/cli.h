@@ -85,6 +85,12 @@ int ks_cli_exit_code(ks_err err);
  * *out seconds; 0, or -1 for anything else (or past UINT32_MAX s). */
 int ks_cli_parse_duration(const char *s, uint32_t *out);
 
+/* Parse a duration in milliseconds: a number of seconds with up to three
+ * decimals ("0.5", "2"), or followed by ms, s, m or h ("500ms", "0.5s",
+ * "1m"), into *out_ms; 0, or -1 for anything else (or past UINT32_MAX
+ * ms).  ks_cli_parse_duration's syntax, plus fractions and ms. */
+int ks_cli_parse_duration_ms(const char *s, uint32_t *out_ms);
+
 /* Seconds on the monotonic clock (run times, throttled time). */
 double ks_cli_mono_s(void);
 

@@ -40,7 +40,8 @@ static void usage(FILE *f)
           "        --mode encrypt|rewrap|reencrypt --to-key KEY_ID[:VERSION]\n"
           "        [--to-format 1|2] [--algorithm NAME] [--id-column I]\n"
           "        [--tenant-column COL | --tenant T] [--context TEMPLATE]\n"
-          "        [--purpose P] [--batch-size N] [--max-failure-rate R]\n"
+          "        [--purpose P] [--batch-size N] [--batch-target DURATION]\n"
+          "        [--batch-max N] [--max-failure-rate R]\n"
           "        [--max-rows-per-second N] [--no-verify] [--serial]\n"
           "        [--from-key KEY_ID] [--supersede] [--busy-timeout MS]\n"
           "        [--synchronous full|normal] [--throttle-query SQL]\n"
@@ -204,7 +205,22 @@ static void usage(FILE *f)
           "    --purpose P            format 2: the purpose written and expected (encrypt\n"
           "          default: 'default'); format-1 envelopes have none and\n"
           "          are opened without it\n"
-          "    --batch-size N         rows per transaction (default 500; 1..100000)\n"
+          "    --batch-size N         rows per transaction (default 500; 1..100000); with\n"
+          "          --batch-target, the first batch's\n"
+          "    --batch-target DURATION  run: size every batch so that it takes about\n"
+          "          DURATION (e.g. 500ms or 0.5s; s, m and h; at most 1h),\n"
+          "          from the time per row of the batches before it,\n"
+          "          measured on a monotonic clock without the pauses of\n"
+          "          --max-rows-per-second, --throttle-query or 'migrate\n"
+          "          pause': at most twice the last size, at once smaller\n"
+          "          after a batch over DURATION, between 10 rows and\n"
+          "          --batch-max. A short batch holds its row locks briefly\n"
+          "          on a loaded server; a long one commits less often on an\n"
+          "          idle one. 0 or absent: every batch has --batch-size\n"
+          "          rows. Not part of the migration's parameters: a rerun\n"
+          "          may change it\n"
+          "    --batch-max N          run, with --batch-target: the most rows of a batch\n"
+          "          (default 10000; 10..100000; memory: about 1 KiB a row)\n"
           "    --max-failure-rate R   stop (exit 65) once quarantined rows exceed this\n"
           "          fraction of rows processed (default 0.001)\n"
           "    --max-rows-per-second N  throttle, to leave the database to the application\n"
@@ -343,6 +359,7 @@ typedef struct mig_opts {
     const char *max_rps, *busy_timeout, *sample, *keyring, *passfile, *from_key, *providers;
     const char *synchronous, *throttle_query, *max_replica_lag, *reason;
     const char *workers, *chunk_ids, *lease; /* run --workers (cmd_migrate_workers.c) */
+    const char *batch_target, *batch_max;
     int no_verify, serial, json, supersede;
     int chunks; /* status --chunks */
 } mig_opts;
@@ -366,6 +383,8 @@ static int parse(const char *cmd, int argc, char **argv, mig_opts *o, int *rc)
         {"--context", &o->context, NULL},
         {"--purpose", &o->purpose, NULL},
         {"--batch-size", &o->batch_size, NULL},
+        {"--batch-target", &o->batch_target, NULL},
+        {"--batch-max", &o->batch_max, NULL},
         {"--max-failure-rate", &o->max_failure_rate, NULL},
         {"--max-rows-per-second", &o->max_rps, NULL},
         {"--busy-timeout", &o->busy_timeout, NULL},
@@ -402,6 +421,7 @@ static int only_options(const char *cmd, const mig_opts *o, const char *allowed)
         {"--tenant-column", o->tenant_column != NULL}, {"--tenant", o->tenant != NULL},
         {"--context", o->context != NULL},     {"--purpose", o->purpose != NULL},
         {"--batch-size", o->batch_size != NULL},
+        {"--batch-target", o->batch_target != NULL}, {"--batch-max", o->batch_max != NULL},
         {"--max-failure-rate", o->max_failure_rate != NULL},
         {"--max-rows-per-second", o->max_rps != NULL},
         {"--busy-timeout", o->busy_timeout != NULL}, {"--sample", o->sample != NULL},
@@ -550,6 +570,18 @@ static int run_limits(const mig_opts *o, ks_migrate_params *p, uint32_t *busy_ms
             return ks_cli_usage_error(cmd, "--batch-size must be a number from 1 to 100000");
         }
         p->batch_size = v;
+    }
+    if (o->batch_target != NULL &&
+        (ks_cli_parse_duration_ms(o->batch_target, &p->batch_target_ms) != 0 ||
+         p->batch_target_ms > KS_MIGRATE_BATCH_TARGET_MAX_MS)) {
+        return ks_cli_usage_error(cmd, "--batch-target must be a duration up to 1h (e.g. 500ms)");
+    }
+    if (o->batch_max != NULL) {
+        if (o->batch_target == NULL || ks_cli_parse_size(o->batch_max, 10, 100000, &v) != 0) {
+            return ks_cli_usage_error(cmd, "--batch-max must be a number from 10 to 100000, "
+                                           "with --batch-target");
+        }
+        p->batch_max = v;
     }
     if (o->max_failure_rate != NULL && parse_rate(o->max_failure_rate, &p->max_failure_rate) != 0) {
         return ks_cli_usage_error(cmd, "--max-failure-rate must be a number from 0 to 1");
@@ -730,10 +762,10 @@ static void on_progress(void *arg, const ks_migrate_progress *p)
     if (s->json) {
         double work = working_s(s, p->elapsed_s);
         double rate = work > 0 ? (double)s->run_rows / work : 0.0;
-        printf("{\"batch\":%llu,\"pass\":%u,\"done\":%llu,\"skipped\":%llu,\"raced\":%llu,"
+        printf("{\"batch\":%llu,\"batch_rows\":%llu,\"pass\":%u,\"done\":%llu,\"skipped\":%llu,\"raced\":%llu,"
                "\"quarantined\":%llu,\"wrong_state\":%llu,\"total\":%llu,\"rows_per_s\":%.1f,"
                "\"throttled_s\":%.1f}\n",
-               (unsigned long long)s->batches, s->c.pass, (unsigned long long)s->c.done,
+               (unsigned long long)s->batches, (unsigned long long)p->batch_rows, s->c.pass, (unsigned long long)s->c.done,
                (unsigned long long)s->c.skipped, (unsigned long long)s->c.raced,
                (unsigned long long)s->c.quarantined, (unsigned long long)s->c.wrong_state,
                (unsigned long long)s->total, rate, p->elapsed_s - work);
@@ -1109,7 +1141,7 @@ static int cmd_run(int argc, char **argv)
                                     "--max-rows-per-second --busy-timeout --synchronous --keyring "
                                     "--passphrase-file --providers --no-verify --id-column --serial "
                                     "--from-key --supersede --throttle-query --max-replica-lag "
-                                    "--workers --chunk-ids --lease ")) != EX_OK) {
+                                    "--workers --chunk-ids --lease --batch-target --batch-max ")) != EX_OK) {
         return rc;
     }
     ks_migrate_params p;

@@ -98,6 +98,12 @@ KS_API KS_WUR ks_err ks_context_template_columns(ks_bytes tmpl,
                                                  const char *names[KS_ROWSTORE_MAX_CONTEXT_COLUMNS],
                                                  char storage[KS_CONTEXT_TEMPLATE_MAX], size_t *n);
 
+/* Defaults and limits of the adaptive batch size (ks_migrate_params
+ * batch_target_ms, batch_min, batch_max). */
+#define KS_MIGRATE_BATCH_MIN_DEFAULT 10u
+#define KS_MIGRATE_BATCH_MAX_DEFAULT 10000u
+#define KS_MIGRATE_BATCH_TARGET_MAX_MS 3600000u
+
 typedef struct ks_migrate_params {
     ks_migrate_mode mode;
     ks_bytes to_key_id;        /* target key */
@@ -109,7 +115,33 @@ typedef struct ks_migrate_params {
     ks_bytes purpose;          /* format 2: the purpose written and expected */
     ks_bytes context_template; /* e.g. "payments:{id}:card": {name} is replaced by the
                                   value of the id or a context column (docs/migration.md) */
-    size_t batch_size;         /* rows per transaction; 0: 500 */
+    size_t batch_size;         /* rows per transaction, 0..100000 (0: 500); with
+                                  batch_target_ms, the first batch's size (clamped into
+                                  [batch_min, batch_max]) */
+    uint32_t batch_target_ms;  /* 0 (the default): every batch has batch_size rows.  1 ..
+                                  KS_MIGRATE_BATCH_TARGET_MAX_MS: after each committed batch
+                                  the next one's size is chosen so that a batch takes about
+                                  this long (docs/migration.md, "Batch size"): the batch's
+                                  wall time (read, crypto, writes and COMMIT, on the
+                                  monotonic clock; not the progress callback, so not a
+                                  caller's pauses, nor max_rows_per_second's sleeps)
+                                  divided by its rows gives a smoothed time per row; the
+                                  next size is the target over it, at most twice the last
+                                  size, at once smaller after a batch over the target, and
+                                  within [batch_min, batch_max].  Per run, and per worker
+                                  of ks_migrate_run_workers (across its chunks).  Not part
+                                  of the migration's identity: a run resumed with another
+                                  target (or none) continues the same checkpoint. */
+    size_t batch_min;          /* with batch_target_ms: the fewest rows of a batch (but the
+                                  last of a pass or chunk); 0: KS_MIGRATE_BATCH_MIN_DEFAULT */
+    size_t batch_max;          /* with batch_target_ms: the most rows of a batch, at most
+                                  100000 (the engine's two batches are allocated for this
+                                  many rows: about 1 KiB of memory per row, per run or
+                                  worker); 0: KS_MIGRATE_BATCH_MAX_DEFAULT.  The bounds
+                                  are checked whether or not a target is set:
+                                  KS_ERR_INVALID_ARGUMENT when batch_min or batch_max is
+                                  over 100000 or batch_min (or its default) exceeds
+                                  batch_max (or its default). */
     double max_failure_rate;   /* stop once quarantined/processed exceeds it (0.001 default
                                   when negative) */
     uint32_t max_rows_per_second; /* 0: unlimited */

@@ -1,6 +1,7 @@
 /*
  * migrate/engine/engine.h -- internal declarations shared by the files of
- * the migration engine (census.c, migrate.c, verify.c, context.c).  Not
+ * the migration engine (census.c, migrate.c, verify.c, context.c,
+ * batch_size.c, workers.c).  Not
  * installed; nothing here is exported from the shared library.
  *
  * The engine reaches the database only through a ks_rowstore and must
@@ -109,6 +110,42 @@ ks_err ks_migrate_canonical_params(const ks_migrate_params *p, uint32_t to_versi
                                   KS_CONTEXT_TEMPLATE_MAX))
 
 
+/* ---- the adaptive batch size (batch_size.c) --------------------------------- */
+
+/* Rows of a batch: params' batch_size when 0, and the most it or a bound
+ * may be. */
+#define KS_MIGRATE_BATCH_DEFAULT 500
+#define KS_MIGRATE_BATCH_MAX 100000
+
+/*
+ * The batch size of one run, or of one worker across its chunks
+ * (docs/migration.md, "Batch size").  ks_engine_batch_init sets it up
+ * from params; after each committed batch, ks_engine_batch_next takes
+ * the batch's rows and wall time and sets the next batch's size.  With
+ * no target the size stays params' batch_size.  Used by one thread.
+ */
+typedef struct ks_engine_batch_sizer {
+    double target_s;  /* 0: a fixed size */
+    size_t min, max;  /* the bounds of size with a target */
+    size_t size;      /* the next batch's rows, >= 1 */
+    double row_s;     /* the smoothed seconds per row; 0 before the first batch */
+} ks_engine_batch_sizer;
+
+/* Set s up for params (checked: batch_size <= 100000, valid bounds). */
+void ks_engine_batch_init(ks_engine_batch_sizer *s, const ks_migrate_params *params);
+
+/* Nonzero when params' batch bounds and target are in range (see
+ * keyshift/migrate.h). */
+int ks_engine_batch_params_ok(const ks_migrate_params *params);
+
+/* The most rows a batch of s can have: what a run allocates for. */
+size_t ks_engine_batch_capacity(const ks_engine_batch_sizer *s);
+
+/* After a batch of `rows` rows that took elapsed_s seconds: update s's
+ * per-row time and return the next size (also s->size).  A batch of 0
+ * rows, or a negative or NaN time, tells nothing: the size is kept. */
+size_t ks_engine_batch_next(ks_engine_batch_sizer *s, size_t rows, double elapsed_s);
+
 /* ---- chunked runs (workers.c over migrate.c) -------------------------------- */
 
 /* A checkpoint save of a chunked run, inside the store's write
@@ -133,6 +170,8 @@ typedef struct ks_engine_slice {
     ks_engine_save_fn save;
     void *save_arg;
     const atomic_int *halt;
+    ks_engine_batch_sizer *sizer; /* the worker's batch size, carried from chunk to
+                                     chunk (NULL: the run's own, from params) */
 } ks_engine_slice;
 
 /* ks_migrate_run over one slice (the store needs visit_rows_range, else

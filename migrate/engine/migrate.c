@@ -153,8 +153,6 @@
 
 #define KS_MIGRATE_MAX_PASSES 10
 #define KS_MIGRATE_RATE_MIN_ROWS 100
-#define KS_MIGRATE_BATCH_DEFAULT 500
-#define KS_MIGRATE_BATCH_MAX 100000
 
 /* What the engine does with one row of a batch. */
 typedef enum action { ACT_NONE, ACT_SKIP, ACT_WRONG, ACT_QUARANTINE, ACT_WRITE } action;
@@ -220,7 +218,10 @@ typedef struct run {
     uint32_t to_version;
     uint8_t format;
     uint32_t alg;
-    size_t batch;
+    size_t batch;      /* the most rows of a batch: what the buffers hold */
+    ks_engine_batch_sizer own_sizer;
+    ks_engine_batch_sizer *sizer; /* the next batch's size: own_sizer, or a worker's */
+    size_t ask;        /* the rows the batch being read was asked for */
     char params[KS_PARAMS_MAX];
     size_t params_len;
     ks_row *rows;      /* the store's scan (views into the store) */
@@ -306,7 +307,7 @@ static ks_err check_params(const ks_migrate_params *p)
         p->context_template.len > KS_CONTEXT_TEMPLATE_MAX ||
         (p->tenant.len != 0 && !ks_engine_name_ok(p->tenant)) ||
         (p->purpose.len != 0 && !ks_engine_name_ok(p->purpose)) ||
-        p->batch_size > KS_MIGRATE_BATCH_MAX || p->max_failure_rate > 1.0 ||
+        !ks_engine_batch_params_ok(p) || p->max_failure_rate > 1.0 ||
         p->from_key_id.len > KS_KEY_ID_MAX || (p->from_key_id.len != 0 && p->from_key_id.ptr == NULL) ||
         (p->from_key_id.len != 0 && p->mode == KS_MIGRATE_ENCRYPT)) {
         return KS_ERR_INVALID_ARGUMENT; /* encrypt reads plaintext, which has no key */
@@ -1072,7 +1073,7 @@ static void value_fix(ks_value *v, uint8_t *keep)
 static ks_err take_row(void *arg, const ks_row *row)
 {
     batch *b = arg;
-    if (b->n >= b->r->batch) {
+    if (b->n >= b->r->ask) {
         return KS_ERR_STORE; /* a store handing more rows than asked for */
     }
     size_t need = b->keep_len + value_size(&row->id) + value_size(&row->value) +
@@ -1126,6 +1127,9 @@ static ks_err fetch_batch(run *r, const ks_value *after, batch *b)
     clock_gettime(CLOCK_MONOTONIC, &t0);
     b->n = 0;
     b->keep_len = 0;
+    size_t want = r->sizer->size;
+    assert(want >= 1 && want <= r->batch);
+    r->ask = want;
     if (r->slice != NULL) {
         /* a chunk's pass starts right below its first id */
         int64_t lo = r->slice->lo;
@@ -1133,13 +1137,13 @@ static ks_err fetch_batch(run *r, const ks_value *after, batch *b)
         ks_value upto = {KS_VALUE_INTEGER, r->slice->hi, {NULL, 0}};
         int at_start = after == NULL || after->type == KS_VALUE_NULL;
         const ks_value *a = !at_start ? after : lo == INT64_MIN ? NULL : &from;
-        err = ops->visit_rows_range(r->st->self, a, &upto, r->batch, take_row, b);
+        err = ops->visit_rows_range(r->st->self, a, &upto, want, take_row, b);
     } else if (ops->visit_rows != NULL) {
-        err = ops->visit_rows(r->st->self, after, r->batch, take_row, b);
+        err = ops->visit_rows(r->st->self, after, want, take_row, b);
     } else {
         size_t n = 0;
-        err = ops->scan(r->st->self, after, r->batch, r->rows, &n);
-        assert(err != KS_OK || n <= r->batch);
+        err = ops->scan(r->st->self, after, want, r->rows, &n);
+        assert(err != KS_OK || n <= want);
         for (size_t i = 0; i < n && err == KS_OK; i++) {
             err = take_row(b, &r->rows[i]);
         }
@@ -1480,6 +1484,8 @@ static ks_err loop(run *r, volatile sig_atomic_t *stop, ks_migrate_progress_fn f
     unsigned passes_run = 0;
     batch *cur = &r->b[0], *ahead = &r->b[1];
     int pipelined = pipelines(r);
+    struct timespec mark; /* the start of the batch being timed (batch_target_ms) */
+    clock_gettime(CLOCK_MONOTONIC, &mark);
     err = fetch_batch(r, &r->cp.cursor, cur);
     if (err != KS_OK) {
         return err;
@@ -1493,6 +1499,7 @@ static ks_err loop(run *r, volatile sig_atomic_t *stop, ks_migrate_progress_fn f
             if (err != KS_OK || !again) {
                 return err;
             }
+            clock_gettime(CLOCK_MONOTONIC, &mark);
             err = fetch_batch(r, &r->cp.cursor, cur);
             if (err != KS_OK) {
                 return err;
@@ -1521,6 +1528,11 @@ static ks_err loop(run *r, volatile sig_atomic_t *stop, ks_migrate_progress_fn f
         }
         size_t n = cur->n;
         err = commit_batch(r, cur, stop, deferred);
+        if (err == KS_OK) {
+            /* the batch's time, before the callback and the throttle, which
+             * may pause: only the batch itself counts */
+            (void)ks_engine_batch_next(r->sizer, n, elapsed_s(&mark));
+        }
         if (err == KS_OK || err == KS_ERR_STOPPED || err == KS_ERR_THRESHOLD) {
             report(r, fn, arg, total, n);
         }
@@ -1528,6 +1540,7 @@ static ks_err loop(run *r, volatile sig_atomic_t *stop, ks_migrate_progress_fn f
             return drop_ahead(ahead, err);
         }
         throttle(r);
+        clock_gettime(CLOCK_MONOTONIC, &mark);
         if (!pipelined) {
             err = fetch_batch(r, &r->cp.cursor, ahead);
             if (err != KS_OK) {
@@ -1564,7 +1577,9 @@ static run *run_new(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_para
     r->p = params;
     r->format = params->to_format ? params->to_format : KS_FORMAT_V2;
     r->alg = params->algorithm ? params->algorithm : KS_ALG_XCHACHA20POLY1305;
-    r->batch = params->batch_size ? params->batch_size : KS_MIGRATE_BATCH_DEFAULT;
+    ks_engine_batch_init(&r->own_sizer, params);
+    r->sizer = &r->own_sizer;
+    r->batch = ks_engine_batch_capacity(r->sizer);
     clock_gettime(CLOCK_MONOTONIC, &r->t0);
     *err = alloc_run(r);
     return r;
@@ -1655,6 +1670,11 @@ ks_err ks_engine_run_slice(ks_ctx *ctx, const ks_rowstore *store, const ks_migra
         return err;
     }
     r->slice = slice;
+    if (slice->sizer != NULL) {
+        /* the worker's sizer, set up from the same params: the same capacity */
+        assert(ks_engine_batch_capacity(slice->sizer) == r->batch);
+        r->sizer = slice->sizer;
+    }
     r->to_version = slice->to_version;
     if (err == KS_OK) {
         err = make_params(r, r->to_version);

@@ -2,7 +2,8 @@
  * migrate/engine/verify.c -- open every envelope row, or a sample
  * (keyshift/migrate.h ks_migrate_verify).  Read-only.
  *
- * Rows are scanned in id order, KS_ENGINE_SCAN_BATCH at a time.  With
+ * Rows are scanned in id order, KS_ENGINE_SCAN_BATCH at a time (fewer
+ * when the store counts fewer rows).  With
  * sample 0 every row is considered; with sample N > 0 and T rows in the
  * store (count()), each row is considered independently with probability
  * N/T (randombytes_uniform(T) < N): about N rows, uniform, in one pass and
@@ -100,8 +101,8 @@ static ks_err visit(verify_run *v, const ks_row *row)
     return check_row(v, row);
 }
 
-/* The scan loop of verify. */
-static ks_err scan_all(verify_run *v, const ks_rowstore *store, ks_row *rows)
+/* The scan loop of verify, batch rows at a time into rows[0, batch). */
+static ks_err scan_all(verify_run *v, const ks_rowstore *store, ks_row *rows, size_t batch)
 {
     uint8_t *cur_buf = NULL;
     size_t cur_cap = 0;
@@ -109,7 +110,7 @@ static ks_err scan_all(verify_run *v, const ks_rowstore *store, ks_row *rows)
     ks_err err;
     for (;;) {
         size_t n = 0;
-        err = store->ops->scan(store->self, &cursor, KS_ENGINE_SCAN_BATCH, rows, &n);
+        err = store->ops->scan(store->self, &cursor, batch, rows, &n);
         if (err != KS_OK || n == 0) {
             break;
         }
@@ -143,8 +144,13 @@ ks_err ks_migrate_verify(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate
     if (err != KS_OK) {
         return err;
     }
+    /* A table smaller than a batch gets a batch of its size (plus one
+     * for a row inserted meanwhile): a full batch's rows array is past
+     * malloc's mmap threshold, a system call pair on every verify of a
+     * small table.  Rows inserted meanwhile only take more batches. */
+    size_t batch = v.total < KS_ENGINE_SCAN_BATCH ? (size_t)v.total + 1 : KS_ENGINE_SCAN_BATCH;
     v.tmpl = malloc(sizeof *v.tmpl);
-    ks_row *rows = malloc(KS_ENGINE_SCAN_BATCH * sizeof *rows);
+    ks_row *rows = malloc(batch * sizeof *rows);
     if (v.tmpl == NULL || rows == NULL) {
         err = KS_ERR_NO_MEMORY;
     }
@@ -152,7 +158,7 @@ ks_err ks_migrate_verify(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate
         err = ks_context_tmpl_compile(params->context_template, v.tmpl);
     }
     if (err == KS_OK) {
-        err = scan_all(&v, store, rows);
+        err = scan_all(&v, store, rows, batch);
     }
     free(v.tmpl);
     free(rows);

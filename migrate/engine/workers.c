@@ -68,6 +68,7 @@ typedef struct worker {
     int64_t chunk;          /* the chunk being run */
     int holding;            /* chunk is claimed by this worker (its lease to renew) */
     counts last;            /* the chunk's counts at its last report */
+    ks_engine_batch_sizer sizer; /* its batch size, carried from chunk to chunk */
     ks_err err;             /* how the worker ended */
     pthread_t thread;
     int started;
@@ -262,7 +263,8 @@ static ks_err run_chunk(worker *w, const ks_chunk *k)
     w->last = counts_of(&k->cp);
     w->holding = 1;
     ks_checkpoint start = k->cp; /* the engine copies its cursor before any other call */
-    ks_engine_slice slice = {k->lo, k->hi, d->settled.to_version, &start, save_chunk, w, &d->halt};
+    ks_engine_slice slice = {k->lo, k->hi, d->settled.to_version, &start, save_chunk, w, &d->halt,
+                             &w->sizer};
     ks_err err = ks_engine_run_slice(d->ctx, &w->store, d->p, &slice, NULL, on_batch, w);
     w->holding = 0;
     return err;
@@ -457,7 +459,8 @@ ks_err ks_migrate_run_workers(ks_ctx *ctx, const ks_migrate_params *params,
     ks_workers_options o = opts != NULL ? *opts : (ks_workers_options){0};
     if (out != NULL)
         memset(out, 0, sizeof *out);
-    if (ctx == NULL || params == NULL || open_fn == NULL || o.workers > KS_WORKERS_MAX)
+    if (ctx == NULL || params == NULL || open_fn == NULL || o.workers > KS_WORKERS_MAX ||
+        !ks_engine_batch_params_ok(params))
         return KS_ERR_INVALID_ARGUMENT;
     if (sodium_init() < 0)
         return KS_ERR_CRYPTO_INIT;
@@ -492,6 +495,7 @@ ks_err ks_migrate_run_workers(ks_ctx *ctx, const ks_migrate_params *params,
     for (unsigned i = 0; i < d->n; i++) {
         d->w[i].d = d;
         d->w[i].index = i;
+        ks_engine_batch_init(&d->w[i].sizer, params);
         name_worker(&d->w[i], o.owner);
     }
     ks_err err = open_all(d, open_fn, open_arg);

@@ -282,12 +282,18 @@ static ks_err op_begin(ks_rollout_store *s)
     return rc == SQLITE_OK ? KS_OK : ks_sqlite_map_rc(rc);
 }
 
-/* The rollback op: roll back whatever transaction is open. */
+/* The rollback op: roll back whatever transaction is open, through a
+ * kept statement (a refused transition rolls back: sqlite3_exec would
+ * parse the text again each time). */
 static void op_rollback(ks_rollout_store *s)
 {
+    static const char rollback[] = "ROLLBACK";
     ks_rsql *db = ks_rsql_of(s);
-    if (!sqlite3_get_autocommit(db->db))
-        (void)sqlite3_exec(db->db, "ROLLBACK", NULL, NULL, NULL);
+    if (sqlite3_get_autocommit(db->db))
+        return;
+    sqlite3_stmt *st;
+    int rc = ks_rsql_prep(db, rollback, &st);
+    (void)ks_rsql_run_done(db, st, rc);
 }
 
 /* The commit op: COMMIT, rolling back when it fails (a busy COMMIT

@@ -86,6 +86,13 @@
  * (through the writer's busy timeout); in WAL mode it blocks nobody.  A
  * REAL id, which scan refuses, is never read by it.
  *
+ * Ranges.  visit_rows_range (a chunk of a chunked run) runs a third kept
+ * scan, the after-scan bounded above: WHERE id >= ?2 AND id <= ?6, the
+ * lower bound the caller's after + 1, so a keyset scan of the id's order
+ * that stops at the chunk's end.  Its bounds are integers and so are the
+ * ids it returns: a TEXT or BLOB id is in no range (typeof filter; in an
+ * id column of TEXT affinity the bounds would otherwise compare as text).
+ *
  * Transactions.  begin is BEGIN IMMEDIATE.  Every statement of the
  * connection waits for locks through a busy handler with exponential
  * backoff (1 ms doubling to 100 ms, plus up to 50% jitter) up to
@@ -138,6 +145,7 @@
 enum {
     ST_SCAN_FIRST,
     ST_SCAN_AFTER,
+    ST_SCAN_RANGE,  /* visit_rows_range: ids in [?2, ?6], integers only */
     ST_VALUES,
     ST_QCHECK,
     ST_COUNT,
@@ -448,7 +456,7 @@ static int scan_has_quarantine(sqlite_store *s, int *has)
  * statement (absent when a read-only store has no quarantine table). */
 static int bind_scan_names(sqlite_store *s, sqlite3_stmt *st)
 {
-    if (sqlite3_bind_parameter_count(st) < 5)
+    if (sqlite3_bind_parameter_index(st, "?5") == 0)
         return SQLITE_OK;
     int has = 1;
     int rc = scan_has_quarantine(s, &has);
@@ -479,15 +487,22 @@ static int run_write(sqlite_store *s, sqlite3_stmt *st, int rc)
 /* ---- operations ------------------------------------------------------------------- */
 
 /* Bind the scan statement for up to max rows after *after (all rows when
- * after is NULL or of type KS_VALUE_NULL) into *out; SQLITE_OK, or the
+ * after is NULL or of type KS_VALUE_NULL) into *out; with upto, the range
+ * statement instead, for the integer ids from *after (inclusive: the
+ * caller's lower bound, never NULL then) to *upto.  SQLITE_OK, or the
  * failure with the bindings cleared. */
-static int scan_bind(sqlite_store *s, const ks_value *after, size_t max, sqlite3_stmt **out)
+static int scan_bind(sqlite_store *s, const ks_value *after, const ks_value *upto, size_t max,
+                     sqlite3_stmt **out)
 {
     int from_start = after == NULL || after->type == KS_VALUE_NULL;
-    sqlite3_stmt *st = s->st[from_start ? ST_SCAN_FIRST : ST_SCAN_AFTER];
+    assert(upto == NULL || (!from_start && after->type == KS_VALUE_INTEGER &&
+                            upto->type == KS_VALUE_INTEGER));
+    sqlite3_stmt *st = s->st[upto != NULL ? ST_SCAN_RANGE : from_start ? ST_SCAN_FIRST : ST_SCAN_AFTER];
     int rc = sqlite3_bind_int64(st, 1, max > (size_t)INT64_MAX ? INT64_MAX : (int64_t)max);
     if (rc == SQLITE_OK && !from_start)
         rc = bind_value(st, 2, after, BIND_COPY); /* the arena is reused below */
+    if (rc == SQLITE_OK && upto != NULL)
+        rc = sqlite3_bind_int64(st, 6, upto->integer);
     if (rc == SQLITE_OK)
         rc = bind_scan_names(s, st);
     if (rc != SQLITE_OK)
@@ -513,19 +528,19 @@ static ks_err scan_row(sqlite_store *s, sqlite3_stmt *st, int copy, ks_row *r)
     return err;
 }
 
-/* Bind the scan statement (scan_bind) and step it through up to max
- * rows; each row is read by scan_row (copying when `copy`) into rows[got]
+/* Bind the scan statement (scan_bind; the range statement with upto) and
+ * step it through up to max rows; each row is read by scan_row (copying when `copy`) into rows[got]
  * when rows is not NULL, else into one row handed to fn.  Resets the
  * statement, rolls an open transaction back when reading fails (not when
  * binding fails or fn stops), and returns the rows read in *n. */
-static ks_err scan_run(sqlite_store *s, const ks_value *after, size_t max, int copy, ks_row *rows,
-                       ks_rowstore_row_fn fn, void *arg, size_t *n)
+static ks_err scan_run(sqlite_store *s, const ks_value *after, const ks_value *upto, size_t max,
+                       int copy, ks_row *rows, ks_rowstore_row_fn fn, void *arg, size_t *n)
 {
     ks_err err = KS_OK, stopped = KS_OK;
     size_t got = 0;
     *n = 0;
     sqlite3_stmt *st;
-    int rc = scan_bind(s, after, max, &st);
+    int rc = scan_bind(s, after, upto, max, &st);
     if (rc != SQLITE_OK)
         return ks_sqlite_map_rc(rc);
     rc = SQLITE_DONE;
@@ -561,7 +576,7 @@ static ks_err op_scan(void *self, const ks_value *after, size_t max, ks_row *row
         return KS_OK;
     s->arena_len = 0; /* `after` may view it: bound as a copy before any row is read */
     size_t got = 0;
-    ks_err err = scan_run(s, after, max, 1, rows, NULL, NULL, &got);
+    ks_err err = scan_run(s, after, NULL, max, 1, rows, NULL, NULL, &got);
     if (err != KS_OK)
         return err;
     for (size_t i = 0; i < got; i++) {
@@ -587,7 +602,29 @@ static ks_err op_visit_rows(void *self, const ks_value *after, size_t max, ks_ro
     if (max == 0)
         return KS_OK;
     size_t got = 0;
-    return scan_run(s, after, max, 0, NULL, fn, arg, &got);
+    return scan_run(s, after, NULL, max, 0, NULL, fn, arg, &got);
+}
+
+/* ops.visit_rows_range: the rows of op_visit_rows whose id is an integer
+ * at most *upto (rowstore.h), by the kept range statement: a keyset scan
+ * of the id from *after + 1 (from INT64_MIN at the start), so that a
+ * chunk's batch never reads past the chunk's end.  Ids are compared as
+ * integers; a TEXT or BLOB id is in no range (in an id column of TEXT
+ * affinity every id is: the bounds would compare as text), and a REAL
+ * one in range is refused with KS_ERR_STORE as scan refuses it. */
+static ks_err op_visit_rows_range(void *self, const ks_value *after, const ks_value *upto,
+                                  size_t max, ks_rowstore_row_fn fn, void *arg)
+{
+    sqlite_store *s = self;
+    int from_start = after == NULL || after->type == KS_VALUE_NULL;
+    if (s == NULL || fn == NULL || upto == NULL || upto->type != KS_VALUE_INTEGER ||
+        (!from_start && after->type != KS_VALUE_INTEGER))
+        return KS_ERR_INVALID_ARGUMENT;
+    if (max == 0 || (!from_start && after->integer == INT64_MAX))
+        return KS_OK; /* nothing is above INT64_MAX */
+    ks_value lo = {KS_VALUE_INTEGER, from_start ? INT64_MIN : after->integer + 1, {NULL, 0}};
+    size_t got = 0;
+    return scan_run(s, &lo, upto, max, 0, NULL, fn, arg, &got);
 }
 
 /* ops.visit_values: step the kept values statement once through the
@@ -921,6 +958,7 @@ static const ks_rowstore_ops sqlite_ops = {
     .close = op_close,
     .visit_values = op_visit_values,
     .visit_rows = op_visit_rows,
+    .visit_rows_range = op_visit_rows_range,
 };
 
 /* ---- opening: the schema ------------------------------------------------------------ */
@@ -1240,10 +1278,15 @@ static void sb_order(sbuf *b, const resolved *r)
     sb_ident(b, r->id);
 }
 
+/* The scans build_scan writes: from the start, after ?2, or the range
+ * [?2, ?6] of integer ids. */
+enum { SCAN_FIRST, SCAN_AFTER, SCAN_RANGE };
+
 /* Append the scan statement: id, value, tenant (or NULL), context columns,
- * quarantine flag; after ?2 when `after`, limit ?1. */
+ * quarantine flag; after ?2 (SCAN_AFTER) or within [?2, ?6] (SCAN_RANGE),
+ * limit ?1. */
 static void build_scan(sbuf *b, const sqlite_store *s, const resolved *r, int have_tables,
-                       int after)
+                       int kind)
 {
     sb_put(b, "SELECT t.");
     sb_ident(b, r->id);
@@ -1274,10 +1317,18 @@ static void build_scan(sbuf *b, const sqlite_store *s, const resolved *r, int ha
         sb_put(b, ", 0");
     }
     sb_from(b, s);
-    if (after) {
+    if (kind != SCAN_FIRST) {
         sb_put(b, " WHERE t.");
         sb_ident(b, r->id);
-        sb_put(b, " > ?2");
+        sb_put(b, kind == SCAN_AFTER ? " > ?2" : " >= ?2 AND t.");
+    }
+    if (kind == SCAN_RANGE) {
+        /* typeof: in a TEXT-affinity id column the bounds compare as text,
+         * and every id there is TEXT: no row of such a column is in a range */
+        sb_ident(b, r->id);
+        sb_put(b, " <= ?6 AND typeof(t.");
+        sb_ident(b, r->id);
+        sb_put(b, ") IN ('integer', 'real')");
     }
     sb_order(b, r);
     sb_put(b, " LIMIT ?1");
@@ -1323,11 +1374,15 @@ static ks_err prepare_statements(opener *o, const resolved *r, int have_tables)
     sqlite_store *s = o->s;
     sbuf b = {0};
     ks_err err;
-    build_scan(&b, s, r, have_tables, 0);
+    build_scan(&b, s, r, have_tables, SCAN_FIRST);
     err = prepare_kept(o, &b, ST_SCAN_FIRST);
     if (err == KS_OK) {
-        build_scan(&b, s, r, have_tables, 1);
+        build_scan(&b, s, r, have_tables, SCAN_AFTER);
         err = prepare_kept(o, &b, ST_SCAN_AFTER);
+    }
+    if (err == KS_OK) {
+        build_scan(&b, s, r, have_tables, SCAN_RANGE);
+        err = prepare_kept(o, &b, ST_SCAN_RANGE);
     }
     if (err == KS_OK) {
         build_values(&b, s, r);
