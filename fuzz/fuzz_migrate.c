@@ -1052,7 +1052,7 @@ static ks_migrate_params bad_params(const world_in *w, unsigned kind, int *no_ct
  * makes invalid, by ks_migrate_run, ks_engine_settle and the slice run. */
 static void check_refusals(const world_in *w, const ks_rowstore *st, slice_run *sr)
 {
-    ks_engine_slice bad = {w->lo, w->hi, sr->settled.to_version, &sr->start, slice_save, sr, NULL};
+    ks_engine_slice bad = {w->lo, w->hi, sr->settled.to_version, &sr->start, slice_save, sr, NULL, NULL};
     CHECK(ks_engine_run_slice(ctx, st, &w->p, &bad, NULL, NULL, NULL) == KS_ERR_INVALID_ARGUMENT);
     bad.lo = w->hi;
     bad.hi = w->lo;
@@ -1108,7 +1108,7 @@ static ks_err run_slices(const world_in *w, const ks_rowstore *st, slice_run *sr
     sr->fail_at = w->action == ACT_SLICE_STALE ? w->act_after + 1 : 0;
     pr.injected = sr->fail_at != 0 ? KS_ERR_STALE : KS_OK;
     /* ACT_SLICE_HALT after batch 0 never halts: on_progress counts from 1 */
-    ks_engine_slice sl = {w->lo, w->hi, sr->settled.to_version, &sr->start, slice_save, sr, pr.halt};
+    ks_engine_slice sl = {w->lo, w->hi, sr->settled.to_version, &sr->start, slice_save, sr, pr.halt, NULL};
     err = ks_engine_run_slice(ctx, st, &w->p, &sl, &pr.stop, on_progress, &pr);
     check_result(w, &pr, err);
     CHECK(err != KS_ERR_STALE || sr->calls == sr->fail_at);
