@@ -48,7 +48,10 @@ struct ks_policy {
     int loaded;                     /* rules hold a successful load */
     int64_t data_version;           /* at that load */
     ks_rollout *rules;              /* the latest rollout of each column, every key-scoped one */
-    size_t n_rules;
+    size_t n_rules, rules_cap;
+    ks_rollout *spare;              /* reload's array, swapped with rules on success: the two
+                                       are kept, as page is (8 rules are 107 KiB) */
+    size_t spare_cap;
     ks_health_sample reported;      /* the totals of the last ks_policy_report */
     ks_rollout *page;               /* reload's buffer of LOAD_PAGE rollouts, kept: at 13.7 KiB
                                        a rollout, one page (219 KiB) is past malloc's mmap
@@ -110,8 +113,8 @@ static ks_err keep_latest(ks_rollout **rules, size_t *n, size_t *cap, const ks_r
 static ks_err reload(ks_policy *p)
 {
     ks_rollout *page = p->page;
-    ks_rollout *rules = NULL;
-    size_t n_rules = 0, cap = 0, n = 0;
+    ks_rollout *rules = p->spare;
+    size_t n_rules = 0, cap = p->spare_cap, n = 0;
     int64_t after = 0;
     ks_err err = ks_rollout_db_snapshot(p->db, 1);
     if (err != KS_OK)
@@ -127,11 +130,14 @@ static ks_err reload(ks_policy *p)
     if (err == KS_OK)
         err = end;
     if (err != KS_OK) {
-        free(rules);
+        p->spare = rules; /* it may have grown; what it holds is not used */
+        p->spare_cap = cap;
         return err;
     }
-    free(p->rules);
+    p->spare = p->rules;
+    p->spare_cap = p->rules_cap;
     p->rules = rules;
+    p->rules_cap = cap;
     p->n_rules = n_rules;
     p->loaded = 1;
     return KS_OK;
@@ -269,6 +275,7 @@ void ks_policy_close(ks_policy *p)
     ks_rollout_db_close(p->db);
     free(p->page);
     free(p->rules);
+    free(p->spare);
     pthread_mutex_destroy(&p->mu);
     free(p);
 }
