@@ -551,6 +551,79 @@ static void test_checkpoints_list(void **state)
                                                 &l, w->err, sizeof w->err), KS_ERR_UNAVAILABLE);
 }
 
+/* The migrated columns listed by ks_rowstore_pg_migrated_columns, as
+ * "schema.table.column:visible". */
+typedef struct migrated {
+    int n, stop_after;
+    char cols[6][48];
+} migrated;
+
+/* Record one migrated column (ks_migrated_column_fn); stop after
+ * stop_after when it is set. */
+static int migrated_fn(void *arg, ks_bytes schema, ks_bytes table, ks_bytes column, int visible)
+{
+    migrated *m = arg;
+    assert_true(m->n < 6);
+    snprintf(m->cols[m->n], sizeof m->cols[0], "%.*s.%.*s.%.*s:%d", (int)schema.len,
+             (const char *)schema.ptr, (int)table.len, (const char *)table.ptr, (int)column.len,
+             (const char *)column.ptr, visible);
+    return ++m->n == m->stop_after;
+}
+
+/* ks_rowstore_pg_migrated_columns reads the keyshift_migration of every
+ * schema, each column once however many migrations it had, and says
+ * whether the search_path shows the migrated table under its name (not
+ * another schema's of the same name); a search_path that shows it makes
+ * it visible; the callback stops the listing; a malformed row is
+ * KS_ERR_STORE, an unreachable server KS_ERR_UNAVAILABLE. */
+static void test_migrated_columns(void **state)
+{
+    world *w = *state;
+    migrated m;
+    memset(&m, 0, sizeof m);
+    admin_exec(w, "DROP SCHEMA IF EXISTS s2 CASCADE");
+    assert_int_equal(ks_rowstore_pg_migrated_columns(ks_pg_test_conninfo, migrated_fn, &m,
+                                                     w->err, sizeof w->err), KS_OK);
+    assert_int_equal(m.n, 0);
+    make_items(w, 2);
+    save_checkpoint(w, "items", BV("mode=encrypt"), 2, 1001);
+    save_checkpoint(w, "items", BV("mode=rewrap"), 2, 1002);
+    admin_exec(w, "CREATE SCHEMA s2; CREATE TABLE s2.ledger(id bigint PRIMARY KEY, v bytea); "
+                  "CREATE TABLE s2.keyshift_migration (LIKE public.keyshift_migration); "
+                  "INSERT INTO s2.keyshift_migration SELECT * FROM public.keyshift_migration; "
+                  "UPDATE s2.keyshift_migration SET tbl = 'ledger' WHERE params = 'mode=rewrap'");
+    assert_int_equal(ks_rowstore_pg_migrated_columns(ks_pg_test_conninfo, migrated_fn, &m,
+                                                     w->err, sizeof w->err), KS_OK);
+    assert_int_equal(m.n, 3);
+    assert_string_equal(m.cols[0], "public.items.v:1");
+    assert_string_equal(m.cols[1], "s2.items.v:0"); /* "items" is public's */
+    assert_string_equal(m.cols[2], "s2.ledger.v:0"); /* s2 is not on the path */
+    char ci[512];
+    snprintf(ci, sizeof ci, "%s options=-csearch_path=s2,public", ks_pg_test_conninfo);
+    memset(&m, 0, sizeof m);
+    assert_int_equal(ks_rowstore_pg_migrated_columns(ci, migrated_fn, &m, w->err, sizeof w->err),
+                     KS_OK);
+    assert_int_equal(m.n, 3);
+    assert_string_equal(m.cols[0], "public.items.v:1");
+    assert_string_equal(m.cols[2], "s2.ledger.v:1");
+    memset(&m, 0, sizeof m);
+    m.stop_after = 1;
+    assert_int_equal(ks_rowstore_pg_migrated_columns(ks_pg_test_conninfo, migrated_fn, &m,
+                                                     w->err, sizeof w->err), KS_OK);
+    assert_int_equal(m.n, 1);
+    memset(&m, 0, sizeof m);
+    assert_int_equal(ks_rowstore_pg_migrated_columns(ks_pg_test_conninfo, NULL, &m, w->err,
+                                                     sizeof w->err), KS_ERR_INVALID_ARGUMENT);
+    admin_exec(w, "UPDATE s2.keyshift_migration SET col = '' WHERE tbl = 'ledger'");
+    assert_int_equal(ks_rowstore_pg_migrated_columns(ks_pg_test_conninfo, migrated_fn, &m,
+                                                     w->err, sizeof w->err), KS_ERR_STORE);
+    assert_non_null(strstr(w->err, "malformed row in keyshift_migration of schema \"s2\""));
+    assert_int_equal(ks_rowstore_pg_migrated_columns("host=/nonexistent dbname=x", migrated_fn,
+                                                     &m, w->err, sizeof w->err),
+                     KS_ERR_UNAVAILABLE);
+    admin_exec(w, "DROP SCHEMA s2 CASCADE");
+}
+
 /* A row lock held by another connection makes the write wait only up to
  * lock_timeout: KS_ERR_BUSY, the transaction rolled back, the store
  * usable again. */
@@ -841,7 +914,8 @@ int main(void)
         T(test_open_checks), T(test_read_only),  T(test_scan_paging), T(test_cas_raced),
         T(test_quarantine),  T(test_checkpoint), T(test_lock_timeout), T(test_deadlock),
         T(test_statement_timeout),
-        T(test_connection_lost), T(test_checkpoints_list), T(test_migrate_run),
+        T(test_connection_lost), T(test_checkpoints_list), T(test_migrated_columns),
+        T(test_migrate_run),
         T(test_migrate_raced),
     };
 #undef T

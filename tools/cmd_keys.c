@@ -14,6 +14,8 @@
 
 #include <sqlite3.h>
 
+#include <keyshift/rowstore_pg.h>
+
 #include "cli.h"
 
 /* Print the subcommand's manual to f. */
@@ -28,7 +30,7 @@ static void usage(FILE *f)
           "    keyshift keys add-version KEY_ID\n"
           "    keyshift keys promote KEY_ID VERSION\n"
           "    keyshift keys set-state KEY_ID VERSION STATE\n"
-          "    keyshift keys set-state KEY_ID VERSION destroyed [--db FILE]...\n"
+          "    keyshift keys set-state KEY_ID VERSION destroyed [--db DB]...\n"
           "        [--force --reason TEXT]\n"
           "    keyshift keys list [--json]\n"
           "    (each also takes --keyring FILE and --passphrase-file FILE, or, but\n"
@@ -55,10 +57,15 @@ static void usage(FILE *f)
           "                 The primary must stay active: promote another first.\n"
           "                 destroyed is refused (exit 75) while a row or a live\n"
           "                 reader still references that version in a database given\n"
-          "                 with --db (repeatable): rows in the column (or each\n"
+          "                 with --db (repeatable; a SQLite file or a PostgreSQL\n"
+          "                 connection string): rows in the column (or each\n"
           "                 listed column of a key scope) of every rollout whose\n"
           "                 source or target uses the key and of every\n"
-          "                 migrated column; live readers holding the version.\n"
+          "                 migrated column (on PostgreSQL, those of the\n"
+          "                 keyshift_migration of every schema; a migrated table\n"
+          "                 that the connection's search_path does not show is\n"
+          "                 not counted, which refuses too); live readers holding\n"
+          "                 the version; rollouts not finalized that move it.\n"
           "                 Without --db it is refused (exit 64): references cannot\n"
           "                 be checked. --force --reason TEXT overrides both and, with\n"
           "                 --db, appends the reason to the log of each rollout whose\n"
@@ -72,8 +79,17 @@ static void usage(FILE *f)
           "                            " KS_CLI_PASSPHRASE_RULE "\n"
           "    --providers FILE        " KS_CLI_KEYS_RULE
           "    --json                  list: one JSON object\n"
-          "    --db FILE               set-state destroyed: a database to check for\n"
-          "                            references (repeatable)\n"
+          "    --db DB                 set-state destroyed: a database to check for\n"
+          "                            references (repeatable): a SQLite file (must\n"
+          "                            exist), or a PostgreSQL connection URI\n"
+          "                            (postgresql://[user@]host[:port]/db?... or\n"
+          "                            postgres://...) or libpq key=value string\n"
+          "                            ('host=H dbname=D'), which holds keyshift's\n"
+          "                            rollout tables and the migrated tables. No\n"
+          "                            password in it (exit 64): give it through\n"
+          "                            PGPASSFILE or PGPASSWORD. Messages name it\n"
+          "                            'PostgreSQL database (--db N)', never by the\n"
+          "                            string\n"
           "    --force                 set-state destroyed: skip the reference check\n"
           "    --reason TEXT           why --force (required with it; logged)\n"
           "    -h, --help              print this manual\n"
@@ -83,11 +99,16 @@ static void usage(FILE *f)
           "    locked against concurrent writers and atomic: a crash leaves the old\n"
           "    or the new keyring.\n"
           "\n"
+          "ENVIRONMENT\n"
+          KS_CLI_PG_ENV
+          "\n"
           "EXIT STATUS\n"
-          "    0 success; 64 usage (destroyed without --db or --force); 65 refused\n"
-          "    (key exists, forbidden state change); 66 a --db database missing;\n"
-          "    75 destroyed refused: the version is still referenced (the message\n"
-          "    says where); 69 provider unreachable; 77 no such key or version (or\n"
+          "    0 success; 64 usage (destroyed without --db or --force, a password in\n"
+          "    a PostgreSQL --db); 65 refused (key exists, forbidden state change);\n"
+          "    66 a --db database missing; 75 destroyed refused: the version is\n"
+          "    still referenced, or its rows could not all be counted (the message\n"
+          "    says where), or a --db database stayed locked; 69 provider or\n"
+          "    PostgreSQL database unreachable; 77 no such key or version (or\n"
           "    no provider serves KEY_ID); 78 insecure, unreadable or corrupt keyring\n"
           "    or providers file, wrong passphrase, or wrong or locked PIN; 71 system\n"
           "    error.\n"
@@ -97,7 +118,9 @@ static void usage(FILE *f)
           "    keyshift keys init && keyshift keys create payments/kek\n"
           "    keyshift keys add-version payments/kek      # prints 2\n"
           "    keyshift keys promote payments/kek 2\n"
-          "    keyshift keys set-state payments/kek 1 decrypt-only\n",
+          "    keyshift keys set-state payments/kek 1 decrypt-only\n"
+          "    keyshift keys set-state payments/kek 1 destroyed --db shop.db \\\n"
+          "        --db 'postgresql://app@db1.internal/orders'\n",
           f);
 }
 
@@ -257,14 +280,17 @@ typedef struct scope {
 } scope;
 
 /* Add table.column to scopes[0, *n) unless there (names compared as
- * SQLite compares identifiers); a column that does not fit (a full list,
- * a name too long) sets *cut, so that the rows are known not to be all
- * counted (fail closed: the destroy is then refused unless forced). */
+ * the database compares identifiers: SQLite without regard to ASCII
+ * case, PostgreSQL exactly, when exact, since its store opens a table by
+ * its exact spelling); a column that does not fit (a full list, a name
+ * too long) sets *cut, so that the rows are known not to be all counted
+ * (fail closed: the destroy is then refused unless forced). */
 static void add_scope(scope *scopes, size_t *n, size_t max, const char *t, const char *c,
-                      int *cut)
+                      int exact, int *cut)
 {
     for (size_t i = 0; i < *n; i++) {
-        if (strcasecmp(scopes[i].table, t) == 0 && strcasecmp(scopes[i].column, c) == 0) {
+        if (exact ? strcmp(scopes[i].table, t) == 0 && strcmp(scopes[i].column, c) == 0
+                  : strcasecmp(scopes[i].table, t) == 0 && strcasecmp(scopes[i].column, c) == 0) {
             return;
         }
     }
@@ -277,9 +303,9 @@ static void add_scope(scope *scopes, size_t *n, size_t max, const char *t, const
     }
 }
 
-/* Add the columns keyshift_migration has checkpoints for (read-only;
- * none when the table does not exist). */
-static int migration_scopes(const char *db, scope *scopes, size_t *n, size_t max, int *cut)
+/* Add the columns the keyshift_migration of SQLite file db has
+ * checkpoints for (read-only; none when the table does not exist). */
+static int sqlite_migration_scopes(const char *db, scope *scopes, size_t *n, size_t max, int *cut)
 {
     sqlite3 *h = NULL;
     sqlite3_stmt *st = NULL;
@@ -297,7 +323,7 @@ static int migration_scopes(const char *db, scope *scopes, size_t *n, size_t max
                 const char *t = (const char *)sqlite3_column_text(st, 0);
                 const char *c = (const char *)sqlite3_column_text(st, 1);
                 if (t != NULL && c != NULL) {
-                    add_scope(scopes, n, max, t, c, cut);
+                    add_scope(scopes, n, max, t, c, 0, cut);
                 }
             }
         }
@@ -308,6 +334,73 @@ static int migration_scopes(const char *db, scope *scopes, size_t *n, size_t max
     sqlite3_finalize(st);
     sqlite3_close(h);
     return r == SQLITE_DONE ? EX_OK : r == SQLITE_BUSY ? EX_TEMPFAIL : EX_IOERR;
+}
+
+/* Where pg_scope_one adds the migrated columns of a PostgreSQL database. */
+typedef struct pg_scopes {
+    scope *scopes;
+    size_t *n, max;
+    int *cut;
+    int unseen;         /* a migrated table the census would not open: rows not counted */
+    const char *label;  /* the database in messages */
+} pg_scopes;
+
+/* Add one migrated column (a ks_migrated_column_fn) to the scopes; one
+ * whose table the connection's search_path does not show (the table of
+ * that name the census would open is another schema's, or there is
+ * none) cannot be counted: say so and mark the rows as not all counted. */
+static int pg_scope_one(void *arg, ks_bytes schema, ks_bytes table, ks_bytes column, int visible)
+{
+    pg_scopes *p = arg;
+    char t[KS_ROLLOUT_IDENT_MAX + 1], c[KS_ROLLOUT_IDENT_MAX + 1];
+    if (table.len >= sizeof t || column.len >= sizeof c) {
+        *p->cut = 1;
+        return 0;
+    }
+    memcpy(t, table.ptr, table.len);
+    t[table.len] = '\0';
+    memcpy(c, column.ptr, column.len);
+    c[column.len] = '\0';
+    if (!visible) {
+        fprintf(stderr, "    %s: %s.%s of schema %.*s was migrated, but the search_path of the "
+                        "connection does not show that table: its rows were not counted\n",
+                p->label, t, c, schema.len > 255 ? 255 : (int)schema.len,
+                (const char *)schema.ptr);
+        p->unseen = 1;
+        return 0;
+    }
+    add_scope(p->scopes, p->n, p->max, t, c, 1, p->cut);
+    return 0;
+}
+
+/* Add the columns of every keyshift_migration of PostgreSQL database db
+ * (one per schema of a migrated table; ks_rowstore_pg_migrated_columns);
+ * *unseen when a migrated table cannot be counted on this connection. */
+static int pg_migration_scopes(const char *db, const char *label, scope *scopes, size_t *n,
+                               size_t max, int *cut, int *unseen)
+{
+    pg_scopes p = {scopes, n, max, cut, 0, label};
+    char msg[256] = "";
+    ks_err e = ks_rowstore_pg_migrated_columns(db, pg_scope_one, &p, msg, sizeof msg);
+    if (e != KS_OK) {
+        ks_cli_error("cannot read the migrations of %s: %s%s", label, msg[0] ? msg : ks_err_name(e),
+                     e == KS_ERR_UNAVAILABLE ? " (run the same command again once the server "
+                                               "is reachable)" : "");
+        return ks_cli_exit_code(e);
+    }
+    *unseen = p.unseen;
+    return EX_OK;
+}
+
+/* Add the columns that past migrations of db ran on: from its
+ * keyshift_migration (SQLite) or from the keyshift_migration of each
+ * schema (PostgreSQL). */
+static int migration_scopes(const char *db, const char *label, scope *scopes, size_t *n,
+                            size_t max, int *cut, int *unseen)
+{
+    *unseen = 0;
+    return ks_cli_db_is_pg(db) ? pg_migration_scopes(db, label, scopes, n, max, cut, unseen)
+                               : sqlite_migration_scopes(db, scopes, n, max, cut);
 }
 
 /* Nonzero when class c is (key_id, version); any version when version 0. */
@@ -322,10 +415,11 @@ static int class_uses(const ks_rollout_class *c, const char *key_id, uint32_t ve
  * scopes of rollouts using the key and of migrations, live readers
  * holding it (live: within the longest reader TTL of its rollouts, 60 s
  * without), and rollouts not finalized whose source or target it is.
- * Prints each and adds them to f's counts.  The ids of rollouts whose
- * source or target is that version go to affected[0, *n_affected).
+ * Prints each (naming the database label) and adds them to f's counts.
+ * The ids of rollouts whose source or target is that version go to
+ * affected[0, *n_affected).
  */
-static int find_refs(const char *db, const char *key_id, uint32_t version,
+static int find_refs(const char *db, const char *label, const char *key_id, uint32_t version,
                      ks_rollout_destroy_facts *f, int64_t *affected, size_t *n_affected)
 {
     ks_rollout_db *rdb;
@@ -335,7 +429,7 @@ static int find_refs(const char *db, const char *key_id, uint32_t version,
     }
     scope scopes[64];
     size_t n_scopes = 0;
-    int cut = 0;
+    int cut = 0, unseen = 0, exact = ks_cli_db_is_pg(db);
     uint32_t ttl = 60;
     int64_t after = 0;
     ks_rollout rs[8];
@@ -351,10 +445,10 @@ static int find_refs(const char *db, const char *key_id, uint32_t version,
                 /* a key-scoped rollout references the rows of each column it lists */
                 for (size_t c = 0; r->scope == KS_SCOPE_KEY && c < r->n_columns; c++) {
                     add_scope(scopes, &n_scopes, 64, r->columns[c].table, r->columns[c].column,
-                              &cut);
+                              exact, &cut);
                 }
                 if (r->scope == KS_SCOPE_COLUMN) {
-                    add_scope(scopes, &n_scopes, 64, r->table, r->column, &cut);
+                    add_scope(scopes, &n_scopes, 64, r->table, r->column, exact, &cut);
                 }
             }
             int uses = class_uses(&r->source, key_id, version) ||
@@ -364,7 +458,7 @@ static int find_refs(const char *db, const char *key_id, uint32_t version,
             }
             if (uses && r->phase != KS_PHASE_FINALIZED) {
                 char what[KS_ROLLOUT_SCOPE_TEXT_MAX];
-                fprintf(stderr, "    %s: rollout %" PRId64 " of %s (%s) moves it\n", db, r->id,
+                fprintf(stderr, "    %s: rollout %" PRId64 " of %s (%s) moves it\n", label, r->id,
                         ks_rollout_scope_text(r, what, sizeof what),
                         ks_rollout_phase_name((int)r->phase));
                 f->open_rollouts++;
@@ -383,26 +477,28 @@ static int find_refs(const char *db, const char *key_id, uint32_t version,
             e = KS_OK;
             n_readers = cap;
             f->live_readers += 1;
-            fprintf(stderr, "    %s: more than %zu live readers (not all checked)\n", db, cap);
+            fprintf(stderr, "    %s: more than %zu live readers (not all checked)\n", label, cap);
         }
     }
     ks_rollout_db_close(rdb);
     if (e != KS_OK) {
         free(readers);
-        ks_cli_error("cannot read the rollouts of %s: %s", db, ks_err_name(e));
+        ks_cli_error("cannot read the rollouts of %s: %s", label, ks_err_name(e));
         return ks_cli_exit_code(e);
     }
     for (size_t i = 0; i < n_readers; i++) {
         if (ks_rollout_keys_holds(readers[i].keys, key_id, version)) {
-            fprintf(stderr, "    %s: live reader %s holds it\n", db, readers[i].instance_id);
+            fprintf(stderr, "    %s: live reader %s holds it\n", label, readers[i].instance_id);
             f->live_readers++;
         }
     }
     free(readers);
-    rc = migration_scopes(db, scopes, &n_scopes, 64, &cut);
+    rc = migration_scopes(db, label, scopes, &n_scopes, 64, &cut, &unseen);
     if (rc == EX_OK && cut) {
         fprintf(stderr, "    %s: more than %d columns to count: the rows were not all counted\n",
-                db, 64);
+                label, 64);
+    }
+    if (rc == EX_OK && (cut || unseen)) {
         f->rows_known = 0;
     }
     for (size_t i = 0; rc == EX_OK && i < n_scopes; i++) {
@@ -413,7 +509,7 @@ static int find_refs(const char *db, const char *key_id, uint32_t version,
         uint64_t rows = ks_cli_census_key_rows(&c, key_id, version);
         ks_census_free(&c);
         if (rows > 0) {
-            fprintf(stderr, "    %s: %" PRIu64 " %s of %s.%s\n", db, rows, rows == 1 ? "row" : "rows",
+            fprintf(stderr, "    %s: %" PRIu64 " %s of %s.%s\n", label, rows, rows == 1 ? "row" : "rows",
                     scopes[i].table, scopes[i].column);
             f->rows += rows;
         }
@@ -421,9 +517,10 @@ static int find_refs(const char *db, const char *key_id, uint32_t version,
     return rc;
 }
 
-/* Log the forced destruction in each affected rollout of db. */
-static int note_forced(const char *db, const int64_t *ids, size_t n, const char *key_id,
-                       uint32_t version, const char *reason)
+/* Log the forced destruction in each affected rollout of db (label
+ * names it in messages). */
+static int note_forced(const char *db, const char *label, const int64_t *ids, size_t n,
+                       const char *key_id, uint32_t version, const char *reason)
 {
     char actor[KS_ROLLOUT_ACTOR_MAX + 1], text[KS_ROLLOUT_REASON_MAX + 1];
     ks_rollout_db *rdb;
@@ -444,12 +541,25 @@ static int note_forced(const char *db, const int64_t *ids, size_t n, const char 
         ks_err e = ks_rollout_db_note(rdb, ids[i], actor, text, (int64_t)time(NULL));
         if (e != KS_OK) {
             ks_cli_error("cannot log the forced destruction in rollout %" PRId64 " of %s: %s",
-                         ids[i], db, ks_err_name(e));
+                         ids[i], label, ks_err_name(e));
             rc = ks_cli_exit_code(e);
         }
     }
     ks_rollout_db_close(rdb);
     return rc;
+}
+
+/* How messages name database i of d: a SQLite file by its path, a
+ * PostgreSQL database by its place among the --db options (written into
+ * buf), never by its connection string (which may say more than where
+ * the database is). */
+static const char *db_label(const destroy_opts *d, int i, char *buf, size_t cap)
+{
+    if (!ks_cli_db_is_pg(d->dbs[i])) {
+        return d->dbs[i];
+    }
+    snprintf(buf, cap, "PostgreSQL database (--db %d)", i + 1);
+    return buf;
 }
 
 /*
@@ -475,7 +585,9 @@ static int destroy_guard(const destroy_opts *d, const char *key_id, uint32_t ver
     int failed = EX_OK;
     for (int i = 0; i < d->n_dbs; i++) {
         n_affected[i] = 0;
-        int rc = find_refs(d->dbs[i], key_id, version, &f, affected[i], &n_affected[i]);
+        char buf[48];
+        const char *label = db_label(d, i, buf, sizeof buf);
+        int rc = find_refs(d->dbs[i], label, key_id, version, &f, affected[i], &n_affected[i]);
         if (rc != EX_OK) {
             failed = rc;
             f.rows_known = f.readers_known = 0;
@@ -561,7 +673,9 @@ static int change(const ks_provider *p, const char **pos, int npos, const destro
     fprintf(stderr, KS_PROG ": %s version %u is now %s\n", pos[1], version, pos[3]);
     rc = EX_OK;
     for (int i = 0; d->force && i < d->n_dbs; i++) {
-        int r = note_forced(d->dbs[i], affected[i], n_affected[i], pos[1], version, d->reason);
+        char buf[48];
+        int r = note_forced(d->dbs[i], db_label(d, i, buf, sizeof buf), affected[i],
+                            n_affected[i], pos[1], version, d->reason);
         rc = rc == EX_OK ? r : rc;
     }
     return rc;

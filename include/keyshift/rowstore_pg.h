@@ -128,6 +128,36 @@ KS_API KS_WUR ks_err ks_rowstore_pg_checkpoints(const char *conninfo, const char
                                                 const char *column, ks_checkpoint_list_fn fn,
                                                 void *arg, char *errbuf, size_t errbuf_len);
 
+/* One migrated column listed by ks_rowstore_pg_migrated_columns: schema
+ * is the one whose keyshift_migration holds checkpoints of table.column
+ * (tbl and col as the store saved them: the catalog spelling, not
+ * schema-qualified); visible is nonzero when `table` on this connection
+ * (its search_path) is that schema's table, i.e. when
+ * ks_rowstore_pg_open of {table, column} opens the migrated one.  Every
+ * view is valid during the call only.  Return nonzero to stop. */
+typedef int (*ks_migrated_column_fn)(void *arg, ks_bytes schema, ks_bytes table,
+                                     ks_bytes column, int visible);
+
+/*
+ * List the columns that migrations ran on in the PostgreSQL database of
+ * conninfo: each distinct (tbl, col) of every keyshift_migration of the
+ * database, whatever its schema (ks_rowstore_pg_open creates one in the
+ * schema of each table it migrates), found through pg_class and read one
+ * schema after the other, in schema then table and column order.
+ * Read-only (a read-only session; creates nothing): a database without
+ * keyshift_migration has no migrated column, KS_OK with no call.  Names
+ * are checked as checkpoint_load checks them: KS_ERR_STORE (with a
+ * message in errbuf) for a malformed row.  KS_ERR_UNAVAILABLE when the
+ * server cannot be reached, KS_ERR_BUSY or KS_ERR_STORE (e.g. no USAGE
+ * on a schema: a keyshift_migration that cannot be read is an error, not
+ * skipped) as mapped above.  For `keyshift keys set-state ... destroyed`,
+ * which counts the rows of every migrated column before a key version
+ * is destroyed.
+ */
+KS_API KS_WUR ks_err ks_rowstore_pg_migrated_columns(const char *conninfo,
+                                                     ks_migrated_column_fn fn, void *arg,
+                                                     char *errbuf, size_t errbuf_len);
+
 /*
  * Make every write transaction of store (a PostgreSQL store) check a
  * condition right after it begins, as ks_rowstore_sqlite_set_write_gate

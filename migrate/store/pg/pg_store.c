@@ -1516,6 +1516,26 @@ static ks_err list_rows(const PGresult *res, ks_checkpoint_list_fn fn, void *arg
     return KS_OK;
 }
 
+/* The session of a listing (ks_rowstore_pg_checkpoints,
+ * ks_rowstore_pg_migrated_columns): a read-only store with the default
+ * timeouts, connected, in o->s (NULL when out of memory), and the opener
+ * o reporting into errbuf.  The caller frees o and o->s, even on failure. */
+static ks_err listing_connect(opener *o, const char *conninfo, char *errbuf, size_t errbuf_len)
+{
+    memset(o, 0, sizeof *o);
+    o->errbuf = errbuf;
+    o->errbuf_len = errbuf_len;
+    pg_store *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return fail(errbuf, errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+    s->read_only = 1;
+    snprintf(s->lock_ms, sizeof s->lock_ms, "%lums", (unsigned long)KS_PG_LOCK_TIMEOUT_DEFAULT_MS);
+    snprintf(s->stmt_ms, sizeof s->stmt_ms, "%lums",
+             (unsigned long)KS_PG_STATEMENT_TIMEOUT_DEFAULT_MS);
+    o->s = s;
+    return connect_db(o, conninfo);
+}
+
 /* See rowstore_pg.h.  A read-only session, like a census's: the listing
  * is one statement, its values (table, column) bound. */
 ks_err ks_rowstore_pg_checkpoints(const char *conninfo, const char *table, const char *column,
@@ -1530,20 +1550,10 @@ ks_err ks_rowstore_pg_checkpoints(const char *conninfo, const char *table, const
         return fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
                     "missing connection string or callback, a table without a column, or an "
                     "empty or too long name");
-    pg_store *s = calloc(1, sizeof *s);
-    if (s == NULL)
-        return fail(errbuf, errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
-    s->read_only = 1;
-    snprintf(s->lock_ms, sizeof s->lock_ms, "%lums", (unsigned long)KS_PG_LOCK_TIMEOUT_DEFAULT_MS);
-    snprintf(s->stmt_ms, sizeof s->stmt_ms, "%lums",
-             (unsigned long)KS_PG_STATEMENT_TIMEOUT_DEFAULT_MS);
     opener o;
-    memset(&o, 0, sizeof o);
-    o.s = s;
-    o.errbuf = errbuf;
-    o.errbuf_len = errbuf_len;
     char *qs = NULL, *sql = NULL;
-    ks_err err = connect_db(&o, conninfo);
+    ks_err err = listing_connect(&o, conninfo, errbuf, errbuf_len);
+    pg_store *s = o.s;
     if (err == KS_OK)
         err = checkpoints_schema(&o, table, &qs);
     if (err == KS_OK && qs != NULL) {
@@ -1567,6 +1577,99 @@ ks_err ks_rowstore_pg_checkpoints(const char *conninfo, const char *table, const
     free(qs);
     opener_free(&o);
     store_free(s);
+    return err;
+}
+
+/* A name of a migrated-column listing (text cell col of row): 1..IDENT_MAX
+ * bytes, as check_args admits; else KS_ERR_STORE. */
+static ks_err listed_name(const PGresult *res, int row, int col, ks_bytes *out)
+{
+    if (PQgetisnull(res, row, col))
+        return KS_ERR_STORE;
+    size_t n = (size_t)PQgetlength(res, row, col);
+    if (n == 0 || n > IDENT_MAX)
+        return KS_ERR_STORE;
+    *out = (ks_bytes){(const uint8_t *)PQgetvalue(res, row, col), n};
+    return KS_OK;
+}
+
+/* Hand fn the distinct columns of the keyshift_migration of schema
+ * nspname (oid ns_oid), each with whether the search_path shows that
+ * schema's table under its name; *stop when fn asked to.  A table gone
+ * since the catalog was read (42P01) holds no migration. */
+static ks_err schema_columns(opener *o, const char *ns_oid, const char *nspname,
+                             ks_migrated_column_fn fn, void *arg, int *stop)
+{
+    char *qs = quote_ident(o->s->conn, nspname);
+    const char *parts[] = {"SELECT DISTINCT m.tbl, m.col, EXISTS (SELECT 1 FROM "
+                           "pg_catalog.pg_class t WHERE t.relname = m.tbl "
+                           "AND t.relnamespace = $1::oid AND t.relkind IN ('r', 'p') "
+                           "AND pg_catalog.pg_table_is_visible(t.oid)) FROM ",
+                           qs, ".keyshift_migration m ORDER BY 1, 2"};
+    char *sql = qs != NULL ? concat(parts, 3) : NULL;
+    free(qs);
+    if (sql == NULL)
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+    PGresult *res = PQexecParams(o->s->conn, sql, 1, NULL, &ns_oid, NULL, NULL, 0);
+    free(sql);
+    ks_err err = KS_OK;
+    char pschema[96];
+    ks_pg_printable(nspname, pschema, sizeof pschema);
+    if (res != NULL && PQresultStatus(res) != PGRES_TUPLES_OK &&
+        strcmp(sqlstate_of(res), "42P01") == 0) {
+        PQclear(res);
+        return KS_OK;
+    }
+    if (res == NULL || PQresultStatus(res) != PGRES_TUPLES_OK) {
+        err = fail(o->errbuf, o->errbuf_len, result_err(o->s, res),
+                   "reading keyshift_migration of schema \"%s\" failed (SQLSTATE %s)", pschema,
+                   sqlstate_of(res));
+        PQclear(res);
+        return err;
+    }
+    ks_bytes schema = {(const uint8_t *)nspname, strlen(nspname)};
+    for (int i = 0; err == KS_OK && !*stop && i < PQntuples(res); i++) {
+        ks_bytes tbl, col;
+        err = listed_name(res, i, 0, &tbl);
+        if (err == KS_OK)
+            err = listed_name(res, i, 1, &col);
+        if (err != KS_OK)
+            err = fail(o->errbuf, o->errbuf_len, err,
+                       "a malformed row in keyshift_migration of schema \"%s\"", pschema);
+        else
+            *stop = fn(arg, schema, tbl, col, strcmp(PQgetvalue(res, i, 2), "t") == 0) != 0;
+    }
+    PQclear(res);
+    return err;
+}
+
+/* See rowstore_pg.h.  The catalog names every keyshift_migration; each
+ * is read with its schema quoted by PQescapeIdentifier, and the schema's
+ * oid bound. */
+ks_err ks_rowstore_pg_migrated_columns(const char *conninfo, ks_migrated_column_fn fn, void *arg,
+                                       char *errbuf, size_t errbuf_len)
+{
+    if (errbuf != NULL && errbuf_len > 0)
+        errbuf[0] = '\0';
+    if (conninfo == NULL || fn == NULL)
+        return fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                    "missing connection string or callback");
+    opener o;
+    PGresult *res = NULL;
+    ks_err err = listing_connect(&o, conninfo, errbuf, errbuf_len);
+    if (err == KS_OK)
+        err = catalog_query(&o,
+                            "SELECT n.oid, n.nspname FROM pg_catalog.pg_class c "
+                            "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+                            "WHERE c.relname = 'keyshift_migration' AND c.relkind IN ('r', 'p') "
+                            "ORDER BY n.nspname",
+                            NULL, 0, &res, "reading the catalog");
+    int stop = 0;
+    for (int i = 0; err == KS_OK && !stop && i < PQntuples(res); i++)
+        err = schema_columns(&o, PQgetvalue(res, i, 0), PQgetvalue(res, i, 1), fn, arg, &stop);
+    PQclear(res);
+    opener_free(&o);
+    store_free(o.s);
     return err;
 }
 
