@@ -93,8 +93,9 @@ SHARED  := $(B)/lib/libkeyshift.so.$(VERSION)
 SONAME  := libkeyshift.so.$(SOMAJOR)
 CLI     := $(B)/bin/keyshift
 CLI_SAN := $(B)/san/bin/keyshift
-# An application process for rollout tests and demos (not installed).
-DEMO_APP_SRCS := tools/demo_app.c tools/cli.c
+# An application process for rollout tests and demos (not installed): the
+# logic in demo_app.c, its SQL behind tools/demo_app.h (SQLite, PostgreSQL).
+DEMO_APP_SRCS := tools/demo_app.c tools/demo_app_sqlite.c tools/demo_app_pg.c tools/cli.c
 DEMO_APP     := $(B)/bin/keyshift-demo-app
 DEMO_APP_SAN := $(B)/san/bin/keyshift-demo-app
 # The AWS KMS plugin (a program of its own, installed; see its section).
