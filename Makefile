@@ -9,7 +9,8 @@
 #                   on fuzz/gates.txt, and the negative canary
 #   make cli-test   the CLI tests (tests/cli_*.sh) against the ASan+UBSan
 #                   CLI, the PostgreSQL ones (tests/cli_migrate_pg_test.sh,
-#                   tests/cli_migrate_workers_pg_test.sh)
+#                   tests/cli_migrate_workers_pg_test.sh,
+#                   tests/cli_rollout_lifecycle_pg_test.sh)
 #                   on a throw-away cluster of their own
 #   make kms-aws-test  the AWS KMS client (tools/kms-aws/) and the
 #                   keyshift-kms-aws plugin against moto_server (also run
@@ -261,6 +262,7 @@ cli-test: $(CLI_SAN) $(CLI) $(DEMO_APP_SAN) $(KMS_AWS_SAN)
 	@KEYSHIFT=$(CLI_SAN) tests/cli_migrate_faults_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_migrate_pg_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_migrate_workers_pg_test.sh
+	@KEYSHIFT=$(CLI_SAN) DEMO_APP=$(DEMO_APP_SAN) tests/cli_rollout_lifecycle_pg_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_rollout_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_providers_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_pkcs11_test.sh
