@@ -10,7 +10,8 @@
 #   make cli-test   the CLI tests (tests/cli_*.sh) against the ASan+UBSan
 #                   CLI, the PostgreSQL ones (tests/cli_migrate_pg_test.sh,
 #                   tests/cli_migrate_workers_pg_test.sh,
-#                   tests/cli_keys_pg_test.sh)
+#                   tests/cli_keys_pg_test.sh,
+#                   tests/cli_rollout_lifecycle_pg_test.sh)
 #                   on a throw-away cluster of their own
 #   make kms-aws-test  the AWS KMS client (tools/kms-aws/) and the
 #                   keyshift-kms-aws plugin against moto_server (also run
@@ -94,8 +95,9 @@ SHARED  := $(B)/lib/libkeyshift.so.$(VERSION)
 SONAME  := libkeyshift.so.$(SOMAJOR)
 CLI     := $(B)/bin/keyshift
 CLI_SAN := $(B)/san/bin/keyshift
-# An application process for rollout tests and demos (not installed).
-DEMO_APP_SRCS := tools/demo_app.c tools/cli.c
+# An application process for rollout tests and demos (not installed): the
+# logic in demo_app.c, its SQL behind tools/demo_app.h (SQLite, PostgreSQL).
+DEMO_APP_SRCS := tools/demo_app.c tools/demo_app_sqlite.c tools/demo_app_pg.c tools/cli.c
 DEMO_APP     := $(B)/bin/keyshift-demo-app
 DEMO_APP_SAN := $(B)/san/bin/keyshift-demo-app
 # The AWS KMS plugin (a program of its own, installed; see its section).
@@ -262,6 +264,7 @@ cli-test: $(CLI_SAN) $(CLI) $(DEMO_APP_SAN) $(KMS_AWS_SAN)
 	@KEYSHIFT=$(CLI_SAN) tests/cli_migrate_pg_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_migrate_workers_pg_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_keys_pg_test.sh
+	@KEYSHIFT=$(CLI_SAN) DEMO_APP=$(DEMO_APP_SAN) tests/cli_rollout_lifecycle_pg_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_rollout_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_providers_test.sh
 	@KEYSHIFT=$(CLI_SAN) tests/cli_pkcs11_test.sh

@@ -44,17 +44,9 @@ export KEYSHIFT_KEYRING="$T/keyring"
 IN=/dev/null
 START=$SECONDS
 
-# Every background process of the test, killed on any exit.
-PIDS=()
-pg_lib_hook() {
-    local p
-    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
-}
-pg_lib_start cli_migrate_workers_pg_test
-
 # several processes of several workers each, and the test's own sessions
-q "ALTER SYSTEM SET max_connections = 60" >/dev/null
-"$CLUSTER" down "$PGD" && "$CLUSTER" up "$PGD" || { echo "cli_migrate_workers_pg_test: cannot restart the cluster"; exit 1; }
+# (every background process joins PIDS, killed on any exit)
+pg_lib_start cli_migrate_workers_pg_test 60
 
 # kse_rows TABLE: rows of TABLE holding an envelope.
 kse_rows() { q "SELECT count(*) FROM $1 WHERE substring(card FROM 1 FOR 3) = 'KSE'::bytea"; }

@@ -43,6 +43,7 @@
 set -u
 
 . "$(dirname "$0")/cli_lib.sh"
+. "$(dirname "$0")/cli_rollout_lib.sh"
 APP=${DEMO_APP:-build/bin/keyshift-demo-app}
 unset KEYSHIFT_PASSPHRASE
 export KEYSHIFT_KEYRING="$T/keyring"
@@ -73,10 +74,6 @@ app() {
     shift 2
     "$APP" --db "$db" "${APPARGS[@]}" --instance "$name" "$@"
 }
-# jnum FILE NAME: the numeric value of "NAME" in FILE (one JSON line).
-jnum() { sed -n "s/.*\"$2\":\([0-9]*\).*/\1/p" "$1" | head -1; }
-# jobj FILE NAME: the object value of "NAME" in FILE, e.g. {"auth-failed":1}.
-jobj() { sed -n "s/.*\"$2\":\({[^}]*}\).*/\1/p" "$1" | head -1; }
 # make_db DB ROWS: pay(id, tenant, card) with a JSON plaintext per row,
 # tenants acme and globex.
 make_db() {
@@ -101,16 +98,6 @@ seal_row() {
     printf '%s' "$pt" | "$KS" encrypt --tenant "$tenant" --key-id pay/kek --format "$f" "${purpose[@]}" \
         --context "pay:$id:card" >"$T/row.kse" || return 1
     sqlite3 "$db" "UPDATE pay SET card = X'$(od -An -tx1 -v "$T/row.kse" | tr -d ' \n')' WHERE id = $id"
-}
-# wait_for SECONDS CMD...: run CMD every 0.2 s until it succeeds or the
-# time is up; returns CMD's last status.
-wait_for() {
-    local deadline=$((SECONDS + $1))
-    shift
-    until "$@"; do
-        [ "$SECONDS" -ge "$deadline" ] && return 1
-        sleep 0.2
-    done
 }
 readers_are() { [ "$(sqlite3 "$1" 2>/dev/null "SELECT group_concat(key_versions, ' ') FROM (SELECT key_versions FROM keyshift_readers ORDER BY instance_id)")" = "$2" ]; }
 readers_count_is() { [ "$(sqlite3 "$1" 2>/dev/null "SELECT count(*) FROM keyshift_readers")" = "$2" ]; }
@@ -242,20 +229,6 @@ for n in 1 2; do
 done
 wait_for 20 readers_count_is "$B" 2 && ok "lifecycle: both apps registered" || bad "lifecycle: apps registered"
 
-# rollout_cmd NAME CMD...: run a `keyshift rollout` step, retrying while a
-# guard refuses (exit 75: soak, readers, health) for up to 20 s.
-step() {
-    local name=$1 deadline=$((SECONDS + 20)) rc
-    shift
-    while :; do
-        "$@" >"$T/out" 2>"$T/err"
-        rc=$?
-        [ "$rc" -ne 75 ] || [ "$SECONDS" -ge "$deadline" ] && break
-        sleep 0.5
-    done
-    if [ "$rc" -eq 0 ]; then ok "$name"; else bad "$name" "exit $rc: $(head -c 400 "$T/err")"; fi
-    return "$rc"
-}
 # stop_apps NAME X MIN_READS CLASS: SIGTERM the two apps of $PIDS (their
 # summaries in $T/X1.json and $T/X2.json); both must exit 0 (no read
 # failed), each must have read more than MIN_READS values with no failed

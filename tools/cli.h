@@ -280,10 +280,11 @@ void ks_cli_hostname(char *out, size_t cap);
 int ks_cli_actor(const char *cmd, const char *given, char *out, size_t cap);
 
 /*
- * Open the rollout store of the SQLite database path (which must exist),
- * read-only or not (a writer creates or upgrades keyshift's tables).
- * Returns EX_OK, or an exit code after printing the problem (EX_USAGE for
- * a PostgreSQL connection string: rollouts are kept in SQLite only).
+ * Open the rollout store of database path, read-only or not (a writer
+ * creates or upgrades keyshift's tables): a SQLite file (which must
+ * exist), or a PostgreSQL connection string (checked as ks_cli_db_check;
+ * the store of ks_rollout_store_pg_open).  Returns EX_OK, or an exit code
+ * after printing the problem (never the connection string).
  */
 int ks_cli_rollout_open(const char *path, int read_only, ks_rollout_db **out);
 

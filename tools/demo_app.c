@@ -1,10 +1,11 @@
 /*
  * tools/demo_app.c -- keyshift-demo-app: an application process that reads
- * and writes one column of a SQLite database the way a service embedding
- * libkeyshift would, obeying the rollouts under way (docs/rollout.md, "The
- * demo application").
+ * and writes one column of a SQLite or PostgreSQL database the way a
+ * service embedding libkeyshift would, obeying the rollouts under way
+ * (docs/rollout.md, "The demo application").
  *
- * It uses only the public API (include/keyshift/) and its own SQL: each
+ * It uses only the public API (include/keyshift/) and its own SQL, which
+ * lives behind tools/demo_app.h (demo_app_sqlite.c, demo_app_pg.c): each
  * operation picks a random row, asks the policy whether the stored value
  * may be read, opens it, and now and then writes a new value in the form
  * the policy names for the row's tenant.  Every --reload-ms it reopens the
@@ -24,14 +25,16 @@
 #include <unistd.h>
 
 #include <sodium.h>
-#include <sqlite3.h>
+
+#include <keyshift/rollout_store.h>
+#include <keyshift/rollout_store_pg.h>
 
 #include "cli.h"
+#include "demo_app.h"
 
 #define PROG "keyshift-demo-app"
 #define NAMES_MAX 16                 /* distinct names counted, then "other" */
 #define NAME_LEN (KS_KEY_ID_MAX + 48) /* "v2:xchacha20-poly1305:" KEY_ID ":" VERSION */
-#define BUSY_TIMEOUT_MS 10000
 
 /* Set by SIGINT/SIGTERM; the loop stops after the current operation. */
 static volatile sig_atomic_t stop_requested;
@@ -44,7 +47,7 @@ static void usage(FILE *f)
           "    encrypted column under the rollouts of its database\n"
           "\n"
           "SYNOPSIS\n"
-          "    keyshift-demo-app --db FILE --table T --column C [--id-column I]\n"
+          "    keyshift-demo-app --db DB --table T --column C [--id-column I]\n"
           "        --tenant-column COL --context TEMPLATE --purpose P --instance NAME\n"
           "        --keyring FILE [--passphrase-file FILE] [--max-format 1|2]\n"
           "        [--key-id K]\n"
@@ -69,15 +72,26 @@ static void usage(FILE *f)
           "    write  with probability --write-percent, build a new plaintext (a\n"
           "           JSON object with the row id, this instance and a counter), ask\n"
           "           the policy what to write for the row's tenant, and UPDATE the\n"
-          "           row (autocommit, busy timeout 10 s) with the plaintext, or an\n"
-          "           envelope sealed with exactly the class the policy names\n"
-          "           (format, algorithm, key_id, key_version). When no rollout\n"
-          "           governs the column the value keeps its current form: a\n"
-          "           plaintext stays plaintext, an envelope is sealed again in its\n"
-          "           own class; a NULL or unreadable value is not written. With\n"
+          "           row (autocommit; a lock is waited for up to 10 s) with the\n"
+          "           plaintext, or an envelope sealed with exactly the class the\n"
+          "           policy names (format, algorithm, key_id, key_version). When\n"
+          "           no rollout governs the column the value keeps its current\n"
+          "           form: a plaintext stays plaintext, an envelope is sealed again\n"
+          "           in its own class; a NULL or unreadable value is not written. With\n"
           "           --key-id K the instance seals under key K by default and asks\n"
           "           the policy by key (ks_policy_write_target_key), as a column\n"
           "           that a key-scoped rollout covers requires.\n"
+          "\n"
+          "    DB is a SQLite file or a PostgreSQL connection string (see --db). On\n"
+          "    PostgreSQL the policy keeps its state in the same database\n"
+          "    (ks_rollout_store_pg_open; docs/rollout.md, \"Rollout state on\n"
+          "    PostgreSQL\"), and the instance's own SQL goes through libpq: rows are\n"
+          "    picked and updated by the id column (--id-column, else the table's\n"
+          "    one-column primary key; a smallint, integer or bigint, as `keyshift\n"
+          "    migrate` requires), the column is bytea, every value is a bound\n"
+          "    parameter and the session's lock_timeout is 10 s. A lost connection\n"
+          "    fails the operation that meets it (a database error) and the next\n"
+          "    one reconnects.\n"
           "\n"
           "    Every MS milliseconds (--reload-ms) it reopens the keyring when the\n"
           "    file changed (a new provider and context: versions the operator\n"
@@ -100,10 +114,12 @@ static void usage(FILE *f)
           "    ever printed: no plaintext, no DEK, no AAD.\n"
           "\n"
           "OPTIONS\n"
-          "    --db FILE              the application's SQLite database (must exist)\n"
+          "    --db DB                " KS_CLI_DB_RULE
           "    --table T, --column C  the table and its encrypted column\n"
           "    --id-column I          the column whose value {id} renders (default: the\n"
-          "          rowid); INTEGER as decimal, TEXT as is, BLOB as lowercase hex\n"
+          "          rowid); INTEGER as decimal, TEXT as is, BLOB as lowercase hex.\n"
+          "          PostgreSQL: the integer column rows are picked and updated by\n"
+          "          (default: the one-column primary key), in decimal\n"
           "    --tenant-column COL    the column holding each row's tenant\n"
           "    --context TEMPLATE     the context bound into each envelope, e.g.\n"
           "          'payments:{id}:card': only {id} is substituted; '{{' and\n"
@@ -132,20 +148,31 @@ static void usage(FILE *f)
           "    --json                 print the summary as one JSON object on one line\n"
           "    -h, --help             print this manual\n"
           "\n"
+          "ENVIRONMENT\n"
+          "    KEYSHIFT_KEYRING, KEYSHIFT_PASSPHRASE  the defaults of --keyring and\n"
+          "                --passphrase-file\n"
+          KS_CLI_PG_ENV
+          "\n"
           "EXIT STATUS\n"
           "    0   no read failed\n"
           "    65  at least one read failed (refused by the policy, or an envelope\n"
           "        that did not open to a well-formed plaintext)\n"
           "    74  no read failed, but database errors kept some operations from\n"
           "        running\n"
-          "    64  usage error; 66 no such database, table or column, or an empty\n"
-          "        table; 78 keyring insecure, unreadable, corrupt or wrong\n"
-          "        passphrase; others as `keyshift --help` lists\n"
+          "    64  usage error (also a password in a PostgreSQL --db, or a PostgreSQL\n"
+          "        column of the wrong type); 66 no such database, table or column,\n"
+          "        or an empty table; 69 the PostgreSQL server cannot be reached;\n"
+          "        78 keyring insecure, unreadable, corrupt or wrong passphrase;\n"
+          "        others as `keyshift --help` lists\n"
           "\n"
-          "EXAMPLE\n"
+          "EXAMPLES\n"
           "    keyshift-demo-app --db shop.db --table payments --column card \\\n"
           "        --tenant-column tenant --context 'payments:{id}:card' \\\n"
-          "        --purpose card --instance web-1 --keyring keyring --seconds 60\n",
+          "        --purpose card --instance web-1 --keyring keyring --seconds 60\n"
+          "    keyshift-demo-app --db 'postgresql://app@db.internal/shop' \\\n"
+          "        --table payments --column card --tenant-column tenant \\\n"
+          "        --context 'payments:{id}:card' --purpose card --instance web-2 \\\n"
+          "        --keyring keyring --seconds 60\n",
           f);
 }
 
@@ -207,11 +234,12 @@ typedef struct app_opts {
     int json;
 } app_opts;
 
-/* What an operation keeps of its row once the SELECT is reset (the read
- * snapshot must end before the UPDATE: in WAL mode a read transaction
- * that another connection wrote past cannot become a write one). */
+/* What an operation keeps of its row once the pick is released (the
+ * read snapshot must end before the UPDATE: in SQLite's WAL mode a read
+ * transaction that another connection wrote past cannot become a write
+ * one). */
 typedef struct row_view {
-    int64_t rowid;
+    int64_t key;                         /* the rowid, or PostgreSQL's id */
     int id_is_int;                       /* the id is an INTEGER: id_int */
     long long id_int;
     int context_ok;                      /* the rendered context fits */
@@ -230,9 +258,8 @@ typedef struct app {
     double seconds;         /* 0: no limit */
     uint32_t write_percent, rate, reload_ms;
     uint64_t seed, rng;
-    sqlite3 *db;
-    sqlite3_stmt *pick, *update;
-    int64_t min_rowid, max_rowid;
+    int pg;                  /* --db is a PostgreSQL connection string */
+    demo_db *db;
     ks_keyring *kr;
     ks_provider prov;
     ks_ctx *ctx;
@@ -282,118 +309,21 @@ static void class_name(const ks_rollout_class *c, char out[NAME_LEN])
              c->key_version);
 }
 
-/* ---- SQL ---------------------------------------------------------------------- */
+/* ---- the row's context --------------------------------------------------- */
 
-/* Append identifier name to sql as a double-quoted SQL identifier. */
-static void put_ident(char *sql, size_t cap, const char *name)
-{
-    size_t n = strlen(sql);
-    if (n + 1 < cap) {
-        sql[n++] = '"';
-    }
-    for (const char *p = name; *p != '\0' && n + 2 < cap; p++) {
-        if (*p == '"') {
-            sql[n++] = '"';
-        }
-        sql[n++] = *p;
-    }
-    if (n + 1 < cap) {
-        sql[n++] = '"';
-    }
-    sql[n] = '\0';
-}
-
-/* Build "PREFIX ident MIDDLE ident ..." from alternating literal parts
- * and identifiers (NULL-terminated), then prepare it. */
-static int prepare(app *a, sqlite3_stmt **st, const char *const *parts)
-{
-    char sql[2048] = "";
-    for (size_t i = 0; parts[i] != NULL; i++) {
-        if (i % 2 == 0) {
-            strncat(sql, parts[i], sizeof sql - strlen(sql) - 1);
-        } else {
-            put_ident(sql, sizeof sql, parts[i]);
-        }
-    }
-    if (sqlite3_prepare_v2(a->db, sql, -1, st, NULL) != SQLITE_OK) {
-        ks_cli_error("%s: %s", a->o.db, sqlite3_errmsg(a->db));
-        return EX_NOINPUT;
-    }
-    return EX_OK;
-}
-
-/* Open the database and prepare the statements; find the rowid range. */
-static int db_open(app *a)
-{
-    struct stat st;
-    if (stat(a->o.db, &st) != 0 || !S_ISREG(st.st_mode)) {
-        ks_cli_error("no such database %s", a->o.db);
-        return EX_NOINPUT;
-    }
-    if (sqlite3_open_v2(a->o.db, &a->db, SQLITE_OPEN_READWRITE, NULL) != SQLITE_OK) {
-        ks_cli_error("%s: %s", a->o.db, a->db ? sqlite3_errmsg(a->db) : "cannot open");
-        return EX_NOINPUT;
-    }
-    sqlite3_busy_timeout(a->db, BUSY_TIMEOUT_MS);
-    const char *id = a->o.id_column ? a->o.id_column : "rowid";
-    const char *const pick[] = {"SELECT rowid, ", id, ", ", a->o.tenant_column, ", ",
-                                a->o.column, " FROM ", a->o.table,
-                                " WHERE rowid >= ?1 ORDER BY rowid LIMIT 1", NULL};
-    const char *const update[] = {"UPDATE ", a->o.table, " SET ", a->o.column,
-                                  " = ?1 WHERE rowid = ?2", NULL};
-    const char *const range[] = {"SELECT min(rowid), max(rowid) FROM ", a->o.table, NULL};
-    sqlite3_stmt *r = NULL;
-    int rc = prepare(a, &a->pick, pick);
-    if (rc == EX_OK) {
-        rc = prepare(a, &a->update, update);
-    }
-    if (rc == EX_OK) {
-        rc = prepare(a, &r, range);
-    }
-    if (rc == EX_OK) {
-        int step = sqlite3_step(r);
-        if (step != SQLITE_ROW) {
-            ks_cli_error("%s: %s", a->o.db, sqlite3_errmsg(a->db));
-            rc = EX_IOERR;
-        } else if (sqlite3_column_type(r, 0) == SQLITE_NULL) {
-            ks_cli_error("%s: table %s has no rows", a->o.db, a->o.table);
-            rc = EX_NOINPUT;
-        } else {
-            a->min_rowid = sqlite3_column_int64(r, 0);
-            a->max_rowid = sqlite3_column_int64(r, 1);
-        }
-    }
-    sqlite3_finalize(r);
-    return rc;
-}
-
-/* Render the context template (only {id}; "{{" and "}}" literal) for the
- * row id in column 1 of a->pick into out; its length goes to *len.
- * Nonzero when it does not fit. */
-static int render_context(app *a, uint8_t *out, size_t *len)
+/* Render the context template (only {id}; "{{" and "}}" literal) for
+ * the id of row into out; its length goes to *len.  Nonzero when it does
+ * not fit. */
+static int render_context(const app *a, const demo_row *row, uint8_t *out, size_t *len)
 {
     static const char hex[] = "0123456789abcdef";
     char idbuf[32];
-    const uint8_t *id = NULL;
-    size_t id_len = 0, n = 0;
-    int hexify = 0;
-    switch (sqlite3_column_type(a->pick, 1)) {
-    case SQLITE_INTEGER:
-        id_len = (size_t)snprintf(idbuf, sizeof idbuf, "%lld",
-                                  (long long)sqlite3_column_int64(a->pick, 1));
+    const uint8_t *id = row->id;
+    size_t id_len = row->id_kind == DEMO_ID_NULL ? 0 : row->id_len, n = 0;
+    int hexify = row->id_kind == DEMO_ID_BLOB;
+    if (row->id_kind == DEMO_ID_INT) {
+        id_len = (size_t)snprintf(idbuf, sizeof idbuf, "%lld", row->id_int);
         id = (const uint8_t *)idbuf;
-        break;
-    case SQLITE_BLOB:
-        hexify = 1;
-        id = sqlite3_column_blob(a->pick, 1);
-        id_len = (size_t)sqlite3_column_bytes(a->pick, 1);
-        break;
-    case SQLITE_NULL:
-        break;
-    default:
-        id = sqlite3_column_text(a->pick, 1);
-        id_len = (size_t)sqlite3_column_bytes(a->pick, 1);
-        break;
     }
     for (const char *t = a->o.context; *t != '\0'; t++) {
         if ((t[0] == '{' && t[1] == '{') || (t[0] == '}' && t[1] == '}')) {
@@ -694,23 +624,6 @@ static int current_class(const uint8_t *v, size_t len, int is_null, ks_rollout_c
     return 0;
 }
 
-/* UPDATE the picked row (rowid) with value[0, len), as TEXT or BLOB. */
-static int store_value(app *a, int64_t rowid, const uint8_t *value, size_t len, int blob)
-{
-    int rc = blob ? sqlite3_bind_blob(a->update, 1, value, (int)len, SQLITE_TRANSIENT)
-                  : sqlite3_bind_text(a->update, 1, (const char *)value, (int)len,
-                                      SQLITE_TRANSIENT);
-    if (rc == SQLITE_OK) {
-        rc = sqlite3_bind_int64(a->update, 2, rowid);
-    }
-    if (rc == SQLITE_OK) {
-        rc = sqlite3_step(a->update);
-    }
-    sqlite3_reset(a->update);
-    sqlite3_clear_bindings(a->update);
-    return rc == SQLITE_DONE ? 0 : -1;
-}
-
 /* Write a new plaintext to the current row in class c: as it is, or
  * sealed with exactly c's format, algorithm, key_id and key_version. */
 static void write_value(app *a, const ks_rollout_class *c)
@@ -748,11 +661,13 @@ static void write_value(app *a, const ks_rollout_class *c)
         }
     }
     if (e == KS_OK) {
-        int failed = c->is_plaintext ? store_value(a, r->rowid, (const uint8_t *)pt, pt_len, 0)
-                                     : store_value(a, r->rowid, out, out_len, 1);
+        demo_db *db = a->db;
+        int failed = c->is_plaintext
+                         ? db->ops->update(db, r->key, (const uint8_t *)pt, pt_len, 0)
+                         : db->ops->update(db, r->key, out, out_len, 1);
         if (failed) {
             a->s.db_errors++;
-            ks_cli_error("UPDATE: %s", sqlite3_errmsg(a->db));
+            ks_cli_error("UPDATE: %s", db->ops->errmsg(db));
         } else {
             char name[NAME_LEN];
             class_name(c, name);
@@ -765,53 +680,48 @@ static void write_value(app *a, const ks_rollout_class *c)
     free(out);
 }
 
-/* Keep what the operation needs of the picked row in a->cur: rowid, id,
+/* Keep what the operation needs of the picked row in a->cur: key, id,
  * tenant and the rendered context. */
-static void keep_row(app *a)
+static void keep_row(app *a, const demo_row *row)
 {
     row_view *r = &a->cur;
-    r->rowid = sqlite3_column_int64(a->pick, 0);
-    r->id_is_int = sqlite3_column_type(a->pick, 1) == SQLITE_INTEGER;
-    r->id_int = r->id_is_int ? (long long)sqlite3_column_int64(a->pick, 1) : 0;
-    r->context_ok = render_context(a, r->context, &r->context_len) == 0;
-    const uint8_t *t = sqlite3_column_text(a->pick, 2);
-    size_t tl = t != NULL ? (size_t)sqlite3_column_bytes(a->pick, 2) : 0;
+    r->key = row->key;
+    r->id_is_int = row->id_kind == DEMO_ID_INT;
+    r->id_int = r->id_is_int ? row->id_int : 0;
+    r->context_ok = render_context(a, row, r->context, &r->context_len) == 0;
+    size_t tl = row->tenant != NULL ? row->tenant_len : 0;
     r->tenant_len = tl < sizeof r->tenant ? tl : sizeof r->tenant;
     if (r->tenant_len > 0) {
-        memcpy(r->tenant, t, r->tenant_len);
+        memcpy(r->tenant, row->tenant, r->tenant_len);
     }
 }
 
 /* One operation: pick a row, read it, and maybe write it. */
 static void run_op(app *a)
 {
-    uint64_t span = (uint64_t)(a->max_rowid - a->min_rowid) + 1;
-    int64_t start = a->min_rowid + (int64_t)(span ? next_random(a) % span : 0);
+    demo_db *db = a->db;
+    uint64_t span = (uint64_t)(db->max_key - db->min_key) + 1;
+    int64_t start = db->min_key + (int64_t)(span ? next_random(a) % span : 0);
     int write = next_random(a) % 100 < a->write_percent;
     a->s.ops++;
-    sqlite3_bind_int64(a->pick, 1, start);
-    int rc = sqlite3_step(a->pick);
-    if (rc == SQLITE_DONE) { /* past the last row (rows were deleted): wrap */
-        sqlite3_reset(a->pick);
-        sqlite3_bind_int64(a->pick, 1, a->min_rowid);
-        rc = sqlite3_step(a->pick);
+    demo_row row;
+    int rc = db->ops->pick(db, start, &row);
+    if (rc == 0) { /* past the last row (rows were deleted): wrap */
+        rc = db->ops->pick(db, db->min_key, &row);
     }
-    if (rc != SQLITE_ROW) {
-        if (rc != SQLITE_DONE) {
+    if (rc != 1) {
+        if (rc < 0) {
             a->s.db_errors++;
-            ks_cli_error("SELECT: %s", sqlite3_errmsg(a->db));
+            ks_cli_error("SELECT: %s", db->ops->errmsg(db));
         }
-        sqlite3_reset(a->pick);
+        db->ops->release(db);
         return;
     }
-    keep_row(a);
+    keep_row(a, &row);
     ks_bytes tenant = {a->cur.tenant, a->cur.tenant_len};
-    int is_null = sqlite3_column_type(a->pick, 3) == SQLITE_NULL;
-    const uint8_t *v = sqlite3_column_blob(a->pick, 3);
-    size_t len = (size_t)sqlite3_column_bytes(a->pick, 3);
-    if (v == NULL) {
-        v = (const uint8_t *)"";
-    }
+    int is_null = row.value_null;
+    const uint8_t *v = row.value;
+    size_t len = row.value_len;
     read_value(a, v, len, is_null, tenant);
     ks_rollout_class c;
     ks_err e = KS_ERR_NOT_FOUND;
@@ -829,7 +739,7 @@ static void run_op(app *a)
             count_name(&a->s.write_failures, ks_err_name(e));
         }
     }
-    sqlite3_reset(a->pick); /* ends the read snapshot before the UPDATE */
+    db->ops->release(db); /* ends the read snapshot before the UPDATE */
     if (write && e == KS_OK) {
         write_value(a, &c);
     }
@@ -849,6 +759,10 @@ static int check_opts(app *a)
     }
     if (o->ops != NULL && o->seconds != NULL) {
         return ks_cli_usage_error(NULL, "give --ops or --seconds, not both");
+    }
+    int rc = ks_cli_db_check(o->db, &a->pg); /* a connection string: no password */
+    if (rc != EX_OK) {
+        return rc;
     }
     const char *idents[] = {o->table, o->column, o->tenant_column, o->id_column};
     for (size_t i = 0; i < sizeof idents / sizeof idents[0]; i++) {
@@ -1054,6 +968,31 @@ static void run(app *a)
     }
 }
 
+/* Open a's policy with options po: on the SQLite file, or over the
+ * rollout store in the PostgreSQL database (whose connection string no
+ * message repeats).  EX_OK or an exit code after a message. */
+static int policy_open(app *a, const ks_policy_options *po)
+{
+    char msg[256] = "";
+    ks_err e;
+    if (a->pg) {
+        ks_rollout_store *store = NULL;
+        e = ks_rollout_store_pg_open(a->o.db, 0, &store, msg, sizeof msg);
+        if (e == KS_OK) {
+            e = ks_policy_open_store(store, po, &a->policy); /* it owns the store */
+        }
+    } else {
+        e = ks_policy_open(a->o.db, po, &a->policy);
+    }
+    if (e != KS_OK) {
+        ks_cli_error("cannot open the rollout policy on %s: %s%s",
+                     a->pg ? "the PostgreSQL database" : a->o.db, msg[0] ? msg : ks_err_name(e),
+                     e == KS_ERR_INVALID_ARGUMENT ? " (check --instance)" : "");
+        return ks_cli_exit_code(e);
+    }
+    return EX_OK;
+}
+
 /* Set up the database, keyring and policy; run; report; clean up. */
 int main(int argc, char **argv)
 {
@@ -1075,7 +1014,8 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
 
     char keys[KS_READER_KEYS_MAX + 1];
-    rc = db_open(&a);
+    const demo_target tg = {a.o.db, a.o.table, a.o.column, a.o.id_column, a.o.tenant_column};
+    rc = a.pg ? demo_db_pg_open(&tg, &a.db) : demo_db_sqlite_open(&tg, &a.db);
     if (rc == EX_OK) {
         rc = keyring_reload(&a, keys);
     }
@@ -1086,12 +1026,7 @@ int main(int argc, char **argv)
         }
         strcpy(a.keys, keys);
         ks_policy_options po = {a.o.instance, a.max_format, algs, a.keys, a.reload_ms, 1};
-        ks_err e = ks_policy_open(a.o.db, &po, &a.policy);
-        if (e != KS_OK) {
-            ks_cli_error("cannot open the rollout policy on %s: %s%s", a.o.db, ks_err_name(e),
-                         e == KS_ERR_INVALID_ARGUMENT ? " (check --instance)" : "");
-            rc = ks_cli_exit_code(e);
-        }
+        rc = policy_open(&a, &po);
     }
     double start = now_s();
     if (rc == EX_OK) {
@@ -1106,9 +1041,9 @@ int main(int argc, char **argv)
         summary(&a, now_s() - start);
         rc = failed_reads(&a.s) > 0 ? EX_DATAERR : a.s.db_errors > 0 ? EX_IOERR : EX_OK;
     }
-    sqlite3_finalize(a.pick);
-    sqlite3_finalize(a.update);
-    sqlite3_close(a.db);
+    if (a.db != NULL) {
+        a.db->ops->close(a.db);
+    }
     ks_ctx_free(a.ctx);
     ks_provider_destroy(&a.prov);
     ks_keyring_close(a.kr);
