@@ -702,7 +702,8 @@ static int pg_store_open(const char *db, const ks_rowstore_target *t, int read_o
                              : e == KS_ERR_UNAVAILABLE ? " (run the same command again once the "
                                                          "server is reachable)"
                                                        : "";
-        ks_cli_error("PostgreSQL database %s: %s%s", db, msg[0] ? msg : ks_err_name(e), advice);
+        /* never the connection string: it may carry more than a host */
+        ks_cli_error("PostgreSQL database: %s%s", msg[0] ? msg : ks_err_name(e), advice);
         return e == KS_ERR_INVALID_ARGUMENT ? EX_USAGE : ks_cli_exit_code(e);
     }
     return EX_OK;
