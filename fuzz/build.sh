@@ -47,6 +47,7 @@ dict_for() {
         fuzz_p11meta) echo corpus/p11meta.dict ;;
         fuzz_providers) echo corpus/providers.dict ;;
         fuzz_plugin_resp) echo corpus/plugin.dict ;;
+        fuzz_pg_rows) echo corpus/pg_rows.dict ;;
         *) echo corpus/envelope.dict ;;
     esac
 }

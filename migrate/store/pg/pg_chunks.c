@@ -25,15 +25,16 @@
 #include <keyshift/chunks.h>
 #include <keyshift/chunks_pg.h>
 
+#include "pg_decode.h"
 #include "pg_internal.h"
 
-/* The columns of a chunk (the table as c), in read_chunk's order. */
+/* The columns of a chunk (the table as c), in ks_pg_read_chunk's order
+ * (KS_PG_CHUNK_NCOLS of them). */
 #define CHUNK_COLS                                                                           \
     "c.chunk_id, c.lo, c.hi, c.state, c.cursor, c.pass, c.done, c.skipped, c.raced, "         \
     "c.quarantined, c.wrong_state, coalesce(c.owner, ''), "                                  \
     "coalesce((extract(epoch FROM c.lease_until) * 1000)::int8, 0), "                        \
     "coalesce(c.lease_until > now(), false)"
-#define N_CHUNK_COLS 14
 
 /* The key of a migration's chunks. */
 #define KEY "tbl = $1::text AND col = $2::text AND params = $3::text"
@@ -222,42 +223,59 @@ static ks_err run(pg_chunks *c, int q, const tparams *p, ExecStatusType want)
     return err;
 }
 
-/* Cell (row, col) of the kept result as an integer (0 for NULL). */
-static int64_t num_at(const pg_chunks *c, int row, int col)
+/* Cell (row, col) of res as an integer (0 for NULL). */
+static int64_t num_at(const PGresult *res, int row, int col)
 {
-    return PQgetisnull(c->res, row, col) ? 0 : strtoll(PQgetvalue(c->res, row, col), NULL, 10);
+    return PQgetisnull(res, row, col) ? 0 : strtoll(PQgetvalue(res, row, col), NULL, 10);
 }
 
 /* A count cell as unsigned (a negative one, never written, as 0). */
-static uint64_t count_at(const pg_chunks *c, int row, int col)
+static uint64_t count_at(const PGresult *res, int row, int col)
 {
-    int64_t v = num_at(c, row, col);
+    int64_t v = num_at(res, row, col);
     return v < 0 ? 0 : (uint64_t)v;
 }
 
-/* Row `row` of the kept result (CHUNK_COLS) into *k, views into it. */
-static void read_chunk(const pg_chunks *c, int row, ks_bytes params, ks_chunk *k)
+/* See pg_decode.h (ks_pg_read_chunk). */
+void ks_pg_read_chunk(const PGresult *res, int row, ks_bytes params, ks_chunk *k)
 {
     memset(k, 0, sizeof *k);
-    k->id = num_at(c, row, 0);
-    k->lo = num_at(c, row, 1);
-    k->hi = num_at(c, row, 2);
-    const char *st = PQgetvalue(c->res, row, 3);
+    k->id = num_at(res, row, 0);
+    k->lo = num_at(res, row, 1);
+    k->hi = num_at(res, row, 2);
+    const char *st = PQgetvalue(res, row, 3);
     k->cp.params = params;
     k->cp.state = (ks_bytes){(const uint8_t *)st, strlen(st)};
-    if (!PQgetisnull(c->res, row, 4))
-        k->cp.cursor = (ks_value){KS_VALUE_INTEGER, num_at(c, row, 4), {NULL, 0}};
-    int64_t pass = num_at(c, row, 5);
+    if (!PQgetisnull(res, row, 4))
+        k->cp.cursor = (ks_value){KS_VALUE_INTEGER, num_at(res, row, 4), {NULL, 0}};
+    int64_t pass = num_at(res, row, 5);
     k->cp.pass = pass < 1 ? 1 : pass > (int64_t)UINT32_MAX ? UINT32_MAX : (uint32_t)pass;
-    k->cp.done = count_at(c, row, 6);
-    k->cp.skipped = count_at(c, row, 7);
-    k->cp.raced = count_at(c, row, 8);
-    k->cp.quarantined = count_at(c, row, 9);
-    k->cp.wrong_state = count_at(c, row, 10);
-    const char *ow = PQgetvalue(c->res, row, 11);
+    k->cp.done = count_at(res, row, 6);
+    k->cp.skipped = count_at(res, row, 7);
+    k->cp.raced = count_at(res, row, 8);
+    k->cp.quarantined = count_at(res, row, 9);
+    k->cp.wrong_state = count_at(res, row, 10);
+    const char *ow = PQgetvalue(res, row, 11);
     k->owner = (ks_bytes){(const uint8_t *)ow, strlen(ow)};
-    k->lease_until_ms = num_at(c, row, 12);
-    k->lease_live = PQgetvalue(c->res, row, 13)[0] == 't';
+    k->lease_until_ms = num_at(res, row, 12);
+    k->lease_live = PQgetvalue(res, row, 13)[0] == 't';
+}
+
+/* See pg_decode.h (ks_pg_read_summary). */
+void ks_pg_read_summary(const PGresult *res, ks_chunk_summary *out)
+{
+    memset(out, 0, sizeof *out);
+    out->chunks = count_at(res, 0, 0);
+    out->complete = count_at(res, 0, 1);
+    out->leased = count_at(res, 0, 2);
+    out->claimable = out->chunks - out->complete - out->leased;
+    out->done = count_at(res, 0, 3);
+    out->skipped = count_at(res, 0, 4);
+    out->raced = count_at(res, 0, 5);
+    out->quarantined = count_at(res, 0, 6);
+    out->wrong_state = count_at(res, 0, 7);
+    uint64_t mp = count_at(res, 0, 8);
+    out->max_pass = mp > UINT32_MAX ? UINT32_MAX : (uint32_t)mp;
 }
 
 /* Nonzero when the coordinator may run a writing statement of its own
@@ -318,7 +336,7 @@ static ks_err op_plan(void *self, ks_bytes params, uint64_t chunk_ids, uint64_t 
         err = simple(c, "SELECT pg_catalog.pg_advisory_xact_lock(1801678443)");
     if (err == KS_OK)
         err = run(c, Q_PLANNED, &p, PGRES_TUPLES_OK);
-    if (err == KS_OK && num_at(c, 0, 0) == 0) {
+    if (err == KS_OK && num_at(c->res, 0, 0) == 0) {
         char sql[512];
         snprintf(sql, sizeof sql, "SELECT min(%s)::int8, max(%s)::int8 FROM %s", c->parts.qid,
                  c->parts.qid, c->parts.qtable);
@@ -344,7 +362,7 @@ static ks_err op_plan(void *self, ks_bytes params, uint64_t chunk_ids, uint64_t 
             err = run(c, Q_PLANNED, &p, PGRES_TUPLES_OK);
     }
     if (err == KS_OK)
-        *n = count_at(c, 0, 0);
+        *n = count_at(c->res, 0, 0);
     if (err == KS_OK)
         err = simple(c, "COMMIT");
     if (err != KS_OK)
@@ -367,9 +385,9 @@ static ks_err op_claim(void *self, ks_bytes params, ks_bytes owner, uint32_t lea
     err = run(c, Q_CLAIM, &p, PGRES_TUPLES_OK);
     if (err != KS_OK)
         return err;
-    if (PQntuples(c->res) != 1 || PQnfields(c->res) != N_CHUNK_COLS)
+    if (PQntuples(c->res) != 1 || PQnfields(c->res) != KS_PG_CHUNK_NCOLS)
         return PQntuples(c->res) == 0 ? KS_ERR_NOT_FOUND : KS_ERR_STORE;
-    read_chunk(c, 0, params, out);
+    ks_pg_read_chunk(c->res, 0, params, out);
     return KS_OK;
 }
 
@@ -479,17 +497,7 @@ static ks_err op_summary(void *self, ks_bytes params, ks_chunk_summary *out)
     ks_err err = select_key(c, Q_SUMMARY, params);
     if (err != KS_OK)
         return err;
-    out->chunks = count_at(c, 0, 0);
-    out->complete = count_at(c, 0, 1);
-    out->leased = count_at(c, 0, 2);
-    out->claimable = out->chunks - out->complete - out->leased;
-    out->done = count_at(c, 0, 3);
-    out->skipped = count_at(c, 0, 4);
-    out->raced = count_at(c, 0, 5);
-    out->quarantined = count_at(c, 0, 6);
-    out->wrong_state = count_at(c, 0, 7);
-    uint64_t mp = count_at(c, 0, 8);
-    out->max_pass = mp > UINT32_MAX ? UINT32_MAX : (uint32_t)mp;
+    ks_pg_read_summary(c->res, out);
     return KS_OK;
 }
 
@@ -506,7 +514,7 @@ static ks_err op_list(void *self, ks_bytes params, ks_chunk_list_fn fn, void *ar
         return err;
     for (int i = 0; i < PQntuples(c->res); i++) {
         ks_chunk k;
-        read_chunk(c, i, params, &k);
+        ks_pg_read_chunk(c->res, i, params, &k);
         if (fn(arg, &k) != 0)
             break;
     }

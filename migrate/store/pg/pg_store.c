@@ -58,6 +58,7 @@
 #include <keyshift/rowstore.h>
 #include <keyshift/rowstore_pg.h>
 
+#include "pg_decode.h"
 #include "pg_internal.h"
 #include "pg_util.h"
 
@@ -268,9 +269,8 @@ static ks_err run_simple(pg_store *s, const char *sql, char *cmd, size_t cmd_len
     return err;
 }
 
-/* Read cell (row, col) of res into *v as a view of res: bigint is
- * INTEGER, bytea BLOB, text TEXT; KS_ERR_STORE for another type. */
-static ks_err cell(const PGresult *res, int row, int col, ks_value *v)
+/* See pg_decode.h (ks_pg_cell). */
+ks_err ks_pg_cell(const PGresult *res, int row, int col, ks_value *v)
 {
     memset(v, 0, sizeof *v);
     if (PQgetisnull(res, row, col)) {
@@ -380,24 +380,24 @@ static ks_err scan_exec(pg_store *s, const ks_value *after, const ks_value *upto
     return KS_OK;
 }
 
-/* Read row i of the kept scan result into *r (views into it). */
-static ks_err scan_row(pg_store *s, int i, ks_row *r)
+/* See pg_decode.h (ks_pg_scan_row). */
+ks_err ks_pg_scan_row(const PGresult *res, int row, size_t n_context, ks_row *r)
 {
     memset(r, 0, sizeof *r);
-    ks_err err = cell(s->res, i, 0, &r->id);
+    ks_err err = ks_pg_cell(res, row, 0, &r->id);
     if (err == KS_OK && r->id.type != KS_VALUE_INTEGER)
         err = KS_ERR_STORE;
     if (err == KS_OK)
-        err = cell(s->res, i, 1, &r->value);
+        err = ks_pg_cell(res, row, 1, &r->value);
     if (err == KS_OK)
-        err = cell(s->res, i, 2, &r->tenant);
-    for (size_t j = 0; err == KS_OK && j < s->n_context; j++)
-        err = cell(s->res, i, 3 + (int)j, &r->context[j]);
-    int qcol = 3 + (int)s->n_context;
-    if (err == KS_OK && (PQftype(s->res, qcol) != OID_BOOL || PQgetlength(s->res, i, qcol) != 1))
+        err = ks_pg_cell(res, row, 2, &r->tenant);
+    for (size_t j = 0; err == KS_OK && j < n_context; j++)
+        err = ks_pg_cell(res, row, 3 + (int)j, &r->context[j]);
+    int qcol = 3 + (int)n_context;
+    if (err == KS_OK && (PQftype(res, qcol) != OID_BOOL || PQgetlength(res, row, qcol) != 1))
         err = KS_ERR_STORE;
     if (err == KS_OK)
-        r->quarantined = PQgetvalue(s->res, i, qcol)[0] != 0;
+        r->quarantined = PQgetvalue(res, row, qcol)[0] != 0;
     return err;
 }
 
@@ -411,7 +411,7 @@ static ks_err scan_run(pg_store *s, const ks_value *after, const ks_value *upto,
     ks_err err = scan_exec(s, after, upto, max, &got);
     for (int i = 0; err == KS_OK && i < got && (size_t)i < max; i++) {
         ks_row one, *r = rows != NULL ? &rows[i] : &one;
-        err = scan_row(s, i, r);
+        err = ks_pg_scan_row(s->res, i, s->n_context, r); /* views into the kept result */
         if (err != KS_OK)
             return fail_txn(s, err);
         *n = (size_t)i + 1;
@@ -473,7 +473,7 @@ static ks_err op_count(void *self, uint64_t *n)
     if (err != KS_OK)
         return fail_txn(s, err);
     ks_value v;
-    err = PQntuples(res) == 1 ? cell(res, 0, 0, &v) : KS_ERR_STORE;
+    err = PQntuples(res) == 1 ? ks_pg_cell(res, 0, 0, &v) : KS_ERR_STORE;
     if (err == KS_OK && v.type != KS_VALUE_INTEGER)
         err = KS_ERR_STORE;
     if (err == KS_OK)
@@ -649,7 +649,7 @@ static ks_err op_cas_batch(void *self, size_t n, const ks_value *const *ids,
     size_t hint = 0;
     for (int r = 0; err == KS_OK && r < PQntuples(res); r++) {
         ks_value v;
-        err = cell(res, r, 0, &v);
+        err = ks_pg_cell(res, r, 0, &v);
         if (err != KS_OK || v.type != KS_VALUE_INTEGER) {
             err = KS_ERR_STORE;
             break;
@@ -709,6 +709,16 @@ static int counts_fit(const ks_checkpoint *cp)
            cp->quarantined <= INT64_MAX && cp->wrong_state <= INT64_MAX;
 }
 
+/* See pg_decode.h (ks_pg_checkpoint_ints). */
+void ks_pg_checkpoint_ints(const ks_checkpoint *cp, int64_t out[KS_PG_CHECKPOINT_NINTS])
+{
+    const int64_t v[KS_PG_CHECKPOINT_NINTS] = {
+        (int64_t)cp->pass,  (int64_t)cp->done,        (int64_t)cp->skipped,
+        (int64_t)cp->raced, (int64_t)cp->quarantined, (int64_t)cp->wrong_state,
+        cp->started,        cp->updated,              cp->finished};
+    memcpy(out, v, sizeof v);
+}
+
 /* ops.checkpoint_save: upsert the row of (target, cp->params). */
 static ks_err op_checkpoint_save(void *self, const ks_checkpoint *cp)
 {
@@ -728,12 +738,9 @@ static ks_err op_checkpoint_save(void *self, const ks_checkpoint *cp)
         p_null(&p);
     else
         p_int(&p, cp->cursor.integer);
-    const int64_t counts[] = {(int64_t)cp->pass,        (int64_t)cp->done,
-                              (int64_t)cp->skipped,     (int64_t)cp->raced,
-                              (int64_t)cp->quarantined, (int64_t)cp->wrong_state,
-                              cp->started,              cp->updated,
-                              cp->finished};
-    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
+    int64_t counts[KS_PG_CHECKPOINT_NINTS];
+    ks_pg_checkpoint_ints(cp, counts);
+    for (size_t i = 0; i < KS_PG_CHECKPOINT_NINTS; i++)
         p_int(&p, counts[i]);
     PGresult *res;
     ks_err err = run_prepared(s, ST_CP_SAVE, &p, PGRES_COMMAND_OK, &res);
@@ -741,14 +748,13 @@ static ks_err op_checkpoint_save(void *self, const ks_checkpoint *cp)
     return err == KS_OK ? KS_OK : fail_txn(s, err);
 }
 
-/* Read the checkpoint of row `row` of res (the columns of CP_COLS) into
- * cp (views into res).  KS_ERR_STORE for a malformed row. */
-static ks_err read_checkpoint(const PGresult *res, int row, ks_checkpoint *cp)
+/* See pg_decode.h (ks_pg_read_checkpoint). */
+ks_err ks_pg_read_checkpoint(const PGresult *res, int row, ks_checkpoint *cp)
 {
     ks_value v[12];
     memset(cp, 0, sizeof *cp);
     for (int i = 0; i < 12; i++) {
-        ks_err err = cell(res, row, i, &v[i]);
+        ks_err err = ks_pg_cell(res, row, i, &v[i]);
         if (err != KS_OK)
             return err;
         ks_value_type want = i < 2 ? KS_VALUE_TEXT : KS_VALUE_INTEGER;
@@ -798,7 +804,7 @@ static ks_err op_checkpoint_load(void *self, ks_bytes params_, ks_checkpoint *cp
     keep_result(s, res); /* after the run: params_ may have viewed the old result */
     if (PQntuples(res) == 0)
         return KS_ERR_NOT_FOUND;
-    err = read_checkpoint(s->res, 0, cp);
+    err = ks_pg_read_checkpoint(s->res, 0, cp);
     return err == KS_OK ? KS_OK : fail_txn(s, err);
 }
 
@@ -1306,11 +1312,8 @@ static ks_err prepare_scan(opener *o, int after)
                    concat(parts, n), 1 + after + (has_q ? 2 : 0));
 }
 
-/* The columns of a checkpoint, in read_checkpoint's order. */
-#define CP_FIELDS                                                                            \
-    "params, state, cursor, pass, done, skipped, raced, quarantined, wrong_state, started, "  \
-    "updated, finished"
-#define CP_COLS "SELECT " CP_FIELDS " FROM "
+/* The select list of a checkpoint read (pg_decode.h). */
+#define CP_COLS "SELECT " KS_PG_CHECKPOINT_COLS " FROM "
 
 /* Prepare every statement of the store (the writes unless read-only;
  * the checkpoint reads when the tables exist). */
@@ -1488,12 +1491,24 @@ static ks_err checkpoints_schema(opener *o, const char *table, char **qschema)
 static ks_err read_name(const PGresult *res, int row, int col, ks_bytes *out)
 {
     ks_value v;
-    ks_err err = cell(res, row, col, &v);
+    ks_err err = ks_pg_cell(res, row, col, &v);
     if (err != KS_OK || v.type != KS_VALUE_TEXT || v.bytes.len == 0 || v.bytes.len > IDENT_MAX ||
         memchr(v.bytes.ptr, 0, v.bytes.len) != NULL)
         return KS_ERR_STORE;
     *out = v.bytes;
     return KS_OK;
+}
+
+/* See pg_decode.h (ks_pg_read_listed). */
+ks_err ks_pg_read_listed(const PGresult *res, int row, ks_checkpoint *cp, ks_bytes *tbl,
+                         ks_bytes *col)
+{
+    ks_err err = ks_pg_read_checkpoint(res, row, cp);
+    if (err == KS_OK)
+        err = read_name(res, row, 12, tbl);
+    if (err == KS_OK)
+        err = read_name(res, row, 13, col);
+    return err;
 }
 
 /* Hand each row of the checkpoint listing res to fn, checking every row
@@ -1503,11 +1518,7 @@ static ks_err list_rows(const PGresult *res, ks_checkpoint_list_fn fn, void *arg
     for (int i = 0; i < PQntuples(res); i++) {
         ks_checkpoint cp;
         ks_bytes tbl, col;
-        ks_err err = read_checkpoint(res, i, &cp);
-        if (err == KS_OK)
-            err = read_name(res, i, 12, &tbl);
-        if (err == KS_OK)
-            err = read_name(res, i, 13, &col);
+        ks_err err = ks_pg_read_listed(res, i, &cp, &tbl, &col);
         if (err != KS_OK)
             return err;
         if (fn(arg, tbl, col, &cp) != 0)
@@ -1557,7 +1568,7 @@ ks_err ks_rowstore_pg_checkpoints(const char *conninfo, const char *table, const
     if (err == KS_OK)
         err = checkpoints_schema(&o, table, &qs);
     if (err == KS_OK && qs != NULL) {
-        const char *parts[] = {"SELECT " CP_FIELDS ", tbl, col FROM ", qs,
+        const char *parts[] = {"SELECT " KS_PG_CHECKPOINT_COLS ", tbl, col FROM ", qs,
                                ".keyshift_migration WHERE $1::text IS NULL OR "
                                "(tbl = $1::text AND col = $2::text) "
                                "ORDER BY updated DESC, saved DESC"};

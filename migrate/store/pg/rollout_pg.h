@@ -70,6 +70,54 @@ int ks_rpg_col_bytes(const PGresult *res, int row, int i, size_t len, const uint
 /* Nonzero when the cell is NULL. */
 int ks_rpg_col_null(const PGresult *res, int row, int i);
 
+/* ---- the decoders of rows (rollout_pg_rows.c) ----
+ * The columns each reads, in order, are the query's: the store selects
+ * exactly these lists, and fuzz/fuzz_pg_rows.c builds its results from
+ * them.  Each decoder reads row `row` of res (binary results, as
+ * ks_rpg_exec asks for) by the strict cell readers above and returns
+ * KS_OK with *out set, or KS_ERR_STORE for a malformed row (*out then
+ * partly written).  What the values mean together is the rollout
+ * layer's check. */
+
+/* The columns of keyshift_rollout in the order ks_rpg_read_rollout reads. */
+#define KS_RPG_ROLLOUT_COLS                                                                        \
+    "id, tbl, col, src_plaintext, src_format, src_algorithm, src_key_id, src_key_version, "       \
+    "dst_format, dst_algorithm, dst_key_id, dst_key_version, phase, phase_since, canary_kind, "   \
+    "canary_percent, canary_tenants, max_auth_failure_rate, max_parse_error_rate, "               \
+    "max_provider_error_rate, max_seal_p99_us, max_open_p99_us, min_samples, window_s, "          \
+    "min_soak_s, reader_ttl_s, created, updated, verified_at, scope_key_id"
+/* The columns of keyshift_rollout_column that ks_rpg_read_column reads. */
+#define KS_RPG_COLUMN_COLS "tbl, col, verified_at"
+/* The columns of keyshift_rollout_log that ks_rpg_read_log reads. */
+#define KS_RPG_LOG_COLS "id, rollout_id, time, actor, from_phase, to_phase, reason, automatic"
+/* The columns of keyshift_readers in the order ks_rpg_read_reader reads. */
+#define KS_RPG_READER_COLS                                                                         \
+    "instance_id, library_version, max_format, algorithms, key_versions, started, heartbeat"
+/* The columns of keyshift_metrics that ks_rpg_read_sample reads. */
+#define KS_RPG_METRICS_COLS                                                                        \
+    "time, seals, opens, auth_failures, parse_errors, provider_calls, provider_errors, "          \
+    "seal_ns, open_ns"
+
+/* A KS_RPG_ROLLOUT_COLS row into *r (zeroed first): names within their
+ * lengths, classes within their ranges, a known phase and canary, a
+ * scope its cells agree on, rates not NaN; n_columns 0 (the listed
+ * columns are rows of their own, ks_rpg_read_column). */
+KS_WUR ks_err ks_rpg_read_rollout(const PGresult *res, int row, ks_rollout *r);
+/* A KS_RPG_COLUMN_COLS row into *c: names within KS_ROLLOUT_IDENT_MAX,
+ * verified_at >= 0 (c is not zeroed first). */
+KS_WUR ks_err ks_rpg_read_column(const PGresult *res, int row, ks_rollout_column *c);
+/* A KS_RPG_LOG_COLS row into *e (zeroed first): ids >= 1, known phases
+ * (from_phase NULL: none), automatic 0 or 1. */
+KS_WUR ks_err ks_rpg_read_log(const PGresult *res, int row, ks_rollout_log_entry *e);
+/* A KS_RPG_READER_COLS row into *r (zeroed first): texts within their
+ * lengths, max_format 1..255 (the key list's form is the rollout
+ * layer's check). */
+KS_WUR ks_err ks_rpg_read_reader(const PGresult *res, int row, ks_rollout_reader *r);
+/* A KS_RPG_METRICS_COLS row into *one (zeroed first): counters
+ * non-negative bigints, histograms bytea of exactly KS_RCODEC_HIST_LEN
+ * bytes. */
+KS_WUR ks_err ks_rpg_read_sample(const PGresult *res, int row, ks_health_sample *one);
+
 /* ---- the operations on rows (rollout_pg_rows.c) ----
  * Each is the member of ks_rollout_store_ops of the same name (see
  * keyshift/rollout_store.h); rollout_pg.c puts them in the store's

@@ -26,20 +26,8 @@
 #include "rollout_pg.h"
 #include "../rollout_codec.h"
 
-/* The columns of keyshift_rollout in the order read_rollout expects. */
-#define ROLLOUT_COLS                                                                               \
-    "id, tbl, col, src_plaintext, src_format, src_algorithm, src_key_id, src_key_version, "       \
-    "dst_format, dst_algorithm, dst_key_id, dst_key_version, phase, phase_since, canary_kind, "   \
-    "canary_percent, canary_tenants, max_auth_failure_rate, max_parse_error_rate, "               \
-    "max_provider_error_rate, max_seal_p99_us, max_open_p99_us, min_samples, window_s, "          \
-    "min_soak_s, reader_ttl_s, created, updated, verified_at, scope_key_id"
-
-/* A query of ROLLOUT_COLS followed by tail. */
-#define SELECT_ROLLOUT(tail) "SELECT " ROLLOUT_COLS " FROM keyshift_rollout " tail
-
-/* The columns of keyshift_readers in the order read_reader expects. */
-#define READER_COLS                                                                                \
-    "instance_id, library_version, max_format, algorithms, key_versions, started, heartbeat"
+/* A query of KS_RPG_ROLLOUT_COLS followed by tail. */
+#define SELECT_ROLLOUT(tail) "SELECT " KS_RPG_ROLLOUT_COLS " FROM keyshift_rollout " tail
 
 /* Folded comparisons of a name column with a parameter. */
 #define EQ(colname, param) KS_RPG_FOLD(colname) " = " KS_RPG_FOLD(param)
@@ -88,11 +76,9 @@ static int read_class(const PGresult *res, int row, int i, int with_flag, ks_rol
     return 1;
 }
 
-/* Read row `row` of ROLLOUT_COLS into *r, strictly: KS_ERR_STORE for a
- * malformed row. */
-static ks_err read_rollout(const PGresult *res, int row, void *out)
+/* See rollout_pg.h (ks_rpg_read_rollout). */
+ks_err ks_rpg_read_rollout(const PGresult *res, int row, ks_rollout *r)
 {
-    ks_rollout *r = out;
     char phase[32], key[KS_KEY_ID_MAX + 1];
     int64_t v[6];
     memset(r, 0, sizeof *r);
@@ -122,6 +108,12 @@ static ks_err read_rollout(const PGresult *res, int row, void *out)
 /* Reads row `row` of a result into *out. */
 typedef ks_err (*row_reader)(const PGresult *res, int row, void *out);
 
+/* ks_rpg_read_rollout as a row_reader (read_rows' element type). */
+static ks_err read_rollout(const PGresult *res, int row, void *out)
+{
+    return ks_rpg_read_rollout(res, row, out);
+}
+
 /* Read up to max rows of res (from a call that returned err) with read
  * into out[0, *n) (elements of elem bytes), then clear res.  On failure
  * *n is 0. */
@@ -141,6 +133,16 @@ static ks_err read_rows(PGresult *res, ks_err err, row_reader read, void *out, s
     return err;
 }
 
+/* See rollout_pg.h (ks_rpg_read_column). */
+ks_err ks_rpg_read_column(const PGresult *res, int row, ks_rollout_column *c)
+{
+    return ks_rpg_col_text(res, row, 0, c->table, KS_ROLLOUT_IDENT_MAX) &&
+                   ks_rpg_col_text(res, row, 1, c->column, KS_ROLLOUT_IDENT_MAX) &&
+                   ks_rpg_col_int(res, row, 2, 0, INT64_MAX, &c->verified_at)
+               ? KS_OK
+               : KS_ERR_STORE;
+}
+
 /* Read the listed columns of each key-scoped rollout of rs[0, n), in the
  * order they were given (at most KS_ROLLOUT_COLUMNS_MAX, names within
  * their length, verify times >= 0): KS_ERR_STORE for anything else. */
@@ -152,19 +154,15 @@ static ks_err load_columns(ks_rpg *db, ks_rollout *rs, size_t n)
             continue;
         PGresult *res;
         ks_err err = ks_rpg_exec(db, &res,
-                                 "SELECT tbl, col, verified_at FROM keyshift_rollout_column "
+                                 "SELECT " KS_RPG_COLUMN_COLS " FROM keyshift_rollout_column "
                                  "WHERE rollout_id = $1 ORDER BY seq LIMIT $2",
                                  "ii", r->id, (int64_t)KS_ROLLOUT_COLUMNS_MAX + 1);
         r->n_columns = 0;
         int rows = err == KS_OK ? PQntuples(res) : 0;
         for (int j = 0; err == KS_OK && j < rows; j++) {
-            ks_rollout_column *c = &r->columns[r->n_columns];
-            if (r->n_columns == KS_ROLLOUT_COLUMNS_MAX ||
-                !ks_rpg_col_text(res, j, 0, c->table, KS_ROLLOUT_IDENT_MAX) ||
-                !ks_rpg_col_text(res, j, 1, c->column, KS_ROLLOUT_IDENT_MAX) ||
-                !ks_rpg_col_int(res, j, 2, 0, INT64_MAX, &c->verified_at))
+            if (r->n_columns == KS_ROLLOUT_COLUMNS_MAX)
                 err = KS_ERR_STORE;
-            else
+            else if ((err = ks_rpg_read_column(res, j, &r->columns[r->n_columns])) == KS_OK)
                 r->n_columns++;
         }
         PQclear(res);
@@ -497,10 +495,9 @@ ks_err ks_rpg_log_append(ks_rollout_store *s, int64_t rollout_id, int64_t time, 
                       reason != NULL ? reason : "", (int64_t)(automatic != 0));
 }
 
-/* Read log row `row` into *e, strictly (KS_ERR_STORE when malformed). */
-static ks_err read_log(const PGresult *res, int row, void *out)
+/* See rollout_pg.h (ks_rpg_read_log). */
+ks_err ks_rpg_read_log(const PGresult *res, int row, ks_rollout_log_entry *e)
 {
-    ks_rollout_log_entry *e = out;
     char from[32] = "", to[32];
     int64_t automatic;
     memset(e, 0, sizeof *e);
@@ -516,6 +513,12 @@ static ks_err read_log(const PGresult *res, int row, void *out)
     return ok && ks_rcodec_log_finish(e, from, to, automatic) ? KS_OK : KS_ERR_STORE;
 }
 
+/* ks_rpg_read_log as a row_reader (read_rows' element type). */
+static ks_err read_log(const PGresult *res, int row, void *out)
+{
+    return ks_rpg_read_log(res, row, out);
+}
+
 /* See rollout_store.h (log_list). */
 ks_err ks_rpg_log_list(ks_rollout_store *s, int64_t rollout_id, int64_t after_id,
                        ks_rollout_log_entry *out, size_t max, size_t *n)
@@ -526,18 +529,16 @@ ks_err ks_rpg_log_list(ks_rollout_store *s, int64_t rollout_id, int64_t after_id
         return KS_OK;
     PGresult *res;
     ks_err err = ks_rpg_exec(db, &res,
-                             "SELECT id, rollout_id, time, actor, from_phase, to_phase, reason, "
-                             "automatic FROM keyshift_rollout_log WHERE ($1 = 0 OR "
-                             "rollout_id = $1) AND id > $2 ORDER BY id LIMIT $3",
+                             "SELECT " KS_RPG_LOG_COLS " FROM keyshift_rollout_log "
+                             "WHERE ($1 = 0 OR rollout_id = $1) AND id > $2 ORDER BY id LIMIT $3",
                              "iii", rollout_id, after_id, limit_of(max));
     return read_rows(res, err, read_log, out, sizeof *out, max, n);
 }
 
 /* ---- readers ------------------------------------------------------------------- */
 
-/* Read READER_COLS row `row` into *r, strictly (KS_ERR_STORE when
- * malformed; the key list's form is the rollout layer's check). */
-static ks_err read_reader(const PGresult *res, int row, ks_rollout_reader *r)
+/* See rollout_pg.h (ks_rpg_read_reader). */
+ks_err ks_rpg_read_reader(const PGresult *res, int row, ks_rollout_reader *r)
 {
     int64_t fmt, algs;
     memset(r, 0, sizeof *r);
@@ -566,13 +567,13 @@ ks_err ks_rpg_readers_live(ks_rollout_store *s, int64_t since, ks_rollout_reader
         return KS_OK;
     PGresult *res;
     ks_err err = ks_rpg_exec(db, &res,
-                             "SELECT " READER_COLS " FROM keyshift_readers "
+                             "SELECT " KS_RPG_READER_COLS " FROM keyshift_readers "
                              "WHERE heartbeat >= $1 ORDER BY instance_id COLLATE \"C\"",
                              "i", since);
     int rows = err == KS_OK ? PQntuples(res) : 0;
     for (int i = 0; err == KS_OK && i < rows; i++) {
         ks_rollout_reader tmp, *r = *n < max ? &out[*n] : &tmp;
-        err = read_reader(res, i, r);
+        err = ks_rpg_read_reader(res, i, r);
         if (err != KS_OK)
             break;
         (*total)++;
@@ -592,7 +593,7 @@ ks_err ks_rpg_reader_put(ks_rollout_store *s, const ks_rollout_reader *r, int64_
     if (!ks_rpg_writable(db))
         return KS_ERR_INVALID_ARGUMENT;
     return ks_rpg_run(db, NULL,
-                      "INSERT INTO keyshift_readers(" READER_COLS ") "
+                      "INSERT INTO keyshift_readers(" KS_RPG_READER_COLS ") "
                       "VALUES($1, $2, $3, $4, $5, $6, $6) ON CONFLICT (instance_id) DO UPDATE SET "
                       "library_version = EXCLUDED.library_version, "
                       "max_format = EXCLUDED.max_format, algorithms = EXCLUDED.algorithms, "
@@ -659,23 +660,30 @@ ks_err ks_rpg_metrics_insert(ks_rollout_store *s, int64_t rollout_id, const char
                       (int)KS_RCODEC_HIST_LEN, open, (int)KS_RCODEC_HIST_LEN);
 }
 
-/* Add metrics row `row` into acc (ks_health_add: saturating):
- * KS_ERR_STORE when a counter is not a non-negative bigint or a histogram
- * not an exact-length bytea. */
-static ks_err add_sample(const PGresult *res, int row, ks_health_sample *acc)
+/* See rollout_pg.h (ks_rpg_read_sample). */
+ks_err ks_rpg_read_sample(const PGresult *res, int row, ks_health_sample *one)
 {
     int64_t v[6];
-    ks_health_sample one;
-    memset(&one, 0, sizeof one);
+    memset(one, 0, sizeof *one);
     for (int i = 0; i < 6; i++)
         if (!ks_rpg_col_int(res, row, 1 + i, 0, INT64_MAX, &v[i]))
             return KS_ERR_STORE;
-    if (!ks_rpg_col_int(res, row, 0, INT64_MIN, INT64_MAX, &one.time) ||
-        !hist_decode(res, row, 7, &one.seal_ns) || !hist_decode(res, row, 8, &one.open_ns))
+    if (!ks_rpg_col_int(res, row, 0, INT64_MIN, INT64_MAX, &one->time) ||
+        !hist_decode(res, row, 7, &one->seal_ns) || !hist_decode(res, row, 8, &one->open_ns))
         return KS_ERR_STORE;
-    ks_rcodec_sample_counters(&one, v);
-    ks_health_add(acc, &one);
+    ks_rcodec_sample_counters(one, v);
     return KS_OK;
+}
+
+/* Add metrics row `row` into acc (ks_health_add: saturating); the row
+ * is decoded by ks_rpg_read_sample, its errors returned. */
+static ks_err add_sample(const PGresult *res, int row, ks_health_sample *acc)
+{
+    ks_health_sample one;
+    ks_err err = ks_rpg_read_sample(res, row, &one);
+    if (err == KS_OK)
+        ks_health_add(acc, &one);
+    return err;
 }
 
 /* See rollout_store.h (metrics_sum). */
@@ -688,9 +696,8 @@ ks_err ks_rpg_metrics_sum(ks_rollout_store *s, int64_t rollout_id, int64_t since
         return KS_OK;
     PGresult *res;
     ks_err err = ks_rpg_exec(db, &res,
-                             "SELECT time, seals, opens, auth_failures, parse_errors, "
-                             "provider_calls, provider_errors, seal_ns, open_ns "
-                             "FROM keyshift_metrics WHERE rollout_id = $1 AND time >= $2",
+                             "SELECT " KS_RPG_METRICS_COLS " FROM keyshift_metrics "
+                             "WHERE rollout_id = $1 AND time >= $2",
                              "ii", rollout_id, since);
     int rows = err == KS_OK ? PQntuples(res) : 0;
     if (rows > 0)
