@@ -8,7 +8,7 @@
 # even for C.
 #
 # The targets are every fuzz/fuzz_*.c, the library every format/*.c,
-# parser/*.c, migrate/*/*.c and migrate/*/*/*.c (the same sources as LIB_SRCS in the
+# parser/*.c, migrate/*.c, migrate/*/*.c and migrate/*/*/*.c (the same sources as LIB_SRCS in the
 # Makefile): both lists come from the files, so a new target or source
 # needs no change here.  For each target it leaves in $OUT:
 #   <target>                 the fuzzer
@@ -34,7 +34,7 @@ cd "$(dirname "$0")/.."
 CFLAGS=${CFLAGS:-}
 WORK=${WORK:-build/oss-fuzz-work}
 TARGETS=$(for f in fuzz/fuzz_*.c; do basename "${f%.c}"; done)
-LIB_SRCS=$(ls format/*.c parser/*.c migrate/*/*.c migrate/*/*/*.c)
+LIB_SRCS=$(ls format/*.c parser/*.c migrate/*.c migrate/*/*.c migrate/*/*/*.c)
 [ -n "$TARGETS" ] && [ -n "$LIB_SRCS" ]
 
 # The dictionary of a target: corpus/envelope.dict (envelope tokens) unless
