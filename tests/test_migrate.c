@@ -760,6 +760,36 @@ static void test_census_sqlite(void **state)
     unlink(path);
 }
 
+/* A census of a table larger than the scan's batches: the scan path
+ * starts small and grows its batch (64, 256, then 1,000 rows), and still
+ * counts what visit_values counts, every row once. */
+static void test_census_batches(void **state)
+{
+    (void)state;
+    char path[128];
+    temp_db(path);
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "CREATE TABLE t(id INTEGER PRIMARY KEY, v);"
+                                      "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 "
+                                      "FROM n WHERE i < 2345) INSERT INTO t SELECT i, "
+                                      "CASE WHEN i % 7 = 0 THEN NULL ELSE 'p' || i END FROM n",
+                                  NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_close(db), SQLITE_OK);
+    ks_rowstore_target tg = {"t", "v", NULL, NULL, {NULL}, 0};
+    ks_rowstore st;
+    char eb[128];
+    assert_int_equal(ks_rowstore_sqlite_open(path, &tg, NULL, &st, eb, sizeof eb), KS_OK);
+    ks_census c;
+    census_both(&st, &c);
+    assert_int_equal(c.rows, 2345);
+    assert_int_equal(c.null_rows, 2345 / 7);
+    assert_int_equal(c.plaintext_rows, 2345 - 2345 / 7);
+    ks_census_free(&c);
+    ks_rowstore_close(&st);
+    unlink(path);
+}
+
 /* progress: the total is the target's row count (arg: the expected one). */
 static void check_total(void *arg, const ks_migrate_progress *pr)
 {
@@ -971,6 +1001,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_template),
         cmocka_unit_test_setup_teardown(test_census, setup, teardown),
+        cmocka_unit_test(test_census_batches),
         cmocka_unit_test_setup_teardown(test_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_upgrade_format_with_purpose, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wrong_state_and_quarantine, setup, teardown),

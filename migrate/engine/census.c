@@ -5,8 +5,10 @@
  * Read-only and key-free.  Where the store offers visit_values, every
  * value is classified during the visit, as a view the store does not copy
  * (one read of the column alone: the census's fast path).  Otherwise rows
- * are scanned in id order in batches of KS_ENGINE_SCAN_BATCH into one row
- * array allocated per run.  Both give the same counts.  Each value:
+ * are scanned in id order into one row array per run, of CENSUS_FIRST_BATCH
+ * rows at first and four times larger after each full batch, up to
+ * KS_ENGINE_SCAN_BATCH (no COUNT first: on PostgreSQL that is a scan of
+ * its own).  Both give the same counts.  Each value:
  *   NULL                                   -> null_rows;
  *   INTEGER, or TEXT/BLOB not starting "KSE" -> plaintext_rows;
  *   TEXT/BLOB starting "KSE"               -> ks_envelope_parse (the whole
@@ -23,6 +25,11 @@
 
 #include "engine.h"
 #include "../alloc_hook.h"
+
+/* Rows of census_scan's first batch.  A full array of KS_ENGINE_SCAN_BATCH
+ * rows is past malloc's mmap threshold: a system call pair and fresh pages
+ * for every census of a small table. */
+#define CENSUS_FIRST_BATCH 64
 
 /* The growing state of one census run. */
 typedef struct census_run {
@@ -124,7 +131,8 @@ static int class_cmp(const void *a, const void *b)
  * at the next scan. */
 static ks_err census_scan(const ks_rowstore *store, census_run *r)
 {
-    ks_row *rows = malloc(KS_ENGINE_SCAN_BATCH * sizeof *rows);
+    size_t batch = CENSUS_FIRST_BATCH;
+    ks_row *rows = malloc(batch * sizeof *rows);
     if (rows == NULL) {
         return KS_ERR_NO_MEMORY;
     }
@@ -134,11 +142,11 @@ static ks_err census_scan(const ks_rowstore *store, census_run *r)
     ks_err err = KS_OK;
     for (;;) {
         size_t n = 0;
-        err = store->ops->scan(store->self, &cursor, KS_ENGINE_SCAN_BATCH, rows, &n);
+        err = store->ops->scan(store->self, &cursor, batch, rows, &n);
         if (err != KS_OK || n == 0) {
             break;
         }
-        assert(n <= KS_ENGINE_SCAN_BATCH);
+        assert(n <= batch);
         for (size_t i = 0; i < n && err == KS_OK; i++) {
             err = count_value(r, &rows[i].value);
         }
@@ -147,6 +155,16 @@ static ks_err census_scan(const ks_rowstore *store, census_run *r)
         }
         if (err != KS_OK) {
             break;
+        }
+        if (n == batch && batch < KS_ENGINE_SCAN_BATCH) { /* a large table: larger batches */
+            size_t grown = batch * 4 < KS_ENGINE_SCAN_BATCH ? batch * 4 : KS_ENGINE_SCAN_BATCH;
+            ks_row *np = realloc(rows, grown * sizeof *np); /* the views in rows are done */
+            if (np == NULL) {
+                err = KS_ERR_NO_MEMORY;
+                break;
+            }
+            rows = np;
+            batch = grown;
         }
     }
     free(cur_buf);
