@@ -19,16 +19,24 @@
  *      within their columns' ranges, names within their lengths, known
  *      phases and canary kinds, a scope its cells agree on, rates not
  *      NaN, histograms and counters non-negative; a scan row's id an
- *      integer, a checkpoint's cursor NULL or an integer.
+ *      integer and its quarantine flag a boolean of exactly 0 or 1, a
+ *      checkpoint's cursor NULL or an integer and its text without a
+ *      NUL; every cell it read of the binary format.
  *   3. Round trip: an accepted row, written back into a result the way
  *      the store writes it (bound parameters: bigint big-endian, text
  *      and bytea bytes, the canary and phases by their codec names, the
  *      histograms by ks_rcodec_hist_encode), decodes to the same value;
  *      a histogram re-encodes to the cell's own bytes.
- *   4. The chunk coordinator's decoders (text results, not strict:
- *      pg_decode.h) give a chunk within chunks.h's shape (pass >= 1,
- *      views of their own length, cursor NULL or an integer), and one
- *      written back as its columns' text reads back the same.
+ *   4. The chunk coordinator's decoders (binary results, strict:
+ *      pg_decode.h) return KS_OK or KS_ERR_STORE with a message naming
+ *      one of the result's columns; a chunk or summary they accept obeys
+ *      the header (a known state, lo <= cursor <= hi, pass >= 1, counts
+ *      >= 0, owner and lease together, summed counts that add up) and
+ *      is canonical: written back as the server sends it (bigints
+ *      8 bytes, a boolean 1 byte 0/1, NULL owner and lease when none)
+ *      it gives back the very cells it was read from, and reads back the
+ *      same.  So a non-canonical form (a NULL in a NOT NULL column, an
+ *      unknown state, a boolean 2, a text column, ...) is refused.
  *   5. No crash, leak or undefined behaviour (ASan+UBSan); the work is
  *      linear in the input (each cell is read a bounded number of times).
  */
@@ -69,11 +77,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define MAX_COLS 32
 
 /* One result's shape: a type letter per column ('i' bigint, 't' text,
- * 'd' double precision, 'b' bytea, 'o' boolean) and its names. */
+ * 'd' double precision, 'b' bytea, 'o' boolean) and its names; every
+ * column binary (a perturbed one may be text: make_result). */
 typedef struct shape {
     const char *types;
     const char *const *names;
-    int text_format; /* the coordinator's results; else binary */
 } shape;
 
 /* The decoders, chosen by the input's first byte. */
@@ -85,12 +93,8 @@ enum {
 /* The column names of each select list, split once from the store's own
  * lists (rollout_pg.h, pg_decode.h), and the coordinator's. */
 static char *names_of[D_N][MAX_COLS];
-static const char *const chunk_names[KS_PG_CHUNK_NCOLS] = {
-    "chunk_id", "lo", "hi", "state", "cursor", "pass", "done", "skipped", "raced",
-    "quarantined", "wrong_state", "owner", "lease_until", "lease_live"};
-static const char *const summary_names[KS_PG_SUMMARY_NCOLS] = {
-    "count", "complete", "leased", "done", "skipped", "raced", "quarantined", "wrong_state",
-    "max_pass"};
+static const char *const chunk_names[KS_PG_CHUNK_NCOLS] = {KS_PG_CHUNK_NAMES};
+static const char *const summary_names[KS_PG_SUMMARY_NCOLS] = {KS_PG_SUMMARY_NAMES};
 static const char *const scan_names[MAX_COLS] = {
     "id", "value", "tenant", "c0", "c1", "c2", "c3", "c4", "c5", "c6", "c7", "quarantined"};
 
@@ -103,7 +107,7 @@ static const char reader_types[] = "ttiitii";
 static const char sample_types[] = "iiiiiiibb";
 static const char checkpoint_types[] = "ttiiiiiiiiii";
 static const char listed_types[] = "ttiiiiiiiiiitt";
-static const char chunk_types[] = "iiitiiiiiiiiti";
+static const char chunk_types[] = "iiitiiiiiiitio";
 static const char summary_types[] = "iiiiiiiii";
 
 /* Split a ", "-separated select list into out (each malloc'd, kept for
@@ -174,7 +178,7 @@ static PGresult *make_result(const shape *sh, int bad_col, Oid bad_oid, int bad_
     memset(att, 0, sizeof att);
     for (int i = 0; i < n; i++) {
         att[i].name = (char *)(uintptr_t)sh->names[i];
-        att[i].format = sh->text_format ? 0 : 1;
+        att[i].format = 1;
         att[i].typid = oid_of(sh->types[i]);
         att[i].typlen = -1;
         att[i].atttypmod = -1;
@@ -234,12 +238,43 @@ static void w_double(writer *w, double d)
     w_int(w, (int64_t)bits);
 }
 
-/* The next cell of a text result: v in decimal. */
-static void w_dec(writer *w, int64_t v)
+/* The next cell: a boolean, one byte 0 or 1. */
+static void w_bool(writer *w, int b)
 {
-    char t[24];
-    snprintf(t, sizeof t, "%" PRId64, v);
-    w_text(w, t);
+    uint8_t v = b != 0;
+    w_bytes(w, &v, 1);
+}
+
+/* Nonzero when cell (row, col) of a and cell (0, col) of b are the same
+ * cell: both NULL, or the same bytes. */
+static int cell_eq(const PGresult *a, int row, const PGresult *b, int col)
+{
+    if (PQgetisnull(a, row, col) || PQgetisnull(b, 0, col))
+        return PQgetisnull(a, row, col) && PQgetisnull(b, 0, col);
+    int n = PQgetlength(a, row, col);
+    return n == PQgetlength(b, 0, col) &&
+           memcmp(PQgetvalue(a, row, col), PQgetvalue(b, 0, col), (size_t)n) == 0;
+}
+
+/* Oracle 4's canonical form: every cell of row `row` of res is the
+ * same as the written-back one's. */
+static void check_same_cells(const PGresult *res, int row, const PGresult *back)
+{
+    CHECK(PQnfields(res) == PQnfields(back));
+    for (int c = 0; c < PQnfields(res); c++) {
+        CHECK(PQfformat(res, c) == 1 && PQftype(res, c) == PQftype(back, c));
+        CHECK(cell_eq(res, row, back, c));
+    }
+}
+
+/* Oracle 4 for a refusal: a message naming a column of res. */
+static void check_refusal(const PGresult *res, const char *msg)
+{
+    CHECK(msg[0] != '\0');
+    int named = 0;
+    for (int c = 0; c < PQnfields(res) && !named; c++)
+        named = strstr(msg, PQfname(res, c)) != NULL;
+    CHECK(named || strstr(msg, "shape") != NULL);
 }
 
 /* ---- the input --------------------------------------------------------------- */
@@ -580,6 +615,11 @@ static void run_scan(const PGresult *res, int rows, size_t n_context)
             continue;
         CHECK(row_a.id.type == KS_VALUE_INTEGER);
         CHECK(row_a.quarantined == 0 || row_a.quarantined == 1);
+        int qcol = 3 + (int)n_context;
+        CHECK(PQgetlength(res, i, qcol) == 1 &&
+              (uint8_t)PQgetvalue(res, i, qcol)[0] == (uint8_t)row_a.quarantined);
+        for (int c = 0; c <= qcol; c++)
+            CHECK(PQfformat(res, c) == 1);
         check_value(&row_a.value, PQftype(res, 1), PQgetlength(res, i, 1));
         check_value(&row_a.tenant, PQftype(res, 2), PQgetlength(res, i, 2));
         char types[MAX_COLS + 1];
@@ -594,7 +634,7 @@ static void run_scan(const PGresult *res, int rows, size_t n_context)
         }
         types[n++] = 'o';
         types[n] = '\0';
-        shape back = {types, scan_names, 0};
+        shape back = {types, scan_names};
         writer w = w_begin(&back);
         w_value(&w, &row_a.id);
         w_value(&w, &row_a.value);
@@ -616,6 +656,8 @@ static void run_scan(const PGresult *res, int rows, size_t n_context)
 static void check_checkpoint(const ks_checkpoint *cp)
 {
     CHECK(cp->params.ptr != NULL && cp->state.ptr != NULL);
+    CHECK(memchr(cp->params.ptr, 0, cp->params.len) == NULL &&
+          memchr(cp->state.ptr, 0, cp->state.len) == NULL);
     CHECK(cp->cursor.type == KS_VALUE_NULL || cp->cursor.type == KS_VALUE_INTEGER);
     CHECK(cp->done <= INT64_MAX && cp->skipped <= INT64_MAX && cp->raced <= INT64_MAX &&
           cp->quarantined <= INT64_MAX && cp->wrong_state <= INT64_MAX);
@@ -674,8 +716,9 @@ static void run_cell(const PGresult *res, int rows)
         if (e != KS_OK)
             continue;
         check_value(&v, PQftype(res, 0), PQgetlength(res, i, 0));
+        CHECK(PQfformat(res, 0) == 1);
         char t[2] = {letter_of_value(&v), '\0'};
-        shape back = {t, scan_names, 0};
+        shape back = {t, scan_names};
         writer w = w_begin(&back);
         w_value(&w, &v);
         CHECK(ks_pg_cell(w.res, 0, 0, &v2) == KS_OK && value_eq(&v, &v2));
@@ -685,41 +728,66 @@ static void run_cell(const PGresult *res, int rows)
 
 /* ---- the chunk coordinator's decoders ------------------------------------------- */
 
-/* Decode every row of a chunk result: oracle 4 (the chunk written back as
- * its columns' text: decimal integers, 't' or 'f'). */
+/* Nonzero when a chunk's state is one chunks.h names. */
+static int chunk_state_known(ks_bytes st)
+{
+    static const char *const states[] = {KS_PG_CHUNK_STATES};
+    for (size_t i = 0; i < sizeof states / sizeof states[0]; i++)
+        if (bytes_eq(st, (ks_bytes){(const uint8_t *)states[i], strlen(states[i])}))
+            return 1;
+    return 0;
+}
+
+/* Decode every row of a chunk result: oracle 4 (the chunk written back
+ * as the server sends CHUNK_COLS). */
 static void run_chunk(const shape *sh, const PGresult *res, int rows)
 {
     static const uint8_t pbytes[] = "p=1";
     const ks_bytes params = {pbytes, sizeof pbytes - 1};
     for (int i = 0; i < rows; i++) {
         ks_chunk k, k2;
-        ks_pg_read_chunk(res, i, params, &k);
+        char msg[128] = "";
+        ks_err e = ks_pg_read_chunk(res, i, params, &k, msg, sizeof msg);
+        CHECK(e == KS_OK || e == KS_ERR_STORE);
+        if (e != KS_OK) {
+            check_refusal(res, msg);
+            continue;
+        }
         CHECK(k.cp.params.ptr == params.ptr && k.cp.params.len == params.len);
+        CHECK(k.id >= 0 && k.id < (int64_t)KS_CHUNKS_MAX && k.lo <= k.hi);
         CHECK(k.cp.pass >= 1);
-        CHECK(k.cp.state.ptr != NULL && strlen((const char *)k.cp.state.ptr) == k.cp.state.len);
-        CHECK(k.owner.ptr != NULL && strlen((const char *)k.owner.ptr) == k.owner.len);
-        CHECK(k.cp.cursor.type == KS_VALUE_NULL || k.cp.cursor.type == KS_VALUE_INTEGER);
+        CHECK(k.cp.state.ptr != NULL && chunk_state_known(k.cp.state));
+        CHECK(k.owner.ptr != NULL && k.owner.len <= KS_PG_CHUNK_OWNER_MAX &&
+              memchr(k.owner.ptr, 0, k.owner.len) == NULL);
+        CHECK(k.cp.cursor.type == KS_VALUE_NULL ||
+              (k.cp.cursor.type == KS_VALUE_INTEGER && k.cp.cursor.integer >= k.lo &&
+               k.cp.cursor.integer <= k.hi));
         CHECK(k.cp.done <= INT64_MAX && k.cp.skipped <= INT64_MAX && k.cp.raced <= INT64_MAX &&
               k.cp.quarantined <= INT64_MAX && k.cp.wrong_state <= INT64_MAX);
         CHECK(k.cp.started == 0 && k.cp.updated == 0 && k.cp.finished == 0);
         CHECK(k.lease_live == 0 || k.lease_live == 1);
+        int leased = k.owner.len > 0;
+        CHECK(leased ? k.lease_until_ms >= 1 && bytes_eq(k.cp.state, (ks_bytes){(const uint8_t *)
+                                                                               "running", 7})
+                     : k.lease_until_ms == 0 && !k.lease_live);
         writer w = w_begin(sh);
-        w_dec(&w, k.id);
-        w_dec(&w, k.lo);
-        w_dec(&w, k.hi);
-        w_text(&w, (const char *)k.cp.state.ptr);
-        if (k.cp.cursor.type == KS_VALUE_NULL)
-            w_bytes(&w, NULL, 0);
-        else
-            w_dec(&w, k.cp.cursor.integer);
+        w_int(&w, k.id);
+        w_int(&w, k.lo);
+        w_int(&w, k.hi);
+        w_bytes(&w, k.cp.state.ptr, k.cp.state.len);
+        w_value(&w, &k.cp.cursor);
         const uint64_t counts[] = {k.cp.pass, k.cp.done, k.cp.skipped, k.cp.raced,
                                    k.cp.quarantined, k.cp.wrong_state};
         for (size_t j = 0; j < sizeof counts / sizeof counts[0]; j++)
-            w_dec(&w, (int64_t)counts[j]);
-        w_text(&w, (const char *)k.owner.ptr);
-        w_dec(&w, k.lease_until_ms);
-        w_text(&w, k.lease_live ? "t" : "f");
-        ks_pg_read_chunk(w.res, 0, params, &k2);
+            w_int(&w, (int64_t)counts[j]);
+        w_bytes(&w, leased ? k.owner.ptr : NULL, k.owner.len);
+        if (leased)
+            w_int(&w, k.lease_until_ms);
+        else
+            w_bytes(&w, NULL, 0);
+        w_bool(&w, k.lease_live);
+        check_same_cells(res, i, w.res);
+        CHECK(ks_pg_read_chunk(w.res, 0, params, &k2, NULL, 0) == KS_OK);
         CHECK(k.id == k2.id && k.lo == k2.lo && k.hi == k2.hi && checkpoint_eq(&k.cp, &k2.cp));
         CHECK(bytes_eq(k.owner, k2.owner) && k.lease_until_ms == k2.lease_until_ms &&
               k.lease_live == k2.lease_live);
@@ -727,21 +795,31 @@ static void run_chunk(const shape *sh, const PGresult *res, int rows)
     }
 }
 
-/* Decode row 0 of a summary result: oracle 4. */
+/* Decode the summary result (one row): oracle 4. */
 static void run_summary(const shape *sh, const PGresult *res)
 {
     ks_chunk_summary s, s2;
-    ks_pg_read_summary(res, &s);
+    char msg[128] = "";
+    ks_err e = ks_pg_read_summary(res, &s, msg, sizeof msg);
+    CHECK(e == KS_OK || e == KS_ERR_STORE);
+    if (e != KS_OK) {
+        check_refusal(res, msg);
+        return;
+    }
+    CHECK(s.chunks <= KS_CHUNKS_MAX && s.complete + s.leased <= s.chunks);
     CHECK(s.claimable == s.chunks - s.complete - s.leased);
-    CHECK(s.chunks <= INT64_MAX && s.complete <= INT64_MAX && s.leased <= INT64_MAX &&
-          s.done <= INT64_MAX && s.skipped <= INT64_MAX && s.raced <= INT64_MAX &&
+    CHECK(s.done <= INT64_MAX && s.skipped <= INT64_MAX && s.raced <= INT64_MAX &&
           s.quarantined <= INT64_MAX && s.wrong_state <= INT64_MAX);
+    CHECK(s.chunks > 0 ? s.max_pass >= 1
+                       : s.max_pass == 0 && s.done == 0 && s.skipped == 0 && s.raced == 0 &&
+                             s.quarantined == 0 && s.wrong_state == 0);
     writer w = w_begin(sh);
     const uint64_t v[] = {s.chunks, s.complete, s.leased, s.done, s.skipped,
                           s.raced, s.quarantined, s.wrong_state, s.max_pass};
     for (size_t j = 0; j < sizeof v / sizeof v[0]; j++)
-        w_dec(&w, (int64_t)v[j]);
-    ks_pg_read_summary(w.res, &s2);
+        w_int(&w, (int64_t)v[j]);
+    check_same_cells(res, 0, w.res);
+    CHECK(ks_pg_read_summary(w.res, &s2, NULL, 0) == KS_OK);
     CHECK(memcmp(&s, &s2, sizeof s) == 0);
     PQclear(w.res);
 }
@@ -766,17 +844,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     Oid bad_oid = 0;
     char scan_types[MAX_COLS + 1];
     size_t n_context = 0;
-    shape sh = {NULL, NULL, 0};
+    shape sh = {NULL, NULL};
     switch (d) {
-    case D_ROLLOUT: sh = (shape){rollout_types, (const char *const *)names_of[d], 0}; break;
-    case D_COLUMN: sh = (shape){column_types, (const char *const *)names_of[d], 0}; break;
-    case D_LOG: sh = (shape){log_types, (const char *const *)names_of[d], 0}; break;
-    case D_READER: sh = (shape){reader_types, (const char *const *)names_of[d], 0}; break;
-    case D_SAMPLE: sh = (shape){sample_types, (const char *const *)names_of[d], 0}; break;
-    case D_CHECKPOINT: sh = (shape){checkpoint_types, (const char *const *)names_of[d], 0}; break;
-    case D_LISTED: sh = (shape){listed_types, (const char *const *)names_of[d], 0}; break;
-    case D_CHUNK: sh = (shape){chunk_types, chunk_names, 1}; break;
-    case D_SUMMARY: sh = (shape){summary_types, summary_names, 1}; rows = 1; break;
+    case D_ROLLOUT: sh = (shape){rollout_types, (const char *const *)names_of[d]}; break;
+    case D_COLUMN: sh = (shape){column_types, (const char *const *)names_of[d]}; break;
+    case D_LOG: sh = (shape){log_types, (const char *const *)names_of[d]}; break;
+    case D_READER: sh = (shape){reader_types, (const char *const *)names_of[d]}; break;
+    case D_SAMPLE: sh = (shape){sample_types, (const char *const *)names_of[d]}; break;
+    case D_CHECKPOINT: sh = (shape){checkpoint_types, (const char *const *)names_of[d]}; break;
+    case D_LISTED: sh = (shape){listed_types, (const char *const *)names_of[d]}; break;
+    case D_CHUNK: sh = (shape){chunk_types, chunk_names}; break;
+    case D_SUMMARY: sh = (shape){summary_types, summary_names}; rows = 1; break;
     default: { /* D_SCAN, D_CELL: the value columns' types from the input */
         size_t n = 0;
         if (d == D_SCAN) {
@@ -789,7 +867,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             scan_types[n++] = scan_letters[ks_fuzz_next(&in) % (sizeof scan_letters - 1)];
         }
         scan_types[n] = '\0';
-        sh = (shape){scan_types, scan_names, 0};
+        sh = (shape){scan_types, scan_names};
         break;
     }
     }

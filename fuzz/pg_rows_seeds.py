@@ -7,8 +7,8 @@ Builds inputs of fuzz/fuzz_pg_rows.c with a writer of its own: a decoder
 byte, a row count, an attribute byte (and, for the scan, a context count
 and a type per value column), then each cell as a tag (0xff NULL, 0xfe a
 16-bit big-endian length, else the length) and its bytes; bigints 8 bytes
-big-endian, doubles their bits, histograms 24 little-endian uint64, the
-coordinator's cells decimal text.  For every decoder: valid rows (several
+big-endian, doubles their bits, histograms 24 little-endian uint64,
+booleans one byte.  For every decoder: valid rows (several
 shapes, several rows, values at their limits) and malformed ones (each
 range, type, length and name rule broken once, a column of another oid or
 format), into corpus/fuzz_pg_rows/<sha1>.
@@ -221,7 +221,8 @@ def scan_seeds():
     ]
     for r in [[NULL, b"v", NULL, False], [raw(b"1"), b"v", NULL, False],
               [1, b"v", NULL, b"\x01\x00"], [1, b"v", NULL, NULL], [1, b"v", NULL, b""],
-              [1, b"v", raw(b"\x00" * 4), False]]:
+              [1, b"v", raw(b"\x00" * 4), False], [1, b"v", NULL, raw(b"\x02")],
+              [1, b"v", NULL, raw(b"\xff")]]:
         out.append(scan([T_BYTEA, T_INT8], [r]))
     out.append(scan([T_BOOL, T_INT8], [[1, b"\x01", NULL, False]]))
     out.append(scan([T_BOOL, T_INT8], [[1, NULL, NULL, False]]))
@@ -247,7 +248,8 @@ def checkpoint_seeds():
     bad = [checkpoint(params=NULL), checkpoint(state=NULL), checkpoint(params=b"\x00\x01" * 3),
            checkpoint(pass_=2**32), checkpoint(pass_=-1), checkpoint(done=-1),
            checkpoint(wrong_state=-1), checkpoint(started=NULL), checkpoint(cursor="12"),
-           checkpoint(finished=raw(b"\x00"))]
+           checkpoint(finished=raw(b"\x00")), checkpoint(state="run\x00ning"),
+           checkpoint(params="v=1\x00")]
     out = [result(D_CHECKPOINT, [r]) for r in good] + [result(D_CHECKPOINT, good)]
     out += [result(D_CHECKPOINT, [r]) for r in bad]
     out.append(result(D_CHECKPOINT, [good[0]], bad=(0, OID_BYTEA, 0)))
@@ -270,35 +272,55 @@ def cell_seeds():
                     (T_TEXT, [["count"], [""]]), (T_BOOL, [[True]]), (T_BOOL, [[NULL]])]:
         out.append(result(D_CELL, rows, head=bytes([t])))
     out.append(result(D_CELL, [[5]], bad=(0, OID_INT4, 0), head=bytes([T_INT8])))
+    out.append(result(D_CELL, [[5]], bad=(0, OID_INT8, 1), head=bytes([T_INT8])))
+    out.append(result(D_CELL, [[NULL]], bad=(0, OID_INT8, 1), head=bytes([T_INT8])))
     return out
 
 
 def chunk(**kw):
-    """A chunk row of the coordinator's text result."""
-    cols = dict(chunk_id="0", lo="-9223372036854775808", hi="9999", state="running",
-                cursor="42", pass_="1", done="10", skipped="2", raced="0", quarantined="0",
-                wrong_state="0", owner="host-1/1234/ab12", lease="1700000000123", live="t")
+    """A chunk row of the coordinator's binary result (CHUNK_COLS)."""
+    cols = dict(chunk_id=0, lo=-2**63, hi=9999, state="running", cursor=42, pass_=1, done=10,
+                skipped=2, raced=0, quarantined=0, wrong_state=0, owner="host-1/1234/ab12",
+                lease=1700000000123, live=True)
     cols.update(kw)
     return list(cols.values())
 
 
 def chunk_seeds():
-    good = [chunk(), chunk(chunk_id="7", lo="70000", hi="9223372036854775807",
-                           state="complete", cursor=NULL, owner="", lease="0", live="f"),
-            chunk(state="pending", cursor=NULL, pass_="3", owner="", live="f")]
-    odd = [chunk(pass_="0"), chunk(pass_="-5"), chunk(pass_="99999999999"), chunk(done="-1"),
-           chunk(lo="x"), chunk(hi="12abc"), chunk(cursor=" 7"), chunk(state=NULL),
-           chunk(owner=NULL), chunk(live=NULL), chunk(live="true"),
-           chunk(lease="99999999999999999999"), chunk(chunk_id="-9223372036854775809"),
-           chunk(state="run\x00ning"), chunk(owner="o" * 300)]
+    free = dict(owner=NULL, lease=NULL, live=False)
+    good = [chunk(), chunk(chunk_id=7, lo=70000, hi=2**63 - 1, state="complete", cursor=NULL,
+                           **free),
+            chunk(state="pending", cursor=NULL, pass_=3, **free),
+            chunk(chunk_id=99999, lo=5, hi=5, cursor=5, pass_=2**32 - 1, done=2**63 - 1,
+                  live=False),
+            chunk(state="paused", **free), chunk(state="stopped", cursor=-2**63, **free),
+            chunk(state="running", **free)]
+    # each refused: a NULL where the schema forbids one, a value out of its
+    # range, an unknown state, owner and lease apart, a boolean not 0/1
+    bad = [chunk(pass_=0), chunk(pass_=-5), chunk(pass_=2**32), chunk(done=-1),
+           chunk(wrong_state=-1), chunk(chunk_id=-1), chunk(chunk_id=100000), chunk(lo=10000),
+           chunk(cursor=10000), chunk(cursor=-2**63 + 0, lo=-2**63 + 1), chunk(state=NULL),
+           chunk(state="bogus"), chunk(state="Running"), chunk(state=""),
+           chunk(state="run\x00ning"), chunk(chunk_id=NULL), chunk(lo=NULL), chunk(pass_=NULL),
+           chunk(done=NULL), chunk(owner=NULL), chunk(lease=NULL), chunk(owner=""),
+           chunk(owner="o" * 1025), chunk(owner="a\x00b"), chunk(lease=0), chunk(lease=-1),
+           chunk(live=NULL), chunk(live=raw(b"\x02")), chunk(live=raw(b"\x01\x00")),
+           chunk(state="paused"), chunk(state="complete"), chunk(owner=NULL, lease=NULL),
+           chunk(cursor=raw(b"\x00" * 4)), chunk(hi=raw(b"12abc")), chunk(cursor="42")]
     out = [result(D_CHUNK, [r]) for r in good] + [result(D_CHUNK, good)]
-    out += [result(D_CHUNK, [r]) for r in odd]
-    out.append(result(D_CHUNK, [good[0]], bad=(3, OID_INT8, 1)))
-    sums = [["10", "4", "3", "100", "5", "2", "1", "0", "2"],
-            ["0", "0", "0", "0", "0", "0", "0", "0", "0"],
-            ["1", "5", "0", "-1", "x", "9223372036854775807", "1", "1", "4294967296"],
-            [NULL] * 9]
-    out += [result(D_SUMMARY, [r]) for r in sums]
+    out += [result(D_CHUNK, [r]) for r in bad]
+    out.append(result(D_CHUNK, [good[0]], bad=(3, OID_INT8, 0)))
+    out.append(result(D_CHUNK, [good[0]], bad=(0, OID_INT8, 1)))   # a text-format column
+    out.append(result(D_CHUNK, [good[0]], bad=(13, OID_INT8, 0)))
+    out.append(result(D_CHUNK, [good[0]], bad=(5, OID_INT4, 0)))
+    sums = [[10, 4, 3, 100, 5, 2, 1, 0, 2], [0] * 9, [100000, 100000, 0, 2**63 - 1, 0, 0, 0, 0,
+                                                      2**32 - 1]]
+    bsums = [[1, 5, 0, 0, 0, 0, 0, 0, 1], [2, 1, 2, 0, 0, 0, 0, 0, 1], [1, 0, 0, -1, 0, 0, 0, 0, 1],
+             [1, 0, 0, 0, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0, 2**32],
+             [0, 0, 0, 5, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 0, 1], [100001] + [0] * 7 + [1],
+             [NULL] * 9, [1, 0, 0, NULL, 0, 0, 0, 0, 1], [raw(b"1")] + [0] * 8]
+    out += [result(D_SUMMARY, [r]) for r in sums + bsums]
+    out.append(result(D_SUMMARY, [sums[0]], bad=(3, OID_INT8, 1)))
     return out
 
 

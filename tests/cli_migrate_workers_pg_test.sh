@@ -29,8 +29,11 @@
 #      paused workers keep their chunks), status lists the running chunks
 #      with owner and lease; false resumes them; the same for `migrate
 #      pause` and `resume`; the throttled time is reported.
-#   5. SIGINT stops every worker (75) and a rerun completes; the server
-#      stopped mid-run gives 69, and the rerun once it is back completes.
+#   5. SIGINT stops every worker (75) and a rerun completes; a chunk row
+#      corrupted through SQL (pass 0) fails the rerun with 74 and status
+#      leaves the chunks out, and once fixed the rerun completes; the
+#      server stopped mid-run gives 69, and the rerun once it is back
+#      completes.
 #
 # Needs the PostgreSQL server programs (initdb, pg_ctl) and psql.
 # Usage: KEYSHIFT=path/to/keyshift tests/cli_migrate_workers_pg_test.sh
@@ -393,6 +396,18 @@ left=$(q "SELECT count(*) FROM keyshift_chunk WHERE tbl = 'sig' AND owner IS NOT
 if [ "$left" = 0 ]; then ok "SIGINT: every chunk given up (no owner left)"; else bad "SIGINT: chunks given up" "$left owned"; fi
 if [ "$(chunk_sum sig done)" = "$(kse_rows sig)" ]; then ok "SIGINT: the chunks' done matches the data"; else bad "SIGINT: chunks match the data"; fi
 rerun_exact sig "SIGINT"
+
+# a chunk row corrupted through SQL: the workers refuse it (store error,
+# 74) instead of reading some value; status leaves the chunks out; fixed,
+# the rerun completes
+interrupt bad 75 "corrupt chunk: the first run stops on SIGINT" 'kill -INT $pid'
+q "UPDATE keyshift_chunk SET pass = 0 WHERE tbl = 'bad' AND state <> 'complete'" >/dev/null
+run "corrupt chunk: the rerun fails with a store error" 74 "$KS" migrate run "${IRUN[@]}"
+if grep -q "AddressSanitizer\|runtime error" "$T/err"; then bad "corrupt chunk: no sanitizer report"; else ok "corrupt chunk: no sanitizer report"; fi
+run "corrupt chunk: status still answers" 0 "$KS" migrate status --db "$CI" --table bad --column card
+if grep -q "^chunks " "$T/out"; then bad "corrupt chunk: status lists no malformed chunks"; else ok "corrupt chunk: status lists no malformed chunks"; fi
+q "UPDATE keyshift_chunk SET pass = 1, owner = NULL, lease_until = NULL, state = 'paused' WHERE tbl = 'bad' AND pass = 0" >/dev/null
+rerun_exact bad "corrupt chunk fixed"
 
 interrupt gone 69 "server stopped mid-run" '"$CLUSTER" down "$PGD" || bad "cluster down"'
 expect_grep "server stopped: says to rerun once it is back" "$T/err" "database went away.*run the same command again"

@@ -528,6 +528,22 @@ static void stop_progress(void *arg, const ks_workers_progress *p)
         g_stop = 1;
 }
 
+/* Set the stop flag after the first batch (test_corrupt_chunk). */
+static void stop_early(void *arg, const ks_workers_progress *p)
+{
+    (void)arg;
+    if (p->batch_rows > 0)
+        g_stop = 1;
+}
+
+/* Count the chunks listed (list callback of test_corrupt_chunk). */
+static int count_chunk(void *arg, const ks_chunk *k)
+{
+    (void)k;
+    (*(size_t *)arg)++;
+    return 0;
+}
+
 /* The stop flag: every worker commits its batch, gives its chunk up
  * ("paused", no owner) and stops with KS_ERR_STOPPED; a rerun (another
  * process's workers would do the same) completes without waiting for a
@@ -555,12 +571,88 @@ static void test_stop(void **state)
     check_rows(w, 1);
 }
 
+/* A chunk row corrupted through SQL (as the table's types allow) reads
+ * as KS_ERR_STORE, never as a value: a claim, the summary, the status
+ * listing and a run of workers (whose CLI exit code KS_ERR_STORE maps
+ * to EX_IOERR) refuse it; fixed, everything reads again. */
+static void test_corrupt_chunk(void **state)
+{
+    world *w = *state;
+    make_rows(w, 1000);
+    ks_rowstore a;
+    ks_chunks ca;
+    assert_int_equal(open_worker(NULL, 0, &a, &ca), KS_OK);
+    ks_bytes params = BV("test;params"), oa = BV("worker-a");
+    uint64_t n = 0;
+    assert_int_equal(ca.ops->plan(ca.self, params, 500, &n), KS_OK);
+    assert_int_equal(n, 2);
+    static const char *const bad[] = {
+        "UPDATE keyshift_chunk SET state = 'bogus' WHERE chunk_id = 1",
+        "UPDATE keyshift_chunk SET pass = 0 WHERE chunk_id = 1",
+        "UPDATE keyshift_chunk SET done = -1 WHERE chunk_id = 1",
+        "UPDATE keyshift_chunk SET cursor = hi + 1 WHERE chunk_id = 0",
+        "UPDATE keyshift_chunk SET lo = hi + 1 WHERE chunk_id = 0",
+        "UPDATE keyshift_chunk SET owner = 'x', lease_until = now() WHERE chunk_id = 1",
+        "UPDATE keyshift_chunk SET owner = 'x', lease_until = NULL, state = 'running' "
+        "WHERE chunk_id = 1",
+        "UPDATE keyshift_chunk SET chunk_id = -1 WHERE chunk_id = 1",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        admin_exec(w, bad[i]);
+        size_t seen = 0;
+        assert_int_equal(ca.ops->list(ca.self, params, count_chunk, &seen), KS_ERR_STORE);
+        admin_exec(w, "DELETE FROM keyshift_chunk"); /* a fresh plan for the next case */
+        assert_int_equal(ca.ops->plan(ca.self, params, 500, &n), KS_OK);
+        seen = 0;
+        assert_int_equal(ca.ops->list(ca.self, params, count_chunk, &seen), KS_OK);
+        assert_int_equal(seen, 2);
+    }
+    /* a claim reads the chunk it took: chunk 0 with a pass of 0 */
+    admin_exec(w, "UPDATE keyshift_chunk SET pass = 0 WHERE chunk_id = 0");
+    ks_chunk k;
+    assert_int_equal(ca.ops->claim(ca.self, params, oa, 30000, &k), KS_ERR_STORE);
+    ks_chunk_summary s;
+    admin_exec(w, "UPDATE keyshift_chunk SET pass = 0");
+    assert_int_equal(ca.ops->summary(ca.self, params, &s), KS_ERR_STORE); /* max(pass) 0 */
+    admin_exec(w, "UPDATE keyshift_chunk SET pass = 1, done = -5");
+    assert_int_equal(ca.ops->summary(ca.self, params, &s), KS_ERR_STORE); /* sum(done) < 0 */
+    admin_exec(w, "UPDATE keyshift_chunk SET done = 0, owner = NULL, lease_until = NULL");
+    assert_int_equal(ca.ops->summary(ca.self, params, &s), KS_OK);
+    assert_int_equal(s.chunks, 2);
+    assert_int_equal(s.claimable, 2);
+    ks_chunks_close(&ca);
+    ks_rowstore_close(&a);
+
+    /* a run of workers over a migration whose chunk went bad stops with
+     * KS_ERR_STORE */
+    ks_migrate_params p = rec_params(KS_MIGRATE_ENCRYPT, 10);
+    ks_workers_options o = {.workers = 2, .chunk_ids = 500, .lease_ms = 600000};
+    ks_workers_result r;
+    g_stop = 0;
+    assert_int_equal(ks_migrate_run_workers(w->ctx, &p, &o, open_worker, NULL, &g_stop,
+                                            stop_early, NULL, &r),
+                     KS_ERR_STOPPED);
+    assert_true(admin_int(w, "SELECT count(*) FROM keyshift_chunk WHERE state <> 'complete' "
+                             "AND params <> 'test;params'") >= 1);
+    admin_exec(w, "UPDATE keyshift_chunk SET pass = 0 WHERE state <> 'complete'");
+    assert_int_equal(ks_migrate_run_workers(w->ctx, &p, &o, open_worker, NULL, NULL, NULL, NULL,
+                                            &r),
+                     KS_ERR_STORE);
+    admin_exec(w, "UPDATE keyshift_chunk SET pass = 1, owner = NULL, lease_until = NULL, "
+                  "state = 'paused' WHERE pass = 0");
+    assert_int_equal(ks_migrate_run_workers(w->ctx, &p, &o, open_worker, NULL, NULL, NULL, NULL,
+                                            &r),
+                     KS_OK);
+    check_rows(w, 1);
+}
+
 /* The workers' tests, one cluster for the group. */
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, world_setup, world_teardown)
     const struct CMUnitTest tests[] = {
         T(test_lost_lease),
+        T(test_corrupt_chunk),
         T(test_takeover),
         T(test_kill9),
         T(test_stop),

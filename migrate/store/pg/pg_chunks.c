@@ -29,11 +29,13 @@
 #include "pg_internal.h"
 
 /* The columns of a chunk (the table as c), in ks_pg_read_chunk's order
- * (KS_PG_CHUNK_NCOLS of them). */
+ * (KS_PG_CHUNK_NCOLS of them): owner and lease_until NULL when no lease,
+ * as the table has them (never coalesced: a NULL where the schema
+ * forbids one must read as an error, not as a value). */
 #define CHUNK_COLS                                                                           \
     "c.chunk_id, c.lo, c.hi, c.state, c.cursor, c.pass, c.done, c.skipped, c.raced, "         \
-    "c.quarantined, c.wrong_state, coalesce(c.owner, ''), "                                  \
-    "coalesce((extract(epoch FROM c.lease_until) * 1000)::int8, 0), "                        \
+    "c.quarantined, c.wrong_state, c.owner, "                                                \
+    "(extract(epoch FROM c.lease_until) * 1000)::int8, "                                     \
     "coalesce(c.lease_until > now(), false)"
 
 /* The key of a migration's chunks. */
@@ -95,12 +97,15 @@ static const char SQL_SAVE[] =
 static const char SQL_RELEASE[] =
     "UPDATE @S.keyshift_chunk SET owner = NULL, lease_until = NULL, updated = now() "
     "WHERE " KEY " AND chunk_id = $5::int8 AND owner = $4::text RETURNING 1";
+/* The sums are numeric: cast back to bigint (one past INT64_MAX fails
+ * on the server, 22003, a KS_ERR_STORE). */
 static const char SQL_SUMMARY[] =
     "SELECT count(*), count(*) FILTER (WHERE state = 'complete'), "
     "count(*) FILTER (WHERE state <> 'complete' AND owner IS NOT NULL "
     "AND lease_until >= now()), "
-    "coalesce(sum(done), 0), coalesce(sum(skipped), 0), coalesce(sum(raced), 0), "
-    "coalesce(sum(quarantined), 0), coalesce(sum(wrong_state), 0), coalesce(max(pass), 0) "
+    "coalesce(sum(done), 0)::int8, coalesce(sum(skipped), 0)::int8, "
+    "coalesce(sum(raced), 0)::int8, coalesce(sum(quarantined), 0)::int8, "
+    "coalesce(sum(wrong_state), 0)::int8, coalesce(max(pass), 0)::int8 "
     "FROM @S.keyshift_chunk WHERE " KEY;
 static const char SQL_LIST[] =
     "SELECT " CHUNK_COLS " FROM @S.keyshift_chunk AS c WHERE " KEY " ORDER BY chunk_id";
@@ -118,6 +123,7 @@ typedef struct pg_chunks {
     char *params, *owner;     /* NUL-terminated copies of the last call's */
     size_t params_cap, owner_cap;
     int absent;               /* read-only, and keyshift_chunk does not exist: no chunks */
+    char why[128];            /* what the last malformed row broke (a column, no value) */
 } pg_chunks;
 
 /* The text parameters of one statement. */
@@ -163,10 +169,11 @@ static char *with_schema(const char *tmpl, const char *qs)
 }
 
 /* Copy b into *buf (grown) as a NUL-terminated string; KS_ERR_INVALID_ARGUMENT
- * for bytes with a NUL (text parameters cannot carry one) or empty. */
-static ks_err cstr(ks_bytes b, char **buf, size_t *cap)
+ * for bytes with a NUL (text parameters cannot carry one), empty or longer
+ * than max. */
+static ks_err cstr(ks_bytes b, size_t max, char **buf, size_t *cap)
 {
-    if (b.ptr == NULL || b.len == 0 || b.len > (size_t)INT32_MAX || memchr(b.ptr, 0, b.len) != NULL)
+    if (b.ptr == NULL || b.len == 0 || b.len > max || memchr(b.ptr, 0, b.len) != NULL)
         return KS_ERR_INVALID_ARGUMENT;
     if (b.len + 1 > *cap) {
         char *p = realloc(*buf, b.len + 1);
@@ -184,9 +191,9 @@ static ks_err cstr(ks_bytes b, char **buf, size_t *cap)
  * owner is not NULL, $4 owner; params copied into c. */
 static ks_err key_params(pg_chunks *c, ks_bytes params, const ks_bytes *owner, tparams *p)
 {
-    ks_err err = cstr(params, &c->params, &c->params_cap);
-    if (err == KS_OK && owner != NULL)
-        err = cstr(*owner, &c->owner, &c->owner_cap);
+    ks_err err = cstr(params, (size_t)INT32_MAX, &c->params, &c->params_cap);
+    if (err == KS_OK && owner != NULL) /* an owner the chunk's reader would refuse: never written */
+        err = cstr(*owner, KS_PG_CHUNK_OWNER_MAX, &c->owner, &c->owner_cap);
     if (err != KS_OK)
         return err;
     p->n = 0;
@@ -206,11 +213,12 @@ static void p_num(tparams *p, int64_t v)
     p->n++;
 }
 
-/* Run statement q with p (text in, text out) and keep its result when
- * it returned want; else the store's mapping of the failure. */
+/* Run statement q with p (text in, binary out, read as the store reads
+ * its own results: pg_decode.h) and keep its result when it returned
+ * want; else the store's mapping of the failure. */
 static ks_err run(pg_chunks *c, int q, const tparams *p, ExecStatusType want)
 {
-    PGresult *res = PQexecParams(c->parts.conn, c->sql[q], p->n, NULL, p->v, NULL, NULL, 0);
+    PGresult *res = PQexecParams(c->parts.conn, c->sql[q], p->n, NULL, p->v, NULL, NULL, 1);
     if (c->res != NULL)
         PQclear(c->res);
     c->res = NULL;
@@ -223,59 +231,183 @@ static ks_err run(pg_chunks *c, int q, const tparams *p, ExecStatusType want)
     return err;
 }
 
-/* Cell (row, col) of res as an integer (0 for NULL). */
-static int64_t num_at(const PGresult *res, int row, int col)
+/* The names of CHUNK_COLS's cells, for messages (no values). */
+static const char *const chunk_col[KS_PG_CHUNK_NCOLS] = {KS_PG_CHUNK_NAMES};
+/* The names of SQL_SUMMARY's cells. */
+static const char *const summary_col[KS_PG_SUMMARY_NCOLS] = {KS_PG_SUMMARY_NAMES};
+
+/* Refuse a row of keyshift_chunk: KS_ERR_STORE, errbuf naming column
+ * `name` and the rule its cell broke (never the cell's value). */
+static ks_err bad_cell(char *errbuf, size_t errbuf_len, const char *name, const char *why)
 {
-    return PQgetisnull(res, row, col) ? 0 : strtoll(PQgetvalue(res, row, col), NULL, 10);
+    return say(errbuf, errbuf_len, KS_ERR_STORE, "keyshift_chunk: column %s %s", name, why);
 }
 
-/* A count cell as unsigned (a negative one, never written, as 0). */
-static uint64_t count_at(const PGresult *res, int row, int col)
+/* Cell (row, col) of a binary result as a bigint within [lo, hi] into
+ * *out; NULL is refused unless nullable (then *is_null is set and *out
+ * 0).  KS_ERR_STORE naming the column for another type, length or a
+ * value out of range. */
+static ks_err int_cell(const PGresult *res, int row, int col, const char *name, int64_t lo,
+                       int64_t hi, int nullable, int *is_null, int64_t *out, char *errbuf,
+                       size_t errbuf_len)
 {
-    int64_t v = num_at(res, row, col);
-    return v < 0 ? 0 : (uint64_t)v;
+    ks_value v;
+    *out = 0;
+    if (is_null != NULL)
+        *is_null = 0;
+    if (ks_pg_cell(res, row, col, &v) != KS_OK ||
+        (v.type != KS_VALUE_INTEGER && v.type != KS_VALUE_NULL))
+        return bad_cell(errbuf, errbuf_len, name, "is not a bigint");
+    if (v.type == KS_VALUE_NULL) {
+        if (!nullable || is_null == NULL)
+            return bad_cell(errbuf, errbuf_len, name, "is NULL");
+        *is_null = 1;
+        return KS_OK;
+    }
+    if (v.integer < lo || v.integer > hi)
+        return bad_cell(errbuf, errbuf_len, name, "is out of range");
+    *out = v.integer;
+    return KS_OK;
+}
+
+/* Cell (row, col) of a binary result as text of 1..max bytes without a
+ * NUL into *out (a view of res); NULL sets *is_null when nullable.
+ * KS_ERR_STORE naming the column otherwise. */
+static ks_err text_cell(const PGresult *res, int row, int col, const char *name, size_t max,
+                        int nullable, int *is_null, ks_bytes *out, char *errbuf,
+                        size_t errbuf_len)
+{
+    ks_value v;
+    *out = (ks_bytes){NULL, 0};
+    *is_null = 0;
+    if (ks_pg_cell(res, row, col, &v) != KS_OK ||
+        (v.type != KS_VALUE_TEXT && v.type != KS_VALUE_NULL))
+        return bad_cell(errbuf, errbuf_len, name, "is not text");
+    if (v.type == KS_VALUE_NULL) {
+        if (!nullable)
+            return bad_cell(errbuf, errbuf_len, name, "is NULL");
+        *is_null = 1;
+        return KS_OK;
+    }
+    if (v.bytes.len == 0 || v.bytes.len > max || memchr(v.bytes.ptr, 0, v.bytes.len) != NULL)
+        return bad_cell(errbuf, errbuf_len, name, "is not a valid name");
+    *out = v.bytes;
+    return KS_OK;
+}
+
+/* Nonzero when st is one of KS_PG_CHUNK_STATES; *running when it is
+ * "running". */
+static int known_state(ks_bytes st, int *running)
+{
+    static const char *const states[] = {KS_PG_CHUNK_STATES};
+    for (size_t i = 0; i < sizeof states / sizeof states[0]; i++)
+        if (st.len == strlen(states[i]) && memcmp(st.ptr, states[i], st.len) == 0) {
+            *running = strcmp(states[i], "running") == 0;
+            return 1;
+        }
+    return 0;
 }
 
 /* See pg_decode.h (ks_pg_read_chunk). */
-void ks_pg_read_chunk(const PGresult *res, int row, ks_bytes params, ks_chunk *k)
+ks_err ks_pg_read_chunk(const PGresult *res, int row, ks_bytes params, ks_chunk *k,
+                        char *errbuf, size_t errbuf_len)
 {
     memset(k, 0, sizeof *k);
-    k->id = num_at(res, row, 0);
-    k->lo = num_at(res, row, 1);
-    k->hi = num_at(res, row, 2);
-    const char *st = PQgetvalue(res, row, 3);
+    if (row < 0 || row >= PQntuples(res) || PQnfields(res) != KS_PG_CHUNK_NCOLS)
+        return say(errbuf, errbuf_len, KS_ERR_STORE, "keyshift_chunk: a row of another shape");
+    int64_t v[KS_PG_CHUNK_NCOLS] = {0};
+    int cursor_null = 0, owner_null = 0, lease_null = 0, running = 0;
+    ks_err err = int_cell(res, row, 0, chunk_col[0], 0, (int64_t)KS_CHUNKS_MAX - 1, 0, NULL, &v[0],
+                          errbuf, errbuf_len);
+    for (int i = 1; err == KS_OK && i <= 2; i++)
+        err = int_cell(res, row, i, chunk_col[i], INT64_MIN, INT64_MAX, 0, NULL, &v[i], errbuf,
+                       errbuf_len);
+    if (err == KS_OK && v[1] > v[2])
+        err = bad_cell(errbuf, errbuf_len, "lo", "is above hi");
+    int st_null;
+    if (err == KS_OK)
+        err = text_cell(res, row, 3, chunk_col[3], 64, 0, &st_null, &k->cp.state, errbuf,
+                        errbuf_len);
+    if (err == KS_OK && !known_state(k->cp.state, &running))
+        err = bad_cell(errbuf, errbuf_len, "state", "is not a known state");
+    if (err == KS_OK)
+        err = int_cell(res, row, 4, chunk_col[4], v[1], v[2], 1, &cursor_null, &v[4], errbuf,
+                       errbuf_len);
+    if (err == KS_OK)
+        err = int_cell(res, row, 5, chunk_col[5], 1, UINT32_MAX, 0, NULL, &v[5], errbuf,
+                       errbuf_len);
+    for (int i = 6; err == KS_OK && i <= 10; i++)
+        err = int_cell(res, row, i, chunk_col[i], 0, INT64_MAX, 0, NULL, &v[i], errbuf,
+                       errbuf_len);
+    if (err == KS_OK)
+        err = text_cell(res, row, 11, chunk_col[11], KS_PG_CHUNK_OWNER_MAX, 1, &owner_null,
+                        &k->owner, errbuf, errbuf_len);
+    if (err == KS_OK)
+        err = int_cell(res, row, 12, chunk_col[12], 1, INT64_MAX, 1, &lease_null, &v[12], errbuf,
+                       errbuf_len);
+    if (err == KS_OK && owner_null != lease_null)
+        err = bad_cell(errbuf, errbuf_len, "owner", "and lease_until are not both set or NULL");
+    if (err == KS_OK && !owner_null && !running)
+        err = bad_cell(errbuf, errbuf_len, "owner", "is set on a chunk not running");
+    if (err == KS_OK && ks_pg_bool(res, row, 13, &k->lease_live) != KS_OK)
+        err = bad_cell(errbuf, errbuf_len, "lease_live", "is not a boolean");
+    if (err == KS_OK && lease_null && k->lease_live)
+        err = bad_cell(errbuf, errbuf_len, "lease_live", "is true without a lease");
+    if (err != KS_OK) {
+        memset(k, 0, sizeof *k);
+        return err;
+    }
+    if (owner_null)
+        k->owner = (ks_bytes){(const uint8_t *)"", 0};
+    k->id = v[0];
+    k->lo = v[1];
+    k->hi = v[2];
     k->cp.params = params;
-    k->cp.state = (ks_bytes){(const uint8_t *)st, strlen(st)};
-    if (!PQgetisnull(res, row, 4))
-        k->cp.cursor = (ks_value){KS_VALUE_INTEGER, num_at(res, row, 4), {NULL, 0}};
-    int64_t pass = num_at(res, row, 5);
-    k->cp.pass = pass < 1 ? 1 : pass > (int64_t)UINT32_MAX ? UINT32_MAX : (uint32_t)pass;
-    k->cp.done = count_at(res, row, 6);
-    k->cp.skipped = count_at(res, row, 7);
-    k->cp.raced = count_at(res, row, 8);
-    k->cp.quarantined = count_at(res, row, 9);
-    k->cp.wrong_state = count_at(res, row, 10);
-    const char *ow = PQgetvalue(res, row, 11);
-    k->owner = (ks_bytes){(const uint8_t *)ow, strlen(ow)};
-    k->lease_until_ms = num_at(res, row, 12);
-    k->lease_live = PQgetvalue(res, row, 13)[0] == 't';
+    if (!cursor_null)
+        k->cp.cursor = (ks_value){KS_VALUE_INTEGER, v[4], {NULL, 0}};
+    k->cp.pass = (uint32_t)v[5];
+    k->cp.done = (uint64_t)v[6];
+    k->cp.skipped = (uint64_t)v[7];
+    k->cp.raced = (uint64_t)v[8];
+    k->cp.quarantined = (uint64_t)v[9];
+    k->cp.wrong_state = (uint64_t)v[10];
+    k->lease_until_ms = v[12];
+    return KS_OK;
 }
 
 /* See pg_decode.h (ks_pg_read_summary). */
-void ks_pg_read_summary(const PGresult *res, ks_chunk_summary *out)
+ks_err ks_pg_read_summary(const PGresult *res, ks_chunk_summary *out, char *errbuf,
+                          size_t errbuf_len)
 {
     memset(out, 0, sizeof *out);
-    out->chunks = count_at(res, 0, 0);
-    out->complete = count_at(res, 0, 1);
-    out->leased = count_at(res, 0, 2);
+    if (PQntuples(res) != 1 || PQnfields(res) != KS_PG_SUMMARY_NCOLS)
+        return say(errbuf, errbuf_len, KS_ERR_STORE, "keyshift_chunk: a summary of another shape");
+    int64_t v[KS_PG_SUMMARY_NCOLS];
+    ks_err err = KS_OK;
+    for (int i = 0; err == KS_OK && i < KS_PG_SUMMARY_NCOLS; i++)
+        err = int_cell(res, 0, i, summary_col[i], 0, i <= 2 ? (int64_t)KS_CHUNKS_MAX : INT64_MAX,
+                       0, NULL, &v[i], errbuf, errbuf_len);
+    if (err == KS_OK && v[1] + v[2] > v[0]) /* each <= KS_CHUNKS_MAX here: no overflow */
+        err = bad_cell(errbuf, errbuf_len, v[1] > v[0] ? "complete" : "leased",
+                       "is above the chunks' count");
+    if (err == KS_OK && v[0] > 0 && (v[8] < 1 || v[8] > (int64_t)UINT32_MAX))
+        err = bad_cell(errbuf, errbuf_len, "max_pass", "is out of range");
+    for (int i = 3; err == KS_OK && v[0] == 0 && i < KS_PG_SUMMARY_NCOLS; i++)
+        if (v[i] != 0)
+            err = bad_cell(errbuf, errbuf_len, summary_col[i], "is not 0 without chunks");
+    if (err != KS_OK)
+        return err;
+    out->chunks = (uint64_t)v[0];
+    out->complete = (uint64_t)v[1];
+    out->leased = (uint64_t)v[2];
     out->claimable = out->chunks - out->complete - out->leased;
-    out->done = count_at(res, 0, 3);
-    out->skipped = count_at(res, 0, 4);
-    out->raced = count_at(res, 0, 5);
-    out->quarantined = count_at(res, 0, 6);
-    out->wrong_state = count_at(res, 0, 7);
-    uint64_t mp = count_at(res, 0, 8);
-    out->max_pass = mp > UINT32_MAX ? UINT32_MAX : (uint32_t)mp;
+    out->done = (uint64_t)v[3];
+    out->skipped = (uint64_t)v[4];
+    out->raced = (uint64_t)v[5];
+    out->quarantined = (uint64_t)v[6];
+    out->wrong_state = (uint64_t)v[7];
+    out->max_pass = (uint32_t)v[8];
+    return KS_OK;
 }
 
 /* Nonzero when the coordinator may run a writing statement of its own
@@ -319,6 +451,45 @@ static uint64_t chunk_width(uint64_t span, uint64_t want, uint64_t *n)
     return w;
 }
 
+/* The one cell of a count of chunks (SQL_PLANNED) into *n:
+ * 0..KS_CHUNKS_MAX, the most a plan makes; else KS_ERR_STORE. */
+static ks_err planned_count(pg_chunks *c, uint64_t *n)
+{
+    int64_t v = 0;
+    ks_err err = PQntuples(c->res) == 1 && PQnfields(c->res) == 1
+                     ? int_cell(c->res, 0, 0, "count", 0, (int64_t)KS_CHUNKS_MAX, 0, NULL, &v,
+                                c->why, sizeof c->why)
+                     : say(c->why, sizeof c->why, KS_ERR_STORE, "keyshift_chunk: a count of "
+                                                                "another shape");
+    *n = (uint64_t)v;
+    return err;
+}
+
+/* The target's smallest and largest ids into *lo and *hi (both 0 for an
+ * empty table), as binary bigints checked like a chunk's cells. */
+static ks_err id_range(pg_chunks *c, int64_t *lo, int64_t *hi)
+{
+    char sql[512];
+    snprintf(sql, sizeof sql, "SELECT min(%s)::int8, max(%s)::int8 FROM %s", c->parts.qid,
+             c->parts.qid, c->parts.qtable);
+    PGresult *res = PQexecParams(c->parts.conn, sql, 0, NULL, NULL, NULL, NULL, 1);
+    ks_err err = res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK
+                     ? KS_OK
+                     : ks_pg_error_of(c->parts.conn, res);
+    int lo_null = 0, hi_null = 0;
+    if (err == KS_OK && (PQntuples(res) != 1 || PQnfields(res) != 2))
+        err = say(c->why, sizeof c->why, KS_ERR_STORE, "the target's id range: another shape");
+    if (err == KS_OK)
+        err = int_cell(res, 0, 0, "min", INT64_MIN, INT64_MAX, 1, &lo_null, lo, c->why,
+                       sizeof c->why);
+    if (err == KS_OK)
+        err = int_cell(res, 0, 1, "max", *lo, INT64_MAX, 1, &hi_null, hi, c->why, sizeof c->why);
+    if (err == KS_OK && lo_null != hi_null)
+        err = say(c->why, sizeof c->why, KS_ERR_STORE, "the target's id range: one end NULL");
+    PQclear(res);
+    return err;
+}
+
 /* ops.plan: see chunks.h.  Under an advisory lock of the transaction,
  * so concurrent planners wait for the first one and then find its
  * chunks. */
@@ -336,20 +507,11 @@ static ks_err op_plan(void *self, ks_bytes params, uint64_t chunk_ids, uint64_t 
         err = simple(c, "SELECT pg_catalog.pg_advisory_xact_lock(1801678443)");
     if (err == KS_OK)
         err = run(c, Q_PLANNED, &p, PGRES_TUPLES_OK);
-    if (err == KS_OK && num_at(c->res, 0, 0) == 0) {
-        char sql[512];
-        snprintf(sql, sizeof sql, "SELECT min(%s)::int8, max(%s)::int8 FROM %s", c->parts.qid,
-                 c->parts.qid, c->parts.qtable);
-        PGresult *res = PQexec(c->parts.conn, sql);
-        err = res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK
-                  ? KS_OK
-                  : ks_pg_error_of(c->parts.conn, res);
+    if (err == KS_OK)
+        err = planned_count(c, n);
+    if (err == KS_OK && *n == 0) {
         int64_t lo = 0, hi = 0;
-        if (err == KS_OK && !PQgetisnull(res, 0, 0)) {
-            lo = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
-            hi = strtoll(PQgetvalue(res, 0, 1), NULL, 10);
-        }
-        PQclear(res);
+        err = id_range(c, &lo, &hi);
         uint64_t count = 0;
         uint64_t w = chunk_width((uint64_t)hi - (uint64_t)lo, chunk_ids, &count);
         p_num(&p, lo);
@@ -360,9 +522,9 @@ static ks_err op_plan(void *self, ks_bytes params, uint64_t chunk_ids, uint64_t 
         p.n = 3;
         if (err == KS_OK)
             err = run(c, Q_PLANNED, &p, PGRES_TUPLES_OK);
+        if (err == KS_OK)
+            err = planned_count(c, n);
     }
-    if (err == KS_OK)
-        *n = count_at(c->res, 0, 0);
     if (err == KS_OK)
         err = simple(c, "COMMIT");
     if (err != KS_OK)
@@ -385,10 +547,12 @@ static ks_err op_claim(void *self, ks_bytes params, ks_bytes owner, uint32_t lea
     err = run(c, Q_CLAIM, &p, PGRES_TUPLES_OK);
     if (err != KS_OK)
         return err;
-    if (PQntuples(c->res) != 1 || PQnfields(c->res) != KS_PG_CHUNK_NCOLS)
-        return PQntuples(c->res) == 0 ? KS_ERR_NOT_FOUND : KS_ERR_STORE;
-    ks_pg_read_chunk(c->res, 0, params, out);
-    return KS_OK;
+    if (PQntuples(c->res) == 0)
+        return KS_ERR_NOT_FOUND;
+    if (PQntuples(c->res) != 1)
+        return say(c->why, sizeof c->why, KS_ERR_STORE, "keyshift_chunk: a claim of several rows");
+    /* a malformed row stays claimed: its lease expires (nothing sound to release) */
+    return ks_pg_read_chunk(c->res, 0, params, out, c->why, sizeof c->why);
 }
 
 /* Run one of the owner-checked updates (renew, save, release): KS_OK
@@ -497,8 +661,7 @@ static ks_err op_summary(void *self, ks_bytes params, ks_chunk_summary *out)
     ks_err err = select_key(c, Q_SUMMARY, params);
     if (err != KS_OK)
         return err;
-    ks_pg_read_summary(c->res, out);
-    return KS_OK;
+    return ks_pg_read_summary(c->res, out, c->why, sizeof c->why);
 }
 
 /* ops.list: see chunks.h. */
@@ -514,7 +677,9 @@ static ks_err op_list(void *self, ks_bytes params, ks_chunk_list_fn fn, void *ar
         return err;
     for (int i = 0; i < PQntuples(c->res); i++) {
         ks_chunk k;
-        ks_pg_read_chunk(c->res, i, params, &k);
+        err = ks_pg_read_chunk(c->res, i, params, &k, c->why, sizeof c->why);
+        if (err != KS_OK)
+            return err; /* the rows before it were listed: status prints nothing then */
         if (fn(arg, &k) != 0)
             break;
     }
@@ -582,13 +747,13 @@ static ks_err probe_table(pg_chunks *c)
         return KS_ERR_NO_MEMORY;
     const char *v[1] = {name};
     PGresult *res = PQexecParams(c->parts.conn, "SELECT pg_catalog.to_regclass($1::text) IS NULL",
-                                 1, NULL, v, NULL, NULL, 0);
+                                 1, NULL, v, NULL, NULL, 1);
     free(name);
     ks_err err = KS_OK;
-    if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
-        c->absent = PQgetvalue(res, 0, 0)[0] == 't';
-    else
+    if (res == NULL || PQresultStatus(res) != PGRES_TUPLES_OK)
         err = ks_pg_error_of(c->parts.conn, res);
+    else if (PQntuples(res) != 1 || PQnfields(res) != 1 || ks_pg_bool(res, 0, 0, &c->absent) != KS_OK)
+        err = KS_ERR_STORE;
     PQclear(res);
     return err;
 }

@@ -6,9 +6,11 @@
  * are in rollout_pg.h).  A database's cells are untrusted bytes.
  * Internal to the library (no KS_API).
  *
- * The store's results are binary (bigint 8 bytes big-endian, bytea and
- * text their bytes); the coordinator's are text.  Views (ks_bytes,
- * ks_value bytes) point into the result.
+ * Every result is binary (bigint 8 bytes big-endian, boolean one byte 0
+ * or 1, bytea and text their bytes), the store's and the coordinator's
+ * alike, and every cell is checked against its column's oid, format and
+ * length before use.  Views (ks_bytes, ks_value bytes) point into the
+ * result.
  */
 #ifndef KS_MIGRATE_STORE_PG_DECODE_H
 #define KS_MIGRATE_STORE_PG_DECODE_H
@@ -32,18 +34,29 @@
  * (ks_pg_read_summary). */
 #define KS_PG_CHUNK_NCOLS 14
 #define KS_PG_SUMMARY_NCOLS 9
+/* The names of those cells, in order (an initializer list: messages name
+ * a cell by them, fuzz/fuzz_pg_rows.c builds its results with them). */
+#define KS_PG_CHUNK_NAMES                                                                    \
+    "chunk_id", "lo", "hi", "state", "cursor", "pass", "done", "skipped", "raced",            \
+        "quarantined", "wrong_state", "owner", "lease_until", "lease_live"
+#define KS_PG_SUMMARY_NAMES                                                                  \
+    "count", "complete", "leased", "done", "skipped", "raced", "quarantined", "wrong_state",  \
+        "max_pass"
 
 /* Cell (row, col) of a binary result into *v, a view of res: NULL is
  * KS_VALUE_NULL, bigint (8 bytes) INTEGER, bytea BLOB, text TEXT (an
- * empty one viewing a static byte); KS_ERR_STORE for another type or
- * length. */
+ * empty one viewing a static byte); KS_ERR_STORE for a text-format
+ * column, another type or length. */
 KS_WUR ks_err ks_pg_cell(const PGresult *res, int row, int col, ks_value *v);
+/* Cell (row, col) of a binary result as a boolean into *out (0 or 1):
+ * not NULL, oid bool, one byte exactly 0 or 1; else KS_ERR_STORE. */
+KS_WUR ks_err ks_pg_bool(const PGresult *res, int row, int col, int *out);
 /* A scan row (id, value, tenant, n_context context cells, then the
- * quarantine flag as a 1-byte boolean) into *r (zeroed first): the id an
+ * quarantine flag by ks_pg_bool) into *r (zeroed first): the id an
  * integer, every cell by ks_pg_cell; else KS_ERR_STORE. */
 KS_WUR ks_err ks_pg_scan_row(const PGresult *res, int row, size_t n_context, ks_row *r);
 /* A KS_PG_CHECKPOINT_COLS row into *cp (zeroed first): params and state
- * text, cursor NULL or an integer, pass 0..UINT32_MAX and the counts
+ * text without a NUL byte, cursor NULL or an integer, pass 0..UINT32_MAX and the counts
  * non-negative integers, the times integers; else KS_ERR_STORE. */
 KS_WUR ks_err ks_pg_read_checkpoint(const PGresult *res, int row, ks_checkpoint *cp);
 /* The integers of cp as the store binds them after params, state and
@@ -56,18 +69,33 @@ void ks_pg_checkpoint_ints(const ks_checkpoint *cp, int64_t out[KS_PG_CHECKPOINT
  * without a NUL; else KS_ERR_STORE. */
 KS_WUR ks_err ks_pg_read_listed(const PGresult *res, int row, ks_checkpoint *cp, ks_bytes *tbl,
                                 ks_bytes *col);
-/* A chunk row of a text result (KS_PG_CHUNK_NCOLS cells, pg_chunks.c's
- * CHUNK_COLS) into *k (zeroed first), params the caller's.  Not strict:
- * integers are strtoll's reading (NULL, or no digits, is 0), pass
- * clamped to 1..UINT32_MAX, counts below 0 read as 0, state and owner
- * the text up to its first NUL (NULL: empty), lease_live whether the
- * last cell starts with 't'.  res must have the row and its cells. */
-void ks_pg_read_chunk(const PGresult *res, int row, ks_bytes params, ks_chunk *k);
-/* Row 0 of a chunk summary (a text result of KS_PG_SUMMARY_NCOLS cells:
- * chunks, complete, leased, done, skipped, raced, quarantined,
- * wrong_state, max_pass) into *out, read as ks_pg_read_chunk reads its
- * counts; max_pass clamped to UINT32_MAX, claimable the chunks neither
- * complete nor leased (modulo 2^64). */
-void ks_pg_read_summary(const PGresult *res, ks_chunk_summary *out);
+/* The states a chunk may be in (chunks.h, ks_chunk.cp.state). */
+#define KS_PG_CHUNK_STATES "pending", "running", "paused", "stopped", "complete"
+/* The longest owner a chunk row may name (a worker's owner tag is
+ * shorter: migrate/engine/workers.c). */
+#define KS_PG_CHUNK_OWNER_MAX 1024
+/* A chunk row of a binary result (KS_PG_CHUNK_NCOLS cells, pg_chunks.c's
+ * CHUNK_COLS: chunk_id, lo, hi, state, cursor, pass, done, skipped,
+ * raced, quarantined, wrong_state, owner, lease_until in Unix ms,
+ * lease_live) into *k (zeroed first), params the caller's.  Strict, as
+ * the coordinator writes its rows: bigints 8 bytes, chunk_id
+ * 0..KS_CHUNKS_MAX-1, lo <= hi, a known state (KS_PG_CHUNK_STATES),
+ * cursor NULL or within [lo, hi], pass 1..UINT32_MAX, counts >= 0;
+ * owner and lease_until both NULL (no lease: owner empty, lease 0,
+ * lease_live 0) or both set (owner text of 1..KS_PG_CHUNK_OWNER_MAX
+ * bytes without a NUL, lease >= 1, state "running"); lease_live a
+ * boolean.  Else KS_ERR_STORE with errbuf naming the column (never a
+ * value). */
+KS_WUR ks_err ks_pg_read_chunk(const PGresult *res, int row, ks_bytes params, ks_chunk *k,
+                               char *errbuf, size_t errbuf_len);
+/* The one row of a chunk summary (a binary result of KS_PG_SUMMARY_NCOLS
+ * bigint cells: chunks, complete, leased, done, skipped, raced,
+ * quarantined, wrong_state, max_pass) into *out (zeroed first): none
+ * NULL, all >= 0, chunks <= KS_CHUNKS_MAX, complete + leased <= chunks,
+ * max_pass 1..UINT32_MAX when there are chunks, and every sum 0 when
+ * there are none; claimable the chunks neither complete nor leased.
+ * Else KS_ERR_STORE with errbuf naming the column. */
+KS_WUR ks_err ks_pg_read_summary(const PGresult *res, ks_chunk_summary *out, char *errbuf,
+                                 size_t errbuf_len);
 
 #endif /* KS_MIGRATE_STORE_PG_DECODE_H */

@@ -273,6 +273,8 @@ static ks_err run_simple(pg_store *s, const char *sql, char *cmd, size_t cmd_len
 ks_err ks_pg_cell(const PGresult *res, int row, int col, ks_value *v)
 {
     memset(v, 0, sizeof *v);
+    if (PQfformat(res, col) != 1)
+        return KS_ERR_STORE; /* a text column's cells would read as other values */
     if (PQgetisnull(res, row, col)) {
         v->type = KS_VALUE_NULL;
         return KS_OK;
@@ -298,6 +300,19 @@ ks_err ks_pg_cell(const PGresult *res, int row, int col, ks_value *v)
         return KS_ERR_STORE;
     }
     v->bytes = (ks_bytes){n > 0 ? p : empty_bytes, (size_t)n};
+    return KS_OK;
+}
+
+/* See pg_decode.h (ks_pg_bool). */
+ks_err ks_pg_bool(const PGresult *res, int row, int col, int *out)
+{
+    if (PQgetisnull(res, row, col) || PQfformat(res, col) != 1 || PQftype(res, col) != OID_BOOL ||
+        PQgetlength(res, row, col) != 1)
+        return KS_ERR_STORE;
+    uint8_t b = (uint8_t)PQgetvalue(res, row, col)[0];
+    if (b > 1)
+        return KS_ERR_STORE; /* the server sends exactly 0 or 1 */
+    *out = b;
     return KS_OK;
 }
 
@@ -393,11 +408,8 @@ ks_err ks_pg_scan_row(const PGresult *res, int row, size_t n_context, ks_row *r)
         err = ks_pg_cell(res, row, 2, &r->tenant);
     for (size_t j = 0; err == KS_OK && j < n_context; j++)
         err = ks_pg_cell(res, row, 3 + (int)j, &r->context[j]);
-    int qcol = 3 + (int)n_context;
-    if (err == KS_OK && (PQftype(res, qcol) != OID_BOOL || PQgetlength(res, row, qcol) != 1))
-        err = KS_ERR_STORE;
     if (err == KS_OK)
-        r->quarantined = PQgetvalue(res, row, qcol)[0] != 0;
+        err = ks_pg_bool(res, row, 3 + (int)n_context, &r->quarantined);
     return err;
 }
 
@@ -762,6 +774,8 @@ ks_err ks_pg_read_checkpoint(const PGresult *res, int row, ks_checkpoint *cp)
             return KS_ERR_STORE;
         if (i >= 3 && i < 9 && v[i].integer < 0)
             return KS_ERR_STORE;
+        if (i < 2 && memchr(v[i].bytes.ptr, 0, v[i].bytes.len) != NULL)
+            return KS_ERR_STORE; /* text never holds a NUL: not what the store wrote */
     }
     if (v[3].integer > (int64_t)UINT32_MAX)
         return KS_ERR_STORE;
