@@ -52,7 +52,8 @@
  *   statement with a report and abort() (a finding, not a refusal the
  *   oracles would misread).
  *
- * Fuzz harness code: static functions only, like fuzz_drbg.h.
+ * Fuzz harness code: static functions only, like fuzz_drbg.h, but for
+ * __asan_default_options, which ASan looks up by name.
  */
 #ifndef KS_FUZZ_SQLITE_H
 #define KS_FUZZ_SQLITE_H
@@ -158,6 +159,21 @@ static int ks_fuzz_sqlite_limits(sqlite3 *db, const char **err,
     return SQLITE_OK;
 }
 
+
+/*
+ * ASan's defaults for the stateful harnesses (an ASAN_OPTIONS of the
+ * environment, as OSS-Fuzz's, still overrides them): a 16 MiB quarantine
+ * instead of 256.  An input frees about 1 MB, mostly SQLite's, and a
+ * 256 MiB quarantine handed out fresh pages that faulted in: 14% of
+ * fuzz_rollout's replay time here (sys time 0.44 -> 0.17 s over 737
+ * grown-corpus inputs).  A use after free within an input, or within
+ * the last dozen inputs, is still caught.
+ */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void)
+{
+    return "quarantine_size_mb=16";
+}
 
 /* Once per process: memdb as the default VFS, the heap cap, the limits. */
 static void ks_fuzz_sqlite_init(void)

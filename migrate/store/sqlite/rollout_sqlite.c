@@ -471,11 +471,16 @@ static void op_close(ks_rollout_store *s)
     free(db);
 }
 
-/* The snapshot op: a deferred read transaction (BEGIN), or its end. */
+/* The snapshot op: a deferred read transaction (BEGIN), or its end,
+ * through kept statements: a policy takes a snapshot on every reload, and
+ * sqlite3_exec parsed the text each time. */
 static ks_err op_snapshot(ks_rollout_store *s, int begin)
 {
+    static const char begin_sql[] = "BEGIN", commit_sql[] = "COMMIT";
     ks_rsql *db = ks_rsql_of(s);
-    int rc = sqlite3_exec(db->db, begin ? "BEGIN" : "COMMIT", NULL, NULL, NULL);
+    sqlite3_stmt *st;
+    int rc = ks_rsql_prep(db, begin ? begin_sql : commit_sql, &st);
+    rc = ks_rsql_run_done(db, st, rc);
     if (rc != SQLITE_OK && !begin)
         op_rollback(s);
     return rc == SQLITE_OK ? KS_OK : ks_sqlite_map_rc(rc);
