@@ -15,6 +15,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -528,12 +529,28 @@ static void stop_progress(void *arg, const ks_workers_progress *p)
         g_stop = 1;
 }
 
+/* Set by stop_early with g_stop, for the workers' gate (read on their
+ * threads, hence atomic). */
+static atomic_int g_hold;
+
 /* Set the stop flag after the first batch (test_corrupt_chunk). */
 static void stop_early(void *arg, const ks_workers_progress *p)
 {
     (void)arg;
-    if (p->batch_rows > 0)
+    if (p->batch_rows > 0) {
+        atomic_store(&g_hold, 1);
         g_stop = 1;
+    }
+}
+
+/* Hold every worker once the stop flag is set (test_corrupt_chunk's
+ * gate): the calling thread reads the flag only every 50 ms, and a small
+ * table could otherwise be done before it does. */
+static int hold_when_stopped(void *arg, unsigned worker)
+{
+    (void)arg;
+    (void)worker;
+    return atomic_load(&g_hold);
 }
 
 /* Count the chunks listed (list callback of test_corrupt_chunk). */
@@ -593,8 +610,7 @@ static void test_corrupt_chunk(void **state)
         "UPDATE keyshift_chunk SET cursor = hi + 1 WHERE chunk_id = 0",
         "UPDATE keyshift_chunk SET lo = hi + 1 WHERE chunk_id = 0",
         "UPDATE keyshift_chunk SET owner = 'x', lease_until = now() WHERE chunk_id = 1",
-        "UPDATE keyshift_chunk SET owner = 'x', lease_until = NULL, state = 'running' "
-        "WHERE chunk_id = 1",
+        "UPDATE keyshift_chunk SET owner = 'x', lease_until = NULL, state = 'running' WHERE chunk_id = 1",
         "UPDATE keyshift_chunk SET chunk_id = -1 WHERE chunk_id = 1",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -626,12 +642,15 @@ static void test_corrupt_chunk(void **state)
     /* a run of workers over a migration whose chunk went bad stops with
      * KS_ERR_STORE */
     ks_migrate_params p = rec_params(KS_MIGRATE_ENCRYPT, 10);
-    ks_workers_options o = {.workers = 2, .chunk_ids = 500, .lease_ms = 600000};
+    ks_workers_options o = {.workers = 2, .chunk_ids = 500, .lease_ms = 600000,
+                            .gate = hold_when_stopped};
     ks_workers_result r;
     g_stop = 0;
+    atomic_store(&g_hold, 0);
     assert_int_equal(ks_migrate_run_workers(w->ctx, &p, &o, open_worker, NULL, &g_stop,
                                             stop_early, NULL, &r),
                      KS_ERR_STOPPED);
+    atomic_store(&g_hold, 0);
     assert_true(admin_int(w, "SELECT count(*) FROM keyshift_chunk WHERE state <> 'complete' "
                              "AND params <> 'test;params'") >= 1);
     admin_exec(w, "UPDATE keyshift_chunk SET pass = 0 WHERE state <> 'complete'");
