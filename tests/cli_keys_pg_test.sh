@@ -23,9 +23,6 @@ set -u
 
 . "$(dirname "$0")/cli_lib.sh"
 . "$(dirname "$0")/cli_pg_lib.sh"
-unset KEYSHIFT_PASSPHRASE PGPASSWORD PGSERVICE
-export KEYSHIFT_KEYRING="$T/keyring"
-IN=/dev/null
 pg_lib_start cli_keys_pg_test
 
 CTX=(--context 'pay:{id}:card' --purpose card --tenant-column tenant)

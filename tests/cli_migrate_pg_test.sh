@@ -24,9 +24,6 @@ set -u
 
 . "$(dirname "$0")/cli_lib.sh"
 . "$(dirname "$0")/cli_pg_lib.sh"
-unset KEYSHIFT_PASSPHRASE PGPASSWORD PGSERVICE
-export KEYSHIFT_KEYRING="$T/keyring"
-IN=/dev/null
 
 # the other session of a test, stopped on any exit
 pg_lib_hook() { [ -n "${wpid:-}" ] && kill "$wpid" 2>/dev/null; }

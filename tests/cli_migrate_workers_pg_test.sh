@@ -42,9 +42,6 @@ set -u
 
 . "$(dirname "$0")/cli_lib.sh"
 . "$(dirname "$0")/cli_pg_lib.sh"
-unset KEYSHIFT_PASSPHRASE PGPASSWORD PGSERVICE
-export KEYSHIFT_KEYRING="$T/keyring"
-IN=/dev/null
 START=$SECONDS
 
 # several processes of several workers each, and the test's own sessions

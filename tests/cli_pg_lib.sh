@@ -6,9 +6,17 @@
 # background processes) is killed -9 and the test's pg_lib_hook (when
 # defined) runs, then the cluster is stopped and removed, with $T.  q SQL
 # runs SQL through psql; make_pay TABLE ROWS makes a table of plaintext
-# cards.
+# cards.  Sourcing it also sets the environment every such test starts
+# from (below).
 
 CLUSTER="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/pg_cluster.sh"
+
+# Every PostgreSQL CLI test starts from the same environment: no
+# passphrase, password or service from the caller's, a keyring of its
+# own in $T, and no standard input for the commands it runs.
+unset KEYSHIFT_PASSPHRASE PGPASSWORD PGSERVICE
+export KEYSHIFT_KEYRING="$T/keyring"
+IN=/dev/null
 # The test's background processes (it appends their pids).
 PIDS=()
 

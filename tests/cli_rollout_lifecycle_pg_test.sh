@@ -35,9 +35,6 @@ set -u
 . "$(dirname "$0")/cli_pg_lib.sh"
 . "$(dirname "$0")/cli_rollout_lib.sh"
 APP=${DEMO_APP:-build/bin/keyshift-demo-app}
-unset KEYSHIFT_PASSPHRASE PGPASSWORD PGSERVICE
-export KEYSHIFT_KEYRING="$T/keyring"
-IN=/dev/null
 START=$SECONDS
 
 [ -x "$APP" ] || { echo "cli_rollout_lifecycle_pg_test: $APP is not built"; exit 1; }
