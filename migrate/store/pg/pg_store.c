@@ -66,13 +66,6 @@
 #define IDENT_MAX 1024u
 #define ERROR_NAME_MAX 128u
 
-/* Type oids (fixed in every PostgreSQL release). */
-#define OID_BOOL 16u
-#define OID_BYTEA 17u
-#define OID_INT8 20u
-#define OID_INT2 21u
-#define OID_INT4 23u
-#define OID_TEXT 25u
 
 /* The most parameters of one statement. */
 #define MAX_PARAMS 16
@@ -187,14 +180,6 @@ static void put_be32(uint8_t *p, uint32_t v)
     p[3] = (uint8_t)v;
 }
 
-/* Read 8 bytes big-endian at p. */
-static uint64_t get_be64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v = v << 8 | p[i];
-    return v;
-}
 
 /* Add a binary parameter of len bytes (text, bytea or an array); an
  * absent view of length 0 is the empty value, not NULL. */
@@ -284,16 +269,16 @@ ks_err ks_pg_cell(const PGresult *res, int row, int col, ks_value *v)
     if (p == NULL || n < 0)
         return KS_ERR_STORE;
     switch (PQftype(res, col)) {
-    case OID_INT8:
+    case KS_PG_OID_INT8:
         if (n != 8)
             return KS_ERR_STORE;
         v->type = KS_VALUE_INTEGER;
-        v->integer = (int64_t)get_be64(p);
+        v->integer = (int64_t)ks_pg_get_be64(p);
         return KS_OK;
-    case OID_BYTEA:
+    case KS_PG_OID_BYTEA:
         v->type = KS_VALUE_BLOB;
         break;
-    case OID_TEXT:
+    case KS_PG_OID_TEXT:
         v->type = KS_VALUE_TEXT;
         break;
     default:
@@ -306,13 +291,11 @@ ks_err ks_pg_cell(const PGresult *res, int row, int col, ks_value *v)
 /* See pg_decode.h (ks_pg_bool). */
 ks_err ks_pg_bool(const PGresult *res, int row, int col, int *out)
 {
-    if (PQgetisnull(res, row, col) || PQfformat(res, col) != 1 || PQftype(res, col) != OID_BOOL ||
-        PQgetlength(res, row, col) != 1)
-        return KS_ERR_STORE;
-    uint8_t b = (uint8_t)PQgetvalue(res, row, col)[0];
-    if (b > 1)
-        return KS_ERR_STORE; /* the server sends exactly 0 or 1 */
-    *out = b;
+    size_t n = 0;
+    const uint8_t *p = ks_pg_typed_cell(res, row, col, KS_PG_OID_BOOL, &n);
+    if (p == NULL || n != 1 || p[0] > 1)
+        return KS_ERR_STORE; /* the server sends exactly one byte, 0 or 1 */
+    *out = p[0];
     return KS_OK;
 }
 
@@ -608,7 +591,7 @@ static void cas_params(pg_store *s, size_t n, const ks_value *const *ids,
                        const ks_value *const *olds, const ks_bytes *news, params *p)
 {
     uint8_t *b = s->buf;
-    size_t off = array_header(b, n, OID_INT8, 0), start = 0;
+    size_t off = array_header(b, n, KS_PG_OID_INT8, 0), start = 0;
     for (size_t i = 0; i < n; i++) {
         uint8_t be[8];
         put_be64(be, (uint64_t)ids[i]->integer);
@@ -619,14 +602,14 @@ static void cas_params(pg_store *s, size_t n, const ks_value *const *ids,
     for (size_t i = 0; i < n; i++)
         has_null |= olds[i]->type == KS_VALUE_NULL;
     start = off;
-    off += array_header(b + off, n, OID_BYTEA, has_null);
+    off += array_header(b + off, n, KS_PG_OID_BYTEA, has_null);
     for (size_t i = 0; i < n; i++) {
         const ks_value *o = olds[i];
         array_elem(b, &off, o->bytes.ptr, o->type == KS_VALUE_NULL ? SIZE_MAX : o->bytes.len);
     }
     p_bytes(p, b + start, off - start);
     start = off;
-    off += array_header(b + off, n, OID_BYTEA, 0);
+    off += array_header(b + off, n, KS_PG_OID_BYTEA, 0);
     for (size_t i = 0; i < n; i++)
         array_elem(b, &off, news[i].ptr, news[i].len);
     p_bytes(p, b + start, off - start);
@@ -1111,7 +1094,7 @@ static ks_err primary_key(opener *o, char **name)
 /* Nonzero for the integer types an id may have. */
 static int integer_type(unsigned t)
 {
-    return t == OID_INT2 || t == OID_INT4 || t == OID_INT8;
+    return t == KS_PG_OID_INT2 || t == KS_PG_OID_INT4 || t == KS_PG_OID_INT8;
 }
 
 /* Check that the id column is an integer and the primary key, or NOT
@@ -1172,7 +1155,7 @@ static ks_err resolve_target(opener *o, const ks_rowstore_target *t)
         return err;
     char pcol[96];
     ks_pg_printable(o->column.name, pcol, sizeof pcol);
-    if (o->column.type != OID_BYTEA)
+    if (o->column.type != KS_PG_OID_BYTEA)
         return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_TARGET,
                     "column \"%s\" of table \"%s\" is not bytea", pcol, o->tname);
     int clash = o->column.attnum == o->id.attnum || o->column.attnum == o->tenant.attnum;
@@ -1252,7 +1235,7 @@ static const char *cast_of(const colinfo *c)
 {
     if (integer_type(c->type))
         return "::int8";
-    return c->type == OID_BYTEA ? "" : "::text";
+    return c->type == KS_PG_OID_BYTEA ? "" : "::text";
 }
 
 /* Prepare sql as statement name with n parameters (typed by the casts

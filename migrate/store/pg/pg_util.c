@@ -66,3 +66,25 @@ const char *ks_pg_printable(const char *name, char *out, size_t out_len)
     out[i] = '\0';
     return out;
 }
+
+/* See pg_util.h. */
+uint64_t ks_pg_get_be64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* See pg_util.h. */
+const uint8_t *ks_pg_typed_cell(const PGresult *res, int row, int col, unsigned oid, size_t *n)
+{
+    if (res == NULL || row < 0 || col < 0 || row >= PQntuples(res) || col >= PQnfields(res) ||
+        PQgetisnull(res, row, col) || PQftype(res, col) != oid || PQfformat(res, col) != 1)
+        return NULL;
+    int len = PQgetlength(res, row, col);
+    if (len < 0)
+        return NULL;
+    *n = (size_t)len;
+    return (const uint8_t *)PQgetvalue(res, row, col);
+}

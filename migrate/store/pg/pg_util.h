@@ -9,6 +9,7 @@
 #define KS_MIGRATE_PG_UTIL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <libpq-fe.h>
 
@@ -25,6 +26,22 @@ KS_WUR ks_err ks_pg_connect(const char *conninfo, PGconn **conn, char *errbuf, s
  * error: 40P01, 40001, 55P03, 57014 KS_ERR_BUSY; class 08 and 57P0x
  * KS_ERR_UNAVAILABLE; 53100 KS_ERR_FULL; anything else KS_ERR_STORE. */
 KS_WUR ks_err ks_pg_map_sqlstate(const char *state);
+/* Type oids of the binary results the stores read (fixed in every
+ * PostgreSQL release). */
+#define KS_PG_OID_BOOL 16u
+#define KS_PG_OID_BYTEA 17u
+#define KS_PG_OID_INT8 20u
+#define KS_PG_OID_INT2 21u
+#define KS_PG_OID_INT4 23u
+#define KS_PG_OID_TEXT 25u
+#define KS_PG_OID_FLOAT8 701u
+/* The 8 bytes at p, big-endian (the binary form of int8 and float8). */
+uint64_t ks_pg_get_be64(const uint8_t *p);
+/* The bytes of cell (row, col) of res when it is a non-NULL binary cell
+ * of type oid, its length to *n; NULL for anything else (no such row or
+ * column, NULL, another type, text format).  The one check of a cell's
+ * shape that both stores' strict decoders start from. */
+const uint8_t *ks_pg_typed_cell(const PGresult *res, int row, int col, unsigned oid, size_t *n);
 /* Copy name into out for a message, control bytes as '?', truncated. */
 const char *ks_pg_printable(const char *name, char *out, size_t out_len);
 

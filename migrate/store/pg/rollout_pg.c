@@ -86,11 +86,6 @@
 #define SCHEMA_LATEST 1
 /* The tables of the schema (see the file comment). */
 #define N_TABLES 7
-/* Type oids (fixed in every PostgreSQL release). */
-#define OID_BYTEA 17u
-#define OID_INT8 20u
-#define OID_TEXT 25u
-#define OID_FLOAT8 701u
 /* The most parameters of one statement. */
 #define MAX_PARAMS 32
 
@@ -212,14 +207,6 @@ static void put_be64(uint8_t *p, uint64_t v)
     }
 }
 
-/* Read 8 bytes big-endian at p. */
-static uint64_t get_be64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v = v << 8 | p[i];
-    return v;
-}
 
 /* Run sql with the parameters of types taken from ap (see ks_rpg_exec). */
 static ks_err exec_v(ks_rpg *db, PGresult **out, const char *sql, const char *types,
@@ -242,7 +229,7 @@ static ks_err exec_v(ks_rpg *db, PGresult **out, const char *sql, const char *ty
             put_be64(num[n], (uint64_t)va_arg(ap, int64_t));
             v[n] = (const char *)num[n];
             len[n] = 8;
-            oid[n] = OID_INT8;
+            oid[n] = KS_PG_OID_INT8;
             break;
         case 'd':
             d = va_arg(ap, double);
@@ -250,18 +237,18 @@ static ks_err exec_v(ks_rpg *db, PGresult **out, const char *sql, const char *ty
             put_be64(num[n], bits);
             v[n] = (const char *)num[n];
             len[n] = 8;
-            oid[n] = OID_FLOAT8;
+            oid[n] = KS_PG_OID_FLOAT8;
             break;
         case 't':
             t = va_arg(ap, const char *);
             v[n] = t;
             len[n] = t != NULL ? (int)strlen(t) : 0;
-            oid[n] = OID_TEXT;
+            oid[n] = KS_PG_OID_TEXT;
             break;
         case 'b':
             v[n] = (const char *)va_arg(ap, const uint8_t *);
             len[n] = va_arg(ap, int);
-            oid[n] = OID_BYTEA;
+            oid[n] = KS_PG_OID_BYTEA;
             break;
         default:
             assert(!"unknown parameter type");
@@ -336,25 +323,11 @@ ks_rpg *ks_rpg_of(ks_rollout_store *s)
 
 /* ---- strict cell readers -------------------------------------------------------- */
 
-/* The bytes of a non-NULL cell of type oid (NULL otherwise), its length
- * to *n. */
-static const uint8_t *cell(const PGresult *res, int row, int i, unsigned oid, size_t *n)
-{
-    if (res == NULL || row >= PQntuples(res) || i >= PQnfields(res) ||
-        PQgetisnull(res, row, i) || PQftype(res, i) != oid || PQfformat(res, i) != 1)
-        return NULL;
-    int len = PQgetlength(res, row, i);
-    if (len < 0)
-        return NULL;
-    *n = (size_t)len;
-    return (const uint8_t *)PQgetvalue(res, row, i);
-}
-
 /* See rollout_pg.h. */
 int ks_rpg_col_text(const PGresult *res, int row, int i, char *out, size_t max)
 {
     size_t n = 0;
-    const uint8_t *p = cell(res, row, i, OID_TEXT, &n);
+    const uint8_t *p = ks_pg_typed_cell(res, row, i, KS_PG_OID_TEXT, &n);
     if (p == NULL || n > max || memchr(p, 0, n) != NULL)
         return 0;
     memcpy(out, p, n);
@@ -366,10 +339,10 @@ int ks_rpg_col_text(const PGresult *res, int row, int i, char *out, size_t max)
 int ks_rpg_col_int(const PGresult *res, int row, int i, int64_t lo, int64_t hi, int64_t *out)
 {
     size_t n = 0;
-    const uint8_t *p = cell(res, row, i, OID_INT8, &n);
+    const uint8_t *p = ks_pg_typed_cell(res, row, i, KS_PG_OID_INT8, &n);
     if (p == NULL || n != 8)
         return 0;
-    int64_t v = (int64_t)get_be64(p);
+    int64_t v = (int64_t)ks_pg_get_be64(p);
     if (v < lo || v > hi)
         return 0;
     *out = v;
@@ -380,10 +353,10 @@ int ks_rpg_col_int(const PGresult *res, int row, int i, int64_t lo, int64_t hi, 
 int ks_rpg_col_double(const PGresult *res, int row, int i, double *out)
 {
     size_t n = 0;
-    const uint8_t *p = cell(res, row, i, OID_FLOAT8, &n);
+    const uint8_t *p = ks_pg_typed_cell(res, row, i, KS_PG_OID_FLOAT8, &n);
     if (p == NULL || n != 8)
         return 0;
-    uint64_t bits = get_be64(p);
+    uint64_t bits = ks_pg_get_be64(p);
     memcpy(out, &bits, sizeof *out);
     return !isnan(*out);
 }
@@ -392,7 +365,7 @@ int ks_rpg_col_double(const PGresult *res, int row, int i, double *out)
 int ks_rpg_col_bytes(const PGresult *res, int row, int i, size_t len, const uint8_t **out)
 {
     size_t n = 0;
-    const uint8_t *p = cell(res, row, i, OID_BYTEA, &n);
+    const uint8_t *p = ks_pg_typed_cell(res, row, i, KS_PG_OID_BYTEA, &n);
     if (p == NULL || n != len)
         return 0;
     *out = p;
