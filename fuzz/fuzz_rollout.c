@@ -1350,12 +1350,11 @@ static int check_unchanged(world *w)
     if (dv != last_check.data_version || own != last_check.own_changes)
         return 0;
     int touched = w->touched;
-    w->touched = 0;
-    int same = memcmp(w, &last_check.model, sizeof *w) == 0;
+    w->touched = 0; /* compared without it; a skipped check leaves it clear */
+    if (memcmp(w, &last_check.model, sizeof *w) == 0)
+        return 1;
     w->touched = touched;
-    if (same)
-        w->touched = 0;
-    return same;
+    return 0;
 }
 
 /* Remember what a full check saw (check_unchanged). */
