@@ -45,6 +45,10 @@
  *   SQLite mallocs per input (dhat over fuzz_rollout's corpus); a page
  *   past the pool's slots is malloc'd as before.  The memory oracle is
  *   unchanged: the pool is not counted in sqlite3_memory_used().
+ * - SQLite's other allocations come from a pool of power-of-two blocks
+ *   (SQLITE_CONFIG_MALLOC; see "SQLite's allocator" below) that ASan
+ *   still guards by hand: redzones after every request and a quarantine
+ *   of freed blocks, reported as use-after-poison.
  * - Limits as SQLite's own fuzz harness sets them: sqlite3_hard_heap_limit64
  *   for the process, and on every connection (an auto-extension, so the
  *   library's connections too) SQLITE_LIMIT_LENGTH and a progress handler
@@ -175,10 +179,212 @@ const char *__asan_default_options(void)
     return "quarantine_size_mb=16";
 }
 
+/*
+ * SQLite's allocator in the fuzz builds (SQLITE_CONFIG_MALLOC, installed by
+ * ks_fuzz_sqlite_init): blocks of 2^k bytes (k = KS_FUZZ_POOL_MIN_SHIFT ..
+ * KS_FUZZ_POOL_MAX_SHIFT) carved from a static arena and recycled through
+ * one free list per size, as SQLite's own memsys5 does (Debian's SQLite is
+ * built without it, and with SQLITE_OMIT_LOOKASIDE, so every small object
+ * of every statement step was an ASan malloc: a quarter of fuzz_rollout's
+ * time, with libFuzzer's malloc hook and ASan's quarantine recycling).
+ *
+ * ASan still guards what it can guard here, by hand, through its public
+ * poisoning interface: only the bytes SQLite asked for (rounded up to 8, as
+ * xRoundup says) are addressable; the block's header and every byte past
+ * the request (at least KS_FUZZ_POOL_REDZONE) are poisoned, so an
+ * instrumented read past a column's bytes (keyshift's code, or an
+ * interceptor such as memcpy) is reported as ASan reports a heap overflow.
+ * A freed block is poisoned whole and waits in a FIFO quarantine of
+ * KS_FUZZ_POOL_QUARANTINE blocks before it is reused, so a use after free
+ * within the last few thousand frees is caught.  SQLite itself is not
+ * instrumented: its own accesses were never checked, and still are not.
+ *
+ * Requests above the largest class (memdb's file buffer), and any once the
+ * arena is used up, go to malloc as before.  SQLite's memory status stays
+ * on (sqlite3_memory_used(), the hard heap limit), so SQLite calls xMalloc,
+ * xFree and xRealloc under its own mutex: these functions are never
+ * entered twice at once (checked).
+ */
+#include <sanitizer/asan_interface.h>
+#include <stdatomic.h>
+
+#define KS_FUZZ_POOL_MIN_SHIFT 5                     /* 32-byte blocks */
+#define KS_FUZZ_POOL_MAX_SHIFT 16                    /* 64 KiB blocks */
+#define KS_FUZZ_POOL_ARENA (96u << 20)               /* bytes: touched only as used */
+#define KS_FUZZ_POOL_HDR 16                          /* block header, poisoned */
+#define KS_FUZZ_POOL_REDZONE 16                      /* poisoned bytes after a request, at least */
+#define KS_FUZZ_POOL_QUARANTINE 4096                 /* freed blocks held before reuse */
+#define KS_FUZZ_POOL_SYSTEM 0xffu                    /* header class of a block from malloc */
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KS_FUZZ_POOL_ASAN 1
+#endif
+#endif
+/* The allocator's own functions: no ASan checks (they write headers and
+ * free-list links inside poisoned blocks), and no coverage (its branches,
+ * one per size class, are the allocator's, not the input's: they were
+ * features libFuzzer kept inputs for). */
+#ifdef KS_FUZZ_POOL_ASAN
+#define KS_FUZZ_POOL_RAW __attribute__((no_sanitize("address", "coverage")))
+#else
+#define KS_FUZZ_POOL_RAW
+#endif
+
+/* The header before every block's bytes. */
+typedef struct ks_fuzz_pool_hdr {
+    uint32_t cls;   /* k, or KS_FUZZ_POOL_SYSTEM */
+    uint32_t size;  /* the bytes SQLite may use (its request, rounded up to 8) */
+    void *next;     /* a free block: the next one of its class */
+} ks_fuzz_pool_hdr;
+
+static struct {
+    _Alignas(64) unsigned char arena[KS_FUZZ_POOL_ARENA];
+    size_t top;                                        /* arena bytes carved so far */
+    void *free_list[KS_FUZZ_POOL_MAX_SHIFT + 1];       /* blocks (headers) by class */
+    void *quarantine[KS_FUZZ_POOL_QUARANTINE];         /* FIFO of freed blocks */
+    size_t q_next;                                     /* the oldest slot */
+    atomic_flag busy;                                  /* inside a call (never twice) */
+} ks_fuzz_pool;
+
+/* The request n rounded up to 8 (xRoundup). */
+KS_FUZZ_POOL_RAW static int ks_fuzz_pool_roundup(int n)
+{
+    return (n + 7) & ~7;
+}
+
+/* Enter / leave one of the allocator's calls. */
+KS_FUZZ_POOL_RAW static void ks_fuzz_pool_enter(void)
+{
+    CHECK(!atomic_flag_test_and_set(&ks_fuzz_pool.busy));
+}
+KS_FUZZ_POOL_RAW static void ks_fuzz_pool_leave(void)
+{
+    atomic_flag_clear(&ks_fuzz_pool.busy);
+}
+
+/* A block (its header) of class k, poisoned whole: from its free list,
+ * else carved from the arena; NULL when the arena is used up. */
+KS_FUZZ_POOL_RAW static ks_fuzz_pool_hdr *ks_fuzz_pool_take(unsigned k)
+{
+    ks_fuzz_pool_hdr *h = ks_fuzz_pool.free_list[k];
+    if (h != NULL) {
+        ks_fuzz_pool.free_list[k] = h->next;
+        return h;
+    }
+    size_t bytes = (size_t)1 << k;
+    if (bytes > sizeof ks_fuzz_pool.arena - ks_fuzz_pool.top) {
+        return NULL;
+    }
+    h = (ks_fuzz_pool_hdr *)(void *)(ks_fuzz_pool.arena + ks_fuzz_pool.top);
+    ks_fuzz_pool.top += bytes;
+    ASAN_POISON_MEMORY_REGION(h, bytes); /* from now on, only a request's bytes are not */
+    return h;
+}
+
+/* xMalloc: n bytes, 8-aligned (16 here), the rest of the block poisoned. */
+KS_FUZZ_POOL_RAW static void *ks_fuzz_pool_malloc(int n)
+{
+    size_t size = (size_t)ks_fuzz_pool_roundup(n > 0 ? n : 1);
+    unsigned k = KS_FUZZ_POOL_MIN_SHIFT;
+    while (k <= KS_FUZZ_POOL_MAX_SHIFT && ((size_t)1 << k) < KS_FUZZ_POOL_HDR + size + KS_FUZZ_POOL_REDZONE) {
+        k++;
+    }
+    ks_fuzz_pool_enter();
+    ks_fuzz_pool_hdr *h = k <= KS_FUZZ_POOL_MAX_SHIFT ? ks_fuzz_pool_take(k) : NULL;
+    ks_fuzz_pool_leave();
+    if (h == NULL) {
+        h = malloc(KS_FUZZ_POOL_HDR + size);
+        if (h == NULL) {
+            return NULL;
+        }
+        h->cls = KS_FUZZ_POOL_SYSTEM;
+        h->size = (uint32_t)size;
+        return (unsigned char *)h + KS_FUZZ_POOL_HDR;
+    }
+    h->cls = k;
+    h->size = (uint32_t)size;
+    h->next = NULL;
+    ASAN_UNPOISON_MEMORY_REGION((unsigned char *)h + KS_FUZZ_POOL_HDR, size);
+    return (unsigned char *)h + KS_FUZZ_POOL_HDR;
+}
+
+/* The header of p, a block of this allocator. */
+KS_FUZZ_POOL_RAW static ks_fuzz_pool_hdr *ks_fuzz_pool_hdr_of(void *p)
+{
+    return (ks_fuzz_pool_hdr *)(void *)((unsigned char *)p - KS_FUZZ_POOL_HDR);
+}
+
+/* xSize: the bytes SQLite may use at p. */
+KS_FUZZ_POOL_RAW static int ks_fuzz_pool_size(void *p)
+{
+    return p == NULL ? 0 : (int)ks_fuzz_pool_hdr_of(p)->size;
+}
+
+/* xFree: poison the bytes SQLite had (the rest of the block already is)
+ * and queue the block; the oldest queued block goes back to its free
+ * list. */
+KS_FUZZ_POOL_RAW static void ks_fuzz_pool_free(void *p)
+{
+    if (p == NULL) {
+        return;
+    }
+    ks_fuzz_pool_hdr *h = ks_fuzz_pool_hdr_of(p);
+    if (h->cls == KS_FUZZ_POOL_SYSTEM) {
+        free(h);
+        return;
+    }
+    CHECK(h->cls >= KS_FUZZ_POOL_MIN_SHIFT && h->cls <= KS_FUZZ_POOL_MAX_SHIFT);
+#ifdef KS_FUZZ_POOL_ASAN
+    CHECK(!__asan_address_is_poisoned(p)); /* not freed twice */
+#endif
+    ASAN_POISON_MEMORY_REGION(p, h->size); /* the rest of the block already is */
+    ks_fuzz_pool_enter();
+    ks_fuzz_pool_hdr *old = ks_fuzz_pool.quarantine[ks_fuzz_pool.q_next];
+    ks_fuzz_pool.quarantine[ks_fuzz_pool.q_next] = h;
+    ks_fuzz_pool.q_next = (ks_fuzz_pool.q_next + 1) % KS_FUZZ_POOL_QUARANTINE;
+    if (old != NULL) {
+        old->next = ks_fuzz_pool.free_list[old->cls];
+        ks_fuzz_pool.free_list[old->cls] = old;
+    }
+    ks_fuzz_pool_leave();
+}
+
+/* xRealloc: a new block, the old bytes copied, the old block freed. */
+KS_FUZZ_POOL_RAW static void *ks_fuzz_pool_realloc(void *p, int n)
+{
+    if (p == NULL) {
+        return ks_fuzz_pool_malloc(n);
+    }
+    void *q = ks_fuzz_pool_malloc(n);
+    if (q == NULL) {
+        return NULL;
+    }
+    int old = ks_fuzz_pool_size(p);
+    memcpy(q, p, (size_t)(old < n ? old : n));
+    ks_fuzz_pool_free(p);
+    return q;
+}
+
+/* xInit and xShutdown: nothing to do. */
+static int ks_fuzz_pool_init(void *arg)
+{
+    (void)arg;
+    return SQLITE_OK;
+}
+static void ks_fuzz_pool_shutdown(void *arg)
+{
+    (void)arg;
+}
+
 /* Once per process: memdb as the default VFS, the heap cap, the limits. */
 static void ks_fuzz_sqlite_init(void)
 {
     static uint64_t pages[KS_FUZZ_SQLITE_PAGES * KS_FUZZ_SQLITE_SLOT / 8];
+    static const sqlite3_mem_methods pool = {ks_fuzz_pool_malloc, ks_fuzz_pool_free, ks_fuzz_pool_realloc,
+                                             ks_fuzz_pool_size,   ks_fuzz_pool_roundup, ks_fuzz_pool_init,
+                                             ks_fuzz_pool_shutdown, NULL};
+    CHECK(sqlite3_config(SQLITE_CONFIG_MALLOC, &pool) == SQLITE_OK);
     CHECK(sqlite3_config(SQLITE_CONFIG_PAGECACHE, pages, KS_FUZZ_SQLITE_SLOT,
                          KS_FUZZ_SQLITE_PAGES) == SQLITE_OK);
     CHECK(sqlite3_initialize() == SQLITE_OK);
