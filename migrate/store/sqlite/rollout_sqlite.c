@@ -152,26 +152,27 @@ static const char schema_sql_v3[] =
  * same few questions after every change and a tool polls them, so each
  * statement is parsed once per connection instead of once per call; a
  * statement already held (a nested use) or past the cache is prepared for
- * this use only.  Release it with unprep. */
+ * this use only.  Slots fill in order of first use and are never emptied
+ * before close, so the search stops at the filled ones (a store runs a
+ * few dozen distinct statements; the first ones used are the commonest).
+ * Release it with unprep. */
 int ks_rsql_prep(ks_rsql *db, const char *sql, sqlite3_stmt **st)
 {
     *st = NULL;
-    ks_rsql_kept *free_slot = NULL;
-    for (size_t i = 0; i < KS_RSQL_STMT_CACHE; i++) {
+    assert(db->n_kept <= KS_RSQL_STMT_CACHE);
+    for (size_t i = 0; i < db->n_kept; i++) {
         ks_rsql_kept *k = &db->kept[i];
         if (k->sql == sql && !k->busy) {
             k->busy = 1;
             *st = k->st;
             return SQLITE_OK;
         }
-        if (k->sql == NULL && free_slot == NULL)
-            free_slot = k;
     }
-    if (free_slot == NULL)
+    if (db->n_kept == KS_RSQL_STMT_CACHE)
         return sqlite3_prepare_v2(db->db, sql, -1, st, NULL);
     int rc = sqlite3_prepare_v3(db->db, sql, -1, SQLITE_PREPARE_PERSISTENT, st, NULL);
     if (rc == SQLITE_OK && *st != NULL)
-        *free_slot = (ks_rsql_kept){sql, *st, 1};
+        db->kept[db->n_kept++] = (ks_rsql_kept){sql, *st, 1};
     return rc;
 }
 
@@ -182,7 +183,7 @@ void ks_rsql_unprep(ks_rsql *db, sqlite3_stmt *st)
 {
     if (st == NULL)
         return;
-    for (size_t i = 0; i < KS_RSQL_STMT_CACHE; i++) {
+    for (size_t i = 0; i < db->n_kept; i++) {
         ks_rsql_kept *k = &db->kept[i];
         if (k->st == st) {
             (void)sqlite3_reset(st);
@@ -462,7 +463,7 @@ static void op_close(ks_rollout_store *s)
     ks_rsql *db = ks_rsql_of(s);
     if (db->db != NULL) {
         op_rollback(s);
-        for (size_t i = 0; i < KS_RSQL_STMT_CACHE; i++)
+        for (size_t i = 0; i < db->n_kept; i++)
             sqlite3_finalize(db->kept[i].st);
         int rc = sqlite3_close_v2(db->db);
         assert(rc == SQLITE_OK);
