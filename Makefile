@@ -220,9 +220,7 @@ $(KMS_AWS_SAN): $(KMS_AWS_PLUGIN_SRCS) $(KMS_AWS_HDRS) include/keyshift/common.h
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(SAN) -Iinclude $(KMS_AWS_CFLAGS) $(KMS_AWS_PLUGIN_SRCS) $(KMS_AWS_LIBS) -o $@
 
-kms-aws-test: $(KMS_AWS_DRIVER) $(KMS_AWS_SAN)
-	@KMS_AWS_DRIVER=$(KMS_AWS_DRIVER) tests/kms_aws_test.sh
-	@KMS_AWS_PLUGIN=$(KMS_AWS_SAN) tests/kms_aws_plugin_test.sh
+kms-aws-test: cli-run-kms_aws_test cli-run-kms_aws_plugin_test
 
 export UBSAN_OPTIONS := print_stacktrace=1:halt_on_error=1
 export ASAN_OPTIONS := detect_leaks=1:abort_on_error=1:strict_string_checks=1

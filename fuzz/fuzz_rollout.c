@@ -659,9 +659,10 @@ static void op_transition(world *w, int forward, uint8_t a, uint8_t b)
     int on_prev = (a & 0x20) && w->prev_id != 0;
     /* the rollout as the model has it: the stored one is compared with
      * the model after every step that asked to change it (check_world),
-     * and the previous rollout never changes once finalized */
-    const ks_rollout r = on_prev ? prev_rollout : w->cur;
-    ks_rollout_phase from = r.phase, to;
+     * and the previous rollout never changes once finalized; read before
+     * the model moves below */
+    const ks_rollout *r = on_prev ? &prev_rollout : &w->cur;
+    ks_rollout_phase from = r->phase, to;
     if (a & 0x10)
         to = (ks_rollout_phase)(1 + b % 5);
     else if (forward)
@@ -672,11 +673,11 @@ static void op_transition(world *w, int forward, uint8_t a, uint8_t b)
              : from == KS_PHASE_PLANNED   ? KS_PHASE_BACKFILL /* no such rollback */
                                           : KS_PHASE_READ_COMPAT;
     ks_rollout_facts f;
-    gather(w, &r, (a & 0x80) ? a & 7u : 0u, &f);
+    gather(w, r, (a & 0x80) ? a & 7u : 0u, &f);
     ks_rollout_phase asked = (a & 0x08) ? (ks_rollout_phase)(1 + (from + b) % 5) : from;
     char reason[64];
     snprintf(reason, sizeof reason, "fuzz %s at %" PRId64, forward ? "advance" : "rollback", w->now);
-    ks_rollout_change c = {r.id, asked, to, ACTOR, reason, (a >> 6) & 1};
+    ks_rollout_change c = {r->id, asked, to, ACTOR, reason, (a >> 6) & 1};
     char why[512];
     ks_err err = ks_rollout_db_transition(w->db, &c, &f, why, sizeof why);
     w->touched = 1;
@@ -685,7 +686,7 @@ static void op_transition(world *w, int forward, uint8_t a, uint8_t b)
     for (size_t i = 0; i < N_SLOTS; i++)
         if (slot_live(w, &w->slots[i]))
             rd[n_rd++] = &w->slots[i];
-    ks_err want = asked != from ? KS_ERR_STALE : model_guard(rd, n_rd, &r, !on_prev, &f, from, to);
+    ks_err want = asked != from ? KS_ERR_STALE : model_guard(rd, n_rd, r, !on_prev, &f, from, to);
     if (w->verbose)
         fprintf(stderr, "  %s -> %s: %s (model %s) %s\n", ks_rollout_phase_name((int)from),
                 ks_rollout_phase_name((int)to), ks_err_name(err), ks_err_name(want), why);
@@ -697,7 +698,7 @@ static void op_transition(world *w, int forward, uint8_t a, uint8_t b)
     CHECK(err == KS_OK || why[0] != '\0');
     if (err != KS_OK)
         return;
-    expect_log(w, r.id, (int)from, (int)to, reason, (a >> 6) & 1);
+    expect_log(w, r->id, (int)from, (int)to, reason, (a >> 6) & 1);
     if (on_prev)
         return; /* unreachable: the previous rollout is never the latest */
     w->cur.phase = to;
