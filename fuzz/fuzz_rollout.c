@@ -5,6 +5,10 @@
  * the destroy guard) over one SQLite database, with a simulated clock.
  *
  * Input (docs/fuzzing.md, "fuzz_rollout"; short inputs read as zeros):
+ *   a start byte, mod 32: k + 1 start state k (RECIPES, below: a state
+ *   reached once per run and saved), with no header; 0 and the values past
+ *   the last state a new world from the four header bytes below; then the
+ *   operations.  The header:
  *   byte 0  bit 0 source k:1 (v2, xchacha20-poly1305) (else plaintext),
  *           bit 1 target format 1 (plaintext source only; else 2); with
  *           bit 0, a KEY SCOPE: every envelope of key k in t.v and u.v
@@ -15,9 +19,9 @@
  *   byte 1  canary percent (mod 101)
  *   byte 2  min_soak_s / 4
  *   byte 3  reader_ttl_s - 1
- *   then up to MAX_OPS operations: a tag byte (mod N_OPS) and two argument
- *   bytes a, b (OP_RAW_READER: a length byte and that many bytes instead;
- *   OP_PURE: twelve bytes p[0..11], the first two being a and b).
+ *   then up to MAX_OPS (6) operations: a tag byte (mod N_OPS) and two
+ *   argument bytes a, b (OP_RAW_READER: a length byte and that many bytes
+ *   instead; OP_PURE: twelve bytes p[0..11], the first two being a and b).
  *
  * Operations (the tag's name, then what a and b choose):
  *   ADVANCE, ROLLBACK  gather facts as an operator tool does (census of the
@@ -110,10 +114,11 @@
  * (the operator's ks_rollout_db, the policies, the row stores, the
  * application's own) opens the same in-memory database.  They are opened
  * once and kept for the whole run (fuzz/fuzz_sqlite.h; a policy per slot
- * and max format, which a JOIN gives its key list and reloads), and the
- * database is reset to the template (tables t and u, keyshift's tables,
- * all empty) after each input, so every input starts from the same
- * state.  Secrets live on the heap in fuzz builds (migrate/alloc_hook.h).
+ * and max format, which a JOIN gives its key list and reloads), and
+ * before each input the database is brought to its start: the template
+ * (tables t and u, keyshift's tables, all empty) or a saved start state,
+ * so every input starts from the same state whatever ran before it.
+ * Secrets live on the heap in fuzz builds (migrate/alloc_hook.h).
  * Keys come from tests/mem_provider.h (as in fuzz_migrate), rebuilt per
  * input.
  *
@@ -148,7 +153,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #include "fuzz_sqlite.h"
 
 #define DRBG_LABEL "keyshift fuzz_rollout fixed"
-#define MAX_OPS 64
+#define MAX_OPS 6
 #define MAX_ROWS 16
 #define N_SLOTS 3
 #define MAX_KV 4 /* key versions k:1 .. k:4 */
@@ -435,6 +440,19 @@ static ks_err write_row(world *w, unsigned id, unsigned tenant, const ks_rollout
     return err;
 }
 
+/* A context over the provider, as every input has its own. */
+static ks_ctx *new_ctx(void)
+{
+    ks_ctx_config cfg;
+    ks_ctx_config_default(&cfg);
+    cfg.cache_entries = 0;   /* a key state change takes effect at once */
+    cfg.dek_max_messages = 1; /* every seal asks the provider: no clock in the outcome */
+    ks_provider prov = ks_mem_provider_of(&mem);
+    ks_ctx *ctx = NULL;
+    CHECK(ks_ctx_new(&prov, &cfg, &ctx) == KS_OK);
+    return ctx;
+}
+
 /* Build the provider and the database (the template, table u in a key
  * scope, initial rows at the source) for one input, through the
  * application's connection, which stays open (it keeps the in-memory
@@ -452,12 +470,7 @@ static void build(world *w, uint8_t h0)
         CHECK(ks_mem_add(&mem, "k", 2, 0, kek[1]) == 0);
         w->key_state[2] = KS_KEY_ACTIVE;
     }
-    ks_ctx_config cfg;
-    ks_ctx_config_default(&cfg);
-    cfg.cache_entries = 0;   /* a key state change takes effect at once */
-    cfg.dek_max_messages = 1; /* every seal asks the provider: no clock in the outcome */
-    ks_provider prov = ks_mem_provider_of(&mem);
-    CHECK(ks_ctx_new(&prov, &cfg, &w->ctx) == KS_OK);
+    w->ctx = new_ctx();
 
     unsigned n = (h0 >> 4) & 7;
     for (unsigned i = 1; i <= n; i++) {
@@ -1327,40 +1340,26 @@ static void op_pure(world *w, const uint8_t *p)
 
 /* ---- invariants -------------------------------------------------------------------------- */
 
-/* What the last full check saw: the model, and the database's version as
- * the application's connection saw it (PRAGMA data_version changes with
- * every other connection's commit; its own changes are counted apart). */
+/* What the last full check saw: the model, and the database's version
+ * (ks_fuzz_sqlite_version: every row change of every connection, counted
+ * by SQLite's update hook, and every table a restore rewrote). */
 static struct {
     int valid;
     world model;
-    int64_t data_version, own_changes;
+    unsigned long long version;
 } last_check;
-
-/* The database's version, as last_check keeps it. */
-static void db_version(const world *w, int64_t *data_version, int64_t *own_changes)
-{
-    static const char sql[] = "PRAGMA main.data_version";
-    sqlite3_stmt *q = ks_fuzz_sqlite_stmt(w->raw, sql);
-    CHECK(sqlite3_step(q) == SQLITE_ROW);
-    *data_version = sqlite3_column_int64(q, 0);
-    ks_fuzz_sqlite_done(q);
-    *own_changes = sqlite3_total_changes64(w->raw);
-}
 
 /* Nonzero when the checks would read exactly what the last full check of
  * this input read, which passed: no log entry and no rollout change is
- * expected, no connection committed since, and the model (clock, rows,
- * readers, keys, rollout) is byte for byte the same, touched aside (the
- * stored rollout is the same, so re-reading it compares the same values
- * with the same model).  Each check is a function of those alone, so it
- * is skipped; about seven checks in ten, when this was written. */
+ * expected, no row of the database changed since, and the model (clock,
+ * rows, readers, keys, rollout) is byte for byte the same, touched aside
+ * (the stored rollout is the same, so re-reading it compares the same
+ * values with the same model).  Each check is a function of those alone,
+ * so it is skipped; about two checks in three. */
 static int check_unchanged(world *w)
 {
-    if (!last_check.valid || w->n_want != 0 || w->rollout_changed)
-        return 0;
-    int64_t dv, own;
-    db_version(w, &dv, &own);
-    if (dv != last_check.data_version || own != last_check.own_changes)
+    if (!last_check.valid || w->n_want != 0 || w->rollout_changed ||
+        ks_fuzz_sqlite_version(NULL) != last_check.version)
         return 0;
     int touched = w->touched;
     w->touched = 0; /* compared without it; a skipped check leaves it clear */
@@ -1374,9 +1373,12 @@ static int check_unchanged(world *w)
 static void check_remember(const world *w)
 {
     memcpy(&last_check.model, w, sizeof *w);
-    db_version(w, &last_check.data_version, &last_check.own_changes);
+    last_check.version = ks_fuzz_sqlite_version(NULL);
     last_check.valid = 1;
 }
+
+static void check_rows(world *w);
+static void check_log(world *w);
 
 /* Check every invariant after a step (see the file comment), unless
  * nothing it reads changed since the last check (check_unchanged). */
@@ -1411,6 +1413,22 @@ static void check_world(world *w)
         if (slot_live(w, &w->slots[k]))
             CHECK(ks_policy_refresh(w->slots[k].pol) == KS_OK);
     w->rollout_changed = 0;
+    check_rows(w);
+    /* 2. (readers) no live reader holds a destroyed version */
+    for (size_t i = 0; i < n; i++)
+        for (uint32_t v = 1; v <= MAX_KV; v++)
+            CHECK(w->key_state[v] != KS_KEY_DESTROYED || !ks_rollout_keys_holds(rd[i].keys, "k", v));
+    /* 4. the log only grows, by exactly the step's entries: its row count
+     * (read through the application's connection) grows by them, and the
+     * new rows, read through the store, are them */
+    check_log(w);
+    assert(!w->touched && !w->rollout_changed);
+    check_remember(w);
+}
+
+/* The rows part of check_world: invariants 1 to 3 over every stored row. */
+static void check_rows(world *w)
+{
     sqlite3_stmt *q = ks_fuzz_sqlite_stmt(w->raw, w->key_mode
                                       ? "SELECT id, v FROM t UNION ALL SELECT id, v FROM u ORDER BY id"
                                       : "SELECT id, v FROM t ORDER BY id");
@@ -1446,20 +1464,19 @@ static void check_world(world *w)
     for (size_t i = 0; i < MAX_ROWS; i++)
         present += w->rows[i].present != 0;
     CHECK(stored == present);
-    /* 2. (readers) no live reader holds a destroyed version */
-    for (size_t i = 0; i < n; i++)
-        for (uint32_t v = 1; v <= MAX_KV; v++)
-            CHECK(w->key_state[v] != KS_KEY_DESTROYED || !ks_rollout_keys_holds(rd[i].keys, "k", v));
-    /* 4. the log only grows, by exactly the step's entries: its row count
-     * (read through the application's connection) grows by them, and the
-     * new rows, read through the store, are them */
-    q = ks_fuzz_sqlite_stmt(w->raw, "SELECT count(*), coalesce(max(id), 0) FROM keyshift_rollout_log");
+}
+
+/* The log part of check_world: invariant 4. */
+static void check_log(world *w)
+{
+    sqlite3_stmt *q = ks_fuzz_sqlite_stmt(w->raw, "SELECT count(*), coalesce(max(id), 0) FROM keyshift_rollout_log");
     CHECK(sqlite3_step(q) == SQLITE_ROW);
     int64_t count = sqlite3_column_int64(q, 0), last = sqlite3_column_int64(q, 1);
     ks_fuzz_sqlite_done(q);
     CHECK(count == w->log_count + (int64_t)w->n_want);
     if (w->n_want != 0) {
         ks_rollout_log_entry e[5];
+        size_t n = 0;
         CHECK(ks_rollout_db_log(w->db, 0, w->log_last_id, e, 5, &n) == KS_OK);
         CHECK(n == w->n_want);
         for (size_t i = 0; i < n; i++) {
@@ -1474,8 +1491,6 @@ static void check_world(world *w)
     CHECK(last == w->log_last_id);
     w->log_count = count;
     w->n_want = 0;
-    assert(!w->touched && !w->rollout_changed);
-    check_remember(w);
 }
 
 /* ---- the run ------------------------------------------------------------------------------- */
@@ -1511,74 +1526,285 @@ static void teardown(world *w)
     ks_mem_cleanup(&mem);
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+/* Run the operations of in, at most max_ops, checking the world after
+ * each. */
+static void run_ops(world *w, ks_fuzz_input *in, unsigned max_ops)
 {
-    static world w;
-    if (!initialised)
-        init();
-    memset(&w, 0, sizeof w);
-    memset(&prev_rollout, 0, sizeof prev_rollout);
-    last_check.valid = 0;
-    ks_fuzz_drbg_seek(drbg_start);
-    w.verbose = getenv("FUZZ_ROLLOUT_VERBOSE") != NULL;
-    w.now = T0;
-    ks_fuzz_input in = {data, size, 0};
-    uint8_t h0 = ks_fuzz_next(&in), h1 = ks_fuzz_next(&in), h2 = ks_fuzz_next(&in), h3 = ks_fuzz_next(&in);
-    ks_rollout spec;
-    spec_of(h0, h1, h2, h3, &spec);
-    w.cur.source = spec.source;
-    w.key_mode = spec.scope == KS_SCOPE_KEY;
-    w.db = kept.db;
-    w.st = kept.st;
-    w.st_u = kept.st_u;
-    w.raw = kept.raw;
-    build(&w, h0);
-    start(&w, &spec);
-    check_world(&w);
-    for (unsigned k = 0; k < MAX_OPS && in.off < in.n; k++) {
-        unsigned op = ks_fuzz_next(&in) % N_OPS;
-        uint8_t a = ks_fuzz_next(&in), b = op == OP_RAW_READER ? 0 : ks_fuzz_next(&in);
-        if (w.verbose)
-            fprintf(stderr, "fuzz_rollout: t+%" PRId64 " %s %u %u (phase %s)\n", w.now - T0,
-                    OP_NAMES[op], a, b, ks_rollout_phase_name((int)w.cur.phase));
+    for (unsigned k = 0; k < max_ops && in->off < in->n; k++) {
+        unsigned op = ks_fuzz_next(in) % N_OPS;
+        uint8_t a = ks_fuzz_next(in), b = op == OP_RAW_READER ? 0 : ks_fuzz_next(in);
+        if (w->verbose)
+            fprintf(stderr, "fuzz_rollout: t+%" PRId64 " %s %u %u (phase %s)\n", w->now - T0,
+                    OP_NAMES[op], a, b, ks_rollout_phase_name((int)w->cur.phase));
         switch (op) {
-        case OP_ADVANCE: op_transition(&w, 1, a, b); break;
-        case OP_ROLLBACK: op_transition(&w, 0, a, b); break;
-        case OP_WRITE: op_write(&w, a, b); break;
-        case OP_READ: op_read(&w, a, b); break;
-        case OP_MIGRATE: op_migrate(&w, a); break;
-        case OP_VERIFY: op_verify(&w, a); break;
-        case OP_JOIN: op_join(&w, a, b); break;
-        case OP_LEAVE: op_leave(&w, a); break;
-        case OP_HEARTBEAT: op_heartbeat(&w, a); break;
-        case OP_KEY: op_key(&w, a, b); break;
-        case OP_TIME: w.now += a < 64 ? a : (int64_t)(a - 63) * 60; break;
-        case OP_METRICS: op_metrics(&w, a, b); break;
-        case OP_START: op_start(&w); break;
-        case OP_CANARY: op_canary(&w, a); break;
+        case OP_ADVANCE: op_transition(w, 1, a, b); break;
+        case OP_ROLLBACK: op_transition(w, 0, a, b); break;
+        case OP_WRITE: op_write(w, a, b); break;
+        case OP_READ: op_read(w, a, b); break;
+        case OP_MIGRATE: op_migrate(w, a); break;
+        case OP_VERIFY: op_verify(w, a); break;
+        case OP_JOIN: op_join(w, a, b); break;
+        case OP_LEAVE: op_leave(w, a); break;
+        case OP_HEARTBEAT: op_heartbeat(w, a); break;
+        case OP_KEY: op_key(w, a, b); break;
+        case OP_TIME: w->now += a < 64 ? a : (int64_t)(a - 63) * 60; break;
+        case OP_METRICS: op_metrics(w, a, b); break;
+        case OP_START: op_start(w); break;
+        case OP_CANARY: op_canary(w, a); break;
         case OP_PURE: {
             uint8_t p[12] = {a, b};
             for (size_t i = 2; i < sizeof p; i++)
-                p[i] = ks_fuzz_next(&in);
-            op_pure(&w, p);
+                p[i] = ks_fuzz_next(in);
+            op_pure(w, p);
             break;
         }
         default: {
-            size_t len = a % 24u, avail = in.n - in.off < len ? in.n - in.off : len;
-            op_raw_reader(&w, in.p + in.off, avail);
-            in.off += avail;
+            size_t len = a % 24u, avail = in->n - in->off < len ? in->n - in->off : len;
+            op_raw_reader(w, in->p + in->off, avail);
+            in->off += avail;
             break;
         }
         }
-        check_world(&w);
+        check_world(w);
     }
-    w.touched = 1;
-    check_world(&w);
-    /* every stored record opens (or is refused only for a disabled key) */
+}
+
+/* Begin an input in a new world: the header of in (spec_of), the provider
+ * and the rows of build, the rollout started. */
+static void begin_fresh(world *w, ks_fuzz_input *in)
+{
+    uint8_t h0 = ks_fuzz_next(in), h1 = ks_fuzz_next(in), h2 = ks_fuzz_next(in), h3 = ks_fuzz_next(in);
+    ks_rollout spec;
+    spec_of(h0, h1, h2, h3, &spec);
+    w->cur.source = spec.source;
+    w->key_mode = spec.scope == KS_SCOPE_KEY;
+    w->db = kept.db;
+    w->st = kept.st;
+    w->st_u = kept.st_u;
+    w->raw = kept.raw;
+    build(w, h0);
+    start(w, &spec);
+    check_world(w);
+}
+
+/* ---- start states ------------------------------------------------------------------------ */
+
+/* An input may start from one of the states below instead of a new world
+ * (docs/fuzzing.md, "fuzz_rollout"): each was reached once per run, in
+ * init, by a recipe (a fresh input of the same format, run with every
+ * check), and saved: the database (ks_fuzz_sqlite_snap_save), the model,
+ * the provider's keys and the random stream's position.  Loading one
+ * costs a few statements; reaching it again costs up to 29 operations and
+ * their checks, which is what bounded the target's speed. */
+#define A_(slot, keys) OP_JOIN, (slot) | 4, (keys)                 /* JOIN, format 2 */
+#define A1(slot, keys) OP_JOIN, (slot), (keys)                     /* JOIN, format 1 */
+#define W_(slot, row, t) OP_WRITE, (slot), ((row) - 1) | (t) << 4  /* WRITE */
+#define ADV OP_ADVANCE, 0, 0
+#define MIG(batch, full, in_u) OP_MIGRATE, ((batch) - 1) | (full) << 2 | (in_u) << 3, 0
+#define VER(in_u) OP_VERIFY, (in_u), 0
+#define MET(n) OP_METRICS, (n) - 1, 0
+#define LEAVE(slot) OP_LEAVE, (slot), 0
+/* header (spec_of), then two readers of k:1..k:3 and k:1..k:2 */
+#define HDR(h0) (h0), 0, 0, 119, A_(0, 7), A_(1, 3)
+/* the lifecycle of fuzz/rollout_seeds.py (lifecycle), up to each phase */
+#define TO_READ_COMPAT(h0) HDR(h0), ADV
+#define TO_WRITE_UPGRADE(h0) TO_READ_COMPAT(h0), W_(1, 4, 1), ADV, W_(0, 5, 0), W_(1, 6, 2), MET(10)
+#define TO_BACKFILL(h0) TO_WRITE_UPGRADE(h0), ADV, W_(0, 7, 0), MIG(2, 0, 0)
+#define TO_FINALIZED(h0) TO_BACKFILL(h0), MIG(4, 1, 0), VER(0), ADV
+#define TO_NEXT(h0) TO_FINALIZED(h0), W_(0, 8, 3), OP_START, 0, 0, OP_KEY, 2, 0, LEAVE(0), \
+                    A_(0, 6), LEAVE(1), A_(1, 6)
+/* h0: plaintext source, 3 rows; v2 k:1 source, 3 rows; a key scope, 4
+ * rows; plaintext to format 1 with a tenant canary, 2 rows */
+#define PLAIN 0x30
+#define SEALED 0x31
+#define SCOPE 0x43
+#define TO_V1 0x26
+
+#define RECIPE(phase, ...) {(phase), (const uint8_t[]){__VA_ARGS__}, sizeof((const uint8_t[]){__VA_ARGS__})}
+/* the lifecycle's five states from header h0 */
+#define LIFECYCLE(h0)                                                                               \
+    RECIPE(KS_PHASE_READ_COMPAT, TO_READ_COMPAT(h0)), RECIPE(KS_PHASE_WRITE_UPGRADE, TO_WRITE_UPGRADE(h0)), \
+        RECIPE(KS_PHASE_BACKFILL, TO_BACKFILL(h0)), RECIPE(KS_PHASE_FINALIZED, TO_FINALIZED(h0)),          \
+        RECIPE(KS_PHASE_PLANNED, TO_NEXT(h0))
+static const struct recipe {
+    ks_rollout_phase phase; /* where it ends: checked in init */
+    const uint8_t *p;
+    size_t n;
+} RECIPES[] = {
+    LIFECYCLE(PLAIN),
+    LIFECYCLE(SEALED),
+    RECIPE(KS_PHASE_WRITE_UPGRADE, TO_WRITE_UPGRADE(SCOPE)),
+    RECIPE(KS_PHASE_BACKFILL, TO_BACKFILL(SCOPE)),
+    RECIPE(KS_PHASE_BACKFILL, TO_BACKFILL(SCOPE), MIG(4, 1, 1), VER(1)),
+    RECIPE(KS_PHASE_FINALIZED, TO_BACKFILL(SCOPE), MIG(4, 1, 1), VER(1), MIG(4, 1, 0), VER(0), ADV),
+    RECIPE(KS_PHASE_WRITE_UPGRADE, TO_V1, 0, 0, 119, A1(0, 2), ADV, ADV, W_(0, 3, 0), W_(0, 4, 2)),
+    /* backfill done and verified: finalize is next */
+    RECIPE(KS_PHASE_BACKFILL, TO_BACKFILL(PLAIN), MIG(4, 1, 0), VER(0)),
+    RECIPE(KS_PHASE_BACKFILL, TO_BACKFILL(SEALED), MIG(4, 1, 0), VER(0)),
+    /* a threshold trip: the advance refused, an automatic rollback */
+    RECIPE(KS_PHASE_READ_COMPAT, SEALED, 0, 0, 119, A_(0, 3), ADV, ADV, W_(0, 4, 0), OP_METRICS, 9, 7,
+           ADV, OP_ROLLBACK, 0x40, 0),
+    /* an instance without k:2 blocks write-upgrade until it expires (30 s) */
+    RECIPE(KS_PHASE_READ_COMPAT, SEALED, 0, 0, 29, A_(0, 1), A_(1, 3), ADV, ADV),
+    /* read-compat with a 120 s minimum soak not yet served */
+    RECIPE(KS_PHASE_READ_COMPAT, PLAIN, 0, 30, 119, A_(0, 2), ADV, ADV, MET(10)),
+    /* backfill with the source key k:1 disabled */
+    RECIPE(KS_PHASE_BACKFILL, TO_BACKFILL(SEALED), OP_KEY, 0, 3),
+    /* the next rotation planned, no instance running, the last migration
+     * left paused after its last batch (the next one supersedes its
+     * checkpoint; the first 8 operations of corpus/regressions/531a98...) */
+    RECIPE(KS_PHASE_PLANNED, SEALED, 0, 0, 119, ADV, ADV, ADV, MIG(2, 0, 0), VER(0), ADV, OP_START, 0, 0,
+           OP_KEY, 2, 0),
+};
+#define N_STARTS (sizeof RECIPES / sizeof RECIPES[0])
+/* The start byte is read mod START_MOD: 1 .. N_STARTS name a start state,
+ * the rest a new world, so that a state added later changes the meaning
+ * of no corpus input but those that started new worlds by that byte. */
+#define START_MOD 32u
+_Static_assert(N_STARTS < START_MOD, "start states fit in the start byte");
+
+/* A saved start state. */
+static struct start_state {
+    world w;
+    ks_rollout prev;             /* prev_rollout */
+    size_t n_keys;               /* the provider's keys, in the order added */
+    struct {
+        uint32_t version;
+        ks_key_state state;
+        int primary;
+        uint8_t kek[KS_MEM_KEK_LEN];
+    } keys[KS_MEM_MAX_KEYS];
+    uint64_t drbg;               /* the random stream's position */
+} starts[N_STARTS];
+
+/* Save the world of the input being run as start state k. */
+static void start_save(const world *w, size_t k)
+{
+    struct start_state *s = &starts[k];
+    CHECK(ks_fuzz_sqlite_snap_save() == (int)k);
+    s->w = *w;
+    s->w.ctx = NULL; /* each input has its own */
+    s->prev = prev_rollout;
+    s->n_keys = mem.n;
+    for (size_t i = 0; i < mem.n; i++) {
+        CHECK(mem.keys[i].id_len == 1 && mem.keys[i].id[0] == 'k');
+        s->keys[i].version = mem.keys[i].version;
+        s->keys[i].state = mem.keys[i].state;
+        s->keys[i].primary = mem.keys[i].primary;
+        memcpy(s->keys[i].kek, mem.keys[i].kek, KS_MEM_KEK_LEN);
+    }
+    s->drbg = ks_fuzz_drbg_tell();
+}
+
+/* Begin an input from start state k, the database being it already
+ * (ks_fuzz_sqlite_restore): the model, a provider and a context as they
+ * were, every registered instance's policy given its keys and rules again
+ * (all the state a kept policy has), the random stream where it was.
+ * full: the checks read it all back (init does, once per state); else the
+ * last full check is the one made when the state was saved, which read
+ * exactly this database and model (check_unchanged). */
+static void begin_start(world *w, size_t k, int full)
+{
+    const struct start_state *s = &starts[k];
+    int verbose = w->verbose;
+    *w = s->w;
+    w->verbose = verbose;
+    prev_rollout = s->prev;
+    ks_mem_init(&mem);
+    for (size_t i = 0; i < s->n_keys; i++) {
+        CHECK(ks_mem_add(&mem, "k", s->keys[i].version, s->keys[i].primary, s->keys[i].kek) == 0);
+        ks_mem_set_state(&mem, "k", s->keys[i].version, s->keys[i].state);
+    }
+    w->ctx = new_ctx();
+    for (size_t i = 0; i < N_SLOTS; i++) {
+        slot *sl = &w->slots[i];
+        if (sl->registered) {
+            CHECK(ks_policy_set_keys(sl->pol, sl->r.keys) == KS_OK);
+            CHECK(ks_policy_refresh(sl->pol) == KS_OK);
+        }
+    }
+    ks_fuzz_drbg_seek(s->drbg);
+    if (full) {
+        w->touched = 1;
+        check_world(w);
+    } else {
+        check_remember(w);
+    }
+}
+
+/* End an input: the last checks (every stored record opens, or is refused
+ * only for a disabled key), the world closed, the database reset and
+ * SQLite's memory checked. */
+static void finish(world *w)
+{
+    w->touched = 1;
+    check_world(w);
     for (unsigned id = 1; id <= MAX_ROWS; id++)
-        if (w.rows[id - 1].present)
-            open_row(&w, id);
-    teardown(&w);
-    ks_fuzz_sqlite_world_check(); /* SQLite's memory is back; the next input's database */
+        if (w->rows[id - 1].present)
+            open_row(w, id);
+    teardown(w);
+    ks_fuzz_sqlite_world_check_kept(); /* the next input restores its start state */
+}
+
+/* A new world for an input (the connections are the kept ones). */
+static void world_clear(world *w)
+{
+    memset(w, 0, sizeof *w);
+    memset(&prev_rollout, 0, sizeof prev_rollout);
+    last_check.valid = 0;
+    ks_fuzz_drbg_seek(drbg_start);
+    w->verbose = getenv("FUZZ_ROLLOUT_VERBOSE") != NULL;
+    w->now = T0;
+}
+
+/* Once per run, after init: run every recipe and save where it ends. */
+static void init_starts(void)
+{
+    static world w;
+    for (size_t k = 0; k < N_STARTS; k++) {
+        world_clear(&w);
+        ks_fuzz_sqlite_restore(0);
+        ks_fuzz_input in = {RECIPES[k].p, RECIPES[k].n, 0};
+        begin_fresh(&w, &in);
+        run_ops(&w, &in, (unsigned)RECIPES[k].n);
+        CHECK(in.off == in.n);
+        if (w.cur.phase != RECIPES[k].phase)
+            fprintf(stderr, "fuzz_rollout: start state %zu ends in %s\n", k,
+                    ks_rollout_phase_name((int)w.cur.phase));
+        CHECK(w.cur.phase == RECIPES[k].phase);
+        w.touched = 1;
+        check_world(&w);
+        start_save(&w, k);
+        finish(&w);
+    }
+    /* each state, loaded as an input loads it, reads back as it was saved */
+    for (size_t k = 0; k < N_STARTS; k++) {
+        world_clear(&w);
+        ks_fuzz_sqlite_restore((int)k + 1);
+        begin_start(&w, k, 1);
+        finish(&w);
+    }
+    ks_fuzz_sqlite_snap_seal();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static world w;
+    if (!initialised) {
+        init();
+        init_starts();
+    }
+    world_clear(&w);
+    ks_fuzz_input in = {data, size, 0};
+    unsigned from = ks_fuzz_next(&in) % START_MOD;
+    if (from > N_STARTS)
+        from = 0;
+    ks_fuzz_sqlite_restore((int)from); /* 0: the template, else start state from - 1 */
+    if (from == 0)
+        begin_fresh(&w, &in);
+    else
+        begin_start(&w, from - 1, 0);
+    run_ops(&w, &in, MAX_OPS);
+    finish(&w);
     return 0;
 }

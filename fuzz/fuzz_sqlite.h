@@ -21,14 +21,19 @@
  *   (the schema the library created, and any rows) into a second memdb
  *   database, the template, attached to the keeper connection, and
  *   prepares for every table a DELETE and an INSERT ... SELECT from the
- *   template; ks_fuzz_sqlite_world_reset() runs them in one transaction
+ *   template; ks_fuzz_sqlite_restore() runs them in one transaction
  *   (triggers off on the keeper only: keyshift_rollout_log refuses
- *   deletes).  The schema never changes, so no connection re-parses it;
- *   rowids and sqlite_sequence come back with the rows, so an input sees
- *   what it would see in a new database (libFuzzer needs each input to
- *   run alone).  sqlite3_deserialize and the backup API cannot be used:
- *   the first detaches a connection from the shared database, the second
- *   bumps the schema cookie and makes every connection re-parse.
+ *   deletes), for the tables that changed since the last restore: an
+ *   update hook on every connection notes them (every table has a rowid,
+ *   checked, so the hook sees every change; sqlite_sequence, which it
+ *   does not see, goes with any other).  The schema never changes, so no
+ *   connection re-parses it; rowids and sqlite_sequence come back with
+ *   the rows, so an input sees what it would see in a new database
+ *   (libFuzzer needs each input to run alone).  sqlite3_deserialize and
+ *   the backup API cannot be used: the first detaches a connection from
+ *   the shared database, the second bumps the schema cookie and makes
+ *   every connection re-parse.  A harness may also save start states
+ *   (see "Start states" below) and restore one of them instead.
  * - Memory oracle.  ks_fuzz_sqlite_world_check() releases the page cache
  *   of every persistent connection (sqlite3_db_release_memory) and
  *   compares sqlite3_memory_used() with the value after the input before:
@@ -69,6 +74,9 @@
 #include <sqlite3.h>
 
 #include "fuzz_check.h"
+
+/* Functions only some harnesses call. */
+#define KS_FUZZ_SQLITE_OPTIONAL __attribute__((unused))
 
 /* SQLite's heap cap for the whole process (every database is in memory). */
 #define KS_FUZZ_SQLITE_HEAP (256ll << 20)
@@ -113,9 +121,9 @@ typedef struct ks_fuzz_sqlite_kept {
 
 /* The reset of one table of the template. */
 typedef struct ks_fuzz_sqlite_table {
+    char name[64];      /* the table's name (snapshots copy it by name) */
     sqlite3_stmt *del;  /* DELETE FROM main.<table> */
     sqlite3_stmt *ins;  /* INSERT ... SELECT from the template; NULL: it is empty there */
-    int bit;            /* empty there: the table's bit in the probe */
 } ks_fuzz_sqlite_table;
 
 /* The persistent world (one per process). */
@@ -126,8 +134,13 @@ static struct {
     sqlite3 *tmpl;                                /* holds the template database open */
     ks_fuzz_sqlite_table reset[KS_FUZZ_SQLITE_MAX_RESET];
     int n_reset;
-    int n_probed;                                 /* tables with a bit in the probe */
-    sqlite3_stmt *probe;                          /* the bits of those holding a row */
+    int seq;                                      /* sqlite_sequence's index in reset, or -1 */
+    int state;                                    /* what main holds: 0 the template, k + 1
+                                                     snapshot k, -1 not known */
+    int restoring;                                /* inside a restore: changes not tracked */
+    unsigned long long changed;                   /* bit i: reset[i] changed since */
+    unsigned long long versions[KS_FUZZ_SQLITE_MAX_RESET]; /* changes of reset[i], ever */
+    unsigned long long version;                   /* changes of any table, ever */
     sqlite3_stmt *page_count;                     /* PRAGMA main.page_count on the keeper */
     sqlite3_stmt *begin, *commit;                 /* the reset's transaction, on the keeper */
     sqlite3_int64 mem;                            /* sqlite3_memory_used() after the last reset */
@@ -148,6 +161,48 @@ static int ks_fuzz_sqlite_progress(void *arg)
     return 0;
 }
 
+/* Update hook of every connection: note that a table of main changed
+ * since the last restore (one not known to the reset: every table). */
+static void ks_fuzz_sqlite_changed(void *arg, int op, const char *db, const char *table, sqlite3_int64 rowid)
+{
+    (void)arg;
+    (void)op;
+    (void)rowid;
+    if (ks_fuzz_sqlite_w.restoring || strcmp(db, "main") != 0) {
+        return;
+    }
+    ks_fuzz_sqlite_w.version++;
+    for (int i = 0; i < ks_fuzz_sqlite_w.n_reset; i++) {
+        if (strcmp(ks_fuzz_sqlite_w.reset[i].name, table) == 0) {
+            ks_fuzz_sqlite_w.changed |= 1ull << i;
+            ks_fuzz_sqlite_w.versions[i]++;
+            return;
+        }
+    }
+    ks_fuzz_sqlite_w.changed = ~0ull;
+    for (int i = 0; i < ks_fuzz_sqlite_w.n_reset; i++) {
+        ks_fuzz_sqlite_w.versions[i]++;
+    }
+}
+
+/* How many row changes main has seen, ever: of table (its name), or of
+ * any table (NULL).  Equal counts mean equal contents (the restore counts
+ * what it rewrites), so a harness may skip a check whose inputs did not
+ * change; a change rolled back still counts. */
+KS_FUZZ_SQLITE_OPTIONAL static unsigned long long ks_fuzz_sqlite_version(const char *table)
+{
+    if (table == NULL) {
+        return ks_fuzz_sqlite_w.version;
+    }
+    for (int i = 0; i < ks_fuzz_sqlite_w.n_reset; i++) {
+        if (strcmp(ks_fuzz_sqlite_w.reset[i].name, table) == 0) {
+            return ks_fuzz_sqlite_w.versions[i];
+        }
+    }
+    CHECK(!"no such table");
+    return 0;
+}
+
 /* Auto-extension run on every new connection: set its fuzzing limits. */
 static int ks_fuzz_sqlite_limits(sqlite3 *db, const char **err,
                                  const struct sqlite3_api_routines *api)
@@ -159,6 +214,7 @@ static int ks_fuzz_sqlite_limits(sqlite3 *db, const char **err,
         ks_fuzz_sqlite_w.conns[ks_fuzz_sqlite_w.n_conns++] = db;
     }
     sqlite3_limit(db, SQLITE_LIMIT_LENGTH, KS_FUZZ_SQLITE_LENGTH);
+    (void)sqlite3_update_hook(db, ks_fuzz_sqlite_changed, NULL);
     sqlite3_progress_handler(db, KS_FUZZ_SQLITE_PROGRESS_N, ks_fuzz_sqlite_progress, NULL);
     return SQLITE_OK;
 }
@@ -449,19 +505,18 @@ static void ks_fuzz_sqlite_run(sqlite3_stmt *st)
 }
 
 /* Prepare the reset of every table of the template (see the file comment):
- * for a table the template leaves empty, a DELETE, run only when the
- * probe finds a row in it (clearing an empty table still journals its
- * root page: most of the reset's cost); for one with rows, a DELETE and
- * an INSERT from the template, run every time. */
+ * a DELETE, and for a table with rows there, an INSERT from it.  Every
+ * table must have a rowid: SQLite's update hook, which tells the restore
+ * what changed, does not see WITHOUT ROWID tables. */
 static void ks_fuzz_sqlite_reset_prepare(sqlite3 *keeper)
 {
     sqlite3_stmt *tables = ks_fuzz_sqlite_prepare(
-        keeper, "SELECT name FROM tmpl.sqlite_schema WHERE type = 'table' "
+        keeper, "SELECT name, sql LIKE '%WITHOUT ROWID%' FROM tmpl.sqlite_schema WHERE type = 'table' "
                 "AND name NOT LIKE 'sqlite_stat%' ORDER BY name");
-    sqlite3_str *probe = sqlite3_str_new(keeper);
-    sqlite3_str_appendall(probe, "SELECT 0");
+    ks_fuzz_sqlite_w.seq = -1;
     while (sqlite3_step(tables) == SQLITE_ROW) {
         const char *name = (const char *)sqlite3_column_text(tables, 0);
+        CHECK(sqlite3_column_int(tables, 1) == 0);
         char *del = sqlite3_mprintf("DELETE FROM main.\"%w\"", name);
         char *cnt = sqlite3_mprintf("SELECT count(*) FROM tmpl.\"%w\"", name);
         CHECK(del != NULL && cnt != NULL);
@@ -471,46 +526,73 @@ static void ks_fuzz_sqlite_reset_prepare(sqlite3 *keeper)
         CHECK(sqlite3_finalize(c) == SQLITE_OK);
         CHECK(ks_fuzz_sqlite_w.n_reset < KS_FUZZ_SQLITE_MAX_RESET);
         ks_fuzz_sqlite_table *t = &ks_fuzz_sqlite_w.reset[ks_fuzz_sqlite_w.n_reset];
+        CHECK(strlen(name) < sizeof t->name);
+        strcpy(t->name, name);
+        if (strcmp(name, "sqlite_sequence") == 0) {
+            ks_fuzz_sqlite_w.seq = ks_fuzz_sqlite_w.n_reset;
+        }
         t->del = ks_fuzz_sqlite_prepare(keeper, del);
         if (has_rows) {
             char *ins = sqlite3_mprintf("INSERT INTO main.\"%w\" SELECT * FROM tmpl.\"%w\"", name, name);
             CHECK(ins != NULL);
             t->ins = ks_fuzz_sqlite_prepare(keeper, ins);
             sqlite3_free(ins);
-        } else {
-            t->bit = ks_fuzz_sqlite_w.n_probed++;
-            CHECK(t->bit < 63);
-            sqlite3_str_appendf(probe, " | (EXISTS (SELECT 1 FROM main.\"%w\") << %d)", name, t->bit);
         }
         ks_fuzz_sqlite_w.n_reset++;
         sqlite3_free(del);
         sqlite3_free(cnt);
     }
     CHECK(sqlite3_finalize(tables) == SQLITE_OK);
-    char *sql = sqlite3_str_finish(probe);
-    CHECK(sql != NULL);
-    ks_fuzz_sqlite_w.probe = ks_fuzz_sqlite_prepare(keeper, sql);
-    sqlite3_free(sql);
+    ks_fuzz_sqlite_w.state = -1;
 }
 
-/* Per input (and at the seal): bring the database back to the template,
- * in one transaction on the keeper. */
-static void ks_fuzz_sqlite_world_reset(void)
+/* The INSERT that fills table i in state (0 the template, k + 1 snapshot
+ * k), or NULL when it is empty there. */
+static sqlite3_stmt *ks_fuzz_sqlite_fill(int state, int i);
+
+/* Bring main to state (0 the template, k + 1 snapshot k), in one
+ * transaction on the keeper, rewriting only the tables that may differ:
+ * those changed since the last restore (the update hook of every
+ * connection; sqlite_sequence, which the hook does not see, with any
+ * other), and those the two states fill differently.  Clearing a table
+ * that is already empty still journals its root page, so an empty table
+ * is left alone. */
+static void ks_fuzz_sqlite_restore(int state)
 {
+    unsigned long long changed = ks_fuzz_sqlite_w.changed;
+    int from = ks_fuzz_sqlite_w.state;
+    if (changed != 0 && ks_fuzz_sqlite_w.seq >= 0) {
+        changed |= 1ull << ks_fuzz_sqlite_w.seq;
+    }
+    ks_fuzz_sqlite_w.restoring = 1;
     ks_fuzz_sqlite_run(ks_fuzz_sqlite_w.begin);
-    CHECK(sqlite3_step(ks_fuzz_sqlite_w.probe) == SQLITE_ROW);
-    sqlite3_int64 used = sqlite3_column_int64(ks_fuzz_sqlite_w.probe, 0);
-    CHECK(sqlite3_reset(ks_fuzz_sqlite_w.probe) == SQLITE_OK);
     for (int i = 0; i < ks_fuzz_sqlite_w.n_reset; i++) {
         const ks_fuzz_sqlite_table *t = &ks_fuzz_sqlite_w.reset[i];
-        if (t->ins != NULL || (used >> t->bit & 1)) {
+        sqlite3_stmt *had = from < 0 ? NULL : ks_fuzz_sqlite_fill(from, i);
+        sqlite3_stmt *want = ks_fuzz_sqlite_fill(state, i);
+        int dirty = from < 0 || (changed >> i & 1);
+        if (!dirty && (from == state || (had == NULL && want == NULL))) {
+            continue; /* as the state has it already */
+        }
+        if (dirty || had != NULL) {
             ks_fuzz_sqlite_run(t->del);
         }
-        if (t->ins != NULL) {
-            ks_fuzz_sqlite_run(t->ins);
+        if (want != NULL) {
+            ks_fuzz_sqlite_run(want);
         }
+        ks_fuzz_sqlite_w.versions[i]++;
+        ks_fuzz_sqlite_w.version++;
     }
     ks_fuzz_sqlite_run(ks_fuzz_sqlite_w.commit);
+    ks_fuzz_sqlite_w.restoring = 0;
+    ks_fuzz_sqlite_w.changed = 0;
+    ks_fuzz_sqlite_w.state = state;
+}
+
+/* Per input (and at the seal): bring the database back to the template. */
+static void ks_fuzz_sqlite_world_reset(void)
+{
+    ks_fuzz_sqlite_restore(0);
 }
 
 /* Release every persistent connection's page cache (and check that no
@@ -616,12 +698,12 @@ static void ks_fuzz_sqlite_done(sqlite3_stmt *st)
     CHECK(sqlite3_clear_bindings(st) == SQLITE_OK);
 }
 
-/* Per input, after it closed what it opened: reset the database, then the
- * memory oracle (see the file comment), and give the next input its whole
- * progress budget. */
-static void ks_fuzz_sqlite_world_check(void)
+/* Per input, after it closed what it opened, the database left as the
+ * input left it (the next input's ks_fuzz_sqlite_restore brings its start
+ * state): the memory oracle (see the file comment), and the next input's
+ * whole progress budget. */
+KS_FUZZ_SQLITE_OPTIONAL static void ks_fuzz_sqlite_world_check_kept(void)
 {
-    ks_fuzz_sqlite_world_reset();
     ks_fuzz_sqlite_release();
     sqlite3_int64 mem = sqlite3_memory_used();
     if (mem != ks_fuzz_sqlite_w.mem) {
@@ -642,6 +724,14 @@ static void ks_fuzz_sqlite_world_check(void)
     ks_fuzz_sqlite_ticks = 0;
 }
 
+/* Per input, after it closed what it opened: reset the database to the
+ * template, then the memory oracle, as ks_fuzz_sqlite_world_check_kept. */
+KS_FUZZ_SQLITE_OPTIONAL static void ks_fuzz_sqlite_world_check(void)
+{
+    ks_fuzz_sqlite_world_reset();
+    ks_fuzz_sqlite_world_check_kept();
+}
+
 /* At exit: finalize the statements of ks_fuzz_sqlite_stmt, so that their
  * connections can close. */
 static void ks_fuzz_sqlite_stmts_finalize(void)
@@ -651,6 +741,78 @@ static void ks_fuzz_sqlite_stmts_finalize(void)
         ks_fuzz_sqlite_stmts[i].st = NULL;
         ks_fuzz_sqlite_stmts[i].sql = NULL;
     }
+}
+
+/*
+ * Start states.  A harness may save the database as it is at some point
+ * of an input (after the seal) as snapshot k, k = 0, 1, ... in order:
+ * every table's rows are copied, by name, into tables "k/<name>" of a
+ * private in-memory database attached to the keeper as "snap" (never
+ * seen by the library's connections), and an INSERT ... SELECT back is
+ * prepared for each table that has rows.  An input may then start from
+ * snapshot k instead of the template: ks_fuzz_sqlite_restore(k + 1), at
+ * the input's start, rewrites in one transaction the tables the input
+ * before changed or the two states fill differently, which costs a few
+ * statements instead of the operations that built the state.  The rows
+ * come back in their order (rowid order), with the same INTEGER PRIMARY
+ * KEYs and sqlite_sequence; a table without one gets new rowids in the
+ * same order.
+ * The schema never changes, so no connection re-parses it, and the memory
+ * oracle is untouched: the snapshots are read only, and the database's
+ * contents live in memdb's buffer, which the seal sized.
+ */
+#define KS_FUZZ_SQLITE_MAX_SNAPS 32
+static struct {
+    int n;
+    sqlite3_stmt *ins[KS_FUZZ_SQLITE_MAX_SNAPS][KS_FUZZ_SQLITE_MAX_RESET]; /* NULL: no rows */
+} ks_fuzz_sqlite_snaps;
+
+/* Save the database as snapshot number ks_fuzz_sqlite_snaps.n (returned),
+ * between the seal and the first input of the run. */
+KS_FUZZ_SQLITE_OPTIONAL static int ks_fuzz_sqlite_snap_save(void)
+{
+    sqlite3 *keeper = ks_fuzz_sqlite_w.conns[0];
+    int k = ks_fuzz_sqlite_snaps.n;
+    CHECK(k < KS_FUZZ_SQLITE_MAX_SNAPS && ks_fuzz_sqlite_w.n_reset > 0);
+    if (k == 0) {
+        CHECK(sqlite3_exec(keeper, "ATTACH ':memory:' AS snap", NULL, NULL, NULL) == SQLITE_OK);
+    }
+    for (int i = 0; i < ks_fuzz_sqlite_w.n_reset; i++) {
+        const char *name = ks_fuzz_sqlite_w.reset[i].name;
+        char *copy = sqlite3_mprintf("CREATE TABLE snap.\"%d/%w\" AS SELECT * FROM main.\"%w\"", k, name, name);
+        char *cnt = sqlite3_mprintf("SELECT count(*) FROM snap.\"%d/%w\"", k, name);
+        char *ins = sqlite3_mprintf("INSERT INTO main.\"%w\" SELECT * FROM snap.\"%d/%w\"", name, k, name);
+        CHECK(copy != NULL && cnt != NULL && ins != NULL);
+        CHECK(sqlite3_exec(keeper, copy, NULL, NULL, NULL) == SQLITE_OK);
+        sqlite3_stmt *c = ks_fuzz_sqlite_prepare(keeper, cnt);
+        CHECK(sqlite3_step(c) == SQLITE_ROW);
+        if (sqlite3_column_int64(c, 0) > 0) {
+            ks_fuzz_sqlite_snaps.ins[k][i] = ks_fuzz_sqlite_prepare(keeper, ins);
+        }
+        CHECK(sqlite3_finalize(c) == SQLITE_OK);
+        sqlite3_free(copy);
+        sqlite3_free(cnt);
+        sqlite3_free(ins);
+    }
+    ks_fuzz_sqlite_snaps.n++;
+    return k;
+}
+
+/* See the declaration above. */
+static sqlite3_stmt *ks_fuzz_sqlite_fill(int state, int i)
+{
+    CHECK(state >= 0 && state <= ks_fuzz_sqlite_snaps.n && i >= 0 && i < ks_fuzz_sqlite_w.n_reset);
+    return state == 0 ? ks_fuzz_sqlite_w.reset[i].ins : ks_fuzz_sqlite_snaps.ins[state - 1][i];
+}
+
+/* After the last snapshot, between inputs: take the memory baseline again
+ * (the snapshots and their statements are SQLite's from now on, for the
+ * whole run). */
+KS_FUZZ_SQLITE_OPTIONAL static void ks_fuzz_sqlite_snap_seal(void)
+{
+    ks_fuzz_sqlite_release();
+    ks_fuzz_sqlite_measure(&ks_fuzz_sqlite_w.kept);
+    ks_fuzz_sqlite_w.mem = sqlite3_memory_used();
 }
 
 /* At exit, after the harness closed what it opened between world_begin
@@ -664,7 +826,13 @@ static void ks_fuzz_sqlite_world_end(void)
         sqlite3_finalize(ks_fuzz_sqlite_w.reset[i].del);
         sqlite3_finalize(ks_fuzz_sqlite_w.reset[i].ins);
     }
-    sqlite3_finalize(ks_fuzz_sqlite_w.probe);
+    for (int k = 0; k < ks_fuzz_sqlite_snaps.n; k++) {
+        for (int i = 0; i < ks_fuzz_sqlite_w.n_reset; i++) {
+            sqlite3_finalize(ks_fuzz_sqlite_snaps.ins[k][i]);
+            ks_fuzz_sqlite_snaps.ins[k][i] = NULL;
+        }
+    }
+    ks_fuzz_sqlite_snaps.n = 0;
     ks_fuzz_sqlite_w.n_reset = 0;
     sqlite3_finalize(ks_fuzz_sqlite_w.page_count);
     sqlite3_finalize(ks_fuzz_sqlite_w.begin);

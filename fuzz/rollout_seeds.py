@@ -4,15 +4,20 @@
 Usage: /usr/bin/python3 fuzz/rollout_seeds.py [corpus/fuzz_rollout]
 
 Each seed is an input in the format of fuzz/fuzz_rollout.c (its header
-comment): four header bytes, then operations of a tag byte and two
-argument bytes (raw-reader: a length and that many bytes).  The seeds are
-whole scenarios: a full lifecycle, an old reader blocking write-upgrade
-until it expires, a threshold trip and its rollback, rollbacks from every
-phase, destroy attempts while a key is referenced, sloppy facts, stale
-and impossible transitions, canary changes and raw key lists; and key
-scopes (header bits 0 and 1: every envelope of key k in t.v and u.v)
-migrated and verified column by column.  Files are
-named by the SHA-1 of their content; the script only adds files.
+comment): a start byte (0: a new world from four header bytes; k + 1:
+start state k of the harness's RECIPES), then up to MAX_OPS operations
+of a tag byte and two argument bytes (raw-reader: a length and that many
+bytes; pure: twelve bytes).  The scenarios: the first operations of a
+full lifecycle, an old reader blocking write-upgrade until it expires, a
+threshold trip and its rollback, rollbacks from every phase, destroy
+attempts while a key is referenced, sloppy facts, stale and impossible
+transitions, canary changes and raw key lists; key scopes (header bits 0
+and 1: every envelope of key k in t.v and u.v) migrated and verified
+column by column; and from every start state, the steps an operator and
+the application take next.  Longer scenarios are cut at MAX_OPS (the
+harness reads no further); the pure-guard sweeps are split into inputs
+of MAX_OPS operations.  Files are named by the SHA-1 of their content;
+the script only adds files.
 """
 import sys
 
@@ -24,6 +29,15 @@ ADD, ACTIVE, DECRYPT_ONLY, DISABLED, DESTROYED = range(5)
 ALL, TENANTS, PERCENT = 0, 1, 2
 ACME, GLOBEX, INITECH, UMBRELLA = range(4)
 K1, K2, K3, K4 = 1, 2, 4, 8
+
+# fuzz/fuzz_rollout.c: operations per input, and the start states (RECIPES, in order)
+MAX_OPS = 6
+STARTS = ("plain read-compat", "plain write-upgrade", "plain backfill", "plain finalized",
+          "plain next planned", "sealed read-compat", "sealed write-upgrade", "sealed backfill",
+          "sealed finalized", "sealed next planned", "scope write-upgrade", "scope backfill",
+          "scope backfill u verified", "scope finalized", "v1 write-upgrade",
+          "plain backfill verified", "sealed backfill verified", "sealed tripped",
+          "sealed old reader", "plain soaking", "sealed backfill k1 disabled", "sealed next planned, paused")
 
 # transition argument bits (byte a)
 SLOPPY, STALE, RAW_TO, PREV, AUTO = 0x80, 0x08, 0x10, 0x20, 0x40
@@ -156,7 +170,80 @@ def key_scope_seeds():
     return s
 
 
+def split_ops(body):
+    """The operations of body, as the harness reads them."""
+    ops, i = [], 0
+    while i < len(body):
+        tag = body[i] % 16
+        if tag == RAW:
+            n = 2 + (body[i + 1] % 24 if i + 1 < len(body) else 0)
+        elif tag == PURE:
+            n = 13
+        else:
+            n = 3
+        ops.append(body[i:i + n])
+        i += n
+    return ops
+
+
+def fresh(seed):
+    """A new-world input: the start byte 0, then the seed cut at MAX_OPS."""
+    return b"\0" + seed[:4] + b"".join(split_ops(seed[4:])[:MAX_OPS])
+
+
+def chunked(prefix, body, per):
+    """Seeds of prefix (a header and its operations) and then body's
+    operations, per at a time."""
+    ops = split_ops(body)
+    return [prefix + b"".join(ops[i:i + per]) for i in range(0, len(ops), per)]
+
+
+def at(state, *ops):
+    """An input from start state `state` (a name of STARTS), cut at MAX_OPS."""
+    return bytes([STARTS.index(state) + 1]) + b"".join(ops[:MAX_OPS])
+
+
+def start_seeds():
+    """From every start state: advancing and rolling back (plain, sloppy,
+    stale, automatic), writing and reading, migrating and verifying,
+    destroy attempts, the next rotation, readers coming and going, and
+    the rest of the lifecycle into the next rotation (whose migration
+    supersedes the previous one's checkpoint)."""
+    s = []
+    for name in STARTS:
+        s.append(at(name, advance(), advance(), advance()))
+        s.append(at(name, rollback(), rollback(), advance()))
+        s.append(at(name, write(0, 9), write(1, 10, GLOBEX), read(0, 9), read(1, 1), write(2, 11)))
+        s.append(at(name, migrate(1, False), migrate(), migrate(in_u=True), verify(), verify(True),
+                    advance()))
+        s.append(at(name, key(1, DESTROYED), key(2, DESTROYED), op(KEY, 0 | 0x0c, DESTROYED),
+                    key(1, DISABLED), read(0, 1), key(1, ACTIVE)))
+        s.append(at(name, start(), key(3, ADD), key(4, ADD), advance(), rollback(PREV)))
+        s.append(at(name, wait(40), beat(0), leave(1), join(1, K2 | K3), join(2, K1, fmt2=False),
+                    wait(200), advance()))
+        s.append(at(name, advance(SLOPPY | 1), advance(STALE, 1), advance(RAW_TO, 3), metrics(10, 7),
+                    rollback(AUTO), canary(PERCENT, 30)))
+        s.append(at(name, advance(), advance(), advance(), migrate(), verify(), advance()))
+        s.append(at(name, migrate(2, False), migrate(in_u=True), verify(True), migrate(), verify(),
+                    advance()))
+        s.append(at(name, verify(), advance(), start(), advance(), advance(), advance()))
+    return s
+
+
 def seeds():
+    return ([fresh(x) for x in long_seeds() + chunked(hdr(rows=0) + join(0, K1 | K2), pure_sweep(),
+                                                     MAX_OPS - 1)] + start_seeds())
+
+
+def pure_sweep():
+    """The pure guard on every (from, to), facts known and not, big census
+    counts, invalid phases, states and health values, NULL readers."""
+    return (b"".join(pure(f, t, flags=0x07 | 0x10) for f in range(7) for t in range(7)) +
+            b"".join(pure(f, t, tks=k, sks=k, flags=0x60, health=3, src=7, tgt=3, lasted=5, soak=9)
+                     for f in (1, 2, 3, 4, 5) for t in (1, 2, 3, 4, 5) for k in (0, 6)))
+
+
+def long_seeds():
     s = key_scope_seeds()
     s.append(lifecycle(False))
     s.append(lifecycle(True))
@@ -206,14 +293,7 @@ def seeds():
     s.append(hdr(rows=2, ttl=10) + join(0, K2) + join(1, K2, fmt2=False) + join(2, K1 | K2) +
              advance() + advance() + wait(11) + join(0, K2) + leave(0) + leave(2) + wait(100) +
              beat(1) + join(1, K2) + write(1, 5) + read(1, 5))
-    # the pure guard on every (from, to), with facts known and not, big
-    # census counts, invalid phases, states and health values, NULL readers
-    body = b"".join(pure(f, t, flags=0x07 | 0x10) for f in range(7) for t in range(7))
-    s.append(hdr(rows=0) + join(0, K1 | K2) + body[:63 * 13])
-    s.append(hdr(rows=0) + join(0, K1) + join(1, K1 | K2) +
-             b"".join(pure(f, t, tks=k, sks=k, flags=0x60, health=3, src=7, tgt=3, lasted=5, soak=9)
-                      for f in (1, 2, 3, 4, 5) for t in (1, 2, 3, 4, 5) for k in (0, 6)))
-    s.append(hdr(k1=True, rows=0) + join(0, K1 | K2) +
+    s.extend(chunked(hdr(k1=True, rows=0) + join(0, K1 | K2),
              b"".join(pure(f, t, tks=k, sks=k, flags=fl, health=h, src=200, tgt=17, cls=c, misc=m)
                       for (f, t, k, fl, h, c, m) in (
                           (4, 5, 1, 0x01, 0, b"\x89\x10", b"\x02\x25"),
@@ -234,7 +314,7 @@ def seeds():
                           (2, 1, 1, 0x01, 0, b"\x0a\x05", b"\x01\x00"),
                           (1, 2, 6, 0x01, 0, b"\x0a\x05", b"\x01\x00"),
                           (1, 2, 3, 0x01, 0, b"\x0a\x05", b"\x01\x00"),
-                          (1, 2, 0, 0x01, 0, b"\x0a\x05", b"\x01\x00"))))
+                          (1, 2, 0, 0x01, 0, b"\x0a\x05", b"\x01\x00"))), MAX_OPS - 1))
     # raw key lists
     for text in (b"k:1,k:2", b"k:01", b"k:2,k:1", b"a:b:3", b"k:", b"k:1,", b"k:99999999999",
                  b"", b"k:1,k:1", b":1", b"k:4294967296", b"k;1"):
