@@ -1359,7 +1359,7 @@ static struct {
 static int check_unchanged(world *w)
 {
     if (!last_check.valid || w->n_want != 0 || w->rollout_changed ||
-        ks_fuzz_sqlite_version(NULL) != last_check.version)
+        ks_fuzz_sqlite_version() != last_check.version)
         return 0;
     int touched = w->touched;
     w->touched = 0; /* compared without it; a skipped check leaves it clear */
@@ -1373,7 +1373,7 @@ static int check_unchanged(world *w)
 static void check_remember(const world *w)
 {
     memcpy(&last_check.model, w, sizeof *w);
-    last_check.version = ks_fuzz_sqlite_version(NULL);
+    last_check.version = ks_fuzz_sqlite_version();
     last_check.valid = 1;
 }
 
@@ -1732,18 +1732,24 @@ static void begin_start(world *w, size_t k, int full)
     }
 }
 
-/* End an input: the last checks (every stored record opens, or is refused
- * only for a disabled key), the world closed, the database reset and
- * SQLite's memory checked. */
-static void finish(world *w)
+/* The last checks of an input: every invariant, and every stored record
+ * opens (or is refused only for a disabled key). */
+static void final_checks(world *w)
 {
     w->touched = 1;
     check_world(w);
     for (unsigned id = 1; id <= MAX_ROWS; id++)
         if (w->rows[id - 1].present)
             open_row(w, id);
+}
+
+/* End an input: the last checks, the world closed, SQLite's memory
+ * checked (the next input restores its start state). */
+static void finish(world *w)
+{
+    final_checks(w);
     teardown(w);
-    ks_fuzz_sqlite_world_check_kept(); /* the next input restores its start state */
+    ks_fuzz_sqlite_world_check_kept();
 }
 
 /* A new world for an input (the connections are the kept ones). */
@@ -1772,10 +1778,10 @@ static void init_starts(void)
             fprintf(stderr, "fuzz_rollout: start state %zu ends in %s\n", k,
                     ks_rollout_phase_name((int)w.cur.phase));
         CHECK(w.cur.phase == RECIPES[k].phase);
-        w.touched = 1;
-        check_world(&w);
+        final_checks(&w);
         start_save(&w, k);
-        finish(&w);
+        teardown(&w);
+        ks_fuzz_sqlite_world_check_kept();
     }
     /* each state, loaded as an input loads it, reads back as it was saved */
     for (size_t k = 0; k < N_STARTS; k++) {

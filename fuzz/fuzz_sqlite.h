@@ -139,8 +139,7 @@ static struct {
                                                      snapshot k, -1 not known */
     int restoring;                                /* inside a restore: changes not tracked */
     unsigned long long changed;                   /* bit i: reset[i] changed since */
-    unsigned long long versions[KS_FUZZ_SQLITE_MAX_RESET]; /* changes of reset[i], ever */
-    unsigned long long version;                   /* changes of any table, ever */
+    unsigned long long version;                   /* row changes of main, ever */
     sqlite3_stmt *page_count;                     /* PRAGMA main.page_count on the keeper */
     sqlite3_stmt *begin, *commit;                 /* the reset's transaction, on the keeper */
     sqlite3_int64 mem;                            /* sqlite3_memory_used() after the last reset */
@@ -175,32 +174,19 @@ static void ks_fuzz_sqlite_changed(void *arg, int op, const char *db, const char
     for (int i = 0; i < ks_fuzz_sqlite_w.n_reset; i++) {
         if (strcmp(ks_fuzz_sqlite_w.reset[i].name, table) == 0) {
             ks_fuzz_sqlite_w.changed |= 1ull << i;
-            ks_fuzz_sqlite_w.versions[i]++;
             return;
         }
     }
     ks_fuzz_sqlite_w.changed = ~0ull;
-    for (int i = 0; i < ks_fuzz_sqlite_w.n_reset; i++) {
-        ks_fuzz_sqlite_w.versions[i]++;
-    }
 }
 
-/* How many row changes main has seen, ever: of table (its name), or of
- * any table (NULL).  Equal counts mean equal contents (the restore counts
- * what it rewrites), so a harness may skip a check whose inputs did not
- * change; a change rolled back still counts. */
-KS_FUZZ_SQLITE_OPTIONAL static unsigned long long ks_fuzz_sqlite_version(const char *table)
+/* How many row changes main has seen, ever (every connection's, and every
+ * table a restore rewrote): equal counts mean equal contents, so a harness
+ * may skip a check whose inputs did not change.  A change rolled back
+ * still counts. */
+KS_FUZZ_SQLITE_OPTIONAL static unsigned long long ks_fuzz_sqlite_version(void)
 {
-    if (table == NULL) {
-        return ks_fuzz_sqlite_w.version;
-    }
-    for (int i = 0; i < ks_fuzz_sqlite_w.n_reset; i++) {
-        if (strcmp(ks_fuzz_sqlite_w.reset[i].name, table) == 0) {
-            return ks_fuzz_sqlite_w.versions[i];
-        }
-    }
-    CHECK(!"no such table");
-    return 0;
+    return ks_fuzz_sqlite_w.version;
 }
 
 /* Auto-extension run on every new connection: set its fuzzing limits. */
@@ -546,9 +532,21 @@ static void ks_fuzz_sqlite_reset_prepare(sqlite3 *keeper)
     ks_fuzz_sqlite_w.state = -1;
 }
 
+/* The start states a harness saved (see "Start states" below): per
+ * snapshot, the INSERT of each table that has rows there. */
+#define KS_FUZZ_SQLITE_MAX_SNAPS 32
+static struct {
+    int n;
+    sqlite3_stmt *ins[KS_FUZZ_SQLITE_MAX_SNAPS][KS_FUZZ_SQLITE_MAX_RESET]; /* NULL: no rows */
+} ks_fuzz_sqlite_snaps;
+
 /* The INSERT that fills table i in state (0 the template, k + 1 snapshot
  * k), or NULL when it is empty there. */
-static sqlite3_stmt *ks_fuzz_sqlite_fill(int state, int i);
+static sqlite3_stmt *ks_fuzz_sqlite_fill(int state, int i)
+{
+    CHECK(state >= 0 && state <= ks_fuzz_sqlite_snaps.n && i >= 0 && i < ks_fuzz_sqlite_w.n_reset);
+    return state == 0 ? ks_fuzz_sqlite_w.reset[i].ins : ks_fuzz_sqlite_snaps.ins[state - 1][i];
+}
 
 /* Bring main to state (0 the template, k + 1 snapshot k), in one
  * transaction on the keeper, rewriting only the tables that may differ:
@@ -580,7 +578,6 @@ static void ks_fuzz_sqlite_restore(int state)
         if (want != NULL) {
             ks_fuzz_sqlite_run(want);
         }
-        ks_fuzz_sqlite_w.versions[i]++;
         ks_fuzz_sqlite_w.version++;
     }
     ks_fuzz_sqlite_run(ks_fuzz_sqlite_w.commit);
@@ -629,6 +626,16 @@ static void ks_fuzz_sqlite_measure(ks_fuzz_sqlite_kept *k)
     }
 }
 
+/* Take the memory baseline: what SQLite holds with every persistent
+ * connection's page cache released, and what those connections keep. */
+static void ks_fuzz_sqlite_baseline(void)
+{
+    ks_fuzz_sqlite_release();
+    ks_fuzz_sqlite_measure(&ks_fuzz_sqlite_w.kept);
+    ks_fuzz_sqlite_w.mem = sqlite3_memory_used();
+    ks_fuzz_sqlite_ticks = 0;
+}
+
 /* Once per process: the persistent connections are open.  Save the
  * database as the template (attached to the keeper as "tmpl"), pad the
  * file, prepare the reset, reset once and take the memory baseline. */
@@ -655,10 +662,7 @@ static void ks_fuzz_sqlite_world_seal(const char *tmpl_path)
     ks_fuzz_sqlite_w.begin = ks_fuzz_sqlite_prepare(keeper, "BEGIN IMMEDIATE");
     ks_fuzz_sqlite_w.commit = ks_fuzz_sqlite_prepare(keeper, "COMMIT");
     ks_fuzz_sqlite_world_reset();
-    ks_fuzz_sqlite_release();
-    ks_fuzz_sqlite_measure(&ks_fuzz_sqlite_w.kept);
-    ks_fuzz_sqlite_w.mem = sqlite3_memory_used();
-    ks_fuzz_sqlite_ticks = 0;
+    ks_fuzz_sqlite_baseline();
 }
 
 /* Statements a harness prepares on its own persistent connections, kept
@@ -761,11 +765,6 @@ static void ks_fuzz_sqlite_stmts_finalize(void)
  * oracle is untouched: the snapshots are read only, and the database's
  * contents live in memdb's buffer, which the seal sized.
  */
-#define KS_FUZZ_SQLITE_MAX_SNAPS 32
-static struct {
-    int n;
-    sqlite3_stmt *ins[KS_FUZZ_SQLITE_MAX_SNAPS][KS_FUZZ_SQLITE_MAX_RESET]; /* NULL: no rows */
-} ks_fuzz_sqlite_snaps;
 
 /* Save the database as snapshot number ks_fuzz_sqlite_snaps.n (returned),
  * between the seal and the first input of the run. */
@@ -798,21 +797,12 @@ KS_FUZZ_SQLITE_OPTIONAL static int ks_fuzz_sqlite_snap_save(void)
     return k;
 }
 
-/* See the declaration above. */
-static sqlite3_stmt *ks_fuzz_sqlite_fill(int state, int i)
-{
-    CHECK(state >= 0 && state <= ks_fuzz_sqlite_snaps.n && i >= 0 && i < ks_fuzz_sqlite_w.n_reset);
-    return state == 0 ? ks_fuzz_sqlite_w.reset[i].ins : ks_fuzz_sqlite_snaps.ins[state - 1][i];
-}
-
 /* After the last snapshot, between inputs: take the memory baseline again
  * (the snapshots and their statements are SQLite's from now on, for the
  * whole run). */
 KS_FUZZ_SQLITE_OPTIONAL static void ks_fuzz_sqlite_snap_seal(void)
 {
-    ks_fuzz_sqlite_release();
-    ks_fuzz_sqlite_measure(&ks_fuzz_sqlite_w.kept);
-    ks_fuzz_sqlite_w.mem = sqlite3_memory_used();
+    ks_fuzz_sqlite_baseline();
 }
 
 /* At exit, after the harness closed what it opened between world_begin
