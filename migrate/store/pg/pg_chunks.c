@@ -26,6 +26,7 @@
 #include <keyshift/chunks_pg.h>
 
 #include "pg_decode.h"
+#include "pg_util.h"
 #include "pg_internal.h"
 
 /* The columns of a chunk (the table as c), in ks_pg_read_chunk's order
@@ -245,8 +246,9 @@ static ks_err bad_cell(char *errbuf, size_t errbuf_len, const char *name, const 
 
 /* Cell (row, col) of a binary result as a bigint within [lo, hi] into
  * *out; NULL is refused unless nullable (then *is_null is set and *out
- * 0).  KS_ERR_STORE naming the column for another type, length or a
- * value out of range. */
+ * 0).  KS_ERR_STORE naming the column for another type (of the column,
+ * so a NULL in a column of another type too), length or a value out of
+ * range. */
 static ks_err int_cell(const PGresult *res, int row, int col, const char *name, int64_t lo,
                        int64_t hi, int nullable, int *is_null, int64_t *out, char *errbuf,
                        size_t errbuf_len)
@@ -255,7 +257,7 @@ static ks_err int_cell(const PGresult *res, int row, int col, const char *name, 
     *out = 0;
     if (is_null != NULL)
         *is_null = 0;
-    if (ks_pg_cell(res, row, col, &v) != KS_OK ||
+    if (PQftype(res, col) != KS_PG_OID_INT8 || ks_pg_cell(res, row, col, &v) != KS_OK ||
         (v.type != KS_VALUE_INTEGER && v.type != KS_VALUE_NULL))
         return bad_cell(errbuf, errbuf_len, name, "is not a bigint");
     if (v.type == KS_VALUE_NULL) {
@@ -272,7 +274,8 @@ static ks_err int_cell(const PGresult *res, int row, int col, const char *name, 
 
 /* Cell (row, col) of a binary result as text of 1..max bytes without a
  * NUL into *out (a view of res); NULL sets *is_null when nullable.
- * KS_ERR_STORE naming the column otherwise. */
+ * KS_ERR_STORE naming the column otherwise (a NULL in a column that is
+ * not text too). */
 static ks_err text_cell(const PGresult *res, int row, int col, const char *name, size_t max,
                         int nullable, int *is_null, ks_bytes *out, char *errbuf,
                         size_t errbuf_len)
@@ -280,7 +283,7 @@ static ks_err text_cell(const PGresult *res, int row, int col, const char *name,
     ks_value v;
     *out = (ks_bytes){NULL, 0};
     *is_null = 0;
-    if (ks_pg_cell(res, row, col, &v) != KS_OK ||
+    if (PQftype(res, col) != KS_PG_OID_TEXT || ks_pg_cell(res, row, col, &v) != KS_OK ||
         (v.type != KS_VALUE_TEXT && v.type != KS_VALUE_NULL))
         return bad_cell(errbuf, errbuf_len, name, "is not text");
     if (v.type == KS_VALUE_NULL) {
