@@ -575,9 +575,10 @@ int ks_cli_registry_failed(const char *path, ks_err e, const ks_registry_error *
     }
 }
 
-/* See cli.h. */
-int ks_cli_keys_open(const char *cmd, const char *keyring, const char *passfile,
-                     const char *providers, ks_cli_keys *out)
+/* ks_cli_keys_open() and ks_cli_keys_open_lazy(): a registry's providers
+ * are opened at once, or each when first needed (lazy). */
+static int keys_open(const char *cmd, const char *keyring, const char *passfile,
+                     const char *providers, int lazy, ks_cli_keys *out)
 {
     memset(out, 0, sizeof *out);
     if (providers != NULL && keyring != NULL) {
@@ -593,7 +594,8 @@ int ks_cli_keys_open(const char *cmd, const char *keyring, const char *passfile,
                                            "file names each keyring's passphrase itself");
         }
         ks_registry_error err;
-        ks_err e = ks_registry_load(providers, &out->reg, &err);
+        ks_err e = lazy ? ks_registry_load_lazy(providers, &out->reg, &err)
+                        : ks_registry_load(providers, &out->reg, &err);
         if (e == KS_OK) {
             e = ks_registry_provider(out->reg, &out->prov);
         }
@@ -603,6 +605,7 @@ int ks_cli_keys_open(const char *cmd, const char *keyring, const char *passfile,
             return rc;
         }
         snprintf(out->source, sizeof out->source, "providers %s", providers);
+        out->providers = providers;
         return EX_OK;
     }
     int rc = ks_cli_keyring_open(keyring, passfile, &out->kr);
@@ -619,6 +622,32 @@ int ks_cli_keys_open(const char *cmd, const char *keyring, const char *passfile,
 }
 
 /* See cli.h. */
+int ks_cli_keys_open(const char *cmd, const char *keyring, const char *passfile,
+                     const char *providers, ks_cli_keys *out)
+{
+    return keys_open(cmd, keyring, passfile, providers, 0, out);
+}
+
+/* See cli.h. */
+int ks_cli_keys_open_lazy(const char *cmd, const char *keyring, const char *passfile,
+                          const char *providers, ks_cli_keys *out)
+{
+    return keys_open(cmd, keyring, passfile, providers, 1, out);
+}
+
+/* See cli.h.  The message and exit code are those the registry's load
+ * would have given, had it opened every provider at once. */
+int ks_cli_keys_open_failed(const ks_cli_keys *k)
+{
+    ks_registry_error err;
+    if (k->reg == NULL || k->providers == NULL) {
+        return EX_OK;
+    }
+    const ks_err e = ks_registry_open_error(k->reg, &err);
+    return e == KS_OK ? EX_OK : ks_cli_registry_failed(k->providers, e, &err);
+}
+
+/* See cli.h. */
 void ks_cli_keys_close(ks_cli_keys *k)
 {
     ks_registry_close(k->reg);
@@ -626,12 +655,12 @@ void ks_cli_keys_close(ks_cli_keys *k)
     memset(k, 0, sizeof *k);
 }
 
-/* See cli.h. */
-int ks_cli_ctx_open(const char *cmd, const char *keyring, const char *passfile,
-                    const char *providers, ks_cli_keys *keys, ks_ctx **ctx)
+/* ks_cli_ctx_open() and ks_cli_ctx_open_lazy(). */
+static int ctx_open(const char *cmd, const char *keyring, const char *passfile,
+                    const char *providers, int lazy, ks_cli_keys *keys, ks_ctx **ctx)
 {
     *ctx = NULL;
-    int rc = ks_cli_keys_open(cmd, keyring, passfile, providers, keys);
+    int rc = keys_open(cmd, keyring, passfile, providers, lazy, keys);
     if (rc != EX_OK) {
         return rc;
     }
@@ -642,6 +671,20 @@ int ks_cli_ctx_open(const char *cmd, const char *keyring, const char *passfile,
         return ks_cli_exit_code(e);
     }
     return EX_OK;
+}
+
+/* See cli.h. */
+int ks_cli_ctx_open(const char *cmd, const char *keyring, const char *passfile,
+                    const char *providers, ks_cli_keys *keys, ks_ctx **ctx)
+{
+    return ctx_open(cmd, keyring, passfile, providers, 0, keys, ctx);
+}
+
+/* See cli.h. */
+int ks_cli_ctx_open_lazy(const char *cmd, const char *keyring, const char *passfile,
+                         const char *providers, ks_cli_keys *keys, ks_ctx **ctx)
+{
+    return ctx_open(cmd, keyring, passfile, providers, 1, keys, ctx);
 }
 
 /* See cli.h. */

@@ -46,6 +46,9 @@ static void usage(FILE *f)
           "    it (docs/providers.md): the same commands create, rotate and retire a\n"
           "    key held in an HSM through PKCS#11, whose material is generated in the\n"
           "    token and never leaves it; list shows the keys of every provider.\n"
+          "    A provider is opened (its PIN read, its token logged in to, its\n"
+          "    plugin started) only when a command first needs a key it serves,\n"
+          "    and list needs them all.\n"
           "\n"
           "    init         create an empty keyring (mode 0600); sealed with the\n"
           "                 passphrase when one is given. A missing directory is\n"
@@ -811,7 +814,7 @@ int ks_cmd_keys(int argc, char **argv)
         return init_keyring(keyring, passfile);
     }
     ks_cli_keys keys;
-    if ((rc = ks_cli_keys_open("keys", keyring, passfile, providers, &keys)) != EX_OK) {
+    if ((rc = ks_cli_keys_open_lazy("keys", keyring, passfile, providers, &keys)) != EX_OK) {
         return rc;
     }
     if (keys.prov.ops->admin == NULL) {
@@ -820,6 +823,12 @@ int ks_cmd_keys(int argc, char **argv)
     } else {
         rc = strcmp(pos[0], "list") == 0 ? list_keys(&keys.prov, json)
                                          : change(&keys.prov, pos, npos, &d);
+    }
+    if (rc != EX_OK) {
+        /* [P-LOAD-5] the provider the change needed did not open: say
+         * which and why, with the exit code its load would have given */
+        const int open_rc = ks_cli_keys_open_failed(&keys);
+        rc = open_rc != EX_OK ? open_rc : rc;
     }
     ks_cli_keys_close(&keys);
     return rc;
