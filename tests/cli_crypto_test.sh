@@ -93,7 +93,12 @@ expect_empty "disabled: nothing on stdout" "$T/out"
 run "re-enable version 1" 0 "$KS" keys set-state payments/kek 1 decrypt-only
 IN="$ENV" run "re-enabled opens again" 0 "$KS" decrypt --context payments:42:card
 run "the primary cannot be disabled" 65 "$KS" keys set-state payments/kek 2 disabled
+run "--reason without --force" 64 "$KS" keys set-state payments/kek 1 destroyed --reason "no force"
+expect_grep "--reason without --force: a sentence" "$T/err" "keys: --reason was given without --force; it only explains a forced destroy"
+run "destroy without --db: refused" 64 "$KS" keys set-state payments/kek 1 destroyed
+expect_grep "no --db: a sentence" "$T/err" "payments/kek:1 was not destroyed, because without --db nothing that references it can be checked"
 run "destroy version 1" 0 "$KS" keys set-state payments/kek 1 destroyed --force --reason "crypto test: no database"
+expect_grep "forced: the warning is a sentence" "$T/err" "warning: the rows and live readers referencing payments/kek:1 were not checked, and its destroy was forced"
 IN="$ENV" run "destroyed version refuses to open" 77 "$KS" decrypt --context payments:42:card
 run "destroyed is final" 65 "$KS" keys set-state payments/kek 1 active
 run "set-state of a missing version" 77 "$KS" keys set-state payments/kek 9 disabled

@@ -327,7 +327,8 @@ static int collect_dbs(int argc, char **argv, destroy_opts *d)
         }
         if (v != NULL) {
             if (d->n_dbs == (int)(sizeof d->dbs / sizeof d->dbs[0])) {
-                return ks_cli_usage_error("keys", "at most 16 --db options");
+                return ks_cli_usage_error("keys", "more than 16 --db options were given; run the "
+                                                  "command with at most 16");
             }
             d->dbs[d->n_dbs++] = v;
         }
@@ -795,7 +796,8 @@ int ks_cmd_keys(int argc, char **argv)
                                   KS_ROLLOUT_REASON_MAX - 300);
     }
     if (d.reason != NULL && !d.force) {
-        return ks_cli_usage_error("keys", "--reason goes with --force");
+        return ks_cli_usage_error("keys", "--reason was given without --force; it only "
+                                          "explains a forced destroy");
     }
     if (npos == 0) {
         return ks_cli_usage_error("keys", "missing action (init, create, add-version, promote, "
