@@ -111,6 +111,12 @@ chmod 600 "$T/wrong.pass"
 sed "s|passphrase-file $T/b.pass|passphrase-file $T/wrong.pass|" "$REG" >"$T/wrong.reg"
 chmod 600 "$T/wrong.reg"
 run "a provider's wrong passphrase" 78 "$KS" keys list --providers "$T/wrong.reg"
+cp "$A" "$T/open.keyring" && chmod 644 "$T/open.keyring"
+sed "s|keyring $A|keyring $T/open.keyring|" "$REG" >"$T/openkr.reg"
+chmod 600 "$T/openkr.reg"
+run "a provider's keyring readable by others" 78 "$KS" keys list --providers "$T/openkr.reg"
+expect_grep "open keyring: names the provider" "$T/err" "provider alpha: cannot use its keyring: insecure"
+expect_grep "open keyring: says the mode and the fix" "$T/err" "keyring $T/open.keyring has mode 0644, which would let group or others read or change its keys; run: chmod 600 $T/open.keyring"
 
 # ---- a KMS plugin provider (docs/providers.md [P-PLUGIN-1..8]) ----------------
 PREG="$T/plugin.reg"

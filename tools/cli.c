@@ -495,6 +495,26 @@ int ks_cli_keyring_open(const char *path, const char *passphrase_file, ks_keyrin
     return ks_cli_exit_code(e);
 }
 
+/* Say what is wrong with the keyring of provider number `provider`
+ * (1-based) of the registry at path, refused as insecure: the registry
+ * is read again (no provider opened) for the keyring's path. */
+static void keyring_insecure_in(const char *path, uint32_t provider)
+{
+    ks_registry *r = NULL;
+    ks_registry_setting st;
+    if (provider == 0 || ks_registry_read(path, &r, NULL) != KS_OK) {
+        return;
+    }
+    for (size_t j = 0; ks_registry_setting_at(r, provider - 1, j, &st) == KS_OK; j++) {
+        if (strcmp(st.key, "keyring") == 0) {
+            insecure_said("keyring", st.value, S_IRWXG | S_IRWXO, "600",
+                          "group or others read or change its keys", "KSK"); /* [K-FILE-1] */
+            break;
+        }
+    }
+    ks_registry_close(r);
+}
+
 /* Report a plugin provider that did not open (err->plugin: its stage,
  * the refusal's reason and field, the plugin's message and its redacted
  * stderr, each when there is one) and return the exit code: a command
@@ -552,6 +572,9 @@ int ks_cli_registry_failed(const char *path, ks_err e, const ks_registry_error *
         if (err->setting != NULL) {
             ks_cli_error("providers file %s: provider %s: cannot use its %s: %s", path, err->name,
                          err->setting, ks_err_name(e));
+            if (e == KS_ERR_INSECURE && strcmp(err->setting, "keyring") == 0) {
+                keyring_insecure_in(path, err->provider);
+            }
             return e == KS_ERR_UNAVAILABLE ? EX_UNAVAILABLE : EX_CONFIG;
         }
         ks_cli_error("providers file %s: provider %s did not open: %s%s", path, err->name,
