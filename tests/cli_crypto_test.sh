@@ -18,6 +18,12 @@ printf 'card 4111-1111-1111-1111 exp 12/29' >"$T/pt"
 run "keys init" 0 "$KS" keys init
 if [ "$(stat -c %a "$T/keyring")" = 600 ]; then ok "keyring created 0600"; else bad "keyring mode" "$(stat -c %a "$T/keyring")"; fi
 run "keys init twice is refused" 73 "$KS" keys init
+# a missing directory whose parent exists is made 0700; a deeper one is named
+run "keys init in a missing directory" 0 "$KS" keys init --keyring "$T/newdir/keyring"
+if [ "$(stat -c %a "$T/newdir")" = 700 ]; then ok "its directory created 0700"; else bad "directory mode" "$(stat -c %a "$T/newdir")"; fi
+expect_grep "init: says it made the directory" "$T/err" "created directory $T/newdir (mode 0700)"
+run "keys init two directories deep" 73 "$KS" keys init --keyring "$T/no/such/keyring"
+expect_grep "init: names the missing directory" "$T/err" "its directory $T/no/such does not exist and cannot be created (No such file or directory); create it first: mkdir -p -m 700 $T/no/such"
 run "keys create" 0 "$KS" keys create payments/kek
 run "keys create twice is refused" 65 "$KS" keys create payments/kek
 run "keys create with a bad key id" 64 "$KS" keys create 'bad key'
@@ -87,7 +93,12 @@ expect_empty "disabled: nothing on stdout" "$T/out"
 run "re-enable version 1" 0 "$KS" keys set-state payments/kek 1 decrypt-only
 IN="$ENV" run "re-enabled opens again" 0 "$KS" decrypt --context payments:42:card
 run "the primary cannot be disabled" 65 "$KS" keys set-state payments/kek 2 disabled
+run "--reason without --force" 64 "$KS" keys set-state payments/kek 1 destroyed --reason "no force"
+expect_grep "--reason without --force: a sentence" "$T/err" "keys: --reason was given without --force; it only explains a forced destroy"
+run "destroy without --db: refused" 64 "$KS" keys set-state payments/kek 1 destroyed
+expect_grep "no --db: a sentence" "$T/err" "payments/kek:1 was not destroyed, because without --db nothing that references it can be checked"
 run "destroy version 1" 0 "$KS" keys set-state payments/kek 1 destroyed --force --reason "crypto test: no database"
+expect_grep "forced: the warning is a sentence" "$T/err" "warning: the rows and live readers referencing payments/kek:1 were not checked, and its destroy was forced"
 IN="$ENV" run "destroyed version refuses to open" 77 "$KS" decrypt --context payments:42:card
 run "destroyed is final" 65 "$KS" keys set-state payments/kek 1 active
 run "set-state of a missing version" 77 "$KS" keys set-state payments/kek 9 disabled
@@ -97,8 +108,26 @@ IN="$T/env.v2key" run "version 2 envelope still opens" 0 "$KS" decrypt --context
 # ---- keyring safety --------------------------------------------------------------------
 chmod 644 "$KEYSHIFT_KEYRING"
 run "group/other-readable keyring refused" 78 "$KS" keys list
-expect_grep "insecure keyring: says how to fix" "$T/err" "chmod 600"
+expect_grep "insecure keyring: says the mode and how to fix it" "$T/err" "has mode 0644, which would let group or others read or change its keys; run: chmod 600 $KEYSHIFT_KEYRING"
 chmod 600 "$KEYSHIFT_KEYRING"
+# [K-FILE-1] each refusal says what is actually wrong, and only the mode
+# is answered with chmod
+ln -s "$KEYSHIFT_KEYRING" "$T/link.keyring"
+run "keyring: a symbolic link is refused" 78 "$KS" keys list --keyring "$T/link.keyring"
+expect_grep "symlink: says it is one" "$T/err" "keyring $T/link.keyring is a symbolic link"
+expect_grep "symlink: says what to do on Kubernetes" "$T/err" "name DIR/..data/NAME instead"
+if grep -q chmod "$T/err"; then bad "symlink: no chmod advice"; else ok "symlink: no chmod advice"; fi
+mkdir -m 700 "$T/dir.keyring"
+run "keyring: a directory is refused" 78 "$KS" keys list --keyring "$T/dir.keyring"
+expect_grep "directory: says it is one" "$T/err" "keyring $T/dir.keyring is a directory; name a regular file"
+cp /etc/passwd "$T/passwd" && chmod 644 "$T/passwd"
+run "keyring: another kind of file" 78 "$KS" keys list --keyring "$T/passwd"
+expect_grep "not a keyring: says so, not chmod" "$T/err" "keyring $T/passwd is not a keyring (it does not start with \"KSK\") and has mode 0644; name the right file"
+if [ "$(id -u)" = 0 ]; then
+    cp -p "$KEYSHIFT_KEYRING" "$T/theirs.keyring" && chown 65534 "$T/theirs.keyring"
+    run "keyring: another user's is refused" 78 "$KS" keys list --keyring "$T/theirs.keyring"
+    expect_grep "owner: says whose it is" "$T/err" "keyring $T/theirs.keyring belongs to uid 65534, not to you (uid 0) or root"
+fi
 cp "$KEYSHIFT_KEYRING" "$T/cut"; truncate -s 20 "$T/cut"
 run "truncated keyring refused" 78 "$KS" keys list --keyring "$T/cut"
 run "missing keyring" 78 "$KS" keys list --keyring "$T/nope"

@@ -119,7 +119,7 @@ run "migrate verify (recorded)" 0 "$KS" migrate verify --db "$CI" --table pay --
 run "rollout -> finalized" 0 "$KS" rollout advance "${R[@]}"
 phase_is finalized
 run "destroy while a live reader holds it" 75 destroy payments/kek 1 --db "$CI"
-expect_grep "finalized: only the reader now" "$T/err" "payments/kek:1 is still referenced by 1 live reader;"
+expect_grep "finalized: only the reader now" "$T/err" "payments/kek:1 is still referenced by 1 live reader, so payments/kek:1 was not destroyed:"
 reader web-1 "payments/kek:1,payments/kek:3" 3600
 run "destroy: rows moved, rollout finalized, reader expired" 0 destroy payments/kek 1 --db "$CI"
 run "keys list: version 1 destroyed" 0 "$KS" keys list --json
@@ -135,7 +135,7 @@ run "destroy the rollout's target while its rows use it" 75 destroy payments/kek
 expect_grep "target: rows and the reader" "$T/err" "payments/kek:3 is still referenced by 40 rows and 1 live reader"
 run "--force without --reason" 64 destroy payments/kek 3 --db "$CI" --force
 run "destroy --force --reason" 0 destroy payments/kek 3 --db "$CI" --force --reason "drill OPS-9"
-expect_grep "force: says what it overrode" "$T/err" "forced: payments/kek:3 was still referenced by 40 rows and 1 live reader"
+expect_grep "force: says what it overrode" "$T/err" "warning: payments/kek:3 was still referenced by 40 rows and 1 live reader when its destroy was forced"
 run "rollout log" 0 "$KS" rollout log "${R[@]}"
 expect_grep "log: the forced destruction and its reason" "$T/out" "key payments/kek:3 destroyed with --force: drill OPS-9"
 n=$(q "SELECT count(*) FROM keyshift_rollout_log WHERE rollout_id = 1 AND reason LIKE '%destroyed with --force: drill OPS-9'")
@@ -162,7 +162,7 @@ q "CREATE TABLE public.ledger (id bigint PRIMARY KEY, tenant text NOT NULL, card
 run "schema: another schema's table of that name is not counted for it" 75 destroy ledger/kek 1 --db "$CI"
 expect_grep "schema: still not counted" "$T/err" "the rows referencing ledger/kek:1 were not counted"
 run "schema: --force overrides what was not counted" 0 destroy ledger/kek 1 --db "$CI" --force --reason "drill OPS-10"
-expect_grep "schema: force says the rows were not checked" "$T/err" "forced: the rows referencing ledger/kek:1 were not checked"
+expect_grep "schema: force says the rows were not checked" "$T/err" "warning: the rows referencing ledger/kek:1 were not checked, and its destroy was forced"
 
 # ---- the database down -----------------------------------------------------------------------------
 "$CLUSTER" down "$PGD" >/dev/null || bad "cluster down"

@@ -71,6 +71,9 @@ expect_eq "the token's next version is 2" "$T/out" "2"
 run "keys list: the token's and the keyring's keys" 0 "$KS" keys list --json
 expect_grep "list: hsm/card with two versions" "$T/out" '"key_id":"hsm/card","primary":1,"versions":\[{"version":1,"state":"active","primary":true,"created":""},{"version":2,"state":"active","primary":false'
 expect_grep "list: legacy/card" "$T/out" '"key_id":"legacy/card","primary":1'
+# a token records no creation time: the manual says so rather than promise one
+run "keys --help" 0 "$KS" keys --help
+expect_grep "keys --help: a PKCS#11 key has no creation time" "$T/out" 'A key in a PKCS#11 token has no creation time'
 
 # ---- every format and algorithm under the token's key ------------------------------
 printf 'card 4111 1111 1111 1111' >"$T/pt"

@@ -92,7 +92,7 @@ expect_grep "providers manual" "$T/out" "^EXIT STATUS"
 cp "$REG" "$T/open.reg"
 chmod 620 "$T/open.reg"
 run "group-writable registry" 78 "$KS" keys list --providers "$T/open.reg"
-expect_grep "group-writable: says why" "$T/err" "writable by group or others"
+expect_grep "group-writable: says why" "$T/err" "has mode 0620, which would let group or others choose which provider serves a key; run: chmod go-w $T/open.reg"
 printf 'keyshift-providers 1\nprovider x\n  type local\n  keyring %s\n  serve-prefix a/\n  colour blue\n' "$A" >"$T/bad.reg"
 chmod 600 "$T/bad.reg"
 run "unknown setting" 78 "$KS" keys list --providers "$T/bad.reg"
@@ -111,6 +111,12 @@ chmod 600 "$T/wrong.pass"
 sed "s|passphrase-file $T/b.pass|passphrase-file $T/wrong.pass|" "$REG" >"$T/wrong.reg"
 chmod 600 "$T/wrong.reg"
 run "a provider's wrong passphrase" 78 "$KS" keys list --providers "$T/wrong.reg"
+cp "$A" "$T/open.keyring" && chmod 644 "$T/open.keyring"
+sed "s|keyring $A|keyring $T/open.keyring|" "$REG" >"$T/openkr.reg"
+chmod 600 "$T/openkr.reg"
+run "a provider's keyring readable by others" 78 "$KS" keys list --providers "$T/openkr.reg"
+expect_grep "open keyring: names the provider" "$T/err" "provider alpha: cannot use its keyring: insecure"
+expect_grep "open keyring: says the mode and the fix" "$T/err" "keyring $T/open.keyring has mode 0644, which would let group or others read or change its keys; run: chmod 600 $T/open.keyring"
 
 # ---- a KMS plugin provider (docs/providers.md [P-PLUGIN-1..8]) ----------------
 PREG="$T/plugin.reg"
@@ -188,6 +194,37 @@ run "check: a plugin that dies at hello" 69 env PATH="$T:$PATH" "$KS" providers 
 expect_grep "dies at hello: the stage" "$T/err" "provider kms (plugin [^)]*) did not open: unavailable at hello"
 expect_grep "dies at hello: its stderr, redacted" "$T/err" "its stderr (redacted): broken plugin: secret \[redacted\] here"
 if grep -q 0123456789abcdef "$T/err"; then bad "dies at hello: no key-like run shown"; else ok "dies at hello: no key-like run shown"; fi
+
+# ---- providers open when first needed ([P-LOAD-5]) ---------------------------
+# Beside alpha, an HSM whose PIN variable is not set and a plugin that
+# marks its start and dies: a decrypt under alpha's key opens neither
+# (no PIN read, no login, no process), while a command that needs one
+# fails with the exit code and message a load that opened it would give.
+printf '#!/bin/sh\ntouch "%s"\nexit 3\n' "$T/plugin-started" >"$T/keyshift-kms-marks"
+chmod 755 "$T/keyshift-kms-marks"
+printf 'keyshift-providers 1\nprovider alpha\n  type local\n  keyring %s\n  serve-prefix a/\n\nprovider hsm\n  type pkcs11\n  module %s\n  token-label nowhere\n  pin-env KS_TEST_UNSET_PIN\n  serve-prefix h/\n\nprovider kms\n  type plugin\n  command marks\n  serve-prefix k/\n' \
+    "$A" "$T/no-such-module.so" >"$T/lazy.reg"
+chmod 600 "$T/lazy.reg"
+LAZY=(env -u KS_TEST_UNSET_PIN PATH="$T:$PATH")
+rm -f "$T/plugin-started"
+IN="$T/env1" run "lazy: decrypt under alpha beside a broken HSM and plugin" 0 "${LAZY[@]}" "$KS" decrypt --context row:1 --providers "$T/lazy.reg"
+expect_same "lazy: the plaintext" "$T/out" "$T/pt"
+if [ -e "$T/plugin-started" ]; then bad "lazy: the plugin was never started"; else ok "lazy: the plugin was never started"; fi
+IN="$T/pt" run "lazy: encrypt under alpha" 0 "${LAZY[@]}" "$KS" encrypt --tenant acme --key-id a/k1 --providers "$T/lazy.reg"
+run "lazy: keys add-version under alpha" 0 "${LAZY[@]}" "$KS" keys add-version a/k1 --providers "$T/lazy.reg"
+if [ -e "$T/plugin-started" ]; then bad "lazy: still no plugin started"; else ok "lazy: still no plugin started"; fi
+IN="$T/pt" run "lazy: a key nothing serves is still refused" 77 "${LAZY[@]}" "$KS" encrypt --tenant acme --key-id z/x --providers "$T/lazy.reg"
+# the commands that need them: the codes an eager load gives (providers check)
+run "eager: providers check fails on the HSM's PIN" 78 "${LAZY[@]}" "$KS" providers check --providers "$T/lazy.reg"
+IN="$T/pt" run "lazy: encrypt under the HSM fails as a load would" 78 "${LAZY[@]}" "$KS" encrypt --tenant acme --key-id h/k --providers "$T/lazy.reg"
+expect_grep "lazy: names the HSM and its setting" "$T/err" "provider hsm: cannot use its pin-env: not-found"
+expect_empty "lazy: the failed encrypt writes nothing" "$T/out"
+run "lazy: keys create under the HSM fails as a load would" 78 "${LAZY[@]}" "$KS" keys create h/k --providers "$T/lazy.reg"
+expect_grep "lazy: keys names the HSM" "$T/err" "provider hsm: cannot use its pin-env: not-found"
+IN="$T/pt" run "lazy: encrypt under the plugin fails as a load would" 69 "${LAZY[@]}" "$KS" encrypt --tenant acme --key-id k/main --providers "$T/lazy.reg"
+expect_grep "lazy: names the plugin and its stage" "$T/err" "provider kms (plugin [^)]*) did not open: unavailable at hello"
+if [ -e "$T/plugin-started" ]; then ok "lazy: the plugin started once needed"; else bad "lazy: the plugin started once needed"; fi
+run "lazy: keys list opens every provider" 78 "${LAZY[@]}" "$KS" keys list --providers "$T/lazy.reg"
 
 # ---- cross-provider rewrap: the DEKs move, the ciphertext stays --------------
 D="$T/shop.db"

@@ -249,11 +249,12 @@ run "rollout 2 -> backfill" 0 env KEYSHIFT_KEYRING="$T/nosuch" "$KS" rollout adv
 
 # key destruction while referenced
 run "destroy without --db" 64 "$KS" keys set-state payments/kek 2 destroyed
-expect_grep "destroy: says why" "$T/err" "cannot check references without --db"
+expect_grep "destroy: says why, in a sentence" "$T/err" "payments/kek:2 was not destroyed, because without --db nothing that references it can be checked"
 run "destroy while rows and a reader reference it" 75 "$KS" keys set-state payments/kek 2 destroyed --db "$D"
 expect_grep "destroy: names the rows" "$T/err" "2 rows of pay.card"
 expect_grep "destroy: names the reader" "$T/err" "live reader web-1 holds it"
 expect_grep "destroy: sums the references" "$T/err" "payments/kek:2 is still referenced by 2 rows, 1 live reader"
+expect_grep "destroy: the refusal is a sentence" "$T/err" "payments/kek:2 is still referenced by 2 rows, 1 live reader and [0-9]* open rollouts\?, so payments/kek:2 was not destroyed: once destroyed"
 run "--force without --reason" 64 "$KS" keys set-state payments/kek 2 destroyed --db "$D" --force
 run "--db with another state" 64 "$KS" keys set-state payments/kek 2 disabled --db "$D"
 

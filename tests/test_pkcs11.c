@@ -1123,6 +1123,30 @@ static void test_gcm_layout(void **state)
     assert_int_equal(ks_pkcs11_open(&c, &p), KS_ERR_INVALID_ARGUMENT);
 }
 
+/* The CKR -> ks_err table of docs/providers.md ("Errors and deadlines"):
+ * only a verdict on the PIN or the key is a denial (exit 78, not
+ * retried); CKR_USER_PIN_NOT_INITIALIZED, which SoftHSM2 answers to a
+ * correct PIN under concurrent processes, is unavailable (69, retryable). */
+static void test_rv_map(void **state)
+{
+    (void)state;
+    assert_int_equal(ks_p11_map(CKR_OK), KS_OK);
+    assert_int_equal(ks_p11_map(KS_P11_RV_TIMEOUT), KS_ERR_TIMEOUT);
+    const CK_RV denied[] = {CKR_PIN_INCORRECT, CKR_PIN_INVALID, CKR_PIN_LEN_RANGE,
+                            CKR_PIN_EXPIRED, CKR_PIN_LOCKED, CKR_USER_NOT_LOGGED_IN,
+                            CKR_KEY_FUNCTION_NOT_PERMITTED};
+    for (size_t i = 0; i < sizeof denied / sizeof denied[0]; i++) {
+        assert_int_equal(ks_p11_map(denied[i]), KS_ERR_DENIED);
+    }
+    assert_int_equal(ks_p11_map(CKR_USER_PIN_NOT_INITIALIZED), KS_ERR_UNAVAILABLE);
+    assert_int_equal(ks_p11_map(CKR_DEVICE_ERROR), KS_ERR_UNAVAILABLE);
+    assert_int_equal(ks_p11_map(CKR_GENERAL_ERROR), KS_ERR_UNAVAILABLE);
+    assert_int_equal(ks_p11_map(CKR_HOST_MEMORY), KS_ERR_NO_MEMORY);
+    assert_int_equal(ks_p11_map(CKR_DEVICE_MEMORY), KS_ERR_NO_MEMORY);
+    assert_int_equal(ks_p11_map(CKR_OBJECT_HANDLE_INVALID), KS_ERR_NOT_FOUND);
+    assert_int_equal(ks_p11_map(CKR_KEY_HANDLE_INVALID), KS_ERR_NOT_FOUND);
+}
+
 int main(void)
 {
     if (sodium_init() < 0) {
@@ -1130,6 +1154,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_meta_parser),
+        cmocka_unit_test(test_rv_map),
         cmocka_unit_test(test_open),
         cmocka_unit_test(test_wrong_pin),
         cmocka_unit_test(test_admin),

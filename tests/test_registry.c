@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -645,6 +646,125 @@ static void test_two_keyrings(void **state)
     assert_int_equal(ks_registry_provider(NULL, &p), KS_ERR_INVALID_ARGUMENT);
     ks_registry_close(r);
     ks_registry_close(NULL);
+}
+
+/* One thread of test_lazy_open: wrap and unwrap under "k" through the
+ * shared routing provider, counting the failures. */
+typedef struct lazy_thread {
+    const ks_provider *p;
+    int failures;
+} lazy_thread;
+
+static void *lazy_worker(void *arg)
+{
+    lazy_thread *t = arg;
+    const ks_bytes aad = B("lazy");
+    uint8_t dek[32], back[32], wrapped[128];
+    size_t wlen = 0;
+    for (int i = 0; i < 20; i++) {
+        randombytes_buf(dek, sizeof dek);
+        if (t->p->ops->wrap(t->p->self, B("k"), 1, dek, sizeof dek, aad, wrapped, sizeof wrapped,
+                            &wlen, 0) != KS_OK ||
+            t->p->ops->unwrap(t->p->self, B("k"), 1, (ks_bytes){wrapped, wlen}, aad, back,
+                              sizeof back, 0) != KS_OK ||
+            memcmp(dek, back, sizeof dek) != 0) {
+            t->failures++;
+        }
+    }
+    return NULL;
+}
+
+/*
+ * [P-LOAD-5] ks_registry_load_lazy opens a provider when a call first
+ * needs it: beside a keyring, an HSM whose PIN variable is unset and a
+ * plugin that does not exist make ks_registry_load fail, but a lazy
+ * registry serves the keyring's key (from several threads at once, the
+ * keyring opened once) without touching them.  A call that needs one
+ * fails with the error the eager load gave, ks_registry_open_error
+ * gives its details, the failure is not retried, and a key nothing
+ * serves is still not-found.
+ */
+static void test_lazy_open(void **state)
+{
+    fixture *f = *state;
+    ks_registry_error err, eager;
+    ks_provider p;
+    char kpath[192], text_buf[1024];
+    uint8_t dek[32], wrapped[128];
+    size_t wlen = 0;
+
+    make_keyring_k(f, "k", NO_PASS, kpath, sizeof kpath);
+    snprintf(text_buf, sizeof text_buf,
+             "keyshift-providers 1\nprovider loc\n  type local\n  keyring %s\n  serve k\n\n"
+             "provider hsm\n  type pkcs11\n  module %s/no-such-module.so\n"
+             "  token-label nowhere\n  pin-env KS_TEST_LAZY_PIN\n  serve h\n\n"
+             "provider kms\n  type plugin\n  command %s/no-such-plugin\n  serve p\n",
+             kpath, f->dir, f->dir);
+    tf_spit(f->path, text_buf, strlen(text_buf), 0600);
+    unsetenv("KS_TEST_LAZY_PIN");
+
+    ks_registry *r = (ks_registry *)(uintptr_t)1;
+    assert_int_equal(ks_registry_load(f->path, &r, &eager), KS_ERR_NOT_FOUND);
+    assert_null(r);
+    assert_int_equal(eager.stage, KS_REGISTRY_STAGE_PROVIDER);
+    assert_string_equal(eager.name, "hsm");
+
+    assert_int_equal(ks_registry_load_lazy(NULL, &r, &err), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_registry_load_lazy(f->path, &r, &err), KS_OK);
+    assert_int_equal(ks_registry_provider(r, &p), KS_OK);
+    assert_int_equal(ks_registry_open_error(r, &err), KS_OK);
+    assert_int_equal(err.stage, KS_REGISTRY_STAGE_NONE);
+    assert_int_equal(ks_registry_open_error(NULL, &err), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_registry_open_error(r, NULL), KS_ERR_INVALID_ARGUMENT);
+
+    pthread_t th[8];
+    lazy_thread t[8];
+    for (int i = 0; i < 8; i++) {
+        t[i] = (lazy_thread){&p, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, lazy_worker, &t[i]), 0);
+    }
+    for (int i = 0; i < 8; i++) {
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+        assert_int_equal(t[i].failures, 0);
+    }
+    assert_int_equal(ks_registry_open_error(r, &err), KS_OK);
+
+    /* Routing decides first: a key nothing serves opens nothing. */
+    randombytes_buf(dek, sizeof dek);
+    assert_int_equal(p.ops->wrap(p.self, B("zz"), 1, dek, sizeof dek, B("a"), wrapped,
+                                 sizeof wrapped, &wlen, 0), KS_ERR_NOT_FOUND);
+    assert_int_equal(ks_registry_open_error(r, &err), KS_OK);
+
+    /* The HSM, once needed: the eager load's error and details. */
+    assert_int_equal(p.ops->wrap(p.self, B("h"), 1, dek, sizeof dek, B("a"), wrapped,
+                                 sizeof wrapped, &wlen, 0), KS_ERR_NOT_FOUND);
+    assert_int_equal(ks_registry_open_error(r, &err), KS_ERR_NOT_FOUND);
+    assert_int_equal(err.stage, eager.stage);
+    assert_int_equal(err.code, eager.code);
+    assert_int_equal(err.provider, 2);
+    assert_string_equal(err.name, "hsm");
+    assert_string_equal(err.setting, "pin-env");
+    /* Not tried again, even once the PIN could be read. */
+    assert_int_equal(setenv("KS_TEST_LAZY_PIN", "1234", 1), 0);
+    assert_int_equal(p.ops->key_info(p.self, B("h"), 0, &(ks_key_info){0}, 0), KS_ERR_NOT_FOUND);
+    assert_int_equal(unsetenv("KS_TEST_LAZY_PIN"), 0);
+
+    /* The plugin fails with its own error; the first failure stays the
+     * one reported; the keyring still serves. */
+    assert_int_equal(p.ops->wrap(p.self, B("p"), 1, dek, sizeof dek, B("a"), wrapped,
+                                 sizeof wrapped, &wlen, 0), KS_ERR_NOT_FOUND);
+    ks_plugin_stats stats;
+    assert_int_equal(ks_registry_plugin_stats(r, 2, &stats), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_registry_open_error(r, &err), KS_ERR_NOT_FOUND);
+    assert_string_equal(err.name, "hsm");
+    assert_int_equal(p.ops->wrap(p.self, B("k"), 1, dek, sizeof dek, B("a"), wrapped,
+                                 sizeof wrapped, &wlen, 0), KS_OK);
+    /* A listing of every key needs every provider. */
+    listing l = {0};
+    assert_int_equal(p.ops->admin->list(p.self, (ks_bytes){NULL, 0}, collect, &l, 0),
+                     KS_ERR_NOT_FOUND);
+    assert_int_equal(l.n, 0); /* nothing listed unless every provider listed */
+    ks_registry_close(r);
 }
 
 /* A provider without admin ops: its keys route, management is denied,
@@ -1371,6 +1491,7 @@ int main(void)
         cmocka_unit_test(test_routing),
         cmocka_unit_test_setup_teardown(test_load_refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_two_keyrings, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lazy_open, setup, teardown),
         cmocka_unit_test_setup_teardown(test_provider_without_admin, setup, teardown),
         cmocka_unit_test_setup_teardown(test_secrets_and_failures, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pkcs11_fails_closed, setup, teardown),

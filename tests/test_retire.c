@@ -87,16 +87,16 @@ static void test_force(void **state)
     f.reason = NULL;
     expect(&f, KS_ERR_INVALID_ARGUMENT, NULL);
     f.reason = "legal hold lifted, ticket 42";
-    expect(&f, KS_OK, "forced: k:1 was still referenced by 5 rows");
+    expect(&f, KS_OK, "k:1 was still referenced by 5 rows when its destroy was forced");
     /* --force with a reason also overrides facts that could not be
      * gathered (no database given): the operator takes it on, in writing */
     f.rows_known = 0;
-    expect(&f, KS_OK, "forced: the rows referencing k:1 were not checked");
+    expect(&f, KS_OK, "the rows referencing k:1 were not checked, and its destroy was forced");
     f.rows_known = 1;
     f.readers_known = 0;
-    expect(&f, KS_OK, "forced: the live readers referencing k:1 were not checked");
+    expect(&f, KS_OK, "the live readers referencing k:1 were not checked, and its destroy was forced");
     f.rows_known = 0;
-    expect(&f, KS_OK, "forced: the rows and live readers referencing k:1 were not checked");
+    expect(&f, KS_OK, "the rows and live readers referencing k:1 were not checked, and its destroy was forced");
 }
 
 /* Facts not gathered refuse (without --force) even with nothing counted. */

@@ -396,6 +396,75 @@ void ks_cli_passphrase_free(ks_bytes *pass)
     *pass = (ks_bytes){NULL, 0};
 }
 
+/* The name of a file type that is not a regular file, for messages. */
+static const char *file_type_name(mode_t m)
+{
+    return S_ISDIR(m)    ? "a directory"
+           : S_ISFIFO(m) ? "a FIFO"
+           : S_ISSOCK(m) ? "a socket"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+                         : "not a regular file";
+}
+
+/* Nonzero when the file at path starts with the three bytes magic (a
+ * keyring's "KSK", docs/keyring.md section 2).  Only those bytes are
+ * read, never the keys, and no link is followed. */
+static int starts_with_magic(const char *path, const char *magic)
+{
+    uint8_t m[3];
+    ssize_t n = -1;
+    const int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd >= 0) {
+        n = read(fd, m, sizeof m);
+        close(fd);
+    }
+    return n == (ssize_t)sizeof m && memcmp(m, magic, sizeof m) == 0;
+}
+
+/*
+ * Say what is wrong with a file the library refused as insecure: a
+ * keyring ([K-FILE-1]) or a providers file ([P-LOAD-1]), checked in the
+ * library's order: a symbolic link, not a regular file, another user's,
+ * then the permission bits in bad_mode, which `fix` (a chmod mode) clears.
+ * what names the file ("keyring"); harm says what those bits would let
+ * group or others do; a file with such bits that does not start with
+ * magic (when not NULL) is said to be the wrong file rather than told to
+ * chmod.  lstat, not stat: the library does not follow a link either.
+ */
+static void insecure_said(const char *what, const char *path, mode_t bad_mode, const char *fix,
+                          const char *harm, const char *magic)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        ks_cli_error("%s %s was refused as insecure and cannot be examined now: %s", what, path,
+                     strerror(errno));
+    } else if (S_ISLNK(st.st_mode)) {
+        ks_cli_error("%s %s is a symbolic link, and keyshift opens only a file itself (a link "
+                     "can be repointed). Name the file it points to. A Kubernetes Secret volume "
+                     "makes each entry a link to ..data/NAME: name DIR/..data/NAME instead, with "
+                     "the volume's defaultMode 0400 (readable when running as root, its owner), "
+                     "or copy the file to an emptyDir volume with mode 0600 in an init container",
+                     what, path);
+    } else if (!S_ISREG(st.st_mode)) {
+        ks_cli_error("%s %s is %s; name a regular file", what, path, file_type_name(st.st_mode));
+    } else if (st.st_uid != geteuid() && st.st_uid != 0) {
+        ks_cli_error("%s %s belongs to uid %lu, not to you (uid %lu) or root, so another user "
+                     "controls it; use a file of your own, or run keyshift as its owner",
+                     what, path, (unsigned long)st.st_uid, (unsigned long)geteuid());
+    } else if ((st.st_mode & bad_mode) != 0 && magic != NULL && !starts_with_magic(path, magic)) {
+        ks_cli_error("%s %s is not a %s (it does not start with \"%s\") and has mode %04o; name "
+                     "the right file", what, path, what, magic, (unsigned)(st.st_mode & 07777));
+    } else if ((st.st_mode & bad_mode) != 0) {
+        ks_cli_error("%s %s has mode %04o, which would let %s; run: chmod %s %s%s", what, path,
+                     (unsigned)(st.st_mode & 07777), harm, fix, path,
+                     st.st_uid != geteuid() ? " (as root, its owner)" : "");
+    } else {
+        ks_cli_error("%s %s was refused as insecure but passes the checks now (it changed "
+                     "meanwhile); run the command again", what, path);
+    }
+}
+
 /* See cli.h. */
 int ks_cli_keyring_open(const char *path, const char *passphrase_file, ks_keyring **out)
 {
@@ -411,7 +480,8 @@ int ks_cli_keyring_open(const char *path, const char *passphrase_file, ks_keyrin
     if (e == KS_ERR_INTEGRITY) {
         ks_cli_error("keyring %s is corrupt: %s at byte %zu", path, ks_err_name(perr.code), perr.offset);
     } else if (e == KS_ERR_INSECURE) {
-        ks_cli_error("keyring %s is accessible by group or others; run: chmod 600 %s", path, path);
+        insecure_said("keyring", path, S_IRWXG | S_IRWXO, "600",
+                      "group or others read or change its keys", "KSK"); /* [K-FILE-1] */
     } else if (e == KS_ERR_BAD_PASSPHRASE) {
         ks_cli_error("keyring %s did not open: wrong or missing passphrase "
                      "(--passphrase-file or KEYSHIFT_PASSPHRASE)", path);
@@ -423,6 +493,26 @@ int ks_cli_keyring_open(const char *path, const char *passphrase_file, ks_keyrin
         ks_cli_error("cannot open keyring %s: %s", path, ks_err_name(e));
     }
     return ks_cli_exit_code(e);
+}
+
+/* Say what is wrong with the keyring of provider number `provider`
+ * (1-based) of the registry at path, refused as insecure: the registry
+ * is read again (no provider opened) for the keyring's path. */
+static void keyring_insecure_in(const char *path, uint32_t provider)
+{
+    ks_registry *r = NULL;
+    ks_registry_setting st;
+    if (provider == 0 || ks_registry_read(path, &r, NULL) != KS_OK) {
+        return;
+    }
+    for (size_t j = 0; ks_registry_setting_at(r, provider - 1, j, &st) == KS_OK; j++) {
+        if (strcmp(st.key, "keyring") == 0) {
+            insecure_said("keyring", st.value, S_IRWXG | S_IRWXO, "600",
+                          "group or others read or change its keys", "KSK"); /* [K-FILE-1] */
+            break;
+        }
+    }
+    ks_registry_close(r);
 }
 
 /* Report a plugin provider that did not open (err->plugin: its stage,
@@ -482,6 +572,9 @@ int ks_cli_registry_failed(const char *path, ks_err e, const ks_registry_error *
         if (err->setting != NULL) {
             ks_cli_error("providers file %s: provider %s: cannot use its %s: %s", path, err->name,
                          err->setting, ks_err_name(e));
+            if (e == KS_ERR_INSECURE && strcmp(err->setting, "keyring") == 0) {
+                keyring_insecure_in(path, err->provider);
+            }
             return e == KS_ERR_UNAVAILABLE ? EX_UNAVAILABLE : EX_CONFIG;
         }
         ks_cli_error("providers file %s: provider %s did not open: %s%s", path, err->name,
@@ -491,8 +584,9 @@ int ks_cli_registry_failed(const char *path, ks_err e, const ks_registry_error *
         return e == KS_ERR_DENIED ? EX_CONFIG : ks_cli_exit_code(e);
     default:
         if (e == KS_ERR_INSECURE) {
-            ks_cli_error("providers file %s is writable by group or others, or not a regular "
-                         "file of yours; run: chmod go-w %s", path, path);
+            insecure_said("providers file", path, S_IWGRP | S_IWOTH, "go-w",
+                          "group or others choose which provider serves a key",
+                          NULL); /* [P-LOAD-1] */
         } else if (e == KS_ERR_IO) {
             struct stat st;
             ks_cli_error("cannot read providers file %s: %s", path,
@@ -504,9 +598,10 @@ int ks_cli_registry_failed(const char *path, ks_err e, const ks_registry_error *
     }
 }
 
-/* See cli.h. */
-int ks_cli_keys_open(const char *cmd, const char *keyring, const char *passfile,
-                     const char *providers, ks_cli_keys *out)
+/* ks_cli_keys_open() and ks_cli_keys_open_lazy(): a registry's providers
+ * are opened at once, or each when first needed (lazy). */
+static int keys_open(const char *cmd, const char *keyring, const char *passfile,
+                     const char *providers, int lazy, ks_cli_keys *out)
 {
     memset(out, 0, sizeof *out);
     if (providers != NULL && keyring != NULL) {
@@ -522,7 +617,8 @@ int ks_cli_keys_open(const char *cmd, const char *keyring, const char *passfile,
                                            "file names each keyring's passphrase itself");
         }
         ks_registry_error err;
-        ks_err e = ks_registry_load(providers, &out->reg, &err);
+        ks_err e = lazy ? ks_registry_load_lazy(providers, &out->reg, &err)
+                        : ks_registry_load(providers, &out->reg, &err);
         if (e == KS_OK) {
             e = ks_registry_provider(out->reg, &out->prov);
         }
@@ -532,6 +628,7 @@ int ks_cli_keys_open(const char *cmd, const char *keyring, const char *passfile,
             return rc;
         }
         snprintf(out->source, sizeof out->source, "providers %s", providers);
+        out->providers = providers;
         return EX_OK;
     }
     int rc = ks_cli_keyring_open(keyring, passfile, &out->kr);
@@ -548,6 +645,32 @@ int ks_cli_keys_open(const char *cmd, const char *keyring, const char *passfile,
 }
 
 /* See cli.h. */
+int ks_cli_keys_open(const char *cmd, const char *keyring, const char *passfile,
+                     const char *providers, ks_cli_keys *out)
+{
+    return keys_open(cmd, keyring, passfile, providers, 0, out);
+}
+
+/* See cli.h. */
+int ks_cli_keys_open_lazy(const char *cmd, const char *keyring, const char *passfile,
+                          const char *providers, ks_cli_keys *out)
+{
+    return keys_open(cmd, keyring, passfile, providers, 1, out);
+}
+
+/* See cli.h.  The message and exit code are those the registry's load
+ * would have given, had it opened every provider at once. */
+int ks_cli_keys_open_failed(const ks_cli_keys *k)
+{
+    ks_registry_error err;
+    if (k->reg == NULL || k->providers == NULL) {
+        return EX_OK;
+    }
+    const ks_err e = ks_registry_open_error(k->reg, &err);
+    return e == KS_OK ? EX_OK : ks_cli_registry_failed(k->providers, e, &err);
+}
+
+/* See cli.h. */
 void ks_cli_keys_close(ks_cli_keys *k)
 {
     ks_registry_close(k->reg);
@@ -555,12 +678,12 @@ void ks_cli_keys_close(ks_cli_keys *k)
     memset(k, 0, sizeof *k);
 }
 
-/* See cli.h. */
-int ks_cli_ctx_open(const char *cmd, const char *keyring, const char *passfile,
-                    const char *providers, ks_cli_keys *keys, ks_ctx **ctx)
+/* ks_cli_ctx_open() and ks_cli_ctx_open_lazy(). */
+static int ctx_open(const char *cmd, const char *keyring, const char *passfile,
+                    const char *providers, int lazy, ks_cli_keys *keys, ks_ctx **ctx)
 {
     *ctx = NULL;
-    int rc = ks_cli_keys_open(cmd, keyring, passfile, providers, keys);
+    int rc = keys_open(cmd, keyring, passfile, providers, lazy, keys);
     if (rc != EX_OK) {
         return rc;
     }
@@ -571,6 +694,20 @@ int ks_cli_ctx_open(const char *cmd, const char *keyring, const char *passfile,
         return ks_cli_exit_code(e);
     }
     return EX_OK;
+}
+
+/* See cli.h. */
+int ks_cli_ctx_open(const char *cmd, const char *keyring, const char *passfile,
+                    const char *providers, ks_cli_keys *keys, ks_ctx **ctx)
+{
+    return ctx_open(cmd, keyring, passfile, providers, 0, keys, ctx);
+}
+
+/* See cli.h. */
+int ks_cli_ctx_open_lazy(const char *cmd, const char *keyring, const char *passfile,
+                         const char *providers, ks_cli_keys *keys, ks_ctx **ctx)
+{
+    return ctx_open(cmd, keyring, passfile, providers, 1, keys, ctx);
 }
 
 /* See cli.h. */

@@ -132,6 +132,7 @@ typedef struct ks_cli_keys {
     ks_registry *reg;     /* --providers / $KEYSHIFT_PROVIDERS, else NULL */
     ks_provider prov;     /* the provider to use: local over kr, or reg's router */
     char source[320];     /* for messages: "keyring PATH" or "providers PATH" */
+    const char *providers; /* the registry's path (argv or environment), else NULL */
 } ks_cli_keys;
 
 /* How every manual states which of --keyring and --providers applies; a
@@ -154,6 +155,23 @@ typedef struct ks_cli_keys {
 int ks_cli_keys_open(const char *cmd, const char *keyring, const char *passfile,
                      const char *providers, ks_cli_keys *out);
 
+/*
+ * As ks_cli_keys_open(), but a registry's providers open only when a key
+ * they serve is first needed (ks_registry_load_lazy, docs/providers.md
+ * [P-LOAD-5]): for commands that touch few keys (encrypt, decrypt, keys),
+ * so that a decrypt under a keyring key logs in to no HSM and starts no
+ * plugin.  A command whose call failed asks ks_cli_keys_open_failed()
+ * whether a provider's open was the cause.
+ */
+int ks_cli_keys_open_lazy(const char *cmd, const char *keyring, const char *passfile,
+                          const char *providers, ks_cli_keys *out);
+
+/* When a provider of k's registry failed to open when first needed, say
+ * so as a failed load of the registry is said (ks_cli_registry_failed:
+ * the provider's name, its setting or plugin stage) and return that exit
+ * code; else EX_OK, having printed nothing. */
+int ks_cli_keys_open_failed(const ks_cli_keys *k);
+
 /* Report a failed ks_registry_load() or ks_registry_read() of path (with
  * line and column for a rejection, the provider's name for a provider
  * that did not open) and return its exit code. */
@@ -168,6 +186,10 @@ void ks_cli_keys_close(ks_cli_keys *k);
  * keys. */
 int ks_cli_ctx_open(const char *cmd, const char *keyring, const char *passfile,
                     const char *providers, ks_cli_keys *keys, ks_ctx **ctx);
+
+/* As ks_cli_ctx_open(), with the keys of ks_cli_keys_open_lazy(). */
+int ks_cli_ctx_open_lazy(const char *cmd, const char *keyring, const char *passfile,
+                         const char *providers, ks_cli_keys *keys, ks_ctx **ctx);
 
 /* Write all of p[0, n) to stdout; EX_OK or EX_IOERR after a message. */
 int ks_cli_write_stdout(const uint8_t *p, size_t n);

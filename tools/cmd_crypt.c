@@ -37,7 +37,9 @@ static void usage_encrypt(FILE *f)
             "    Reads at most %zu bytes of plaintext from standard input, seals them\n"
             "    under a fresh data key wrapped by key K (in the keyring, or with\n"
             "    --providers in the provider serving K), and writes the\n"
-            "    envelope (docs/format.md) to standard output.\n"
+            "    envelope (docs/format.md) to standard output. Of a providers file,\n"
+            "    only the provider serving K is opened (decrypt: the one serving\n"
+            "    the envelope's key): no other is logged in to or started.\n"
             "\n"
             "OPTIONS\n"
             "    --tenant T        tenant the record belongs to ([A-Za-z0-9._:-], 1..64)\n"
@@ -135,9 +137,15 @@ static int read_secret_stdin(size_t max, uint8_t **out, size_t *len, const char 
     return EX_OK;
 }
 
-/* Report a seal or open failure by class, never by secret. */
-static int crypt_failed(const char *verb, ks_err e, const ks_parse_error *perr)
+/* Report a seal or open failure by class, never by secret; a provider
+ * that failed to open when first needed as its registry's load would. */
+static int crypt_failed(const char *verb, ks_err e, const ks_parse_error *perr,
+                        const ks_cli_keys *keys)
 {
+    const int rc = ks_cli_keys_open_failed(keys); /* [P-LOAD-5] a provider opened late */
+    if (rc != EX_OK) {
+        return rc;
+    }
     if (ks_err_is_rejection(e) && perr != NULL) {
         ks_cli_error("invalid envelope: %s at byte %zu", ks_err_name(perr->code), perr->offset);
     } else if (e == KS_ERR_AUTH_FAILED) {
@@ -214,10 +222,10 @@ int ks_cmd_encrypt(int argc, char **argv)
     } else if ((out = malloc(cap)) == NULL) {
         ks_cli_error("out of memory");
         rc = EX_OSERR;
-    } else if ((rc = ks_cli_ctx_open("encrypt", keyring, passfile, providers, &keys, &ctx)) ==
-               EX_OK) {
+    } else if ((rc = ks_cli_ctx_open_lazy("encrypt", keyring, passfile, providers, &keys,
+                                          &ctx)) == EX_OK) {
         ks_err e = ks_seal(ctx, &p, pt, pt_len, out, cap, &out_len);
-        rc = e == KS_OK ? ks_cli_write_stdout(out, out_len) : crypt_failed("encrypt", e, NULL);
+        rc = e == KS_OK ? ks_cli_write_stdout(out, out_len) : crypt_failed("encrypt", e, NULL, &keys);
     }
     sodium_free(pt);
     free(out);
@@ -262,11 +270,11 @@ int ks_cmd_decrypt(int argc, char **argv)
     if ((pt = sodium_malloc(env_len ? env_len : 1)) == NULL) {
         ks_cli_error("out of memory");
         rc = EX_OSERR;
-    } else if ((rc = ks_cli_ctx_open("decrypt", keyring, passfile, providers, &keys, &ctx)) ==
-               EX_OK) {
+    } else if ((rc = ks_cli_ctx_open_lazy("decrypt", keyring, passfile, providers, &keys,
+                                          &ctx)) == EX_OK) {
         ks_parse_error perr;
         ks_err e = ks_open(ctx, env, env_len, &p, pt, env_len, &pt_len, &perr);
-        rc = e == KS_OK ? ks_cli_write_stdout(pt, pt_len) : crypt_failed("decrypt", e, &perr);
+        rc = e == KS_OK ? ks_cli_write_stdout(pt, pt_len) : crypt_failed("decrypt", e, &perr, &keys);
     }
     if (pt != NULL) {
         sodium_free(pt); /* wipes */

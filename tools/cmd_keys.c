@@ -6,10 +6,12 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include <sqlite3.h>
@@ -44,9 +46,13 @@ static void usage(FILE *f)
           "    it (docs/providers.md): the same commands create, rotate and retire a\n"
           "    key held in an HSM through PKCS#11, whose material is generated in the\n"
           "    token and never leaves it; list shows the keys of every provider.\n"
+          "    A provider is opened (its PIN read, its token logged in to, its\n"
+          "    plugin started) only when a command first needs a key it serves,\n"
+          "    and list needs them all.\n"
           "\n"
           "    init         create an empty keyring (mode 0600); sealed with the\n"
-          "                 passphrase when one is given\n"
+          "                 passphrase when one is given. A missing directory is\n"
+          "                 created (mode 0700) when its parent exists\n"
           "    create       add KEY_ID with version 1, active and primary\n"
           "    add-version  add the next version, active but NOT primary; prints it.\n"
           "                 Distribute the keyring to every reader before promoting\n"
@@ -70,7 +76,9 @@ static void usage(FILE *f)
           "                 be checked. --force --reason TEXT overrides both and, with\n"
           "                 --db, appends the reason to the log of each rollout whose\n"
           "                 source or target is that version\n"
-          "    list         keys, versions, states and creation times; no material\n"
+          "    list         keys, versions, states and creation times; no material.\n"
+          "                 A key in a PKCS#11 token has no creation time (the token\n"
+          "                 records none): CREATED is empty, \"created\":\"\" in JSON\n"
           "\n"
           "OPTIONS\n"
           "    --keyring FILE          the keyring (default: $KEYSHIFT_KEYRING)\n"
@@ -105,9 +113,11 @@ static void usage(FILE *f)
           "EXIT STATUS\n"
           "    0 success; 64 usage (destroyed without --db or --force, a password in\n"
           "    a PostgreSQL --db); 65 refused (key exists, forbidden state change);\n"
-          "    66 a --db database missing; 75 destroyed refused: the version is\n"
-          "    still referenced, or its rows could not all be counted (the message\n"
-          "    says where), or a --db database stayed locked; 69 provider or\n"
+          "    66 a --db database missing; 73 init cannot create the keyring (a file\n"
+          "    is already there, or its directory is missing or not writable);\n"
+          "    75 destroyed refused: the version is still referenced, or its rows\n"
+          "    could not all be counted (the message says where), or a --db\n"
+          "    database stayed locked; 69 provider or\n"
           "    PostgreSQL database unreachable; 77 no such key or version (or\n"
           "    no provider serves KEY_ID); 78 insecure, unreadable or corrupt keyring\n"
           "    or providers file, wrong passphrase, or wrong or locked PIN; 71 system\n"
@@ -221,12 +231,58 @@ static int list_keys(const ks_provider *p, int json)
     return EX_OK;
 }
 
-/* `keys init`: a new keyring, sealed when a passphrase is given. */
+/*
+ * Make sure the directory of the keyring at path exists before `keys
+ * init` writes there: a missing directory whose own parent exists is
+ * created mode 0700 (as ssh-keygen makes ~/.ssh); a deeper missing path,
+ * or something there that is not a directory, is EX_CANTCREAT with a
+ * message naming the directory.  Only one level is created, so a typo
+ * in a long path is reported rather than built.
+ */
+static int ensure_keyring_dir(const char *path)
+{
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    struct stat st;
+    if (slash == NULL || slash == path) {
+        return EX_OK; /* the current directory, or / */
+    }
+    const size_t n = (size_t)(slash - path);
+    if (n >= sizeof dir) {
+        ks_cli_error("cannot create keyring %s: its directory name is longer than %zu bytes", path,
+                     sizeof dir - 1);
+        return EX_CANTCREAT;
+    }
+    memcpy(dir, path, n);
+    dir[n] = '\0';
+    if (stat(dir, &st) == 0) {
+        if (!S_ISDIR(st.st_mode)) {
+            ks_cli_error("cannot create keyring %s: %s is not a directory", path, dir);
+            return EX_CANTCREAT;
+        }
+        return EX_OK;
+    }
+    if (errno != ENOENT || mkdir(dir, S_IRWXU) != 0) {
+        ks_cli_error("cannot create keyring %s: its directory %s does not exist and cannot be "
+                     "created (%s); create it first: mkdir -p -m 700 %s", path, dir,
+                     strerror(errno), dir);
+        return EX_CANTCREAT;
+    }
+    fprintf(stderr, KS_PROG ": created directory %s (mode 0700)\n", dir);
+    return EX_OK;
+}
+
+/* `keys init`: a new keyring, sealed when a passphrase is given, in a
+ * directory that exists or that ensure_keyring_dir() could make. */
 static int init_keyring(const char *path, const char *passfile)
 {
     ks_bytes pass;
     int rc = ks_cli_keyring_args(&path, passfile, &pass);
     if (rc != EX_OK) {
+        return rc;
+    }
+    if ((rc = ensure_keyring_dir(path)) != EX_OK) {
+        ks_cli_passphrase_free(&pass);
         return rc;
     }
     ks_err e = ks_keyring_init(path, pass);
@@ -235,9 +291,14 @@ static int init_keyring(const char *path, const char *passfile)
         ks_cli_error("cannot create keyring %s: a file is already there", path);
         return EX_CANTCREAT;
     }
+    if (e == KS_ERR_IO) {
+        ks_cli_error("cannot create keyring %s: its directory or %s.lock could not be written "
+                     "(check that you may write there and that the disk is not full)", path, path);
+        return EX_CANTCREAT;
+    }
     if (e != KS_OK) {
         ks_cli_error("cannot create keyring %s: %s", path, ks_err_name(e));
-        return e == KS_ERR_IO ? EX_CANTCREAT : ks_cli_exit_code(e);
+        return ks_cli_exit_code(e);
     }
     fprintf(stderr, KS_PROG ": created keyring %s\n", path);
     return EX_OK;
@@ -266,7 +327,8 @@ static int collect_dbs(int argc, char **argv, destroy_opts *d)
         }
         if (v != NULL) {
             if (d->n_dbs == (int)(sizeof d->dbs / sizeof d->dbs[0])) {
-                return ks_cli_usage_error("keys", "at most 16 --db options");
+                return ks_cli_usage_error("keys", "more than 16 --db options were given; run the "
+                                                  "command with at most 16");
             }
             d->dbs[d->n_dbs++] = v;
         }
@@ -597,8 +659,7 @@ static int destroy_guard(const destroy_opts *d, const char *key_id, uint32_t ver
     ks_err e = ks_rollout_destroy_guard(&f, why, sizeof why);
     if (e == KS_OK) {
         if (d->force && why[0] != '\0') {
-            fprintf(stderr, KS_PROG ": --force: destroying %s:%" PRIu32 ": %s\n", key_id, version,
-                    why);
+            fprintf(stderr, KS_PROG ": warning: %s\n", why);
         }
         return EX_OK;
     }
@@ -606,17 +667,18 @@ static int destroy_guard(const destroy_opts *d, const char *key_id, uint32_t ver
         return ks_cli_usage_error("keys", "%s", why[0] != '\0' ? why : ks_err_name(e));
     }
     if (d->n_dbs == 0) {
-        return ks_cli_usage_error("keys", "refusing to destroy %s:%" PRIu32 ": cannot check "
-                                          "references without --db; give --db FILE for each "
-                                          "database that may hold its rows or readers, or "
-                                          "--force --reason TEXT", key_id, version);
+        return ks_cli_usage_error("keys", "%s:%" PRIu32 " was not destroyed, because without "
+                                          "--db nothing that references it can be checked; give "
+                                          "--db DB for each database that may hold its rows or "
+                                          "readers, or --force --reason TEXT", key_id, version);
     }
     if (failed != EX_OK) {
         return failed; /* the database's error was said */
     }
-    ks_cli_error("refusing to destroy %s; its rows could never be read again. Move the rows "
-                 "('keyshift migrate run', 'keyshift rollout'), retire the readers, then retry; "
-                 "or give --force --reason TEXT", why);
+    ks_cli_error("%s, so %s:%" PRIu32 " was not destroyed: once destroyed, those rows could "
+                 "never be read again. Move the rows ('keyshift migrate run', 'keyshift "
+                 "rollout') and retire the readers, then retry, or give --force --reason TEXT",
+                 why, key_id, version);
     return EX_TEMPFAIL;
 }
 
@@ -734,7 +796,8 @@ int ks_cmd_keys(int argc, char **argv)
                                   KS_ROLLOUT_REASON_MAX - 300);
     }
     if (d.reason != NULL && !d.force) {
-        return ks_cli_usage_error("keys", "--reason goes with --force");
+        return ks_cli_usage_error("keys", "--reason was given without --force; it only "
+                                          "explains a forced destroy");
     }
     if (npos == 0) {
         return ks_cli_usage_error("keys", "missing action (init, create, add-version, promote, "
@@ -755,7 +818,7 @@ int ks_cmd_keys(int argc, char **argv)
         return init_keyring(keyring, passfile);
     }
     ks_cli_keys keys;
-    if ((rc = ks_cli_keys_open("keys", keyring, passfile, providers, &keys)) != EX_OK) {
+    if ((rc = ks_cli_keys_open_lazy("keys", keyring, passfile, providers, &keys)) != EX_OK) {
         return rc;
     }
     if (keys.prov.ops->admin == NULL) {
@@ -764,6 +827,12 @@ int ks_cmd_keys(int argc, char **argv)
     } else {
         rc = strcmp(pos[0], "list") == 0 ? list_keys(&keys.prov, json)
                                          : change(&keys.prov, pos, npos, &d);
+    }
+    if (rc != EX_OK) {
+        /* [P-LOAD-5] the provider the change needed did not open: say
+         * which and why, with the exit code its load would have given */
+        const int open_rc = ks_cli_keys_open_failed(&keys);
+        rc = open_rc != EX_OK ? open_rc : rc;
     }
     ks_cli_keys_close(&keys);
     return rc;

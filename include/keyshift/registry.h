@@ -11,10 +11,12 @@
  *
  * Secrets.  The file holds none: passphrases and PINs come from files or
  * environment variables it names, are read into sodium_malloc'd memory
- * at load and wiped as soon as the provider has opened.
+ * when the provider opens (at load, or when first needed with
+ * ks_registry_load_lazy) and wiped as soon as it has opened.
  *
- * Threads.  A loaded registry never changes; it and its routing provider
- * may be used from several threads at once (its providers are
+ * Threads.  A loaded registry never changes but for opening a provider
+ * when first needed, which is done once under a lock; it and its routing
+ * provider may be used from several threads at once (its providers are
  * thread-safe, include/keyshift/provider.h).
  */
 #ifndef KEYSHIFT_REGISTRY_H
@@ -82,6 +84,33 @@ typedef struct ks_registry_error {
  * NULL.
  */
 KS_API KS_WUR ks_err ks_registry_load(const char *path, ks_registry **out, ks_registry_error *err);
+
+/*
+ * As ks_registry_load(), but open each provider only when a call of the
+ * routing provider first needs it (docs/providers.md [P-LOAD-5]): a
+ * command that decrypts under a keyring key never logs in to an HSM or
+ * starts a plugin that the registry also names.  The file is read,
+ * checked and parsed here (its errors as ks_registry_load's); a
+ * provider's passphrase or PIN is read when it opens.  A provider that
+ * fails to open fails the call that needed it with the error
+ * ks_registry_load would have returned, and every later call routed to
+ * it, without a second try; ks_registry_open_error() gives the details.
+ * A key_id that no provider serves is KS_ERR_NOT_FOUND, as ever, and a
+ * listing of every key opens every provider.  Opening is thread-safe:
+ * each provider is opened once, whichever threads need it.
+ */
+KS_API KS_WUR ks_err ks_registry_load_lazy(const char *path, ks_registry **out,
+                                           ks_registry_error *err);
+
+/*
+ * The first provider of r (loaded with ks_registry_load_lazy) that failed
+ * to open when a call needed it: its error is returned and its details
+ * go to *err as ks_registry_load() would have filled them (stage
+ * KS_REGISTRY_STAGE_PROVIDER, its name, the setting at fault, ...).
+ * KS_OK (and *err zeroed) when no open has failed;
+ * KS_ERR_INVALID_ARGUMENT for a NULL argument.
+ */
+KS_API KS_WUR ks_err ks_registry_open_error(ks_registry *r, ks_registry_error *err);
 
 /*
  * As ks_registry_load(), but open no provider: for listing, routing
@@ -155,8 +184,9 @@ KS_API KS_WUR ks_err ks_registry_serve_at(const ks_registry *r, size_t i, size_t
 
 /* The counters of provider i, a plugin provider, and the hello's plugin
  * string (include/keyshift/plugin.h).  KS_ERR_INVALID_ARGUMENT when r was
- * only read (ks_registry_read), i is past the end, or provider i is not a
- * plugin. */
+ * only read (ks_registry_read), i is past the end, provider i is not a
+ * plugin, or it is not open (ks_registry_load_lazy: not needed yet, or
+ * its open failed). */
 KS_API KS_WUR ks_err ks_registry_plugin_stats(const ks_registry *r, size_t i, ks_plugin_stats *out);
 
 #ifdef __cplusplus

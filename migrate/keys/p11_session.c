@@ -176,9 +176,13 @@ ks_err ks_p11_map(CK_RV rv)
     case CKR_PIN_EXPIRED:
     case CKR_PIN_LOCKED:
     case CKR_USER_NOT_LOGGED_IN:
-    case CKR_USER_PIN_NOT_INITIALIZED:
     case CKR_KEY_FUNCTION_NOT_PERMITTED:
         return KS_ERR_DENIED;
+    case CKR_USER_PIN_NOT_INITIALIZED:
+        /* Not a verdict on the PIN: SoftHSM2 answers it to a correct PIN
+         * while another process rewrites the token's files.  Retryable,
+         * like any other failure of the token; the PIN stays usable. */
+        return KS_ERR_UNAVAILABLE;
     case CKR_HOST_MEMORY:
     case CKR_DEVICE_MEMORY:
         return KS_ERR_NO_MEMORY;

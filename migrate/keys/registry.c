@@ -7,12 +7,19 @@
  * this file does the rest: the file checks, reading the secrets the
  * registry names (into sodium_malloc'd memory, wiped as soon as the
  * provider is open), opening each provider, and routing calls by key_id.
- * A registry never changes once loaded, so it needs no lock.
+ * A registry never changes once loaded, but for one thing: a registry
+ * loaded lazily (ks_registry_load_lazy) opens each provider when a call
+ * first needs it, under open_mu, once; a provider's state is published
+ * with release/acquire so that the routing path takes no lock once the
+ * provider is open.
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,10 +49,19 @@ struct ks_registry {
     const char *value[KS_REGF_PROVIDERS_MAX][KS_REGF_KEY_COUNT]; /* NULL when absent */
     const char *pattern[KS_REGF_SERVES_MAX];
     const char *arg[KS_REGF_ARGS_MAX];   /* in file order: each provider's are contiguous */
-    int opened;                          /* ks_registry_load: providers are open */
+    int opened;                          /* loaded to be used: it has a routing provider */
+    pthread_mutex_t open_mu;             /* serialises the opening of providers */
+    atomic_int state[KS_REGF_PROVIDERS_MAX];     /* PROV_CLOSED, PROV_OPEN or PROV_FAILED */
+    ks_err failed_with[KS_REGF_PROVIDERS_MAX];   /* PROV_FAILED: the open's error */
+    ks_registry_error first_failure;     /* the first open that failed; under open_mu */
     ks_keyring *keyring[KS_REGF_PROVIDERS_MAX];  /* local providers' keyrings */
     ks_provider provider[KS_REGF_PROVIDERS_MAX]; /* opened providers (ops NULL: not open) */
 };
+
+/* The states of a provider [P-LOAD-5]: not opened yet, open, or its open
+ * failed (for good: never tried again, so that a wrong PIN is not retried
+ * into a locked token). */
+enum { PROV_CLOSED = 0, PROV_OPEN = 1, PROV_FAILED = 2 };
 
 /* ---- errors -------------------------------------------------------------------- */
 
@@ -397,6 +413,56 @@ static ks_err open_plugin(ks_registry *r, size_t i, ks_registry_error *err)
     return KS_OK;
 }
 
+/* Open provider i by its type [P-LOAD-3]; a failure is described in
+ * *err (which may be NULL). */
+static ks_err open_one(ks_registry *r, size_t i, ks_registry_error *err)
+{
+    switch (r->file.providers[i].type) {
+    case KS_REGF_LOCAL: return open_local(r, i, err);
+    case KS_REGF_PKCS11: return open_pkcs11(r, i, err);
+    default: return open_plugin(r, i, err);
+    }
+}
+
+/*
+ * Provider i, opened when first needed [P-LOAD-5]: an open provider is
+ * returned without a lock; otherwise, under open_mu, the first caller
+ * opens it and every later one sees the result.  A failed open is
+ * remembered, with its details in r->first_failure when it is the first,
+ * and every later call gets its error: never another provider.
+ */
+static ks_err provider_at(ks_registry *r, size_t i, const ks_provider **p)
+{
+    assert(i < r->file.nproviders);
+    if (atomic_load_explicit(&r->state[i], memory_order_acquire) == PROV_OPEN) {
+        *p = &r->provider[i];
+        return KS_OK;
+    }
+    if (pthread_mutex_lock(&r->open_mu) != 0) {
+        return KS_ERR_UNAVAILABLE;
+    }
+    int st = atomic_load_explicit(&r->state[i], memory_order_relaxed);
+    if (st == PROV_CLOSED) {
+        ks_registry_error e;
+        memset(&e, 0, sizeof e);
+        const ks_err code = open_one(r, i, &e);
+        if (code != KS_OK) {
+            r->failed_with[i] = code;
+            if (r->first_failure.stage == KS_REGISTRY_STAGE_NONE) {
+                r->first_failure = e;
+            }
+        }
+        st = code == KS_OK ? PROV_OPEN : PROV_FAILED;
+        atomic_store_explicit(&r->state[i], st, memory_order_release);
+    }
+    const ks_err code = st == PROV_OPEN ? KS_OK : r->failed_with[i];
+    pthread_mutex_unlock(&r->open_mu);
+    if (code == KS_OK) {
+        *p = &r->provider[i];
+    }
+    return code;
+}
+
 /* See keyshift/registry.h. */
 void ks_registry_close(ks_registry *r)
 {
@@ -407,13 +473,17 @@ void ks_registry_close(ks_registry *r)
         ks_provider_destroy(&r->provider[i]);
         ks_keyring_close(r->keyring[i]);
     }
+    pthread_mutex_destroy(&r->open_mu);
     free(r->strings);
     free(r->text);
     free(r);
 }
 
+/* How load() treats the providers. */
+enum { OPEN_NONE = 0, OPEN_ALL = 1, OPEN_LAZILY = 2 };
+
 /* Read and parse the registry at path into a new *out; open its
- * providers when `open` is set [P-LOAD-1..4]. */
+ * providers as `open` says [P-LOAD-1..5]. */
 static ks_err load(const char *path, int open, ks_registry **out, ks_registry_error *err)
 {
     size_t len = 0;
@@ -437,6 +507,13 @@ static ks_err load(const char *path, int open, ks_registry **out, ks_registry_er
     if (r == NULL) {
         return fail(err, KS_REGISTRY_STAGE_NONE, KS_ERR_NO_MEMORY);
     }
+    if (pthread_mutex_init(&r->open_mu, NULL) != 0) {
+        free(r);
+        return fail(err, KS_REGISTRY_STAGE_NONE, KS_ERR_NO_MEMORY);
+    }
+    for (size_t i = 0; i < KS_REGF_PROVIDERS_MAX; i++) {
+        atomic_init(&r->state[i], PROV_CLOSED);
+    }
     if ((e = read_registry(path, &r->text, &len, err)) != KS_OK) {
         ks_registry_close(r);
         return e;
@@ -456,18 +533,14 @@ static ks_err load(const char *path, int open, ks_registry **out, ks_registry_er
         ks_registry_close(r);
         return fail(err, KS_REGISTRY_STAGE_NONE, KS_ERR_NO_MEMORY);
     }
-    for (size_t i = 0; open && i < r->file.nproviders; i++) {
-        switch (r->file.providers[i].type) {
-        case KS_REGF_LOCAL: e = open_local(r, i, err); break;
-        case KS_REGF_PKCS11: e = open_pkcs11(r, i, err); break;
-        default: e = open_plugin(r, i, err); break;
-        }
-        if (e != KS_OK) {
+    for (size_t i = 0; open == OPEN_ALL && i < r->file.nproviders; i++) {
+        if ((e = open_one(r, i, err)) != KS_OK) {
             ks_registry_close(r); /* fail closed: nothing of it survives */
             return e;
         }
+        atomic_store_explicit(&r->state[i], PROV_OPEN, memory_order_relaxed);
     }
-    r->opened = open;
+    r->opened = open != OPEN_NONE;
     *out = r;
     return KS_OK;
 }
@@ -475,13 +548,33 @@ static ks_err load(const char *path, int open, ks_registry **out, ks_registry_er
 /* See keyshift/registry.h. */
 ks_err ks_registry_load(const char *path, ks_registry **out, ks_registry_error *err)
 {
-    return load(path, 1, out, err);
+    return load(path, OPEN_ALL, out, err);
+}
+
+/* See keyshift/registry.h. */
+ks_err ks_registry_load_lazy(const char *path, ks_registry **out, ks_registry_error *err)
+{
+    return load(path, OPEN_LAZILY, out, err);
 }
 
 /* See keyshift/registry.h. */
 ks_err ks_registry_read(const char *path, ks_registry **out, ks_registry_error *err)
 {
-    return load(path, 0, out, err);
+    return load(path, OPEN_NONE, out, err);
+}
+
+/* See keyshift/registry.h. */
+ks_err ks_registry_open_error(ks_registry *r, ks_registry_error *err)
+{
+    if (r == NULL || err == NULL) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    if (pthread_mutex_lock(&r->open_mu) != 0) {
+        return KS_ERR_UNAVAILABLE;
+    }
+    *err = r->first_failure;
+    pthread_mutex_unlock(&r->open_mu);
+    return err->stage == KS_REGISTRY_STAGE_NONE ? KS_OK : err->code;
 }
 
 /* ---- queries and listing ------------------------------------------------------------ */
@@ -542,7 +635,8 @@ ks_err ks_registry_setting_at(const ks_registry *r, size_t i, size_t j, ks_regis
 ks_err ks_registry_plugin_stats(const ks_registry *r, size_t i, ks_plugin_stats *out)
 {
     if (r == NULL || out == NULL || !r->opened || i >= r->file.nproviders ||
-        r->file.providers[i].type != KS_REGF_PLUGIN) {
+        r->file.providers[i].type != KS_REGF_PLUGIN ||
+        atomic_load_explicit(&r->state[i], memory_order_acquire) != PROV_OPEN) {
         return KS_ERR_INVALID_ARGUMENT;
     }
     return ks_plugin_stats_get(&r->provider[i], out);
@@ -566,19 +660,17 @@ ks_err ks_registry_serve_at(const ks_registry *r, size_t i, size_t j, ks_registr
 
 /* ---- the routing provider [P-ROUTE-1..5] ------------------------------------------------ */
 
-/* The opened provider serving key_id, into *p. */
+/* The provider serving key_id, into *p: opened now if it was not yet
+ * [P-LOAD-5]; its open's error when that fails. */
 static ks_err route(void *self, ks_bytes key_id, const ks_provider **p)
 {
-    const ks_registry *r = self;
+    ks_registry *r = self;
     size_t i;
     if (r == NULL) {
         return KS_ERR_INVALID_ARGUMENT;
     }
     ks_err e = ks_regf_route(&r->file, key_id, &i);
-    if (e == KS_OK) {
-        *p = &r->provider[i];
-    }
-    return e;
+    return e != KS_OK ? e : provider_at(r, i, p);
 }
 
 /* Wrap with the provider serving key_id. */
@@ -749,12 +841,15 @@ static int entry_cmp(const void *a, const void *b)
 /* List every key: gather each listing provider's entries that route to
  * it, sort them, then hand them to fn.  Nothing reaches fn unless every
  * provider listed successfully. */
-static ks_err list_all(const ks_registry *r, ks_key_list_fn fn, void *arg, uint32_t timeout_ms)
+static ks_err list_all(ks_registry *r, ks_key_list_fn fn, void *arg, uint32_t timeout_ms)
 {
     merge m = {r, 0, NULL, 0, 0, KS_OK};
     ks_err e = KS_OK;
     for (size_t i = 0; e == KS_OK && i < r->file.nproviders; i++) {
-        const ks_provider *p = &r->provider[i];
+        const ks_provider *p;
+        if ((e = provider_at(r, i, &p)) != KS_OK) {
+            break; /* every provider is listed, or none */
+        }
         if (p->ops->admin == NULL || p->ops->admin->list == NULL) {
             continue; /* [P-ROUTE-4] a provider that cannot list has nothing to show */
         }
@@ -817,7 +912,8 @@ static const ks_provider_ops registry_ops = {
 /* See registry_format.h. */
 ks_err ks_registry_swap_provider(ks_registry *r, size_t i, ks_provider *p)
 {
-    if (r == NULL || p == NULL || !r->opened || i >= r->file.nproviders) {
+    if (r == NULL || p == NULL || !r->opened || i >= r->file.nproviders ||
+        atomic_load_explicit(&r->state[i], memory_order_acquire) != PROV_OPEN) {
         return KS_ERR_INVALID_ARGUMENT;
     }
     const ks_provider mine = r->provider[i];

@@ -63,7 +63,8 @@ ks_err ks_rollout_destroy_guard(const ks_rollout_destroy_facts *f, char *why, si
                                f->key_id, f->key_version);
     if (f->force && (!f->rows_known || !f->readers_known))
         return ks_rollout_fail(why, why_len, KS_OK,
-                               "forced: the %s referencing %s:%" PRIu32 " were not checked",
+                               "the %s referencing %s:%" PRIu32 " were not checked, and its "
+                               "destroy was forced",
                                !f->rows_known && !f->readers_known ? "rows and live readers"
                                : !f->rows_known                    ? "rows"
                                                                    : "live readers",
@@ -89,8 +90,8 @@ ks_err ks_rollout_destroy_guard(const ks_rollout_destroy_facts *f, char *why, si
     add_count(refs, sizeof refs, &used, &items, 1, f->open_rollouts, "open rollout");
     if (f->force)
         return ks_rollout_fail(why, why_len, KS_OK,
-                               "forced: %s:%" PRIu32 " was still referenced by %s", f->key_id,
-                               f->key_version, refs);
+                               "%s:%" PRIu32 " was still referenced by %s when its destroy was "
+                               "forced", f->key_id, f->key_version, refs);
     return ks_rollout_fail(why, why_len, KS_ERR_GUARD, "%s:%" PRIu32 " is still referenced by %s",
                            f->key_id, f->key_version, refs);
 }
