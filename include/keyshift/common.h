@@ -33,8 +33,8 @@ extern "C" {
 #define KS_VERSION_STR_(x) #x
 #define KS_VERSION_XSTR_(x) KS_VERSION_STR_(x)
 #define KS_VERSION_STRING                                                                          \
-    KS_VERSION_XSTR_(KS_VERSION_MAJOR) "." KS_VERSION_XSTR_(KS_VERSION_MINOR) "." KS_VERSION_XSTR_( \
-        KS_VERSION_PATCH)
+    KS_VERSION_XSTR_(KS_VERSION_MAJOR)                                                             \
+    "." KS_VERSION_XSTR_(KS_VERSION_MINOR) "." KS_VERSION_XSTR_(KS_VERSION_PATCH)
 
 /* Return KS_VERSION_STRING as compiled into the library (which may differ
  * from the header the caller was compiled against). Static storage. */
