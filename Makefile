@@ -59,7 +59,11 @@ NANOPB_GEN    := /usr/bin/nanopb_generator.py
 
 B := build
 
-VERSION := $(shell sed -n 's/^#define KS_VERSION_STRING "\(.*\)"/\1/p' include/keyshift/common.h)
+# The version's one source: KS_VERSION_MAJOR, _MINOR and _PATCH in
+# include/keyshift/common.h (KS_VERSION_STRING is made from them there).
+VERSION := $(shell awk '$$1 ~ /define$$/ && $$2 ~ /^KS_VERSION_(MAJOR|MINOR|PATCH)$$/ { v[$$2] = $$3 } \
+             END { print v["KS_VERSION_MAJOR"] "." v["KS_VERSION_MINOR"] "." v["KS_VERSION_PATCH"] }' \
+             include/keyshift/common.h)
 SOMAJOR := $(firstword $(subst ., ,$(VERSION)))
 
 WARN    := -std=c11 -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
@@ -377,7 +381,17 @@ test:
 
 # ---- install ------------------------------------------------------------
 
-$(B)/keyshift.pc: tools/keyshift.pc.in include/keyshift/common.h
+# keyshift.pc holds PREFIX, LIBDIR, INCDIR and the version, which are not
+# files: the stamp holds their values and is rewritten only when one of them
+# changes, so a second `make install PREFIX=...` never installs a stale .pc.
+PC_VALUES := $(PREFIX)|$(LIBDIR)|$(INCDIR)|$(VERSION)
+.PHONY: FORCE
+FORCE:
+$(B)/keyshift.pc.values: FORCE
+	@mkdir -p $(dir $@)
+	@if [ "$$(cat $@ 2>/dev/null)" != '$(PC_VALUES)' ]; then printf '%s\n' '$(PC_VALUES)' > $@; fi
+
+$(B)/keyshift.pc: tools/keyshift.pc.in include/keyshift/common.h $(B)/keyshift.pc.values
 	@mkdir -p $(dir $@)
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@INCDIR@|$(INCDIR)|' \
 	    -e 's|@VERSION@|$(VERSION)|' $< > $@

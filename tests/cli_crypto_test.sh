@@ -63,6 +63,15 @@ expect_empty "wrong purpose: nothing on stdout" "$T/out"
 IN="$ENV" run "wrong tenant" 65 "$KS" decrypt --context payments:42:card --tenant other
 expect_grep "wrong tenant: the same message" "$T/err" "cannot decrypt: authentication failed"
 IN="$ENV" run "right tenant and purpose" 0 "$KS" decrypt --context payments:42:card --tenant acme --purpose card
+# docs/format.md [F-CRYPTO-CTX-1]: decrypt without --context uses the empty
+# context, which is not the writer's; a context is bytes, UTF-8 included.
+IN="$ENV" run "decrypt without --context: the empty context, auth-failed" 65 "$KS" decrypt
+expect_grep "no --context: the same message" "$T/err" "cannot decrypt: authentication failed"
+IN="$T/pt" run "encrypt with a UTF-8 context" 0 "$KS" encrypt --tenant acme --key-id payments/kek --context 'payments:42:été'
+cp "$T/out" "$T/env.utf8"
+IN="$T/env.utf8" run "decrypt with the same UTF-8 context" 0 "$KS" decrypt --context 'payments:42:été'
+expect_same "UTF-8 context round trip" "$T/out" "$T/pt"
+IN="$T/env.utf8" run "the same letters decomposed (e + U+0301) do not open it" 65 "$KS" decrypt --context $'payments:42:e\xcc\x81te\xcc\x81'
 size=$(stat -c %s "$ENV")
 cp "$ENV" "$T/tampered"; printf '\x01' | dd of="$T/tampered" bs=1 seek=$((size - 1)) conv=notrunc status=none
 IN="$T/tampered" run "tampered tag" 65 "$KS" decrypt --context payments:42:card
@@ -166,6 +175,10 @@ KEYSHIFT_PASSPHRASE=$'pw\n\n' run "KEYSHIFT_PASSPHRASE 'pw\\n\\n' is the same pa
 run "a file 'pw\\n' does not open it" 78 "$KS" keys list --keyring "$T/pwlf.ring" --passphrase-file "$T/pw.lf"
 run "a file of one LF is an empty passphrase, refused" 78 "$KS" keys init --keyring "$T/pwe.ring" --passphrase-file "$T/pw.empty"
 expect_grep "empty passphrase: said so" "$T/err" "the passphrase is empty"
+KEYSHIFT_PASSPHRASE= run "KEYSHIFT_PASSPHRASE set but empty is given, and refused" 78 "$KS" keys init --keyring "$T/pwv.ring"
+expect_grep "empty variable: said so" "$T/err" "the passphrase is empty"
+KEYSHIFT_PASSPHRASE=$'\n' run "KEYSHIFT_PASSPHRASE of one LF is refused too" 78 "$KS" keys init --keyring "$T/pwv.ring"
+if [ -e "$T/pwv.ring" ]; then bad "an empty KEYSHIFT_PASSPHRASE wrote no keyring"; else ok "an empty KEYSHIFT_PASSPHRASE wrote no keyring"; fi
 
 # ---- usage ----------------------------------------------------------------------------
 run "encrypt without --tenant" 64 "$KS" encrypt --key-id k1
@@ -178,6 +191,12 @@ run "keys unknown action" 64 "$KS" keys frob
 for c in keys encrypt decrypt; do
     run "$c --help" 0 "$KS" $c --help
     expect_grep "$c --help has EXIT STATUS" "$T/out" "EXIT STATUS"
+done
+# docs/kms-plugin.md [KP-BRIDGE-13]: the statuses of a plugin's answers.
+for c in encrypt decrypt; do
+    "$KS" $c --help >"$T/out" 2>&1
+    expect_grep "$c --help: 64 for a plugin answering invalid" "$T/out" "64 usage, or a KMS plugin answering .invalid'"
+    expect_grep "$c --help: 78 for a plugin answering integrity" "$T/out" "answers .integrity'"
 done
 
 # ---- no secret in any output ---------------------------------------------------------

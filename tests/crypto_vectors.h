@@ -62,7 +62,7 @@ typedef struct kcv_set {
 } kcv_set;
 
 /* Kinds of value. */
-enum { KCV_NAME, KCV_EXPECT, KCV_BASE, KCV_INT, KCV_STR, KCV_HEX };
+enum { KCV_NAME, KCV_EXPECT, KCV_BASE, KCV_INT, KCV_STR, KCV_STR_OR_HEX, KCV_HEX };
 /* Presence rules, per kind of vector. */
 enum { KCV_REQ, KCV_V2, KCV_NO };
 
@@ -89,7 +89,7 @@ static const kcv_key kcv_keys[] = {
     {"key_version", KCV_INT, offsetof(kcv_vector, key_version),
      offsetof(kcv_vector, have_key_version), KCV_REQ, KCV_REQ, 0},
     {"purpose", KCV_STR, KCV_B(purpose), KCV_V2, KCV_V2, 0},
-    {"context", KCV_STR, KCV_B(context), KCV_REQ, KCV_REQ, 0},
+    {"context", KCV_STR_OR_HEX, KCV_B(context), KCV_REQ, KCV_REQ, 0},
     {"plaintext", KCV_STR, KCV_B(plaintext), KCV_REQ, KCV_NO, 0},
     {"kek", KCV_HEX, KCV_B(kek), KCV_REQ, KCV_REQ, 32},
     {"dek", KCV_HEX, KCV_B(dek), KCV_REQ, KCV_NO, 32},
@@ -236,10 +236,15 @@ static inline int kcv_line(const ks_test_loader *ld, kcv_vector *d, const char *
             *have = 1;
             return kcv_parse_u32(ld, (uint32_t *)(void *)(base + K->off), val, vlen);
         }
-        case KCV_STR: {
+        case KCV_STR:
+        case KCV_STR_OR_HEX: {
+            /* a context that is not printable ASCII is written in hex, on one line */
             kcv_bytes *b = (kcv_bytes *)(void *)(base + K->off);
             if (b->have) {
                 return ks_test_fail(ld, "repeated key", key, klen);
+            }
+            if (K->kind == KCV_STR_OR_HEX && vlen > 0 && val[0] != '"') {
+                return kcv_parse_hex(ld, b, val, vlen);
             }
             return kcv_parse_str(ld, b, val, vlen);
         }

@@ -47,6 +47,39 @@ check "link against the static library" cc -std=c11 -Wall -Werror "$T/use.c" $(p
 check "run against the static library" "$T/use_static"
 check "installed CLI runs" "$R/bin/keyshift" --version
 check "installed keyshift-kms-aws runs" sh -c "'$R/bin/keyshift-kms-aws' --version | grep -qx 'keyshift-kms-aws [0-9.]*'"
+
+# One version everywhere: the header's three numbers, KS_VERSION_STRING,
+# the library's ks_version(), keyshift.pc, the CLI and the plugin.
+cat >"$T/ver.c" <<'C'
+#include <keyshift/keyshift.h>
+#include <stdio.h>
+#include <string.h>
+int main(void)
+{
+    char nums[64];
+    snprintf(nums, sizeof nums, "%d.%d.%d", KS_VERSION_MAJOR, KS_VERSION_MINOR, KS_VERSION_PATCH);
+    printf("%s\n", nums);
+    return strcmp(nums, KS_VERSION_STRING) == 0 && strcmp(nums, ks_version()) == 0 ? 0 : 1;
+}
+C
+# shellcheck disable=SC2046
+check "build the version check" cc -std=c11 -Wall -Werror "$T/ver.c" $(pkg-config --cflags --libs keyshift) -o "$T/ver"
+check "KS_VERSION_MAJOR.MINOR.PATCH = KS_VERSION_STRING = ks_version()" env LD_LIBRARY_PATH="$R/lib" "$T/ver"
+V=$(LD_LIBRARY_PATH="$R/lib" "$T/ver" || true)
+check "keyshift.pc has the header's version" test "$(pkg-config --modversion keyshift)" = "$V"
+check "the CLI has the header's version" sh -c "'$R/bin/keyshift' --version | grep -q '^keyshift $V (libkeyshift $V)'"
+check "keyshift-kms-aws has the header's version" sh -c "'$R/bin/keyshift-kms-aws' --version | grep -qx 'keyshift-kms-aws $V'"
+check "the shared library's file has the header's version" test -f "$R/lib/libkeyshift.so.$V"
+
+# A second install with another PREFIX writes a keyshift.pc of that PREFIX.
+PREFIX2=/opt/keyshift-test2
+make --no-print-directory -s install PREFIX="$PREFIX2" DESTDIR="$T/stage" >/dev/null
+R2="$T/stage$PREFIX2"
+check "second install: keyshift.pc names the new prefix" grep -qx "prefix=$PREFIX2" "$R2/lib/pkgconfig/keyshift.pc"
+check "second install: keyshift.pc names the new libdir" grep -qx "libdir=$PREFIX2/lib" "$R2/lib/pkgconfig/keyshift.pc"
+check "second install: the first keyshift.pc is unchanged" grep -qx "prefix=$PREFIX" "$R/lib/pkgconfig/keyshift.pc"
+make --no-print-directory -s uninstall PREFIX="$PREFIX2" DESTDIR="$T/stage" >/dev/null
+
 make --no-print-directory -s uninstall PREFIX="$PREFIX" DESTDIR="$T/stage" >/dev/null
 check "uninstall removes keyshift-kms-aws" test ! -e "$R/bin/keyshift-kms-aws"
 check "uninstall removes the CLI" test ! -e "$R/bin/keyshift"

@@ -482,7 +482,7 @@ def data_aad(env, context):
 
 
 def v2_keys(dek, algorithm):
-    """[F-CRYPTO-KEY-2], [F-CRYPTO-COMMIT-1]: (K, commitment), functions of
+    """[F-CRYPTO-KEY-4], [F-CRYPTO-COMMIT-2]: (K, commitment), functions of
     (DEK, algorithm) only, so computed once per DEK ([F-CRYPTO-KEY-3])."""
     inp = b"KSE" + b"\x02" + struct.pack(">I", algorithm) + dek
     salt = b"\0" * 16
@@ -569,6 +569,11 @@ def _s(v):
     return v[1:-1].encode()
 
 
+def _s_or_hex(v):
+    """A string, or hex for a value that is not printable ASCII (C.1: `context`)."""
+    return _s(v) if v.startswith('"') else bytes.fromhex(v.replace(" ", ""))
+
+
 def self_test(format_md, keyring_md):
     with open(format_md, encoding="utf-8") as f:
         ftext = f.read()
@@ -598,7 +603,7 @@ def self_test(format_md, keyring_md):
     for b in _blocks(ftext, "ks-crypto-vector"):                       # format.md Appendix C
         v = _vec(b)
         kek = bytes.fromhex(v["kek"])
-        ctx, tenant = _s(v["context"]), _s(v["tenant"])
+        ctx, tenant = _s_or_hex(v["context"]), _s(v["tenant"])
         purpose = _s(v["purpose"]) if "purpose" in v else None
 
         def opener(key_id, ver, v=v, kek=kek):

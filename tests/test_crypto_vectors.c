@@ -13,7 +13,7 @@
  *   3. with libsodium called directly, independently of the library's
  *      crypto core: the local wrap, message key, commitment and ciphertext
  *      are recomputed from the listed inputs [F-CRYPTO-WRAP-1],
- *      [F-CRYPTO-KEY-1..2], [F-CRYPTO-COMMIT-1], [F-CRYPTO-AEAD-1], and a
+ *      [F-CRYPTO-KEY-1], [F-CRYPTO-KEY-4], [F-CRYPTO-COMMIT-2], [F-CRYPTO-AEAD-1], and a
  *      reference opener that follows [F-CRYPTO-OPEN-1] step by step opens
  *      every ok vector to its plaintext and fails every auth-failed vector;
  *   4. the library: a local keyring holding the KEK as version key_version
@@ -109,7 +109,7 @@ static const char *const ref_stage[] = {"ok", "tenant/purpose binding", "unwrap"
                                         "AEAD tag", "algorithm unavailable"};
 
 /* BLAKE2b-256("KSE" || 02 || u32be(algorithm) || DEK), unkeyed, zero salt,
- * the given 16-byte personalisation [F-CRYPTO-KEY-2], [F-CRYPTO-COMMIT-1]:
+ * the given 16-byte personalisation [F-CRYPTO-KEY-4], [F-CRYPTO-COMMIT-2]:
  * a function of the DEK and the algorithm alone, never of the nonce. */
 static void ref_derive(uint8_t out[32], const uint8_t dek[32], uint32_t alg, const char *personal)
 {
@@ -240,7 +240,7 @@ static int check_ok_static(const kcv_vector *v)
     CHECK(n == 48 && bytes_eq(&v->wrapped_dek, wrapped, sizeof wrapped),
           "wrapped_dek is not wn || XChaCha20-Poly1305(kek, wn, dek, wrap_aad)");
 
-    /* the message key and commitment [F-CRYPTO-KEY-1..2], [F-CRYPTO-COMMIT-1] */
+    /* the message key and commitment [F-CRYPTO-KEY-1], [F-CRYPTO-KEY-4], [F-CRYPTO-COMMIT-2] */
     uint8_t k[32];
     if (v->version == 2) {
         uint8_t c[32];
@@ -756,7 +756,7 @@ static void test_spec_error_table(void **state)
     "tenant: \"acme\"\n"                                                                         \
     "key_id: \"k/1\"\n"                                                                          \
     "key_version: 3\n"                                                                           \
-    "context: \"x\"\n"                                                                           \
+    "context: c3a9\n"                                                                            \
     "kek: 000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\n"                    \
     "envelope: 4b534501\n"
 
@@ -795,7 +795,8 @@ static void test_loader_accepts(void **state)
     assert_false(a->purpose.have);
     assert_false(b->expect_ok);
     assert_string_equal(b->base_z, "t-ok");
-    assert_int_equal(b->context.n, 1);
+    assert_int_equal(b->context.n, 2); /* a context in hex (C.1) */
+    assert_memory_equal(b->context.p, "\xc3\xa9", 2);
     assert_false(b->plaintext.have);
     kcv_free(&vs);
 }
@@ -818,8 +819,9 @@ static void test_loader_rejects(void **state)
         "```ks-crypto-vector\n" KCV_OK_V1 "kek: 00\n```\n",
         /* blank line */
         "```ks-crypto-vector\n" KCV_OK_V1 "\n```\n",
-        /* bad hex, odd hex */
+        /* bad hex, odd hex; a context given twice, as a string then in hex */
         "```ks-crypto-vector\n" KCV_OK_V1 "envelope: 0g\n```\n",
+        "```ks-crypto-vector\n" KCV_OK_V1 "context: 00\n```\n",
         "```ks-crypto-vector\n" KCV_OK_V1 "envelope: 0\n```\n",
         /* a base that names no ok vector */
         "```ks-crypto-vector\n" KCV_FAIL_V1 "```\n",

@@ -634,7 +634,12 @@ static void test_provider_states(void **state)
     assert_true(sodium_is_zero(back, sizeof back));
     assert_int_equal(p.ops->wrap(p.self, B("db"), 2, dek, sizeof dek, a, w2, sizeof w2, &wl, 0),
                      KS_ERR_DENIED);
+    /* the state comes before the bytes [K-WRAP-2]: a wrong length is still denied */
+    const ks_bytes short2 = {w2, sizeof w2 - 1};
+    assert_int_equal(p.ops->unwrap(p.self, B("db"), 2, short2, a, back, sizeof back, 0), KS_ERR_DENIED);
     assert_int_equal(ks_keyring_set_state(kr, B("db"), 2, KS_KEY_ACTIVE), KS_OK);
+    assert_int_equal(p.ops->unwrap(p.self, B("db"), 2, short2, a, back, sizeof back, 0),
+                     KS_ERR_AUTH_FAILED);
     assert_int_equal(p.ops->unwrap(p.self, B("db"), 2, b2, a, back, sizeof back, 0), KS_OK);
 
     /* destroyed: revoked, for good, while version 3 still works. */
@@ -643,6 +648,7 @@ static void test_provider_states(void **state)
     assert_true(sodium_is_zero(back, sizeof back));
     assert_int_equal(p.ops->wrap(p.self, B("db"), 2, dek, sizeof dek, a, w2, sizeof w2, &wl, 0),
                      KS_ERR_REVOKED);
+    assert_int_equal(p.ops->unwrap(p.self, B("db"), 2, short2, a, back, sizeof back, 0), KS_ERR_REVOKED);
     assert_int_equal(p.ops->unwrap(p.self, B("db"), 3, b3, a, back, sizeof back, 0), KS_OK);
 
     /* key_info: version 0 is the primary. */

@@ -724,6 +724,25 @@ static ks_err plugin_call(plugin *p, ks_kp_request req, kp_reply *rp)
     return e;
 }
 
+/* Write the raw line text (not a request keyshift would send) and read the
+ * answer as the response to an op request with the next id in sequence
+ * [KP-PROC-4]; the reader's result. */
+static ks_err plugin_raw(plugin *p, const char *text, ks_kp_op op, kp_reply *rp)
+{
+    uint8_t line[KS_KP_LINE_MAX + 1];
+    size_t n = 0;
+    const uint64_t id = p->next_id++;
+    assert_int_equal(write(p->to, text, strlen(text)), (ssize_t)strlen(text));
+    int c;
+    while (n < sizeof line && (c = getc(p->from)) != EOF) {
+        line[n++] = (uint8_t)c;
+        if (c == '\n') {
+            break;
+        }
+    }
+    return parse(rp, line, n, op, id, 0);
+}
+
 /* Close the plugin's stdin and wait for it to exit 0. */
 static void plugin_stop(plugin *p)
 {
@@ -744,7 +763,10 @@ static void test_example_plugin(void **state)
     static const char keys[] =
         "{\"app/main\": {\"primary\": 2, \"versions\": {"
         "\"1\": {\"state\": \"decrypt-only\", \"kek\": \"AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=\"},"
-        "\"2\": {\"state\": \"active\", \"kek\": \"AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=\"}}}}\n";
+        "\"2\": {\"state\": \"active\", \"kek\": \"AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=\"}}},"
+        "\"app/off\": {\"primary\": 1, \"versions\": {"
+        "\"1\": {\"state\": \"disabled\", \"kek\": \"AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=\"},"
+        "\"2\": {\"state\": \"destroyed\", \"kek\": \"AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=\"}}}}\n";
     tf_spit(f->path, keys, sizeof keys - 1, 0600);
     signal(SIGPIPE, SIG_IGN);
     plugin p;
@@ -790,6 +812,34 @@ static void test_example_plugin(void **state)
     missing.key_id = B("app/none");
     assert_int_equal(plugin_call(&p, missing, &rp), KS_OK);
     assert_int_equal(rp.r.status, KS_ERR_NOT_FOUND);
+
+    /* no active primary: denied, never a primary that is not active; a
+     * destroyed version is described [KP-INFO-4]; unwrap under a disabled
+     * version is denied [KP-UNWRAP-1] */
+    ks_kp_request off = info;
+    off.key_id = B("app/off");
+    assert_int_equal(plugin_call(&p, off, &rp), KS_OK);
+    assert_int_equal(rp.r.status, KS_ERR_DENIED);
+    off.key_version = 2;
+    assert_int_equal(plugin_call(&p, off, &rp), KS_OK);
+    assert_true(rp.r.ok && rp.r.info.version == 2 && rp.r.info.state == KS_KEY_DESTROYED &&
+                !rp.r.info.is_primary);
+    unwrap.key_id = B("app/off");
+    unwrap.key_version = 1;
+    unwrap.aad = B("aad-1");
+    assert_int_equal(plugin_call(&p, unwrap, &rp), KS_OK);
+    assert_int_equal(rp.r.status, KS_ERR_DENIED);
+
+    /* a line that is not a request gets one answer, invalid, with the id it
+     * should have had, or its own when it has one [KP-PROC-4] */
+    assert_int_equal(plugin_raw(&p, "not json\n", KS_KP_KEY_INFO, &rp), KS_OK);
+    assert_int_equal(rp.r.error_class, KS_KP_INVALID);
+    char no_op[64];
+    snprintf(no_op, sizeof no_op, "{\"v\":1,\"id\":%llu}\n", (unsigned long long)p.next_id);
+    assert_int_equal(plugin_raw(&p, no_op, KS_KP_KEY_INFO, &rp), KS_OK);
+    assert_int_equal(rp.r.error_class, KS_KP_INVALID);
+    assert_int_equal(plugin_call(&p, info, &rp), KS_OK); /* still in step */
+    assert_true(rp.r.ok && rp.r.info.version == 2);
     plugin_stop(&p);
     sodium_memzero(dek, sizeof dek);
 }

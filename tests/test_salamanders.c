@@ -416,7 +416,7 @@ static ks_err open_env(world *w, encoded env, uint8_t version, uint8_t pt[CT_LEN
 
 /* BLAKE2b-256("KSE" 02 || u32be(1) || dek, salt 0^16, personal) -- the v2
  * (aes-256-gcm) message key or
- * commitment [F-CRYPTO-KEY-2], [F-CRYPTO-COMMIT-1], computed here
+ * commitment [F-CRYPTO-KEY-4], [F-CRYPTO-COMMIT-2], computed here
  * independently of the library. */
 static void v2_derive(const uint8_t dek[KS_DEK_LEN], const char personal[16], uint8_t out[32])
 {

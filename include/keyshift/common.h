@@ -24,11 +24,17 @@ extern "C" {
 #endif
 
 /* Library version: major.minor.patch.  The shared library's soname carries
- * the major number; minor grows with additions that keep the ABI. */
+ * the major number; minor grows with additions that keep the ABI.  The
+ * three numbers are the only source of the version: KS_VERSION_STRING is
+ * made from them here, and the Makefile reads them (soname, keyshift.pc). */
 #define KS_VERSION_MAJOR 0
-#define KS_VERSION_MINOR 1
+#define KS_VERSION_MINOR 2
 #define KS_VERSION_PATCH 0
-#define KS_VERSION_STRING "0.2.0"
+#define KS_VERSION_STR_(x) #x
+#define KS_VERSION_XSTR_(x) KS_VERSION_STR_(x)
+#define KS_VERSION_STRING                                                                          \
+    KS_VERSION_XSTR_(KS_VERSION_MAJOR)                                                             \
+    "." KS_VERSION_XSTR_(KS_VERSION_MINOR) "." KS_VERSION_XSTR_(KS_VERSION_PATCH)
 
 /* Return KS_VERSION_STRING as compiled into the library (which may differ
  * from the header the caller was compiled against). Static storage. */

@@ -15,7 +15,7 @@
  * random per-DEK prefix and a 64-bit counter, and a child process never
  * seals with a DEK its parent created (docs/format.md [F-CRYPTO-NONCE]).
  * Format 2's message key and commitment are derived once per DEK
- * ([F-CRYPTO-KEY-2], [F-CRYPTO-COMMIT-1]) and kept with it.
+ * ([F-CRYPTO-KEY-4], [F-CRYPTO-COMMIT-2]) and kept with it.
  *
  * Read side.  Unwrapped DEKs (with, for format 2, their derived key and
  * commitment) are cached (bounded entries and TTL) under the whole wrap

@@ -2,7 +2,7 @@
  * migrate/crypto/crypto.c -- sealing, opening and rewrapping envelopes
  * (keyshift/crypto.h, docs/format.md section 7).
  *
- * Keys [F-CRYPTO-KEY-1], [F-CRYPTO-KEY-2], [F-CRYPTO-COMMIT-1]:
+ * Keys [F-CRYPTO-KEY-1], [F-CRYPTO-KEY-4], [F-CRYPTO-COMMIT-2]:
  *   v1: K = DEK, no commitment;
  *   v2: K and the commitment C are functions of the DEK and the algorithm
  *       alone (v2_keys.h), computed once per DEK and kept with it.
@@ -176,7 +176,7 @@ static size_t rkeys_len(const ks_envelope *env)
 static void rkeys_build(const ks_envelope *env, const uint8_t dek[KS_DEK_LEN], uint8_t *keys)
 {
     if (env->version == KS_FORMAT_V2) {
-        ks_v2_keys(env->algorithm, dek, keys, keys + 32); /* [F-CRYPTO-KEY-2], [F-CRYPTO-COMMIT-1] */
+        ks_v2_keys(env->algorithm, dek, keys, keys + 32); /* [F-CRYPTO-KEY-4], [F-CRYPTO-COMMIT-2] */
         memcpy(keys + 64, dek, KS_DEK_LEN);
     } else {
         memcpy(keys, dek, KS_DEK_LEN); /* [F-CRYPTO-KEY-1] */
@@ -192,7 +192,7 @@ static rkeys rkeys_view(const ks_envelope *env, const uint8_t *keys, const void 
 }
 
 /* Nonzero when env's v2 commitment is C of its read keys, compared in
- * constant time [F-CRYPTO-COMMIT-1] (crypto_verify_32: a fixed-length
+ * constant time [F-CRYPTO-COMMIT-2] (crypto_verify_32: a fixed-length
  * compare with no early exit); always for v1. */
 static int commitment_ok(const ks_envelope *env, const rkeys *k)
 {

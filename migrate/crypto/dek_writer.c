@@ -121,7 +121,7 @@ void ks_wdek_key_free(uint8_t *key)
 }
 
 /* Encode the header template of d from shape, with the commitment
- * (v2: the DEK's [F-CRYPTO-COMMIT-1]): the whole envelope with a 16-byte
+ * (v2: the DEK's [F-CRYPTO-COMMIT-2]): the whole envelope with a 16-byte
  * dummy ciphertext, parsed back for the field offsets.  Using the
  * canonical encoder and the parser keeps one definition of the layout. */
 static ks_err build_template(ks_wdek *d, const ks_envelope *shape, const uint8_t *commitment,
@@ -202,7 +202,7 @@ static void record_free(ks_wdek *d)
 }
 
 /* v2: derive d's K into guarded memory and its commitment into c
- * [F-CRYPTO-KEY-2], [F-CRYPTO-COMMIT-1]; v1: the AEAD key is the DEK. */
+ * [F-CRYPTO-KEY-4], [F-CRYPTO-COMMIT-2]; v1: the AEAD key is the DEK. */
 static ks_err derive_keys(ks_wdek *d, const ks_envelope *shape, uint8_t c[KS_COMMITMENT_LEN])
 {
     if (shape->version != KS_FORMAT_V2) {

@@ -67,7 +67,7 @@ typedef struct ks_wdek {
     uint64_t expires;          /* ks_mono_seconds() at which it retires */
     uint64_t generation;       /* ks_fork_generation() at creation */
     /* The AEAD key: the DEK itself in v1 [F-CRYPTO-KEY-1], the derived K
-     * in v2 [F-CRYPTO-KEY-2] (mkey). */
+     * in v2 [F-CRYPTO-KEY-4] (mkey). */
     const uint8_t *aead_key;
     /* aes-256-gcm only (else NULL): libsodium's expanded key state of
      * aead_key (crypto_aead_aes256gcm_state, 16-byte aligned), computed
@@ -92,7 +92,7 @@ typedef struct ks_wdek {
     uint8_t *key;              /* the DEK, KS_DEK_LEN bytes, sodium_malloc'd */
     uint8_t *mkey;             /* v2: K, 32 bytes, sodium_malloc'd; else NULL */
     /* The envelope header with a zero nonce and (v2) the DEK's
-     * commitment [F-CRYPTO-COMMIT-1]: bytes [0, tmpl.header_len) of every
+     * commitment [F-CRYPTO-COMMIT-2]: bytes [0, tmpl.header_len) of every
      * envelope sealed with this DEK, up to the ciphertext tag.  tmpl's
      * views point into hdr. */
     ks_envelope tmpl;

@@ -11,7 +11,7 @@
  *
  * Read keys ("rkeys"): what an open needs of a DEK, the read cache's value
  * (crypto.c): v1, the DEK (the AEAD key, [F-CRYPTO-KEY-1]); v2, K || C ||
- * DEK ([F-CRYPTO-KEY-2], [F-CRYPTO-COMMIT-1]).  The AEAD key is always the
+ * DEK ([F-CRYPTO-KEY-4], [F-CRYPTO-COMMIT-2]).  The AEAD key is always the
  * first 32 bytes.  A shard keeps a few of them (ks_shard_new()), each with
  * the wrap identity it belongs to (compared in full), its expiry (that of
  * the read cache's entry it was copied from, so the cache TTL bounds it

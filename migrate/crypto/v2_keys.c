@@ -1,6 +1,6 @@
 /*
- * migrate/crypto/v2_keys.c -- see v2_keys.h (docs/format.md [F-CRYPTO-KEY-2],
- * [F-CRYPTO-COMMIT-1]).
+ * migrate/crypto/v2_keys.c -- see v2_keys.h (docs/format.md [F-CRYPTO-KEY-4],
+ * [F-CRYPTO-COMMIT-2]).
  */
 #include <assert.h>
 #include <string.h>

@@ -1,6 +1,6 @@
 /*
  * migrate/crypto/v2_keys.h -- the format-2 message key and key commitment of
- * a DEK (docs/format.md [F-CRYPTO-KEY-2], [F-CRYPTO-COMMIT-1]).
+ * a DEK (docs/format.md [F-CRYPTO-KEY-4], [F-CRYPTO-COMMIT-2]).
  *
  * Both are functions of the DEK and the algorithm alone, so each side
  * computes them once per DEK and keeps them with it: the write side in
