@@ -290,6 +290,20 @@ expect_grep "WITHOUT ROWID: says to name the primary key" "$T/err" 'WITHOUT ROWI
 run "WITHOUT ROWID: --id-column k" 0 "$KS" migrate run --db "$U" --table wr --column card --id-column k --mode encrypt --to-key payments/kek --context 'wr:{id}' --purpose card --tenant-column tenant
 run "WITHOUT ROWID: verify" 0 "$KS" migrate verify --db "$U" --table wr --column card --id-column k --context 'wr:{id}' --purpose card --tenant-column tenant
 
+# envelopes already sealed under a bare rowid: the rebuild of
+# docs/migration.md ("Ids") gives the table an INTEGER PRIMARY KEY holding
+# each row's rowid, and they verify
+sql "$U" "CREATE TABLE old (tenant TEXT NOT NULL, card BLOB);
+INSERT INTO old (rowid, tenant, card) VALUES (1, 'acme', X'$(seal_card pay:1:card 2)'),
+    (2, 'acme', X'$(seal_card pay:2:card 2)'), (7, 'acme', X'$(seal_card pay:7:card 2)');"
+run "sealed under a bare rowid: verify refused" 64 "$KS" migrate verify --db "$U" --table old --column card "${CTX[@]}"
+sql "$U" "BEGIN;
+CREATE TABLE old_new (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, card BLOB);
+INSERT INTO old_new (id, tenant, card) SELECT rowid, tenant, card FROM old;
+DROP TABLE old; ALTER TABLE old_new RENAME TO old; COMMIT; VACUUM;"
+run "rebuilt with an INTEGER PRIMARY KEY: verify" 0 "$KS" migrate verify --db "$U" --table old --column card "${CTX[@]}"
+expect_grep "rebuilt: 3 checked" "$T/out" "^3 envelopes checked, 0 failed"
+
 # An INTEGER PRIMARY KEY keeps its values through DELETE + VACUUM and a
 # dump/restore: verify stays clean.
 K="$T/ipk.db"

@@ -1038,9 +1038,9 @@ int main(int argc, char **argv)
 
     char keys[KS_READER_KEYS_MAX + 1];
     const demo_target tg = {a.o.db, a.o.table, a.o.column, a.o.id_column, a.o.tenant_column};
-    rc = check_target(&a);
+    rc = a.pg ? demo_db_pg_open(&tg, &a.db) : demo_db_sqlite_open(&tg, &a.db);
     if (rc == EX_OK) {
-        rc = a.pg ? demo_db_pg_open(&tg, &a.db) : demo_db_sqlite_open(&tg, &a.db);
+        rc = check_target(&a); /* before any read, write or registration */
     }
     if (rc == EX_OK) {
         rc = keyring_reload(&a, keys);
