@@ -132,6 +132,15 @@ q "INSERT INTO pay VALUES (2001, 'acme', NULL), (2002, 'acme', NULL)"
 TGT=(--db "$CI" --table pay --column card)
 run "encrypt: unknown key" 77 "$KS" migrate run "${TGT[@]}" --mode encrypt --to-key nosuch/kek "${CTX[@]}"
 run "encrypt: no such column" 66 "$KS" migrate run --db "$CI" --table pay --column nosuch --mode encrypt --to-key payments/kek "${CTX[@]}"
+# an id a context binds must be stable: a --id-column that is neither the
+# primary key nor UNIQUE and NOT NULL is refused before anything is written
+q "ALTER TABLE pay ADD COLUMN seq bigint; UPDATE pay SET seq = id"
+run "encrypt: --id-column not unique refused" 66 "$KS" migrate run "${TGT[@]}" --id-column seq --mode encrypt --to-key payments/kek "${CTX[@]}"
+expect_grep "--id-column not unique: says why" "$T/err" 'id column "seq" of table "pay" is neither the primary key nor NOT NULL with a unique index'
+run "verify: --id-column not unique refused" 66 "$KS" migrate verify "${TGT[@]}" --id-column seq "${CTX[@]}"
+if [ "$(q "SELECT count(*) FROM pay p JOIN pay_orig o USING (id) WHERE p.card = o.card")" = 2000 ]; then
+    ok "--id-column not unique: nothing written"; else bad "--id-column not unique: nothing written"; fi
+q "ALTER TABLE pay DROP COLUMN seq"
 run "encrypt" 0 "$KS" migrate run "${TGT[@]}" --mode encrypt --to-key payments/kek "${CTX[@]}" --batch-size 250
 expect_grep "encrypt: summary on stderr" "$T/err" "complete: 2000 rewritten"
 expect_empty "encrypt: nothing on stdout without --json" "$T/out"

@@ -75,6 +75,10 @@ run "encrypt: bad mode" 64 "$KS" migrate run "${TGT[@]}" --mode decrypt --to-key
 run "encrypt: missing --to-key" 64 "$KS" migrate run "${TGT[@]}" --mode encrypt "${CTX[@]}"
 run "encrypt: no tenant" 64 "$KS" migrate run "${TGT[@]}" --mode encrypt --to-key payments/kek
 run "encrypt: bad context template" 64 "$KS" migrate run "${TGT[@]}" --mode encrypt --to-key payments/kek --tenant acme --context 'pay:{id'
+run "encrypt: unclosed brace" 64 "$KS" migrate run "${TGT[@]}" --mode encrypt --to-key payments/kek --tenant acme --context 'orders:{id:card'
+expect_grep "unclosed brace: its byte offset" "$T/err" 'an unclosed "{" (write "{{" for a literal brace) at byte 7 '
+run "encrypt: lone closing brace" 64 "$KS" migrate run "${TGT[@]}" --mode encrypt --to-key payments/kek --tenant acme --context 'a}b'
+expect_grep "lone closing brace: its byte offset" "$T/err" 'a lone "}" .* at byte 1 '
 run "encrypt: unknown key" 77 "$KS" migrate run "${TGT[@]}" --mode encrypt --to-key nosuch/kek "${CTX[@]}"
 run "encrypt: no such column" 66 "$KS" migrate run --db "$D" --table pay --column nosuch --mode encrypt --to-key payments/kek "${CTX[@]}"
 run "encrypt: no such database" 66 "$KS" migrate run --db "$T/nosuch.db" --table pay --column card --mode encrypt --to-key payments/kek "${CTX[@]}"
@@ -253,6 +257,69 @@ if [ "$(head -2 "$T/rows" | tr '\n' ' ')" = "1000 1000 " ] && [ "$(sed -n 3p "$T
     ok "--batch-target 1ms: 1000 rows, then fewer (not under 10)"; else bad "--batch-target 1ms: 1000 rows, then fewer" "$(tr '\n' ' ' <"$T/rows")"; fi
 if [ "$(grep -c . "$T/rows")" -gt 5 ]; then ok "--batch-target 1ms: many small batches"; else bad "--batch-target 1ms: many small batches" "$(tr '\n' ' ' <"$T/rows")"; fi
 expect_grep "--batch-target 1ms: every row" "$T/out" '"done":3000,'
+
+# ---- row ids that survive VACUUM and dump/restore ---------------------------------------------
+# A table without an INTEGER PRIMARY KEY: its bare rowid is renumbered by
+# VACUUM once rows were deleted, so a context binding {id} is refused
+# before anything is written to it.
+U="$T/bare_rowid.db"
+sql "$U" "CREATE TABLE pay (tenant TEXT NOT NULL, card BLOB);
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300)
+INSERT INTO pay SELECT 'acme', printf('card-%04d-4111', i) FROM n;"
+sql "$U" "SELECT rowid, hex(tenant), hex(card) FROM pay ORDER BY rowid" >"$T/bare_before"
+UTGT=(--db "$U" --table pay --column card)
+run "bare rowid, {id}: encrypt refused" 64 "$KS" migrate run "${UTGT[@]}" --mode encrypt --to-key payments/kek "${CTX[@]}"
+expect_grep "bare rowid: says why" "$T/err" 'no INTEGER PRIMARY KEY, so its row id is the bare rowid, which VACUUM and a dump/restore renumber'
+expect_grep "bare rowid: fix 1, --id-column" "$T/err" 'Give --id-column naming the INTEGER PRIMARY KEY or a UNIQUE NOT NULL column'
+expect_grep "bare rowid: fix 2, a context without {id}" "$T/err" 'or a --context that does not bind {id} (unstable-id)'
+run "bare rowid, {id}: verify refused" 64 "$KS" migrate verify "${UTGT[@]}" "${CTX[@]}"
+sql "$U" "SELECT rowid, hex(tenant), hex(card) FROM pay ORDER BY rowid" >"$T/bare_after"
+expect_same "bare rowid refused: the table is unchanged" "$T/bare_before" "$T/bare_after"
+if [ "$(sql "$U" "SELECT count(*) FROM pay WHERE card LIKE 'card-%'")" = 300 ]; then
+    ok "bare rowid refused: every row still plaintext"; else bad "bare rowid refused: every row still plaintext"; fi
+run "bare rowid: census still reads it" 0 "$KS" census "${UTGT[@]}"
+expect_grep "bare rowid census: 300 plaintext" "$T/out" "^plaintext *300$"
+run "bare rowid, no {id}: encrypt runs" 0 "$KS" migrate run "${UTGT[@]}" --mode encrypt --to-key payments/kek --context 'pay:card' --purpose card --tenant-column tenant
+sql "$U" "DELETE FROM pay WHERE rowid IN (1, 50, 120); VACUUM;"
+run "bare rowid, no {id}: verify after VACUUM" 0 "$KS" migrate verify "${UTGT[@]}" --context 'pay:card' --purpose card --tenant-column tenant
+# a WITHOUT ROWID table has no rowid: refused, and taken through its primary key
+sql "$U" "CREATE TABLE wr (k TEXT PRIMARY KEY, tenant TEXT NOT NULL, card BLOB) WITHOUT ROWID;
+INSERT INTO wr VALUES ('a', 'acme', 'card-a'), ('b', 'acme', 'card-b');"
+run "WITHOUT ROWID: no id column refused" 64 "$KS" migrate run --db "$U" --table wr --column card --mode encrypt --to-key payments/kek --context 'wr:{id}' --purpose card --tenant-column tenant
+expect_grep "WITHOUT ROWID: says to name the primary key" "$T/err" 'WITHOUT ROWID): name its primary key as the id column'
+run "WITHOUT ROWID: --id-column k" 0 "$KS" migrate run --db "$U" --table wr --column card --id-column k --mode encrypt --to-key payments/kek --context 'wr:{id}' --purpose card --tenant-column tenant
+run "WITHOUT ROWID: verify" 0 "$KS" migrate verify --db "$U" --table wr --column card --id-column k --context 'wr:{id}' --purpose card --tenant-column tenant
+
+# envelopes already sealed under a bare rowid: the rebuild of
+# docs/migration.md ("Ids") gives the table an INTEGER PRIMARY KEY holding
+# each row's rowid, and they verify
+sql "$U" "CREATE TABLE old (tenant TEXT NOT NULL, card BLOB);
+INSERT INTO old (rowid, tenant, card) VALUES (1, 'acme', X'$(seal_card pay:1:card 2)'),
+    (2, 'acme', X'$(seal_card pay:2:card 2)'), (7, 'acme', X'$(seal_card pay:7:card 2)');"
+run "sealed under a bare rowid: verify refused" 64 "$KS" migrate verify --db "$U" --table old --column card "${CTX[@]}"
+sql "$U" "BEGIN;
+CREATE TABLE old_new (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, card BLOB);
+INSERT INTO old_new (id, tenant, card) SELECT rowid, tenant, card FROM old;
+DROP TABLE old; ALTER TABLE old_new RENAME TO old; COMMIT; VACUUM;"
+run "rebuilt with an INTEGER PRIMARY KEY: verify" 0 "$KS" migrate verify --db "$U" --table old --column card "${CTX[@]}"
+expect_grep "rebuilt: 3 checked" "$T/out" "^3 envelopes checked, 0 failed"
+
+# An INTEGER PRIMARY KEY keeps its values through DELETE + VACUUM and a
+# dump/restore: verify stays clean.
+K="$T/ipk.db"
+sql "$K" "CREATE TABLE pay (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, card BLOB);
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300)
+INSERT INTO pay SELECT i, 'acme', printf('card-%04d-4111', i) FROM n;"
+KTGT=(--db "$K" --table pay --column card)
+run "INTEGER PRIMARY KEY: encrypt" 0 "$KS" migrate run "${KTGT[@]}" --mode encrypt --to-key payments/kek "${CTX[@]}"
+sql "$K" "DELETE FROM pay WHERE id IN (1, 50, 120); VACUUM;"
+run "INTEGER PRIMARY KEY: verify after DELETE + VACUUM" 0 "$KS" migrate verify "${KTGT[@]}" "${CTX[@]}"
+expect_grep "INTEGER PRIMARY KEY: 297 checked" "$T/out" "^297 envelopes checked, 0 failed"
+rm -f "$T/restored.db"
+sqlite3 "$K" .dump | sqlite3 "$T/restored.db"
+run "INTEGER PRIMARY KEY: verify after dump/restore" 0 "$KS" migrate verify --db "$T/restored.db" --table pay --column card "${CTX[@]}"
+expect_grep "dump/restore: 297 checked" "$T/out" "^297 envelopes checked, 0 failed"
+if [ "$(open_row "$T/restored.db" 299)" = card-0299-4111 ]; then ok "dump/restore: row 299 opens"; else bad "dump/restore: row 299 opens"; fi
 
 # ---- the demo, small -------------------------------------------------------------------------
 DEMO_ROWS=2000 DEMO_DIR="$T/demo" run "demo smoke (2000 rows)" 0 "$ROOT/tools/demo.sh" "$KS"

@@ -122,6 +122,12 @@ run "no such column: 66" 66 "$APP" --db "$A" --table pay --column nope --tenant-
     --context 'pay:{id}' --purpose card --instance x --ops 1
 sqlite3 "$T/empty.db" "CREATE TABLE pay (id INTEGER PRIMARY KEY, tenant TEXT, card BLOB)"
 run "empty table: 66" 66 app x "$T/empty.db" --ops 1
+# a bare rowid (no INTEGER PRIMARY KEY) is renumbered by VACUUM: {id} refused
+sqlite3 "$T/bare.db" "CREATE TABLE pay (tenant TEXT, card BLOB); INSERT INTO pay VALUES ('acme', 'x')"
+run "bare rowid with {id}: unstable-id, 64" 64 "$APP" --db "$T/bare.db" --table pay --column card \
+    --tenant-column tenant --context 'pay:{id}' --purpose card --instance x --ops 1
+expect_grep "bare rowid: says why and how" "$T/err" "no INTEGER PRIMARY KEY.*Give --id-column.*does not bind {id} (unstable-id)"
+if [ "$(sqlite3 "$T/bare.db" "SELECT card FROM pay")" = x ]; then ok "bare rowid refused: row unchanged"; else bad "bare rowid refused: row unchanged"; fi
 run "bad instance name: usage" 64 app "bad name" "$A" --ops 1
 
 # A sealed keyring: the passphrase is read from a file (sodium_malloc'd).

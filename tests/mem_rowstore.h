@@ -364,7 +364,7 @@ static inline mem_rowstore *mrs_new(ks_rowstore *out)
                                         NULL /* no cas_batch: the engine calls cas */,
                                         NULL /* no visit_rows_range: no chunked runs */};
     mem_rowstore *m = calloc(1, sizeof *m);
-    *out = (ks_rowstore){&ops, m, "mem"};
+    *out = (ks_rowstore){&ops, m, "mem", 1};
     return m;
 }
 

@@ -221,6 +221,82 @@ static void test_template(void **state)
     assert_int_equal(nc, 0);
 }
 
+/* A malformed template's fault is named with its byte offset: the "{"
+ * left unclosed (also when another "{" comes first), a lone "}", the
+ * "{" of an empty name or of one distinct name too many, the limit for
+ * a template too long. */
+static void test_template_fault_offset(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *tmpl;
+        size_t off;
+        const char *why;
+    } cases[] = {
+        {"orders:{id:card", 7, "an unclosed \"{\""},
+        {"{", 0, "an unclosed \"{\""},
+        {"a:{b{c}", 2, "an unclosed \"{\""},
+        {"{{x}}{id", 5, "an unclosed \"{\""},
+        {"a}b", 1, "a lone \"}\""},
+        {"ab{}", 2, "an empty name"},
+        {"{a}{b}{c}{d}{e}{f}{g}{h}:{i}", 25, "one distinct column name too many"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t off = 99;
+        const char *why = NULL;
+        ks_bytes b = {(const uint8_t *)cases[i].tmpl, strlen(cases[i].tmpl)};
+        assert_int_equal(ks_context_template_check(b, &off, &why), KS_ERR_INVALID_ARGUMENT);
+        assert_int_equal(off, cases[i].off);
+        assert_non_null(why);
+        assert_non_null(strstr(why, cases[i].why));
+    }
+    static char big[KS_CONTEXT_TEMPLATE_MAX + 2];
+    memset(big, 'a', sizeof big - 1);
+    size_t off = 0;
+    const char *why = NULL;
+    assert_int_equal(ks_context_template_check(BV(big), &off, &why), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(off, KS_CONTEXT_TEMPLATE_MAX);
+    assert_int_equal(ks_context_template_check(BV("o:{id}:{{x}}"), &off, &why), KS_OK);
+    assert_null(why);
+    assert_int_equal(ks_context_template_check(BV("o"), NULL, &why), KS_ERR_INVALID_ARGUMENT);
+}
+
+/* A store whose id is not stable (SQLite's bare rowid) refuses every
+ * run, worker settle and verify whose context binds {id}, before a row
+ * is read or written: no value, no checkpoint.  A context that does not
+ * bind {id} ("{{id}}" is literal text) runs on it. */
+static void test_unstable_id(void **state)
+{
+    world *w = *state;
+    fill_plain(w);
+    w->st.id_stable = 0;
+    ks_migrate_params p = mparams(KS_MIGRATE_ENCRYPT, "k", 0);
+    assert_int_equal(ks_migrate_check_context(&w->st, p.context_template), KS_ERR_UNSTABLE_ID);
+    ks_checkpoint cp;
+    assert_int_equal(run(w, &p, &cp), KS_ERR_UNSTABLE_ID);
+    ks_engine_settled settled;
+    assert_int_equal(ks_engine_settle(w->ctx, &w->st, &p, &settled), KS_ERR_UNSTABLE_ID);
+    ks_verify_result vr;
+    assert_int_equal(ks_migrate_verify(w->ctx, &w->st, &p, 0, NULL, NULL, &vr), KS_ERR_UNSTABLE_ID);
+    assert_int_equal(vr.checked + vr.skipped, 0);
+    assert_int_equal(w->m->writes, 0);
+    assert_int_equal(w->m->commits, 0);
+    ks_checkpoint none;
+    assert_int_equal(w->st.ops->checkpoint_load(w->st.self, (ks_bytes){NULL, 0}, &none),
+                     KS_ERR_NOT_FOUND);
+    assert_memory_equal(w->m->rows[0].value.bytes, "secret-1", 8); /* still plaintext */
+    p.context_template = BV("t:{{id}}");
+    assert_int_equal(ks_migrate_check_context(&w->st, p.context_template), KS_OK);
+    assert_int_equal(run(w, &p, &cp), KS_OK);
+    assert_int_equal(cp.done, N_ROWS - N_ROWS / 10);
+    assert_int_equal(ks_migrate_verify(w->ctx, &w->st, &p, 0, NULL, NULL, &vr), KS_OK);
+    assert_int_equal(vr.failed, 0);
+    w->st.id_stable = 1; /* a stable id may be bound */
+    assert_int_equal(ks_migrate_check_context(&w->st, BV("t:{id}")), KS_OK);
+    assert_int_equal(ks_migrate_check_context(&w->st, BV("t:{id")), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_migrate_check_context(NULL, BV("t")), KS_ERR_INVALID_ARGUMENT);
+}
+
 /* ---- census --------------------------------------------------------------- */
 
 /* Rows 1..15 of every census class: NULLs, plaintext (TEXT, INTEGER,
@@ -289,7 +365,7 @@ static void census_both(const ks_rowstore *st, ks_census *c)
     assert_int_equal(ks_census_run(st, c), KS_OK);
     ks_rowstore_ops scan_ops = *st->ops;
     scan_ops.visit_values = NULL;
-    ks_rowstore by_scan = {&scan_ops, st->self, st->name};
+    ks_rowstore by_scan = {&scan_ops, st->self, st->name, st->id_stable};
     ks_census s;
     assert_int_equal(ks_census_run(&by_scan, &s), KS_OK);
     assert_int_equal(s.rows, c->rows);
@@ -844,7 +920,7 @@ static void test_sqlite(void **state)
     /* the engine's other read path: the store's scan (no visit_rows) */
     ks_rowstore_ops scan_ops = *st.ops;
     scan_ops.visit_rows = NULL;
-    ks_rowstore by_scan = {&scan_ops, st.self, st.name};
+    ks_rowstore by_scan = {&scan_ops, st.self, st.name, st.id_stable};
     p = mparams(KS_MIGRATE_REENCRYPT, "k", 0);
     p.algorithm = KS_ALG_AES256GCM;
     assert_int_equal(ks_migrate_run(w->ctx, &by_scan, &p, NULL, NULL, NULL, &cp), KS_OK);
@@ -1000,6 +1076,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_template),
+        cmocka_unit_test(test_template_fault_offset),
+        cmocka_unit_test_setup_teardown(test_unstable_id, setup, teardown),
         cmocka_unit_test_setup_teardown(test_census, setup, teardown),
         cmocka_unit_test(test_census_batches),
         cmocka_unit_test_setup_teardown(test_round_trip, setup, teardown),

@@ -169,6 +169,7 @@ static void test_open_checks(void **state)
     assert_int_equal(open_store(w, "t", "tv", NULL, NULL), KS_ERR_NO_TARGET); /* not bytea */
     assert_non_null(strstr(w->err, "bytea"));
     assert_int_equal(open_store(w, "t", "v", "n", NULL), KS_ERR_NO_TARGET);  /* not unique */
+    assert_non_null(strstr(w->err, "neither the primary key nor NOT NULL with a unique index"));
     assert_int_equal(open_store(w, "nouniq", "v", "id", NULL), KS_ERR_NO_TARGET);
     assert_int_equal(open_store(w, "nullable", "v", "id", NULL), KS_ERR_NO_TARGET);
     assert_int_equal(open_store(w, "tid", "v", NULL, NULL), KS_ERR_NO_TARGET); /* text id */
@@ -183,8 +184,14 @@ static void test_open_checks(void **state)
     assert_int_equal(open_store(w, "t; DROP TABLE t; --", "v", NULL, NULL), KS_ERR_NO_TARGET);
     assert_int_equal(open_store(w, "t", "v\"; DROP TABLE t; --", NULL, NULL), KS_ERR_NO_TARGET);
     assert_int_equal(admin_int(w, "SELECT count(*) FROM pg_class WHERE relname = 't'"), 1);
-    /* a unique NOT NULL column that is not the primary key */
+    /* a unique NOT NULL column that is not the primary key: a stable id
+     * (no rowid here: every id the store accepts is), which a context
+     * may bind (docs/migration.md, "Ids") */
     assert_int_equal(open_store(w, "uq", "v", "id", NULL), KS_OK);
+    assert_int_equal(w->store.id_stable, 1);
+    assert_int_equal(ks_migrate_check_context(&w->store, BV("uq:{id}:v")), KS_OK);
+    assert_int_equal(open_store(w, "t", "v", NULL, NULL), KS_OK); /* the primary key */
+    assert_int_equal(w->store.id_stable, 1);
     /* odd names: a space, capitals, a quote */
     assert_int_equal(open_store(w, "Mixed Case", "Val\"ue", NULL, NULL), KS_OK);
     ks_row rows[4];

@@ -22,6 +22,7 @@
 #include <pthread.h>
 #include <sqlite3.h>
 
+#include <keyshift/migrate.h>
 #include <keyshift/rowstore.h>
 
 #include "../migrate/store/sqlite/sqlite_store.h"
@@ -305,9 +306,57 @@ static void test_id_column_rules(void **state)
         ks_rowstore_target t = target(accepted[n], "v", "k");
         assert_int_equal(open_store(w, &t, NULL), KS_OK);
     }
-    /* a WITHOUT ROWID table needs an id column */
+    /* a WITHOUT ROWID table needs an id column: its primary key */
     ks_rowstore_target t = target("h", "v", NULL);
-    open_fails(w, &t, KS_ERR_INVALID_ARGUMENT, "WITHOUT ROWID");
+    open_fails(w, &t, KS_ERR_INVALID_ARGUMENT, "WITHOUT ROWID): name its primary key as the id column");
+}
+
+/* Only the bare rowid of a table without an INTEGER PRIMARY KEY is an
+ * unstable id (VACUUM renumbers it once rows were deleted): a context
+ * that binds {id} is refused on it (KS_ERR_UNSTABLE_ID), a context
+ * without {id} is not.  An INTEGER PRIMARY KEY DESC or an INT PRIMARY
+ * KEY is no rowid alias; a UNIQUE NOT NULL id column and a WITHOUT
+ * ROWID table's primary key are stable. */
+static void test_id_stable(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "CREATE TABLE bare(tenant TEXT NOT NULL, v);"
+                      "CREATE TABLE ipk(id INTEGER PRIMARY KEY, v);"
+                      "CREATE TABLE ipk_lower(id integer primary key, v);"
+                      "CREATE TABLE desc_pk(id INTEGER PRIMARY KEY DESC, v);"
+                      "CREATE TABLE int_pk(id INT PRIMARY KEY, v);"
+                      "CREATE TABLE uniq(k TEXT NOT NULL UNIQUE, v);"
+                      "CREATE TABLE wr(k TEXT PRIMARY KEY, v) WITHOUT ROWID;"
+                      "INSERT INTO bare VALUES('acme', 'x'), ('acme', 'y');");
+    static const struct {
+        const char *table, *id;
+        int stable;
+    } cases[] = {
+        {"bare", NULL, 0},   {"ipk", NULL, 1},     {"ipk", "id", 1},  {"ipk_lower", NULL, 1},
+        {"desc_pk", NULL, 0}, {"int_pk", NULL, 0}, {"uniq", NULL, 0}, {"uniq", "k", 1},
+        {"wr", "k", 1},
+    };
+    const ks_bytes with_id = {(const uint8_t *)"t:{id}:v", 8};
+    const ks_bytes without = {(const uint8_t *)"t:{{id}}:v", 10};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ks_rowstore_target t = target(cases[i].table, "v", cases[i].id);
+        assert_int_equal(open_store(w, &t, NULL), KS_OK);
+        if (w->store.id_stable != cases[i].stable)
+            fail_msg("table %s, id %s: id_stable %d", cases[i].table,
+                     cases[i].id ? cases[i].id : "(rowid)", w->store.id_stable);
+        assert_int_equal(ks_migrate_check_context(&w->store, with_id),
+                         cases[i].stable ? KS_OK : KS_ERR_UNSTABLE_ID);
+        assert_int_equal(ks_migrate_check_context(&w->store, without), KS_OK);
+    }
+    /* read-only (census, verify) reports the same */
+    ks_rowstore_target t = target("bare", "v", NULL);
+    ks_sqlite_options ro = {0, 1, 0, KS_SQLITE_SYNC_FULL};
+    assert_int_equal(open_store(w, &t, &ro), KS_OK);
+    assert_int_equal(w->store.id_stable, 0);
+    ks_rowstore_close(&w->store);
+    /* VACUUM renumbers the bare rowid, which is why */
+    exec_sql(w->path, "DELETE FROM bare WHERE rowid = 1; VACUUM;");
+    assert_int_equal(query_int(w->path, "SELECT rowid FROM bare WHERE v = 'y'"), 1);
 }
 
 /* A table and columns whose names need quoting work. */
@@ -1192,7 +1241,7 @@ static void test_write_gate(void **state)
     assert_int_equal(open_store(w, &t, &ro), KS_OK);
     assert_int_equal(ks_rowstore_sqlite_set_write_gate(&w->store, "SELECT 1"),
                      KS_ERR_INVALID_ARGUMENT);
-    ks_rowstore other = {NULL, NULL, NULL};
+    ks_rowstore other = {NULL, NULL, NULL, 0};
     assert_int_equal(ks_rowstore_sqlite_set_write_gate(&other, "SELECT 1"), KS_ERR_INVALID_ARGUMENT);
 }
 
@@ -1232,7 +1281,7 @@ static void test_full(void **state)
     assert_int_equal(cas(w, &id1, &x, "s", &swapped), KS_OK);
     assert_int_equal(swapped, 1);
     assert_int_equal(commit(w), KS_OK);
-    ks_rowstore other = {NULL, NULL, NULL};
+    ks_rowstore other = {NULL, NULL, NULL, 0};
     assert_int_equal(ks_rowstore_sqlite_test_max_pages(&other, 1), KS_ERR_INVALID_ARGUMENT);
 }
 
@@ -1308,7 +1357,7 @@ static void test_synchronous_default_full(void **state)
     assert_int_equal(open_store(w, &t, NULL), KS_OK);
     assert_int_equal(store_synchronous(w), 2);
     write_one(w, "x", "y");
-    ks_rowstore other = {NULL, NULL, NULL};
+    ks_rowstore other = {NULL, NULL, NULL, 0};
     int64_t v = 0;
     assert_int_equal(ks_rowstore_sqlite_test_pragma(&other, "synchronous", &v),
                      KS_ERR_INVALID_ARGUMENT);
@@ -1409,6 +1458,7 @@ int main(void)
         T(test_missing_table_or_column),
         T(test_injection_names_missing),
         T(test_id_column_rules),
+        T(test_id_stable),
         T(test_odd_names_quoted),
         T(test_scan_rowid_batches),
         T(test_scan_text_key),

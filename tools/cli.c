@@ -298,6 +298,8 @@ int ks_cli_exit_code(ks_err err)
         return EX_UNAVAILABLE;
     case KS_ERR_TIMEOUT: return EX_TEMPFAIL;
     case KS_ERR_INVALID_ARGUMENT: return EX_USAGE;
+    case KS_ERR_UNSTABLE_ID:   /* give --id-column, or a context without {id} */
+        return EX_USAGE;
     /* Row stores and migrations (docs/migration.md, "Exit codes"). */
     case KS_ERR_NO_TARGET: return EX_NOINPUT;
     case KS_ERR_BUSY:          /* the database stayed locked: resumable */
@@ -731,11 +733,12 @@ int ks_cli_template_columns(const char *cmd, const char *tmpl, ks_rowstore_targe
     ks_bytes b = {(const uint8_t *)tmpl, strlen(tmpl)};
     size_t n = 0;
     ks_err e = ks_context_template_columns(b, t->context_columns, storage, &n);
-    if (e == KS_ERR_INVALID_ARGUMENT) {
-        return ks_cli_usage_error(cmd, "invalid --context template: at most %d bytes and %d "
-                                       "distinct {column} names; write '{{' and '}}' for "
-                                       "literal braces", KS_CONTEXT_TEMPLATE_MAX,
-                                  KS_ROWSTORE_MAX_CONTEXT_COLUMNS);
+    size_t off = 0;
+    const char *why = NULL;
+    if (e == KS_ERR_INVALID_ARGUMENT && ks_context_template_check(b, &off, &why) == e) {
+        return ks_cli_usage_error(cmd, "invalid --context template: %s at byte %zu (at most %d "
+                                       "bytes and %d distinct {column} names)", why, off,
+                                  KS_CONTEXT_TEMPLATE_MAX, KS_ROWSTORE_MAX_CONTEXT_COLUMNS);
     }
     if (e != KS_OK) {
         ks_cli_error("cannot read the --context template: %s", ks_err_name(e));
@@ -859,7 +862,7 @@ ks_err ks_cli_checkpoints(const char *db, const char *table, const char *column,
 int ks_cli_store_open(const char *db, const ks_rowstore_target *t, int read_only,
                       uint32_t busy_timeout_ms, ks_sqlite_sync sync, ks_rowstore *out)
 {
-    *out = (ks_rowstore){NULL, NULL, NULL};
+    *out = (ks_rowstore){NULL, NULL, NULL, 0};
     int pg;
     int rc = ks_cli_db_check(db, &pg);
     if (rc != EX_OK || pg) {
@@ -878,6 +881,30 @@ int ks_cli_store_open(const char *db, const ks_rowstore_target *t, int read_only
     }
     if (e != KS_OK) {
         ks_cli_error("%s: %s", db, msg[0] ? msg : ks_err_name(e));
+        return ks_cli_exit_code(e);
+    }
+    return EX_OK;
+}
+
+/* See cli.h. */
+int ks_cli_check_context(const char *cmd, const ks_rowstore *store, const char *table,
+                         const char *tmpl)
+{
+    ks_bytes b = {(const uint8_t *)(tmpl != NULL ? tmpl : ""), tmpl != NULL ? strlen(tmpl) : 0};
+    ks_err e = ks_migrate_check_context(store, b);
+    if (e == KS_ERR_UNSTABLE_ID) {
+        ks_cli_error("%s%stable %s has no INTEGER PRIMARY KEY, so its row id is the bare rowid, "
+                     "which VACUUM and a dump/restore renumber; --context binds {id}, so every "
+                     "envelope would stop opening once its row is renumbered. Nothing was "
+                     "written. Give --id-column naming the INTEGER PRIMARY KEY or a UNIQUE NOT "
+                     "NULL column (add one to the table first if it has none), or a --context "
+                     "that does not bind {id} (unstable-id)",
+                     cmd != NULL ? cmd : "", cmd != NULL ? ": " : "", table);
+        return ks_cli_exit_code(e);
+    }
+    if (e != KS_OK) {
+        ks_cli_error("%s%scannot check the --context template: %s", cmd != NULL ? cmd : "",
+                     cmd != NULL ? ": " : "", ks_err_name(e));
         return ks_cli_exit_code(e);
     }
     return EX_OK;

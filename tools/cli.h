@@ -255,6 +255,18 @@ int ks_cli_db_check(const char *db, int *is_pg);
 int ks_cli_store_open(const char *db, const ks_rowstore_target *t, int read_only,
                       uint32_t busy_timeout_ms, ks_sqlite_sync sync, ks_rowstore *out);
 
+/*
+ * Check, with ks_migrate_check_context, that the contexts of template
+ * tmpl (NULL: the empty template) may be bound to the rows of store, a
+ * store opened on table: EX_OK, or EX_USAGE after saying, for
+ * subcommand cmd (NULL: a program without subcommands), that the context binds an id that VACUUM and a
+ * dump/restore renumber, and the two fixes (--id-column, or a context
+ * without {id}).  Every command that renders contexts calls it right
+ * after opening its store, before any row is read or written.
+ */
+int ks_cli_check_context(const char *cmd, const ks_rowstore *store, const char *table,
+                         const char *tmpl);
+
 /* List the migration checkpoints of db (SQLite or PostgreSQL, as
  * ks_cli_store_open dispatches), as ks_rowstore_sqlite_checkpoints or
  * ks_rowstore_pg_checkpoints do; db has passed ks_cli_db_check. */

@@ -186,7 +186,12 @@ static void usage(FILE *f)
           "    --db DB                " KS_CLI_DB_RULE
           "    --table T, --column C  the table and the column to migrate\n"
           "    --id-column I          unique NOT NULL column identifying rows, scanned in\n"
-          "          order (default: the rowid)\n"
+          "          order (default: the rowid; a WITHOUT ROWID table names\n"
+          "          its primary key). A --context binding {id} needs a\n"
+          "          stable id: an INTEGER PRIMARY KEY or a unique NOT NULL\n"
+          "          column, never the bare rowid of a table without an\n"
+          "          INTEGER PRIMARY KEY, which VACUUM and a dump/restore\n"
+          "          renumber (refused: unstable-id, exit 64)\n"
           "    --mode M               encrypt, rewrap or reencrypt\n"
           "    --to-key KEY_ID[:V]    the target key, and version V (default: the key's\n"
           "          primary, resolved once and recorded in the checkpoint).\n"
@@ -306,7 +311,9 @@ static void usage(FILE *f)
           "\n"
           "EXIT STATUS\n"
           "    0   run: complete; verify: every envelope opened; status: printed\n"
-          "    64  usage error; a password in a PostgreSQL --db; run: also\n"
+          "    64  usage error (a bad --context gives its byte offset); a\n"
+          "        --context binding {id} to an unstable id (unstable-id);\n"
+          "        a password in a PostgreSQL --db; run: also\n"
           "        --synchronous normal on a database not in WAL mode, or\n"
           "        --synchronous with PostgreSQL, or --workers above 1 on SQLite\n"
           "        (nothing written)\n"
@@ -1175,10 +1182,11 @@ static int cmd_run(int argc, char **argv)
     memset(&throttle, 0, sizeof throttle);
     ks_cli_keys keys = {0};
     ks_ctx *ctx = NULL;
-    ks_rowstore store = {NULL, NULL, NULL};
+    ks_rowstore store = {NULL, NULL, NULL, 0};
     int64_t rollout_id = 0;
     char from_key[KS_KEY_ID_MAX + 1];
     if ((rc = ks_cli_store_open(o.db, &t, 0, busy_ms, sync, &store)) == EX_OK &&
+        (rc = ks_cli_check_context(cmd, &store, o.table, o.context)) == EX_OK &&
         (rc = ks_cli_ctx_open(cmd, o.keyring, o.passfile, o.providers, &keys, &ctx)) == EX_OK &&
         (rc = rollout_gate(&o, &p, ctx, &rollout_id, from_key)) == EX_OK &&
         (rc = ks_cli_backfill_gate(&store, rollout_id, pg)) == EX_OK &&
@@ -1450,10 +1458,11 @@ static int cmd_verify(int argc, char **argv)
     }
     ks_cli_keys keys = {0};
     ks_ctx *ctx = NULL;
-    ks_rowstore store = {NULL, NULL, NULL};
+    ks_rowstore store = {NULL, NULL, NULL, 0};
     verify_state s = {o.json, 0};
     ks_verify_result r = {0, 0, 0};
     if ((rc = ks_cli_store_open(o.db, &t, 1, 0, KS_SQLITE_SYNC_FULL, &store)) == EX_OK &&
+        (rc = ks_cli_check_context(cmd, &store, o.table, o.context)) == EX_OK &&
         (rc = ks_cli_ctx_open(cmd, o.keyring, o.passfile, o.providers, &keys, &ctx)) == EX_OK) {
         ks_err e = ks_migrate_verify(ctx, &store, &p, sample, on_failure, &s, &r);
         if (e != KS_OK) {

@@ -119,7 +119,10 @@ static void usage(FILE *f)
           "    --id-column I          the column whose value {id} renders (default: the\n"
           "          rowid); INTEGER as decimal, TEXT as is, BLOB as lowercase hex.\n"
           "          PostgreSQL: the integer column rows are picked and updated by\n"
-          "          (default: the one-column primary key), in decimal\n"
+          "          (default: the one-column primary key), in decimal.\n"
+          "          A --context binding {id} needs a stable id, as `keyshift\n"
+          "          migrate` does: never the bare rowid of a SQLite table\n"
+          "          without an INTEGER PRIMARY KEY (VACUUM renumbers it)\n"
           "    --tenant-column COL    the column holding each row's tenant\n"
           "    --context TEMPLATE     the context bound into each envelope, e.g.\n"
           "          'payments:{id}:card': only {id} is substituted; '{{' and\n"
@@ -159,9 +162,11 @@ static void usage(FILE *f)
           "        that did not open to a well-formed plaintext)\n"
           "    74  no read failed, but database errors kept some operations from\n"
           "        running\n"
-          "    64  usage error (also a password in a PostgreSQL --db, or a PostgreSQL\n"
-          "        column of the wrong type); 66 no such database, table or column,\n"
-          "        or an empty table; 69 the PostgreSQL server cannot be reached;\n"
+          "    64  usage error (also a password in a PostgreSQL --db, a PostgreSQL\n"
+          "        column of the wrong type, or a --context binding {id} to an\n"
+          "        unstable id: unstable-id); 66 no such database, table or column,\n"
+          "        an id column that is not unique and NOT NULL, or an empty table;\n"
+          "        69 the PostgreSQL server cannot be reached;\n"
           "        78 keyring insecure, unreadable, corrupt or wrong passphrase;\n"
           "        others as `keyshift --help` lists\n"
           "\n"
@@ -993,6 +998,24 @@ static int policy_open(app *a, const ks_policy_options *po)
     return EX_OK;
 }
 
+/* Refuse, as `keyshift migrate run` does, a --context that binds {id}
+ * to a row id that VACUUM or a dump/restore would renumber: open the
+ * target read-only through the row store, which checks the id as a
+ * migration does, and ks_cli_check_context.  EX_OK, or an exit code
+ * after a message. */
+static int check_target(const app *a)
+{
+    ks_rowstore_target t = {.table = a->o.table, .column = a->o.column,
+                            .id_column = a->o.id_column, .tenant_column = a->o.tenant_column};
+    ks_rowstore store;
+    int rc = ks_cli_store_open(a->o.db, &t, 1, 0, KS_SQLITE_SYNC_FULL, &store);
+    if (rc == EX_OK) {
+        rc = ks_cli_check_context(NULL, &store, a->o.table, a->o.context);
+        ks_rowstore_close(&store);
+    }
+    return rc;
+}
+
 /* Set up the database, keyring and policy; run; report; clean up. */
 int main(int argc, char **argv)
 {
@@ -1016,6 +1039,9 @@ int main(int argc, char **argv)
     char keys[KS_READER_KEYS_MAX + 1];
     const demo_target tg = {a.o.db, a.o.table, a.o.column, a.o.id_column, a.o.tenant_column};
     rc = a.pg ? demo_db_pg_open(&tg, &a.db) : demo_db_sqlite_open(&tg, &a.db);
+    if (rc == EX_OK) {
+        rc = check_target(&a); /* before any read, write or registration */
+    }
     if (rc == EX_OK) {
         rc = keyring_reload(&a, keys);
     }

@@ -71,6 +71,9 @@ typedef enum ks_err {
                                        or verify-before-commit found a difference */
     KS_ERR_THRESHOLD = 165,         /* "threshold": the failure rate exceeded the limit */
     KS_ERR_STOPPED = 166,           /* "stopped": interrupted on request; resumable */
+    KS_ERR_UNSTABLE_ID = 167,       /* "unstable-id": the context binds {id}, but the store's
+                                       id is not stable (SQLite's bare rowid, which VACUUM
+                                       and a dump/restore renumber): nothing was done */
 
     /* Rollouts (include/keyshift/rollout.h). */
     KS_ERR_GUARD = 192,             /* "guard": a transition's condition is not met; the

@@ -98,6 +98,33 @@ KS_API KS_WUR ks_err ks_context_template_columns(ks_bytes tmpl,
                                                  const char *names[KS_ROWSTORE_MAX_CONTEXT_COLUMNS],
                                                  char storage[KS_CONTEXT_TEMPLATE_MAX], size_t *n);
 
+/*
+ * Where template tmpl is malformed, for a message that points at it:
+ * KS_OK when ks_context_template_columns accepts it; else
+ * KS_ERR_INVALID_ARGUMENT with *offset the byte offset of the fault (the
+ * "{" of an unclosed or empty placeholder or of one distinct name too
+ * many, a lone "}", or KS_CONTEXT_TEMPLATE_MAX for a longer template) and
+ * *why a static phrase saying what it is, e.g. "an unclosed \"{\" ...".
+ * KS_ERR_NO_MEMORY.
+ */
+KS_API KS_WUR ks_err ks_context_template_check(ks_bytes tmpl, size_t *offset, const char **why);
+
+/*
+ * May contexts rendered from template tmpl be bound to store's rows?  An
+ * envelope's context is authenticated, so an id it binds must never
+ * change: KS_OK when tmpl does not bind {id} or the store's id is stable
+ * (ks_rowstore.id_stable: a primary key, a UNIQUE NOT NULL column,
+ * SQLite's INTEGER PRIMARY KEY); KS_ERR_UNSTABLE_ID when it binds the
+ * bare rowid of a SQLite table without an INTEGER PRIMARY KEY, which
+ * VACUUM and a dump/restore renumber (docs/migration.md, "Ids").
+ * KS_ERR_INVALID_ARGUMENT for a malformed template; KS_ERR_NO_MEMORY.
+ * ks_migrate_run, ks_migrate_verify and ks_migrate_run_workers check this
+ * before reading or writing a row; an application that renders contexts
+ * from a template itself calls it once on a store opened on its target.
+ * The census binds nothing and reads any table.
+ */
+KS_API KS_WUR ks_err ks_migrate_check_context(const ks_rowstore *store, ks_bytes tmpl);
+
 /* Defaults and limits of the adaptive batch size (ks_migrate_params
  * batch_target_ms, batch_min, batch_max). */
 #define KS_MIGRATE_BATCH_MIN_DEFAULT 10u
@@ -182,7 +209,9 @@ typedef void (*ks_migrate_progress_fn)(void *arg, const ks_migrate_progress *p);
  * (KS_ERR_STOPPED; resumable).  Returns KS_OK when complete, or:
  * KS_ERR_THRESHOLD (failure rate exceeded; checkpoint valid),
  * KS_ERR_MISMATCH (a checkpoint of this store has other parameters and is
- * neither complete nor superseded, and params->supersede is 0), provider errors (the batch rolled back, checkpoint intact;
+ * neither complete nor superseded, and params->supersede is 0),
+ * KS_ERR_UNSTABLE_ID (the context binds {id}, an unstable id: see
+ * ks_migrate_check_context; nothing read or written), provider errors (the batch rolled back, checkpoint intact;
  * KS_ERR_UNAVAILABLE and KS_ERR_TIMEOUT are resumable), KS_ERR_BUSY,
  * KS_ERR_FULL, KS_ERR_STORE (rolled back; resumable).  *out, when not NULL,
  * receives the final checkpoint (views valid until the store's next call).
@@ -213,7 +242,9 @@ typedef struct ks_verify_result {
  * purpose of params (its mode and target are ignored): ks_verify, every
  * check of ks_open without decrypting, so no plaintext is ever in memory
  * and a value of any size is checked.  Each failure is reported through
- * on_failure by id and error name.  Read-only.
+ * on_failure by id and error name.  Read-only.  KS_ERR_UNSTABLE_ID, before
+ * any row is read, when the context binds an unstable id
+ * (ks_migrate_check_context).
  */
 KS_API KS_WUR ks_err ks_migrate_verify(ks_ctx *ctx, const ks_rowstore *store,
                                        const ks_migrate_params *params, uint64_t sample,

@@ -184,6 +184,12 @@ typedef struct ks_rowstore {
     const ks_rowstore_ops *ops;
     void *self;
     const char *name;    /* "sqlite", ... */
+    int id_stable;       /* set by the store's open: nonzero when a row keeps its id
+                            whatever happens to the table (a primary key, a UNIQUE NOT
+                            NULL column, SQLite's INTEGER PRIMARY KEY), 0 when VACUUM
+                            or a dump/restore may renumber it (SQLite's bare rowid).
+                            Only a stable id may be bound into a context
+                            (ks_migrate_check_context, docs/migration.md "Ids"). */
 } ks_rowstore;
 
 /*

@@ -12,7 +12,8 @@
  * PQescapeIdentifier.  The id column (id_column, or with NULL the
  * table's one-column primary key) must be a smallint, integer or bigint
  * that is the primary key or NOT NULL with a unique index of its own
- * (not partial, not on an expression); ids are KS_VALUE_INTEGER.  The
+ * (not partial, not on an expression); ids are KS_VALUE_INTEGER, and
+ * stable (ks_rowstore.id_stable is 1: a context may bind {id}).  The
  * target column must be bytea (values are KS_VALUE_BLOB, or NULL);
  * tenant and context columns may be of any type: integers are
  * KS_VALUE_INTEGER, bytea KS_VALUE_BLOB, everything else its text form

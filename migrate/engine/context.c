@@ -11,7 +11,9 @@
  *   {{ }}    a literal "{" and "}".
  * A lone "{" or "}", an empty or unterminated name, a "{" inside a
  * name, or more than KS_ROWSTORE_MAX_CONTEXT_COLUMNS distinct names is
- * KS_ERR_INVALID_ARGUMENT.  The distinct column names, in order of first
+ * KS_ERR_INVALID_ARGUMENT, with the byte offset of the fault (the "{"
+ * that opens the bad placeholder, or the lone "}") and what it is kept
+ * in the compiled template for a message (ks_context_template_check).  The distinct column names, in order of first
  * appearance, are the store target's context columns
  * (ks_context_template_columns): row.context[k] is the k-th of them.
  * A template is compiled once per run; rendering is per row, into a stack
@@ -54,12 +56,22 @@ static void add_literal(ks_context_tmpl *t, size_t *lit_len, uint8_t c)
     last->len++;
 }
 
+/* Record in t a fault at byte offset off of the template, described by
+ * why (a static phrase); KS_ERR_INVALID_ARGUMENT. */
+static ks_err fault(ks_context_tmpl *t, size_t off, const char *why)
+{
+    t->fault_off = off;
+    t->fault = why;
+    return KS_ERR_INVALID_ARGUMENT;
+}
+
 /* Add placeholder name[0, len) to t, registering a new column name in
- * names storage at *names_len. */
-static ks_err add_placeholder(ks_context_tmpl *t, size_t *names_len, const uint8_t *name, size_t len)
+ * names storage at *names_len; off is the offset of its "{". */
+static ks_err add_placeholder(ks_context_tmpl *t, size_t *names_len, const uint8_t *name, size_t len,
+                              size_t off)
 {
     if (len == 0) {
-        return KS_ERR_INVALID_ARGUMENT;
+        return fault(t, off, "an empty name \"{}\"");
     }
     assert(t->n_parts < KS_CONTEXT_TEMPLATE_MAX);
     if (len == 2 && memcmp(name, "id", 2) == 0) {
@@ -68,8 +80,11 @@ static ks_err add_placeholder(ks_context_tmpl *t, size_t *names_len, const uint8
     }
     int col = find_column(t, name, len);
     if (col < 0) {
-        if (t->n_columns == KS_ROWSTORE_MAX_CONTEXT_COLUMNS || memchr(name, 0, len) != NULL) {
-            return KS_ERR_INVALID_ARGUMENT;
+        if (t->n_columns == KS_ROWSTORE_MAX_CONTEXT_COLUMNS) {
+            return fault(t, off, "one distinct column name too many");
+        }
+        if (memchr(name, 0, len) != NULL) {
+            return fault(t, off, "a NUL byte in a name");
         }
         /* "{name}" takes len + 2 template bytes, the copy len + 1: it fits. */
         assert(*names_len + len + 1 <= sizeof t->names);
@@ -86,10 +101,13 @@ static ks_err add_placeholder(ks_context_tmpl *t, size_t *names_len, const uint8
 /* See engine.h. */
 ks_err ks_context_tmpl_compile(ks_bytes tmpl, ks_context_tmpl *out)
 {
-    if (out == NULL || tmpl.len > KS_CONTEXT_TEMPLATE_MAX || (tmpl.ptr == NULL && tmpl.len != 0)) {
+    if (out == NULL || (tmpl.ptr == NULL && tmpl.len != 0)) {
         return KS_ERR_INVALID_ARGUMENT;
     }
     memset(out, 0, sizeof *out);
+    if (tmpl.len > KS_CONTEXT_TEMPLATE_MAX) {
+        return fault(out, KS_CONTEXT_TEMPLATE_MAX, "a template longer than the most bytes");
+    }
     size_t lit_len = 0, names_len = 0, i = 0;
     const uint8_t *s = tmpl.ptr;
     while (i < tmpl.len) {
@@ -98,16 +116,16 @@ ks_err ks_context_tmpl_compile(ks_bytes tmpl, ks_context_tmpl *out)
             add_literal(out, &lit_len, c); /* "{{" or "}}" */
             i += 2;
         } else if (c == '}') {
-            return KS_ERR_INVALID_ARGUMENT; /* a lone closing brace */
+            return fault(out, i, "a lone \"}\" (write \"}}\" for a literal brace)");
         } else if (c == '{') {
             size_t j = i + 1;
             while (j < tmpl.len && s[j] != '}' && s[j] != '{') {
                 j++;
             }
-            if (j == tmpl.len || s[j] != '}') {
-                return KS_ERR_INVALID_ARGUMENT; /* unterminated, or "{" in a name */
+            if (j == tmpl.len || s[j] != '}') { /* unterminated, or "{" in a name */
+                return fault(out, i, "an unclosed \"{\" (write \"{{\" for a literal brace)");
             }
-            ks_err err = add_placeholder(out, &names_len, s + i + 1, j - i - 1);
+            ks_err err = add_placeholder(out, &names_len, s + i + 1, j - i - 1, i);
             if (err != KS_OK) {
                 return err;
             }
@@ -200,6 +218,17 @@ ks_err ks_context_tmpl_render(const ks_context_tmpl *t, const ks_row *row, uint8
     return err;
 }
 
+/* Compile tmpl into a malloc'd template (large: not for the stack),
+ * *err the outcome; NULL only when the allocation failed
+ * (KS_ERR_NO_MEMORY).  For the public functions, which compile once per
+ * call. */
+static ks_context_tmpl *compile_new(ks_bytes tmpl, ks_err *err)
+{
+    ks_context_tmpl *t = malloc(sizeof *t);
+    *err = t != NULL ? ks_context_tmpl_compile(tmpl, t) : KS_ERR_NO_MEMORY;
+    return t;
+}
+
 /* Public: list the context columns a template references (migrate.h). */
 ks_err ks_context_template_columns(ks_bytes tmpl,
                                    const char *names[KS_ROWSTORE_MAX_CONTEXT_COLUMNS],
@@ -209,17 +238,65 @@ ks_err ks_context_template_columns(ks_bytes tmpl,
         return KS_ERR_INVALID_ARGUMENT;
     }
     *n = 0;
-    ks_context_tmpl *t = malloc(sizeof *t);
-    if (t == NULL) {
-        return KS_ERR_NO_MEMORY;
-    }
-    ks_err err = ks_context_tmpl_compile(tmpl, t);
+    ks_err err;
+    ks_context_tmpl *t = compile_new(tmpl, &err);
     if (err == KS_OK) {
         memcpy(storage, t->names, KS_CONTEXT_TEMPLATE_MAX);
         for (size_t i = 0; i < t->n_columns; i++) {
             names[i] = storage + (t->columns[i] - t->names);
         }
         *n = t->n_columns;
+    }
+    free(t);
+    return err;
+}
+
+/* Public: where a template is malformed (migrate.h). */
+ks_err ks_context_template_check(ks_bytes tmpl, size_t *offset, const char **why)
+{
+    if (offset == NULL || why == NULL) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    *offset = 0;
+    *why = NULL;
+    ks_err err;
+    ks_context_tmpl *t = compile_new(tmpl, &err);
+    if (err != KS_OK && t != NULL) {
+        *offset = t->fault_off;
+        *why = t->fault != NULL ? t->fault : "a NULL template with a length";
+    }
+    free(t);
+    return err;
+}
+
+/* See engine.h.  The rule of docs/migration.md, "Ids": an envelope's
+ * context is authenticated, so the id it binds must be the one the row
+ * keeps; SQLite's bare rowid is renumbered by VACUUM and by a
+ * dump/restore once rows were deleted, and every envelope sealed under
+ * the old number would then fail to open. */
+ks_err ks_context_tmpl_check_store(const ks_context_tmpl *t, const ks_rowstore *store)
+{
+    if (store->id_stable) {
+        return KS_OK;
+    }
+    for (size_t i = 0; i < t->n_parts; i++) {
+        if (t->parts[i].kind == KS_TMPL_ID) {
+            return KS_ERR_UNSTABLE_ID;
+        }
+    }
+    return KS_OK;
+}
+
+/* Public: may a template's contexts be bound to a store's rows (migrate.h). */
+ks_err ks_migrate_check_context(const ks_rowstore *store, ks_bytes tmpl)
+{
+    if (store == NULL) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    ks_err err;
+    ks_context_tmpl *t = compile_new(tmpl, &err);
+    if (err == KS_OK) {
+        err = ks_context_tmpl_check_store(t, store);
     }
     free(t);
     return err;

@@ -48,12 +48,21 @@ typedef struct ks_context_tmpl {
     const char *columns[KS_ROWSTORE_MAX_CONTEXT_COLUMNS]; /* into names */
     size_t n_columns;
     char names[KS_CONTEXT_TEMPLATE_MAX];      /* NUL-terminated column names */
+    size_t fault_off;                         /* after KS_ERR_INVALID_ARGUMENT: where */
+    const char *fault;                        /* and what (static), else NULL */
 } ks_context_tmpl;
 
 /* Compile tmpl (at most KS_CONTEXT_TEMPLATE_MAX bytes) into *out.
  * KS_ERR_INVALID_ARGUMENT for an unbalanced brace, an empty name, or
- * more than KS_ROWSTORE_MAX_CONTEXT_COLUMNS distinct column names. */
+ * more than KS_ROWSTORE_MAX_CONTEXT_COLUMNS distinct column names, with
+ * out->fault_off and out->fault saying where and what. */
 ks_err ks_context_tmpl_compile(ks_bytes tmpl, ks_context_tmpl *out);
+
+/* KS_OK when contexts rendered from t may be bound to store's rows: t
+ * does not bind {id}, or store->id_stable; else KS_ERR_UNSTABLE_ID
+ * (ks_migrate_check_context).  Called by every run and verify before
+ * its first read. */
+ks_err ks_context_tmpl_check_store(const ks_context_tmpl *t, const ks_rowstore *store);
 
 /* Render t for row into buf[0, cap) (cap <= KS_CONTEXT_MAX is the
  * engine's use): INTEGER in decimal, TEXT as its bytes, BLOB in lowercase

@@ -476,7 +476,8 @@ static ks_err alloc_run(run *r)
             return KS_ERR_NO_MEMORY;
         }
     }
-    return ks_context_tmpl_compile(r->p->context_template, r->tmpl);
+    ks_err err = ks_context_tmpl_compile(r->p->context_template, r->tmpl);
+    return err == KS_OK ? ks_context_tmpl_check_store(r->tmpl, r->st) : err;
 }
 
 /*

@@ -158,6 +158,9 @@ ks_err ks_migrate_verify(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate
         err = ks_context_tmpl_compile(params->context_template, v.tmpl);
     }
     if (err == KS_OK) {
+        err = ks_context_tmpl_check_store(v.tmpl, store);
+    }
+    if (err == KS_OK) {
         err = scan_all(&v, store, rows, batch);
     }
     free(v.tmpl);

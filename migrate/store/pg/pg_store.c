@@ -1451,6 +1451,7 @@ ks_err ks_rowstore_pg_open(const char *conninfo, const ks_rowstore_target *targe
     out->ops = &pg_ops;
     out->self = s;
     out->name = "pg";
+    out->id_stable = 1; /* check_id: the primary key, or NOT NULL with a unique index */
     return KS_OK;
 }
 

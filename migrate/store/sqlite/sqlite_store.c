@@ -65,9 +65,12 @@
  * schema is reported missing and never executed.
  *
  * Ids.  Without id_column the rowid is the id (WITHOUT ROWID tables are
- * then refused).  An id_column must be the INTEGER PRIMARY KEY (the rowid
- * alias) or a NOT NULL column with a full (not partial) UNIQUE or PRIMARY
- * KEY index of its own.
+ * then refused: their one-column primary key is named as id_column).  An
+ * id_column must be the INTEGER PRIMARY KEY (the rowid alias) or a NOT
+ * NULL column with a full (not partial) UNIQUE or PRIMARY KEY index of
+ * its own.  The store's id_stable (rowstore.h) is 0 only for the bare
+ * rowid of a table without an INTEGER PRIMARY KEY, which VACUUM and a
+ * dump/restore renumber once rows were deleted.
  *
  * Values.  TEXT and BLOB values come back with their type; a REAL value
  * (no ks_value type) is reported as TEXT, its SQLite rendering, and cas
@@ -1095,33 +1098,41 @@ static ks_err query_int(opener *o, const char *sql, int64_t arg, int64_t *out)
     return err;
 }
 
+/* The column id (cid) of the target's INTEGER PRIMARY KEY, the alias of
+ * its rowid, into *cid; -1 when it has none.  The alias is the table's
+ * only primary-key column, declared INTEGER, with no separate
+ * primary-key index (which "INTEGER PRIMARY KEY DESC" and WITHOUT ROWID
+ * tables have).  Unlike the bare rowid, VACUUM and a dump/restore keep
+ * its values. */
+static ks_err rowid_alias_cid(opener *o, int64_t *cid)
+{
+    static const char q[] =
+        "SELECT coalesce((SELECT cid FROM pragma_table_xinfo(?1, 'main') "
+        "WHERE pk > 0 AND upper(type) = 'INTEGER' "
+        "AND (SELECT count(*) FROM pragma_table_xinfo(?1, 'main') WHERE pk > 0) = 1 "
+        "AND NOT EXISTS (SELECT 1 FROM pragma_index_list(?1, 'main') WHERE origin = 'pk')), -1)";
+    return query_int(o, q, 0, cid);
+}
+
 /* Set *ok when id (a column of the target) is a valid id: the rowid
- * alias (the table's only primary-key column, declared INTEGER, with no
- * separate primary-key index), or NOT NULL with a full unique index on
- * exactly that column. */
+ * alias (rowid_alias_cid), or NOT NULL with a full unique index on
+ * exactly that column (a WITHOUT ROWID table's one-column primary key
+ * is one: SQLite makes it NOT NULL). */
 static ks_err check_id_column(opener *o, const colinfo *id, int *ok)
 {
-    static const char pk_cols[] =
-        "SELECT count(*) FROM pragma_table_xinfo(?1, 'main') WHERE pk > 0";
-    static const char pk_index[] =
-        "SELECT count(*) FROM pragma_index_list(?1, 'main') WHERE origin = 'pk'";
     static const char unique_index[] =
         "SELECT count(*) FROM pragma_index_list(?1, 'main') AS il "
         "WHERE il.\"unique\" = 1 AND il.partial = 0 "
         "AND (SELECT count(*) FROM pragma_index_info(il.name, 'main')) = 1 "
         "AND (SELECT cid FROM pragma_index_info(il.name, 'main')) = ?2";
-    int64_t n_pk = 0, n_pk_index = 0, n_unique = 0;
+    int64_t alias = -1, n_unique = 0;
     *ok = 0;
-    ks_err err = query_int(o, pk_cols, 0, &n_pk);
-    if (err == KS_OK)
-        err = query_int(o, pk_index, 0, &n_pk_index);
+    ks_err err = rowid_alias_cid(o, &alias);
     if (err == KS_OK)
         err = query_int(o, unique_index, id->cid, &n_unique);
     if (err != KS_OK)
         return err;
-    int rowid_alias = id->pk == 1 && n_pk == 1 && n_pk_index == 0 &&
-                      sqlite3_stricmp(id->type, "INTEGER") == 0;
-    *ok = rowid_alias || (id->notnull && n_unique > 0);
+    *ok = id->cid == alias || (id->notnull && n_unique > 0);
     return KS_OK;
 }
 
@@ -1159,7 +1170,8 @@ static ks_err pick_rowid(opener *o, const char **alias)
     free(b.p);
     if (rc != SQLITE_OK && (rc & 0xff) == SQLITE_ERROR)
         return ks_sqlite_fail(o->errbuf, o->errbuf_len, KS_ERR_INVALID_ARGUMENT,
-                    "table \"%s\" has no rowid (WITHOUT ROWID): give an id column", o->tname);
+                    "table \"%s\" has no rowid (WITHOUT ROWID): name its primary key as the "
+                    "id column", o->tname);
     return rc == SQLITE_OK ? KS_OK : open_fail_rc(o, rc, "reading the schema");
 }
 
@@ -1258,6 +1270,7 @@ static ks_err ensure_own_tables(opener *o, int *have)
 /* The resolved target: schema spellings of every column used. */
 typedef struct resolved {
     const char *id;           /* a column name or a rowid alias */
+    int id_stable;            /* see ks_rowstore.id_stable */
     colinfo column, id_col, tenant;
     colinfo context[KS_ROWSTORE_MAX_CONTEXT_COLUMNS];
     size_t n_context;
@@ -1585,8 +1598,16 @@ static ks_err resolve_target(opener *o, const ks_rowstore_target *t, resolved *r
     s->column = dup_str(r->column.name);
     if (s->column == NULL)
         return ks_sqlite_fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
-    if (t->id_column == NULL)
-        return pick_rowid(o, &r->id);
+    if (t->id_column == NULL) {
+        /* the bare rowid: stable only as the alias of an INTEGER PRIMARY KEY */
+        int64_t alias = -1;
+        err = pick_rowid(o, &r->id);
+        if (err == KS_OK)
+            err = rowid_alias_cid(o, &alias);
+        r->id_stable = alias >= 0;
+        return err;
+    }
+    r->id_stable = 1; /* a unique NOT NULL column or the rowid alias, once checked */
     int ok = 0;
     err = check_id_column(o, &r->id_col, &ok);
     if (err == KS_OK && !ok) {
@@ -1659,6 +1680,7 @@ ks_err ks_rowstore_sqlite_open(const char *path, const ks_rowstore_target *targe
         err = ensure_own_tables(&o, &have_tables);
     if (err == KS_OK)
         err = prepare_statements(&o, &r, have_tables);
+    int id_stable = r.id_stable;
     resolved_free(&r);
     if (err != KS_OK) {
         store_free(s);
@@ -1667,6 +1689,7 @@ ks_err ks_rowstore_sqlite_open(const char *path, const ks_rowstore_target *targe
     out->ops = &sqlite_ops;
     out->self = s;
     out->name = "sqlite";
+    out->id_stable = id_stable;
     env_max_pages(out);
     return KS_OK;
 }
