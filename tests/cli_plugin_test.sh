@@ -218,6 +218,22 @@ run "a plugin that exits before its hello" 69 "$KS" providers check
 printf 'hello garbage *\n' >"$KEYSHIFT_FAULT_DIR/plan"
 run "a plugin whose hello is garbage" 78 "$KS" providers check
 expect_grep "the refusal's reason is named" "$T/err" "bad-json"
+# A plugin that starts a child (sleep 300) and hangs past its hello's
+# deadline: the timeout kills its process group, the child too.
+rm -f "$KEYSHIFT_FAULT_DIR/child"
+printf 'hello spawn-hang *\n' >"$KEYSHIFT_FAULT_DIR/plan"
+run "a plugin that starts a child and hangs: timeout" 75 "$KS" providers check
+child=$(cat "$KEYSHIFT_FAULT_DIR/child" 2>/dev/null)
+gone=0
+for _ in $(seq 1 100); do
+    state=$(sed -n 's/^[^)]*) \(.\).*/\1/p' "/proc/$child/stat" 2>/dev/null)
+    if [ -n "$child" ] && { [ -z "$state" ] || [ "$state" = Z ]; }; then gone=1; break; fi
+    sleep 0.05
+done
+if [ "$gone" = 1 ]; then ok "the plugin's child died with it"; else
+    bad "the plugin's child died with it" "pid ${child:-none} state ${state:-?}"
+    [ -n "$child" ] && kill -9 "$child" 2>/dev/null
+fi
 : >"$KEYSHIFT_FAULT_DIR/plan"
 
 # ---- what a plugin receives [KP-SEC-1] ------------------------------------------------------------------

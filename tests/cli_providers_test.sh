@@ -112,7 +112,7 @@ sed "s|passphrase-file $T/b.pass|passphrase-file $T/wrong.pass|" "$REG" >"$T/wro
 chmod 600 "$T/wrong.reg"
 run "a provider's wrong passphrase" 78 "$KS" keys list --providers "$T/wrong.reg"
 
-# ---- a KMS plugin provider (docs/providers.md [P-PLUGIN-1..8]) ----------------
+# ---- a KMS plugin provider (docs/providers.md [P-PLUGIN-1..9]) ----------------
 PREG="$T/plugin.reg"
 cat >"$PREG" <<EOF
 keyshift-providers 1
