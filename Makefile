@@ -174,8 +174,10 @@ $(NANOPB_C) $(NANOPB_H) &: format/envelope.proto format/envelope.options
 
 UNIT_SRCS := $(wildcard tests/test_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/%.c=$(B)/san/tests/%)
-# tests/kms_aws_driver.c is a program of its own (tests/kms_aws_test.sh).
-UNIT_SUPPORT := $(filter-out $(UNIT_SRCS) tests/kms_aws_driver.c,$(wildcard tests/*.c))
+# tests/kms_aws_driver.c is a program of its own (tests/kms_aws_test.sh);
+# tests/free_scan.c is an LD_PRELOAD shim that replaces free() and
+# realloc() (tests/cli_crypto_test.sh builds it), never linked into a test.
+UNIT_SUPPORT := $(filter-out $(UNIT_SRCS) tests/kms_aws_driver.c tests/free_scan.c,$(wildcard tests/*.c))
 
 $(B)/san/tests/%: tests/%.c $(UNIT_SUPPORT) $(SAN_OBJS) $(LIB_HDRS) $(wildcard tests/*.h) $(NANOPB_H)
 	@mkdir -p $(dir $@)
@@ -271,7 +273,7 @@ CLI_TESTS := cli_migrate_stress_test cli_plugin_test cli_spec_decryptor_test \
              cli_rollout_lifecycle_pg_test kms_aws_plugin_test cli_kms_aws_test cli_pkcs11_test \
              kms_aws_test cli_rollout_test cli_migrate_test cli_crypto_test cli_providers_test \
              cli_keys_pg_test cli_test cli_migrate_faults_test
-CLI_TEST_ENV = KEYSHIFT=$(CLI_SAN) DEMO_APP=$(DEMO_APP_SAN) KMS_AWS_PLUGIN=$(KMS_AWS_SAN) \
+CLI_TEST_ENV = KEYSHIFT=$(CLI_SAN) KEYSHIFT_REL=$(CLI) DEMO_APP=$(DEMO_APP_SAN) KMS_AWS_PLUGIN=$(KMS_AWS_SAN) \
                KMS_AWS_DRIVER=$(KMS_AWS_DRIVER)
 CLI_TEST_RUNS := $(CLI_TESTS:%=cli-run-%)
 .PHONY: $(CLI_TEST_RUNS)

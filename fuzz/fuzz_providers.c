@@ -18,7 +18,9 @@
  *      limits, every provider serves something and every serve line's
  *      provider exists; a numeric setting's number agrees with its
  *      presence and limits; arg lines belong to plugin providers, in
- *      contiguous runs of at most KS_PLUGIN_ARGS_MAX.
+ *      contiguous runs of at most KS_PLUGIN_ARGS_MAX; so do env and
+ *      env-prefix lines (KS_PLUGIN_ENV_MAX), each a variable name of
+ *      [P-VAL-3], none given twice in one provider [P-PLUGIN-9].
  *   3. Canonical form [P-CANON-1].  The encoder's output is no longer than
  *      the input, parses to the same registry (values compared by bytes),
  *      and re-encodes to itself; the input without its final LF is
@@ -79,14 +81,15 @@ static int same_bytes(ks_bytes a, ks_bytes b)
 /* Nonzero when two parses describe the same registry, by bytes. */
 static int same_registry(const ks_regf_file *a, const ks_regf_file *b)
 {
-    if (a->nproviders != b->nproviders || a->nserves != b->nserves || a->nargs != b->nargs) {
+    if (a->nproviders != b->nproviders || a->nserves != b->nserves || a->nargs != b->nargs ||
+        a->nenvs != b->nenvs) {
         return 0;
     }
     for (size_t i = 0; i < a->nproviders; i++) {
         const ks_regf_provider *x = &a->providers[i], *y = &b->providers[i];
         if (!same_bytes(x->name, y->name) || x->type != y->type ||
             memcmp(x->number, y->number, sizeof x->number) != 0 || x->serves != y->serves ||
-            x->args != y->args) {
+            x->args != y->args || x->envs != y->envs) {
             return 0;
         }
         for (int k = 0; k < KS_REGF_KEY_COUNT; k++) {
@@ -105,6 +108,12 @@ static int same_registry(const ks_regf_file *a, const ks_regf_file *b)
     for (size_t j = 0; j < a->nargs; j++) {
         if (!same_bytes(a->args[j].value, b->args[j].value) ||
             a->args[j].provider != b->args[j].provider) {
+            return 0;
+        }
+    }
+    for (size_t j = 0; j < a->nenvs; j++) {
+        if (!same_bytes(a->envs[j].name, b->envs[j].name) || a->envs[j].prefix != b->envs[j].prefix ||
+            a->envs[j].provider != b->envs[j].provider) {
             return 0;
         }
     }
@@ -136,6 +145,45 @@ static void check_args(const uint8_t *data, size_t size)
     }
     for (size_t i = 0; i < first.nproviders; i++) {
         CHECK(per[i] == first.providers[i].args && per[i] <= KS_PLUGIN_ARGS_MAX);
+    }
+}
+
+/* Nonzero when v is a variable name of [P-VAL-3]. */
+static int env_name_ok(ks_bytes v)
+{
+    if (v.len == 0 || v.len > KS_REGF_ENV_MAX || (v.ptr[0] >= '0' && v.ptr[0] <= '9')) {
+        return 0;
+    }
+    for (size_t i = 0; i < v.len; i++) {
+        const uint8_t b = v.ptr[i];
+        if (!((b >= 'A' && b <= 'Z') || (b >= 'a' && b <= 'z') || (b >= '0' && b <= '9') || b == '_')) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The env and env-prefix lines of an accepted registry [P-PLUGIN-9]:
+ * each of a plugin provider, contiguous, at most KS_PLUGIN_ENV_MAX of
+ * one, counted right, a variable name, and no name (or prefix) twice in
+ * one provider. */
+static void check_envs(const uint8_t *data, size_t size)
+{
+    uint32_t per[KS_REGF_PROVIDERS_MAX] = {0};
+    CHECK(first.nenvs <= KS_REGF_ENVS_MAX);
+    for (size_t j = 0; j < first.nenvs; j++) {
+        const ks_regf_env *x = &first.envs[j];
+        CHECK(view_inside(x->name, data, size) && env_name_ok(x->name) && x->prefix <= 1);
+        CHECK(x->provider < first.nproviders);
+        CHECK(first.providers[x->provider].type == KS_REGF_PLUGIN);
+        CHECK(j == 0 || x->provider >= first.envs[j - 1].provider);
+        for (size_t k = j; k-- > 0 && first.envs[k].provider == x->provider;) {
+            CHECK(first.envs[k].prefix != x->prefix || !same_bytes(first.envs[k].name, x->name));
+        }
+        per[x->provider]++;
+    }
+    for (size_t i = 0; i < first.nproviders; i++) {
+        CHECK(per[i] == first.providers[i].envs && per[i] <= KS_PLUGIN_ENV_MAX);
     }
 }
 
@@ -204,6 +252,7 @@ static void check_accepted(const uint8_t *data, size_t size)
     }
     CHECK(counted == first.nserves);
     check_args(data, size);
+    check_envs(data, size);
 }
 
 /* Oracle 3: the canonical form. */
@@ -300,15 +349,16 @@ static void check_names(void)
 {
     size_t n = 0, i;
     CHECK(ks_regf_encode(&first, enc, sizeof enc, &n) == KS_OK);
-    for (int k = -1; k <= KS_REGF_ARG + 1; k++) {
+    for (int k = -1; k <= KS_REGF_ENV_PREFIX + 1; k++) {
         const char *name = ks_regf_key_name(k);
-        CHECK((name != NULL) == (k >= 0 && k <= KS_REGF_ARG));
+        CHECK((name != NULL) == (k >= 0 && k <= KS_REGF_ENV_PREFIX));
         if (k > KS_REGF_TYPE && k < KS_REGF_KEY_COUNT && first.providers[0].value[k].len != 0) {
             CHECK(has_text(enc, n, name));
         }
     }
     CHECK(ks_regf_type_name(0) == NULL && ks_regf_type_name(KS_REGF_PLUGIN + 1) == NULL);
     CHECK(first.providers[0].args == 0 || has_text(enc, n, "\n  arg "));
+    CHECK(first.providers[0].envs == 0 || has_text(enc, n, "\n  env"));
     CHECK(has_text(enc, n, ks_regf_type_name(first.providers[0].type)));
     CHECK(ks_regf_route(NULL, (ks_bytes){NULL, 0}, &i) == KS_ERR_INVALID_ARGUMENT);
     CHECK(ks_regf_route(&first, (ks_bytes){NULL, 0}, NULL) == KS_ERR_INVALID_ARGUMENT);

@@ -61,6 +61,15 @@ def plugin(name, command, *serves, extra=()):
         ["  " + s for s in serves]
 
 
+def file_257(line):
+    """Nine plugin providers, eight with 32 lines of the format line (one %d), the ninth with one."""
+    many = [HEADER]
+    for i in range(9):
+        many += plugin("p%d" % i, "aws", "serve k%d" % i,
+                       extra=[line % j for j in range(32 if i < 8 else 1)])
+    return text(*many)
+
+
 # ---- the vectors ------------------------------------------------------------
 
 def vectors():
@@ -167,6 +176,28 @@ def vectors():
          "setting: p retries 10", "setting: p retry-budget-ms 3600000",
          "setting: p rate-limit 100000", "setting: p concurrency 64"] +
         ["setting: p arg %d" % i for i in range(32)] + ["serve: p exact k"])
+
+    add("plugin-env",
+        "A plugin's environment ([P-PLUGIN-9]): env and env-prefix lines mixed with arg "
+        "lines; after the arg lines in the canonical form, in file order; an env and an "
+        "env-prefix with the same bytes are no conflict.", "ok",
+        text(HEADER, "provider aws", "  type plugin", "  env-prefix AWS_", "  command aws",
+             "  env HTTPS_PROXY", "  arg --region=eu-west-1", "  env AWS_", "  env no_proxy",
+             "  serve-prefix app/"),
+        ["provider: aws plugin", "setting: aws command aws", "setting: aws arg --region=eu-west-1",
+         "setting: aws env-prefix AWS_", "setting: aws env HTTPS_PROXY", "setting: aws env AWS_",
+         "setting: aws env no_proxy", "serve: aws prefix app/"])
+    add("plugin-env-limits",
+        "32 env and env-prefix lines in a provider, a name of 128 bytes, and the same name "
+        "in two providers.", "ok",
+        text(HEADER, *plugin("p", "aws", "serve k",
+                             extra=["  env V%d" % i for i in range(31)] + ["  env-prefix " + "E" * 128]),
+             *plugin("q", "aws", "serve q", extra=["  env V0"])),
+        ["provider: p plugin", "setting: p command aws"] +
+        ["setting: p env V%d" % i for i in range(31)] + ["setting: p env-prefix " + "E" * 128,
+                                                          "serve: p exact k",
+                                                          "provider: q plugin", "setting: q command aws",
+                                                          "setting: q env V0", "serve: q exact q"])
 
     # ---- the file and its lines [P-FILE], [P-LINE] -----------------------
     one = text(HEADER, *local("app", "/k", "serve app/main"))
@@ -356,11 +387,7 @@ def vectors():
         at(s, "  arg\n", plus=5))
     s = text(HEADER, *plugin("kms", "aws", "serve a", extra=["  arg %d" % i for i in range(33)]))
     bad("args-33", "33 arg lines in one provider.", "too-large", s, at(s, "  arg 32", plus=2))
-    many = [HEADER]
-    for i in range(9):
-        many += plugin("p%d" % i, "aws", "serve k%d" % i,
-                       extra=["  arg %d" % j for j in range(32 if i < 8 else 1)])
-    m = text(*many)
+    m = file_257("  arg %d")
     bad("args-257", "257 arg lines in the file (8 providers of 32, then one more).", "too-large",
         m, at(m, "provider p8") + len("provider p8\n  type plugin\n  command aws\n") + 2)
     for key, val, off, why in (("timeout-ms", "0", 0, "0"), ("timeout-ms", "600001", 0, "600001"),
@@ -377,6 +404,38 @@ def vectors():
         name = "plugin-%s-%s" % (key, re.sub(r"[^a-z0-9]+", "-", why).strip("-"))
         bad(name, "A plugin's %s with %s." % (key, why), "bad-value", s,
             at(s, "  %s " % key, plus=len(key) + 3 + off))
+
+    s = text(HEADER, *local("app", "/k", "serve a", extra=["  env AWS_REGION"]))
+    bad("env-in-local", "env in a local provider.", "unknown-field", s, at(s, "env"))
+    s = text(HEADER, *pkcs11("hsm", "serve a", extra=("  token-label t", "  pin-env P",
+                                                       "  env-prefix AWS_")))
+    bad("env-prefix-in-pkcs11", "env-prefix in a pkcs11 provider.", "unknown-field", s,
+        at(s, "env-prefix"))
+    s = text(HEADER, *plugin("kms", "aws", "serve a", extra=["  env AWS-REGION"]))
+    bad("env-name-dash", "A dash in an env name.", "bad-value", s, at(s, "AWS-REGION", plus=3))
+    s = text(HEADER, *plugin("kms", "aws", "serve a", extra=["  env-prefix 9AWS"]))
+    bad("env-prefix-digit-first", "An env-prefix beginning with a digit.", "bad-value", s,
+        at(s, "9AWS"))
+    s = text(HEADER, *plugin("kms", "aws", "serve a", extra=["  env AWS_REGION=eu"]))
+    bad("env-with-value", "A value in an env line: the registry names variables only.",
+        "bad-value", s, at(s, "AWS_REGION=eu", plus=10))
+    s = text(HEADER, *plugin("kms", "aws", "serve a", extra=["  env " + "N" * 129]))
+    bad("env-name-129", "An env name of 129 bytes.", "too-large", s, at(s, "N" * 129, plus=128))
+    s = text(HEADER, *plugin("kms", "aws", "serve a", extra=["  env"]))
+    bad("env-without-value", "An env line without a value.", "missing-field", s,
+        at(s, "  env\n", plus=5))
+    s = text(HEADER, *plugin("kms", "aws", "serve a", extra=["  env AWS_PROFILE", "  arg x",
+                                                            "  env AWS_PROFILE"]))
+    bad("env-twice", "The same env name twice in one provider.", "conflict", s,
+        at(s, "AWS_PROFILE", 1))
+    s = text(HEADER, *plugin("kms", "aws", "serve a", extra=["  env-prefix AWS_", "  env-prefix AWS_"]))
+    bad("env-prefix-twice", "The same env-prefix twice in one provider.", "conflict", s,
+        at(s, "AWS_", 1))
+    s = text(HEADER, *plugin("kms", "aws", "serve a", extra=["  env V%d" % i for i in range(33)]))
+    bad("envs-33", "33 env lines in one provider.", "too-large", s, at(s, "  env V32", plus=2))
+    m = file_257("  env V%d")
+    bad("envs-257", "257 env lines in the file (8 providers of 32, then one more).", "too-large",
+        m, at(m, "provider p8") + len("provider p8\n  type plugin\n  command aws\n") + 2)
 
     # ---- routing conflicts and limits [P-SERVE-3..4] ----------------------
     s = text(HEADER, *local("a", "/k", "serve app/main"), *local("b", "/k", "serve app/main"))
@@ -419,6 +478,12 @@ def extra_seeds():
              "provider q", "  type plugin", "  command b", "  arg y", "  serve b"),
         text(HEADER, *plugin("p", "aws", "serve a", extra=["  retries 1.5"])),
         text(HEADER, *plugin("p", "aws", "serve a", extra=["  gcm-params p11kit"])),
+        text(HEADER, *plugin("p", "aws", "serve a", extra=["  env A", "  env-prefix A", "  env _"])),
+        text(HEADER, *plugin("p", "aws", "serve a", extra=["  env-prefix LC_", "  env A{"])),
+        text(HEADER, *plugin("p", "aws", "serve a", extra=["  env-prefix"])),
+        text(HEADER, *plugin("p", "aws", "serve a", extra=["  envx A"])),
+        text(HEADER, "provider p", "  type plugin", "  env A", "  serve a", "  command a",
+             "provider q", "  type plugin", "  env A", "  command b", "  env B", "  serve b"),
     ]
 
 

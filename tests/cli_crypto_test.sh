@@ -240,4 +240,32 @@ if [ "$got" = "2 3 4 5 6 7 8 9 " ]; then ok "8 concurrent add-version: versions 
 run "keyring still valid after concurrent changes" 0 "$KS" keys list --json
 expect_grep "all nine versions listed" "$T/out" '"version":9,'
 
+# ---- nothing freed unwiped ---------------------------------------------------------
+# The release build, with tests/free_scan.c preloaded: no heap block that
+# held the plaintext (32 KB read from standard input, grown past its first
+# block) or the passphrase (4096 bytes from a file) is given back unwiped,
+# realloc's moves included.
+REL=${KEYSHIFT_REL:-build/bin/keyshift}
+if cc -shared -fPIC -O1 -o "$T/free_scan.so" "$(dirname "$0")/free_scan.c" 2>"$T/cc.err" && [ -x "$REL" ]; then
+    MARK=KS-WIPE-MARKER
+    run "a keyring for the scan" 0 "$REL" keys init --keyring "$T/scan.keyring"
+    run "a key for the scan" 0 "$REL" keys create scan/k --keyring "$T/scan.keyring"
+    python3 -c "import sys; sys.stdout.write(('$MARK-0123456789-' * 1400)[:32768])" >"$T/big.pt"
+    IN="$T/big.pt" run "encrypt 32 KB under the scan" 0 env FREE_SCAN_MARKER=$MARK LD_PRELOAD="$T/free_scan.so" \
+        "$REL" encrypt --tenant acme --key-id scan/k --keyring "$T/scan.keyring"
+    cp "$T/out" "$T/big.env"
+    if grep -q free-scan "$T/err"; then bad "encrypt: no block held the plaintext when freed" "$(head -3 "$T/err")"; else ok "encrypt: no block held the plaintext when freed"; fi
+    IN="$T/big.env" run "decrypt it under the scan" 0 env FREE_SCAN_MARKER=$MARK LD_PRELOAD="$T/free_scan.so" \
+        "$REL" decrypt --tenant acme --keyring "$T/scan.keyring"
+    expect_same "the 32 KB round trip" "$T/big.pt" "$T/out"
+    python3 -c "import sys; sys.stdout.write(('$MARK-pass-' * 300)[:4095] + chr(10))" >"$T/long.pass"
+    chmod 600 "$T/long.pass"
+    run "init a keyring sealed by a 4095-byte passphrase" 0 "$REL" keys init --keyring "$T/sealed4k" --passphrase-file "$T/long.pass"
+    run "open it under the scan" 0 env FREE_SCAN_MARKER=$MARK LD_PRELOAD="$T/free_scan.so" \
+        "$REL" keys list --keyring "$T/sealed4k" --passphrase-file "$T/long.pass"
+    if grep -q free-scan "$T/err"; then bad "passphrase: no block held it when freed" "$(head -3 "$T/err")"; else ok "passphrase: no block held it when freed"; fi
+else
+    bad "the free scan builds (cc, and the release build $REL)" "$(head -c 300 "$T/cc.err")"
+fi
+
 cli_finish cli-crypto

@@ -42,6 +42,7 @@ reg() {
     shift
     {
         printf 'keyshift-providers 1\n\nprovider aws\n  type plugin\n  command aws\n'
+        printf '  env-prefix AWS_\n' # [KP-SEC-1]: the credentials and endpoint reach the plugin
         local a
         for a in "$@"; do printf '  arg %s\n' "$a"; done
         printf '  serve-prefix app/\n'

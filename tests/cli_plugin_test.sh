@@ -46,6 +46,7 @@ reg() {
     {
         printf 'keyshift-providers 1\n\nprovider legacy\n  type local\n  keyring %s\n  serve-prefix legacy/\n\n' "$K"
         printf 'provider kms\n  type plugin\n  command %s\n' "$FAULT"
+        printf '  env KEYSHIFT_FAULT_DIR\n  env KEYSHIFT_KMS_EXAMPLE_KEYS\n'
         local s
         for s in "$@"; do printf '  %s\n' "$s"; done
         printf '  serve-prefix kms/\n'
@@ -217,6 +218,61 @@ run "a plugin that exits before its hello" 69 "$KS" providers check
 printf 'hello garbage *\n' >"$KEYSHIFT_FAULT_DIR/plan"
 run "a plugin whose hello is garbage" 78 "$KS" providers check
 expect_grep "the refusal's reason is named" "$T/err" "bad-json"
+# A plugin that starts a child (sleep 300) and hangs past its hello's
+# deadline: the timeout kills its process group, the child too.
+rm -f "$KEYSHIFT_FAULT_DIR/child"
+printf 'hello spawn-hang *\n' >"$KEYSHIFT_FAULT_DIR/plan"
+run "a plugin that starts a child and hangs: timeout" 75 "$KS" providers check
+child=$(cat "$KEYSHIFT_FAULT_DIR/child" 2>/dev/null)
+gone=0
+for _ in $(seq 1 100); do
+    state=$(sed -n 's/^[^)]*) \(.\).*/\1/p' "/proc/$child/stat" 2>/dev/null)
+    if [ -n "$child" ] && { [ -z "$state" ] || [ "$state" = Z ]; }; then gone=1; break; fi
+    sleep 0.05
+done
+if [ "$gone" = 1 ]; then ok "the plugin's child died with it"; else
+    bad "the plugin's child died with it" "pid ${child:-none} state ${state:-?}"
+    [ -n "$child" ] && kill -9 "$child" 2>/dev/null
+fi
 : >"$KEYSHIFT_FAULT_DIR/plan"
+
+# ---- what a plugin receives [KP-SEC-1] ------------------------------------------------------------------
+# A sealed keyring whose passphrase is in DEV_PASS, and a plugin whose
+# registry names DEV_PASS and KEYSHIFT_PASSPHRASE: neither reaches it, nor
+# PGPASSWORD or DATABASE_URL, which it does not name; AWS_* does, by prefix.
+printf 'dev-pass-secret\n' >"$T/dev-pass"
+chmod 600 "$T/dev-pass"
+run "init a sealed keyring" 0 "$KS" keys init --keyring "$T/sealed" --passphrase-file "$T/dev-pass"
+cat >"$T/envreg" <<EOF
+keyshift-providers 1
+
+provider sealed
+  type local
+  keyring $T/sealed
+  passphrase-env DEV_PASS
+  serve-prefix sealed/
+
+provider kms
+  type plugin
+  command $FAULT
+  env KEYSHIFT_FAULT_DIR
+  env KEYSHIFT_KMS_EXAMPLE_KEYS
+  env DEV_PASS
+  env KEYSHIFT_PASSPHRASE
+  env-prefix AWS_
+  serve-prefix kms/
+EOF
+chmod 600 "$T/envreg"
+rm -f "$KEYSHIFT_FAULT_DIR/env"
+run "the plugin starts with an allow-listed environment" 0 env DEV_PASS=dev-pass-secret \
+    KEYSHIFT_PASSPHRASE=kp-secret PGPASSWORD=pg-secret DATABASE_URL=postgres://u:db-secret@db/x \
+    AWS_REGION=eu-west-1 "$KS" providers check --providers "$T/envreg"
+expect_grep "env: AWS_* passed by env-prefix" "$KEYSHIFT_FAULT_DIR/env" "^AWS_REGION=eu-west-1$"
+expect_grep "env: a named variable passed" "$KEYSHIFT_FAULT_DIR/env" "^KEYSHIFT_FAULT_DIR="
+if grep -q -e dev-pass-secret -e kp-secret -e pg-secret -e db-secret "$KEYSHIFT_FAULT_DIR/env"; then
+    bad "env: no passphrase, PIN or database secret reaches the plugin" "$(grep -e secret "$KEYSHIFT_FAULT_DIR/env")"
+else
+    ok "env: no passphrase, PIN or database secret reaches the plugin"
+fi
 
 cli_finish cli-plugin

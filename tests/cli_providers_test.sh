@@ -118,7 +118,7 @@ run "a provider's keyring readable by others" 78 "$KS" keys list --providers "$T
 expect_grep "open keyring: names the provider" "$T/err" "provider alpha: cannot use its keyring: insecure"
 expect_grep "open keyring: says the mode and the fix" "$T/err" "keyring $T/open.keyring has mode 0644, which would let group or others read or change its keys; run: chmod 600 $T/open.keyring"
 
-# ---- a KMS plugin provider (docs/providers.md [P-PLUGIN-1..8]) ----------------
+# ---- a KMS plugin provider (docs/providers.md [P-PLUGIN-1..9]) ----------------
 PREG="$T/plugin.reg"
 cat >"$PREG" <<EOF
 keyshift-providers 1
@@ -134,6 +134,7 @@ provider kms
   arg two words
   rate-limit 0
   retries 1
+  env KEYSHIFT_KMS_EXAMPLE_KEYS
   serve-prefix k/
 EOF
 chmod 600 "$PREG"
@@ -144,6 +145,7 @@ expect_grep "list: an arg with a space, whole" "$T/out" "arg  *two words$"
 run "providers list --json: a plugin provider" 0 "$KS" providers list --providers "$PREG" --json
 expect_grep "list --json: settings and args in order" "$T/out" \
     '"name":"kms","type":"plugin","settings":{"command":"example","retries":"1","rate-limit":"0"},"args":\["--region eu-west-1","two words"\]'
+expect_grep "list --json: the env lines of a plugin" "$T/out" '"args":\["--region eu-west-1","two words"\],"env":\["KEYSHIFT_KMS_EXAMPLE_KEYS"\],"env_prefixes":\[\]'
 printf 'keyshift-providers 1\nprovider kms\n  type plugin\n  command aws\n  keyring /k\n  serve k\n' >"$T/badplug.reg"
 chmod 600 "$T/badplug.reg"
 run "keyring in a plugin provider" 78 "$KS" providers list --providers "$T/badplug.reg"

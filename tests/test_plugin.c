@@ -86,7 +86,7 @@ static int teardown(void **state)
 {
     pfix *p = *state;
     char path[256];
-    static const char *const files[] = {"plan", "used", "used.tmp", "log", "lock", "deks"};
+    static const char *const files[] = {"plan", "used", "used.tmp", "log", "lock", "deks", "env", "child"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", p->f->dir, files[i]);
         unlink(path);
@@ -114,7 +114,10 @@ static ks_plugin_config quick(const pfix *p)
 {
     ks_plugin_config c;
     ks_plugin_config_init(&c);
+    static const char *const env[] = {"KEYSHIFT_KMS_EXAMPLE_KEYS", "KEYSHIFT_FAULT_DIR"};
     c.command = p->tool;
+    c.env = env; /* [KP-SEC-1]: what the fault plugin reads */
+    c.nenv = 2;
     c.timeout_ms = 1500;
     c.retries = 2;
     c.retry_budget_ms = 10000;
@@ -505,6 +508,258 @@ static void test_leaks_not_shown(void **state)
     ks_provider_destroy(&prov);
 }
 
+/* A DEK whose base64 holds no digit (about 0.07 % of them): the old rule
+ * redacted only runs with a digit and showed it in full. */
+static void digit_free_dek(uint8_t *dek)
+{
+    char b64[sodium_base64_ENCODED_LEN(KS_DEK_LEN, sodium_base64_VARIANT_ORIGINAL)];
+    do {
+        randombytes_buf(dek, KS_DEK_LEN);
+        sodium_bin2base64(b64, sizeof b64, dek, KS_DEK_LEN, sodium_base64_VARIANT_ORIGINAL);
+    } while (strpbrk(b64, "0123456789") != NULL);
+}
+
+/* Assert that s holds none of 12 characters in a row of d's base64url
+ * spelling, nor d's bytes (when they are printable, as the raw DEK of
+ * letters below is). */
+static void assert_no_dek_more(const char *s, const uint8_t *d)
+{
+    char url[sodium_base64_ENCODED_LEN(KS_DEK_LEN, sodium_base64_VARIANT_URLSAFE)];
+    sodium_bin2base64(url, sizeof url, d, KS_DEK_LEN, sodium_base64_VARIANT_URLSAFE);
+    for (size_t i = 0; i + 12 <= strlen(url); i++) {
+        assert_null(memmem(s, strlen(s), url + i, 12));
+    }
+    for (size_t i = 0; i + 12 <= KS_DEK_LEN; i++) {
+        assert_null(memmem(s, strlen(s), d + i, 12));
+    }
+}
+
+/* [KP-BRIDGE-9]: a DEK in every spelling on stderr, for a DEK whose
+ * base64 has no digit and one whose raw bytes are letters (both shown
+ * by the old rule), in a wrap and in an unwrap's answer; and a DEK cut
+ * by the 1 KiB window, 15 characters of it left. */
+static void test_leaks_every_spelling(void **state)
+{
+    pfix *p = *state;
+    for (int round = 0; round < 2; round++) {
+        if (round == 0) {
+            digit_free_dek(p->dek);
+        } else {
+            for (size_t i = 0; i < KS_DEK_LEN; i++) {
+                p->dek[i] = (uint8_t)('a' + randombytes_uniform(26));
+            }
+        }
+        ks_plugin_config c = quick(p);
+        c.retries = 0;
+        ks_provider prov;
+        start(p, "wrap leak-all 1\nunwrap leak-all 1\nwrap leak-edge 1\nunwrap leak-edge 1\n", &c, &prov);
+        uint8_t w[1024];
+        size_t n = 0;
+        round_trip(&prov, p, w, &n);
+        ks_plugin_stats s = stats(&prov, p->dek);
+        assert_no_dek_more(s.stderr_tail, p->dek);
+        round_trip(&prov, p, w, &n);
+        s = stats(&prov, p->dek);
+        assert_no_dek_more(s.stderr_tail, p->dek);
+        assert_non_null(strstr(s.stderr_tail, "[redacted]...."));
+        ks_provider_destroy(&prov);
+    }
+}
+
+/* ks_pstderr_add: a DEK cut by the window's front edge in each spelling
+ * (its last 15 characters left) and one split between two writes are
+ * masked, whether or not it is known; the pattern rule needs no digit. */
+static void test_stderr_window_edge(void **state)
+{
+    (void)state;
+    uint8_t dek[KS_DEK_LEN];
+    for (size_t i = 0; i < KS_DEK_LEN; i++) {
+        dek[i] = (uint8_t)('A' + i % 26); /* raw bytes that are letters, no digit */
+    }
+    char enc[4][2 * KS_DEK_LEN + 1];
+    memcpy(enc[0], dek, KS_DEK_LEN);
+    enc[0][KS_DEK_LEN] = '\0';
+    sodium_bin2hex(enc[1], sizeof enc[1], dek, KS_DEK_LEN);
+    sodium_bin2base64(enc[2], sizeof enc[2], dek, KS_DEK_LEN, sodium_base64_VARIANT_ORIGINAL);
+    sodium_bin2base64(enc[3], sizeof enc[3], dek, KS_DEK_LEN, sodium_base64_VARIANT_URLSAFE_NO_PADDING);
+    ks_pdeks known;
+    memset(&known, 0, sizeof known);
+    ks_pdeks_note(&known, dek);
+    char out[KS_PSTDERR_CAP * 4], fill[KS_PSTDERR_CAP];
+    memset(fill, '.', sizeof fill);
+    for (int k = 0; k < 4; k++) {
+        const size_t m = strlen(enc[k]);
+        for (int with = 0; with < 2; with++) {
+            /* the last 15 characters of the DEK, then fill to the window's end */
+            ks_pstderr e = {{0}, 0};
+            ks_pstderr_add(&e, enc[k], m, with ? &known : NULL);
+            ks_pstderr_add(&e, fill, KS_PSTDERR_CAP - 15, with ? &known : NULL);
+            assert_int_equal(e.len, KS_PSTDERR_CAP);
+            ks_pstderr_show(&e, out, sizeof out);
+            assert_null(strstr(out, enc[k] + m - 15));
+            assert_null(strstr(out, enc[k] + m - 8));
+            assert_memory_equal(out, "[redacted]...", 13);
+            /* split between two writes, the window cut after it */
+            ks_pstderr f = {{0}, 0};
+            ks_pstderr_add(&f, fill, 900, with ? &known : NULL);
+            ks_pstderr_add(&f, enc[k], 10, with ? &known : NULL);
+            ks_pstderr_add(&f, enc[k] + 10, m - 10, with ? &known : NULL);
+            ks_pstderr_add(&f, fill, 300, with ? &known : NULL);
+            ks_pstderr_show(&f, out, sizeof out);
+            assert_null(strstr(out, "ABCDEFGH"));
+            assert_null(memmem(out, strlen(out), enc[k] + 20, 8));
+            assert_non_null(strstr(out, "[redacted]"));
+        }
+    }
+    /* a known raw DEK of any bytes is masked, not shown as '?'s around printable ones */
+    randombytes_buf(dek, sizeof dek);
+    dek[0] = 'Q';
+    dek[1] = 'Z';
+    ks_pdeks_note(&known, dek);
+    ks_pstderr g = {{0}, 0};
+    ks_pstderr_add(&g, ": ", 2, &known);
+    ks_pstderr_add(&g, (const char *)dek, 2, &known);
+    ks_pstderr_add(&g, (const char *)dek + 2, KS_DEK_LEN - 2, &known);
+    ks_pstderr_add(&g, " :", 2, &known);
+    ks_pstderr_show(&g, out, sizeof out);
+    assert_string_equal(out, ": [redacted] :");
+    sodium_memzero(&known, sizeof known);
+}
+
+/* ---- what a plugin receives [KP-SEC-1] ------------------------------------------------------ */
+
+/* The fault plugin's environment at its last start (DIR/env), as
+ * "\nNAME=value" lines (a leading LF, so "\nNAME=" finds a name). */
+static void plugin_env_text(const pfix *p, char *out, size_t cap)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/env", p->f->dir);
+    FILE *fp = fopen(path, "r");
+    assert_non_null(fp);
+    out[0] = '\n';
+    const size_t n = fread(out + 1, 1, cap - 2, fp);
+    out[n + 1] = '\0';
+    fclose(fp);
+}
+
+/* A plugin gets PATH, HOME, LANG, LC_*, TZ and TMPDIR and what the
+ * configuration names or prefixes, never a variable of env_secret nor
+ * KEYSHIFT_PASSPHRASE even when named, and no other of keyshift's: not
+ * PGPASSWORD, DATABASE_URL or a PIN.  (An interpreter's launcher, such as
+ * a version manager's shim, may add variables of its own; those are not
+ * keyshift's and not looked at.) */
+static void test_env_allow_list(void **state)
+{
+    pfix *p = *state;
+    static const char *const set[][2] = {
+        {"KEYSHIFT_PASSPHRASE", "keyring-pass"}, {"PGPASSWORD", "pg-pass"},
+        {"DATABASE_URL", "postgres://u:pw@db/x"}, {"HSM_PIN", "1234"},
+        {"AWS_REGION", "eu-west-1"}, {"AWS_SECRET_ACCESS_KEY", "aws-secret"},
+        {"LC_ALL", "C"}, {"TZ", "UTC"}, {"NAMED_ONE", "n1"}, {"AWSX", "not-a-prefix-match"},
+        {"SERVICE_TOKEN", "unlisted-token"},
+    };
+    for (size_t i = 0; i < sizeof set / sizeof set[0]; i++) {
+        assert_int_equal(setenv(set[i][0], set[i][1], 1), 0);
+    }
+    static const char *const env[] = {"KEYSHIFT_KMS_EXAMPLE_KEYS", "KEYSHIFT_FAULT_DIR", "NAMED_ONE",
+                                      "HSM_PIN", "KEYSHIFT_PASSPHRASE"};
+    static const char *const prefixes[] = {"AWS_"};
+    static const char *const secret[] = {"HSM_PIN"};
+    ks_plugin_config c = quick(p);
+    c.env = env;
+    c.nenv = 5;
+    c.env_prefixes = prefixes;
+    c.nenv_prefixes = 1;
+    c.env_secret = secret;
+    c.nenv_secret = 1;
+    ks_provider prov;
+    start(p, "", &c, &prov);
+    char text[16384];
+    plugin_env_text(p, text, sizeof text);
+    static const char *const want[] = {"\nKEYSHIFT_FAULT_DIR=", "\nKEYSHIFT_KMS_EXAMPLE_KEYS=", "\nNAMED_ONE=n1\n",
+                                       "\nAWS_REGION=eu-west-1\n", "\nAWS_SECRET_ACCESS_KEY=aws-secret\n",
+                                       "\nLC_ALL=C\n", "\nTZ=UTC\n", "\nPATH="};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        if (strstr(text, want[i]) == NULL) {
+            fail_msg("%s not passed to the plugin", want[i] + 1);
+        }
+    }
+    static const char *const never[] = {"keyring-pass", "pg-pass", "pw@db", "=1234", "not-a-prefix-match",
+                                        "unlisted-token"};
+    for (size_t i = 0; i < sizeof never / sizeof never[0]; i++) {
+        if (strstr(text, never[i]) != NULL) {
+            fail_msg("the plugin received %s", never[i]);
+        }
+    }
+    ks_provider_destroy(&prov);
+    /* names outside [A-Za-z_][A-Za-z0-9_]*, or too many, are refused */
+    static const char *const bad[] = {"AWS-REGION"};
+    c.env = bad;
+    c.nenv = 1;
+    assert_int_equal(ks_plugin_open(&c, &prov, NULL), KS_ERR_INVALID_ARGUMENT);
+    c.env = env;
+    c.nenv = KS_PLUGIN_ENV_MAX + 1;
+    assert_int_equal(ks_plugin_open(&c, &prov, NULL), KS_ERR_INVALID_ARGUMENT);
+    for (size_t i = 0; i < sizeof set / sizeof set[0]; i++) {
+        unsetenv(set[i][0]);
+    }
+}
+
+/* ---- process groups ----------------------------------------------------------------------- */
+
+/* Whether the process DIR/child names is gone (or a zombie awaiting its
+ * reaper), waiting up to 3 s. */
+static int child_gone(const pfix *p)
+{
+    char path[256], stat[512];
+    snprintf(path, sizeof path, "%s/child", p->f->dir);
+    FILE *fp = fopen(path, "r");
+    assert_non_null(fp);
+    long pid = 0;
+    assert_int_equal(fscanf(fp, "%ld", &pid), 1);
+    fclose(fp);
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    for (int i = 0; i < 300; i++) {
+        fp = fopen(path, "r");
+        if (fp == NULL) {
+            return 1;
+        }
+        const size_t n = fread(stat, 1, sizeof stat - 1, fp);
+        fclose(fp);
+        stat[n] = '\0';
+        const char *end = strrchr(stat, ')');
+        if (end != NULL && end[1] == ' ' && (end[2] == 'Z' || end[2] == 'X')) {
+            return 1;
+        }
+        const struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    kill((pid_t)pid, SIGKILL); /* leave nothing behind */
+    return 0;
+}
+
+/* A plugin that starts a child and hangs past the deadline: the kill
+ * takes its whole process group, the child too; and a child left by a
+ * plugin that exits when closed dies at the close. */
+static void test_process_group_killed(void **state)
+{
+    pfix *p = *state;
+    ks_plugin_config c = quick(p);
+    c.retries = 0;
+    c.timeout_ms = 1000;
+    ks_provider prov;
+    start(p, "wrap spawn-hang 1\n", &c, &prov);
+    uint8_t w[1024];
+    size_t n = 0;
+    assert_int_equal(wrap(&prov, p, w, &n), KS_ERR_TIMEOUT);
+    assert_true(child_gone(p));
+    ks_provider_destroy(&prov);
+    start(p, "wrap spawn 1\n", &c, &prov);
+    assert_int_equal(wrap(&prov, p, w, &n), KS_OK);
+    ks_provider_destroy(&prov);
+    assert_true(child_gone(p));
+}
+
 /* ---- open --------------------------------------------------------------------------- */
 
 /* A missing program, a plugin that dies before hello, one whose hello is
@@ -658,20 +913,20 @@ static void test_stderr_show(void **state)
     char out[KS_PSTDERR_CAP * 4];
     const char text[] = "error: ThrottlingException for arn:aws:kms:us-east-1:111122223333:key/1234abcd\n"
                         "dek AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8= hex 000102030405060708090a0b0c0d0e0f\tend\n";
-    ks_pstderr_add(&e, text, sizeof text - 1);
+    ks_pstderr_add(&e, text, sizeof text - 1, NULL);
     ks_pstderr_show(&e, out, sizeof out);
-    assert_string_equal(out, "error: ThrottlingException for arn:aws:kms:us-east-1:111122223333:key/1234abcd | "
+    assert_string_equal(out, "error: [redacted] for arn:aws:kms:us-east-1:111122223333:key/1234abcd | "
                              "dek [redacted] hex [redacted]?end");
     char big[3000];
-    memset(big, 'x', sizeof big);
+    memset(big, '.', sizeof big);
     memcpy(big + sizeof big - 4, "tail", 4);
-    ks_pstderr_add(&e, big, sizeof big);
+    ks_pstderr_add(&e, big, sizeof big, NULL);
     assert_int_equal(e.len, KS_PSTDERR_CAP);
     ks_pstderr_show(&e, out, sizeof out);
     assert_int_equal(strlen(out), KS_PSTDERR_CAP);
     assert_string_equal(out + KS_PSTDERR_CAP - 4, "tail");
     ks_pstderr_show(&e, out, 5);
-    assert_string_equal(out, "xxxx");
+    assert_string_equal(out, "....");
 }
 
 int main(void)
@@ -682,6 +937,7 @@ int main(void)
     signal(SIGPIPE, SIG_DFL); /* the provider must never raise it */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stderr_show),
+        cmocka_unit_test(test_stderr_window_edge),
         cmocka_unit_test_setup_teardown(test_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hang_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exit_and_midline, setup, teardown),
@@ -692,6 +948,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_refused_lines, setup, teardown),
         cmocka_unit_test_setup_teardown(test_duplicate, setup, teardown),
         cmocka_unit_test_setup_teardown(test_leaks_not_shown, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_leaks_every_spelling, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_env_allow_list, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_process_group_killed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_open_failures, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rate_limit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrency, setup, teardown),

@@ -88,6 +88,12 @@ static void render(const ks_regf_file *f, text *t)
                      (const char *)f->args[j].value.ptr);
             }
         }
+        for (size_t j = 0; j < f->nenvs; j++) {
+            if (f->envs[j].provider == i) {
+                addf(t, "setting: %.*s %s %.*s\n", nl, nm, f->envs[j].prefix ? "env-prefix" : "env",
+                     (int)f->envs[j].name.len, (const char *)f->envs[j].name.ptr);
+            }
+        }
         for (size_t j = 0; j < f->nserves; j++) {
             const ks_regf_serve *s = &f->serves[j];
             if (s->provider == i) {
@@ -193,42 +199,70 @@ static void test_limits(void **state)
     free(big);
 }
 
-/* The arg limits [P-PLUGIN-3]: 32 arg lines in a provider and 256 in
- * the file pass; a 33rd in a provider, or a 257th in the file, is
- * too-large at its KEY. */
-static void test_arg_limits(void **state)
+/* The limits of a repeated plugin line (arg [P-PLUGIN-3], env
+ * [P-PLUGIN-9]): 32 in a provider and 256 in the file pass; a 33rd in a
+ * provider, or a 257th in the file, is too-large at its KEY.  The lines
+ * are stem and a number; key is another line's "  KEY " text; count
+ * gives how many a parse holds. */
+static void repeat_limits(const char *stem, const char *key, size_t (*count)(const ks_regf_file *f))
 {
     static ks_regf_file f;
     ks_regf_error e;
-    (void)state;
+    char want[32];
     for (int extra = 0; extra <= 1; extra++) {
         text t = {0};
         addf(&t, "keyshift-providers 1\n");
         for (int i = 0; i < 8; i++) {
             addf(&t, "provider p%d\n  type plugin\n  command aws\n", i);
             for (int j = 0; j < 32 + (i == 7 ? extra : 0); j++) {
-                addf(&t, "  arg %d\n", j);
+                addf(&t, "%s%d\n", stem, j);
             }
             addf(&t, "  serve k%d\n", i);
         }
         assert_int_equal(parse_text(t.s, &f, &e), extra ? KS_ERR_TOO_LARGE : KS_OK);
         if (extra) {
-            assert_int_equal(e.offset, (size_t)(strstr(strstr(t.s, "provider p7"), "  arg 32\n") -
-                                                t.s) + 2);
+            snprintf(want, sizeof want, "%s32\n", stem);
+            assert_int_equal(e.offset, (size_t)(strstr(strstr(t.s, "provider p7"), want) - t.s) + 2);
             assert_int_equal(e.provider, 8);
         } else {
-            assert_int_equal(f.nargs, 256);
+            assert_int_equal(count(&f), 256);
             check_canonical((const uint8_t *)t.s, t.len, &f);
-        }
-        /* A 257th in the file, in a provider of one. */
-        if (!extra) {
-            addf(&t, "provider q\n  type plugin\n  command aws\n  arg x\n  serve q\n");
+            /* A 257th in the file, in a provider of one. */
+            addf(&t, "provider q\n  type plugin\n  command aws\n%sX\n  serve q\n", key);
             assert_int_equal(parse_text(t.s, &f, &e), KS_ERR_TOO_LARGE);
-            assert_int_equal(e.offset, (size_t)(strstr(t.s, "  arg x\n") - t.s) + 2);
+            snprintf(want, sizeof want, "%sX\n", key);
+            assert_int_equal(e.offset, (size_t)(strstr(t.s, want) - t.s) + 2);
             assert_int_equal(e.provider, 9);
         }
         free(t.s);
     }
+}
+
+/* The arg lines of a parse. */
+static size_t count_args(const ks_regf_file *f)
+{
+    return f->nargs;
+}
+
+/* The env and env-prefix lines of a parse. */
+static size_t count_envs(const ks_regf_file *f)
+{
+    return f->nenvs;
+}
+
+/* The arg limits [P-PLUGIN-3] (see repeat_limits). */
+static void test_arg_limits(void **state)
+{
+    (void)state;
+    repeat_limits("  arg ", "  arg ", count_args);
+}
+
+/* The env limits [P-PLUGIN-9], env and env-prefix lines counted
+ * together (see repeat_limits). */
+static void test_env_limits(void **state)
+{
+    (void)state;
+    repeat_limits("  env V", "  env-prefix ", count_envs);
 }
 
 /* [P-CANON-1] with arg lines: after the other settings (timeout-ms,
@@ -266,6 +300,8 @@ static void test_plugin_canonical(void **state)
     check_canonical(out, n, &f);
     assert_string_equal(ks_regf_type_name(KS_REGF_PLUGIN), "plugin");
     assert_string_equal(ks_regf_key_name(KS_REGF_ARG), "arg");
+    assert_string_equal(ks_regf_key_name(KS_REGF_ENV), "env");
+    assert_string_equal(ks_regf_key_name(KS_REGF_ENV_PREFIX), "env-prefix");
     assert_null(ks_regf_type_name(KS_REGF_PLUGIN + 1));
 }
 
@@ -993,8 +1029,8 @@ static void test_pkcs11_fails_closed(void **state)
     ks_registry_close(r);
 }
 
-/* A plugin provider's settings, listed by a read registry (arg lines
- * last, in file order; no plugin started); ks_registry_plugin_stats
+/* A plugin provider's settings, listed by a read registry (arg lines,
+ * then env and env-prefix lines, last, in file order; no plugin started); ks_registry_plugin_stats
  * refuses a read registry, a provider past the end and a provider of
  * another type. */
 static void test_plugin_read(void **state)
@@ -1006,22 +1042,23 @@ static void test_plugin_read(void **state)
     ks_registry_setting rs;
     ks_plugin_stats stats;
     spit_text(f->path, "keyshift-providers 1\nprovider dev\n  type local\n  keyring /k\n"
-                       "  serve d\nprovider kms\n  type plugin\n  arg --key=app/main,1,arn:x\n"
-                       "  concurrency 2\n  command aws\n  arg two words\n  serve-prefix app/\n");
+                       "  serve d\nprovider kms\n  type plugin\n  env-prefix AWS_\n  arg --key=app/main,1,arn:x\n"
+                       "  concurrency 2\n  command aws\n  env HTTPS_PROXY\n  arg two words\n"
+                       "  serve-prefix app/\n");
     assert_int_equal(ks_registry_read(f->path, &r, &err), KS_OK);
     assert_int_equal(ks_registry_info_at(r, 1, &ri), KS_OK);
     assert_string_equal(ri.type, "plugin");
-    assert_int_equal(ri.settings, 4);
+    assert_int_equal(ri.settings, 6);
     assert_int_equal(ri.serves, 1);
     static const char *const want[][2] = {
         {"command", "aws"}, {"concurrency", "2"}, {"arg", "--key=app/main,1,arn:x"},
-        {"arg", "two words"}};
-    for (size_t j = 0; j < 4; j++) {
+        {"arg", "two words"}, {"env-prefix", "AWS_"}, {"env", "HTTPS_PROXY"}};
+    for (size_t j = 0; j < 6; j++) {
         assert_int_equal(ks_registry_setting_at(r, 1, j, &rs), KS_OK);
         assert_string_equal(rs.key, want[j][0]);
         assert_string_equal(rs.value, want[j][1]);
     }
-    assert_int_equal(ks_registry_setting_at(r, 1, 4, &rs), KS_ERR_NOT_FOUND);
+    assert_int_equal(ks_registry_setting_at(r, 1, 6, &rs), KS_ERR_NOT_FOUND);
     assert_int_equal(ks_registry_setting_at(r, 0, 1, &rs), KS_ERR_NOT_FOUND);
     assert_int_equal(ks_registry_plugin_stats(r, 1, &stats), KS_ERR_INVALID_ARGUMENT);
     assert_int_equal(ks_registry_plugin_stats(NULL, 1, &stats), KS_ERR_INVALID_ARGUMENT);
@@ -1085,7 +1122,7 @@ static void test_plugin_opens(void **state)
              "keyshift-providers 1\nprovider dev\n  type local\n  keyring %s\n  serve-prefix dev/\n"
              "provider kms\n  type plugin\n  command %.*s/../tools/keyshift-kms-example\n"
              "  arg --unused two words\n  timeout-ms 20000\n  retries 0\n  rate-limit 0\n"
-             "  concurrency 1\n  serve-prefix app/\n",
+             "  concurrency 1\n  env KEYSHIFT_KMS_EXAMPLE_KEYS\n  serve-prefix app/\n",
              kpath, (int)(strrchr(abs, '/') - abs), abs);
     free(abs);
     spit_text(f->path, buf);
@@ -1486,6 +1523,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_arg_limits),
+        cmocka_unit_test(test_env_limits),
         cmocka_unit_test(test_plugin_canonical),
         cmocka_unit_test(test_error_details),
         cmocka_unit_test(test_routing),

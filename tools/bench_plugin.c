@@ -69,7 +69,10 @@ static int plugin_open(uint32_t rate, ks_provider *out)
     }
     ks_plugin_config c;
     ks_plugin_config_init(&c);
+    static const char *const env[] = {"KEYSHIFT_KMS_EXAMPLE_KEYS"};
     c.command = tool;
+    c.env = env; /* [KP-SEC-1]: its key file */
+    c.nenv = 1;
     c.rate_limit = rate;
     c.concurrency = 1;
     ks_plugin_error e;

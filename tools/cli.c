@@ -5,6 +5,7 @@
  */
 #define _POSIX_C_SOURCE 200809L /* open(O_CLOEXEC), read, fstat */
 
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <fcntl.h>
@@ -79,8 +80,34 @@ int ks_cli_parse_size(const char *s, size_t lo, size_t hi, size_t *out)
     return 0;
 }
 
+/* Wipe buf[0, cap) and free it (NULL: nothing). */
+static void free_wiped(uint8_t *buf, size_t cap)
+{
+    if (buf != NULL) {
+        sodium_memzero(buf, cap);
+        free(buf);
+    }
+}
+
+/* Move buf (cap bytes, its first len in use) to a new block of ncap
+ * bytes, wiping and freeing the old one (realloc would free it unwiped,
+ * and it may hold a plaintext or a passphrase: the engine's grow_keep
+ * does the same).  NULL, buf left as it was, when out of memory. */
+static uint8_t *grow_wiped(uint8_t *buf, size_t len, size_t cap, size_t ncap)
+{
+    assert(len <= cap && cap <= ncap);
+    uint8_t *nb = malloc(ncap);
+    if (nb == NULL) {
+        return NULL;
+    }
+    memcpy(nb, buf, len);
+    free_wiped(buf, cap);
+    return nb;
+}
+
 /* Read from fd until EOF or until max + 1 bytes have arrived, growing the
- * buffer geometrically but never beyond max + 1 bytes. */
+ * buffer geometrically but never beyond max + 1 bytes.  What it read may
+ * be a plaintext or a passphrase: every block given up is wiped first. */
 static int read_bounded(int fd, const char *name, size_t max, uint8_t **out, size_t *out_len,
                         int *too_long)
 {
@@ -94,9 +121,9 @@ static int read_bounded(int fd, const char *name, size_t max, uint8_t **out, siz
     while (len < limit) {
         if (len == cap) {
             size_t ncap = cap < limit / 2 ? cap * 2 : limit;
-            uint8_t *nb = realloc(buf, ncap);
+            uint8_t *nb = grow_wiped(buf, len, cap, ncap);
             if (nb == NULL) {
-                free(buf);
+                free_wiped(buf, cap);
                 ks_cli_error("out of memory");
                 return EX_OSERR;
             }
@@ -109,7 +136,7 @@ static int read_bounded(int fd, const char *name, size_t max, uint8_t **out, siz
         }
         if (n < 0) {
             ks_cli_error("cannot read %s: %s", name, strerror(errno));
-            free(buf);
+            free_wiped(buf, cap);
             return EX_IOERR;
         }
         if (n == 0) {
@@ -119,7 +146,7 @@ static int read_bounded(int fd, const char *name, size_t max, uint8_t **out, siz
     }
     if (len > max) {
         *too_long = 1;
-        free(buf);
+        free_wiped(buf, cap);
         return EX_DATAERR;
     }
     *out = buf;
@@ -347,7 +374,7 @@ int ks_cli_passphrase_load(const char *passphrase_file, ks_bytes *out)
         return EX_OK;
     }
     uint8_t *raw = NULL;
-    size_t len = 0;
+    size_t len = 0, raw_len = 0;
     if (passphrase_file != NULL) {
         int too_long;
         int rc = ks_cli_read_input(passphrase_file, 4096, &raw, &len, &too_long);
@@ -358,6 +385,7 @@ int ks_cli_passphrase_load(const char *passphrase_file, ks_bytes *out)
         if (rc != EX_OK) {
             return rc == EX_NOINPUT ? EX_CONFIG : rc;
         }
+        raw_len = len;
     } else {
         len = strlen(env);
     }
@@ -367,20 +395,14 @@ int ks_cli_passphrase_load(const char *passphrase_file, ks_bytes *out)
     }
     uint8_t *pass = len > 0 ? sodium_malloc(len) : NULL;
     if (len > 0 && pass == NULL) {
-        if (raw != NULL) {
-            sodium_memzero(raw, len);
-            free(raw);
-        }
+        free_wiped(raw, raw_len);
         ks_cli_error("out of memory");
         return EX_OSERR;
     }
     if (len > 0) {
         memcpy(pass, src, len);
     }
-    if (raw != NULL) {
-        sodium_memzero(raw, len);
-        free(raw);
-    }
+    free_wiped(raw, raw_len); /* its final LF too */
     if (len == 0) {
         ks_cli_error("the passphrase is empty");
         return EX_CONFIG;

@@ -34,9 +34,14 @@ static void usage(FILE *f)
           "    $KEYSHIFT_PROVIDERS.\n"
           "\n"
           "    list   prints each provider, its settings and what it serves (a\n"
-          "           plugin's arg lines in file order; in --json an \"args\" array). It\n"
-          "           reads the file only: no provider is opened, no plugin started, no\n"
-          "           secret read.\n"
+          "           plugin's arg lines, then its env and env-prefix lines, in file\n"
+          "           order; in --json the arrays \"args\", \"env\" and \"env_prefixes\").\n"
+          "           A plugin receives of keyshift's environment only PATH, HOME, LANG,\n"
+          "           LC_*, TZ, TMPDIR and what its env and env-prefix lines pass, never\n"
+          "           a variable a pin-env or passphrase-env names nor\n"
+          "           KEYSHIFT_PASSPHRASE (docs/kms-plugin.md [KP-SEC-1]). It reads the\n"
+          "           file only: no provider is opened, no plugin started, no secret\n"
+          "           read.\n"
           "    check  opens the providers in file order, exactly as a command would\n"
           "           (reading each passphrase or PIN its file or variable names),\n"
           "           and prints for each: ok, failed (with why), or not checked\n"
@@ -67,6 +72,30 @@ static void usage(FILE *f)
           f);
 }
 
+/* Whether a setting key repeats in a plugin provider (arg, env,
+ * env-prefix): --json lists those in arrays of their own. */
+static int repeated_key(const char *key)
+{
+    return strcmp(key, "arg") == 0 || strcmp(key, "env") == 0 || strcmp(key, "env-prefix") == 0;
+}
+
+/* Print the JSON array `"name":[...]` of the values of provider i's
+ * settings whose key is key, in file order. */
+static void put_json_values(const ks_registry *r, size_t i, const char *name, const char *key)
+{
+    ks_registry_setting st;
+    int first = 1;
+    printf(",\"%s\":[", name);
+    for (size_t j = 0; ks_registry_setting_at(r, i, j, &st) == KS_OK; j++) {
+        if (strcmp(st.key, key) == 0) {
+            printf("%s", first ? "" : ",");
+            ks_cli_put_json_string(stdout, (const uint8_t *)st.value, strlen(st.value));
+            first = 0;
+        }
+    }
+    printf("]");
+}
+
 /* Print provider i of r as text, or as a JSON object (with a leading
  * comma after the first). */
 static void put_provider(const ks_registry *r, size_t i, int json)
@@ -83,26 +112,20 @@ static void put_provider(const ks_registry *r, size_t i, int json)
         printf(",\"type\":\"%s\",\"settings\":{", info.type);
     }
     ks_registry_setting st;
-    size_t nargs = 0;
     for (size_t j = 0; ks_registry_setting_at(r, i, j, &st) == KS_OK; j++) {
         if (!json) {
             printf("    %-16s %s\n", st.key, st.value);
-        } else if (strcmp(st.key, "arg") == 0) {
-            nargs++; /* repeated: in "args" below */
-        } else {
+        } else if (!repeated_key(st.key)) { /* repeated ones: in arrays below */
             printf("%s\"%s\":", j ? "," : "", st.key);
             ks_cli_put_json_string(stdout, (const uint8_t *)st.value, strlen(st.value));
         }
     }
     if (json && strcmp(info.type, "plugin") == 0) {
-        printf("},\"args\":[");
-        for (size_t j = info.settings - nargs; j < info.settings; j++) {
-            if (ks_registry_setting_at(r, i, j, &st) == KS_OK) {
-                printf("%s", j > info.settings - nargs ? "," : "");
-                ks_cli_put_json_string(stdout, (const uint8_t *)st.value, strlen(st.value));
-            }
-        }
-        printf("],\"serves\":[");
+        printf("}");
+        put_json_values(r, i, "args", "arg");
+        put_json_values(r, i, "env", "env");
+        put_json_values(r, i, "env_prefixes", "env-prefix");
+        printf(",\"serves\":[");
     } else if (json) {
         printf("},\"serves\":[");
     }

@@ -29,10 +29,16 @@
  *                 row (from backoff_ms up to backoff_max_ms);
  *   stderr        read, kept bounded (the last KS_PLUGIN_STDERR_KEPT
  *                 bytes), reduced to printable ASCII and stripped of
- *                 anything that may be key material (any run of 16 or
- *                 more characters of [A-Za-z0-9+/=] holding a digit
- *                 becomes "[redacted]") before it is shown anywhere
- *                 (ks_plugin_stats).
+ *                 anything that may be key material before it is shown
+ *                 anywhere (ks_plugin_stats): every DEK the provider
+ *                 sent to or received from its plugins, in raw, hex,
+ *                 base64 and base64url, is cut out of the whole text
+ *                 before the kept window is cut, and then any run of 16
+ *                 or more characters of [A-Za-z0-9+/=_-] becomes
+ *                 "[redacted]" ([KP-BRIDGE-9]);
+ *   processes     each plugin runs in a process group of its own, and
+ *                 a kill (a deadline, a refused line, a close) kills the
+ *                 whole group: what a plugin started dies with it.
  *
  * docs/kms-plugin.md section 10 ([KP-BRIDGE-1..12]) is the specification.
  *
@@ -44,9 +50,11 @@
  *
  * Secrets.  A DEK crosses the pipe in a wrap request and an unwrap
  * response only; keyshift wipes every copy it makes ([KP-SEC-1..4]).  The
- * plugin inherits keyshift's environment (where AWS_PROFILE and its
- * siblings live) and nothing else: no descriptor other than its three
- * standard ones.
+ * plugin gets an allow-listed environment ([KP-SEC-1]): of keyshift's
+ * variables only PATH, HOME, LANG, LC_*, TZ and TMPDIR, and those that
+ * `env` and `env_prefixes` name (AWS_ for keyshift-kms-aws), never one of
+ * `env_secret` nor KEYSHIFT_PASSPHRASE; and no descriptor other than its
+ * three standard ones.
  *
  * Processes.  The plugin is started with posix_spawn, so a
  * multi-threaded caller is safe.  keyshift never receives SIGPIPE from it
@@ -89,6 +97,9 @@ extern "C" {
 #define KS_PLUGIN_CONCURRENCY_DEFAULT 4u
 #define KS_PLUGIN_CONCURRENCY_MAX 64u
 #define KS_PLUGIN_STDERR_KEPT 1024        /* bytes of a plugin's stderr kept */
+#define KS_PLUGIN_ENV_MAX 32              /* names, and prefixes, passed on */
+#define KS_PLUGIN_ENV_SECRET_MAX 128      /* names never passed on */
+#define KS_PLUGIN_ENV_NAME_MAX 128        /* bytes in one name or prefix */
 
 /* How to run a plugin and the policy around it.  Fill it with
  * ks_plugin_config_init(), then set command (and what else differs). */
@@ -108,6 +119,21 @@ typedef struct ks_plugin_config {
     uint32_t backoff_max_ms;  /* backoff_ms..KS_PLUGIN_BUDGET_MAX */
     uint32_t rate_limit;      /* requests/s, 1..KS_PLUGIN_RATE_MAX; 0: no limit */
     uint32_t concurrency;     /* processes, 1..KS_PLUGIN_CONCURRENCY_MAX */
+    /* The variables of keyshift's environment the plugin receives besides
+     * PATH, HOME, LANG, LC_*, TZ and TMPDIR [KP-SEC-1]: env[0..nenv) by
+     * name, env_prefixes[0..nenv_prefixes) every variable whose name
+     * begins with one (at most KS_PLUGIN_ENV_MAX each; each name 1 to
+     * KS_PLUGIN_ENV_NAME_MAX bytes of [A-Za-z_][A-Za-z0-9_]*).  Copied at
+     * open; the values are read from the environment at each start. */
+    const char *const *env;
+    size_t nenv;
+    const char *const *env_prefixes;
+    size_t nenv_prefixes;
+    /* Variables never passed, even when named above: the secrets keyshift
+     * reads itself (a registry's pin-env and passphrase-env); at most
+     * KS_PLUGIN_ENV_SECRET_MAX.  KEYSHIFT_PASSPHRASE is never passed. */
+    const char *const *env_secret;
+    size_t nenv_secret;
 } ks_plugin_config;
 
 /* The defaults: command NULL, no args, every number its _DEFAULT. */

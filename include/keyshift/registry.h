@@ -147,8 +147,8 @@ KS_API KS_WUR ks_err ks_registry_route(const ks_registry *r, ks_bytes key_id, si
 typedef struct ks_registry_info {
     const char *name;
     const char *type;    /* "local", "pkcs11" or "plugin" */
-    size_t settings;     /* its settings other than type and serve lines (arg lines
-                            included) */
+    size_t settings;     /* its settings other than type and serve lines (arg, env
+                            and env-prefix lines included) */
     size_t serves;       /* its serve and serve-prefix lines */
 } ks_registry_info;
 
@@ -173,8 +173,8 @@ KS_API KS_WUR ks_err ks_registry_info_at(const ks_registry *r, size_t i, ks_regi
 
 /* Setting j of provider i, in the canonical order of [P-CANON-1] (the
  * defaults a setting left out takes are not listed; a plugin's arg lines
- * come last, each a setting "arg", in file order); KS_ERR_NOT_FOUND past
- * the end. */
+ * come after the others, each a setting "arg", in file order, then its
+ * env and env-prefix lines in file order); KS_ERR_NOT_FOUND past the end. */
 KS_API KS_WUR ks_err ks_registry_setting_at(const ks_registry *r, size_t i, size_t j,
                                             ks_registry_setting *out);
 

@@ -2,6 +2,7 @@
  * migrate/keys/plugin_proc.c -- one KMS plugin process: see plugin_proc.h.
  */
 #define _GNU_SOURCE
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -20,38 +21,116 @@
 #include "plugin_proc.h"
 #include "../alloc_hook.h"
 
-extern char **environ;
-
 /* Bytes the stderr drain reads at a time. */
 #define DRAIN_CHUNK 4096u
 
 /* ---- standard error --------------------------------------------------------- */
 
-/* See plugin_proc.h. */
-void ks_pstderr_add(ks_pstderr *e, const char *p, size_t n)
-{
-    if (n >= KS_PSTDERR_CAP) {
-        memcpy(e->buf, p + (n - KS_PSTDERR_CAP), KS_PSTDERR_CAP);
-        e->len = KS_PSTDERR_CAP;
-        return;
-    }
-    if (e->len + n > KS_PSTDERR_CAP) {
-        const size_t drop = e->len + n - KS_PSTDERR_CAP;
-        memmove(e->buf, e->buf + drop, e->len - drop);
-        e->len -= drop;
-    }
-    memcpy(e->buf + e->len, p, n);
-    e->len += n;
-}
-
-/* Whether c is of the alphabets a key would be written in (base64, hex). */
+/* Whether c is of the alphabets a key would be written in (base64,
+ * base64url, hex), or a byte already masked. */
 static int keyish(unsigned char c)
 {
     return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '+' ||
-           c == '/' || c == '=';
+           c == '/' || c == '=' || c == '-' || c == '_' || c == KS_PSTDERR_MASK;
 }
 
-/* Append s to out[*n, cap - 1), keeping room for the NUL. */
+/* See plugin_proc.h. */
+void ks_pdeks_note(ks_pdeks *d, const uint8_t *dek)
+{
+    for (size_t i = 0; i < d->n; i++) {
+        if (sodium_memcmp(d->dek[i], dek, KS_DEK_LEN) == 0) {
+            return;
+        }
+    }
+    memcpy(d->dek[d->next], dek, KS_DEK_LEN);
+    d->next = (d->next + 1) % KS_PDEKS_KEPT;
+    if (d->n < KS_PDEKS_KEPT) {
+        d->n++;
+    }
+}
+
+/* Mask every occurrence of needle[0, m) in buf[0, n). */
+static void mask_all(char *buf, size_t n, const char *needle, size_t m)
+{
+    size_t at = 0;
+    while (m > 0 && at + m <= n) {
+        char *hit = memmem(buf + at, n - at, needle, m);
+        if (hit == NULL) {
+            return;
+        }
+        memset(hit, KS_PSTDERR_MASK, m);
+        at = (size_t)(hit - buf) + 1;
+    }
+}
+
+/* Mask in buf[0, n) every DEK of d in each spelling [KP-BRIDGE-9]: raw,
+ * hex in lower and upper case, base64 and base64url.  An encoding is
+ * matched without its padding, so the padded and the unpadded forms are
+ * both masked (and the '=' left over is a short run the pattern rule
+ * does not need). */
+static void mask_deks(char *buf, size_t n, const ks_pdeks *d)
+{
+    if (d == NULL) {
+        return;
+    }
+    char enc[2 * KS_DEK_LEN + 1];
+    for (size_t i = 0; i < d->n; i++) {
+        mask_all(buf, n, (const char *)d->dek[i], KS_DEK_LEN);
+        sodium_bin2hex(enc, sizeof enc, d->dek[i], KS_DEK_LEN);
+        mask_all(buf, n, enc, 2 * KS_DEK_LEN);
+        for (size_t j = 0; j < 2 * KS_DEK_LEN; j++) {
+            enc[j] = (char)(enc[j] >= 'a' && enc[j] <= 'f' ? enc[j] - 'a' + 'A' : enc[j]);
+        }
+        mask_all(buf, n, enc, 2 * KS_DEK_LEN);
+        sodium_bin2base64(enc, sizeof enc, d->dek[i], KS_DEK_LEN, sodium_base64_VARIANT_ORIGINAL_NO_PADDING);
+        mask_all(buf, n, enc, strlen(enc));
+        sodium_bin2base64(enc, sizeof enc, d->dek[i], KS_DEK_LEN, sodium_base64_VARIANT_URLSAFE_NO_PADDING);
+        mask_all(buf, n, enc, strlen(enc));
+    }
+    sodium_memzero(enc, sizeof enc);
+}
+
+/* See plugin_proc.h. */
+void ks_pstderr_mask(ks_pstderr *e, const ks_pdeks *d)
+{
+    mask_deks(e->buf, e->len, d);
+}
+
+/* Append p[0, n) to e, n at most DRAIN_CHUNK: mask the DEKs of d in the
+ * window and the new bytes together, then keep the last KS_PSTDERR_CAP
+ * bytes, masking what is left of a run of key characters the cut falls
+ * in. */
+static void add_piece(ks_pstderr *e, const char *p, size_t n, const ks_pdeks *d)
+{
+    char tmp[KS_PSTDERR_CAP + DRAIN_CHUNK];
+    assert(n <= DRAIN_CHUNK && e->len <= KS_PSTDERR_CAP);
+    memcpy(tmp, e->buf, e->len);
+    memcpy(tmp + e->len, p, n);
+    const size_t all = e->len + n;
+    mask_deks(tmp, all, d);
+    const size_t drop = all > KS_PSTDERR_CAP ? all - KS_PSTDERR_CAP : 0;
+    if (drop > 0 && keyish((unsigned char)tmp[drop - 1])) {
+        for (size_t i = drop; i < all && keyish((unsigned char)tmp[i]); i++) {
+            tmp[i] = KS_PSTDERR_MASK;
+        }
+    }
+    memcpy(e->buf, tmp + drop, all - drop);
+    e->len = all - drop;
+    sodium_memzero(tmp, sizeof tmp);
+}
+
+/* See plugin_proc.h. */
+void ks_pstderr_add(ks_pstderr *e, const char *p, size_t n, const ks_pdeks *d)
+{
+    while (n > 0) {
+        const size_t m = n < DRAIN_CHUNK ? n : DRAIN_CHUNK;
+        add_piece(e, p, m, d);
+        p += m;
+        n -= m;
+    }
+}
+
+/* Append s[0, len) to out[*n, cap - 1), keeping room for the NUL. */
 static void show_put(char *out, size_t cap, size_t *n, const char *s, size_t len)
 {
     while (len-- > 0 && *n + 1 < cap) {
@@ -70,13 +149,13 @@ void ks_pstderr_show(const ks_pstderr *e, char *out, size_t cap)
         const unsigned char c = (unsigned char)e->buf[i];
         if (keyish(c)) {
             size_t j = i;
-            int digit = 0;
+            int masked = 0;
             while (j < e->len && keyish((unsigned char)e->buf[j])) {
-                digit |= e->buf[j] >= '0' && e->buf[j] <= '9';
+                masked |= e->buf[j] == KS_PSTDERR_MASK;
                 j++;
             }
-            if (j - i >= 16 && digit) {
-                show_put(out, cap, &n, "[redacted]", 10);
+            if (j - i >= 16 || masked) {
+                show_put(out, cap, &n, "[redacted]", 10); /* [KP-BRIDGE-9] */
             } else {
                 show_put(out, cap, &n, e->buf + i, j - i);
             }
@@ -101,7 +180,7 @@ static void drain_stderr(ks_pproc *p, ks_pstderr *e)
         const ssize_t r = read(p->err, chunk, sizeof chunk);
         if (r > 0) {
             if (e != NULL) {
-                ks_pstderr_add(e, chunk, (size_t)r);
+                ks_pstderr_add(e, chunk, (size_t)r, p->deks);
             }
             continue;
         }
@@ -190,9 +269,9 @@ static int spawn_setup(posix_spawn_file_actions_t *fa, posix_spawnattr_t *at, in
 }
 
 /* See plugin_proc.h. */
-ks_err ks_pproc_start(ks_pproc *p, char *const argv[])
+ks_err ks_pproc_start(ks_pproc *p, char *const argv[], char *const envp[])
 {
-    if (p->pid != 0 || p->line == NULL || argv == NULL || argv[0] == NULL) {
+    if (p->pid != 0 || p->line == NULL || argv == NULL || argv[0] == NULL || envp == NULL) {
         return KS_ERR_INVALID_ARGUMENT;
     }
     int sv[2], ep[2];
@@ -209,8 +288,8 @@ ks_err ks_pproc_start(ks_pproc *p, char *const argv[])
     ks_err rc = KS_ERR_NO_MEMORY;
     if (spawn_setup(&fa, &at, sv[1], ep[1]) == 0) {
         pid_t pid;
-        const int s = strchr(argv[0], '/') != NULL ? posix_spawn(&pid, argv[0], &fa, &at, argv, environ)
-                                                    : posix_spawnp(&pid, argv[0], &fa, &at, argv, environ);
+        const int s = strchr(argv[0], '/') != NULL ? posix_spawn(&pid, argv[0], &fa, &at, argv, envp)
+                                                    : posix_spawnp(&pid, argv[0], &fa, &at, argv, envp);
         posix_spawnattr_destroy(&at);
         posix_spawn_file_actions_destroy(&fa);
         if (s == 0) {
@@ -244,11 +323,14 @@ static void reap(ks_pproc *p)
     p->pid = 0;
 }
 
-/* See plugin_proc.h. */
+/* See plugin_proc.h.  The group is signalled while its leader is not yet
+ * reaped (running, or a zombie), so its id cannot have been reused. */
 void ks_pproc_kill(ks_pproc *p)
 {
     if (p->pid > 0) {
-        (void)kill(p->pid, SIGKILL);
+        if (kill(-p->pid, SIGKILL) != 0) {
+            (void)kill(p->pid, SIGKILL); /* no group: the plugin alone */
+        }
         reap(p);
     }
     close_channels(p);
@@ -272,9 +354,16 @@ void ks_pproc_stop(ks_pproc *p, uint32_t grace_ms, ks_pstderr *e)
     const uint64_t end = ks_mono_ns() + (uint64_t)grace_ms * 1000000u;
     for (;;) {
         drain_stderr(p, e);
-        const pid_t w = waitpid(p->pid, NULL, WNOHANG);
-        if (w == p->pid || (w < 0 && errno == ECHILD)) {
+        /* Whether it exited, without reaping it: ks_pproc_kill then ends
+         * what it left running in its group, then reaps it. */
+        siginfo_t si;
+        memset(&si, 0, sizeof si);
+        const int w = waitid(P_PID, (id_t)p->pid, &si, WEXITED | WNOHANG | WNOWAIT);
+        if (w < 0 && errno == ECHILD) {
             p->pid = 0;
+            break;
+        }
+        if (w == 0 && si.si_pid == p->pid) {
             break;
         }
         if (ks_mono_ns() >= end) {

@@ -43,6 +43,8 @@
 /* The name prefix of a plugin found on PATH [KP-PROC-1]. */
 #define PLUGIN_PREFIX "keyshift-kms-"
 
+extern char **environ;
+
 /* One process of the pool. */
 typedef struct slot {
     ks_pproc proc;
@@ -50,6 +52,7 @@ typedef struct slot {
     uint32_t deaths;      /* deaths since its last good reply */
     uint64_t not_before;  /* ks_mono_ns before which it is not restarted */
     ks_pstderr fresh;     /* stderr read during the current call */
+    ks_pdeks deks;        /* the DEKs its process saw, cut out of its stderr */
 } slot;
 
 /* A plugin provider. */
@@ -58,6 +61,9 @@ typedef struct ks_plugin {
     pthread_cond_t cv;
     pid_t owner;             /* the process that opened it */
     char **argv;             /* the program, its arguments, NULL */
+    char **env;              /* the names a plugin receives, NULL-terminated [KP-SEC-1] */
+    char **env_prefixes;     /* and the prefixes */
+    char **env_secret;       /* the names it never receives */
     ks_plugin_config cfg;    /* command and args cleared: argv holds them */
     uint64_t interval_ns;    /* between two requests; 0: no rate limit */
     uint64_t next_send;      /* ks_mono_ns of the next request allowed */
@@ -75,7 +81,7 @@ static void redact(const char *text, char *out, size_t cap)
 {
     ks_pstderr tmp;
     tmp.len = 0;
-    ks_pstderr_add(&tmp, text, strnlen(text, KS_PSTDERR_CAP));
+    ks_pstderr_add(&tmp, text, strnlen(text, KS_PSTDERR_CAP), NULL);
     ks_pstderr_show(&tmp, out, cap);
     sodium_memzero(&tmp, sizeof tmp);
 }
@@ -157,12 +163,17 @@ static ks_err slot_take(ks_plugin *pl, uint64_t deadline, slot **out)
     }
 }
 
-/* Give s back, keeping the stderr it read. */
+/* Give s back, keeping the stderr it read with its process's DEKs cut
+ * out, also where one spans the provider's kept text and the new
+ * [KP-BRIDGE-9]; the DEKs of a process that ended are wiped. */
 static void slot_give(ks_plugin *pl, slot *s)
 {
     pthread_mutex_lock(&pl->mu);
-    ks_pstderr_add(&pl->err, s->fresh.buf, s->fresh.len);
+    ks_pstderr_add(&pl->err, s->fresh.buf, s->fresh.len, &s->deks);
     sodium_memzero(&s->fresh, sizeof s->fresh);
+    if (s->proc.pid == 0) {
+        sodium_memzero(&s->deks, sizeof s->deks);
+    }
     s->busy = 0;
     pthread_cond_signal(&pl->cv);
     pthread_mutex_unlock(&pl->mu);
@@ -237,6 +248,9 @@ static ks_err exchange(ks_plugin *pl, slot *s, ks_kp_request *req, ks_kp_respons
     size_t len = 0, line_len = 0;
     int extra = 0;
     req->id = s->proc.next_id;
+    if (req->op == KS_KP_WRAP) {
+        ks_pdeks_note(&s->deks, req->dek); /* [KP-BRIDGE-9] */
+    }
     ks_err rc = ks_kp_encode_request(req, buf, sizeof buf, &len);
     if (rc != KS_OK) {
         return rc == KS_ERR_BUFFER_TOO_SMALL ? KS_ERR_INVALID_ARGUMENT : rc;
@@ -262,6 +276,10 @@ static ks_err exchange(ks_plugin *pl, slot *s, ks_kp_request *req, ks_kp_respons
     ks_kp_error why = {KS_KP_R_NONE, NULL};
     rc = ks_kp_parse_response(s->proc.line, line_len, &ctx, resp, &why);
     ks_pproc_consume(&s->proc);
+    if (rc == KS_OK && resp->ok && req->op == KS_KP_UNWRAP) {
+        ks_pdeks_note(&s->deks, resp->dek); /* [KP-BRIDGE-9]: and what it wrote before */
+        ks_pstderr_mask(&s->fresh, &s->deks);
+    }
     if (rc == KS_ERR_INTEGRITY) {
         note_refusal(pl, &why);
         slot_bury(pl, s);
@@ -308,6 +326,58 @@ static uint64_t step_deadline(uint64_t len, uint64_t end)
     return d < end ? d : end;
 }
 
+/* Whether name[0, n) is one of list's (NULL-terminated) names, or, with
+ * prefix, begins with one of them. */
+static int env_listed(char *const *list, const char *name, size_t n, int prefix)
+{
+    for (; list != NULL && *list != NULL; list++) {
+        const size_t m = strlen(*list);
+        if ((prefix ? m <= n : m == n) && memcmp(*list, name, m) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Whether the variable name[0, n) of keyshift's environment goes to a
+ * plugin [KP-SEC-1]: one of the few every program needs, or one the
+ * configuration names; never a secret keyshift reads itself. */
+static int env_passed(const ks_plugin *pl, const char *name, size_t n)
+{
+    static char *const always[] = {"PATH", "HOME", "LANG", "TZ", "TMPDIR", NULL};
+    static char *const always_prefix[] = {"LC_", NULL};
+    static char *const never[] = {"KEYSHIFT_PASSPHRASE", NULL};
+    if (env_listed(never, name, n, 0) || env_listed(pl->env_secret, name, n, 0)) {
+        return 0;
+    }
+    return env_listed(always, name, n, 0) || env_listed(always_prefix, name, n, 1) ||
+           env_listed(pl->env, name, n, 0) || env_listed(pl->env_prefixes, name, n, 1);
+}
+
+/* The environment of a plugin about to start [KP-SEC-1]: a malloc'd,
+ * NULL-terminated array of pointers into environ (no copy of a value
+ * is made), holding the variables env_passed() lets through. */
+static ks_err plugin_env(const ks_plugin *pl, char ***out)
+{
+    size_t n = 0;
+    while (environ != NULL && environ[n] != NULL) {
+        n++;
+    }
+    char **envp = calloc(n + 1, sizeof *envp);
+    if (envp == NULL) {
+        return KS_ERR_NO_MEMORY;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *eq = strchr(environ[i], '=');
+        if (eq != NULL && env_passed(pl, environ[i], (size_t)(eq - environ[i]))) {
+            envp[k++] = environ[i];
+        }
+    }
+    *out = envp;
+    return KS_OK;
+}
+
 /* Start s's process and greet it ([KP-HELLO-1..4]), honouring its restart
  * backoff, all before the call's end; the hello has a deadline of its own
  * (start_ns).  The hello's answer goes to *resp, and *stage becomes
@@ -327,7 +397,12 @@ static ks_err slot_start(ks_plugin *pl, slot *s, uint64_t end, ks_kp_response *r
         }
         sleep_until(nb);
     }
-    ks_err rc = ks_pproc_start(&s->proc, pl->argv);
+    char **envp = NULL;
+    ks_err rc = plugin_env(pl, &envp);
+    if (rc == KS_OK) {
+        rc = ks_pproc_start(&s->proc, pl->argv, envp);
+        free(envp);
+    }
     pthread_mutex_lock(&pl->mu);
     if (rc == KS_OK) {
         pl->st.starts++;
@@ -513,6 +588,17 @@ static ks_err plugin_key_info(void *self, ks_bytes key_id, uint32_t key_version,
     return rc;
 }
 
+/* Free a NULL-terminated list of malloc'd strings (NULL: nothing). */
+static void free_list(char **list)
+{
+    if (list != NULL) {
+        for (char **a = list; *a != NULL; a++) {
+            free(*a);
+        }
+        free(list);
+    }
+}
+
 /* Free pl and everything it owns; its processes must be ended. */
 static void plugin_free(ks_plugin *pl)
 {
@@ -520,14 +606,13 @@ static void plugin_free(ks_plugin *pl)
         for (size_t i = 0; i < pl->nslots; i++) {
             ks_pproc_free(&pl->slots[i].proc);
         }
+        sodium_memzero(pl->slots, pl->nslots * sizeof *pl->slots);
         free(pl->slots);
     }
-    if (pl->argv != NULL) {
-        for (char **a = pl->argv; *a != NULL; a++) {
-            free(*a);
-        }
-        free(pl->argv);
-    }
+    free_list(pl->argv);
+    free_list(pl->env);
+    free_list(pl->env_prefixes);
+    free_list(pl->env_secret);
     pthread_cond_destroy(&pl->cv);
     pthread_mutex_destroy(&pl->mu);
     sodium_memzero(pl, sizeof *pl);
@@ -592,6 +677,44 @@ static int plugin_name_ok(const char *name)
     return 1;
 }
 
+/* Whether list[0, n) holds at most max names of variables (or their
+ * prefixes): 1 to KS_PLUGIN_ENV_NAME_MAX bytes of [A-Za-z_][A-Za-z0-9_]*. */
+static int env_names_ok(const char *const *list, size_t n, size_t max)
+{
+    if (n > max || (n > 0 && list == NULL)) {
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const char *v = list[i];
+        const size_t len = v != NULL ? strnlen(v, KS_PLUGIN_ENV_NAME_MAX + 1) : 0;
+        if (len == 0 || len > KS_PLUGIN_ENV_NAME_MAX || (v[0] >= '0' && v[0] <= '9')) {
+            return 0;
+        }
+        for (size_t j = 0; j < len; j++) {
+            const char c = v[j];
+            if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) {
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
+/* A NULL-terminated malloc'd copy of src[0, n) into *out. */
+static ks_err dup_list(const char *const *src, size_t n, char ***out)
+{
+    char **l = *out = calloc(n + 1, sizeof *l);
+    if (l == NULL) {
+        return KS_ERR_NO_MEMORY;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if ((l[i] = strdup(src[i])) == NULL) {
+            return KS_ERR_NO_MEMORY;
+        }
+    }
+    return KS_OK;
+}
+
 /* Whether cfg is within the limits of include/keyshift/plugin.h. */
 static int config_ok(const ks_plugin_config *c)
 {
@@ -604,6 +727,11 @@ static int config_ok(const ks_plugin_config *c)
         if (c->args[i] == NULL || strnlen(c->args[i], KS_PLUGIN_ARG_MAX + 1) > KS_PLUGIN_ARG_MAX) {
             return 0;
         }
+    }
+    if (!env_names_ok(c->env, c->nenv, KS_PLUGIN_ENV_MAX) ||
+        !env_names_ok(c->env_prefixes, c->nenv_prefixes, KS_PLUGIN_ENV_MAX) ||
+        !env_names_ok(c->env_secret, c->nenv_secret, KS_PLUGIN_ENV_SECRET_MAX)) {
+        return 0;
     }
     return c->timeout_ms >= 1 && c->timeout_ms <= KS_PLUGIN_TIMEOUT_MAX && c->retries <= KS_PLUGIN_RETRIES_MAX &&
            c->retry_budget_ms >= 1 && c->retry_budget_ms <= KS_PLUGIN_BUDGET_MAX && c->backoff_ms >= 1 &&
@@ -654,17 +782,28 @@ static ks_err plugin_new(const ks_plugin_config *cfg, ks_plugin **out)
     pl->cfg = *cfg;
     pl->cfg.command = NULL;
     pl->cfg.args = NULL;
+    pl->cfg.env = pl->cfg.env_prefixes = pl->cfg.env_secret = NULL;
     /* [KP-BRIDGE-7]: 5% over 1/R, so that the jitter of the pipe and of
      * the plugin's scheduling (tens of milliseconds on a loaded host)
      * cannot squeeze R + 1 requests into one second at the plugin. */
     pl->interval_ns = cfg->rate_limit != 0 ? 1050000000ull / cfg->rate_limit : 0;
     ks_err rc = build_argv(pl, cfg);
     if (rc == KS_OK) {
+        rc = dup_list(cfg->env, cfg->nenv, &pl->env);
+    }
+    if (rc == KS_OK) {
+        rc = dup_list(cfg->env_prefixes, cfg->nenv_prefixes, &pl->env_prefixes);
+    }
+    if (rc == KS_OK) {
+        rc = dup_list(cfg->env_secret, cfg->nenv_secret, &pl->env_secret);
+    }
+    if (rc == KS_OK) {
         pl->slots = calloc(cfg->concurrency, sizeof *pl->slots);
         rc = pl->slots != NULL ? KS_OK : KS_ERR_NO_MEMORY;
     }
     for (size_t i = 0; rc == KS_OK && i < cfg->concurrency; i++) {
         rc = ks_pproc_init(&pl->slots[i].proc);
+        pl->slots[i].proc.deks = &pl->slots[i].deks;
         pl->nslots = i + 1;
     }
     if (rc != KS_OK) {

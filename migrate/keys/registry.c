@@ -49,6 +49,7 @@ struct ks_registry {
     const char *value[KS_REGF_PROVIDERS_MAX][KS_REGF_KEY_COUNT]; /* NULL when absent */
     const char *pattern[KS_REGF_SERVES_MAX];
     const char *arg[KS_REGF_ARGS_MAX];   /* in file order: each provider's are contiguous */
+    const char *env[KS_REGF_ENVS_MAX];   /* env and env-prefix values, likewise */
     int opened;                          /* loaded to be used: it has a routing provider */
     pthread_mutex_t open_mu;             /* serialises the opening of providers */
     atomic_int state[KS_REGF_PROVIDERS_MAX];     /* PROV_CLOSED, PROV_OPEN or PROV_FAILED */
@@ -182,6 +183,9 @@ static ks_err make_strings(ks_registry *r)
     for (size_t j = 0; j < f->nargs; j++) {
         need += f->args[j].value.len + 1;
     }
+    for (size_t j = 0; j < f->nenvs; j++) {
+        need += f->envs[j].name.len + 1;
+    }
     char *p = r->strings = malloc(need);
     if (p == NULL) {
         return KS_ERR_NO_MEMORY;
@@ -204,6 +208,9 @@ static ks_err make_strings(ks_registry *r)
     }
     for (size_t j = 0; j < f->nargs; j++) {
         p = copy_string(p, f->args[j].value, &r->arg[j]);
+    }
+    for (size_t j = 0; j < f->nenvs; j++) {
+        p = copy_string(p, f->envs[j].name, &r->env[j]);
     }
     return KS_OK;
 }
@@ -373,7 +380,46 @@ static size_t first_arg(const ks_registry *r, size_t i)
     return j;
 }
 
-/* Open plugin provider i [P-PLUGIN-1..8]: the defaults of
+/* The index in r->file.envs of provider i's first env line (its env and
+ * env-prefix lines are contiguous). */
+static size_t first_env(const ks_registry *r, size_t i)
+{
+    size_t j = 0;
+    while (j < r->file.nenvs && r->file.envs[j].provider < i) {
+        j++;
+    }
+    return j;
+}
+
+/* The environment settings of plugin provider i [P-PLUGIN-9] into cfg:
+ * its env and env-prefix lines, and as secrets never passed every
+ * variable the registry reads a passphrase or a PIN from. names,
+ * prefixes (KS_PLUGIN_ENV_MAX each) and secret (KS_REGF_PROVIDERS_MAX)
+ * are the caller's, cfg borrows them. */
+static void plugin_env_config(const ks_registry *r, size_t i, ks_plugin_config *cfg, const char **names,
+                              const char **prefixes, const char **secret)
+{
+    const size_t first = first_env(r, i);
+    for (size_t j = first; j < first + r->file.providers[i].envs; j++) {
+        if (r->file.envs[j].prefix) {
+            prefixes[cfg->nenv_prefixes++] = r->env[j];
+        } else {
+            names[cfg->nenv++] = r->env[j];
+        }
+    }
+    for (size_t j = 0; j < r->file.nproviders; j++) {
+        const char *v = r->value[j][KS_REGF_PIN_ENV] != NULL ? r->value[j][KS_REGF_PIN_ENV]
+                                                             : r->value[j][KS_REGF_PASSPHRASE_ENV];
+        if (v != NULL) {
+            secret[cfg->nenv_secret++] = v;
+        }
+    }
+    cfg->env = names;
+    cfg->env_prefixes = prefixes;
+    cfg->env_secret = secret;
+}
+
+/* Open plugin provider i [P-PLUGIN-1..9]: the defaults of
  * ks_plugin_config_init, then what its settings give; the plugin is
  * started and greeted.  A failure's details go to err->plugin. */
 static ks_err open_plugin(ks_registry *r, size_t i, ks_registry_error *err)
@@ -381,8 +427,10 @@ static ks_err open_plugin(ks_registry *r, size_t i, ks_registry_error *err)
     const ks_regf_provider *p = &r->file.providers[i];
     ks_plugin_config cfg;
     ks_plugin_error perr;
+    const char *names[KS_PLUGIN_ENV_MAX], *prefixes[KS_PLUGIN_ENV_MAX], *secret[KS_REGF_PROVIDERS_MAX];
 
     ks_plugin_config_init(&cfg);
+    plugin_env_config(r, i, &cfg, names, prefixes, secret);
     const struct {
         int key;
         uint32_t *field;
@@ -602,7 +650,7 @@ ks_err ks_registry_info_at(const ks_registry *r, size_t i, ks_registry_info *out
     }
     out->name = r->name[i];
     out->type = r->value[i][KS_REGF_TYPE];
-    out->settings = r->file.providers[i].args;
+    out->settings = r->file.providers[i].args + r->file.providers[i].envs;
     for (int k = KS_REGF_TYPE + 1; k < KS_REGF_KEY_COUNT; k++) {
         out->settings += r->value[i][k] != NULL;
     }
@@ -626,6 +674,12 @@ ks_err ks_registry_setting_at(const ks_registry *r, size_t i, size_t j, ks_regis
     if (i < r->file.nproviders && j < r->file.providers[i].args) {
         out->key = ks_regf_key_name(KS_REGF_ARG); /* [P-CANON-1]: after the others */
         out->value = r->arg[first_arg(r, i) + j];
+        return KS_OK;
+    }
+    if (i < r->file.nproviders && j - r->file.providers[i].args < r->file.providers[i].envs) {
+        const size_t e = first_env(r, i) + (j - r->file.providers[i].args); /* [P-CANON-1]: last */
+        out->key = ks_regf_key_name(r->file.envs[e].prefix ? KS_REGF_ENV_PREFIX : KS_REGF_ENV);
+        out->value = r->env[e];
         return KS_OK;
     }
     return KS_ERR_NOT_FOUND;

@@ -80,12 +80,14 @@ static const key_def keys[] = {
     [KS_REGF_SERVE] = {"serve", FOR_ALL, V_PATTERN, -1, 0, 0},
     [KS_REGF_SERVE_PREFIX] = {"serve-prefix", FOR_ALL, V_PATTERN, -1, 0, 0},
     [KS_REGF_ARG] = {"arg", FOR_PLUGIN, V_ANY, -1, 0, 0},
+    [KS_REGF_ENV] = {"env", FOR_PLUGIN, V_ENV, -1, 0, 0},
+    [KS_REGF_ENV_PREFIX] = {"env-prefix", FOR_PLUGIN, V_ENV, -1, 0, 0},
 };
 
 /* A plugin's timeout-ms is one attempt's deadline, with the same range. */
 _Static_assert(KS_REGF_TIMEOUT_MAX == KS_PLUGIN_TIMEOUT_MAX, "one timeout-ms range");
 /* seen (a uint32_t) has a bit per key. */
-_Static_assert(KS_REGF_ARG < 32, "a bit per key");
+_Static_assert(KS_REGF_ENV_PREFIX < 32, "a bit per key");
 
 #define N_KEYS (sizeof keys / sizeof keys[0])
 
@@ -361,7 +363,7 @@ static int find_key(ks_bytes k)
 
 /* The position rules of key k at file offset off in the open section
  * [P-SET-3..5], and for a repeatable key its limits [P-SERVE-4],
- * [P-PLUGIN-3]. */
+ * [P-PLUGIN-3], [P-PLUGIN-9]. */
 static ks_err check_key(regf_parse *st, int k, size_t off)
 {
     const int repeats = k >= KS_REGF_KEY_COUNT;
@@ -378,12 +380,16 @@ static ks_err check_key(regf_parse *st, int k, size_t off)
                      (keys[k].partner >= 0 && (st->seen >> keys[k].partner & 1u) != 0))) {
         return fault(st, KS_ERR_FIELD_ORDER, off); /* [P-SET-5] */
     }
-    if (k != KS_REGF_ARG && repeats && st->out->nserves == KS_REGF_SERVES_MAX) {
+    if ((k == KS_REGF_SERVE || k == KS_REGF_SERVE_PREFIX) && st->out->nserves == KS_REGF_SERVES_MAX) {
         return fault(st, KS_ERR_TOO_LARGE, off); /* [P-SERVE-4] */
     }
     if (k == KS_REGF_ARG &&
         (st->cur->args == KS_PLUGIN_ARGS_MAX || st->out->nargs == KS_REGF_ARGS_MAX)) {
         return fault(st, KS_ERR_TOO_LARGE, off); /* [P-PLUGIN-3] */
+    }
+    if ((k == KS_REGF_ENV || k == KS_REGF_ENV_PREFIX) &&
+        (st->cur->envs == KS_PLUGIN_ENV_MAX || st->out->nenvs == KS_REGF_ENVS_MAX)) {
+        return fault(st, KS_ERR_TOO_LARGE, off); /* [P-PLUGIN-9] */
     }
     return KS_OK;
 }
@@ -395,6 +401,27 @@ static ks_err add_arg(regf_parse *st, ks_bytes v)
     a->value = v;
     a->provider = (uint8_t)(st->cur - st->out->providers);
     st->cur->args++;
+    return KS_OK;
+}
+
+/* Record an env or env-prefix line of the open section [P-PLUGIN-9], in
+ * file order: the same name, or the same prefix, given twice in one
+ * section is a conflict. */
+static ks_err add_env(regf_parse *st, int k, ks_bytes v, size_t off)
+{
+    const uint8_t prefix = k == KS_REGF_ENV_PREFIX;
+    const uint8_t me = (uint8_t)(st->cur - st->out->providers);
+    for (size_t i = st->out->nenvs; i-- > 0 && st->out->envs[i].provider == me;) {
+        const ks_regf_env *x = &st->out->envs[i];
+        if (x->prefix == prefix && same_bytes(x->name, v)) {
+            return fault(st, KS_ERR_CONFLICT, off); /* [P-PLUGIN-9] */
+        }
+    }
+    ks_regf_env *x = &st->out->envs[st->out->nenvs++];
+    x->name = v;
+    x->prefix = prefix;
+    x->provider = me;
+    st->cur->envs++;
     return KS_OK;
 }
 
@@ -465,6 +492,9 @@ static ks_err parse_setting(regf_parse *st, ks_cursor *lc)
     }
     if (k == KS_REGF_ARG) {
         return add_arg(st, value);
+    }
+    if (k == KS_REGF_ENV || k == KS_REGF_ENV_PREFIX) {
+        return add_env(st, k, value, val_off);
     }
     if (k == KS_REGF_SERVE || k == KS_REGF_SERVE_PREFIX) {
         return add_serve(st, k, value, val_off);
@@ -667,6 +697,12 @@ ks_err ks_regf_encode(const ks_regf_file *f, uint8_t *out, size_t cap, size_t *o
         for (size_t j = 0; j < f->nargs; j++) {
             if (f->args[j].provider == i) {
                 put_line(&s, "  ", keys[KS_REGF_ARG].name, f->args[j].value);
+            }
+        }
+        for (size_t j = 0; j < f->nenvs; j++) {
+            const ks_regf_env *ev = &f->envs[j];
+            if (ev->provider == i) {
+                put_line(&s, "  ", ev->prefix ? "env-prefix" : "env", ev->name);
             }
         }
         for (size_t j = 0; j < f->nserves; j++) {

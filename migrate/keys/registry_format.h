@@ -34,6 +34,8 @@
 #define KS_REGF_TIMEOUT_MAX 600000u
 #define KS_REGF_ARGS_MAX 256u    /* arg lines, over all providers [P-PLUGIN-3]; of one:
                                     KS_PLUGIN_ARGS_MAX */
+#define KS_REGF_ENVS_MAX 256u    /* env and env-prefix lines, over all providers [P-PLUGIN-9];
+                                    of one: KS_PLUGIN_ENV_MAX */
 
 /* The header line's text, without its LF [P-HEAD-1]. */
 #define KS_REGF_HEADER "keyshift-providers 1"
@@ -48,7 +50,7 @@ typedef enum ks_regf_type {
 /* The keys of a setting line, in the canonical order of [P-CANON-1]
  * (the repeatable ones, from KS_REGF_KEY_COUNT on, are not in values:
  * serve and serve-prefix go to ks_regf_file.serves, arg to
- * ks_regf_file.args). */
+ * ks_regf_file.args, env and env-prefix to ks_regf_file.envs). */
 typedef enum ks_regf_key {
     KS_REGF_TYPE = 0,
     KS_REGF_KEYRING,
@@ -69,7 +71,9 @@ typedef enum ks_regf_key {
     KS_REGF_KEY_COUNT,       /* the number of keys above */
     KS_REGF_SERVE = KS_REGF_KEY_COUNT,
     KS_REGF_SERVE_PREFIX,
-    KS_REGF_ARG
+    KS_REGF_ARG,
+    KS_REGF_ENV,
+    KS_REGF_ENV_PREFIX
 } ks_regf_key;
 
 /* One provider section.  Views point into the parsed input; an absent
@@ -83,6 +87,7 @@ typedef struct ks_regf_provider {
                                              retries, ...), by ks_regf_key; 0 when absent */
     uint32_t serves;                      /* its serve and serve-prefix lines */
     uint32_t args;                        /* its arg lines */
+    uint32_t envs;                        /* its env and env-prefix lines */
 } ks_regf_provider;
 
 /* One serve or serve-prefix line. */
@@ -98,15 +103,25 @@ typedef struct ks_regf_arg {
     uint8_t provider;       /* index into ks_regf_file.providers */
 } ks_regf_arg;
 
-/* A parsed registry file: providers in file order, serve lines and arg
- * lines in file order (so each provider's lines are contiguous). */
+/* One env or env-prefix line of a plugin provider [P-PLUGIN-9]. */
+typedef struct ks_regf_env {
+    ks_bytes name;          /* the variable's name, or the prefix */
+    uint8_t prefix;         /* 0: env (exact), 1: env-prefix */
+    uint8_t provider;       /* index into ks_regf_file.providers */
+} ks_regf_env;
+
+/* A parsed registry file: providers in file order, serve lines, arg
+ * lines and env lines in file order (so each provider's lines are
+ * contiguous). */
 typedef struct ks_regf_file {
     size_t nproviders;
     size_t nserves;
     size_t nargs;
+    size_t nenvs;
     ks_regf_provider providers[KS_REGF_PROVIDERS_MAX];
     ks_regf_serve serves[KS_REGF_SERVES_MAX];
     ks_regf_arg args[KS_REGF_ARGS_MAX];
+    ks_regf_env envs[KS_REGF_ENVS_MAX];
 } ks_regf_file;
 
 /* A rejection [P-ERR-1..3]: the code (1..11 or KS_ERR_CONFLICT), the
