@@ -1356,11 +1356,11 @@ static void on_failure(void *arg, const ks_verify_failure *f)
     if (s->json) {
         printf("{\"id\":");
         ks_cli_put_value(stdout, &f->id, 1);
-        printf(",\"error\":\"%s\"}\n", ks_err_name(f->error));
+        printf(",\"error\":\"%s\"}\n", f->name);
     } else {
         printf("FAILED id ");
         ks_cli_put_value(stdout, &f->id, 0);
-        printf(": %s\n", ks_err_name(f->error));
+        printf(": %s\n", f->name);
     }
 }
 
