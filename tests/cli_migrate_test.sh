@@ -3,7 +3,10 @@
 # `keyshift migrate run|status|verify` on small SQLite databases built with
 # the sqlite3 CLI: exact census counts, encrypt/rewrap round trips checked
 # with `keyshift decrypt`, idempotent reruns, verify, every documented exit
-# code (64, 65, 66, 75, 77), pause on SIGINT and resume, --synchronous
+# code (64, 65, 66, 75, 77), a mistaken rewrap (no --context) then the
+# corrected one retrying its quarantined rows, quarantine list and
+# release, one name for a bad-tenant row in verify and quarantine, pause
+# on SIGINT and resume, --synchronous
 # (normal on a WAL database, refused on a rollback journal), and a smoke
 # run of tools/demo.sh.
 #
