@@ -1691,10 +1691,11 @@ static int print_entry(void *arg, const ks_quarantine_entry *e)
 static ks_value id_of(const char *text)
 {
     ks_value v = {KS_VALUE_TEXT, 0, str_view(text)};
-    long long n = 0;
-    char canon[24];
-    if (sscanf(text, "%lld", &n) == 1 && snprintf(canon, sizeof canon, "%lld", n) > 0 &&
-        strcmp(canon, text) == 0) {
+    char *end = NULL, canon[24];
+    errno = 0;
+    long long n = strtoll(text, &end, 10);
+    if (errno == 0 && end != text && *end == '\0' &&
+        snprintf(canon, sizeof canon, "%lld", n) > 0 && strcmp(canon, text) == 0) {
         v = (ks_value){KS_VALUE_INTEGER, (int64_t)n, {NULL, 0}};
     }
     return v;

@@ -67,7 +67,9 @@ typedef struct ks_row {
     ks_value value;      /* the target column */
     ks_value tenant;     /* the tenant column, or KS_VALUE_NULL without one */
     ks_value context[KS_ROWSTORE_MAX_CONTEXT_COLUMNS]; /* in target order */
-    int quarantined;     /* nonzero when the row is in quarantine: never modify it */
+    int quarantined;     /* nonzero when the row is in quarantine (of the bound migration,
+                            or an entry without one; any entry when unbound:
+                            ks_rowstore_ops.bind_migration): never modify it */
 } ks_row;
 
 /* The durable state of one migration (docs/migration.md).  The store
@@ -145,7 +147,9 @@ typedef struct ks_rowstore_ops {
     ks_err (*cas)(void *self, const ks_value *id, const ks_value *old, ks_bytes new_value,
                   int *swapped);
     /* Inside the transaction: record row id in quarantine with an error
-     * name (idempotent).  The row itself is never modified. */
+     * name and the bound migration's parameters (bind_migration;
+     * idempotent for the same migration).  The row itself is never
+     * modified. */
     ks_err (*quarantine)(void *self, const ks_value *id, const char *error);
     /* Inside the transaction: save cp, replacing the one with the same params. */
     ks_err (*checkpoint_save)(void *self, const ks_checkpoint *cp);
@@ -300,7 +304,8 @@ typedef struct ks_sqlite_options {
  * NULL; KS_ERR_INVALID_ARGUMENT for a bad identifier, or for
  * synchronous NORMAL on a database not in WAL mode.  Unless read_only,
  * creates the keyshift_migration and keyshift_quarantine tables if
- * missing.  opts NULL: defaults.
+ * missing, and gives an older keyshift_quarantine its params column
+ * (bind_migration).  opts NULL: defaults.
  */
 KS_API KS_WUR ks_err ks_rowstore_sqlite_open(const char *path, const ks_rowstore_target *target,
                                              const ks_sqlite_options *opts, ks_rowstore *out,

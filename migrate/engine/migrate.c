@@ -31,7 +31,8 @@
  * write transaction does every compare-and-swap and quarantine of the
  * batch and saves the checkpoint (cursor = the batch's last id), and
  * commits.  Per row:
- *   - in quarantine or NULL: nothing, not counted;
+ *   - in quarantine (of this migration: see below) or NULL: nothing, not
+ *     counted;
  *   - with params->from_key_id (a key-scoped rollout's run): plaintext and
  *     envelopes whose header names another key_id are skipped, never
  *     touched (another tenant's or rollout's key is not this run's to
