@@ -56,6 +56,7 @@ const char *ks_err_name(ks_err err)
     case KS_ERR_THRESHOLD: return "threshold";
     case KS_ERR_STOPPED: return "stopped";
     case KS_ERR_UNSTABLE_ID: return "unstable-id";
+    case KS_ERR_VERIFY_FAILED: return "verify-failed";
     case KS_ERR_GUARD: return "guard";
     case KS_ERR_NO_ROLLOUT: return "no-rollout";
     case KS_ERR_ROLLOUT_EXISTS: return "rollout-exists";

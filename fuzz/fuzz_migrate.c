@@ -557,7 +557,7 @@ static void build_db(world_in *w)
     ks_fuzz_sqlite_run(ks_fuzz_sqlite_stmt(db, "BEGIN"));
     sqlite3_stmt *ins = ks_fuzz_sqlite_stmt(db, "INSERT INTO t(id, v, tenant, org) VALUES(?1, ?2, ?3, ?4)");
     sqlite3_stmt *q =
-        ks_fuzz_sqlite_stmt(db, "INSERT INTO keyshift_quarantine VALUES('t', 'v', ?1, 'auth-failed', 0)");
+        ks_fuzz_sqlite_stmt(db, "INSERT INTO keyshift_quarantine(tbl, col, id, error, time) VALUES('t', 'v', ?1, 'auth-failed', 0)");
     sqlite3_stmt *rt = ks_fuzz_sqlite_stmt(db, "SELECT CAST(?1 AS TEXT)");
     for (size_t i = 0; i < w->n_rows; i++) {
         row *r = &w->rows[i];

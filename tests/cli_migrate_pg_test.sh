@@ -6,7 +6,9 @@
 # tests/cli_migrate_test.sh that apply (census counts, encrypt, rewrap and
 # reencrypt checked with `keyshift decrypt`, idempotent reruns, status in
 # text and JSON, verify clean and with a moved envelope, quarantine of a
-# corrupted envelope and the failure threshold, pause on SIGINT and
+# corrupted envelope and the failure threshold, a mistaken rewrap
+# (no --context) then the corrected one retrying its quarantined rows,
+# quarantine list and release, pause on SIGINT and
 # resume, a parameter mismatch), and what PostgreSQL adds: a password in
 # --db refused (64), --synchronous refused (64), an unreachable server
 # (69), kill -9 mid-run then resume (the checkpoint matches the data),
@@ -215,6 +217,36 @@ run "threshold raised: complete" 0 "$KS" migrate run --db "$CI" --table mal --co
 expect_eq "threshold: 50 rows quarantined" <(q "SELECT count(*) FROM keyshift_quarantine WHERE tbl = 'mal'") "50"
 run "threshold: census" 0 "$KS" census --db "$CI" --table mal --column card --json
 expect_grep "threshold: 50 envelopes, 50 malformed" "$T/out" '"plaintext":0,"envelopes":50,"malformed":50'
+
+# ---- a mistaken rewrap (no --context), then the corrected one --------------------------------
+# As on SQLite: the mistaken run quarantines every row and names the
+# likely cause; the corrected command is refused as a mismatch only; with
+# --supersede it retries and rewraps every row; quarantine list/release.
+make_pay mis 40
+MTGT=(--db "$CI" --table mis --column card)
+run "mistake: encrypt" 0 "$KS" migrate run "${MTGT[@]}" --mode encrypt --to-key payments/kek "${CTX[@]}" --batch-size 10
+run "keys create mistake/kek" 0 "$KS" keys create mistake/kek
+run "mistake: rewrap without --context: exit 65" 65 "$KS" migrate run "${MTGT[@]}" --mode rewrap \
+    --to-key mistake/kek --tenant-column tenant --purpose card --batch-size 10
+expect_grep "mistake: the likely cause is named" "$T/err" "most rows of the first batch failed with auth-failed"
+run "mistake: corrected command: exit 65 (mismatch)" 65 "$KS" migrate run "${MTGT[@]}" --mode rewrap \
+    --to-key mistake/kek "${CTX[@]}" --batch-size 10
+if grep -q "report it as a bug" "$T/err"; then bad "mismatch: not blamed on a bug" "$(cat "$T/err")"; else ok "mismatch: not blamed on a bug"; fi
+run "mistake: corrected command with --supersede" 0 "$KS" migrate run "${MTGT[@]}" --mode rewrap \
+    --to-key mistake/kek "${CTX[@]}" --batch-size 10 --supersede
+expect_grep "corrected: every quarantined row retried and rewrapped" "$T/err" "complete: 40 rewritten, 0 already at target, 0 raced, 0 quarantined"
+run "census after the corrected run" 0 "$KS" census "${MTGT[@]}" --json
+expect_grep "census: all 40 under the new key" "$T/out" '"classes":\[{"version":2,"algorithm":"xchacha20-poly1305","key_id":"mistake/kek","key_version":1,"rows":40}\]'
+check_sample mis 3 "corrected rewrap"
+run "quarantine list --json" 0 "$KS" migrate quarantine list "${MTGT[@]}" --json
+if [ "$(grep -c '^{"id":[0-9]*,"error":"auth-failed","migration":"mode=rewrap;.*","time":"' "$T/out")" = 40 ]; then ok "quarantine list --json: the mistaken run's 40 rows"; else bad "quarantine list --json: the mistaken run's 40 rows" "$(head -2 "$T/out")"; fi
+expect_grep "quarantine list: ids in numeric order" "$T/out" '^{"id":1,'
+run "quarantine release: no selector" 64 "$KS" migrate quarantine release "${MTGT[@]}"
+run "quarantine release --id 7" 0 "$KS" migrate quarantine release "${MTGT[@]}" --id 7
+expect_grep "quarantine release: logged" "$T/err" "released 1 row(s) of mis.card from quarantine (selected: id 7)"
+run "quarantine release --all" 0 "$KS" migrate quarantine release "${MTGT[@]}" --all
+expect_grep "quarantine release --all: 39 rows" "$T/err" "released 39 row(s)"
+expect_eq "quarantine: nothing left" <(q "SELECT count(*) FROM keyshift_quarantine WHERE tbl = 'mis'") "0"
 
 # ---- SIGINT: pause, then resume; kill -9, then resume ------------------------------------------
 make_pay slow 2000

@@ -3,7 +3,10 @@
 # `keyshift migrate run|status|verify` on small SQLite databases built with
 # the sqlite3 CLI: exact census counts, encrypt/rewrap round trips checked
 # with `keyshift decrypt`, idempotent reruns, verify, every documented exit
-# code (64, 65, 66, 75, 77), pause on SIGINT and resume, --synchronous
+# code (64, 65, 66, 75, 77), a mistaken rewrap (no --context) then the
+# corrected one retrying its quarantined rows, quarantine list and
+# release, one name for a bad-tenant row in verify and quarantine, pause
+# on SIGINT and resume, --synchronous
 # (normal on a WAL database, refused on a rollback journal), and a smoke
 # run of tools/demo.sh.
 #
@@ -140,6 +143,59 @@ run "threshold: exit 65" 65 "$KS" migrate run --db "$M" --table pay --column car
     --to-key payments/kek "${CTX[@]}" --max-failure-rate 0.001 --batch-size 10
 expect_grep "threshold: explained" "$T/err" "keyshift_quarantine"
 if [ "$(sql "$M" "SELECT count(*) FROM pay WHERE hex(card) = '4B534502'")" = 50 ]; then ok "quarantined rows are untouched"; else bad "quarantined rows are untouched"; fi
+
+# ---- a mistaken rewrap (no --context), then the corrected one -------------------------
+# The mistaken run quarantines every row auth-failed and says the likely
+# cause; the corrected command is refused as a mismatch only (not as a
+# bug); with --supersede it tries every quarantined row again and rewraps
+# them all; quarantine list shows the mistaken run's rows, release frees
+# them, and a rerun's summary counts what that run did.
+run "keys create mistake/kek" 0 "$KS" keys create mistake/kek
+R="$T/mistake.db"
+sql "$R" "CREATE TABLE pay (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, card TEXT);
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 40)
+INSERT INTO pay SELECT i, 'acme', printf('card-%04d-4111', i) FROM n;"
+RTGT=(--db "$R" --table pay --column card)
+run "mistake: encrypt" 0 "$KS" migrate run "${RTGT[@]}" --mode encrypt --to-key payments/kek "${CTX[@]}" --batch-size 10
+sql "$R" "SELECT id, hex(card) FROM pay ORDER BY id" >"$T/mistake-before"
+run "mistake: rewrap without --context: exit 65" 65 "$KS" migrate run "${RTGT[@]}" --mode rewrap \
+    --to-key mistake/kek --tenant-column tenant --purpose card --batch-size 10
+expect_grep "mistake: the likely cause is named" "$T/err" "most rows of the first batch failed with auth-failed"
+expect_grep "mistake: context, purpose or tenant" "$T/err" "context, --purpose or tenant"
+sql "$R" "SELECT id, hex(card) FROM pay ORDER BY id" >"$T/mistake-after"
+expect_same "mistake: no row modified" "$T/mistake-before" "$T/mistake-after"
+run "mistake: corrected command: exit 65 (mismatch)" 65 "$KS" migrate run "${RTGT[@]}" --mode rewrap \
+    --to-key mistake/kek "${CTX[@]}" --batch-size 10
+expect_grep "mismatch: one cause, named" "$T/err" "an unfinished migration of this column with other parameters exists"
+if grep -q "report it as a bug" "$T/err"; then bad "mismatch: not blamed on a bug" "$(cat "$T/err")"; else ok "mismatch: not blamed on a bug"; fi
+run "mistake: corrected command with --supersede" 0 "$KS" migrate run "${RTGT[@]}" --mode rewrap \
+    --to-key mistake/kek "${CTX[@]}" --batch-size 10 --supersede
+expect_grep "corrected: every quarantined row retried and rewrapped" "$T/err" "complete: 40 rewritten, 0 already at target, 0 raced, 0 quarantined"
+run "census after the corrected run" 0 "$KS" census "${RTGT[@]}" --json
+expect_grep "census: all 40 under the new key" "$T/out" '"classes":\[{"version":2,"algorithm":"xchacha20-poly1305","key_id":"mistake/kek","key_version":1,"rows":40}\]'
+run "verify after the corrected run" 0 "$KS" migrate verify "${RTGT[@]}" "${CTX[@]}"
+run "quarantine --help" 0 "$KS" migrate quarantine --help
+expect_grep "quarantine --help: release selectors" "$T/out" "--error NAME | --id ID --error NAME | --all"
+run "quarantine list" 0 "$KS" migrate quarantine list "${RTGT[@]}"
+if [ "$(grep -c ' auth-failed .* migration mode=rewrap' "$T/out")" = 40 ]; then ok "quarantine list: 40 rows of the mistaken run"; else bad "quarantine list: 40 rows of the mistaken run" "$(head -3 "$T/out")"; fi
+run "quarantine list --json" 0 "$KS" migrate quarantine list "${RTGT[@]}" --json
+if [ "$(grep -c '^{"id":[0-9]*,"error":"auth-failed","migration":"mode=rewrap;.*","time":"' "$T/out")" = 40 ]; then ok "quarantine list --json: one object per line"; else bad "quarantine list --json: one object per line" "$(head -2 "$T/out")"; fi
+run "quarantine release: no selector" 64 "$KS" migrate quarantine release "${RTGT[@]}"
+run "quarantine release: --all with --id" 64 "$KS" migrate quarantine release "${RTGT[@]}" --all --id 3
+run "quarantine release --id 3" 0 "$KS" migrate quarantine release "${RTGT[@]}" --id 3
+expect_grep "quarantine release: logged" "$T/err" "released 1 row(s) of pay.card from quarantine (selected: id 3)"
+run "quarantine release --error auth-failed --json" 0 "$KS" migrate quarantine release "${RTGT[@]}" --error auth-failed --json
+expect_grep "quarantine release --json" "$T/out" '^{"released":39}$'
+run "quarantine list: empty" 0 "$KS" migrate quarantine list "${RTGT[@]}" --json
+expect_empty "quarantine list: nothing left" "$T/out"
+run "corrected rerun --json" 0 "$KS" migrate run "${RTGT[@]}" --mode rewrap --to-key mistake/kek "${CTX[@]}" --json
+expect_grep "rerun summary: this run's counts, then the migration's" "$T/out" '^{"result":"complete","error":"ok","exit":0,"pass":[0-9]*,"done":0,"skipped":0,"raced":0,"quarantined":0,"wrong_state":0,.*"migration":{"done":40,'
+# verify and quarantine name a row with a bad tenant the same way
+B="$T/badtenant.db"
+sql "$B" "ATTACH '$R' AS r; CREATE TABLE pay (id INTEGER PRIMARY KEY, tenant TEXT, card BLOB);
+INSERT INTO pay SELECT id, CASE WHEN id = 1 THEN NULL ELSE tenant END, card FROM r.pay;"
+run "verify: a row without a tenant" 65 "$KS" migrate verify --db "$B" --table pay --column card "${CTX[@]}"
+expect_grep "verify names it bad-tenant, as quarantine does" "$T/out" "FAILED id 1: bad-tenant"
 
 # ---- SIGINT: pause, then resume ------------------------------------------------------------
 S="$T/slow.db"

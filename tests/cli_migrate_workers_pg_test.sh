@@ -189,6 +189,7 @@ nt=$(q "SELECT count(*) FROM wlast")
 if [ "$nw" -ge 300 ]; then ok "live: the writers wrote during the whole run ($nw plaintext writes, $nt rows touched)"; else bad "live: writers wrote" "$nw writes"; fi
 expect_grep "live: JSON lines name the worker and chunk" "$T/live.json" '^{"batch":1,"worker":[0-9],"chunk":[0-9]*,'
 expect_grep "live: JSON summary" "$T/live.json" '^{"result":"complete","error":"ok","exit":0,.*"workers":4,'
+expect_grep "live: JSON summary: this run's counts, then every host's and run's" "$T/live.json" '^{"result":"complete",.*"migration":{"done":[0-9]*,"skipped":[0-9]*,"raced":[0-9]*,"quarantined":[0-9]*,"wrong_state":[0-9]*},"workers":4,'
 status_json live
 for f in done skipped raced quarantined wrong_state; do
     a=$(json_field "$T/st" "$f") b=$(chunk_sum live "$f")

@@ -362,7 +362,9 @@ static inline mem_rowstore *mrs_new(ks_rowstore *out)
                                         mrs_cp_save, mrs_cp_load, mrs_commit, mrs_rollback, mrs_close,
                                         mrs_visit, NULL /* no visit_rows: the engine scans */,
                                         NULL /* no cas_batch: the engine calls cas */,
-                                        NULL /* no visit_rows_range: no chunked runs */};
+                                        NULL /* no visit_rows_range: no chunked runs */,
+                                        NULL /* no bind_migration: quarantine per column */,
+                                        NULL, NULL /* no quarantine listing or release */};
     mem_rowstore *m = calloc(1, sizeof *m);
     *out = (ks_rowstore){&ops, m, "mem", 1};
     return m;

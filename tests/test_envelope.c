@@ -618,6 +618,7 @@ static void test_err_names(void **state)
         {KS_ERR_STORE, "store"},
         {KS_ERR_MISMATCH, "mismatch"},
         {KS_ERR_THRESHOLD, "threshold"},
+        {KS_ERR_VERIFY_FAILED, "verify-failed"},
         {KS_ERR_STOPPED, "stopped"},
         {KS_ERR_UNSTABLE_ID, "unstable-id"},
         {KS_ERR_GUARD, "guard"},
@@ -634,7 +635,7 @@ static void test_err_names(void **state)
         assert_int_equal(ks_err_is_retryable(names[i].code) != 0,
                          names[i].code == KS_ERR_UNAVAILABLE || names[i].code == KS_ERR_TIMEOUT);
     }
-    static const int undefined[] = {12, 13, 20, 31, 34, 35, 63, 68, 95, 102, 127, 133, 159, 168, 191, 196, 223, 225, 255, 65536};
+    static const int undefined[] = {12, 13, 20, 31, 34, 35, 63, 68, 95, 102, 127, 133, 159, 169, 191, 196, 223, 225, 255, 65536};
     for (size_t i = 0; i < sizeof undefined / sizeof undefined[0]; i++) {
         assert_string_equal(ks_err_name((ks_err)undefined[i]), "unknown-error");
     }

@@ -933,6 +933,97 @@ static void test_sqlite(void **state)
     unlink(path);
 }
 
+/* The last progress report's own counts (ks_migrate_counts). */
+static void keep_counts(void *arg, const ks_migrate_progress *pr)
+{
+    *(ks_migrate_counts *)arg = pr->run;
+}
+
+/* quarantine_list's callback: count the entries. */
+static int count_entry(void *arg, const ks_quarantine_entry *e)
+{
+    assert_true(e->params.len > 0);
+    (*(int *)arg)++;
+    return 0;
+}
+
+/*
+ * A rewrap run without the context the column was encrypted with
+ * quarantines every row "auth-failed" and stops (its first batch all
+ * auth-failed); the corrected run (the context given) is refused while
+ * the mistaken one is unfinished, and with supersede tries every row the
+ * mistaken one quarantined again and rewraps them all, since quarantine
+ * belongs to the migration.  Each run's own counts are what it did: a
+ * catch-up rerun that finds nothing to do reports zeros whatever the
+ * checkpoint's totals.
+ */
+static void test_sqlite_corrected_run(void **state)
+{
+    world *w = *state;
+    char path[128];
+    temp_db(path);
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "CREATE TABLE t(id INTEGER PRIMARY KEY, v)", NULL, NULL, NULL), SQLITE_OK);
+    for (int id = 1; id <= 20; id++) {
+        char sql[96];
+        snprintf(sql, sizeof sql, "INSERT INTO t VALUES(%d, 'secret-%d')", id, id);
+        assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    }
+    ks_rowstore_target tg = {"t", "v", NULL, NULL, {NULL}, 0};
+    ks_rowstore st;
+    char eb[128];
+    assert_int_equal(ks_rowstore_sqlite_open(path, &tg, NULL, &st, eb, sizeof eb), KS_OK);
+    ks_migrate_params p = mparams(KS_MIGRATE_ENCRYPT, "k", 0);
+    ks_checkpoint cp;
+    assert_int_equal(ks_migrate_run(w->ctx, &st, &p, NULL, NULL, NULL, &cp), KS_OK);
+    assert_int_equal(cp.done, 20);
+    assert_int_equal(ks_mem_add(&w->mem, "k", 2, 1, NULL), 0);
+    /* the mistaken rewrap: no context */
+    ks_migrate_params bad = mparams(KS_MIGRATE_REWRAP, "k", 0);
+    bad.context_template = (ks_bytes){NULL, 0};
+    ks_migrate_counts c;
+    memset(&c, 0, sizeof c);
+    assert_int_equal(ks_migrate_run(w->ctx, &st, &bad, NULL, keep_counts, &c, &cp), KS_ERR_THRESHOLD);
+    assert_int_equal(cp.quarantined, 20);
+    assert_int_equal(c.quarantined, 20);
+    assert_int_equal(c.auth_failed, 20);
+    assert_int_equal(c.first_batch_rows, 7);
+    assert_int_equal(c.first_batch_auth_failed, 7);
+    /* the corrected one: refused while the mistaken one is unfinished ... */
+    ks_migrate_params good = mparams(KS_MIGRATE_REWRAP, "k", 0);
+    assert_int_equal(ks_migrate_run(w->ctx, &st, &good, NULL, NULL, NULL, &cp), KS_ERR_MISMATCH);
+    /* ... and with supersede, it retries the quarantined rows */
+    good.supersede = 1;
+    memset(&c, 0, sizeof c);
+    assert_int_equal(ks_migrate_run(w->ctx, &st, &good, NULL, keep_counts, &c, &cp), KS_OK);
+    assert_int_equal(cp.done, 20);
+    assert_int_equal(cp.quarantined, 0);
+    assert_int_equal(c.done, 20);
+    assert_int_equal(c.first_batch_auth_failed, 0);
+    ks_census census;
+    census_both(&st, &census);
+    assert_int_equal(census.n_classes, 1);
+    assert_int_equal(census.classes[0].key_version, 2);
+    assert_int_equal(census.classes[0].rows, 20);
+    ks_census_free(&census);
+    ks_verify_result vr;
+    assert_int_equal(ks_migrate_verify(w->ctx, &st, &good, 0, NULL, NULL, &vr), KS_OK);
+    assert_int_equal(vr.failed, 0);
+    /* a rerun: this run did nothing, whatever the migration's totals */
+    memset(&c, 0xff, sizeof c);
+    assert_int_equal(ks_migrate_run(w->ctx, &st, &good, NULL, keep_counts, &c, &cp), KS_OK);
+    assert_int_equal(cp.done, 20);
+    assert_int_equal(c.done + c.skipped + c.quarantined + c.raced + c.wrong_state, 0);
+    /* the mistaken migration's entries stay listed until released */
+    int entries = 0;
+    assert_int_equal(st.ops->quarantine_list(st.self, count_entry, &entries), KS_OK);
+    assert_int_equal(entries, 20);
+    ks_rowstore_close(&st);
+    sqlite3_close(db);
+    unlink(path);
+}
+
 /* ---- verify ---------------------------------------------------------------- */
 
 static void count_failure(void *arg, const ks_verify_failure *f)
@@ -1098,6 +1189,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_batch_target, setup, teardown),
         cmocka_unit_test_setup_teardown(test_census_sqlite, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sqlite, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sqlite_corrected_run, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -218,7 +218,7 @@ static void test_schema_upgrade_from_v1(void **state)
 {
     world *w = *state;
     assert_int_equal(open_rowstore(w), KS_OK);
-    exec_sql(w->path, "INSERT INTO keyshift_quarantine VALUES('payments', 'card', 7, 'x', 1);");
+    exec_sql(w->path, "INSERT INTO keyshift_quarantine(tbl, col, id, error, time) VALUES('payments', 'card', 7, 'x', 1);");
     assert_int_equal(schema_version(w), 1);
     /* read-only: opens, finds nothing, changes nothing */
     assert_int_equal(ks_rollout_db_open(w->path, KS_ROLLOUT_DB_READ_ONLY, &w->db, w->err,

@@ -414,6 +414,105 @@ static void test_quarantine(void **state)
     ops->rollback(w->store.self);
 }
 
+/* What quarantine_list hands over: ids and params, concatenated. */
+static int pg_qlist_one(void *arg, const ks_quarantine_entry *e)
+{
+    char *out = arg;
+    size_t len = strlen(out);
+    assert_int_equal(e->id.type, KS_VALUE_INTEGER);
+    snprintf(out + len, 128 - len, "%lld:%.*s:%.*s;", (long long)e->id.integer, (int)e->error.len,
+             (const char *)e->error.ptr, (int)e->params.len, (const char *)e->params.ptr);
+    return 0;
+}
+
+/* The quarantine flags of rows 1..3 as a bit mask (bit id-1). */
+static int pg_flagged(world *w)
+{
+    ks_row rows[4];
+    size_t n = 0;
+    assert_int_equal(w->store.ops->scan(w->store.self, NULL, 4, rows, &n), KS_OK);
+    assert_int_equal(n, 3);
+    int mask = 0;
+    for (size_t i = 0; i < n; i++)
+        mask |= rows[i].quarantined ? 1 << (rows[i].id.integer - 1) : 0;
+    return mask;
+}
+
+/* Bind w's store to migration m (NULL: unbind). */
+static void pg_bind(world *w, const char *m)
+{
+    ks_bytes b = m != NULL ? (ks_bytes){(const uint8_t *)m, strlen(m)} : (ks_bytes){NULL, 0};
+    assert_int_equal(w->store.ops->bind_migration(w->store.self, b), KS_OK);
+}
+
+/* As the SQLite store: quarantine belongs to the bound migration, an
+ * older table (no params column) is upgraded in place and its entries
+ * hold their rows back from every migration, list and release. */
+static void test_quarantine_per_migration(void **state)
+{
+    world *w = *state;
+    make_items(w, 3);
+    admin_exec(w, "CREATE TABLE keyshift_migration(tbl text NOT NULL, col text NOT NULL, "
+                  "params text NOT NULL, state text NOT NULL, cursor bigint, pass bigint NOT NULL, "
+                  "done bigint NOT NULL, skipped bigint NOT NULL, raced bigint NOT NULL, "
+                  "quarantined bigint NOT NULL, wrong_state bigint NOT NULL, started bigint NOT "
+                  "NULL, updated bigint NOT NULL, finished bigint NOT NULL, saved timestamptz NOT "
+                  "NULL, PRIMARY KEY (tbl, col, params))");
+    admin_exec(w, "CREATE TABLE keyshift_quarantine(tbl text NOT NULL, col text NOT NULL, "
+                  "id text NOT NULL, error text NOT NULL, time bigint NOT NULL, "
+                  "PRIMARY KEY (tbl, col, id))");
+    admin_exec(w, "INSERT INTO keyshift_quarantine VALUES ('items', 'v', '3', 'bad-magic', 1000)");
+    ks_pg_options ro = {.read_only = 1};
+    assert_int_equal(open_store(w, "items", "v", NULL, &ro), KS_OK);
+    pg_bind(w, "m1");
+    assert_int_equal(pg_flagged(w), 4);
+    assert_int_equal(admin_int(w, "SELECT count(*) FROM pg_attribute WHERE attrelid = "
+                                  "'keyshift_quarantine'::regclass AND attname = 'params'"),
+                     0);
+    assert_int_equal(open_store(w, "items", "v", NULL, NULL), KS_OK);
+    assert_int_equal(admin_int(w, "SELECT count(*) FROM pg_attribute WHERE attrelid = "
+                                  "'keyshift_quarantine'::regclass AND attname = 'params'"),
+                     1);
+    const ks_rowstore_ops *ops = w->store.ops;
+    pg_bind(w, "m1");
+    ks_value one = {KS_VALUE_INTEGER, 1, {NULL, 0}}, two = {KS_VALUE_INTEGER, 2, {NULL, 0}};
+    assert_int_equal(ops->begin(w->store.self), KS_OK);
+    assert_int_equal(ops->quarantine(w->store.self, &one, "auth-failed"), KS_OK);
+    assert_int_equal(ops->quarantine(w->store.self, &two, "auth-failed"), KS_OK);
+    assert_int_equal(ops->commit(w->store.self), KS_OK);
+    assert_int_equal(pg_flagged(w), 7);
+    pg_bind(w, "m2");
+    assert_int_equal(pg_flagged(w), 4); /* m1's rows are tried again; the old entry holds */
+    assert_int_equal(ops->begin(w->store.self), KS_OK);
+    assert_int_equal(ops->quarantine(w->store.self, &two, "bad-tenant"), KS_OK);
+    assert_int_equal(ops->commit(w->store.self), KS_OK);
+    assert_int_equal(pg_flagged(w), 6);
+    pg_bind(w, NULL);
+    assert_int_equal(pg_flagged(w), 7);
+    char listed[128] = "";
+    assert_int_equal(ops->quarantine_list(w->store.self, pg_qlist_one, listed), KS_OK);
+    assert_string_equal(listed, "1:auth-failed:m1;2:bad-tenant:m2;3:bad-magic:;");
+    uint64_t released = 0;
+    ks_quarantine_select none = {NULL, NULL, 0}, by_error = {NULL, "auth-failed", 0};
+    ks_quarantine_select by_id = {&two, NULL, 0}, all = {NULL, NULL, 1};
+    assert_int_equal(ops->begin(w->store.self), KS_OK);
+    assert_int_equal(ops->quarantine_release(w->store.self, &none, &released),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ops->quarantine_release(w->store.self, &by_error, &released), KS_OK);
+    assert_int_equal(released, 1);
+    assert_int_equal(ops->quarantine_release(w->store.self, &by_id, &released), KS_OK);
+    assert_int_equal(released, 1);
+    assert_int_equal(ops->commit(w->store.self), KS_OK);
+    listed[0] = '\0';
+    assert_int_equal(ops->quarantine_list(w->store.self, pg_qlist_one, listed), KS_OK);
+    assert_string_equal(listed, "3:bad-magic:;");
+    assert_int_equal(ops->begin(w->store.self), KS_OK);
+    assert_int_equal(ops->quarantine_release(w->store.self, &all, &released), KS_OK);
+    assert_int_equal(released, 1);
+    assert_int_equal(ops->commit(w->store.self), KS_OK);
+    assert_int_equal(pg_flagged(w), 0);
+}
+
 /* A checkpoint round-trips in its batch's transaction; a rollback
  * discards both the checkpoint and the batch's writes. */
 static void test_checkpoint(void **state)
@@ -919,7 +1018,7 @@ int main(void)
 #define T(f) cmocka_unit_test_setup_teardown(f, world_setup, world_teardown)
     const struct CMUnitTest tests[] = {
         T(test_open_checks), T(test_read_only),  T(test_scan_paging), T(test_cas_raced),
-        T(test_quarantine),  T(test_checkpoint), T(test_lock_timeout), T(test_deadlock),
+        T(test_quarantine),  T(test_quarantine_per_migration), T(test_checkpoint), T(test_lock_timeout), T(test_deadlock),
         T(test_statement_timeout),
         T(test_connection_lost), T(test_checkpoints_list), T(test_migrated_columns),
         T(test_migrate_run),

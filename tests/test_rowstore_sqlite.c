@@ -519,6 +519,176 @@ static void test_scan_quarantine_flag(void **state)
     assert_false(rows[1].quarantined);
 }
 
+/* What quarantine_list hands over, copied. */
+typedef struct qlisted {
+    int n;
+    int64_t ids[8];
+    char errors[8][32];
+    char params[8][32];
+} qlisted;
+
+/* quarantine_list's callback: copy the entry into a qlisted. */
+static int qlist_one(void *arg, const ks_quarantine_entry *e)
+{
+    qlisted *l = arg;
+    assert_true(l->n < 8);
+    assert_int_equal(e->id.type, KS_VALUE_INTEGER);
+    assert_true(e->error.len < 32 && e->params.len < 32);
+    assert_true(e->time > 0);
+    l->ids[l->n] = e->id.integer;
+    memcpy(l->errors[l->n], e->error.ptr, e->error.len);
+    l->errors[l->n][e->error.len] = '\0';
+    if (e->params.len > 0)
+        memcpy(l->params[l->n], e->params.ptr, e->params.len);
+    l->params[l->n][e->params.len] = '\0';
+    l->n++;
+    return 0;
+}
+
+/* List w's quarantine into *l. */
+static void qlist(world *w, qlisted *l)
+{
+    memset(l, 0, sizeof *l);
+    assert_int_equal(w->store.ops->quarantine_list(w->store.self, qlist_one, l), KS_OK);
+}
+
+/* Which of rows 1..3 scan flags quarantined, as a bit mask (bit id-1). */
+static int flagged(world *w)
+{
+    ks_row rows[4];
+    size_t n = 0;
+    assert_int_equal(scan(w, NULL, 4, rows, &n), KS_OK);
+    assert_int_equal(n, 3);
+    int mask = 0;
+    for (size_t i = 0; i < n; i++)
+        mask |= rows[i].quarantined ? 1 << (rows[i].id.integer - 1) : 0;
+    return mask;
+}
+
+/* Quarantine belongs to the bound migration: a row quarantined under
+ * "m1" holds back m1's scans, not m2's; m2 quarantining it again takes
+ * the entry over (new error and params); unbound, every entry counts.
+ * list shows each entry with its migration; release by id, by error or
+ * all deletes only what it selects, inside a transaction, and refuses an
+ * empty selector. */
+static void test_quarantine_per_migration(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path, "CREATE TABLE t(id INTEGER PRIMARY KEY, v);"
+                      "INSERT INTO t VALUES(1, 'a'),(2, 'b'),(3, 'c');");
+    ks_rowstore_target t = target("t", "v", NULL);
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    const ks_rowstore_ops *ops = w->store.ops;
+    assert_int_equal(ops->bind_migration(w->store.self, (ks_bytes){(const uint8_t *)"m1", 2}), KS_OK);
+    ks_value one = vint(1), two = vint(2);
+    assert_int_equal(begin(w), KS_OK);
+    assert_int_equal(ops->quarantine(w->store.self, &one, "auth-failed"), KS_OK);
+    assert_int_equal(ops->quarantine(w->store.self, &two, "auth-failed"), KS_OK);
+    assert_int_equal(commit(w), KS_OK);
+    assert_int_equal(flagged(w), 3);
+    assert_int_equal(ops->bind_migration(w->store.self, (ks_bytes){(const uint8_t *)"m2", 2}), KS_OK);
+    assert_int_equal(flagged(w), 0); /* m2 tries m1's rows again */
+    assert_int_equal(begin(w), KS_OK);
+    assert_int_equal(ops->quarantine(w->store.self, &two, "bad-tenant"), KS_OK);
+    assert_int_equal(commit(w), KS_OK);
+    assert_int_equal(flagged(w), 2);
+    assert_int_equal(ops->bind_migration(w->store.self, (ks_bytes){NULL, 0}), KS_OK);
+    assert_int_equal(flagged(w), 3); /* unbound: every entry of the column */
+    qlisted l;
+    qlist(w, &l);
+    assert_int_equal(l.n, 2);
+    assert_int_equal(l.ids[0], 1);
+    assert_string_equal(l.errors[0], "auth-failed");
+    assert_string_equal(l.params[0], "m1");
+    assert_int_equal(l.ids[1], 2);
+    assert_string_equal(l.errors[1], "bad-tenant");
+    assert_string_equal(l.params[1], "m2");
+    /* release: a selector is required, and only inside a transaction */
+    uint64_t released = 9;
+    ks_quarantine_select none = {NULL, NULL, 0}, by_error = {NULL, "auth-failed", 0};
+    ks_quarantine_select by_id = {&two, NULL, 0}, all = {NULL, NULL, 1};
+    assert_int_equal(ops->quarantine_release(w->store.self, &by_error, &released),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(begin(w), KS_OK);
+    assert_int_equal(ops->quarantine_release(w->store.self, &none, &released),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ops->quarantine_release(w->store.self, &by_error, &released), KS_OK);
+    assert_int_equal(released, 1);
+    assert_int_equal(commit(w), KS_OK);
+    qlist(w, &l);
+    assert_int_equal(l.n, 1);
+    assert_int_equal(l.ids[0], 2);
+    assert_int_equal(begin(w), KS_OK);
+    assert_int_equal(ops->quarantine_release(w->store.self, &by_id, &released), KS_OK);
+    assert_int_equal(released, 1);
+    assert_int_equal(ops->quarantine_release(w->store.self, &all, &released), KS_OK);
+    assert_int_equal(released, 0);
+    assert_int_equal(commit(w), KS_OK);
+    qlist(w, &l);
+    assert_int_equal(l.n, 0);
+}
+
+/* A keyshift_quarantine of a store from before quarantine kept its
+ * migration (no params column): a read-only open reads it as it is
+ * (every entry flags its row, list shows no migration); a writable open
+ * adds the column and its index in place, and the old entries keep
+ * holding their rows back from every migration until released. */
+static void test_quarantine_upgrade(void **state)
+{
+    world *w = *state;
+    exec_sql(w->path,
+             "CREATE TABLE t(id INTEGER PRIMARY KEY, v);"
+             "INSERT INTO t VALUES(1, 'a'),(2, 'b'),(3, 'c');"
+             "CREATE TABLE keyshift_meta(key TEXT PRIMARY KEY, value);"
+             "INSERT INTO keyshift_meta VALUES('schema_version', 1);"
+             "CREATE TABLE keyshift_migration(tbl TEXT NOT NULL, col TEXT NOT NULL,"
+             " params TEXT NOT NULL, state TEXT NOT NULL, cursor, pass INTEGER NOT NULL,"
+             " done INTEGER NOT NULL, skipped INTEGER NOT NULL, raced INTEGER NOT NULL,"
+             " quarantined INTEGER NOT NULL, wrong_state INTEGER NOT NULL,"
+             " started INTEGER NOT NULL, updated INTEGER NOT NULL, finished INTEGER NOT NULL,"
+             " PRIMARY KEY (tbl, col, params));"
+             "CREATE TABLE keyshift_quarantine(tbl TEXT NOT NULL, col TEXT NOT NULL, id NOT NULL,"
+             " error TEXT NOT NULL, time INTEGER NOT NULL, PRIMARY KEY (tbl, col, id));"
+             "INSERT INTO keyshift_quarantine VALUES('t', 'v', 3, 'auth-failed', 1000);");
+    ks_rowstore_target t = target("t", "v", NULL);
+    ks_sqlite_options ro = {.read_only = 1};
+    assert_int_equal(open_store(w, &t, &ro), KS_OK);
+    assert_int_equal(w->store.ops->bind_migration(w->store.self, (ks_bytes){(const uint8_t *)"m", 1}),
+                     KS_OK);
+    assert_int_equal(flagged(w), 4);
+    qlisted l;
+    qlist(w, &l);
+    assert_int_equal(l.n, 1);
+    assert_string_equal(l.params[0], "");
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM pragma_table_info('keyshift_quarantine')"
+                                        " WHERE name = 'params'"),
+                     0);
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM pragma_table_info('keyshift_quarantine')"
+                                        " WHERE name = 'params'"),
+                     1);
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM sqlite_master WHERE type = 'index'"
+                                        " AND name = 'keyshift_quarantine_params'"),
+                     1);
+    assert_int_equal(w->store.ops->bind_migration(w->store.self, (ks_bytes){(const uint8_t *)"m", 1}),
+                     KS_OK);
+    assert_int_equal(flagged(w), 4); /* the old entry holds row 3 back from every migration */
+    ks_value one = vint(1);
+    assert_int_equal(begin(w), KS_OK);
+    assert_int_equal(w->store.ops->quarantine(w->store.self, &one, "auth-failed"), KS_OK);
+    assert_int_equal(commit(w), KS_OK);
+    assert_int_equal(flagged(w), 5);
+    assert_int_equal(w->store.ops->bind_migration(w->store.self, (ks_bytes){(const uint8_t *)"n", 1}),
+                     KS_OK);
+    assert_int_equal(flagged(w), 4);
+    /* opening again changes nothing more */
+    assert_int_equal(open_store(w, &t, NULL), KS_OK);
+    qlist(w, &l);
+    assert_int_equal(l.n, 2);
+    assert_string_equal(l.params[0], "m");
+    assert_string_equal(l.params[1], "");
+}
+
 /* ---- visit_values ------------------------------------------------------------- */
 
 /* visit_values hands every value, of every storage class (REAL as its
@@ -1464,6 +1634,8 @@ int main(void)
         T(test_scan_text_key),
         T(test_scan_value_types),
         T(test_scan_quarantine_flag),
+        T(test_quarantine_per_migration),
+        T(test_quarantine_upgrade),
         T(test_visit_values),
         T(test_visit_rows),
         T(test_visit_rows_range),

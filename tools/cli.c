@@ -333,8 +333,10 @@ int ks_cli_exit_code(ks_err err)
     case KS_ERR_STOPPED:       /* paused on a signal: resumable */
         return EX_TEMPFAIL;
     case KS_ERR_THRESHOLD:     /* too many rows quarantined */
-    case KS_ERR_MISMATCH:      /* another migration's checkpoint, or verify found a difference */
+    case KS_ERR_MISMATCH:      /* another unfinished migration's checkpoint */
         return EX_DATAERR;
+    case KS_ERR_VERIFY_FAILED: /* a new value did not open: a bug, never the data */
+        return EX_SOFTWARE;
     case KS_ERR_FULL:          /* rolled back; resumable once space is freed */
     case KS_ERR_STORE:         /* rolled back; resumable */
         return EX_IOERR;

@@ -49,6 +49,9 @@ static void usage(FILE *f)
           "        [--workers N [--chunk-ids N] [--lease DURATION]]\n"
           "        [--keyring FILE [--passphrase-file FILE] | --providers FILE]\n"
           "    keyshift migrate status --db DB [--table T --column C] [--chunks] [--json]\n"
+          "    keyshift migrate quarantine list --db DB --table T --column C [--json]\n"
+          "    keyshift migrate quarantine release --db DB --table T --column C\n"
+          "        (--id ID | --error NAME | --all) [--json]\n"
           "    keyshift migrate pause --db PG --table T --column C [--reason R]\n"
           "    keyshift migrate resume --db PG --table T --column C\n"
           "    keyshift migrate verify --db DB --table T --column C [--sample N]\n"
@@ -86,7 +89,20 @@ static void usage(FILE *f)
           "            command again resumes after the last committed batch. Rows the\n"
           "            application changed meanwhile are retried in a later pass; rows\n"
           "            that do not parse or open are quarantined (keyshift_quarantine)\n"
-          "            and never modified. No mode ever writes plaintext.\n"
+          "            and never modified. Quarantine belongs to the migration: a run\n"
+          "            with other parameters (the corrected command after a wrong\n"
+          "            --context, --purpose or tenant) tries those rows again, and\n"
+          "            quarantines them again only if they fail again. When most rows\n"
+          "            of the first batch fail with auth-failed, the run says so: the\n"
+          "            likely cause is its context, purpose or tenant. The summary\n"
+          "            counts what this run did (and, on a second line, the\n"
+          "            migration's totals over every run when they differ). No mode\n"
+          "            ever writes plaintext.\n"
+          "    quarantine list|release  the column's quarantined rows (id, error,\n"
+          "            when, the migration that quarantined them), and releasing them\n"
+          "            by --id, --error NAME or --all so that the next run tries them\n"
+          "            again; logged on standard error ('keyshift migrate quarantine\n"
+          "            --help').\n"
           "    pause, resume  (PostgreSQL) set or clear column C's pause flag\n"
           "            (keyshift_migrate_pause, created if missing): every run over\n"
           "            the column, on any host, waits after its current batch while\n"
@@ -318,13 +334,16 @@ static void usage(FILE *f)
           "        --synchronous with PostgreSQL, or --workers above 1 on SQLite\n"
           "        (nothing written)\n"
           "    65  run: stopped by --max-failure-rate (checkpoint valid; see\n"
-          "        keyshift_quarantine), or an unfinished migration of this database\n"
-          "        with other parameters exists (resume it, or --supersede);\n"
-          "        verify: some rows did not open\n"
+          "        'migrate quarantine list'), or (mismatch) an unfinished migration\n"
+          "        of this column with other parameters exists (resume it, or\n"
+          "        --supersede; nothing written); verify: some rows did not open\n"
           "    66  no such database, table or column\n"
           "    69  key provider unavailable, or the PostgreSQL database unreachable or\n"
           "        gone away mid-run (batch rolled back, checkpoint kept; rerun once it\n"
           "        is back; --workers: its chunks are taken over once their leases end)\n"
+          "    70  run: verify-failed: verify-before-commit found a new value that\n"
+          "        does not open to the old plaintext (a bug or faulty hardware;\n"
+          "        that batch not written): report it, do not rerun\n"
           "    74  database error or disk full (batch rolled back; rerun once fixed);\n"
           "        status: a malformed checkpoint row\n"
           "    75  paused by SIGINT/SIGTERM, key provider timeout, or the database\n"
@@ -367,7 +386,9 @@ typedef struct mig_opts {
     const char *synchronous, *throttle_query, *max_replica_lag, *reason;
     const char *workers, *chunk_ids, *lease; /* run --workers (cmd_migrate_workers.c) */
     const char *batch_target, *batch_max;
+    const char *id, *error; /* quarantine release --id, --error */
     int no_verify, serial, json, supersede;
+    int all; /* quarantine release --all */
     int chunks; /* status --chunks */
 } mig_opts;
 
@@ -402,6 +423,9 @@ static int parse(const char *cmd, int argc, char **argv, mig_opts *o, int *rc)
         {"--chunk-ids", &o->chunk_ids, NULL},
         {"--lease", &o->lease, NULL},
         {"--chunks", NULL, &o->chunks},
+        {"--id", &o->id, NULL},
+        {"--error", &o->error, NULL},
+        {"--all", NULL, &o->all},
         {"--reason", &o->reason, NULL},
         {"--sample", &o->sample, NULL},
         {"--keyring", &o->keyring, NULL},
@@ -443,6 +467,8 @@ static int only_options(const char *cmd, const mig_opts *o, const char *allowed)
         {"--no-verify", o->no_verify},         {"--id-column", o->id_column != NULL},
         {"--serial", o->serial},               {"--from-key", o->from_key != NULL},
         {"--supersede", o->supersede},
+        {"--id", o->id != NULL},               {"--error", o->error != NULL},
+        {"--all", o->all},
     };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         char word[40];
@@ -647,7 +673,8 @@ typedef struct progress_state {
     uint64_t run_rows; /* rows of the batches committed by this invocation */
     double elapsed, last_draw;
     int have;
-    counts c;
+    counts c;              /* the migration's counts (the checkpoint's, every run's) */
+    ks_migrate_counts run; /* this run's own (the summary's) */
     /* health samples for the rollout in backfill (0: none) */
     int64_t rollout_id;
     const char *db;
@@ -765,6 +792,7 @@ static void on_progress(void *arg, const ks_migrate_progress *p)
     s->total = p->total_rows;
     s->elapsed = p->elapsed_s;
     s->c = counts_of(p->checkpoint);
+    s->run = p->run;
     s->have = 1;
     if (s->json) {
         double work = working_s(s, p->elapsed_s);
@@ -818,11 +846,16 @@ const char *ks_cli_migrate_advice(ks_err e, int pg, int rollout_left)
                "table); committed batches stand. Investigate, then rerun (raise "
                "--max-failure-rate only if the failures are understood)";
     case KS_ERR_MISMATCH:
-        return "either an unfinished migration of this column with other parameters exists "
-               "(see 'keyshift migrate status'; finish it with its own parameters first, or give "
-               "--supersede to leave it), or "
-               "verify-before-commit found a new value that does not open to the old "
-               "plaintext (nothing of that batch was written; report it as a bug)";
+        return "an unfinished migration of this column with other parameters exists (see "
+               "'keyshift migrate status'); nothing was written. Finish it by running it again "
+               "with its own parameters, or, if it was the mistake (a wrong --context, "
+               "--purpose or tenant), give --supersede to run this one instead: the rows it "
+               "quarantined are tried again under the new parameters";
+    case KS_ERR_VERIFY_FAILED:
+        return "verify-before-commit found a new value that does not open to the old "
+               "plaintext: a bug or faulty hardware, not bad data. Nothing of that batch was "
+               "written and earlier batches stand (each was verified); do not rerun: report "
+               "it as a bug, with the command and 'keyshift version'";
     case KS_ERR_FULL:
         return "the database or its disk is full; the batch was rolled back and the checkpoint "
                "kept: free space, then run the same command again to resume";
@@ -839,14 +872,38 @@ const char *ks_cli_migrate_advice(ks_err e, int pg, int rollout_left)
     }
 }
 
-/* Print the final summary: a JSON object on stdout, or a line on stderr. */
+/* The advice when a run stopped on its failure threshold and most rows
+ * of its first batch failed "auth-failed": the run's parameters, not the
+ * data, are the likely cause. */
+static const char *auth_failed_advice(const ks_migrate_counts *run)
+{
+    if (run->first_batch_rows == 0 || run->first_batch_auth_failed * 2 <= run->first_batch_rows) {
+        return NULL;
+    }
+    return "stopped: most rows of the first batch failed with auth-failed. The likely cause is "
+           "a --context, --purpose or tenant (--tenant, --tenant-column) that differs from the "
+           "one the values were encrypted with; compare with the application's. Committed "
+           "batches stand and nothing was modified. Run the corrected command with "
+           "--supersede: the rows this run quarantined are tried again under the new "
+           "parameters ('keyshift migrate quarantine list' shows them)";
+}
+
+/* Print the final summary of what this run did (s->run): a JSON object
+ * on stdout, or a line on stderr; the migration's totals too when other
+ * runs added to them. */
 static void print_summary(const progress_state *s, ks_err e, int rc, double elapsed)
 {
-    const counts *c = &s->c;
+    const counts *m = &s->c;
+    counts mine = {s->run.done, s->run.skipped, s->run.raced, s->run.quarantined,
+                   s->run.wrong_state, m->pass};
+    const counts *c = &mine;
+    int others = m->done != c->done || m->skipped != c->skipped || m->raced != c->raced ||
+                 m->quarantined != c->quarantined || m->wrong_state != c->wrong_state;
     double work = working_s(s, elapsed);
     double rate = work > 0 ? (double)s->run_rows / work : 0.0;
     double throttled = elapsed - work;
-    const char *result = e == KS_OK ? (s->batches == 0 ? "already complete, nothing to do" : "complete")
+    int idle = c->done + c->skipped + c->raced + c->quarantined + c->wrong_state == 0;
+    const char *result = e == KS_OK ? (idle ? "already complete, nothing to do" : "complete")
                          : rc == EX_TEMPFAIL ? "paused" : "failed";
     if (s->tty && !s->json && s->have) {
         fputc('\n', stderr);
@@ -855,11 +912,16 @@ static void print_summary(const progress_state *s, ks_err e, int rc, double elap
         result = e == KS_OK ? "complete" : rc == EX_TEMPFAIL ? "paused" : "failed";
         printf("{\"result\":\"%s\",\"error\":\"%s\",\"exit\":%d,\"pass\":%u,\"done\":%llu,"
                "\"skipped\":%llu,\"raced\":%llu,\"quarantined\":%llu,\"wrong_state\":%llu,"
-               "\"total\":%llu,\"elapsed_s\":%.3f,\"rows_per_s\":%.1f,\"throttled_s\":%.3f}\n",
+               "\"total\":%llu,\"elapsed_s\":%.3f,\"rows_per_s\":%.1f,\"throttled_s\":%.3f,"
+               "\"migration\":{\"done\":%llu,\"skipped\":%llu,\"raced\":%llu,"
+               "\"quarantined\":%llu,\"wrong_state\":%llu}}\n",
                result, ks_err_name(e), rc, c->pass, (unsigned long long)c->done,
                (unsigned long long)c->skipped, (unsigned long long)c->raced,
                (unsigned long long)c->quarantined, (unsigned long long)c->wrong_state,
-               (unsigned long long)s->total, elapsed, rate, throttled);
+               (unsigned long long)s->total, elapsed, rate, throttled,
+               (unsigned long long)m->done, (unsigned long long)m->skipped,
+               (unsigned long long)m->raced, (unsigned long long)m->quarantined,
+               (unsigned long long)m->wrong_state);
         return;
     }
     if (s->throttle != NULL && s->throttle->pauses > 0) {
@@ -872,6 +934,14 @@ static void print_summary(const progress_state *s, ks_err e, int rc, double elap
             result, (unsigned long long)c->done, (unsigned long long)c->skipped,
             (unsigned long long)c->raced, (unsigned long long)c->quarantined,
             (unsigned long long)c->wrong_state, c->pass, elapsed, rate);
+    if (others) {
+        fprintf(stderr,
+                KS_PROG " migrate: the migration so far, every run: %llu rewritten, %llu already "
+                "at target, %llu raced, %llu quarantined, %llu in the wrong state\n",
+                (unsigned long long)m->done, (unsigned long long)m->skipped,
+                (unsigned long long)m->raced, (unsigned long long)m->quarantined,
+                (unsigned long long)m->wrong_state);
+    }
 }
 
 /* Run the engine with progress and signals, then report its outcome
@@ -903,7 +973,9 @@ static int run_engine(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_pa
     }
     int rc = e == KS_ERR_STOPPED ? EX_TEMPFAIL : ks_cli_exit_code(e);
     if (e != KS_OK) {
-        const char *advice = ks_cli_migrate_advice(e, pg, rollout_id != 0 && !stop_requested);
+        const char *advice = e == KS_ERR_THRESHOLD ? auth_failed_advice(&s.run) : NULL;
+        advice = advice != NULL ? advice
+                                : ks_cli_migrate_advice(e, pg, rollout_id != 0 && !stop_requested);
         if (s.tty && !s.json && s.have) {
             fputc('\n', stderr);
             s.have = 0;
@@ -1364,11 +1436,11 @@ static void on_failure(void *arg, const ks_verify_failure *f)
     if (s->json) {
         printf("{\"id\":");
         ks_cli_put_value(stdout, &f->id, 1);
-        printf(",\"error\":\"%s\"}\n", ks_err_name(f->error));
+        printf(",\"error\":\"%s\"}\n", f->name);
     } else {
         printf("FAILED id ");
         ks_cli_put_value(stdout, &f->id, 0);
-        printf(": %s\n", ks_err_name(f->error));
+        printf(": %s\n", f->name);
     }
 }
 
@@ -1524,6 +1596,251 @@ static int cmd_pause(int argc, char **argv, int paused)
     return rc;
 }
 
+/* Manual of `keyshift migrate quarantine`. */
+static void quarantine_usage(FILE *f)
+{
+    fputs("NAME\n"
+          "    keyshift migrate quarantine - list and release a column's quarantined rows\n"
+          "\n"
+          "SYNOPSIS\n"
+          "    keyshift migrate quarantine list --db DB --table T --column C\n"
+          "        [--id-column I] [--json]\n"
+          "    keyshift migrate quarantine release --db DB --table T --column C\n"
+          "        (--id ID | --error NAME | --id ID --error NAME | --all)\n"
+          "        [--id-column I] [--busy-timeout MS] [--json]\n"
+          "\n"
+          "DESCRIPTION\n"
+          "    A run quarantines a row that does not parse or open (keyshift_quarantine)\n"
+          "    and never modifies it. Quarantine belongs to the migration that put the\n"
+          "    row there (its mode, keys, context template, purpose, tenant...): a\n"
+          "    run with other parameters, such as the corrected command after a run\n"
+          "    with a wrong --context, tries the row again and quarantines it again,\n"
+          "    under its own parameters, only if it fails again. Rows quarantined\n"
+          "    before quarantine kept its migration hold back every migration until\n"
+          "    released.\n"
+          "    list     prints each quarantined row of column C: its id, the error\n"
+          "             name, when, and the parameters of the migration that\n"
+          "             quarantined it; with --json one object per line,\n"
+          "             {\"id\":...,\"error\":...,\"migration\":...|null,\"time\":...}.\n"
+          "             Read-only.\n"
+          "    release  deletes the selected rows' quarantine entries, in one\n"
+          "             transaction, so that the next run of their migration tries\n"
+          "             them again (rows that still fail are quarantined again). The\n"
+          "             rows themselves are never touched. --id ID selects one row\n"
+          "             (a decimal number is an integer id, anything else a text\n"
+          "             id), --error NAME the rows quarantined under that error name\n"
+          "             (auth-failed, bad-tenant, bad-context, a parse error...),\n"
+          "             both the rows matching both, --all every row of the column;\n"
+          "             without one of them it is refused (exit 64). Each release is\n"
+          "             logged on standard error: who ($USER@host), the column, the\n"
+          "             selector and how many rows; with --json {\"released\":N} on\n"
+          "             standard output.\n"
+          "\n"
+          "EXIT STATUS\n"
+          "    0   listed (also when nothing is in quarantine), or released\n"
+          "    64  usage error (release without a selector, --all with another one)\n"
+          "    66  no such database, table or column\n"
+          "    69  the PostgreSQL database cannot be reached\n"
+          "    74  database error (nothing released); list: a malformed entry\n"
+          "    75  the database stayed locked past --busy-timeout (nothing released)\n"
+          "\n"
+          "EXAMPLES\n"
+          "    keyshift migrate quarantine list --db shop.db --table payments --column card\n"
+          "    keyshift migrate quarantine release --db shop.db --table payments \\\n"
+          "        --column card --error auth-failed\n",
+          f);
+}
+
+/* What `migrate quarantine list` keeps while printing. */
+typedef struct qlist_state {
+    int json;
+    uint64_t n;
+} qlist_state;
+
+/* Print one quarantine entry (ks_rowstore_quarantine_fn): a line, or a
+ * JSON object per line; text read back from the database is printed
+ * with non-printable bytes as '?' (JSON: escaped). */
+static int print_entry(void *arg, const ks_quarantine_entry *e)
+{
+    qlist_state *l = arg;
+    char when[32];
+    ks_cli_format_time(e->time, when, sizeof when);
+    ks_value error = {KS_VALUE_TEXT, 0, e->error}, params = {KS_VALUE_TEXT, 0, e->params};
+    if (l->json) {
+        printf("{\"id\":");
+        ks_cli_put_value(stdout, &e->id, 1);
+        printf(",\"error\":");
+        ks_cli_put_json_string(stdout, e->error.ptr, e->error.len);
+        printf(",\"migration\":");
+        if (e->params.len > 0) {
+            ks_cli_put_json_string(stdout, e->params.ptr, e->params.len);
+        } else {
+            printf("null");
+        }
+        printf(",\"time\":\"%s\"}\n", when);
+    } else {
+        printf("id ");
+        ks_cli_put_value(stdout, &e->id, 0);
+        printf("  ");
+        ks_cli_put_value(stdout, &error, 0);
+        printf("  %s  migration ", when);
+        if (e->params.len > 0) {
+            ks_cli_put_value(stdout, &params, 0);
+        } else {
+            printf("(any: recorded before quarantine kept its migration)");
+        }
+        fputc('\n', stdout);
+    }
+    l->n++;
+    return 0;
+}
+
+/* The id of --id: an INTEGER when it is canonical decimal (the rowid, an
+ * INTEGER or PostgreSQL key), else TEXT (a TEXT key). */
+static ks_value id_of(const char *text)
+{
+    ks_value v = {KS_VALUE_TEXT, 0, str_view(text)};
+    char *end = NULL, canon[24];
+    errno = 0;
+    long long n = strtoll(text, &end, 10);
+    if (errno == 0 && end != text && *end == '\0' &&
+        snprintf(canon, sizeof canon, "%lld", n) > 0 && strcmp(canon, text) == 0) {
+        v = (ks_value){KS_VALUE_INTEGER, (int64_t)n, {NULL, 0}};
+    }
+    return v;
+}
+
+/* Delete the quarantine entries o selects from store, in one
+ * transaction, and log it on stderr (who, what, how many). */
+static int release_entries(const ks_rowstore *store, const mig_opts *o, const ks_value *id)
+{
+    static const char cmd[] = "migrate quarantine release";
+    char actor[KS_ROLLOUT_ACTOR_MAX + 1];
+    int rc = ks_cli_actor(cmd, NULL, actor, sizeof actor);
+    if (rc != EX_OK) {
+        return rc;
+    }
+    ks_quarantine_select sel = {id, o->error, o->all};
+    uint64_t released = 0;
+    ks_err e = store->ops->begin(store->self);
+    if (e == KS_OK) {
+        e = store->ops->quarantine_release(store->self, &sel, &released);
+    }
+    if (e == KS_OK) {
+        e = store->ops->commit(store->self);
+    }
+    if (e != KS_OK) {
+        store->ops->rollback(store->self);
+        ks_cli_error("cannot release quarantined rows of %s.%s: %s (nothing was released)",
+                     o->table, o->column, ks_err_name(e));
+        return ks_cli_exit_code(e);
+    }
+    char what[160];
+    if (o->all) {
+        snprintf(what, sizeof what, "all");
+    } else {
+        snprintf(what, sizeof what, "%s%.64s%s%s%s", o->id != NULL ? "id " : "",
+                 o->id != NULL ? o->id : "", o->id != NULL && o->error != NULL ? " and " : "",
+                 o->error != NULL ? "error " : "", o->error != NULL ? o->error : "");
+    }
+    for (char *c = what; *c != '\0'; c++) {
+        *c = *c < 0x20 || *c > 0x7e ? '?' : *c; /* --id is the operator's text */
+    }
+    fprintf(stderr,
+            KS_PROG " %s: %s released %llu row(s) of %s.%s from quarantine (selected: %s); "
+            "the next run of a migration tries them again\n",
+            cmd, actor, (unsigned long long)released, o->table, o->column, what);
+    if (o->json) {
+        printf("{\"released\":%llu}\n", (unsigned long long)released);
+    }
+    return EX_OK;
+}
+
+/* Nonzero when s may be an error name: 1..128 of [a-z0-9-]. */
+static int error_name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    return n >= 1 && n <= 128 && strspn(s, "abcdefghijklmnopqrstuvwxyz0123456789-") == n;
+}
+
+/* `migrate quarantine list|release`: the rows of one column in
+ * keyshift_quarantine, and releasing them (by id, by error name, or all)
+ * so that the next run tries them again. */
+static int cmd_quarantine(int argc, char **argv)
+{
+    if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        quarantine_usage(stdout);
+        return EX_OK;
+    }
+    if (argc < 2 || (strcmp(argv[1], "list") != 0 && strcmp(argv[1], "release") != 0)) {
+        return ks_cli_usage_error("migrate quarantine", "list or release is required");
+    }
+    int release = strcmp(argv[1], "release") == 0;
+    const char *cmd = release ? "migrate quarantine release" : "migrate quarantine list";
+    mig_opts o;
+    memset(&o, 0, sizeof o);
+    int rc;
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            quarantine_usage(stdout);
+            return EX_OK;
+        }
+    }
+    if (parse(cmd, argc - 1, argv + 1, &o, &rc)) {
+        return rc;
+    }
+    if ((rc = only_options(cmd, &o, release ? " --id-column --id --error --all --busy-timeout "
+                                            : " --id-column ")) != EX_OK) {
+        return rc;
+    }
+    if (o.db == NULL || o.table == NULL || o.column == NULL) {
+        return ks_cli_usage_error(cmd, "--db, --table and --column are required");
+    }
+    if (release && !o.all && o.id == NULL && o.error == NULL) {
+        return ks_cli_usage_error(cmd, "say which rows: --id ID, --error NAME (both: rows "
+                                       "matching both), or --all");
+    }
+    if (o.all && (o.id != NULL || o.error != NULL)) {
+        return ks_cli_usage_error(cmd, "--all releases every row; give it alone");
+    }
+    if (o.error != NULL && !error_name_ok(o.error)) {
+        return ks_cli_usage_error(cmd, "--error must be an error name such as auth-failed");
+    }
+    if (o.id != NULL && o.id[0] == '\0') {
+        return ks_cli_usage_error(cmd, "--id must not be empty");
+    }
+    size_t busy = 30000;
+    if (o.busy_timeout != NULL && ks_cli_parse_size(o.busy_timeout, 0, 86400000, &busy) != 0) {
+        return ks_cli_usage_error(cmd, "--busy-timeout must be milliseconds (0..86400000)");
+    }
+    if ((rc = ks_cli_db_check(o.db, NULL)) != EX_OK) {
+        return rc;
+    }
+    ks_rowstore_target t = {.table = o.table, .column = o.column, .id_column = o.id_column};
+    ks_rowstore store = {NULL, NULL, NULL};
+    if ((rc = ks_cli_store_open(o.db, &t, !release, (uint32_t)busy, KS_SQLITE_SYNC_FULL,
+                                &store)) != EX_OK) {
+        return rc;
+    }
+    if (release) {
+        ks_value id = o.id != NULL ? id_of(o.id) : (ks_value){KS_VALUE_NULL, 0, {NULL, 0}};
+        rc = release_entries(&store, &o, o.id != NULL ? &id : NULL);
+    } else {
+        qlist_state l = {o.json, 0};
+        ks_err e = store.ops->quarantine_list(store.self, print_entry, &l);
+        if (e != KS_OK) {
+            ks_cli_error("cannot read the quarantine of %s.%s: %s", o.table, o.column,
+                         ks_err_name(e));
+            rc = ks_cli_exit_code(e);
+        } else if (l.n == 0 && !o.json) {
+            fprintf(stderr, KS_PROG " %s: no row of %s.%s is in quarantine\n", cmd, o.table,
+                    o.column);
+        }
+    }
+    ks_rowstore_close(&store);
+    return rc;
+}
+
 /* See cli.h. */
 int ks_cmd_migrate(int argc, char **argv)
 {
@@ -1543,6 +1860,9 @@ int ks_cmd_migrate(int argc, char **argv)
     if (strcmp(argv[1], "pause") == 0 || strcmp(argv[1], "resume") == 0) {
         return cmd_pause(argc - 1, argv + 1, strcmp(argv[1], "pause") == 0);
     }
-    return ks_cli_usage_error("migrate", "no such subcommand '%s' (run, status, verify, pause or "
-                                         "resume)", argv[1]);
+    if (strcmp(argv[1], "quarantine") == 0) {
+        return cmd_quarantine(argc - 1, argv + 1);
+    }
+    return ks_cli_usage_error("migrate", "no such subcommand '%s' (run, status, verify, "
+                                         "quarantine, pause or resume)", argv[1]);
 }

@@ -134,6 +134,7 @@ typedef struct wrun {
     int refreshed;
     double last_refresh, last_draw, last_health;
     tally now;              /* the migration's counts at the last report */
+    tally here;             /* what this process's workers added (the summary's) */
     uint32_t pass;
     uint64_t rows;          /* rows this process's workers committed */
     double elapsed;
@@ -256,6 +257,7 @@ static void on_progress(void *arg, const ks_workers_progress *p)
     r->rows = p->rows;
     r->elapsed = p->elapsed_s;
     r->now = counts_now(r, p);
+    r->here = (tally){p->done, p->skipped, p->raced, p->quarantined, p->wrong_state};
     r->pass = p->chunk_cp->pass > r->sum.max_pass ? p->chunk_cp->pass : r->sum.max_pass;
     if (e->health != NULL && p->elapsed_s - r->last_health >= HEALTH_S) {
         r->last_health = p->elapsed_s;
@@ -287,12 +289,13 @@ static void on_progress(void *arg, const ks_workers_progress *p)
 }
 
 /* Print the summary of a run with workers that ended with e (exit rc):
- * the migration's counts (its chunks', every process's), this
- * process's share, the time; a JSON object on stdout, or lines on
- * stderr. */
+ * what this process's workers did, the migration's counts (its
+ * chunks', every process's), the time; a JSON object on stdout, or
+ * lines on stderr. */
 static void print_summary(wrun *r, const ks_workers_result *res, ks_err e, int rc, double elapsed)
 {
     const ks_cli_workers_env *env = r->env;
+    const tally *h = &r->here;
     tally c = r->now;
     uint32_t pass = r->pass;
     if (res->summary.chunks > 0) { /* the summary read at the end: every chunk's counts */
@@ -309,12 +312,16 @@ static void print_summary(wrun *r, const ks_workers_result *res, ks_err e, int r
         printf("{\"result\":\"%s\",\"error\":\"%s\",\"exit\":%d,\"pass\":%u,\"done\":%llu,"
                "\"skipped\":%llu,\"raced\":%llu,\"quarantined\":%llu,\"wrong_state\":%llu,"
                "\"total\":%llu,\"elapsed_s\":%.3f,\"rows_per_s\":%.1f,\"throttled_s\":%.3f,"
+               "\"migration\":{\"done\":%llu,\"skipped\":%llu,\"raced\":%llu,"
+               "\"quarantined\":%llu,\"wrong_state\":%llu},"
                "\"workers\":%u,\"rows_here\":%llu,\"chunks\":%llu,\"chunks_complete\":%llu,"
                "\"claims\":%llu,\"takeovers\":%llu,\"lost\":%llu}\n",
-               result, ks_err_name(e), rc, pass, (unsigned long long)c.done,
+               result, ks_err_name(e), rc, pass, (unsigned long long)h->done,
+               (unsigned long long)h->skipped, (unsigned long long)h->raced,
+               (unsigned long long)h->quarantined, (unsigned long long)h->wrong_state,
+               (unsigned long long)r->total, elapsed, rate, thr, (unsigned long long)c.done,
                (unsigned long long)c.skipped, (unsigned long long)c.raced,
-               (unsigned long long)c.quarantined, (unsigned long long)c.wrong_state,
-               (unsigned long long)r->total, elapsed, rate, thr, r->workers,
+               (unsigned long long)c.quarantined, (unsigned long long)c.wrong_state, r->workers,
                (unsigned long long)res->rows, (unsigned long long)res->summary.chunks,
                (unsigned long long)res->summary.complete, (unsigned long long)res->claims,
                (unsigned long long)res->takeovers, (unsigned long long)res->lost);
@@ -333,9 +340,19 @@ static void print_summary(wrun *r, const ks_workers_result *res, ks_err e, int r
     fprintf(stderr,
             KS_PROG " migrate: %s: %llu rewritten, %llu already at target, %llu raced, "
             "%llu quarantined, %llu in the wrong state; pass %u, %.1f s, %.0f rows/s\n",
-            result, (unsigned long long)c.done, (unsigned long long)c.skipped,
-            (unsigned long long)c.raced, (unsigned long long)c.quarantined,
-            (unsigned long long)c.wrong_state, pass, elapsed, rate);
+            result, (unsigned long long)h->done, (unsigned long long)h->skipped,
+            (unsigned long long)h->raced, (unsigned long long)h->quarantined,
+            (unsigned long long)h->wrong_state, pass, elapsed, rate);
+    if (h->done != c.done || h->skipped != c.skipped || h->raced != c.raced ||
+        h->quarantined != c.quarantined || h->wrong_state != c.wrong_state) {
+        fprintf(stderr,
+                KS_PROG " migrate: the migration so far, every host and run: %llu rewritten, "
+                "%llu already at target, %llu raced, %llu quarantined, %llu in the wrong "
+                "state\n",
+                (unsigned long long)c.done, (unsigned long long)c.skipped,
+                (unsigned long long)c.raced, (unsigned long long)c.quarantined,
+                (unsigned long long)c.wrong_state);
+    }
 }
 
 /* See cmd_migrate_workers.h. */

@@ -67,13 +67,16 @@ typedef enum ks_err {
     KS_ERR_BUSY = 161,              /* "busy": the database stayed locked past the timeout */
     KS_ERR_FULL = 162,              /* "full": the database or its disk is full */
     KS_ERR_STORE = 163,             /* "store": another database error */
-    KS_ERR_MISMATCH = 164,          /* "mismatch": a checkpoint exists with other parameters,
-                                       or verify-before-commit found a difference */
+    KS_ERR_MISMATCH = 164,          /* "mismatch": an unfinished checkpoint of the column
+                                       exists with other parameters */
     KS_ERR_THRESHOLD = 165,         /* "threshold": the failure rate exceeded the limit */
     KS_ERR_STOPPED = 166,           /* "stopped": interrupted on request; resumable */
     KS_ERR_UNSTABLE_ID = 167,       /* "unstable-id": the context binds {id}, but the store's
                                        id is not stable (SQLite's bare rowid, which VACUUM
                                        and a dump/restore renumber): nothing was done */
+    KS_ERR_VERIFY_FAILED = 168,     /* "verify-failed": verify-before-commit found a new value
+                                       that does not open to the old plaintext (a bug or
+                                       faulty hardware; nothing of the batch written) */
 
     /* Rollouts (include/keyshift/rollout.h). */
     KS_ERR_GUARD = 192,             /* "guard": a transition's condition is not met; the

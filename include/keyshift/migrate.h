@@ -19,6 +19,8 @@
  *     byte, checked with ks_verify, which decrypts nothing) before its
  *     UPDATE unless verification is turned off;
  *   - a row that does not parse or open is quarantined and never modified;
+ *     quarantine belongs to the migration (its parameters): a migration
+ *     with other parameters tries the row again;
  *   - no mode ever writes plaintext.
  */
 #ifndef KEYSHIFT_MIGRATE_H
@@ -191,14 +193,32 @@ typedef struct ks_migrate_params {
                                   target makes any other migration of the column obsolete. */
 } ks_migrate_params;
 
+/* What one call of ks_migrate_run (or one chunk's run) did, as opposed
+ * to the checkpoint's counts, which add up every run of the migration:
+ * the growth of the checkpoint's done, skipped, raced, quarantined and
+ * wrong_state since the call began (skipped and wrong_state count pass 1
+ * only, as in the checkpoint), and of its quarantined rows those
+ * quarantined "auth-failed".  first_batch_rows and
+ * first_batch_auth_failed are the rows the call's first committed batch
+ * looked at (not NULL, not in quarantine) and how many of them were
+ * quarantined "auth-failed": when that is most of them, the run's
+ * context, purpose or tenant is likely not the one the values were
+ * encrypted with. */
+typedef struct ks_migrate_counts {
+    uint64_t done, skipped, raced, quarantined, wrong_state;
+    uint64_t auth_failed;
+    uint64_t first_batch_rows, first_batch_auth_failed;
+} ks_migrate_counts;
+
 /* Progress, reported after every committed batch. */
 typedef struct ks_migrate_progress {
-    const ks_checkpoint *checkpoint; /* the counts so far */
+    const ks_checkpoint *checkpoint; /* the counts so far, over every run of the migration */
     uint64_t total_rows;             /* rows in the target at the start (counted only
                                         when there is a progress callback: one read
                                         of every page of the table) */
     uint64_t batch_rows;             /* rows in the batch just committed */
     double elapsed_s;
+    ks_migrate_counts run;           /* what this call did so far */
 } ks_migrate_progress;
 
 typedef void (*ks_migrate_progress_fn)(void *arg, const ks_migrate_progress *p);
@@ -209,9 +229,12 @@ typedef void (*ks_migrate_progress_fn)(void *arg, const ks_migrate_progress *p);
  * (KS_ERR_STOPPED; resumable).  Returns KS_OK when complete, or:
  * KS_ERR_THRESHOLD (failure rate exceeded; checkpoint valid),
  * KS_ERR_MISMATCH (a checkpoint of this store has other parameters and is
- * neither complete nor superseded, and params->supersede is 0),
- * KS_ERR_UNSTABLE_ID (the context binds {id}, an unstable id: see
- * ks_migrate_check_context; nothing read or written), provider errors (the batch rolled back, checkpoint intact;
+ * neither complete nor superseded, and params->supersede is 0; nothing
+ * written), KS_ERR_VERIFY_FAILED (verify-before-commit found a new value
+ * that does not open to the old plaintext: a bug or faulty hardware, the
+ * batch not written, the checkpoint intact), KS_ERR_UNSTABLE_ID (the
+ * context binds {id}, an unstable id: see ks_migrate_check_context;
+ * nothing read or written), provider errors (the batch rolled back, checkpoint intact;
  * KS_ERR_UNAVAILABLE and KS_ERR_TIMEOUT are resumable), KS_ERR_BUSY,
  * KS_ERR_FULL, KS_ERR_STORE (rolled back; resumable).  *out, when not NULL,
  * receives the final checkpoint (views valid until the store's next call).
@@ -225,6 +248,11 @@ KS_API KS_WUR ks_err ks_migrate_run(ks_ctx *ctx, const ks_rowstore *store,
 typedef struct ks_verify_failure {
     ks_value id;
     ks_err error;
+    const char *name;    /* the failure's name, the one ks_migrate_run quarantines the
+                            row under: "bad-tenant" (error KS_ERR_BAD_VALUE: the row's
+                            tenant is NULL or not a name), "bad-context" (error
+                            KS_ERR_TOO_LARGE: the rendered context is too long), else
+                            ks_err_name(error).  Static storage. */
 } ks_verify_failure;
 
 typedef void (*ks_verify_failure_fn)(void *arg, const ks_verify_failure *f);
@@ -242,9 +270,9 @@ typedef struct ks_verify_result {
  * purpose of params (its mode and target are ignored): ks_verify, every
  * check of ks_open without decrypting, so no plaintext is ever in memory
  * and a value of any size is checked.  Each failure is reported through
- * on_failure by id and error name.  Read-only.  KS_ERR_UNSTABLE_ID, before
- * any row is read, when the context binds an unstable id
- * (ks_migrate_check_context).
+ * on_failure by id, error and name (the name quarantine uses for the same
+ * row).  Read-only.  KS_ERR_UNSTABLE_ID, before any row is read, when the
+ * context binds an unstable id (ks_migrate_check_context).
  */
 KS_API KS_WUR ks_err ks_migrate_verify(ks_ctx *ctx, const ks_rowstore *store,
                                        const ks_migrate_params *params, uint64_t sample,

@@ -67,7 +67,9 @@ typedef struct ks_row {
     ks_value value;      /* the target column */
     ks_value tenant;     /* the tenant column, or KS_VALUE_NULL without one */
     ks_value context[KS_ROWSTORE_MAX_CONTEXT_COLUMNS]; /* in target order */
-    int quarantined;     /* nonzero when the row is in quarantine: never modify it */
+    int quarantined;     /* nonzero when the row is in quarantine (of the bound migration,
+                            or an entry without one; any entry when unbound:
+                            ks_rowstore_ops.bind_migration): never modify it */
 } ks_row;
 
 /* The durable state of one migration (docs/migration.md).  The store
@@ -100,6 +102,34 @@ typedef ks_err (*ks_rowstore_value_fn)(void *arg, const ks_value *value);
  * that code.  It must not call any operation of the store. */
 typedef ks_err (*ks_rowstore_row_fn)(void *arg, const ks_row *row);
 
+/* The most bytes of a migration's canonical parameters a store keeps
+ * (ks_rowstore_ops.bind_migration). */
+#define KS_ROWSTORE_PARAMS_MAX 8192u
+
+/* One row in quarantine (ks_rowstore_ops.quarantine_list): views valid
+ * during the callback only. */
+typedef struct ks_quarantine_entry {
+    ks_value id;         /* the row's id */
+    ks_bytes error;      /* the error name it was quarantined under */
+    ks_bytes params;     /* the canonical parameters of the migration that quarantined
+                            it; empty for an entry recorded before they were kept */
+    int64_t time;        /* Unix seconds when it was quarantined */
+} ks_quarantine_entry;
+
+/* The callback of ks_rowstore_ops.quarantine_list: nonzero stops the
+ * listing. */
+typedef int (*ks_rowstore_quarantine_fn)(void *arg, const ks_quarantine_entry *e);
+
+/* Which quarantine entries ks_rowstore_ops.quarantine_release deletes:
+ * all of the target's (all nonzero), or those whose id is *id (when not
+ * NULL) and whose error name is error (when not NULL); both given, the
+ * entries that match both. */
+typedef struct ks_quarantine_select {
+    const ks_value *id;
+    const char *error;
+    int all;
+} ks_quarantine_select;
+
 typedef struct ks_rowstore_ops {
     /* Read up to max rows whose id is greater than *after (all rows when
      * after is NULL or of type KS_VALUE_NULL), in ascending id order, into
@@ -117,7 +147,9 @@ typedef struct ks_rowstore_ops {
     ks_err (*cas)(void *self, const ks_value *id, const ks_value *old, ks_bytes new_value,
                   int *swapped);
     /* Inside the transaction: record row id in quarantine with an error
-     * name (idempotent).  The row itself is never modified. */
+     * name and the bound migration's parameters (bind_migration;
+     * idempotent for the same migration).  The row itself is never
+     * modified. */
     ks_err (*quarantine)(void *self, const ks_value *id, const char *error);
     /* Inside the transaction: save cp, replacing the one with the same params. */
     ks_err (*checkpoint_save)(void *self, const ks_checkpoint *cp);
@@ -178,6 +210,37 @@ typedef struct ks_rowstore_ops {
      * after is neither NULL, KS_VALUE_NULL nor an INTEGER. */
     ks_err (*visit_rows_range)(void *self, const ks_value *after, const ks_value *upto,
                                size_t max, ks_rowstore_row_fn fn, void *arg);
+    /* Optional (NULL: quarantine belongs to the column, whatever the
+     * migration): tie quarantine to the migration whose canonical
+     * parameters are params (copied; {NULL, 0} unbinds).  Once bound,
+     * quarantine records params with each row it puts in quarantine (a
+     * row already there under other parameters moves to these, with the
+     * new error and time), and scan, visit_rows and visit_rows_range flag
+     * as quarantined only the rows quarantined under params: a migration
+     * with other parameters (a corrected context, purpose or tenant) tries
+     * the rows a mistaken one quarantined again, and quarantines them
+     * again only if they fail again.  Entries recorded without
+     * parameters (by a store before they were kept) hold back no bound
+     * migration.  Unbound, every entry of the column flags its row.  The
+     * engine binds once it has settled its parameters, before its first
+     * scan.  KS_ERR_NO_MEMORY, KS_ERR_INVALID_ARGUMENT (longer than
+     * KS_ROWSTORE_PARAMS_MAX). */
+    ks_err (*bind_migration)(void *self, ks_bytes params);
+    /* Optional (NULL: the store cannot list its quarantine), read-only:
+     * call fn once per row of the target in keyshift_quarantine, in id
+     * order, with views valid during the call only; fn returns nonzero to
+     * stop.  KS_OK (also for a database without the table), KS_ERR_STORE
+     * for a malformed entry, KS_ERR_BUSY, KS_ERR_NO_MEMORY. */
+    ks_err (*quarantine_list)(void *self, ks_rowstore_quarantine_fn fn, void *arg);
+    /* Optional (NULL: the store cannot release), inside a write
+     * transaction: delete the target's quarantine entries that sel
+     * selects; *released gets how many.  The rows themselves are never
+     * touched: the next run of their migration tries them again.
+     * KS_ERR_INVALID_ARGUMENT for a selector that selects nothing
+     * explicitly (no id, no error and not all).  A failure rolls the
+     * transaction back. */
+    ks_err (*quarantine_release)(void *self, const ks_quarantine_select *sel,
+                                 uint64_t *released);
 } ks_rowstore_ops;
 
 typedef struct ks_rowstore {
@@ -247,7 +310,8 @@ typedef struct ks_sqlite_options {
  * NULL; KS_ERR_INVALID_ARGUMENT for a bad identifier, or for
  * synchronous NORMAL on a database not in WAL mode.  Unless read_only,
  * creates the keyshift_migration and keyshift_quarantine tables if
- * missing.  opts NULL: defaults.
+ * missing, and gives an older keyshift_quarantine its params column
+ * (bind_migration).  opts NULL: defaults.
  */
 KS_API KS_WUR ks_err ks_rowstore_sqlite_open(const char *path, const ks_rowstore_target *target,
                                              const ks_sqlite_options *opts, ks_rowstore *out,

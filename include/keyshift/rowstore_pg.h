@@ -98,7 +98,8 @@ typedef struct ks_pg_options {
  * the file comment says.  Unless read_only, create keyshift_migration and
  * keyshift_quarantine in the target table's schema if missing (one
  * transaction, serialized between concurrent openers by an advisory
- * lock).  On success *out is the store, released by ks_rowstore_close;
+ * lock), and give an older keyshift_quarantine its params column the
+ * same way (bind_migration, keyshift/rowstore.h).  On success *out is the store, released by ks_rowstore_close;
  * target's strings need not outlive the call.  Errors (with a message in
  * errbuf when errbuf_len > 0): KS_ERR_INVALID_ARGUMENT for a NULL or
  * empty argument, a name over 1024 bytes or a keyshift_* table;

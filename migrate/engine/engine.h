@@ -103,6 +103,11 @@ int ks_engine_name_ok(ks_bytes b);
  * (the configuration is ambiguous: refuse rather than guess). */
 ks_err ks_engine_row_tenant(const ks_migrate_params *params, const ks_row *row, ks_bytes *out);
 
+/* The quarantine (and verify failure) names of a row whose tenant is
+ * NULL or not a name, and of one whose rendered context is too long. */
+#define KS_ENGINE_BAD_TENANT "bad-tenant"
+#define KS_ENGINE_BAD_CONTEXT "bad-context"
+
 /* Copy v into owned storage *buf (grown with realloc as needed; *cap its
  * size) and return the copy in *out (views into *buf). */
 ks_err ks_engine_value_copy(const ks_value *v, uint8_t **buf, size_t *cap, ks_value *out);

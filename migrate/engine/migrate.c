@@ -31,7 +31,8 @@
  * write transaction does every compare-and-swap and quarantine of the
  * batch and saves the checkpoint (cursor = the batch's last id), and
  * commits.  Per row:
- *   - in quarantine or NULL: nothing, not counted;
+ *   - in quarantine (of this migration: see below) or NULL: nothing, not
+ *     counted;
  *   - with params->from_key_id (a key-scoped rollout's run): plaintext and
  *     envelopes whose header names another key_id are skipped, never
  *     touched (another tenant's or rollout's key is not this run's to
@@ -60,15 +61,22 @@
  *   A parse rejection or "auth-failed" while opening or rewrapping an old
  *   value quarantines the row under ks_err_name() of the error; it is
  *   never modified.  Quarantine error names are therefore ks_err_name()
- *   strings plus the engine's own "bad-tenant" and "bad-context".
+ *   strings plus the engine's own "bad-tenant" and "bad-context" (the
+ *   names ks_migrate_verify reports for the same rows).
+ *   Quarantine belongs to the migration: once the parameters are settled
+ *   the run binds them to the store (ks_rowstore_ops.bind_migration), so
+ *   a row counts as "in quarantine" only when this migration put it
+ *   there; a migration with other parameters (a corrected context,
+ *   purpose or tenant) tries it again and quarantines it again, under its
+ *   own parameters, only if it fails again.
  *   A CAS that does not swap (the application changed or deleted the row
  *   since the scan) counts the row as raced.
  *
  * Verification.  Every new value must parse and be at the target before
  * its UPDATE whatever no_verify says; unless no_verify, it is also opened
  * with the row's context and compared byte for byte with the old
- * plaintext.  A difference stops the run with KS_ERR_MISMATCH, nothing of
- * the batch written: it means a bug or faulty hardware, not bad data.
+ * plaintext.  A difference stops the run with KS_ERR_VERIFY_FAILED, nothing
+ * of the batch written: it means a bug or faulty hardware, not bad data.
  *
  * Fail closed.  A provider error (unavailable, timeout, denied, revoked,
  * not-found, integrity), KS_ERR_ALGORITHM_UNAVAILABLE, KS_ERR_NO_MEMORY or
@@ -78,7 +86,10 @@
  *
  * Counts (ks_checkpoint).  done, raced and quarantined count events over
  * all passes; skipped and wrong_state count rows in pass 1 only (later
- * passes revisit every row to find the raced ones).
+ * passes revisit every row to find the raced ones).  They add up every run
+ * of the migration; the progress callback also gets this call's own
+ * (ks_migrate_counts: the growth since the call began, and the
+ * auth-failed share of its first batch).
  *
  * Passes.  At the end of a pass in which rows raced, a new pass starts
  * from the beginning (rows already at the target are skipped).  A pass
@@ -150,6 +161,9 @@
 
 #include "engine.h"
 #include "../alloc_hook.h"
+
+_Static_assert(KS_PARAMS_MAX <= KS_ROWSTORE_PARAMS_MAX,
+               "a store keeps every canonical parameter string");
 
 #define KS_MIGRATE_MAX_PASSES 10
 #define KS_MIGRATE_RATE_MIN_ROWS 100
@@ -235,6 +249,8 @@ typedef struct run {
     ks_checkpoint cp;  /* views into params / cur_buf / static strings */
     uint64_t pass_raced_start;
     uint64_t rows_this_run;
+    ks_checkpoint base;    /* the counts when this call began (ks_migrate_counts) */
+    ks_migrate_counts mine; /* auth_failed and the first batch's; the rest from base */
     int catchup;           /* rerun of a complete migration: a new pass that saves
                               nothing unless it has something to write */
     int catchup_wrote;     /* that pass has committed a batch */
@@ -623,14 +639,14 @@ static int same_bytes(const uint8_t *a, const uint8_t *b, size_t n)
 
 /* Check a new value before it may be written: it parses and is at the
  * target; unless no_verify, it opens with the row's parameters to exactly
- * pt[0, pt_len).  KS_ERR_MISMATCH otherwise. */
+ * pt[0, pt_len).  KS_ERR_VERIFY_FAILED otherwise. */
 static ks_err verify_new(batch *b, const row_in *in, ks_bytes neu, const uint8_t *pt, size_t pt_len)
 {
     const run *r = b->r;
     ks_envelope e;
     if (ks_envelope_parse(neu.ptr, neu.len, NULL, &e, NULL) != KS_OK ||
         !bytes_eq(e.key_id, r->p->to_key_id) || e.key_version != r->to_version) {
-        return KS_ERR_MISMATCH;
+        return KS_ERR_VERIFY_FAILED;
     }
     if (r->p->no_verify) {
         return KS_OK;
@@ -639,11 +655,11 @@ static ks_err verify_new(batch *b, const row_in *in, ks_bytes neu, const uint8_t
     ks_err err = open_into(b, in, neu, b->pt2, &got);
     if (err != KS_OK) {
         sodium_memzero(b->pt2, b->pt_cap);
-        return ks_err_is_rejection(err) || err == KS_ERR_AUTH_FAILED ? KS_ERR_MISMATCH : err;
+        return ks_err_is_rejection(err) || err == KS_ERR_AUTH_FAILED ? KS_ERR_VERIFY_FAILED : err;
     }
     int same = got == pt_len && (pt_len == 0 || same_bytes(b->pt2, pt, pt_len));
     sodium_memzero(b->pt2, got);
-    return same ? KS_OK : KS_ERR_MISMATCH;
+    return same ? KS_OK : KS_ERR_VERIFY_FAILED;
 }
 
 /* Record in s that the new value is the out_len bytes just written at
@@ -722,7 +738,7 @@ static ks_err do_encrypt(batch *b, const row_in *in, const ks_value *v, slot *s)
  * data AAD under the DEK the old value was wrapped with, which is what
  * lets rewrap skip a second AEAD on the old value.  If the new value does
  * not open, the old one is checked to tell a bad row (*fault: quarantine
- * it) from a bad rewrap (KS_ERR_MISMATCH: stop).  o is old, already
+ * it) from a bad rewrap (KS_ERR_VERIFY_FAILED: stop).  o is old, already
  * parsed by decide() (its views point into old).
  */
 static ks_err verify_rewrap(batch *b, const row_in *in, ks_bytes old, const ks_envelope *o,
@@ -734,7 +750,7 @@ static ks_err verify_rewrap(batch *b, const row_in *in, ks_bytes old, const ks_e
     if (ks_envelope_parse(neu.ptr, neu.len, NULL, &n, NULL) != KS_OK ||
         !bytes_eq(n.key_id, r->p->to_key_id) || n.key_version != r->to_version ||
         !bytes_eq(n.nonce, o->nonce) || !bytes_eq(n.ciphertext, o->ciphertext)) {
-        return KS_ERR_MISMATCH;
+        return KS_ERR_VERIFY_FAILED;
     }
     if (r->p->no_verify) {
         return KS_OK;
@@ -745,7 +761,7 @@ static ks_err verify_rewrap(batch *b, const row_in *in, ks_bytes old, const ks_e
     }
     err = check_opens(b, in, old);
     if (err == KS_OK) {
-        return KS_ERR_MISMATCH; /* the old value opens, the rewrap does not */
+        return KS_ERR_VERIFY_FAILED; /* the old value opens, the rewrap does not */
     }
     *fault = row_fault(err);
     return *fault != NULL ? KS_OK : err;
@@ -844,7 +860,7 @@ static ks_err decide(batch *b, size_t i)
     ks_err err = ks_engine_row_tenant(r->p, row, &in.tenant);
     if (err == KS_ERR_BAD_VALUE) {
         s->act = ACT_QUARANTINE;
-        s->qerr = "bad-tenant";
+        s->qerr = KS_ENGINE_BAD_TENANT;
         return KS_OK;
     }
     if (err != KS_OK) {
@@ -852,7 +868,7 @@ static ks_err decide(batch *b, size_t i)
     }
     if (ks_context_tmpl_render(r->tmpl, row, in.context, sizeof in.context, &in.context_len) != KS_OK) {
         s->act = ACT_QUARANTINE;
-        s->qerr = "bad-context";
+        s->qerr = KS_ENGINE_BAD_CONTEXT;
         return KS_OK;
     }
     switch (r->p->mode) {
@@ -1294,6 +1310,25 @@ static ks_err apply_batch(run *r, const batch *b, ks_checkpoint *next, batch *de
     return err;
 }
 
+/* After batch b committed: count this call's rows quarantined
+ * "auth-failed", and for its first batch that looked at any row, how
+ * many rows it looked at and how many of them failed so. */
+static void tally(run *r, const batch *b)
+{
+    const char *af = ks_err_name(KS_ERR_AUTH_FAILED);
+    uint64_t looked = 0, auth = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        const slot *s = &b->slots[i];
+        looked += s->act != ACT_NONE;
+        auth += s->act == ACT_QUARANTINE && strcmp(s->qerr, af) == 0;
+    }
+    r->mine.auth_failed += auth;
+    if (r->mine.first_batch_rows == 0) {
+        r->mine.first_batch_rows = looked;
+        r->mine.first_batch_auth_failed = auth;
+    }
+}
+
 /* Sleep so that this run's rows per second stays within the limit. */
 static void throttle(const run *r)
 {
@@ -1369,6 +1404,7 @@ static ks_err commit_batch(run *r, batch *b, volatile sig_atomic_t *stop, batch 
     next.finished = over ? next.updated : 0;
     err = apply_batch(r, b, &next, deferred);
     if (err == KS_OK) {
+        tally(r, b);
         r->catchup_wrote = 1;
         r->cp = next;
         err = ks_engine_value_copy(&next.cursor, &r->cur_buf, &r->cur_cap, &r->cp.cursor);
@@ -1420,11 +1456,18 @@ static ks_err end_pass(run *r, unsigned *passes_run, int *again)
     return ret;
 }
 
-/* Report progress after a commit. */
+/* Report progress after a commit: the checkpoint, and this call's own
+ * counts (its growth since the call began). */
 static void report(const run *r, ks_migrate_progress_fn fn, void *arg, uint64_t total, size_t n)
 {
     if (fn != NULL) {
-        ks_migrate_progress pr = {&r->cp, total, n, elapsed_s(&r->t0)};
+        ks_migrate_counts c = r->mine;
+        c.done = r->cp.done - r->base.done;
+        c.skipped = r->cp.skipped - r->base.skipped;
+        c.raced = r->cp.raced - r->base.raced;
+        c.quarantined = r->cp.quarantined - r->base.quarantined;
+        c.wrong_state = r->cp.wrong_state - r->base.wrong_state;
+        ks_migrate_progress pr = {&r->cp, total, n, elapsed_s(&r->t0), c};
         fn(arg, &pr);
     }
 }
@@ -1480,6 +1523,7 @@ static ks_err loop(run *r, volatile sig_atomic_t *stop, ks_migrate_progress_fn f
     if (err != KS_OK) {
         return err;
     }
+    r->base = r->cp;
     /* pass 1 starts with 0 raced; a later pass resumed mid-way is assumed raced */
     r->pass_raced_start = r->cp.pass == 1 ? 0 : (r->cp.cursor.type == KS_VALUE_NULL ? r->cp.raced : 0);
     unsigned passes_run = 0;
@@ -1555,6 +1599,18 @@ static ks_err loop(run *r, volatile sig_atomic_t *stop, ks_migrate_progress_fn f
     }
 }
 
+/* Tie the store's quarantine to this migration's settled parameters
+ * (see "Quarantine belongs to the migration" in the file comment); a
+ * store without the operation keeps its quarantine per column. */
+static ks_err bind_params(const run *r)
+{
+    if (r->st->ops->bind_migration == NULL) {
+        return KS_OK;
+    }
+    return r->st->ops->bind_migration(r->st->self,
+                                      (ks_bytes){(const uint8_t *)r->params, r->params_len});
+}
+
 /* Make a run of params on store (NULL: out of memory or bad
  * arguments, *err set): its buffers allocated. */
 static run *run_new(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_params *params,
@@ -1608,6 +1664,9 @@ ks_err ks_migrate_run(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_pa
     int complete = 0;
     if (err == KS_OK) {
         err = load_checkpoint(r, &complete);
+    }
+    if (err == KS_OK) {
+        err = bind_params(r);
     }
     if (err == KS_OK && complete) {
         r->catchup = 1;
@@ -1679,6 +1738,9 @@ ks_err ks_engine_run_slice(ks_ctx *ctx, const ks_rowstore *store, const ks_migra
     r->to_version = slice->to_version;
     if (err == KS_OK) {
         err = make_params(r, r->to_version);
+    }
+    if (err == KS_OK) {
+        err = bind_params(r);
     }
     if (err == KS_OK) {
         r->cp = *slice->start;

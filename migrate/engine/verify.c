@@ -16,8 +16,9 @@
  * counted in `checked`, and on failure in `failed` and reported through
  * on_failure with its id and error: a parse rejection, auth-failed, a
  * non-retryable provider error (denied, revoked, not-found, integrity),
- * KS_ERR_BAD_VALUE for a row whose tenant is invalid, KS_ERR_TOO_LARGE
- * for a context over KS_CONTEXT_MAX.  No plaintext is ever produced, so
+ * KS_ERR_BAD_VALUE named "bad-tenant" for a row whose tenant is invalid,
+ * KS_ERR_TOO_LARGE named "bad-context" for a context over KS_CONTEXT_MAX:
+ * the names ks_migrate_run quarantines the same rows under.  No plaintext is ever produced, so
  * none can be reported, and a value of any size is checked.  A retryable
  * provider error (unavailable, timeout) or any other error stops
  * verification and is returned: a row is never reported failed because
@@ -43,12 +44,13 @@ typedef struct verify_run {
     ks_verify_result *res;
 } verify_run;
 
-/* Report a failure of row. */
-static void fail_row(verify_run *v, const ks_row *row, ks_err e)
+/* Report a failure of row; name is the one a migration quarantines it
+ * under. */
+static void fail_row(verify_run *v, const ks_row *row, ks_err e, const char *name)
 {
     v->res->failed++;
     if (v->on_failure != NULL) {
-        ks_verify_failure f = {row->id, e};
+        ks_verify_failure f = {row->id, e, name};
         v->on_failure(v->arg, &f);
     }
 }
@@ -60,12 +62,15 @@ static ks_err check_row(verify_run *v, const ks_row *row)
     uint8_t context[KS_CONTEXT_MAX];
     size_t context_len = 0;
     v->res->checked++;
+    const char *name = NULL;
     ks_err err = ks_engine_row_tenant(v->p, row, &tenant);
     if (err == KS_ERR_INVALID_ARGUMENT) {
         return err; /* constant tenant and a tenant column: ambiguous */
     }
+    name = err == KS_ERR_BAD_VALUE ? KS_ENGINE_BAD_TENANT : NULL;
     if (err == KS_OK) {
         err = ks_context_tmpl_render(v->tmpl, row, context, sizeof context, &context_len);
+        name = err != KS_OK ? KS_ENGINE_BAD_CONTEXT : NULL;
     }
     if (err == KS_OK) {
         ks_open_params op = ks_engine_open_params(v->p, row->value.bytes,
@@ -79,7 +84,7 @@ static ks_err check_row(verify_run *v, const ks_row *row)
         err == KS_ERR_ALGORITHM_UNAVAILABLE) {
         return err;
     }
-    fail_row(v, row, err);
+    fail_row(v, row, err, name != NULL ? name : ks_err_name(err));
     return KS_OK;
 }
 

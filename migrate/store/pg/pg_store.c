@@ -26,7 +26,17 @@
  *       id text NOT NULL,                       -- the row's id in decimal
  *       error text NOT NULL,                    -- ks_err_name, never data
  *       time bigint NOT NULL,                   -- Unix seconds
+ *       params text,                            -- the migration that quarantined
+ *                                               -- it (NULL: an older entry,
+ *                                               -- which holds back every one)
  *       PRIMARY KEY (tbl, col, id));
+ *
+ * A keyshift_quarantine from before quarantine kept its migration (no
+ * params column) gets the column at the first writable open, in the
+ * creating transaction's way (advisory lock, one transaction); a
+ * read-only store reads such a table as it is (every entry holds its row
+ * back).  Quarantine belongs to the bound migration exactly as in the
+ * SQLite store (keyshift/rowstore.h, bind_migration).
  *
  * ---- Behaviour -------------------------------------------------------------
  *
@@ -89,6 +99,8 @@ typedef struct pg_store {
     int read_only;
     int in_txn;               /* begin() opened a transaction */
     int have_tables;          /* keyshift_migration and keyshift_quarantine exist */
+    int q_params;             /* keyshift_quarantine has its params column */
+    char *mig;                /* bind_migration's parameters (NULL: unbound) */
     size_t n_context;
     char *table, *column;     /* catalog spellings, for keyshift_*.tbl / col */
     char *qschema, *qtable, *qid; /* quoted names, lent to pg_chunks.c */
@@ -368,6 +380,12 @@ static ks_err scan_exec(pg_store *s, const ks_value *after, const ks_value *upto
     if (s->have_tables) {
         p_str(&p, s->table);
         p_str(&p, s->column);
+        if (s->q_params) {
+            if (s->mig != NULL)
+                p_str(&p, s->mig);
+            else
+                p_null(&p);
+        }
     }
     PGresult *res;
     ks_err err = run_prepared(s, st, &p, PGRES_TUPLES_OK, &res);
@@ -675,8 +693,9 @@ static ks_err op_cas(void *self, const ks_value *id, const ks_value *old, ks_byt
     return op_cas_batch(self, 1, &id, &old, &new_value, swapped);
 }
 
-/* ops.quarantine: INSERT ... ON CONFLICT DO NOTHING of the row's id with
- * an error name. */
+/* ops.quarantine: record the row's id with an error name and the bound
+ * migration's parameters (an entry of another migration is taken over,
+ * one of the same stands). */
 static ks_err op_quarantine(void *self, const ks_value *id, const char *error)
 {
     pg_store *s = self;
@@ -691,8 +710,157 @@ static ks_err op_quarantine(void *self, const ks_value *id, const char *error)
     p_str(&p, idtext);
     p_str(&p, error);
     p_int(&p, (int64_t)time(NULL));
+    if (s->mig != NULL)
+        p_str(&p, s->mig);
+    else
+        p_null(&p);
     PGresult *res;
     ks_err err = run_prepared(s, ST_QUARANTINE, &p, PGRES_COMMAND_OK, &res);
+    PQclear(res);
+    return err == KS_OK ? KS_OK : fail_txn(s, err);
+}
+
+/* ops.bind_migration: keep a copy of params (keyshift/rowstore.h).  Text
+ * with no NUL: the canonical string never has one. */
+static ks_err op_bind_migration(void *self, ks_bytes mig_params)
+{
+    pg_store *s = self;
+    if (s == NULL || mig_params.len > KS_ROWSTORE_PARAMS_MAX || (mig_params.len != 0 && mig_params.ptr == NULL) ||
+        (mig_params.len != 0 && memchr(mig_params.ptr, 0, mig_params.len) != NULL))
+        return KS_ERR_INVALID_ARGUMENT;
+    char *copy = NULL;
+    if (mig_params.ptr != NULL) {
+        copy = malloc(mig_params.len + 1);
+        if (copy == NULL)
+            return KS_ERR_NO_MEMORY;
+        memcpy(copy, mig_params.ptr, mig_params.len);
+        copy[mig_params.len] = '\0';
+    }
+    free(s->mig);
+    s->mig = copy;
+    return KS_OK;
+}
+
+static char *concat(const char *const *parts, size_t n);
+
+/* Run sql (built with concat: NULL when out of memory) with p, binary
+ * results; frees sql.  As run_prepared. */
+static ks_err run_params(pg_store *s, char *sql, const params *p, ExecStatusType want,
+                         PGresult **out)
+{
+    *out = NULL;
+    if (sql == NULL)
+        return KS_ERR_NO_MEMORY;
+    PGresult *res = PQexecParams(s->conn, sql, p->n, NULL, p->v, p->len, p->fmt, 1);
+    free(sql);
+    if (res != NULL && PQresultStatus(res) == want) {
+        *out = res;
+        return KS_OK;
+    }
+    ks_err err = result_err(s, res);
+    PQclear(res);
+    return err;
+}
+
+/* The id of a quarantine entry (decimal text, as op_quarantine writes
+ * it) as an INTEGER; else the text as it is. */
+static ks_value entry_id(ks_bytes text)
+{
+    int64_t v = 0;
+    size_t i = text.len > 0 && text.ptr[0] == '-' ? 1 : 0;
+    int ok = text.len > i && text.len - i <= 18;
+    for (; ok && i < text.len; i++) {
+        ok = text.ptr[i] >= '0' && text.ptr[i] <= '9';
+        v = v * 10 + (text.ptr[i] - '0');
+    }
+    if (ok && (text.len > 1 && (text.ptr[text.ptr[0] == '-'] == '0')))
+        ok = 0; /* not canonical decimal */
+    if (!ok)
+        return (ks_value){KS_VALUE_TEXT, 0, text};
+    return (ks_value){KS_VALUE_INTEGER, text.ptr[0] == '-' ? -v : v, {NULL, 0}};
+}
+
+/* ops.quarantine_list: the target's entries in id order (numeric ids by
+ * value). */
+static ks_err op_quarantine_list(void *self, ks_rowstore_quarantine_fn fn, void *arg)
+{
+    pg_store *s = self;
+    if (s == NULL || fn == NULL || s->in_txn)
+        return KS_ERR_INVALID_ARGUMENT;
+    if (!s->have_tables)
+        return KS_OK; /* read-only, no keyshift tables: nothing was ever quarantined */
+    const char *parts[] = {"SELECT id, error, ", s->q_params ? "params" : "NULL::text",
+                           ", time FROM ", s->qschema,
+                           ".keyshift_quarantine WHERE tbl = $1::text AND col = $2::text "
+                           "ORDER BY length(id), id"};
+    params p = {.n = 0};
+    p_str(&p, s->table);
+    p_str(&p, s->column);
+    PGresult *res;
+    ks_err err = run_params(s, concat(parts, 5), &p, PGRES_TUPLES_OK, &res);
+    int n = err == KS_OK ? PQntuples(res) : 0;
+    for (int i = 0; i < n && err == KS_OK; i++) {
+        ks_value id, error, mig, t;
+        err = ks_pg_cell(res, i, 0, &id);
+        if (err == KS_OK)
+            err = ks_pg_cell(res, i, 1, &error);
+        if (err == KS_OK)
+            err = ks_pg_cell(res, i, 2, &mig);
+        if (err == KS_OK)
+            err = ks_pg_cell(res, i, 3, &t);
+        if (err == KS_OK && (id.type != KS_VALUE_TEXT || id.bytes.len == 0 ||
+                             error.type != KS_VALUE_TEXT || error.bytes.len == 0 ||
+                             error.bytes.len > ERROR_NAME_MAX || t.type != KS_VALUE_INTEGER ||
+                             (mig.type != KS_VALUE_NULL && mig.type != KS_VALUE_TEXT)))
+            err = KS_ERR_STORE; /* not what op_quarantine writes */
+        if (err != KS_OK)
+            break;
+        ks_quarantine_entry e = {entry_id(id.bytes), error.bytes,
+                                 mig.type == KS_VALUE_TEXT ? mig.bytes : (ks_bytes){NULL, 0},
+                                 t.integer};
+        if (fn(arg, &e) != 0)
+            break;
+    }
+    PQclear(res);
+    return err;
+}
+
+/* ops.quarantine_release: DELETE the target's entries sel selects. */
+static ks_err op_quarantine_release(void *self, const ks_quarantine_select *sel,
+                                    uint64_t *released)
+{
+    pg_store *s = self;
+    if (!writable(s) || sel == NULL || released == NULL ||
+        (!sel->all && sel->id == NULL && sel->error == NULL) ||
+        (sel->id != NULL && sel->id->type != KS_VALUE_INTEGER && sel->id->type != KS_VALUE_TEXT) ||
+        (sel->id != NULL && sel->id->type == KS_VALUE_TEXT &&
+         (sel->id->bytes.ptr == NULL || memchr(sel->id->bytes.ptr, 0, sel->id->bytes.len) != NULL)))
+        return KS_ERR_INVALID_ARGUMENT;
+    *released = 0;
+    char idtext[24];
+    const char *parts[] = {"DELETE FROM ", s->qschema,
+                           ".keyshift_quarantine WHERE tbl = $1::text AND col = $2::text "
+                           "AND ($3::text IS NULL OR id = $3::text) "
+                           "AND ($4::text IS NULL OR error = $4::text)"};
+    params p = {.n = 0};
+    p_str(&p, s->table);
+    p_str(&p, s->column);
+    if (sel->id == NULL) {
+        p_null(&p);
+    } else if (sel->id->type == KS_VALUE_INTEGER) {
+        snprintf(idtext, sizeof idtext, "%lld", (long long)sel->id->integer);
+        p_str(&p, idtext);
+    } else {
+        p_bytes(&p, sel->id->bytes.ptr, sel->id->bytes.len);
+    }
+    if (sel->error != NULL)
+        p_str(&p, sel->error);
+    else
+        p_null(&p);
+    PGresult *res;
+    ks_err err = run_params(s, concat(parts, 3), &p, PGRES_COMMAND_OK, &res);
+    if (err == KS_OK)
+        *released = strtoull(PQcmdTuples(res), NULL, 10);
     PQclear(res);
     return err == KS_OK ? KS_OK : fail_txn(s, err);
 }
@@ -846,6 +1014,7 @@ static void store_free(pg_store *s)
     free(s->qschema);
     free(s->qtable);
     free(s->qid);
+    free(s->mig);
     free(s->buf);
     free(s);
 }
@@ -871,6 +1040,9 @@ static const ks_rowstore_ops pg_ops = {
     .visit_rows = op_visit_rows,
     .cas_batch = op_cas_batch,
     .visit_rows_range = op_visit_rows_range,
+    .bind_migration = op_bind_migration,
+    .quarantine_list = op_quarantine_list,
+    .quarantine_release = op_quarantine_release,
 };
 
 /* ---- opening ------------------------------------------------------------------------ */
@@ -1180,7 +1352,72 @@ static const char own_tables_ddl[] =
     "saved timestamptz NOT NULL, PRIMARY KEY (tbl, col, params)); "
     "CREATE TABLE IF NOT EXISTS %s.keyshift_quarantine("
     "tbl text NOT NULL, col text NOT NULL, id text NOT NULL, error text NOT NULL, "
-    "time bigint NOT NULL, PRIMARY KEY (tbl, col, id))";
+    "time bigint NOT NULL, params text, PRIMARY KEY (tbl, col, id))";
+
+/* Whether keyshift_quarantine of the target's schema has its params
+ * column (s->q_params). */
+static ks_err quarantine_has_params(opener *o)
+{
+    PGresult *res;
+    const char *ns = o->ns_oid;
+    ks_err err = catalog_query(o,
+                               "SELECT count(*) FROM pg_catalog.pg_attribute a "
+                               "JOIN pg_catalog.pg_class c ON c.oid = a.attrelid "
+                               "WHERE c.relnamespace = $1::oid AND c.relname = "
+                               "'keyshift_quarantine' AND a.attname = 'params' "
+                               "AND NOT a.attisdropped",
+                               &ns, 1, &res, "reading the catalog");
+    if (err != KS_OK)
+        return err;
+    o->s->q_params = strcmp(PQgetvalue(res, 0, 0), "1") == 0;
+    PQclear(res);
+    return KS_OK;
+}
+
+/* Run ddl (malloc'd; freed here, NULL: out of memory) in one
+ * transaction that first takes keyshift's advisory lock, so that several
+ * workers opening at once do not race on it (0x6b657973 is "keys"); a
+ * failure is rolled back and reported as `what` in the schema of the
+ * target. */
+static ks_err run_locked_ddl(opener *o, char *ddl, const char *what)
+{
+    if (ddl == NULL)
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+    ks_err err = run_simple(o->s, "BEGIN", NULL, 0);
+    PGresult *lock = NULL;
+    if (err == KS_OK) {
+        lock = PQexec(o->s->conn, "SELECT pg_catalog.pg_advisory_xact_lock(1801812339)");
+        if (lock == NULL || PQresultStatus(lock) != PGRES_TUPLES_OK)
+            err = result_err(o->s, lock);
+    }
+    PQclear(lock);
+    if (err == KS_OK)
+        err = run_simple(o->s, ddl, NULL, 0);
+    if (err == KS_OK)
+        err = run_simple(o->s, "COMMIT", NULL, 0);
+    free(ddl);
+    if (err != KS_OK) {
+        rollback_now(o->s);
+        return fail(o->errbuf, o->errbuf_len, err, "cannot %s in the schema of \"%s\"", what,
+                    o->tname);
+    }
+    return KS_OK;
+}
+
+/* Give an older keyshift_quarantine its params column (see the file
+ * comment), unless read-only or already there. */
+static ks_err upgrade_quarantine(opener *o)
+{
+    ks_err err = quarantine_has_params(o);
+    if (err != KS_OK || o->s->q_params || o->s->read_only)
+        return err;
+    const char *parts[] = {"ALTER TABLE ", o->qschema,
+                           ".keyshift_quarantine ADD COLUMN IF NOT EXISTS params text"};
+    err = run_locked_ddl(o, concat(parts, 3),
+                         "add the params column to keyshift_quarantine (owner of the table?)");
+    o->s->q_params = err == KS_OK;
+    return err;
+}
 
 /* Whether keyshift's two tables exist in the target's schema; unless
  * read-only, create them when they do not (rowstore_pg.h). */
@@ -1197,35 +1434,20 @@ static ks_err ensure_own_tables(opener *o)
         return err;
     o->s->have_tables = strcmp(PQgetvalue(res, 0, 0), "2") == 0;
     PQclear(res);
-    if (o->s->have_tables || o->s->read_only)
+    if (o->s->have_tables)
+        return upgrade_quarantine(o);
+    if (o->s->read_only)
         return KS_OK;
     size_t len = sizeof own_tables_ddl + 2 * strlen(o->qschema);
     char *ddl = malloc(len);
-    if (ddl == NULL)
-        return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
-    snprintf(ddl, len, own_tables_ddl, o->qschema, o->qschema);
-    err = run_simple(o->s, "BEGIN", NULL, 0);
-    PGresult *lock = NULL;
-    if (err == KS_OK) {
-        /* one creator at a time: 0x6b657973 is "keys" */
-        lock = PQexec(o->s->conn, "SELECT pg_catalog.pg_advisory_xact_lock(1801812339)");
-        if (lock == NULL || PQresultStatus(lock) != PGRES_TUPLES_OK)
-            err = result_err(o->s, lock);
-    }
-    PQclear(lock);
-    if (err == KS_OK)
-        err = run_simple(o->s, ddl, NULL, 0);
-    if (err == KS_OK)
-        err = run_simple(o->s, "COMMIT", NULL, 0);
-    free(ddl);
-    if (err != KS_OK) {
-        rollback_now(o->s);
-        return fail(o->errbuf, o->errbuf_len, err,
-                    "cannot create keyshift_migration and keyshift_quarantine in the schema of "
-                    "\"%s\" (CREATE privilege?)",
-                    o->tname);
-    }
+    if (ddl != NULL)
+        snprintf(ddl, len, own_tables_ddl, o->qschema, o->qschema);
+    err = run_locked_ddl(o, ddl,
+                         "create keyshift_migration and keyshift_quarantine (CREATE privilege?)");
+    if (err != KS_OK)
+        return err;
     o->s->have_tables = 1;
+    o->s->q_params = 1;
     return KS_OK;
 }
 
@@ -1292,6 +1514,12 @@ static ks_err prepare_scan(opener *o, int after)
         parts[n++] = " AND q.id = t.";
         parts[n++] = qid;
         parts[n++] = "::text";
+        /* the bound migration (NULL: unbound, every entry counts); an
+         * entry without params (an older table's) holds back every one */
+        if (o->s->q_params)
+            parts[n++] = after == 2 ? " AND (q.params IS NULL OR $6::text IS NULL OR q.params = $6::text)"
+                         : after    ? " AND (q.params IS NULL OR $5::text IS NULL OR q.params = $5::text)"
+                                    : " AND (q.params IS NULL OR $4::text IS NULL OR q.params = $4::text)";
     }
     if (after) {
         parts[n++] = " WHERE t.";
@@ -1306,7 +1534,7 @@ static ks_err prepare_scan(opener *o, int after)
     parts[n++] = qid;
     parts[n++] = after == 2 ? " LIMIT $3::int8" : after ? " LIMIT $2::int8" : " LIMIT $1::int8";
     return prepare(o, after == 2 ? ST_SCAN_RANGE : after ? ST_SCAN_AFTER : ST_SCAN_FIRST,
-                   concat(parts, n), 1 + after + (has_q ? 2 : 0));
+                   concat(parts, n), 1 + after + (has_q ? 2 + o->s->q_params : 0));
 }
 
 /* The select list of a checkpoint read (pg_decode.h). */
@@ -1356,9 +1584,13 @@ static ks_err prepare_statements(opener *o)
     }
     if (err == KS_OK) {
         const char *parts[] = {"INSERT INTO ", qs,
-                               ".keyshift_quarantine(tbl, col, id, error, time) VALUES ($1::text, "
-                               "$2::text, $3::text, $4::text, $5::int8) ON CONFLICT DO NOTHING"};
-        err = prepare(o, ST_QUARANTINE, concat(parts, 3), 5);
+                               ".keyshift_quarantine AS q(tbl, col, id, error, time, params) "
+                               "VALUES ($1::text, $2::text, $3::text, $4::text, $5::int8, "
+                               "$6::text) ON CONFLICT (tbl, col, id) DO UPDATE SET "
+                               "error = EXCLUDED.error, time = EXCLUDED.time, "
+                               "params = EXCLUDED.params "
+                               "WHERE q.params IS DISTINCT FROM EXCLUDED.params"};
+        err = prepare(o, ST_QUARANTINE, concat(parts, 3), 6);
     }
     if (err == KS_OK) {
         const char *parts[] = {

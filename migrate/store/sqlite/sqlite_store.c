@@ -50,11 +50,24 @@
  *                                -- TEXT primary key, ...)
  *       error TEXT NOT NULL,     -- stable error name (ks_err_name), never data
  *       time  INTEGER NOT NULL,  -- Unix seconds when quarantined
+ *       params TEXT,             -- canonical parameters of the migration that
+ *                                -- quarantined it; NULL for an older entry
  *       PRIMARY KEY (tbl, col, id)
  *   );
+ *   CREATE INDEX keyshift_quarantine_params ON keyshift_quarantine(tbl, col, params);
  *   -- the primary key is also the index through which a scan flags
- *   -- quarantined rows.  Rows stay until an operator deletes them; the
- *   -- engine never modifies a quarantined row.
+ *   -- quarantined rows; the params index answers whether a migration has
+ *   -- any.  Quarantine belongs to the migration bound to the store
+ *   -- (rowstore.h, bind_migration): a scan flags a row whose entry has the
+ *   -- bound params, or NULL params (an older entry holds back every
+ *   -- migration).  Entries stay until released (quarantine_release,
+ *   -- `keyshift migrate quarantine release`); the engine never modifies a
+ *   -- row its migration quarantined.
+ *   -- A keyshift_quarantine created before the params column existed is
+ *   -- upgraded in place by the first writable open (ALTER TABLE ... ADD
+ *   -- COLUMN params and the index, in one BEGIN IMMEDIATE transaction;
+ *   -- schema_version is unchanged: the column is detected, not versioned).
+ *   -- A read-only open reads such a table as it is.
  *
  * ---- Behaviour ----------------------------------------------------------
  *
@@ -151,6 +164,7 @@ enum {
     ST_SCAN_RANGE,  /* visit_rows_range: ids in [?2, ?6], integers only */
     ST_VALUES,
     ST_QCHECK,
+    ST_QCHECK_MIG,  /* ST_QCHECK of a bound migration: its entries, or legacy ones */
     ST_COUNT,
     ST_CAS,
     ST_QUARANTINE,
@@ -173,6 +187,9 @@ typedef struct sqlite_store {
     char *table;              /* schema spelling, for keyshift_quarantine.tbl */
     char *column;             /* schema spelling, for keyshift_quarantine.col */
     size_t n_context;
+    int q_params;             /* keyshift_quarantine has its params column */
+    char *mig;                /* bind_migration's parameters (NULL: unbound) */
+    size_t mig_len;
     ks_sqlite_busy busy;      /* busy handler state (sqlite_util.h) */
     /* the one buffer every view points into */
     uint8_t *arena;
@@ -442,10 +459,13 @@ static ks_err fail_txn(sqlite_store *s, int rc)
  * index lookup. */
 static int scan_has_quarantine(sqlite_store *s, int *has)
 {
-    sqlite3_stmt *q = s->st[ST_QCHECK];
+    int mig = s->mig != NULL && s->st[ST_QCHECK_MIG] != NULL;
+    sqlite3_stmt *q = s->st[mig ? ST_QCHECK_MIG : ST_QCHECK];
     int rc = sqlite3_bind_text(q, 1, s->table, -1, SQLITE_STATIC);
     if (rc == SQLITE_OK)
         rc = sqlite3_bind_text(q, 2, s->column, -1, SQLITE_STATIC);
+    if (rc == SQLITE_OK && mig)
+        rc = sqlite3_bind_text(q, 3, s->mig, (int)s->mig_len, SQLITE_STATIC);
     if (rc == SQLITE_OK)
         rc = sqlite3_step(q);
     *has = rc == SQLITE_ROW && sqlite3_column_int(q, 0) != 0;
@@ -455,8 +475,9 @@ static int scan_has_quarantine(sqlite_store *s, int *has)
 }
 
 /* Bind the store's table (?3) and column (?4) names, which select its
- * rows of keyshift_quarantine, and whether it has any (?5), to a scan
- * statement (absent when a read-only store has no quarantine table). */
+ * rows of keyshift_quarantine, whether it has any (?5) and the bound
+ * migration's parameters (?7, NULL when unbound), to a scan statement
+ * (absent when a read-only store has no quarantine table). */
 static int bind_scan_names(sqlite_store *s, sqlite3_stmt *st)
 {
     if (sqlite3_bind_parameter_index(st, "?5") == 0)
@@ -469,6 +490,8 @@ static int bind_scan_names(sqlite_store *s, sqlite3_stmt *st)
         rc = sqlite3_bind_text(st, 4, s->column, -1, SQLITE_STATIC);
     if (rc == SQLITE_OK)
         rc = sqlite3_bind_int(st, 5, has);
+    if (rc == SQLITE_OK && s->mig != NULL && sqlite3_bind_parameter_index(st, "?7") != 0)
+        rc = sqlite3_bind_text(st, 7, s->mig, (int)s->mig_len, SQLITE_STATIC);
     return rc;
 }
 
@@ -757,7 +780,10 @@ static int64_t unix_now(void)
     return (int64_t)time(NULL);
 }
 
-/* ops.quarantine: INSERT OR IGNORE the row's id with an error name. */
+/* ops.quarantine: record the row's id with an error name and the bound
+ * migration's parameters; an entry of the same migration stands as it is,
+ * one of another (a row that failed again under new parameters) is
+ * taken over by this one. */
 static ks_err op_quarantine(void *self, const ks_value *id, const char *error)
 {
     sqlite_store *s = self;
@@ -774,10 +800,110 @@ static ks_err op_quarantine(void *self, const ks_value *id, const char *error)
         rc = sqlite3_bind_text(st, 4, error, -1, SQLITE_TRANSIENT);
     if (rc == SQLITE_OK)
         rc = sqlite3_bind_int64(st, 5, unix_now());
+    if (rc == SQLITE_OK && s->mig != NULL)
+        rc = sqlite3_bind_text(st, 6, s->mig, (int)s->mig_len, SQLITE_STATIC);
     rc = run_write(s, st, rc);
     if (rc != SQLITE_OK)
         return fail_txn(s, rc);
     return KS_OK;
+}
+
+static int bind_target(sqlite_store *s, sqlite3_stmt *st, int i);
+
+/* ops.bind_migration: keep a copy of params (see rowstore.h). */
+static ks_err op_bind_migration(void *self, ks_bytes params)
+{
+    sqlite_store *s = self;
+    if (s == NULL || params.len > KS_ROWSTORE_PARAMS_MAX || (params.len != 0 && params.ptr == NULL))
+        return KS_ERR_INVALID_ARGUMENT;
+    char *copy = NULL;
+    if (params.ptr != NULL) {
+        copy = malloc(params.len + 1);
+        if (copy == NULL)
+            return KS_ERR_NO_MEMORY;
+        memcpy(copy, params.ptr, params.len);
+        copy[params.len] = '\0';
+    }
+    free(s->mig);
+    s->mig = copy;
+    s->mig_len = params.len;
+    return KS_OK;
+}
+
+/* ops.quarantine_list: step the target's entries in id order. */
+static ks_err op_quarantine_list(void *self, ks_rowstore_quarantine_fn fn, void *arg)
+{
+    sqlite_store *s = self;
+    if (s == NULL || fn == NULL || s->in_txn)
+        return KS_ERR_INVALID_ARGUMENT;
+    if (s->st[ST_QCHECK] == NULL)
+        return KS_OK; /* read-only, no keyshift tables: nothing was ever quarantined */
+    sqlite3_stmt *st = NULL;
+    int rc = prepare(s->db,
+                     s->q_params ? "SELECT id, error, params, time FROM main.keyshift_quarantine "
+                                   "WHERE tbl = ?1 AND col = ?2 ORDER BY id"
+                                 : "SELECT id, error, NULL, time FROM main.keyshift_quarantine "
+                                   "WHERE tbl = ?1 AND col = ?2 ORDER BY id",
+                     0, &st);
+    if (rc == SQLITE_OK)
+        rc = bind_target(s, st, 1);
+    ks_err err = KS_OK;
+    while (rc == SQLITE_OK && err == KS_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        ks_quarantine_entry e;
+        ks_value error, params;
+        memset(&e, 0, sizeof e);
+        err = column_view(st, 0, 0, &e.id);
+        if (err == KS_OK)
+            err = column_view(st, 1, 0, &error);
+        if (err == KS_OK)
+            err = column_view(st, 2, 0, &params);
+        if (err == KS_OK && (e.id.type == KS_VALUE_NULL || error.type != KS_VALUE_TEXT ||
+                             error.bytes.len == 0 || error.bytes.len > ERROR_NAME_MAX ||
+                             (params.type != KS_VALUE_NULL && params.type != KS_VALUE_TEXT) ||
+                             sqlite3_column_type(st, 3) != SQLITE_INTEGER))
+            err = KS_ERR_STORE; /* not what op_quarantine writes */
+        if (err != KS_OK)
+            break;
+        e.error = error.bytes;
+        e.params = params.type == KS_VALUE_TEXT ? params.bytes : (ks_bytes){NULL, 0};
+        e.time = sqlite3_column_int64(st, 3);
+        rc = fn(arg, &e) != 0 ? SQLITE_DONE : SQLITE_OK;
+    }
+    sqlite3_finalize(st);
+    if (err != KS_OK)
+        return err;
+    return rc == SQLITE_DONE ? KS_OK : ks_sqlite_map_rc(rc);
+}
+
+/* ops.quarantine_release: DELETE the target's entries sel selects. */
+static ks_err op_quarantine_release(void *self, const ks_quarantine_select *sel,
+                                    uint64_t *released)
+{
+    sqlite_store *s = self;
+    if (!writable(s) || sel == NULL || released == NULL ||
+        (!sel->all && sel->id == NULL && sel->error == NULL) ||
+        (sel->id != NULL && (!value_ok(sel->id) || sel->id->type == KS_VALUE_NULL)))
+        return KS_ERR_INVALID_ARGUMENT;
+    *released = 0;
+    sqlite3_stmt *st = NULL;
+    int rc = prepare(s->db,
+                     "DELETE FROM main.keyshift_quarantine WHERE tbl = ?1 AND col = ?2 "
+                     "AND (?3 IS NULL OR id = ?3) AND (?4 IS NULL OR error = ?4)",
+                     0, &st);
+    if (rc == SQLITE_OK)
+        rc = bind_target(s, st, 1);
+    if (rc == SQLITE_OK && sel->id != NULL)
+        rc = bind_value(st, 3, sel->id, BIND_VIEW);
+    if (rc == SQLITE_OK && sel->error != NULL)
+        rc = sqlite3_bind_text(st, 4, sel->error, -1, SQLITE_STATIC);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(st);
+    if (rc == SQLITE_DONE) {
+        *released = (uint64_t)sqlite3_changes64(s->db);
+        rc = SQLITE_OK;
+    }
+    sqlite3_finalize(st);
+    return rc == SQLITE_OK ? KS_OK : fail_txn(s, rc);
 }
 
 /* Nonzero when every count of cp fits an SQLite INTEGER. */
@@ -938,6 +1064,7 @@ static void store_free(sqlite_store *s)
     }
     free(s->table);
     free(s->column);
+    free(s->mig);
     free(s->arena);
     free(s);
 }
@@ -962,6 +1089,9 @@ static const ks_rowstore_ops sqlite_ops = {
     .visit_values = op_visit_values,
     .visit_rows = op_visit_rows,
     .visit_rows_range = op_visit_rows_range,
+    .bind_migration = op_bind_migration,
+    .quarantine_list = op_quarantine_list,
+    .quarantine_release = op_quarantine_release,
 };
 
 /* ---- opening: the schema ------------------------------------------------------------ */
@@ -1196,7 +1326,13 @@ const char ks_sqlite_schema_sql[] =
     " PRIMARY KEY (tbl, col, params));"
     "CREATE TABLE IF NOT EXISTS main.keyshift_quarantine("
     " tbl TEXT NOT NULL, col TEXT NOT NULL, id NOT NULL, error TEXT NOT NULL,"
-    " time INTEGER NOT NULL, PRIMARY KEY (tbl, col, id));";
+    " time INTEGER NOT NULL, params TEXT, PRIMARY KEY (tbl, col, id));";
+
+/* The index through which a run finds whether its migration has any
+ * quarantined row (ST_QCHECK_MIG), created by every writable open. */
+static const char quarantine_index_sql[] =
+    "CREATE INDEX IF NOT EXISTS main.keyshift_quarantine_params "
+    "ON keyshift_quarantine(tbl, col, params)";
 
 /* How many of keyshift's three tables exist. */
 static ks_err count_own_tables(opener *o, int64_t *n)
@@ -1247,6 +1383,57 @@ static ks_err create_own_tables(opener *o)
     return KS_OK;
 }
 
+/* Whether keyshift_quarantine has its params column (*has). */
+static ks_err quarantine_has_params(opener *o, int64_t *has)
+{
+    return query_int(o,
+                     "SELECT count(*) FROM pragma_table_info('keyshift_quarantine', 'main') "
+                     "WHERE name = 'params'",
+                     0, has);
+}
+
+/*
+ * Bring keyshift_quarantine up to date: a table created before quarantine
+ * kept its migration's parameters gets the params column (its entries
+ * NULL: they keep holding their rows back from every migration, until
+ * released), and every table its index.  Unless read-only, in one BEGIN
+ * IMMEDIATE transaction, the column checked again inside it (another
+ * process may have added it meanwhile).  Read-only: only whether the
+ * column is there (s->q_params).
+ */
+static ks_err upgrade_quarantine(opener *o)
+{
+    sqlite_store *s = o->s;
+    int64_t has = 0, indexed = 0;
+    ks_err err = quarantine_has_params(o, &has);
+    if (err == KS_OK)
+        err = query_int(o,
+                        "SELECT count(*) FROM main.sqlite_master WHERE type = 'index' "
+                        "AND name = 'keyshift_quarantine_params'",
+                        0, &indexed);
+    if (err != KS_OK || s->read_only || (has != 0 && indexed != 0)) {
+        s->q_params = has != 0;
+        return err;
+    }
+    int rc = sqlite3_exec(s->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+    if (rc != SQLITE_OK)
+        return open_fail_rc(o, rc, "upgrading keyshift_quarantine");
+    err = quarantine_has_params(o, &has);
+    if (err == KS_OK && has == 0)
+        rc = sqlite3_exec(s->db, "ALTER TABLE main.keyshift_quarantine ADD COLUMN params TEXT",
+                          NULL, NULL, NULL);
+    if (err == KS_OK && rc == SQLITE_OK)
+        rc = sqlite3_exec(s->db, quarantine_index_sql, NULL, NULL, NULL);
+    if (err == KS_OK && rc == SQLITE_OK)
+        rc = sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL);
+    if (err == KS_OK && rc != SQLITE_OK)
+        err = open_fail_rc(o, rc, "upgrading keyshift_quarantine");
+    if (err != KS_OK && !sqlite3_get_autocommit(s->db))
+        (void)sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+    s->q_params = err == KS_OK;
+    return err;
+}
+
 /* Check the schema version and, unless read-only, create missing tables;
  * *have is nonzero when all three tables exist afterwards. */
 static ks_err ensure_own_tables(opener *o, int *have)
@@ -1262,6 +1449,8 @@ static ks_err ensure_own_tables(opener *o, int *have)
         n = 3;
     }
     *have = n == 3;
+    if (err == KS_OK && *have)
+        err = upgrade_quarantine(o);
     return err;
 }
 
@@ -1325,7 +1514,11 @@ static void build_scan(sbuf *b, const sqlite_store *s, const resolved *r, int ha
         sb_put(b, ", CASE WHEN ?5 THEN EXISTS (SELECT 1 FROM main.keyshift_quarantine AS q "
                   "WHERE q.tbl = ?3 AND q.col = ?4 AND q.id = +t.");
         sb_ident(b, r->id);
-        sb_put(b, ") ELSE 0 END");
+        /* ?7: the bound migration (NULL: unbound, every entry counts); an
+         * entry without params (an older table's) holds back every one */
+        sb_put(b, s->q_params ? " AND (?7 IS NULL OR q.params IS NULL OR q.params = ?7)"
+                                ") ELSE 0 END"
+                              : ") ELSE 0 END");
     } else {
         sb_put(b, ", 0");
     }
@@ -1406,6 +1599,13 @@ static ks_err prepare_statements(opener *o, const resolved *r, int have_tables)
                             "SELECT EXISTS (SELECT 1 FROM main.keyshift_quarantine WHERE tbl = ?1 "
                             "AND col = ?2)",
                             ST_QCHECK);
+    if (err == KS_OK && have_tables && s->q_params)
+        err = prepare_const(o,
+                            "SELECT EXISTS (SELECT 1 FROM main.keyshift_quarantine WHERE tbl = ?1 "
+                            "AND col = ?2 AND params = ?3) OR EXISTS (SELECT 1 FROM "
+                            "main.keyshift_quarantine WHERE tbl = ?1 AND col = ?2 AND params IS "
+                            "NULL)",
+                            ST_QCHECK_MIG);
     if (err == KS_OK) {
         sb_put(&b, "SELECT count(*) FROM main.");
         sb_ident(&b, s->table);
@@ -1433,8 +1633,10 @@ static ks_err prepare_statements(opener *o, const resolved *r, int have_tables)
     free(b.p);
     if (err == KS_OK && !s->read_only)
         err = prepare_const(o,
-                            "INSERT OR IGNORE INTO main.keyshift_quarantine(tbl, col, id, error, "
-                            "time) VALUES(?1, ?2, ?3, ?4, ?5)",
+                            "INSERT INTO main.keyshift_quarantine(tbl, col, id, error, time, "
+                            "params) VALUES(?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT(tbl, col, id) "
+                            "DO UPDATE SET error = excluded.error, time = excluded.time, "
+                            "params = excluded.params WHERE params IS NOT excluded.params",
                             ST_QUARANTINE);
     if (err == KS_OK && !s->read_only)
         err = prepare_const(o,
