@@ -1817,7 +1817,7 @@ static int cmd_quarantine(int argc, char **argv)
         return rc;
     }
     ks_rowstore_target t = {.table = o.table, .column = o.column, .id_column = o.id_column};
-    ks_rowstore store = {NULL, NULL, NULL};
+    ks_rowstore store = {NULL, NULL, NULL, 0};
     if ((rc = ks_cli_store_open(o.db, &t, !release, (uint32_t)busy, KS_SQLITE_SYNC_FULL,
                                 &store)) != EX_OK) {
         return rc;
