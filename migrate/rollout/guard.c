@@ -445,7 +445,7 @@ static ks_err guard_backfill(const ks_rollout_facts *f, char *why, size_t why_le
     if (f->health == KS_HEALTH_INSUFFICIENT)
         return ks_rollout_fail(why, why_len, KS_ERR_GUARD,
                       "the health check has too few samples (fewer than %" PRIu64
-                      ") in the last %" PRIu32 " s",
+                      ") in the last %" PRIu32 " s, or an enabled check has no data there",
                       f->rollout.thresholds.min_samples, f->rollout.thresholds.window_s);
     if (f->health != KS_HEALTH_OK)
         return ks_rollout_fail(why, why_len, KS_ERR_GUARD, "the health verdict is not valid");
