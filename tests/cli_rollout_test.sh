@@ -88,6 +88,12 @@ expect_grep "rollout manual has EXIT STATUS" "$T/out" "^EXIT STATUS"
 expect_grep "rollout manual documents check's exit 3" "$T/out" "3   check: too few samples"
 expect_grep "rollout manual documents 75" "$T/out" "75  not safe yet"
 run "rollout start --help" 0 "$KS" rollout start --help
+expect_grep "start's manual: checks the target" "$T/out" "It first asks the key provider"
+run "rollout abort --help" 0 "$KS" rollout abort --help
+expect_grep "abort's manual" "$T/out" "abort     ends a rollout that has written its target nowhere"
+run "rollout set --help" 0 "$KS" rollout set --help
+expect_grep "set's manual" "$T/out" "set       changes the thresholds"
+expect_grep "manual: no data is not healthy" "$T/out" "has no data, and the health is then insufficient"
 run "keyshift --help lists rollout" 0 "$KS" --help
 expect_grep "top-level help lists rollout" "$T/out" "rollout  *move a column"
 run "rollout: no subcommand" 64 "$KS" rollout
