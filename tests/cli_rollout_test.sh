@@ -516,6 +516,10 @@ json_ok "migration: status --json"
 expect_grep "migration: JSON" "$T/out" '"migration":{"window_s":300,"seals":1980,"opens":1980,"auth_failures":1980'
 run "migration: metrics --json" 0 "$KS" rollout metrics --db "$D" --json
 json_ok "migration: metrics --json"
+run "migration: metrics --prometheus" 0 "$KS" rollout metrics --db "$D" --prometheus
+expect_grep "migration: its own gauge" "$T/out" '^keyshift_migration_window_auth_failures{rollout="2",table="pay",column="card",phase="write-upgrade"} 1980$'
+expect_grep "migration: not in the judged window" "$T/out" '^keyshift_window_auth_failures{rollout="2",table="pay",column="card",phase="write-upgrade"} 0$'
+expect_grep "migration: the status is ok" "$T/out" '^keyshift_health_status{rollout="2",table="pay",column="card",phase="write-upgrade"} 0$'
 run "advance -> backfill" 0 "$KS" rollout advance --db "$D"
 run "set on a finalized rollout" 65 "$KS" rollout set --db "$T/keys.db" --rollout 1 --min-samples 5
 

@@ -165,8 +165,8 @@ static void usage(FILE *f)
           "              the tripped checks as reason. For cron and monitoring.\n"
           "    metrics   the window as Prometheus text (labels rollout, table,\n"
           "              column, phase; key_id for a key scope, whose table and\n"
-          "              column are empty) or as JSON (with the migration's own\n"
-          "              figures under \"migration\").\n"
+          "              column are empty) or as JSON; the migration's own figures\n"
+          "              follow, apart (keyshift_migration_window_*; \"migration\").\n"
           "    readers   the reader registry: instance, library version, format,\n"
           "              held keys, heartbeat age, live or not (--reader-ttl,\n"
           "              default 60 s).\n"
@@ -2088,9 +2088,32 @@ static int add_label(char *labels, size_t cap, size_t *used, const char *name, c
     return 0;
 }
 
-/* Print the Prometheus text of r's window. */
+/* Print the migration's own figures of the window (source "migrate")
+ * as Prometheus gauges keyshift_migration_window_* with labels. */
+static void print_prometheus_migration(const ks_health_sample *m, const char *labels)
+{
+    const struct {
+        const char *name, *what;
+        uint64_t value;
+    } g[] = {
+        {"seals", "envelopes sealed", m->seals},
+        {"opens", "envelope opens attempted", m->opens},
+        {"auth_failures", "opens that failed authentication", m->auth_failures},
+        {"parse_errors", "opens refused by the parser", m->parse_errors},
+        {"provider_calls", "key provider calls", m->provider_calls},
+        {"provider_errors", "key provider calls that failed", m->provider_errors},
+    };
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
+        printf("# HELP keyshift_migration_window_%s The migration's %s in the window (its own "
+               "figures, never judged).\n# TYPE keyshift_migration_window_%s gauge\n"
+               "keyshift_migration_window_%s{%s} %" PRIu64 "\n",
+               g[i].name, g[i].what, g[i].name, g[i].name, labels, g[i].value);
+    }
+}
+
+/* Print the Prometheus text of r's window, then the migration's. */
 static int print_prometheus(const ks_rollout *r, const ks_health_sample *sum,
-                            const ks_health_verdict *v)
+                            const ks_health_verdict *v, const ks_health_sample *mig)
 {
     char labels[4 * (2 * KS_ROLLOUT_IDENT_MAX + 16) + 2 * KS_KEY_ID_MAX + 16], id[24];
     size_t used = 0, len = 0;
@@ -2120,6 +2143,9 @@ static int print_prometheus(const ks_rollout *r, const ks_health_sample *sum,
         ks_cli_error("cannot write the metrics: %s", ks_err_name(e));
     }
     free(buf);
+    if (rc == EX_OK) {
+        print_prometheus_migration(mig, labels);
+    }
     return rc;
 }
 
@@ -2136,12 +2162,12 @@ static int on_metrics(const char *cmd, const ro_opts *o, ks_rollout_db *db, cons
     if (rc != EX_OK) {
         return rc;
     }
-    if (o->prometheus) {
-        return print_prometheus(r, &sum, &v);
-    }
     ks_health_sample mig;
     if ((rc = window_of(db, r, now, "migrate", &mig)) != EX_OK) {
         return rc;
+    }
+    if (o->prometheus) {
+        return print_prometheus(r, &sum, &v, &mig);
     }
     printf("{");
     print_rollout(r, now, 1);
