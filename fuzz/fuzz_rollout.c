@@ -75,8 +75,16 @@
  *   TIME     the clock moves a seconds (a < 64) or (a - 63) minutes.
  *   METRICS  an application health sample: 10 * (1 + a mod 16) opens,
  *       b mod 8 auth failures (b bit 3: parse errors instead).
- *   START    after finalize: a new rollout from the old target to the next
- *       key version (up to k:4).
+ *   START    a & 3 = 0 or 3: after finalize, a new rollout from the old
+ *       target to the next key version (up to k:4).  a & 3 = 1, ABORT:
+ *       ks_rollout_db_abort of the governing rollout against a reference
+ *       model of the abort guard (b bit 0 stale, bit 1 census left out,
+ *       bit 2 no reason); once aborted, the same rollout is started again
+ *       (a new id).  a & 3 = 2, SET: ks_rollout_db_set_settings of one
+ *       setting chosen by b bits 0-1 (min_samples, window_s, the
+ *       auth-failure rate limit, min_soak_s) to a value of b >> 2; logged
+ *       with its old and new value when it changes anything, refused once
+ *       finalized (and a window of 0 always).
  *   CANARY   ks_rollout_db_set_canary (all, tenants, percent a mod 101).
  *   RAW_READER  a key-version list from the input: registering it succeeds
  *       exactly when ks_rollout_keys_check accepts it (then removed again).
@@ -101,7 +109,7 @@
  *      key scope);
  *   4. the log only grows: its row count never decreases, and exactly the
  *      entries of the step's successful start / transition / canary /
- *      verify appear, in order, with their fields;
+ *      verify / abort / set appear, in order, with their fields;
  * plus: the stored rollout and rows match the model, the census matches
  * the model, and sqlite3_memory_used() is back to its starting value after
  * each input (fuzz/fuzz_sqlite.h), and 0 at exit.
@@ -1174,9 +1182,105 @@ static void start(world *w, ks_rollout *spec)
     expect_log(w, id, 0, KS_PHASE_PLANNED, "", 0);
 }
 
-/* START: after finalize, rotate on: the old target to the next version. */
-static void op_start(world *w)
+/* The reference model of the abort guard (docs/rollout.md, "Abort and
+ * settings"), written apart from guard.c: planned always, read-compat
+ * while the census is known and shows no row at the target, no other
+ * phase. */
+static ks_err model_abort(const ks_rollout *r, const ks_rollout_facts *f)
 {
+    if (r->phase == KS_PHASE_PLANNED)
+        return KS_OK;
+    if (r->phase != KS_PHASE_READ_COMPAT)
+        return KS_ERR_STATE;
+    return f->census_known && f->rows_at_target == 0 ? KS_OK : KS_ERR_GUARD;
+}
+
+/* ABORT (START with a & 3 == 1): an operator aborts the governing
+ * rollout; b bit 0 asks from a wrong phase (stale), bit 1 leaves the
+ * census out, bit 2 gives no reason (refused).  The result must be the
+ * model's; an aborted rollout is gone, its two log rows stay, and the
+ * operator starts the same rollout again at once (so a rollout governs
+ * the scope, as the model assumes), with a new id. */
+static void op_abort(world *w, uint8_t b)
+{
+    ks_rollout_facts f;
+    gather(w, &w->cur, (b & 2) ? 1u : 0u, &f);
+    ks_rollout_phase from = w->cur.phase;
+    ks_rollout_phase asked = (b & 1) ? (ks_rollout_phase)(1 + from % 5) : from;
+    char reason[64], why[512] = "";
+    snprintf(reason, sizeof reason, "fuzz abort at %" PRId64, w->now);
+    ks_err err = ks_rollout_db_abort(w->db, w->cur.id, asked, &f, ACTOR, (b & 4) ? "" : reason,
+                                     why, sizeof why);
+    w->touched = 1;
+    ks_err want = (b & 4) ? KS_ERR_INVALID_ARGUMENT
+                  : asked != from ? KS_ERR_STALE
+                                  : model_abort(&w->cur, &f);
+    if (err != want)
+        fprintf(stderr, "fuzz_rollout: abort in %s gave %s, the model says %s (%s)\n",
+                ks_rollout_phase_name((int)from), ks_err_name(err), ks_err_name(want), why);
+    CHECK(err == want);
+    CHECK(err == KS_OK || err == KS_ERR_INVALID_ARGUMENT || why[0] != '\0');
+    if (err != KS_OK)
+        return;
+    ks_rollout gone;
+    CHECK(ks_rollout_db_get(w->db, w->cur.id, &gone) == KS_ERR_NO_ROLLOUT);
+    expect_log(w, w->cur.id, (int)from, (int)from, "abort: the rollout of ", 0);
+    expect_log(w, w->cur.id, (int)from, (int)from, "aborted: fuzz abort", 0);
+    ks_rollout spec = w->cur;
+    int64_t old = w->cur.id;
+    w->cur.id = 0; /* gone: the previous rollout stays the previous one */
+    start(w, &spec);
+    CHECK(spec.id > old);
+}
+
+/* SET (START with a & 3 == 2): an operator changes a setting of the
+ * governing rollout, b bits 0-1 which: min_samples 16 * (b >> 2), the
+ * window 60 * (b >> 2) s (0 is refused), the auth-failure rate limit
+ * (b >> 2) / 64, min_soak_s 4 * (b >> 2).  Refused once finalized; a
+ * change is logged, a no-change is not. */
+static void op_set(world *w, uint8_t b)
+{
+    ks_thresholds t = w->cur.thresholds;
+    uint32_t soak = w->cur.min_soak_s, v = b >> 2;
+    switch (b & 3) {
+    case 0: t.min_samples = 16u * v; break;
+    case 1: t.window_s = 60u * v; break;
+    case 2: t.max_auth_failure_rate = v / 64.0; break;
+    default: soak = 4u * v; break;
+    }
+    const ks_thresholds *o = &w->cur.thresholds;
+    int changed = t.min_samples != o->min_samples || t.window_s != o->window_s ||
+                  t.max_auth_failure_rate != o->max_auth_failure_rate || soak != w->cur.min_soak_s;
+    char changes[256];
+    ks_err err = ks_rollout_db_set_settings(w->db, w->cur.id, &t, soak, w->cur.reader_ttl_s, ACTOR,
+                                            NULL, w->now, changes, sizeof changes);
+    w->touched = 1;
+    ks_err want = t.window_s == 0 ? KS_ERR_INVALID_ARGUMENT
+                  : w->cur.phase == KS_PHASE_FINALIZED ? KS_ERR_STATE
+                                                       : KS_OK;
+    CHECK(err == want);
+    if (err != KS_OK)
+        return;
+    CHECK((changes[0] != '\0') == changed);
+    if (!changed)
+        return;
+    expect_log(w, w->cur.id, (int)w->cur.phase, (int)w->cur.phase, "set: ", 0);
+    w->cur.thresholds = t;
+    w->cur.min_soak_s = soak;
+}
+
+/* START: after finalize, rotate on: the old target to the next version
+ * (a & 3 is 0 or 3; 1 is ABORT, 2 is SET). */
+static void op_start(world *w, uint8_t a, uint8_t b)
+{
+    if ((a & 3) == 1) {
+        op_abort(w, b);
+        return;
+    }
+    if ((a & 3) == 2) {
+        op_set(w, b);
+        return;
+    }
     if (w->cur.phase != KS_PHASE_FINALIZED || w->cur.target.key_version >= MAX_KV)
         return;
     ks_rollout spec = w->cur;
@@ -1393,7 +1497,10 @@ static void check_world(world *w)
         CHECK(ks_rollout_db_get(w->db, w->cur.id, &r) == KS_OK);
         CHECK(r.phase == w->cur.phase && r.phase_since == w->cur.phase_since &&
               r.verified_at == w->cur.verified_at && r.scope == w->cur.scope &&
-              r.n_columns == w->cur.n_columns);
+              r.n_columns == w->cur.n_columns && r.min_soak_s == w->cur.min_soak_s &&
+              r.thresholds.min_samples == w->cur.thresholds.min_samples &&
+              r.thresholds.window_s == w->cur.thresholds.window_s &&
+              r.thresholds.max_auth_failure_rate == w->cur.thresholds.max_auth_failure_rate);
         for (size_t i = 0; i < r.n_columns; i++)
             CHECK(r.columns[i].verified_at == w->cur.columns[i].verified_at);
         w->touched = 0;
@@ -1549,7 +1656,7 @@ static void run_ops(world *w, ks_fuzz_input *in, unsigned max_ops)
         case OP_KEY: op_key(w, a, b); break;
         case OP_TIME: w->now += a < 64 ? a : (int64_t)(a - 63) * 60; break;
         case OP_METRICS: op_metrics(w, a, b); break;
-        case OP_START: op_start(w); break;
+        case OP_START: op_start(w, a, b); break;
         case OP_CANARY: op_canary(w, a); break;
         case OP_PURE: {
             uint8_t p[12] = {a, b};

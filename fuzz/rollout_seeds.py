@@ -11,7 +11,9 @@ bytes; pure: twelve bytes).  The scenarios: the first operations of a
 full lifecycle, an old reader blocking write-upgrade until it expires, a
 threshold trip and its rollback, rollbacks from every phase, destroy
 attempts while a key is referenced, sloppy facts, stale and impossible
-transitions, canary changes and raw key lists; key scopes (header bits 0
+transitions, canary changes and raw key lists; aborts (refused, stale,
+without the census, allowed and the rollout started again) and settings
+changes; key scopes (header bits 0
 and 1: every envelope of key k in t.v and u.v) migrated and verified
 column by column; and from every start state, the steps an operator and
 the application take next.  Longer scenarios are cut at MAX_OPS (the
@@ -109,6 +111,22 @@ def metrics(opens10=10, fails=0, parse=False):
 
 def start():
     return op(START)
+
+
+# ABORT and SET share START's tag: a & 3 selects (0, 3 start; 1 abort; 2 set)
+AB_STALE, AB_SLOPPY, AB_NO_REASON = 1, 2, 4
+MIN_SAMPLES, WINDOW, AUTH_RATE, SOAK = range(4)
+
+
+def abort(bits=0):
+    """ABORT: b bit 0 stale, bit 1 census left out, bit 2 no reason."""
+    return op(START, 1, bits)
+
+
+def setting(which, value):
+    """SET: one setting (MIN_SAMPLES 16 * value, WINDOW 60 * value s,
+    AUTH_RATE value / 64, SOAK 4 * value s), value 0..63."""
+    return op(START, 2, which | (value & 0x3f) << 2)
 
 
 def canary(kind, percent=0):
@@ -227,6 +245,10 @@ def start_seeds():
         s.append(at(name, migrate(2, False), migrate(in_u=True), verify(True), migrate(), verify(),
                     advance()))
         s.append(at(name, verify(), advance(), start(), advance(), advance(), advance()))
+        s.append(at(name, abort(AB_NO_REASON), abort(AB_STALE), abort(AB_SLOPPY), abort(),
+                    advance(), abort()))
+        s.append(at(name, setting(MIN_SAMPLES, 1), setting(WINDOW, 0), setting(AUTH_RATE, 63),
+                    setting(SOAK, 0), setting(SOAK, 0), advance()))
     return s
 
 
@@ -264,6 +286,13 @@ def long_seeds():
     s.append(hdr(k1=True, rows=2) + join(0, K1 | K2) + advance() + advance() + write(0, 3) +
              metrics(10, 7) + advance() + rollback(AUTO) + read(0, 3) + write(0, 4) + advance() +
              wait(120) + metrics(1) + advance() + wait(120) + metrics(4, 3, parse=True) + advance())
+    # a mistaken rollout: advance refused (k:2 missing), aborted and started
+    # again; a rollback from write-upgrade with a row at the target refuses
+    # the abort until the census is clean; set lets a short window pass
+    s.append(hdr(k1=True, rows=2, no_k2=True) + join(0, K1) + advance() + abort() + key(2, ADD) +
+             join(0, K1 | K2) + advance() + abort(AB_SLOPPY) + abort() + advance() + advance() +
+             write(0, 3) + abort() + rollback() + abort() + setting(MIN_SAMPLES, 63) +
+             metrics(4) + advance() + setting(MIN_SAMPLES, 0) + advance())
     # rollbacks from every phase
     s.append(hdr(rows=2) + join(0, K2) + rollback() + advance() + rollback() + advance() +
              advance() + write(0, 3) + rollback() + rollback() + migrate() + advance() +

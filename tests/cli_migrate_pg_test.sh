@@ -358,11 +358,13 @@ if [ "$(q "SELECT phase FROM keyshift_rollout WHERE id = $rid")" = planned ]; th
 run "rollout: migrate run refused before backfill" 78 "$KS" migrate run --db "$CI" --table roll --column card --mode encrypt --to-key payments/kek "${CTX[@]}"
 run "rollout: advance to read-compat" 0 "$KS" rollout advance "${R[@]}" --rollout "$rid" --reason "key everywhere"
 run "rollout: advance to write-upgrade" 0 "$KS" rollout advance "${R[@]}" --rollout "$rid" --all
-# a healthy window, as the application's policy reports it (keyshift_metrics)
+# a healthy window, as the application's policy reports it (keyshift_metrics):
+# 2000 seals and 2000 opens, each timed in the fastest latency bucket
 q "INSERT INTO keyshift_metrics(rollout_id, instance_id, source, time, seals, opens, auth_failures,
        parse_errors, provider_calls, provider_errors, seal_ns, open_ns)
    VALUES ($rid, 'web-1', 'app', extract(epoch FROM now())::bigint, 2000, 2000, 0, 0, 10, 0,
-       decode(repeat('00', 192), 'hex'), decode(repeat('00', 192), 'hex'))"
+       decode('d007000000000000' || repeat('00', 184), 'hex'),
+       decode('d007000000000000' || repeat('00', 184), 'hex'))"
 run "rollout: advance to backfill" 0 "$KS" rollout advance "${R[@]}" --rollout "$rid"
 if [ "$(q "SELECT phase FROM keyshift_rollout WHERE id = $rid")" = backfill ]; then ok "rollout: in backfill"; else bad "rollout: in backfill"; fi
 run "rollout: finalize refused before the backfill" 75 "$KS" rollout advance "${R[@]}" --rollout "$rid"

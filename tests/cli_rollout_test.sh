@@ -42,12 +42,24 @@ phase_is() {
     if [ "$got" = "$2" ]; then ok "rollout $1 is in $2"; else bad "rollout $1 is in $2" "got $got"; fi
 }
 
-# metrics ROLLOUT OPENS AUTH_FAILURES: insert one sample at the current time.
+# hist N: a latency histogram BLOB literal with N latencies in its first
+# (fastest) bucket: 24 little-endian uint64.
+hist() {
+    local be le="" i
+    be=$(printf '%016x' "$1")
+    for i in 14 12 10 8 6 4 2 0; do le="$le${be:$i:2}"; done
+    printf "X'%s%0368d'" "$le" 0
+}
+
+# metrics ROLLOUT OPENS AUTH_FAILURES [SOURCE [TIMED]]: insert one sample at
+# the current time from SOURCE (default app), its seals and opens timed
+# unless TIMED is 0.
 metrics() {
+    local timed=${5:-1}
     sql "INSERT INTO keyshift_metrics(rollout_id, instance_id, source, time, seals, opens,
          auth_failures, parse_errors, provider_calls, provider_errors, seal_ns, open_ns)
-         VALUES($1, 'web-1', 'app', strftime('%s','now'), $2, $2, $3, 0, 10, 0,
-         zeroblob(192), zeroblob(192))"
+         VALUES($1, 'web-1', '${4:-app}', strftime('%s','now'), $2, $2, $3, 0, 10, 0,
+         $(hist $(($2 * timed))), $(hist $(($2 * timed))))"
 }
 
 # reader ID KEYS AGE: register a reader (format 2, both algorithms) whose
@@ -65,6 +77,8 @@ seal() {
 
 run "keys init" 0 "$KS" keys init
 run "keys create" 0 "$KS" keys create payments/kek
+cp "$KEYSHIFT_KEYRING" "$T/keyring-v1" # holds payments/kek:1 only
+run "keys add-version 2" 0 "$KS" keys add-version payments/kek
 sql "CREATE TABLE pay (id INTEGER PRIMARY KEY, card BLOB, tenant TEXT);
      INSERT INTO pay (card, tenant) VALUES ('4111', 'acme'), ('5500', 'acme'), (NULL, 'acme');"
 
@@ -74,6 +88,12 @@ expect_grep "rollout manual has EXIT STATUS" "$T/out" "^EXIT STATUS"
 expect_grep "rollout manual documents check's exit 3" "$T/out" "3   check: too few samples"
 expect_grep "rollout manual documents 75" "$T/out" "75  not safe yet"
 run "rollout start --help" 0 "$KS" rollout start --help
+expect_grep "start's manual: checks the target" "$T/out" "It first asks the key provider"
+run "rollout abort --help" 0 "$KS" rollout abort --help
+expect_grep "abort's manual" "$T/out" "abort     ends a rollout that has written its target nowhere"
+run "rollout set --help" 0 "$KS" rollout set --help
+expect_grep "set's manual" "$T/out" "set       changes the thresholds"
+expect_grep "manual: no data is not healthy" "$T/out" "has no data, and the health is then insufficient"
 run "keyshift --help lists rollout" 0 "$KS" --help
 expect_grep "top-level help lists rollout" "$T/out" "rollout  *move a column"
 run "rollout: no subcommand" 64 "$KS" rollout
@@ -117,9 +137,8 @@ run "log: no such rollout" 66 "$KS" rollout log --db "$D" --rollout 9
 # ---- planned -> read-compat: the target key version -----------------------------------------
 run "advance without a keyring" 64 env -u KEYSHIFT_KEYRING "$KS" rollout advance --db "$D"
 expect_grep "advance: names the keyring" "$T/err" "checks target key payments/kek:2 with the keyring"
-run "advance: target key version missing" 75 "$KS" rollout advance --db "$D"
+run "advance: target key version missing" 75 "$KS" rollout advance --db "$D" --keyring "$T/keyring-v1"
 expect_grep "refusal: missing target" "$T/err" "target key payments/kek:2 does not exist in the key provider"
-run "keys add-version 2" 0 "$KS" keys add-version payments/kek
 run "keys disable 2" 0 "$KS" keys set-state payments/kek 2 disabled
 run "advance: target key disabled" 75 "$KS" rollout advance --db "$D"
 expect_grep "refusal: disabled target" "$T/err" "target key payments/kek:2 is disabled"
@@ -184,7 +203,7 @@ expect_grep "check: names the check and values" "$T/out" "auth-failure-rate 0.05
 expect_grep "check: says by how much" "$T/out" "TRIPPED by 0.049 (50x the limit)"
 run "check --json" 2 "$KS" rollout check --db "$D" --json
 json_ok "check --json"
-expect_grep "check --json: tripped check" "$T/out" '"check":"auth-failure-rate","observed":0.05,"limit":0.001,"enabled":true,"tripped":true,"over_by":0.049'
+expect_grep "check --json: tripped check" "$T/out" '"check":"auth-failure-rate","observed":0.05,"limit":0.001,"enabled":true,"no_data":false,"tripped":true,"over_by":0.049'
 run "metrics --prometheus" 0 "$KS" rollout metrics --db "$D" --prometheus
 expect_grep "prometheus: HELP" "$T/out" "^# HELP keyshift_window_opens "
 expect_grep "prometheus: TYPE" "$T/out" "^# TYPE keyshift_window_opens gauge"
@@ -245,6 +264,10 @@ reader old-7 "payments/kek:1" 3600
 run "rollout 2 -> read-compat" 0 "$KS" rollout advance --db "$D" "${SEL[@]}"
 # these two guards need no key: a keyring that cannot open is not opened
 run "rollout 2 -> write-upgrade" 0 env KEYSHIFT_KEYRING="$T/nosuch" "$KS" rollout advance --db "$D" "${SEL[@]}"
+# --min-samples 0, but a window with nothing in it is not healthy
+run "rollout 2: empty window is not healthy" 75 env KEYSHIFT_KEYRING="$T/nosuch" "$KS" rollout advance --db "$D" "${SEL[@]}"
+expect_grep "empty window: no data" "$T/err" "no data in the window for: auth-failure-rate, parse-error-rate, provider-error-rate, seal-p99-us, open-p99-us"
+metrics 2 500 0
 run "rollout 2 -> backfill" 0 env KEYSHIFT_KEYRING="$T/nosuch" "$KS" rollout advance --db "$D" "${SEL[@]}"
 
 # key destruction while referenced
@@ -287,13 +310,25 @@ run "readers (text)" 0 "$KS" rollout readers --db "$D"
 expect_grep "readers: expired reader" "$T/out" "web-1 *no "
 
 # ---- JSON of the transitions ----------------------------------------------------------------
+run "start: target version that does not exist" 65 "$KS" rollout start --db "$D" --table pay --column card \
+    --source "$TGT3" --target v1:aes-256-gcm:payments/kek:4 --json
+expect_grep "start: names the missing target" "$T/err" "target key payments/kek:4 does not exist in the key provider"
+expect_eq "start: nothing started" "$T/out" ""
+run "keys add-version 4" 0 "$KS" keys add-version payments/kek
+run "keys disable 4" 0 "$KS" keys set-state payments/kek 4 disabled
+run "start: target that cannot seal" 65 "$KS" rollout start --db "$D" --table pay --column card \
+    --source "$TGT3" --target v1:aes-256-gcm:payments/kek:4
+expect_grep "start: names the disabled target" "$T/err" "target key payments/kek:4 is disabled, so nothing can be sealed under it"
+run "start: without a keyring" 64 env -u KEYSHIFT_KEYRING "$KS" rollout start --db "$D" --table pay \
+    --column card --source "$TGT3" --target v1:aes-256-gcm:payments/kek:4
+expect_grep "start: says why it needs the keyring" "$T/err" "start checks target key payments/kek:4 with the key provider"
+run "keys enable 4" 0 "$KS" keys set-state payments/kek 4 active
 run "start rollout 3 --json" 0 "$KS" rollout start --db "$D" --table pay --column card --source "$TGT3" \
     --target v1:aes-256-gcm:payments/kek:4 --json
 json_ok "start --json"
-run "advance --json refused" 75 "$KS" rollout advance --db "$D" --rollout 3 --json
+run "advance --json refused" 75 "$KS" rollout advance --db "$D" --rollout 3 --json --keyring "$T/keyring-v1"
 json_ok "advance --json (refused)"
 expect_grep "advance --json: refusal reason" "$T/out" '"result":"guard","reason":"target key payments/kek:4 does not exist'
-run "keys add-version 4" 0 "$KS" keys add-version payments/kek
 run "advance --json" 0 "$KS" rollout advance --db "$D" --rollout 3 --json --keyring "$KEYSHIFT_KEYRING"
 json_ok "advance --json"
 expect_grep "advance --json: result" "$T/out" '"from":"planned","to":"read-compat","result":"ok"'
@@ -309,6 +344,7 @@ oseal() {
         od -An -tx1 | tr -d ' \n'
 }
 run "keys create orders/kek" 0 "$KS" keys create orders/kek
+run "keys add-version orders/kek" 0 "$KS" keys add-version orders/kek
 sql "CREATE TABLE pay (id INTEGER PRIMARY KEY, card BLOB, tenant TEXT);
      CREATE TABLE refunds (id INTEGER PRIMARY KEY, card BLOB, tenant TEXT);
      INSERT INTO pay (card, tenant) VALUES (X'$(oseal)', 'acme'), (X'$(oseal)', 'acme');
@@ -331,7 +367,7 @@ expect_eq "key start prints the id" "$T/out" "1"
 expect_grep "key start: names the scope" "$T/err" "rollout 1 of key orders/kek (pay.card, refunds.card) is planned"
 run "key start: the same key again" 65 "$KS" rollout start --db "$D" --key-id orders/kek --columns pay.card --source "$KSRC" --target "$KTGT"
 expect_grep "key start: names the open rollout" "$T/err" "rollout 1 of key orders/kek (pay.card, refunds.card) is in planned"
-run "column start overlapping the key scope" 65 "$KS" rollout start --db "$D" --table refunds --column card --source plaintext --target "$TGT2"
+run "column start overlapping the key scope" 65 "$KS" rollout start --db "$D" --table refunds --column card --source plaintext --target "$TGT3"
 expect_grep "column start: overlap named" "$T/err" "rollout 1 of key orders/kek .* overlaps refunds.card"
 run "key status --json" 0 "$KS" rollout status --db "$D" "${KEYSEL[@]}" --json
 json_ok "key status --json"
@@ -344,7 +380,6 @@ expect_grep "key status: a column's census" "$T/out" "^  refunds.card: 2 rows: 1
 run "select: --key-id with --rollout" 64 "$KS" rollout status --db "$D" --rollout 1 "${KEYSEL[@]}"
 run "select: no rollout of that key" 66 "$KS" rollout status --db "$D" --key-id nosuch/kek
 run "select: --table of a key-scoped column" 66 "$KS" rollout status --db "$D" --table pay --column card
-run "keys add-version orders/kek" 0 "$KS" keys add-version orders/kek
 run "key advance -> read-compat" 0 "$KS" rollout advance --db "$D" "${KEYSEL[@]}"
 sql "INSERT INTO pay (card, tenant) VALUES (X'$(printf 'secret' | "$KS" encrypt --tenant acme --key-id orders/kek --key-version 2 | od -An -tx1 | tr -d ' \n')', 'acme')"
 run "key rollback to planned with a target row" 75 "$KS" rollout rollback --db "$D" "${KEYSEL[@]}" --reason test
@@ -353,11 +388,16 @@ run "key advance -> write-upgrade" 0 "$KS" rollout advance --db "$D" "${KEYSEL[@
 run "migrate refused outside backfill (key scope)" 78 "$KS" migrate run --db "$D" --table refunds --column card \
     --mode rewrap --to-key orders/kek:2 --tenant acme
 expect_grep "migrate: names the key rollout's phase" "$T/err" "rollout 1 is in phase write-upgrade"
+run "key advance -> backfill, no samples" 75 "$KS" rollout advance --db "$D" "${KEYSEL[@]}"
+run "key check: no samples" 3 "$KS" rollout check --db "$D" "${KEYSEL[@]}"
+expect_grep "key check: names the scope" "$T/out" "^rollout 1 (key orders/kek (pay.card, refunds.card), write-upgrade): insufficient data"
+expect_grep "key check: says which checks have no data" "$T/out" "^no data *auth-failure-rate, parse-error-rate, provider-error-rate, seal-p99-us, open-p99-us"
+metrics 1 40 0
 run "key advance -> backfill" 0 "$KS" rollout advance --db "$D" "${KEYSEL[@]}"
-run "key check: no samples" 0 "$KS" rollout check --db "$D" "${KEYSEL[@]}"
-expect_grep "key check: names the scope" "$T/out" "^rollout 1 (key orders/kek (pay.card, refunds.card), backfill): healthy"
+run "key check: healthy" 0 "$KS" rollout check --db "$D" "${KEYSEL[@]}"
+expect_grep "key check: healthy in backfill" "$T/out" "^rollout 1 (key orders/kek (pay.card, refunds.card), backfill): healthy"
 run "metrics --prometheus of a key scope" 0 "$KS" rollout metrics --db "$D" "${KEYSEL[@]}" --prometheus
-expect_grep "prometheus: key_id label" "$T/out" '^keyshift_window_opens{rollout="1",table="",column="",key_id="orders/kek",phase="backfill"} 0$'
+expect_grep "prometheus: key_id label" "$T/out" '^keyshift_window_opens{rollout="1",table="",column="",key_id="orders/kek",phase="backfill"} 40$'
 run "migrate toward another key (key scope)" 78 "$KS" migrate run --db "$D" --table refunds --column card \
     --mode encrypt --to-key payments/kek:4 --tenant acme
 expect_grep "migrate: another key scope covers the column" "$T/err" "rollout 1 (key orders/kek, backfill) covers refunds.card"
@@ -399,8 +439,89 @@ expect_grep "key log: the verify of each column" "$T/out" '"reason":"migrate ver
 expect_grep "key log --json: the scope" "$T/out" '^{"rollout":1,"scope":"key","key_id":"orders/kek","columns":\[{"table":"pay"'
 run "key log (text)" 0 "$KS" rollout log --db "$D" "${KEYSEL[@]}"
 expect_grep "key log: the scope in its title" "$T/out" "^log of rollout 1 (key orders/kek (pay.card, refunds.card))"
-run "column start after the key scope is finalized" 0 "$KS" rollout start --db "$D" --table refunds --column card --source "$KTGT" --target "$TGT2"
+run "column start after the key scope is finalized" 0 "$KS" rollout start --db "$D" --table refunds --column card --source "$KTGT" --target "$TGT3"
 run "key rollback while a later column rollout exists" 75 "$KS" rollout rollback --db "$D" --rollout 1 --reason undo
 expect_grep "key rollback: a later rollout governs" "$T/err" "a later rollout governs key orders/kek"
+
+# ---- a mistaken rollout: abort, set, no data, the migration's own figures --------------------
+D="$T/abort.db"
+TGT4=v1:aes-256-gcm:payments/kek:4
+sql "CREATE TABLE pay (id INTEGER PRIMARY KEY, card BLOB, tenant TEXT);
+     INSERT INTO pay (card, tenant) VALUES ('4111', 'acme'), ('5500', 'acme');"
+run "abort: start a rollout to kek:4" 0 "$KS" rollout start --db "$D" --table pay --column card \
+    --source plaintext --target "$TGT4" --actor alice
+run "abort: kek:4 disabled after start" 0 "$KS" keys set-state payments/kek 4 disabled
+run "abort: advance refused" 75 "$KS" rollout advance --db "$D"
+run "abort: a new start is refused" 65 "$KS" rollout start --db "$D" --table pay --column card \
+    --source plaintext --target "$TGT3"
+expect_grep "abort: the new start says finalize first" "$T/err" "finalize it first"
+run "abort without --reason" 64 "$KS" rollout abort --db "$D"
+expect_grep "abort: --reason is required" "$T/err" "\-\-reason TEXT is required"
+run "abort in planned" 0 "$KS" rollout abort --db "$D" --actor bob --reason "kek:4 is retired"
+expect_grep "abort: says what it did" "$T/out" "^rollout 1 (pay.card) aborted in planned"
+expect_grep "abort: the scope is free" "$T/err" "pay.card is free for a new 'keyshift rollout start'"
+expect_eq "abort: the rollout is gone" <(sql "SELECT count(*) FROM keyshift_rollout") "0"
+run "abort: the log stays" 0 "$KS" rollout log --db "$D" --rollout 1 --json
+expect_grep "abort: logged with actor and reason" "$T/out" '"actor":"bob","from":"planned","to":"planned","reason":"aborted: kek:4 is retired"'
+expect_grep "abort: logged with what it was" "$T/out" '"reason":"abort: the rollout of plaintext to payments/kek:4 (v1, aes-256-gcm) is removed"'
+run "abort: status of the aborted rollout" 66 "$KS" rollout status --db "$D" --rollout 1
+run "keys enable 4 again" 0 "$KS" keys set-state payments/kek 4 active
+run "abort: start again" 0 "$KS" rollout start --db "$D" --table pay --column card --source plaintext \
+    --target "$TGT3" --min-soak 0 --actor alice
+expect_eq "abort: the new rollout has a new id" "$T/out" "2"
+run "abort: -> read-compat" 0 "$KS" rollout advance --db "$D"
+sql "INSERT INTO pay (card, tenant) VALUES (X'$(seal 3)', 'acme')"
+run "abort in read-compat with a row at the target" 75 "$KS" rollout abort --db "$D" --reason test
+expect_grep "abort: names the rows" "$T/err" "aborting would make 1 row unreadable"
+sql "DELETE FROM pay WHERE id = 3"
+run "abort: -> write-upgrade" 0 "$KS" rollout advance --db "$D"
+run "abort in write-upgrade" 65 "$KS" rollout abort --db "$D" --reason test --json
+json_ok "abort --json (refused)"
+expect_grep "abort: roll back first" "$T/out" "roll it back to read-compat first"
+phase_is 2 write-upgrade
+
+# the default --min-samples 1000 for an application that reports few
+metrics 2 30 0
+run "set: too few samples" 75 "$KS" rollout advance --db "$D"
+expect_grep "set: the refusal" "$T/err" "too few samples (fewer than 1000)"
+run "set: nothing to change" 64 "$KS" rollout set --db "$D"
+run "set: a bad window" 64 "$KS" rollout set --db "$D" --window 0
+run "set --min-samples 50" 0 "$KS" rollout set --db "$D" --min-samples 50 --actor carol --reason "batch app"
+expect_grep "set: names the change" "$T/out" "min_samples 1000 -> 50"
+run "set: the same again" 0 "$KS" rollout set --db "$D" --min-samples 50 --json
+expect_grep "set: nothing changed" "$T/out" '"changes":""'
+run "set: logged" 0 "$KS" rollout log --db "$D" --json
+expect_grep "set: logged with old and new value" "$T/out" '"actor":"carol","from":"write-upgrade","to":"write-upgrade","reason":"set: min_samples 1000 -> 50"'
+expect_grep "set: logged with the reason" "$T/out" '"actor":"carol","from":"write-upgrade","to":"write-upgrade","reason":"batch app"'
+
+# opens that nobody timed: the p99 checks have no data, and do not pass
+sql "DELETE FROM keyshift_metrics"
+metrics 2 2970 0 app 0
+run "no data: check" 3 "$KS" rollout check --db "$D"
+expect_grep "no data: named" "$T/out" "^no data *seal-p99-us, open-p99-us"
+expect_grep "no data: the checks say so" "$T/out" "^  open-p99-us .*no data (not healthy)"
+run "no data: advance refused" 75 "$KS" rollout advance --db "$D"
+expect_grep "no data: the refusal names them" "$T/err" "no data in the window for: seal-p99-us, open-p99-us"
+run "no data: disable the latency checks" 0 "$KS" rollout set --db "$D" --max-seal-p99-us 0 --max-open-p99-us 0
+run "no data: now healthy" 0 "$KS" rollout check --db "$D"
+
+# a migration's failures are its own figures, not the applications' health
+metrics 2 1980 1980 migrate
+run "migration: check --auto-rollback stays healthy" 0 "$KS" rollout check --db "$D" --auto-rollback
+phase_is 2 write-upgrade
+run "migration: status" 0 "$KS" rollout status --db "$D"
+expect_grep "migration: its own line" "$T/out" "^migration .*(not judged): 1980 seals, 1980 opens, 1980 auth failures"
+expect_grep "migration: the health is the applications'" "$T/out" "^health *ok"
+run "migration: status --json" 0 "$KS" rollout status --db "$D" --json
+json_ok "migration: status --json"
+expect_grep "migration: JSON" "$T/out" '"migration":{"window_s":300,"seals":1980,"opens":1980,"auth_failures":1980'
+run "migration: metrics --json" 0 "$KS" rollout metrics --db "$D" --json
+json_ok "migration: metrics --json"
+run "migration: metrics --prometheus" 0 "$KS" rollout metrics --db "$D" --prometheus
+expect_grep "migration: its own gauge" "$T/out" '^keyshift_migration_window_auth_failures{rollout="2",table="pay",column="card",phase="write-upgrade"} 1980$'
+expect_grep "migration: not in the judged window" "$T/out" '^keyshift_window_auth_failures{rollout="2",table="pay",column="card",phase="write-upgrade"} 0$'
+expect_grep "migration: the status is ok" "$T/out" '^keyshift_health_status{rollout="2",table="pay",column="card",phase="write-upgrade"} 0$'
+run "advance -> backfill" 0 "$KS" rollout advance --db "$D"
+run "set on a finalized rollout" 65 "$KS" rollout set --db "$T/keys.db" --rollout 1 --min-samples 5
 
 cli_finish cli_rollout_test

@@ -3,7 +3,8 @@
  * oracle (docs/fuzzing.md, "Fault injection").
  *
  * For each operation (a migration batch in each mode, each rollout
- * transition and two rollbacks, three keyring updates, a census) and each
+ * transition and two rollbacks, an abort and a settings change, three
+ * keyring updates, a census) and each
  * fault kind (keyshift's own allocations through the alloc_hook.h test
  * hook, SQLite's allocator, and xRead / xWrite / xTruncate / xSync /
  * xLock of the VFS shim of tests/fault_inject.h with SQLITE_IOERR_*,
@@ -442,6 +443,70 @@ static int ro_state(const op *o, int strict)
     return s;
 }
 
+/* A rollout abort (o->to 0) or settings change (o->to 1) of rollout 1
+ * in phase o->from: open the store, change, close.  The abort's census
+ * is the fixture's (no row at the target); the change sets min_samples
+ * from 1000 to 10. */
+static ks_err ro_fix_run(const op *o)
+{
+    ks_rollout_db *db = NULL;
+    char err[512];
+    ks_err e = ks_rollout_db_open(W.db, 0, &db, err, sizeof err);
+    if (e != KS_OK) {
+        return e;
+    }
+    if (o->to == 0) {
+        ks_rollout_facts f = facts(1600);
+        e = ks_rollout_db_abort(db, 1, (ks_rollout_phase)o->from, &f, "alice", "sweep", err,
+                                sizeof err);
+    } else {
+        ks_rollout s = ro_spec();
+        s.thresholds.min_samples = 10;
+        e = ks_rollout_db_set_settings(db, 1, &s.thresholds, s.min_soak_s, s.reader_ttl_s,
+                                       "alice", NULL, 1600, NULL, 0);
+    }
+    ks_rollout_db_close(db);
+    return e;
+}
+
+/* BEFORE: rollout 1 in o->from with min_samples 1000 and the fixture's
+ * log; AFTER: an abort's rollout gone with two more log rows, the last
+ * "aborted: sweep"; a change's min_samples 10 with one more log row
+ * naming it. */
+static int ro_fix_state(const op *o, int strict)
+{
+    (void)strict;
+    sqlite3 *db = oracle_open();
+    int64_t rows = query_int(db, "SELECT count(*) FROM keyshift_rollout_log");
+    int64_t n = query_int(db, "SELECT count(*) FROM keyshift_rollout");
+    int64_t last_abort = query_int(db, "SELECT count(*) FROM keyshift_rollout_log WHERE id = "
+                                       "(SELECT max(id) FROM keyshift_rollout_log) AND "
+                                       "reason = 'aborted: sweep'");
+    int64_t last_set = query_int(db, "SELECT count(*) FROM keyshift_rollout_log WHERE id = "
+                                     "(SELECT max(id) FROM keyshift_rollout_log) AND "
+                                     "reason = 'set: min_samples 1000 -> 10'");
+    char sql[200];
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM keyshift_rollout WHERE id = 1 AND phase = '%s' AND "
+             "min_samples = %d", ks_rollout_phase_name(o->from), o->to == 0 ? 1000 : 10);
+    int64_t changed = query_int(db, sql);
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM keyshift_rollout WHERE id = 1 AND phase = '%s' AND "
+             "min_samples = 1000", ks_rollout_phase_name(o->from));
+    int64_t before = query_int(db, sql);
+    int s = ST_NEITHER;
+    if (rows == W.log_rows[o->from] && n == 1 && before == 1) {
+        s = ST_BEFORE;
+    } else if (o->to == 0 && rows == W.log_rows[o->from] + 2 && n == 0 && last_abort == 1) {
+        s = ST_AFTER;
+    } else if (o->to == 1 && rows == W.log_rows[o->from] + 1 && n == 1 && changed == 1 &&
+               last_set == 1) {
+        s = ST_AFTER;
+    }
+    assert_int_equal(sqlite3_close(db), SQLITE_OK);
+    return s;
+}
+
 /* Restore the keyring file. */
 static void kr_restore(const op *o)
 {
@@ -534,6 +599,7 @@ static int kr_state(const op *o, int strict)
 #define MIG(nm, mode, v) {nm, 1, 1, mig_restore, mig_run, mig_state, DB_ERRORS, {mode, v}, 0, 0, 0}
 #define RO(nm, f, t) {nm, 1, 0, ro_restore, ro_run, ro_state, DB_ERRORS, {0, 0}, f, t, 0}
 #define KR(nm, i) {nm, 0, 0, kr_restore, kr_run, kr_state, KR_ERRORS, {0, 0}, 0, 0, i}
+#define RF(nm, f, what) {nm, 1, 0, ro_restore, ro_fix_run, ro_fix_state, DB_ERRORS, {0, 0}, f, what, 0}
 
 static const op OPS[] = {
     MIG("migrate encrypt", KS_MIGRATE_ENCRYPT, 2),
@@ -546,6 +612,8 @@ static const op OPS[] = {
     RO("rollout backfill -> finalized", KS_PHASE_BACKFILL, KS_PHASE_FINALIZED),
     RO("rollback finalized -> backfill", KS_PHASE_FINALIZED, KS_PHASE_BACKFILL),
     RO("rollback backfill -> read-compat", KS_PHASE_BACKFILL, KS_PHASE_READ_COMPAT),
+    RF("rollout abort in read-compat", KS_PHASE_READ_COMPAT, 0),
+    RF("rollout set in write-upgrade", KS_PHASE_WRITE_UPGRADE, 1),
     KR("keyring add-version", 0),
     KR("keyring promote", 1),
     KR("keyring set-state", 2),

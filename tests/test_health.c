@@ -358,15 +358,29 @@ static void test_latency_checks_trip(void **state)
     assert_true(v.seal_p99_us == KS_HIST_UNBOUNDED);
     assert_int_equal(v.tripped, KS_HEALTH_SEAL_P99);
 
-    /* Empty histograms: p99 0, within. */
+    /* Empty histograms: p99 0, and no data: 2970 opens that nobody
+     * timed are not a p99 within its limit. */
     ks_thresholds_default(&t);
     w = healthy();
+    w.opens = 2970;
     memset(&w.seal_ns, 0, sizeof w.seal_ns);
     memset(&w.open_ns, 0, sizeof w.open_ns);
     v = judge(&w, &t);
-    assert_int_equal(v.status, KS_HEALTH_OK);
+    expect(&v, KS_HEALTH_INSUFFICIENT, 0);
+    assert_int_equal(v.no_data, KS_HEALTH_SEAL_P99 | KS_HEALTH_OPEN_P99);
     assert_int_equal(v.seal_p99_us, 0);
     assert_int_equal(v.open_p99_us, 0);
+    /* A trip elsewhere still trips. */
+    w.auth_failures = 100;
+    v = judge(&w, &t);
+    expect(&v, KS_HEALTH_TRIPPED, KS_HEALTH_AUTH_FAILURES);
+    /* Disabled, the checks need no data. */
+    w.auth_failures = 0;
+    t.max_seal_p99_us = 0;
+    t.max_open_p99_us = 0;
+    v = judge(&w, &t);
+    expect(&v, KS_HEALTH_OK, 0);
+    assert_int_equal(v.no_data, 0);
 }
 
 /* Negative rates and 0 latencies disable their checks; +Inf is enabled
@@ -421,15 +435,17 @@ static void test_insufficient(void **state)
     v = judge(&w, &t);
     expect(&v, KS_HEALTH_TRIPPED, KS_HEALTH_AUTH_FAILURES);
 
-    /* No minimum: an empty window is healthy. */
+    /* No minimum: an empty window still has no data to judge. */
     memset(&w, 0, sizeof w);
     t.min_samples = 0;
     v = judge(&w, &t);
-    assert_int_equal(v.status, KS_HEALTH_OK);
+    expect(&v, KS_HEALTH_INSUFFICIENT, 0);
+    assert_int_equal(v.no_data, KS_HEALTH_ALL_CHECKS);
     assert_int_equal(v.samples, 0);
 
     /* seals + opens saturates rather than wrapping below the minimum. */
     t.min_samples = UINT64_MAX;
+    w = healthy();
     w.seals = UINT64_MAX;
     w.opens = 5;
     v = judge(&w, &t);
@@ -438,7 +454,8 @@ static void test_insufficient(void **state)
 }
 
 /* A rate with nothing attempted is 0 and never trips, even with
- * (inconsistent) failures counted and a zero-tolerance limit. */
+ * (inconsistent) failures counted and a zero-tolerance limit; its check
+ * has no data, so the window is not healthy either. */
 static void test_zero_denominators(void **state)
 {
     (void)state;
@@ -454,7 +471,8 @@ static void test_zero_denominators(void **state)
     w.parse_errors = 7;
     w.provider_errors = 7;
     ks_health_verdict v = judge(&w, &t);
-    assert_int_equal(v.status, KS_HEALTH_OK);
+    expect(&v, KS_HEALTH_INSUFFICIENT, 0); /* nothing to judge is not healthy */
+    assert_int_equal(v.no_data, KS_HEALTH_ALL_CHECKS);
     assert_true(v.auth_failure_rate == 0.0);
     assert_true(v.parse_error_rate == 0.0);
     assert_true(v.provider_error_rate == 0.0);

@@ -8,6 +8,7 @@
  * Time is passed explicitly (`now`): no test sleeps or measures a duration.
  */
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -582,6 +583,37 @@ static void test_guard_rollbacks(void **state)
     expect_guard(&f, KS_PHASE_BACKFILL, KS_OK, NULL);
 }
 
+/* Abort: planned always; read-compat only while no row is at the
+ * target; never once the target may have been written. */
+static void test_guard_abort(void **state)
+{
+    (void)state;
+    char why[512];
+    ks_rollout_facts f = facts_in(KS_PHASE_PLANNED, 5000);
+    f.census_known = 0;
+    assert_int_equal(ks_rollout_abort_guard(&f, why, sizeof why), KS_OK);
+    f = facts_in(KS_PHASE_READ_COMPAT, 5000);
+    assert_int_equal(ks_rollout_abort_guard(&f, why, sizeof why), KS_OK);
+    f.rows_at_target = 1204;
+    assert_int_equal(ks_rollout_abort_guard(&f, why, sizeof why), KS_ERR_GUARD);
+    assert_non_null(strstr(why, "aborting would make 1,204 rows unreadable"));
+    f.rows_at_target = 0;
+    f.census_known = 0;
+    assert_int_equal(ks_rollout_abort_guard(&f, why, sizeof why), KS_ERR_GUARD);
+    assert_non_null(strstr(why, "census of payments.card was not computed"));
+    f = facts_in(KS_PHASE_WRITE_UPGRADE, 5000);
+    assert_int_equal(ks_rollout_abort_guard(&f, why, sizeof why), KS_ERR_STATE);
+    assert_non_null(strstr(why, "roll it back to read-compat first"));
+    f = facts_in(KS_PHASE_BACKFILL, 5000);
+    assert_int_equal(ks_rollout_abort_guard(&f, why, sizeof why), KS_ERR_STATE);
+    f = facts_in(KS_PHASE_FINALIZED, 5000);
+    assert_int_equal(ks_rollout_abort_guard(&f, why, sizeof why), KS_ERR_STATE);
+    assert_non_null(strstr(why, "finalized"));
+    f.rollout.phase = (ks_rollout_phase)9;
+    assert_int_equal(ks_rollout_abort_guard(&f, why, sizeof why), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_rollout_abort_guard(NULL, why, sizeof why), KS_ERR_INVALID_ARGUMENT);
+}
+
 /* Canonical key lists: exactly one spelling is accepted. */
 static void test_keys_strict(void **state)
 {
@@ -937,6 +969,186 @@ static void test_metrics(void **state)
                           "FROM bk; DROP TABLE bk;");
     }
     assert_int_equal(ks_rollout_db_metrics_sum(w->db, 1, 0, &sum), KS_OK);
+}
+
+/* The sums of one source: the applications' health without the
+ * migration's figures, and the migration's own. */
+static void test_metrics_by_source(void **state)
+{
+    world *w = *state;
+    open_db(w);
+    ks_health_sample a = sample(100, 10, 3), b = sample(200, 5, 23), sum;
+    b.auth_failures = 1980;
+    assert_int_equal(ks_rollout_db_metrics_insert(w->db, 1, "web-1", "app", &a), KS_OK);
+    assert_int_equal(ks_rollout_db_metrics_insert(w->db, 1, "migrate-1", "migrate", &b), KS_OK);
+    assert_int_equal(ks_rollout_db_metrics_sum_source(w->db, 1, 0, "app", &sum), KS_OK);
+    assert_int_equal(sum.seals, 10);
+    assert_int_equal(sum.auth_failures, a.auth_failures);
+    assert_int_equal(sum.time, 100);
+    assert_int_equal(ks_rollout_db_metrics_sum_source(w->db, 1, 0, "migrate", &sum), KS_OK);
+    assert_int_equal(sum.seals, 5);
+    assert_int_equal(sum.auth_failures, 1980);
+    assert_int_equal(ks_rollout_db_metrics_sum_source(w->db, 1, 0, NULL, &sum), KS_OK);
+    assert_int_equal(sum.seals, 15);
+    assert_int_equal(ks_rollout_db_metrics_sum_source(w->db, 1, 0, "cli", &sum),
+                     KS_ERR_INVALID_ARGUMENT);
+}
+
+/* ---- abort and settings ------------------------------------------------------ */
+
+/* A rollout started with a target that does not exist is stuck in
+ * planned: abort removes it (logged with actor and reason; the log stays)
+ * and frees the scope for a new start; a stale, unguarded or badly
+ * argued abort changes nothing. */
+static void test_abort(void **state)
+{
+    world *w = *state;
+    open_db(w);
+    ks_rollout s = spec(), r;
+    s.target.key_version = 9; /* the typo */
+    int64_t id = start(w, &s, 1000);
+    ks_rollout_facts f = good_facts(1010);
+    f.census_known = 0;
+    f.target_key_state = KS_ROLLOUT_KEY_MISSING;
+    assert_int_equal(move(w, id, KS_PHASE_PLANNED, KS_PHASE_READ_COMPAT, &f), KS_ERR_GUARD);
+    /* a new start is refused while it is open */
+    ks_rollout good = spec();
+    int64_t other = 0;
+    assert_int_equal(ks_rollout_db_start(w->db, &good, "alice", 1020, &other, w->err,
+                                         sizeof w->err),
+                     KS_ERR_ROLLOUT_EXISTS);
+    /* bad arguments and a stale phase */
+    assert_int_equal(ks_rollout_db_abort(w->db, id, KS_PHASE_PLANNED, &f, "bob", "", w->err,
+                                         sizeof w->err),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_rollout_db_abort(w->db, id, KS_PHASE_PLANNED, &f, "bob", NULL, w->err,
+                                         sizeof w->err),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_rollout_db_abort(w->db, id, KS_PHASE_PLANNED, &f, "", "typo", w->err,
+                                         sizeof w->err),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_rollout_db_abort(w->db, id, KS_PHASE_READ_COMPAT, &f, "bob", "typo",
+                                         w->err, sizeof w->err),
+                     KS_ERR_STALE);
+    assert_int_equal(ks_rollout_db_abort(w->db, 99, KS_PHASE_PLANNED, &f, "bob", "typo", w->err,
+                                         sizeof w->err),
+                     KS_ERR_NO_ROLLOUT);
+    assert_int_equal(ks_rollout_db_get(w->db, id, &r), KS_OK);
+    /* the abort */
+    f.now = 1030;
+    assert_int_equal(ks_rollout_db_abort(w->db, id, KS_PHASE_PLANNED, &f, "bob",
+                                         "target version 9 is a typo", w->err, sizeof w->err),
+                     KS_OK);
+    assert_int_equal(ks_rollout_db_get(w->db, id, &r), KS_ERR_NO_ROLLOUT);
+    assert_int_equal(ks_rollout_db_latest(w->db, "payments", "card", &r), KS_ERR_NO_ROLLOUT);
+    ks_rollout_log_entry e[4];
+    size_t n = 0;
+    assert_int_equal(ks_rollout_db_log(w->db, id, 0, e, 4, &n), KS_OK);
+    assert_int_equal(n, 3);
+    assert_string_equal(e[1].actor, "bob");
+    assert_int_equal(e[1].from, KS_PHASE_PLANNED);
+    assert_int_equal(e[1].to, KS_PHASE_PLANNED);
+    assert_int_equal(e[1].time, 1030);
+    assert_non_null(strstr(e[1].reason, "plaintext to payments-kek:9"));
+    assert_string_equal(e[2].reason, "aborted: target version 9 is a typo");
+    assert_string_equal(e[2].actor, "bob");
+    /* the scope is free; the new rollout has a new id */
+    int64_t id2 = start(w, &good, 1040);
+    assert_true(id2 > id);
+    /* abort refused once the target may have been written */
+    f = good_facts(1050);
+    assert_int_equal(move(w, id2, KS_PHASE_PLANNED, KS_PHASE_READ_COMPAT, &f), KS_OK);
+    f.now = 1400;
+    assert_int_equal(move(w, id2, KS_PHASE_READ_COMPAT, KS_PHASE_WRITE_UPGRADE, &f), KS_OK);
+    assert_int_equal(ks_rollout_db_abort(w->db, id2, KS_PHASE_WRITE_UPGRADE, &f, "bob", "no",
+                                         w->err, sizeof w->err),
+                     KS_ERR_STATE);
+    assert_non_null(strstr(w->err, "roll it back to read-compat first"));
+    assert_int_equal(move(w, id2, KS_PHASE_WRITE_UPGRADE, KS_PHASE_READ_COMPAT, &f), KS_OK);
+    f.rows_at_target = 12;
+    assert_int_equal(ks_rollout_db_abort(w->db, id2, KS_PHASE_READ_COMPAT, &f, "bob", "no",
+                                         w->err, sizeof w->err),
+                     KS_ERR_GUARD);
+    assert_non_null(strstr(w->err, "aborting would make 12 rows unreadable"));
+    assert_int_equal(phase_of(w, id2), KS_PHASE_READ_COMPAT);
+    /* after a rollback that left no row at the target */
+    f.rows_at_target = 0;
+    assert_int_equal(ks_rollout_db_abort(w->db, id2, KS_PHASE_READ_COMPAT, &f, "bob",
+                                         "canary showed nothing", w->err, sizeof w->err),
+                     KS_OK);
+    assert_int_equal(ks_rollout_db_get(w->db, id2, &r), KS_ERR_NO_ROLLOUT);
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM keyshift_rollout"), 0);
+}
+
+/* Thresholds and soak times of a live rollout can be changed, each change
+ * logged with its old and new value; a finalized rollout's cannot, nor
+ * can values start would refuse be set. */
+static void test_set_settings(void **state)
+{
+    world *w = *state;
+    open_db(w);
+    ks_rollout s = spec(), r;
+    int64_t id = start(w, &s, 1000);
+    ks_thresholds t = s.thresholds;
+    char changes[512];
+    t.min_samples = 10;
+    t.max_open_p99_us = 0;
+    assert_int_equal(ks_rollout_db_set_settings(w->db, id, &t, 60, 30, "bob", "app reports few",
+                                                1100, changes, sizeof changes),
+                     KS_OK);
+    assert_string_equal(changes, "max_open_p99_us 10000 -> 0, min_samples 1000 -> 10, "
+                                 "min_soak_s 300 -> 60");
+    assert_int_equal(ks_rollout_db_get(w->db, id, &r), KS_OK);
+    assert_int_equal(r.thresholds.min_samples, 10);
+    assert_int_equal(r.thresholds.max_open_p99_us, 0);
+    assert_int_equal(r.min_soak_s, 60);
+    assert_int_equal(r.reader_ttl_s, 30);
+    assert_int_equal(r.updated, 1100);
+    ks_rollout_log_entry e[4];
+    size_t n = 0;
+    assert_int_equal(ks_rollout_db_log(w->db, id, 0, e, 4, &n), KS_OK);
+    assert_int_equal(n, 3);
+    assert_string_equal(e[1].reason, "set: max_open_p99_us 10000 -> 0, min_samples 1000 -> 10, "
+                                     "min_soak_s 300 -> 60");
+    assert_string_equal(e[1].actor, "bob");
+    assert_string_equal(e[2].reason, "app reports few");
+    /* nothing changes: nothing is written */
+    assert_int_equal(ks_rollout_db_set_settings(w->db, id, &t, 60, 30, "bob", "again", 1200,
+                                                changes, sizeof changes),
+                     KS_OK);
+    assert_string_equal(changes, "");
+    assert_int_equal(ks_rollout_db_log(w->db, id, 0, e, 4, &n), KS_OK);
+    assert_int_equal(n, 3);
+    /* a rate's change is exact */
+    t.max_auth_failure_rate = 0.25;
+    assert_int_equal(ks_rollout_db_set_settings(w->db, id, &t, 60, 45, "bob", NULL, 1300, changes,
+                                                sizeof changes),
+                     KS_OK);
+    assert_string_equal(changes, "max_auth_failure_rate 0.001 -> 0.25, reader_ttl_s 30 -> 45");
+    /* refused values */
+    ks_thresholds bad = t;
+    bad.window_s = 0;
+    assert_int_equal(ks_rollout_db_set_settings(w->db, id, &bad, 60, 45, "bob", NULL, 1300, NULL,
+                                                0),
+                     KS_ERR_INVALID_ARGUMENT);
+    bad = t;
+    bad.max_parse_error_rate = NAN;
+    assert_int_equal(ks_rollout_db_set_settings(w->db, id, &bad, 60, 45, "bob", NULL, 1300, NULL,
+                                                0),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_rollout_db_set_settings(w->db, id, &t, 60, 0, "bob", NULL, 1300, NULL, 0),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_rollout_db_set_settings(w->db, 99, &t, 60, 45, "bob", NULL, 1300, NULL,
+                                                0),
+                     KS_ERR_NO_ROLLOUT);
+    /* finalized: refused */
+    exec_sql(w->path, "UPDATE keyshift_rollout SET phase = 'finalized'");
+    t.min_samples = 5;
+    assert_int_equal(ks_rollout_db_set_settings(w->db, id, &t, 60, 45, "bob", NULL, 1400, NULL,
+                                                0),
+                     KS_ERR_STATE);
+    assert_int_equal(ks_rollout_db_get(w->db, id, &r), KS_OK);
+    assert_int_equal(r.thresholds.min_samples, 10);
 }
 
 /* ---- the application policy -------------------------------------------------- */
@@ -1308,6 +1520,24 @@ static ks_rollout key_spec(world *w)
     return s;
 }
 
+/* A key-scoped rollout's listed columns go with it. */
+static void test_abort_key_scope(void **state)
+{
+    world *w = *state;
+    open_db(w);
+    ks_rollout s = key_spec(w);
+    int64_t id = start(w, &s, 1000);
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM keyshift_rollout_column"), 2);
+    ks_rollout_facts f = good_facts(1010);
+    assert_int_equal(ks_rollout_db_abort(w->db, id, KS_PHASE_PLANNED, &f, "bob", "wrong key",
+                                         w->err, sizeof w->err),
+                     KS_OK);
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM keyshift_rollout_column"), 0);
+    ks_rollout r;
+    assert_int_equal(ks_rollout_db_latest_key(w->db, "payments-kek", &r), KS_ERR_NO_ROLLOUT);
+    start(w, &s, 1020);
+}
+
 /* Move rollout id from planned to backfill with favourable facts, the
  * soak counted from now. */
 static void to_backfill(world *w, int64_t id, int64_t now)
@@ -1633,6 +1863,7 @@ int main(void)
         cmocka_unit_test(test_guard_backfill),
         cmocka_unit_test(test_guard_finalize),
         cmocka_unit_test(test_guard_rollbacks),
+        cmocka_unit_test(test_guard_abort),
         cmocka_unit_test(test_keys_strict),
         T(test_lifecycle),
         T(test_race),
@@ -1640,6 +1871,10 @@ int main(void)
         T(test_corrupt_readers),
         T(test_corrupt_rollout),
         T(test_metrics),
+        T(test_metrics_by_source),
+        T(test_abort),
+        T(test_abort_key_scope),
+        T(test_set_settings),
         T(test_policy_report),
         T(test_policy_phases),
         T(test_policy_canary),

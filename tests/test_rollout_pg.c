@@ -263,7 +263,7 @@ static void test_strict_rows(void **state)
     ks_health_sample h = {.time = 5, .seals = 1};
     assert_int_equal(s->ops->metrics_insert(s, id, "web-1", "app", &h), KS_OK);
     ks_pg_test_exec(w->admin, "UPDATE keyshift_metrics SET seal_ns = '\\x00'");
-    assert_int_equal(s->ops->metrics_sum(s, id, 0, &h), KS_ERR_STORE);
+    assert_int_equal(s->ops->metrics_sum(s, id, 0, NULL, &h), KS_ERR_STORE);
     assert_int_equal(h.seals, 0);
     ks_rollout_reader rd = reader("web-1", "k:1");
     assert_int_equal(s->ops->reader_put(s, &rd, 10), KS_OK);
@@ -402,6 +402,66 @@ static void test_readers_metrics(void **state)
     assert_int_equal(ks_rollout_db_metrics_sum(w->db, 1, 201, &sum), KS_OK);
     assert_int_equal(sum.seals, 0);
     assert_int_equal(sum.time, 0);
+    /* one source: the applications' health apart from the migration's */
+    assert_int_equal(ks_rollout_db_metrics_sum_source(w->db, 1, 0, "app", &sum), KS_OK);
+    assert_int_equal(sum.seals, 10);
+    assert_int_equal(sum.auth_failures, 1);
+    assert_int_equal(ks_rollout_db_metrics_sum_source(w->db, 1, 0, "migrate", &sum), KS_OK);
+    assert_int_equal(sum.seals, 7);
+    assert_int_equal(sum.provider_calls, 3);
+}
+
+/* Abort removes the rollout and its listed columns, keeps its log (with
+ * the actor and reason) and frees the scope; set changes the thresholds
+ * and soak times, logging old and new values. */
+static void test_abort_and_set(void **state)
+{
+    world *w = *state;
+    wrap(w);
+    ks_pg_test_exec(w->admin, "CREATE TABLE orders(id bigint PRIMARY KEY, card bytea)");
+    ks_rollout sp = spec("payments", "card"), got;
+    int64_t id = 0, id2 = 0;
+    assert_int_equal(ks_rollout_db_start(w->db, &sp, "alice", 1000, &id, w->err, sizeof w->err),
+                     KS_OK);
+    ks_thresholds t = sp.thresholds;
+    t.min_samples = 10;
+    char changes[256];
+    assert_int_equal(ks_rollout_db_set_settings(w->db, id, &t, sp.min_soak_s, 45, "bob",
+                                                "few samples", 1010, changes, sizeof changes),
+                     KS_OK);
+    assert_non_null(strstr(changes, "min_samples"));
+    assert_non_null(strstr(changes, "-> 10"));
+    assert_int_equal(ks_rollout_db_get(w->db, id, &got), KS_OK);
+    assert_int_equal(got.thresholds.min_samples, 10);
+    assert_int_equal(got.reader_ttl_s, 45);
+    ks_rollout_facts f = {.now = 1020};
+    assert_int_equal(ks_rollout_db_abort(w->db, id, KS_PHASE_PLANNED, &f, "bob", "typo", w->err,
+                                         sizeof w->err),
+                     KS_OK);
+    assert_int_equal(ks_rollout_db_get(w->db, id, &got), KS_ERR_NO_ROLLOUT);
+    assert_int_equal(ks_pg_test_int(w->admin, "SELECT count(*) FROM keyshift_rollout_log "
+                                              "WHERE actor = 'bob' AND reason = 'aborted: typo'"),
+                     1);
+    assert_int_equal(ks_rollout_db_start(w->db, &sp, "alice", 1030, &id2, w->err, sizeof w->err),
+                     KS_OK);
+    assert_true(id2 > id);
+    /* a key scope's columns go with it */
+    ks_rollout ks = sp;
+    ks.table[0] = ks.column[0] = '\0';
+    ks.scope = KS_SCOPE_KEY;
+    ks.source = cls("k", 1);
+    ks.target = cls("k", 2);
+    ks.n_columns = 1;
+    strcpy(ks.columns[0].table, "orders");
+    strcpy(ks.columns[0].column, "card");
+    int64_t id3 = 0;
+    assert_int_equal(ks_rollout_db_start(w->db, &ks, "alice", 1040, &id3, w->err, sizeof w->err),
+                     KS_OK);
+    assert_int_equal(ks_rollout_db_abort(w->db, id3, KS_PHASE_PLANNED, &f, "bob", "wrong key",
+                                         w->err, sizeof w->err),
+                     KS_OK);
+    assert_int_equal(ks_pg_test_int(w->admin, "SELECT count(*) FROM keyshift_rollout_column"), 0);
+    assert_int_equal(ks_pg_test_int(w->admin, "SELECT count(*) FROM keyshift_rollout"), 1);
 }
 
 
@@ -506,6 +566,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_log_append_only, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(test_data_version_snapshot, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(test_readers_metrics, world_setup, world_teardown),
+        cmocka_unit_test_setup_teardown(test_abort_and_set, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(test_lock_timeout_busy, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(test_failed_change_rolls_back, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(test_least_privilege, world_setup, world_teardown),

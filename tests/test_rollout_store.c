@@ -90,8 +90,13 @@ FWD(reader_delete, (ks_rollout_store * s, const char *i), (IN(s), i))
 FWD(metrics_insert, (ks_rollout_store * s, int64_t r, const char *i, const char *src,
                      const ks_health_sample *x),
     (IN(s), r, i, src, x))
-FWD(metrics_sum, (ks_rollout_store * s, int64_t r, int64_t since, ks_health_sample *o),
-    (IN(s), r, since, o))
+FWD(metrics_sum, (ks_rollout_store * s, int64_t r, int64_t since, const char *src,
+                  ks_health_sample *o),
+    (IN(s), r, since, src, o))
+FWD(set_settings, (ks_rollout_store * s, int64_t id, const ks_thresholds *t, uint32_t soak,
+                   uint32_t ttl, int64_t now),
+    (IN(s), id, t, soak, ttl, now))
+FWD(remove, (ks_rollout_store * s, int64_t id), (IN(s), id))
 
 /* close: close the inner store and free the decorator. */
 static void d_close(ks_rollout_store *s)
@@ -158,6 +163,8 @@ static const ks_rollout_store_ops deco_ops = {
     .later_count = d_later_count,
     .set_phase = d_set_phase,
     .set_canary = d_set_canary,
+    .set_settings = d_set_settings,
+    .remove = d_remove,
     .set_verified = d_set_verified,
     .log_append = d_log_append,
     .log_list = d_log_list,

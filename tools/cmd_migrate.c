@@ -741,10 +741,12 @@ void ks_cli_draw_bar(uint64_t n, uint64_t total, double rate, double eta_s, cons
 /*
  * Write this run's health sample (source "migrate", docs/rollout.md) for
  * the rollout in backfill: the growth of the context's totals since the
- * previous sample, so that `rollout check` sees the migration's auth
- * failures, parse errors and provider errors next to the applications'.
- * Best effort: a failure is said once on standard error and the run goes
- * on (the sample is carried into the next one).
+ * previous sample.  They are the migration's own figures: `rollout
+ * status` and `metrics` show them apart, and the guards and `rollout
+ * check` never judge them (an operator's wrong --context is not the
+ * applications' health).  Best effort: a failure is said once on
+ * standard error and the run goes on (the sample is carried into the
+ * next one).
  */
 static void report_health(progress_state *s)
 {

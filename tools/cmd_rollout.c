@@ -39,6 +39,7 @@ static void usage(FILE *f)
           "        [--max-auth-failure-rate R] [--max-parse-error-rate R]\n"
           "        [--max-provider-error-rate R] [--max-seal-p99-us N]\n"
           "        [--max-open-p99-us N] [--min-samples N] [--window DUR]\n"
+          "        [--keyring FILE [--passphrase-file FILE] | --providers FILE]\n"
           "        [--actor A] [--reason TEXT] [--json]\n"
           "    keyshift rollout start --db FILE --key-id K --columns T.C[,T2.C2...]\n"
           "        --source CLASS --target CLASS [the options above]\n"
@@ -50,6 +51,12 @@ static void usage(FILE *f)
           "        [--keyring FILE [--passphrase-file FILE] | --providers FILE] [--json]\n"
           "    keyshift rollout canary --db FILE [SELECT] --tenants a,b | --percent N |\n"
           "        --all [--actor A] [--reason TEXT] [--json]\n"
+          "    keyshift rollout abort --db FILE [SELECT] --reason TEXT [--actor A] [--json]\n"
+          "    keyshift rollout set --db FILE [SELECT] [--max-auth-failure-rate R]\n"
+          "        [--max-parse-error-rate R] [--max-provider-error-rate R]\n"
+          "        [--max-seal-p99-us N] [--max-open-p99-us N] [--min-samples N]\n"
+          "        [--window DUR] [--min-soak DUR] [--reader-ttl DUR] [--actor A]\n"
+          "        [--reason TEXT] [--json]\n"
           "    keyshift rollout status --db FILE [SELECT] [--json]\n"
           "    keyshift rollout log --db FILE [SELECT] [--limit N] [--json]\n"
           "    keyshift rollout check --db FILE [SELECT] [--auto-rollback] [--actor A]\n"
@@ -88,14 +95,20 @@ static void usage(FILE *f)
           "\n"
           "    start     creates the rollout in planned and prints its id (a column\n"
           "              scope with --table and --column, a key scope with --key-id\n"
-          "              and --columns). Defaults:\n"
+          "              and --columns). It first asks the key provider (needs the\n"
+          "              keyring) about the target key version and refuses (exit 65)\n"
+          "              one that does not exist or is not active (cannot seal).\n"
+          "              Defaults:\n"
           "              --min-soak 300 s (least time in read-compat before\n"
           "              write-upgrade, for the phase to reach every host),\n"
           "              --reader-ttl 60 s (a reader is live while its heartbeat is\n"
           "              this recent), thresholds 0.001 auth failures, 0.001 parse\n"
           "              errors, 0.01 provider errors, p99 seal and open 10000 us,\n"
           "              1000 samples, 300 s window. A negative rate or a 0 latency\n"
-          "              disables that check.\n"
+          "              disables that check; an enabled check with nothing to judge\n"
+          "              in the window (no opens, no provider calls, latencies not\n"
+          "              timed) has no data, and the health is then insufficient,\n"
+          "              never ok.\n"
           "    advance   moves to the next phase once its guard passes. It gathers:\n"
           "                planned -> read-compat: the target key version's state\n"
           "                  (needs the keyring): it must exist, not disabled or\n"
@@ -120,22 +133,40 @@ static void usage(FILE *f)
           "              can read the source again.\n"
           "    canary    changes who writes the target in write-upgrade: a tenant\n"
           "              list, a percentage by a stable hash of the tenant, or all.\n"
+          "    abort     ends a rollout that has written its target nowhere, e.g. one\n"
+          "              started with a mistaken --target: in planned, or in\n"
+          "              read-compat while the census shows 0 rows at the target (a\n"
+          "              rollout in write-upgrade or backfill is rolled back to\n"
+          "              read-compat first; a finalized one cannot be aborted). The\n"
+          "              rollout is removed, its log stays (who, why, and what it\n"
+          "              was), and its scope is free for a new start. --reason is\n"
+          "              required.\n"
+          "    set       changes the thresholds, --window, --min-soak and\n"
+          "              --reader-ttl of a rollout that is not finalized (options\n"
+          "              not given keep their values), e.g. --min-samples for an\n"
+          "              application that reports few samples, or a 0 latency to\n"
+          "              disable a check it cannot feed. Each change is logged with\n"
+          "              its old and new value; guards judge the new values.\n"
           "    status    scope (a key scope's columns and their verify times),\n"
           "              phase and time in it, source and target, canary, readers\n"
           "              (live or expired, and whether each supports the target),\n"
           "              census against source and target (each column of a key\n"
           "              scope, and the sum), health against the\n"
-          "              thresholds, the last 10 log entries. Read-only.\n"
+          "              thresholds, the migration's own figures (its samples, never\n"
+          "              judged), the last 10 log entries. Read-only.\n"
           "    log       the append-only log (time, actor, from, to, reason,\n"
           "              automatic); --limit N shows the last N entries.\n"
-          "    check     judges the window against the thresholds and names each\n"
-          "              check that tripped, observed against limit. With\n"
+          "    check     judges the applications' samples of the window (not those\n"
+          "              of 'migrate run') against the thresholds and names each\n"
+          "              check that tripped, observed against limit, or that has\n"
+          "              no data. With\n"
           "              --auto-rollback a trip in write-upgrade or backfill moves\n"
           "              the rollout back to read-compat, logged as automatic with\n"
           "              the tripped checks as reason. For cron and monitoring.\n"
           "    metrics   the window as Prometheus text (labels rollout, table,\n"
           "              column, phase; key_id for a key scope, whose table and\n"
-          "              column are empty) or as JSON.\n"
+          "              column are empty) or as JSON; the migration's own figures\n"
+          "              follow, apart (keyshift_migration_window_*; \"migration\").\n"
           "    readers   the reader registry: instance, library version, format,\n"
           "              held keys, heartbeat age, live or not (--reader-ttl,\n"
           "              default 60 s).\n"
@@ -172,15 +203,20 @@ static void usage(FILE *f)
           "    1   check: a threshold tripped and the rollout was rolled back\n"
           "    2   check: a threshold tripped, not rolled back (no --auto-rollback, or\n"
           "        no safe rollback from this phase)\n"
-          "    3   check: too few samples in the window for a verdict\n"
+          "    3   check: too few samples in the window for a verdict, or an\n"
+          "        enabled check has no data\n"
           "    64  usage error, or several rollouts and none selected\n"
-          "    65  refused: no such transition (e.g. rollback from planned), or the\n"
-          "        scope already has, or overlaps, a rollout that is not finalized\n"
+          "    65  refused: no such transition (e.g. rollback from planned), the\n"
+          "        scope already has, or overlaps, a rollout that is not finalized,\n"
+          "        start's target key version does not exist or cannot seal, abort\n"
+          "        of a rollout in write-upgrade, backfill or finalized, or set on a\n"
+          "        finalized rollout\n"
           "    66  no such database, table, column or rollout\n"
           "    69  key provider unavailable\n"
           "    74  database error\n"
-          "    75  not safe yet: a guard refused and the message says what is\n"
-          "        missing, another operator moved the rollout first, or the\n"
+          "    75  not safe yet: a guard refused (for abort: rows are at the\n"
+          "        target) and the message says what is missing, another\n"
+          "        operator moved the rollout first, or the\n"
           "        database stayed locked. Scripts may retry later\n"
           "    77  key version unusable for the requested key state change\n"
           "    78  keyring insecure, unreadable or corrupt, or wrong passphrase\n"
@@ -204,7 +240,11 @@ static void usage(FILE *f)
           "        --columns payments.card,refunds.card \\\n"
           "        --source v2:xchacha20-poly1305:payments/kek:2 \\\n"
           "        --target v2:xchacha20-poly1305:payments/kek:3\n"
-          "    keyshift rollout status --db shop.db --key-id payments/kek\n",
+          "    keyshift rollout status --db shop.db --key-id payments/kek\n"
+          "    # a mistaken target, or a threshold the application cannot meet:\n"
+          "    keyshift rollout abort --db shop.db --rollout 7 --reason 'typo: kek:9'\n"
+          "    keyshift rollout set --db shop.db --rollout 8 --min-samples 50 \\\n"
+          "        --reason 'the batch app reports few samples'\n",
           f);
 }
 
@@ -601,19 +641,53 @@ static int census_of(const char *path, const ks_rollout *r, scope_census *out)
     return EX_OK;
 }
 
-/* The health of r's window ending at now: the metrics summed since
- * now - window_s and judged against r's thresholds. */
-static int health_of(ks_rollout_db *db, const ks_rollout *r, int64_t now, ks_health_sample *sum,
-                     ks_health_verdict *v)
+/* The samples of source ("app" or "migrate") in r's window ending at
+ * now, summed into *sum. */
+static int window_of(ks_rollout_db *db, const ks_rollout *r, int64_t now, const char *source,
+                     ks_health_sample *sum)
 {
     memset(sum, 0, sizeof *sum);
-    ks_err e = ks_rollout_db_metrics_sum(db, r->id, now - (int64_t)r->thresholds.window_s, sum);
+    ks_err e = ks_rollout_db_metrics_sum_source(db, r->id, now - (int64_t)r->thresholds.window_s,
+                                                source, sum);
     if (e != KS_OK) {
         ks_cli_error("cannot read the metrics of rollout %" PRId64 ": %s", r->id, ks_err_name(e));
         return ks_cli_exit_code(e);
     }
-    ks_health_evaluate(sum, &r->thresholds, v);
     return EX_OK;
+}
+
+/* The health of r's window ending at now: the applications' samples
+ * (source "app") summed since now - window_s and judged against r's
+ * thresholds.  The migration's samples are its own figures, never
+ * judged: an operator's mistake in `migrate run` (e.g. a wrong
+ * --context) is not the applications' health. */
+static int health_of(ks_rollout_db *db, const ks_rollout *r, int64_t now, ks_health_sample *sum,
+                     ks_health_verdict *v)
+{
+    int rc = window_of(db, r, now, "app", sum);
+    if (rc == EX_OK) {
+        ks_health_evaluate(sum, &r->thresholds, v);
+    }
+    return rc;
+}
+
+/* Print the migration's own figures of a window (source "migrate"): a
+ * JSON object, or one line. */
+static void print_migration(const ks_health_sample *m, uint32_t window_s, int json)
+{
+    if (json) {
+        printf("{\"window_s\":%" PRIu32 ",\"seals\":%" PRIu64 ",\"opens\":%" PRIu64
+               ",\"auth_failures\":%" PRIu64 ",\"parse_errors\":%" PRIu64
+               ",\"provider_calls\":%" PRIu64 ",\"provider_errors\":%" PRIu64 "}",
+               window_s, m->seals, m->opens, m->auth_failures, m->parse_errors,
+               m->provider_calls, m->provider_errors);
+        return;
+    }
+    printf("migration    over the last %" PRIu32 " s (not judged): %" PRIu64 " seals, %" PRIu64
+           " opens, %" PRIu64 " auth failures, %" PRIu64 " parse errors, %" PRIu64
+           " of %" PRIu64 " provider calls failed\n",
+           window_s, m->seals, m->opens, m->auth_failures, m->parse_errors, m->provider_errors,
+           m->provider_calls);
 }
 
 /* Open the keys (--keyring, --providers, $KEYSHIFT_KEYRING or
@@ -682,7 +756,7 @@ static void put_num(double d)
 typedef struct check_row {
     unsigned bit;
     double observed, limit;
-    int enabled, tripped, unbounded;
+    int enabled, tripped, unbounded, no_data;
 } check_row;
 
 /* The five checks of verdict v under thresholds t. */
@@ -706,7 +780,21 @@ static void check_rows(const ks_health_verdict *v, const ks_thresholds *t, check
     };
     for (int i = 0; i < 5; i++) {
         out[i] = (check_row){rows[i].bit, rows[i].observed, rows[i].limit, rows[i].enabled,
-                             (v->tripped & rows[i].bit) != 0, rows[i].unbounded};
+                             (v->tripped & rows[i].bit) != 0, rows[i].unbounded,
+                             (v->no_data & rows[i].bit) != 0};
+    }
+}
+
+/* Write the checks with no data as "name, name" into out ("" when none). */
+static void no_data_str(const ks_health_verdict *v, char *out, size_t cap)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (unsigned i = 0; i < KS_HEALTH_N_CHECKS && used < cap; i++) {
+        if (v->no_data & (1u << i)) {
+            used += (size_t)snprintf(out + used, cap - used, "%s%s", used ? ", " : "",
+                                     ks_health_check_name(1u << i));
+        }
     }
 }
 
@@ -752,7 +840,8 @@ static void print_health(const ks_health_sample *sum, const ks_health_verdict *v
             put_num(rows[i].unbounded ? NAN : rows[i].observed);
             printf(",\"limit\":");
             put_num(rows[i].limit);
-            printf(",\"enabled\":%s,\"tripped\":%s,\"over_by\":", rows[i].enabled ? "true" : "false",
+            printf(",\"enabled\":%s,\"no_data\":%s,\"tripped\":%s,\"over_by\":",
+                   rows[i].enabled ? "true" : "false", rows[i].no_data ? "true" : "false",
                    rows[i].tripped ? "true" : "false");
             put_num(!rows[i].tripped ? 0.0 : rows[i].unbounded ? NAN
                                                               : rows[i].observed - rows[i].limit);
@@ -775,6 +864,8 @@ static void print_health(const ks_health_sample *sum, const ks_health_verdict *v
         char state[64] = "ok";
         if (!rows[i].enabled) {
             snprintf(state, sizeof state, "disabled");
+        } else if (rows[i].no_data && !rows[i].tripped) {
+            snprintf(state, sizeof state, "no data (not healthy)");
         } else if (rows[i].tripped && rows[i].unbounded) {
             snprintf(state, sizeof state, "TRIPPED (beyond the largest bucket)");
         } else if (rows[i].tripped && rows[i].limit > 0) {
@@ -911,10 +1002,9 @@ static int transition(const char *cmd, ks_rollout_db *db, const ks_rollout *r,
 
 /* ---- start --------------------------------------------------------------------------- */
 
-/* Fill the thresholds from the defaults and the options. */
+/* Override the thresholds in *t with those the options give. */
 static int parse_thresholds(const char *cmd, const ro_opts *o, ks_thresholds *t)
 {
-    ks_thresholds_default(t);
     const struct {
         const char *name, *value;
         double *out;
@@ -1050,7 +1140,43 @@ static int start_spec(const char *cmd, const ro_opts *o, ks_rollout *s)
         return ks_cli_usage_error(cmd, "--reader-ttl must be a duration of at least 1 s");
     }
     s->canary.kind = KS_CANARY_ALL;
+    ks_thresholds_default(&s->thresholds);
     return parse_thresholds(cmd, o, &s->thresholds);
+}
+
+/* Before start: ask the key provider about the target key version, which
+ * must exist and be active (only an active version seals).  Returns
+ * EX_OK, EX_DATAERR saying what is wrong, or the provider's error. */
+static int check_target_key(const char *cmd, const ro_opts *o, const ks_rollout_class *t)
+{
+    ks_cli_keys keys = {0};
+    ks_ctx *ctx = NULL;
+    int opened = 0, state = 0, primary = 0;
+    char why[KS_KEY_ID_MAX + 64];
+    snprintf(why, sizeof why, "start checks target key %s:%" PRIu32 " with the key provider",
+             t->key_id, t->key_version);
+    int rc = keyring_for(cmd, o, 1, why, &keys, &opened, &ctx);
+    if (rc == EX_OK) {
+        rc = key_fact(ctx, t, &state, &primary);
+    }
+    ks_ctx_free(ctx);
+    ks_cli_keys_close(&keys);
+    if (rc != EX_OK) {
+        return rc;
+    }
+    if (state == KS_ROLLOUT_KEY_MISSING) {
+        ks_cli_error("target key %s:%" PRIu32 " does not exist in the key provider: check "
+                     "--target ('keyshift keys list'), or create the version first with "
+                     "'keyshift keys add-version %s'", t->key_id, t->key_version, t->key_id);
+        return EX_DATAERR;
+    }
+    if (state != KS_KEY_ACTIVE) {
+        ks_cli_error("target key %s:%" PRIu32 " is %s, so nothing can be sealed under it: "
+                     "choose an active version for --target", t->key_id, t->key_version,
+                     ks_key_state_name(state));
+        return EX_DATAERR;
+    }
+    return EX_OK;
 }
 
 /* `rollout start`. */
@@ -1062,7 +1188,8 @@ static int cmd_start(int argc, char **argv)
     if (parse(cmd, argc, argv,
               "--table --column --key-id --columns --source --target --min-soak --reader-ttl "
               "--max-auth-failure-rate --max-parse-error-rate --max-provider-error-rate "
-              "--max-seal-p99-us --max-open-p99-us --min-samples --window --actor --reason",
+              "--max-seal-p99-us --max-open-p99-us --min-samples --window --actor --reason "
+              "--keyring --passphrase-file --providers",
               &o, &rc)) {
         return rc;
     }
@@ -1072,6 +1199,10 @@ static int cmd_start(int argc, char **argv)
     }
     ks_rollout_db *db;
     if ((rc = ks_cli_rollout_open(o.db, 0, &db)) != EX_OK) {
+        return rc;
+    }
+    if ((rc = check_target_key(cmd, &o, &s.target)) != EX_OK) {
+        ks_rollout_db_close(db);
         return rc;
     }
     int64_t id = 0, now = (int64_t)time(NULL);
@@ -1186,10 +1317,14 @@ static int gather_facts(const ro_opts *o, ks_rollout_db *db, ks_ctx *ctx, const 
         rc = health_of(db, r, f->now, &sum, &v);
         f->health_known = rc == EX_OK;
         f->health = v.status;
+        char t[512];
         if (rc == EX_OK && v.status == KS_HEALTH_TRIPPED) {
-            char t[512];
             tripped_str(&v, &r->thresholds, t, sizeof t);
             fprintf(stderr, KS_PROG ": tripped: %s\n", t);
+        } else if (rc == EX_OK && v.status == KS_HEALTH_INSUFFICIENT && v.no_data != 0) {
+            no_data_str(&v, t, sizeof t);
+            fprintf(stderr, KS_PROG ": no data in the window for: %s (disable a check the "
+                    "application cannot feed with 'keyshift rollout set')\n", t);
         }
     } else if ((r->phase == KS_PHASE_BACKFILL && to == KS_PHASE_FINALIZED) ||
                (r->phase == KS_PHASE_READ_COMPAT && to == KS_PHASE_PLANNED)) {
@@ -1389,6 +1524,113 @@ static int on_canary(const char *cmd, const ro_opts *o, ks_rollout_db *db, const
     } else {
         printf("rollout %" PRId64 " (%s): canary %s\n", r->id, ks_rollout_phase_name((int)r->phase),
                text);
+    }
+    return EX_OK;
+}
+
+/* ---- abort -------------------------------------------------------------------------- */
+
+/* `rollout abort`: end a rollout that has written its target nowhere
+ * (planned; read-compat while the census shows no row at the target),
+ * removing it so that its scope is free for a new start.  --reason is
+ * required; the log keeps the actor, the reason and what the rollout
+ * was. */
+static int on_abort(const char *cmd, const ro_opts *o, ks_rollout_db *db, const ks_rollout *r)
+{
+    if (o->reason == NULL || o->reason[0] == '\0') {
+        return ks_cli_usage_error(cmd, "--reason TEXT is required: say why, for the log");
+    }
+    if (strlen(o->reason) > KS_ROLLOUT_REASON_MAX - 16) {
+        return ks_cli_usage_error(cmd, "--reason must be at most %d characters for an abort",
+                                  KS_ROLLOUT_REASON_MAX - 16);
+    }
+    ks_rollout_facts f;
+    memset(&f, 0, sizeof f);
+    f.now = (int64_t)time(NULL);
+    if (r->phase == KS_PHASE_READ_COMPAT) {
+        scope_census c;
+        int rc = census_of(o->db, r, &c);
+        if (rc != EX_OK) {
+            return rc;
+        }
+        f.census_known = c.known;
+        f.rows_at_source = c.at_source;
+        f.rows_at_target = c.at_target;
+    }
+    char why[1024] = "", scope[KS_ROLLOUT_SCOPE_TEXT_MAX];
+    const char *phase = ks_rollout_phase_name((int)r->phase);
+    ks_rollout_scope_text(r, scope, sizeof scope);
+    ks_err e = ks_rollout_db_abort(db, r->id, r->phase, &f, o->actor_buf, o->reason, why,
+                                   sizeof why);
+    int rc = e == KS_ERR_STATE ? EX_DATAERR : ks_cli_exit_code(e);
+    if (o->json) {
+        printf("{\"rollout\":%" PRId64 ",\"phase\":\"%s\",\"result\":\"%s\",\"reason\":",
+               r->id, phase, e == KS_OK ? "aborted" : ks_err_name(e));
+        put_str(e == KS_OK ? "" : why[0] ? why : ks_err_name(e));
+        printf(",\"exit\":%d}\n", rc);
+    }
+    if (e == KS_OK) {
+        if (!o->json) {
+            printf("rollout %" PRId64 " (%s) aborted in %s\n", r->id, scope, phase);
+        }
+        fprintf(stderr, KS_PROG ": %s is free for a new 'keyshift rollout start'; the log of "
+                "rollout %" PRId64 " stays ('keyshift rollout log --db %s' shows it)\n", scope,
+                r->id, o->db);
+    } else if (e == KS_ERR_STALE) {
+        fprintf(stderr, KS_PROG " %s: rollout %" PRId64 " was moved by someone else meanwhile; "
+                "look at 'keyshift rollout status' and retry\n", cmd, r->id);
+    } else {
+        fprintf(stderr, KS_PROG " %s: rollout %" PRId64 " cannot be aborted: %s\n", cmd, r->id,
+                why[0] ? why : ks_err_name(e));
+    }
+    return rc;
+}
+
+/* ---- set ---------------------------------------------------------------------------- */
+
+/* `rollout set`: change the thresholds and soak times of a rollout that
+ * is not finalized; the options not given keep their values.  Logged
+ * with the old and new value of each change. */
+static int on_set(const char *cmd, const ro_opts *o, ks_rollout_db *db, const ks_rollout *r)
+{
+    if (o->max_auth == NULL && o->max_parse == NULL && o->max_provider == NULL &&
+        o->max_seal == NULL && o->max_open == NULL && o->min_samples == NULL &&
+        o->window == NULL && o->min_soak == NULL && o->reader_ttl == NULL) {
+        return ks_cli_usage_error(cmd, "give at least one threshold, --window, --min-soak or "
+                                       "--reader-ttl to change");
+    }
+    ks_thresholds t = r->thresholds;
+    uint32_t soak = r->min_soak_s, ttl = r->reader_ttl_s;
+    int rc = parse_thresholds(cmd, o, &t);
+    if (rc != EX_OK) {
+        return rc;
+    }
+    if (o->min_soak != NULL && ks_cli_parse_duration(o->min_soak, &soak) != 0) {
+        return ks_cli_usage_error(cmd, "--min-soak must be a duration (300, 300s, 5m, 1h)");
+    }
+    if (o->reader_ttl != NULL && (ks_cli_parse_duration(o->reader_ttl, &ttl) != 0 || ttl == 0)) {
+        return ks_cli_usage_error(cmd, "--reader-ttl must be a duration of at least 1 s");
+    }
+    char changes[KS_ROLLOUT_REASON_MAX + 1] = "";
+    ks_err e = ks_rollout_db_set_settings(db, r->id, &t, soak, ttl, o->actor_buf, o->reason,
+                                          (int64_t)time(NULL), changes, sizeof changes);
+    if (e == KS_ERR_STATE) {
+        ks_cli_error("rollout %" PRId64 " is finalized: its thresholds no longer apply", r->id);
+        return EX_DATAERR;
+    }
+    if (e != KS_OK) {
+        ks_cli_error("cannot change the settings of rollout %" PRId64 ": %s", r->id,
+                     ks_err_name(e));
+        return e == KS_ERR_INVALID_ARGUMENT ? EX_USAGE : ks_cli_exit_code(e);
+    }
+    if (o->json) {
+        printf("{\"rollout\":%" PRId64 ",\"phase\":\"%s\",\"changes\":", r->id,
+               ks_rollout_phase_name((int)r->phase));
+        put_str(changes);
+        printf("}\n");
+    } else {
+        printf("rollout %" PRId64 " (%s): %s\n", r->id, ks_rollout_phase_name((int)r->phase),
+               changes[0] ? changes : "nothing changed");
     }
     return EX_OK;
 }
@@ -1604,6 +1846,46 @@ static int on_log(const char *cmd, const ro_opts *o, ks_rollout_db *db, const ks
     return rc;
 }
 
+/* `rollout log --rollout ID` of a rollout that no longer exists (it was
+ * aborted; its log stays): EX_NOINPUT when the log has no row of it
+ * either. */
+static int log_of_aborted(const char *cmd, const ro_opts *o)
+{
+    size_t id, limit = SIZE_MAX, n = 0;
+    if (ks_cli_parse_size(o->rollout, 1, INT64_MAX, &id) != 0) {
+        return ks_cli_usage_error(cmd, "--rollout must be a rollout id (a number from 1)");
+    }
+    if (o->limit != NULL && ks_cli_parse_size(o->limit, 1, SIZE_MAX, &limit) != 0) {
+        return ks_cli_usage_error(cmd, "--limit must be a number from 1");
+    }
+    ks_rollout_db *db;
+    ks_rollout_log_entry *es = NULL;
+    int rc = ks_cli_rollout_open(o->db, 1, &db);
+    if (rc == EX_OK) {
+        rc = read_log(db, (int64_t)id, &es, &n);
+        ks_rollout_db_close(db);
+    }
+    if (rc == EX_OK && n == 0) {
+        ks_cli_error("no rollout %zu in %s (see 'keyshift rollout status --db %s')", id, o->db,
+                     o->db);
+        rc = EX_NOINPUT;
+    }
+    if (rc == EX_OK) {
+        size_t first = n > limit ? n - limit : 0;
+        if (o->json) {
+            printf("{\"rollout\":%zu,\"aborted\":true,\"log\":[", id);
+        } else {
+            printf("log of rollout %zu (aborted)\n", id);
+        }
+        print_log(es + first, n - first, o->json);
+        if (o->json) {
+            printf("]}\n");
+        }
+    }
+    free(es);
+    return rc;
+}
+
 /* ---- status --------------------------------------------------------------------------- */
 
 /* Print the counts of one column or of the scope: a JSON object (no
@@ -1661,12 +1943,15 @@ static int print_status(const ro_opts *o, ks_rollout_db *db, const ks_rollout *r
     ks_rollout_reader *rs = NULL;
     ks_rollout_log_entry *es = NULL;
     size_t nr = 0, ne = 0;
-    ks_health_sample sum;
+    ks_health_sample sum, mig;
     ks_health_verdict v;
     scope_census c;
     int rc = all_readers(db, now, &rs, &nr);
     if (rc == EX_OK) {
         rc = health_of(db, r, now, &sum, &v);
+    }
+    if (rc == EX_OK) {
+        rc = window_of(db, r, now, "migrate", &mig);
     }
     if (rc == EX_OK) {
         rc = read_log(db, r->id, &es, &ne);
@@ -1684,6 +1969,8 @@ static int print_status(const ro_opts *o, ks_rollout_db *db, const ks_rollout *r
         print_census(r, &c, 1);
         printf(",\"health\":");
         print_health(&sum, &v, &r->thresholds, 1);
+        printf(",\"migration\":");
+        print_migration(&mig, r->thresholds.window_s, 1);
         printf(",\"readers\":[");
         print_readers(rs, nr, now, r->reader_ttl_s, &r->target, 1);
         printf("],\"log\":[");
@@ -1693,6 +1980,7 @@ static int print_status(const ro_opts *o, ks_rollout_db *db, const ks_rollout *r
         print_rollout(r, now, 0);
         print_census(r, &c, 0);
         print_health(&sum, &v, &r->thresholds, 0);
+        print_migration(&mig, r->thresholds.window_s, 0);
         print_readers(rs, nr, now, r->reader_ttl_s, &r->target, 0);
         printf("log          last %zu of %zu entries\n", ne - first, ne);
         print_log(es + first, ne - first, 0);
@@ -1772,6 +2060,11 @@ static int on_check(const char *cmd, const ro_opts *o, ks_rollout_db *db, const 
         if (v.status == KS_HEALTH_TRIPPED) {
             printf("tripped      %s\n", tripped);
         }
+        if (v.status == KS_HEALTH_INSUFFICIENT && v.no_data != 0) {
+            char nd[256];
+            no_data_str(&v, nd, sizeof nd);
+            printf("no data      %s\n", nd);
+        }
         print_health(&sum, &v, &r->thresholds, 0);
     }
     return rc;
@@ -1795,9 +2088,32 @@ static int add_label(char *labels, size_t cap, size_t *used, const char *name, c
     return 0;
 }
 
-/* Print the Prometheus text of r's window. */
+/* Print the migration's own figures of the window (source "migrate")
+ * as Prometheus gauges keyshift_migration_window_* with labels. */
+static void print_prometheus_migration(const ks_health_sample *m, const char *labels)
+{
+    const struct {
+        const char *name, *what;
+        uint64_t value;
+    } g[] = {
+        {"seals", "envelopes sealed", m->seals},
+        {"opens", "envelope opens attempted", m->opens},
+        {"auth_failures", "opens that failed authentication", m->auth_failures},
+        {"parse_errors", "opens refused by the parser", m->parse_errors},
+        {"provider_calls", "key provider calls", m->provider_calls},
+        {"provider_errors", "key provider calls that failed", m->provider_errors},
+    };
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
+        printf("# HELP keyshift_migration_window_%s The migration's %s in the window (its own "
+               "figures, never judged).\n# TYPE keyshift_migration_window_%s gauge\n"
+               "keyshift_migration_window_%s{%s} %" PRIu64 "\n",
+               g[i].name, g[i].what, g[i].name, g[i].name, labels, g[i].value);
+    }
+}
+
+/* Print the Prometheus text of r's window, then the migration's. */
 static int print_prometheus(const ks_rollout *r, const ks_health_sample *sum,
-                            const ks_health_verdict *v)
+                            const ks_health_verdict *v, const ks_health_sample *mig)
 {
     char labels[4 * (2 * KS_ROLLOUT_IDENT_MAX + 16) + 2 * KS_KEY_ID_MAX + 16], id[24];
     size_t used = 0, len = 0;
@@ -1827,6 +2143,9 @@ static int print_prometheus(const ks_rollout *r, const ks_health_sample *sum,
         ks_cli_error("cannot write the metrics: %s", ks_err_name(e));
     }
     free(buf);
+    if (rc == EX_OK) {
+        print_prometheus_migration(mig, labels);
+    }
     return rc;
 }
 
@@ -1843,13 +2162,19 @@ static int on_metrics(const char *cmd, const ro_opts *o, ks_rollout_db *db, cons
     if (rc != EX_OK) {
         return rc;
     }
+    ks_health_sample mig;
+    if ((rc = window_of(db, r, now, "migrate", &mig)) != EX_OK) {
+        return rc;
+    }
     if (o->prometheus) {
-        return print_prometheus(r, &sum, &v);
+        return print_prometheus(r, &sum, &v, &mig);
     }
     printf("{");
     print_rollout(r, now, 1);
     printf(",\"health\":");
     print_health(&sum, &v, &r->thresholds, 1);
+    printf(",\"migration\":");
+    print_migration(&mig, r->thresholds.window_s, 1);
     printf("}\n");
     return EX_OK;
 }
@@ -1875,6 +2200,11 @@ static const struct {
     {"rollback", "--reason --actor --keyring --passphrase-file --providers", WRITES_ALWAYS,
      on_rollback},
     {"canary", "--tenants --percent --all --actor --reason", WRITES_ALWAYS, on_canary},
+    {"abort", "--reason --actor", WRITES_ALWAYS, on_abort},
+    {"set", "--max-auth-failure-rate --max-parse-error-rate --max-provider-error-rate "
+            "--max-seal-p99-us --max-open-p99-us --min-samples --window --min-soak --reader-ttl "
+            "--actor --reason",
+     WRITES_ALWAYS, on_set},
     {"status", "", WRITES_NEVER, on_status},
     {"log", "--limit", WRITES_NEVER, on_log},
     {"check", "--auto-rollback --actor", WRITES_WITH_AUTO_ROLLBACK, on_check},
@@ -1885,7 +2215,7 @@ static const struct {
  * database, select the rollout and run the subcommand on it. */
 static int run_on_rollout(size_t i, int argc, char **argv)
 {
-    char cmd[32], allowed[256];
+    char cmd[32], allowed[512];
     ro_opts o;
     int rc;
     snprintf(cmd, sizeof cmd, "rollout %s", on_rollout_cmds[i].name);
@@ -1893,6 +2223,21 @@ static int run_on_rollout(size_t i, int argc, char **argv)
              on_rollout_cmds[i].options);
     if (parse(cmd, argc, argv, allowed, &o, &rc)) {
         return rc;
+    }
+    if (on_rollout_cmds[i].run == on_log && o.rollout != NULL && o.table == NULL &&
+        o.column == NULL && o.key_id == NULL) {
+        ks_rollout_db *probe;
+        ks_rollout r;
+        if ((rc = ks_cli_rollout_open(o.db, 1, &probe)) != EX_OK) {
+            return rc;
+        }
+        size_t id = 0;
+        int gone = ks_cli_parse_size(o.rollout, 1, INT64_MAX, &id) == 0 &&
+                   ks_rollout_db_get(probe, (int64_t)id, &r) == KS_ERR_NO_ROLLOUT;
+        ks_rollout_db_close(probe);
+        if (gone) {
+            return log_of_aborted(cmd, &o);
+        }
     }
     int writes = on_rollout_cmds[i].writes;
     int read_only = writes == WRITES_NEVER || (writes == WRITES_WITH_AUTO_ROLLBACK && !o.auto_rollback);
@@ -1925,6 +2270,7 @@ int ks_cmd_rollout(int argc, char **argv)
         }
     }
     return ks_cli_usage_error("rollout", "no such subcommand '%s' (start, advance, rollback, "
-                                         "canary, status, log, check, metrics or readers)",
+                                         "canary, abort, set, status, log, check, metrics or "
+                                         "readers)",
                               argv[1]);
 }

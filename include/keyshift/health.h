@@ -101,7 +101,8 @@ typedef enum ks_health_check {
 typedef enum ks_health_status {
     KS_HEALTH_OK = 0,           /* every enabled check within its threshold */
     KS_HEALTH_TRIPPED = 1,      /* at least one check over its threshold */
-    KS_HEALTH_INSUFFICIENT = 2  /* fewer than min_samples seals + opens */
+    KS_HEALTH_INSUFFICIENT = 2  /* fewer than min_samples seals + opens, or an enabled
+                                   check has no data in the window (and none tripped) */
 } ks_health_status;
 
 /* What an evaluation found: each observed value next to its limit.  A
@@ -113,6 +114,8 @@ typedef enum ks_health_status {
 typedef struct ks_health_verdict {
     ks_health_status status;
     unsigned tripped;               /* ks_health_check bits over their threshold */
+    unsigned no_data;               /* ks_health_check bits of enabled checks with nothing
+                                       to judge in the window (see ks_health_evaluate) */
     uint64_t samples;               /* seals + opens in the window */
     double auth_failure_rate, parse_error_rate, provider_error_rate;
     uint64_t seal_p99_us, open_p99_us;
@@ -153,8 +156,16 @@ KS_API void ks_health_growth(ks_health_sample *out, const ks_health_sample *now,
 /* Judge window (the sum of the samples of a window) against t.  A check
  * trips when its observed value is above its limit (equal is within);
  * a disabled check never trips, nor does a rate with a 0 denominator
- * (unless its limit is NaN).  Status is KS_HEALTH_INSUFFICIENT, with
- * tripped 0, when seals + opens (saturating) is below t->min_samples.
+ * (unless its limit is NaN).  An enabled check has no data (its bit in
+ * no_data) when the window holds nothing it measures: no opens for the
+ * auth-failure and parse-error rates, no provider calls for the provider
+ * error rate, an empty histogram for a p99 (e.g. opens counted by a
+ * reporter that does not time them).  A check with no data is never
+ * healthy: when none tripped, the status is KS_HEALTH_INSUFFICIENT
+ * (disable the check, e.g. with `keyshift rollout set`, for an
+ * application that never does what it measures).  Status is also
+ * KS_HEALTH_INSUFFICIENT, with tripped 0, when seals + opens
+ * (saturating) is below t->min_samples.
  * NULL window or t: *out is zeroed with status KS_HEALTH_INSUFFICIENT;
  * NULL out: nothing happens. */
 KS_API void ks_health_evaluate(const ks_health_sample *window, const ks_thresholds *t,

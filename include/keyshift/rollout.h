@@ -301,6 +301,17 @@ typedef struct ks_rollout_facts {
 KS_API KS_WUR ks_err ks_rollout_guard(const ks_rollout_facts *f, ks_rollout_phase to, char *why,
                                       size_t why_len);
 
+/*
+ * May f->rollout be aborted (ks_rollout_db_abort)?  Only a rollout that
+ * has written its target nowhere: planned always; read-compat while the
+ * census shows 0 rows at the target (census_known; a rollout rolled back
+ * from write-upgrade may have left some).  Pure.  KS_OK, or KS_ERR_STATE
+ * for write-upgrade, backfill (roll back to read-compat first) and
+ * finalized, or KS_ERR_GUARD when the census is unknown or not 0, with
+ * a sentence in why.  KS_ERR_INVALID_ARGUMENT for NULL or a bad phase.
+ */
+KS_API KS_WUR ks_err ks_rollout_abort_guard(const ks_rollout_facts *f, char *why, size_t why_len);
+
 /* ---- the rollout store ------------------------------------------------- */
 
 typedef struct ks_rollout_db ks_rollout_db;
@@ -401,6 +412,42 @@ KS_API KS_WUR ks_err ks_rollout_db_set_canary(ks_rollout_db *db, int64_t id,
                                               const ks_rollout_canary *canary, const char *actor,
                                               int64_t now);
 
+/*
+ * Abort rollout id, which the caller saw in phase `from`: in one
+ * transaction, re-read it (KS_ERR_NO_ROLLOUT; KS_ERR_STALE when it is no
+ * longer in from), fill facts' rollout-side fields as
+ * ks_rollout_db_transition does (the caller gives now and the census),
+ * run ks_rollout_abort_guard, append two log rows (from = to = from: the
+ * classes of the rollout, then "aborted: " and reason, by actor) and
+ * delete the rollout and its listed columns.  Its log rows and health
+ * samples stay; its id is never reused.  The scope is then governed as
+ * before the rollout began, and is free for a new ks_rollout_db_start.
+ * reason: 1..KS_ROLLOUT_REASON_MAX - 16 printable bytes, actor as for a
+ * change (KS_ERR_INVALID_ARGUMENT otherwise).  why receives the
+ * refusal's sentence.
+ */
+KS_API KS_WUR ks_err ks_rollout_db_abort(ks_rollout_db *db, int64_t id, ks_rollout_phase from,
+                                         const ks_rollout_facts *facts, const char *actor,
+                                         const char *reason, char *why, size_t why_len);
+
+/*
+ * Replace the thresholds, min_soak_s and reader_ttl_s of rollout id,
+ * which is not finalized (KS_ERR_STATE otherwise), in one transaction.
+ * When a value changes, a log row by actor names each change with its
+ * old and new value ("set: min_samples 1000 -> 10, ..."; a copy without
+ * "set: " goes to changes), followed by reason when not NULL or empty;
+ * when nothing changes nothing is written (changes empty).  Guards judge
+ * the new values from the next transition on.  KS_ERR_INVALID_ARGUMENT
+ * for thresholds ks_rollout_db_start would refuse (a NaN rate, a window
+ * of 0, a counter above INT64_MAX), reader_ttl_s 0 or a bad actor or
+ * reason.
+ */
+KS_API KS_WUR ks_err ks_rollout_db_set_settings(ks_rollout_db *db, int64_t id,
+                                                const ks_thresholds *t, uint32_t min_soak_s,
+                                                uint32_t reader_ttl_s, const char *actor,
+                                                const char *reason, int64_t now, char *changes,
+                                                size_t changes_len);
+
 /* Record that `migrate verify` passed at `now` over the rollout's scope:
  * only in backfill (KS_ERR_STATE otherwise); logged (from = to).  A
  * key-scoped rollout is verified column by column:
@@ -472,6 +519,14 @@ KS_API KS_WUR ks_err ks_rollout_db_metrics_insert(ks_rollout_db *db, int64_t rol
  * *out (out->time: the latest sample's time, 0 when none). */
 KS_API KS_WUR ks_err ks_rollout_db_metrics_sum(ks_rollout_db *db, int64_t rollout_id,
                                                int64_t since, ks_health_sample *out);
+
+/* As ks_rollout_db_metrics_sum, over the samples of one source only:
+ * "app" (the applications' health, which the guards and `rollout check`
+ * judge) or "migrate" (the migration's own figures); NULL is both.
+ * KS_ERR_INVALID_ARGUMENT for another source. */
+KS_API KS_WUR ks_err ks_rollout_db_metrics_sum_source(ks_rollout_db *db, int64_t rollout_id,
+                                                      int64_t since, const char *source,
+                                                      ks_health_sample *out);
 
 /* ---- the application policy ------------------------------------------- */
 

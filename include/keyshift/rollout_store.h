@@ -108,6 +108,13 @@ typedef struct ks_rollout_store_ops {
     /* Replace the canary of rollout id at now. */
     ks_err (*set_canary)(ks_rollout_store *s, int64_t id, const ks_rollout_canary *canary,
                          int64_t now);
+    /* Replace the thresholds, min_soak_s and reader_ttl_s of rollout id
+     * at now (KS_ERR_STORE when no such row changed). */
+    ks_err (*set_settings)(ks_rollout_store *s, int64_t id, const ks_thresholds *t,
+                           uint32_t min_soak_s, uint32_t reader_ttl_s, int64_t now);
+    /* Delete rollout id and its listed columns (an abort: the log and
+     * the health samples stay).  KS_ERR_STORE when there was no such row. */
+    ks_err (*remove)(ks_rollout_store *s, int64_t id);
     /* Record a verify pass at now: of rollout id's own scope (table
      * NULL), or of its listed column table.column.  KS_ERR_STORE when no
      * such row changed. */
@@ -144,10 +151,11 @@ typedef struct ks_rollout_store_ops {
      * "app" or "migrate"; every counter is at most INT64_MAX. */
     ks_err (*metrics_insert)(ks_rollout_store *s, int64_t rollout_id, const char *instance_id,
                              const char *source, const ks_health_sample *sample);
-    /* The sum (ks_health_add) of rollout_id's samples with time >= since;
-     * a zeroed sample when there are none. */
+    /* The sum (ks_health_add) of rollout_id's samples with time >= since
+     * from source ("app" or "migrate"; NULL: both); a zeroed sample when
+     * there are none. */
     ks_err (*metrics_sum)(ks_rollout_store *s, int64_t rollout_id, int64_t since,
-                          ks_health_sample *out);
+                          const char *source, ks_health_sample *out);
 } ks_rollout_store_ops;
 
 /* A store: implementations put this first in their own structure. */

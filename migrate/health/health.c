@@ -254,6 +254,41 @@ static int latency_trips(uint64_t p99_us, uint64_t limit_us)
     return limit_us != 0 && p99_us > limit_us;
 }
 
+/* Nonzero when h counts no latency at all. */
+static int hist_empty(const ks_histogram *h)
+{
+    for (unsigned i = 0; i < KS_HIST_BUCKETS; i++) {
+        if (h->bucket[i] != 0) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The enabled checks of t that have nothing to judge in window: a rate
+ * whose denominator is 0, a p99 of an empty histogram.  A NaN rate is
+ * not among them: it trips whatever the data. */
+static unsigned no_data_checks(const ks_health_sample *window, const ks_thresholds *t)
+{
+    unsigned bits = 0;
+    if (t->max_auth_failure_rate >= 0.0 && window->opens == 0) {
+        bits |= KS_HEALTH_AUTH_FAILURES;
+    }
+    if (t->max_parse_error_rate >= 0.0 && window->opens == 0) {
+        bits |= KS_HEALTH_PARSE_ERRORS;
+    }
+    if (t->max_provider_error_rate >= 0.0 && window->provider_calls == 0) {
+        bits |= KS_HEALTH_PROVIDER_ERRORS;
+    }
+    if (t->max_seal_p99_us != 0 && hist_empty(&window->seal_ns)) {
+        bits |= KS_HEALTH_SEAL_P99;
+    }
+    if (t->max_open_p99_us != 0 && hist_empty(&window->open_ns)) {
+        bits |= KS_HEALTH_OPEN_P99;
+    }
+    return bits;
+}
+
 /* See keyshift/health.h. */
 void ks_health_evaluate(const ks_health_sample *window, const ks_thresholds *t,
                         ks_health_verdict *out)
@@ -272,6 +307,7 @@ void ks_health_evaluate(const ks_health_sample *window, const ks_thresholds *t,
     out->provider_error_rate = rate_of(window->provider_errors, window->provider_calls);
     out->seal_p99_us = ns_to_us_up(ks_histogram_quantile(&window->seal_ns, P99));
     out->open_p99_us = ns_to_us_up(ks_histogram_quantile(&window->open_ns, P99));
+    out->no_data = no_data_checks(window, t);
     if (out->samples < t->min_samples) {
         return;
     }
@@ -293,7 +329,9 @@ void ks_health_evaluate(const ks_health_sample *window, const ks_thresholds *t,
     }
     assert((tripped & ~KS_HEALTH_ALL_CHECKS) == 0);
     out->tripped = tripped;
-    out->status = tripped ? KS_HEALTH_TRIPPED : KS_HEALTH_OK;
+    out->status = tripped ? KS_HEALTH_TRIPPED
+                  : out->no_data ? KS_HEALTH_INSUFFICIENT
+                                 : KS_HEALTH_OK;
 }
 
 /* The names of the checks, indexed by bit position; stable: the CLI

@@ -445,7 +445,7 @@ static ks_err guard_backfill(const ks_rollout_facts *f, char *why, size_t why_le
     if (f->health == KS_HEALTH_INSUFFICIENT)
         return ks_rollout_fail(why, why_len, KS_ERR_GUARD,
                       "the health check has too few samples (fewer than %" PRIu64
-                      ") in the last %" PRIu32 " s",
+                      ") in the last %" PRIu32 " s, or an enabled check has no data there",
                       f->rollout.thresholds.min_samples, f->rollout.thresholds.window_s);
     if (f->health != KS_HEALTH_OK)
         return ks_rollout_fail(why, why_len, KS_ERR_GUARD, "the health verdict is not valid");
@@ -498,8 +498,11 @@ static ks_err guard_finalize(const ks_rollout_facts *f, char *why, size_t why_le
     return KS_OK;
 }
 
-/* read-compat -> planned: no row written at the target yet. */
-static ks_err guard_to_planned(const ks_rollout_facts *f, char *why, size_t why_len)
+/* KS_OK when the census of f is known and shows no row at the target;
+ * else KS_ERR_GUARD saying that `doing` (e.g. "rolling back to planned")
+ * would make those rows unreadable. */
+static ks_err target_unwritten(const ks_rollout_facts *f, const char *doing, char *why,
+                               size_t why_len)
 {
     const ks_rollout *r = &f->rollout;
     char scope[SCOPE_TEXT_MAX];
@@ -509,10 +512,16 @@ static ks_err guard_to_planned(const ks_rollout_facts *f, char *why, size_t why_
     if (f->rows_at_target > 0) {
         char g[32];
         return ks_rollout_fail(why, why_len, KS_ERR_GUARD,
-                      "rolling back to planned would make %s %s unreadable",
+                      "%s would make %s %s unreadable", doing,
                       grouped(f->rows_at_target, g), f->rows_at_target == 1 ? "row" : "rows");
     }
     return KS_OK;
+}
+
+/* read-compat -> planned: no row written at the target yet. */
+static ks_err guard_to_planned(const ks_rollout_facts *f, char *why, size_t why_len)
+{
+    return target_unwritten(f, "rolling back to planned", why, why_len);
 }
 
 /* finalized -> backfill: only the governing rollout, only while the
@@ -587,4 +596,39 @@ ks_err ks_rollout_guard(const ks_rollout_facts *f, ks_rollout_phase to, char *wh
     }
     return ks_rollout_fail(why, why_len, KS_ERR_STATE, "there is no transition from %s to %s", fn,
                            tn);
+}
+
+/* See rollout.h.  Planned never writes the target (it is entered at
+ * start, or from read-compat only while the census shows no row at the
+ * target); read-compat writes the source too, but a rollout that went
+ * through write-upgrade may have left rows at the target, so read-compat
+ * needs the census to show none.  Later phases write the target: they are
+ * rolled back first. */
+ks_err ks_rollout_abort_guard(const ks_rollout_facts *f, char *why, size_t why_len)
+{
+    if (why != NULL && why_len > 0)
+        why[0] = '\0';
+    if (f == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    const ks_rollout *r = &f->rollout;
+    const char *pn = ks_rollout_phase_name((int)r->phase);
+    if (pn == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    switch (r->phase) {
+    case KS_PHASE_PLANNED:
+        return KS_OK;
+    case KS_PHASE_READ_COMPAT:
+        break;
+    case KS_PHASE_WRITE_UPGRADE:
+    case KS_PHASE_BACKFILL:
+        return ks_rollout_fail(why, why_len, KS_ERR_STATE,
+                               "rollout %" PRId64 " is in %s and may have written the target: "
+                               "roll it back to read-compat first",
+                               r->id, pn);
+    case KS_PHASE_FINALIZED:
+        return ks_rollout_fail(why, why_len, KS_ERR_STATE,
+                               "rollout %" PRId64 " is finalized: its target is all there is",
+                               r->id);
+    }
+    return target_unwritten(f, "aborting", why, why_len);
 }

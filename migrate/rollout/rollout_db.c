@@ -249,6 +249,15 @@ static const char *key_spec_problem(const ks_rollout *s)
     return NULL;
 }
 
+/* Nonzero when thresholds t can be stored: no NaN rate, counters that
+ * fit an INTEGER column, a window of at least 1 s. */
+static int thresholds_ok(const ks_thresholds *t)
+{
+    return !isnan(t->max_auth_failure_rate) && !isnan(t->max_parse_error_rate) &&
+           !isnan(t->max_provider_error_rate) && t->max_seal_p99_us <= INT64_MAX &&
+           t->max_open_p99_us <= INT64_MAX && t->min_samples <= INT64_MAX && t->window_s != 0;
+}
+
 /* Check a rollout spec (see ks_rollout_db_start). */
 static ks_err spec_check(const ks_rollout *s, char *errbuf, size_t errbuf_len)
 {
@@ -269,9 +278,7 @@ static ks_err spec_check(const ks_rollout *s, char *errbuf, size_t errbuf_len)
         what = "the source and the target are the same class";
     else if (canary_check(&s->canary) != KS_OK)
         what = "the canary is not valid";
-    else if (isnan(t->max_auth_failure_rate) || isnan(t->max_parse_error_rate) ||
-             isnan(t->max_provider_error_rate) || t->max_seal_p99_us > INT64_MAX ||
-             t->max_open_p99_us > INT64_MAX || t->min_samples > INT64_MAX || t->window_s == 0)
+    else if (!thresholds_ok(t))
         what = "the thresholds are not valid";
     else if (s->reader_ttl_s == 0)
         what = "the reader TTL must be at least 1 s";
@@ -507,15 +514,30 @@ ks_err ks_rollout_db_reader_deregister(ks_rollout_db *db, const char *instance_i
 
 /* ---- transitions ---------------------------------------------------------------- */
 
+/* KS_OK when r is still in phase `from`, which the caller saw; else
+ * KS_ERR_STALE: someone moved it first. */
+static ks_err still_in(const ks_rollout *r, ks_rollout_phase from, char *why, size_t why_len)
+{
+    if (r->phase == from)
+        return KS_OK;
+    return ks_rollout_fail(why, why_len, KS_ERR_STALE,
+                           "rollout %lld is in %s, not %s: it was moved by someone else",
+                           (long long)r->id, ks_rollout_phase_name((int)r->phase),
+                           ks_rollout_phase_name((int)from));
+}
+
 /* Inside the transaction: fill f's rollout-side facts (rollout, live
- * readers in *readers, which the caller frees, is_latest). */
-static ks_err gather(ks_rollout_db *db, int64_t id, ks_rollout_facts *f,
-                     ks_rollout_reader **readers)
+ * readers in *readers, which the caller frees, is_latest), after
+ * checking the rollout is still in `from` (KS_ERR_STALE, why). */
+static ks_err gather(ks_rollout_db *db, int64_t id, ks_rollout_phase from, ks_rollout_facts *f,
+                     ks_rollout_reader **readers, char *why, size_t why_len)
 {
     size_t n = 0, total = 0;
     int64_t later = 0;
     *readers = NULL;
     ks_err err = load_rollout(db, id, &f->rollout);
+    if (err == KS_OK)
+        err = still_in(&f->rollout, from, why, why_len);
     if (err == KS_OK)
         err = OPS(db)->later_count(db->s, &f->rollout, &later);
     f->is_latest = err == KS_OK && later == 0;
@@ -546,12 +568,7 @@ ks_err ks_rollout_db_transition(ks_rollout_db *db, const ks_rollout_change *c,
     ks_err err = txn_begin(db);
     if (err != KS_OK)
         return err;
-    err = gather(db, c->id, &f, &readers);
-    if (err == KS_OK && f.rollout.phase != c->from)
-        err = ks_rollout_fail(why, why_len, KS_ERR_STALE,
-                              "rollout %lld is in %s, not %s: it was moved by someone else",
-                              (long long)c->id, ks_rollout_phase_name((int)f.rollout.phase),
-                              ks_rollout_phase_name((int)c->from));
+    err = gather(db, c->id, c->from, &f, &readers, why, why_len);
     if (err == KS_OK)
         err = ks_rollout_guard(&f, c->to, why, why_len);
     if (err == KS_OK)
@@ -572,6 +589,127 @@ static ks_err load_in_phase(ks_rollout_db *db, int64_t id, unsigned allowed, ks_
     if (err == KS_OK && (allowed & (1u << r->phase)) == 0)
         err = KS_ERR_STATE;
     return err;
+}
+
+/* See rollout.h.  The log rows are written before the rollout is
+ * removed, inside the same transaction: the first says what the rollout
+ * was (its classes), the second who aborted it and why. */
+ks_err ks_rollout_db_abort(ks_rollout_db *db, int64_t id, ks_rollout_phase from,
+                           const ks_rollout_facts *facts, const char *actor, const char *reason,
+                           char *why, size_t why_len)
+{
+    if (why != NULL && why_len > 0)
+        why[0] = '\0';
+    if (db == NULL || facts == NULL || reason == NULL ||
+        !printable_ok(reason, 1, KS_ROLLOUT_REASON_MAX - 16) || !log_args_ok(actor, reason) ||
+        ks_rollout_phase_name((int)from) == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    ks_rollout_facts f = *facts;
+    ks_rollout_reader *readers = NULL;
+    ks_err err = txn_begin(db);
+    if (err != KS_OK)
+        return err;
+    err = gather(db, id, from, &f, &readers, why, why_len);
+    if (err == KS_OK)
+        err = ks_rollout_abort_guard(&f, why, why_len);
+    if (err == KS_OK) {
+        char src[KS_KEY_ID_MAX + 48], dst[KS_KEY_ID_MAX + 48], what[KS_ROLLOUT_REASON_MAX + 1];
+        snprintf(what, sizeof what, "abort: the rollout of %s to %s is removed",
+                 ks_rollout_class_text(&f.rollout.source, src, sizeof src),
+                 ks_rollout_class_text(&f.rollout.target, dst, sizeof dst));
+        err = log_append(db, id, f.now, actor, (int)from, (int)from, what, 0);
+        snprintf(what, sizeof what, "aborted: %s", reason);
+        if (err == KS_OK)
+            err = log_append(db, id, f.now, actor, (int)from, (int)from, what, 0);
+    }
+    if (err == KS_OK)
+        err = OPS(db)->remove(db->s, id);
+    err = txn_end(db, err);
+    free(readers);
+    return err;
+}
+
+/* Append "name old -> new" to the change list out[0, cap) at *used when
+ * the two texts differ. */
+static void change_add(char *out, size_t cap, size_t *used, const char *name, const char *was,
+                       const char *now)
+{
+    if (strcmp(was, now) == 0 || *used >= cap)
+        return;
+    int w = snprintf(out + *used, cap - *used, "%s%s %s -> %s", *used > 5 ? ", " : "", name, was,
+                     now);
+    *used += w > 0 ? (size_t)w : 0;
+}
+
+/* The log reason of a settings change into out: "set: min_samples 1000
+ * -> 10, window_s 300 -> 60", naming only the values that change (empty
+ * when none does).  Rates print with %.17g, so the text is exact. */
+static void settings_reason(const ks_rollout *r, const ks_thresholds *t, uint32_t min_soak_s,
+                            uint32_t reader_ttl_s, char *out, size_t cap)
+{
+    const ks_thresholds *o = &r->thresholds;
+    const struct {
+        const char *name;
+        int is_rate;
+        double rate_was, rate_now;
+        uint64_t was, now;
+    } v[] = {
+        {"max_auth_failure_rate", 1, o->max_auth_failure_rate, t->max_auth_failure_rate, 0, 0},
+        {"max_parse_error_rate", 1, o->max_parse_error_rate, t->max_parse_error_rate, 0, 0},
+        {"max_provider_error_rate", 1, o->max_provider_error_rate, t->max_provider_error_rate, 0,
+         0},
+        {"max_seal_p99_us", 0, 0, 0, o->max_seal_p99_us, t->max_seal_p99_us},
+        {"max_open_p99_us", 0, 0, 0, o->max_open_p99_us, t->max_open_p99_us},
+        {"min_samples", 0, 0, 0, o->min_samples, t->min_samples},
+        {"window_s", 0, 0, 0, o->window_s, t->window_s},
+        {"min_soak_s", 0, 0, 0, r->min_soak_s, min_soak_s},
+        {"reader_ttl_s", 0, 0, 0, r->reader_ttl_s, reader_ttl_s},
+    };
+    size_t used = (size_t)snprintf(out, cap, "set: ");
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        char was[40], now[40];
+        if (v[i].is_rate) {
+            snprintf(was, sizeof was, "%.17g", v[i].rate_was);
+            snprintf(now, sizeof now, "%.17g", v[i].rate_now);
+        } else {
+            snprintf(was, sizeof was, "%" PRIu64, v[i].was);
+            snprintf(now, sizeof now, "%" PRIu64, v[i].now);
+        }
+        change_add(out, cap, &used, v[i].name, was, now);
+    }
+    if (used <= 5)
+        out[0] = '\0';
+}
+
+/* See rollout.h. */
+ks_err ks_rollout_db_set_settings(ks_rollout_db *db, int64_t id, const ks_thresholds *t,
+                                  uint32_t min_soak_s, uint32_t reader_ttl_s, const char *actor,
+                                  const char *reason, int64_t now, char *changes,
+                                  size_t changes_len)
+{
+    if (changes != NULL && changes_len > 0)
+        changes[0] = '\0';
+    if (db == NULL || t == NULL || !thresholds_ok(t) || reader_ttl_s == 0 ||
+        !log_args_ok(actor, reason))
+        return KS_ERR_INVALID_ARGUMENT;
+    ks_rollout r;
+    char what[KS_ROLLOUT_REASON_MAX + 1];
+    ks_err err = txn_begin(db);
+    if (err != KS_OK)
+        return err;
+    err = load_in_phase(db, id, ~(1u << KS_PHASE_FINALIZED), &r);
+    if (err == KS_OK)
+        settings_reason(&r, t, min_soak_s, reader_ttl_s, what, sizeof what);
+    if (err == KS_OK && what[0] != '\0') {
+        err = OPS(db)->set_settings(db->s, id, t, min_soak_s, reader_ttl_s, now);
+        if (err == KS_OK)
+            err = log_append(db, id, now, actor, (int)r.phase, (int)r.phase, what, 0);
+        if (err == KS_OK && reason != NULL && reason[0] != '\0')
+            err = log_append(db, id, now, actor, (int)r.phase, (int)r.phase, reason, 0);
+        if (err == KS_OK && changes != NULL && changes_len > 0)
+            snprintf(changes, changes_len, "%s", what + 5);
+    }
+    return txn_end(db, err);
 }
 
 /* The log reason of a canary change: "canary: 25%", "canary: all" or
@@ -718,7 +856,15 @@ ks_err ks_rollout_db_metrics_insert(ks_rollout_db *db, int64_t rollout_id,
 ks_err ks_rollout_db_metrics_sum(ks_rollout_db *db, int64_t rollout_id, int64_t since,
                                  ks_health_sample *out)
 {
-    if (db == NULL || out == NULL)
+    return ks_rollout_db_metrics_sum_source(db, rollout_id, since, NULL, out);
+}
+
+/* See rollout.h. */
+ks_err ks_rollout_db_metrics_sum_source(ks_rollout_db *db, int64_t rollout_id, int64_t since,
+                                        const char *source, ks_health_sample *out)
+{
+    if (db == NULL || out == NULL ||
+        (source != NULL && strcmp(source, "app") != 0 && strcmp(source, "migrate") != 0))
         return KS_ERR_INVALID_ARGUMENT;
-    return OPS(db)->metrics_sum(db->s, rollout_id, since, out);
+    return OPS(db)->metrics_sum(db->s, rollout_id, since, source, out);
 }

@@ -139,6 +139,9 @@ KS_WUR ks_err ks_rpg_list(ks_rollout_store *s, int64_t after_id, ks_rollout *out
 KS_WUR ks_err ks_rpg_later_count(ks_rollout_store *s, const ks_rollout *r, int64_t *n);
 KS_WUR ks_err ks_rpg_set_phase(ks_rollout_store *s, int64_t id, ks_rollout_phase from,
                                ks_rollout_phase to, int64_t now);
+KS_WUR ks_err ks_rpg_set_settings(ks_rollout_store *s, int64_t id, const ks_thresholds *t,
+                                  uint32_t min_soak_s, uint32_t reader_ttl_s, int64_t now);
+KS_WUR ks_err ks_rpg_remove(ks_rollout_store *s, int64_t id);
 KS_WUR ks_err ks_rpg_set_canary(ks_rollout_store *s, int64_t id, const ks_rollout_canary *canary,
                                 int64_t now);
 KS_WUR ks_err ks_rpg_set_verified(ks_rollout_store *s, int64_t id, const char *table,
@@ -157,6 +160,7 @@ KS_WUR ks_err ks_rpg_metrics_insert(ks_rollout_store *s, int64_t rollout_id,
                                     const char *instance_id, const char *source,
                                     const ks_health_sample *sample);
 KS_WUR ks_err ks_rpg_metrics_sum(ks_rollout_store *s, int64_t rollout_id, int64_t since,
+                                 const char *source,
                                  ks_health_sample *out);
 
 #endif /* KS_MIGRATE_ROLLOUT_PG_H */

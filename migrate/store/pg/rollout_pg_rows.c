@@ -462,6 +462,38 @@ ks_err ks_rpg_set_canary(ks_rollout_store *s, int64_t id, const ks_rollout_canar
                       id);
 }
 
+/* See rollout_store.h (set_settings). */
+ks_err ks_rpg_set_settings(ks_rollout_store *s, int64_t id, const ks_thresholds *t,
+                           uint32_t min_soak_s, uint32_t reader_ttl_s, int64_t now)
+{
+    int64_t changed = 0;
+    ks_err err = ks_rpg_run(ks_rpg_of(s), &changed,
+                            "UPDATE keyshift_rollout SET max_auth_failure_rate = $1, "
+                            "max_parse_error_rate = $2, max_provider_error_rate = $3, "
+                            "max_seal_p99_us = $4, max_open_p99_us = $5, min_samples = $6, "
+                            "window_s = $7, min_soak_s = $8, reader_ttl_s = $9, updated = $10 "
+                            "WHERE id = $11",
+                            "ddd" "iiiiii" "ii", t->max_auth_failure_rate,
+                            t->max_parse_error_rate, t->max_provider_error_rate,
+                            (int64_t)t->max_seal_p99_us, (int64_t)t->max_open_p99_us,
+                            (int64_t)t->min_samples, (int64_t)t->window_s, (int64_t)min_soak_s,
+                            (int64_t)reader_ttl_s, now, id);
+    return err == KS_OK && changed != 1 ? KS_ERR_STORE : err;
+}
+
+/* See rollout_store.h (remove): the listed columns first (they reference
+ * the rollout), then the rollout. */
+ks_err ks_rpg_remove(ks_rollout_store *s, int64_t id)
+{
+    ks_rpg *db = ks_rpg_of(s);
+    int64_t changed = 0;
+    ks_err err = ks_rpg_run(db, NULL, "DELETE FROM keyshift_rollout_column WHERE rollout_id = $1",
+                            "i", id);
+    if (err == KS_OK)
+        err = ks_rpg_run(db, &changed, "DELETE FROM keyshift_rollout WHERE id = $1", "i", id);
+    return err == KS_OK && changed != 1 ? KS_ERR_STORE : err;
+}
+
 /* See rollout_store.h (set_verified). */
 ks_err ks_rpg_set_verified(ks_rollout_store *s, int64_t id, const char *table, const char *column,
                            int64_t now)
@@ -688,7 +720,7 @@ static ks_err add_sample(const PGresult *res, int row, ks_health_sample *acc)
 
 /* See rollout_store.h (metrics_sum). */
 ks_err ks_rpg_metrics_sum(ks_rollout_store *s, int64_t rollout_id, int64_t since,
-                          ks_health_sample *out)
+                          const char *source, ks_health_sample *out)
 {
     ks_rpg *db = ks_rpg_of(s);
     memset(out, 0, sizeof *out);
@@ -697,8 +729,8 @@ ks_err ks_rpg_metrics_sum(ks_rollout_store *s, int64_t rollout_id, int64_t since
     PGresult *res;
     ks_err err = ks_rpg_exec(db, &res,
                              "SELECT " KS_RPG_METRICS_COLS " FROM keyshift_metrics "
-                             "WHERE rollout_id = $1 AND time >= $2",
-                             "ii", rollout_id, since);
+                             "WHERE rollout_id = $1 AND time >= $2 AND ($3 = '' OR source = $3)",
+                             "iit", rollout_id, since, source != NULL ? source : "");
     int rows = err == KS_OK ? PQntuples(res) : 0;
     if (rows > 0)
         out->time = INT64_MIN;

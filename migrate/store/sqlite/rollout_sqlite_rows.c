@@ -475,6 +475,49 @@ ks_err ks_rsql_set_canary(ks_rollout_store *s, int64_t id, const ks_rollout_cana
     return rc == SQLITE_OK ? KS_OK : ks_rsql_rc_err(rc);
 }
 
+/* See rollout_store.h (set_settings). */
+ks_err ks_rsql_set_settings(ks_rollout_store *s, int64_t id, const ks_thresholds *t,
+                            uint32_t min_soak_s, uint32_t reader_ttl_s, int64_t now)
+{
+    ks_rsql *db = ks_rsql_of(s);
+    sqlite3_stmt *st;
+    int rc = ks_rsql_prep_bind(db, &st,
+                               "UPDATE main.keyshift_rollout SET max_auth_failure_rate = ?1, "
+                               "max_parse_error_rate = ?2, max_provider_error_rate = ?3, "
+                               "max_seal_p99_us = ?4, max_open_p99_us = ?5, min_samples = ?6, "
+                               "window_s = ?7, min_soak_s = ?8, reader_ttl_s = ?9, "
+                               "updated = ?10 WHERE id = ?11",
+                               "dddiiiiiiii", t->max_auth_failure_rate, t->max_parse_error_rate,
+                               t->max_provider_error_rate, (int64_t)t->max_seal_p99_us,
+                               (int64_t)t->max_open_p99_us, (int64_t)t->min_samples,
+                               (int64_t)t->window_s, (int64_t)min_soak_s, (int64_t)reader_ttl_s,
+                               now, id);
+    rc = ks_rsql_run_done(db, st, rc);
+    if (rc != SQLITE_OK)
+        return ks_rsql_rc_err(rc);
+    return sqlite3_changes(db->db) == 1 ? KS_OK : KS_ERR_STORE;
+}
+
+/* See rollout_store.h (remove): the listed columns first (they reference
+ * the rollout), then the rollout. */
+ks_err ks_rsql_remove(ks_rollout_store *s, int64_t id)
+{
+    ks_rsql *db = ks_rsql_of(s);
+    sqlite3_stmt *st;
+    int rc = ks_rsql_prep_bind(db, &st,
+                               "DELETE FROM main.keyshift_rollout_column WHERE rollout_id = ?1",
+                               "i", id);
+    rc = ks_rsql_run_done(db, st, rc);
+    if (rc == SQLITE_OK) {
+        rc = ks_rsql_prep_bind(db, &st, "DELETE FROM main.keyshift_rollout WHERE id = ?1", "i",
+                               id);
+        rc = ks_rsql_run_done(db, st, rc);
+    }
+    if (rc != SQLITE_OK)
+        return ks_rsql_rc_err(rc);
+    return sqlite3_changes(db->db) == 1 ? KS_OK : KS_ERR_STORE;
+}
+
 /* See rollout_store.h (set_verified). */
 ks_err ks_rsql_set_verified(ks_rollout_store *s, int64_t id, const char *table,
                             const char *column, int64_t now)
@@ -719,7 +762,7 @@ static ks_err add_sample(sqlite3_stmt *st, ks_health_sample *acc)
 
 /* See rollout_store.h (metrics_sum). */
 ks_err ks_rsql_metrics_sum(ks_rollout_store *s, int64_t rollout_id, int64_t since,
-                           ks_health_sample *out)
+                           const char *source, ks_health_sample *out)
 {
     ks_rsql *db = ks_rsql_of(s);
     memset(out, 0, sizeof *out);
@@ -729,8 +772,9 @@ ks_err ks_rsql_metrics_sum(ks_rollout_store *s, int64_t rollout_id, int64_t sinc
     int rc = ks_rsql_prep_bind(db, &st,
                                "SELECT time, seals, opens, auth_failures, parse_errors, "
                                "provider_calls, provider_errors, seal_ns, open_ns "
-                               "FROM main.keyshift_metrics WHERE rollout_id = ?1 AND time >= ?2",
-                               "ii", rollout_id, since);
+                               "FROM main.keyshift_metrics WHERE rollout_id = ?1 AND time >= ?2 "
+                               "AND (?3 = '' OR source = ?3)",
+                               "iit", rollout_id, since, source != NULL ? source : "");
     ks_err err = KS_OK;
     int any = 0;
     while (rc == SQLITE_OK || rc == SQLITE_ROW) {
