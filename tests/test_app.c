@@ -4,7 +4,8 @@
  * on a SQLite database (the class each phase writes, the canary, reads a
  * phase refuses, the reader's registration and deregistration, health
  * reports from the background thread), batches, the pure parse, keys from
- * the environment, and many threads on one app.
+ * the environment, every allocation of ks_app_open failing in turn, and
+ * many threads on one app.
  *
  * Keys come from the in-memory provider (tests/mem_provider.h), except in
  * the environment test, which uses a keyring file.  Databases are SQLite
@@ -30,6 +31,7 @@
 #include <keyshift/keyring.h>
 #include <keyshift/rollout.h>
 
+#include "../migrate/alloc_hook.h"
 #include "mem_provider.h"
 #include "sqlite_test_util.h"
 
@@ -700,6 +702,42 @@ static void test_env_keyring(void **state)
     unlink(kpath);
 }
 
+/* Each of ks_app_open's own allocations failing in turn: the open fails
+ * with no-memory and leaves nothing behind (no reader registered,
+ * nothing leaked: LeakSanitizer checks at exit), until a run in which no
+ * fault fires opens normally. */
+static void test_open_alloc_faults(void **state)
+{
+    world *w = *state;
+    ks_app_options o = opts(w, 2, 0);
+    o.database = w->path;
+    o.instance_id = "web-f";
+    o.interval_ms = 3600000; /* no tick while a fault is armed */
+    unsigned long n = 1;
+    for (;; n++) {
+        ks_app *a = NULL;
+        ks_test_alloc_fail_at(n);
+        ks_err e = ks_app_open(&o, &a, w->err, sizeof w->err);
+        unsigned long fired = ks_test_alloc_fired();
+        ks_test_alloc_fail_at(0);
+        if (fired == 0) {
+            assert_int_equal(e, KS_OK);
+            ks_app_close(a);
+            break;
+        }
+        if (e == KS_OK) { /* a fault some lower layer absorbed */
+            ks_app_close(a);
+            continue;
+        }
+        assert_int_equal(e, KS_ERR_NO_MEMORY);
+        assert_null(a);
+        ks_rollout_reader rd[4];
+        assert_int_equal(live_readers(w, rd), 0);
+    }
+    assert_true(n > 3);
+    printf("ks_app_open: %lu allocation fault points\n", n - 1);
+}
+
 /* What one thread of test_threads does. */
 typedef struct thread_arg {
     ks_app *app;
@@ -769,7 +807,7 @@ int main(void)
         T(test_errors),      T(test_policy_sqlite),
         T(test_policy_plaintext), T(test_batch),
         T(test_parse),       T(test_env_keyring),
-        T(test_threads),
+        T(test_open_alloc_faults), T(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
