@@ -656,7 +656,8 @@ static void test_parse(void **state)
 }
 
 /* Keys from KEYSHIFT_KEYRING: the versions held are listed from the
- * keyring (active and decrypt-only) and registered. */
+ * keyring (active and decrypt-only) and registered; a change of the file
+ * is reloaded by the background thread and registered again. */
 static void test_env_keyring(void **state)
 {
     world *w = *state;
@@ -681,6 +682,7 @@ static void test_env_keyring(void **state)
     o.database = w->path;
     o.instance_id = "env-1";
     o.default_key_id = "env-kek";
+    o.interval_ms = 20;
     ks_app *a = app_open(w, &o);
     char keys[KS_READER_KEYS_MAX + 1];
     assert_int_equal(ks_app_keys(a, keys, sizeof keys), KS_OK);
@@ -690,9 +692,38 @@ static void test_env_keyring(void **state)
     assert_int_equal(live_readers(w, rd), 1);
     assert_string_equal(rd[0].keys, "env-kek:1");
     ks_app_record r = rec("acme", "c");
-    uint8_t env[1024];
-    size_t n = seal(a, &r, "from env", env, NULL);
+    uint8_t env[1024], env3[1024];
+    ks_rollout_class c;
+    size_t n = seal(a, &r, "from env", env, &c);
+    assert_int_equal(c.key_version, 1);
     opens_to(a, &r, env, n, "from env");
+
+    /* an operator adds version 3 and promotes it: the app reloads the
+     * keyring, registers the new list and seals under the new primary */
+    assert_int_equal(ks_keyring_open(kpath, (ks_bytes){NULL, 0}, &kr, NULL), KS_OK);
+    assert_int_equal(ks_keyring_add_version(kr, (ks_bytes){(const uint8_t *)"env-kek", 7}, &v),
+                     KS_OK);
+    assert_int_equal(v, 3);
+    assert_int_equal(ks_keyring_promote(kr, (ks_bytes){(const uint8_t *)"env-kek", 7}, 3), KS_OK);
+    ks_keyring_close(kr);
+    for (int i = 0; i < 1000; i++) {
+        assert_int_equal(ks_app_keys(a, keys, sizeof keys), KS_OK);
+        if (strcmp(keys, "env-kek:1,env-kek:3") == 0) {
+            break;
+        }
+        sleep_ms(10);
+    }
+    assert_string_equal(keys, "env-kek:1,env-kek:3");
+    assert_int_equal(live_readers(w, rd), 1);
+    assert_string_equal(rd[0].keys, "env-kek:1,env-kek:3");
+    ks_app_stats st;
+    ks_app_stats_get(a, &st);
+    assert_true(st.key_reloads >= 1);
+    assert_int_equal(st.reload_errors, 0);
+    size_t n3 = seal(a, &r, "after reload", env3, &c);
+    assert_int_equal(c.key_version, 3);
+    opens_to(a, &r, env3, n3, "after reload");
+    opens_to(a, &r, env, n, "from env"); /* sealed under the first generation */
     ks_app_close(a);
     unsetenv("KEYSHIFT_KEYRING");
     ks_app *none = NULL;

@@ -10,7 +10,10 @@
  * heartbeat and reports its health (seal and open counts, auth failures,
  * parse and provider errors, latency histograms) every interval_ms to
  * every rollout under way; closing stops the thread, reports once more and
- * deregisters.  ks_app_seal asks the rollout what to write for the record's
+ * deregisters.  With a keyring file for keys, the thread also reopens it
+ * when the file changed (a version added, retired or destroyed is seen
+ * within interval_ms) and registers the key versions it then holds; the
+ * passphrase is kept in locked memory for that until close.  ks_app_seal asks the rollout what to write for the record's
  * tenant and seals exactly that; ks_app_open_value checks that the rollout's
  * phase allows the value's class to be read, then opens it.  Without a
  * database, seal writes the configured default key and open opens anything
@@ -105,7 +108,8 @@ typedef struct ks_app_options {
                                      algorithm this CPU runs */
     const char *keys;             /* key versions held, canonical (ks_rollout_keys_check);
                                      NULL: every active or decrypt-only version the
-                                     providers list (none when they cannot list) */
+                                     providers list (none when they cannot list),
+                                     listed again after each keyring reload */
     uint32_t interval_ms;         /* heartbeat and health report period, also the
                                      policy's refresh period; 0: KS_APP_INTERVAL_DEFAULT_MS */
 
@@ -266,13 +270,16 @@ typedef struct ks_app_stats {
     uint64_t heartbeat_errors;  /* heartbeats that failed (retried next interval) */
     uint64_t reports;           /* health reports made */
     uint64_t report_errors;     /* reports that failed (carried into the next) */
+    uint64_t key_reloads;       /* keyring reloads after its file changed */
+    uint64_t reload_errors;     /* reloads that failed (the keys in use stay) */
     ks_err last_error;          /* the last failure's code, KS_OK when none */
 } ks_app_stats;
 
 /* Copy app's background counters into *out (zeroed for NULL app). */
 KS_API void ks_app_stats_get(ks_app *app, ks_app_stats *out);
 
-/* The key versions registered (a canonical list, "" for none) into
+/* The key versions registered (a canonical list, "" for none; the
+ * background thread re-registers them after a keyring reload) into
  * out[0, cap) with its NUL.  KS_ERR_BUFFER_TOO_SMALL when it does not fit
  * (KS_READER_KEYS_MAX + 1 always does). */
 KS_API KS_WUR ks_err ks_app_keys(ks_app *app, char *out, size_t cap);

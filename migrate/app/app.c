@@ -14,9 +14,11 @@
 
 #include <assert.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include <sodium.h>
@@ -30,16 +32,32 @@
 #include "../alloc_hook.h"
 #include "../errbuf.h"
 
-struct ks_app {
-    ks_ctx *ctx;
+/* One generation of keys: a keyring (or the app's one provider) and the
+ * context over it.  A keyring reload adds a generation; older ones stay
+ * until close, as calls that loaded them may still be running. */
+typedef struct app_gen {
+    ks_keyring *kr;                        /* the keyring opened, or NULL */
     ks_provider prov;                      /* the context's provider */
     int own_prov;                          /* prov is ours to destroy */
-    ks_keyring *kr;                        /* the keyring opened, or NULL */
+    ks_ctx *ctx;
+    char keys[KS_READER_KEYS_MAX + 1];     /* the key versions it holds */
+    struct app_gen *older;
+} app_gen;
+
+struct ks_app {
+    _Atomic(app_gen *) cur;                /* the generation calls use */
     ks_registry *reg;                      /* the registry loaded, or NULL */
     ks_policy *policy;                     /* NULL without a database */
     uint32_t interval_ms;
+    uint32_t timeout_ms;                   /* the contexts' provider timeout */
+    ks_ctx_config cfg;                     /* every generation's context */
+    int fixed_keys;                        /* opts->keys given: never recomputed */
     uint8_t max_format;
-    char keys[KS_READER_KEYS_MAX + 1];     /* the key versions registered */
+    char keys[KS_READER_KEYS_MAX + 1];     /* the key versions registered (under mu) */
+    char *keyring_path;                    /* a keyring to reload when it changes, or NULL */
+    uint8_t *pass;                         /* its passphrase (sodium_malloc'd), or NULL */
+    size_t pass_len;
+    struct stat kr_stat;                   /* the keyring file when last opened */
     int has_purpose;
     char purpose[KS_PURPOSE_MAX + 1];
     int has_default;
@@ -125,25 +143,92 @@ static int held_keys_cb(void *arg, const ks_key_entry *k)
     return acc->err != KS_OK;
 }
 
-/* The canonical list of every active or decrypt-only version the
- * provider lists into a->keys; "" when it cannot list. */
-static ks_err held_keys(ks_app *a, uint32_t timeout_ms)
+/* The canonical list of every active or decrypt-only version g's
+ * provider lists into g->keys; "" when it cannot list. */
+static ks_err held_keys(app_gen *g, uint32_t timeout_ms)
 {
-    a->keys[0] = '\0';
-    const ks_provider_admin_ops *admin = a->prov.ops->admin;
+    g->keys[0] = '\0';
+    const ks_provider_admin_ops *admin = g->prov.ops->admin;
     if (admin == NULL || admin->list == NULL) {
         return KS_OK;
     }
-    held_keys_acc acc = {a->keys, KS_OK};
-    ks_err e = admin->list(a->prov.self, (ks_bytes){NULL, 0}, held_keys_cb, &acc, timeout_ms);
+    held_keys_acc acc = {g->keys, KS_OK};
+    ks_err e = admin->list(g->prov.self, (ks_bytes){NULL, 0}, held_keys_cb, &acc, timeout_ms);
     return e != KS_OK ? e : acc.err;
+}
+
+/* Free generation g and every older one: contexts (wiping their DEKs),
+ * providers, keyrings. */
+static void gen_free(app_gen *g)
+{
+    while (g != NULL) {
+        app_gen *older = g->older;
+        ks_ctx_free(g->ctx);
+        if (g->own_prov) {
+            ks_provider_destroy(&g->prov);
+        }
+        ks_keyring_close(g->kr);
+        sodium_memzero(g, sizeof *g);
+        free(g);
+        g = older;
+    }
+}
+
+/* Finish generation g, whose provider is set: its held keys (unless the
+ * app's are fixed) and its context. */
+static ks_err gen_finish(ks_app *a, app_gen *g, char *errbuf, size_t errbuf_len)
+{
+    ks_err e = KS_OK;
+    if (a->fixed_keys) {
+        strcpy(g->keys, a->keys);
+    } else if ((e = held_keys(g, a->timeout_ms)) != KS_OK) {
+        return ks_errbuf_fail(errbuf, errbuf_len, e, "cannot list the key versions held: %s",
+                              ks_err_name(e));
+    }
+    if ((e = ks_ctx_new(&g->prov, &a->cfg, &g->ctx)) != KS_OK) {
+        return ks_errbuf_fail(errbuf, errbuf_len, e, "cannot create the context: %s",
+                              ks_err_name(e));
+    }
+    return KS_OK;
+}
+
+/* Open the keyring at path with pass into a new generation *out. */
+static ks_err gen_open_keyring(ks_app *a, const char *path, ks_bytes pass, app_gen **out,
+                               char *errbuf, size_t errbuf_len)
+{
+    *out = NULL;
+    app_gen *g = calloc(1, sizeof *g);
+    if (g == NULL) {
+        return ks_errbuf_fail(errbuf, errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+    }
+    ks_parse_error perr;
+    ks_err e = ks_keyring_open(path, pass, &g->kr, &perr);
+    if (e == KS_OK) {
+        e = ks_keyring_provider(g->kr, &g->prov);
+        g->own_prov = e == KS_OK;
+    }
+    if (e != KS_OK) {
+        ks_errbuf_fail(errbuf, errbuf_len, e, "cannot open the keyring %s: %s", path,
+                       ks_err_name(e));
+    } else {
+        e = gen_finish(a, g, errbuf, errbuf_len);
+    }
+    if (e != KS_OK) {
+        gen_free(g);
+        return e;
+    }
+    *out = g;
+    return KS_OK;
 }
 
 /* ---- opening ----------------------------------------------------------------- */
 
-/* Open the keys opts names (or the environment names) into a->prov. */
-static ks_err open_keys(ks_app *a, const ks_app_options *o, char *errbuf, size_t errbuf_len)
+/* Open the keys opts names (or the environment names) into the first
+ * generation *out; a keyring's path and passphrase are kept for reloads. */
+static ks_err open_keys(ks_app *a, const ks_app_options *o, app_gen **out, char *errbuf,
+                        size_t errbuf_len)
 {
+    *out = NULL;
     int given = (o->provider != NULL) + (o->providers != NULL) + (o->keyring != NULL);
     if (given > 1) {
         return ks_errbuf_fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
@@ -154,11 +239,9 @@ static ks_err open_keys(ks_app *a, const ks_app_options *o, char *errbuf, size_t
                               "a passphrase goes with a keyring file; a providers file names "
                               "each keyring's passphrase itself");
     }
-    if (o->provider != NULL) {
-        a->prov = *o->provider;
-        return a->prov.ops != NULL ? KS_OK
-                                   : ks_errbuf_fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
-                                                    "the provider given has no operations");
+    if (o->provider != NULL && o->provider->ops == NULL) {
+        return ks_errbuf_fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                              "the provider given has no operations");
     }
     const char *providers = o->providers, *keyring = o->keyring;
     ks_bytes pass = o->passphrase;
@@ -171,9 +254,6 @@ static ks_err open_keys(ks_app *a, const ks_app_options *o, char *errbuf, size_t
         if (keyring != NULL && env != NULL) {
             size_t n = strlen(env);
             pass = (ks_bytes){(const uint8_t *)env, n > 0 && env[n - 1] == '\n' ? n - 1 : n};
-            if (pass.len == 0) {
-                pass.ptr = NULL;
-            }
         }
         if (providers == NULL && keyring == NULL) {
             return ks_errbuf_fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
@@ -181,31 +261,53 @@ static ks_err open_keys(ks_app *a, const ks_app_options *o, char *errbuf, size_t
                                   "set KEYSHIFT_PROVIDERS or KEYSHIFT_KEYRING");
         }
     }
-    ks_err e;
-    if (providers != NULL) {
+    if (pass.len == 0) {
+        pass.ptr = NULL;
+    }
+    if (keyring != NULL) {
+        struct stat st;
+        if ((a->keyring_path = strdup(keyring)) == NULL ||
+            (pass.len > 0 && (a->pass = sodium_malloc(pass.len)) == NULL)) {
+            return ks_errbuf_fail(errbuf, errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+        }
+        if (pass.len > 0) {
+            memcpy(a->pass, pass.ptr, pass.len);
+            a->pass_len = pass.len;
+        }
+        if (stat(keyring, &st) == 0) {
+            a->kr_stat = st; /* before the open: a change in between reloads once more */
+        }
+        return gen_open_keyring(a, keyring, pass, out, errbuf, errbuf_len);
+    }
+    app_gen *g = calloc(1, sizeof *g);
+    if (g == NULL) {
+        return ks_errbuf_fail(errbuf, errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+    }
+    ks_err e = KS_OK;
+    if (o->provider != NULL) {
+        g->prov = *o->provider; /* borrowed */
+    } else {
         ks_registry_error rerr;
+        memset(&rerr, 0, sizeof rerr);
         e = ks_registry_load(providers, &a->reg, &rerr);
         if (e == KS_OK) {
-            e = ks_registry_provider(a->reg, &a->prov);
+            e = ks_registry_provider(a->reg, &g->prov);
+            g->own_prov = e == KS_OK;
         }
         if (e != KS_OK) {
-            return ks_errbuf_fail(errbuf, errbuf_len, e,
-                                  "cannot load the providers file %s: %s%s%s", providers,
-                                  ks_err_name(e), rerr.name[0] ? " in provider " : "",
-                                  rerr.name);
-        }
-    } else {
-        ks_parse_error perr;
-        e = ks_keyring_open(keyring, pass, &a->kr, &perr);
-        if (e == KS_OK) {
-            e = ks_keyring_provider(a->kr, &a->prov);
-        }
-        if (e != KS_OK) {
-            return ks_errbuf_fail(errbuf, errbuf_len, e, "cannot open the keyring %s: %s",
-                                  keyring, ks_err_name(e));
+            ks_errbuf_fail(errbuf, errbuf_len, e, "cannot load the providers file %s: %s%s%s",
+                           providers, ks_err_name(e), rerr.name[0] ? " in provider " : "",
+                           rerr.name);
         }
     }
-    a->own_prov = 1;
+    if (e == KS_OK) {
+        e = gen_finish(a, g, errbuf, errbuf_len);
+    }
+    if (e != KS_OK) {
+        gen_free(g);
+        return e;
+    }
+    *out = g;
     return KS_OK;
 }
 
@@ -253,6 +355,7 @@ static ks_err take_options(ks_app *a, const ks_app_options *o, char *errbuf, siz
                                   "(\"key:version,...\" in ascending order)");
         }
         strcpy(a->keys, o->keys);
+        a->fixed_keys = 1;
     }
     return KS_OK;
 }
@@ -296,13 +399,71 @@ static ks_err open_policy(ks_app *a, const ks_app_options *o, char *errbuf, size
     return KS_OK;
 }
 
-/* One round of the background work: heartbeat (unless final) and health
- * report of the context's totals; counted in a->stats. */
+/* Nonzero when the keyring file a reloads changed since it was last
+ * opened (a file that cannot be looked at now is kept as it was). */
+static int keyring_changed(ks_app *a)
+{
+    struct stat st;
+    if (a->keyring_path == NULL || stat(a->keyring_path, &st) != 0) {
+        return 0;
+    }
+    const struct stat *o = &a->kr_stat;
+    return st.st_dev != o->st_dev || st.st_ino != o->st_ino || st.st_size != o->st_size ||
+           st.st_mtim.tv_sec != o->st_mtim.tv_sec || st.st_mtim.tv_nsec != o->st_mtim.tv_nsec;
+}
+
+/* Reload the keyring when its file changed: a new generation becomes the
+ * one calls use (the old stays until close).  Then register the key
+ * versions the current generation holds when they differ from those
+ * registered (again next time if that fails).  Background thread only. */
+static ks_err reload_keys(ks_app *a)
+{
+    ks_err e = KS_OK;
+    if (keyring_changed(a)) {
+        struct stat st;
+        if (stat(a->keyring_path, &st) == 0) {
+            a->kr_stat = st;
+        }
+        app_gen *g = NULL;
+        e = gen_open_keyring(a, a->keyring_path, (ks_bytes){a->pass, a->pass_len}, &g, NULL, 0);
+        pthread_mutex_lock(&a->mu);
+        a->stats.key_reloads += e == KS_OK;
+        a->stats.reload_errors += e != KS_OK;
+        pthread_mutex_unlock(&a->mu);
+        if (e == KS_OK) {
+            g->older = atomic_load(&a->cur);
+            atomic_store(&a->cur, g);
+        }
+    }
+    const app_gen *cur = atomic_load(&a->cur);
+    pthread_mutex_lock(&a->mu);
+    int differ = strcmp(cur->keys, a->keys) != 0;
+    pthread_mutex_unlock(&a->mu);
+    if (differ) {
+        ks_err k = ks_policy_set_keys(a->policy, cur->keys);
+        if (k == KS_OK) {
+            pthread_mutex_lock(&a->mu);
+            strcpy(a->keys, cur->keys);
+            pthread_mutex_unlock(&a->mu);
+        }
+        e = e != KS_OK ? e : k;
+    }
+    return e;
+}
+
+/* One round of the background work: keyring reload and keys (unless
+ * final), heartbeat (unless final) and health report of the totals of
+ * every generation's context; counted in a->stats. */
 static void tick(ks_app *a, int final)
 {
+    ks_err rl = final ? KS_OK : reload_keys(a);
     ks_err hb = final ? KS_OK : ks_policy_heartbeat(a->policy);
-    ks_health_sample t;
-    ks_ctx_health_sample(a->ctx, &t);
+    ks_health_sample t, g;
+    memset(&t, 0, sizeof t);
+    for (const app_gen *p = atomic_load(&a->cur); p != NULL; p = p->older) {
+        ks_ctx_health_sample(p->ctx, &g);
+        ks_health_add(&t, &g);
+    }
     t.time = 0;
     ks_err rep = ks_policy_report(a->policy, &t);
     pthread_mutex_lock(&a->mu);
@@ -312,8 +473,8 @@ static void tick(ks_app *a, int final)
     }
     a->stats.reports += rep == KS_OK;
     a->stats.report_errors += rep != KS_OK;
-    if (hb != KS_OK || rep != KS_OK) {
-        a->stats.last_error = rep != KS_OK ? rep : hb;
+    if (rl != KS_OK || hb != KS_OK || rep != KS_OK) {
+        a->stats.last_error = rep != KS_OK ? rep : hb != KS_OK ? hb : rl;
     }
     pthread_mutex_unlock(&a->mu);
 }
@@ -390,33 +551,25 @@ ks_err ks_app_open(const ks_app_options *opts, ks_app **out, char *errbuf, size_
     if (a == NULL) {
         return ks_errbuf_fail(errbuf, errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
     }
+    atomic_init(&a->cur, NULL);
+    if (opts->ctx_config != NULL) {
+        a->cfg = *opts->ctx_config;
+    } else {
+        ks_ctx_config_default(&a->cfg);
+        a->cfg.latency_histograms = 1;
+    }
+    a->timeout_ms = a->cfg.provider_timeout_ms;
     ks_err e = init_sync(a);
     if (e == KS_OK) {
         e = take_options(a, opts, errbuf, errbuf_len);
     }
+    app_gen *g = NULL;
     if (e == KS_OK) {
-        e = open_keys(a, opts, errbuf, errbuf_len);
-    }
-    ks_ctx_config cfg;
-    if (opts->ctx_config != NULL) {
-        cfg = *opts->ctx_config;
-    } else {
-        ks_ctx_config_default(&cfg);
-        cfg.latency_histograms = 1;
-    }
-    if (e == KS_OK && opts->keys == NULL) {
-        e = held_keys(a, cfg.provider_timeout_ms);
-        if (e != KS_OK) {
-            ks_errbuf_fail(errbuf, errbuf_len, e, "cannot list the key versions held: %s",
-                           ks_err_name(e));
-        }
+        e = open_keys(a, opts, &g, errbuf, errbuf_len);
     }
     if (e == KS_OK) {
-        e = ks_ctx_new(&a->prov, &cfg, &a->ctx);
-        if (e != KS_OK) {
-            ks_errbuf_fail(errbuf, errbuf_len, e, "cannot create the context: %s",
-                           ks_err_name(e));
-        }
+        atomic_store(&a->cur, g);
+        strcpy(a->keys, g->keys);
     }
     if (e == KS_OK && opts->database != NULL) {
         e = open_policy(a, opts, errbuf, errbuf_len);
@@ -454,12 +607,10 @@ void ks_app_close(ks_app *app)
         tick(app, 1);
         ks_policy_close(app->policy); /* deregisters */
     }
-    ks_ctx_free(app->ctx);
-    if (app->own_prov) {
-        ks_provider_destroy(&app->prov);
-    }
+    gen_free(atomic_load(&app->cur));
     ks_registry_close(app->reg);
-    ks_keyring_close(app->kr);
+    free(app->keyring_path);
+    sodium_free(app->pass); /* wipes */
     if (app->sync_ready) {
         pthread_cond_destroy(&app->cv);
         pthread_mutex_destroy(&app->mu);
@@ -567,7 +718,8 @@ ks_err ks_app_seal(ks_app *app, const ks_app_record *r, const uint8_t *pt, size_
     if (c.version == KS_FORMAT_V2) {
         p.purpose = purpose_of(app, r->column);
     }
-    e = ks_seal(app->ctx, &p, pt, pt_len, out, cap, out_len);
+    e = ks_seal(atomic_load_explicit(&app->cur, memory_order_acquire)->ctx, &p, pt, pt_len, out,
+                cap, out_len);
     if (e == KS_OK && written != NULL) {
         ks_envelope env;
         e = ks_envelope_parse_header(out, *out_len, NULL, &env, NULL);
@@ -631,7 +783,8 @@ ks_err ks_app_open_value(ks_app *app, const ks_app_record *r, const uint8_t *v, 
     if (is_env && env.version == KS_FORMAT_V2) {
         op.purpose = purpose_of(app, r->column);
     }
-    ks_err e = ks_open(app->ctx, v, v_len, &op, pt, cap, pt_len, perr);
+    ks_err e = ks_open(atomic_load_explicit(&app->cur, memory_order_acquire)->ctx, v, v_len, &op,
+                       pt, cap, pt_len, perr);
     if (e == KS_OK && read != NULL) {
         class_of(&env, read);
     }
@@ -734,10 +887,12 @@ ks_err ks_app_keys(ks_app *app, char *out, size_t cap)
     if (app == NULL || out == NULL) {
         return KS_ERR_INVALID_ARGUMENT;
     }
+    pthread_mutex_lock(&app->mu);
     size_t n = strlen(app->keys);
-    if (cap < n + 1) {
-        return KS_ERR_BUFFER_TOO_SMALL;
+    ks_err e = cap < n + 1 ? KS_ERR_BUFFER_TOO_SMALL : KS_OK;
+    if (e == KS_OK) {
+        memcpy(out, app->keys, n + 1);
     }
-    memcpy(out, app->keys, n + 1);
-    return KS_OK;
+    pthread_mutex_unlock(&app->mu);
+    return e;
 }
