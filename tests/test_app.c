@@ -346,6 +346,15 @@ static void test_errors(void **state)
         KS_ERR_INVALID_ARGUMENT);
     ks_app_close(a);
 
+    /* retryable on open: a fresh app (empty DEK cache) cannot unwrap */
+    a = app_open(w, &o);
+    ks_mem_fail(&w->mem, KS_MEM_UNWRAP, KS_ERR_TIMEOUT, 1);
+    e = open_err(a, &r, env, n);
+    assert_int_equal(e, KS_ERR_TIMEOUT);
+    assert_int_equal(ks_err_class(e), KS_ERROR_CLASS_RETRYABLE);
+    opens_to(a, &r, env, n, "secret"); /* and the retry succeeds */
+    ks_app_close(a);
+
     /* configuration: no default key and no rollout; bad options */
     o.default_key_id = NULL;
     a = app_open(w, &o);
