@@ -12,12 +12,14 @@
  * every rollout under way; closing stops the thread, reports once more and
  * deregisters.  With a keyring file for keys, the thread also reopens it
  * when the file changed (a version added, retired or destroyed is seen
- * within interval_ms) and registers the key versions it then holds; the
- * passphrase is kept in locked memory for that until close.  ks_app_seal asks the rollout what to write for the record's
- * tenant and seals exactly that; ks_app_open_value checks that the rollout's
- * phase allows the value's class to be read, then opens it.  Without a
- * database, seal writes the configured default key and open opens anything
- * the providers hold.
+ * within interval_ms; calls already running finish on the old keys, which
+ * are kept until close) and registers the key versions it then holds; the
+ * passphrase is kept in locked memory for that until close.  ks_app_seal
+ * asks the rollout what to write for the record's tenant and seals
+ * exactly that; ks_app_open_value checks that the rollout's phase allows
+ * the value's class to be read, then opens it.  Without a database there
+ * is no thread: seal writes the configured default key and open opens
+ * anything the providers hold.
  *
  * Ownership.  Every buffer passed in or out is the caller's: the library
  * keeps no pointer to it after a call returns, and writes only into the
