@@ -242,7 +242,7 @@ unit: $(UNIT_BINS)
 
 TSAN      := -O1 -g -fno-omit-frame-pointer -fsanitize=thread
 TSAN_OBJS := $(LIB_SRCS:%.c=$(B)/tsan/%.o)
-TSAN_TESTS := test_fork test_threads test_crypto test_migrate test_rollout test_rowstore_sqlite test_pkcs11 test_plugin \
+TSAN_TESTS := test_app test_fork test_threads test_crypto test_migrate test_rollout test_rowstore_sqlite test_pkcs11 test_plugin \
               test_rowstore_pg test_rollout_pg_life test_workers_pg
 TSAN_BINS := $(TSAN_TESTS:%=$(B)/tsan/tests/%)
 .SECONDARY: $(TSAN_OBJS)
@@ -300,7 +300,8 @@ symbols: $(SHARED)
 # rollout/ reaches its own tables only through the rollout-store interface
 # (include/keyshift/rollout_store.h), never a database's internals
 # (migrate/store/<db>/, the SQLite helpers of migrate/store/, SQLite
-# itself); migrate/store/ never includes migrate/rollout/.
+# itself); migrate/store/ never includes migrate/rollout/.  migrate/app/ (the
+# application API, include/keyshift/app.h) is the top: nothing else includes it.
 check-layout: $(REL_OBJS)
 	@if grep -rnE '#\s*include\s*[<"](sodium|sqlite3)' parser/; then \
 	    echo "check-layout: parser/ must not include libsodium or SQLite"; exit 1; fi
@@ -317,6 +318,9 @@ check-layout: $(REL_OBJS)
 	    exit 1; fi
 	@if grep -rnE '#\s*include\s*"[^"]*rollout/' migrate/store/; then \
 	    echo "check-layout: migrate/store/ must not include migrate/rollout/"; exit 1; fi
+	@if grep -rnE '#\s*include\s*([<"]keyshift/app\.h|"[^"]*app/)' parser/ format/ \
+	    $$(ls -d migrate/*/ | grep -v '^migrate/app/$$') migrate/*.c migrate/*.h; then \
+	    echo "check-layout: only migrate/app/ (the top layer) includes keyshift/app.h"; exit 1; fi
 	@bad=$$(nm -u $(filter $(B)/rel/migrate/rollout/%,$(REL_OBJS)) \
 	    | awk '$$1 == "U" && $$2 ~ /^(sqlite3_|ks_sqlite_|ks_rsql_)/ { print $$2 }' | sort -u); \
 	 if [ -n "$$bad" ]; then \

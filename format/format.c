@@ -61,6 +61,7 @@ const char *ks_err_name(ks_err err)
     case KS_ERR_NO_ROLLOUT: return "no-rollout";
     case KS_ERR_ROLLOUT_EXISTS: return "rollout-exists";
     case KS_ERR_STALE: return "stale";
+    case KS_ERR_PHASE: return "phase";
     case KS_ERR_CONFLICT: return "conflict";
     }
     return "unknown-error";

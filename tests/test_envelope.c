@@ -625,6 +625,7 @@ static void test_err_names(void **state)
         {KS_ERR_NO_ROLLOUT, "no-rollout"},
         {KS_ERR_ROLLOUT_EXISTS, "rollout-exists"},
         {KS_ERR_STALE, "stale"},
+        {KS_ERR_PHASE, "phase"},
         {KS_ERR_CONFLICT, "conflict"},
     };
     (void)state;
@@ -635,7 +636,7 @@ static void test_err_names(void **state)
         assert_int_equal(ks_err_is_retryable(names[i].code) != 0,
                          names[i].code == KS_ERR_UNAVAILABLE || names[i].code == KS_ERR_TIMEOUT);
     }
-    static const int undefined[] = {12, 13, 20, 31, 34, 35, 63, 68, 95, 102, 127, 133, 159, 169, 191, 196, 223, 225, 255, 65536};
+    static const int undefined[] = {12, 13, 20, 31, 34, 35, 63, 68, 95, 102, 127, 133, 159, 169, 191, 197, 223, 225, 255, 65536};
     for (size_t i = 0; i < sizeof undefined / sizeof undefined[0]; i++) {
         assert_string_equal(ks_err_name((ks_err)undefined[i]), "unknown-error");
     }

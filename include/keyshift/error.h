@@ -86,6 +86,8 @@ typedef enum ks_err {
                                        that is not finalized */
     KS_ERR_STALE = 195,             /* "stale": the rollout is no longer in the phase the
                                        caller saw (another operator moved it) */
+    KS_ERR_PHASE = 196,             /* "phase": the rollout's current phase does not allow
+                                       reading a value of this class (keyshift/app.h) */
 
     /* The provider registry (include/keyshift/registry.h, docs/providers.md). */
     KS_ERR_CONFLICT = 224           /* "conflict": a provider name, an exact key_id or a

@@ -19,5 +19,6 @@
 #include <keyshift/health.h>
 #include <keyshift/rollout.h>
 #include <keyshift/rollout_store.h>
+#include <keyshift/app.h>
 
 #endif /* KEYSHIFT_KEYSHIFT_H */

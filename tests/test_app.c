@@ -1,0 +1,861 @@
+/*
+ * tests/test_app.c -- the application API (keyshift/app.h): round trips in
+ * both formats and both algorithms, every error class, the rollout policy
+ * on a SQLite database (the class each phase writes, the canary, reads a
+ * phase refuses, the reader's registration and deregistration, health
+ * reports from the background thread), batches, the pure parse, keys from
+ * the environment, every allocation of ks_app_open failing in turn, and
+ * many threads on one app.
+ *
+ * Keys come from the in-memory provider (tests/mem_provider.h), except in
+ * the environment test, which uses a keyring file.  Databases are SQLite
+ * files in a fresh mkdtemp directory.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <pthread.h>
+#include <sodium.h>
+#include <sqlite3.h>
+
+#include <keyshift/app.h>
+#include <keyshift/keyring.h>
+#include <keyshift/rollout.h>
+
+#include "../migrate/alloc_hook.h"
+#include "mem_provider.h"
+#include "sqlite_test_util.h"
+
+#define KEYS "payments-kek:1,payments-kek:2"
+
+/* One test's world: keys in memory and a temporary directory holding
+ * db.sqlite with payments(id, tenant, card) and orders(id, note). */
+typedef struct world {
+    ks_mem_provider mem;
+    ks_provider prov;
+    char dir[64];
+    char path[96];
+    char err[512];
+    ks_rollout_db *db;
+} world;
+
+/* Run sql on the database at path (creating the file). */
+static void exec_sql(const char *path, const char *sql)
+{
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL),
+                     SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_close(db), SQLITE_OK);
+}
+
+/* Keys payments-kek:1 (primary), payments-kek:2 and other:1; the
+ * database with keyshift's tables. */
+static int world_setup(void **state)
+{
+    world *w = calloc(1, sizeof *w);
+    assert_non_null(w);
+    assert_true(sodium_init() >= 0);
+    ks_mem_init(&w->mem);
+    assert_int_equal(ks_mem_add(&w->mem, "payments-kek", 1, 1, NULL), 0);
+    assert_int_equal(ks_mem_add(&w->mem, "payments-kek", 2, 0, NULL), 0);
+    assert_int_equal(ks_mem_add(&w->mem, "other", 1, 1, NULL), 0);
+    w->prov = ks_mem_provider_of(&w->mem);
+    strcpy(w->dir, "/tmp/ks_app_XXXXXX");
+    assert_non_null(mkdtemp(w->dir));
+    snprintf(w->path, sizeof w->path, "%s/db.sqlite", w->dir);
+    exec_sql(w->path, "CREATE TABLE payments(id INTEGER PRIMARY KEY, tenant TEXT, card BLOB);"
+                      "CREATE TABLE orders(id INTEGER PRIMARY KEY, note BLOB);");
+    assert_int_equal(ks_rollout_db_open(w->path, 0, &w->db, w->err, sizeof w->err), KS_OK);
+    *state = w;
+    return 0;
+}
+
+/* Close everything and remove the files. */
+static int world_teardown(void **state)
+{
+    world *w = *state;
+    ks_rollout_db_close(w->db);
+    remove_db_dir(w->dir, w->path);
+    ks_mem_cleanup(&w->mem);
+    free(w);
+    return 0;
+}
+
+/* Options over w's provider, sealing payments-kek by default in (format,
+ * alg); no database. */
+static ks_app_options opts(world *w, uint8_t format, uint32_t alg)
+{
+    ks_app_options o;
+    memset(&o, 0, sizeof o);
+    o.provider = &w->prov;
+    o.default_key_id = "payments-kek";
+    o.default_format = format;
+    o.default_algorithm = alg;
+    o.keys = KEYS;
+    return o;
+}
+
+/* Open an app with o, which must succeed. */
+static ks_app *app_open(world *w, const ks_app_options *o)
+{
+    ks_app *a = NULL;
+    ks_err e = ks_app_open(o, &a, w->err, sizeof w->err);
+    if (e != KS_OK) {
+        fail_msg("ks_app_open: %s: %s", ks_err_name(e), w->err);
+    }
+    return a;
+}
+
+/* A record of payments.card. */
+static ks_app_record rec(const char *tenant, const char *context)
+{
+    return (ks_app_record){"payments", "card",
+                           {(const uint8_t *)tenant, strlen(tenant)},
+                           {(const uint8_t *)context, strlen(context)}};
+}
+
+/* Seal pt for r into out (cap 1024); its length. */
+static size_t seal(ks_app *a, const ks_app_record *r, const char *pt, uint8_t *out,
+                   ks_rollout_class *written)
+{
+    size_t n = 0;
+    ks_err e = ks_app_seal(a, r, (const uint8_t *)pt, strlen(pt), out, 1024, &n, written);
+    if (e != KS_OK) {
+        fail_msg("ks_app_seal: %s", ks_err_name(e));
+    }
+    return n;
+}
+
+/* Open v for r, which must give want. */
+static void opens_to(ks_app *a, const ks_app_record *r, const uint8_t *v, size_t len,
+                     const char *want)
+{
+    uint8_t pt[1024];
+    size_t n = 0;
+    ks_err e = ks_app_open_value(a, r, v, len, pt, sizeof pt, &n, NULL, NULL);
+    if (e != KS_OK) {
+        fail_msg("ks_app_open_value: %s", ks_err_name(e));
+    }
+    assert_int_equal(n, strlen(want));
+    assert_memory_equal(pt, want, n);
+}
+
+/* The result of opening v for r. */
+static ks_err open_err(ks_app *a, const ks_app_record *r, const uint8_t *v, size_t len)
+{
+    uint8_t pt[1024];
+    size_t n = 0;
+    return ks_app_open_value(a, r, v, len, pt, sizeof pt, &n, NULL, NULL);
+}
+
+/* A class. */
+static ks_rollout_class cls(uint8_t version, uint32_t alg, const char *key_id, uint32_t kv)
+{
+    ks_rollout_class c;
+    memset(&c, 0, sizeof c);
+    c.version = version;
+    c.algorithm = alg;
+    strcpy(c.key_id, key_id);
+    c.key_version = kv;
+    return c;
+}
+
+/* Sleep ms milliseconds. */
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* ---- round trips and errors --------------------------------------------------- */
+
+/* Without a database: every format and algorithm round-trips under the
+ * default key's primary, the class written is the envelope's, and the
+ * purpose is the column's name unless set. */
+static void test_round_trips(void **state)
+{
+    world *w = *state;
+    const uint32_t algs[] = {KS_ALG_XCHACHA20POLY1305, KS_ALG_AES256GCM};
+    for (uint8_t f = 1; f <= 2; f++) {
+        for (size_t i = 0; i < 2; i++) {
+            if (algs[i] == KS_ALG_AES256GCM && !crypto_aead_aes256gcm_is_available()) {
+                continue;
+            }
+            ks_app_options o = opts(w, f, algs[i]);
+            ks_app *a = app_open(w, &o);
+            ks_app_record r = rec("acme", "payments:1:card");
+            uint8_t env[1024];
+            ks_rollout_class c, rd;
+            size_t n = seal(a, &r, "{\"card\":\"4111\"}", env, &c);
+            assert_true(n <= ks_app_seal_max_len(strlen("{\"card\":\"4111\"}")));
+            assert_true(ks_rollout_class_equal(&c, &(ks_rollout_class){0}) == 0);
+            ks_rollout_class want = cls(f, algs[i], "payments-kek", 1);
+            assert_true(ks_rollout_class_equal(&c, &want));
+            opens_to(a, &r, env, n, "{\"card\":\"4111\"}");
+            uint8_t pt[64];
+            size_t pn = 0;
+            assert_int_equal(ks_app_open_value(a, &r, env, n, pt, sizeof pt, &pn, &rd, NULL),
+                             KS_OK);
+            assert_true(ks_rollout_class_equal(&rd, &want));
+            ks_app_header h;
+            assert_int_equal(ks_app_parse(env, n, &h, NULL), KS_OK);
+            if (f == 2) {
+                assert_int_equal(h.purpose.len, 4);
+                assert_memory_equal(env + h.purpose.offset, "card", 4);
+            } else {
+                assert_int_equal(h.purpose.len, 0);
+            }
+            ks_app_close(a);
+        }
+    }
+    ks_app_options o = opts(w, 2, 0);
+    o.purpose = "card-number";
+    o.default_key_version = 2;
+    ks_app *a = app_open(w, &o);
+    ks_app_record r = rec("t", ""); /* an empty context is a context too */
+    uint8_t env[1024];
+    ks_rollout_class c;
+    size_t n = seal(a, &r, "x", env, &c);
+    assert_int_equal(c.key_version, 2);
+    ks_app_header h;
+    assert_int_equal(ks_app_parse(env, n, &h, NULL), KS_OK);
+    assert_memory_equal(env + h.purpose.offset, "card-number", 11);
+    opens_to(a, &r, env, n, "x");
+    ks_app_close(a);
+}
+
+/* The class of every error this API gives, and their names. */
+static void test_error_classes(void **state)
+{
+    (void)state;
+    static const struct {
+        ks_err e;
+        ks_error_class c;
+    } t[] = {
+        {KS_OK, KS_ERROR_CLASS_OK},
+        {KS_ERR_UNAVAILABLE, KS_ERROR_CLASS_RETRYABLE},
+        {KS_ERR_TIMEOUT, KS_ERROR_CLASS_RETRYABLE},
+        {KS_ERR_BUSY, KS_ERROR_CLASS_RETRYABLE},
+        {KS_ERR_NO_MEMORY, KS_ERROR_CLASS_RETRYABLE},
+        {KS_ERR_TRUNCATED, KS_ERROR_CLASS_REFUSED},
+        {KS_ERR_BAD_MAGIC, KS_ERROR_CLASS_REFUSED},
+        {KS_ERR_BAD_VALUE, KS_ERROR_CLASS_REFUSED},
+        {KS_ERR_AUTH_FAILED, KS_ERROR_CLASS_REFUSED},
+        {KS_ERR_PHASE, KS_ERROR_CLASS_REFUSED},
+        {KS_ERR_DENIED, KS_ERROR_CLASS_REFUSED},
+        {KS_ERR_REVOKED, KS_ERROR_CLASS_REFUSED},
+        {KS_ERR_NOT_FOUND, KS_ERROR_CLASS_REFUSED},
+        {KS_ERR_INVALID_ARGUMENT, KS_ERROR_CLASS_REFUSED},
+        {KS_ERR_BUFFER_TOO_SMALL, KS_ERROR_CLASS_REFUSED},
+        {KS_ERR_INSECURE, KS_ERROR_CLASS_CONFIGURATION},
+        {KS_ERR_BAD_PASSPHRASE, KS_ERROR_CLASS_CONFIGURATION},
+        {KS_ERR_IO, KS_ERROR_CLASS_CONFIGURATION},
+        {KS_ERR_NO_ROLLOUT, KS_ERROR_CLASS_CONFIGURATION},
+        {KS_ERR_STATE, KS_ERROR_CLASS_CONFIGURATION},
+        {KS_ERR_STORE, KS_ERROR_CLASS_CONFIGURATION},
+        {KS_ERR_NO_TARGET, KS_ERROR_CLASS_CONFIGURATION},
+        {KS_ERR_ALGORITHM_UNAVAILABLE, KS_ERROR_CLASS_CONFIGURATION},
+        {(ks_err)250, KS_ERROR_CLASS_CONFIGURATION},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        assert_int_equal(ks_err_class(t[i].e), t[i].c);
+    }
+    assert_string_equal(ks_err_name(KS_ERR_PHASE), "phase");
+    assert_string_equal(ks_error_class_name(KS_ERROR_CLASS_OK), "ok");
+    assert_string_equal(ks_error_class_name(KS_ERROR_CLASS_RETRYABLE), "retryable");
+    assert_string_equal(ks_error_class_name(KS_ERROR_CLASS_REFUSED), "refused");
+    assert_string_equal(ks_error_class_name(KS_ERROR_CLASS_CONFIGURATION), "configuration");
+    assert_null(ks_error_class_name((ks_error_class)9));
+}
+
+/* Malformed values, a wrong context, a provider that fails, no default
+ * key, a short buffer and bad options each fail with their error. */
+static void test_errors(void **state)
+{
+    world *w = *state;
+    ks_app_options o = opts(w, 2, 0);
+    ks_app *a = app_open(w, &o);
+    ks_app_record r = rec("acme", "payments:1:card");
+    uint8_t env[1024], pt[1024];
+    size_t n = seal(a, &r, "secret", env, NULL), pn = 99;
+
+    /* malformed: a changed header byte, a truncation, plaintext */
+    uint8_t bad[1024];
+    memcpy(bad, env, n);
+    bad[3] = 9;
+    ks_parse_error perr = {0, 0, 0};
+    assert_int_equal(ks_app_open_value(a, &r, bad, n, pt, sizeof pt, &pn, NULL, &perr),
+                     KS_ERR_UNSUPPORTED_VERSION);
+    assert_int_equal(perr.code, KS_ERR_UNSUPPORTED_VERSION);
+    assert_int_equal(perr.offset, 3);
+    assert_int_equal(pn, 0);
+    assert_int_equal(open_err(a, &r, env, n - 1), KS_ERR_TRUNCATED);
+    assert_int_equal(open_err(a, &r, (const uint8_t *)"hello", 5), KS_ERR_BAD_MAGIC);
+    assert_int_equal(ks_err_class(KS_ERR_TRUNCATED), KS_ERROR_CLASS_REFUSED);
+
+    /* auth-failed: another context, another tenant, tampering */
+    ks_app_record other = rec("acme", "payments:2:card");
+    assert_int_equal(open_err(a, &other, env, n), KS_ERR_AUTH_FAILED);
+    other = rec("globex", "payments:1:card");
+    assert_int_equal(open_err(a, &other, env, n), KS_ERR_AUTH_FAILED);
+    memcpy(bad, env, n);
+    bad[n - 1] ^= 1;
+    memset(pt, 0xAA, sizeof pt);
+    assert_int_equal(ks_app_open_value(a, &r, bad, n, pt, sizeof pt, &pn, NULL, NULL),
+                     KS_ERR_AUTH_FAILED);
+    for (size_t i = 0; i < n; i++) {
+        assert_true(pt[i] == 0 || pt[i] == 0xAA); /* no unauthenticated plaintext */
+    }
+
+    /* retryable: the provider is unavailable for a new tenant's DEK */
+    ks_mem_fail(&w->mem, KS_MEM_WRAP, KS_ERR_UNAVAILABLE, 1000);
+    ks_mem_fail(&w->mem, KS_MEM_KEY_INFO, KS_ERR_UNAVAILABLE, 1000);
+    ks_app_record fresh = rec("initech", "c");
+    size_t sn = 0;
+    ks_err e = ks_app_seal(a, &fresh, (const uint8_t *)"x", 1, bad, sizeof bad, &sn, NULL);
+    assert_int_equal(e, KS_ERR_UNAVAILABLE);
+    assert_int_equal(ks_err_class(e), KS_ERROR_CLASS_RETRYABLE);
+    ks_mem_fail(&w->mem, KS_MEM_WRAP, KS_OK, 0);
+    ks_mem_fail(&w->mem, KS_MEM_KEY_INFO, KS_OK, 0);
+    assert_int_equal(ks_app_seal(a, &fresh, (const uint8_t *)"x", 1, bad, sizeof bad, &sn, NULL),
+                     KS_OK);
+
+    /* refused: a short buffer, bad arguments */
+    assert_int_equal(ks_app_open_value(a, &r, env, n, pt, 2, &pn, NULL, NULL),
+                     KS_ERR_BUFFER_TOO_SMALL);
+    assert_int_equal(ks_app_seal(a, &r, (const uint8_t *)"secret", 6, bad, 10, &sn, NULL),
+                     KS_ERR_BUFFER_TOO_SMALL);
+    ks_app_record nocol = {"payments", NULL, {NULL, 0}, {NULL, 0}};
+    assert_int_equal(ks_app_seal(a, &nocol, (const uint8_t *)"x", 1, bad, sizeof bad, &sn, NULL),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_app_seal(NULL, &r, (const uint8_t *)"x", 1, bad, sizeof bad, &sn, NULL),
+                     KS_ERR_INVALID_ARGUMENT);
+    ks_app_record badtenant = rec("not a tenant!", "c");
+    assert_int_equal(
+        ks_app_seal(a, &badtenant, (const uint8_t *)"x", 1, bad, sizeof bad, &sn, NULL),
+        KS_ERR_INVALID_ARGUMENT);
+    ks_app_close(a);
+
+    /* retryable on open: a fresh app (empty DEK cache) cannot unwrap */
+    a = app_open(w, &o);
+    ks_mem_fail(&w->mem, KS_MEM_UNWRAP, KS_ERR_TIMEOUT, 1);
+    e = open_err(a, &r, env, n);
+    assert_int_equal(e, KS_ERR_TIMEOUT);
+    assert_int_equal(ks_err_class(e), KS_ERROR_CLASS_RETRYABLE);
+    opens_to(a, &r, env, n, "secret"); /* and the retry succeeds */
+    ks_app_close(a);
+
+    /* configuration: no default key and no rollout; bad options */
+    o.default_key_id = NULL;
+    a = app_open(w, &o);
+    e = ks_app_seal(a, &r, (const uint8_t *)"x", 1, bad, sizeof bad, &sn, NULL);
+    assert_int_equal(e, KS_ERR_NO_ROLLOUT);
+    assert_int_equal(ks_err_class(e), KS_ERROR_CLASS_CONFIGURATION);
+    opens_to(a, &r, env, n, "secret"); /* opening needs no default */
+    ks_app_close(a);
+    ks_app *none = (ks_app *)1;
+    o = opts(w, 2, 0);
+    o.keyring = "some.keyring";
+    assert_int_equal(ks_app_open(&o, &none, w->err, sizeof w->err), KS_ERR_INVALID_ARGUMENT);
+    assert_null(none);
+    assert_non_null(strstr(w->err, "not several"));
+    o = opts(w, 2, 0);
+    o.database = w->path;
+    assert_int_equal(ks_app_open(&o, &none, w->err, sizeof w->err), KS_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(w->err, "instance_id"));
+    o = opts(w, 2, 0);
+    o.keys = "b:1,a:1";
+    assert_int_equal(ks_app_open(&o, &none, w->err, sizeof w->err), KS_ERR_INVALID_ARGUMENT);
+    o = opts(w, 2, 0);
+    o.database = "/nonexistent/db.sqlite";
+    o.instance_id = "web-1";
+    e = ks_app_open(&o, &none, w->err, sizeof w->err);
+    assert_int_equal(ks_err_class(e), KS_ERROR_CLASS_CONFIGURATION);
+    assert_null(none);
+    assert_int_equal(ks_app_open(NULL, &none, NULL, 0), KS_ERR_INVALID_ARGUMENT);
+    ks_app_close(NULL);
+}
+
+/* ---- the policy on SQLite ------------------------------------------------------ */
+
+/* Start a rollout of payments.card from payments-kek:1 to payments-kek:2
+ * (v2, xchacha20-poly1305), canary tenant "canary-t", no soak. */
+static int64_t start_rollout(world *w)
+{
+    ks_rollout s;
+    memset(&s, 0, sizeof s);
+    strcpy(s.table, "payments");
+    strcpy(s.column, "card");
+    s.source = cls(2, KS_ALG_XCHACHA20POLY1305, "payments-kek", 1);
+    s.target = cls(2, KS_ALG_XCHACHA20POLY1305, "payments-kek", 2);
+    s.canary.kind = KS_CANARY_TENANTS;
+    s.canary.n_tenants = 1;
+    strcpy(s.canary.tenants[0], "canary-t");
+    ks_thresholds_default(&s.thresholds);
+    s.reader_ttl_s = 30;
+    int64_t id = 0;
+    assert_int_equal(ks_rollout_db_start(w->db, &s, "alice", time(NULL), &id, w->err,
+                                         sizeof w->err),
+                     KS_OK);
+    return id;
+}
+
+/* Move rollout id from -> to now with favourable facts. */
+static void move(world *w, int64_t id, ks_rollout_phase from, ks_rollout_phase to)
+{
+    ks_rollout_facts f;
+    memset(&f, 0, sizeof f);
+    f.now = time(NULL);
+    f.target_key_state = f.source_key_state = KS_KEY_ACTIVE;
+    f.census_known = f.health_known = 1;
+    f.health = KS_HEALTH_OK;
+    ks_rollout_change c = {id, from, to, "alice", "test", 0};
+    ks_err e = ks_rollout_db_transition(w->db, &c, &f, w->err, sizeof w->err);
+    if (e != KS_OK) {
+        fail_msg("transition: %s: %s", ks_err_name(e), w->err);
+    }
+    sleep_ms(60); /* past the policy's refresh period */
+}
+
+/* The live readers of w's database into out[0, 4); their number. */
+static size_t live_readers(world *w, ks_rollout_reader *out)
+{
+    size_t n = 0;
+    assert_int_equal(ks_rollout_db_readers_live(w->db, 30, time(NULL), out, 4, &n), KS_OK);
+    return n;
+}
+
+/* Wait (up to 10 s) until app a made at least want reports. */
+static void wait_reports(ks_app *a, uint64_t want)
+{
+    ks_app_stats st;
+    for (int i = 0; i < 1000; i++) {
+        ks_app_stats_get(a, &st);
+        if (st.reports >= want) {
+            return;
+        }
+        sleep_ms(10);
+    }
+    fail_msg("only %llu reports", (unsigned long long)st.reports);
+}
+
+/* What each phase writes and reads, the canary, the registration with
+ * the keys held, health reports and deregistration at close. */
+static void test_policy_sqlite(void **state)
+{
+    world *w = *state;
+    int64_t id = start_rollout(w);
+    ks_app_options o = opts(w, 2, 0);
+    o.database = w->path;
+    o.instance_id = "web-1";
+    o.interval_ms = 20;
+    ks_app *a = app_open(w, &o);
+    ks_app_options ot = opts(w, 2, 0); /* a writer of the target, no database */
+    ot.default_key_version = 2;
+    ks_app *tw = app_open(w, &ot);
+
+    ks_rollout_reader rd[4];
+    assert_int_equal(live_readers(w, rd), 1);
+    assert_string_equal(rd[0].instance_id, "web-1");
+    assert_string_equal(rd[0].keys, KEYS);
+    assert_int_equal(rd[0].max_format, 2);
+    char keys[KS_READER_KEYS_MAX + 1];
+    assert_int_equal(ks_app_keys(a, keys, sizeof keys), KS_OK);
+    assert_string_equal(keys, KEYS);
+
+    ks_rollout_class src = cls(2, KS_ALG_XCHACHA20POLY1305, "payments-kek", 1);
+    ks_rollout_class dst = cls(2, KS_ALG_XCHACHA20POLY1305, "payments-kek", 2);
+    ks_rollout_class c;
+    ks_app_record r = rec("t2", "payments:7:card"), canary = rec("canary-t", "payments:8:card");
+    uint8_t se[1024], te[1024], ce[1024];
+    size_t tn = seal(tw, &r, "target", te, NULL);
+
+    /* planned: write the source; the target is not readable yet */
+    size_t sn = seal(a, &canary, "source", se, &c);
+    assert_true(ks_rollout_class_equal(&c, &src));
+    assert_int_equal(open_err(a, &r, te, tn), KS_ERR_PHASE);
+    assert_int_equal(ks_err_class(KS_ERR_PHASE), KS_ERROR_CLASS_REFUSED);
+    opens_to(a, &canary, se, sn, "source");
+
+    /* read-compat: both read, the source written */
+    move(w, id, KS_PHASE_PLANNED, KS_PHASE_READ_COMPAT);
+    opens_to(a, &r, te, tn, "target");
+    seal(a, &canary, "x", ce, &c);
+    assert_true(ks_rollout_class_equal(&c, &src));
+
+    /* write-upgrade: the canary tenant writes the target, others the source */
+    move(w, id, KS_PHASE_READ_COMPAT, KS_PHASE_WRITE_UPGRADE);
+    size_t cn = seal(a, &canary, "canary", ce, &c);
+    assert_true(ks_rollout_class_equal(&c, &dst));
+    sn = seal(a, &r, "other", se, &c);
+    assert_true(ks_rollout_class_equal(&c, &src));
+    opens_to(a, &canary, ce, cn, "canary");
+    opens_to(a, &r, se, sn, "other");
+
+    /* health: the background thread reports the growth of the counters */
+    ks_app_stats st;
+    ks_app_stats_get(a, &st);
+    wait_reports(a, st.reports + 2);
+    ks_health_sample sum;
+    assert_int_equal(ks_rollout_db_metrics_sum(w->db, id, 0, &sum), KS_OK);
+    assert_true(sum.seals >= 2);
+    assert_true(sum.opens >= 2);
+    uint64_t hist = 0;
+    for (size_t i = 0; i < KS_HIST_BUCKETS; i++) {
+        hist += sum.seal_ns.bucket[i];
+    }
+    assert_true(hist >= 2);
+    ks_app_stats_get(a, &st);
+    assert_true(st.heartbeats >= 1);
+    assert_int_equal(st.heartbeat_errors + st.report_errors, 0);
+
+    /* backfill: everyone writes the target */
+    move(w, id, KS_PHASE_WRITE_UPGRADE, KS_PHASE_BACKFILL);
+    seal(a, &r, "x", ce, &c);
+    assert_true(ks_rollout_class_equal(&c, &dst));
+
+    /* finalized: the source is no longer read */
+    assert_int_equal(ks_rollout_db_record_verify(w->db, id, "migrate", time(NULL)), KS_OK);
+    move(w, id, KS_PHASE_BACKFILL, KS_PHASE_FINALIZED);
+    size_t on = seal(tw, &r, "x", te, NULL);
+    opens_to(a, &r, te, on, "x");
+    ks_app_options os = opts(w, 2, 0); /* a writer of the source, no database */
+    ks_app *sw = app_open(w, &os);
+    sn = seal(sw, &r, "old", se, NULL);
+    assert_int_equal(open_err(a, &r, se, sn), KS_ERR_PHASE);
+    opens_to(sw, &r, se, sn, "old"); /* without a rollout: anything the keys open */
+
+    /* a column no rollout governs: the default key */
+    ks_app_record orders = {"orders", "note", {(const uint8_t *)"t", 1}, {NULL, 0}};
+    size_t n = 0;
+    assert_int_equal(ks_app_seal(a, &orders, (const uint8_t *)"n", 1, ce, sizeof ce, &n, &c),
+                     KS_OK);
+    assert_true(ks_rollout_class_equal(&c, &src));
+
+    ks_app_close(a);
+    assert_int_equal(live_readers(w, rd), 0);
+    ks_app_close(tw);
+    ks_app_close(sw);
+}
+
+/* A rollout from plaintext: before write-upgrade, seal hands the
+ * plaintext back unsealed and open reads plaintext as it is. */
+static void test_policy_plaintext(void **state)
+{
+    world *w = *state;
+    ks_rollout s;
+    memset(&s, 0, sizeof s);
+    strcpy(s.table, "orders");
+    strcpy(s.column, "note");
+    s.source.is_plaintext = 1;
+    s.target = cls(2, KS_ALG_XCHACHA20POLY1305, "payments-kek", 2);
+    ks_thresholds_default(&s.thresholds);
+    s.reader_ttl_s = 30;
+    int64_t id = 0;
+    assert_int_equal(ks_rollout_db_start(w->db, &s, "alice", time(NULL), &id, w->err,
+                                         sizeof w->err),
+                     KS_OK);
+    ks_app_options o = opts(w, 2, 0);
+    o.database = w->path;
+    o.instance_id = "web-2";
+    ks_app *a = app_open(w, &o);
+    ks_app_record r = {"orders", "note", {(const uint8_t *)"t", 1}, {(const uint8_t *)"o:1", 3}};
+    uint8_t out[1024], pt[64];
+    size_t n = 0, pn = 0;
+    ks_rollout_class c, rc;
+    assert_int_equal(ks_app_seal(a, &r, (const uint8_t *)"hello", 5, out, sizeof out, &n, &c),
+                     KS_OK);
+    assert_true(c.is_plaintext);
+    assert_int_equal(n, 5);
+    assert_memory_equal(out, "hello", 5);
+    assert_int_equal(ks_app_open_value(a, &r, out, n, pt, sizeof pt, &pn, &rc, NULL), KS_OK);
+    assert_true(rc.is_plaintext);
+    assert_int_equal(pn, 5);
+    ks_app_close(a);
+}
+
+/* ---- batches, parse, environment, threads --------------------------------------- */
+
+/* A batch seals and opens like single calls; a failed item has its own
+ * error and does not stop the others. */
+static void test_batch(void **state)
+{
+    world *w = *state;
+    ks_app_options o = opts(w, 2, 0);
+    ks_app *a = app_open(w, &o);
+    enum { N = 8 };
+    ks_app_item items[N];
+    uint8_t outs[N][512], pts[N][512];
+    char ctx[N][16], msg[N][16];
+    for (size_t i = 0; i < N; i++) {
+        snprintf(ctx[i], sizeof ctx[i], "p:%zu", i);
+        snprintf(msg[i], sizeof msg[i], "value %zu", i);
+        items[i] = (ks_app_item){{(const uint8_t *)"acme", 4},
+                                 {(const uint8_t *)ctx[i], strlen(ctx[i])},
+                                 {(const uint8_t *)msg[i], strlen(msg[i])},
+                                 outs[i], sizeof outs[i], 0, KS_ERR_STORE, {0}};
+    }
+    assert_int_equal(ks_app_seal_batch(a, "payments", "card", items, N), KS_OK);
+    for (size_t i = 0; i < N; i++) {
+        assert_int_equal(items[i].err, KS_OK);
+        assert_int_equal(items[i].cls.key_version, 1);
+        items[i].in = (ks_bytes){outs[i], items[i].out_len};
+        items[i].out = pts[i];
+        items[i].cap = sizeof pts[i];
+    }
+    outs[3][items[3].in.len - 1] ^= 1;
+    items[5].in.len = 2;
+    assert_int_equal(ks_app_open_batch(a, "payments", "card", items, N), KS_ERR_AUTH_FAILED);
+    for (size_t i = 0; i < N; i++) {
+        ks_err want = i == 3 ? KS_ERR_AUTH_FAILED : i == 5 ? KS_ERR_TRUNCATED : KS_OK;
+        assert_int_equal(items[i].err, want);
+        if (want == KS_OK) {
+            assert_int_equal(items[i].out_len, strlen(msg[i]));
+            assert_memory_equal(pts[i], msg[i], items[i].out_len);
+        }
+    }
+    assert_int_equal(ks_app_seal_batch(a, "payments", "card", NULL, 0), KS_OK);
+    assert_int_equal(ks_app_seal_batch(a, NULL, "card", items, N), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_app_open_batch(NULL, "payments", "card", items, N),
+                     KS_ERR_INVALID_ARGUMENT);
+    ks_app_close(a);
+}
+
+/* The pure parse: fields and where they lie; rejections with offsets. */
+static void test_parse(void **state)
+{
+    world *w = *state;
+    ks_app_options o = opts(w, 2, KS_ALG_XCHACHA20POLY1305);
+    ks_app *a = app_open(w, &o);
+    ks_app_record r = rec("acme", "ctx");
+    uint8_t env[1024];
+    size_t n = seal(a, &r, "hello", env, NULL);
+    ks_app_close(a);
+    ks_app_header h;
+    assert_int_equal(ks_app_parse(env, n, &h, NULL), KS_OK);
+    assert_int_equal(h.version, 2);
+    assert_int_equal(h.algorithm, KS_ALG_XCHACHA20POLY1305);
+    assert_int_equal(h.key_version, 1);
+    assert_int_equal(h.key_id.len, 12);
+    assert_memory_equal(env + h.key_id.offset, "payments-kek", 12);
+    assert_int_equal(h.tenant.len, 4);
+    assert_memory_equal(env + h.tenant.offset, "acme", 4);
+    assert_int_equal(h.nonce.len, 24);
+    assert_int_equal(h.commitment.len > 0, 1);
+    assert_int_equal(h.ciphertext.len, 5 + 16);
+    assert_int_equal(h.ciphertext.offset + h.ciphertext.len, n);
+    assert_int_equal(h.total_len, n);
+    assert_true(h.header_len < h.ciphertext.offset);
+    ks_parse_error perr;
+    assert_int_equal(ks_app_parse(env, n - 1, &h, &perr), KS_ERR_TRUNCATED);
+    assert_int_equal(perr.code, KS_ERR_TRUNCATED);
+    assert_int_equal(ks_app_parse((const uint8_t *)"KSX", 3, &h, &perr), KS_ERR_BAD_MAGIC);
+    assert_int_equal(perr.code, KS_ERR_BAD_MAGIC);
+    assert_int_equal(ks_app_parse(NULL, 1, &h, NULL), KS_ERR_INVALID_ARGUMENT);
+}
+
+/* Keys from KEYSHIFT_KEYRING: the versions held are listed from the
+ * keyring (active and decrypt-only) and registered; a change of the file
+ * is reloaded by the background thread and registered again. */
+static void test_env_keyring(void **state)
+{
+    world *w = *state;
+    char kpath[128];
+    snprintf(kpath, sizeof kpath, "%s/app.keyring", w->dir);
+    assert_int_equal(ks_keyring_init(kpath, (ks_bytes){NULL, 0}), KS_OK);
+    ks_keyring *kr = NULL;
+    assert_int_equal(ks_keyring_open(kpath, (ks_bytes){NULL, 0}, &kr, NULL), KS_OK);
+    assert_int_equal(ks_keyring_create(kr, (ks_bytes){(const uint8_t *)"env-kek", 7}), KS_OK);
+    uint32_t v = 0;
+    assert_int_equal(ks_keyring_add_version(kr, (ks_bytes){(const uint8_t *)"env-kek", 7}, &v),
+                     KS_OK);
+    assert_int_equal(ks_keyring_set_state(kr, (ks_bytes){(const uint8_t *)"env-kek", 7}, 2,
+                                          KS_KEY_DISABLED),
+                     KS_OK);
+    ks_keyring_close(kr);
+    unsetenv("KEYSHIFT_PROVIDERS");
+    unsetenv("KEYSHIFT_PASSPHRASE");
+    setenv("KEYSHIFT_KEYRING", kpath, 1);
+    ks_app_options o;
+    memset(&o, 0, sizeof o);
+    o.database = w->path;
+    o.instance_id = "env-1";
+    o.default_key_id = "env-kek";
+    o.interval_ms = 20;
+    ks_app *a = app_open(w, &o);
+    char keys[KS_READER_KEYS_MAX + 1];
+    assert_int_equal(ks_app_keys(a, keys, sizeof keys), KS_OK);
+    assert_string_equal(keys, "env-kek:1");
+    assert_int_equal(ks_app_keys(a, keys, 3), KS_ERR_BUFFER_TOO_SMALL);
+    ks_rollout_reader rd[4];
+    assert_int_equal(live_readers(w, rd), 1);
+    assert_string_equal(rd[0].keys, "env-kek:1");
+    ks_app_record r = rec("acme", "c");
+    uint8_t env[1024], env3[1024];
+    ks_rollout_class c;
+    size_t n = seal(a, &r, "from env", env, &c);
+    assert_int_equal(c.key_version, 1);
+    opens_to(a, &r, env, n, "from env");
+
+    /* an operator adds version 3 and promotes it: the app reloads the
+     * keyring, registers the new list and seals under the new primary */
+    assert_int_equal(ks_keyring_open(kpath, (ks_bytes){NULL, 0}, &kr, NULL), KS_OK);
+    assert_int_equal(ks_keyring_add_version(kr, (ks_bytes){(const uint8_t *)"env-kek", 7}, &v),
+                     KS_OK);
+    assert_int_equal(v, 3);
+    sleep_ms(50); /* the two writes get distinct modification times */
+    assert_int_equal(ks_keyring_promote(kr, (ks_bytes){(const uint8_t *)"env-kek", 7}, 3), KS_OK);
+    ks_keyring_close(kr);
+    size_t n3 = 0;
+    for (int i = 0; i < 1000; i++) { /* until the reload after the promotion */
+        n3 = seal(a, &r, "after reload", env3, &c);
+        if (c.key_version == 3) {
+            break;
+        }
+        sleep_ms(10);
+    }
+    assert_int_equal(c.key_version, 3);
+    for (int i = 0; i < 1000; i++) { /* registered right after the swap */
+        assert_int_equal(ks_app_keys(a, keys, sizeof keys), KS_OK);
+        if (strcmp(keys, "env-kek:1,env-kek:3") == 0) {
+            break;
+        }
+        sleep_ms(10);
+    }
+    assert_string_equal(keys, "env-kek:1,env-kek:3");
+    assert_int_equal(live_readers(w, rd), 1);
+    assert_string_equal(rd[0].keys, "env-kek:1,env-kek:3");
+    ks_app_stats st;
+    ks_app_stats_get(a, &st);
+    assert_true(st.key_reloads >= 1);
+    assert_int_equal(st.reload_errors, 0);
+    opens_to(a, &r, env3, n3, "after reload");
+    opens_to(a, &r, env, n, "from env"); /* sealed under the first generation */
+    ks_app_close(a);
+    unsetenv("KEYSHIFT_KEYRING");
+    ks_app *none = NULL;
+    memset(&o, 0, sizeof o);
+    assert_int_equal(ks_app_open(&o, &none, w->err, sizeof w->err), KS_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(w->err, "KEYSHIFT_KEYRING"));
+    unlink(kpath);
+}
+
+/* Each of ks_app_open's own allocations failing in turn: the open fails
+ * with no-memory and leaves nothing behind (no reader registered,
+ * nothing leaked: LeakSanitizer checks at exit), until a run in which no
+ * fault fires opens normally. */
+static void test_open_alloc_faults(void **state)
+{
+    world *w = *state;
+    ks_app_options o = opts(w, 2, 0);
+    o.database = w->path;
+    o.instance_id = "web-f";
+    o.interval_ms = 3600000; /* no tick while a fault is armed */
+    unsigned long n = 1;
+    for (;; n++) {
+        ks_app *a = NULL;
+        ks_test_alloc_fail_at(n);
+        ks_err e = ks_app_open(&o, &a, w->err, sizeof w->err);
+        unsigned long fired = ks_test_alloc_fired();
+        ks_test_alloc_fail_at(0);
+        if (fired == 0) {
+            assert_int_equal(e, KS_OK);
+            ks_app_close(a);
+            break;
+        }
+        if (e == KS_OK) { /* a fault some lower layer absorbed */
+            ks_app_close(a);
+            continue;
+        }
+        assert_int_equal(e, KS_ERR_NO_MEMORY);
+        assert_null(a);
+        ks_rollout_reader rd[4];
+        assert_int_equal(live_readers(w, rd), 0);
+    }
+    assert_true(n > 3);
+    printf("ks_app_open: %lu allocation fault points\n", n - 1);
+}
+
+/* What one thread of test_threads does. */
+typedef struct thread_arg {
+    ks_app *app;
+    int index;
+    int failures;
+} thread_arg;
+
+/* Seal and open 200 values of its own tenant and of a shared one. */
+static void *thread_main(void *p)
+{
+    thread_arg *t = p;
+    char tenant[16], ctx[32], msg[32];
+    snprintf(tenant, sizeof tenant, "t%d", t->index % 3);
+    for (int i = 0; i < 200; i++) {
+        snprintf(ctx, sizeof ctx, "payments:%d:%d", t->index, i);
+        snprintf(msg, sizeof msg, "value %d/%d", t->index, i);
+        ks_app_record r = {"payments", "card", {(const uint8_t *)tenant, strlen(tenant)},
+                           {(const uint8_t *)ctx, strlen(ctx)}};
+        uint8_t env[512], pt[512];
+        size_t n = 0, pn = 0;
+        if (ks_app_seal(t->app, &r, (const uint8_t *)msg, strlen(msg), env, sizeof env, &n,
+                        NULL) != KS_OK ||
+            ks_app_open_value(t->app, &r, env, n, pt, sizeof pt, &pn, NULL, NULL) != KS_OK ||
+            pn != strlen(msg) || memcmp(pt, msg, pn) != 0) {
+            t->failures++;
+        }
+    }
+    return NULL;
+}
+
+/* Eight threads on one app with a rollout under way and the background
+ * thread reporting every 5 ms: every value round-trips. */
+static void test_threads(void **state)
+{
+    world *w = *state;
+    int64_t id = start_rollout(w);
+    move(w, id, KS_PHASE_PLANNED, KS_PHASE_READ_COMPAT);
+    ks_app_options o = opts(w, 2, 0);
+    o.database = w->path;
+    o.instance_id = "web-t";
+    o.interval_ms = 5;
+    ks_app *a = app_open(w, &o);
+    enum { T = 8 };
+    pthread_t th[T];
+    thread_arg args[T];
+    for (int i = 0; i < T; i++) {
+        args[i] = (thread_arg){a, i, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, thread_main, &args[i]), 0);
+    }
+    for (int i = 0; i < T; i++) {
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+        assert_int_equal(args[i].failures, 0);
+    }
+    ks_app_close(a);
+    ks_health_sample sum;
+    assert_int_equal(ks_rollout_db_metrics_sum(w->db, id, 0, &sum), KS_OK);
+    assert_int_equal(sum.seals, T * 200); /* the final report at close counts the rest */
+    assert_int_equal(sum.opens, T * 200);
+}
+
+#define T(f) cmocka_unit_test_setup_teardown(f, world_setup, world_teardown)
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        T(test_round_trips), cmocka_unit_test(test_error_classes),
+        T(test_errors),      T(test_policy_sqlite),
+        T(test_policy_plaintext), T(test_batch),
+        T(test_parse),       T(test_env_keyring),
+        T(test_open_alloc_faults), T(test_threads),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
