@@ -121,7 +121,8 @@ static ks_app_record rec(const char *tenant, const char *context)
 {
     return (ks_app_record){"payments", "card",
                            {(const uint8_t *)tenant, strlen(tenant)},
-                           {(const uint8_t *)context, strlen(context)}};
+                           {(const uint8_t *)context, strlen(context)},
+                           {NULL, 0}};
 }
 
 /* Seal pt for r into out (cap 1024); its length. */
@@ -231,6 +232,19 @@ static void test_round_trips(void **state)
     assert_int_equal(ks_app_parse(env, n, &h, NULL), KS_OK);
     assert_memory_equal(env + h.purpose.offset, "card-number", 11);
     opens_to(a, &r, env, n, "x");
+    /* A record's own purpose comes before the app's, and binds the open. */
+    r.purpose = (ks_bytes){(const uint8_t *)"cvv", 3};
+    n = seal(a, &r, "y", env, &c);
+    assert_int_equal(ks_app_parse(env, n, &h, NULL), KS_OK);
+    assert_int_equal(h.purpose.len, 3);
+    assert_memory_equal(env + h.purpose.offset, "cvv", 3);
+    opens_to(a, &r, env, n, "y");
+    ks_app_record other = r;
+    other.purpose = (ks_bytes){NULL, 0};
+    uint8_t pt[16];
+    size_t pn = 0;
+    assert_int_equal(ks_app_open_value(a, &other, env, n, pt, sizeof pt, &pn, NULL, NULL),
+                     KS_ERR_AUTH_FAILED);
     ks_app_close(a);
 }
 
@@ -335,7 +349,7 @@ static void test_errors(void **state)
                      KS_ERR_BUFFER_TOO_SMALL);
     assert_int_equal(ks_app_seal(a, &r, (const uint8_t *)"secret", 6, bad, 10, &sn, NULL),
                      KS_ERR_BUFFER_TOO_SMALL);
-    ks_app_record nocol = {"payments", NULL, {NULL, 0}, {NULL, 0}};
+    ks_app_record nocol = {"payments", NULL, {NULL, 0}, {NULL, 0}, {NULL, 0}};
     assert_int_equal(ks_app_seal(a, &nocol, (const uint8_t *)"x", 1, bad, sizeof bad, &sn, NULL),
                      KS_ERR_INVALID_ARGUMENT);
     assert_int_equal(ks_app_seal(NULL, &r, (const uint8_t *)"x", 1, bad, sizeof bad, &sn, NULL),
@@ -536,7 +550,7 @@ static void test_policy_sqlite(void **state)
     opens_to(sw, &r, se, sn, "old"); /* without a rollout: anything the keys open */
 
     /* a column no rollout governs: the default key */
-    ks_app_record orders = {"orders", "note", {(const uint8_t *)"t", 1}, {NULL, 0}};
+    ks_app_record orders = {"orders", "note", {(const uint8_t *)"t", 1}, {NULL, 0}, {NULL, 0}};
     size_t n = 0;
     assert_int_equal(ks_app_seal(a, &orders, (const uint8_t *)"n", 1, ce, sizeof ce, &n, &c),
                      KS_OK);
@@ -569,7 +583,8 @@ static void test_policy_plaintext(void **state)
     o.database = w->path;
     o.instance_id = "web-2";
     ks_app *a = app_open(w, &o);
-    ks_app_record r = {"orders", "note", {(const uint8_t *)"t", 1}, {(const uint8_t *)"o:1", 3}};
+    ks_app_record r = {"orders", "note", {(const uint8_t *)"t", 1}, {(const uint8_t *)"o:1", 3},
+                       {NULL, 0}};
     uint8_t out[1024], pt[64];
     size_t n = 0, pn = 0;
     ks_rollout_class c, rc;
@@ -602,6 +617,7 @@ static void test_batch(void **state)
         snprintf(msg[i], sizeof msg[i], "value %zu", i);
         items[i] = (ks_app_item){{(const uint8_t *)"acme", 4},
                                  {(const uint8_t *)ctx[i], strlen(ctx[i])},
+                                 {NULL, 0},
                                  {(const uint8_t *)msg[i], strlen(msg[i])},
                                  outs[i], sizeof outs[i], 0, KS_ERR_STORE, {0}};
     }
@@ -803,7 +819,7 @@ static void *thread_main(void *p)
         snprintf(ctx, sizeof ctx, "payments:%d:%d", t->index, i);
         snprintf(msg, sizeof msg, "value %d/%d", t->index, i);
         ks_app_record r = {"payments", "card", {(const uint8_t *)tenant, strlen(tenant)},
-                           {(const uint8_t *)ctx, strlen(ctx)}};
+                           {(const uint8_t *)ctx, strlen(ctx)}, {NULL, 0}};
         uint8_t env[512], pt[512];
         size_t n = 0, pn = 0;
         if (ks_app_seal(t->app, &r, (const uint8_t *)msg, strlen(msg), env, sizeof env, &n,

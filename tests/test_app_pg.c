@@ -147,7 +147,7 @@ static void test_app_on_pg(void **state)
     assert_int_equal(live(w, keys, sizeof keys), 1);
     assert_string_equal(keys, "k:1");
 
-    ks_app_record r = {"payments", "card", BV("acme"), BV("payments:1:card")};
+    ks_app_record r = {"payments", "card", BV("acme"), BV("payments:1:card"), {NULL, 0}};
     uint8_t out[1024], env[1024], pt[1024];
     size_t n = 0, en = 0, pn = 0;
     ks_rollout_class c;

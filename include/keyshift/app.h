@@ -161,6 +161,9 @@ typedef struct ks_app_record {
                               envelope carries it); to open, empty means any tenant */
     ks_bytes context;      /* 0..KS_CONTEXT_MAX bytes the reader rebuilds from trusted
                               data, e.g. "payments:42:card" */
+    ks_bytes purpose;      /* format 2: the purpose bound into (and required of) the
+                              envelope, 1..KS_PURPOSE_MAX bytes of [F-NAME-1]; empty: the
+                              app's purpose option, or else the column's name */
     /* A view of length 0 is empty whatever its ptr (unlike ks_bytes elsewhere). */
 } ks_app_record;
 
@@ -196,7 +199,7 @@ KS_API KS_WUR ks_err ks_app_seal(ks_app *app, const ks_app_record *r, const uint
  * value not starting with "KSE" is plaintext) must be one the rollout's
  * phase reads, else KS_ERR_PHASE; a plaintext the phase reads is copied
  * out as it is.  Then the envelope is opened, its tenant required to be
- * r->tenant (when not empty) and, in format 2, its purpose the app's.
+ * r->tenant (when not empty) and, in format 2, its purpose r's (as ks_app_record says).
  * Opens, auth failures and parse errors are counted for the health
  * report.  The class read goes to *read when not NULL.  Errors: a parse
  * rejection (codes 1..31, *perr filled when not NULL), KS_ERR_PHASE,
@@ -213,6 +216,7 @@ KS_API KS_WUR ks_err ks_app_open_value(ks_app *app, const ks_app_record *r, cons
 typedef struct ks_app_item {
     ks_bytes tenant;       /* as ks_app_record */
     ks_bytes context;
+    ks_bytes purpose;
     ks_bytes in;           /* the plaintext (seal) or the stored value (open) */
     uint8_t *out;          /* the caller's buffer, out[0, cap) */
     size_t cap;

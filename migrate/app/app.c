@@ -634,10 +634,14 @@ static void class_of(const ks_envelope *env, ks_rollout_class *c)
     c->key_version = env->key_version;
 }
 
-/* The purpose of format-2 envelopes of column. */
-static ks_bytes purpose_of(const ks_app *a, const char *column)
+/* The purpose of r's format-2 envelopes: its own, else the app's, else
+ * its column's name (ks_app_record). */
+static ks_bytes purpose_of(const ks_app *a, const ks_app_record *r)
 {
-    const char *p = a->has_purpose ? a->purpose : column;
+    if (r->purpose.len > 0) {
+        return r->purpose;
+    }
+    const char *p = a->has_purpose ? a->purpose : r->column;
     return (ks_bytes){(const uint8_t *)p, strlen(p)};
 }
 
@@ -716,7 +720,7 @@ ks_err ks_app_seal(ks_app *app, const ks_app_record *r, const uint8_t *pt, size_
                         {(const uint8_t *)c.key_id, strlen(c.key_id)}, c.key_version,
                         {NULL, 0}, view(r->context)};
     if (c.version == KS_FORMAT_V2) {
-        p.purpose = purpose_of(app, r->column);
+        p.purpose = purpose_of(app, r);
     }
     e = ks_seal(atomic_load_explicit(&app->cur, memory_order_acquire)->ctx, &p, pt, pt_len, out,
                 cap, out_len);
@@ -781,7 +785,7 @@ ks_err ks_app_open_value(ks_app *app, const ks_app_record *r, const uint8_t *v, 
         return KS_OK;
     }
     if (is_env && env.version == KS_FORMAT_V2) {
-        op.purpose = purpose_of(app, r->column);
+        op.purpose = purpose_of(app, r);
     }
     ks_err e = ks_open(atomic_load_explicit(&app->cur, memory_order_acquire)->ctx, v, v_len, &op,
                        pt, cap, pt_len, perr);
@@ -801,7 +805,7 @@ ks_err ks_app_seal_batch(ks_app *app, const char *table, const char *column, ks_
     ks_err first = KS_OK;
     for (size_t i = 0; i < n; i++) {
         ks_app_item *it = &items[i];
-        ks_app_record r = {table, column, it->tenant, it->context};
+        ks_app_record r = {table, column, it->tenant, it->context, it->purpose};
         it->err = ks_app_seal(app, &r, it->in.ptr, it->in.len, it->out, it->cap, &it->out_len,
                               &it->cls);
         if (first == KS_OK) {
@@ -821,7 +825,7 @@ ks_err ks_app_open_batch(ks_app *app, const char *table, const char *column, ks_
     ks_err first = KS_OK;
     for (size_t i = 0; i < n; i++) {
         ks_app_item *it = &items[i];
-        ks_app_record r = {table, column, it->tenant, it->context};
+        ks_app_record r = {table, column, it->tenant, it->context, it->purpose};
         it->err = ks_app_open_value(app, &r, it->in.ptr, it->in.len, it->out, it->cap,
                                     &it->out_len, &it->cls, NULL);
         if (first == KS_OK) {
