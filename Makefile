@@ -365,7 +365,7 @@ demo: deps all
 # the corpus replay beside the coverage run (both only count); the fuzz
 # smoke runs alone, since its exec/s floors are measured figures.  make
 # prove (3 min 45 s on the 2-core machine, past the 3 minutes
-# docs/fuzzing.md allows it) runs nightly.
+# docs/fuzzing.md allows it in make test, "Proof") runs nightly.
 
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 TEST_BINS = $(STATIC) $(SHARED) $(CLI) $(DEMO_APP) $(KMS_AWS) $(UNIT_BINS) $(TSAN_BINS) $(CLI_SAN) \

@@ -146,7 +146,7 @@ FUZZ_COV_DIR := $(FZ)/cov
 # coverage prints every file's figures, then the group's):
 #   parsers   the parsers and encoders of untrusted bytes, at 95 / 90
 #   stateful  the crypto core, the migration engine, the rollout guard and
-#             policy, at the issue's 85 / 75
+#             policy, at 85 / 75
 # (a group below its floors may be given FUZZ_COV_ALLOW_<group> := lines
 # branches 'reason': enforced at those figures, the reason printed)
 FUZZ_COV_GROUPS := parsers stateful

@@ -606,8 +606,8 @@ static void expect_log(world *w, int64_t rollout_id, int from, int to, const cha
 
 /* The verdict of window sum under t, as `rollout check` gives it for the
  * checks the harness feeds (sample count, auth-failure and parse-error
- * rates).  ks_health_evaluate is declared in health.h but not built at
- * this base, so the harness judges the window itself. */
+ * rates), judged here from the thresholds' definitions rather than by
+ * ks_health_evaluate, so the guards' facts have a reference of their own. */
 static ks_health_status judge(const ks_health_sample *sum, const ks_thresholds *t)
 {
     uint64_t samples = sum->seals + sum->opens;

@@ -110,7 +110,8 @@ def seeds():
     # quarantined rows and a threshold stop (rate 0)
     s.append(params(ENCRYPT, rate=0) + text(b"a") + kse(b"\x01\x00") + text(b"b", q=True) + text(b"c"))
     s.append(params(ENCRYPT, rate=127, batch=2) + kse(b"") + kse(b"\x09") + text(b"ok") + null(q=True))
-    # REAL values (see the known issue in docs/fuzzing.md)
+    # REAL values (docs/fuzzing.md, "fuzz_migrate": a REAL is compared
+    # as SQLite's text rendering)
     s.append(params(REWRAP) + real(100) + genuine(1))
     s.append(params(ENCRYPT, batch=4) + real(-3) + text(b"r"))
     # rewrap: genuine envelopes where their contexts render (row i has id i+1)

@@ -16,8 +16,8 @@
 # a catch-up pass, a lock held past --busy-timeout (75, then rerun), a
 # rollout's lifecycle kept in the same database (start, read-compat,
 # write-upgrade, backfill with migrate run gated on the phase, a recorded
-# verify, finalize; the log append-only), and the cluster stopped mid-run (a clean exit 69; the
-# issue allows 69 or 74, and the store maps a lost connection to 69) then
+# verify, finalize; the log append-only), and the cluster stopped mid-run (a clean exit 69: the
+# store maps a lost connection to 69, docs/migration.md) then
 # started again, the rerun completing from the checkpoint.
 #
 # Needs the PostgreSQL server programs (initdb, pg_ctl) and psql.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/cli_rollout_lifecycle_pg_test.sh -- the rollout lifecycle on
-# PostgreSQL with real processes (issue 15): two keyshift-demo-app
+# PostgreSQL with real processes: two keyshift-demo-app
 # instances read and write a table of a throw-away cluster of
 # tests/pg_cluster.sh (stopped and removed on any exit, with every process
 # the test started) through the policy, whose state lives in the same

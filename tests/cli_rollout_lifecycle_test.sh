@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # tests/cli_rollout_lifecycle_test.sh -- rollouts with real processes: two
 # keyshift-demo-app instances read and write a real SQLite file with a real
-# keyring while the column is taken through its whole lifecycle (issue 5,
-# docs/rollout.md):
+# keyring while the column is taken through its whole lifecycle
+# (docs/rollout.md):
 #
 #   A. the demo application alone (no `keyshift rollout` needed): usage
 #      and exit codes; two instances against a database with NO rollout

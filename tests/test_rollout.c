@@ -1208,7 +1208,7 @@ static int writes_target(ks_policy *p, const char *tenant)
     return ks_rollout_class_equal(&c, &s.target);
 }
 
-/* Each phase answers per the table of the issue; a second connection's
+/* Each phase answers per the phase table of docs/rollout.md; a second connection's
  * change is seen after a refresh, not before. */
 static void test_policy_phases(void **state)
 {

@@ -7,7 +7,7 @@
  * test starts from an empty public schema with a table rec(id, v) of
  * plaintext rows ("secret-<id>", NULL every 97th) and an admin
  * connection that checks the results.  KS_WORKERS_ROWS sets the rows of
- * the convergence test (default 200,000, the issue's figure).  No test
+ * the convergence test (default 200,000).  No test
  * passes or fails on a measured duration; the sleeps only make leases
  * expire.
  */

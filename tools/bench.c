@@ -3,7 +3,7 @@
  * baseline run in the same process, printed as JSON lines.
  *
  * Envelope parsing: the strict parser (ks_envelope_parse) against nanopb's
- * pb_decode of the same body bytes, on the typical envelope of the issue
+ * pb_decode of the same body bytes, on a typical envelope
  * (v1, 12-byte tenant, 72-byte wrapped DEK, 2 KiB of data).  Heap
  * allocations are counted by wrapping malloc and friends at link time
  * (-Wl,--wrap), which covers every object linked into this program,
@@ -110,7 +110,7 @@ void *__wrap_realloc(void *p, size_t n)
 static uint8_t envelope[4096];
 static size_t envelope_len;
 
-/* Build the typical envelope of the issue with the canonical encoder. */
+/* Build the bench's typical envelope with the canonical encoder. */
 static void make_envelope(void)
 {
     static uint8_t dek[72], nonce[KS_AES256GCM_NONCE_LEN], ct[2048 + KS_TAG_LEN];

@@ -17,7 +17,7 @@
  *   - a rewrap of t to the other key version (ks_migrate_run, 1 worker);
  *   - the raw pass again, then a reencrypt of t to the other version;
  *   - a bare scan of t through the store against ks_census_run over it.
- * Goals (issue 15): rewrap at most 1.25 times the raw pass, reencrypt at
+ * Goals: rewrap at most 1.25 times the raw pass, reencrypt at
  * most 1.4 times, the census at least 0.8 times the scan's rows/s.  The
  * server's WAL bytes per row (pg_current_wal_lsn before and after) are
  * reported for the raw pass and the migrations.  Checkpoints are deleted
@@ -30,7 +30,7 @@
  * WK_CHUNKS chunks; the order of the three rotates over the repetitions
  * (KS_BENCH_PG_WORKERS_REPS, default WK_REPS_DEFAULT).  Each run starts
  * after a CHECKPOINT, so that each pays the same full-page images in its
- * WAL.  Goal (issue 15): 2 workers give at least 1.4 times the rows/s of
+ * WAL.  Goal: 2 workers give at least 1.4 times the rows/s of
  * 1.  Besides rows/s and WAL per row, each worker count's CPU per row is
  * reported: the client's (getrusage) and the server's (its processes'
  * times from /proc: Linux only, else -1), with the machine's load

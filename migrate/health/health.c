@@ -39,7 +39,7 @@ static uint64_t sat_add(uint64_t a, uint64_t b)
     return a > UINT64_MAX - b ? UINT64_MAX : a + b;
 }
 
-/* See keyshift/health.h.  The values are the issue's defaults: strict on
+/* See keyshift/health.h.  The defaults are strict on
  * failures that mean data cannot be read, looser on the provider, whose
  * errors are often transient and retried. */
 void ks_thresholds_default(ks_thresholds *out)
