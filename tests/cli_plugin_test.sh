@@ -148,7 +148,7 @@ fault_case "revoked" 'wrap ok 6\nwrap error:revoked *\n' 77 1
 fault_case "not-found" 'wrap ok 6\nwrap error:not-found *\n' 77 1
 fault_case "integrity" 'wrap ok 6\nwrap error:integrity *\n' 78 1
 fault_case "invalid" 'wrap ok 6\nwrap error:invalid *\n' 64 1
-fault_case "auth-failed on the verify's unwrap" 'unwrap ok 6\nunwrap error:auth-failed *\n' 65 1
+fault_case "auth-failed on the verify's unwrap" 'unwrap ok 6\nunwrap error:auth-failed *\n' 70 1
 fault_case "a duplicate answer" 'wrap ok 6\nwrap duplicate *\n' 0 40
 
 # ---- the rate limit, counted at the plugin ------------------------------------------------------
