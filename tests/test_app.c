@@ -854,6 +854,10 @@ static void test_env_keyring(void **state)
     ks_app *sealed = NULL;
     assert_int_equal(ks_app_open(&o, &sealed, w->err, sizeof w->err), KS_ERR_BAD_PASSPHRASE);
     assert_non_null(strstr(w->err, "wrong or missing passphrase"));
+    o.keyring = "/nonexistent/app.keyring";
+    o.passphrase = (ks_bytes){NULL, 0};
+    assert_int_equal(ks_app_open(&o, &sealed, w->err, sizeof w->err), KS_ERR_IO);
+    assert_non_null(strstr(w->err, "No such file or directory"));
     unsetenv("KEYSHIFT_KEYRING");
     ks_app *none = NULL;
     memset(&o, 0, sizeof o);

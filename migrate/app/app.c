@@ -13,6 +13,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <assert.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -216,6 +217,11 @@ static ks_err gen_open_keyring(ks_app *a, const char *path, ks_bytes pass, app_g
     } else if (e == KS_ERR_INTEGRITY) {
         ks_errbuf_fail(errbuf, errbuf_len, e, "the keyring %s is corrupt: %s at byte %zu", path,
                        ks_err_name(perr.code), perr.offset);
+    } else if (e == KS_ERR_IO) {
+        struct stat st;
+        int missing = stat(path, &st) != 0;
+        ks_errbuf_fail(errbuf, errbuf_len, e, "cannot read the keyring %s: %s", path,
+                       missing ? strerror(errno) : "not a readable regular file");
     } else if (e != KS_OK) {
         ks_errbuf_fail(errbuf, errbuf_len, e, "cannot open the keyring %s: %s", path,
                        ks_err_name(e));
