@@ -199,8 +199,7 @@ static void test_round_trips(void **state)
             ks_rollout_class c, rd;
             size_t n = seal(a, &r, "{\"card\":\"4111\"}", env, &c);
             assert_true(n <= ks_app_seal_max_len(strlen("{\"card\":\"4111\"}")));
-            assert_true(ks_rollout_class_equal(&c, &(ks_rollout_class){0}) == 0);
-            ks_rollout_class want = cls(f, algs[i], "payments-kek", 1);
+                    ks_rollout_class want = cls(f, algs[i], "payments-kek", 1);
             assert_true(ks_rollout_class_equal(&c, &want));
             opens_to(a, &r, env, n, "{\"card\":\"4111\"}");
             uint8_t pt[64];
@@ -599,6 +598,92 @@ static void test_policy_plaintext(void **state)
     ks_app_close(a);
 }
 
+/* An update keeps the stored form where no rollout governs (plaintext
+ * stays plaintext, an envelope its own class, nothing for NULL) and
+ * follows the rollout where one does; may_read tells "no rollout" from
+ * a refusal. */
+static void test_update_and_may_read(void **state)
+{
+    world *w = *state;
+    ks_app_options o = opts(w, 2, 0);
+    o.database = w->path;
+    o.instance_id = "web-3";
+    o.interval_ms = 20;
+    ks_app *a = app_open(w, &o);
+    ks_app_options ov = opts(w, 1, KS_ALG_XCHACHA20POLY1305); /* an old v1 writer of key 2 */
+    ov.default_key_version = 2;
+    ks_app *old = app_open(w, &ov);
+    ks_app_record r = rec("t1", "payments:1:card");
+    uint8_t v1[1024], out[1024];
+    size_t n1 = seal(old, &r, "old", v1, NULL), n = 0;
+    ks_rollout_class c;
+    int ok = 1;
+
+    /* no rollout: the stored form is kept, the default key is not used */
+    assert_int_equal(ks_app_seal_update(a, &r, v1, n1, (const uint8_t *)"new", 3, out, sizeof out,
+                                        &n, &c),
+                     KS_OK);
+    ks_rollout_class want = cls(1, KS_ALG_XCHACHA20POLY1305, "payments-kek", 2);
+    assert_true(ks_rollout_class_equal(&c, &want));
+    opens_to(a, &r, out, n, "new");
+    assert_int_equal(ks_app_seal_update(a, &r, (const uint8_t *)"plain", 5, (const uint8_t *)"new",
+                                        3, out, sizeof out, &n, &c),
+                     KS_OK);
+    assert_true(c.is_plaintext);
+    assert_int_equal(n, 3);
+    assert_memory_equal(out, "new", 3);
+    assert_int_equal(ks_app_seal_update(a, &r, NULL, 0, (const uint8_t *)"new", 3, out,
+                                        sizeof out, &n, &c),
+                     KS_ERR_NO_ROLLOUT);
+    uint8_t bad[8] = {KS_MAGIC_0, KS_MAGIC_1, KS_MAGIC_2, 0x7f};
+    assert_int_equal(ks_app_seal_update(a, &r, bad, sizeof bad, (const uint8_t *)"new", 3, out,
+                                        sizeof out, &n, &c),
+                     KS_ERR_NO_ROLLOUT);
+    assert_int_equal(ks_app_seal_update(a, &r, NULL, 1, (const uint8_t *)"new", 3, out,
+                                        sizeof out, &n, &c),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_app_may_read(a, "payments", "card", v1, n1, &ok), KS_ERR_NOT_FOUND);
+    assert_int_equal(ok, 0);
+    assert_int_equal(ks_app_may_read(old, "payments", "card", v1, n1, &ok), KS_ERR_NOT_FOUND);
+    assert_int_equal(ks_app_may_read(a, "payments", NULL, v1, n1, &ok), KS_ERR_INVALID_ARGUMENT);
+
+    /* a rollout from payments-kek:1 to 2 (v2), planned: its source is written */
+    int64_t id = start_rollout(w);
+    sleep_ms(60); /* past the policy's refresh period */
+    assert_int_equal(ks_app_seal_update(a, &r, v1, n1, (const uint8_t *)"new", 3, out, sizeof out,
+                                        &n, &c),
+                     KS_OK);
+    want = cls(2, KS_ALG_XCHACHA20POLY1305, "payments-kek", 1);
+    assert_true(ks_rollout_class_equal(&c, &want));
+    assert_int_equal(ks_app_may_read(a, "payments", "card", out, n, &ok), KS_OK);
+    assert_int_equal(ok, 1);
+    assert_int_equal(ks_app_may_read(a, "payments", "card", v1, n1, &ok), KS_OK);
+    assert_int_equal(ok, 0); /* v1 under key 2: neither source nor target */
+    assert_int_equal(ks_app_may_read(a, "payments", "card", NULL, 0, &ok), KS_OK);
+    assert_int_equal(ok, 1); /* SQL NULL holds nothing */
+    assert_int_equal(ks_app_may_read(a, "orders", "note", v1, n1, &ok), KS_ERR_NOT_FOUND);
+    (void)id;
+    ks_app_close(old);
+    ks_app_close(a);
+}
+
+/* A libpq key=value string names a PostgreSQL database, not a SQLite
+ * file: a server that cannot be reached is unavailable (retryable). */
+static void test_pg_keyword_string(void **state)
+{
+    world *w = *state;
+    ks_app_options o = opts(w, 2, 0);
+    char db[160];
+    snprintf(db, sizeof db, "host=%s/nosocket dbname=postgres connect_timeout=2", w->dir);
+    o.database = db;
+    o.instance_id = "web-4";
+    ks_app *a = NULL;
+    assert_int_equal(ks_app_open(&o, &a, w->err, sizeof w->err), KS_ERR_UNAVAILABLE);
+    assert_null(a);
+    assert_non_null(strstr(w->err, "PostgreSQL"));
+    assert_non_null(strstr(w->err, "cannot connect"));
+}
+
 /* ---- batches, parse, environment, threads --------------------------------------- */
 
 /* A batch seals and opens like single calls; a failed item has its own
@@ -754,10 +839,25 @@ static void test_env_keyring(void **state)
     ks_app_stats st;
     ks_app_stats_get(a, &st);
     assert_true(st.key_reloads >= 1);
+    assert_true(st.key_changes >= 1);
     assert_int_equal(st.reload_errors, 0);
     opens_to(a, &r, env3, n3, "after reload");
     opens_to(a, &r, env, n, "from env"); /* sealed under the first generation */
     ks_app_close(a);
+
+    /* a sealed keyring opened without its passphrase: a sentence that says so */
+    unlink(kpath);
+    assert_int_equal(ks_keyring_init(kpath, (ks_bytes){(const uint8_t *)"pw", 2}), KS_OK);
+    memset(&o, 0, sizeof o);
+    o.keyring = kpath;
+    o.passphrase = (ks_bytes){(const uint8_t *)"wrong", 5};
+    ks_app *sealed = NULL;
+    assert_int_equal(ks_app_open(&o, &sealed, w->err, sizeof w->err), KS_ERR_BAD_PASSPHRASE);
+    assert_non_null(strstr(w->err, "wrong or missing passphrase"));
+    o.keyring = "/nonexistent/app.keyring";
+    o.passphrase = (ks_bytes){NULL, 0};
+    assert_int_equal(ks_app_open(&o, &sealed, w->err, sizeof w->err), KS_ERR_IO);
+    assert_non_null(strstr(w->err, "No such file or directory"));
     unsetenv("KEYSHIFT_KEYRING");
     ks_app *none = NULL;
     memset(&o, 0, sizeof o);
@@ -872,6 +972,7 @@ int main(void)
         T(test_policy_plaintext), T(test_batch),
         T(test_parse),       T(test_env_keyring),
         T(test_open_alloc_faults), T(test_threads),
+        T(test_update_and_may_read), T(test_pg_keyword_string),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

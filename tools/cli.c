@@ -788,35 +788,10 @@ static int db_exists(const char *path)
     return EX_OK;
 }
 
-/* Nonzero when the n bytes at word are one of libpq's connection
- * keywords (PQconndefaults: host, dbname, user, service, ...). */
-static int libpq_keyword(const char *word, size_t n)
-{
-    PQconninfoOption *all = PQconndefaults();
-    int found = 0;
-    for (const PQconninfoOption *o = all; o != NULL && o->keyword != NULL && !found; o++) {
-        found = strlen(o->keyword) == n && memcmp(o->keyword, word, n) == 0;
-    }
-    PQconninfoFree(all);
-    return found;
-}
-
 /* See cli.h. */
 int ks_cli_db_is_pg(const char *db)
 {
-    if (strncmp(db, "postgresql://", 13) == 0 || strncmp(db, "postgres://", 11) == 0) {
-        return 1;
-    }
-    const char *p = db;
-    while (*p == ' ' || *p == '\t') {
-        p++;
-    }
-    size_t n = strspn(p, "abcdefghijklmnopqrstuvwxyz_");
-    const char *q = p + n;
-    while (*q == ' ' || *q == '\t') {
-        q++;
-    }
-    return n > 0 && *q == '=' && libpq_keyword(p, n);
+    return ks_rollout_store_pg_names(db);
 }
 
 /* See cli.h.  libpq's parse error is not printed: it may quote part of

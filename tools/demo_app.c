@@ -1,18 +1,20 @@
 /*
  * tools/demo_app.c -- keyshift-demo-app: an application process that reads
  * and writes one column of a SQLite or PostgreSQL database the way a
- * service embedding libkeyshift would, obeying the rollouts under way
+ * service embedding libkeyshift does, obeying the rollouts under way
  * (docs/rollout.md, "The demo application").
  *
- * It uses only the public API (include/keyshift/) and its own SQL, which
- * lives behind tools/demo_app.h (demo_app_sqlite.c, demo_app_pg.c): each
- * operation picks a random row, asks the policy whether the stored value
- * may be read, opens it, and now and then writes a new value in the form
- * the policy names for the row's tenant.  Every --reload-ms it reopens the
- * keyring (when the file changed), tells the policy which key versions it
- * now holds, refreshes its heartbeat and reports its health.  At the end
- * it prints counts, never a plaintext, a DEK or an AAD, and exits 65 if
- * any read failed.
+ * It is an example of the application API (keyshift/app.h,
+ * docs/embedding.md): the row SQL is its own, behind tools/demo_app.h
+ * (demo_app_sqlite.c, demo_app_pg.c); everything keyshift does is one
+ * ks_app.  ks_app_open opens the keyring, registers the instance and
+ * starts the thread that reloads the keyring, re-registers the key
+ * versions held, refreshes the heartbeat and reports health every
+ * --reload-ms.  Each operation picks a random row, asks ks_app_may_read
+ * whether its value may be read, opens an envelope with
+ * ks_app_open_value, and now and then writes a new value sealed by
+ * ks_app_seal_update.  At the end it prints counts, never a plaintext, a
+ * DEK or an AAD, and exits 65 if any read failed.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -20,14 +22,12 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <sodium.h>
 
-#include <keyshift/rollout_store.h>
-#include <keyshift/rollout_store_pg.h>
+#include <keyshift/app.h>
 
 #include "cli.h"
 #include "demo_app.h"
@@ -57,35 +57,37 @@ static void usage(FILE *f)
           "DESCRIPTION\n"
           "    Behaves like one instance of a service that embeds libkeyshift, so\n"
           "    that rollouts (docs/rollout.md) can be exercised and demonstrated\n"
-          "    with real processes. It opens a policy on the database (registering\n"
-          "    NAME in keyshift_readers with the key versions it holds), then\n"
-          "    repeats one operation:\n"
+          "    with real processes, and as an example of the application API\n"
+          "    (docs/embedding.md): it opens one ks_app on the keyring and the\n"
+          "    database (registering NAME in keyshift_readers with the key\n"
+          "    versions it holds), then repeats one operation:\n"
           "\n"
           "    read   pick a random row (seeded PRNG); read its value and tenant;\n"
-          "           ask the policy whether the value may be read; if so, open an\n"
-          "           envelope with the rendered context, the row's tenant and, for\n"
-          "           format-2 envelopes only, the purpose (format 1 has none), and\n"
-          "           check that the plaintext is a JSON object (whose \"id\", if\n"
-          "           any, is the row's). Plaintext values are read as they are.\n"
+          "           ask whether the value may be read (ks_app_may_read); if so,\n"
+          "           open an envelope (ks_app_open_value) with the rendered\n"
+          "           context, the row's tenant and, for format-2 envelopes only,\n"
+          "           the purpose (format 1 has none), and check that the plaintext\n"
+          "           is a JSON object (whose \"id\", if any, is the row's).\n"
+          "           Plaintext values are read as they are.\n"
           "           An envelope of a format above --max-format is not opened, as\n"
           "           an older build could not (counted as unsupported-version).\n"
           "    write  with probability --write-percent, build a new plaintext (a\n"
           "           JSON object with the row id, this instance and a counter), ask\n"
-          "           the policy what to write for the row's tenant, and UPDATE the\n"
+          "           the rollout what to write for the row's tenant, and UPDATE the\n"
           "           row (autocommit; a lock is waited for up to 10 s) with the\n"
           "           plaintext, or an envelope sealed with exactly the class the\n"
-          "           policy names (format, algorithm, key_id, key_version). When\n"
-          "           no rollout governs the column the value keeps its current\n"
-          "           form: a plaintext stays plaintext, an envelope is sealed again\n"
-          "           in its own class; a NULL or unreadable value is not written. With\n"
-          "           --key-id K the instance seals under key K by default and asks\n"
-          "           the policy by key (ks_policy_write_target_key), as a column\n"
-          "           that a key-scoped rollout covers requires.\n"
+          "           rollout names (format, algorithm, key_id, key_version;\n"
+          "           ks_app_seal_update). When no rollout governs the column the\n"
+          "           value keeps its current form: a plaintext stays plaintext, an\n"
+          "           envelope is sealed again in its own class; a NULL or\n"
+          "           unreadable value is not written. With --key-id K the rollout\n"
+          "           is asked by key, as a column that a key-scoped rollout covers\n"
+          "           requires.\n"
           "\n"
           "    DB is a SQLite file or a PostgreSQL connection string (see --db). On\n"
-          "    PostgreSQL the policy keeps its state in the same database\n"
-          "    (ks_rollout_store_pg_open; docs/rollout.md, \"Rollout state on\n"
-          "    PostgreSQL\"), and the instance's own SQL goes through libpq: rows are\n"
+          "    PostgreSQL the rollout state is in the same database (docs/rollout.md,\n"
+          "    \"Rollout state on PostgreSQL\"), and the instance's own SQL goes\n"
+          "    through libpq on a session of its own: rows are\n"
           "    picked and updated by the id column (--id-column, else the table's\n"
           "    one-column primary key; a smallint, integer or bigint, as `keyshift\n"
           "    migrate` requires), the column is bytea, every value is a bound\n"
@@ -93,19 +95,19 @@ static void usage(FILE *f)
           "    fails the operation that meets it (a database error) and the next\n"
           "    one reconnects.\n"
           "\n"
-          "    Every MS milliseconds (--reload-ms) it reopens the keyring when the\n"
-          "    file changed (a new provider and context: versions the operator\n"
-          "    added or retired are seen), recomputes the key versions it holds\n"
-          "    (every version in state active or decrypt-only) and, when they\n"
-          "    changed, registers them (ks_policy_set_keys); then it refreshes its\n"
-          "    heartbeat (ks_policy_heartbeat) and reports the growth of its seal\n"
+          "    Every MS milliseconds (--reload-ms) the ks_app's background thread\n"
+          "    reopens the keyring when the file changed (versions the operator\n"
+          "    added or retired are seen), and when the key versions held (every\n"
+          "    version in state active or decrypt-only) changed, registers them;\n"
+          "    then it refreshes the heartbeat and reports the growth of the seal\n"
           "    and open counters and latency histograms to every rollout under way\n"
-          "    (ks_policy_report).\n"
+          "    (docs/embedding.md, \"The background thread\").\n"
           "\n"
           "    It stops after N operations, after S seconds, or on SIGTERM or SIGINT\n"
           "    (after finishing the current operation); without --ops or --seconds\n"
-          "    it runs until signalled. It then reports once more, deregisters, and\n"
-          "    prints a summary on standard output: operations, reads (plaintext,\n"
+          "    it runs until signalled. It then closes the ks_app (which reports\n"
+          "    once more and deregisters) and prints a summary on standard output:\n"
+          "    operations, reads (plaintext,\n"
           "    envelope, NULL, with no rollout), reads refused by the policy, open\n"
           "    failures by error name, writes by class, failed and skipped writes,\n"
           "    the key versions held and the keyring reloads. A read is FAILED when\n"
@@ -222,7 +224,6 @@ static uint64_t total(const name_counts *c)
 typedef struct stats {
     uint64_t ops, reads, reads_plaintext, reads_envelope, reads_null, reads_no_rollout;
     uint64_t reads_refused, writes_skipped, db_errors;
-    uint64_t keyring_reloads, key_changes, reload_errors, heartbeat_errors, report_errors;
     name_counts open_failures;  /* by error name; "malformed-plaintext" when it opened */
     name_counts policy_errors;  /* the policy could not answer a read: by error name */
     name_counts writes;         /* by class */
@@ -239,22 +240,6 @@ typedef struct app_opts {
     int json;
 } app_opts;
 
-/* What an operation keeps of its row once the pick is released (the
- * read snapshot must end before the UPDATE: in SQLite's WAL mode a read
- * transaction that another connection wrote past cannot become a write
- * one). */
-typedef struct row_view {
-    int64_t key;                         /* the rowid, or PostgreSQL's id */
-    int id_is_int;                       /* the id is an INTEGER: id_int */
-    long long id_int;
-    int context_ok;                      /* the rendered context fits */
-    uint8_t context[KS_CONTEXT_MAX];
-    size_t context_len;
-    uint8_t tenant[KS_TENANT_MAX + 1];   /* one byte more than valid: an
-                                            over-long tenant stays invalid */
-    size_t tenant_len;
-} row_view;
-
 /* One running instance. */
 typedef struct app {
     app_opts o;
@@ -265,17 +250,23 @@ typedef struct app {
     uint64_t seed, rng;
     int pg;                  /* --db is a PostgreSQL connection string */
     demo_db *db;
-    ks_keyring *kr;
-    ks_provider prov;
-    ks_ctx *ctx;
-    struct stat kr_stat;     /* the keyring file at the last reload attempt */
-    ks_health_sample retired; /* final totals of the contexts replaced so far */
-    ks_policy *policy;
-    char keys[KS_READER_KEYS_MAX + 1]; /* the key versions registered */
+    ks_app *ka;              /* keys, rollouts, registration: keyshift's part */
     uint64_t counter;        /* writes made, for the plaintexts */
-    row_view cur;            /* the row of the current operation */
     stats s;
+    ks_app_stats bg;         /* the background thread's counts, at the end */
+    char keys[KS_READER_KEYS_MAX + 1]; /* the key versions registered, at the end */
 } app;
+
+/* The row of the current operation, as far as keyshift needs it: its
+ * id, and the tenant and context bound into its envelopes. */
+typedef struct row_view {
+    int id_is_int;                       /* the id is an INTEGER: id_int */
+    long long id_int;
+    uint8_t context[KS_CONTEXT_MAX + 1]; /* one byte more than valid: a context
+                                            that does not fit stays invalid */
+    uint8_t tenant[KS_TENANT_MAX + 1];   /* likewise for an over-long tenant */
+    ks_app_record rec;                   /* the table, column, tenant and context */
+} row_view;
 
 /* splitmix64: a small, seedable PRNG (not for secrets: it picks rows). */
 static uint64_t next_random(app *a)
@@ -357,144 +348,12 @@ static int render_context(const app *a, const demo_row *row, uint8_t *out, size_
     return 0;
 }
 
-/* ---- keys ---------------------------------------------------------------------- */
-
-/* The canonical list of every version of kr in state active or
- * decrypt-only, into out. */
-static ks_err held_keys(ks_keyring *kr, char out[KS_READER_KEYS_MAX + 1])
-{
-    char id[KS_KEY_ID_MAX + 1];
-    out[0] = '\0';
-    size_t n = ks_keyring_count(kr);
-    for (size_t i = 0; i < n; i++) {
-        ks_keyring_key k;
-        ks_err e = ks_keyring_key_at(kr, i, &k);
-        if (e != KS_OK) {
-            return e;
-        }
-        if (k.key_id.len > KS_KEY_ID_MAX) {
-            return KS_ERR_INVALID_ARGUMENT;
-        }
-        memcpy(id, k.key_id.ptr, k.key_id.len);
-        id[k.key_id.len] = '\0';
-        for (uint32_t v = 1; v <= k.versions; v++) {
-            ks_keyring_version kv;
-            e = ks_keyring_version_at(kr, i, v, &kv);
-            if (e == KS_OK && (kv.state == KS_KEY_ACTIVE || kv.state == KS_KEY_DECRYPT_ONLY)) {
-                e = ks_rollout_keys_add(out, KS_READER_KEYS_MAX + 1, id, v);
-            }
-            if (e != KS_OK) {
-                return e;
-            }
-        }
-    }
-    return KS_OK;
-}
-
-/* The health totals of every context this instance used: the retired
- * ones plus the current one (a new context starts from zero, so the
- * policy must see totals that never go down). */
-static void health_totals(app *a, ks_health_sample *out)
-{
-    ks_ctx_health_sample(a->ctx, out);
-    ks_health_add(out, &a->retired);
-    out->time = 0;
-}
-
-/* Reopen the keyring, its provider and a context (latency histograms on)
- * when the keyring file changed since the last attempt, and put the key
- * versions now held into keys (a->keys when unchanged).  Returns EX_OK
- * (also when nothing changed) or an exit code after a message; the old
- * keyring and context stay in use on failure. */
-static int keyring_reload(app *a, char keys[KS_READER_KEYS_MAX + 1])
-{
-    const char *path = a->o.keyring ? a->o.keyring : getenv("KEYSHIFT_KEYRING");
-    struct stat st;
-    if (a->ctx != NULL && path != NULL && stat(path, &st) == 0 &&
-        st.st_dev == a->kr_stat.st_dev && st.st_ino == a->kr_stat.st_ino &&
-        st.st_size == a->kr_stat.st_size && st.st_mtim.tv_sec == a->kr_stat.st_mtim.tv_sec &&
-        st.st_mtim.tv_nsec == a->kr_stat.st_mtim.tv_nsec) {
-        strcpy(keys, a->keys);
-        return EX_OK; /* unchanged since the last attempt */
-    }
-    if (path != NULL && stat(path, &st) == 0) {
-        a->kr_stat = st;
-    }
-    ks_keyring *kr = NULL;
-    ks_provider prov = {NULL, NULL, NULL};
-    ks_ctx *ctx = NULL;
-    int rc = ks_cli_keyring_open(a->o.keyring, a->o.passfile, &kr);
-    if (rc != EX_OK) {
-        return rc;
-    }
-    ks_ctx_config cfg;
-    ks_ctx_config_default(&cfg);
-    cfg.latency_histograms = 1;
-    ks_err e = held_keys(kr, keys);
-    if (e == KS_OK) {
-        e = ks_keyring_provider(kr, &prov);
-    }
-    if (e == KS_OK) {
-        e = ks_ctx_new(&prov, &cfg, &ctx);
-    }
-    if (e != KS_OK) {
-        ks_cli_error("cannot use keyring %s: %s", path, ks_err_name(e));
-        ks_provider_destroy(&prov);
-        ks_keyring_close(kr);
-        return ks_cli_exit_code(e);
-    }
-    if (a->ctx != NULL) {
-        ks_health_sample last;
-        ks_ctx_health_sample(a->ctx, &last);
-        ks_health_add(&a->retired, &last);
-        ks_ctx_free(a->ctx);
-        ks_provider_destroy(&a->prov);
-        ks_keyring_close(a->kr);
-        a->s.keyring_reloads++;
-    }
-    a->kr = kr;
-    a->prov = prov;
-    a->ctx = ctx;
-    return EX_OK;
-}
-
-/* The periodic work: keyring reload, held keys, heartbeat, health report.
- * Failures are counted and said on stderr; the loop goes on. */
-static void tick(app *a)
-{
-    char keys[KS_READER_KEYS_MAX + 1];
-    if (keyring_reload(a, keys) != EX_OK) {
-        a->s.reload_errors++;
-    } else if (strcmp(keys, a->keys) != 0) {
-        ks_err e = ks_policy_set_keys(a->policy, keys);
-        if (e == KS_OK) {
-            strcpy(a->keys, keys);
-            a->s.key_changes++;
-        } else {
-            a->s.reload_errors++;
-            ks_cli_error("cannot register the key versions held: %s", ks_err_name(e));
-        }
-    }
-    ks_err e = ks_policy_heartbeat(a->policy);
-    if (e != KS_OK) {
-        a->s.heartbeat_errors++;
-        ks_cli_error("heartbeat: %s", ks_err_name(e));
-    }
-    ks_health_sample t;
-    health_totals(a, &t);
-    e = ks_policy_report(a->policy, &t);
-    if (e != KS_OK) {
-        a->s.report_errors++;
-        ks_cli_error("health report: %s", ks_err_name(e));
-    }
-}
-
 /* ---- one operation -------------------------------------------------------- */
 
 /* Nonzero when pt[0, len) is a JSON object (by its outer braces, with no
  * control bytes) whose "id" member, when it has one and the row id is an
  * integer, is the row's id. */
-static int well_formed(app *a, const uint8_t *pt, size_t len)
+static int well_formed(const row_view *r, const uint8_t *pt, size_t len)
 {
     if (len < 2 || pt[0] != '{' || pt[len - 1] != '}') {
         return 0;
@@ -506,135 +365,83 @@ static int well_formed(app *a, const uint8_t *pt, size_t len)
     }
     static const char key[] = "\"id\":";
     const size_t klen = sizeof key - 1;
-    if (!a->cur.id_is_int) {
+    if (!r->id_is_int) {
         return 1;
     }
     for (size_t i = 0; i + klen <= len; i++) {
         if (memcmp(pt + i, key, klen) == 0) {
-            long long want = a->cur.id_int, got = 0;
+            long long got = 0;
             size_t j = i + klen, digits = 0;
             int neg = j < len && pt[j] == '-';
             for (j += (size_t)neg; j < len && pt[j] >= '0' && pt[j] <= '9' && digits < 18;
                  j++, digits++) {
                 got = got * 10 + (pt[j] - '0');
             }
-            return digits > 0 && (neg ? -got : got) == want;
+            return digits > 0 && (neg ? -got : got) == r->id_int;
         }
     }
     return 1;
 }
 
-/* Nonzero when v[0, len) starts with the envelope magic (the policy's
- * rule: anything else is plaintext). */
-static int is_envelope(const uint8_t *v, size_t len)
+/* Open envelope v[0, len) of row r (ks_app_open_value: the phase, the
+ * format this instance reads, the tenant, context and purpose) and
+ * check its plaintext; the name of the failure, or NULL. */
+static const char *open_value(app *a, const row_view *r, const uint8_t *v, size_t len)
 {
-    return len >= 3 && v[0] == KS_MAGIC_0 && v[1] == KS_MAGIC_1 && v[2] == KS_MAGIC_2;
-}
-
-/* Open envelope v[0, len) of the current row and check its plaintext;
- * KS_OK, or the error name goes to *failure. */
-static ks_err open_value(app *a, const uint8_t *v, size_t len, ks_bytes tenant,
-                         const char **failure)
-{
-    ks_envelope env;
-    ks_err e = ks_envelope_parse_header(v, len, NULL, &env, NULL);
-    if (e == KS_OK && env.version > a->max_format) {
-        e = KS_ERR_UNSUPPORTED_VERSION; /* as an older build would fail */
-    }
-    if (e == KS_OK && !a->cur.context_ok) {
-        e = KS_ERR_INVALID_ARGUMENT;
-    }
-    if (e != KS_OK) {
-        *failure = ks_err_name(e);
-        return e;
-    }
-    ks_open_params op = {{a->cur.context, a->cur.context_len}, tenant, {NULL, 0}};
-    if (env.version == KS_FORMAT_V2) {
-        op.purpose = (ks_bytes){(const uint8_t *)a->o.purpose, strlen(a->o.purpose)};
-    }
-    size_t cap = env.ciphertext.len >= KS_TAG_LEN ? env.ciphertext.len - KS_TAG_LEN : 0;
-    uint8_t *pt = malloc(cap > 0 ? cap : 1);
+    uint8_t *pt = malloc(len); /* a cap of len always suffices */
     if (pt == NULL) {
-        *failure = ks_err_name(KS_ERR_NO_MEMORY);
-        return KS_ERR_NO_MEMORY;
+        return ks_err_name(KS_ERR_NO_MEMORY);
     }
     size_t pt_len = 0;
-    e = ks_open(a->ctx, v, len, &op, pt, cap, &pt_len, NULL);
-    if (e == KS_OK && !well_formed(a, pt, pt_len)) {
-        e = KS_ERR_BAD_VALUE;
-        *failure = "malformed-plaintext";
-    } else if (e != KS_OK) {
-        *failure = ks_err_name(e);
+    const char *failure = NULL;
+    ks_err e = ks_app_open_value(a->ka, &r->rec, v, len, pt, len, &pt_len, NULL, NULL);
+    if (e != KS_OK) {
+        failure = ks_err_name(e);
+    } else if (!well_formed(r, pt, pt_len)) {
+        failure = "malformed-plaintext";
     }
-    sodium_memzero(pt, cap);
+    sodium_memzero(pt, len);
     free(pt);
-    return e;
+    return failure;
 }
 
-/* Read the picked row's value: classify, ask the policy, open.  With no
- * rollout governing the column every value is read (the application's
- * own default). */
-static void read_value(app *a, const uint8_t *v, size_t len, int is_null, ks_bytes tenant)
+/* Read the picked row's value (v NULL: SQL NULL): ask whether it may be
+ * read, then open it.  With no rollout governing the column every value
+ * is read (the application's own rule: plaintext as it is). */
+static void read_value(app *a, const row_view *r, const uint8_t *v, size_t len)
 {
-    ks_bytes b = {v, len};
     int ok = 0;
     a->s.reads++;
-    ks_err e = ks_policy_may_read(a->policy, a->o.table, a->o.column, is_null ? NULL : &b, &ok);
+    ks_err e = ks_app_may_read(a->ka, a->o.table, a->o.column, v, len, &ok);
     if (e == KS_ERR_NOT_FOUND) {
         a->s.reads_no_rollout++;
-        ok = 1; /* no rollout: the application's own default, read everything */
+        ok = 1;
     } else if (e != KS_OK) {
         count_name(&a->s.policy_errors, ks_err_name(e));
         return;
     }
     if (!ok) {
         a->s.reads_refused++;
-        return;
-    }
-    if (is_null) {
+    } else if (v == NULL) {
         a->s.reads_null++;
-    } else if (!is_envelope(v, len)) {
+    } else if (len < 3 || v[0] != KS_MAGIC_0 || v[1] != KS_MAGIC_1 || v[2] != KS_MAGIC_2) {
         a->s.reads_plaintext++;
     } else {
-        const char *failure = NULL;
         a->s.reads_envelope++;
-        if (open_value(a, v, len, tenant, &failure) != KS_OK) {
+        const char *failure = open_value(a, r, v, len);
+        if (failure != NULL) {
             count_name(&a->s.open_failures, failure);
         }
     }
 }
 
-/* The class to write when no rollout governs the column: the stored
- * value's own (plaintext stays plaintext).  Nonzero when there is none
- * (NULL, or an envelope whose header does not parse). */
-static int current_class(const uint8_t *v, size_t len, int is_null, ks_rollout_class *c)
+/* Seal a new plaintext for row r to replace its value prev[0, prev_len)
+ * (NULL: SQL NULL) in what ks_app_seal_update names (the rollout's class,
+ * else prev's own form) into *out (malloc'd), its class to *c.  KS_OK,
+ * KS_ERR_NO_ROLLOUT when nothing says what to write, or the error. */
+static ks_err seal_new(app *a, const row_view *r, const uint8_t *prev, size_t prev_len,
+                       uint8_t **out, size_t *out_len, ks_rollout_class *c)
 {
-    memset(c, 0, sizeof *c);
-    if (is_null) {
-        return 1;
-    }
-    if (!is_envelope(v, len)) {
-        c->is_plaintext = 1;
-        return 0;
-    }
-    ks_envelope env;
-    if (ks_envelope_parse_header(v, len, NULL, &env, NULL) != KS_OK ||
-        env.key_id.len > KS_KEY_ID_MAX) {
-        return 1;
-    }
-    c->version = env.version;
-    c->algorithm = env.algorithm;
-    memcpy(c->key_id, env.key_id.ptr, env.key_id.len);
-    c->key_version = env.key_version;
-    return 0;
-}
-
-/* Write a new plaintext to the current row in class c: as it is, or
- * sealed with exactly c's format, algorithm, key_id and key_version. */
-static void write_value(app *a, const ks_rollout_class *c)
-{
-    const row_view *r = &a->cur;
-    ks_bytes tenant = {r->tenant, r->tenant_len};
     char pt[256];
     int n;
     if (r->id_is_int) {
@@ -645,63 +452,41 @@ static void write_value(app *a, const ks_rollout_class *c)
                      ++a->counter);
     }
     size_t pt_len = n > 0 && (size_t)n < sizeof pt ? (size_t)n : 0;
-    uint8_t *out = NULL;
-    size_t out_len = 0;
-    ks_err e = pt_len == 0 ? KS_ERR_BUFFER_TOO_SMALL : KS_OK;
-    if (e == KS_OK && !c->is_plaintext) {
-        ks_seal_params p = {c->version, c->algorithm, tenant,
-                            {(const uint8_t *)c->key_id, strlen(c->key_id)}, c->key_version,
-                            {NULL, 0}, {r->context, r->context_len}};
-        if (c->version == KS_FORMAT_V2) {
-            p.purpose = (ks_bytes){(const uint8_t *)a->o.purpose, strlen(a->o.purpose)};
-        }
-        e = r->context_ok ? KS_OK : KS_ERR_INVALID_ARGUMENT;
-        size_t cap = e == KS_OK ? ks_seal_max_len(&p, pt_len) : 0;
-        out = cap > 0 ? malloc(cap) : NULL;
-        if (e == KS_OK) {
-            e = cap == 0 ? KS_ERR_INVALID_ARGUMENT : out == NULL ? KS_ERR_NO_MEMORY : KS_OK;
-        }
-        if (e == KS_OK) {
-            e = ks_seal(a->ctx, &p, (const uint8_t *)pt, pt_len, out, cap, &out_len);
-        }
-    }
+    size_t cap = ks_app_seal_max_len(pt_len);
+    *out = pt_len > 0 ? malloc(cap) : NULL;
+    ks_err e = pt_len == 0 ? KS_ERR_BUFFER_TOO_SMALL : *out == NULL ? KS_ERR_NO_MEMORY : KS_OK;
     if (e == KS_OK) {
-        demo_db *db = a->db;
-        int failed = c->is_plaintext
-                         ? db->ops->update(db, r->key, (const uint8_t *)pt, pt_len, 0)
-                         : db->ops->update(db, r->key, out, out_len, 1);
-        if (failed) {
-            a->s.db_errors++;
-            ks_cli_error("UPDATE: %s", db->ops->errmsg(db));
-        } else {
-            char name[NAME_LEN];
-            class_name(c, name);
-            count_name(&a->s.writes, name);
-        }
-    } else {
-        count_name(&a->s.write_failures, ks_err_name(e));
+        e = ks_app_seal_update(a->ka, &r->rec, prev, prev_len, (const uint8_t *)pt, pt_len, *out,
+                               cap, out_len, c);
     }
     sodium_memzero(pt, sizeof pt);
-    free(out);
+    return e;
 }
 
-/* Keep what the operation needs of the picked row in a->cur: key, id,
- * tenant and the rendered context. */
-static void keep_row(app *a, const demo_row *row)
+/* Keep what keyshift needs of the picked row in *r: its id, tenant and
+ * rendered context, as a record of the column. */
+static void keep_row(const app *a, const demo_row *row, row_view *r)
 {
-    row_view *r = &a->cur;
-    r->key = row->key;
     r->id_is_int = row->id_kind == DEMO_ID_INT;
     r->id_int = r->id_is_int ? row->id_int : 0;
-    r->context_ok = render_context(a, row, r->context, &r->context_len) == 0;
-    size_t tl = row->tenant != NULL ? row->tenant_len : 0;
-    r->tenant_len = tl < sizeof r->tenant ? tl : sizeof r->tenant;
-    if (r->tenant_len > 0) {
-        memcpy(r->tenant, row->tenant, r->tenant_len);
+    size_t clen = 0;
+    if (render_context(a, row, r->context, &clen) != 0) {
+        clen = KS_CONTEXT_MAX + 1; /* refused by every seal and open */
     }
+    size_t tl = row->tenant != NULL ? row->tenant_len : 0;
+    tl = tl < sizeof r->tenant ? tl : sizeof r->tenant;
+    if (tl > 0) {
+        memcpy(r->tenant, row->tenant, tl);
+    }
+    r->rec = (ks_app_record){a->o.table, a->o.column, {r->tenant, tl}, {r->context, clen},
+                             {NULL, 0}};
 }
 
-/* One operation: pick a row, read it, and maybe write it. */
+/* One operation: pick a row, read it, and maybe write it.  The new
+ * value is sealed while the row is picked (the seal needs its stored
+ * value) and written once the pick is released: in SQLite's WAL mode a
+ * read transaction that another connection wrote past cannot become a
+ * write one. */
 static void run_op(app *a)
 {
     demo_db *db = a->db;
@@ -722,31 +507,34 @@ static void run_op(app *a)
         db->ops->release(db);
         return;
     }
-    keep_row(a, &row);
-    ks_bytes tenant = {a->cur.tenant, a->cur.tenant_len};
-    int is_null = row.value_null;
-    const uint8_t *v = row.value;
-    size_t len = row.value_len;
-    read_value(a, v, len, is_null, tenant);
+    row_view r;
+    keep_row(a, &row, &r);
+    int64_t key = row.key;
+    const uint8_t *v = row.value_null ? NULL : row.value;
+    size_t len = row.value_null ? 0 : row.value_len;
+    read_value(a, &r, v, len);
+    uint8_t *out = NULL;
+    size_t out_len = 0;
     ks_rollout_class c;
-    ks_err e = KS_ERR_NOT_FOUND;
-    if (write) {
-        e = a->o.key_id != NULL
-                ? ks_policy_write_target_key(a->policy, a->o.table, a->o.column, a->o.key_id,
-                                             tenant, &c)
-                : ks_policy_write_target(a->policy, a->o.table, a->o.column, tenant, &c);
-        if (e == KS_ERR_NOT_FOUND) {
-            e = current_class(v, len, is_null, &c) ? KS_ERR_NOT_FOUND : KS_OK;
-            if (e != KS_OK) {
-                a->s.writes_skipped++;
-            }
-        } else if (e != KS_OK) {
-            count_name(&a->s.write_failures, ks_err_name(e));
-        }
-    }
+    ks_err e = write ? seal_new(a, &r, v, len, &out, &out_len, &c) : KS_ERR_NOT_FOUND;
     db->ops->release(db); /* ends the read snapshot before the UPDATE */
-    if (write && e == KS_OK) {
-        write_value(a, &c);
+    if (e == KS_OK) {
+        if (db->ops->update(db, key, out, out_len, !c.is_plaintext) != 0) {
+            a->s.db_errors++;
+            ks_cli_error("UPDATE: %s", db->ops->errmsg(db));
+        } else {
+            char name[NAME_LEN];
+            class_name(&c, name);
+            count_name(&a->s.writes, name);
+        }
+    } else if (e == KS_ERR_NO_ROLLOUT) { /* no rollout, and a NULL or unreadable value */
+        a->s.writes_skipped++;
+    } else if (write) {
+        count_name(&a->s.write_failures, ks_err_name(e));
+    }
+    if (out != NULL) {
+        sodium_memzero(out, out_len); /* a plaintext written as it is */
+        free(out);
     }
 }
 
@@ -882,6 +670,7 @@ static uint64_t failed_reads(const stats *s)
 static void summary(const app *a, double elapsed)
 {
     const stats *s = &a->s;
+    const ks_app_stats *bg = &a->bg;
     FILE *f = stdout;
     if (a->o.json) {
         const struct {
@@ -892,9 +681,9 @@ static void summary(const app *a, double elapsed)
             {"reads_envelope", s->reads_envelope}, {"reads_null", s->reads_null},
             {"reads_no_rollout", s->reads_no_rollout}, {"reads_refused", s->reads_refused},
             {"failed_reads", failed_reads(s)}, {"writes_total", total(&s->writes)},
-            {"writes_skipped", s->writes_skipped}, {"key_changes", s->key_changes},
-            {"keyring_reloads", s->keyring_reloads}, {"reload_errors", s->reload_errors},
-            {"heartbeat_errors", s->heartbeat_errors}, {"report_errors", s->report_errors},
+            {"writes_skipped", s->writes_skipped}, {"key_changes", bg->key_changes},
+            {"keyring_reloads", bg->key_reloads}, {"reload_errors", bg->reload_errors},
+            {"heartbeat_errors", bg->heartbeat_errors}, {"report_errors", bg->report_errors},
             {"db_errors", s->db_errors},
         };
         const struct {
@@ -934,10 +723,10 @@ static void summary(const app *a, double elapsed)
             s->writes_skipped);
     fprintf(f, "  key versions held: %s (%" PRIu64 " changes; keyring reloads %" PRIu64
                ", reload errors %" PRIu64 ")\n",
-            a->keys[0] ? a->keys : "none", s->key_changes, s->keyring_reloads, s->reload_errors);
+            a->keys[0] ? a->keys : "none", bg->key_changes, bg->key_reloads, bg->reload_errors);
     fprintf(f, "  heartbeat errors %" PRIu64 ", report errors %" PRIu64 ", database errors %" PRIu64
                "\n",
-            s->heartbeat_errors, s->report_errors, s->db_errors);
+            bg->heartbeat_errors, bg->report_errors, s->db_errors);
     fprintf(f, "  result: %" PRIu64 " failed reads\n", failed_reads(s));
 }
 
@@ -951,11 +740,11 @@ static void sleep_until(double t)
     }
 }
 
-/* The loop: operations until the count, the time or a signal; the
- * periodic work every reload_ms. */
+/* The loop: operations until the count, the time or a signal (the
+ * periodic work is the ks_app's background thread). */
 static void run(app *a)
 {
-    double start = now_s(), next_tick = start + a->reload_ms / 1000.0, next_op = start;
+    double start = now_s(), next_op = start;
     while (!stop_requested && (a->max_ops == 0 || a->s.ops < a->max_ops) &&
            (a->seconds == 0 || now_s() - start < a->seconds)) {
         if (a->rate != 0) {
@@ -966,33 +755,35 @@ static void run(app *a)
             }
         }
         run_op(a);
-        if (now_s() >= next_tick) {
-            tick(a);
-            next_tick = now_s() + a->reload_ms / 1000.0;
-        }
     }
 }
 
-/* Open a's policy with options po: on the SQLite file, or over the
- * rollout store in the PostgreSQL database (whose connection string no
- * message repeats).  EX_OK or an exit code after a message. */
-static int policy_open(app *a, const ks_policy_options *po)
+/* Open a's ks_app: the keyring (--keyring, else $KEYSHIFT_KEYRING) with
+ * its passphrase, and the rollouts of the database, registering the
+ * instance.  EX_OK, or an exit code after a message. */
+static int app_open(app *a)
 {
-    char msg[256] = "";
-    ks_err e;
-    if (a->pg) {
-        ks_rollout_store *store = NULL;
-        e = ks_rollout_store_pg_open(a->o.db, 0, &store, msg, sizeof msg);
-        if (e == KS_OK) {
-            e = ks_policy_open_store(store, po, &a->policy); /* it owns the store */
-        }
-    } else {
-        e = ks_policy_open(a->o.db, po, &a->policy);
+    const char *keyring = a->o.keyring;
+    ks_bytes pass;
+    int rc = ks_cli_keyring_args(&keyring, a->o.passfile, &pass);
+    if (rc != EX_OK) {
+        return rc;
     }
+    ks_app_options o;
+    memset(&o, 0, sizeof o);
+    o.keyring = keyring;
+    o.passphrase = pass;
+    o.database = a->o.db;
+    o.instance_id = a->o.instance;
+    o.max_format = a->max_format;
+    o.interval_ms = a->reload_ms;
+    o.default_key_id = a->o.key_id; /* asks a key-scoped rollout by key */
+    o.purpose = a->o.purpose;
+    char msg[512];
+    ks_err e = ks_app_open(&o, &a->ka, msg, sizeof msg);
+    ks_cli_passphrase_free(&pass); /* the ks_app keeps its own copy */
     if (e != KS_OK) {
-        ks_cli_error("cannot open the rollout policy on %s: %s%s",
-                     a->pg ? "the PostgreSQL database" : a->o.db, msg[0] ? msg : ks_err_name(e),
-                     e == KS_ERR_INVALID_ARGUMENT ? " (check --instance)" : "");
+        ks_cli_error("%s", msg);
         return ks_cli_exit_code(e);
     }
     return EX_OK;
@@ -1016,7 +807,7 @@ static int check_target(const app *a)
     return rc;
 }
 
-/* Set up the database, keyring and policy; run; report; clean up. */
+/* Set up the database and the ks_app; run; close; report. */
 int main(int argc, char **argv)
 {
     static app a; /* large (name tables): not on the stack */
@@ -1036,42 +827,32 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
 
-    char keys[KS_READER_KEYS_MAX + 1];
     const demo_target tg = {a.o.db, a.o.table, a.o.column, a.o.id_column, a.o.tenant_column};
     rc = a.pg ? demo_db_pg_open(&tg, &a.db) : demo_db_sqlite_open(&tg, &a.db);
     if (rc == EX_OK) {
         rc = check_target(&a); /* before any read, write or registration */
     }
     if (rc == EX_OK) {
-        rc = keyring_reload(&a, keys);
+        rc = app_open(&a);
     }
     if (rc == EX_OK) {
-        uint32_t algs = 1u << KS_ALG_XCHACHA20POLY1305;
-        if (crypto_aead_aes256gcm_is_available()) {
-            algs |= 1u << KS_ALG_AES256GCM;
-        }
-        strcpy(a.keys, keys);
-        ks_policy_options po = {a.o.instance, a.max_format, algs, a.keys, a.reload_ms, 1};
-        rc = policy_open(&a, &po);
-    }
-    double start = now_s();
-    if (rc == EX_OK) {
-        tick(&a);
+        double start = now_s();
         run(&a);
-        ks_health_sample t;
-        health_totals(&a, &t);
-        if (ks_policy_report(a.policy, &t) != KS_OK) {
-            a.s.report_errors++;
+        ks_app_stats_get(a.ka, &a.bg);
+        if (ks_app_keys(a.ka, a.keys, sizeof a.keys) != KS_OK) {
+            a.keys[0] = '\0';
         }
-        ks_policy_close(a.policy);
+        ks_app_close(a.ka); /* the last report, then deregistration */
+        if (a.bg.last_error != KS_OK) {
+            ks_cli_error("background work failed %" PRIu64 " times, the last with %s",
+                         a.bg.heartbeat_errors + a.bg.report_errors + a.bg.reload_errors,
+                         ks_err_name(a.bg.last_error));
+        }
         summary(&a, now_s() - start);
         rc = failed_reads(&a.s) > 0 ? EX_DATAERR : a.s.db_errors > 0 ? EX_IOERR : EX_OK;
     }
     if (a.db != NULL) {
         a.db->ops->close(a.db);
     }
-    ks_ctx_free(a.ctx);
-    ks_provider_destroy(&a.prov);
-    ks_keyring_close(a.kr);
     return rc;
 }

@@ -100,8 +100,11 @@ typedef struct ks_app_options {
     const ks_ctx_config *ctx_config; /* NULL: the defaults with latency histograms on */
 
     /* The rollout state: a SQLite file (which must exist) or a PostgreSQL
-     * URI (postgresql:// or postgres://; keep its password in PGPASSFILE
-     * or PGPASSWORD).  NULL: no rollout governs any column. */
+     * URI (postgresql:// or postgres://) or libpq key=value string
+     * ("host=H dbname=D", recognized by its first word being a libpq
+     * keyword followed by '='; a SQLite file so named is given as
+     * ./NAME); keep its password in PGPASSFILE or PGPASSWORD.  NULL: no
+     * rollout governs any column. */
     const char *database;
     const char *instance_id;      /* 1..KS_INSTANCE_ID_MAX bytes of [F-NAME-1]; required
                                      with a database */
@@ -211,6 +214,39 @@ KS_API KS_WUR ks_err ks_app_open_value(ks_app *app, const ks_app_record *r, cons
                                        size_t v_len, uint8_t *pt, size_t cap, size_t *pt_len,
                                        ks_rollout_class *read, ks_parse_error *perr);
 
+/*
+ * Seal pt[0, pt_len) for record r to replace its stored value prev[0,
+ * prev_len) (prev NULL: SQL NULL), as an application updating a row
+ * does: where a rollout governs the column, exactly as ks_app_seal;
+ * where none does, in the stored value's own class instead of the
+ * default key, so that an update keeps the column's form until a rollout
+ * says otherwise: a plaintext stays plaintext (out receives pt itself),
+ * an envelope is sealed again in its own format, algorithm, key_id and
+ * key_version.  Errors: ks_app_seal's, and KS_ERR_NO_ROLLOUT where no
+ * rollout governs and prev has no class (NULL, or a header that does not
+ * parse): nothing says what to write (ks_app_seal writes the default
+ * key there).  KS_ERR_INVALID_ARGUMENT also for NULL prev with
+ * prev_len > 0.
+ */
+KS_API KS_WUR ks_err ks_app_seal_update(ks_app *app, const ks_app_record *r,
+                                        const uint8_t *prev, size_t prev_len, const uint8_t *pt,
+                                        size_t pt_len, uint8_t *out, size_t cap,
+                                        size_t *out_len, ks_rollout_class *written);
+
+/*
+ * May the stored value v[0, v_len) of table.column (v NULL: SQL NULL,
+ * always readable) be read now: *ok 1 when the rollout's phase reads its
+ * class (as ks_app_open_value checks), 0 when it does not.
+ * KS_ERR_NOT_FOUND (*ok 0) when no rollout governs the value (also
+ * without a database): the application's own rule applies, e.g. reading
+ * a plaintext column as it is.  For applications that must tell "no
+ * rollout" from a refusal, or that read plaintext themselves.  Errors:
+ * KS_ERR_INVALID_ARGUMENT (NULL app, table, column or ok, NULL v with
+ * v_len > 0), the policy's (it could not answer: fail closed).
+ */
+KS_API KS_WUR ks_err ks_app_may_read(ks_app *app, const char *table, const char *column,
+                                     const uint8_t *v, size_t v_len, int *ok);
+
 /* One item of a batch: its tenant, context and input, the caller's output
  * buffer, and what became of it. */
 typedef struct ks_app_item {
@@ -279,6 +315,8 @@ typedef struct ks_app_stats {
     uint64_t key_reloads;       /* keyring reloads after its file changed */
     uint64_t reload_errors;     /* reloads that failed (the keys in use stay) */
     ks_err last_error;          /* the last failure's code, KS_OK when none */
+    uint64_t key_changes;       /* key-version lists registered because the keys held
+                                   changed (ks_app_keys gives the current one) */
 } ks_app_stats;
 
 /* Copy app's background counters into *out (zeroed for NULL app). */

@@ -41,6 +41,16 @@ extern "C" {
 #define KS_ROLLOUT_PG_STATEMENT_TIMEOUT_MS 30000
 
 /*
+ * Nonzero when db names a PostgreSQL database rather than a SQLite file:
+ * a URI (postgresql://, postgres://) or a libpq key=value string,
+ * recognized by its first word being a libpq keyword (PQconndefaults:
+ * host, dbname, user, service, ...) followed by '='.  A SQLite file so
+ * named is given as ./NAME.  The one rule of every --db and of
+ * ks_app_options.database.
+ */
+KS_API int ks_rollout_store_pg_names(const char *db);
+
+/*
  * Open the rollout store in the PostgreSQL database of conninfo (a libpq
  * connection string or URI, not kept).  Unless read_only, create
  * keyshift's rollout tables when any is missing, in one transaction under

@@ -13,6 +13,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <assert.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -201,13 +202,27 @@ static ks_err gen_open_keyring(ks_app *a, const char *path, ks_bytes pass, app_g
     if (g == NULL) {
         return ks_errbuf_fail(errbuf, errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
     }
-    ks_parse_error perr;
+    ks_parse_error perr = {KS_OK, 0, 0};
     ks_err e = ks_keyring_open(path, pass, &g->kr, &perr);
     if (e == KS_OK) {
         e = ks_keyring_provider(g->kr, &g->prov);
         g->own_prov = e == KS_OK;
     }
-    if (e != KS_OK) {
+    if (e == KS_ERR_BAD_PASSPHRASE) {
+        ks_errbuf_fail(errbuf, errbuf_len, e, "the keyring %s did not open: wrong or missing "
+                       "passphrase (passphrase, or KEYSHIFT_PASSPHRASE)", path);
+    } else if (e == KS_ERR_INSECURE) {
+        ks_errbuf_fail(errbuf, errbuf_len, e, "the keyring %s is refused as insecure: group or "
+                       "others can read or change its keys (chmod 600 it)", path);
+    } else if (e == KS_ERR_INTEGRITY) {
+        ks_errbuf_fail(errbuf, errbuf_len, e, "the keyring %s is corrupt: %s at byte %zu", path,
+                       ks_err_name(perr.code), perr.offset);
+    } else if (e == KS_ERR_IO) {
+        struct stat st;
+        int missing = stat(path, &st) != 0;
+        ks_errbuf_fail(errbuf, errbuf_len, e, "cannot read the keyring %s: %s", path,
+                       missing ? strerror(errno) : "not a readable regular file");
+    } else if (e != KS_OK) {
         ks_errbuf_fail(errbuf, errbuf_len, e, "cannot open the keyring %s: %s", path,
                        ks_err_name(e));
     } else {
@@ -360,12 +375,6 @@ static ks_err take_options(ks_app *a, const ks_app_options *o, char *errbuf, siz
     return KS_OK;
 }
 
-/* Nonzero when db is a PostgreSQL URI. */
-static int is_pg_uri(const char *db)
-{
-    return strncmp(db, "postgresql://", 13) == 0 || strncmp(db, "postgres://", 11) == 0;
-}
-
 /* Open the policy on o->database, registering the reader. */
 static ks_err open_policy(ks_app *a, const ks_app_options *o, char *errbuf, size_t errbuf_len)
 {
@@ -379,7 +388,7 @@ static ks_err open_policy(ks_app *a, const ks_app_options *o, char *errbuf, size
     ks_policy_options po = {o->instance_id, a->max_format, algs, a->keys, a->interval_ms, 1};
     char msg[256] = "";
     ks_err e;
-    int pg = is_pg_uri(o->database);
+    int pg = ks_rollout_store_pg_names(o->database);
     if (pg) {
         ks_rollout_store *store = NULL;
         e = ks_rollout_store_pg_open(o->database, 0, &store, msg, sizeof msg);
@@ -444,6 +453,7 @@ static ks_err reload_keys(ks_app *a)
         if (k == KS_OK) {
             pthread_mutex_lock(&a->mu);
             strcpy(a->keys, cur->keys);
+            a->stats.key_changes++;
             pthread_mutex_unlock(&a->mu);
         }
         e = e != KS_OK ? e : k;
@@ -665,16 +675,23 @@ static ks_bytes view(ks_bytes v)
     return v.len > 0 ? v : (ks_bytes){NULL, 0};
 }
 
+/* What the rollout governing r's column says to write for r's tenant;
+ * KS_ERR_NOT_FOUND when none governs (also without a database). */
+static ks_err rollout_class(ks_app *a, const ks_app_record *r, ks_rollout_class *c)
+{
+    if (a->policy == NULL) {
+        return KS_ERR_NOT_FOUND;
+    }
+    ks_bytes tenant = view(r->tenant);
+    return a->has_default ? ks_policy_write_target_key(a->policy, r->table, r->column,
+                                                       a->default_key_id, tenant, c)
+                          : ks_policy_write_target(a->policy, r->table, r->column, tenant, c);
+}
+
 /* What to write for r: the rollout's answer, or the default key. */
 static ks_err choose_class(ks_app *a, const ks_app_record *r, ks_rollout_class *c)
 {
-    ks_err e = KS_ERR_NOT_FOUND;
-    if (a->policy != NULL) {
-        ks_bytes tenant = view(r->tenant);
-        e = a->has_default ? ks_policy_write_target_key(a->policy, r->table, r->column,
-                                                        a->default_key_id, tenant, c)
-                           : ks_policy_write_target(a->policy, r->table, r->column, tenant, c);
-    }
+    ks_err e = rollout_class(a, r, c);
     if (e != KS_ERR_NOT_FOUND) {
         return e;
     }
@@ -689,21 +706,13 @@ static ks_err choose_class(ks_app *a, const ks_app_record *r, ks_rollout_class *
     return KS_OK;
 }
 
-/* See keyshift/app.h. */
-ks_err ks_app_seal(ks_app *app, const ks_app_record *r, const uint8_t *pt, size_t pt_len,
-                   uint8_t *out, size_t cap, size_t *out_len, ks_rollout_class *written)
+/* Seal pt for r in exactly class c (plaintext: pt itself), as
+ * ks_app_seal says; the caller checked the arguments. */
+static ks_err seal_as(ks_app *app, const ks_app_record *r, ks_rollout_class c, const uint8_t *pt,
+                      size_t pt_len, uint8_t *out, size_t cap, size_t *out_len,
+                      ks_rollout_class *written)
 {
-    if (app == NULL || r == NULL || r->table == NULL || r->column == NULL || out_len == NULL ||
-        (pt == NULL && pt_len > 0) || (out == NULL && cap > 0)) {
-        return KS_ERR_INVALID_ARGUMENT;
-    }
-    *out_len = 0;
-    ks_rollout_class c;
-    ks_err e = choose_class(app, r, &c);
-    if (e != KS_OK) {
-        return e;
-    }
-    if (c.is_plaintext) { /* the rollout has not reached write-upgrade */
+    if (c.is_plaintext) { /* before write-upgrade, or a plaintext kept as it is */
         if (cap < pt_len) {
             return KS_ERR_BUFFER_TOO_SMALL;
         }
@@ -722,8 +731,8 @@ ks_err ks_app_seal(ks_app *app, const ks_app_record *r, const uint8_t *pt, size_
     if (c.version == KS_FORMAT_V2) {
         p.purpose = purpose_of(app, r);
     }
-    e = ks_seal(atomic_load_explicit(&app->cur, memory_order_acquire)->ctx, &p, pt, pt_len, out,
-                cap, out_len);
+    ks_err e = ks_seal(atomic_load_explicit(&app->cur, memory_order_acquire)->ctx, &p, pt, pt_len,
+                       out, cap, out_len);
     if (e == KS_OK && written != NULL) {
         ks_envelope env;
         e = ks_envelope_parse_header(out, *out_len, NULL, &env, NULL);
@@ -731,6 +740,90 @@ ks_err ks_app_seal(ks_app *app, const ks_app_record *r, const uint8_t *pt, size_
         class_of(&env, written);
     }
     return e;
+}
+
+/* Nonzero when the arguments of a seal are unusable. */
+static int seal_args_bad(const ks_app *app, const ks_app_record *r, const uint8_t *pt,
+                         size_t pt_len, const uint8_t *out, size_t cap, const size_t *out_len)
+{
+    return app == NULL || r == NULL || r->table == NULL || r->column == NULL || out_len == NULL ||
+           (pt == NULL && pt_len > 0) || (out == NULL && cap > 0);
+}
+
+/* See keyshift/app.h. */
+ks_err ks_app_seal(ks_app *app, const ks_app_record *r, const uint8_t *pt, size_t pt_len,
+                   uint8_t *out, size_t cap, size_t *out_len, ks_rollout_class *written)
+{
+    if (seal_args_bad(app, r, pt, pt_len, out, cap, out_len)) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    *out_len = 0;
+    ks_rollout_class c;
+    ks_err e = choose_class(app, r, &c);
+    if (e != KS_OK) {
+        return e;
+    }
+    return seal_as(app, r, c, pt, pt_len, out, cap, out_len, written);
+}
+
+/* The class of stored value prev[0, prev_len) (NULL: SQL NULL) into *c:
+ * plaintext when it does not start with "KSE", else its header's.
+ * KS_ERR_NO_ROLLOUT when it has none (NULL, or a header that does not
+ * parse): nothing says what to write. */
+static ks_err stored_class(const uint8_t *prev, size_t prev_len, ks_rollout_class *c)
+{
+    memset(c, 0, sizeof *c);
+    if (prev == NULL) {
+        return KS_ERR_NO_ROLLOUT;
+    }
+    if (prev_len < 3 || prev[0] != KS_MAGIC_0 || prev[1] != KS_MAGIC_1 || prev[2] != KS_MAGIC_2) {
+        c->is_plaintext = 1;
+        return KS_OK;
+    }
+    ks_envelope env;
+    if (ks_envelope_parse_header(prev, prev_len, NULL, &env, NULL) != KS_OK ||
+        env.key_id.len == 0 || env.key_id.len > KS_KEY_ID_MAX) {
+        return KS_ERR_NO_ROLLOUT;
+    }
+    class_of(&env, c);
+    return KS_OK;
+}
+
+/* See keyshift/app.h. */
+ks_err ks_app_seal_update(ks_app *app, const ks_app_record *r, const uint8_t *prev,
+                          size_t prev_len, const uint8_t *pt, size_t pt_len, uint8_t *out,
+                          size_t cap, size_t *out_len, ks_rollout_class *written)
+{
+    if (seal_args_bad(app, r, pt, pt_len, out, cap, out_len) || (prev == NULL && prev_len > 0)) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    *out_len = 0;
+    ks_rollout_class c;
+    ks_err e = rollout_class(app, r, &c);
+    if (e == KS_ERR_NOT_FOUND) { /* no rollout governs: keep the stored form */
+        e = stored_class(prev, prev_len, &c);
+    }
+    if (e != KS_OK) {
+        return e;
+    }
+    return seal_as(app, r, c, pt, pt_len, out, cap, out_len, written);
+}
+
+/* See keyshift/app.h. */
+ks_err ks_app_may_read(ks_app *app, const char *table, const char *column, const uint8_t *v,
+                       size_t v_len, int *ok)
+{
+    if (ok != NULL) {
+        *ok = 0;
+    }
+    if (app == NULL || table == NULL || column == NULL || ok == NULL || (v == NULL && v_len > 0)) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    if (app->policy == NULL) {
+        return KS_ERR_NOT_FOUND;
+    }
+    ks_bytes b = {v, v_len};
+    return ks_policy_may_read(app->policy, table, column, v != NULL ? &b : NULL, ok);
 }
 
 /* See keyshift/app.h. */

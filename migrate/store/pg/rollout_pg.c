@@ -644,6 +644,34 @@ static const ks_rollout_store_ops pg_ops = {
     .metrics_sum = ks_rpg_metrics_sum,
 };
 
+/* Nonzero when the n bytes at word are one of libpq's connection
+ * keywords (PQconndefaults: host, dbname, user, service, ...). */
+static int libpq_keyword(const char *word, size_t n)
+{
+    PQconninfoOption *all = PQconndefaults();
+    int found = 0;
+    for (const PQconninfoOption *o = all; o != NULL && o->keyword != NULL && !found; o++) {
+        found = strlen(o->keyword) == n && memcmp(o->keyword, word, n) == 0;
+    }
+    PQconninfoFree(all);
+    return found;
+}
+
+/* See rollout_store_pg.h. */
+int ks_rollout_store_pg_names(const char *db)
+{
+    if (db == NULL) {
+        return 0;
+    }
+    if (strncmp(db, "postgresql://", 13) == 0 || strncmp(db, "postgres://", 11) == 0) {
+        return 1;
+    }
+    const char *p = db + strspn(db, " \t");
+    size_t n = strspn(p, "abcdefghijklmnopqrstuvwxyz_");
+    const char *q = p + n + strspn(p + n, " \t");
+    return n > 0 && *q == '=' && libpq_keyword(p, n);
+}
+
 /* See rollout_store_pg.h. */
 ks_err ks_rollout_store_pg_open(const char *conninfo, int read_only, ks_rollout_store **out,
                                 char *errbuf, size_t errbuf_len)
