@@ -8,18 +8,24 @@
 # Run from the repository's root with make's GO_ENV.
 set -eu
 cd "$(dirname "$0")/keyshift"
-out=$(go test -run='^$' -bench=. -benchmem -count=1 .)
+# Three runs of each, the fastest kept: the machine may be shared.
+out=$(go test -run='^$' -bench=. -benchmem -benchtime=0.5s -count=3 .)
 printf '%s\n' "$out" | awk '
 $1 ~ /^Benchmark/ {
     name = $1; sub(/^Benchmark/, "", name); sub(/-[0-9]+$/, "", name)
     size = ""; if (split(name, p, "/") == 2) { name = p[1]; size = p[2] }
     ns = $3; allocs = ""
     for (i = 4; i <= NF; i++) if ($(i) == "allocs/op") allocs = $(i - 1)
-    printf "{\"bench\":\"go\",\"name\":\"%s\",%s\"ns_per_op\":%s,\"allocs_per_op\":%s}\n", \
-        name, (size == "" ? "" : "\"bytes\":" size ","), ns, allocs
-    t[name "/" size] = ns; a[name "/" size] = allocs
+    if ((name "/" size) in t && t[name "/" size] <= ns + 0) next
+    t[name "/" size] = ns + 0; a[name "/" size] = allocs; order[++norder] = name "/" size
 }
 END {
+    for (o = 1; o <= norder; o++) {
+        k = order[o]; if (k in done) continue; done[k] = 1
+        split(k, q, "/"); name = q[1]; size = q[2]; ns = t[k]; allocs = a[k]
+        printf "{\"bench\":\"go\",\"name\":\"%s\",%s\"ns_per_op\":%s,\"allocs_per_op\":%s}\n", \
+            name, (size == "" ? "" : "\"bytes\":" size ","), ns, allocs
+    }
     n = split("128 2048 65536", s, " ")
     for (i = 1; i <= n; i++) {
         split("Seal Open", ops, " ")

@@ -88,6 +88,28 @@ ks_err ksgo_batch(uintptr_t app_handle, int seal, const char *table, size_t tabl
 	return e;
 }
 
+/* Lay out the outputs of items[0, n) (their in_len set) one after the
+ * other: each item's out_cap (ks_app_seal_max_len when sealing, else its
+ * input's length) and out_off; returns the total, or UINT64_MAX when an
+ * input is past the format's limits. */
+uint64_t ksgo_layout(int seal, ksgo_item *items, size_t n)
+{
+	uint64_t off = 0;
+	for (size_t i = 0; i < n; i++) {
+		uint64_t cap = items[i].in_len;
+		if (seal) {
+			cap = ks_app_seal_max_len((size_t)items[i].in_len);
+			if (cap == 0) {
+				return UINT64_MAX;
+			}
+		}
+		items[i].out_off = off;
+		items[i].out_cap = cap;
+		off += cap;
+	}
+	return off;
+}
+
 /* ks_app_parse; the result as ksgo_call's. */
 int64_t ksgo_parse(const uint8_t *v, size_t v_len, ks_app_header *h)
 {

@@ -139,44 +139,30 @@ func (a *App) batch(seal bool, table, column string, items []Item) error {
 		return nil
 	}
 	desc := make([]C.ksgo_item, len(items))
-	inLen, outLen := 0, 0
+	inLen := 0
 	for i := range items {
 		it := &items[i]
 		inLen += len(it.Tenant) + len(it.Context) + len(it.Purpose) + len(it.In)
-		if seal {
-			m := SealMaxLen(len(it.In))
-			if m == 0 {
-				m = 1
-			}
-			outLen += m
-		} else {
-			outLen += len(it.In)
-		}
+		desc[i].in_len = C.uint64_t(len(it.In))
+	}
+	outLen := C.ksgo_layout(sealFlag, &desc[0], C.size_t(len(desc)))
+	if outLen == C.UINT64_MAX || uint64(outLen) > uint64(^uint(0)>>1) {
+		return newError(op, C.KS_ERR_INVALID_ARGUMENT, -1, "an input is too long")
 	}
 	in := make([]byte, 0, inLen)
-	out := make([]byte, outLen)
+	out := make([]byte, int(outLen))
 	defer wipe(in[:cap(in)])
 	put := func(b []byte) (C.uint64_t, C.uint64_t) {
 		off := len(in)
 		in = append(in, b...)
 		return C.uint64_t(off), C.uint64_t(len(b))
 	}
-	o := 0
 	for i := range items {
 		it, d := &items[i], &desc[i]
 		d.tenant_off, d.tenant_len = put(it.Tenant)
 		d.context_off, d.context_len = put(it.Context)
 		d.purpose_off, d.purpose_len = put(it.Purpose)
 		d.in_off, d.in_len = put(it.In)
-		c := len(it.In)
-		if seal {
-			c = SealMaxLen(len(it.In))
-		}
-		d.out_off, d.out_cap = C.uint64_t(o), C.uint64_t(c)
-		if seal && c == 0 {
-			c = 1
-		}
-		o += c
 	}
 	a.mu.RLock()
 	defer a.mu.RUnlock()
