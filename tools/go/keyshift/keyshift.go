@@ -26,8 +26,9 @@
 // ErrRefused, ErrConfiguration).
 //
 // Memory: the library keeps no pointer to a Go buffer after a call
-// returns, and copies of plaintext it makes in C memory are wiped before
-// they are freed.  Plaintext that Open returns is the caller's to wipe.
+// returns; the copies this package makes of a passphrase (in C memory) and
+// of a batch's plaintexts are wiped before they are freed.  Plaintext that
+// Open returns is the caller's to wipe.
 //
 // The package uses cgo and finds libkeyshift through pkg-config
 // (keyshift.pc, installed by make install).

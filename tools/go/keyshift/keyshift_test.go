@@ -360,3 +360,58 @@ func TestInteropCLI(t *testing.T) {
 		}
 	}
 }
+
+// With a database, the App obeys the rollout and registers as a reader: a
+// rollout from plaintext seals plaintext while planned and refuses an
+// envelope (phase) until read-compat; Close deregisters.
+func TestRollout(t *testing.T) {
+	if _, err := exec.LookPath("sqlite3"); err != nil {
+		t.Skip("no sqlite3 CLI")
+	}
+	k := newKeyring(t)
+	db := filepath.Join(t.TempDir(), "shop.db")
+	if out, err := exec.Command("sqlite3", db,
+		"CREATE TABLE payments(id INTEGER PRIMARY KEY, tenant TEXT, card BLOB);").CombinedOutput(); err != nil {
+		t.Fatalf("sqlite3: %v: %s", err, out)
+	}
+	scope := []string{"--db", db, "--table", "payments", "--column", "card", "--keyring", k}
+	cli(t, nil, append([]string{"rollout", "start", "--source", "plaintext",
+		"--target", "v2:xchacha20-poly1305:payments/kek:1"}, scope...)...)
+	a, err := Open(Config{Keyring: k, Database: db, InstanceID: "go-test-1",
+		DefaultKeyID: "payments/kek", Interval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if !bytes.Contains(cli(t, nil, "rollout", "readers", "--db", db), []byte("go-test-1")) {
+		t.Error("the App is not registered as a reader")
+	}
+	r := &Record{Table: "payments", Column: "card", Tenant: []byte("acme"), Context: []byte("payments:1:card")}
+	pt := []byte("4111111111111111")
+	if v, err := a.Seal(r, pt); err != nil || !bytes.Equal(v, pt) {
+		t.Fatalf("planned from plaintext: Seal gave %d bytes, %v", len(v), err)
+	}
+	env, err := openApp(t, k, FormatV2, XChaCha20Poly1305).Seal(r, pt) // no database: an envelope
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err = a.Open(r, env); !errors.Is(err, ErrPhase) || !errors.Is(err, ErrRefused) {
+		t.Fatalf("an envelope while planned: %v", err)
+	}
+	cli(t, nil, append([]string{"rollout", "advance"}, scope...)...)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got, err := a.Open(r, env)
+		if err == nil && bytes.Equal(got, pt) {
+			break
+		}
+		if !errors.Is(err, ErrPhase) || time.Now().After(deadline) {
+			t.Fatalf("an envelope in read-compat: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	a.Close()
+	if bytes.Contains(cli(t, nil, "rollout", "readers", "--db", db), []byte("go-test-1")) {
+		t.Error("Close did not deregister the reader")
+	}
+}
