@@ -36,6 +36,7 @@
 #                   parser vs nanopb, seal/open vs raw AEAD, migration vs
 #                   raw SQLite (rollback journal; WAL at synchronous FULL
 #                   and NORMAL), HSM and KMS plugin vs the local keyring
+#                   (then make go-bench: the Go package vs crypto/cipher)
 #   make go-test    the Go package (tools/go/keyshift): vet, go test -race,
 #                   its fuzz seeds and a 5 s fuzz smoke, the README example
 #   make demo       encrypt, rotate and verify a 100,000-row sample database

@@ -3,7 +3,8 @@
 # go-bench, part of make bench): App.AppendSeal and AppendOpen at 128 B,
 # 2 KiB and 64 KiB against crypto/cipher's AES-256-GCM (random nonce, the
 # same AAD length) in the same run, the batch against a loop of single
-# calls, and the cost of one cgo call.  Goals: App/GCM throughput at least
+# calls, the same calls looped in C (what the binding adds), and the
+# cost of one cgo call.  Goals: App/GCM throughput at least
 # 0.8 at 2 KiB and 64 KiB, 0 allocations per append-style call.
 # Run from the repository's root with make's GO_ENV.
 set -eu
@@ -35,6 +36,10 @@ END {
             goal = (k == 128) ? "" : ",\"goal\":0.8,\"pass\":" ((g / app >= 0.8 && a["App" ops[j] "/" k] == 0) ? "true" : "false")
             printf "{\"bench\":\"go\",\"ratio\":\"gcm_ns/app_%s_ns\",\"bytes\":%s,\"value\":%.2f,\"app_allocs_per_op\":%s%s}\n", \
                 tolower(ops[j]), k, g / app, a["App" ops[j] "/" k], goal
+            c = t["C" ops[j] "/" k]
+            if (c != "")
+                printf "{\"bench\":\"go\",\"ratio\":\"c_loop_ns/app_%s_ns\",\"bytes\":%s,\"value\":%.2f,\"binding_ns\":%.0f}\n", \
+                    tolower(ops[j]), k, c / app, app - c
         }
     }
     if (t["BatchSeal/"] != "" && t["LoopSeal/"] != "")

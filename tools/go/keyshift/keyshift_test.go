@@ -302,9 +302,9 @@ func TestBatch(t *testing.T) {
 		opens[i] = Item{Tenant: []byte("acme"), Context: []byte(fmt.Sprint(i)), In: items[i].Out}
 	}
 	opens[7].Context = []byte("wrong")
-	err := a.OpenBatch("payments", "card", opens)
-	if !errors.Is(err, ErrAuthFailed) {
-		t.Fatalf("OpenBatch: %v", err)
+	buf, err := a.AppendOpenBatch([]byte("pre"), "payments", "card", opens)
+	if !errors.Is(err, ErrAuthFailed) || string(buf[:3]) != "pre" {
+		t.Fatalf("AppendOpenBatch: %v", err)
 	}
 	for i := range opens {
 		if i == 7 {

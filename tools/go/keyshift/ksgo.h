@@ -29,6 +29,8 @@ int64_t ksgo_call(uintptr_t app_handle, int seal, const char *table, size_t tabl
 ks_err ksgo_batch(uintptr_t app_handle, int seal, const char *table, size_t table_len, const char *column,
                   size_t column_len, const uint8_t *in, uint8_t *out, ksgo_item *items, size_t n);
 uint64_t ksgo_layout(int seal, ksgo_item *items, size_t n);
+ks_err ksgo_bench_loop(uintptr_t app_handle, int seal, const uint8_t *in, size_t in_len,
+                       uint8_t *out, size_t cap, uint64_t iters);
 int64_t ksgo_parse(const uint8_t *v, size_t v_len, ks_app_header *h);
 uint8_t *ksgo_dup(const uint8_t *p, size_t n);
 void ksgo_free_wiped(void *p, size_t n);

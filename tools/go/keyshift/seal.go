@@ -6,6 +6,7 @@ package keyshift
 import "C"
 
 import (
+	"sync"
 	"unsafe"
 )
 
@@ -116,29 +117,59 @@ type Item struct {
 
 // SealBatch seals every item, all of table.column, in one call across to
 // C (ks_app_seal_batch); one item's failure does not stop the others.  It
-// returns the first item's error, if any.
+// returns the first item's error, if any.  The outputs share one new
+// buffer.
 func (a *App) SealBatch(table, column string, items []Item) error {
-	return a.batch(true, table, column, items)
+	_, err := a.batch(true, nil, table, column, items)
+	return err
 }
 
 // OpenBatch opens every item, as SealBatch (ks_app_open_batch).
 func (a *App) OpenBatch(table, column string, items []Item) error {
-	return a.batch(false, table, column, items)
+	_, err := a.batch(false, nil, table, column, items)
+	return err
 }
 
+// AppendSealBatch is SealBatch with the outputs appended to buf, whose
+// extension it returns: with a buffer reused from call to call it makes
+// no large allocation.  The items' Out are slices of it.
+func (a *App) AppendSealBatch(buf []byte, table, column string, items []Item) ([]byte, error) {
+	return a.batch(true, buf, table, column, items)
+}
+
+// AppendOpenBatch is OpenBatch with the outputs appended to buf, as
+// AppendSealBatch.
+func (a *App) AppendOpenBatch(buf []byte, table, column string, items []Item) ([]byte, error) {
+	return a.batch(false, buf, table, column, items)
+}
+
+// batchScratch is a batch's item array and the copy of its inputs, kept
+// in a pool between batches (the inputs wiped).
+type batchScratch struct {
+	desc []C.ksgo_item
+	in   []byte
+}
+
+var scratchPool = sync.Pool{New: func() interface{} { return new(batchScratch) }}
+
 // batch lays the items' fields out in one input buffer and their outputs
-// in one output buffer (so that C is given no Go pointer inside Go
-// memory), runs the batch, and slices the outputs.  The input copy holds
-// plaintext when sealing: it is wiped before return.
-func (a *App) batch(seal bool, table, column string, items []Item) error {
+// in buf (so that C is given no Go pointer inside Go memory), runs the
+// batch, and slices the outputs.  The input copy holds plaintext when
+// sealing: it is wiped before it goes back to the pool.
+func (a *App) batch(seal bool, buf []byte, table, column string, items []Item) ([]byte, error) {
 	op, sealFlag := "open-batch", C.int(0)
 	if seal {
 		op, sealFlag = "seal-batch", 1
 	}
 	if len(items) == 0 {
-		return nil
+		return buf, nil
 	}
-	desc := make([]C.ksgo_item, len(items))
+	sc := scratchPool.Get().(*batchScratch)
+	defer scratchPool.Put(sc)
+	if cap(sc.desc) < len(items) {
+		sc.desc = make([]C.ksgo_item, len(items))
+	}
+	desc := sc.desc[:len(items)]
 	inLen := 0
 	for i := range items {
 		it := &items[i]
@@ -147,10 +178,15 @@ func (a *App) batch(seal bool, table, column string, items []Item) error {
 	}
 	outLen := C.ksgo_layout(sealFlag, &desc[0], C.size_t(len(desc)))
 	if outLen == C.UINT64_MAX || uint64(outLen) > uint64(^uint(0)>>1) {
-		return newError(op, C.KS_ERR_INVALID_ARGUMENT, -1, "an input is too long")
+		return buf, newError(op, C.KS_ERR_INVALID_ARGUMENT, -1, "an input is too long")
 	}
-	in := make([]byte, 0, inLen)
-	out := make([]byte, int(outLen))
+	buf = grow(buf, int(outLen))
+	base := len(buf)
+	out := buf[base : base+int(outLen)]
+	if cap(sc.in) < inLen {
+		sc.in = make([]byte, 0, inLen)
+	}
+	in := sc.in[:0]
 	defer wipe(in[:cap(in)])
 	put := func(b []byte) (C.uint64_t, C.uint64_t) {
 		off := len(in)
@@ -167,17 +203,18 @@ func (a *App) batch(seal bool, table, column string, items []Item) error {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	if a.app == nil {
-		return ErrClosed
+		return buf, ErrClosed
 	}
-	e := C.ksgo_batch(C.uintptr_t(uintptr(unsafe.Pointer(a.app))), sealFlag, sp(table), C.size_t(len(table)), sp(column), C.size_t(len(column)),
-		bp(in[:cap(in)]), bp(out), &desc[0], C.size_t(len(desc)))
+	e := C.ksgo_batch(C.uintptr_t(uintptr(unsafe.Pointer(a.app))), sealFlag, sp(table), C.size_t(len(table)),
+		sp(column), C.size_t(len(column)), bp(in[:cap(in)]), bp(out), &desc[0], C.size_t(len(desc)))
 	var first error
 	for i := range items {
 		r, d := desc[i].result, &desc[i]
 		if r < 0 {
 			items[i].Out, items[i].Err = nil, resultError(op, r)
 		} else {
-			items[i].Out, items[i].Err = out[d.out_off:int(d.out_off)+int(r):int(d.out_off)+int(r)], nil
+			o := int(d.out_off)
+			items[i].Out, items[i].Err = out[o:o+int(r):o+int(r)], nil
 		}
 		if first == nil && items[i].Err != nil {
 			first = items[i].Err
@@ -186,7 +223,7 @@ func (a *App) batch(seal bool, table, column string, items []Item) error {
 	if first == nil && e != C.KS_OK {
 		first = newError(op, e, -1, "")
 	}
-	return first
+	return buf[:base+int(outLen)], first
 }
 
 // wipe zeroes b.
@@ -194,4 +231,20 @@ func wipe(b []byte) {
 	for i := range b {
 		b[i] = 0
 	}
+}
+
+// benchLoop seals (or opens) in, iters times, in a loop in C for the
+// record the benchmarks use: the library's cost without the crossings.
+func (a *App) benchLoop(seal bool, in, out []byte, iters int) error {
+	s := C.int(0)
+	if seal {
+		s = 1
+	}
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	if e := C.ksgo_bench_loop(C.uintptr_t(uintptr(unsafe.Pointer(a.app))), s, bp(in), C.size_t(len(in)),
+		bp(out), C.size_t(len(out)), C.uint64_t(iters)); e != C.KS_OK {
+		return newError("bench", e, -1, "")
+	}
+	return nil
 }
