@@ -415,3 +415,32 @@ func TestRollout(t *testing.T) {
 		t.Error("Close did not deregister the reader")
 	}
 }
+
+// A sealed keyring opens with Config.Passphrase (copied into C memory for
+// the call, then wiped) and not with a wrong one.
+func TestPassphrase(t *testing.T) {
+	dir := t.TempDir()
+	k, pf := filepath.Join(dir, "keyring"), filepath.Join(dir, "pass")
+	if err := os.WriteFile(pf, []byte("correct horse\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cli(t, nil, "keys", "init", "--keyring", k, "--passphrase-file", pf)
+	cli(t, nil, "keys", "create", "payments/kek", "--keyring", k, "--passphrase-file", pf)
+	pass := []byte("correct horse")
+	a, err := Open(Config{Keyring: k, Passphrase: pass, DefaultKeyID: "payments/kek"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if string(pass) != "correct horse" {
+		t.Error("Open changed the caller's passphrase")
+	}
+	if _, err = a.Seal(rec("c"), []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	var ke *Error
+	_, err = Open(Config{Keyring: k, Passphrase: []byte("wrong"), DefaultKeyID: "payments/kek"})
+	if !errors.Is(err, ErrConfiguration) || !errors.As(err, &ke) || ke.Name != "bad-passphrase" {
+		t.Fatalf("a wrong passphrase: %v", err)
+	}
+}
