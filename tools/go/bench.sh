@@ -42,9 +42,11 @@ END {
                     tolower(ops[j]), k, c / app, app - c
         }
     }
-    if (t["BatchSeal/"] != "" && t["LoopSeal/"] != "")
-        printf "{\"bench\":\"go\",\"ratio\":\"loop_ns/batch_ns\",\"items\":64,\"bytes\":128,\"value\":%.2f}\n", \
-            t["LoopSeal/"] / t["BatchSeal/"]
+    split("Seal Open", ops, " ")
+    for (j = 1; j <= 2; j++)
+        if (t["Batch" ops[j] "/"] != "" && t["Loop" ops[j] "/"] != "")
+            printf "{\"bench\":\"go\",\"ratio\":\"loop_ns/batch_%s_ns\",\"items\":64,\"bytes\":128,\"value\":%.2f}\n", \
+                tolower(ops[j]), t["Loop" ops[j] "/"] / t["Batch" ops[j] "/"]
     if (t["CgoCrossing/"] != "")
         printf "{\"bench\":\"go\",\"name\":\"cgo_crossing\",\"ns_per_op\":%s,\"share_of_app_seal_128\":%.3f}\n", \
             t["CgoCrossing/"], t["CgoCrossing/"] / t["AppSeal/128"]

@@ -196,3 +196,47 @@ func BenchmarkCgoCrossing(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkBatchOpen opens 64 envelopes of 128 bytes in one call, into a
+// reused buffer; its baseline is BenchmarkLoopOpen.
+func BenchmarkBatchOpen(b *testing.B) {
+	a := benchApp(b)
+	items := sealedItems(b, a)
+	var buf []byte
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		var err error
+		if buf, err = a.AppendOpenBatch(buf[:0], "payments", "card", items); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkLoopOpen opens the same 64 envelopes one call each.
+func BenchmarkLoopOpen(b *testing.B) {
+	a := benchApp(b)
+	items := sealedItems(b, a)
+	var pt []byte
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		for j := range items {
+			r := Record{Table: "payments", Column: "card", Tenant: items[j].Tenant, Context: items[j].Context}
+			var err error
+			if pt, err = a.AppendOpen(pt[:0], &r, items[j].In); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
+
+// sealedItems is batchItems sealed, as items to open.
+func sealedItems(b *testing.B, a *App) []Item {
+	items := batchItems()
+	if err := a.SealBatch("payments", "card", items); err != nil {
+		b.Fatal(err)
+	}
+	for i := range items {
+		items[i].In, items[i].Out = items[i].Out, nil
+	}
+	return items
+}
