@@ -36,6 +36,9 @@
 #                   parser vs nanopb, seal/open vs raw AEAD, migration vs
 #                   raw SQLite (rollback journal; WAL at synchronous FULL
 #                   and NORMAL), HSM and KMS plugin vs the local keyring
+#                   (then make go-bench: the Go package vs crypto/cipher)
+#   make go-test    the Go package (tools/go/keyshift): vet, go test -race,
+#                   its fuzz seeds and a 5 s fuzz smoke, the README example
 #   make demo       encrypt, rotate and verify a 100,000-row sample database
 #   make install    PREFIX=/usr/local DESTDIR= (headers, libs, CLI,
 #                   keyshift-kms-aws, keyshift.pc)
@@ -110,6 +113,7 @@ DEMO_APP_SAN := $(B)/san/bin/keyshift-demo-app
 KMS_AWS     := $(B)/bin/keyshift-kms-aws
 KMS_AWS_SAN := $(B)/san/bin/keyshift-kms-aws
 
+.PHONY: go-test go-bench
 .PHONY: all deps test test-build unit tsan cli-test kms-aws-test install-test symbols check-layout fuzz fuzz-afl fuzz-smoke fuzz-replay \
         coverage bench demo install uninstall clean
 
@@ -338,6 +342,29 @@ include fuzz/fuzz.mk
 include tools/mutate.mk
 include tools/prove.mk
 
+# ---- the Go package (tools/go/keyshift; docs/embedding.md "From Go") -------
+# cgo finds the library through pkg-config: an uninstalled keyshift.pc in
+# build/pkgconfig points at build/lib (with an rpath) and include/.  No
+# module proxy: the package uses the standard library only.
+GO_ENV = GOFLAGS=-mod=mod GOPROXY=off GOCACHE=$(CURDIR)/$(B)/go-cache GOPATH=$(CURDIR)/$(B)/go-path \
+         PKG_CONFIG_PATH=$(CURDIR)/$(B)/pkgconfig KEYSHIFT_CLI=$(CURDIR)/$(CLI)
+$(B)/pkgconfig/keyshift.pc: $(B)/keyshift.pc.values
+	@mkdir -p $(dir $@)
+	printf '%s\n' 'Name: keyshift' 'Description: keyshift, uninstalled (build tree)' 'Version: $(VERSION)' \
+	    'Libs: -L$(CURDIR)/$(B)/lib -Wl,-rpath,$(CURDIR)/$(B)/lib -lkeyshift' 'Cflags: -I$(CURDIR)/include' > $@
+
+# vet, the tests under the race detector (they replay the fuzz seed corpus
+# testdata/fuzz/FuzzParse), a 5-second fuzz smoke, and the README's example.
+go-test: $(SHARED) $(CLI) $(B)/pkgconfig/keyshift.pc
+	cd tools/go/keyshift && $(GO_ENV) go vet ./... && $(GO_ENV) go test -race -count=1 ./...
+	cd tools/go/keyshift && $(GO_ENV) go test -run='^$$' -fuzz=FuzzParse -fuzztime=5s .
+	@$(GO_ENV) tools/go/readme_test.sh
+
+# App.Seal/Open against crypto/cipher's AES-256-GCM, batch against a loop:
+# JSON lines (tools/go/bench.sh).
+go-bench: $(SHARED) $(CLI) $(B)/pkgconfig/keyshift.pc
+	@$(GO_ENV) tools/go/bench.sh
+
 # ---- benchmarks ---------------------------------------------------------
 
 BENCH_SRCS := tools/bench.c tools/bench_hsm.c tools/bench_plugin.c tools/bench_remote.c tools/bench_pg.c
@@ -348,6 +375,7 @@ $(B)/bin/bench: $(BENCH_SRCS) tools/bench.h $(REL_OBJS) $(NANOPB_C) $(NANOPB_H)
 
 bench: deps $(B)/bin/bench
 	@$(B)/bin/bench
+	@$(MAKE) --no-print-directory go-bench
 
 # ---- demo: docs/migration.md in one minute (DEMO_ROWS, default 100000) ----
 
@@ -380,6 +408,7 @@ test:
 	@$(MAKE) --no-print-directory check-layout symbols
 	@$(MAKE) --no-print-directory unit tsan
 	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target cli-test
+	@$(MAKE) --no-print-directory go-test
 	@$(MAKE) --no-print-directory install-test
 	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target fuzz-replay coverage
 	@$(MAKE) --no-print-directory fuzz-smoke

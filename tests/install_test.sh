@@ -80,6 +80,36 @@ check "second install: keyshift.pc names the new libdir" grep -qx "libdir=$PREFI
 check "second install: the first keyshift.pc is unchanged" grep -qx "prefix=$PREFIX" "$R/lib/pkgconfig/keyshift.pc"
 make --no-print-directory -s uninstall PREFIX="$PREFIX2" DESTDIR="$T/stage" >/dev/null
 
+# The Go package (tools/go/keyshift) builds against the installed library
+# through the installed keyshift.pc, as docs/embedding.md "From Go" says.
+mkdir -p "$T/gouse"
+cat >"$T/gouse/main.go" <<'GO'
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"keyshift.local/keyshift"
+)
+
+func main() {
+	_, err := keyshift.Parse([]byte("KSE\x05"))
+	var ke *keyshift.Error
+	fmt.Println(err)
+	if !errors.As(err, &ke) || ke.Name != "unsupported-version" || ke.Offset != 3 {
+		os.Exit(1)
+	}
+}
+GO
+printf '%s\n' 'module gouse' 'go 1.19' 'require keyshift.local/keyshift v0.0.0' \
+    "replace keyshift.local/keyshift => $(pwd)/tools/go/keyshift" >"$T/gouse/go.mod"
+check "build a Go program against the installed library" sh -c "cd '$T/gouse' && \
+    GOFLAGS=-mod=mod GOPROXY=off GOCACHE='${GOCACHE:-$(pwd)/build/go-cache}' GOPATH='$T/gopath' \
+    go build -o '$T/gouse/gouse' ."
+check "run it against the installed library" env LD_LIBRARY_PATH="$R/lib" "$T/gouse/gouse"
+
 make --no-print-directory -s uninstall PREFIX="$PREFIX" DESTDIR="$T/stage" >/dev/null
 check "uninstall removes keyshift-kms-aws" test ! -e "$R/bin/keyshift-kms-aws"
 check "uninstall removes the CLI" test ! -e "$R/bin/keyshift"

@@ -14,7 +14,8 @@ libsodium-dev libsqlite3-dev sqlite3 libcmocka-dev \
 nanopb libnanopb-dev protobuf-compiler python3-protobuf afl++ \
 python3-cryptography python3-argon2 softhsm2 libp11-kit-dev \
 libcurl4-openssl-dev libjansson-dev frama-c-base why3 z3 \
-postgresql-15 libpq-dev"
+postgresql-15 libpq-dev \
+golang-go"
 
 missing=""
 for p in $PKGS; do

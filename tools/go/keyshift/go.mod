@@ -1,0 +1,3 @@
+module keyshift.local/keyshift
+
+go 1.19
