@@ -13,6 +13,7 @@ Environment: KEYSHIFT_LIBRARY (the shared library) and KEYSHIFT_CLI (the
 keyshift program); by default the ones under build/ of this tree.
 """
 
+import json
 import os
 import re
 import shutil
@@ -407,6 +408,45 @@ class KeyshiftTest(unittest.TestCase):
                 del os.environ["KEYSHIFT_KEYRING"]
             else:
                 os.environ["KEYSHIFT_KEYRING"] = old
+
+    # ---- the example service ----
+
+    def test_example_service_under_a_rollout(self) -> None:
+        """example_service.py populates a column, then reads and writes it
+        in write-upgrade with tenants t1 and t2 as the canary: every read
+        succeeds and the canary's writes go to the target key version."""
+        w = World()
+        try:
+            svc = [sys.executable, os.path.join(os.path.dirname(HERE), "example_service.py"),
+                   "--db", w.db, "--keyring", w.keyring, "--key-id", "payments-kek",
+                   "--instance", "py-svc", "--json", "--reload-ms", "50"]
+            env = dict(w.env, PYTHONPATH=os.path.dirname(HERE))
+
+            def run(*args: str) -> dict:
+                p = subprocess.run(svc + list(args), env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE)
+                self.assertEqual(p.returncode, 0, p.stderr.decode() + p.stdout.decode())
+                return json.loads(p.stdout)
+
+            self.assertEqual(run("--populate", "40", "--ops", "0")["ops"], 0)
+            w.cli("rollout", "start", "--db", w.db, "--table", T, "--column", C,
+                  "--source", "v2:xchacha20-poly1305:payments-kek:1",
+                  "--target", "v2:xchacha20-poly1305:payments-kek:2", "--min-soak", "0",
+                  "--reason", "test")
+            w.cli("rollout", "advance", "--db", w.db)
+            w.cli("rollout", "advance", "--db", w.db, "--tenants", "t1,t2")
+            counts = run("--ops", "300", "--write-percent", "50")
+            self.assertEqual(counts["ops"], 300)
+            self.assertFalse([k for k in counts if k.startswith(("read-", "write-"))], counts)
+            self.assertGreater(counts.get("write v2:xchacha20-poly1305:payments-kek:2", 0), 0)
+            self.assertGreater(counts.get("write v2:xchacha20-poly1305:payments-kek:1", 0), 0)
+            con = sqlite3.connect(w.db)
+            for tenant, value in con.execute("SELECT tenant, card FROM payments"):
+                want = 2 if tenant in ("t1", "t2") else 1
+                self.assertIn(keyshift.parse(value).key_version, (1, want))
+            con.close()
+        finally:
+            w.remove()
 
     # ---- the README ----
 
