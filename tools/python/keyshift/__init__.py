@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import platform
+import struct
 import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -82,6 +84,45 @@ _string_at = ctypes.string_at
 _memset = ctypes.memset
 _seal = _n.LIB.ks_app_seal
 _open = _n.LIB.ks_app_open_value
+
+_pack_into = struct.pack_into
+
+
+def _probe_bytes_address() -> bool:
+    """True when id(b) + bytes.__basicsize__ - 1 is where a bytes object's
+    data starts (CPython's PyBytesObject), checked on a live object."""
+    if platform.python_implementation() != "CPython" or ctypes.sizeof(ctypes.c_void_p) != 8:
+        return False
+    probe = b"keyshift: the data of a bytes object"
+    return ctypes.string_at(id(probe) + bytes.__basicsize__ - 1, len(probe)) == probe
+
+
+_FAST = _probe_bytes_address()
+_BYTES_DATA = bytes.__basicsize__ - 1
+
+
+def _addr(b: bytes) -> int:
+    """The address of b's data (CPython; valid while b is alive)."""
+    return id(b) + _BYTES_DATA
+
+
+class _ThreadState:
+    """One thread's output buffer, out-parameters and record, with their
+    byref()s made once."""
+
+    __slots__ = ("buf", "n", "cls", "perr", "rec", "n_ref", "cls_ref", "perr_ref", "rec_ref")
+
+    def __init__(self, cap: int) -> None:
+        self.buf = ctypes.create_string_buffer(cap)
+        self.n = ctypes.c_size_t()
+        self.cls = _n.RolloutClass()
+        self.perr = _n.ParseError()
+        self.rec = ctypes.create_string_buffer(ctypes.sizeof(_n.AppRecord))
+        self.n_ref = ctypes.byref(self.n)
+        self.cls_ref = ctypes.byref(self.cls)
+        self.perr_ref = ctypes.byref(self.perr)
+        self.rec_ref = ctypes.byref(self.rec)
+
 
 Text = Union[str, bytes]
 Buffer = Union[bytes, bytearray, memoryview]
@@ -456,80 +497,85 @@ class App:
                               32, "configuration")
         return app
 
-    def _grow(self, cap: int) -> ctypes.Array:
-        """This thread's output buffer, grown to at least cap bytes (reused
-        across calls: no allocation per call), and its out-parameters."""
-        tls = self._tls
-        buf = _n.ctypes.create_string_buffer(max(cap, 4096))
-        old = getattr(tls, "buf", None)
-        if old is not None:
-            _memset(old, 0, len(old))
-        else:
-            tls.n = ctypes.c_size_t()
-            tls.cls = _n.RolloutClass()
-            tls.perr = _n.ParseError()
-        tls.buf = buf
-        return buf
+    def _state(self, cap: int = 0) -> "_ThreadState":
+        """This thread's buffers, at least cap bytes of output (reused
+        across calls: no allocation per call; a buffer outgrown is wiped)."""
+        st = getattr(self._tls, "st", None)
+        if st is None or len(st.buf) < cap:
+            if st is not None:
+                _memset(st.buf, 0, len(st.buf))
+            st = _ThreadState(max(cap, 4096))
+            self._tls.st = st
+        return st
 
-    def _record(self, table: str, column: str, tenant: Optional[Text], context: Optional[Text],
-                purpose: Optional[Text]) -> _n.AppRecord:
-        """The ks_app_record of a call (the table and column names encoded
-        once per App)."""
+    def _record(self, st: "_ThreadState", table: str, column: str, tenant: Optional[Text],
+                context: Optional[Text], purpose: Optional[Text]):
+        """A pointer to the ks_app_record of a call, and the objects it
+        points into (which the caller keeps alive until the call returns).
+        On CPython the record is this thread's 64 bytes, written with
+        struct.pack_into from the addresses of the bytes objects' data
+        (checked at import; a ctypes structure elsewhere)."""
         names = self._names.get((table, column))
         if names is None:
-            names = (_cstr(table, "table"), _cstr(column, "column"))
+            tb, cb = _cstr(table, "table"), _cstr(column, "column")
+            names = (tb, cb, _addr(tb) if tb is not None and _FAST else 0,
+                     _addr(cb) if cb is not None and _FAST else 0)
             if len(self._names) < 1024:
                 self._names[(table, column)] = names
         t = tenant if type(tenant) is bytes else _text(tenant, "tenant")
         c = context if type(context) is bytes else _text(context, "context")
-        p = purpose if type(purpose) is bytes else _text(purpose, "purpose")
-        return _Record(names[0], names[1], _Bytes(t or None, len(t)), _Bytes(c or None, len(c)),
-                       _Bytes(p or None, len(p)))
+        p = b"" if purpose is None else purpose if type(purpose) is bytes else _text(purpose, "purpose")
+        if _FAST and names[2] and names[3]:
+            _pack_into("8N", st.rec, 0, names[2], names[3], _addr(t), len(t), _addr(c), len(c),
+                       _addr(p), len(p))
+            return st.rec_ref, (t, c, p)
+        r = _Record(names[0], names[1], _Bytes(t or None, len(t)), _Bytes(c or None, len(c)),
+                    _Bytes(p or None, len(p)))
+        return _byref(r), r
 
-    def _call_seal(self, r: _n.AppRecord, plaintext: Buffer):
+    def _call_seal(self, table, column, tenant, context, purpose, plaintext: Buffer):
         """Seal into this thread's buffer (grown, then retried, when the
-        value does not fit); the buffer, the length and the class."""
+        value does not fit); the value and this thread's class."""
         pt, n = _in(plaintext)
+        st = self._state()
+        r, keep = self._record(st, table, column, tenant, context, purpose)
         app = self._enter()
         try:
-            tls = self._tls
-            out = getattr(tls, "buf", None)
-            if out is None:
-                out = self._grow(0)
-            e = _seal(app, _byref(r), pt, n, out, len(out), _byref(tls.n), _byref(tls.cls))
+            out = st.buf
+            e = _seal(app, r, pt, n, out, len(out), st.n_ref, st.cls_ref)
             if e == _n.KS_ERR_BUFFER_TOO_SMALL:
                 cap = _n.LIB.ks_app_seal_max_len(n)
                 if cap > len(out):
-                    out = self._grow(cap)
-                    e = _seal(app, _byref(r), pt, n, out, len(out), _byref(tls.n), _byref(tls.cls))
-            if e != _n.KS_OK:
+                    st = self._state(cap)
+                    r, keep = self._record(st, table, column, tenant, context, purpose)
+                    out = st.buf
+                    e = _seal(app, r, pt, n, out, len(out), st.n_ref, st.cls_ref)
+            if e != 0:
                 raise _error(e)
-            m = tls.n.value
+            m = st.n.value
             value = _string_at(out, m)
-            if tls.cls.is_plaintext:
+            if st.cls.is_plaintext:
                 _memset(out, 0, m)
-            return value, tls.cls
+            return value, st.cls
         finally:
             self._calls.pop()
 
-    def _call_open(self, r: _n.AppRecord, value: Buffer):
+    def _call_open(self, table, column, tenant, context, purpose, value: Buffer):
         """Open into this thread's buffer, then wipe it; the plaintext and
-        the class."""
+        this thread's class."""
         v, n = _in(value)
+        st = self._state(n)
+        r, keep = self._record(st, table, column, tenant, context, purpose)
         app = self._enter()
         try:
-            tls = self._tls
-            out = getattr(tls, "buf", None)
-            if out is None or len(out) < n:
-                out = self._grow(n)
-            e = _open(app, _byref(r), v, n, out, len(out), _byref(tls.n), _byref(tls.cls),
-                      _byref(tls.perr))
-            if e != _n.KS_OK:
-                raise _error(e, tls.perr.offset)
-            m = tls.n.value
+            out = st.buf
+            e = _open(app, r, v, n, out, len(out), st.n_ref, st.cls_ref, st.perr_ref)
+            if e != 0:
+                raise _error(e, st.perr.offset)
+            m = st.n.value
             pt = _string_at(out, m)
             _memset(out, 0, m)
-            return pt, tls.cls
+            return pt, st.cls
         finally:
             self._calls.pop()
 
@@ -545,14 +591,13 @@ class App:
         write (the default key where none governs), or the plaintext itself
         while a rollout from plaintext has not reached write-upgrade.  The
         GIL is released during the call."""
-        return self._call_seal(self._record(table, column, tenant, context, purpose), plaintext)[0]
+        return self._call_seal(table, column, tenant, context, purpose, plaintext)[0]
 
     def seal_class(self, table: str, column: str, tenant: Text, plaintext: Buffer, *,
                    context: Optional[Text] = None,
                    purpose: Optional[Text] = None) -> Tuple[bytes, ValueClass]:
         """As :meth:`seal`, also returning the class written."""
-        value, cls = self._call_seal(self._record(table, column, tenant, context, purpose),
-                                     plaintext)
+        value, cls = self._call_seal(table, column, tenant, context, purpose, plaintext)
         return value, _value_class(cls)
 
     def open(self, table: str, column: str, tenant: Optional[Text], value: Buffer, *,
@@ -565,13 +610,13 @@ class App:
         it is.  Raises :class:`AuthFailed`, :class:`Malformed`,
         :class:`PhaseRefused`, ...; no unauthenticated plaintext is ever
         returned.  The GIL is released during the call."""
-        return self._call_open(self._record(table, column, tenant, context, purpose), value)[0]
+        return self._call_open(table, column, tenant, context, purpose, value)[0]
 
     def open_class(self, table: str, column: str, tenant: Optional[Text], value: Buffer, *,
                    context: Optional[Text] = None,
                    purpose: Optional[Text] = None) -> Tuple[bytes, ValueClass]:
         """As :meth:`open`, also returning the class read."""
-        pt, cls = self._call_open(self._record(table, column, tenant, context, purpose), value)
+        pt, cls = self._call_open(table, column, tenant, context, purpose, value)
         return pt, _value_class(cls)
 
     def _batch(self, fn, table: str, column: str, items, sizes, wipe: bool):
