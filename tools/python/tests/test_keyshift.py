@@ -124,6 +124,26 @@ class KeyshiftTest(unittest.TestCase):
                         self.assertEqual(app.open(T, C, None, memoryview(v),
                                                   context="payments:42:card"), pt)
 
+    def test_portable_record_path(self) -> None:
+        """The ctypes-structure record (interpreters other than CPython)
+        gives the same results as the per-thread buffer CPython uses."""
+        self.assertTrue(keyshift._FAST or sys.implementation.name != "cpython")
+        saved = keyshift._FAST
+        try:
+            with self.w.app() as app:
+                v = app.seal(T, C, "acme", b"fast", context="1", purpose="p")
+                keyshift._FAST = False
+                app._names.clear()
+                self.assertEqual(app.open(T, C, "acme", v, context="1", purpose="p"), b"fast")
+                v2 = app.seal(T, C, "acme", b"slow", context="2")
+                with self.assertRaises(keyshift.AuthFailed):
+                    app.open(T, C, "acme", v, context="2", purpose="p")
+                keyshift._FAST = saved
+                app._names.clear()
+                self.assertEqual(app.open(T, C, "acme", v2, context="2"), b"slow")
+        finally:
+            keyshift._FAST = saved
+
     def test_purpose_and_default_purpose(self) -> None:
         with self.w.app(purpose="pan") as app:
             v = app.seal(T, C, "acme", b"x", context="1")
