@@ -9,7 +9,11 @@ Prints JSON lines (make bench, make py-bench):
   Each figure is the best of 5 rounds, contender and baseline alternating.
 - ``py-threads``: seal and open on one App from 2 threads against 1
   (``speedup`` = 2-thread throughput / 1-thread throughput; 2.0 is
-  perfect), and AESGCM's own figure beside it (``raw_speedup``).
+  perfect), AESGCM's own figure beside it (``raw_speedup``), the CPU
+  seconds per wall second of the 2-thread run (``cpu_per_wall``: above
+  1.0 only when the threads ran at the same time, i.e. the GIL was
+  released) and the machine's load average (``load``; a speed-up needs
+  a second core free).
 
 The keys: an unsealed keyring made with the CLI ($KEYSHIFT_CLI, default
 build/bin/keyshift) in a temporary directory.
@@ -75,13 +79,16 @@ def threaded_rate(fn, threads, n):
     for t in ts:
         t.start()
     barrier.wait()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for t in ts:
         t.join()
-    return threads * n / (time.perf_counter() - t0)
+    wall = time.perf_counter() - t0
+    return threads * n / wall, (time.process_time() - c0) / wall
 
 
 def best_rate(fn, threads, n):
+    """The best rate of ROUNDS, with its CPU seconds per wall second (above
+    1.0 only when the threads ran at the same time)."""
     return max(threaded_rate(fn, threads, n) for _ in range(ROUNDS))
 
 
@@ -134,12 +141,14 @@ def main():
                          lambda: aead.decrypt(nonce, ct, CTX)),
                     )
                     for op, ks, raw in cases:
-                        k1, k2 = best_rate(ks, 1, n), best_rate(ks, 2, n)
-                        r1, r2 = best_rate(raw, 1, n), best_rate(raw, 2, n)
+                        (k1, _), (k2, cpu) = best_rate(ks, 1, n), best_rate(ks, 2, n)
+                        (r1, _), (r2, _) = best_rate(raw, 1, n), best_rate(raw, 2, n)
                         print(json.dumps(dict(common, bench="py-threads", op=op, algorithm=alg,
                                               bytes=size, threads=2,
                                               speedup=round(k2 / k1, 2),
                                               raw_speedup=round(r2 / r1, 2),
+                                              cpu_per_wall=round(cpu, 2),
+                                              load=round(os.getloadavg()[0], 1),
                                               gil_released=keyshift._native.releases_gil())),
                               flush=True)
     finally:
