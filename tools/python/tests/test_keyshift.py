@@ -500,6 +500,33 @@ class KeyshiftTest(unittest.TestCase):
         self.assertEqual(keyshift.__version__, keyshift.version())
         self.assertEqual(keyshift.seal_max_len(0) > 0, True)
 
+    # ---- packaging ----
+
+    def test_wheel(self) -> None:
+        """The in-tree build backend (what pip install --no-build-isolation
+        tools/python runs) makes a pure wheel of the package."""
+        import importlib.util
+        import zipfile
+        spec = importlib.util.spec_from_file_location(
+            "build_wheel", os.path.join(os.path.dirname(HERE), "build_wheel.py"))
+        bw = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bw)
+        d = tempfile.mkdtemp(prefix="ks_py_wheel_")
+        try:
+            self.assertEqual(bw.get_requires_for_build_wheel(), [])
+            name = bw.build_wheel(d)
+            self.assertEqual(name, "keyshift-%s-py3-none-any.whl" % keyshift.__version__)
+            with zipfile.ZipFile(os.path.join(d, name)) as z:
+                names = set(z.namelist())
+                di = "keyshift-%s.dist-info/" % keyshift.__version__
+                self.assertTrue({"keyshift/__init__.py", "keyshift/_native.py", "keyshift/py.typed",
+                                 di + "METADATA", di + "WHEEL", di + "RECORD"} <= names, names)
+                self.assertNotIn("keyshift/_libdir.py", names)
+                record = z.read(di + "RECORD").decode()
+                self.assertEqual(len(record.splitlines()), len(names))
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
     # ---- the structures ----
 
     def test_structure_layouts_match_the_c_compiler(self) -> None:
