@@ -106,6 +106,12 @@ def _addr(b: bytes) -> int:
     return id(b) + _BYTES_DATA
 
 
+_unpack_from = struct.unpack_from
+_ITEM_SIZE = ctypes.sizeof(_n.AppItem)
+_ITEM_OUT_LEN = _n.AppItem.out_len.offset
+assert _n.AppItem.err.offset == _ITEM_OUT_LEN + 8 and _n.AppItem.out_len.offset == 80
+
+
 class _ThreadState:
     """One thread's output buffer, out-parameters and record, with their
     byref()s made once."""
@@ -619,56 +625,89 @@ class App:
         pt, cls = self._call_open(table, column, tenant, context, purpose, value)
         return pt, _value_class(cls)
 
-    def _batch(self, fn, table: str, column: str, items, sizes, wipe: bool):
-        arr = (_n.AppItem * len(items))()
-        total = sum(sizes)
-        buf = ctypes.create_string_buffer(max(total, 1))
-        base = ctypes.addressof(buf)
+    def _batch(self, fn, table: str, column: str, items, slack: int, wipe: bool):
+        """Run fn (ks_app_seal_batch or ks_app_open_batch) over items, each
+        given len(input) + slack bytes of one output buffer; the outputs
+        or errors in order, and the indexes that met buffer-too-small.  On
+        CPython the ks_app_item array is packed with struct.pack_into (as
+        the record of a single call); elsewhere it is a ctypes array."""
+        count = len(items)
+        outbuf = ctypes.create_string_buffer(max(sum(len(d) + slack for _, _, d in items), 1))
+        base = ctypes.addressof(outbuf)
         keep = []
+        if _FAST:
+            arr = ctypes.create_string_buffer(_ITEM_SIZE * max(count, 1))
+        else:
+            arr = (_n.AppItem * max(count, 1))()
         pos = 0
         for i, (tenant, context, data) in enumerate(items):
-            it = arr[i]
-            _set_bytes(it.tenant, _text(tenant, "tenant"))
-            _set_bytes(it.context, _text(context, "context"))
+            t = tenant if type(tenant) is bytes else _text(tenant, "tenant")
+            c = context if type(context) is bytes else _text(context, "context")
             d, n = _in(data)
-            keep.append(d)
-            if n:
-                it.in_.ptr = ctypes.cast(d, ctypes.c_char_p) if not isinstance(d, bytes) else d
-                it.in_.len = n
-            it.out = base + pos
-            it.cap = sizes[i]
-            pos += sizes[i]
+            keep.append((t, c, d, n))
+            cap = n + slack
+            if _FAST:
+                da = 0 if not n else _addr(d) if type(d) is bytes else ctypes.addressof(d)
+                _pack_into("10N", arr, i * _ITEM_SIZE, _addr(t), len(t), _addr(c), len(c), 0, 0,
+                           da, n, base + pos, cap)
+            else:
+                it = arr[i]
+                _set_bytes(it.tenant, t)
+                _set_bytes(it.context, c)
+                if n:
+                    it.in_.ptr = d if type(d) is bytes else ctypes.cast(d, ctypes.c_char_p)
+                    it.in_.len = n
+                it.out = base + pos
+                it.cap = cap
+            pos += cap
         app = self._enter()
         try:
-            fn(app, _cstr(table, "table"), _cstr(column, "column"), arr, len(items))
+            fn(app, _cstr(table, "table"), _cstr(column, "column"), arr, count)
         finally:
             self._calls.pop()
         results: List[Union[bytes, Error]] = []
-        for it in arr:
-            if it.err == _n.KS_OK:
-                results.append(ctypes.string_at(it.out, it.out_len))
+        retry = []
+        pos = 0
+        for i in range(count):
+            if _FAST:
+                out_len, err = _unpack_from("Ni", arr, i * _ITEM_SIZE + _ITEM_OUT_LEN)
             else:
-                results.append(_error(it.err))
+                out_len, err = arr[i].out_len, arr[i].err
+            if err == 0:
+                results.append(_string_at(base + pos, out_len))
+            else:
+                results.append(_error(err))
+                if err == _n.KS_ERR_BUFFER_TOO_SMALL:
+                    retry.append(i)
+            pos += keep[i][3] + slack
         if wipe:
-            ctypes.memset(buf, 0, len(buf))
-        return results
+            _memset(outbuf, 0, len(outbuf))
+        return results, retry
 
     def seal_batch(self, table: str, column: str,
                    items: Sequence[Tuple[Text, Optional[Text], Buffer]]) -> List[Union[bytes, Error]]:
         """Seal many values of one column in one call into the C library
         (``ks_app_seal_batch``): items are ``(tenant, context, plaintext)``;
         the result has, in order, each value or the :class:`Error` that
-        item met (one failure does not stop the others)."""
-        sizes = [_n.LIB.ks_app_seal_max_len(len(d)) for _, _, d in items]
-        return self._batch(_n.LIB.ks_app_seal_batch, table, column, items, sizes, False)
+        item met (one failure does not stop the others).  The GIL is
+        released during the call."""
+        longest = max((len(d) for _, _, d in items), default=0)
+        slack = max(_n.LIB.ks_app_seal_max_len(longest) - longest, 0)
+        results, retry = self._batch(_n.LIB.ks_app_seal_batch, table, column, items, slack, False)
+        for i in retry:  # an output bound that did not hold for a shorter item
+            try:
+                results[i] = self.seal(table, column, items[i][0], items[i][2], context=items[i][1])
+            except Error as e:
+                results[i] = e
+        return results
 
     def open_batch(self, table: str, column: str,
                    items: Sequence[Tuple[Optional[Text], Optional[Text], Buffer]]) -> List[Union[bytes, Error]]:
         """Open many values of one column in one call
         (``ks_app_open_batch``): items are ``(tenant, context, value)``;
-        the result has each plaintext or the :class:`Error` that item met."""
-        sizes = [len(d) for _, _, d in items]
-        return self._batch(_n.LIB.ks_app_open_batch, table, column, items, sizes, True)
+        the result has each plaintext or the :class:`Error` that item met.
+        The C buffer that held the plaintexts is zeroed before returning."""
+        return self._batch(_n.LIB.ks_app_open_batch, table, column, items, 0, True)[0]
 
     # -- the background thread --
 

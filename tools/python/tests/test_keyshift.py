@@ -136,6 +136,12 @@ class KeyshiftTest(unittest.TestCase):
                 app._names.clear()
                 self.assertEqual(app.open(T, C, "acme", v, context="1", purpose="p"), b"fast")
                 v2 = app.seal(T, C, "acme", b"slow", context="2")
+                items = [("acme", "b%d" % i, bytearray(b"x" * i)) for i in range(5)]
+                sealed = app.seal_batch(T, C, items + [("a b", "c", b"y")])
+                self.assertIsInstance(sealed[-1], keyshift.InvalidArgument)
+                self.assertEqual(app.open_batch(T, C, [(t, c, v) for (t, c, _), v
+                                                        in zip(items, sealed)]),
+                                 [bytes(d) for _, _, d in items])
                 with self.assertRaises(keyshift.AuthFailed):
                     app.open(T, C, "acme", v, context="2", purpose="p")
                 keyshift._FAST = saved
