@@ -56,6 +56,7 @@ __all__ = [
     "parse",
     "seal_max_len",
     "version",
+    "error_name",
     "Error",
     "Unavailable",
     "Refused",
@@ -615,7 +616,9 @@ class App:
         column's name).  A plaintext value the phase reads is returned as
         it is.  Raises :class:`AuthFailed`, :class:`Malformed`,
         :class:`PhaseRefused`, ...; no unauthenticated plaintext is ever
-        returned.  The GIL is released during the call."""
+        returned.  The GIL is released during the call.  The C buffer the
+        plaintext was opened into is zeroed before this returns; the
+        ``bytes`` returned cannot be wiped (drop it soon)."""
         return self._call_open(table, column, tenant, context, purpose, value)[0]
 
     def open_class(self, table: str, column: str, tenant: Optional[Text], value: Buffer, *,
