@@ -36,6 +36,7 @@
 #                   parser vs nanopb, seal/open vs raw AEAD, migration vs
 #                   raw SQLite (rollback journal; WAL at synchronous FULL
 #                   and NORMAL), HSM and KMS plugin vs the local keyring
+#                   (and, make py-bench, the Python package vs pyca's AESGCM)
 #   make demo       encrypt, rotate and verify a 100,000-row sample database
 #   make py-test    the Python package's tests (tools/python/tests) under
 #                   Debian's python3 (pytest) and the python3 on PATH
