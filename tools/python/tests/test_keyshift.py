@@ -423,6 +423,25 @@ class KeyshiftTest(unittest.TestCase):
                 with self.assertRaises(keyshift.AuthFailed):
                     app.open(T, C, "acme", v, context="payments:43:card")
 
+    def test_sealed_keyring_passphrase(self) -> None:
+        """A sealed keyring opens with its passphrase (str or bytes) and
+        refuses a wrong one as a configuration error."""
+        d = tempfile.mkdtemp(prefix="ks_py_sealed_")
+        try:
+            kr = os.path.join(d, "keyring")
+            env = dict(self.w.env, KEYSHIFT_KEYRING=kr, KEYSHIFT_PASSPHRASE="correct horse")
+            for args in (["keys", "init"], ["keys", "create", "payments-kek"]):
+                subprocess.run([CLI] + args, env=env, check=True, stderr=subprocess.PIPE)
+            for pw in ("correct horse", b"correct horse"):
+                with keyshift.App(keyring=kr, passphrase=pw, default_key_id="payments-kek") as app:
+                    self.assertEqual(app.open(T, C, "acme", app.seal(T, C, "acme", b"s")), b"s")
+            with self.assertRaises(keyshift.ConfigError) as cm:
+                keyshift.App(keyring=kr, passphrase="wrong", default_key_id="payments-kek")
+            self.assertEqual(cm.exception.name, "bad-passphrase")
+            self.assertNotIn("wrong", str(cm.exception))
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
     def test_keys_from_the_environment(self) -> None:
         old = os.environ.get("KEYSHIFT_KEYRING")
         os.environ["KEYSHIFT_KEYRING"] = self.w.keyring
