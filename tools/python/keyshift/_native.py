@@ -1,9 +1,9 @@
 """The C library and its structures, mirrored for ctypes (include/keyshift/app.h).
 
 Every structure here has the field order and types of its C declaration;
-tests/test_keyshift.py checks their sizes against the C compiler's
-(``KS_LAYOUT`` printed by ``tools/python/layout.c`` when a compiler is
-there).  Nothing here is public: keyshift/__init__.py is the API.
+tools/python/tests/test_keyshift.py checks every field's offset and every
+size against what a C program including the header prints.  Nothing here
+is public: keyshift/__init__.py is the API.
 
 The library is loaded with ``ctypes.CDLL``, whose foreign calls release the
 GIL for their duration (``ctypes.PyDLL`` would hold it): a seal or an open
