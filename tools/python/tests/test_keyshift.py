@@ -13,6 +13,7 @@ Environment: KEYSHIFT_LIBRARY (the shared library) and KEYSHIFT_CLI (the
 keyshift program); by default the ones under build/ of this tree.
 """
 
+import base64
 import json
 import os
 import re
@@ -276,6 +277,49 @@ class KeyshiftTest(unittest.TestCase):
         # A database that does not exist is the setup's fault.
         with self.assertRaises(keyshift.ConfigError):
             self.w.app(database=os.path.join(self.w.dir, "nope.db"), instance_id="py-x")
+
+    def test_unavailable_provider_is_retryable(self) -> None:
+        """A KMS plugin answering `unavailable' (tests/keyshift-kms-fault)
+        makes seal raise Unavailable, retryable; once the plugin answers
+        again, the same call succeeds."""
+        d = tempfile.mkdtemp(prefix="ks_py_kms_")
+        try:
+            fault_dir = os.path.join(d, "fault")
+            os.mkdir(fault_dir)
+            keys = os.path.join(d, "kms-keys.json")
+            with open(keys, "w") as f:
+                json.dump({"kms/card": {"primary": 1, "versions": {"1": {
+                    "state": "active", "kek": base64.b64encode(os.urandom(32)).decode()}}}}, f)
+            reg = os.path.join(d, "providers")
+            with open(reg, "w") as f:
+                f.write("keyshift-providers 1\n\nprovider kms\n  type plugin\n  command %s\n"
+                        "  env KEYSHIFT_FAULT_DIR\n  env KEYSHIFT_KMS_EXAMPLE_KEYS\n"
+                        "  timeout-ms 2000\n  retries 0\n  rate-limit 0\n  serve-prefix kms/\n"
+                        % os.path.join(ROOT, "tests", "keyshift-kms-fault"))
+            os.chmod(reg, 0o600)
+            plan = os.path.join(fault_dir, "plan")
+            with open(plan, "w") as f:
+                f.write("wrap error:unavailable *\n")
+            saved = {k: os.environ.get(k) for k in ("KEYSHIFT_FAULT_DIR", "KEYSHIFT_KMS_EXAMPLE_KEYS")}
+            os.environ.update(KEYSHIFT_FAULT_DIR=fault_dir, KEYSHIFT_KMS_EXAMPLE_KEYS=keys)
+            try:
+                with keyshift.App(providers=reg, default_key_id="kms/card") as app:
+                    with self.assertRaises(keyshift.Unavailable) as cm:
+                        app.seal(T, C, "acme", b"x", context="1")
+                    self.assertEqual(cm.exception.name, "unavailable")
+                    self.assertTrue(cm.exception.retryable)
+                    self.assertEqual(cm.exception.error_class, "retryable")
+                    open(plan, "w").close()
+                    v = app.seal(T, C, "acme", b"x", context="1")
+                    self.assertEqual(app.open(T, C, "acme", v, context="1"), b"x")
+            finally:
+                for k, val in saved.items():
+                    if val is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = val
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
 
     def test_close(self) -> None:
         app = self.w.app()
