@@ -399,8 +399,12 @@ class App:
     neither, ``$KEYSHIFT_PROVIDERS``, else ``$KEYSHIFT_KEYRING`` with
     ``$KEYSHIFT_PASSPHRASE``.
 
+    ``passphrase`` (str or bytes) is zeroed in the buffer handed to C once
+    the App is open; the Python object given cannot be.
+
     ``database``: a SQLite file (which must exist) or a ``postgresql://``
-    URI holding the rollout state; ``instance_id`` (1..128 bytes of
+    URI holding the rollout state (its password in ``PGPASSFILE`` or
+    ``PGPASSWORD``, never in the URI); ``instance_id`` (1..128 bytes of
     ``[A-Za-z0-9._:-]``) is then required.  ``max_format``, ``algorithms``
     (a sequence of algorithm names) and ``keys`` (``"kek:1,kek:2"``) are
     what this instance registers that it reads (defaults: format 2, every
@@ -429,6 +433,14 @@ class App:
                  default_algorithm: Union[None, int, str] = None,
                  purpose: Optional[str] = None) -> None:
         self._app = None
+        for name, value, top in (("max_format", max_format, 0xFF),
+                                 ("default_format", default_format, 0xFF),
+                                 ("interval_ms", interval_ms, 0xFFFFFFFF),
+                                 ("default_key_version", default_key_version, 0xFFFFFFFF)):
+            if not isinstance(value, int) or not 0 <= value <= top:
+                raise InvalidArgument("invalid-argument", None,
+                                      "%s must be an integer from 0 to %d, not %r"
+                                      % (name, top, value), 32, "refused")
         o = _n.AppOptions()
         o.keyring = _cstr(keyring, "keyring")
         o.providers = _cstr(providers, "providers")

@@ -268,6 +268,10 @@ class KeyshiftTest(unittest.TestCase):
         self.assertIn("not several", str(cm.exception))
         with self.assertRaises(keyshift.InvalidArgument):
             keyshift.App(keyring=self.w.keyring, default_algorithm="rot13")
+        for kw in ({"max_format": 258}, {"default_format": -1}, {"interval_ms": 1 << 32},
+                   {"default_key_version": "2"}):
+            with self.assertRaises(keyshift.InvalidArgument):
+                keyshift.App(keyring=self.w.keyring, **kw)
         with keyshift.App(keyring=self.w.keyring) as app:
             with self.assertRaises(keyshift.ConfigError) as cm:
                 app.seal(T, C, "acme", b"x")
