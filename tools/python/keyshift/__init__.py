@@ -547,7 +547,7 @@ class App:
         if _FAST and names[2] and names[3]:
             _pack_into("8N", st.rec, 0, names[2], names[3], _addr(t), len(t), _addr(c), len(c),
                        _addr(p), len(p))
-            return st.rec_ref, (t, c, p)
+            return st.rec_ref, (names, t, c, p)  # all alive until the call returns
         r = _Record(names[0], names[1], _Bytes(t or None, len(t)), _Bytes(c or None, len(c)),
                     _Bytes(p or None, len(p)))
         return _byref(r), r

@@ -161,6 +161,16 @@ class KeyshiftTest(unittest.TestCase):
             with self.assertRaises(keyshift.AuthFailed):
                 app.open(T, C, "acme", v2, context="1")
 
+    def test_many_column_names(self) -> None:
+        """Past the cache of encoded table and column names, each call's
+        own names are kept alive for the call."""
+        with self.w.app() as app:
+            for i in range(1100):
+                col = "c%d" % i
+                v = app.seal(T, col, "acme", b"v%d" % i, context="x")
+                self.assertEqual(app.open(T, col, "acme", v, context="x"), b"v%d" % i)
+            self.assertLessEqual(len(app._names), 1024)
+
     def test_bytearray_plaintext_read_in_place(self) -> None:
         with self.w.app() as app:
             pt = bytearray(b"secret")
