@@ -308,14 +308,18 @@ class KeyshiftTest(unittest.TestCase):
             with open(reg, "w") as f:
                 f.write("keyshift-providers 1\n\nprovider kms\n  type plugin\n  command %s\n"
                         "  env KEYSHIFT_FAULT_DIR\n  env KEYSHIFT_KMS_EXAMPLE_KEYS\n"
+                        "  env PYTHONDONTWRITEBYTECODE\n"
                         "  timeout-ms 2000\n  retries 0\n  rate-limit 0\n  serve-prefix kms/\n"
                         % os.path.join(ROOT, "tests", "keyshift-kms-fault"))
             os.chmod(reg, 0o600)
             plan = os.path.join(fault_dir, "plan")
             with open(plan, "w") as f:
                 f.write("wrap error:unavailable *\n")
-            saved = {k: os.environ.get(k) for k in ("KEYSHIFT_FAULT_DIR", "KEYSHIFT_KMS_EXAMPLE_KEYS")}
-            os.environ.update(KEYSHIFT_FAULT_DIR=fault_dir, KEYSHIFT_KMS_EXAMPLE_KEYS=keys)
+            saved = {k: os.environ.get(k) for k in ("KEYSHIFT_FAULT_DIR", "KEYSHIFT_KMS_EXAMPLE_KEYS",
+                                                    "PYTHONDONTWRITEBYTECODE")}
+            # the plugin writes no bytecode into the source tree
+            os.environ.update(KEYSHIFT_FAULT_DIR=fault_dir, KEYSHIFT_KMS_EXAMPLE_KEYS=keys,
+                              PYTHONDONTWRITEBYTECODE="1")
             try:
                 with keyshift.App(providers=reg, default_key_id="kms/card") as app:
                     with self.assertRaises(keyshift.Unavailable) as cm:
