@@ -36,12 +36,15 @@
 #                   parser vs nanopb, seal/open vs raw AEAD, migration vs
 #                   raw SQLite (rollback journal; WAL at synchronous FULL
 #                   and NORMAL), HSM and KMS plugin vs the local keyring
-#                   (then make go-bench: the Go package vs crypto/cipher)
+#                   (then make go-bench: the Go package vs crypto/cipher,
+#                   and make py-bench: the Python package vs pyca's AESGCM)
 #   make go-test    the Go package (tools/go/keyshift): vet, go test -race,
 #                   its fuzz seeds and a 5 s fuzz smoke, the README example
 #   make demo       encrypt, rotate and verify a 100,000-row sample database
+#   make py-test    the Python package's tests (tools/python/tests) under
+#                   Debian's python3 (pytest) and the python3 on PATH
 #   make install    PREFIX=/usr/local DESTDIR= (headers, libs, CLI,
-#                   keyshift-kms-aws, keyshift.pc)
+#                   keyshift-kms-aws, keyshift.pc, the Python package)
 #   make clean
 
 .DEFAULT_GOAL := all
@@ -376,6 +379,24 @@ $(B)/bin/bench: $(BENCH_SRCS) tools/bench.h $(REL_OBJS) $(NANOPB_C) $(NANOPB_H)
 bench: deps $(B)/bin/bench
 	@$(B)/bin/bench
 	@$(MAKE) --no-print-directory go-bench
+	@$(MAKE) --no-print-directory py-bench
+
+# ---- the Python package (tools/python/, README "From Python") ----------
+# Its tests under Debian's python3 with pytest and under the python3 first
+# on PATH with unittest (the same test cases), against the release library
+# and CLI; its benchmark (JSON lines) under both.
+
+PYTHON ?= $(PYTHON_DEBIAN)
+PY_ENV = KEYSHIFT_LIBRARY=$(CURDIR)/$(B)/lib/$(SONAME) KEYSHIFT_CLI=$(CURDIR)/$(CLI) PYTHONDONTWRITEBYTECODE=1
+.PHONY: py-test py-bench
+
+py-test: $(SHARED) $(CLI)
+	@$(PY_ENV) $(PYTHON_DEBIAN) -m pytest -q -p no:cacheprovider tools/python/tests
+	@$(PY_ENV) python3 -m unittest discover -s tools/python/tests
+
+py-bench: $(SHARED) $(CLI)
+	@$(PY_ENV) $(PYTHON_DEBIAN) tools/python/bench.py
+	@$(PY_ENV) python3 tools/python/bench.py
 
 # ---- demo: docs/migration.md in one minute (DEMO_ROWS, default 100000) ----
 
@@ -409,6 +430,7 @@ test:
 	@$(MAKE) --no-print-directory unit tsan
 	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target cli-test
 	@$(MAKE) --no-print-directory go-test
+	@$(MAKE) --no-print-directory py-test
 	@$(MAKE) --no-print-directory install-test
 	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target fuzz-replay coverage
 	@$(MAKE) --no-print-directory fuzz-smoke
@@ -420,6 +442,9 @@ test:
 # files: the stamp holds their values and is rewritten only when one of them
 # changes, so a second `make install PREFIX=...` never installs a stale .pc.
 PC_VALUES := $(PREFIX)|$(LIBDIR)|$(INCDIR)|$(VERSION)
+# Where the Python package goes: the site-packages of $(PYTHON) for PREFIX
+# (tools/python/sitedir.py).
+PYDIR ?= $(shell $(PYTHON) tools/python/sitedir.py $(PREFIX))
 .PHONY: FORCE
 FORCE:
 $(B)/keyshift.pc.values: FORCE
@@ -440,11 +465,15 @@ install: all $(B)/keyshift.pc
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libkeyshift.so
 	install -m 755 $(CLI) $(KMS_AWS) $(DESTDIR)$(BINDIR)/
 	install -m 644 $(B)/keyshift.pc $(DESTDIR)$(PCDIR)/
+	install -d $(DESTDIR)$(PYDIR)/keyshift
+	install -m 644 tools/python/keyshift/*.py tools/python/keyshift/py.typed $(DESTDIR)$(PYDIR)/keyshift/
+	printf 'LIBDIR = %s\n' "'$(LIBDIR)'" > $(DESTDIR)$(PYDIR)/keyshift/_libdir.py
 
 uninstall:
 	rm -rf $(DESTDIR)$(INCDIR)/keyshift
 	rm -f $(DESTDIR)$(LIBDIR)/libkeyshift.* $(DESTDIR)$(BINDIR)/keyshift \
 	    $(DESTDIR)$(BINDIR)/keyshift-kms-aws $(DESTDIR)$(PCDIR)/keyshift.pc
+	rm -rf $(DESTDIR)$(PYDIR)/keyshift
 
 clean:
 	rm -rf $(B)

@@ -70,6 +70,13 @@ check "keyshift.pc has the header's version" test "$(pkg-config --modversion key
 check "the CLI has the header's version" sh -c "'$R/bin/keyshift' --version | grep -q '^keyshift $V (libkeyshift $V)'"
 check "keyshift-kms-aws has the header's version" sh -c "'$R/bin/keyshift-kms-aws' --version | grep -qx 'keyshift-kms-aws $V'"
 check "the shared library's file has the header's version" test -f "$R/lib/libkeyshift.so.$V"
+# The Python package: in the interpreter's site-packages for PREFIX, naming
+# the installed library, with the header's version.
+PYDIR="$T/stage$(/usr/bin/python3 tools/python/sitedir.py "$PREFIX")"
+check "Python package installed" test -f "$PYDIR/keyshift/__init__.py" -a -f "$PYDIR/keyshift/py.typed"
+check "Python package names the installed library" grep -qx "LIBDIR = '$PREFIX/lib'" "$PYDIR/keyshift/_libdir.py"
+check "Python package has the header's version" env PYTHONPATH="$PYDIR" KEYSHIFT_LIBRARY="$R/lib/libkeyshift.so.$V" \
+    /usr/bin/python3 -c "import keyshift; assert keyshift.__version__ == keyshift.version() == '$V'"
 
 # A second install with another PREFIX writes a keyshift.pc of that PREFIX.
 PREFIX2=/opt/keyshift-test2
@@ -113,6 +120,7 @@ check "run it against the installed library" env LD_LIBRARY_PATH="$R/lib" "$T/go
 make --no-print-directory -s uninstall PREFIX="$PREFIX" DESTDIR="$T/stage" >/dev/null
 check "uninstall removes keyshift-kms-aws" test ! -e "$R/bin/keyshift-kms-aws"
 check "uninstall removes the CLI" test ! -e "$R/bin/keyshift"
+check "uninstall removes the Python package" test ! -e "$PYDIR/keyshift"
 
 echo "install: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

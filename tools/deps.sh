@@ -12,7 +12,7 @@ set -eu
 PKGS="make gcc clang-14 libclang-rt-14-dev llvm-14 pkg-config zip \
 libsodium-dev libsqlite3-dev sqlite3 libcmocka-dev \
 nanopb libnanopb-dev protobuf-compiler python3-protobuf afl++ \
-python3-cryptography python3-argon2 softhsm2 libp11-kit-dev \
+python3-cryptography python3-argon2 python3-pytest softhsm2 libp11-kit-dev \
 libcurl4-openssl-dev libjansson-dev frama-c-base why3 z3 \
 postgresql-15 libpq-dev \
 golang-go"
