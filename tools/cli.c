@@ -349,6 +349,8 @@ int ks_cli_exit_code(ks_err err)
         return EX_TEMPFAIL;
     case KS_ERR_NO_ROLLOUT: return EX_NOINPUT;
     case KS_ERR_ROLLOUT_EXISTS: return EX_DATAERR;
+    case KS_ERR_PHASE:         /* the phase does not read that class (app.h) */
+        return EX_DATAERR;
     default: return EX_SOFTWARE;
     }
 }

@@ -888,9 +888,10 @@ ks_err ks_app_open_value(ks_app *app, const ks_app_record *r, const uint8_t *v, 
     return e;
 }
 
-/* See keyshift/app.h. */
-ks_err ks_app_seal_batch(ks_app *app, const char *table, const char *column, ks_app_item *items,
-                         size_t n)
+/* Seal (seal != 0) or open items[0, n) of table.column, each item on its
+ * own: the batch forms' one loop. */
+static ks_err run_batch(ks_app *app, const char *table, const char *column, ks_app_item *items,
+                        size_t n, int seal)
 {
     if (app == NULL || table == NULL || column == NULL || (items == NULL && n > 0)) {
         return KS_ERR_INVALID_ARGUMENT;
@@ -899,8 +900,10 @@ ks_err ks_app_seal_batch(ks_app *app, const char *table, const char *column, ks_
     for (size_t i = 0; i < n; i++) {
         ks_app_item *it = &items[i];
         ks_app_record r = {table, column, it->tenant, it->context, it->purpose};
-        it->err = ks_app_seal(app, &r, it->in.ptr, it->in.len, it->out, it->cap, &it->out_len,
-                              &it->cls);
+        it->err = seal ? ks_app_seal(app, &r, it->in.ptr, it->in.len, it->out, it->cap,
+                                     &it->out_len, &it->cls)
+                       : ks_app_open_value(app, &r, it->in.ptr, it->in.len, it->out, it->cap,
+                                           &it->out_len, &it->cls, NULL);
         if (first == KS_OK) {
             first = it->err;
         }
@@ -909,23 +912,17 @@ ks_err ks_app_seal_batch(ks_app *app, const char *table, const char *column, ks_
 }
 
 /* See keyshift/app.h. */
+ks_err ks_app_seal_batch(ks_app *app, const char *table, const char *column, ks_app_item *items,
+                         size_t n)
+{
+    return run_batch(app, table, column, items, n, 1);
+}
+
+/* See keyshift/app.h. */
 ks_err ks_app_open_batch(ks_app *app, const char *table, const char *column, ks_app_item *items,
                          size_t n)
 {
-    if (app == NULL || table == NULL || column == NULL || (items == NULL && n > 0)) {
-        return KS_ERR_INVALID_ARGUMENT;
-    }
-    ks_err first = KS_OK;
-    for (size_t i = 0; i < n; i++) {
-        ks_app_item *it = &items[i];
-        ks_app_record r = {table, column, it->tenant, it->context, it->purpose};
-        it->err = ks_app_open_value(app, &r, it->in.ptr, it->in.len, it->out, it->cap,
-                                    &it->out_len, &it->cls, NULL);
-        if (first == KS_OK) {
-            first = it->err;
-        }
-    }
-    return first;
+    return run_batch(app, table, column, items, n, 0);
 }
 
 /* ---- inspecting and the background counters ------------------------------------- */
