@@ -1642,6 +1642,10 @@ ks_err ks_rowstore_pg_open(const char *conninfo, const ks_rowstore_target *targe
     ks_err err = check_args(conninfo, target, out, errbuf, errbuf_len);
     if (err != KS_OK)
         return err;
+    if (target->encoding != KS_ENCODING_BINARY)
+        return fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                    "the PostgreSQL store holds envelopes in bytea columns only: a base64 "
+                    "column can be migrated in a SQLite database");
     memset(out, 0, sizeof *out);
     pg_store *s = calloc(1, sizeof *s);
     if (s == NULL)
