@@ -57,9 +57,9 @@ int ks_cli_parse_encoding(const char *cmd, const char *s, ks_value_encoding *out
 #define KS_CLI_ENCODING_RULE                                                             \
     "    --encoding E    how the column holds envelopes: binary (the default; BLOB,\n"  \
     "                    bytea) or base64, their canonical text, which begins\n"        \
-    "                    \"S1NF\" (a SQLite TEXT column; docs/format.md section 10;\n" \
-    "                    PostgreSQL: binary only). A value beginning \"S1NF\" that\n"  \
-    "                    is not canonical base64 is malformed.\n"
+    "                    \"S1NF\" (a SQLite TEXT, a PostgreSQL text or varchar\n"    \
+    "                    column; docs/format.md section 10). A value beginning\n"     \
+    "                    \"S1NF\" that is not canonical base64 is malformed.\n"
 
 /* Write len bytes as lowercase hex. */
 void ks_cli_put_hex(FILE *f, const uint8_t *p, size_t len);
