@@ -26,6 +26,11 @@
  *      as an envelope, and one that parses came from an "S1NF" text.
  *   6. The input as envelope bytes: encoding it gives
  *      ks_envelope_text_len(size) characters that decode back to it.
+ *   7. The migration engine's reading and writing of a base64 column
+ *      (migrate/engine/engine.h): ks_engine_value_env takes the input for
+ *      an envelope exactly when it begins "S1NF", with the decoder's
+ *      result and bytes; ks_engine_encode_value writes, after the bytes
+ *      already in its buffer (kept), the public encoder's text.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -36,6 +41,8 @@
 
 #include <keyshift/envelope.h>
 #include <keyshift/error.h>
+
+#include "../migrate/engine/engine.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -60,6 +67,43 @@ static int memchr_high(const uint8_t *b, size_t n)
         }
     }
     return 0;
+}
+
+/* Oracle 7: the engine's view of data[0, size) as a value of a base64
+ * column, against the decoder's result e and bytes out[0, n). */
+static void check_engine(const uint8_t *data, size_t size, ks_err e, const uint8_t *out,
+                         size_t n)
+{
+    ks_value v = {KS_VALUE_TEXT, 0, {data, size}};
+    uint8_t *buf = NULL;
+    size_t cap = 0;
+    ks_bytes env;
+    ks_err perr = KS_ERR_STORE;
+    int is = ks_engine_value_env(KS_ENCODING_BASE64, &v, &buf, &cap, &env, &perr);
+    CHECK(is == ks_envelope_text_is_candidate(data, size));
+    if (is) {
+        CHECK(perr == e);
+        CHECK(e != KS_OK || (env.len == n && (n == 0 || memcmp(env.ptr, out, n) == 0)));
+    }
+    free(buf);
+    /* writing: the input's bytes after a one-byte prefix */
+    size_t len = size, bcap = size + 1;
+    uint8_t *w = malloc(bcap);
+    CHECK(w != NULL);
+    w[0] = 'P';
+    memcpy(w + 1, data, size);
+    CHECK(ks_engine_encode_value(KS_ENCODING_BINARY, &w, &bcap, 1, &len) == KS_OK && len == size);
+    ks_err we = ks_engine_encode_value(KS_ENCODING_BASE64, &w, &bcap, 1, &len);
+    CHECK(size == 0 ? we == KS_ERR_TOO_LARGE : we == KS_OK);
+    if (we == KS_OK) {
+        size_t tn = ks_envelope_text_len(size), got = 0;
+        uint8_t *ref = malloc(tn);
+        CHECK(ref != NULL && len == tn && w[0] == 'P');
+        CHECK(ks_envelope_text_encode(data, size, ref, tn, &got) == KS_OK && got == tn);
+        CHECK(memcmp(w + 1, ref, tn) == 0);
+        free(ref);
+    }
+    free(w);
 }
 
 /* Oracles 1 to 5 on data[0, size) as a text. */
@@ -118,6 +162,8 @@ static void check_decode(const uint8_t *data, size_t size)
             CHECK(kse && env.total_len == n);
         }
     }
+
+    check_engine(data, size, e, out, n);
 
     /* 4: lowered limits. */
     ks_limits lim;
