@@ -596,16 +596,18 @@ static void test_policy_plaintext(void **state)
     assert_int_equal(ks_app_open_value(a, &r, out, n, pt, sizeof pt, &pn, &rc, NULL), KS_OK);
     assert_true(rc.is_plaintext);
     assert_int_equal(pn, 5);
-    /* a text column: plaintext too, and one beginning "KSE" is plaintext there */
+    /* a text column: plaintext too, but one beginning "KSE" is malformed there */
     assert_int_equal(ks_app_seal_text(a, &r, (const uint8_t *)"hello", 5, out, sizeof out, &n,
                                       &c), KS_OK);
     assert_true(c.is_plaintext);
     assert_int_equal(n, 5);
     assert_memory_equal(out, "hello", 5);
     assert_int_equal(ks_app_open_text(a, &r, (const uint8_t *)"KSE\x02", 4, pt, sizeof pt, &pn,
+                                      &rc, NULL), KS_ERR_BAD_MAGIC);
+    assert_int_equal(ks_app_open_text(a, &r, (const uint8_t *)"plain", 5, pt, sizeof pt, &pn,
                                       &rc, NULL), KS_OK);
     assert_true(rc.is_plaintext);
-    assert_int_equal(pn, 4);
+    assert_int_equal(pn, 5);
     ks_app_close(a);
 }
 
@@ -878,8 +880,9 @@ static void test_threads(void **state)
  * envelope's canonical base64, ks_app_open_text opens it to the same
  * plaintext and class; a non-canonical text is refused with the
  * decoder's error and character offset, nothing opened; a value not
- * beginning "S1NF" is plaintext, even one beginning "KSE": bad-magic
- * where no rollout reads plaintext, copied out where one does. */
+ * beginning "S1NF" or "KSE" is plaintext: bad-magic where no rollout
+ * reads plaintext, copied out where one does; one beginning "KSE" (a
+ * binary envelope) is bad-magic at 0 whatever the rollout. */
 static void test_text(void **state)
 {
     world *w = *state;

@@ -321,8 +321,9 @@ KS_API KS_WUR ks_err ks_app_seal_text(ks_app *app, const ks_app_record *r, const
  * begins "S1NF" is decoded strictly (ks_envelope_text_decode; a
  * rejection, with its character offset in *perr, is returned and nothing
  * is opened), then opened as ks_app_open_value opens an envelope (a
- * parse error's offset then counts decoded bytes).  Any other value is
- * plaintext, even one that begins "KSE": copied out when the rollout's
+ * parse error's offset then counts decoded bytes).  A value that begins
+ * "KSE" (a binary envelope) is KS_ERR_BAD_MAGIC at 0.  Any other value is
+ * plaintext: copied out when the rollout's
  * phase reads plaintext, else KS_ERR_PHASE, or, where no rollout governs
  * the column, KS_ERR_BAD_MAGIC at its first character that differs from
  * "S1NF" (KS_ERR_TRUNCATED at 0 for a value shorter than that and a

@@ -970,9 +970,15 @@ ks_err ks_app_open_text(ks_app *app, const ks_app_record *r, const uint8_t *v, s
         return KS_ERR_INVALID_ARGUMENT;
     }
     *pt_len = 0;
+    if (v_len >= 3 && v[0] == KS_MAGIC_0 && v[1] == KS_MAGIC_1 && v[2] == KS_MAGIC_2) {
+        if (perr != NULL) { /* [F-TEXT-4] a binary envelope: malformed here */
+            *perr = (ks_parse_error){KS_ERR_BAD_MAGIC, 0, 0};
+        }
+        return KS_ERR_BAD_MAGIC;
+    }
     if (!ks_envelope_text_is_candidate(v, v_len)) {
-        /* [F-TEXT-4] plaintext: read as the phase allows; the empty view
-         * stands for it, since a value beginning "KSE" is plaintext here */
+        /* [F-TEXT-4] plaintext: read as the phase allows (the empty view
+         * stands for the class) */
         int ok = 0;
         ks_bytes none = {NULL, 0};
         ks_err e = app->policy != NULL

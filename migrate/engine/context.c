@@ -336,6 +336,10 @@ int ks_engine_value_env(ks_value_encoding enc, const ks_value *v, uint8_t **buf,
         return 1;
     }
     assert(enc == KS_ENCODING_BASE64);
+    if (ks_engine_is_envelope(v)) {
+        *perr = KS_ERR_BAD_MAGIC; /* [F-TEXT-4] a binary envelope: never sealed again */
+        return 1;
+    }
     if ((v->type != KS_VALUE_TEXT && v->type != KS_VALUE_BLOB) ||
         !ks_envelope_text_is_candidate(v->bytes.ptr, v->bytes.len)) {
         return 0;

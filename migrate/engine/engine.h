@@ -77,7 +77,9 @@ int ks_engine_is_envelope(const ks_value *v);
 /*
  * Whether v holds an envelope in a column of encoding enc, and its bytes
  * [F-TEXT-4].  0 for NULL, an integer and plaintext (binary: not starting
- * "KSE"; base64: not starting "S1NF").  1 otherwise, with *perr: KS_OK and
+ * "KSE"; base64: starting neither "S1NF" nor "KSE").  1 otherwise, with
+ * *perr: KS_ERR_BAD_MAGIC for a base64 column's value starting "KSE" (a
+ * binary envelope, malformed there), or KS_OK and
  * *env the envelope's bytes (binary: v's own; base64: decoded into *buf,
  * grown with realloc to at most the largest envelope, *cap its size), or
  * the decoder's rejection (the value is malformed: never re-encoded), or
