@@ -29,8 +29,11 @@
  *   7. The migration engine's reading and writing of a base64 column
  *      (migrate/engine/engine.h): ks_engine_value_env takes the input for
  *      an envelope exactly when it begins "S1NF", with the decoder's
- *      result and bytes, or "KSE", as bad-magic; ks_engine_encode_value writes, after the bytes
- *      already in its buffer (kept), the public encoder's text.
+ *      result and bytes, or "KSE", as bad-magic; ks_engine_encode_value
+ *      writes, after the bytes already in its buffer (kept), the public
+ *      encoder's text.
+ *   8. Once per process: caller errors (NULL pointers, bad limits, a
+ *      short buffer, a length too large to encode) are caller errors.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -186,6 +189,30 @@ static void check_decode(const uint8_t *data, size_t size)
     free(out);
 }
 
+/* Oracle 8, once per process: caller errors are caller errors, whatever
+ * the input: NULL pointers and bad limits are invalid-argument, a short
+ * buffer is buffer-too-small, a length whose text would not fit in a
+ * size_t has no text. */
+static void check_caller_errors(void)
+{
+    uint8_t b[8] = "S1NFAA==";
+    size_t n = 0;
+    ks_limits bad;
+    ks_limits_default(&bad);
+    bad.max_tenant = 0;
+    CHECK(ks_envelope_text_decode(NULL, 4, NULL, b, 3, &n, NULL) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_envelope_text_decode(b, 8, NULL, b, 6, NULL, NULL) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_envelope_text_decode(b, 8, NULL, NULL, 6, &n, NULL) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_envelope_text_decode(b, 8, &bad, b, 6, &n, NULL) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_envelope_text_decode(b, 8, NULL, b, 5, &n, NULL) == KS_ERR_BUFFER_TOO_SMALL);
+    CHECK(ks_envelope_text_encode(NULL, 1, b, 8, &n) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_envelope_text_encode(b, 1, NULL, 8, &n) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_envelope_text_encode(b, 1, b, 8, NULL) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_envelope_text_encode(b, SIZE_MAX, b, 8, &n) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_envelope_text_len(SIZE_MAX) == 0 && ks_envelope_text_len(0) == 0);
+    CHECK(!ks_envelope_text_is_candidate(NULL, 4));
+}
+
 /* Oracle 6 on data[0, size) as envelope bytes. */
 static void check_encode(const uint8_t *data, size_t size)
 {
@@ -206,6 +233,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static int ready;
     if (!ready) {
         CHECK(sodium_init() >= 0);
+        check_caller_errors();
         ready = 1;
     }
     check_decode(data, size);
