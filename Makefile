@@ -91,7 +91,7 @@ SAN     := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sani
 SAN_HOOKS := -DKS_TEST_HOOKS
 
 # The library.  Nothing under parser/ may include libsodium or SQLite.
-LIB_SRCS := format/format.c format/encode.c format/aad.c parser/envelope.c $(sort $(wildcard migrate/*.c migrate/*/*.c migrate/*/*/*.c))
+LIB_SRCS := format/format.c format/encode.c format/aad.c format/text.c parser/envelope.c parser/text.c $(sort $(wildcard migrate/*.c migrate/*/*.c migrate/*/*/*.c))
 LIB_HDRS := $(wildcard include/keyshift/*.h) format/rules.h parser/cursor.h $(wildcard migrate/*.h migrate/*/*.h migrate/*/*/*.h)
 # libsodium, SQLite (and threads) for migrate/; parser/ and format/ need none;
 # p11-kit and dlopen for the pkcs11 provider; libpq for the PostgreSQL store.

@@ -48,6 +48,7 @@ dict_for() {
         fuzz_providers) echo corpus/providers.dict ;;
         fuzz_plugin_resp) echo corpus/plugin.dict ;;
         fuzz_pg_rows) echo corpus/pg_rows.dict ;;
+        fuzz_text) echo corpus/text.dict ;;
         *) echo corpus/envelope.dict ;;
     esac
 }

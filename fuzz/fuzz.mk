@@ -27,7 +27,7 @@
 # Nothing here writes into corpus/ except fuzz-seeds.
 
 FUZZ_TARGETS := fuzz_parse fuzz_differential fuzz_open fuzz_keyring fuzz_migrate fuzz_rollout \
-                fuzz_providers fuzz_p11meta fuzz_plugin_resp fuzz_faults fuzz_pg_rows
+                fuzz_providers fuzz_p11meta fuzz_plugin_resp fuzz_faults fuzz_pg_rows fuzz_text
 # Not in FUZZ_TARGETS (nor OSS-Fuzz): the structure-aware variants of
 # fuzz/struct/ (make fuzz-struct, make fuzz) and the canary (make fuzz-canary).
 FUZZ_STRUCT_TARGETS := fuzz_parse_struct fuzz_open_struct
@@ -51,6 +51,7 @@ FUZZ_DICT_fuzz_p11meta := corpus/p11meta.dict
 FUZZ_DICT_fuzz_providers := corpus/providers.dict
 FUZZ_DICT_fuzz_plugin_resp := corpus/plugin.dict
 FUZZ_DICT_fuzz_pg_rows := corpus/pg_rows.dict
+FUZZ_DICT_fuzz_text := corpus/text.dict
 fuzz_dict = $(or $(FUZZ_DICT_$(1)),$(FUZZ_DICT_DEFAULT))
 AFL_CC ?= afl-clang-fast
 LLVM_PROFDATA ?= llvm-profdata-14
@@ -150,7 +151,7 @@ FUZZ_COV_DIR := $(FZ)/cov
 # (a group below its floors may be given FUZZ_COV_ALLOW_<group> := lines
 # branches 'reason': enforced at those figures, the reason printed)
 FUZZ_COV_GROUPS := parsers stateful
-FUZZ_COV_SRCS_parsers := parser/envelope.c parser/cursor.h format/aad.c format/encode.c \
+FUZZ_COV_SRCS_parsers := parser/envelope.c parser/text.c parser/cursor.h format/text.c format/aad.c format/encode.c \
                  format/format.c migrate/keys/keyring_format.c \
                  migrate/keys/registry_format.c migrate/rollout/guard.c migrate/rollout/retire.c \
                  migrate/keys/p11_meta.c migrate/keys/plugin_proto.c

@@ -279,7 +279,8 @@ static ks_rowstore with_cas_batch(ks_rowstore st, ks_rowstore_ops *ops)
 static void open_store(int tenant_column, int context_org)
 {
     static const char *const org[1] = {"org"};
-    ks_rowstore_target tg = {"t", "v", NULL, tenant_column ? "tenant" : NULL, {NULL}, 0};
+    ks_rowstore_target tg = {"t",    "v", NULL, tenant_column ? "tenant" : NULL,
+                             {NULL}, 0,   KS_ENCODING_BINARY};
     if (context_org) {
         tg.context_columns[0] = org[0];
         tg.n_context_columns = 1;

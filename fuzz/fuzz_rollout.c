@@ -341,9 +341,9 @@ static void init(void)
                        NULL, NULL, NULL) == SQLITE_OK);
     char eb[256];
     CHECK(ks_rollout_db_open(db_path, 0, &kept.db, eb, sizeof eb) == KS_OK);
-    ks_rowstore_target tg = {"t", "v", NULL, "tenant", {NULL}, 0};
+    ks_rowstore_target tg = {"t", "v", NULL, "tenant", {NULL}, 0, KS_ENCODING_BINARY};
     CHECK(ks_rowstore_sqlite_open(db_path, &tg, NULL, &kept.st, eb, sizeof eb) == KS_OK);
-    ks_rowstore_target tu = {"u", "v", NULL, "tenant", {NULL}, 0};
+    ks_rowstore_target tu = {"u", "v", NULL, "tenant", {NULL}, 0, KS_ENCODING_BINARY};
     CHECK(ks_rowstore_sqlite_open(db_path, &tu, NULL, &kept.st_u, eb, sizeof eb) == KS_OK);
     CHECK(sqlite3_open_v2(db_path, &kept.raw, SQLITE_OPEN_READWRITE, NULL) == SQLITE_OK);
     init_policies();

@@ -9,7 +9,8 @@
 # corrupted envelope and the failure threshold, a mistaken rewrap
 # (no --context) then the corrected one retrying its quarantined rows,
 # quarantine list and release, pause on SIGINT and
-# resume, a parameter mismatch), and what PostgreSQL adds: a password in
+# resume, a parameter mismatch, a text and a varchar column of base64
+# envelopes with --encoding base64), and what PostgreSQL adds: a password in
 # --db refused (64), --synchronous refused (64), an unreachable server
 # (69), kill -9 mid-run then resume (the checkpoint matches the data),
 # rows changed by another connection during the run raced and redone in
@@ -455,7 +456,44 @@ run "rerun once the cluster is back" 0 "$KS" migrate run "${GTGT[@]}" --batch-si
 if [ "$(status_field gone done)" = 2000 ]; then ok "rerun: done == 2000 exactly"; else bad "rerun: done == 2000" "$(cat "$T/st")"; fi
 no_plaintext gone "rerun"
 check_sample gone 5 "rerun"
+# ---- a text column and a varchar column of base64 envelopes (--encoding base64) ----------
+NONCANON='S1NFAQgBEgF0GgFrIAEqAaAyDAABAgMEBQYHCAkKC3oQwMHCw8TFxsfIycrLzM3Ozx=='
+q "CREATE TABLE orders (id bigint PRIMARY KEY, tenant text NOT NULL, card_text text, card_vc varchar(400));
+   INSERT INTO orders SELECT i, 'acme', format('card-%s-4111', lpad(i::text, 4, '0')),
+       format('card-%s-4111', lpad(i::text, 4, '0')) FROM generate_series(1, 40) i;
+   INSERT INTO orders VALUES (41, 'acme', '$NONCANON', '$NONCANON'), (42, 'acme', NULL, NULL);"
+run "text column without --encoding: not bytea" 66 "$KS" census --db "$CI" --table orders --column card_text
+expect_grep "not bytea: says what to give" "$T/err" 'is not bytea (a text or varchar column of base64 envelopes needs --encoding base64)'
+run "bytea column with --encoding base64: refused" 66 "$KS" census --db "$CI" --table t --column v --encoding base64
+run "keys create text/kek" 0 "$KS" keys create text/kek
+for col in card_text card_vc; do
+    XT=(--db "$CI" --table orders --column "$col" --encoding base64)
+    run "$col: census before" 0 "$KS" census "${XT[@]}" --json
+    expect_grep "$col: 40 plaintext, 1 malformed bad-value" "$T/out" '"rows":42,"null":1,"plaintext":40,"envelopes":0,"malformed":1,.*"malformed_by_error":{"bad-value":1}'
+    run "$col: encrypt" 0 "$KS" migrate run "${XT[@]}" --mode encrypt --to-key text/kek "${CTX[@]}" --max-failure-rate 0.5
+    if [ "$(q "SELECT count(*) FROM orders WHERE substring($col FROM 1 FOR 4) = 'S1NF'")" = 41 ]; then
+        ok "$col: every value begins S1NF"; else bad "$col: every value begins S1NF"; fi
+    if [ "$(q "SELECT $col FROM orders WHERE id = 41")" = "$NONCANON" ]; then
+        ok "$col: the non-canonical value is untouched"; else bad "$col: the non-canonical value is untouched"; fi
+    q "SELECT $col FROM orders WHERE id = 9" | base64 -d >"$T/row.kse"
+    if [ "$("$KS" decrypt --context pay:9:card --tenant acme --purpose card <"$T/row.kse" 2>&1)" = card-0009-4111 ]; then
+        ok "$col: row 9 decodes and decrypts"; else bad "$col: row 9 decodes and decrypts"; fi
+    run "$col: quarantine list" 0 "$KS" migrate quarantine list "${XT[@]}" --json
+    expect_grep "$col: row 41 quarantined bad-value" "$T/out" '^{"id":41,"error":"bad-value","migration":"mode=encrypt;.*encoding=base64;'
+    run "$col: reencrypt" 0 "$KS" migrate run "${XT[@]}" --mode reencrypt --to-key text/kek --algorithm aes-256-gcm "${CTX[@]}" --max-failure-rate 0.5
+    run "$col: census after" 0 "$KS" census "${XT[@]}" --json
+    expect_grep "$col: 40 aes-256-gcm envelopes" "$T/out" '"classes":\[{"version":2,"algorithm":"aes-256-gcm","key_id":"text/kek","key_version":1,"rows":40}\]'
+    run "$col: verify finds the malformed row" 65 "$KS" migrate verify "${XT[@]}" "${CTX[@]}"
+    expect_grep "$col: verify names it bad-value" "$T/out" "FAILED id 41: bad-value"
+done
+run "text/kek add-version" 0 "$KS" keys add-version text/kek
+run "text/kek promote 2" 0 "$KS" keys promote text/kek 2
+run "card_text: rewrap" 0 "$KS" migrate run --db "$CI" --table orders --column card_text --encoding base64 --mode rewrap --to-key text/kek "${CTX[@]}" --max-failure-rate 0.5
+q "DELETE FROM orders WHERE id = 41"
+run "card_text: verify after rewrap" 0 "$KS" migrate verify --db "$CI" --table orders --column card_text --encoding base64 "${CTX[@]}"
+expect_grep "card_text: 40 checked" "$T/out" "40 envelopes checked, 0 failed"
+
 run "status lists every column's migration" 0 "$KS" migrate status --db "$CI" --json
-for t in pay mal slow live busy gone; do expect_grep "status lists $t" "$T/out" "\"table\":\"$t\""; done
+for t in pay mal slow live busy gone orders; do expect_grep "status lists $t" "$T/out" "\"table\":\"$t\""; done
 
 cli_finish cli_migrate_pg_test

@@ -5,7 +5,9 @@
 # with `keyshift decrypt`, idempotent reruns, verify, every documented exit
 # code (64, 65, 66, 75, 77), a mistaken rewrap (no --context) then the
 # corrected one retrying its quarantined rows, quarantine list and
-# release, one name for a bad-tenant row in verify and quarantine, pause
+# release, one name for a bad-tenant row in verify and quarantine, a TEXT
+# column of base64 envelopes (--encoding base64) through census, encrypt,
+# rewrap, verify and quarantine, pause
 # on SIGINT and resume, --synchronous
 # (normal on a WAL database, refused on a rollback journal), and a smoke
 # run of tools/demo.sh.
@@ -376,6 +378,58 @@ sqlite3 "$K" .dump | sqlite3 "$T/restored.db"
 run "INTEGER PRIMARY KEY: verify after dump/restore" 0 "$KS" migrate verify --db "$T/restored.db" --table pay --column card "${CTX[@]}"
 expect_grep "dump/restore: 297 checked" "$T/out" "^297 envelopes checked, 0 failed"
 if [ "$(open_row "$T/restored.db" 299)" = card-0299-4111 ]; then ok "dump/restore: row 299 opens"; else bad "dump/restore: row 299 opens"; fi
+
+# ---- a TEXT column of base64 envelopes (docs/format.md section 10) ---------------------------
+# --encoding base64: encrypt writes each envelope's canonical text, as TEXT;
+# census, rewrap, verify and quarantine read it back; a value beginning
+# "S1NF" with non-zero pad bits is malformed: quarantined "bad-value" and
+# left as it was, never re-encoded; a binary envelope in the column is
+# malformed too (bad-magic), never sealed again.
+X="$T/text.db"
+NONCANON='S1NFAQgBEgF0GgFrIAEqAaAyDAABAgMEBQYHCAkKC3oQwMHCw8TFxsfIycrLzM3Ozx=='
+sql "$X" "CREATE TABLE orders (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, card_text TEXT);
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 30)
+INSERT INTO orders SELECT i, 'acme', printf('card-%04d-4111', i) FROM n;
+INSERT INTO orders VALUES (31, 'acme', '$NONCANON'), (32, 'acme', NULL),
+    (33, 'acme', X'$(seal_card c1 1)');"
+XT=(--db "$X" --table orders --column card_text --encoding base64)
+run "keys create text/kek" 0 "$KS" keys create text/kek
+run "base64: bad --encoding" 64 "$KS" census --db "$X" --table orders --column card_text --encoding hex
+expect_grep "base64: bad --encoding named" "$T/err" "encoding must be binary or base64"
+run "base64: census before" 0 "$KS" census "${XT[@]}" --json
+expect_grep "base64: census before: 30 plaintext, 2 malformed" "$T/out" '"rows":33,"null":1,"plaintext":30,"envelopes":0,"malformed":2'
+expect_grep "base64: census names bad-magic and bad-value" "$T/out" '"malformed_by_error":{"bad-magic":1,"bad-value":1}'
+run "base64: encrypt" 0 "$KS" migrate run "${XT[@]}" --mode encrypt --to-key text/kek "${CTX[@]}" --max-failure-rate 0.5
+if sql "$X" "SELECT count(*) FROM orders WHERE typeof(card_text) = 'text' AND substr(card_text, 1, 4) = 'S1NF'" | grep -qx 31; then
+    ok "base64: every value is text beginning S1NF"; else bad "base64: every value is text beginning S1NF"; fi
+if [ "$(sql "$X" "SELECT card_text FROM orders WHERE id = 31")" = "$NONCANON" ]; then
+    ok "base64: the non-canonical value is untouched"; else bad "base64: the non-canonical value is untouched"; fi
+if [ "$(sql "$X" "SELECT typeof(card_text) || substr(hex(card_text), 1, 6) FROM orders WHERE id = 33")" = blob4B5345 ]; then
+    ok "base64: the binary envelope is not sealed again"; else bad "base64: the binary envelope is not sealed again"; fi
+xopen() { sql "$X" "SELECT card_text FROM orders WHERE id = $1" | base64 -d >"$T/row.kse" &&
+          "$KS" decrypt --context "pay:$1:card" --tenant acme --purpose card <"$T/row.kse"; }
+if [ "$(xopen 7 2>&1)" = card-0007-4111 ]; then ok "base64: row 7 decodes and decrypts"; else bad "base64: row 7 decodes and decrypts" "$(xopen 7 2>&1 | head -c 200)"; fi
+run "base64: quarantine list" 0 "$KS" migrate quarantine list "${XT[@]}" --json
+expect_grep "base64: row 31 quarantined bad-value" "$T/out" '^{"id":31,"error":"bad-value","migration":"mode=encrypt;.*encoding=base64;'
+expect_grep "base64: row 33 quarantined bad-magic" "$T/out" '^{"id":33,"error":"bad-magic","migration":"mode=encrypt;.*encoding=base64;'
+run "base64: census after encrypt" 0 "$KS" census "${XT[@]}" --json
+expect_grep "base64: 30 envelopes" "$T/out" '"plaintext":0,"envelopes":30,"malformed":2'
+run "base64: census read as binary" 0 "$KS" census --db "$X" --table orders --column card_text --json
+expect_grep "base64: as binary, texts are plaintext" "$T/out" '"plaintext":31,"envelopes":1'
+run "text/kek add-version" 0 "$KS" keys add-version text/kek
+run "text/kek promote 2" 0 "$KS" keys promote text/kek 2
+run "base64: rewrap" 0 "$KS" migrate run "${XT[@]}" --mode rewrap --to-key text/kek "${CTX[@]}" --max-failure-rate 0.5
+run "base64: census after rewrap" 0 "$KS" census "${XT[@]}" --json
+expect_grep "base64: all 30 under version 2" "$T/out" '"classes":\[{"version":2,"algorithm":"xchacha20-poly1305","key_id":"text/kek","key_version":2,"rows":30}\]'
+if [ "$(xopen 30 2>&1)" = card-0030-4111 ]; then ok "base64: rewrapped row 30 decrypts"; else bad "base64: rewrapped row 30 decrypts"; fi
+run "base64: verify finds the malformed row" 65 "$KS" migrate verify "${XT[@]}" "${CTX[@]}"
+expect_grep "base64: verify: 32 checked, 2 failed" "$T/out" "32 envelopes checked, 2 failed"
+expect_grep "base64: verify names it bad-value" "$T/out" "FAILED id 31: bad-value"
+sql "$X" "DELETE FROM orders WHERE id IN (31, 33)"
+run "base64: verify" 0 "$KS" migrate verify "${XT[@]}" "${CTX[@]}"
+expect_grep "base64: verify: 30 checked" "$T/out" "30 envelopes checked, 0 failed"
+run "base64: verify without --encoding checks nothing" 0 "$KS" migrate verify --db "$X" --table orders --column card_text "${CTX[@]}"
+expect_grep "base64: as binary, 0 checked" "$T/out" "^0 envelopes checked, 0 failed"
 
 # ---- the demo, small -------------------------------------------------------------------------
 DEMO_ROWS=2000 DEMO_DIR="$T/demo" run "demo smoke (2000 rows)" 0 "$ROOT/tools/demo.sh" "$KS"

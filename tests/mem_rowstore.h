@@ -366,7 +366,7 @@ static inline mem_rowstore *mrs_new(ks_rowstore *out)
                                         NULL /* no bind_migration: quarantine per column */,
                                         NULL, NULL /* no quarantine listing or release */};
     mem_rowstore *m = calloc(1, sizeof *m);
-    *out = (ks_rowstore){&ops, m, "mem", 1};
+    *out = (ks_rowstore){&ops, m, "mem", 1, KS_ENCODING_BINARY};
     return m;
 }
 

@@ -595,6 +595,18 @@ static void test_policy_plaintext(void **state)
     assert_int_equal(ks_app_open_value(a, &r, out, n, pt, sizeof pt, &pn, &rc, NULL), KS_OK);
     assert_true(rc.is_plaintext);
     assert_int_equal(pn, 5);
+    /* a text column: plaintext too, but one beginning "KSE" is malformed there */
+    assert_int_equal(ks_app_seal_text(a, &r, (const uint8_t *)"hello", 5, out, sizeof out, &n,
+                                      &c), KS_OK);
+    assert_true(c.is_plaintext);
+    assert_int_equal(n, 5);
+    assert_memory_equal(out, "hello", 5);
+    assert_int_equal(ks_app_open_text(a, &r, (const uint8_t *)"KSE\x02", 4, pt, sizeof pt, &pn,
+                                      &rc, NULL), KS_ERR_BAD_MAGIC);
+    assert_int_equal(ks_app_open_text(a, &r, (const uint8_t *)"plain", 5, pt, sizeof pt, &pn,
+                                      &rc, NULL), KS_OK);
+    assert_true(rc.is_plaintext);
+    assert_int_equal(pn, 5);
     ks_app_close(a);
 }
 
@@ -962,6 +974,71 @@ static void test_threads(void **state)
     assert_int_equal(sum.opens, T * 200);
 }
 
+/* ---- columns of base64 text ------------------------------------------------------ */
+
+/* A text column (docs/format.md section 10): ks_app_seal_text writes the
+ * envelope's canonical base64, ks_app_open_text opens it to the same
+ * plaintext and class; a non-canonical text is refused with the
+ * decoder's error and character offset, nothing opened; a value not
+ * beginning "S1NF" or "KSE" is plaintext: bad-magic where no rollout
+ * reads plaintext, copied out where one does; one beginning "KSE" (a
+ * binary envelope) is bad-magic at 0 whatever the rollout. */
+static void test_text(void **state)
+{
+    world *w = *state;
+    ks_app_options o = opts(w, 2, 0);
+    ks_app *a = app_open(w, &o);
+    ks_app_record r = rec("acme", "payments:7:card");
+    const char *msg = "{\"card\":\"4111\"}";
+    size_t len = strlen(msg), n = 0, pn = 0;
+    uint8_t text[4096], pt[4096];
+    ks_rollout_class c, rd;
+    assert_true(ks_app_seal_text_max_len(len) <= sizeof text);
+    assert_int_equal(ks_app_seal_text(a, &r, (const uint8_t *)msg, len, text,
+                                      ks_app_seal_text_max_len(len), &n, &c), KS_OK);
+    assert_memory_equal(text, "S1NF", 4);
+    assert_int_equal(n % 4, 0);
+    assert_int_equal(ks_app_open_text(a, &r, text, n, pt, n, &pn, &rd, NULL), KS_OK);
+    assert_int_equal(pn, len);
+    assert_memory_equal(pt, msg, len);
+    assert_true(ks_rollout_class_equal(&c, &rd));
+    assert_int_equal(ks_app_seal_text(a, &r, (const uint8_t *)msg, len, text, n - 1, &n, &c),
+                     KS_ERR_BUFFER_TOO_SMALL);
+    assert_int_equal(ks_app_seal_text(a, &r, (const uint8_t *)msg, len, text, sizeof text, &n,
+                                      &c), KS_OK);
+    /* another context: the envelope decodes and fails as a binary one would */
+    ks_app_record other = rec("acme", "payments:8:card");
+    assert_int_equal(ks_app_open_text(a, &other, text, n, pt, sizeof pt, &pn, NULL, NULL),
+                     KS_ERR_AUTH_FAILED);
+    /* not canonical: a line break, an URL-safe character */
+    ks_parse_error pe;
+    text[n] = '\n';
+    assert_int_equal(ks_app_open_text(a, &r, text, n + 1, pt, sizeof pt, &pn, NULL, &pe),
+                     KS_ERR_TRUNCATED);
+    assert_int_equal(pe.offset, n + 1);
+    uint8_t saved = text[9];
+    text[9] = '-';
+    assert_int_equal(ks_app_open_text(a, &r, text, n, pt, sizeof pt, &pn, NULL, &pe),
+                     KS_ERR_BAD_VALUE);
+    assert_int_equal(pe.offset, 9);
+    assert_int_equal(pn, 0);
+    text[9] = saved;
+    /* plaintext, with no rollout to read it */
+    assert_int_equal(ks_app_open_text(a, &r, (const uint8_t *)"KSE\x02", 4, pt, sizeof pt, &pn,
+                                      NULL, &pe), KS_ERR_BAD_MAGIC);
+    assert_int_equal(pe.offset, 0);
+    assert_int_equal(ks_app_open_text(a, &r, (const uint8_t *)"S1Nx", 4, pt, sizeof pt, &pn,
+                                      NULL, &pe), KS_ERR_BAD_MAGIC);
+    assert_int_equal(pe.offset, 3);
+    assert_int_equal(ks_app_open_text(a, &r, (const uint8_t *)"S1", 2, pt, sizeof pt, &pn,
+                                      NULL, &pe), KS_ERR_TRUNCATED);
+    assert_int_equal(ks_app_open_text(NULL, &r, text, n, pt, sizeof pt, &pn, NULL, NULL),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_app_seal_text(a, &r, (const uint8_t *)msg, len, NULL, 4, &n, NULL),
+                     KS_ERR_INVALID_ARGUMENT);
+    ks_app_close(a);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, world_setup, world_teardown)
 
 int main(void)
@@ -973,6 +1050,7 @@ int main(void)
         T(test_parse),       T(test_env_keyring),
         T(test_open_alloc_faults), T(test_threads),
         T(test_update_and_may_read), T(test_pg_keyword_string),
+        T(test_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

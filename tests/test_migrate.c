@@ -365,7 +365,7 @@ static void census_both(const ks_rowstore *st, ks_census *c)
     assert_int_equal(ks_census_run(st, c), KS_OK);
     ks_rowstore_ops scan_ops = *st->ops;
     scan_ops.visit_values = NULL;
-    ks_rowstore by_scan = {&scan_ops, st->self, st->name, st->id_stable};
+    ks_rowstore by_scan = {&scan_ops, st->self, st->name, st->id_stable, st->encoding};
     ks_census s;
     assert_int_equal(ks_census_run(&by_scan, &s), KS_OK);
     assert_int_equal(s.rows, c->rows);
@@ -820,7 +820,7 @@ static void test_census_sqlite(void **state)
     }
     assert_int_equal(sqlite3_finalize(ins), SQLITE_OK);
     assert_int_equal(sqlite3_close(db), SQLITE_OK);
-    ks_rowstore_target tg = {"t", "v", NULL, NULL, {NULL}, 0};
+    ks_rowstore_target tg = {"t", "v", NULL, NULL, {NULL}, 0, KS_ENCODING_BINARY};
     ks_rowstore st;
     char eb[128];
     assert_int_equal(ks_rowstore_sqlite_open(path, &tg, NULL, &st, eb, sizeof eb), KS_OK);
@@ -852,7 +852,7 @@ static void test_census_batches(void **state)
                                       "CASE WHEN i % 7 = 0 THEN NULL ELSE 'p' || i END FROM n",
                                   NULL, NULL, NULL), SQLITE_OK);
     assert_int_equal(sqlite3_close(db), SQLITE_OK);
-    ks_rowstore_target tg = {"t", "v", NULL, NULL, {NULL}, 0};
+    ks_rowstore_target tg = {"t", "v", NULL, NULL, {NULL}, 0, KS_ENCODING_BINARY};
     ks_rowstore st;
     char eb[128];
     assert_int_equal(ks_rowstore_sqlite_open(path, &tg, NULL, &st, eb, sizeof eb), KS_OK);
@@ -894,7 +894,7 @@ static void test_sqlite(void **state)
         }
         assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
     }
-    ks_rowstore_target tg = {"t", "v", NULL, NULL, {NULL}, 0};
+    ks_rowstore_target tg = {"t", "v", NULL, NULL, {NULL}, 0, KS_ENCODING_BINARY};
     ks_rowstore st;
     char eb[128];
     assert_int_equal(ks_rowstore_sqlite_open(path, &tg, NULL, &st, eb, sizeof eb), KS_OK);
@@ -920,7 +920,7 @@ static void test_sqlite(void **state)
     /* the engine's other read path: the store's scan (no visit_rows) */
     ks_rowstore_ops scan_ops = *st.ops;
     scan_ops.visit_rows = NULL;
-    ks_rowstore by_scan = {&scan_ops, st.self, st.name, st.id_stable};
+    ks_rowstore by_scan = {&scan_ops, st.self, st.name, st.id_stable, st.encoding};
     p = mparams(KS_MIGRATE_REENCRYPT, "k", 0);
     p.algorithm = KS_ALG_AES256GCM;
     assert_int_equal(ks_migrate_run(w->ctx, &by_scan, &p, NULL, NULL, NULL, &cp), KS_OK);
@@ -928,6 +928,127 @@ static void test_sqlite(void **state)
     assert_int_equal(ks_migrate_verify(w->ctx, &st, &p, 0, NULL, NULL, &vr), KS_OK);
     assert_int_equal(vr.checked, N_ROWS - N_ROWS / 10);
     assert_int_equal(vr.failed, 0);
+    ks_rowstore_close(&st);
+    sqlite3_close(db);
+    unlink(path);
+}
+
+/* verify's failure callback: count the failures named bad-value. */
+static void count_bad_value(void *arg, const ks_verify_failure *f)
+{
+    if (f->error == KS_ERR_BAD_VALUE && strcmp(f->name, "bad-value") == 0) {
+        (*(int *)arg)++;
+    }
+}
+
+/*
+ * A TEXT column of base64 envelopes (docs/format.md section 10): encrypt
+ * writes each envelope's canonical text, as TEXT, beginning "S1NF";
+ * rewrap, reencrypt and verify read them back; the census counts them.
+ * A value beginning "S1NF" that is not canonical base64 (non-zero pad
+ * bits) is malformed: counted so, quarantined "bad-value" and left byte
+ * for byte as it was, never re-encoded; a value beginning "KSE" is
+ * plaintext in such a column.  Parameters that do not name the store's
+ * encoding are refused, and base64 is part of the migration's identity.
+ */
+static void test_sqlite_base64(void **state)
+{
+    world *w = *state;
+    char path[128];
+    temp_db(path);
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT);"
+                                      "INSERT INTO t VALUES(1, 'secret-1'), (2, 'secret-2'),"
+                                      " (3, NULL), (4, 'KSE plain'), (5, 'secret-5'),"
+                                      " (6, 'S1NFAQgBEgF0GgFrIAEqAaAyDAABAgMEBQYHCAkKC3oQwMHCw8T"
+                                      "FxsfIycrLzM3Ozx==')",
+                                  NULL, NULL, NULL), SQLITE_OK);
+    ks_rowstore_target tg = {"t", "v", NULL, NULL, {NULL}, 0, KS_ENCODING_BASE64};
+    ks_rowstore st;
+    char eb[128];
+    assert_int_equal(ks_rowstore_sqlite_open(path, &tg, NULL, &st, eb, sizeof eb), KS_OK);
+    assert_int_equal(st.encoding, KS_ENCODING_BASE64);
+    ks_census c;
+    census_both(&st, &c);
+    assert_int_equal(c.plaintext_rows, 3);
+    assert_int_equal(c.malformed_rows, 2);
+    assert_int_equal(c.malformed[KS_ERR_BAD_VALUE], 1);
+    assert_int_equal(c.malformed[KS_ERR_BAD_MAGIC], 1); /* "KSE plain": binary magic */
+    ks_census_free(&c);
+
+    ks_migrate_params p = mparams(KS_MIGRATE_ENCRYPT, "k", 0);
+    ks_checkpoint cp;
+    /* binary parameters on a base64 store: refused before a row is read */
+    assert_int_equal(ks_migrate_run(w->ctx, &st, &p, NULL, NULL, NULL, &cp),
+                     KS_ERR_INVALID_ARGUMENT);
+    p.encoding = KS_ENCODING_BASE64;
+    p.max_failure_rate = 0.5; /* the one malformed row of six */
+    assert_int_equal(ks_migrate_run(w->ctx, &st, &p, NULL, NULL, NULL, &cp), KS_OK);
+    assert_int_equal(cp.done, 3);
+    assert_int_equal(cp.quarantined, 2);
+    assert_true(cp.params.len > 16 &&
+                memcmp(cp.params.ptr + cp.params.len - 16, "encoding=base64;", 16) == 0);
+    sqlite3_stmt *q = NULL;
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT id, typeof(v), v FROM t ORDER BY id", -1, &q,
+                                        NULL), SQLITE_OK);
+    while (sqlite3_step(q) == SQLITE_ROW) {
+        int id = sqlite3_column_int(q, 0);
+        const char *type = (const char *)sqlite3_column_text(q, 1);
+        const char *v = (const char *)sqlite3_column_text(q, 2);
+        if (id == 3) {
+            assert_string_equal(type, "null");
+        } else if (id == 4) {
+            assert_string_equal(v, "KSE plain"); /* never sealed again */
+        } else if (id == 6) {
+            assert_string_equal(v, "S1NFAQgBEgF0GgFrIAEqAaAyDAABAgMEBQYHCAkKC3oQwMHCw8TFxsfIycrLz"
+                                   "M3Ozx=="); /* untouched */
+        } else {
+            assert_string_equal(type, "text");
+            assert_memory_equal(v, "S1NF", 4);
+            size_t n = strlen(v), got = 0;
+            uint8_t env[512];
+            assert_int_equal(ks_envelope_text_decode((const uint8_t *)v, n, NULL, env, sizeof env,
+                                                     &got, NULL), KS_OK);
+            ks_envelope e;
+            assert_int_equal(ks_envelope_parse(env, got, NULL, &e, NULL), KS_OK);
+        }
+    }
+    assert_int_equal(sqlite3_finalize(q), SQLITE_OK);
+    census_both(&st, &c);
+    assert_int_equal(c.plaintext_rows, 0);
+    assert_int_equal(c.n_classes, 1);
+    assert_int_equal(c.classes[0].rows, 3);
+    assert_int_equal(c.malformed[KS_ERR_BAD_VALUE], 1);
+    ks_census_free(&c);
+
+    assert_int_equal(ks_mem_add(&w->mem, "k", 2, 1, NULL), 0);
+    p = mparams(KS_MIGRATE_REWRAP, "k", 0);
+    p.encoding = KS_ENCODING_BASE64;
+    p.max_failure_rate = 0.5;
+    assert_int_equal(ks_migrate_run(w->ctx, &st, &p, NULL, NULL, NULL, &cp), KS_OK);
+    assert_int_equal(cp.done, 3);
+    assert_int_equal(cp.quarantined, 2);
+    ks_verify_result vr;
+    int bad = 0;
+    assert_int_equal(ks_migrate_verify(w->ctx, &st, &p, 0, count_bad_value, &bad, &vr), KS_OK);
+    assert_int_equal(vr.checked, 5);
+    assert_int_equal(vr.failed, 2);
+    assert_int_equal(bad, 1);
+    p.encoding = KS_ENCODING_BINARY;
+    assert_int_equal(ks_migrate_verify(w->ctx, &st, &p, 0, NULL, NULL, &vr),
+                     KS_ERR_INVALID_ARGUMENT);
+    p = mparams(KS_MIGRATE_REENCRYPT, "k", 0);
+    p.encoding = KS_ENCODING_BASE64;
+    p.max_failure_rate = 0.5;
+    p.algorithm = KS_ALG_AES256GCM;
+    assert_int_equal(ks_migrate_run(w->ctx, &st, &p, NULL, NULL, NULL, &cp), KS_OK);
+    assert_int_equal(cp.done, 3);
+    census_both(&st, &c);
+    assert_int_equal(c.n_classes, 1);
+    assert_int_equal(c.classes[0].algorithm, KS_ALG_AES256GCM);
+    assert_int_equal(c.classes[0].rows, 3);
+    ks_census_free(&c);
     ks_rowstore_close(&st);
     sqlite3_close(db);
     unlink(path);
@@ -970,7 +1091,7 @@ static void test_sqlite_corrected_run(void **state)
         snprintf(sql, sizeof sql, "INSERT INTO t VALUES(%d, 'secret-%d')", id, id);
         assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
     }
-    ks_rowstore_target tg = {"t", "v", NULL, NULL, {NULL}, 0};
+    ks_rowstore_target tg = {"t", "v", NULL, NULL, {NULL}, 0, KS_ENCODING_BINARY};
     ks_rowstore st;
     char eb[128];
     assert_int_equal(ks_rowstore_sqlite_open(path, &tg, NULL, &st, eb, sizeof eb), KS_OK);
@@ -1189,6 +1310,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_batch_target, setup, teardown),
         cmocka_unit_test_setup_teardown(test_census_sqlite, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sqlite, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sqlite_base64, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sqlite_corrected_run, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

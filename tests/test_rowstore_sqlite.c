@@ -1411,7 +1411,7 @@ static void test_write_gate(void **state)
     assert_int_equal(open_store(w, &t, &ro), KS_OK);
     assert_int_equal(ks_rowstore_sqlite_set_write_gate(&w->store, "SELECT 1"),
                      KS_ERR_INVALID_ARGUMENT);
-    ks_rowstore other = {NULL, NULL, NULL, 0};
+    ks_rowstore other = {NULL, NULL, NULL, 0, KS_ENCODING_BINARY};
     assert_int_equal(ks_rowstore_sqlite_set_write_gate(&other, "SELECT 1"), KS_ERR_INVALID_ARGUMENT);
 }
 
@@ -1451,7 +1451,7 @@ static void test_full(void **state)
     assert_int_equal(cas(w, &id1, &x, "s", &swapped), KS_OK);
     assert_int_equal(swapped, 1);
     assert_int_equal(commit(w), KS_OK);
-    ks_rowstore other = {NULL, NULL, NULL, 0};
+    ks_rowstore other = {NULL, NULL, NULL, 0, KS_ENCODING_BINARY};
     assert_int_equal(ks_rowstore_sqlite_test_max_pages(&other, 1), KS_ERR_INVALID_ARGUMENT);
 }
 
@@ -1527,7 +1527,7 @@ static void test_synchronous_default_full(void **state)
     assert_int_equal(open_store(w, &t, NULL), KS_OK);
     assert_int_equal(store_synchronous(w), 2);
     write_one(w, "x", "y");
-    ks_rowstore other = {NULL, NULL, NULL, 0};
+    ks_rowstore other = {NULL, NULL, NULL, 0, KS_ENCODING_BINARY};
     int64_t v = 0;
     assert_int_equal(ks_rowstore_sqlite_test_pragma(&other, "synchronous", &v),
                      KS_ERR_INVALID_ARGUMENT);

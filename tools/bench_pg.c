@@ -249,7 +249,7 @@ static int scan_pass(const ks_rowstore *st, long *n_rows, double *secs)
 /* Open the PostgreSQL row store of table.v at conninfo. */
 static int pg_store(const char *conninfo, const char *table, ks_rowstore *st)
 {
-    ks_rowstore_target t = {table, "v", NULL, NULL, {NULL}, 0};
+    ks_rowstore_target t = {table, "v", NULL, NULL, {NULL}, 0, KS_ENCODING_BINARY};
     char err[256];
     if (ks_rowstore_pg_open(conninfo, &t, NULL, st, err, sizeof err) != KS_OK) {
         fprintf(stderr, "bench: pg store %s: %s\n", table, err);
@@ -384,7 +384,7 @@ static ks_err wk_open(void *arg, unsigned worker, ks_rowstore *store, ks_chunks 
     const wk_target *t = arg;
     (void)worker;
     char err[256];
-    ks_rowstore_target tg = {"w", "v", NULL, NULL, {NULL}, 0};
+    ks_rowstore_target tg = {"w", "v", NULL, NULL, {NULL}, 0, KS_ENCODING_BINARY};
     ks_err e = ks_rowstore_pg_open(t->conninfo, &tg, NULL, store, err, sizeof err);
     if (e == KS_OK) {
         e = ks_chunks_pg_open(store, chunks, err, sizeof err);

@@ -65,6 +65,20 @@ int ks_cli_is_help(const char *arg)
 }
 
 /* See cli.h. */
+int ks_cli_parse_encoding(const char *cmd, const char *s, ks_value_encoding *out)
+{
+    *out = KS_ENCODING_BINARY;
+    if (s == NULL || strcmp(s, "binary") == 0) {
+        return EX_OK;
+    }
+    if (strcmp(s, "base64") == 0) {
+        *out = KS_ENCODING_BASE64;
+        return EX_OK;
+    }
+    return ks_cli_usage_error(cmd, "--encoding must be binary or base64");
+}
+
+/* See cli.h. */
 int ks_cli_parse_size(const char *s, size_t lo, size_t hi, size_t *out)
 {
     char *end;
@@ -863,7 +877,7 @@ ks_err ks_cli_checkpoints(const char *db, const char *table, const char *column,
 int ks_cli_store_open(const char *db, const ks_rowstore_target *t, int read_only,
                       uint32_t busy_timeout_ms, ks_sqlite_sync sync, ks_rowstore *out)
 {
-    *out = (ks_rowstore){NULL, NULL, NULL, 0};
+    *out = (ks_rowstore){NULL, NULL, NULL, 0, KS_ENCODING_BINARY};
     int pg;
     int rc = ks_cli_db_check(db, &pg);
     if (rc != EX_OK || pg) {

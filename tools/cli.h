@@ -49,6 +49,18 @@ int ks_cli_read_input(const char *path, size_t max, uint8_t **out, size_t *out_l
 /* Parse a decimal size in [lo, hi] from s.  Returns 0 on success. */
 int ks_cli_parse_size(const char *s, size_t lo, size_t hi, size_t *out);
 
+/* Parse --encoding (NULL: binary) into *out: EX_OK, or the usage error's
+ * exit code after printing it for cmd. */
+int ks_cli_parse_encoding(const char *cmd, const char *s, ks_value_encoding *out);
+
+/* The --encoding line of a manual's OPTIONS. */
+#define KS_CLI_ENCODING_RULE                                                             \
+    "    --encoding E    how the column holds envelopes: binary (the default; BLOB,\n"  \
+    "                    bytea) or base64, their canonical text, which begins\n"        \
+    "                    \"S1NF\" (a SQLite TEXT, a PostgreSQL text or varchar\n"    \
+    "                    column; docs/format.md section 10). A value beginning\n"     \
+    "                    \"S1NF\" that is not canonical base64 is malformed.\n"
+
 /* Write len bytes as lowercase hex. */
 void ks_cli_put_hex(FILE *f, const uint8_t *p, size_t len);
 

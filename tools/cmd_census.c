@@ -19,17 +19,20 @@ static void usage(FILE *f)
           "    keyshift census - count the rows of a column by encryption state\n"
           "\n"
           "SYNOPSIS\n"
-          "    keyshift census --db DB --table T --column C [--id-column I] [--json]\n"
+          "    keyshift census --db DB --table T --column C [--id-column I]\n"
+          "        [--encoding binary|base64] [--json]\n"
           "\n"
           "DESCRIPTION\n"
           "    Reads every value of column C of table T in the database DB (a SQLite\n"
           "    file or a PostgreSQL connection string) and counts it as one of:\n"
           "      null       the value is NULL\n"
           "      plaintext  it does not start with the envelope magic \"KSE\"\n"
+          "                 (with --encoding base64: with \"S1NF\", the magic's base64)\n"
           "      envelope   it parses strictly; counted per (format version,\n"
           "                 algorithm, key id, key version)\n"
-          "      malformed  it starts with \"KSE\" but does not parse; counted per\n"
-          "                 rejection (truncated, bad-value, ...)\n"
+          "      malformed  it starts with \"KSE\" but does not parse (base64: starts\n"
+          "                 with \"S1NF\" but is not canonical base64, or its bytes do\n"
+          "                 not parse); counted per rejection (truncated, bad-value, ...)\n"
           "    Only headers are read: no key is needed and nothing is decrypted.\n"
           "    The database is opened read-only and nothing is written. Run it\n"
           "    before a migration to see what there is, and after to confirm that\n"
@@ -44,6 +47,7 @@ static void usage(FILE *f)
           "    --column C      the column holding plaintext and/or envelopes\n"
           "    --id-column I   a unique, NOT NULL column identifying rows (default:\n"
           "                    the rowid; PostgreSQL: the primary key)\n"
+          KS_CLI_ENCODING_RULE
           "    --json          print one JSON object instead of a table\n"
           "    -h, --help      print this manual\n"
           "\n"
@@ -59,6 +63,8 @@ static void usage(FILE *f)
           "EXAMPLES\n"
           "    keyshift census --db shop.db --table payments --column card\n"
           "    keyshift census --db shop.db --table payments --column card --json\n"
+          "    keyshift census --db shop.db --table orders --column card_text \\\n"
+          "        --encoding base64\n"
           "    keyshift census --db 'postgresql://reader@db.example/shop' \\\n"
           "        --table payments --column card\n",
           f);
@@ -136,12 +142,12 @@ static void print_text(const ks_census *c)
 /* See cli.h. */
 int ks_cmd_census(int argc, char **argv)
 {
-    const char *db = NULL, *table = NULL, *column = NULL, *id_column = NULL;
+    const char *db = NULL, *table = NULL, *column = NULL, *id_column = NULL, *encoding = NULL;
     int json = 0, npos = 0, rc;
     const ks_cli_opt opts[] = {
         {"--db", &db, NULL},         {"--table", &table, NULL},
         {"--column", &column, NULL}, {"--id-column", &id_column, NULL},
-        {"--json", NULL, &json},     {NULL, NULL, NULL},
+        {"--encoding", &encoding, NULL}, {"--json", NULL, &json}, {NULL, NULL, NULL},
     };
     if (ks_cli_parse_opts("census", usage, argc, argv, opts, NULL, 0, &npos, &rc)) {
         return rc;
@@ -150,6 +156,9 @@ int ks_cmd_census(int argc, char **argv)
         return ks_cli_usage_error("census", "--db, --table and --column are required");
     }
     ks_rowstore_target t = {.table = table, .column = column, .id_column = id_column};
+    if ((rc = ks_cli_parse_encoding("census", encoding, &t.encoding)) != EX_OK) {
+        return rc;
+    }
     ks_rowstore store;
     if ((rc = ks_cli_store_open(db, &t, 1, 0, KS_SQLITE_SYNC_FULL, &store)) != EX_OK) {
         return rc;

@@ -45,18 +45,20 @@ static void usage(FILE *f)
           "        [--max-rows-per-second N] [--no-verify] [--serial]\n"
           "        [--from-key KEY_ID] [--supersede] [--busy-timeout MS]\n"
           "        [--synchronous full|normal] [--throttle-query SQL]\n"
-          "        [--max-replica-lag DURATION] [--json]\n"
+          "        [--max-replica-lag DURATION] [--encoding binary|base64] [--json]\n"
           "        [--workers N [--chunk-ids N] [--lease DURATION]]\n"
           "        [--keyring FILE [--passphrase-file FILE] | --providers FILE]\n"
           "    keyshift migrate status --db DB [--table T --column C] [--chunks] [--json]\n"
-          "    keyshift migrate quarantine list --db DB --table T --column C [--json]\n"
+          "    keyshift migrate quarantine list --db DB --table T --column C\n"
+          "        [--encoding binary|base64] [--json]\n"
           "    keyshift migrate quarantine release --db DB --table T --column C\n"
-          "        (--id ID | --error NAME | --all) [--json]\n"
+          "        (--id ID | --error NAME | --all) [--encoding binary|base64] [--json]\n"
           "    keyshift migrate pause --db PG --table T --column C [--reason R]\n"
           "    keyshift migrate resume --db PG --table T --column C\n"
           "    keyshift migrate verify --db DB --table T --column C [--sample N]\n"
           "        [--id-column I] [--context TEMPLATE] [--tenant-column COL |\n"
-          "        --tenant T] [--purpose P] [--from-key KEY_ID] [--json]\n"
+          "        --tenant T] [--purpose P] [--from-key KEY_ID]\n"
+          "        [--encoding binary|base64] [--json]\n"
           "        [--keyring FILE [--passphrase-file FILE] | --providers FILE]\n"
           "    DB is a SQLite file or a PostgreSQL connection string:\n"
           "        --db shop.db\n"
@@ -208,6 +210,13 @@ static void usage(FILE *f)
           "          column, never the bare rowid of a table without an\n"
           "          INTEGER PRIMARY KEY, which VACUUM and a dump/restore\n"
           "          renumber (refused: unstable-id, exit 64)\n"
+          "    --encoding E           how column C holds envelopes (run, verify,\n"
+          "          quarantine): binary (the default; BLOB, bytea) or base64, each\n"
+          "          envelope's canonical text, which begins \"S1NF\" (a SQLite TEXT,\n"
+          "          a PostgreSQL text or varchar column; docs/format.md section\n"
+          "          10), written as text. Part of the migration's parameters. A\n"
+          "          value beginning \"S1NF\" that is not canonical base64 is\n"
+          "          malformed: quarantined, never re-encoded\n"
           "    --mode M               encrypt, rewrap or reencrypt\n"
           "    --to-key KEY_ID[:V]    the target key, and version V (default: the key's\n"
           "          primary, resolved once and recorded in the checkpoint).\n"
@@ -386,6 +395,7 @@ typedef struct mig_opts {
     const char *synchronous, *throttle_query, *max_replica_lag, *reason;
     const char *workers, *chunk_ids, *lease; /* run --workers (cmd_migrate_workers.c) */
     const char *batch_target, *batch_max;
+    const char *encoding; /* --encoding: run, verify, quarantine */
     const char *id, *error; /* quarantine release --id, --error */
     int no_verify, serial, json, supersede;
     int all; /* quarantine release --all */
@@ -401,6 +411,7 @@ static int parse(const char *cmd, int argc, char **argv, mig_opts *o, int *rc)
         {"--table", &o->table, NULL},
         {"--column", &o->column, NULL},
         {"--id-column", &o->id_column, NULL},
+        {"--encoding", &o->encoding, NULL},
         {"--mode", &o->mode, NULL},
         {"--to-key", &o->to_key, NULL},
         {"--from-key", &o->from_key, NULL},
@@ -468,6 +479,7 @@ static int only_options(const char *cmd, const mig_opts *o, const char *allowed)
         {"--serial", o->serial},               {"--from-key", o->from_key != NULL},
         {"--supersede", o->supersede},
         {"--id", o->id != NULL},               {"--error", o->error != NULL},
+        {"--encoding", o->encoding != NULL},
         {"--all", o->all},
     };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
@@ -532,7 +544,12 @@ static int common_params(const char *cmd, const mig_opts *o, ks_migrate_params *
     }
     *t = (ks_rowstore_target){.table = o->table, .column = o->column, .id_column = o->id_column,
                               .tenant_column = o->tenant_column};
-    int rc = ks_cli_template_columns(cmd, o->context, t, names);
+    int rc = ks_cli_parse_encoding(cmd, o->encoding, &t->encoding);
+    if (rc != EX_OK) {
+        return rc;
+    }
+    p->encoding = t->encoding;
+    rc = ks_cli_template_columns(cmd, o->context, t, names);
     if (rc != EX_OK) {
         return rc;
     }
@@ -1220,7 +1237,7 @@ static int cmd_run(int argc, char **argv)
     if ((rc = only_options(cmd, &o, " --mode --to-key --to-format --algorithm --tenant-column "
                                     "--tenant --context --purpose --batch-size --max-failure-rate "
                                     "--max-rows-per-second --busy-timeout --synchronous --keyring "
-                                    "--passphrase-file --providers --no-verify --id-column --serial "
+                                    "--passphrase-file --providers --no-verify --id-column --serial --encoding "
                                     "--from-key --supersede --throttle-query --max-replica-lag "
                                     "--workers --chunk-ids --lease --batch-target --batch-max ")) != EX_OK) {
         return rc;
@@ -1256,7 +1273,7 @@ static int cmd_run(int argc, char **argv)
     memset(&throttle, 0, sizeof throttle);
     ks_cli_keys keys = {0};
     ks_ctx *ctx = NULL;
-    ks_rowstore store = {NULL, NULL, NULL, 0};
+    ks_rowstore store = {NULL, NULL, NULL, 0, KS_ENCODING_BINARY};
     int64_t rollout_id = 0;
     char from_key[KS_KEY_ID_MAX + 1];
     if ((rc = ks_cli_store_open(o.db, &t, 0, busy_ms, sync, &store)) == EX_OK &&
@@ -1516,7 +1533,7 @@ static int cmd_verify(int argc, char **argv)
     }
     if ((rc = only_options(cmd, &o, " --tenant-column --tenant --context --purpose --sample "
                                     "--keyring --passphrase-file --providers --id-column "
-                                    "--from-key ")) != EX_OK) {
+                                    "--from-key --encoding ")) != EX_OK) {
         return rc;
     }
     ks_migrate_params p;
@@ -1532,7 +1549,7 @@ static int cmd_verify(int argc, char **argv)
     }
     ks_cli_keys keys = {0};
     ks_ctx *ctx = NULL;
-    ks_rowstore store = {NULL, NULL, NULL, 0};
+    ks_rowstore store = {NULL, NULL, NULL, 0, KS_ENCODING_BINARY};
     verify_state s = {o.json, 0};
     ks_verify_result r = {0, 0, 0};
     if ((rc = ks_cli_store_open(o.db, &t, 1, 0, KS_SQLITE_SYNC_FULL, &store)) == EX_OK &&
@@ -1792,7 +1809,8 @@ static int cmd_quarantine(int argc, char **argv)
         return rc;
     }
     if ((rc = only_options(cmd, &o, release ? " --id-column --id --error --all --busy-timeout "
-                                            : " --id-column ")) != EX_OK) {
+                                              "--encoding "
+                                            : " --id-column --encoding ")) != EX_OK) {
         return rc;
     }
     if (o.db == NULL || o.table == NULL || o.column == NULL) {
@@ -1819,7 +1837,10 @@ static int cmd_quarantine(int argc, char **argv)
         return rc;
     }
     ks_rowstore_target t = {.table = o.table, .column = o.column, .id_column = o.id_column};
-    ks_rowstore store = {NULL, NULL, NULL, 0};
+    if ((rc = ks_cli_parse_encoding(cmd, o.encoding, &t.encoding)) != EX_OK) {
+        return rc;
+    }
+    ks_rowstore store = {NULL, NULL, NULL, 0, KS_ENCODING_BINARY};
     if ((rc = ks_cli_store_open(o.db, &t, !release, (uint32_t)busy, KS_SQLITE_SYNC_FULL,
                                 &store)) != EX_OK) {
         return rc;

@@ -510,7 +510,7 @@ void ks_cli_chunks_print(const char *db, ks_bytes tbl, ks_bytes col, ks_bytes pa
     /* the store needs NUL-terminated names: the catalog's spellings, as listed */
     char *table = strndup((const char *)tbl.ptr, tbl.len);
     char *column = strndup((const char *)col.ptr, col.len);
-    ks_rowstore store = {NULL, NULL, NULL, 0};
+    ks_rowstore store = {NULL, NULL, NULL, 0, KS_ENCODING_BINARY};
     ks_chunks chunks = {NULL, NULL, NULL};
     ks_chunk_summary s = {0};
     chunk_list l = {json, all, 0, 0, 0, 0, 0, 0};

@@ -328,6 +328,50 @@ KS_API void ks_app_stats_get(ks_app *app, ks_app_stats *out);
  * (KS_READER_KEYS_MAX + 1 always does). */
 KS_API KS_WUR ks_err ks_app_keys(ks_app *app, char *out, size_t cap);
 
+/* ---- columns of base64 text ------------------------------------------------
+ *
+ * A column that holds envelopes as their canonical base64 text, which
+ * begins "S1NF" (docs/format.md section 10: a SQLite TEXT, a PostgreSQL
+ * text or varchar column migrated with --encoding base64), is sealed and
+ * opened through these two calls instead of ks_app_seal and
+ * ks_app_open_value; the rollout and the health report see the same
+ * classes and counts.  Which columns are text is the application's
+ * choice, per column, as it is the migration's.
+ */
+
+/* An upper bound on the output of ks_app_seal_text for pt_len bytes;
+ * 0 past the format's limits. */
+KS_API size_t ks_app_seal_text_max_len(size_t pt_len);
+
+/*
+ * ks_app_seal, then the envelope's canonical base64 text to out[0, cap)
+ * (*out_len its length).  Where the rollout's answer is plaintext, out
+ * receives pt itself, as ks_app_seal.  Errors as ks_app_seal's
+ * (KS_ERR_BUFFER_TOO_SMALL: a cap of ks_app_seal_text_max_len always
+ * suffices), and KS_ERR_NO_MEMORY.
+ */
+KS_API KS_WUR ks_err ks_app_seal_text(ks_app *app, const ks_app_record *r, const uint8_t *pt,
+                                      size_t pt_len, uint8_t *out, size_t cap, size_t *out_len,
+                                      ks_rollout_class *written);
+
+/*
+ * Open the stored text v[0, v_len) of record r [F-TEXT-4]: a value that
+ * begins "S1NF" is decoded strictly (ks_envelope_text_decode; a
+ * rejection, with its character offset in *perr, is returned and nothing
+ * is opened), then opened as ks_app_open_value opens an envelope (a
+ * parse error's offset then counts decoded bytes).  A value that begins
+ * "KSE" (a binary envelope) is KS_ERR_BAD_MAGIC at 0.  Any other value is
+ * plaintext: copied out when the rollout's
+ * phase reads plaintext, else KS_ERR_PHASE, or, where no rollout governs
+ * the column, KS_ERR_BAD_MAGIC at its first character that differs from
+ * "S1NF" (KS_ERR_TRUNCATED at 0 for a value shorter than that and a
+ * prefix of it).  A cap of v_len always suffices.  Other errors as
+ * ks_app_open_value's, and KS_ERR_NO_MEMORY.
+ */
+KS_API KS_WUR ks_err ks_app_open_text(ks_app *app, const ks_app_record *r, const uint8_t *v,
+                                      size_t v_len, uint8_t *pt, size_t cap, size_t *pt_len,
+                                      ks_rollout_class *read, ks_parse_error *perr);
+
 #ifdef __cplusplus
 }
 #endif

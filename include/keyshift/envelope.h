@@ -207,6 +207,58 @@ KS_API KS_WUR ks_err ks_envelope_encoded_len(const ks_envelope *env, const ks_li
 KS_API KS_WUR ks_err ks_envelope_encode(const ks_envelope *env, const ks_limits *lim, uint8_t *buf,
                                         size_t cap, size_t *out_len);
 
+/* ---- The text form [F-TEXT] ----------------------------------------------
+ *
+ * Stores that keep envelopes in a text column (a PostgreSQL text or
+ * varchar, a SQLite TEXT) hold the envelope's canonical standard base64
+ * (docs/format.md section 10): RFC 4648 alphabet, '=' padding, no
+ * whitespace, pad bits zero.  "KSE" encodes to "S1NF", so every text
+ * envelope begins with those four characters.
+ */
+#define KS_TEXT_MAGIC "S1NF"
+#define KS_TEXT_MAGIC_LEN 4
+
+/* Nonzero when text[0, len) begins with "S1NF": a reader must then treat
+ * the value as a text envelope, and a value that then fails to decode or
+ * to parse is malformed, never plaintext [F-TEXT-4]. */
+KS_API int ks_envelope_text_is_candidate(const uint8_t *text, size_t len);
+
+/* The length of the text form of len envelope bytes, 4 * ceil(len / 3);
+ * 0 for 0 and for a len whose text would not fit in a size_t. */
+KS_API size_t ks_envelope_text_len(size_t len);
+
+/* The capacity ks_envelope_text_decode() needs for a text of text_len
+ * characters: text_len / 4 * 3. */
+KS_API size_t ks_envelope_text_decoded_max(size_t text_len);
+
+/*
+ * Decode the text form text[0, len) into buf[0, cap), storing the decoded
+ * length in *out_len.  Accepts only canonical base64 [F-TEXT-1]; checks
+ * in the order of [F-TEXT-2]: too-large at 0 when len is above
+ * ks_envelope_text_len(ks_envelope_max_len(lim)) (NULL lim: defaults),
+ * then buffer-too-small (a caller error, nothing read) when cap is below
+ * ks_envelope_text_decoded_max(len), then truncated at len when len is
+ * not a multiple of 4, then bad-value at the offset of the first bad
+ * character.  On a rejection *err (if not NULL) has the code and offset,
+ * field 0, *out_len is 0 and nothing decoded is left in buf.  The decoded
+ * bytes are not parsed: pass them to ks_envelope_parse(), whose offsets
+ * then count from the first decoded byte.  Reads text once, left to right,
+ * through the parser's cursor; allocates nothing.
+ */
+KS_API KS_WUR ks_err ks_envelope_text_decode(const uint8_t *text, size_t len, const ks_limits *lim,
+                                             uint8_t *buf, size_t cap, size_t *out_len,
+                                             ks_parse_error *err);
+
+/*
+ * Write the canonical text form of env[0, len) (an encoded envelope) to
+ * buf[0, cap) and store its length, ks_envelope_text_len(len), in
+ * *out_len.  KS_ERR_BUFFER_TOO_SMALL, nothing written, when cap is below
+ * it; KS_ERR_INVALID_ARGUMENT for NULL pointers with nonzero lengths.
+ * Decoding the result gives back env exactly.
+ */
+KS_API KS_WUR ks_err ks_envelope_text_encode(const uint8_t *env, size_t len, uint8_t *buf,
+                                             size_t cap, size_t *out_len);
+
 #ifdef __cplusplus
 }
 #endif

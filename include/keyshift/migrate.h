@@ -186,6 +186,13 @@ typedef struct ks_migrate_params {
                                   and counted skipped.  A key-scoped rollout's run
                                   (docs/rollout.md, "Scopes").  Must be empty for encrypt;
                                   part of the checkpoint's parameters when set. */
+    ks_value_encoding encoding; /* how the column holds envelopes (docs/format.md section
+                                  10): binary (0) or base64 text.  Must be the store's
+                                  (KS_ERR_INVALID_ARGUMENT otherwise); part of the
+                                  checkpoint's parameters when base64.  A base64 value
+                                  that does not decode canonically is malformed and
+                                  quarantined under the decoder's error, never
+                                  re-encoded. */
     int supersede;             /* nonzero: an unfinished migration of the store with other
                                   parameters does not refuse the run (KS_ERR_MISMATCH): it
                                   is marked "superseded" (counts and cursor kept; running it

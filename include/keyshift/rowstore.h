@@ -46,6 +46,19 @@ typedef struct ks_value {
     ks_bytes bytes;      /* KS_VALUE_TEXT, KS_VALUE_BLOB */
 } ks_value;
 
+/* How a column holds its envelopes (docs/format.md section 10), the
+ * operator's choice for each column: the envelope's bytes (BLOB, bytea),
+ * or its canonical base64 text, which begins "S1NF" (TEXT, text,
+ * varchar).  The choice is part of a migration's parameters
+ * (ks_migrate_params.encoding) and is recorded with it. */
+typedef enum ks_value_encoding {
+    KS_ENCODING_BINARY = 0, /* the default */
+    KS_ENCODING_BASE64 = 1
+} ks_value_encoding;
+
+/* The encoding's name, "binary" or "base64"; NULL for another value. */
+KS_API const char *ks_value_encoding_name(int encoding);
+
 /* The most columns a context template may reference. */
 #define KS_ROWSTORE_MAX_CONTEXT_COLUMNS 8
 
@@ -59,6 +72,8 @@ typedef struct ks_rowstore_target {
     const char *context_columns[KS_ROWSTORE_MAX_CONTEXT_COLUMNS]; /* trusted columns the
                                                                      context template uses */
     size_t n_context_columns;
+    ks_value_encoding encoding;  /* how the column holds envelopes: the store writes
+                                    base64 values as text; 0: binary */
 } ks_rowstore_target;
 
 /* One row as the engine sees it. */
@@ -253,6 +268,10 @@ typedef struct ks_rowstore {
                             or a dump/restore may renumber it (SQLite's bare rowid).
                             Only a stable id may be bound into a context
                             (ks_migrate_check_context, docs/migration.md "Ids"). */
+    ks_value_encoding encoding; /* set by the store's open from its target: how the
+                                   column holds envelopes; the census reads values by
+                                   it, and a migration's or verify's parameters must
+                                   name the same one */
 } ks_rowstore;
 
 /*

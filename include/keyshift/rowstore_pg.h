@@ -14,7 +14,9 @@
  * that is the primary key or NOT NULL with a unique index of its own
  * (not partial, not on an expression); ids are KS_VALUE_INTEGER, and
  * stable (ks_rowstore.id_stable is 1: a context may bind {id}).  The
- * target column must be bytea (values are KS_VALUE_BLOB, or NULL);
+ * target column must be bytea (values are KS_VALUE_BLOB, or NULL), or,
+ * for a target of encoding KS_ENCODING_BASE64, text or varchar (values
+ * are KS_VALUE_TEXT; the compare-and-swap's arrays are then text[]);
  * tenant and context columns may be of any type: integers are
  * KS_VALUE_INTEGER, bytea KS_VALUE_BLOB, everything else its text form
  * (KS_VALUE_TEXT).  Anything else is KS_ERR_NO_TARGET, with a message.

@@ -706,6 +706,25 @@ static ks_err choose_class(ks_app *a, const ks_app_record *r, ks_rollout_class *
     return KS_OK;
 }
 
+/* Copy out a plaintext value v[0, v_len) as it is (one the phase reads,
+ * or one written before write-upgrade), with the plaintext class. */
+static ks_err copy_plaintext(const uint8_t *v, size_t v_len, uint8_t *pt, size_t cap,
+                             size_t *pt_len, ks_rollout_class *read)
+{
+    if (cap < v_len) {
+        return KS_ERR_BUFFER_TOO_SMALL;
+    }
+    if (v_len > 0) {
+        memcpy(pt, v, v_len);
+    }
+    *pt_len = v_len;
+    if (read != NULL) {
+        memset(read, 0, sizeof *read);
+        read->is_plaintext = 1;
+    }
+    return KS_OK;
+}
+
 /* Seal pt for r in exactly class c (plaintext: pt itself), as
  * ks_app_seal says; the caller checked the arguments. */
 static ks_err seal_as(ks_app *app, const ks_app_record *r, ks_rollout_class c, const uint8_t *pt,
@@ -713,17 +732,7 @@ static ks_err seal_as(ks_app *app, const ks_app_record *r, ks_rollout_class c, c
                       ks_rollout_class *written)
 {
     if (c.is_plaintext) { /* before write-upgrade, or a plaintext kept as it is */
-        if (cap < pt_len) {
-            return KS_ERR_BUFFER_TOO_SMALL;
-        }
-        if (pt_len > 0) {
-            memcpy(out, pt, pt_len);
-        }
-        *out_len = pt_len;
-        if (written != NULL) {
-            *written = c;
-        }
-        return KS_OK;
+        return copy_plaintext(pt, pt_len, out, cap, out_len, written);
     }
     ks_seal_params p = {c.version, c.algorithm, view(r->tenant),
                         {(const uint8_t *)c.key_id, strlen(c.key_id)}, c.key_version,
@@ -826,6 +835,7 @@ ks_err ks_app_may_read(ks_app *app, const char *table, const char *column, const
     return ks_policy_may_read(app->policy, table, column, v != NULL ? &b : NULL, ok);
 }
 
+
 /* See keyshift/app.h. */
 ks_err ks_app_open_value(ks_app *app, const ks_app_record *r, const uint8_t *v, size_t v_len,
                          uint8_t *pt, size_t cap, size_t *pt_len, ks_rollout_class *read,
@@ -864,18 +874,7 @@ ks_err ks_app_open_value(ks_app *app, const ks_app_record *r, const uint8_t *v, 
         plaintext_ok = e == KS_OK && !is_env;
     }
     if (plaintext_ok) { /* the phase still reads plaintext */
-        if (cap < v_len) {
-            return KS_ERR_BUFFER_TOO_SMALL;
-        }
-        if (v_len > 0) {
-            memcpy(pt, v, v_len);
-        }
-        *pt_len = v_len;
-        if (read != NULL) {
-            memset(read, 0, sizeof *read);
-            read->is_plaintext = 1;
-        }
-        return KS_OK;
+        return copy_plaintext(v, v_len, pt, cap, pt_len, read);
     }
     if (is_env && env.version == KS_FORMAT_V2) {
         op.purpose = purpose_of(app, r);
@@ -988,5 +987,112 @@ ks_err ks_app_keys(ks_app *app, char *out, size_t cap)
         memcpy(out, app->keys, n + 1);
     }
     pthread_mutex_unlock(&app->mu);
+    return e;
+}
+
+/* See keyshift/app.h. */
+size_t ks_app_seal_text_max_len(size_t pt_len)
+{
+    size_t bin = ks_app_seal_max_len(pt_len);
+    size_t text = ks_envelope_text_len(bin);
+    return bin == 0 || text == 0 ? 0 : (text > pt_len ? text : pt_len);
+}
+
+/* See keyshift/app.h.  The envelope is sealed into a buffer of its own,
+ * wiped before it is freed (it holds pt itself when the class is
+ * plaintext), then written to out as its canonical text [F-TEXT-1]. */
+ks_err ks_app_seal_text(ks_app *app, const ks_app_record *r, const uint8_t *pt, size_t pt_len,
+                        uint8_t *out, size_t cap, size_t *out_len, ks_rollout_class *written)
+{
+    if (out_len == NULL || (out == NULL && cap > 0)) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    *out_len = 0;
+    size_t bin_cap = ks_app_seal_max_len(pt_len);
+    if (bin_cap == 0) {
+        return KS_ERR_TOO_LARGE;
+    }
+    uint8_t *bin = malloc(bin_cap);
+    if (bin == NULL) {
+        return KS_ERR_NO_MEMORY;
+    }
+    size_t n = 0;
+    ks_rollout_class c;
+    ks_err e = ks_app_seal(app, r, pt, pt_len, bin, bin_cap, &n, &c);
+    if (e == KS_OK && c.is_plaintext) {
+        e = cap < n ? KS_ERR_BUFFER_TOO_SMALL : KS_OK;
+        if (e == KS_OK && n > 0) {
+            memcpy(out, bin, n);
+        }
+    } else if (e == KS_OK) {
+        e = ks_envelope_text_encode(bin, n, out, cap, &n);
+    }
+    sodium_memzero(bin, bin_cap);
+    free(bin);
+    if (e != KS_OK) {
+        return e;
+    }
+    *out_len = n;
+    if (written != NULL) {
+        *written = c;
+    }
+    return KS_OK;
+}
+
+/* See keyshift/app.h.  The text is bounded before it is decoded
+ * [F-TEXT-3]; the decoded envelope then goes through ks_app_open_value,
+ * so the phase, the counts and the open are exactly a binary value's. */
+ks_err ks_app_open_text(ks_app *app, const ks_app_record *r, const uint8_t *v, size_t v_len,
+                        uint8_t *pt, size_t cap, size_t *pt_len, ks_rollout_class *read,
+                        ks_parse_error *perr)
+{
+    if (app == NULL || r == NULL || r->table == NULL || r->column == NULL || pt_len == NULL ||
+        (v == NULL && v_len > 0) || (pt == NULL && cap > 0)) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    *pt_len = 0;
+    if (v_len >= 3 && v[0] == KS_MAGIC_0 && v[1] == KS_MAGIC_1 && v[2] == KS_MAGIC_2) {
+        if (perr != NULL) { /* [F-TEXT-4] a binary envelope: malformed here */
+            *perr = (ks_parse_error){KS_ERR_BAD_MAGIC, 0, 0};
+        }
+        return KS_ERR_BAD_MAGIC;
+    }
+    if (!ks_envelope_text_is_candidate(v, v_len)) {
+        /* [F-TEXT-4] plaintext: read as the phase allows (the empty view
+         * stands for the class) */
+        int ok = 0;
+        ks_bytes none = {NULL, 0};
+        ks_err e = app->policy != NULL
+                       ? ks_policy_may_read(app->policy, r->table, r->column, &none, &ok)
+                       : KS_ERR_NOT_FOUND;
+        if (e == KS_OK && !ok) {
+            return KS_ERR_PHASE;
+        }
+        if (e == KS_ERR_NOT_FOUND) {
+            static const uint8_t magic[KS_TEXT_MAGIC_LEN] = {'S', '1', 'N', 'F'};
+            size_t i = 0;
+            while (i < v_len && i < sizeof magic && v[i] == magic[i]) {
+                i++;
+            }
+            e = i < v_len ? KS_ERR_BAD_MAGIC : KS_ERR_TRUNCATED;
+            if (perr != NULL) {
+                *perr = (ks_parse_error){e, i < v_len ? i : 0, 0};
+            }
+            return e;
+        }
+        return e != KS_OK ? e : copy_plaintext(v, v_len, pt, cap, pt_len, read);
+    }
+    size_t bound = ks_envelope_text_len(ks_envelope_max_len(NULL));
+    size_t need = v_len > bound ? 0 : ks_envelope_text_decoded_max(v_len);
+    uint8_t *env = need > 0 ? malloc(need) : NULL;
+    if (need > 0 && env == NULL) {
+        return KS_ERR_NO_MEMORY;
+    }
+    size_t n = 0;
+    ks_err e = ks_envelope_text_decode(v, v_len, NULL, env, need, &n, perr);
+    if (e == KS_OK) {
+        e = ks_app_open_value(app, r, env, n, pt, cap, pt_len, read, perr);
+    }
+    free(env);
     return e;
 }

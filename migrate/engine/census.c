@@ -36,6 +36,9 @@ typedef struct census_run {
     ks_census *out;
     size_t cap;        /* allocated classes */
     size_t last;       /* index of the last class hit (cache); valid when n_classes > 0 */
+    ks_value_encoding enc; /* the store's: how the column holds envelopes */
+    uint8_t *dec;      /* a base64 column: the value at hand's decoded envelope */
+    size_t dec_cap;
 } census_run;
 
 /* Nonzero when class c is (version, algorithm, key_id, key_version) of e. */
@@ -94,12 +97,19 @@ static ks_err count_value(void *arg, const ks_value *v)
         c->null_rows++;
         return KS_OK;
     }
-    if (!ks_engine_is_envelope(v)) {
+    ks_bytes env;
+    ks_err err;
+    if (!ks_engine_value_env(r->enc, v, &r->dec, &r->dec_cap, &env, &err)) {
         c->plaintext_rows++;
         return KS_OK;
     }
+    if (err == KS_ERR_NO_MEMORY) {
+        return err;
+    }
     ks_envelope e;
-    ks_err err = ks_envelope_parse(v->bytes.ptr, v->bytes.len, NULL, &e, NULL);
+    if (err == KS_OK) {
+        err = ks_envelope_parse(env.ptr, env.len, NULL, &e, NULL); /* [F-TEXT-4] */
+    }
     if (err == KS_OK) {
         return count_class(r, &e);
     }
@@ -179,10 +189,11 @@ ks_err ks_census_run(const ks_rowstore *store, ks_census *out)
         return KS_ERR_INVALID_ARGUMENT;
     }
     memset(out, 0, sizeof *out);
-    census_run r = {out, 0, 0};
+    census_run r = {out, 0, 0, store->encoding, NULL, 0};
     ks_err err = store->ops->visit_values != NULL
                      ? store->ops->visit_values(store->self, count_value, &r)
                      : census_scan(store, &r);
+    free(r.dec);
     if (err != KS_OK) {
         ks_census_free(out);
         return err;

@@ -310,18 +310,106 @@ int ks_engine_is_envelope(const ks_value *v)
            v->bytes.ptr[2] == KS_MAGIC_2;
 }
 
+/* See keyshift/rowstore.h. */
+const char *ks_value_encoding_name(int encoding)
+{
+    switch (encoding) {
+    case KS_ENCODING_BINARY: return "binary";
+    case KS_ENCODING_BASE64: return "base64";
+    }
+    return NULL;
+}
+
+/* See engine.h.  The text is bounded before any buffer is sized
+ * [F-TEXT-3]: a text longer than the largest envelope's is too-large
+ * without a byte of it decoded. */
+int ks_engine_value_env(ks_value_encoding enc, const ks_value *v, uint8_t **buf, size_t *cap,
+                        ks_bytes *env, ks_err *perr)
+{
+    *env = (ks_bytes){NULL, 0};
+    *perr = KS_OK;
+    if (enc == KS_ENCODING_BINARY) {
+        if (!ks_engine_is_envelope(v)) {
+            return 0;
+        }
+        *env = v->bytes;
+        return 1;
+    }
+    assert(enc == KS_ENCODING_BASE64);
+    if (ks_engine_is_envelope(v)) {
+        *perr = KS_ERR_BAD_MAGIC; /* [F-TEXT-4] a binary envelope: never sealed again */
+        return 1;
+    }
+    if ((v->type != KS_VALUE_TEXT && v->type != KS_VALUE_BLOB) ||
+        !ks_envelope_text_is_candidate(v->bytes.ptr, v->bytes.len)) {
+        return 0;
+    }
+    size_t len = v->bytes.len;
+    size_t need = len > ks_envelope_text_len(ks_envelope_max_len(NULL))
+                      ? 0
+                      : ks_envelope_text_decoded_max(len);
+    if (need > *cap) {
+        uint8_t *p = realloc(*buf, need);
+        if (p == NULL) {
+            *perr = KS_ERR_NO_MEMORY;
+            return 1;
+        }
+        *buf = p;
+        *cap = need;
+    }
+    size_t n = 0;
+    *perr = ks_envelope_text_decode(v->bytes.ptr, len, NULL, *buf, need, &n, NULL);
+    assert(*perr == KS_OK || ks_err_is_rejection(*perr));
+    if (*perr == KS_OK) {
+        *env = (ks_bytes){*buf, n};
+    }
+    return 1;
+}
+
+/* See engine.h.  The text is written after the envelope, then moved
+ * over it (the two may overlap: memmove). */
+ks_err ks_engine_encode_value(ks_value_encoding enc, uint8_t **buf, size_t *cap, size_t off,
+                              size_t *len)
+{
+    if (enc == KS_ENCODING_BINARY) {
+        return KS_OK;
+    }
+    size_t tl = ks_envelope_text_len(*len);
+    size_t need = off + *len + tl;
+    if (tl == 0 || need < off) {
+        return KS_ERR_TOO_LARGE;
+    }
+    if (need > *cap) {
+        uint8_t *p = realloc(*buf, need);
+        if (p == NULL) {
+            return KS_ERR_NO_MEMORY;
+        }
+        *buf = p;
+        *cap = need;
+    }
+    size_t got = 0;
+    ks_err err = ks_envelope_text_encode(*buf + off, *len, *buf + off + *len, tl, &got);
+    if (err != KS_OK) {
+        return err;
+    }
+    assert(got == tl);
+    memmove(*buf + off, *buf + off + *len, tl);
+    *len = tl;
+    return KS_OK;
+}
+
 /* See engine.h.  Only the header is parsed: the key_id precedes the
  * ciphertext [F-ORDER-1]. */
-int ks_engine_outside_key(const ks_migrate_params *params, const ks_value *v)
+int ks_engine_outside_key(const ks_migrate_params *params, int is_env, ks_err perr, ks_bytes env)
 {
     if (params->from_key_id.len == 0) {
         return 0;
     }
-    if (v->type == KS_VALUE_NULL || !ks_engine_is_envelope(v)) {
+    if (!is_env) {
         return 1;
     }
     ks_envelope e;
-    if (ks_envelope_parse_header(v->bytes.ptr, v->bytes.len, NULL, &e, NULL) != KS_OK) {
+    if (perr != KS_OK || ks_envelope_parse_header(env.ptr, env.len, NULL, &e, NULL) != KS_OK) {
         return 0;
     }
     return e.key_id.len != params->from_key_id.len ||
@@ -438,7 +526,8 @@ static ks_err put_field(char *buf, size_t cap, size_t *pos, const char *key, ks_
  * See engine.h.  The string is, e.g.
  *   mode=reencrypt;to=payments/kek;version=3;format=2;alg=xchacha20-poly1305;
  *   tenant=acme;purpose=cards;context=card:{id};
- * with the defaults applied (format 2, xchacha20-poly1305) and the target
+ * (with encoding=base64; last for a base64 column, docs/format.md section
+ * 10) with the defaults applied (format 2, xchacha20-poly1305) and the target
  * version resolved, so two spellings of one migration give one string.
  * format and alg are omitted for rewrap (it keeps each envelope's own).
  * batch size, rate limits, failure rate and no_verify are not part of it:
@@ -483,6 +572,13 @@ ks_err ks_migrate_canonical_params(const ks_migrate_params *p, uint32_t to_versi
     }
     if (err == KS_OK) {
         err = put_field(buf, cap, &pos, "context", p->context_template);
+    }
+    if (err == KS_OK && p->encoding != KS_ENCODING_BINARY) { /* absent for binary: older
+                                                                 checkpoints match */
+        const char *enc = ks_value_encoding_name((int)p->encoding);
+        err = enc == NULL ? KS_ERR_INVALID_ARGUMENT
+                          : put_field(buf, cap, &pos, "encoding",
+                                      (ks_bytes){(const uint8_t *)enc, strlen(enc)});
     }
     *out_len = pos;
     return err;

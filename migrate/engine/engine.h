@@ -75,13 +75,36 @@ ks_err ks_context_tmpl_render(const ks_context_tmpl *t, const ks_row *row, uint8
 int ks_engine_is_envelope(const ks_value *v);
 
 /*
- * Nonzero when params restrict the work to one key (from_key_id) and v is
- * outside it: NULL, plaintext, or an envelope whose header names another
- * key_id.  A value that starts with the magic but whose header does not
- * parse is not outside: the caller treats it as any malformed value
- * (quarantine, a verify failure), since its key cannot be known.
+ * Whether v holds an envelope in a column of encoding enc, and its bytes
+ * [F-TEXT-4].  0 for NULL, an integer and plaintext (binary: not starting
+ * "KSE"; base64: starting neither "S1NF" nor "KSE").  1 otherwise, with
+ * *perr: KS_ERR_BAD_MAGIC for a base64 column's value starting "KSE" (a
+ * binary envelope, malformed there), or KS_OK and
+ * *env the envelope's bytes (binary: v's own; base64: decoded into *buf,
+ * grown with realloc to at most the largest envelope, *cap its size), or
+ * the decoder's rejection (the value is malformed: never re-encoded), or
+ * KS_ERR_NO_MEMORY.  The bytes are not parsed.
  */
-int ks_engine_outside_key(const ks_migrate_params *params, const ks_value *v);
+int ks_engine_value_env(ks_value_encoding enc, const ks_value *v, uint8_t **buf, size_t *cap,
+                        ks_bytes *env, ks_err *perr);
+
+/*
+ * Encode the envelope buf[off, off + len) as the column's encoding wants
+ * it: nothing for binary; for base64, its text replaces it at off (buf
+ * grown with realloc, *cap its size) and *len becomes the text's length.
+ */
+ks_err ks_engine_encode_value(ks_value_encoding enc, uint8_t **buf, size_t *cap, size_t off,
+                              size_t *len);
+
+/*
+ * Nonzero when params restrict the work to one key (from_key_id) and a
+ * value is outside it: plaintext (is_env 0), or an envelope env whose
+ * header names another key_id.  A value that is an envelope candidate but
+ * does not decode (perr) or whose header does not parse is not outside:
+ * the caller treats it as any malformed value (quarantine, a verify
+ * failure), since its key cannot be known.
+ */
+int ks_engine_outside_key(const ks_migrate_params *params, int is_env, ks_err perr, ks_bytes env);
 
 /* The parameters to open envelope env of a row with: its context and
  * tenant, and p->purpose only when env is of format 2.  Format 1 has no

@@ -195,8 +195,10 @@ typedef struct batch {
     size_t n;         /* rows in the batch; 0 at the end of a pass */
     uint8_t *keep;    /* the rows' bytes (may hold plaintext: wiped after use) */
     size_t keep_cap, keep_len;
-    uint8_t *neu;     /* new values */
+    uint8_t *neu;     /* new values, in the column's encoding */
     size_t neu_cap, neu_len;
+    uint8_t *dec;     /* a base64 column: the row at hand's decoded envelope */
+    size_t dec_cap;
     uint8_t *pt, *pt2; /* plaintext buffers, pt_cap each */
     size_t pt_cap;
     ks_err err;       /* the result of computing the batch */
@@ -492,6 +494,9 @@ static ks_err alloc_run(run *r)
             return KS_ERR_NO_MEMORY;
         }
     }
+    if (ks_value_encoding_name((int)r->p->encoding) == NULL || r->p->encoding != r->st->encoding) {
+        return KS_ERR_INVALID_ARGUMENT; /* the store reads and writes the column otherwise */
+    }
     ks_err err = ks_context_tmpl_compile(r->p->context_template, r->tmpl);
     return err == KS_OK ? ks_context_tmpl_check_store(r->tmpl, r->st) : err;
 }
@@ -563,6 +568,7 @@ static void free_run(run *r)
         }
         free(b->keep);
         free(b->neu);
+        free(b->dec);
         free(b->pt);
         free(b->pt2);
         free(b->slots);
@@ -662,14 +668,21 @@ static ks_err verify_new(batch *b, const row_in *in, ks_bytes neu, const uint8_t
     return same ? KS_OK : KS_ERR_VERIFY_FAILED;
 }
 
-/* Record in s that the new value is the out_len bytes just written at
- * the end of b->neu. */
-static void take_new(batch *b, slot *s, size_t out_len)
+/* Record in s that the new value is the out_len bytes just written (and
+ * verified) at the end of b->neu, first put in the column's encoding: a
+ * base64 column gets the envelope's canonical text [F-TEXT-1]. */
+static ks_err take_new(batch *b, slot *s, size_t out_len)
 {
+    ks_err err = ks_engine_encode_value(b->r->p->encoding, &b->neu, &b->neu_cap, b->neu_len,
+                                        &out_len);
+    if (err != KS_OK) {
+        return err;
+    }
     s->act = ACT_WRITE;
     s->new_off = b->neu_len;
     s->new_len = out_len;
     b->neu_len += out_len;
+    return KS_OK;
 }
 
 /* Seal pt[0, len) under the target for in into b->neu at the end; s gets
@@ -703,8 +716,7 @@ static ks_err seal_new(batch *b, const row_in *in, const uint8_t *pt, size_t len
     if (err != KS_OK) {
         return err;
     }
-    take_new(b, s, out_len);
-    return KS_OK;
+    return take_new(b, s, out_len);
 }
 
 /* encrypt: seal a plaintext value. */
@@ -795,8 +807,7 @@ static ks_err do_rewrap(batch *b, const row_in *in, ks_bytes old, const ks_envel
         s->qerr = fault;
         return KS_OK;
     }
-    take_new(b, s, out_len);
-    return KS_OK;
+    return take_new(b, s, out_len);
 }
 
 /* reencrypt: open an envelope and seal it afresh under the target. */
@@ -835,15 +846,23 @@ static ks_err decide(batch *b, size_t i)
     if (row->quarantined || v->type == KS_VALUE_NULL) {
         return KS_OK;
     }
-    if (ks_engine_outside_key(r->p, v)) {
+    ks_bytes env;
+    ks_err perr;
+    int is_env = ks_engine_value_env(r->p->encoding, v, &b->dec, &b->dec_cap, &env, &perr);
+    if (perr == KS_ERR_NO_MEMORY) {
+        return perr;
+    }
+    if (ks_engine_outside_key(r->p, is_env, perr, env)) {
         s->act = ACT_SKIP; /* another key's envelope or plaintext: not this run's */
         return KS_OK;
     }
-    int is_env = ks_engine_is_envelope(v);
     ks_envelope e;
-    ks_err perr = is_env ? ks_envelope_parse(v->bytes.ptr, v->bytes.len, NULL, &e, NULL) : KS_OK;
+    if (is_env && perr == KS_OK) {
+        perr = ks_envelope_parse(env.ptr, env.len, NULL, &e, NULL);
+    }
     if (is_env && perr != KS_OK) {
-        s->act = ACT_QUARANTINE; /* starts "KSE" but is not an envelope: never touch */
+        s->act = ACT_QUARANTINE; /* starts "KSE" ("S1NF") but is not an envelope, or not
+                                    canonical base64: never touch, never re-encode */
         s->qerr = ks_err_name(perr);
         return KS_OK;
     }
@@ -873,8 +892,8 @@ static ks_err decide(batch *b, size_t i)
     }
     switch (r->p->mode) {
     case KS_MIGRATE_ENCRYPT: return do_encrypt(b, &in, v, s);
-    case KS_MIGRATE_REWRAP: return do_rewrap(b, &in, v->bytes, &e, s);
-    case KS_MIGRATE_REENCRYPT: return do_reencrypt(b, &in, v->bytes, s);
+    case KS_MIGRATE_REWRAP: return do_rewrap(b, &in, env, &e, s);
+    case KS_MIGRATE_REENCRYPT: return do_reencrypt(b, &in, env, s);
     }
     return KS_ERR_INVALID_ARGUMENT;
 }

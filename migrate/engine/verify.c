@@ -42,6 +42,8 @@ typedef struct verify_run {
     ks_verify_failure_fn on_failure;
     void *arg;
     ks_verify_result *res;
+    uint8_t *dec;        /* a base64 column: the row at hand's decoded envelope */
+    size_t dec_cap;
 } verify_run;
 
 /* Report a failure of row; name is the one a migration quarantines it
@@ -55,13 +57,18 @@ static void fail_row(verify_run *v, const ks_row *row, ks_err e, const char *nam
     }
 }
 
-/* Check that one envelope row opens; KS_OK or the error to stop with. */
-static ks_err check_row(verify_run *v, const ks_row *row)
+/* Check that one envelope row opens, env its envelope's bytes (perr: a
+ * base64 value that did not decode); KS_OK or the error to stop with. */
+static ks_err check_row(verify_run *v, const ks_row *row, ks_bytes env, ks_err perr)
 {
     ks_bytes tenant;
     uint8_t context[KS_CONTEXT_MAX];
     size_t context_len = 0;
     v->res->checked++;
+    if (perr != KS_OK) {
+        fail_row(v, row, perr, ks_err_name(perr)); /* malformed: as a migration names it */
+        return KS_OK;
+    }
     const char *name = NULL;
     ks_err err = ks_engine_row_tenant(v->p, row, &tenant);
     if (err == KS_ERR_INVALID_ARGUMENT) {
@@ -73,9 +80,9 @@ static ks_err check_row(verify_run *v, const ks_row *row)
         name = err != KS_OK ? KS_ENGINE_BAD_CONTEXT : NULL;
     }
     if (err == KS_OK) {
-        ks_open_params op = ks_engine_open_params(v->p, row->value.bytes,
-                                                  (ks_bytes){context, context_len}, tenant);
-        err = ks_verify(v->ctx, row->value.bytes.ptr, row->value.bytes.len, &op, NULL);
+        ks_open_params op = ks_engine_open_params(v->p, env, (ks_bytes){context, context_len},
+                                                  tenant);
+        err = ks_verify(v->ctx, env.ptr, env.len, &op, NULL);
     }
     if (err == KS_OK) {
         return KS_OK;
@@ -98,12 +105,18 @@ static ks_err visit(verify_run *v, const ks_row *row)
             return KS_OK;
         }
     }
-    if (row->value.type == KS_VALUE_NULL || !ks_engine_is_envelope(&row->value) ||
-        ks_engine_outside_key(v->p, &row->value)) {
+    ks_bytes env;
+    ks_err perr;
+    int is_env = ks_engine_value_env(v->p->encoding, &row->value, &v->dec, &v->dec_cap, &env,
+                                     &perr);
+    if (perr == KS_ERR_NO_MEMORY) {
+        return perr;
+    }
+    if (!is_env || ks_engine_outside_key(v->p, is_env, perr, env)) {
         v->res->skipped++;
         return KS_OK;
     }
-    return check_row(v, row);
+    return check_row(v, row, env, perr);
 }
 
 /* The scan loop of verify, batch rows at a time into rows[0, batch). */
@@ -144,7 +157,11 @@ ks_err ks_migrate_verify(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate
         return KS_ERR_INVALID_ARGUMENT;
     }
     memset(out, 0, sizeof *out);
-    verify_run v = {ctx, params, NULL, 0, sample, on_failure, arg, out};
+    if (ks_value_encoding_name((int)params->encoding) == NULL ||
+        params->encoding != store->encoding) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    verify_run v = {ctx, params, NULL, 0, sample, on_failure, arg, out, NULL, 0};
     ks_err err = store->ops->count(store->self, &v.total);
     if (err != KS_OK) {
         return err;
@@ -169,6 +186,7 @@ ks_err ks_migrate_verify(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate
         err = scan_all(&v, store, rows, batch);
     }
     free(v.tmpl);
+    free(v.dec);
     free(rows);
     return err;
 }

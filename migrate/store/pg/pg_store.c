@@ -100,6 +100,7 @@ typedef struct pg_store {
     int in_txn;               /* begin() opened a transaction */
     int have_tables;          /* keyshift_migration and keyshift_quarantine exist */
     int q_params;             /* keyshift_quarantine has its params column */
+    int as_text;              /* a base64 column (text, varchar): values are text */
     char *mig;                /* bind_migration's parameters (NULL: unbound) */
     size_t n_context;
     char *table, *column;     /* catalog spellings, for keyshift_*.tbl / col */
@@ -604,7 +605,8 @@ static ks_err cas_check(size_t n, const ks_value *const *ids, const ks_value *co
 }
 
 /* Build cas_batch's parameters in the store's buffer: bigint[] of ids,
- * bytea[] of old values (NULL where NULL), bytea[] of new values. */
+ * bytea[] (text[] for a base64 column) of old values (NULL where NULL),
+ * and of new values. */
 static void cas_params(pg_store *s, size_t n, const ks_value *const *ids,
                        const ks_value *const *olds, const ks_bytes *news, params *p)
 {
@@ -620,14 +622,15 @@ static void cas_params(pg_store *s, size_t n, const ks_value *const *ids,
     for (size_t i = 0; i < n; i++)
         has_null |= olds[i]->type == KS_VALUE_NULL;
     start = off;
-    off += array_header(b + off, n, KS_PG_OID_BYTEA, has_null);
+    unsigned elem = s->as_text ? KS_PG_OID_TEXT : KS_PG_OID_BYTEA;
+    off += array_header(b + off, n, elem, has_null);
     for (size_t i = 0; i < n; i++) {
         const ks_value *o = olds[i];
         array_elem(b, &off, o->bytes.ptr, o->type == KS_VALUE_NULL ? SIZE_MAX : o->bytes.len);
     }
     p_bytes(p, b + start, off - start);
     start = off;
-    off += array_header(b + off, n, KS_PG_OID_BYTEA, 0);
+    off += array_header(b + off, n, elem, 0);
     for (size_t i = 0; i < n; i++)
         array_elem(b, &off, news[i].ptr, news[i].len);
     p_bytes(p, b + start, off - start);
@@ -1327,9 +1330,16 @@ static ks_err resolve_target(opener *o, const ks_rowstore_target *t)
         return err;
     char pcol[96];
     ks_pg_printable(o->column.name, pcol, sizeof pcol);
-    if (o->column.type != KS_PG_OID_BYTEA)
+    if (!o->s->as_text && o->column.type != KS_PG_OID_BYTEA)
         return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_TARGET,
-                    "column \"%s\" of table \"%s\" is not bytea", pcol, o->tname);
+                    "column \"%s\" of table \"%s\" is not bytea (a text or varchar column "
+                    "of base64 envelopes needs --encoding base64)", pcol, o->tname);
+    if (o->s->as_text && o->column.type != KS_PG_OID_TEXT &&
+        o->column.type != KS_PG_OID_VARCHAR)
+        return fail(o->errbuf, o->errbuf_len, KS_ERR_NO_TARGET,
+                    "column \"%s\" of table \"%s\" is neither text nor varchar, which "
+                    "--encoding base64 needs (a bytea column holds binary envelopes)",
+                    pcol, o->tname);
     int clash = o->column.attnum == o->id.attnum || o->column.attnum == o->tenant.attnum;
     for (size_t i = 0; i < t->n_context_columns; i++)
         clash |= o->column.attnum == o->context[i].attnum;
@@ -1489,6 +1499,7 @@ static ks_err prepare_scan(opener *o, int after)
     parts[n++] = qid;
     parts[n++] = "::int8, t.";
     parts[n++] = o->column.quoted;
+    parts[n++] = cast_of(&o->column); /* a base64 varchar column reads as text */
     if (o->tenant.quoted != NULL) {
         parts[n++] = ", t.";
         parts[n++] = o->tenant.quoted;
@@ -1576,8 +1587,10 @@ static ks_err prepare_statements(opener *o)
     if (err == KS_OK) {
         /* unnest of several arrays is FROM-clause syntax (ROWS FROM), not
          * a function that could be schema-qualified or shadowed */
+        const char *arrays =
+            s->as_text ? "$2::text[], $3::text[]) " : "$2::bytea[], $3::bytea[]) ";
         const char *parts[] = {"UPDATE ", o->qtable, " AS t SET ", qcol,
-                               " = u.new FROM unnest($1::int8[], $2::bytea[], $3::bytea[]) "
+                               " = u.new FROM unnest($1::int8[], ", arrays,
                                "AS u(id, old, new) WHERE t.", qid, " = u.id AND t.", qcol,
                                " IS NOT DISTINCT FROM u.old RETURNING t.", qid, "::int8"};
         err = prepare(o, ST_CAS, concat(parts, sizeof parts / sizeof parts[0]), 3);
@@ -1642,12 +1655,16 @@ ks_err ks_rowstore_pg_open(const char *conninfo, const ks_rowstore_target *targe
     ks_err err = check_args(conninfo, target, out, errbuf, errbuf_len);
     if (err != KS_OK)
         return err;
+    if (ks_value_encoding_name((int)target->encoding) == NULL)
+        return fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                    "the column's encoding is neither binary nor base64");
     memset(out, 0, sizeof *out);
     pg_store *s = calloc(1, sizeof *s);
     if (s == NULL)
         return fail(errbuf, errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
     s->read_only = opts != NULL && opts->read_only;
     s->n_context = target->n_context_columns;
+    s->as_text = target->encoding == KS_ENCODING_BASE64;
     uint32_t lock = opts != NULL && opts->lock_timeout_ms ? opts->lock_timeout_ms
                                                           : KS_PG_LOCK_TIMEOUT_DEFAULT_MS;
     uint32_t stmt = opts != NULL && opts->statement_timeout_ms
@@ -1684,6 +1701,7 @@ ks_err ks_rowstore_pg_open(const char *conninfo, const ks_rowstore_target *targe
     out->self = s;
     out->name = "pg";
     out->id_stable = 1; /* check_id: the primary key, or NOT NULL with a unique index */
+    out->encoding = target->encoding;
     return KS_OK;
 }
 

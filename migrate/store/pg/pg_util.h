@@ -34,6 +34,7 @@ KS_WUR ks_err ks_pg_map_sqlstate(const char *state);
 #define KS_PG_OID_INT2 21u
 #define KS_PG_OID_INT4 23u
 #define KS_PG_OID_TEXT 25u
+#define KS_PG_OID_VARCHAR 1043u
 #define KS_PG_OID_FLOAT8 701u
 /* The 8 bytes at p, big-endian (the binary form of int8 and float8). */
 uint64_t ks_pg_get_be64(const uint8_t *p);

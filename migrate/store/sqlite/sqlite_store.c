@@ -187,6 +187,7 @@ typedef struct sqlite_store {
     char *table;              /* schema spelling, for keyshift_quarantine.tbl */
     char *column;             /* schema spelling, for keyshift_quarantine.col */
     size_t n_context;
+    int as_text;              /* a base64 column: new values are bound as TEXT */
     int q_params;             /* keyshift_quarantine has its params column */
     char *mig;                /* bind_migration's parameters (NULL: unbound) */
     size_t mig_len;
@@ -760,7 +761,7 @@ static ks_err op_cas(void *self, const ks_value *id, const ks_value *old, ks_byt
         return KS_ERR_INVALID_ARGUMENT;
     *swapped = 0;
     sqlite3_stmt *st = s->st[ST_CAS];
-    int rc = bind_bytes(st, 1, new_value, 0, BIND_VIEW);
+    int rc = bind_bytes(st, 1, new_value, s->as_text, BIND_VIEW);
     if (rc == SQLITE_OK)
         rc = bind_value(st, 2, id, BIND_VIEW);
     if (rc == SQLITE_OK)
@@ -1864,6 +1865,9 @@ ks_err ks_rowstore_sqlite_open(const char *path, const ks_rowstore_target *targe
     ks_err err = check_args(path, target, out, errbuf, errbuf_len);
     if (err != KS_OK)
         return err;
+    if (ks_value_encoding_name((int)target->encoding) == NULL)
+        return ks_sqlite_fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                              "the column's encoding is neither binary nor base64");
     memset(out, 0, sizeof *out);
     sqlite_store *s = calloc(1, sizeof *s);
     if (s == NULL)
@@ -1871,6 +1875,7 @@ ks_err ks_rowstore_sqlite_open(const char *path, const ks_rowstore_target *targe
     s->read_only = opts != NULL && opts->read_only;
     ks_sqlite_busy_init(&s->busy, opts != NULL ? opts->busy_timeout_ms : 0);
     s->n_context = target->n_context_columns;
+    s->as_text = target->encoding == KS_ENCODING_BASE64;
     opener o = {.s = s, .errbuf = errbuf, .errbuf_len = errbuf_len};
     resolved r;
     memset(&r, 0, sizeof r);
@@ -1892,6 +1897,7 @@ ks_err ks_rowstore_sqlite_open(const char *path, const ks_rowstore_target *targe
     out->self = s;
     out->name = "sqlite";
     out->id_stable = id_stable;
+    out->encoding = target->encoding;
     env_max_pages(out);
     return KS_OK;
 }
