@@ -129,7 +129,7 @@ ks_err ks_envelope_text_decode(const uint8_t *text, size_t len, const ks_limits 
     size_t written = 0;
     while (!ks_cursor_is_empty(&c)) {
         size_t off = ks_cursor_offset(&c);
-        ks_bytes q;
+        ks_bytes q = {NULL, 0};
         ks_err rv = ks_cursor_read_view(&c, 4, &q);
         assert(rv == KS_OK); /* len is a multiple of 4 */
         (void)rv;
