@@ -102,7 +102,12 @@
  *      reports each failure through its callback once (and samples about
  *      half the rows when their number is odd).
  *   7. A TEXT row's bytes, read as a context template, give the column
- *      list ks_context_template_columns documents (check_template).
+ *      list ks_context_template_columns documents (check_template);
+ *      ks_context_template_check agrees and points at the fault's brace,
+ *      and ks_migrate_check_context refuses exactly an unstable id bound
+ *      as {id} (check_template_faults); the canonical parameter string
+ *      holds the template escaped as its context field
+ *      (check_params_string).
  *   8. Slice mode: the settled target version is the input's; every save
  *      is of the settled migration, in a chunk's state, its cursor NULL
  *      or an id of [lo, hi], not behind the last save's in a pass, pass
@@ -1239,6 +1244,108 @@ static void check_rows(const world_in *w, ks_err last, const slice_run *sr)
     }
 }
 
+/* Whether well-formed template t[0, len) binds {id}: a reference scan of
+ * the grammar ("{{" and "}}" are literal braces, "{name}" a placeholder). */
+static int binds_id(const uint8_t *t, size_t len)
+{
+    size_t i = 0;
+    while (i < len) {
+        if (i + 1 < len && (t[i] == '{' || t[i] == '}') && t[i + 1] == t[i]) {
+            i += 2;
+        } else if (t[i] == '{') {
+            size_t j = i + 1;
+            while (j < len && t[j] != '}') {
+                j++;
+            }
+            if (j - i - 1 == 2 && t[i + 1] == 'i' && t[i + 2] == 'd') {
+                return 1;
+            }
+            i = j + 1;
+        } else {
+            i++;
+        }
+    }
+    return 0;
+}
+
+/* Oracle 7b: ks_context_template_check agrees with the compile and
+ * points at the fault: the "{" or "}" it concerns, or the limit for a
+ * template past it; ks_migrate_check_context refuses exactly the
+ * well-formed templates that bind {id} to an unstable id. */
+static void check_template_faults(const row *r, ks_err compiled)
+{
+    size_t off = 99;
+    const char *why = "unset";
+    ks_bytes t = {r->bytes, r->len};
+    CHECK(ks_context_template_check(t, &off, &why) == compiled);
+    if (compiled != KS_OK) {
+        CHECK(why != NULL);
+        if (r->len > KS_CONTEXT_TEMPLATE_MAX) {
+            CHECK(off == KS_CONTEXT_TEMPLATE_MAX);
+        } else {
+            CHECK(off < r->len && (r->bytes[off] == '{' || r->bytes[off] == '}'));
+        }
+    } else {
+        CHECK(off == 0 && why == NULL);
+    }
+    ks_rowstore st;
+    memset(&st, 0, sizeof st);
+    for (int stable = 0; stable <= 1; stable++) {
+        st.id_stable = stable;
+        ks_err want = compiled != KS_OK                      ? compiled
+                      : !stable && binds_id(r->bytes, r->len) ? KS_ERR_UNSTABLE_ID
+                                                               : KS_OK;
+        CHECK(ks_migrate_check_context(&st, t) == want);
+    }
+}
+
+/* The value of hex digit c (uppercase), or -1. */
+static int hex_value(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* Oracle 7c: with a TEXT row's bytes as its context template, the
+ * migration's canonical parameter string escapes every ';' and '%' of a
+ * value (so its fields are its ';'s), holds the template as its last
+ * field but the encoding's, unescaped back to the same bytes, adds
+ * exactly "encoding=base64;" for a base64 column, and never writes past a
+ * short buffer. */
+static void check_params_string(const world_in *w, const row *r)
+{
+    static char bin[8 * KS_CONTEXT_TEMPLATE_MAX], b64[8 * KS_CONTEXT_TEMPLATE_MAX];
+    ks_migrate_params p = w->p;
+    p.context_template = (ks_bytes){r->bytes, r->len};
+    size_t n = 0, m = 0;
+    p.encoding = KS_ENCODING_BINARY;
+    if (ks_migrate_canonical_params(&p, 1, bin, sizeof bin, &n) != KS_OK) {
+        return; /* parameters the engine refuses before any string */
+    }
+    p.encoding = KS_ENCODING_BASE64;
+    CHECK(ks_migrate_canonical_params(&p, 1, b64, sizeof b64, &m) == KS_OK);
+    CHECK(n == strlen(bin) && m == n + strlen("encoding=base64;") && memcmp(b64, bin, n) == 0 &&
+          strcmp(b64 + n, "encoding=base64;") == 0);
+    char short_buf[64];
+    size_t cap = n < sizeof short_buf ? n : sizeof short_buf, k = 0;
+    CHECK(ks_migrate_canonical_params(&p, 1, short_buf, cap, &k) == KS_ERR_BUFFER_TOO_SMALL &&
+          k < cap);
+    /* The context field: between the last two ';' of the binary string. */
+    CHECK(n >= 2 && bin[n - 1] == ';');
+    size_t start = n - 1;
+    while (start > 0 && bin[start - 1] != ';') {
+        start--;
+    }
+    CHECK(strncmp(bin + start, "context=", 8) == 0);
+    size_t j = 0;
+    for (size_t i = start + 8; i < n - 1; j++) {
+        CHECK(bin[i] != '%' || (i + 2 < n && hex_value(bin[i + 1]) >= 0 && hex_value(bin[i + 2]) >= 0));
+        int c = bin[i] == '%' ? hex_value(bin[i + 1]) * 16 + hex_value(bin[i + 2]) : (uint8_t)bin[i];
+        i += bin[i] == '%' ? 3 : 1;
+        CHECK(j < r->len && c == r->bytes[j]);
+    }
+    CHECK(j == r->len);
+}
+
 /* Oracle 7: a TEXT row's bytes, read as a context template, list their
  * columns as ks_context_template_columns documents: none on an error;
  * else distinct, non-empty names other than "id", each in the template
@@ -1250,6 +1357,7 @@ static void check_template(const row *r)
     size_t n = 99;
     ks_err err = ks_context_template_columns((ks_bytes){r->bytes, r->len}, names, storage, &n);
     CHECK(err == KS_OK || err == KS_ERR_INVALID_ARGUMENT);
+    check_template_faults(r, err);
     if (err != KS_OK) {
         CHECK(n == 0);
         return;
@@ -1284,6 +1392,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (size_t i = 0; i < w.n_rows; i++) {
         if (w.rows[i].type == SQLITE_TEXT) {
             check_template(&w.rows[i]);
+            check_params_string(&w, &w.rows[i]);
         }
     }
     build_db(&w);
