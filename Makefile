@@ -411,8 +411,11 @@ demo: deps all
 # Every binary make test runs is built first, JOBS at a time (default:
 # the machine's cores).  The unit and TSan tests then run one at a time;
 # the CLI scripts JOBS at a time (each starts servers of its own), then
-# the corpus replay beside the coverage run (both only count); the fuzz
-# smoke runs alone, since its exec/s floors are measured figures.  make
+# the Go and Python packages beside the install test, then the corpus
+# replay beside the coverage run (both only count); the fuzz
+# smoke runs alone, since its exec/s floors are measured figures.  The
+# fault sweep tries every sixth sqlite-malloc point here and every one in
+# the nightly workflow (tests/test_faults.c, KS_FAULTS_STRIDE).  make
 # prove (3 min 45 s on the 2-core machine, past the 3 minutes
 # docs/fuzzing.md allows it in make test, "Proof") runs nightly.
 
@@ -429,9 +432,7 @@ test:
 	@$(MAKE) --no-print-directory check-layout symbols
 	@$(MAKE) --no-print-directory unit tsan
 	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target cli-test
-	@$(MAKE) --no-print-directory go-test
-	@$(MAKE) --no-print-directory py-test
-	@$(MAKE) --no-print-directory install-test
+	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target go-test py-test install-test
 	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target fuzz-replay coverage
 	@$(MAKE) --no-print-directory fuzz-smoke
 	@echo "make test: all checks passed"
