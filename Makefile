@@ -411,8 +411,9 @@ demo: deps all
 # Every binary make test runs is built first, JOBS at a time (default:
 # the machine's cores).  The unit and TSan tests then run one at a time;
 # the CLI scripts JOBS at a time (each starts servers of its own), then
-# the Go and Python packages beside the install test, then the corpus
-# replay beside the coverage run (both only count); the fuzz
+# the Go and Python packages and the install test one after the other
+# (make install relinks build/lib, which the Go example links against),
+# then the corpus replay beside the coverage run (both only count); the fuzz
 # smoke runs alone, since its exec/s floors are measured figures.  The
 # fault sweep tries every sixth sqlite-malloc point here and every one in
 # the nightly workflow (tests/test_faults.c, KS_FAULTS_STRIDE).  make
@@ -432,7 +433,9 @@ test:
 	@$(MAKE) --no-print-directory check-layout symbols
 	@$(MAKE) --no-print-directory unit tsan
 	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target cli-test
-	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target go-test py-test install-test
+	@$(MAKE) --no-print-directory go-test
+	@$(MAKE) --no-print-directory py-test
+	@$(MAKE) --no-print-directory install-test
 	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target fuzz-replay coverage
 	@$(MAKE) --no-print-directory fuzz-smoke
 	@echo "make test: all checks passed"
