@@ -112,8 +112,10 @@ func main() {
 GO
 printf '%s\n' 'module gouse' 'go 1.19' 'require keyshift.local/keyshift v0.0.0' \
     "replace keyshift.local/keyshift => $(pwd)/tools/go/keyshift" >"$T/gouse/go.mod"
+# A cache of its own: go-test's cache would keep this build's cgo link
+# flags, which name the staged install removed below.
 check "build a Go program against the installed library" sh -c "cd '$T/gouse' && \
-    GOFLAGS=-mod=mod GOPROXY=off GOCACHE='${GOCACHE:-$(pwd)/build/go-cache}' GOPATH='$T/gopath' \
+    GOFLAGS=-mod=mod GOPROXY=off GOCACHE='$(pwd)/build/go-cache-install' GOPATH='$T/gopath' \
     go build -o '$T/gouse/gouse' ."
 check "run it against the installed library" env LD_LIBRARY_PATH="$R/lib" "$T/gouse/gouse"
 
