@@ -96,8 +96,8 @@ LIB_HDRS := $(wildcard include/keyshift/*.h) format/rules.h parser/cursor.h $(wi
 # libsodium, SQLite (and threads) for migrate/; parser/ and format/ need none;
 # p11-kit and dlopen for the pkcs11 provider; libpq for the PostgreSQL store.
 LIB_LIBS := -lsodium -lsqlite3 $(PQ_LIBS) $(JANSSON_LIBS) $(P11_LIBS) -ldl -pthread
-CLI_SRCS := tools/keyshift.c tools/cli.c tools/throttle.c $(wildcard tools/cmd_*.c)
-CLI_HDRS := $(wildcard tools/*.h)
+CLI_SRCS := tools/cli/keyshift.c tools/cli/cli.c tools/cli/throttle.c $(wildcard tools/cli/cmd_*.c)
+CLI_HDRS := $(wildcard tools/*/*.h)
 
 REL_OBJS := $(LIB_SRCS:%.c=$(B)/rel/%.o)
 SAN_OBJS := $(LIB_SRCS:%.c=$(B)/san/%.o)
@@ -108,8 +108,8 @@ SONAME  := libkeyshift.so.$(SOMAJOR)
 CLI     := $(B)/bin/keyshift
 CLI_SAN := $(B)/san/bin/keyshift
 # An application process for rollout tests and demos (not installed): the
-# logic in demo_app.c, its SQL behind tools/demo_app.h (SQLite, PostgreSQL).
-DEMO_APP_SRCS := tools/demo_app.c tools/demo_app_sqlite.c tools/demo_app_pg.c tools/cli.c
+# logic in demo_app.c, its SQL behind tools/demo/demo_app.h (SQLite, PostgreSQL).
+DEMO_APP_SRCS := tools/demo/demo_app.c tools/demo/demo_app_sqlite.c tools/demo/demo_app_pg.c tools/cli/cli.c
 DEMO_APP     := $(B)/bin/keyshift-demo-app
 DEMO_APP_SAN := $(B)/san/bin/keyshift-demo-app
 # The AWS KMS plugin (a program of its own, installed; see its section).
@@ -370,8 +370,8 @@ go-bench: $(SHARED) $(CLI) $(B)/pkgconfig/keyshift.pc
 
 # ---- benchmarks ---------------------------------------------------------
 
-BENCH_SRCS := tools/bench.c tools/bench_hsm.c tools/bench_plugin.c tools/bench_remote.c tools/bench_pg.c
-$(B)/bin/bench: $(BENCH_SRCS) tools/bench.h $(REL_OBJS) $(NANOPB_C) $(NANOPB_H)
+BENCH_SRCS := tools/bench/bench.c tools/bench/bench_hsm.c tools/bench/bench_plugin.c tools/bench/bench_remote.c tools/bench/bench_pg.c
+$(B)/bin/bench: $(BENCH_SRCS) tools/bench/bench.h $(REL_OBJS) $(NANOPB_C) $(NANOPB_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) -O2 $(INC) -I$(B)/gen $(BENCH_SRCS) $(REL_OBJS) $(NANOPB_C) -lprotobuf-nanopb \
 	    $(LIB_LIBS) -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc -o $@
@@ -401,8 +401,8 @@ py-bench: $(SHARED) $(CLI)
 # ---- demo: docs/migration.md in one minute (DEMO_ROWS, default 100000) ----
 
 demo: deps all
-	@tools/demo.sh $(CLI)
-	@tools/demo_rollout.sh $(CLI) $(DEMO_APP)
+	@tools/demo/demo.sh $(CLI)
+	@tools/demo/demo_rollout.sh $(CLI) $(DEMO_APP)
 
 # ---- the whole check ----------------------------------------------------
 # deps first, in its own make so that a fresh machine has compilers before

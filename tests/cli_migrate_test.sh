@@ -10,7 +10,7 @@
 # rewrap, verify and quarantine, pause
 # on SIGINT and resume, --synchronous
 # (normal on a WAL database, refused on a rollback journal), and a smoke
-# run of tools/demo.sh.
+# run of tools/demo/demo.sh.
 #
 # Usage: KEYSHIFT=path/to/keyshift tests/cli_migrate_test.sh
 set -u
@@ -432,7 +432,7 @@ run "base64: verify without --encoding checks nothing" 0 "$KS" migrate verify --
 expect_grep "base64: as binary, 0 checked" "$T/out" "^0 envelopes checked, 0 failed"
 
 # ---- the demo, small -------------------------------------------------------------------------
-DEMO_ROWS=2000 DEMO_DIR="$T/demo" run "demo smoke (2000 rows)" 0 "$ROOT/tools/demo.sh" "$KS"
+DEMO_ROWS=2000 DEMO_DIR="$T/demo" run "demo smoke (2000 rows)" 0 "$ROOT/tools/demo/demo.sh" "$KS"
 expect_grep "demo: summary" "$T/out" "2000 records encrypted, rotated to key version 2 and verified"
 
 cli_finish cli_migrate_test

@@ -154,7 +154,7 @@ printf 'keyshift-providers 1\nprovider kms\n  type plugin\n  command aws\n  retr
 run "retries 11" 78 "$KS" providers list --providers "$T/badplug.reg"
 expect_grep "retries 11: bad-value at its value" "$T/err" "bad-value at line 5, column 11"
 
-# check starts and greets the plugin: tools/keyshift-kms-example, found on
+# check starts and greets the plugin: tools/kms-example/keyshift-kms-example, found on
 # PATH by the NAME "example", with its key file.
 TOOLS=$(cd "$(dirname "$0")/../tools" && pwd)
 kek=$(head -c 32 /dev/urandom | base64)

@@ -35,7 +35,7 @@
 #      by key (--key-id) and reads; finalize is refused while refunds has
 #      rows at the source, then until refunds is verified; both apps exit
 #      0: no read failed.
-#   C. a smoke run of tools/demo_rollout.sh (the second half of make demo).
+#   C. a smoke run of tools/demo/demo_rollout.sh (the second half of make demo).
 #
 # Usage: KEYSHIFT=path/to/keyshift DEMO_APP=path/to/keyshift-demo-app \
 #            tests/cli_rollout_lifecycle_test.sh
@@ -523,7 +523,7 @@ export KEYSHIFT_KEYRING="$T/keyring"
 
 # ---- C. the phase-by-phase demo of `make demo` --------------------------------------
 DEMO_ROWS=2000 DEMO_DIR="$T/demo" run "demo_rollout smoke (2000 rows)" 0 \
-    "$(dirname "$0")/../tools/demo_rollout.sh" "$KS" "$APP"
+    "$(dirname "$0")/../tools/demo/demo_rollout.sh" "$KS" "$APP"
 expect_grep "demo_rollout: the application saw no failed read" "$T/out" "result: 0 failed reads"
 echo "cli_rollout_lifecycle_test: $((SECONDS - START)) s"
 cli_finish cli_rollout_lifecycle_test

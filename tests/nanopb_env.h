@@ -5,7 +5,7 @@
  * message of its version (generated from format/envelope.proto and
  * .options) and turn the result into a ks_envelope to compare with the
  * strict parser's.  Test support code, not part of the library: static
- * inline only.  (tools/bench.c deliberately does not use it: its baseline
+ * inline only.  (tools/bench/bench.c deliberately does not use it: its baseline
  * is a bare pb_decode call.)
  *
  * The ciphertext is an FT_CALLBACK field whose callback records a

@@ -1,7 +1,7 @@
 /*
  * tests/test_plugin.c -- the KMS plugin provider (include/keyshift/plugin.h,
  * migrate/keys/provider_plugin.c, plugin_proc.c) against real plugin
- * processes: tools/keyshift-kms-example for the round trip, and
+ * processes: tools/kms-example/keyshift-kms-example for the round trip, and
  * tests/keyshift-kms-fault for every fault of docs/kms-plugin.md
  * section 10 ([KP-BRIDGE]): a hang, an exit, half a line, garbage, an
  * oversized line, a wrong id, a duplicate answer, each error class, a slow

@@ -3,7 +3,7 @@
  * (migrate/keys/plugin_proto.c, docs/kms-plugin.md): the request encoder,
  * the strict response reader, the vectors of Appendix A (path: $KS_SPEC's
  * directory, else docs/) with a loader as strict as tests/test_registry.c's,
- * and a conversation with tools/keyshift-kms-example run by python3.
+ * and a conversation with tools/kms-example/keyshift-kms-example run by python3.
  */
 #define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE
@@ -661,7 +661,7 @@ static void test_reasons_and_arguments(void **state)
     assert_int_equal(ks_kp_parse_response((const uint8_t *)"{}\n", 3, &ctx, &r, NULL), KS_ERR_INTEGRITY);
 }
 
-/* ---- a conversation with tools/keyshift-kms-example ---------------------------------- */
+/* ---- a conversation with tools/kms-example/keyshift-kms-example ---------------------------------- */
 
 /* A running plugin: its pid, the pipe to its stdin and from its stdout. */
 typedef struct plugin {
@@ -671,13 +671,13 @@ typedef struct plugin {
     uint64_t next_id;
 } plugin;
 
-/* Start python3 tools/keyshift-kms-example with its key file keys. */
+/* Start python3 tools/kms-example/keyshift-kms-example with its key file keys. */
 static void plugin_start(plugin *p, const char *keys)
 {
     char tool[256], spec[256];
     int in[2], out[2];
     tf_spec_path("kms-plugin.md", spec, sizeof spec);
-    snprintf(tool, sizeof tool, "%.*s/../tools/keyshift-kms-example", (int)(strrchr(spec, '/') - spec), spec);
+    snprintf(tool, sizeof tool, "%.*s/../tools/kms-example/keyshift-kms-example", (int)(strrchr(spec, '/') - spec), spec);
     assert_int_equal(pipe(in), 0);
     assert_int_equal(pipe(out), 0);
     posix_spawn_file_actions_t fa;

@@ -1100,7 +1100,7 @@ static const char example_keys[] =
     "\"1\": {\"state\": \"active\", \"kek\": \"AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=\"}}}}\n";
 
 /* A plugin provider opened from the registry ([P-LOAD-3]): the example
- * plugin (tools/keyshift-kms-example) is started and greeted at load,
+ * plugin (tools/kms-example/keyshift-kms-example) is started and greeted at load,
  * wraps and unwraps through the routing provider, is denied key
  * management (it has no admin ops, [P-ROUTE-5]) and is skipped by the
  * merged listing; ks_registry_plugin_stats gives its hello's name. */
@@ -1120,7 +1120,7 @@ static void test_plugin_opens(void **state)
     assert_non_null(abs);
     snprintf(buf, sizeof buf,
              "keyshift-providers 1\nprovider dev\n  type local\n  keyring %s\n  serve-prefix dev/\n"
-             "provider kms\n  type plugin\n  command %.*s/../tools/keyshift-kms-example\n"
+             "provider kms\n  type plugin\n  command %.*s/../tools/kms-example/keyshift-kms-example\n"
              "  arg --unused two words\n  timeout-ms 20000\n  retries 0\n  rate-limit 0\n"
              "  concurrency 1\n  env KEYSHIFT_KMS_EXAMPLE_KEYS\n  serve-prefix app/\n",
              kpath, (int)(strrchr(abs, '/') - abs), abs);

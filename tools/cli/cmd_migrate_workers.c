@@ -1,5 +1,5 @@
 /*
- * tools/cmd_migrate_workers.c -- `keyshift migrate run --workers N` on
+ * tools/cli/cmd_migrate_workers.c -- `keyshift migrate run --workers N` on
  * PostgreSQL, and the chunks that `keyshift migrate status` lists
  * (docs/migration.md section 11).
  *
@@ -19,7 +19,7 @@
  *    leave out the time throttled;
  *  - throttling: the driver's gate (asked by every worker before each
  *    claim and after each committed batch, outside any transaction) is
- *    one check of the run's throttle (tools/throttle.h: the pause flag,
+ *    one check of the run's throttle (tools/cli/throttle.h: the pause flag,
  *    --throttle-query, --max-replica-lag), serialized by this file's
  *    mutex, so that every worker waits within one batch of the condition
  *    turning true, keeping its chunk's lease, and goes on when it turns

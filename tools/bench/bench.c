@@ -1,5 +1,5 @@
 /*
- * tools/bench.c -- `make bench`: measured speed, as ratios against a
+ * tools/bench/bench.c -- `make bench`: measured speed, as ratios against a
  * baseline run in the same process, printed as JSON lines.
  *
  * Envelope parsing: the strict parser (ks_envelope_parse) against nanopb's
@@ -797,7 +797,7 @@ done:
  * the ratio within each pair; the goal lines list every pair's ratio.
  * Each copy is synced before its pass starts, so that no pass pays for
  * writing out the copy made for it (or for the pass before).  The
- * constants are in tools/bench.h.
+ * constants are in tools/bench/bench.h.
  *
  * Journal modes: the source converted to WAL (one more byte copy), then
  * the same repetitions of the two pairs (reencrypt, rewrap) on copies of

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# tools/demo_rollout.sh -- a key rotation taken through the rollout phases
+# tools/demo/demo_rollout.sh -- a key rotation taken through the rollout phases
 # (docs/rollout.md) while an application keeps reading and writing: the
-# phase-by-phase half of `make demo` (after tools/demo.sh).
+# phase-by-phase half of `make demo` (after tools/demo/demo.sh).
 #
 # In a fresh directory under build/demo/ it:
 #   1. creates payments.db with DEMO_ROWS payment records (default 100000)
@@ -21,7 +21,7 @@
 # Every step is checked; the script stops with a non-zero status at the
 # first failure.
 #
-# Usage: tools/demo_rollout.sh [path/to/keyshift [path/to/keyshift-demo-app]]
+# Usage: tools/demo/demo_rollout.sh [path/to/keyshift [path/to/keyshift-demo-app]]
 #   DEMO_ROWS=N   how many records (default 100000)
 #   DEMO_DIR=DIR  where to work (default: a new directory under build/demo/)
 set -euo pipefail

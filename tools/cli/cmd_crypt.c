@@ -1,5 +1,5 @@
 /*
- * tools/cmd_crypt.c -- `keyshift encrypt` and `keyshift decrypt`: seal
+ * tools/cli/cmd_crypt.c -- `keyshift encrypt` and `keyshift decrypt`: seal
  * standard input into one envelope, or open one envelope, with the local
  * keyring.
  *

@@ -1,5 +1,5 @@
 /*
- * tools/cmd_keys.c -- `keyshift keys`: manage the local keyring.
+ * tools/cli/cmd_keys.c -- `keyshift keys`: manage the local keyring.
  *
  * Every change goes through the keyring API, which locks, re-reads and
  * atomically replaces the file; nothing here prints key material.

@@ -1,5 +1,5 @@
 /*
- * tools/cmd_rollout.c -- `keyshift rollout`: start a rollout of one column
+ * tools/cli/cmd_rollout.c -- `keyshift rollout`: start a rollout of one column
  * from a source to a target, move it through its guarded phases, roll it
  * back, watch its health and export it (docs/rollout.md, "Commands").
  *

@@ -1,5 +1,5 @@
 /*
- * tools/cmd_migrate.c -- `keyshift migrate run|status|verify`: encrypt,
+ * tools/cli/cmd_migrate.c -- `keyshift migrate run|status|verify`: encrypt,
  * rewrap or re-encrypt one column of a live SQLite or PostgreSQL database
  * in short, resumable, verified batches (docs/migration.md).
  *
@@ -698,7 +698,7 @@ typedef struct progress_state {
     ks_ctx *ctx;
     ks_health_sample reported;
     double last_report;
-    ks_cli_throttle *throttle; /* PostgreSQL's pauses between batches (tools/throttle.h) */
+    ks_cli_throttle *throttle; /* PostgreSQL's pauses between batches (tools/cli/throttle.h) */
 } progress_state;
 
 /* Seconds of the run spent working: elapsed less the time throttled,

@@ -1,5 +1,5 @@
 /*
- * tools/throttle.h -- when `keyshift migrate run` on PostgreSQL pauses
+ * tools/cli/throttle.h -- when `keyshift migrate run` on PostgreSQL pauses
  * between batches (docs/migration.md, "Throttling"): a pause flag set by
  * `keyshift migrate pause` (cleared by `resume`), a --throttle-query of
  * the operator's that returns true, or the replicas' replay lag above

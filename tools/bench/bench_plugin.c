@@ -1,10 +1,10 @@
 /*
- * tools/bench_plugin.c -- `build/bin/bench plugin` (part of `make bench`):
+ * tools/bench/bench_plugin.c -- `build/bin/bench plugin` (part of `make bench`):
  * the KMS plugin provider (migrate/keys/provider_plugin.c) through a real
- * plugin process, tools/keyshift-kms-example, against the local keyring,
+ * plugin process, tools/kms-example/keyshift-kms-example, against the local keyring,
  * in the same run.
  *
- *   1. tools/bench_remote.c's measurements: one wrap and one unwrap through
+ *   1. tools/bench/bench_remote.c's measurements: one wrap and one unwrap through
  *      the pipe against one local call ("plugin-call"), and a 20,000-row
  *      rewrap with 20 distinct DEKs to a key in the plugin against the same
  *      rewrap to the local key's version 2 ("plugin-migrate-rewrap"; goal:
@@ -36,7 +36,7 @@
 #include "bench.h"
 
 #define PLUGIN_KEY "kms/bench"
-#define PLUGIN_TOOL "tools/keyshift-kms-example"
+#define PLUGIN_TOOL "tools/kms-example/keyshift-kms-example"
 
 /* Write the example plugin's key file in dir (one active version 1 of
  * PLUGIN_KEY) and point KEYSHIFT_KMS_EXAMPLE_KEYS at it. */

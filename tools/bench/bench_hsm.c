@@ -1,7 +1,7 @@
 /*
- * tools/bench_hsm.c -- `build/bin/bench hsm` (part of `make bench`): the
+ * tools/bench/bench_hsm.c -- `build/bin/bench hsm` (part of `make bench`): the
  * pkcs11 provider on a real SoftHSM2 token against the local keyring, in
- * the same run, by the measurements of tools/bench_remote.c:
+ * the same run, by the measurements of tools/bench/bench_remote.c:
  *
  * one wrap and one unwrap (C_Encrypt / C_Decrypt with CKM_AES_GCM on the
  * token) against the local keyring's, and a 20-DEK rewrap migration to a

@@ -1,6 +1,6 @@
 /*
- * tools/keyshift.c -- the keyshift command-line tool: global options and
- * dispatch to subcommands (tools/cmd_*.c).
+ * tools/cli/keyshift.c -- the keyshift command-line tool: global options and
+ * dispatch to subcommands (tools/cli/cmd_*.c).
  */
 #define _POSIX_C_SOURCE 200809L /* open(O_CLOEXEC), read, fstat */
 

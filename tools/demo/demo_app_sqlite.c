@@ -1,6 +1,6 @@
 /*
- * tools/demo_app_sqlite.c -- keyshift-demo-app's data access on a SQLite
- * file (tools/demo_app.h): rows picked by rowid, {id} from --id-column
+ * tools/demo/demo_app_sqlite.c -- keyshift-demo-app's data access on a SQLite
+ * file (tools/demo/demo_app.h): rows picked by rowid, {id} from --id-column
  * (default the rowid), UPDATEs in autocommit with a 10 s busy timeout.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -11,7 +11,7 @@
 
 #include <sqlite3.h>
 
-#include "cli.h"
+#include "../cli/cli.h"
 #include "demo_app.h"
 
 /* The SQLite backend. */

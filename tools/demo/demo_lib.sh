@@ -1,5 +1,5 @@
-# tools/demo_lib.sh -- helpers shared by the demo scripts (sourced by
-# tools/demo.sh and tools/demo_rollout.sh).
+# tools/demo/demo_lib.sh -- helpers shared by the demo scripts (sourced by
+# tools/demo/demo.sh and tools/demo/demo_rollout.sh).
 
 # demo_workdir NAME: set D to the absolute path of $DEMO_DIR (created if
 # missing) or of a new directory build/demo/NAME.XXXXXX; DB to the sample

@@ -1,5 +1,5 @@
 /*
- * tools/cmd_providers.c -- `keyshift providers`: what a provider registry
+ * tools/cli/cmd_providers.c -- `keyshift providers`: what a provider registry
  * (docs/providers.md) names, and whether each of its providers can be
  * reached.
  *

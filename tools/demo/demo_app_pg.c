@@ -1,6 +1,6 @@
 /*
- * tools/demo_app_pg.c -- keyshift-demo-app's data access on PostgreSQL
- * (tools/demo_app.h), over libpq.
+ * tools/demo/demo_app_pg.c -- keyshift-demo-app's data access on PostgreSQL
+ * (tools/demo/demo_app.h), over libpq.
  *
  * The row key is the id column (--id-column, else the table's one-column
  * primary key: a smallint, integer or bigint, as `keyshift migrate`
@@ -23,7 +23,7 @@
 
 #include <libpq-fe.h>
 
-#include "cli.h"
+#include "../cli/cli.h"
 #include "demo_app.h"
 
 /* The type oids the backend reads (pg_type.dat). */

@@ -1,6 +1,6 @@
 /*
- * tools/bench.h -- what the parts of `make bench` share (tools/bench.c,
- * tools/bench_hsm.c, tools/bench_plugin.c, tools/bench_remote.c): the interleaved pair measurement, the throw-away
+ * tools/bench/bench.h -- what the parts of `make bench` share (tools/bench/bench.c,
+ * tools/bench/bench_hsm.c, tools/bench/bench_plugin.c, tools/bench/bench_remote.c): the interleaved pair measurement, the throw-away
  * keyring and the migration fixtures.  A tool's header: nothing here is
  * part of the library.
  */
@@ -22,7 +22,7 @@ typedef struct pair_result {
     double allocs;
 } pair_result;
 
-/* ns/op of fn against base, interleaved (tools/bench.c). */
+/* ns/op of fn against base, interleaved (tools/bench/bench.c). */
 pair_result measure_pair(op_fn fn, void *arg, op_fn base, void *base_arg);
 
 /* A throw-away local keyring in a new temp directory dir, with the key
@@ -33,7 +33,7 @@ void bench_keyring_remove(const char *dir);
 /* Run argv (a program on PATH) and wait: its standard output into
  * out[0, cap) (NUL-terminated, trailing newlines cut), or to /dev/null
  * with out NULL, so that only JSON lines reach ours.  0 when it exited
- * 0 (tools/bench.c). */
+ * 0 (tools/bench/bench.c). */
 int bench_spawn(char *const argv[], char *out, size_t cap);
 
 /* Seconds of monotonic time. */
@@ -43,7 +43,7 @@ double now_s(void);
 int copy_file(const char *from, const char *to);
 void remove_db(const char *path);
 
-/* A database of n rows of MIG_VALUE random bytes (see tools/bench.c). */
+/* A database of n rows of MIG_VALUE random bytes (see tools/bench/bench.c). */
 int mig_create(const char *path, long n);
 
 /* One migration of path with the bench's parameters to (key, version),
@@ -70,15 +70,15 @@ void mig_goal(const char *name, const char *ratio_name, double *r, int n, double
 /* The median of v[0, n) (sorts v). */
 double median(double *v, int n);
 
-/* The HSM part (tools/bench_hsm.c) and the KMS plugin part
- * (tools/bench_plugin.c). */
+/* The HSM part (tools/bench/bench_hsm.c) and the KMS plugin part
+ * (tools/bench/bench_plugin.c). */
 int bench_hsm(void);
 int bench_plugin(void);
 
-/* The PostgreSQL part (tools/bench_pg.c). */
+/* The PostgreSQL part (tools/bench/bench_pg.c). */
 int bench_pg(void);
 
-/* ---- a provider outside the process against the local keyring (tools/bench_remote.c) ---- */
+/* ---- a provider outside the process against the local keyring (tools/bench/bench_remote.c) ---- */
 
 /* A router: key_ids beginning with prefix go to remote, the rest to local. */
 typedef struct bench_router {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/demo.sh -- the keyshift demo (`make demo`): encrypt a live column of
+# tools/demo/demo.sh -- the keyshift demo (`make demo`): encrypt a live column of
 # a sample SQLite database, rotate its key, rewrap and verify.
 #
 # In a fresh directory under build/demo/ it:
@@ -11,7 +11,7 @@
 # Every step is checked; the script stops with a non-zero status at the
 # first failure.  The sample data is synthetic; the keyring is a throwaway.
 #
-# Usage: tools/demo.sh [path/to/keyshift]     (default: build/bin/keyshift)
+# Usage: tools/demo/demo.sh [path/to/keyshift]     (default: build/bin/keyshift)
 #   DEMO_ROWS=N   how many records (default 100000)
 #   DEMO_DIR=DIR  where to work (default: a new directory under build/demo/)
 set -euo pipefail

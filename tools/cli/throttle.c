@@ -1,6 +1,6 @@
 /*
- * tools/throttle.c -- the pauses of `keyshift migrate run` on PostgreSQL
- * (tools/throttle.h): the pause flag, --throttle-query and
+ * tools/cli/throttle.c -- the pauses of `keyshift migrate run` on PostgreSQL
+ * (tools/cli/throttle.h): the pause flag, --throttle-query and
  * --max-replica-lag, checked after every batch on a session of their own.
  */
 #define _POSIX_C_SOURCE 200809L

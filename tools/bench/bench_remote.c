@@ -1,11 +1,11 @@
 /*
- * tools/bench_remote.c -- what `bench hsm` and `bench plugin` share: a
+ * tools/bench/bench_remote.c -- what `bench hsm` and `bench plugin` share: a
  * provider outside the process's memory (a token, a plugin process)
  * measured against the local keyring in the same run.
  *
  *   1. One wrap and one unwrap: the provider call alone against the local
  *      keyring's (XChaCha20-Poly1305 under its KEK in memory),
- *      interleaved fastest rounds as tools/bench.c measures everything
+ *      interleaved fastest rounds as tools/bench/bench.c measures everything
  *      else; printed as ns per call and as the remote's cost in local
  *      calls ("NAME-call" lines).
  *   2. A rewrap migration of the bench's database (MIG_ROWS rows, 20

@@ -1,5 +1,5 @@
 /*
- * tools/bench_pg.c -- `build/bin/bench pg` (part of `make bench`): the
+ * tools/bench/bench_pg.c -- `build/bin/bench pg` (part of `make bench`): the
  * migration engine over the PostgreSQL row store against a raw pass over
  * the same kind of table, in the same run, on a throw-away cluster
  * (tests/pg_cluster.sh: a Unix socket in a temporary directory, removed

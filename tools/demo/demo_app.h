@@ -1,8 +1,8 @@
 /*
- * tools/demo_app.h -- the data access of keyshift-demo-app
- * (tools/demo_app.c): one small interface over the application's own
- * table, with a SQLite implementation (tools/demo_app_sqlite.c) and a
- * PostgreSQL one (tools/demo_app_pg.c), so that the application logic
+ * tools/demo/demo_app.h -- the data access of keyshift-demo-app
+ * (tools/demo/demo_app.c): one small interface over the application's own
+ * table, with a SQLite implementation (tools/demo/demo_app_sqlite.c) and a
+ * PostgreSQL one (tools/demo/demo_app_pg.c), so that the application logic
  * (policy, keyring, open and seal) is the same on both databases.
  * Internal to the program.
  *

@@ -1,5 +1,5 @@
 /*
- * tools/cmd_census.c -- `keyshift census`: count the rows of one column by
+ * tools/cli/cmd_census.c -- `keyshift census`: count the rows of one column by
  * class (NULL, plaintext, envelope per format/algorithm/key/version,
  * malformed per error), reading headers only.
  *

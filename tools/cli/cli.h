@@ -1,5 +1,5 @@
 /*
- * tools/cli.h -- shared helpers of the keyshift command-line tool.
+ * tools/cli/cli.h -- shared helpers of the keyshift command-line tool.
  *
  * Exit codes follow sysexits(3); each command documents which it uses.
  */

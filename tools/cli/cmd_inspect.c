@@ -1,5 +1,5 @@
 /*
- * tools/cmd_inspect.c -- `keyshift inspect`: parse one envelope with the
+ * tools/cli/cmd_inspect.c -- `keyshift inspect`: parse one envelope with the
  * strict parser and print its fields, as text or as one JSON object.
  *
  * The input is untrusted: it is read under a size bound (the largest

@@ -1,5 +1,5 @@
 /*
- * tools/cli.c -- helpers shared by the keyshift subcommands: messages,
+ * tools/cli/cli.c -- helpers shared by the keyshift subcommands: messages,
  * bounded input, number parsing, output encodings, and opening a --db
  * (a SQLite file or a PostgreSQL connection string, in one place).
  */

@@ -1,11 +1,11 @@
 /*
- * tools/demo_app.c -- keyshift-demo-app: an application process that reads
+ * tools/demo/demo_app.c -- keyshift-demo-app: an application process that reads
  * and writes one column of a SQLite or PostgreSQL database the way a
  * service embedding libkeyshift does, obeying the rollouts under way
  * (docs/rollout.md, "The demo application").
  *
  * It is an example of the application API (keyshift/app.h,
- * docs/embedding.md): the row SQL is its own, behind tools/demo_app.h
+ * docs/embedding.md): the row SQL is its own, behind tools/demo/demo_app.h
  * (demo_app_sqlite.c, demo_app_pg.c); everything keyshift does is one
  * ks_app.  ks_app_open opens the keyring, registers the instance and
  * starts the thread that reloads the keyring, re-registers the key
@@ -29,7 +29,7 @@
 
 #include <keyshift/app.h>
 
-#include "cli.h"
+#include "../cli/cli.h"
 #include "demo_app.h"
 
 #define PROG "keyshift-demo-app"
