@@ -409,12 +409,13 @@ demo: deps all
 # anything is built.
 
 # Every binary make test runs is built first, JOBS at a time (default:
-# the machine's cores).  The unit and TSan tests then run one at a time;
-# the CLI scripts JOBS at a time (each starts servers of its own), then
+# the machine's cores).  The unit tests and the TSan tests then run beside
+# each other, each suite one test at a time; the CLI scripts JOBS at a time (each starts servers of its own), then
 # the Go and Python packages and the install test one after the other
 # (make install relinks build/lib, which the Go example links against),
 # then the corpus replay beside the coverage run (both only count); the fuzz
-# smoke runs alone, since its exec/s floors are measured figures.  The
+# smoke runs with nothing else beside it, one target per core, since its
+# exec/s floors are measured figures.  The
 # fault sweep tries every sixth sqlite-malloc point here and every one in
 # the nightly workflow (tests/test_faults.c, KS_FAULTS_STRIDE).  make
 # prove (3 min 45 s on the 2-core machine, past the 3 minutes
@@ -431,7 +432,7 @@ test:
 	@tools/deps.sh
 	@$(MAKE) --no-print-directory -j$(JOBS) test-build
 	@$(MAKE) --no-print-directory check-layout symbols
-	@$(MAKE) --no-print-directory unit tsan
+	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target unit tsan
 	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target cli-test
 	@$(MAKE) --no-print-directory go-test
 	@$(MAKE) --no-print-directory py-test

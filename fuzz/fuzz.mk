@@ -208,9 +208,22 @@ endef
 # fuzz-smoke is also the gate: every target needs a line in $(FUZZ_GATES)
 # (features floor, exec/s floor, reason), the canary must be found, and each
 # run must reach its line's floors (fuzz/gate.py).
-fuzz-smoke: $(FUZZ_LF_BINS) fuzz-canary
+# The targets run FUZZ_SMOKE_JOBS at a time (default: the machine's cores),
+# each a single-threaded libFuzzer process on a core of its own, so the
+# exec/s floors hold as they do for one run alone; the slowest targets
+# start first.  make test runs nothing else beside the smoke run.
+FUZZ_SMOKE_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+FUZZ_SMOKE_RUNS := $(FUZZ_TARGETS:%=fuzz-smoke-run-%)
+.PHONY: fuzz-smoke-lines $(FUZZ_SMOKE_RUNS)
+
+fuzz-smoke-lines:
 	@$(PYTHON_DEBIAN) fuzz/gate.py lines $(FUZZ_GATES) $(FUZZ_TARGETS)
-	@$(foreach t,$(FUZZ_TARGETS),$(call fuzz_run,$(t),$(FUZZ_SMOKE_SECONDS),$(FZ)/smoke,1,gate) && ) true
+
+$(FUZZ_SMOKE_RUNS): fuzz-smoke-run-%: $(FZ)/lf/% fuzz-smoke-lines
+	@$(call fuzz_run,$*,$(FUZZ_SMOKE_SECONDS),$(FZ)/smoke,1,gate)
+
+fuzz-smoke: $(FUZZ_LF_BINS) fuzz-canary fuzz-smoke-lines
+	@$(MAKE) --no-print-directory -j$(FUZZ_SMOKE_JOBS) --output-sync=target $(FUZZ_SMOKE_RUNS)
 	@echo "fuzz-smoke: all targets ran $(FUZZ_SMOKE_SECONDS) s without a finding, above their floors in $(FUZZ_GATES)"
 
 fuzz: $(FUZZ_LF_BINS) $(FUZZ_STRUCT_BINS)
