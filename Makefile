@@ -294,6 +294,13 @@ cli-test: $(CLI_TEST_RUNS)
 install-test: all
 	@tests/install_test.sh
 
+# The Debian packages (debian/): built by dpkg-buildpackage from a copy of
+# the tree in build/deb/, checked by lintian, unpacked with dpkg -x and run
+# (tests/deb_test.sh).  make deb builds them the same way.
+.PHONY: deb deb-test
+deb deb-test:
+	@tests/deb_test.sh $(B) $(VERSION)
+
 # Only ks_* may be exported by the shared library.
 symbols: $(SHARED)
 	@bad=$$(nm -D --defined-only $(SHARED) | awk '{print $$3}' | grep -v '^ks_' | grep -v '^KEYSHIFT_0$$' || true); \
@@ -437,7 +444,7 @@ test:
 	@$(MAKE) --no-print-directory go-test
 	@$(MAKE) --no-print-directory py-test
 	@$(MAKE) --no-print-directory install-test
-	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target fuzz-replay coverage
+	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target fuzz-replay coverage deb-test
 	@$(MAKE) --no-print-directory fuzz-smoke
 	@echo "make test: all checks passed"
 
