@@ -43,8 +43,14 @@
 #   make demo       encrypt, rotate and verify a 100,000-row sample database
 #   make py-test    the Python package's tests (tools/python/tests) under
 #                   Debian's python3 (pytest) and the python3 on PATH
+#   make man-lint   mandoc -T lint over the manual pages (docs/man/), then
+#                   tests/man_help_test.py: every --help option in its page
+#                   and the other way round (also run by make test)
+#   make completion-test  the bash completion (tools/completion/keyshift)
+#                   driven through COMPREPLY (also run by make test)
 #   make install    PREFIX=/usr/local DESTDIR= (headers, libs, CLI,
-#                   keyshift-kms-aws, keyshift.pc, the Python package)
+#                   keyshift-kms-aws, keyshift.pc, the Python package, the
+#                   manual pages, the bash completion, docs/*.md in DOCDIR)
 #   make clean
 
 .DEFAULT_GOAL := all
@@ -57,6 +63,9 @@ LIBDIR  ?= $(PREFIX)/lib
 INCDIR  ?= $(PREFIX)/include
 BINDIR  ?= $(PREFIX)/bin
 PCDIR   ?= $(LIBDIR)/pkgconfig
+MANDIR  ?= $(PREFIX)/share/man
+DOCDIR  ?= $(PREFIX)/share/doc/keyshift
+BASHCOMPDIR ?= $(PREFIX)/share/bash-completion/completions
 
 CC      ?= cc
 CLANG   ?= clang-14
@@ -129,7 +138,15 @@ deps:
 
 $(B)/rel/%.o: %.c $(LIB_HDRS) $(CLI_HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(HARDEN) $(INC) $(CFLAGS) -c $< -o $@
+	$(CC) $(WARN) $(HARDEN) $(INC) $(CLI_DEFS) $(CFLAGS) -c $< -o $@
+
+# The CLI's --help names where `make install' puts docs/ (DOCDIR): cli.c
+# is rebuilt when DOCDIR changes (the stamp is rewritten only then).
+$(B)/docdir.value: FORCE
+	@mkdir -p $(dir $@)
+	@if [ "$$(cat $@ 2>/dev/null)" != '$(DOCDIR)' ]; then printf '%s\n' '$(DOCDIR)' > $@; fi
+$(B)/rel/tools/cli/cli.o $(B)/san/tools/cli/cli.o: $(B)/docdir.value
+$(B)/rel/tools/cli/cli.o $(B)/san/tools/cli/cli.o: CLI_DEFS = -DKS_DOCDIR='"$(DOCDIR)"'
 
 $(STATIC): $(REL_OBJS)
 	@mkdir -p $(dir $@)
@@ -157,7 +174,7 @@ $(DEMO_APP): $(DEMO_APP_SRCS:%.c=$(B)/rel/%.o) $(STATIC)
 
 $(B)/san/%.o: %.c $(LIB_HDRS) $(CLI_HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(SAN) $(SAN_HOOKS) $(INC) -c $< -o $@
+	$(CC) $(WARN) $(SAN) $(SAN_HOOKS) $(INC) $(CLI_DEFS) -c $< -o $@
 
 $(CLI_SAN): $(CLI_SRCS:%.c=$(B)/san/%.o) $(SAN_OBJS)
 	@mkdir -p $(dir $@)
@@ -340,6 +357,29 @@ check-layout: $(REL_OBJS)
 	 if [ -n "$$bad" ]; then \
 	     echo "check-layout: migrate/crypto/, engine/ or health/ call into migrate/rollout/ or store/:" $$bad; exit 1; fi
 
+# ---- manual pages and bash completion ------------------------------------
+# docs/man/ holds the mdoc sources; @DOCDIR@ in them becomes DOCDIR when
+# they are installed.  man-lint lints the pages as installed (in
+# build/man, with its own mandoc.db so that every .Xr between them
+# resolves), then checks them against every --help.  A few seconds.
+
+MAN_SRCS := $(sort $(wildcard docs/man/*.[1-9]))
+MAKEWHATIS := $(firstword $(wildcard /usr/sbin/makewhatis /usr/bin/makewhatis) makewhatis)
+.PHONY: man-lint completion-test
+
+man-lint: $(CLI) $(KMS_AWS)
+	@rm -rf $(B)/man
+	@for p in $(MAN_SRCS); do d=$(B)/man/man$${p##*.}; mkdir -p $$d; \
+	     sed 's|@DOCDIR@|$(DOCDIR)|g' $$p > $$d/$${p##*/}; done
+	@$(MAKEWHATIS) $(B)/man
+	@out=$$(mandoc -T lint -W style -M $(B)/man $(B)/man/man*/* 2>&1); \
+	 if [ -n "$$out" ]; then echo "$$out"; echo "man-lint: mandoc -T lint is not clean"; exit 1; fi
+	@echo "man-lint: $(words $(MAN_SRCS)) pages, mandoc -T lint clean"
+	@$(PYTHON_DEBIAN) tests/man_help_test.py $(CLI) $(KMS_AWS) docs/man
+
+completion-test: $(CLI)
+	@$(CLI_TEST_ENV) KEYSHIFT_REL=$(CLI) PYTHON_DEBIAN=$(PYTHON_DEBIAN) tests/completion_test.sh
+
 # ---- fuzzing (fuzz/fuzz.mk) ---------------------------------------------
 include fuzz/fuzz.mk
 include tools/mutate.mk
@@ -430,7 +470,7 @@ test-build: $(TEST_BINS)
 test:
 	@tools/deps.sh
 	@$(MAKE) --no-print-directory -j$(JOBS) test-build
-	@$(MAKE) --no-print-directory check-layout symbols
+	@$(MAKE) --no-print-directory check-layout symbols man-lint
 	@$(MAKE) --no-print-directory unit tsan
 	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target cli-test
 	@$(MAKE) --no-print-directory go-test

@@ -1,0 +1,175 @@
+#!/usr/bin/python3
+"""The manual pages (docs/man/) against the programs' --help.
+
+Every option that a command's --help names in its SYNOPSIS or OPTIONS
+must appear, as an .Fl, in the SYNOPSIS or OPTIONS of that command's
+manual page, and every option a page documents there must be named by the
+--help of some command the page covers: the two cannot drift apart.  The
+commands come from the programs themselves: `keyshift --help' lists the
+commands, each command's SYNOPSIS its subcommands, whose --help is read
+in turn.
+
+    tests/man_help_test.py KEYSHIFT KMS_AWS MANDIR
+        check, and name every option missing on either side
+    tests/man_help_test.py --list KEYSHIFT
+        print `COMMAND OPTION...' per command (for tests/completion_test.sh)
+"""
+import os
+import re
+import subprocess
+import sys
+
+# The page documenting each command, when it is not keyshift-COMMAND.1.
+PAGE_OF = {"decrypt": "keyshift-encrypt.1"}
+# mdoc macros that may follow an .Fl argument on the same line.
+MACROS = set("Ac Ao Aq Ar Bc Bo Bq Brc Bro Brq Cm Dq Dv Ec Em Eo Ev Fl Ic Li Ms Nm No Ns "
+             "Oc Oo Op Pa Pc Pf Po Pq Qc Qo Qq Ql Sc So Sq Sx Sy Va Xr".split())
+OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*|-h)(?![\w-])")
+
+
+def run_help(argv):
+    """The standard output of ARGV --help, which must exit 0."""
+    p = subprocess.run(argv + ["--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       universal_newlines=True)
+    if p.returncode != 0:
+        sys.exit("man_help_test: '%s --help' exited %d: %s" % (" ".join(argv), p.returncode,
+                                                              p.stderr.strip()))
+    return p.stdout
+
+
+def help_sections(text):
+    """The sections of a --help text: {HEADING: [lines]}."""
+    secs, cur = {}, None
+    for line in text.split("\n"):
+        if re.match(r"^[A-Z][A-Z ]*$", line):
+            cur = line.strip()
+            secs[cur] = []
+        elif cur is not None:
+            secs[cur].append(line)
+    return secs
+
+
+def help_options(text):
+    """The options a --help names in its SYNOPSIS and OPTIONS."""
+    secs = help_sections(text)
+    opts = set()
+    for name in ("SYNOPSIS", "OPTIONS"):
+        for line in secs.get(name, []):
+            opts.update(OPTION.findall(line))
+    return opts
+
+
+def subcommands(text, words):
+    """The subcommands that a --help's SYNOPSIS shows after WORDS."""
+    subs = []
+    prefix = " ".join(words) + " "
+    for line in help_sections(text).get("SYNOPSIS", []):
+        line = line.strip()
+        if line.startswith(prefix):
+            w = line[len(prefix):].split()
+            if w and re.match(r"^[a-z][a-z-]*$", w[0]) and w[0] not in subs:
+                subs.append(w[0])
+    return subs
+
+
+def command_helps(keyshift):
+    """[(words, help text)] for keyshift and every command and subcommand."""
+    top = run_help([keyshift])
+    out = [(["keyshift"], top)]
+    cmds = []
+    for line in help_sections(top).get("COMMANDS", []):
+        m = re.match(r"^    ([a-z][a-z-]*)\s", line)
+        if m:
+            cmds.append(m.group(1))
+    if not cmds:
+        sys.exit("man_help_test: 'keyshift --help' lists no COMMANDS")
+    todo = [["keyshift", c] for c in cmds]
+    while todo:
+        words = todo.pop(0)
+        text = run_help([keyshift] + words[1:])
+        out.append((words, text))
+        if len(words) < 4:
+            for s in subcommands(text, words):
+                todo.append(words + [s])
+    return out
+
+
+def page_for(words):
+    """The manual page file name for a command's words."""
+    if words == ["keyshift"]:
+        return "keyshift.1"
+    return PAGE_OF.get(words[1], "keyshift-%s.1" % words[1])
+
+
+def man_options(path):
+    """The options (.Fl) of a page's SYNOPSIS and OPTIONS sections."""
+    opts, sec = set(), None
+    with open(path) as f:
+        for line in f:
+            m = re.match(r"^\.Sh\s+(.*)", line)
+            if m:
+                sec = m.group(1).strip().strip('"')
+                continue
+            if sec not in ("SYNOPSIS", "OPTIONS") or not line.startswith("."):
+                continue
+            toks = line[1:].split()
+            in_fl = False
+            for t in toks:
+                if t == "Fl":
+                    in_fl = True
+                elif t in MACROS:
+                    in_fl = False
+                elif in_fl and re.match(r"^-?[a-z][a-z0-9-]*$", t):
+                    opts.add("-" + t)
+    return opts
+
+
+def check(keyshift, kms_aws, mandir):
+    """Compare every --help with its page; return the problems."""
+    problems = []
+    by_page = {}
+    for words, text in command_helps(keyshift):
+        by_page.setdefault(page_for(words), []).append((" ".join(words), help_options(text)))
+    by_page["keyshift-kms-aws.1"] = [("keyshift-kms-aws", help_options(run_help([kms_aws])))]
+    for page, helps in sorted(by_page.items()):
+        path = os.path.join(mandir, page)
+        if not os.path.exists(path):
+            problems.append("%s: missing; it documents %s" % (path, ", ".join(w for w, _ in helps)))
+            continue
+        documented = man_options(path)
+        union = set()
+        for words, opts in helps:
+            union |= opts
+            for o in sorted(opts - documented):
+                problems.append("'%s --help' names %s, but %s has no '.Fl %s' in its SYNOPSIS or "
+                                "OPTIONS" % (words, o, path, o[1:]))
+        for o in sorted(documented - union):
+            problems.append("%s documents %s (SYNOPSIS or OPTIONS), but no --help of %s names it"
+                            % (path, o, ", ".join(w for w, _ in helps)))
+    return problems
+
+
+def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--list":
+        cmds = {}
+        for words, text in command_helps(sys.argv[2]):
+            if len(words) > 1:
+                cmds.setdefault(words[1], set()).update(help_options(text))
+        for c, opts in cmds.items():
+            print(c, " ".join(sorted(opts)))
+        return 0
+    if len(sys.argv) != 4:
+        sys.exit(__doc__)
+    problems = check(*sys.argv[1:])
+    for p in problems:
+        print("man_help_test: " + p)
+    if problems:
+        print("man_help_test: %d difference(s) between --help and the manual pages; fix whichever "
+              "side is wrong" % len(problems))
+        return 1
+    print("man_help_test: every --help option is in its manual page, and the other way round")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
