@@ -5,7 +5,8 @@
 #   make test       everything CI checks: deps, -Werror build (every
 #                   binary first, JOBS at a time), cmocka unit tests under
 #                   ASan+UBSan then the threaded ones under TSan, CLI tests
-#                   under ASan+UBSan, exported-symbol check, corpus replay,
+#                   under ASan+UBSan, exported-symbol check, man-lint and
+#                   completion-test, corpus replay,
 #                   coverage gates, fuzz smoke gated on fuzz/gates.txt, and
 #                   the negative canary (make prove and make mutate run
 #                   nightly)
@@ -361,7 +362,9 @@ check-layout: $(REL_OBJS)
 # docs/man/ holds the mdoc sources; @DOCDIR@ in them becomes DOCDIR when
 # they are installed.  man-lint lints the pages as installed (in
 # build/man, with its own mandoc.db so that every .Xr between them
-# resolves), then checks them against every --help.  A few seconds.
+# resolves), then checks them against every --help.  completion-test
+# drives tools/completion/keyshift through bash-completion and checks its
+# words against every --help.  A few seconds each.
 
 MAN_SRCS := $(sort $(wildcard docs/man/*.[1-9]))
 MAKEWHATIS := $(firstword $(wildcard /usr/sbin/makewhatis /usr/bin/makewhatis) makewhatis)
@@ -377,8 +380,8 @@ man-lint: $(CLI) $(KMS_AWS)
 	@echo "man-lint: $(words $(MAN_SRCS)) pages, mandoc -T lint clean"
 	@$(PYTHON_DEBIAN) tests/man_help_test.py $(CLI) $(KMS_AWS) docs/man
 
-completion-test: $(CLI)
-	@$(CLI_TEST_ENV) KEYSHIFT_REL=$(CLI) PYTHON_DEBIAN=$(PYTHON_DEBIAN) tests/completion_test.sh
+completion-test: $(CLI) $(KMS_AWS)
+	@KEYSHIFT_REL=$(CLI) KMS_AWS=$(KMS_AWS) PYTHON_DEBIAN=$(PYTHON_DEBIAN) tests/completion_test.sh
 
 # ---- fuzzing (fuzz/fuzz.mk) ---------------------------------------------
 include fuzz/fuzz.mk
@@ -470,7 +473,7 @@ test-build: $(TEST_BINS)
 test:
 	@tools/deps.sh
 	@$(MAKE) --no-print-directory -j$(JOBS) test-build
-	@$(MAKE) --no-print-directory check-layout symbols man-lint
+	@$(MAKE) --no-print-directory check-layout symbols man-lint completion-test
 	@$(MAKE) --no-print-directory unit tsan
 	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target cli-test
 	@$(MAKE) --no-print-directory go-test
@@ -512,12 +515,24 @@ install: all $(B)/keyshift.pc
 	install -d $(DESTDIR)$(PYDIR)/keyshift
 	install -m 644 tools/python/keyshift/*.py tools/python/keyshift/py.typed $(DESTDIR)$(PYDIR)/keyshift/
 	printf 'LIBDIR = %s\n' "'$(LIBDIR)'" > $(DESTDIR)$(PYDIR)/keyshift/_libdir.py
+	install -d $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5 \
+	    $(DESTDIR)$(DOCDIR) $(DESTDIR)$(BASHCOMPDIR)
+	for p in $(MAN_SRCS); do d=$(DESTDIR)$(MANDIR)/man$${p##*.}; \
+	    sed 's|@DOCDIR@|$(DOCDIR)|g' $$p > $$d/$${p##*/} && chmod 644 $$d/$${p##*/} || exit 1; done
+	ln -sf keyshift-encrypt.1 $(DESTDIR)$(MANDIR)/man1/keyshift-decrypt.1
+	install -m 644 docs/*.md $(DESTDIR)$(DOCDIR)/
+	install -m 644 tools/completion/keyshift $(DESTDIR)$(BASHCOMPDIR)/keyshift
+	ln -sf keyshift $(DESTDIR)$(BASHCOMPDIR)/keyshift-kms-aws
 
 uninstall:
 	rm -rf $(DESTDIR)$(INCDIR)/keyshift
 	rm -f $(DESTDIR)$(LIBDIR)/libkeyshift.* $(DESTDIR)$(BINDIR)/keyshift \
 	    $(DESTDIR)$(BINDIR)/keyshift-kms-aws $(DESTDIR)$(PCDIR)/keyshift.pc
 	rm -rf $(DESTDIR)$(PYDIR)/keyshift
+	for p in $(MAN_SRCS); do rm -f $(DESTDIR)$(MANDIR)/man$${p##*.}/$${p##*/}; done
+	rm -f $(DESTDIR)$(MANDIR)/man1/keyshift-decrypt.1
+	rm -rf $(DESTDIR)$(DOCDIR)
+	rm -f $(DESTDIR)$(BASHCOMPDIR)/keyshift $(DESTDIR)$(BASHCOMPDIR)/keyshift-kms-aws
 
 clean:
 	rm -rf $(B)

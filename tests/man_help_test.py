@@ -11,8 +11,9 @@ in turn.
 
     tests/man_help_test.py KEYSHIFT KMS_AWS MANDIR
         check, and name every option missing on either side
-    tests/man_help_test.py --list KEYSHIFT
-        print `COMMAND OPTION...' per command (for tests/completion_test.sh)
+    tests/man_help_test.py --list KEYSHIFT KMS_AWS
+        print the commands, subcommands, options and option values the
+        --help texts name (for tests/completion_test.sh)
 """
 import os
 import re
@@ -149,14 +150,34 @@ def check(keyshift, kms_aws, mandir):
     return problems
 
 
+def listing(keyshift, kms_aws):
+    """What tests/completion_test.sh compares the completion with, one
+    fact a line: `command C', `sub C[/S] S2', `opts C OPTION...' (every
+    --help of C together) and `enum C OPTION VALUE...' (an option whose
+    SYNOPSIS gives its values as a|b)."""
+    out = []
+    opts, enums = {}, {}
+    for words, text in command_helps(keyshift):
+        if len(words) == 1:
+            continue
+        if len(words) == 2:
+            out.append("command " + words[1])
+        else:
+            out.append("sub %s %s" % ("/".join(words[1:-1]), words[-1]))
+        opts.setdefault(words[1], set()).update(help_options(text) - {"-h"})
+        for line in help_sections(text).get("SYNOPSIS", []):
+            for o, vals in re.findall(r"(--[a-z][a-z0-9-]*) ([a-z0-9-]+(?:\|[a-z0-9-]+)+)", line):
+                enums[(words[1], o)] = vals.split("|")
+    out += ["opts %s %s" % (c, " ".join(sorted(o))) for c, o in opts.items()]
+    out += ["enum %s %s %s" % (c, o, " ".join(v)) for (c, o), v in sorted(enums.items())]
+    out.append("opts keyshift-kms-aws " +
+               " ".join(sorted(help_options(run_help([kms_aws])) - {"-h"})))
+    return out
+
+
 def main():
-    if len(sys.argv) == 3 and sys.argv[1] == "--list":
-        cmds = {}
-        for words, text in command_helps(sys.argv[2]):
-            if len(words) > 1:
-                cmds.setdefault(words[1], set()).update(help_options(text))
-        for c, opts in cmds.items():
-            print(c, " ".join(sorted(opts)))
+    if len(sys.argv) == 4 and sys.argv[1] == "--list":
+        print("\n".join(listing(sys.argv[2], sys.argv[3])))
         return 0
     if len(sys.argv) != 4:
         sys.exit(__doc__)
