@@ -15,6 +15,7 @@ in turn.
         print the commands, subcommands, options and option values the
         --help texts name (for tests/completion_test.sh)
 """
+import glob
 import os
 import re
 import subprocess
@@ -132,6 +133,10 @@ def check(keyshift, kms_aws, mandir):
     for words, text in command_helps(keyshift):
         by_page.setdefault(page_for(words), []).append((" ".join(words), help_options(text)))
     by_page["keyshift-kms-aws.1"] = [("keyshift-kms-aws", help_options(run_help([kms_aws])))]
+    for path in sorted(glob.glob(os.path.join(mandir, "*.1"))):
+        if os.path.basename(path) not in by_page:
+            problems.append("%s: no command of 'keyshift --help' (nor keyshift-kms-aws) has this "
+                            "page: remove it, or map its command in PAGE_OF" % path)
     for page, helps in sorted(by_page.items()):
         path = os.path.join(mandir, page)
         if not os.path.exists(path):
