@@ -373,7 +373,7 @@ MAKEWHATIS := $(firstword $(wildcard /usr/sbin/makewhatis /usr/bin/makewhatis) m
 man-lint: $(CLI) $(KMS_AWS)
 	@rm -rf $(B)/man
 	@for p in $(MAN_SRCS); do d=$(B)/man/man$${p##*.}; mkdir -p $$d; \
-	     sed 's|@DOCDIR@|$(DOCDIR)|g' $$p > $$d/$${p##*/}; done
+	     sed 's|@DOCDIR@|$(DOCDIR)|g' $$p > $$d/$${p##*/} || exit 1; done
 	@$(MAKEWHATIS) $(B)/man
 	@out=$$(mandoc -T lint -W style -M $(B)/man $(B)/man/man*/* 2>&1); \
 	 if [ -n "$$out" ]; then echo "$$out"; echo "man-lint: mandoc -T lint is not clean"; exit 1; fi
