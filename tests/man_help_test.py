@@ -4,7 +4,10 @@
 Every option that a command's --help names in its SYNOPSIS or OPTIONS
 must appear, as an .Fl, in the SYNOPSIS or OPTIONS of that command's
 manual page, and every option a page documents there must be named by the
---help of some command the page covers: the two cannot drift apart.  The
+--help of some command the page covers: the two cannot drift apart.  Every
+KEYSHIFT_*, AWS_* and PG* variable of a --help's ENVIRONMENT must be an
+.Ev of its page's ENVIRONMENT, and every page of section 1 must belong to
+a command.  The
 commands come from the programs themselves: `keyshift --help' lists the
 commands, each command's SYNOPSIS its subcommands, whose --help is read
 in turn.
@@ -103,6 +106,37 @@ def page_for(words):
     return PAGE_OF.get(words[1], "keyshift-%s.1" % words[1])
 
 
+ENV_VAR = re.compile(r"(?<![\w$])\$?((?:KEYSHIFT|AWS|PG)[A-Z0-9_]*[A-Z0-9])\b")
+
+
+def help_env(text):
+    """The environment variables a --help names in its ENVIRONMENT."""
+    found = set()
+    for line in help_sections(text).get("ENVIRONMENT", []):
+        found.update(ENV_VAR.findall(line))
+    return found
+
+
+def man_env(path):
+    """The variables (.Ev) of a page's ENVIRONMENT section."""
+    found, sec = set(), None
+    with open(path) as f:
+        for line in f:
+            m = re.match(r"^\.Sh\s+(.*)", line)
+            if m:
+                sec = m.group(1).strip()
+            elif sec == "ENVIRONMENT" and line.startswith("."):
+                toks, in_ev = line[1:].split(), False
+                for t in toks:
+                    if t == "Ev":
+                        in_ev = True
+                    elif t in MACROS:
+                        in_ev = False
+                    elif in_ev and re.match(r"^[A-Z][A-Z0-9_]*$", t):
+                        found.add(t)
+    return found
+
+
 def man_options(path):
     """The options (.Fl) of a page's SYNOPSIS and OPTIONS sections."""
     opts, sec = set(), None
@@ -131,8 +165,11 @@ def check(keyshift, kms_aws, mandir):
     problems = []
     by_page = {}
     for words, text in command_helps(keyshift):
-        by_page.setdefault(page_for(words), []).append((" ".join(words), help_options(text)))
-    by_page["keyshift-kms-aws.1"] = [("keyshift-kms-aws", help_options(run_help([kms_aws])))]
+        by_page.setdefault(page_for(words), []).append((" ".join(words), help_options(text),
+                                                        help_env(text)))
+    kms_help = run_help([kms_aws])
+    by_page["keyshift-kms-aws.1"] = [("keyshift-kms-aws", help_options(kms_help),
+                                      help_env(kms_help))]
     for path in sorted(glob.glob(os.path.join(mandir, "*.1"))):
         if os.path.basename(path) not in by_page:
             problems.append("%s: no command of 'keyshift --help' (nor keyshift-kms-aws) has this "
@@ -140,18 +177,21 @@ def check(keyshift, kms_aws, mandir):
     for page, helps in sorted(by_page.items()):
         path = os.path.join(mandir, page)
         if not os.path.exists(path):
-            problems.append("%s: missing; it documents %s" % (path, ", ".join(w for w, _ in helps)))
+            problems.append("%s: missing; it documents %s" % (path, ", ".join(h[0] for h in helps)))
             continue
-        documented = man_options(path)
+        documented, env = man_options(path), man_env(path)
         union = set()
-        for words, opts in helps:
+        for words, opts, variables in helps:
             union |= opts
             for o in sorted(opts - documented):
                 problems.append("'%s --help' names %s, but %s has no '.Fl %s' in its SYNOPSIS or "
                                 "OPTIONS" % (words, o, path, o[1:]))
+            for v in sorted(variables - env):
+                problems.append("'%s --help' names %s in its ENVIRONMENT, but %s has no '.Ev %s' "
+                                "in its ENVIRONMENT" % (words, v, path, v))
         for o in sorted(documented - union):
             problems.append("%s documents %s (SYNOPSIS or OPTIONS), but no --help of %s names it"
-                            % (path, o, ", ".join(w for w, _ in helps)))
+                            % (path, o, ", ".join(h[0] for h in helps)))
     return problems
 
 
@@ -193,7 +233,8 @@ def main():
         print("man_help_test: %d difference(s) between --help and the manual pages; fix whichever "
               "side is wrong" % len(problems))
         return 1
-    print("man_help_test: every --help option is in its manual page, and the other way round")
+    print("man_help_test: every --help option and variable is in its manual page, and every "
+          "option of a page in its --help")
     return 0
 
 
