@@ -156,7 +156,7 @@ expect_grep "retries 11: bad-value at its value" "$T/err" "bad-value at line 5, 
 
 # check starts and greets the plugin: tools/kms-example/keyshift-kms-example, found on
 # PATH by the NAME "example", with its key file.
-TOOLS=$(cd "$(dirname "$0")/../tools" && pwd)
+TOOLS=$(cd "$(dirname "$0")/../tools/kms-example" && pwd)
 kek=$(head -c 32 /dev/urandom | base64)
 printf '{"k/main": {"primary": 1, "versions": {"1": {"state": "active", "kek": "%s"}}}}\n' "$kek" >"$T/kms-keys.json"
 PLUGENV=(env PATH="$TOOLS:$PATH" KEYSHIFT_KMS_EXAMPLE_KEYS="$T/kms-keys.json")
