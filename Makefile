@@ -51,7 +51,8 @@
 #                   driven through COMPREPLY (also run by make test)
 #   make install    PREFIX=/usr/local DESTDIR= (headers, libs, CLI,
 #                   keyshift-kms-aws, keyshift.pc, the Python package, the
-#                   manual pages, the bash completion, docs/*.md in DOCDIR)
+#                   manual pages in MANDIR, the bash completion in
+#                   BASHCOMPDIR, docs/*.md in DOCDIR)
 #   make clean
 
 .DEFAULT_GOAL := all

@@ -140,10 +140,12 @@ func main() {
 GO
 printf '%s\n' 'module gouse' 'go 1.19' 'require keyshift.local/keyshift v0.0.0' \
     "replace keyshift.local/keyshift => $(pwd)/tools/go/keyshift" >"$T/gouse/go.mod"
-# A cache of its own: go-test's cache would keep this build's cgo link
-# flags, which name the staged install removed below.
+# A cache of this run's own: go's cache key of a cgo package leaves out
+# the flags pkg-config gives, so a cache that outlived a run (go-test's,
+# or this test's last one) would link with the -L of a staged install
+# removed since.
 check "build a Go program against the installed library" sh -c "cd '$T/gouse' && \
-    GOFLAGS=-mod=mod GOPROXY=off GOCACHE='$(pwd)/build/go-cache-install' GOPATH='$T/gopath' \
+    GOFLAGS=-mod=mod GOPROXY=off GOCACHE='$T/go-cache' GOPATH='$T/gopath' \
     go build -o '$T/gouse/gouse' ."
 check "run it against the installed library" env LD_LIBRARY_PATH="$R/lib" "$T/gouse/gouse"
 
