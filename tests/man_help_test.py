@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """The manual pages (docs/man/) against the programs' --help.
 
-Every option that a command's --help names in its SYNOPSIS or OPTIONS
-must appear, as an .Fl, in the SYNOPSIS or OPTIONS of that command's
+Every option that a command's --help names in its SYNOPSIS, OPTIONS (or
+another section listing options, such as LIMITS) must appear, as an .Fl, in the SYNOPSIS or OPTIONS of that command's
 manual page, and every option a page documents there must be named by the
 --help of some command the page covers: the two cannot drift apart.  Every
 KEYSHIFT_*, AWS_* and PG* variable of a --help's ENVIRONMENT must be an
@@ -54,13 +54,19 @@ def help_sections(text):
     return secs
 
 
+# The sections of a --help that are prose, not lists of options.
+PROSE = {"NAME", "DESCRIPTION", "OUTPUT", "ENVIRONMENT", "FILES", "EXIT STATUS", "EXAMPLE",
+         "EXAMPLES", "SEE ALSO", "ERRORS", "SECURITY", "IAM PERMISSIONS"}
+
+
 def help_options(text):
-    """The options a --help names in its SYNOPSIS and OPTIONS."""
-    secs = help_sections(text)
+    """The options a --help names in its SYNOPSIS, OPTIONS and any other
+    section that lists options (LIMITS, say), but not in its prose."""
     opts = set()
-    for name in ("SYNOPSIS", "OPTIONS"):
-        for line in secs.get(name, []):
-            opts.update(OPTION.findall(line))
+    for name, lines in help_sections(text).items():
+        if name not in PROSE:
+            for line in lines:
+                opts.update(OPTION.findall(line))
     return opts
 
 
