@@ -5,7 +5,8 @@
 #   make test       everything CI checks: deps, -Werror build (every
 #                   binary first, JOBS at a time), cmocka unit tests under
 #                   ASan+UBSan then the threaded ones under TSan, CLI tests
-#                   under ASan+UBSan, exported-symbol check, corpus replay,
+#                   under ASan+UBSan, exported-symbol check, man-lint and
+#                   completion-test, corpus replay,
 #                   coverage gates, fuzz smoke gated on fuzz/gates.txt, and
 #                   the negative canary (make prove and make mutate run
 #                   nightly)
@@ -43,8 +44,15 @@
 #   make demo       encrypt, rotate and verify a 100,000-row sample database
 #   make py-test    the Python package's tests (tools/python/tests) under
 #                   Debian's python3 (pytest) and the python3 on PATH
+#   make man-lint   mandoc -T lint over the manual pages (docs/man/), then
+#                   tests/man_help_test.py: every --help option in its page
+#                   and the other way round (also run by make test)
+#   make completion-test  the bash completion (tools/completion/keyshift)
+#                   driven through COMPREPLY (also run by make test)
 #   make install    PREFIX=/usr/local DESTDIR= (headers, libs, CLI,
-#                   keyshift-kms-aws, keyshift.pc, the Python package)
+#                   keyshift-kms-aws, keyshift.pc, the Python package, the
+#                   manual pages in MANDIR, the bash completion in
+#                   BASHCOMPDIR, docs/*.md in DOCDIR)
 #   make clean
 
 .DEFAULT_GOAL := all
@@ -57,6 +65,9 @@ LIBDIR  ?= $(PREFIX)/lib
 INCDIR  ?= $(PREFIX)/include
 BINDIR  ?= $(PREFIX)/bin
 PCDIR   ?= $(LIBDIR)/pkgconfig
+MANDIR  ?= $(PREFIX)/share/man
+DOCDIR  ?= $(PREFIX)/share/doc/keyshift
+BASHCOMPDIR ?= $(PREFIX)/share/bash-completion/completions
 
 CC      ?= cc
 CLANG   ?= clang-14
@@ -129,7 +140,15 @@ deps:
 
 $(B)/rel/%.o: %.c $(LIB_HDRS) $(CLI_HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(HARDEN) $(INC) $(CFLAGS) -c $< -o $@
+	$(CC) $(WARN) $(HARDEN) $(INC) $(CLI_DEFS) $(CFLAGS) -c $< -o $@
+
+# The CLI's --help names where `make install' puts docs/ (DOCDIR): cli.c
+# is rebuilt when DOCDIR changes (the stamp is rewritten only then).
+$(B)/docdir.value: FORCE
+	@mkdir -p $(dir $@)
+	@if [ "$$(cat $@ 2>/dev/null)" != '$(DOCDIR)' ]; then printf '%s\n' '$(DOCDIR)' > $@; fi
+$(B)/rel/tools/cli/cli.o $(B)/san/tools/cli/cli.o: $(B)/docdir.value
+$(B)/rel/tools/cli/cli.o $(B)/san/tools/cli/cli.o: CLI_DEFS = -DKS_DOCDIR='"$(DOCDIR)"'
 
 $(STATIC): $(REL_OBJS)
 	@mkdir -p $(dir $@)
@@ -157,7 +176,7 @@ $(DEMO_APP): $(DEMO_APP_SRCS:%.c=$(B)/rel/%.o) $(STATIC)
 
 $(B)/san/%.o: %.c $(LIB_HDRS) $(CLI_HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(SAN) $(SAN_HOOKS) $(INC) -c $< -o $@
+	$(CC) $(WARN) $(SAN) $(SAN_HOOKS) $(INC) $(CLI_DEFS) -c $< -o $@
 
 $(CLI_SAN): $(CLI_SRCS:%.c=$(B)/san/%.o) $(SAN_OBJS)
 	@mkdir -p $(dir $@)
@@ -347,6 +366,31 @@ check-layout: $(REL_OBJS)
 	 if [ -n "$$bad" ]; then \
 	     echo "check-layout: migrate/crypto/, engine/ or health/ call into migrate/rollout/ or store/:" $$bad; exit 1; fi
 
+# ---- manual pages and bash completion ------------------------------------
+# docs/man/ holds the mdoc sources; @DOCDIR@ in them becomes DOCDIR when
+# they are installed.  man-lint lints the pages as installed (in
+# build/man, with its own mandoc.db so that every .Xr between them
+# resolves), then checks them against every --help.  completion-test
+# drives tools/completion/keyshift through bash-completion and checks its
+# words against every --help.  A few seconds each.
+
+MAN_SRCS := $(sort $(wildcard docs/man/*.[1-9]))
+MAKEWHATIS := $(firstword $(wildcard /usr/sbin/makewhatis /usr/bin/makewhatis) makewhatis)
+.PHONY: man-lint completion-test
+
+man-lint: $(CLI) $(KMS_AWS)
+	@rm -rf $(B)/man
+	@for p in $(MAN_SRCS); do d=$(B)/man/man$${p##*.}; mkdir -p $$d; \
+	     sed 's|@DOCDIR@|$(DOCDIR)|g' $$p > $$d/$${p##*/} || exit 1; done
+	@$(MAKEWHATIS) $(B)/man
+	@out=$$(mandoc -T lint -W style -M $(B)/man $(B)/man/man*/* 2>&1); \
+	 if [ -n "$$out" ]; then echo "$$out"; echo "man-lint: mandoc -T lint is not clean"; exit 1; fi
+	@echo "man-lint: $(words $(MAN_SRCS)) pages, mandoc -T lint clean"
+	@$(PYTHON_DEBIAN) tests/man_help_test.py $(CLI) $(KMS_AWS) docs/man
+
+completion-test: $(CLI) $(KMS_AWS)
+	@KEYSHIFT_REL=$(CLI) KMS_AWS=$(KMS_AWS) PYTHON_DEBIAN=$(PYTHON_DEBIAN) tests/completion_test.sh
+
 # ---- fuzzing (fuzz/fuzz.mk) ---------------------------------------------
 include fuzz/fuzz.mk
 include tools/mutate.mk
@@ -438,7 +482,7 @@ test-build: $(TEST_BINS)
 test:
 	@tools/deps.sh
 	@$(MAKE) --no-print-directory -j$(JOBS) test-build
-	@$(MAKE) --no-print-directory check-layout symbols
+	@$(MAKE) --no-print-directory check-layout symbols man-lint completion-test
 	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target unit tsan
 	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target cli-test
 	@$(MAKE) --no-print-directory go-test
@@ -480,12 +524,24 @@ install: all $(B)/keyshift.pc
 	install -d $(DESTDIR)$(PYDIR)/keyshift
 	install -m 644 tools/python/keyshift/*.py tools/python/keyshift/py.typed $(DESTDIR)$(PYDIR)/keyshift/
 	printf 'LIBDIR = %s\n' "'$(LIBDIR)'" > $(DESTDIR)$(PYDIR)/keyshift/_libdir.py
+	install -d $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5 \
+	    $(DESTDIR)$(DOCDIR) $(DESTDIR)$(BASHCOMPDIR)
+	for p in $(MAN_SRCS); do d=$(DESTDIR)$(MANDIR)/man$${p##*.}; \
+	    sed 's|@DOCDIR@|$(DOCDIR)|g' $$p > $$d/$${p##*/} && chmod 644 $$d/$${p##*/} || exit 1; done
+	ln -sf keyshift-encrypt.1 $(DESTDIR)$(MANDIR)/man1/keyshift-decrypt.1
+	install -m 644 docs/*.md $(DESTDIR)$(DOCDIR)/
+	install -m 644 tools/completion/keyshift $(DESTDIR)$(BASHCOMPDIR)/keyshift
+	ln -sf keyshift $(DESTDIR)$(BASHCOMPDIR)/keyshift-kms-aws
 
 uninstall:
 	rm -rf $(DESTDIR)$(INCDIR)/keyshift
 	rm -f $(DESTDIR)$(LIBDIR)/libkeyshift.* $(DESTDIR)$(BINDIR)/keyshift \
 	    $(DESTDIR)$(BINDIR)/keyshift-kms-aws $(DESTDIR)$(PCDIR)/keyshift.pc
 	rm -rf $(DESTDIR)$(PYDIR)/keyshift
+	for p in $(MAN_SRCS); do rm -f $(DESTDIR)$(MANDIR)/man$${p##*.}/$${p##*/}; done
+	rm -f $(DESTDIR)$(MANDIR)/man1/keyshift-decrypt.1
+	rm -rf $(DESTDIR)$(DOCDIR)
+	rm -f $(DESTDIR)$(BASHCOMPDIR)/keyshift $(DESTDIR)$(BASHCOMPDIR)/keyshift-kms-aws
 
 clean:
 	rm -rf $(B)

@@ -78,13 +78,41 @@ check "Python package names the installed library" grep -qx "LIBDIR = '$PREFIX/l
 check "Python package has the header's version" env PYTHONPATH="$PYDIR" KEYSHIFT_LIBRARY="$R/lib/libkeyshift.so.$V" \
     /usr/bin/python3 -c "import keyshift; assert keyshift.__version__ == keyshift.version() == '$V'"
 
-# A second install with another PREFIX writes a keyshift.pc of that PREFIX.
+# The manual pages (with the installed documents' path), the documents,
+# the bash completion, and --help naming where the documents are.
+M="$R/share/man"
+for p in docs/man/*.[1-9]; do
+    check "manual page ${p##*/} installed" test -f "$M/man${p##*.}/${p##*/}"
+done
+check "keyshift-decrypt(1) is keyshift-encrypt(1)" test "$(readlink "$M/man1/keyshift-decrypt.1")" = keyshift-encrypt.1
+check "installed pages name the installed documents" sh -c "grep -q '$PREFIX/share/doc/keyshift/migration.md' \
+    '$M/man1/keyshift-migrate.1' && ! grep -rq '@DOCDIR@' '$M'"
+check "man -M renders keyshift(1)" sh -c "MANPAGER=cat MANWIDTH=80 man -M '$M' keyshift 2>&1 | grep -q 'envelope encryption'"
+check "man -M renders keyshift-decrypt(1)" sh -c "MANPAGER=cat MANWIDTH=80 man -M '$M' keyshift-decrypt 2>&1 | grep -q 'keyshift decrypt'"
+check "mandoc renders every installed page without a warning" sh -c "for f in '$M'/man?/*; do \
+    mandoc -T utf8 -W warning \"\$f\" >/dev/null || exit 1; done"
+check "documents installed" test -f "$R/share/doc/keyshift/format.md" -a -f "$R/share/doc/keyshift/rollout.md"
+check "installed --help names the installed documents" sh -c "'$R/bin/keyshift' migrate --help | \
+    grep -q '$PREFIX/share/doc/keyshift/NAME.md'"
+C="$R/share/bash-completion/completions"
+check "bash completion installed" test -f "$C/keyshift" -a "$(readlink "$C/keyshift-kms-aws")" = keyshift
+check "installed completion loads" bash -c "source /usr/share/bash-completion/bash_completion && \
+    source '$C/keyshift' && complete -p keyshift | grep -q _keyshift && complete -p keyshift-kms-aws"
+
+# A second install with another PREFIX writes a keyshift.pc of that PREFIX,
+# and a CLI whose --help names that PREFIX's documents (rebuilt: outside
+# the staged pkg-config, which would point libpq's headers into the stage).
 PREFIX2=/opt/keyshift-test2
-make --no-print-directory -s install PREFIX="$PREFIX2" DESTDIR="$T/stage" >/dev/null
+env -u PKG_CONFIG_PATH -u PKG_CONFIG_SYSROOT_DIR \
+    make --no-print-directory -s install PREFIX="$PREFIX2" DESTDIR="$T/stage" >/dev/null
 R2="$T/stage$PREFIX2"
 check "second install: keyshift.pc names the new prefix" grep -qx "prefix=$PREFIX2" "$R2/lib/pkgconfig/keyshift.pc"
 check "second install: keyshift.pc names the new libdir" grep -qx "libdir=$PREFIX2/lib" "$R2/lib/pkgconfig/keyshift.pc"
 check "second install: the first keyshift.pc is unchanged" grep -qx "prefix=$PREFIX" "$R/lib/pkgconfig/keyshift.pc"
+check "second install: --help names the new prefix's documents" sh -c "'$R2/bin/keyshift' --help | \
+    grep -q '$PREFIX2/share/doc/keyshift/NAME.md'"
+check "second install: the pages name the new prefix's documents" \
+    grep -q "$PREFIX2/share/doc/keyshift/rollout.md" "$R2/share/man/man1/keyshift-rollout.1"
 make --no-print-directory -s uninstall PREFIX="$PREFIX2" DESTDIR="$T/stage" >/dev/null
 
 # The Go package (tools/go/keyshift) builds against the installed library
@@ -112,10 +140,12 @@ func main() {
 GO
 printf '%s\n' 'module gouse' 'go 1.19' 'require keyshift.local/keyshift v0.0.0' \
     "replace keyshift.local/keyshift => $(pwd)/tools/go/keyshift" >"$T/gouse/go.mod"
-# A cache of its own: go-test's cache would keep this build's cgo link
-# flags, which name the staged install removed below.
+# A cache of this run's own: go's cache key of a cgo package leaves out
+# the flags pkg-config gives, so a cache that outlived a run (go-test's,
+# or this test's last one) would link with the -L of a staged install
+# removed since.
 check "build a Go program against the installed library" sh -c "cd '$T/gouse' && \
-    GOFLAGS=-mod=mod GOPROXY=off GOCACHE='$(pwd)/build/go-cache-install' GOPATH='$T/gopath' \
+    GOFLAGS=-mod=mod GOPROXY=off GOCACHE='$T/go-cache' GOPATH='$T/gopath' \
     go build -o '$T/gouse/gouse' ."
 check "run it against the installed library" env LD_LIBRARY_PATH="$R/lib" "$T/gouse/gouse"
 
@@ -123,6 +153,9 @@ make --no-print-directory -s uninstall PREFIX="$PREFIX" DESTDIR="$T/stage" >/dev
 check "uninstall removes keyshift-kms-aws" test ! -e "$R/bin/keyshift-kms-aws"
 check "uninstall removes the CLI" test ! -e "$R/bin/keyshift"
 check "uninstall removes the Python package" test ! -e "$PYDIR/keyshift"
+check "uninstall removes the manual pages" sh -c "! ls '$M'/man?/* 2>/dev/null | grep -q ."
+check "uninstall removes the documents" test ! -e "$R/share/doc/keyshift"
+check "uninstall removes the bash completion" test ! -e "$C/keyshift" -a ! -L "$C/keyshift-kms-aws"
 
 echo "install: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -299,6 +299,30 @@ static int parse_args(const char *cmd, int argc, char **argv, const ks_cli_opt *
     return EX_OK;
 }
 
+/* Where `make install' puts docs/ (the Makefile's DOCDIR). */
+#ifndef KS_DOCDIR
+#define KS_DOCDIR "/usr/local/share/doc/keyshift"
+#endif
+
+/* See cli.h.  encrypt and decrypt share keyshift-encrypt(1). */
+void ks_cli_help_footer(FILE *f, const char *cmd)
+{
+    fputs("\nSEE ALSO\n    ", f);
+    if (cmd == NULL) {
+        fputs("keyshift(1), keyshift-COMMAND(1) for each command, libkeyshift(3),\n"
+              "    keyshift-keyring(5), keyshift-providers(5)", f);
+    } else {
+        size_t n = strcspn(cmd, " ");
+        if (strncmp(cmd, "decrypt", n) == 0 && n == strlen("decrypt")) {
+            cmd = "encrypt";
+            n = strlen(cmd);
+        }
+        fprintf(f, "keyshift-%.*s(1)", (int)n, cmd);
+    }
+    fputs("\n    The documents cited as docs/NAME.md are installed as\n    " KS_DOCDIR "/NAME.md.\n",
+          f);
+}
+
 /* See cli.h. */
 int ks_cli_parse_opts(const char *cmd, void (*usage)(FILE *), int argc, char **argv,
                       const ks_cli_opt *opts, const char **pos, int max_pos, int *npos, int *rc)
@@ -306,6 +330,9 @@ int ks_cli_parse_opts(const char *cmd, void (*usage)(FILE *), int argc, char **a
     int r = parse_args(cmd, argc, argv, opts, pos, max_pos, npos);
     if (r == -1) {
         usage(stdout);
+        if (cmd != NULL) {
+            ks_cli_help_footer(stdout, cmd);
+        }
         *rc = EX_OK;
         return 1;
     }
@@ -1152,6 +1179,7 @@ int ks_cli_subcommand_help(int argc, char **argv, void (*usage)(FILE *), int *rc
     }
     if (ks_cli_is_help(argv[1])) {
         usage(stdout);
+        ks_cli_help_footer(stdout, argv[0]);
         *rc = EX_OK;
         return 1;
     }

@@ -68,6 +68,11 @@ void ks_cli_put_hex(FILE *f, const uint8_t *p, size_t len);
  * quotes, backslashes, control characters and bytes >= 0x80. */
 void ks_cli_put_json_string(FILE *f, const uint8_t *p, size_t len);
 
+/* Print the SEE ALSO that ends every manual --help prints: the manual
+ * page of command cmd (its first word; NULL: the program's) and where
+ * `make install' put the documents the manual cites as docs/NAME.md. */
+void ks_cli_help_footer(FILE *f, const char *cmd);
+
 /* Nonzero when arg is -h or --help. */
 int ks_cli_is_help(const char *arg);
 

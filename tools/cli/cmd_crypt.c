@@ -56,6 +56,7 @@ static void usage_encrypt(FILE *f)
             "    --passphrase-file FILE  keyring passphrase (default: $KEYSHIFT_PASSPHRASE);\n"
             "                      " KS_CLI_PASSPHRASE_RULE "\n"
             "    --providers FILE  " KS_CLI_KEYS_RULE
+            "    -h, --help        print this manual\n"
             "\n"
             "EXIT STATUS\n"
             "    0 sealed; 64 usage, or a KMS plugin answering `invalid'; 65 input too\n"
@@ -96,6 +97,7 @@ static void usage_decrypt(FILE *f)
           "    --purpose P   require this purpose (format 2)\n"
           "    --tenant T    require this tenant\n"
           "    --keyring FILE, --passphrase-file FILE, --providers FILE   as for encrypt\n"
+          "    -h, --help    print this manual\n"
           "\n"
           "EXIT STATUS\n"
           "    0 opened; 64 usage, or a KMS plugin answering `invalid'; 65 malformed\n"

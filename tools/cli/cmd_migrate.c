@@ -48,11 +48,13 @@ static void usage(FILE *f)
           "        [--max-replica-lag DURATION] [--encoding binary|base64] [--json]\n"
           "        [--workers N [--chunk-ids N] [--lease DURATION]]\n"
           "        [--keyring FILE [--passphrase-file FILE] | --providers FILE]\n"
-          "    keyshift migrate status --db DB [--table T --column C] [--chunks] [--json]\n"
+          "    keyshift migrate status --db DB [--table T --column C] [--id-column I]\n"
+          "        [--chunks] [--json]\n"
           "    keyshift migrate quarantine list --db DB --table T --column C\n"
-          "        [--encoding binary|base64] [--json]\n"
+          "        [--id-column I] [--encoding binary|base64] [--json]\n"
           "    keyshift migrate quarantine release --db DB --table T --column C\n"
-          "        (--id ID | --error NAME | --all) [--encoding binary|base64] [--json]\n"
+          "        (--id ID | --error NAME | --all) [--id-column I]\n"
+          "        [--busy-timeout MS] [--encoding binary|base64] [--json]\n"
           "    keyshift migrate pause --db PG --table T --column C [--reason R]\n"
           "    keyshift migrate resume --db PG --table T --column C\n"
           "    keyshift migrate verify --db DB --table T --column C [--sample N]\n"
@@ -1623,10 +1625,10 @@ static void quarantine_usage(FILE *f)
           "\n"
           "SYNOPSIS\n"
           "    keyshift migrate quarantine list --db DB --table T --column C\n"
-          "        [--id-column I] [--json]\n"
+          "        [--id-column I] [--encoding binary|base64] [--json]\n"
           "    keyshift migrate quarantine release --db DB --table T --column C\n"
           "        (--id ID | --error NAME | --id ID --error NAME | --all)\n"
-          "        [--id-column I] [--busy-timeout MS] [--json]\n"
+          "        [--id-column I] [--busy-timeout MS] [--encoding binary|base64] [--json]\n"
           "\n"
           "DESCRIPTION\n"
           "    A run quarantines a row that does not parse or open (keyshift_quarantine)\n"
@@ -1789,6 +1791,7 @@ static int cmd_quarantine(int argc, char **argv)
 {
     if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
         quarantine_usage(stdout);
+        ks_cli_help_footer(stdout, "migrate quarantine");
         return EX_OK;
     }
     if (argc < 2 || (strcmp(argv[1], "list") != 0 && strcmp(argv[1], "release") != 0)) {
@@ -1802,6 +1805,7 @@ static int cmd_quarantine(int argc, char **argv)
     for (int i = 2; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             quarantine_usage(stdout);
+            ks_cli_help_footer(stdout, "migrate quarantine");
             return EX_OK;
         }
     }

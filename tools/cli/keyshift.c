@@ -96,6 +96,7 @@ static void usage(FILE *f)
             "\n"
             "    Migration outcomes and recovery: docs/migration.md. 'keyshift rollout\n"
             "    check' uses 0-3 as monitoring plugins do (see its --help).\n");
+    ks_cli_help_footer(f, NULL);
 }
 
 /* Find a subcommand by name. */
