@@ -13,7 +13,8 @@
 #                   CLI, the PostgreSQL ones (tests/cli_migrate_pg_test.sh,
 #                   tests/cli_migrate_workers_pg_test.sh,
 #                   tests/cli_keys_pg_test.sh,
-#                   tests/cli_rollout_lifecycle_pg_test.sh)
+#                   tests/cli_rollout_lifecycle_pg_test.sh,
+#                   tests/cli_every_service_test.sh)
 #                   on a throw-away cluster of their own
 #   make kms-aws-test  the AWS KMS client (tools/kms-aws/) and the
 #                   keyshift-kms-aws plugin against moto_server (also run
@@ -272,13 +273,13 @@ tsan: $(TSAN_BINS)
 	    KS_SPEC=docs/format.md TSAN_OPTIONS=$(TSAN_RUN_OPTIONS) $$t; done
 
 # The CLI and integration scripts, longest first (seconds under ASan+UBSan
-# on the 2-core machine: 103, 72, 62, 56, 41, 35, 21, 14, 12, 9, 8, 7, 5,
+# on the 2-core machine: 103, 72, 70, 62, 56, 41, 35, 21, 14, 12, 9, 8, 7, 5,
 # 5, 4, 4, 1, 1), so that make test's make -j2 cli-test keeps both cores
 # busy to the end: each script starts its own servers (PostgreSQL on a
 # Unix socket in its own directory, moto_server and the fakes on a free
 # port, SoftHSM2 tokens in its own directory), so any two may run side
 # by side.  Every script gets every variable; each reads only its own.
-CLI_TESTS := cli_migrate_stress_test cli_plugin_test cli_spec_decryptor_test \
+CLI_TESTS := cli_migrate_stress_test cli_plugin_test cli_every_service_test cli_spec_decryptor_test \
              cli_migrate_workers_pg_test cli_rollout_lifecycle_test cli_migrate_pg_test \
              cli_rollout_lifecycle_pg_test kms_aws_plugin_test cli_kms_aws_test cli_pkcs11_test \
              kms_aws_test cli_rollout_test cli_migrate_test cli_crypto_test cli_providers_test \

@@ -153,7 +153,7 @@ class Service:
 
     def report(self) -> None:
         if self.a.json:
-            print(json.dumps(self.s), flush=True)
+            print(json.dumps(self.s, separators=(",", ":")), flush=True)
         else:
             print(", ".join("%s %s" % (k, dict(v) if isinstance(v, dict) else v)
                             for k, v in self.s.items()), flush=True)
