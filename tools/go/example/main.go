@@ -23,8 +23,9 @@
 // The summary (one JSON object with --json) counts reads, failed reads by
 // error name and writes by class ("plaintext" or "vF:ALG:KEY:VERSION");
 // never a plaintext.  Exit status: 0 when no read failed, 65 when one did,
-// 74 when only database errors occurred, 64 for a usage error, 69 when the
-// database or the keys cannot be opened.
+// 74 when only database errors occurred, 64 for a usage error, 66 for a
+// passphrase file it cannot read, 69 when the database or the keys cannot
+// be opened.
 package main
 
 import (
@@ -117,7 +118,7 @@ func run(args []string, stdout, stderr io.Writer, usr1, stop <-chan os.Signal) i
 	if err == nil {
 		conn.SetMaxOpenConns(1)
 		defer conn.Close()
-		err = conn.QueryRow("SELECT min(" + q(*idCol) + "), max(" + q(*idCol) + ") FROM " + q(*table)).Scan(&lo, &hi)
+		err = conn.QueryRow("SELECT min("+q(*idCol)+"), max("+q(*idCol)+") FROM "+q(*table)).Scan(&lo, &hi)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "keyshift-go-example: cannot read table %s: %v.\n", *table, err)

@@ -561,6 +561,16 @@ class KeyshiftTest(unittest.TestCase):
             con.close()
             s = run("--ops", "50", "--write-percent", "0", "--read-context", "other:{id}", rc=65)
             self.assertEqual(s["open_failures"], {"auth-failed": 50}, s)
+            try:
+                import psycopg2  # noqa: F401
+            except ImportError:  # this interpreter cannot reach PostgreSQL: it says so
+                p = subprocess.run(svc[:2] + ["--db", "host=/nonexistent dbname=x", "--table", T,
+                                              "--column", C, "--tenant-column", "tenant",
+                                              "--context", "x", "--instance", "i"],
+                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                self.assertEqual(p.returncode, 69, p.stderr)
+                self.assertIn(b"needs psycopg2", p.stderr)
+                self.assertIn(b"/usr/bin/python3", p.stderr)
         finally:
             w.remove()
 
