@@ -86,7 +86,9 @@ func run(args []string, stdout, stderr io.Writer, usr1, stop <-chan os.Signal) i
 	ops, writePct, rate := fs.Int("ops", 0, "stop after `N` operations"), fs.Int("write-percent", 10, "percent of operations that write"), fs.Int("rate", 0, "at most `N` operations a second")
 	seconds, seed, reload := fs.Float64("seconds", 0, "stop after `S` seconds"), fs.Int64("seed", time.Now().UnixNano(), "the PRNG seed"), fs.Int("reload-ms", 500, "heartbeat and report period")
 	asJSON := fs.Bool("json", false, "print the summary as one JSON object")
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(args); err == flag.ErrHelp {
+		return 0
+	} else if err != nil {
 		return 64
 	}
 	if *db == "" || *table == "" || *column == "" || *tenantCol == "" || *instance == "" || *writePct < 0 || *writePct > 100 || (*ops > 0 && *seconds > 0) {

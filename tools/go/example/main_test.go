@@ -83,6 +83,9 @@ func TestRollout(t *testing.T) {
 	if sealed != 0 || plainGlobex == 0 || readers != 0 {
 		t.Fatalf("globex sealed %d, globex written %d, readers left %d", sealed, plainGlobex, readers)
 	}
+	if rc := run([]string{"-h"}, &bytes.Buffer{}, &bytes.Buffer{}, nil, nil); rc != 0 {
+		t.Errorf("-h: exit %d, want 0", rc)
+	}
 	for _, bad := range [][]string{{"--db", path}, append(args, "--encoding", "base64"), append(args, "--seconds", "1")} {
 		if rc := run(bad, &bytes.Buffer{}, &bytes.Buffer{}, nil, nil); rc != 64 {
 			t.Errorf("%v: exit %d, want 64", bad, rc)
