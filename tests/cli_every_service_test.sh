@@ -20,8 +20,10 @@
 #      settled and the one taken before the next change, each application
 #      wrote some rows, and only in the classes the phase names: the
 #      source before write-upgrade, the source (globex) and the target
-#      (acme) in write-upgrade, the target after.  The census after each
-#      rollout: every row at the target.
+#      (acme) in write-upgrade, the target after; at the end of
+#      write-upgrade from plaintext, acme's rows hold envelopes and
+#      globex's none.  The census after each rollout: every row at the
+#      target.
 #   2. blocking: in read-compat of the rotation, a Go and a Python
 #      application whose keyring lacks pay/kek:2 keep write-upgrade
 #      refused (exit 75), the refusal naming both instances; with the Go
@@ -61,8 +63,11 @@ START=$SECONDS
 
 ENCODING=${EVERY_SERVICE_ENCODING:-binary}
 case $ENCODING in
-binary) SQLITE_TYPE=BLOB PG_TYPE=bytea ;;
-base64) SQLITE_TYPE=TEXT PG_TYPE=text ;;
+# the column's type, and SQL that is true of an envelope on each database
+binary) SQLITE_TYPE=BLOB PG_TYPE=bytea SQLITE_ENV="substr(card, 1, 3) = X'4B5345'"
+    PG_ENV="substring(card from 1 for 3) = '\x4b5345'::bytea" ;;
+base64) SQLITE_TYPE=TEXT PG_TYPE=text SQLITE_ENV="substr(card, 1, 4) = 'S1NF'"
+    PG_ENV="left(card, 4) = 'S1NF'" ;;
 *) echo "cli_every_service_test: no encoding $ENCODING"; exit 1 ;;
 esac
 ENC=()
@@ -202,6 +207,17 @@ at_class() {
     tr '{' '\n' <"$1" | sed -n "s/^\"version\":1,\"algorithm\":\"xchacha20-poly1305\",\"key_id\":\"pay\/kek\",\"key_version\":$2,\"rows\":\([0-9]*\).*/\1/p"
 }
 
+# canary_rows: in write-upgrade from plaintext with canary acme, acme's
+# rows hold envelopes and globex's none (no migration runs yet).
+canary_rows() {
+    local env=$SQLITE_ENV acme globex
+    [ "$KIND" = pg ] && env=$PG_ENV
+    acme=$(dbq "SELECT count(*) FROM pay WHERE tenant = 'acme' AND $env")
+    globex=$(dbq "SELECT count(*) FROM pay WHERE tenant = 'globex' AND $env")
+    [ "$acme" -gt 0 ] && [ "$globex" = 0 ] &&
+        ok "$KIND: canary: $acme of acme's rows are envelopes, none of globex's" ||
+        bad "$KIND: canary rows" "acme envelopes $acme, globex envelopes $globex"
+}
 # lifecycle NAME SOURCE KV HOOK MIGRATE_ARGS...: one rollout of pay.card
 # from SOURCE to pay/kek:KV through every phase while the applications
 # run, each phase judged by phase_close; HOOK (a function name, or "")
@@ -228,6 +244,7 @@ lifecycle() {
     "$KS" keys promote pay/kek "$kv" >/dev/null 2>&1
     phase_open
     phase_close "$name: write-upgrade (acme)" "$src $target"
+    [ "$source" = plaintext ] && canary_rows
     step "$KIND: $name: advance to backfill (health from the applications)" \
         "$KS" rollout advance "${R[@]}" || return 1
     phase_open
