@@ -26,7 +26,8 @@ summary (one JSON object with --json, the names of keyshift-demo-app's)
 counts reads, failed reads by error name and writes by class, never a
 plaintext.  Exit status: 0 when no read failed, 65 when one did, 74 when
 only database errors occurred, 69 when the database or the keys cannot be
-opened (or psycopg2 is missing), 64 for a usage error.
+opened (or psycopg2 is missing), 66 for an empty table, 64 for a usage
+error.
 
     python3 example_service.py --db shop.db --table payments --column card \\
         --tenant-column tenant --context 'payments:{id}:card' --purpose card \\
@@ -198,6 +199,9 @@ def main(argv=None) -> int:
                           purpose=args.purpose, interval_ms=args.reload_ms) as app:
             svc = Service(args, app, db, pg)
             lo, hi = svc.execute(svc.sql_range).fetchone()
+            if lo is None:
+                print("example_service: table %s has no rows." % args.table, file=sys.stderr)
+                return 66
             start = time.monotonic()
             while not stop and (not args.ops or svc.s["ops"] < args.ops) and \
                     (not args.seconds or time.monotonic() - start < args.seconds):
