@@ -14,7 +14,8 @@
 #                   CLI, the PostgreSQL ones (tests/cli_migrate_pg_test.sh,
 #                   tests/cli_migrate_workers_pg_test.sh,
 #                   tests/cli_keys_pg_test.sh,
-#                   tests/cli_rollout_lifecycle_pg_test.sh)
+#                   tests/cli_rollout_lifecycle_pg_test.sh,
+#                   tests/cli_every_service_test.sh)
 #                   on a throw-away cluster of their own
 #   make kms-aws-test  the AWS KMS client (tools/kms-aws/) and the
 #                   keyshift-kms-aws plugin against moto_server (also run
@@ -40,7 +41,8 @@
 #                   (then make go-bench: the Go package vs crypto/cipher,
 #                   and make py-bench: the Python package vs pyca's AESGCM)
 #   make go-test    the Go package (tools/go/keyshift): vet, go test -race,
-#                   its fuzz seeds and a 5 s fuzz smoke, the README example
+#                   its fuzz seeds and a 5 s fuzz smoke, the README example;
+#                   vet and test of the example service (tools/go/example)
 #   make demo       encrypt, rotate and verify a 100,000-row sample database
 #   make py-test    the Python package's tests (tools/python/tests) under
 #                   Debian's python3 (pytest) and the python3 on PATH
@@ -123,6 +125,8 @@ CLI_SAN := $(B)/san/bin/keyshift
 DEMO_APP_SRCS := tools/demo/demo_app.c tools/demo/demo_app_sqlite.c tools/demo/demo_app_pg.c tools/cli/cli.c
 DEMO_APP     := $(B)/bin/keyshift-demo-app
 DEMO_APP_SAN := $(B)/san/bin/keyshift-demo-app
+# The Go example service (tools/go/example; not installed; see the Go section).
+GO_EXAMPLE   := $(B)/bin/keyshift-go-example
 # The AWS KMS plugin (a program of its own, installed; see its section).
 KMS_AWS     := $(B)/bin/keyshift-kms-aws
 KMS_AWS_SAN := $(B)/san/bin/keyshift-kms-aws
@@ -288,24 +292,29 @@ tsan: $(TSAN_BINS)
 	    KS_SPEC=docs/format.md TSAN_OPTIONS=$(TSAN_RUN_OPTIONS) $$t; done
 
 # The CLI and integration scripts, longest first (seconds under ASan+UBSan
-# on the 2-core machine: 103, 72, 62, 56, 41, 35, 21, 14, 12, 9, 8, 7, 5,
+# on the 2-core machine: 103, 72, 70, 62, 56, 41, 35, 21, 14, 12, 9, 8, 7, 5,
 # 5, 4, 4, 1, 1), so that make test's make -j2 cli-test keeps both cores
 # busy to the end: each script starts its own servers (PostgreSQL on a
 # Unix socket in its own directory, moto_server and the fakes on a free
 # port, SoftHSM2 tokens in its own directory), so any two may run side
 # by side.  Every script gets every variable; each reads only its own.
-CLI_TESTS := cli_migrate_stress_test cli_plugin_test cli_spec_decryptor_test \
+CLI_TESTS := cli_migrate_stress_test cli_plugin_test cli_every_service_test cli_spec_decryptor_test \
              cli_migrate_workers_pg_test cli_rollout_lifecycle_test cli_migrate_pg_test \
              cli_rollout_lifecycle_pg_test kms_aws_plugin_test cli_kms_aws_test cli_pkcs11_test \
              kms_aws_test cli_rollout_test cli_migrate_test cli_crypto_test cli_providers_test \
              cli_keys_pg_test cli_test cli_migrate_faults_test
 CLI_TEST_ENV = KEYSHIFT=$(CLI_SAN) KEYSHIFT_REL=$(CLI) DEMO_APP=$(DEMO_APP_SAN) KMS_AWS_PLUGIN=$(KMS_AWS_SAN) \
-               KMS_AWS_DRIVER=$(KMS_AWS_DRIVER)
+               KMS_AWS_DRIVER=$(KMS_AWS_DRIVER) GO_EXAMPLE=$(GO_EXAMPLE) \
+               PY_EXAMPLE=$(CURDIR)/tools/python/example_service.py PY_EXAMPLE_PYTHON=$(PYTHON_DEBIAN) \
+               KEYSHIFT_LIBRARY=$(CURDIR)/$(B)/lib/$(SONAME)
 CLI_TEST_RUNS := $(CLI_TESTS:%=cli-run-%)
 .PHONY: $(CLI_TEST_RUNS)
 
 $(CLI_TEST_RUNS): cli-run-%: $(CLI_SAN) $(CLI) $(DEMO_APP_SAN) $(KMS_AWS_SAN) $(KMS_AWS_DRIVER)
 	@$(CLI_TEST_ENV) tests/$*.sh
+# The every-service rollout also runs the Go example (and the Python one,
+# on the shared library).
+cli-run-cli_every_service_test: $(GO_EXAMPLE) $(SHARED)
 
 cli-test: $(CLI_TEST_RUNS)
 
@@ -407,10 +416,20 @@ $(B)/pkgconfig/keyshift.pc: $(B)/keyshift.pc.values
 	printf '%s\n' 'Name: keyshift' 'Description: keyshift, uninstalled (build tree)' 'Version: $(VERSION)' \
 	    'Libs: -L$(CURDIR)/$(B)/lib -Wl,-rpath,$(CURDIR)/$(B)/lib -lkeyshift' 'Cflags: -I$(CURDIR)/include' > $@
 
+# The example service (tools/go/example, docs/embedding.md "The example
+# services"): a module of its own, so that the package keeps to the standard
+# library, with Debian's SQL drivers by replace lines (tools/deps.sh).
+$(GO_EXAMPLE): tools/go/example/main.go tools/go/example/go.mod $(wildcard tools/go/keyshift/*.go) \
+               tools/go/keyshift/ksgo.c tools/go/keyshift/ksgo.h $(SHARED) $(B)/pkgconfig/keyshift.pc
+	@mkdir -p $(dir $@)
+	cd tools/go/example && $(GO_ENV) go build -o $(CURDIR)/$@ .
+
 # vet, the tests under the race detector (they replay the fuzz seed corpus
-# testdata/fuzz/FuzzParse), a 5-second fuzz smoke, and the README's example.
+# testdata/fuzz/FuzzParse), the example's vet and test, a 5-second fuzz
+# smoke, and the README's example.
 go-test: $(SHARED) $(CLI) $(B)/pkgconfig/keyshift.pc
 	cd tools/go/keyshift && $(GO_ENV) go vet ./... && $(GO_ENV) go test -race -count=1 ./...
+	cd tools/go/example && $(GO_ENV) go vet ./... && $(GO_ENV) go test -count=1 ./...
 	cd tools/go/keyshift && $(GO_ENV) go test -run='^$$' -fuzz=FuzzParse -fuzztime=5s .
 	@$(GO_ENV) tools/go/readme_test.sh
 
@@ -474,7 +493,7 @@ demo: deps all
 
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 TEST_BINS = $(STATIC) $(SHARED) $(CLI) $(DEMO_APP) $(KMS_AWS) $(UNIT_BINS) $(TSAN_BINS) $(CLI_SAN) \
-            $(DEMO_APP_SAN) $(KMS_AWS_SAN) $(KMS_AWS_DRIVER) $(FUZZ_RP_BINS) $(FUZZ_CV_BINS) \
+            $(DEMO_APP_SAN) $(KMS_AWS_SAN) $(KMS_AWS_DRIVER) $(GO_EXAMPLE) $(FUZZ_RP_BINS) $(FUZZ_CV_BINS) \
             $(FUZZ_LF_BINS) $(FZ)/lf/fuzz_canary
 
 test-build: $(TEST_BINS)

@@ -1,8 +1,9 @@
 # tests/cli_rollout_lib.sh -- helpers the rollout lifecycle tests share
-# (tests/cli_rollout_lifecycle_test.sh, cli_rollout_lifecycle_pg_test.sh;
-# sourced after cli_lib.sh): reading the demo app's JSON summary, waiting
-# for a condition, and running a rollout step that a guard may refuse for
-# a while.
+# (tests/cli_rollout_lifecycle_test.sh, cli_rollout_lifecycle_pg_test.sh,
+# cli_every_service_test.sh; sourced after cli_lib.sh): reading the demo
+# app's JSON summary, waiting for a condition, running a rollout step
+# that a guard may refuse for a while, and waiting for a health check to
+# trip.
 
 # jnum FILE NAME: the numeric value of "NAME" in FILE (one JSON line).
 jnum() { sed -n "s/.*\"$2\":\([0-9]*\).*/\1/p" "$1" | head -1; }
@@ -34,4 +35,19 @@ step() {
     done
     if [ "$rc" -eq 0 ]; then ok "$name"; else bad "$name" "exit $rc: $(head -c 400 "$T/err")"; fi
     return "$rc"
+}
+
+# check_trips SELECTION...: run `keyshift rollout check SELECTION
+# --auto-rollback --json` while it finds the rollout healthy (0) or has too
+# few samples to judge (3), for up to 20 s; its JSON in $T/check.json,
+# its messages in $T/check.err.  Returns its last exit status (1: a
+# threshold tripped and the rollout was rolled back).
+check_trips() {
+    local rc deadline=$((SECONDS + 20))
+    while :; do
+        "$KS" rollout check "$@" --auto-rollback --json >"$T/check.json" 2>"$T/check.err"
+        rc=$?
+        { [ "$rc" = 0 ] || [ "$rc" = 3 ]; } && [ "$SECONDS" -lt "$deadline" ] || return "$rc"
+        sleep 0.3
+    done
 }

@@ -38,6 +38,9 @@
 
 /* Set by SIGINT/SIGTERM; the loop stops after the current operation. */
 static volatile sig_atomic_t stop_requested;
+/* Set by SIGUSR1; the loop prints the summary so far after the current
+ * operation. */
+static volatile sig_atomic_t summary_requested;
 
 /* Manual of keyshift-demo-app. */
 static void usage(FILE *f)
@@ -103,6 +106,8 @@ static void usage(FILE *f)
           "    and open counters and latency histograms to every rollout under way\n"
           "    (docs/embedding.md, \"The background thread\").\n"
           "\n"
+          "    On SIGUSR1 it prints the summary so far (below) and goes on; the\n"
+          "    counts only grow, so two of them give what happened in between.\n"
           "    It stops after N operations, after S seconds, or on SIGTERM or SIGINT\n"
           "    (after finishing the current operation); without --ops or --seconds\n"
           "    it runs until signalled. It then closes the ks_app (which reports\n"
@@ -285,11 +290,15 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* Stop the loop after the current operation. */
+/* Stop the loop after the current operation (SIGINT, SIGTERM), or
+ * print the summary so far after it (SIGUSR1). */
 static void on_signal(int sig)
 {
-    (void)sig;
-    stop_requested = 1;
+    if (sig == SIGUSR1) {
+        summary_requested = 1;
+    } else {
+        stop_requested = 1;
+    }
 }
 
 /* Write class c as "plaintext" or "vF:ALG:KEY_ID:VERSION" (the notation
@@ -740,8 +749,19 @@ static void sleep_until(double t)
     }
 }
 
+/* Take the background thread's counters and the key versions held into
+ * a, for the summary. */
+static void take_stats(app *a)
+{
+    ks_app_stats_get(a->ka, &a->bg);
+    if (ks_app_keys(a->ka, a->keys, sizeof a->keys) != KS_OK) {
+        a->keys[0] = '\0';
+    }
+}
+
 /* The loop: operations until the count, the time or a signal (the
- * periodic work is the ks_app's background thread). */
+ * periodic work is the ks_app's background thread); the summary so far
+ * after each SIGUSR1. */
 static void run(app *a)
 {
     double start = now_s(), next_op = start;
@@ -755,6 +775,12 @@ static void run(app *a)
             }
         }
         run_op(a);
+        if (summary_requested) {
+            summary_requested = 0;
+            take_stats(a);
+            summary(a, now_s() - start);
+            fflush(stdout);
+        }
     }
 }
 
@@ -826,6 +852,7 @@ int main(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
 
     const demo_target tg = {a.o.db, a.o.table, a.o.column, a.o.id_column, a.o.tenant_column};
     rc = a.pg ? demo_db_pg_open(&tg, &a.db) : demo_db_sqlite_open(&tg, &a.db);
@@ -838,10 +865,7 @@ int main(int argc, char **argv)
     if (rc == EX_OK) {
         double start = now_s();
         run(&a);
-        ks_app_stats_get(a.ka, &a.bg);
-        if (ks_app_keys(a.ka, a.keys, sizeof a.keys) != KS_OK) {
-            a.keys[0] = '\0';
-        }
+        take_stats(&a);
         ks_app_close(a.ka); /* the last report, then deregistration */
         if (a.bg.last_error != KS_OK) {
             ks_cli_error("background work failed %" PRIu64 " times, the last with %s",

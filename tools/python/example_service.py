@@ -1,143 +1,178 @@
 """An example service in Python: keyshift-demo-app's job on the keyshift package.
 
 It behaves like one instance of a service that keeps an encrypted column in
-a SQLite database (Python's sqlite3 module holds the rows) while the
+a SQLite database (the standard library's sqlite3) or a PostgreSQL one
+(psycopg2: Debian's python3-psycopg2, for /usr/bin/python3) while the
 rollouts stored in the same database (read by the C library through
-App(database=...)) decide what it writes and which values it may read:
+App(database=...)) decide what it writes and which values it may read.
+Each operation picks a random row by its integer id (--id-column):
 
-  read   pick a random row, open its value with the row's tenant, the
-         context rendered from --context (``{id}`` is the row's id) and
-         --purpose, and check that the plaintext is a JSON object whose
-         "id" is the row's;
+  read   open its value with the row's tenant, the context rendered from
+         --read-context (default --context; ``{id}`` is the row's id) and
+         --purpose, when the rollout's phase reads its class (a plaintext
+         the phase reads comes back as it is), and check that the
+         plaintext is a JSON object whose "id", if any, is the row's;
   write  with probability --write-percent, seal a new JSON object for the
-         row and UPDATE it (the class written is the one the rollout names
-         for the row's tenant; the default key where no rollout governs).
+         row with --context and UPDATE it (the class written is the one
+         the rollout names for the row's tenant; --key-id where no rollout
+         governs).
 
-The App registers the instance as a reader, heartbeats and reports its
-health every --reload-ms.  --populate N first inserts N rows (tenants t0
-to t9).  At the end it prints counts (never a plaintext), as JSON with
---json, and exits 65 if any read failed, 75 if a key provider or the
-database was unavailable.
+A --read-context other than --context injects auth failures (each such
+read fails, and the App reports it): how a rollout's health threshold is
+tripped on purpose.  The App registers the instance as a reader,
+heartbeats and reports its health every --reload-ms.  SIGUSR1 prints the
+summary so far; SIGTERM and SIGINT stop after the current operation.  The
+summary (one JSON object with --json, the names of keyshift-demo-app's)
+counts reads, failed reads by error name and writes by class, never a
+plaintext.  Exit status: 0 when no read failed, 65 when one did, 74 when
+only database errors occurred, 69 when the database or the keys cannot be
+opened (or psycopg2 is missing), 66 for an empty table, 64 for a usage
+error.
 
-    python3 example_service.py --db shop.db --keyring keyring --key-id payments/kek \\
-        --instance web-1 --populate 100 --ops 1000
+    python3 example_service.py --db shop.db --table payments --column card \\
+        --tenant-column tenant --context 'payments:{id}:card' --purpose card \\
+        --keyring keyring --instance web-1 --seconds 60
 """
 
 import argparse
 import collections
 import json
 import random
+import re
+import signal
 import sqlite3
 import sys
 import time
 
 import keyshift
 
+PG_DSN = re.compile(r"^(postgres(ql)?://|[a-z_]+\s*=)")  # as ks_app_open tells one
+
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--db", required=True, help="the SQLite database (rows and rollout state)")
-    p.add_argument("--table", default="payments")
-    p.add_argument("--column", default="card")
-    p.add_argument("--id-column", default="id")
-    p.add_argument("--tenant-column", default="tenant")
-    p.add_argument("--context", default="payments:{id}:card", help="context template")
-    p.add_argument("--purpose", default="card")
+    p.add_argument("--db", required=True, help="SQLite file or PostgreSQL connection string")
+    p.add_argument("--table", required=True)
+    p.add_argument("--column", required=True)
+    p.add_argument("--id-column", default="id", help="the integer id column")
+    p.add_argument("--tenant-column", required=True)
+    p.add_argument("--context", required=True, help="context template ({id}: the row's id)")
+    p.add_argument("--read-context", help="the template reads use (default --context)")
+    p.add_argument("--purpose")
     p.add_argument("--instance", required=True, help="this instance's id")
     p.add_argument("--keyring", help="default: $KEYSHIFT_KEYRING")
     p.add_argument("--passphrase-file")
     p.add_argument("--key-id", help="the key to seal where no rollout governs the column")
-    p.add_argument("--populate", type=int, default=0, metavar="N")
-    p.add_argument("--ops", type=int, default=1000)
-    p.add_argument("--seconds", type=float, help="run this long instead of --ops")
-    p.add_argument("--write-percent", type=float, default=20.0)
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--encoding", default="binary", choices=["binary"],
+                   help="the column's encoding")
+    p.add_argument("--ops", type=int, default=0, help="stop after N operations")
+    p.add_argument("--seconds", type=float, default=0, help="stop after S seconds")
+    p.add_argument("--write-percent", type=int, default=10, choices=range(101), metavar="P")
+    p.add_argument("--rate", type=float, default=0, help="at most N operations a second")
+    p.add_argument("--seed", type=int)
     p.add_argument("--reload-ms", type=int, default=500)
     p.add_argument("--json", action="store_true")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if a.ops and a.seconds:
+        p.error("give --ops or --seconds, not both")
+    return a
 
 
 def class_name(c: keyshift.ValueClass) -> str:
-    """v2:xchacha20-poly1305:payments/kek:1, or plaintext."""
+    """plaintext, or v2:xchacha20-poly1305:payments/kek:1 (the CLI's notation)."""
     if c.plaintext:
         return "plaintext"
     return "v%d:%s:%s:%d" % (c.version, c.algorithm, c.key_id, c.key_version)
 
 
 class Service:
-    def __init__(self, args, app: keyshift.App, db: sqlite3.Connection) -> None:
-        self.a, self.app, self.db = args, app, db
+    def __init__(self, args, app: keyshift.App, db, pg: bool) -> None:
+        self.a, self.app, self.db, self.pg = args, app, db, pg
         self.rng = random.Random(args.seed)
-        self.counts = collections.Counter()
+        self.s = {"instance": args.instance, "ops": 0, "reads": 0, "failed_reads": 0,
+                  "open_failures": collections.Counter(), "writes": collections.Counter(),
+                  "write_failures": collections.Counter(), "db_errors": 0}
         self.serial = 0
-        q = '"%s"' % args.table.replace('"', '""')
-        col = lambda n: '"%s"' % n.replace('"', '""')  # noqa: E731
-        self.sql_ids = "SELECT %s FROM %s" % (col(args.id_column), q)
-        self.sql_get = "SELECT %s, %s FROM %s WHERE %s = ?" % (
-            col(args.column), col(args.tenant_column), q, col(args.id_column))
-        self.sql_put = "UPDATE %s SET %s = ? WHERE %s = ?" % (
-            q, col(args.column), col(args.id_column))
-        self.sql_add = "INSERT INTO %s (%s, %s, %s) VALUES (?, ?, ?)" % (
-            q, col(args.id_column), col(args.tenant_column), col(args.column))
+        q = lambda n: '"%s"' % n.replace('"', '""')  # noqa: E731
+        ph = "%s" if pg else "?"
+        idc, t = q(args.id_column), q(args.table)
+        self.sql_range = "SELECT min(%s), max(%s) FROM %s" % (idc, idc, t)
+        self.sql_pick = "SELECT %s, %s, %s FROM %s WHERE %s >= %s ORDER BY %s LIMIT 1" % (
+            idc, q(args.tenant_column), q(args.column), t, idc, ph, idc)
+        self.sql_put = "UPDATE %s SET %s = %s WHERE %s = %s" % (t, q(args.column), ph, idc, ph)
 
-    def context(self, row_id) -> str:
-        return self.a.context.replace("{id}", str(row_id))
+    def execute(self, sql, params=()):
+        cur = self.db.cursor()
+        cur.execute(sql, params)
+        return cur
 
-    def plaintext(self, row_id) -> bytes:
-        self.serial += 1
-        return json.dumps({"id": row_id, "instance": self.a.instance, "n": self.serial}).encode()
-
-    def populate(self, n: int) -> None:
-        for i in range(1, n + 1):
-            value = self.app.seal(self.a.table, self.a.column, "t%d" % (i % 10), self.plaintext(i),
-                                  context=self.context(i), purpose=self.a.purpose)
-            self.db.execute(self.sql_add, (i, "t%d" % (i % 10), value))
-        self.db.commit()
-
-    def step(self, ids) -> None:
-        row_id = self.rng.choice(ids)
-        row = self.db.execute(self.sql_get, (row_id,)).fetchone()
-        if row is None or row[0] is None:
-            self.counts["read-skipped"] += 1
-            return
-        value, tenant = bytes(row[0]) if not isinstance(row[0], str) else row[0].encode(), row[1]
+    def step(self, lo: int, hi: int) -> None:
+        s, a = self.s, self.a
+        s["ops"] += 1
         try:
-            pt, cls = self.app.open_class(self.a.table, self.a.column, tenant, value,
-                                          context=self.context(row_id), purpose=self.a.purpose)
-            obj = json.loads(pt)
-            if not isinstance(obj, dict) or obj.get("id", row_id) != row_id:
-                self.counts["read-wrong-row"] += 1
-            else:
-                self.counts["read " + class_name(cls)] += 1
-        except keyshift.Error as e:
-            self.counts["read-failed %s %s" % (e.error_class, e.name)] += 1
+            row_id, tenant, value = self.execute(self.sql_pick, (self.rng.randint(lo, hi),)).fetchone()
+        except Exception as e:  # the driver's error: counted, the next operation goes on
+            s["db_errors"] += 1
+            print("example_service: SELECT: %s" % type(e).__name__, file=sys.stderr)
             return
-        except ValueError:
-            self.counts["read-not-json"] += 1
-            return
-        if self.rng.random() * 100 < self.a.write_percent:
+        value = value.encode() if isinstance(value, str) else None if value is None else bytes(value)
+        if value is not None:
+            s["reads"] += 1
             try:
-                new, cls = self.app.seal_class(self.a.table, self.a.column, tenant,
-                                               self.plaintext(row_id),
-                                               context=self.context(row_id),
-                                               purpose=self.a.purpose)
+                pt = self.app.open(a.table, a.column, tenant, value, purpose=a.purpose,
+                                   context=(a.read_context or a.context).replace("{id}", str(row_id)))
+                obj = json.loads(pt)
+                if not isinstance(obj, dict) or obj.get("id", row_id) != row_id:
+                    raise ValueError
             except keyshift.Error as e:
-                self.counts["write-failed %s %s" % (e.error_class, e.name)] += 1
-                return
-            self.db.execute(self.sql_put, (new, row_id))
-            self.db.commit()
-            self.counts["write " + class_name(cls)] += 1
-
-    def run(self) -> None:
-        ids = [r[0] for r in self.db.execute(self.sql_ids)]
-        if not ids:
+                s["failed_reads"] += 1
+                s["open_failures"][e.name] += 1
+            except ValueError:
+                s["failed_reads"] += 1
+                s["open_failures"]["malformed-plaintext"] += 1
+        if self.rng.randrange(100) >= a.write_percent:
             return
-        deadline = time.monotonic() + self.a.seconds if self.a.seconds else None
-        n = 0
-        while (deadline is None and n < self.a.ops) or (deadline and time.monotonic() < deadline):
-            self.step(ids)
-            n += 1
-        self.counts["ops"] = n
+        self.serial += 1
+        pt = json.dumps({"id": row_id, "writer": a.instance, "n": self.serial},
+                        separators=(",", ":")).encode()  # compact, as keyshift-demo-app writes
+        try:
+            new, cls = self.app.seal_class(a.table, a.column, tenant, pt, purpose=a.purpose,
+                                           context=a.context.replace("{id}", str(row_id)))
+        except keyshift.Error as e:
+            s["write_failures"][e.name] += 1
+            return
+        if cls.plaintext and not self.pg:
+            new = new.decode()  # a plaintext stays TEXT, as the table holds it
+        try:
+            self.execute(self.sql_put, (new, row_id))
+            if not self.pg:
+                self.db.commit()
+            s["writes"][class_name(cls)] += 1
+        except Exception as e:
+            s["db_errors"] += 1
+            print("example_service: UPDATE: %s" % type(e).__name__, file=sys.stderr)
+
+    def report(self) -> None:
+        if self.a.json:
+            print(json.dumps(self.s, separators=(",", ":")), flush=True)
+        else:
+            print(", ".join("%s %s" % (k, dict(v) if isinstance(v, dict) else v)
+                            for k, v in self.s.items()), flush=True)
+
+
+def connect(args):
+    """The database connection (autocommit), and whether it is PostgreSQL."""
+    if not PG_DSN.match(args.db):
+        return sqlite3.connect("file:%s?mode=rw" % args.db, uri=True, timeout=10), False
+    try:
+        import psycopg2
+    except ImportError:
+        raise SystemExit("example_service: PostgreSQL needs psycopg2, which this interpreter "
+                         "(%s) lacks: run it with Debian's /usr/bin/python3 (package "
+                         "python3-psycopg2)." % sys.executable) from None
+    db = psycopg2.connect(args.db)
+    db.autocommit = True
+    return db, True
 
 
 def main(argv=None) -> int:
@@ -146,31 +181,43 @@ def main(argv=None) -> int:
     if args.passphrase_file:
         with open(args.passphrase_file, "rb") as f:
             passphrase = f.read().rstrip(b"\n")
-    db = sqlite3.connect(args.db, timeout=10)
+    stop, dump = [], []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    signal.signal(signal.SIGINT, lambda *_: stop.append(1))
+    signal.signal(signal.SIGUSR1, lambda *_: dump.append(1))
+    try:
+        db, pg = connect(args)
+    except SystemExit as e:
+        print(e, file=sys.stderr)
+        return 69
+    except Exception as e:
+        print("example_service: cannot open the database: %s" % type(e).__name__, file=sys.stderr)
+        return 69
     try:
         with keyshift.App(keyring=args.keyring, passphrase=passphrase, database=args.db,
                           instance_id=args.instance, default_key_id=args.key_id,
-                          interval_ms=args.reload_ms) as app:
-            svc = Service(args, app, db)
-            if args.populate:
-                svc.populate(args.populate)
-            svc.run()
-            stats = app.stats()
+                          purpose=args.purpose, interval_ms=args.reload_ms) as app:
+            svc = Service(args, app, db, pg)
+            lo, hi = svc.execute(svc.sql_range).fetchone()
+            if lo is None:
+                print("example_service: table %s has no rows." % args.table, file=sys.stderr)
+                return 66
+            start = time.monotonic()
+            while not stop and (not args.ops or svc.s["ops"] < args.ops) and \
+                    (not args.seconds or time.monotonic() - start < args.seconds):
+                if dump:
+                    dump.clear()
+                    svc.report()
+                if args.rate:
+                    time.sleep(max(0.0, start + svc.s["ops"] / args.rate - time.monotonic()))
+                svc.step(lo, hi)
     except keyshift.Error as e:
         print("example_service: %s" % e, file=sys.stderr)
-        return 75 if e.retryable else 78
+        return 69
     finally:
         db.close()
-    counts = dict(sorted(svc.counts.items()))
-    counts["reports"] = stats.reports
-    if args.json:
-        print(json.dumps(counts))
-    else:
-        for k, v in counts.items():
-            print("%-60s %d" % (k, v))
-    if any(k.startswith("read-failed") and "retryable" in k for k in counts):
-        return 75
-    return 65 if any(k.startswith(("read-failed", "read-wrong", "read-not")) for k in counts) else 0
+    svc.report()
+    return 65 if svc.s["failed_reads"] else 74 if svc.s["db_errors"] else 0
 
 
 if __name__ == "__main__":

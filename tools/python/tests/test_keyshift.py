@@ -519,39 +519,58 @@ class KeyshiftTest(unittest.TestCase):
     # ---- the example service ----
 
     def test_example_service_under_a_rollout(self) -> None:
-        """example_service.py populates a column, then reads and writes it
-        in write-upgrade with tenants t1 and t2 as the canary: every read
-        succeeds and the canary's writes go to the target key version."""
+        """example_service.py reads and writes rows of a SQLite table in
+        write-upgrade with tenants t1 and t2 as the canary: every read
+        succeeds and the canary's writes go to the target key version;
+        a wrong --read-context makes its reads fail (exit 65)."""
         w = World()
         try:
+            con = sqlite3.connect(w.db)
+            with w.app(database=w.db, instance_id="seed") as app:
+                for i in range(1, 41):
+                    value = app.seal(T, C, "t%d" % (i % 4), json.dumps({"id": i}).encode(),
+                                     context="payments:%d:card" % i)
+                    con.execute("INSERT INTO payments VALUES (?, ?, ?)", (i, "t%d" % (i % 4), value))
+            con.commit()
             svc = [sys.executable, os.path.join(os.path.dirname(HERE), "example_service.py"),
-                   "--db", w.db, "--keyring", w.keyring, "--key-id", "payments-kek",
-                   "--instance", "py-svc", "--json", "--reload-ms", "50"]
+                   "--db", w.db, "--table", T, "--column", C, "--tenant-column", "tenant",
+                   "--context", "payments:{id}:card", "--keyring", w.keyring,
+                   "--instance", "py-svc", "--json", "--reload-ms", "50", "--seed", "1"]
             env = dict(w.env, PYTHONPATH=os.path.dirname(HERE))
 
-            def run(*args: str) -> dict:
+            def run(*args: str, rc: int = 0) -> dict:
                 p = subprocess.run(svc + list(args), env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE)
-                self.assertEqual(p.returncode, 0, p.stderr.decode() + p.stdout.decode())
+                self.assertEqual(p.returncode, rc, p.stderr.decode() + p.stdout.decode())
                 return json.loads(p.stdout)
 
-            self.assertEqual(run("--populate", "40", "--ops", "0")["ops"], 0)
             w.cli("rollout", "start", "--db", w.db, "--table", T, "--column", C,
                   "--source", "v2:xchacha20-poly1305:payments-kek:1",
                   "--target", "v2:xchacha20-poly1305:payments-kek:2", "--min-soak", "0",
                   "--reason", "test")
             w.cli("rollout", "advance", "--db", w.db)
             w.cli("rollout", "advance", "--db", w.db, "--tenants", "t1,t2")
-            counts = run("--ops", "300", "--write-percent", "50")
-            self.assertEqual(counts["ops"], 300)
-            self.assertFalse([k for k in counts if k.startswith(("read-", "write-"))], counts)
-            self.assertGreater(counts.get("write v2:xchacha20-poly1305:payments-kek:2", 0), 0)
-            self.assertGreater(counts.get("write v2:xchacha20-poly1305:payments-kek:1", 0), 0)
-            con = sqlite3.connect(w.db)
+            s = run("--ops", "300", "--write-percent", "50")
+            self.assertEqual((s["ops"], s["reads"], s["failed_reads"], s["write_failures"],
+                              s["db_errors"]), (300, 300, 0, {}, 0), s)
+            self.assertGreater(s["writes"].get("v2:xchacha20-poly1305:payments-kek:2", 0), 0)
+            self.assertGreater(s["writes"].get("v2:xchacha20-poly1305:payments-kek:1", 0), 0)
             for tenant, value in con.execute("SELECT tenant, card FROM payments"):
                 want = 2 if tenant in ("t1", "t2") else 1
                 self.assertIn(keyshift.parse(value).key_version, (1, want))
             con.close()
+            s = run("--ops", "50", "--write-percent", "0", "--read-context", "other:{id}", rc=65)
+            self.assertEqual(s["open_failures"], {"auth-failed": 50}, s)
+            try:
+                import psycopg2  # noqa: F401
+            except ImportError:  # this interpreter cannot reach PostgreSQL: it says so
+                p = subprocess.run(svc[:2] + ["--db", "host=/nonexistent dbname=x", "--table", T,
+                                              "--column", C, "--tenant-column", "tenant",
+                                              "--context", "x", "--instance", "i"],
+                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                self.assertEqual(p.returncode, 69, p.stderr)
+                self.assertIn(b"needs psycopg2", p.stderr)
+                self.assertIn(b"/usr/bin/python3", p.stderr)
         finally:
             w.remove()
 
