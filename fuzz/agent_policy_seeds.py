@@ -21,30 +21,15 @@ Idempotent: a seed's name is its content's hash; nothing is removed.
 Standard library only; run from anywhere.
 """
 import os
-import re
 import sys
 
-from seedlib import write_corpus
+from seedlib import at, line_markdown, line_spec_vectors, text, write_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(ROOT, "corpus", "fuzz_agent_policy")
 SPEC = os.path.join(ROOT, "docs", "agent-policy.md")
 
 HEADER = "keyshift-agent-policy 1"
-
-
-def text(*lines):
-    """The file of these lines, each ended by LF."""
-    return "".join(l + "\n" for l in lines).encode("ascii")
-
-
-def at(data, needle, nth=0, plus=0):
-    """The offset of the nth occurrence of needle in data, plus `plus`."""
-    needle = needle.encode("ascii") if isinstance(needle, str) else needle
-    i = -1
-    for _ in range(nth + 1):
-        i = data.index(needle, i + 1)
-    return i + plus
 
 
 def rule(who, scope, tenant, ops):
@@ -226,61 +211,71 @@ def check_unique(vs):
     return vs
 
 
-def position(data, offset):
-    before = data[:offset]
-    return before.count(b"\n") + 1, offset - (before.rfind(b"\n") + 1) + 1
+def extra_seeds():
+    """Inputs for branches the vectors leave alone: many rules of one principal
+    (the index's order and its binary search), names of one length that differ
+    late or only in case, every op list, odd ids; each with a query tail."""
+    out = []
+    rng = 12345
 
+    def rand_bytes(n):
+        nonlocal rng
+        b = bytearray()
+        for _ in range(n):
+            rng = (rng * 1103515245 + 12345) & 0x7FFFFFFF
+            b.append(rng >> 16 & 0xFF)
+        return bytes(b)
 
-def printable_lines(data):
-    """data as `line:` values when [AP-LINE-1..4] allow it, else None."""
-    if not data.endswith(b"\n") or len(data) > 4096:
-        return None
-    lines = data[:-1].split(b"\n")
-    for l in lines:
-        if any(b < 0x20 or b > 0x7E for b in l) or l.endswith(b" ") or len(l) > 1024:
-            return None
-    return [l.decode("ascii") for l in lines]
-
-
-def block(name, expect, data, result):
-    exp = "ok" if expect == "ok" else "%s at %d" % expect
-    out = ["```ks-agent-policy-vector", "name: " + name, "expect: " + exp]
-    if expect != "ok":
-        out.append("position: %d:%d" % position(data, expect[1]))
-    lines = printable_lines(data)
-    if lines is not None:
-        out += ["line: " + l if l else "line:" for l in lines]
-    else:
-        out += ["hex: " + data[i:i + 32].hex() for i in range(0, len(data), 32)] or ["hex:"]
-    out += result or []
-    out.append("```")
+    opsets = ["seal", "open", "parse", "seal,open", "seal,parse", "open,parse", "seal,open,parse"]
+    shapes = []
+    rules = []
+    for i in range(12):
+        who = ("uid %d" if i % 3 else "gid %d") % (i % 4)
+        scope = ["*", "ab.cd", "ab.ce", "AB.CD", "ac.cd", "x$.y_"][i % 6]
+        tenant = ["*", "acme", "acmf", "globex", "t:1.a-b"][i % 5]
+        rules.append(rule(who, scope, tenant, opsets[i % 7]))
+    shapes.append(text(HEADER, *rules))
+    shapes.append(text(HEADER, *[rule("uid %d" % (1000 + i), "payments.card", "acme", "open")
+                                 for i in range(20)], rule("gid 1000", "*", "*", "parse")))
+    shapes.append(text(HEADER, rule("uid 4294967294", "a.b", "*", "seal"),
+                       rule("gid 0", "*", "acme", "open")))
+    shapes.append(text(HEADER, rule("uid 7", "t.c", "aaaa", "seal"), rule("uid 7", "t.c", "aaab", "seal"),
+                       rule("uid 7", "t.d", "aaaa", "seal"), rule("uid 7", "T.C", "*", "open"),
+                       rule("uid 7", "*", "aaaa", "parse")))
+    for d in shapes:
+        out.append(d)
+        for k in range(6):
+            out.append(d + b"\0" + rand_bytes(8 * (4 + 4 * k)))
+    # Rejections the vectors do not reach.
+    out.append(text(HEADER, rule("uid 99999999999", "*", "*", "open")))
+    out.append(text(HEADER) + b"   \n")
+    out.append(text(rule("uid 1", "*", "*", "open"), HEADER))
+    out.append(text(HEADER, rule("uid 1", "a{.b", "*", "open")))
+    out.append(text(HEADER, rule("uid 7", "t.c", "aaaa", "seal"), rule("uid 7", "t.c", "aaaaa", "open"),
+                    rule("uid 7", "t.c", "aaa", "parse")))
+    out.append(text(HEADER) + b"allow  \n")
+    out.append(text(HEADER, rule("uid 1", "a.b", "*", "open"), rule("uid 1", "a.B", "*", "seal")))
+    out.append(text(HEADER, rule("gid 1", "*", "*", "open"), rule("uid 1", "*", "*", "seal"),
+                    rule("gid 1", "*", "*", "parse")))
+    out.append(text(HEADER, rule("uid 1", "*", "*", "open,open")))
+    out.append(text(HEADER, "allow uid 1 scope * tenant * ops open tenant"))
+    out.append(text(HEADER, "allow uid 1 scope * tenant * scope *"))
+    out.append(text(HEADER, "allow uid 1 scope * scope * tenant"))
+    out.append(text(HEADER, rule("uid 1", "a" * 256 + ".b", "*", "open")))
+    out.append(text(HEADER, rule("uid 1", "a" * 255 + "." + "b" * 255, "t" * 64, "open")))
     return out
 
 
+TAG = "ks-agent-policy-vector"
+
+
 def markdown(vs):
-    out = []
-    for name, desc, expect, data, result in vs:
-        if len(data) > 2048:
-            continue  # the limit cases: tests/test_agent_policy.c builds its own
-        out += [desc, ""] + block(name, expect, data, result) + [""]
-    return "\n".join(out)
+    return line_markdown(TAG, vs)
 
 
 def spec_vectors():
     """The bytes of every ks-agent-policy-vector block of docs/agent-policy.md."""
-    if not os.path.exists(SPEC):
-        return []
-    doc = open(SPEC, encoding="utf-8").read()
-    found = []
-    for b in re.findall(r"```ks-agent-policy-vector\n(.*?)```", doc, re.S):
-        hexes, lines = [], []
-        for l in b.splitlines():
-            if l.startswith("hex:"):
-                hexes.append(l[4:].replace(" ", ""))
-            elif l == "line:" or l.startswith("line: "):
-                lines.append(l[6:])
-        found.append(bytes.fromhex("".join(hexes)) if hexes else text(*lines))
-    return found
+    return line_spec_vectors(SPEC, TAG)
 
 
 def query_tail(data, *queries):
@@ -298,7 +293,7 @@ def main():
         for name, _, expect, data, _ in vs:
             print(name, expect, len(data))
         return
-    seeds = [x[3] for x in vs] + spec_vectors()
+    seeds = [x[3] for x in vs] + spec_vectors() + extra_seeds()
     for n, _, _, d, _ in vs:
         if n == "wildcards-and-groups":
             seeds += [d[:i] for i in range(len(d))]

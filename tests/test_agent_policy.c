@@ -27,6 +27,10 @@
 #include "../tools/agent/policy.h"
 #include "test_files.h"
 
+/* Last: with the test hooks (SAN_HOOKS) it routes this file's
+ * allocations through the counting wrappers too. */
+#include "../migrate/alloc_hook.h"
+
 typedef tf_text text;
 
 #define MAX_VECTORS 128
@@ -573,6 +577,29 @@ static void test_api(void **state)
     ks_agent_policy_free(p);
 }
 
+/* A failed allocation fails closed: no policy, no-memory, and the next
+ * parse works (migrate/alloc_hook.h's fault hook). */
+static void test_no_memory(void **state)
+{
+    static const char file[] = KS_AGENT_POLICY_HEADER "\nallow uid 1 scope * tenant * ops open\n";
+    ks_agent_policy *p = (ks_agent_policy *)(uintptr_t)1;
+    char msg[128];
+    (void)state;
+
+    ks_test_alloc_fail_at(1);
+    assert_int_equal(ks_agent_policy_parse((const uint8_t *)file, sizeof file - 1, &p, NULL, msg,
+                                           sizeof msg),
+                     KS_ERR_NO_MEMORY);
+    assert_int_equal(ks_test_alloc_fired(), 1);
+    ks_test_alloc_fail_at(0);
+    assert_null(p);
+    assert_non_null(strstr(msg, "no memory"));
+    assert_int_equal(ks_agent_policy_parse((const uint8_t *)file, sizeof file - 1, &p, NULL, NULL, 0),
+                     KS_OK);
+    assert_true(ks_agent_policy_allows(p, 1, 1, NULL, NULL, 0, KS_AGENT_OP_OPEN));
+    ks_agent_policy_free(p);
+}
+
 /* ---- loading [AP-LOAD-1..2] ---------------------------------------------- */
 
 static const char good_file[] = KS_AGENT_POLICY_HEADER "\n"
@@ -645,6 +672,16 @@ static void test_load_permissions(void **state)
     ks_agent_policy *p = NULL;
     assert_int_equal(ks_agent_policy_load(NULL, &p, msg, sizeof msg), KS_ERR_INVALID_ARGUMENT);
     assert_int_equal(ks_agent_policy_load(f->path, NULL, msg, sizeof msg), KS_ERR_INVALID_ARGUMENT);
+
+    /* No memory for the read buffer, then for the policy: no-memory, no policy. */
+    tf_spit(f->path, good_file, sizeof good_file - 1, 0644);
+    for (unsigned long n = 1; n <= 2; n++) {
+        ks_test_alloc_fail_at(n);
+        assert_int_equal(load(f, msg, sizeof msg), KS_ERR_NO_MEMORY);
+        assert_int_equal(ks_test_alloc_fired(), 1);
+    }
+    ks_test_alloc_fail_at(0);
+    assert_int_equal(load(f, msg, sizeof msg), KS_OK);
 }
 
 /* A rejected file is reported with its path, line, column and code
@@ -681,6 +718,7 @@ int main(void)
         cmocka_unit_test(test_example),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_api),
+        cmocka_unit_test(test_no_memory),
         cmocka_unit_test_setup_teardown(test_load_permissions, setup, teardown),
         cmocka_unit_test_setup_teardown(test_load_rejections, setup, teardown),
     };

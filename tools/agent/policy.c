@@ -1,7 +1,8 @@
 /*
  * tools/agent/policy.c -- the agent policy file (docs/agent-policy.md):
- * its strict reader, the loader that checks the file before reading it,
- * the per-request decision and the canonical encoder.
+ * its strict reader, the per-request decision and the canonical encoder.
+ * Nothing here opens a file: tools/agent/policy_load.c does, then calls
+ * the reader.
  *
  * Like the registry and keyring readers, the parser is a place at which
  * untrusted bytes enter: it reads only through ks_cursor, checks each
@@ -17,13 +18,9 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <assert.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <keyshift/envelope.h>
 #include <keyshift/rollout.h>
@@ -31,6 +28,7 @@
 #include "policy.h"
 
 #include "../../format/rules.h"
+#include "../../migrate/alloc_hook.h"
 #include "../../parser/cursor.h"
 
 /* A table or column name is at most as long as the rollout layer's. */
@@ -168,7 +166,8 @@ static ks_err next_token(pol_parse *st, ks_cursor *lc, int first, ks_bytes *tok,
     *off = ks_cursor_offset(lc);
     const uint8_t *p = lc->buf + lc->pos;
     const size_t avail = ks_cursor_remaining(lc);
-    if (avail > 0 && p[0] == ' ') {
+    assert(avail > 0); /* [AP-LINE-4]: no line ends with a space, and none is empty here */
+    if (p[0] == ' ') {
         return fault(st, KS_ERR_BAD_VALUE, *off,
                      "two spaces, or a space at the start of a line: the words of a rule are "
                      "separated by one space");
@@ -452,7 +451,7 @@ static int order_cmp(const void *x, const void *y)
     if (c != 0) {
         return c;
     }
-    return a->index < b->index ? -1 : a->index > b->index;
+    return (a->index > b->index) - (a->index < b->index);
 }
 
 /* Sort the index and refuse a repeated rule [AP-DUP-1]: the conflict is
@@ -577,104 +576,6 @@ ks_err ks_agent_policy_parse(const uint8_t *buf, size_t len, ks_agent_policy **o
     return KS_OK;
 }
 
-/* ---- load ------------------------------------------------------------------------- */
-
-/* Read the open file fd into buf[0, cap); its length to *len.  Stops at
- * cap bytes (a longer file is then refused by the parse, [AP-FILE-1]). */
-static ks_err read_all(int fd, uint8_t *buf, size_t cap, size_t *len)
-{
-    size_t n = 0;
-    while (n < cap) {
-        const ssize_t r = read(fd, buf + n, cap - n);
-        if (r < 0 && errno == EINTR) {
-            continue;
-        }
-        if (r < 0) {
-            return KS_ERR_IO;
-        }
-        if (r == 0) {
-            break;
-        }
-        n += (size_t)r;
-    }
-    *len = n;
-    return KS_OK;
-}
-
-/* Open path and check it [AP-LOAD-1]; the descriptor to *fd. */
-static ks_err open_checked(const char *path, int *fd, char *errbuf, size_t errlen)
-{
-    struct stat sb;
-    *fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-    if (*fd < 0) {
-        const int err = errno;
-        snprintf(errbuf, errlen,
-                 err == ELOOP ? "%s: the agent policy is a symbolic link; name the file itself."
-                              : "%s: cannot open the agent policy: %s.",
-                 path, strerror(err));
-        return err == ELOOP ? KS_ERR_INSECURE : KS_ERR_IO;
-    }
-    const char *why = NULL;
-    if (fstat(*fd, &sb) != 0) {
-        snprintf(errbuf, errlen, "%s: cannot stat the agent policy: %s.", path, strerror(errno));
-        close(*fd);
-        return KS_ERR_IO;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        why = "is not a regular file";
-    } else if (sb.st_uid != 0 && sb.st_uid != geteuid()) {
-        why = "belongs neither to root nor to the agent's user; chown it";
-    } else if ((sb.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
-        why = "is writable by its group or by others; chmod go-w it";
-    }
-    if (why != NULL) {
-        snprintf(errbuf, errlen, "%s: the agent policy %s.", path, why);
-        close(*fd);
-        return KS_ERR_INSECURE;
-    }
-    return KS_OK;
-}
-
-/* See policy.h. */
-ks_err ks_agent_policy_load(const char *path, ks_agent_policy **out, char *errbuf, size_t errlen)
-{
-    char scratch[1];
-    char msg[512];
-    size_t len = 0, off = 0;
-    int fd;
-    ks_err e;
-
-    if (errbuf == NULL || errlen == 0) {
-        errbuf = scratch;
-        errlen = sizeof scratch;
-    }
-    errbuf[0] = '\0';
-    if (path == NULL || out == NULL) {
-        snprintf(errbuf, errlen, "no agent policy file was named.");
-        return KS_ERR_INVALID_ARGUMENT;
-    }
-    *out = NULL;
-    if ((e = open_checked(path, &fd, errbuf, errlen)) != KS_OK) {
-        return e;
-    }
-    uint8_t *buf = malloc(KS_AGENT_POLICY_FILE_MAX + 1);
-    if (buf == NULL) {
-        close(fd);
-        snprintf(errbuf, errlen, "%s: no memory to read the agent policy.", path);
-        return KS_ERR_NO_MEMORY;
-    }
-    e = read_all(fd, buf, KS_AGENT_POLICY_FILE_MAX + 1, &len);
-    const int err = errno;
-    close(fd);
-    if (e != KS_OK) {
-        snprintf(errbuf, errlen, "%s: cannot read the agent policy: %s.", path, strerror(err));
-    } else if ((e = ks_agent_policy_parse(buf, len, out, &off, msg, sizeof msg)) != KS_OK) {
-        snprintf(errbuf, errlen, "%s:%s", path, msg);
-    }
-    free(buf);
-    return e;
-}
-
 /* ---- the decision ------------------------------------------------------------------ */
 
 /* The first index entry of principal (kind, id), or nrules. */
@@ -732,7 +633,8 @@ static int rule_grants(const rule *r, const req_scope *s, const uint8_t *tenant,
                           fold_cmp(r->column, r->column_len, s->column, s->column_len) != 0)) {
         return 0;
     }
-    return r->any_tenant || (tn == r->tenant_len && tn > 0 && memcmp(r->tenant, tenant, tn) == 0);
+    /* A rule's tenant has 1..64 bytes: a request without one never equals it. */
+    return r->any_tenant || (tn == r->tenant_len && memcmp(r->tenant, tenant, tn) == 0);
 }
 
 /* See policy.h. */
