@@ -58,9 +58,11 @@ typedef struct vector {
 /* The rejection code named name[0, n) (one of a policy's, [AP-ERR-1]), or KS_OK. */
 static ks_err code_named(const char *name, size_t n)
 {
-    static const ks_err codes[] = {KS_ERR_TRUNCATED,     KS_ERR_BAD_MAGIC,     KS_ERR_UNSUPPORTED_VERSION,
-                                   KS_ERR_FIELD_ORDER,   KS_ERR_UNKNOWN_FIELD, KS_ERR_MISSING_FIELD,
-                                   KS_ERR_TOO_LARGE,     KS_ERR_BAD_VALUE,     KS_ERR_CONFLICT};
+    static const ks_err codes[] = {
+        KS_ERR_TRUNCATED,     KS_ERR_BAD_MAGIC,     KS_ERR_UNSUPPORTED_VERSION,
+        KS_ERR_FIELD_ORDER,   KS_ERR_UNKNOWN_FIELD, KS_ERR_MISSING_FIELD,
+        KS_ERR_TOO_LARGE,     KS_ERR_BAD_VALUE,     KS_ERR_CONFLICT,
+    };
     for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
         const char *c = ks_err_name(codes[i]);
         if (strlen(c) == n && memcmp(c, name, n) == 0) {

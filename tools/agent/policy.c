@@ -230,7 +230,8 @@ static ks_err check_scope(pol_parse *st, ks_bytes v, size_t off, rule *r)
             continue;
         }
         if (i - start == IDENT_MAX) {
-            return fault(st, KS_ERR_TOO_LARGE, off + i, "a table or column name is longer than 255 bytes");
+            return fault(st, KS_ERR_TOO_LARGE, off + i,
+                         "a table or column name is longer than 255 bytes");
         }
         if (!ident_byte(v.ptr[i])) {
             return fault(st, KS_ERR_BAD_VALUE, off + i, bad);
@@ -319,7 +320,8 @@ static ks_err check_keyword(pol_parse *st, ks_bytes v, size_t off, const char *w
     for (size_t j = 0; j < sizeof keywords / sizeof keywords[0]; j++) {
         if (view_is(v, keywords[j])) {
             return fault(st, KS_ERR_FIELD_ORDER, off,
-                         "the words of a rule come in the order allow, uid|gid, scope, tenant, ops");
+                         "the words of a rule come in the order allow, uid|gid, scope, "
+                         "tenant, ops");
         }
     }
     return fault(st, KS_ERR_UNKNOWN_FIELD, off,
@@ -495,15 +497,15 @@ static void position(const uint8_t *buf, size_t offset, size_t *line, size_t *co
     *col = offset - start + 1;
 }
 
+/* The shortest rule line, its LF included: no file of len bytes holds
+ * more than len / RULE_MIN rules. */
+#define RULE_MIN (sizeof "allow uid 0 scope * tenant * ops open\n" - 1)
+
 /* Allocate a policy with room for the rules that buf[0, len) can hold
- * (one per LF, at most KS_AGENT_POLICY_RULES_MAX) and a copy of buf. */
+ * (at most KS_AGENT_POLICY_RULES_MAX) and a copy of buf. */
 static ks_agent_policy *alloc_policy(const uint8_t *buf, size_t len, size_t *cap)
 {
-    size_t lines = 0;
-    for (size_t i = 0; i < len; i++) {
-        lines += buf[i] == '\n';
-    }
-    *cap = lines < KS_AGENT_POLICY_RULES_MAX ? lines : KS_AGENT_POLICY_RULES_MAX;
+    *cap = len / RULE_MIN < KS_AGENT_POLICY_RULES_MAX ? len / RULE_MIN : KS_AGENT_POLICY_RULES_MAX;
     _Static_assert(sizeof(ks_agent_policy) % _Alignof(rule) == 0, "rules follow the header");
     _Static_assert(sizeof(rule) % _Alignof(const rule *) == 0, "the index follows the rules");
     const size_t size = sizeof(ks_agent_policy) + *cap * (sizeof(rule) + sizeof(rule *)) + len;
@@ -629,8 +631,9 @@ static int rule_grants(const rule *r, const req_scope *s, const uint8_t *tenant,
     if ((r->ops & op) == 0) {
         return 0;
     }
-    if (!r->any_scope && (!s->has || fold_cmp(r->table, r->table_len, s->table, s->table_len) != 0 ||
-                          fold_cmp(r->column, r->column_len, s->column, s->column_len) != 0)) {
+    if (!r->any_scope &&
+        (!s->has || fold_cmp(r->table, r->table_len, s->table, s->table_len) != 0 ||
+         fold_cmp(r->column, r->column_len, s->column, s->column_len) != 0)) {
         return 0;
     }
     /* A rule's tenant has 1..64 bytes: a request without one never equals it. */

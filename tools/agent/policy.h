@@ -7,9 +7,9 @@
  * ks_agent_policy_parse is the strict reader of the file's bytes (what
  * fuzz/fuzz_agent_policy.c fuzzes): no file, no user database, one
  * allocation for the result (tools/agent/policy.c).  ks_agent_policy_load
- * opens and checks the file, then parses it (tools/agent/policy_load.c).  ks_agent_policy_allows is the per-request
- * decision: no allocation, a binary search and the rules of the peer's
- * uid and gid.  A policy is immutable once made, so any number of
+ * opens and checks the file, then parses it (tools/agent/policy_load.c).
+ * ks_agent_policy_allows is the per-request decision: no allocation, a
+ * binary search and the rules of the peer's uid and gid.  A policy is immutable once made, so any number of
  * threads may call allows() on it at once.
  */
 #ifndef KS_TOOLS_AGENT_POLICY_H
