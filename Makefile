@@ -221,6 +221,11 @@ KMS_AWS_DIR  := tools/kms-aws
 SIGV4_SRCS   := $(KMS_AWS_DIR)/sigv4.c
 $(B)/san/tests/test_sigv4: UNIT_EXTRA := $(SIGV4_SRCS)
 $(B)/san/tests/test_sigv4: $(SIGV4_SRCS) $(KMS_AWS_DIR)/sigv4.h
+# The agent's policy file (tools/agent/policy.c, docs/agent-policy.md).
+AGENT_POLICY_SRCS := tools/agent/policy.c tools/agent/policy_load.c
+$(B)/san/tests/test_agent_policy: UNIT_EXTRA := $(AGENT_POLICY_SRCS)
+$(B)/san/tests/test_agent_policy: UNIT_EXTRA_CFLAGS := $(SAN_HOOKS)
+$(B)/san/tests/test_agent_policy: $(AGENT_POLICY_SRCS) tools/agent/policy.h
 
 # ---- the AWS KMS client of keyshift-kms-aws (tools/kms-aws/) ------------
 # Checked against moto_server, the AWS emulator, by tests/kms_aws_test.sh

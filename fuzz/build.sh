@@ -10,7 +10,8 @@
 # The targets are every fuzz/fuzz_*.c, the library every format/*.c,
 # parser/*.c, migrate/*.c, migrate/*/*.c and migrate/*/*/*.c (the same sources as LIB_SRCS in the
 # Makefile): both lists come from the files, so a new target or source
-# needs no change here.  For each target it leaves in $OUT:
+# needs no change here, unless the target also links code from outside the
+# library (extra_for below).  For each target it leaves in $OUT:
 #   <target>                 the fuzzer
 #   <target>_seed_corpus.zip corpus/<target>/ + corpus/regressions/
 #   <target>.dict            the target's dictionary (dict_for below)
@@ -49,7 +50,17 @@ dict_for() {
         fuzz_plugin_resp) echo corpus/plugin.dict ;;
         fuzz_pg_rows) echo corpus/pg_rows.dict ;;
         fuzz_text) echo corpus/text.dict ;;
+        fuzz_agent_policy) echo corpus/agent_policy.dict ;;
         *) echo corpus/envelope.dict ;;
+    esac
+}
+
+# The sources outside the library that a target also links (a program's
+# code under tools/ that it fuzzes); fuzz/fuzz.mk holds the same mapping
+# (FUZZ_EXTRA_<target>).
+extra_for() {
+    case $1 in
+        fuzz_agent_policy) echo tools/agent/policy.c ;;
     esac
 }
 
@@ -94,8 +105,14 @@ done
 
 for t in $TARGETS; do
     $CC $CFLAGS -std=c11 $INCS -c "fuzz/$t.c" -o "$OBJ/$t.o"
+    extra_objs=""
+    for src in $(extra_for "$t"); do
+        o="$OBJ/$t-$(echo "${src%.c}" | tr / _).o"
+        $CC $CFLAGS -std=c11 $INCS -c "$src" -o "$o"
+        extra_objs="$extra_objs $o"
+    done
     # shellcheck disable=SC2086
-    $CXX $CFLAGS "$OBJ/$t.o" $LIB_OBJS $NANOPB_OBJS $LIB_FUZZING_ENGINE $NANOPB_LIB \
+    $CXX $CFLAGS "$OBJ/$t.o" $extra_objs $LIB_OBJS $NANOPB_OBJS $LIB_FUZZING_ENGINE $NANOPB_LIB \
         -lsodium -lsqlite3 $PQ_LIBS -ljansson $P11_LIBS -ldl -lpthread -o "$OUT/$t"
 
     seeds="$WORK/keyshift-seeds-$t"

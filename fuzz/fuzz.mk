@@ -27,7 +27,8 @@
 # Nothing here writes into corpus/ except fuzz-seeds.
 
 FUZZ_TARGETS := fuzz_parse fuzz_differential fuzz_open fuzz_keyring fuzz_migrate fuzz_rollout \
-                fuzz_providers fuzz_p11meta fuzz_plugin_resp fuzz_faults fuzz_pg_rows fuzz_text
+                fuzz_providers fuzz_p11meta fuzz_plugin_resp fuzz_faults fuzz_pg_rows fuzz_text \
+                fuzz_agent_policy
 # Not in FUZZ_TARGETS (nor OSS-Fuzz): the structure-aware variants of
 # fuzz/struct/ (make fuzz-struct, make fuzz) and the canary (make fuzz-canary).
 FUZZ_STRUCT_TARGETS := fuzz_parse_struct fuzz_open_struct
@@ -52,6 +53,7 @@ FUZZ_DICT_fuzz_providers := corpus/providers.dict
 FUZZ_DICT_fuzz_plugin_resp := corpus/plugin.dict
 FUZZ_DICT_fuzz_pg_rows := corpus/pg_rows.dict
 FUZZ_DICT_fuzz_text := corpus/text.dict
+FUZZ_DICT_fuzz_agent_policy := corpus/agent_policy.dict
 fuzz_dict = $(or $(FUZZ_DICT_$(1)),$(FUZZ_DICT_DEFAULT))
 AFL_CC ?= afl-clang-fast
 LLVM_PROFDATA ?= llvm-profdata-14
@@ -68,6 +70,11 @@ FUZZ_LIBS := -lprotobuf-nanopb $(LIB_LIBS)
 fuzz_max_len = $(shell sed -n 's/^max_len *= *//p' fuzz/$(patsubst %_struct,%,$(1)).options)
 
 FUZZ_LIB_C := $(LIB_SRCS) $(NANOPB_C)
+# Sources outside the library that a target also links (the code of a
+# program under tools/ that it fuzzes): FUZZ_EXTRA_<target>.  fuzz/build.sh
+# (extra_for) holds the same mapping for OSS-Fuzz.
+FUZZ_EXTRA_fuzz_agent_policy := tools/agent/policy.c
+FUZZ_EXTRA_C := $(sort $(foreach t,$(FUZZ_TARGETS),$(FUZZ_EXTRA_$(t))))
 FUZZ_DEPS := $(LIB_HDRS) $(NANOPB_H) $(wildcard tests/*.h fuzz/*.h) fuzz/fuzz.mk
 
 # ---- object files per flavour -------------------------------------------
@@ -108,15 +115,22 @@ $(FUZZ_RP_BINS): $(FZ)/replay/%: $(FZ)/replay/obj/fuzz/%.o $(FZ)/replay/obj/fuzz
 $(FUZZ_CV_BINS): $(FZ)/cov/%: $(FZ)/cov/obj/fuzz/%.o $(FZ)/cov/obj/fuzz/replay_main.o $(FUZZ_CV_OBJS)
 	$(CLANG) $(FUZZ_CV_CFLAGS) $^ $(FUZZ_LIBS) -o $@
 
+# A target's FUZZ_EXTRA_<target> objects join its link in each flavour ($^);
+# they and the target's object depend on the extras' headers (X.c: X.h).
+$(foreach t,$(FUZZ_TARGETS),$(foreach f,lf replay cov,$(if $(FUZZ_EXTRA_$(t)), \
+    $(eval $(FZ)/$(f)/$(t): $(FUZZ_EXTRA_$(t):%.c=$(FZ)/$(f)/obj/%.o)) \
+    $(eval $(FZ)/$(f)/obj/fuzz/$(t).o $(FUZZ_EXTRA_$(t):%.c=$(FZ)/$(f)/obj/%.o): \
+        $(FUZZ_EXTRA_$(t):%.c=%.h)))))
+
 # AFL++: one compiler call per binary (afl-clang-fast instruments at compile time).
-$(FUZZ_TARGETS:%=$(FZ)/afl/%): $(FZ)/afl/%: fuzz/%.c $(FUZZ_LIB_C) $(FUZZ_DEPS)
+$(FUZZ_TARGETS:%=$(FZ)/afl/%): $(FZ)/afl/%: fuzz/%.c $(FUZZ_LIB_C) $(FUZZ_EXTRA_C) $(FUZZ_EXTRA_C:%.c=%.h) $(FUZZ_DEPS)
 	@mkdir -p $(dir $@)
 	AFL_QUIET=1 AFL_USE_ASAN=1 AFL_USE_UBSAN=1 $(AFL_CC) $(WARN) $(FUZZ_BASE) $(FUZZ_INC) \
-	    -fsanitize=fuzzer $< $(FUZZ_LIB_C) $(FUZZ_LIBS) -o $@
-$(FUZZ_TARGETS:%=$(FZ)/afl/%.cmplog): $(FZ)/afl/%.cmplog: fuzz/%.c $(FUZZ_LIB_C) $(FUZZ_DEPS)
+	    -fsanitize=fuzzer $< $(FUZZ_EXTRA_$*) $(FUZZ_LIB_C) $(FUZZ_LIBS) -o $@
+$(FUZZ_TARGETS:%=$(FZ)/afl/%.cmplog): $(FZ)/afl/%.cmplog: fuzz/%.c $(FUZZ_LIB_C) $(FUZZ_EXTRA_C) $(FUZZ_EXTRA_C:%.c=%.h) $(FUZZ_DEPS)
 	@mkdir -p $(dir $@)
 	AFL_QUIET=1 AFL_USE_ASAN=1 AFL_LLVM_CMPLOG=1 $(AFL_CC) $(WARN) $(FUZZ_BASE) $(FUZZ_INC) \
-	    -fsanitize=fuzzer $< $(FUZZ_LIB_C) $(FUZZ_LIBS) -o $@
+	    -fsanitize=fuzzer $< $(FUZZ_EXTRA_$*) $(FUZZ_LIB_C) $(FUZZ_LIBS) -o $@
 
 .PRECIOUS: $(FZ)/lf/obj/%.o $(FZ)/replay/obj/%.o $(FZ)/cov/obj/%.o
 .PHONY: fuzz-build fuzz-seeds oss-fuzz-check fuzz-canary fuzz-struct
@@ -154,7 +168,7 @@ FUZZ_COV_GROUPS := parsers stateful
 FUZZ_COV_SRCS_parsers := parser/envelope.c parser/text.c parser/cursor.h format/text.c format/aad.c format/encode.c \
                  format/format.c migrate/keys/keyring_format.c \
                  migrate/keys/registry_format.c migrate/rollout/guard.c migrate/rollout/retire.c \
-                 migrate/keys/p11_meta.c migrate/keys/plugin_proto.c
+                 migrate/keys/p11_meta.c migrate/keys/plugin_proto.c tools/agent/policy.c
 FUZZ_COV_MIN_parsers := $(FUZZ_COV_MIN_LINES) $(FUZZ_COV_MIN_BRANCHES)
 # migrate/engine/workers.c is left out: its worker threads claim chunks
 # from a PostgreSQL chunk table, which no fuzz target has (it is run by

@@ -24,27 +24,13 @@ import os
 import re
 import sys
 
-from seedlib import write_corpus
+from seedlib import at, line_markdown, line_spec_vectors, text, write_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(ROOT, "corpus", "fuzz_providers")
 SPEC = os.path.join(ROOT, "docs", "providers.md")
 
 HEADER = "keyshift-providers 1"
-
-
-def text(*lines):
-    """The file of these lines, each ended by LF."""
-    return "".join(l + "\n" for l in lines).encode("ascii")
-
-
-def at(data, needle, nth=0, plus=0):
-    """The offset of the nth occurrence of needle in data, plus `plus`."""
-    needle = needle.encode("ascii") if isinstance(needle, str) else needle
-    i = -1
-    for _ in range(nth + 1):
-        i = data.index(needle, i + 1)
-    return i + plus
 
 
 def local(name, keyring, *serves, extra=()):
@@ -494,65 +480,16 @@ def check_unique(vs):
     return vs
 
 
-def position(data, offset):
-    """The 1-based line and column of offset ([P-ERR-3])."""
-    before = data[:offset]
-    return before.count(b"\n") + 1, offset - (before.rfind(b"\n") + 1) + 1
-
-
-def printable_lines(data):
-    """data as `line:` values when [P-LINE-1..4] allow it, else None."""
-    if not data.endswith(b"\n") or len(data) > 4096:
-        return None
-    lines = data[:-1].split(b"\n")
-    for l in lines:
-        if any(b < 0x20 or b > 0x7E for b in l) or l.endswith(b" ") or len(l) > 1024:
-            return None
-    return [l.decode("ascii") for l in lines]
-
-
-def block(name, expect, data, result):
-    exp = "ok" if expect == "ok" else "%s at %d" % expect
-    out = ["```ks-providers-vector", "name: " + name, "expect: " + exp]
-    if expect != "ok":
-        out.append("position: %d:%d" % position(data, expect[1]))
-    lines = printable_lines(data)
-    if lines is not None:
-        out += ["line: " + l if l else "line:" for l in lines]
-    else:
-        out += ["hex: " + data[i:i + 32].hex() for i in range(0, len(data), 32)] or ["hex:"]
-    out += result or []
-    out.append("```")
-    return out
+TAG = "ks-providers-vector"
 
 
 def markdown(vs):
-    out = []
-    for name, desc, expect, data, result in vs:
-        if len(data) > 2048:
-            continue  # the limit cases: tests/test_registry.c builds its own
-        out += [desc, ""] + block(name, expect, data, result) + [""]
-    return "\n".join(out)
+    return line_markdown(TAG, vs)
 
 
 def spec_vectors():
     """The bytes of every ks-providers-vector block of docs/providers.md."""
-    if not os.path.exists(SPEC):
-        return []
-    doc = open(SPEC, encoding="utf-8").read()
-    found = []
-    for b in re.findall(r"```ks-providers-vector\n(.*?)```", doc, re.S):
-        hexes, lines = [], []
-        for l in b.splitlines():
-            if l.startswith("hex:"):
-                hexes.append(l[4:].replace(" ", ""))
-            elif l == "line:" or l.startswith("line: "):
-                lines.append(l[6:])
-        if hexes:
-            found.append(bytes.fromhex("".join(hexes)))
-        else:
-            found.append("".join(l + "\n" for l in lines).encode("ascii"))
-    return found
+    return line_spec_vectors(SPEC, TAG)
 
 
 def main():

@@ -2,8 +2,9 @@
  * tests/test_files.h -- what the file-based unit tests share
  * (tests/test_keyring.c, tests/test_registry.c): a per-test directory
  * under /tmp, reading and writing whole files, the path of a document
- * beside $KS_SPEC, the hex values of the documents' vector blocks, and a
- * growing text buffer for their results.
+ * beside $KS_SPEC, the documents' vector blocks (finding them, reading
+ * their `key: value` lines, their hex values), and a growing text buffer
+ * for their results.
  *
  * Include after <cmocka.h>.  Everything is static inline (no warning when
  * a test does not need a helper).
@@ -213,6 +214,90 @@ static inline int tf_block_line(const char *line, const char *end, const char *c
         }
     }
     return -1;
+}
+
+/*
+ * Read the lines of one vector block, s[0, end), each `key: value` with
+ * a key among the n names at names, stride bytes apart (as tf_block_line
+ * takes them): a key that is none of them, a key given twice unless bit k
+ * of repeats is set, a line that ends with a space, a colon not followed
+ * by a space, an empty value unless bit k of may_be_empty is set (the
+ * key and its colon alone are then an empty value), or a value that
+ * store(v, k, value, length) refuses (nonzero) makes the block malformed.
+ * Bit k of *seen is set for each key k read.  NULL when every line is
+ * well formed (which keys a block must hold is the caller's to check),
+ * else what is wrong.
+ */
+static inline const char *tf_block_fields(const char *s, const char *end, const char *const *names,
+                                          size_t n, size_t stride, unsigned repeats,
+                                          unsigned may_be_empty, unsigned *seen,
+                                          int (*store)(void *v, int k, const char *val, size_t len),
+                                          void *v)
+{
+    for (const char *line = s; line < end;) {
+        const char *eol, *colon;
+        const int k = tf_block_line(line, end, names, n, stride, &eol, &colon);
+        if (k < 0) {
+            return "unknown key";
+        }
+        if ((*seen >> k & 1u) != 0 && (repeats >> k & 1u) == 0) {
+            return "repeated key";
+        }
+        if (eol > line && eol[-1] == ' ') {
+            return "a line ends with a space";
+        }
+        const char *val = colon + 1;
+        if (val < eol && *val != ' ') {
+            return "no space after the colon";
+        }
+        if (val == eol && (may_be_empty >> k & 1u) == 0) {
+            return "an empty value";
+        }
+        val += val < eol;
+        if (store(v, k, val, (size_t)(eol - val)) != 0) {
+            return "malformed value";
+        }
+        *seen |= 1u << k;
+        line = eol + 1;
+    }
+    return NULL;
+}
+
+/*
+ * Call block(vs, i, s, end) for each fenced block of doc tagged tag (a
+ * line "```TAG", up to the next line that begins with "```"), with i
+ * from 0 and the block's lines s[0, end) (end < s for a block without
+ * lines), for at most max blocks.  The count, or -1 with *why (block()'s
+ * answer, "unterminated block" or "too many"); *begun is how many blocks
+ * block() was called for.
+ */
+static inline long tf_vector_blocks(const char *doc, const char *tag, size_t max,
+                                    const char *(*block)(void *vs, size_t i, const char *s,
+                                                         const char *end),
+                                    void *vs, const char **why, size_t *begun)
+{
+    const size_t tl = strlen(tag);
+    size_t count = 0;
+    const char *p = doc;
+    *why = NULL;
+    while ((p = strstr(p, "```")) != NULL) {
+        if (strncmp(p + 3, tag, tl) != 0 || p[3 + tl] != '\n') {
+            p += 3;
+            continue;
+        }
+        const char *start = p + 3 + tl + 1;
+        const char *end = strstr(start - 1, "\n```");
+        *why = count < max ? (end != NULL ? NULL : "unterminated block") : "too many";
+        if (*why == NULL) {
+            *why = block(vs, count++, start, end);
+        }
+        if (*why != NULL) {
+            break;
+        }
+        p = end + 4;
+    }
+    *begun = count;
+    return *why != NULL ? -1 : (long)count;
 }
 
 #endif /* KS_TESTS_TEST_FILES_H */

@@ -1172,8 +1172,6 @@ static const char *const vector_keys[VK_COUNT] = {
     [VK_SETTING] = "setting",   [VK_SERVE] = "serve",
 };
 
-/* Nonzero for the keys that may repeat. */
-#define REPEATS(k) ((k) >= VK_LINE)
 
 typedef struct vector {
     unsigned seen;           /* bit VK_x: key x was given */
@@ -1276,9 +1274,11 @@ static int position_field(vector *v, const char *s, size_t n)
     return 0;
 }
 
-/* Store value s[0, n) of key k in v; -1 if the value is malformed. */
-static int store_key(vector *v, int k, const char *s, size_t n)
+/* Store value s[0, n) of key k in the vector vp; -1 if the value is
+ * malformed. */
+static int store_key(void *vp, int k, const char *s, size_t n)
 {
+    vector *v = vp;
     switch (k) {
     case VK_NAME:
         if (n == 0 || n >= sizeof v->name) {
@@ -1315,38 +1315,19 @@ static const char *check_presence(const vector *v)
     return NULL;
 }
 
-/* Read one block's lines, text[0, end), into v; NULL when the block is
- * well formed, else what is wrong. */
-static const char *parse_block(const char *s, const char *end, vector *v)
+/* Read block i of the document, its lines s[0, end), into vs[i]; NULL
+ * when the block is well formed, else what is wrong. */
+static const char *parse_block(void *vs, size_t i, const char *s, const char *end)
 {
-    for (const char *line = s; line < end;) {
-        const char *eol, *colon;
-        const int k = tf_block_line(line, end, vector_keys, VK_COUNT, sizeof vector_keys[0], &eol,
-                                    &colon);
-        if (k < 0) {
-            return "unknown key";
-        }
-        if (HAS(v, k) && !REPEATS(k)) {
-            return "repeated key";
-        }
-        if (eol > line && eol[-1] == ' ') {
-            return "a line ends with a space";
-        }
-        const char *val = colon + 1;
-        if (val < eol && *val != ' ') {
-            return "no space after the colon";
-        }
-        if (val == eol && k != VK_LINE && k != VK_HEX) {
-            return "an empty value";
-        }
-        val += val < eol;
-        if (store_key(v, k, val, (size_t)(eol - val)) != 0) {
-            return "malformed value";
-        }
-        v->seen |= 1u << k;
-        line = eol + 1;
+    vector *v = &((vector *)vs)[i];
+    memset(v, 0, sizeof *v);
+    if (end <= s) {
+        return "empty block";
     }
-    return check_presence(v);
+    const unsigned repeats = ((1u << VK_COUNT) - 1) & ~((1u << VK_LINE) - 1);
+    const char *why = tf_block_fields(s, end, vector_keys, VK_COUNT, sizeof vector_keys[0], repeats,
+                                      1u << VK_LINE | 1u << VK_HEX, &v->seen, store_key, v);
+    return why != NULL ? why : check_presence(v);
 }
 
 /* Release the vectors vs[0, n). */
@@ -1363,31 +1344,14 @@ static void free_vectors(vector *vs, size_t n)
  * got one, in *where) for a malformed block, every vector then freed. */
 static long parse_vectors(const char *doc, vector *vs, const char **why, const char **where)
 {
-    static const char tag[] = "```ks-providers-vector\n";
-    size_t count = 0;
-    const char *p = doc;
-    while ((p = strstr(p, "```ks-")) != NULL) {
-        if (strncmp(p, tag, sizeof tag - 1) != 0) {
-            p += 3;
-            continue;
-        }
-        const char *start = p + sizeof tag - 1;
-        const char *end = strstr(start - 1, "\n```");
-        *why = count < MAX_VECTORS ? (end != NULL ? NULL : "unterminated block") : "too many";
-        vector *v = &vs[count];
-        if (*why == NULL) {
-            memset(v, 0, sizeof *v);
-            count++;
-            *why = end > start ? parse_block(start, end, v) : "empty block";
-        }
-        if (*why != NULL) {
-            *where = count > 0 ? vs[count - 1].name : "";
-            free_vectors(vs, count);
-            return -1;
-        }
-        p = end + 4;
+    size_t begun = 0;
+    const long n = tf_vector_blocks(doc, "ks-providers-vector", MAX_VECTORS, parse_block, vs, why,
+                                    &begun);
+    if (n < 0) {
+        *where = begun > 0 ? vs[begun - 1].name : "";
+        free_vectors(vs, begun);
     }
-    return (long)count;
+    return n;
 }
 
 /* Check one vector against the parser. */
