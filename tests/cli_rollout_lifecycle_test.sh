@@ -35,6 +35,11 @@
 #      by key (--key-id) and reads; finalize is refused while refunds has
 #      rows at the source, then until refunds is verified; both apps exit
 #      0: no read failed.
+#   I. a base64 text column (a SQLite TEXT column): a rollout recorded with
+#      --encoding base64 from plaintext to format 2, planned through
+#      finalized, while an app with --encoding base64 reads and writes;
+#      migrate run and the app without --encoding base64 are refused (64)
+#      (text_rollout in cli_rollout_lib.sh).
 #   C. a smoke run of tools/demo/demo_rollout.sh (the second half of make demo).
 #
 # Usage: KEYSHIFT=path/to/keyshift DEMO_APP=path/to/keyshift-demo-app \
@@ -519,6 +524,21 @@ done
 "$KS" rollout status "${R[@]}" --json >"$T/st.json" 2>&1
 expect_grep "key scope: status shows the finalized key scope" "$T/st.json" '"scope":"key","key_id":"pay/kek","columns":\[{"table":"pay","column":"card"'
 stop_apps "key scope" h 200 v1:xchacha20-poly1305:pay/kek:2
+export KEYSHIFT_KEYRING="$T/keyring"
+
+# ---- I. a base64 text column ----------------------------------------------------------
+I=$T/i.db
+sqlite3 "$I" >/dev/null <<SQL
+PRAGMA journal_mode = WAL;
+CREATE TABLE txt (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, card TEXT);
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300)
+INSERT INTO txt SELECT i, CASE WHEN i % 2 THEN 'acme' ELSE 'globex' END,
+       printf('{"id":%d,"pan":"4111%012d"}', i, i) FROM n;
+SQL
+export KEYSHIFT_KEYRING="$T/keyring-i"
+"$KS" keys init 2>/dev/null && "$KS" keys create pay/kek 2>/dev/null
+text_rows() { sqlite3 "$I" "SELECT count(*) FROM txt WHERE typeof(card) = 'text' AND card LIKE 'S1NF%'"; }
+text_rollout "text column" "$I" 1 300 text_rows
 export KEYSHIFT_KEYRING="$T/keyring"
 
 # ---- C. the phase-by-phase demo of `make demo` --------------------------------------
