@@ -60,7 +60,7 @@ text_rollout() {
     expect_grep "$name: status shows the encoding" "$T/tstatus.json" '"encoding":"base64"'
     run "$name: the demo app without --encoding base64: 64" 64 "$APP" "${tr[@]}" "${tctx[@]}" \
         --purpose card --instance text-x --ops 1
-    expect_grep "$name: the app's refusal names the encoding" "$T/err" "give --encoding base64"
+    expect_grep "$name: the app's refusal names the encoding" "$T/err" "encoding base64"
     "$APP" "${tr[@]}" "${tctx[@]}" --purpose card --instance text-web --encoding base64 \
         --seconds 3600 --rate 150 --write-percent 20 --reload-ms 200 --json \
         >"$T/text.json" 2>"$T/text.err" &
