@@ -39,7 +39,8 @@
 #      --encoding base64 from plaintext to format 2, planned through
 #      finalized, while an app with --encoding base64 reads and writes;
 #      migrate run and the app without --encoding base64 are refused (64)
-#      (text_rollout in cli_rollout_lib.sh).
+#      (text_rollout in cli_rollout_lib.sh); a key version only base64
+#      rows of a migration without a rollout use is not destroyed.
 #   C. a smoke run of tools/demo/demo_rollout.sh (the second half of make demo).
 #
 # Usage: KEYSHIFT=path/to/keyshift DEMO_APP=path/to/keyshift-demo-app \
@@ -539,6 +540,17 @@ export KEYSHIFT_KEYRING="$T/keyring-i"
 "$KS" keys init 2>/dev/null && "$KS" keys create pay/kek 2>/dev/null
 text_rows() { sqlite3 "$I" "SELECT count(*) FROM txt WHERE typeof(card) = 'text' AND card LIKE 'S1NF%'"; }
 text_rollout "text column" "$I" 1 300 text_rows
+# A version that only base64 rows of a migration without a rollout use is
+# still referenced: keys set-state ... destroyed counts both forms.
+sqlite3 "$I" "CREATE TABLE txt2 (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, card TEXT);
+INSERT INTO txt2 SELECT id, tenant, printf('{\"id\":%d}', id) FROM txt WHERE id <= 20;"
+"$KS" keys add-version pay/kek >/dev/null 2>&1 # version 2, not the primary
+run "text column: migrate run --encoding base64 with no rollout" 0 "$KS" migrate run --db "$I" \
+    --table txt2 --column card --tenant-column tenant --context 'txt2:{id}:card' --mode encrypt \
+    --to-key pay/kek:2 --encoding base64
+run "text column: destroy refused while base64 rows use the version" 75 "$KS" keys set-state \
+    pay/kek 2 destroyed --db "$I"
+expect_grep "text column: the refusal counts the base64 rows" "$T/err" "20 rows of txt2.card"
 export KEYSHIFT_KEYRING="$T/keyring"
 
 # ---- C. the phase-by-phase demo of `make demo` --------------------------------------

@@ -467,6 +467,32 @@ static int migration_scopes(const char *db, const char *label, scope *scopes, si
                                : sqlite_migration_scopes(db, scopes, n, max, cut);
 }
 
+/* The rows of scope s of database db under (key_id, version) into *rows:
+ * counted in the scope's encoding and, with both (SQLite, where a column
+ * of no declared type may hold either form whatever a migration used),
+ * in the other encoding too.  A value is an envelope in at most one of
+ * them ("KSE" bytes or "S1NF" text), so the sum counts each reference
+ * once and misses none.  EX_OK, or the census's exit code. */
+static int scope_key_rows(const char *db, const scope *s, int both, const char *key_id,
+                          uint32_t version, uint64_t *rows)
+{
+    *rows = 0;
+    for (int pass = 0; pass < (both ? 2 : 1); pass++) {
+        ks_value_encoding enc = s->encoding;
+        if (pass == 1) {
+            enc = enc == KS_ENCODING_BINARY ? KS_ENCODING_BASE64 : KS_ENCODING_BINARY;
+        }
+        ks_census c;
+        int rc = ks_cli_census(db, s->table, s->column, enc, &c);
+        if (rc != EX_OK) {
+            return rc;
+        }
+        *rows += ks_cli_census_key_rows(&c, key_id, version);
+        ks_census_free(&c);
+    }
+    return EX_OK;
+}
+
 /* Nonzero when class c is (key_id, version); any version when version 0. */
 static int class_uses(const ks_rollout_class *c, const char *key_id, uint32_t version)
 {
@@ -567,12 +593,10 @@ static int find_refs(const char *db, const char *label, const char *key_id, uint
         f->rows_known = 0;
     }
     for (size_t i = 0; rc == EX_OK && i < n_scopes; i++) {
-        ks_census c;
-        if ((rc = ks_cli_census(db, scopes[i].table, scopes[i].column, scopes[i].encoding, &c)) != EX_OK) {
+        uint64_t rows = 0;
+        if ((rc = scope_key_rows(db, &scopes[i], !exact, key_id, version, &rows)) != EX_OK) {
             break;
         }
-        uint64_t rows = ks_cli_census_key_rows(&c, key_id, version);
-        ks_census_free(&c);
         if (rows > 0) {
             fprintf(stderr, "    %s: %" PRIu64 " %s of %s.%s\n", label, rows, rows == 1 ? "row" : "rows",
                     scopes[i].table, scopes[i].column);
