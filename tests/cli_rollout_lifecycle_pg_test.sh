@@ -22,6 +22,10 @@
 #   At the end both apps stop on SIGTERM and exit 0 (no read failed), each
 #   having read and written; they deregister; every row opens (`migrate
 #   verify` complete) and the census shows the target class only.
+#   5. a base64 text column (a PostgreSQL text column): a rollout recorded
+#      with --encoding base64 from plaintext to format 2, planned through
+#      finalized, while an app with --encoding base64 reads and writes
+#      (text_rollout in cli_rollout_lib.sh); run before 4.
 #   4. a lost connection: an app whose data session the server ends
 #      counts one database error (exit 74, no read failed) and reconnects.
 #
@@ -209,6 +213,18 @@ if [ "$(at_class "$T/census.json" 2)" = "$ROWS" ] && grep -q '"plaintext":0' "$T
 else
     bad "census: only the target class" "$(cat "$T/census.json")"
 fi
+
+# ---- 5. a base64 text column -----------------------------------------------------------
+q "CREATE TABLE txt (id bigint PRIMARY KEY, tenant text NOT NULL, card text);
+   INSERT INTO txt SELECT i, CASE WHEN i % 2 = 1 THEN 'acme' ELSE 'globex' END,
+       format('{\"id\":%s,\"pan\":\"4111%s\"}', i, lpad(i::text, 12, '0'))
+   FROM generate_series(1, 300) i;"
+run "text column: start --encoding base64 on a bytea column: 66" 66 "$KS" rollout start \
+    --db "$CI" --table empty_pay --column card --encoding base64 --source plaintext \
+    --target v2:xchacha20-poly1305:pay/kek:2
+expect_grep "text column: the refusal says what the column needs" "$T/err" "neither text nor varchar"
+text_rows() { q "SELECT count(*) FROM txt WHERE card LIKE 'S1NF%'"; }
+text_rollout "text column" "$CI" 2 300 text_rows
 
 # ---- 4. a lost connection ----------------------------------------------------------------
 # The server ends an app's data session mid-run: the operation that meets

@@ -35,6 +35,12 @@
 #      by key (--key-id) and reads; finalize is refused while refunds has
 #      rows at the source, then until refunds is verified; both apps exit
 #      0: no read failed.
+#   I. a base64 text column (a SQLite TEXT column): a rollout recorded with
+#      --encoding base64 from plaintext to format 2, planned through
+#      finalized, while an app with --encoding base64 reads and writes;
+#      migrate run and the app without --encoding base64 are refused (64)
+#      (text_rollout in cli_rollout_lib.sh); a key version only base64
+#      rows of a migration without a rollout use is not destroyed.
 #   C. a smoke run of tools/demo/demo_rollout.sh (the second half of make demo).
 #
 # Usage: KEYSHIFT=path/to/keyshift DEMO_APP=path/to/keyshift-demo-app \
@@ -514,6 +520,32 @@ done
 "$KS" rollout status "${R[@]}" --json >"$T/st.json" 2>&1
 expect_grep "key scope: status shows the finalized key scope" "$T/st.json" '"scope":"key","key_id":"pay/kek","columns":\[{"table":"pay","column":"card"'
 stop_apps "key scope" h 200 v1:xchacha20-poly1305:pay/kek:2
+export KEYSHIFT_KEYRING="$T/keyring"
+
+# ---- I. a base64 text column ----------------------------------------------------------
+I=$T/i.db
+sqlite3 "$I" >/dev/null <<SQL
+PRAGMA journal_mode = WAL;
+CREATE TABLE txt (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, card TEXT);
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300)
+INSERT INTO txt SELECT i, CASE WHEN i % 2 THEN 'acme' ELSE 'globex' END,
+       printf('{"id":%d,"pan":"4111%012d"}', i, i) FROM n;
+SQL
+export KEYSHIFT_KEYRING="$T/keyring-i"
+"$KS" keys init 2>/dev/null && "$KS" keys create pay/kek 2>/dev/null
+text_rows() { sqlite3 "$I" "SELECT count(*) FROM txt WHERE typeof(card) = 'text' AND card LIKE 'S1NF%'"; }
+text_rollout "text column" "$I" 1 300 text_rows
+# A version that only base64 rows of a migration without a rollout use is
+# still referenced: keys set-state ... destroyed counts both forms.
+sqlite3 "$I" "CREATE TABLE txt2 (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, card TEXT);
+INSERT INTO txt2 SELECT id, tenant, printf('{\"id\":%d}', id) FROM txt WHERE id <= 20;"
+"$KS" keys add-version pay/kek >/dev/null 2>&1 # version 2, not the primary
+run "text column: migrate run --encoding base64 with no rollout" 0 "$KS" migrate run --db "$I" \
+    --table txt2 --column card --tenant-column tenant --context 'txt2:{id}:card' --mode encrypt \
+    --to-key pay/kek:2 --encoding base64
+run "text column: destroy refused while base64 rows use the version" 75 "$KS" keys set-state \
+    pay/kek 2 destroyed --db "$I"
+expect_grep "text column: the refusal counts the base64 rows" "$T/err" "20 rows of txt2.card"
 export KEYSHIFT_KEYRING="$T/keyring"
 
 # ---- C. the phase-by-phase demo of `make demo` --------------------------------------

@@ -561,11 +561,10 @@ static void test_policy_sqlite(void **state)
     ks_app_close(sw);
 }
 
-/* A rollout from plaintext: before write-upgrade, seal hands the
- * plaintext back unsealed and open reads plaintext as it is. */
-static void test_policy_plaintext(void **state)
+/* Start a rollout of orders.note from plaintext to payments-kek:2 (v2,
+ * xchacha20-poly1305) recorded with encoding enc; its id. */
+static int64_t start_orders_rollout(world *w, ks_value_encoding enc)
 {
-    world *w = *state;
     ks_rollout s;
     memset(&s, 0, sizeof s);
     strcpy(s.table, "orders");
@@ -574,10 +573,20 @@ static void test_policy_plaintext(void **state)
     s.target = cls(2, KS_ALG_XCHACHA20POLY1305, "payments-kek", 2);
     ks_thresholds_default(&s.thresholds);
     s.reader_ttl_s = 30;
+    s.encoding = enc;
     int64_t id = 0;
     assert_int_equal(ks_rollout_db_start(w->db, &s, "alice", time(NULL), &id, w->err,
                                          sizeof w->err),
                      KS_OK);
+    return id;
+}
+
+/* A rollout from plaintext: before write-upgrade, seal hands the
+ * plaintext back unsealed and open reads plaintext as it is. */
+static void test_policy_plaintext(void **state)
+{
+    world *w = *state;
+    (void)start_orders_rollout(w, KS_ENCODING_BINARY);
     ks_app_options o = opts(w, 2, 0);
     o.database = w->path;
     o.instance_id = "web-2";
@@ -1039,6 +1048,93 @@ static void test_text(void **state)
     ks_app_close(a);
 }
 
+/* The column's encoding decides the form of ks_app_seal, ks_app_open_value,
+ * ks_app_seal_update and ks_app_may_read: the rollout's record where one
+ * covers the column, else the default_encoding option.  A base64 column
+ * reads only the text form (a binary envelope there is malformed), and a
+ * binary column keeps the binary one. */
+static void test_column_encoding(void **state)
+{
+    world *w = *state;
+    int64_t id = start_orders_rollout(w, KS_ENCODING_BASE64);
+    ks_rollout_class target = cls(2, KS_ALG_XCHACHA20POLY1305, "payments-kek", 2);
+    ks_app_options o = opts(w, 2, 0);
+    o.database = w->path;
+    o.instance_id = "web-enc";
+    o.interval_ms = 20;
+    ks_app *a = app_open(w, &o);
+    ks_value_encoding enc = KS_ENCODING_BASE64;
+    assert_int_equal(ks_app_column_encoding(a, "orders", "note", &enc), KS_OK);
+    assert_int_equal(enc, KS_ENCODING_BASE64);
+    assert_int_equal(ks_app_column_encoding(a, "ORDERS", "Note", &enc), KS_OK);
+    assert_int_equal(enc, KS_ENCODING_BASE64);
+    assert_int_equal(ks_app_column_encoding(a, "payments", "card", &enc), KS_OK);
+    assert_int_equal(enc, KS_ENCODING_BINARY); /* no rollout: the default */
+    assert_int_equal(ks_app_column_encoding(a, NULL, "card", &enc), KS_ERR_INVALID_ARGUMENT);
+
+    /* planned: plaintext is written and read as it is */
+    ks_app_record r = {"orders", "note", {(const uint8_t *)"t", 1}, {(const uint8_t *)"o:1", 3},
+                       {NULL, 0}};
+    uint8_t out[1024], bin[1024];
+    ks_rollout_class c;
+    size_t n = seal(a, &r, "hello", out, &c);
+    assert_true(c.is_plaintext);
+    assert_int_equal(n, 5);
+    opens_to(a, &r, out, n, "hello");
+
+    /* backfill: the target, as base64 text, which open and may_read decode */
+    move(w, id, KS_PHASE_PLANNED, KS_PHASE_READ_COMPAT);
+    move(w, id, KS_PHASE_READ_COMPAT, KS_PHASE_WRITE_UPGRADE);
+    move(w, id, KS_PHASE_WRITE_UPGRADE, KS_PHASE_BACKFILL);
+    n = seal(a, &r, "secret", out, &c);
+    assert_true(ks_rollout_class_equal(&c, &target));
+    assert_true(n <= ks_app_seal_max_len(6));
+    assert_memory_equal(out, "S1NF", 4);
+    opens_to(a, &r, out, n, "secret");
+    int ok = 0;
+    assert_int_equal(ks_app_may_read(a, "orders", "note", out, n, &ok), KS_OK);
+    assert_int_equal(ok, 1);
+    size_t bn = 0;
+    assert_int_equal(ks_envelope_text_decode(out, n, NULL, bin, sizeof bin, &bn, NULL), KS_OK);
+    assert_int_equal(open_err(a, &r, bin, bn), KS_ERR_BAD_MAGIC); /* [F-TEXT-4] */
+    assert_int_equal(ks_app_may_read(a, "orders", "note", bin, bn, &ok), KS_OK);
+    assert_int_equal(ok, 0);
+    out[n - 2] = out[n - 2] == 'A' ? 'B' : 'A'; /* not canonical, or another envelope */
+    assert_int_not_equal(open_err(a, &r, out, n), KS_OK);
+    uint8_t up[1024];
+    size_t un = 0;
+    assert_int_equal(ks_app_seal_update(a, &r, out, n, (const uint8_t *)"new", 3, up,
+                                        sizeof up, &un, &c), KS_OK);
+    assert_memory_equal(up, "S1NF", 4);
+    opens_to(a, &r, up, un, "new");
+    ks_app_item items[2] = {
+        {{(const uint8_t *)"t", 1}, {(const uint8_t *)"o:1", 3}, {NULL, 0},
+         {(const uint8_t *)"b1", 2}, out, sizeof out, 0, KS_OK, {0}},
+        {{(const uint8_t *)"t", 1}, {(const uint8_t *)"o:1", 3}, {NULL, 0},
+         {(const uint8_t *)"b2", 2}, bin, sizeof bin, 0, KS_OK, {0}},
+    };
+    assert_int_equal(ks_app_seal_batch(a, "orders", "note", items, 2), KS_OK);
+    assert_memory_equal(out, "S1NF", 4);
+    assert_memory_equal(bin, "S1NF", 4);
+    ks_app_close(a);
+
+    /* no database: default_encoding chooses; a bad one is refused */
+    ks_app_options od = opts(w, 2, 0);
+    od.default_encoding = KS_ENCODING_BASE64;
+    ks_app *d = app_open(w, &od);
+    assert_int_equal(ks_app_column_encoding(d, "payments", "card", &enc), KS_OK);
+    assert_int_equal(enc, KS_ENCODING_BASE64);
+    ks_app_record pr = rec("t2", "payments:9:card");
+    n = seal(d, &pr, "plain-db", out, &c);
+    assert_memory_equal(out, "S1NF", 4);
+    opens_to(d, &pr, out, n, "plain-db");
+    ks_app_close(d);
+    od.default_encoding = (ks_value_encoding)7;
+    ks_app *bad = NULL;
+    assert_int_equal(ks_app_open(&od, &bad, w->err, sizeof w->err), KS_ERR_INVALID_ARGUMENT);
+    assert_null(bad);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, world_setup, world_teardown)
 
 int main(void)
@@ -1050,7 +1146,7 @@ int main(void)
         T(test_parse),       T(test_env_keyring),
         T(test_open_alloc_faults), T(test_threads),
         T(test_update_and_may_read), T(test_pg_keyword_string),
-        T(test_text),
+        T(test_text), T(test_column_encoding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -196,13 +196,13 @@ static ks_err open_rowstore(world *w)
 
 /* ---- schema ----------------------------------------------------------------- */
 
-/* A fresh database gets every table at schema version 3; opening again
+/* A fresh database gets every table at schema version 4; opening again
  * changes nothing. */
 static void test_schema_fresh(void **state)
 {
     world *w = *state;
     open_db(w);
-    assert_int_equal(schema_version(w), 3);
+    assert_int_equal(schema_version(w), 4);
     assert_int_equal(query_int(w->path, "SELECT count(*) FROM sqlite_master WHERE type = 'table' "
                                         "AND name LIKE 'keyshift%'"),
                      8);
@@ -229,7 +229,7 @@ static void test_schema_upgrade_from_v1(void **state)
     assert_int_equal(ks_rollout_db_latest(w->db, "payments", "card", &r), KS_ERR_NO_ROLLOUT);
     assert_int_equal(schema_version(w), 1);
     open_db(w);
-    assert_int_equal(schema_version(w), 3);
+    assert_int_equal(schema_version(w), 4);
     assert_int_equal(query_int(w->path, "SELECT count(*) FROM keyshift_quarantine"), 1);
     assert_int_equal(open_rowstore(w), KS_OK);
 }
@@ -248,7 +248,7 @@ static void test_upgrade_atomic(void **state)
                      0);
     exec_sql(w->path, "DROP VIEW keyshift_rollout_log;");
     open_db(w);
-    assert_int_equal(schema_version(w), 3);
+    assert_int_equal(schema_version(w), 4);
 }
 
 /* A read-only store reads but refuses every change. */
@@ -278,7 +278,7 @@ static void test_schema_newer_refused(void **state)
 {
     world *w = *state;
     exec_sql(w->path, "CREATE TABLE keyshift_meta(key TEXT PRIMARY KEY, value);"
-                      "INSERT INTO keyshift_meta VALUES('schema_version', 4);");
+                      "INSERT INTO keyshift_meta VALUES('schema_version', 5);");
     assert_int_equal(ks_rollout_db_open(w->path, 0, &w->db, w->err, sizeof w->err),
                      KS_ERR_STORE);
     assert_null(w->db);
@@ -1717,9 +1717,17 @@ static void test_key_scope_guards(void **state)
     assert_non_null(strstr(w->err, "a later rollout governs key payments-kek"));
 }
 
-/* Turn the version 3 tables back into what version 2 of this library
- * created: no keyshift_rollout_column, no scope_key_id, the old index. */
+/* Turn the version 4 tables back into what version 3 of this library
+ * created: no keyshift_rollout.encoding. */
+static const char v4_to_v3[] =
+    "ALTER TABLE keyshift_rollout DROP COLUMN encoding;"
+    "UPDATE keyshift_meta SET value = 3 WHERE key = 'schema_version';";
+
+/* Turn the version 4 tables back into what version 2 of this library
+ * created: no keyshift_rollout_column, no scope_key_id, no encoding, the
+ * old index. */
 static const char v3_to_v2[] =
+    "ALTER TABLE keyshift_rollout DROP COLUMN encoding;"
     "DROP TABLE keyshift_rollout_column; DROP INDEX keyshift_rollout_open;"
     "DROP INDEX keyshift_rollout_by_key; ALTER TABLE keyshift_rollout DROP COLUMN scope_key_id;"
     "CREATE UNIQUE INDEX keyshift_rollout_open ON keyshift_rollout(tbl COLLATE NOCASE,"
@@ -1728,7 +1736,7 @@ static const char v3_to_v2[] =
     "UPDATE keyshift_meta SET value = 2 WHERE key = 'schema_version';";
 
 /* A version 2 database: read-only, its rollout is read as column-scoped
- * and nothing changes; a writer upgrades it to version 3 in place, keeps
+ * and nothing changes; a writer upgrades it to version 4 in place, keeps
  * the rollout (and its open-rollout rule) and can start key scopes. */
 static void test_schema_upgrade_from_v2(void **state)
 {
@@ -1751,12 +1759,13 @@ static void test_schema_upgrade_from_v2(void **state)
     assert_int_equal(ks_rollout_db_latest(w->db, "payments", "card", &r), KS_OK);
     assert_int_equal(r.phase, KS_PHASE_BACKFILL);
     assert_int_equal(r.scope, KS_SCOPE_COLUMN);
+    assert_int_equal(r.encoding, KS_ENCODING_BINARY);
     assert_int_equal(ks_rollout_db_list(w->db, 0, list, 2, &n), KS_OK);
     assert_int_equal(n, 1);
     assert_int_equal(ks_rollout_db_latest_key(w->db, "payments-kek", &r), KS_ERR_NO_ROLLOUT);
     assert_int_equal(schema_version(w), 2);
     open_db(w);
-    assert_int_equal(schema_version(w), 3);
+    assert_int_equal(schema_version(w), 4);
     assert_int_equal(ks_rollout_db_get(w->db, 1, &r), KS_OK);
     assert_int_equal(r.scope, KS_SCOPE_COLUMN);
     start_refused(w, &s, KS_ERR_ROLLOUT_EXISTS, "rollout 1 of payments.card is in backfill");
@@ -1766,8 +1775,68 @@ static void test_schema_upgrade_from_v2(void **state)
     s.n_columns = 1;
     (void)start(w, &s, 20);
     open_db(w); /* opening again changes nothing */
-    assert_int_equal(schema_version(w), 3);
+    assert_int_equal(schema_version(w), 4);
     assert_int_equal(open_rowstore(w), KS_OK);
+}
+
+/* The encoding recorded with a rollout: stored and read back on start,
+ * get, latest and list; a bad one refused at start and, stored by hand,
+ * read as a malformed row.  A version 3 database (no encoding column)
+ * reads as binary, read-only without a change; a writer upgrades it to
+ * version 4 in place and keeps its rollout. */
+static void test_encoding_record(void **state)
+{
+    world *w = *state;
+    open_db(w);
+    ks_rollout s = spec(), r, list[2];
+    s.encoding = KS_ENCODING_BASE64;
+    int64_t id = start(w, &s, 10);
+    assert_int_equal(ks_rollout_db_get(w->db, id, &r), KS_OK);
+    assert_int_equal(r.encoding, KS_ENCODING_BASE64);
+    assert_int_equal(ks_rollout_db_latest(w->db, "payments", "card", &r), KS_OK);
+    assert_int_equal(r.encoding, KS_ENCODING_BASE64);
+    size_t n = 0;
+    assert_int_equal(ks_rollout_db_list(w->db, 0, list, 2, &n), KS_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(list[0].encoding, KS_ENCODING_BASE64);
+    ks_rollout o = spec();
+    strcpy(o.table, "orders");
+    o.encoding = (ks_value_encoding)2;
+    start_refused(w, &o, KS_ERR_INVALID_ARGUMENT, "encoding");
+    ks_policy_options po;
+    memset(&po, 0, sizeof po);
+    po.instance_id = "enc-1";
+    po.max_format = 2;
+    ks_policy *p = NULL;
+    assert_int_equal(ks_policy_open(w->path, &po, &p), KS_OK);
+    ks_value_encoding e = KS_ENCODING_BINARY;
+    assert_int_equal(ks_policy_column_encoding(p, "PAYMENTS", "card", &e), KS_OK);
+    assert_int_equal(e, KS_ENCODING_BASE64);
+    assert_int_equal(ks_policy_column_encoding(p, "orders", "card", &e), KS_ERR_NOT_FOUND);
+    assert_int_equal(e, KS_ENCODING_BINARY);
+    assert_int_equal(ks_policy_column_encoding(p, NULL, "card", &e), KS_ERR_INVALID_ARGUMENT);
+    ks_policy_close(p);
+    ks_rollout_db_close(w->db);
+    w->db = NULL;
+    exec_sql(w->path, "UPDATE keyshift_rollout SET encoding = 'hex';");
+    open_db(w);
+    assert_int_equal(ks_rollout_db_get(w->db, id, &r), KS_ERR_STORE);
+    ks_rollout_db_close(w->db);
+    w->db = NULL;
+    exec_sql(w->path, v4_to_v3);
+    assert_int_equal(ks_rollout_db_open(w->path, KS_ROLLOUT_DB_READ_ONLY, &w->db, w->err,
+                                        sizeof w->err),
+                     KS_OK);
+    assert_int_equal(ks_rollout_db_get(w->db, id, &r), KS_OK);
+    assert_int_equal(r.encoding, KS_ENCODING_BINARY);
+    assert_int_equal(schema_version(w), 3);
+    open_db(w);
+    assert_int_equal(schema_version(w), 4);
+    assert_int_equal(ks_rollout_db_get(w->db, id, &r), KS_OK);
+    assert_int_equal(r.encoding, KS_ENCODING_BINARY);
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM keyshift_rollout WHERE "
+                                        "encoding = 'binary'"),
+                     1);
 }
 
 /* May p read value of table.column? */
@@ -1882,7 +1951,7 @@ int main(void)
         T(test_policy_set_keys),
         T(test_key_scope_start),
         T(test_key_scope_guards),
-        T(test_schema_upgrade_from_v2),
+        T(test_schema_upgrade_from_v2), T(test_encoding_record),
         T(test_policy_by_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

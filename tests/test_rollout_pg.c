@@ -41,7 +41,7 @@ static void test_open_creates_schema(void **state)
                      8);
     assert_int_equal(ks_pg_test_int(w->admin, "SELECT value FROM keyshift_meta "
                                   "WHERE key = 'rollout_schema_version'"),
-                     1);
+                     2);
     ks_rollout_store *again = open_store(w, 0);
     again->ops->close(again);
     /* read-only over the tables: reads work, writes refuse */
@@ -258,7 +258,10 @@ static void test_strict_rows(void **state)
     ks_pg_test_exec(w->admin, "UPDATE keyshift_rollout SET canary_tenants = '', "
                   "max_auth_failure_rate = 'NaN'");
     assert_int_equal(s->ops->get(s, id, &got), KS_ERR_STORE);
-    ks_pg_test_exec(w->admin, "UPDATE keyshift_rollout SET max_auth_failure_rate = 0");
+    ks_pg_test_exec(w->admin, "UPDATE keyshift_rollout SET max_auth_failure_rate = 0, "
+                  "encoding = 'hex'");
+    assert_int_equal(s->ops->get(s, id, &got), KS_ERR_STORE);
+    ks_pg_test_exec(w->admin, "UPDATE keyshift_rollout SET encoding = 'binary'");
     assert_int_equal(s->ops->get(s, id, &got), KS_OK);
     ks_health_sample h = {.time = 5, .seals = 1};
     assert_int_equal(s->ops->metrics_insert(s, id, "web-1", "app", &h), KS_OK);
@@ -279,6 +282,45 @@ static void test_strict_rows(void **state)
     /* the log cannot be edited to be made bad, or at all */
     assert_int_equal(admin_try(w, "UPDATE keyshift_rollout_log SET to_phase = 'bogus'"),
                      PGRES_FATAL_ERROR);
+}
+
+/* The rollout's encoding: inserted and read back; a version 1 database
+ * (no encoding column) reads as binary read-only without a change, and a
+ * writer upgrades it to version 2 in place, keeping its rollouts. */
+static void test_encoding_upgrade(void **state)
+{
+    world *w = *state;
+    ks_rollout_store *s = w->s;
+    ks_rollout r = row("payments", "card", 100), got;
+    r.encoding = KS_ENCODING_BASE64;
+    int64_t id = 0;
+    assert_int_equal(s->ops->begin(s), KS_OK);
+    assert_int_equal(s->ops->insert(s, &r, &id), KS_OK);
+    assert_int_equal(s->ops->commit(s), KS_OK);
+    assert_int_equal(s->ops->get(s, id, &got), KS_OK);
+    assert_int_equal(got.encoding, KS_ENCODING_BASE64);
+    assert_int_equal(s->ops->latest(s, "payments", "card", &got), KS_OK);
+    assert_int_equal(got.encoding, KS_ENCODING_BASE64);
+    ks_pg_test_exec(w->admin, "ALTER TABLE keyshift_rollout DROP COLUMN encoding");
+    ks_pg_test_exec(w->admin, "UPDATE keyshift_meta SET value = 1 "
+                              "WHERE key = 'rollout_schema_version'");
+    ks_rollout_store *ro = open_store(w, 1);
+    assert_int_equal(ro->ops->get(ro, id, &got), KS_OK);
+    assert_int_equal(got.encoding, KS_ENCODING_BINARY);
+    ro->ops->close(ro);
+    assert_int_equal(ks_pg_test_int(w->admin, "SELECT value FROM keyshift_meta "
+                                  "WHERE key = 'rollout_schema_version'"),
+                     1);
+    ks_rollout_store *rw = open_store(w, 0);
+    assert_int_equal(rw->ops->get(rw, id, &got), KS_OK);
+    assert_int_equal(got.encoding, KS_ENCODING_BINARY);
+    rw->ops->close(rw);
+    assert_int_equal(ks_pg_test_int(w->admin, "SELECT value FROM keyshift_meta "
+                                  "WHERE key = 'rollout_schema_version'"),
+                     2);
+    assert_int_equal(ks_pg_test_int(w->admin, "SELECT count(*) FROM keyshift_rollout "
+                                  "WHERE encoding = 'binary'"),
+                     1);
 }
 
 /* The log is append-only for every connection: UPDATE, DELETE and
@@ -563,6 +605,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_find_column, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(test_rollout_rows, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(test_strict_rows, world_setup, world_teardown),
+        cmocka_unit_test_setup_teardown(test_encoding_upgrade, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(test_log_append_only, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(test_data_version_snapshot, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(test_readers_metrics, world_setup, world_teardown),

@@ -17,15 +17,19 @@
  * passphrase is kept in locked memory for that until close.  ks_app_seal
  * asks the rollout what to write for the record's tenant and seals
  * exactly that; ks_app_open_value checks that the rollout's phase allows
- * the value's class to be read, then opens it.  Without a database there
- * is no thread: seal writes the configured default key and open opens
- * anything the providers hold.
+ * the value's class to be read, then opens it.  Both work in the form the
+ * column holds envelopes in (ks_app_column_encoding: binary, or base64
+ * text), which the rollout records, so an application calls the same two
+ * functions for every column.  Without a database there is no thread:
+ * seal writes the configured default key in the default encoding and
+ * open opens anything the providers hold.
  *
  * Ownership.  Every buffer passed in or out is the caller's: the library
  * keeps no pointer to it after a call returns, and writes only into the
  * output buffers it is given (plaintext outputs are the caller's to wipe).
  * A cap of ks_app_seal_max_len(pt_len) always suffices for a seal's output
- * and a cap of the envelope's length always suffices for an open's.  On
+ * (in either encoding) and a cap of the stored value's length always
+ * suffices for an open's.  On
  * any failure an output buffer holds no plaintext.
  *
  * Errors.  Every error is a ks_err with a stable name (ks_err_name) and
@@ -128,6 +132,12 @@ typedef struct ks_app_options {
     /* The purpose bound into (and required of) format-2 envelopes, 1..
      * KS_PURPOSE_MAX bytes of [F-NAME-1]; NULL: the column's name. */
     const char *purpose;
+
+    /* How columns that no rollout covers hold envelopes (also every
+     * column without a database): KS_ENCODING_BINARY (0, the default) or
+     * KS_ENCODING_BASE64.  A column a rollout covers is in the rollout's
+     * encoding, whatever this says (ks_app_column_encoding). */
+    ks_value_encoding default_encoding;
 } ks_app_options;
 
 typedef struct ks_app ks_app;
@@ -171,8 +181,25 @@ typedef struct ks_app_record {
 } ks_app_record;
 
 /* An upper bound on the output of sealing pt_len bytes, whatever the
- * class, tenant and context; 0 past the format's limits. */
+ * class, tenant, context and encoding (the base64 text is the longer
+ * form); 0 past the format's limits. */
 KS_API size_t ks_app_seal_max_len(size_t pt_len);
+
+/*
+ * How table.column holds envelopes, the form ks_app_seal writes and
+ * ks_app_open_value, ks_app_seal_update and ks_app_may_read read there:
+ * the encoding recorded with the latest rollout covering the column (its
+ * column-scoped rollout or a key-scoped one listing it, finalized or
+ * not: ks_policy_column_encoding); where none covers it, or without a
+ * database, the default_encoding option.  KS_ENCODING_BINARY: the
+ * envelope's bytes (BLOB, bytea).  KS_ENCODING_BASE64: its canonical
+ * base64 text, which begins "S1NF" (docs/format.md section 10: a SQLite
+ * TEXT, a PostgreSQL text or varchar column).  Errors:
+ * KS_ERR_INVALID_ARGUMENT (NULL app, table, column or out), the
+ * policy's (it could not answer: fail closed, *out binary).
+ */
+KS_API KS_WUR ks_err ks_app_column_encoding(ks_app *app, const char *table, const char *column,
+                                            ks_value_encoding *out);
 
 /*
  * Seal pt[0, pt_len) for record r into out[0, cap), its length to
@@ -180,17 +207,20 @@ KS_API size_t ks_app_seal_max_len(size_t pt_len);
  * (ks_policy_write_target_key with default_key_id, else
  * ks_policy_write_target): the source or the target, the target for a
  * canary tenant in write-upgrade; where no rollout governs, the default
- * key.  When the answer is plaintext (a rollout from plaintext before
- * write-upgrade) out receives pt itself, unsealed: the column still holds
- * plaintext for readers that cannot open envelopes.  The class written
- * goes to *written when not NULL.  Seals are counted (latency, provider
+ * key.  The envelope is written in the column's encoding
+ * (ks_app_column_encoding): its bytes, or its canonical base64 text
+ * [F-TEXT-1].  When the answer is plaintext (a rollout from plaintext
+ * before write-upgrade) out receives pt itself, unsealed, in either
+ * encoding: the column still holds plaintext for readers that cannot
+ * open envelopes.  The class written goes to *written when not NULL.  Seals are counted (latency, provider
  * errors) for the health report.
  * Errors: KS_ERR_INVALID_ARGUMENT (NULL app, r, table, column or out_len,
  * a bad tenant, context or purpose), KS_ERR_NO_ROLLOUT (no rollout and no
  * default key), KS_ERR_BUFFER_TOO_SMALL (nothing written; a cap of
  * ks_app_seal_max_len always suffices), the policy's errors (e.g.
  * KS_ERR_STATE: a key-scoped rollout covers the column and no
- * default_key_id says which key this application uses), ks_seal's.
+ * default_key_id says which key this application uses), ks_seal's,
+ * KS_ERR_NO_MEMORY (base64).
  */
 KS_API KS_WUR ks_err ks_app_seal(ks_app *app, const ks_app_record *r, const uint8_t *pt,
                                  size_t pt_len, uint8_t *out, size_t cap, size_t *out_len,
@@ -198,7 +228,10 @@ KS_API KS_WUR ks_err ks_app_seal(ks_app *app, const ks_app_record *r, const uint
 
 /*
  * Open the stored value v[0, v_len) of record r into pt[0, cap), its
- * length to *pt_len.  The value's class (its header, parsed strictly; a
+ * length to *pt_len, reading it in the column's encoding
+ * (ks_app_column_encoding); a base64 column's value is read exactly as
+ * ks_app_open_text says (a binary envelope there is malformed), a binary
+ * column's as follows.  The value's class (its header, parsed strictly; a
  * value not starting with "KSE" is plaintext) must be one the rollout's
  * phase reads, else KS_ERR_PHASE; a plaintext the phase reads is copied
  * out as it is.  Then the envelope is opened, its tenant required to be
@@ -216,8 +249,9 @@ KS_API KS_WUR ks_err ks_app_open_value(ks_app *app, const ks_app_record *r, cons
 
 /*
  * Seal pt[0, pt_len) for record r to replace its stored value prev[0,
- * prev_len) (prev NULL: SQL NULL), as an application updating a row
- * does: where a rollout governs the column, exactly as ks_app_seal;
+ * prev_len) (prev NULL: SQL NULL; in the column's encoding), as an
+ * application updating a row does: where a rollout governs the column,
+ * exactly as ks_app_seal;
  * where none does, in the stored value's own class instead of the
  * default key, so that an update keeps the column's form until a rollout
  * says otherwise: a plaintext stays plaintext (out receives pt itself),
@@ -235,7 +269,8 @@ KS_API KS_WUR ks_err ks_app_seal_update(ks_app *app, const ks_app_record *r,
 
 /*
  * May the stored value v[0, v_len) of table.column (v NULL: SQL NULL,
- * always readable) be read now: *ok 1 when the rollout's phase reads its
+ * always readable; in the column's encoding, a malformed text never
+ * readable) be read now: *ok 1 when the rollout's phase reads its
  * class (as ks_app_open_value checks), 0 when it does not.
  * KS_ERR_NOT_FOUND (*ok 0) when no rollout governs the value (also
  * without a database): the application's own rule applies, e.g. reading
@@ -328,27 +363,24 @@ KS_API void ks_app_stats_get(ks_app *app, ks_app_stats *out);
  * (KS_READER_KEYS_MAX + 1 always does). */
 KS_API KS_WUR ks_err ks_app_keys(ks_app *app, char *out, size_t cap);
 
-/* ---- columns of base64 text ------------------------------------------------
+/* ---- base64 text, whatever the column's encoding ---------------------------
  *
- * A column that holds envelopes as their canonical base64 text, which
- * begins "S1NF" (docs/format.md section 10: a SQLite TEXT, a PostgreSQL
- * text or varchar column migrated with --encoding base64), is sealed and
- * opened through these two calls instead of ks_app_seal and
- * ks_app_open_value; the rollout and the health report see the same
- * classes and counts.  Which columns are text is the application's
- * choice, per column, as it is the migration's.
+ * ks_app_seal and ks_app_open_value already work in the encoding of the
+ * column (ks_app_column_encoding); these two always use the base64 text
+ * (docs/format.md section 10), for an application that knows a column is
+ * text without a rollout or default_encoding saying so.  The rollout and
+ * the health report see the same classes and counts.
  */
 
-/* An upper bound on the output of ks_app_seal_text for pt_len bytes;
- * 0 past the format's limits. */
+/* ks_app_seal_max_len (kept for callers of ks_app_seal_text). */
 KS_API size_t ks_app_seal_text_max_len(size_t pt_len);
 
 /*
- * ks_app_seal, then the envelope's canonical base64 text to out[0, cap)
- * (*out_len its length).  Where the rollout's answer is plaintext, out
- * receives pt itself, as ks_app_seal.  Errors as ks_app_seal's
- * (KS_ERR_BUFFER_TOO_SMALL: a cap of ks_app_seal_text_max_len always
- * suffices), and KS_ERR_NO_MEMORY.
+ * ks_app_seal, in base64 whatever the column's encoding: the envelope's
+ * canonical base64 text to out[0, cap) (*out_len its length).  Where the
+ * rollout's answer is plaintext, out receives pt itself, as ks_app_seal.
+ * Errors as ks_app_seal's (KS_ERR_BUFFER_TOO_SMALL: a cap of
+ * ks_app_seal_max_len always suffices), and KS_ERR_NO_MEMORY.
  */
 KS_API KS_WUR ks_err ks_app_seal_text(ks_app *app, const ks_app_record *r, const uint8_t *pt,
                                       size_t pt_len, uint8_t *out, size_t cap, size_t *out_len,
@@ -358,7 +390,7 @@ KS_API KS_WUR ks_err ks_app_seal_text(ks_app *app, const ks_app_record *r, const
  * Open the stored text v[0, v_len) of record r [F-TEXT-4]: a value that
  * begins "S1NF" is decoded strictly (ks_envelope_text_decode; a
  * rejection, with its character offset in *perr, is returned and nothing
- * is opened), then opened as ks_app_open_value opens an envelope (a
+ * is opened), then opened as ks_app_open_value opens a binary column's envelope (a
  * parse error's offset then counts decoded bytes).  A value that begins
  * "KSE" (a binary envelope) is KS_ERR_BAD_MAGIC at 0.  Any other value is
  * plaintext: copied out when the rollout's

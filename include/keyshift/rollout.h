@@ -22,7 +22,7 @@
  *     checks, the guards (ks_rollout_guard), the canary bucket;
  *   - ks_rollout_db: the state in the application's database (tables
  *     keyshift_rollout, keyshift_rollout_log, keyshift_readers,
- *     keyshift_metrics, keyshift_rollout_column; schema version 3 of
+ *     keyshift_metrics, keyshift_rollout_column; schema version 4 of
  *     keyshift_meta), reached through a rollout store
  *     (keyshift/rollout_store.h: SQLite by ks_rollout_db_open, any other
  *     by ks_rollout_db_wrap);
@@ -51,6 +51,7 @@
 #include <keyshift/error.h>
 #include <keyshift/health.h>
 #include <keyshift/provider.h>
+#include <keyshift/rowstore.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -174,6 +175,12 @@ typedef struct ks_rollout {
     ks_rollout_scope scope;
     size_t n_columns;
     ks_rollout_column columns[KS_ROLLOUT_COLUMNS_MAX];
+    /* How the scope's columns hold envelopes (docs/format.md section 10):
+     * binary (0, the default, and what a rollout recorded before the field
+     * existed reads as) or base64 text.  Every column of a key scope holds
+     * them alike.  The rollout's census and the migrate and verify runs it
+     * counts use it; ks_policy_column_encoding answers it. */
+    ks_value_encoding encoding;
 } ks_rollout;
 
 /* Nonzero when r's scope covers table.column (names compared as SQLite
@@ -323,11 +330,12 @@ typedef struct ks_rollout_db ks_rollout_db;
  * Open the application's SQLite database at path (never created: a
  * missing file is KS_ERR_NO_TARGET).  Unless KS_ROLLOUT_DB_READ_ONLY,
  * creates keyshift's tables, or upgrades those of schema version 1 (made
- * by the row store) or 2 to version 3 in place, in one BEGIN IMMEDIATE
+ * by the row store), 2 or 3 to version 4 in place, in one BEGIN IMMEDIATE
  * transaction.  A database of a newer version is refused (KS_ERR_STORE);
  * read-only, a database without the version 2 tables opens, and reads
- * find no rollout; a version 2 database is read as it is (every rollout
- * in it is column-scoped).  Messages go to errbuf.  Lock waits back off up to
+ * find no rollout; a version 2 or 3 database is read as it is (every
+ * rollout in a version 2 one is column-scoped; every rollout of either
+ * is of binary encoding).  Messages go to errbuf.  Lock waits back off up to
  * 30 s (KS_ERR_BUSY).
  */
 KS_API KS_WUR ks_err ks_rollout_db_open(const char *path, unsigned flags, ks_rollout_db **out,
@@ -341,14 +349,15 @@ KS_API void ks_rollout_db_close(ks_rollout_db *db);
 
 /*
  * Create a rollout in planned from spec's table, column, source, target,
- * canary, thresholds, min_soak_s and reader_ttl_s (its other fields are
+ * canary, thresholds, min_soak_s, reader_ttl_s and encoding (its other fields are
  * ignored); its id goes to *id and a log row (from none to planned) is
  * written by actor.  The table and column are looked up in the schema
  * (KS_ERR_NO_TARGET if absent; keyshift_* and sqlite_* tables refused
  * with KS_ERR_INVALID_ARGUMENT) and stored in the schema's spelling.
  * KS_ERR_ROLLOUT_EXISTS when a rollout of the scope is not finalized;
  * KS_ERR_INVALID_ARGUMENT for a bad spec (bad class, equal source and
- * target, plaintext target, bad canary, NaN rate, reader_ttl_s 0).
+ * target, plaintext target, bad canary, NaN rate, reader_ttl_s 0, an
+ * encoding neither binary nor base64).
  *
  * With spec->scope KS_SCOPE_KEY: table and column must be empty and
  * columns[0, n_columns) name 1..KS_ROLLOUT_COLUMNS_MAX distinct columns,
@@ -602,6 +611,16 @@ KS_API KS_WUR ks_err ks_policy_write_target_key(ks_policy *p, const char *table,
  */
 KS_API KS_WUR ks_err ks_policy_may_read(ks_policy *p, const char *table, const char *column,
                                         const ks_bytes *value, int *ok);
+
+/*
+ * How table.column holds envelopes, as recorded with the latest rollout
+ * (highest id) whose scope covers it: its column-scoped rollout, or a
+ * key-scoped one listing it; finalized rollouts count (the column keeps
+ * its form after them).  KS_ERR_NOT_FOUND (*out binary) when no rollout
+ * covers the column: the application's own choice applies.
+ */
+KS_API KS_WUR ks_err ks_policy_column_encoding(ks_policy *p, const char *table,
+                                               const char *column, ks_value_encoding *out);
 
 /* Check the database now (PRAGMA data_version), reloading the rollouts
  * when it changed, whatever refresh_ms says.  On failure the policy keeps

@@ -66,6 +66,7 @@ struct ks_app {
     uint32_t default_key_version;
     uint8_t default_format;
     uint32_t default_algorithm;
+    ks_value_encoding default_encoding; /* of columns no rollout covers */
     pthread_mutex_t mu;                    /* guards stop and stats */
     pthread_cond_t cv;                     /* signalled by close */
     int sync_ready;                        /* mu and cv initialised */
@@ -335,11 +336,16 @@ static ks_err take_options(ks_app *a, const ks_app_options *o, char *errbuf, siz
     a->default_format = o->default_format ? o->default_format : KS_FORMAT_V2;
     a->default_algorithm = o->default_algorithm ? o->default_algorithm : KS_ALG_XCHACHA20POLY1305;
     a->default_key_version = o->default_key_version;
+    a->default_encoding = o->default_encoding;
     if (a->max_format > KS_FORMAT_V2 || a->default_format > KS_FORMAT_V2 ||
         ks_alg_name(a->default_algorithm) == NULL) {
         return ks_errbuf_fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
                               "max_format and default_format are 1 or 2, and default_algorithm "
                               "a KS_ALG_* value");
+    }
+    if (ks_value_encoding_name((int)a->default_encoding) == NULL) {
+        return ks_errbuf_fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
+                              "default_encoding is KS_ENCODING_BINARY or KS_ENCODING_BASE64");
     }
     if (o->database != NULL && o->instance_id == NULL) {
         return ks_errbuf_fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
@@ -655,8 +661,9 @@ static ks_bytes purpose_of(const ks_app *a, const ks_app_record *r)
     return (ks_bytes){(const uint8_t *)p, strlen(p)};
 }
 
-/* See keyshift/app.h. */
-size_t ks_app_seal_max_len(size_t pt_len)
+/* The largest binary envelope sealing pt_len bytes can give, whatever
+ * the class, tenant and context; 0 past the format's limits. */
+static size_t binary_max_len(size_t pt_len)
 {
     uint8_t id[KS_KEY_ID_MAX], name[KS_TENANT_MAX > KS_PURPOSE_MAX ? KS_TENANT_MAX : KS_PURPOSE_MAX];
     memset(id, 'k', sizeof id);
@@ -751,6 +758,103 @@ static ks_err seal_as(ks_app *app, const ks_app_record *r, ks_rollout_class c, c
     return e;
 }
 
+/* Decode the text envelope v[0, v_len) strictly (ks_envelope_text_decode,
+ * the length bounded before anything is decoded [F-TEXT-3]) into a
+ * malloc'd *env of *n bytes, which the caller frees (NULL on failure). */
+static ks_err text_decode(const uint8_t *v, size_t v_len, uint8_t **env, size_t *n,
+                          ks_parse_error *perr)
+{
+    size_t bound = ks_envelope_text_len(ks_envelope_max_len(NULL));
+    size_t need = v_len > bound ? 0 : ks_envelope_text_decoded_max(v_len);
+    *n = 0;
+    *env = need > 0 ? malloc(need) : NULL;
+    if (need > 0 && *env == NULL) {
+        return KS_ERR_NO_MEMORY;
+    }
+    ks_err e = ks_envelope_text_decode(v, v_len, NULL, *env, need, n, perr);
+    if (e != KS_OK) {
+        free(*env);
+        *env = NULL;
+        *n = 0;
+    }
+    return e;
+}
+
+/* Nonzero when v[0, v_len) begins with the binary envelope's magic "KSE". */
+static int has_magic(const uint8_t *v, size_t v_len)
+{
+    return v_len >= 3 && v[0] == KS_MAGIC_0 && v[1] == KS_MAGIC_1 && v[2] == KS_MAGIC_2;
+}
+
+/* How table.column holds envelopes (ks_app_column_encoding): the latest
+ * rollout covering it records it; where none does (or without a
+ * database), the app's default_encoding.  The policy's errors otherwise
+ * (fail closed: no form is guessed). */
+static ks_err column_encoding(ks_app *a, const char *table, const char *column,
+                              ks_value_encoding *enc)
+{
+    *enc = a->default_encoding;
+    if (a->policy == NULL) {
+        return KS_OK;
+    }
+    ks_value_encoding got;
+    ks_err e = ks_policy_column_encoding(a->policy, table, column, &got);
+    if (e == KS_OK) {
+        *enc = got;
+    }
+    return e == KS_ERR_NOT_FOUND ? KS_OK : e;
+}
+
+/* See keyshift/app.h. */
+ks_err ks_app_column_encoding(ks_app *app, const char *table, const char *column,
+                              ks_value_encoding *out)
+{
+    if (out != NULL) {
+        *out = KS_ENCODING_BINARY;
+    }
+    if (app == NULL || table == NULL || column == NULL || out == NULL) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    return column_encoding(app, table, column, out);
+}
+
+/* Seal pt for r in exactly class c, in the form enc: binary as seal_as
+ * writes it; base64 as the envelope's canonical text [F-TEXT-1], sealed
+ * first into a buffer of its own that is wiped before it is freed.  A
+ * plaintext class writes pt itself in either form. */
+static ks_err seal_in(ks_app *app, const ks_app_record *r, ks_rollout_class c,
+                      ks_value_encoding enc, const uint8_t *pt, size_t pt_len, uint8_t *out,
+                      size_t cap, size_t *out_len, ks_rollout_class *written)
+{
+    if (enc == KS_ENCODING_BINARY || c.is_plaintext) {
+        return seal_as(app, r, c, pt, pt_len, out, cap, out_len, written);
+    }
+    assert(enc == KS_ENCODING_BASE64);
+    size_t bin_cap = binary_max_len(pt_len);
+    if (bin_cap == 0) {
+        return KS_ERR_TOO_LARGE;
+    }
+    uint8_t *bin = malloc(bin_cap);
+    if (bin == NULL) {
+        return KS_ERR_NO_MEMORY;
+    }
+    size_t n = 0;
+    ks_rollout_class w;
+    ks_err e = seal_as(app, r, c, pt, pt_len, bin, bin_cap, &n, &w);
+    if (e == KS_OK) {
+        e = ks_envelope_text_encode(bin, n, out, cap, &n);
+    }
+    sodium_memzero(bin, bin_cap);
+    free(bin);
+    if (e == KS_OK) {
+        *out_len = n;
+        if (written != NULL) {
+            *written = w;
+        }
+    }
+    return e;
+}
+
 /* Nonzero when the arguments of a seal are unusable. */
 static int seal_args_bad(const ks_app *app, const ks_app_record *r, const uint8_t *pt,
                          size_t pt_len, const uint8_t *out, size_t cap, const size_t *out_len)
@@ -767,12 +871,16 @@ ks_err ks_app_seal(ks_app *app, const ks_app_record *r, const uint8_t *pt, size_
         return KS_ERR_INVALID_ARGUMENT;
     }
     *out_len = 0;
+    ks_value_encoding enc;
     ks_rollout_class c;
-    ks_err e = choose_class(app, r, &c);
+    ks_err e = column_encoding(app, r->table, r->column, &enc);
+    if (e == KS_OK) {
+        e = choose_class(app, r, &c);
+    }
     if (e != KS_OK) {
         return e;
     }
-    return seal_as(app, r, c, pt, pt_len, out, cap, out_len, written);
+    return seal_in(app, r, c, enc, pt, pt_len, out, cap, out_len, written);
 }
 
 /* The class of stored value prev[0, prev_len) (NULL: SQL NULL) into *c:
@@ -785,7 +893,7 @@ static ks_err stored_class(const uint8_t *prev, size_t prev_len, ks_rollout_clas
     if (prev == NULL) {
         return KS_ERR_NO_ROLLOUT;
     }
-    if (prev_len < 3 || prev[0] != KS_MAGIC_0 || prev[1] != KS_MAGIC_1 || prev[2] != KS_MAGIC_2) {
+    if (!has_magic(prev, prev_len)) {
         c->is_plaintext = 1;
         return KS_OK;
     }
@@ -798,6 +906,34 @@ static ks_err stored_class(const uint8_t *prev, size_t prev_len, ks_rollout_clas
     return KS_OK;
 }
 
+/* stored_class of a value held in form enc: in a base64 column, a text
+ * envelope [F-TEXT-4] is decoded first (a malformed one, or a binary
+ * envelope there, has no class: KS_ERR_NO_ROLLOUT), and any other value
+ * is plaintext. */
+static ks_err stored_class_in(ks_value_encoding enc, const uint8_t *prev, size_t prev_len,
+                              ks_rollout_class *c)
+{
+    if (enc == KS_ENCODING_BINARY || prev == NULL) {
+        return stored_class(prev, prev_len, c);
+    }
+    memset(c, 0, sizeof *c);
+    if (has_magic(prev, prev_len)) {
+        return KS_ERR_NO_ROLLOUT;
+    }
+    if (!ks_envelope_text_is_candidate(prev, prev_len)) {
+        c->is_plaintext = 1;
+        return KS_OK;
+    }
+    uint8_t *env;
+    size_t n;
+    ks_err e = text_decode(prev, prev_len, &env, &n, NULL);
+    if (e == KS_OK) {
+        e = stored_class(env, n, c);
+        free(env);
+    }
+    return e == KS_ERR_NO_MEMORY ? e : e != KS_OK ? KS_ERR_NO_ROLLOUT : KS_OK;
+}
+
 /* See keyshift/app.h. */
 ks_err ks_app_seal_update(ks_app *app, const ks_app_record *r, const uint8_t *prev,
                           size_t prev_len, const uint8_t *pt, size_t pt_len, uint8_t *out,
@@ -807,21 +943,28 @@ ks_err ks_app_seal_update(ks_app *app, const ks_app_record *r, const uint8_t *pr
         return KS_ERR_INVALID_ARGUMENT;
     }
     *out_len = 0;
+    ks_value_encoding enc;
     ks_rollout_class c;
-    ks_err e = rollout_class(app, r, &c);
+    ks_err e = column_encoding(app, r->table, r->column, &enc);
+    if (e == KS_OK) {
+        e = rollout_class(app, r, &c);
+    }
     if (e == KS_ERR_NOT_FOUND) { /* no rollout governs: keep the stored form */
-        e = stored_class(prev, prev_len, &c);
+        e = stored_class_in(enc, prev, prev_len, &c);
     }
     if (e != KS_OK) {
         return e;
     }
-    return seal_as(app, r, c, pt, pt_len, out, cap, out_len, written);
+    return seal_in(app, r, c, enc, pt, pt_len, out, cap, out_len, written);
 }
 
-/* See keyshift/app.h. */
+/* See keyshift/app.h.  In a base64 column the policy judges the decoded
+ * envelope; a text that does not decode, or a binary envelope there
+ * [F-TEXT-4], is judged as a malformed value (never readable). */
 ks_err ks_app_may_read(ks_app *app, const char *table, const char *column, const uint8_t *v,
                        size_t v_len, int *ok)
 {
+    static const uint8_t malformed[3] = {KS_MAGIC_0, KS_MAGIC_1, KS_MAGIC_2}; /* no header */
     if (ok != NULL) {
         *ok = 0;
     }
@@ -831,23 +974,36 @@ ks_err ks_app_may_read(ks_app *app, const char *table, const char *column, const
     if (app->policy == NULL) {
         return KS_ERR_NOT_FOUND;
     }
+    ks_value_encoding enc;
+    ks_err e = column_encoding(app, table, column, &enc);
+    if (e != KS_OK) {
+        return e;
+    }
     ks_bytes b = {v, v_len};
-    return ks_policy_may_read(app->policy, table, column, v != NULL ? &b : NULL, ok);
+    uint8_t *env = NULL;
+    if (enc == KS_ENCODING_BASE64 && v != NULL && has_magic(v, v_len)) {
+        b = (ks_bytes){malformed, sizeof malformed};
+    } else if (enc == KS_ENCODING_BASE64 && v != NULL && ks_envelope_text_is_candidate(v, v_len)) {
+        size_t n = 0;
+        e = text_decode(v, v_len, &env, &n, NULL);
+        if (e == KS_ERR_NO_MEMORY) {
+            return e;
+        }
+        b = e == KS_OK ? (ks_bytes){env, n} : (ks_bytes){malformed, sizeof malformed};
+    }
+    e = ks_policy_may_read(app->policy, table, column, v != NULL ? &b : NULL, ok);
+    free(env);
+    return e;
 }
 
-
-/* See keyshift/app.h. */
-ks_err ks_app_open_value(ks_app *app, const ks_app_record *r, const uint8_t *v, size_t v_len,
-                         uint8_t *pt, size_t cap, size_t *pt_len, ks_rollout_class *read,
-                         ks_parse_error *perr)
+/* Open the binary value v[0, v_len) of r as ks_app_open_value says of a
+ * binary column; the caller checked the arguments and zeroed *pt_len. */
+static ks_err open_binary(ks_app *app, const ks_app_record *r, const uint8_t *v, size_t v_len,
+                          uint8_t *pt, size_t cap, size_t *pt_len, ks_rollout_class *read,
+                          ks_parse_error *perr)
 {
-    if (app == NULL || r == NULL || r->table == NULL || r->column == NULL || pt_len == NULL ||
-        (v == NULL && v_len > 0) || (pt == NULL && cap > 0)) {
-        return KS_ERR_INVALID_ARGUMENT;
-    }
-    *pt_len = 0;
     ks_open_params op = {view(r->context), view(r->tenant), {NULL, 0}};
-    int magic = v_len >= 3 && v[0] == KS_MAGIC_0 && v[1] == KS_MAGIC_1 && v[2] == KS_MAGIC_2;
+    int magic = has_magic(v, v_len);
     int is_env = 0, malformed = 0;
     ks_envelope env;
     if (magic) {
@@ -885,6 +1041,81 @@ ks_err ks_app_open_value(ks_app *app, const ks_app_record *r, const uint8_t *v, 
         class_of(&env, read);
     }
     return e;
+}
+
+/* Open the stored text v[0, v_len) of r as ks_app_open_text says; the
+ * caller checked the arguments and zeroed *pt_len.  The decoded
+ * envelope goes through open_binary, so the phase, the counts and the
+ * open are exactly a binary value's. */
+static ks_err open_text(ks_app *app, const ks_app_record *r, const uint8_t *v, size_t v_len,
+                        uint8_t *pt, size_t cap, size_t *pt_len, ks_rollout_class *read,
+                        ks_parse_error *perr)
+{
+    if (has_magic(v, v_len)) {
+        if (perr != NULL) { /* [F-TEXT-4] a binary envelope: malformed here */
+            *perr = (ks_parse_error){KS_ERR_BAD_MAGIC, 0, 0};
+        }
+        return KS_ERR_BAD_MAGIC;
+    }
+    if (!ks_envelope_text_is_candidate(v, v_len)) {
+        /* [F-TEXT-4] plaintext: read as the phase allows (the empty view
+         * stands for the class) */
+        int ok = 0;
+        ks_bytes none = {NULL, 0};
+        ks_err e = app->policy != NULL
+                       ? ks_policy_may_read(app->policy, r->table, r->column, &none, &ok)
+                       : KS_ERR_NOT_FOUND;
+        if (e == KS_OK && !ok) {
+            return KS_ERR_PHASE;
+        }
+        if (e == KS_ERR_NOT_FOUND) {
+            static const uint8_t magic[KS_TEXT_MAGIC_LEN] = {'S', '1', 'N', 'F'};
+            size_t i = 0;
+            while (i < v_len && i < sizeof magic && v[i] == magic[i]) {
+                i++;
+            }
+            e = i < v_len ? KS_ERR_BAD_MAGIC : KS_ERR_TRUNCATED;
+            if (perr != NULL) {
+                *perr = (ks_parse_error){e, i < v_len ? i : 0, 0};
+            }
+            return e;
+        }
+        return e != KS_OK ? e : copy_plaintext(v, v_len, pt, cap, pt_len, read);
+    }
+    uint8_t *env;
+    size_t n = 0;
+    ks_err e = text_decode(v, v_len, &env, &n, perr);
+    if (e == KS_OK) {
+        e = open_binary(app, r, env, n, pt, cap, pt_len, read, perr);
+        free(env);
+    }
+    return e;
+}
+
+/* Nonzero when the arguments of an open are unusable. */
+static int open_args_bad(const ks_app *app, const ks_app_record *r, const uint8_t *v,
+                         size_t v_len, const uint8_t *pt, size_t cap, const size_t *pt_len)
+{
+    return app == NULL || r == NULL || r->table == NULL || r->column == NULL || pt_len == NULL ||
+           (v == NULL && v_len > 0) || (pt == NULL && cap > 0);
+}
+
+/* See keyshift/app.h. */
+ks_err ks_app_open_value(ks_app *app, const ks_app_record *r, const uint8_t *v, size_t v_len,
+                         uint8_t *pt, size_t cap, size_t *pt_len, ks_rollout_class *read,
+                         ks_parse_error *perr)
+{
+    if (open_args_bad(app, r, v, v_len, pt, cap, pt_len)) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    *pt_len = 0;
+    ks_value_encoding enc;
+    ks_err e = column_encoding(app, r->table, r->column, &enc);
+    if (e != KS_OK) {
+        return e;
+    }
+    return enc == KS_ENCODING_BASE64 ? open_text(app, r, v, v_len, pt, cap, pt_len, read, perr)
+                                     : open_binary(app, r, v, v_len, pt, cap, pt_len, read, perr);
 }
 
 /* Seal (seal != 0) or open items[0, n) of table.column, each item on its
@@ -990,109 +1221,45 @@ ks_err ks_app_keys(ks_app *app, char *out, size_t cap)
     return e;
 }
 
-/* See keyshift/app.h. */
-size_t ks_app_seal_text_max_len(size_t pt_len)
+/* See keyshift/app.h: the bound of the text form, which is above the
+ * binary form's and the plaintext's. */
+size_t ks_app_seal_max_len(size_t pt_len)
 {
-    size_t bin = ks_app_seal_max_len(pt_len);
+    size_t bin = binary_max_len(pt_len);
     size_t text = ks_envelope_text_len(bin);
     return bin == 0 || text == 0 ? 0 : (text > pt_len ? text : pt_len);
 }
 
-/* See keyshift/app.h.  The envelope is sealed into a buffer of its own,
- * wiped before it is freed (it holds pt itself when the class is
- * plaintext), then written to out as its canonical text [F-TEXT-1]. */
+/* See keyshift/app.h. */
+size_t ks_app_seal_text_max_len(size_t pt_len)
+{
+    return ks_app_seal_max_len(pt_len);
+}
+
+/* See keyshift/app.h. */
 ks_err ks_app_seal_text(ks_app *app, const ks_app_record *r, const uint8_t *pt, size_t pt_len,
                         uint8_t *out, size_t cap, size_t *out_len, ks_rollout_class *written)
 {
-    if (out_len == NULL || (out == NULL && cap > 0)) {
+    if (seal_args_bad(app, r, pt, pt_len, out, cap, out_len)) {
         return KS_ERR_INVALID_ARGUMENT;
     }
     *out_len = 0;
-    size_t bin_cap = ks_app_seal_max_len(pt_len);
-    if (bin_cap == 0) {
-        return KS_ERR_TOO_LARGE;
-    }
-    uint8_t *bin = malloc(bin_cap);
-    if (bin == NULL) {
-        return KS_ERR_NO_MEMORY;
-    }
-    size_t n = 0;
     ks_rollout_class c;
-    ks_err e = ks_app_seal(app, r, pt, pt_len, bin, bin_cap, &n, &c);
-    if (e == KS_OK && c.is_plaintext) {
-        e = cap < n ? KS_ERR_BUFFER_TOO_SMALL : KS_OK;
-        if (e == KS_OK && n > 0) {
-            memcpy(out, bin, n);
-        }
-    } else if (e == KS_OK) {
-        e = ks_envelope_text_encode(bin, n, out, cap, &n);
-    }
-    sodium_memzero(bin, bin_cap);
-    free(bin);
+    ks_err e = choose_class(app, r, &c);
     if (e != KS_OK) {
         return e;
     }
-    *out_len = n;
-    if (written != NULL) {
-        *written = c;
-    }
-    return KS_OK;
+    return seal_in(app, r, c, KS_ENCODING_BASE64, pt, pt_len, out, cap, out_len, written);
 }
 
-/* See keyshift/app.h.  The text is bounded before it is decoded
- * [F-TEXT-3]; the decoded envelope then goes through ks_app_open_value,
- * so the phase, the counts and the open are exactly a binary value's. */
+/* See keyshift/app.h. */
 ks_err ks_app_open_text(ks_app *app, const ks_app_record *r, const uint8_t *v, size_t v_len,
                         uint8_t *pt, size_t cap, size_t *pt_len, ks_rollout_class *read,
                         ks_parse_error *perr)
 {
-    if (app == NULL || r == NULL || r->table == NULL || r->column == NULL || pt_len == NULL ||
-        (v == NULL && v_len > 0) || (pt == NULL && cap > 0)) {
+    if (open_args_bad(app, r, v, v_len, pt, cap, pt_len)) {
         return KS_ERR_INVALID_ARGUMENT;
     }
     *pt_len = 0;
-    if (v_len >= 3 && v[0] == KS_MAGIC_0 && v[1] == KS_MAGIC_1 && v[2] == KS_MAGIC_2) {
-        if (perr != NULL) { /* [F-TEXT-4] a binary envelope: malformed here */
-            *perr = (ks_parse_error){KS_ERR_BAD_MAGIC, 0, 0};
-        }
-        return KS_ERR_BAD_MAGIC;
-    }
-    if (!ks_envelope_text_is_candidate(v, v_len)) {
-        /* [F-TEXT-4] plaintext: read as the phase allows (the empty view
-         * stands for the class) */
-        int ok = 0;
-        ks_bytes none = {NULL, 0};
-        ks_err e = app->policy != NULL
-                       ? ks_policy_may_read(app->policy, r->table, r->column, &none, &ok)
-                       : KS_ERR_NOT_FOUND;
-        if (e == KS_OK && !ok) {
-            return KS_ERR_PHASE;
-        }
-        if (e == KS_ERR_NOT_FOUND) {
-            static const uint8_t magic[KS_TEXT_MAGIC_LEN] = {'S', '1', 'N', 'F'};
-            size_t i = 0;
-            while (i < v_len && i < sizeof magic && v[i] == magic[i]) {
-                i++;
-            }
-            e = i < v_len ? KS_ERR_BAD_MAGIC : KS_ERR_TRUNCATED;
-            if (perr != NULL) {
-                *perr = (ks_parse_error){e, i < v_len ? i : 0, 0};
-            }
-            return e;
-        }
-        return e != KS_OK ? e : copy_plaintext(v, v_len, pt, cap, pt_len, read);
-    }
-    size_t bound = ks_envelope_text_len(ks_envelope_max_len(NULL));
-    size_t need = v_len > bound ? 0 : ks_envelope_text_decoded_max(v_len);
-    uint8_t *env = need > 0 ? malloc(need) : NULL;
-    if (need > 0 && env == NULL) {
-        return KS_ERR_NO_MEMORY;
-    }
-    size_t n = 0;
-    ks_err e = ks_envelope_text_decode(v, v_len, NULL, env, need, &n, perr);
-    if (e == KS_OK) {
-        e = ks_app_open_value(app, r, env, n, pt, cap, pt_len, read, perr);
-    }
-    free(env);
-    return e;
+    return open_text(app, r, v, v_len, pt, cap, pt_len, read, perr);
 }

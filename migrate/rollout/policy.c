@@ -570,3 +570,28 @@ ks_err ks_policy_may_read(ks_policy *p, const char *table, const char *column,
     const char *key_id = q.classified && !q.c.is_plaintext ? q.c.key_id : NULL;
     return with_rule(p, table, column, key_id, answer_read, &q);
 }
+
+/* See rollout.h.  The rules hold the latest rollout of each scope; the
+ * one of highest id among those covering the column recorded its form
+ * last. */
+ks_err ks_policy_column_encoding(ks_policy *p, const char *table, const char *column,
+                                 ks_value_encoding *out)
+{
+    if (out != NULL)
+        *out = KS_ENCODING_BINARY;
+    if (p == NULL || table == NULL || column == NULL || out == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&p->mu);
+    ks_err err = refresh_locked(p, 0);
+    const ks_rollout *latest = NULL;
+    for (size_t i = 0; err == KS_OK && i < p->n_rules; i++)
+        if (ks_rollout_scope_covers(&p->rules[i], table, column) &&
+            (latest == NULL || p->rules[i].id > latest->id))
+            latest = &p->rules[i];
+    if (err == KS_OK && latest == NULL)
+        err = KS_ERR_NOT_FOUND;
+    if (err == KS_OK)
+        *out = latest->encoding;
+    pthread_mutex_unlock(&p->mu);
+    return err;
+}

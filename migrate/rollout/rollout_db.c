@@ -123,14 +123,16 @@ static ks_err canary_check(const ks_rollout_canary *c)
 }
 
 /* Nonzero when a rollout read from a store makes sense: a valid source
- * and (envelope) target that differ, a valid canary, and for a key scope
+ * and (envelope) target that differ, a valid canary, a known encoding,
+ * and for a key scope
  * 1..KS_ROLLOUT_COLUMNS_MAX distinct, non-empty listed columns (a store
  * decodes columns by type; this judges what they say together). */
 static int rollout_ok(const ks_rollout *r)
 {
     if (ks_rollout_class_check(&r->source, 1) != KS_OK ||
         ks_rollout_class_check(&r->target, 0) != KS_OK ||
-        ks_rollout_class_equal(&r->source, &r->target) || canary_check(&r->canary) != KS_OK)
+        ks_rollout_class_equal(&r->source, &r->target) || canary_check(&r->canary) != KS_OK ||
+        ks_value_encoding_name((int)r->encoding) == NULL)
         return 0;
     if (r->scope != KS_SCOPE_KEY)
         return r->scope == KS_SCOPE_COLUMN && r->n_columns == 0;
@@ -282,6 +284,8 @@ static ks_err spec_check(const ks_rollout *s, char *errbuf, size_t errbuf_len)
         what = "the thresholds are not valid";
     else if (s->reader_ttl_s == 0)
         what = "the reader TTL must be at least 1 s";
+    else if (ks_value_encoding_name((int)s->encoding) == NULL)
+        what = "the encoding is neither binary nor base64";
     else if (s->scope == KS_SCOPE_KEY)
         what = key_spec_problem(s);
     if (what != NULL)

@@ -91,6 +91,19 @@ int ks_rcodec_rollout_finish(ks_rollout *r, const char *phase, const int64_t v[6
 }
 
 /* See rollout_codec.h. */
+int ks_rcodec_encoding_parse(const char *name, ks_rollout *r)
+{
+    static const ks_value_encoding all[] = {KS_ENCODING_BINARY, KS_ENCODING_BASE64};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        if (strcmp(name, ks_value_encoding_name((int)all[i])) == 0) {
+            r->encoding = all[i];
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* See rollout_codec.h. */
 int ks_rcodec_log_finish(ks_rollout_log_entry *e, const char *from, const char *to,
                          int64_t automatic)
 {

@@ -39,6 +39,9 @@ int ks_rcodec_scope_ok(ks_rollout *r, const char *key);
  * max_open_p99_us, min_samples, window_s, min_soak_s, reader_ttl_s
  * (each already within its column's range): 0 for an unknown phase. */
 int ks_rcodec_rollout_finish(ks_rollout *r, const char *phase, const int64_t v[6]);
+/* Set r's encoding from its stored name ("binary" or "base64"): 0 for
+ * any other. */
+int ks_rcodec_encoding_parse(const char *name, ks_rollout *r);
 /* Set a log row's phases from their names (from "" for none) and its
  * automatic flag: 0 for an unknown name. */
 int ks_rcodec_log_finish(ks_rollout_log_entry *e, const char *from, const char *to,

@@ -1139,9 +1139,10 @@ int ks_cli_rollouts_all(ks_rollout_db *db, const char *path, ks_rollout **out, s
 }
 
 /* See cli.h. */
-int ks_cli_census(const char *path, const char *table, const char *column, ks_census *out)
+int ks_cli_census(const char *path, const char *table, const char *column,
+                  ks_value_encoding encoding, ks_census *out)
 {
-    ks_rowstore_target t = {.table = table, .column = column};
+    ks_rowstore_target t = {.table = table, .column = column, .encoding = encoding};
     ks_rowstore store;
     memset(out, 0, sizeof *out);
     int rc = ks_cli_store_open(path, &t, 1, 0, KS_SQLITE_SYNC_FULL, &store);

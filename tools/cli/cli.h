@@ -351,7 +351,8 @@ int ks_cli_rollouts_all(ks_rollout_db *db, const char *path, ks_rollout **out, s
  * read-only store).  Returns EX_OK, or an exit code after printing the
  * problem.  The caller frees *out with ks_census_free.
  */
-int ks_cli_census(const char *path, const char *table, const char *column, ks_census *out);
+int ks_cli_census(const char *path, const char *table, const char *column,
+                  ks_value_encoding encoding, ks_census *out);
 
 /* The rows of census c in any class under (key_id, key_version). */
 uint64_t ks_cli_census_key_rows(const ks_census *c, const char *key_id, uint32_t key_version);

@@ -339,6 +339,7 @@ static int collect_dbs(int argc, char **argv, destroy_opts *d)
 /* A column to count, once. */
 typedef struct scope {
     char table[KS_ROLLOUT_IDENT_MAX + 1], column[KS_ROLLOUT_IDENT_MAX + 1];
+    ks_value_encoding encoding; /* how its census reads it: a rollout's record, else binary */
 } scope;
 
 /* Add table.column to scopes[0, *n) unless there (names compared as
@@ -348,7 +349,7 @@ typedef struct scope {
  * too long) sets *cut, so that the rows are known not to be all counted
  * (fail closed: the destroy is then refused unless forced). */
 static void add_scope(scope *scopes, size_t *n, size_t max, const char *t, const char *c,
-                      int exact, int *cut)
+                      ks_value_encoding encoding, int exact, int *cut)
 {
     for (size_t i = 0; i < *n; i++) {
         if (exact ? strcmp(scopes[i].table, t) == 0 && strcmp(scopes[i].column, c) == 0
@@ -359,6 +360,7 @@ static void add_scope(scope *scopes, size_t *n, size_t max, const char *t, const
     if (*n < max && strlen(t) <= KS_ROLLOUT_IDENT_MAX && strlen(c) <= KS_ROLLOUT_IDENT_MAX) {
         memcpy(scopes[*n].table, t, strlen(t) + 1);
         memcpy(scopes[*n].column, c, strlen(c) + 1);
+        scopes[*n].encoding = encoding;
         (*n)++;
     } else {
         *cut = 1;
@@ -385,7 +387,7 @@ static int sqlite_migration_scopes(const char *db, scope *scopes, size_t *n, siz
                 const char *t = (const char *)sqlite3_column_text(st, 0);
                 const char *c = (const char *)sqlite3_column_text(st, 1);
                 if (t != NULL && c != NULL) {
-                    add_scope(scopes, n, max, t, c, 0, cut);
+                    add_scope(scopes, n, max, t, c, KS_ENCODING_BINARY, 0, cut);
                 }
             }
         }
@@ -431,7 +433,7 @@ static int pg_scope_one(void *arg, ks_bytes schema, ks_bytes table, ks_bytes col
         p->unseen = 1;
         return 0;
     }
-    add_scope(p->scopes, p->n, p->max, t, c, 1, p->cut);
+    add_scope(p->scopes, p->n, p->max, t, c, KS_ENCODING_BINARY, 1, p->cut);
     return 0;
 }
 
@@ -463,6 +465,32 @@ static int migration_scopes(const char *db, const char *label, scope *scopes, si
     *unseen = 0;
     return ks_cli_db_is_pg(db) ? pg_migration_scopes(db, label, scopes, n, max, cut, unseen)
                                : sqlite_migration_scopes(db, scopes, n, max, cut);
+}
+
+/* The rows of scope s of database db under (key_id, version) into *rows:
+ * counted in the scope's encoding and, with both (SQLite, where a column
+ * of no declared type may hold either form whatever a migration used),
+ * in the other encoding too.  A value is an envelope in at most one of
+ * them ("KSE" bytes or "S1NF" text), so the sum counts each reference
+ * once and misses none.  EX_OK, or the census's exit code. */
+static int scope_key_rows(const char *db, const scope *s, int both, const char *key_id,
+                          uint32_t version, uint64_t *rows)
+{
+    *rows = 0;
+    for (int pass = 0; pass < (both ? 2 : 1); pass++) {
+        ks_value_encoding enc = s->encoding;
+        if (pass == 1) {
+            enc = enc == KS_ENCODING_BINARY ? KS_ENCODING_BASE64 : KS_ENCODING_BINARY;
+        }
+        ks_census c;
+        int rc = ks_cli_census(db, s->table, s->column, enc, &c);
+        if (rc != EX_OK) {
+            return rc;
+        }
+        *rows += ks_cli_census_key_rows(&c, key_id, version);
+        ks_census_free(&c);
+    }
+    return EX_OK;
 }
 
 /* Nonzero when class c is (key_id, version); any version when version 0. */
@@ -507,10 +535,11 @@ static int find_refs(const char *db, const char *label, const char *key_id, uint
                 /* a key-scoped rollout references the rows of each column it lists */
                 for (size_t c = 0; r->scope == KS_SCOPE_KEY && c < r->n_columns; c++) {
                     add_scope(scopes, &n_scopes, 64, r->columns[c].table, r->columns[c].column,
-                              exact, &cut);
+                              r->encoding, exact, &cut);
                 }
                 if (r->scope == KS_SCOPE_COLUMN) {
-                    add_scope(scopes, &n_scopes, 64, r->table, r->column, exact, &cut);
+                    add_scope(scopes, &n_scopes, 64, r->table, r->column, r->encoding, exact,
+                              &cut);
                 }
             }
             int uses = class_uses(&r->source, key_id, version) ||
@@ -564,12 +593,10 @@ static int find_refs(const char *db, const char *label, const char *key_id, uint
         f->rows_known = 0;
     }
     for (size_t i = 0; rc == EX_OK && i < n_scopes; i++) {
-        ks_census c;
-        if ((rc = ks_cli_census(db, scopes[i].table, scopes[i].column, &c)) != EX_OK) {
+        uint64_t rows = 0;
+        if ((rc = scope_key_rows(db, &scopes[i], !exact, key_id, version, &rows)) != EX_OK) {
             break;
         }
-        uint64_t rows = ks_cli_census_key_rows(&c, key_id, version);
-        ks_census_free(&c);
         if (rows > 0) {
             fprintf(stderr, "    %s: %" PRIu64 " %s of %s.%s\n", label, rows, rows == 1 ? "row" : "rows",
                     scopes[i].table, scopes[i].column);

@@ -218,7 +218,10 @@ static void usage(FILE *f)
           "          a PostgreSQL text or varchar column; docs/format.md section\n"
           "          10), written as text. Part of the migration's parameters. A\n"
           "          value beginning \"S1NF\" that is not canonical base64 is\n"
-          "          malformed: quarantined, never re-encoded\n"
+          "          malformed: quarantined, never re-encoded. A run or verify\n"
+          "          of a column that a rollout not yet finalized covers must give\n"
+          "          the rollout's encoding ('rollout status'); another is refused\n"
+          "          (exit 64)\n"
           "    --mode M               encrypt, rewrap or reencrypt\n"
           "    --to-key KEY_ID[:V]    the target key, and version V (default: the key's\n"
           "          primary, resolved once and recorded in the checkpoint).\n"
@@ -340,6 +343,7 @@ static void usage(FILE *f)
           "    0   run: complete; verify: every envelope opened; status: printed\n"
           "    64  usage error (a bad --context gives its byte offset); a\n"
           "        --context binding {id} to an unstable id (unstable-id);\n"
+          "        an --encoding other than the covering rollout's;\n"
           "        a password in a PostgreSQL --db; run: also\n"
           "        --synchronous normal on a database not in WAL mode, or\n"
           "        --synchronous with PostgreSQL, or --workers above 1 on SQLite\n"
@@ -1031,6 +1035,30 @@ static int covering_rollouts(const mig_opts *o, ks_rollout **rs, size_t *n)
     return rc;
 }
 
+/* Refuse (exit 64) a run or verify of o's column whose encoding differs
+ * from the one recorded with a rollout that is not finalized and covers
+ * the column: its census, its policy and its applications read the
+ * column in the rollout's form, and a run in another would write, or
+ * judge, values of two forms. */
+static int check_rollout_encoding(const char *cmd, const mig_opts *o, ks_value_encoding enc)
+{
+    ks_rollout *rs = NULL;
+    size_t n = 0;
+    int rc = covering_rollouts(o, &rs, &n);
+    for (size_t i = 0; rc == EX_OK && i < n; i++) {
+        const ks_rollout *r = &rs[i];
+        if (r->phase != KS_PHASE_FINALIZED && r->encoding != enc) {
+            const char *want = ks_value_encoding_name((int)r->encoding);
+            rc = ks_cli_usage_error(cmd, "rollout %lld records %s.%s as of %s encoding; this "
+                                    "run's is %s: give --encoding %s",
+                                    (long long)r->id, o->table, o->column, want,
+                                    ks_value_encoding_name((int)enc), want);
+        }
+    }
+    free(rs);
+    return rc;
+}
+
 /* The rollout governing what a run toward key_id writes into o's column
  * (ks_rollout_scope_find: the column's own latest rollout, or a later
  * key-scoped one of key_id covering it) into *r, *found 1.  EX_CONFIG
@@ -1256,7 +1284,8 @@ static int cmd_run(int argc, char **argv)
     }
     p.supersede = o.supersede;
     int pg;
-    if ((rc = ks_cli_db_check(o.db, &pg)) != EX_OK) {
+    if ((rc = ks_cli_db_check(o.db, &pg)) != EX_OK ||
+        (rc = check_rollout_encoding(cmd, &o, p.encoding)) != EX_OK) {
         return rc;
     }
     if (pg && o.synchronous != NULL) {
@@ -1548,6 +1577,9 @@ static int cmd_verify(int argc, char **argv)
     size_t sample = 0;
     if (o.sample != NULL && ks_cli_parse_size(o.sample, 1, SIZE_MAX, &sample) != 0) {
         return ks_cli_usage_error(cmd, "--sample must be a number from 1");
+    }
+    if ((rc = check_rollout_encoding(cmd, &o, p.encoding)) != EX_OK) {
+        return rc;
     }
     ks_cli_keys keys = {0};
     ks_ctx *ctx = NULL;

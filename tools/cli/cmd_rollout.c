@@ -39,6 +39,7 @@ static void usage(FILE *f)
           "        [--max-auth-failure-rate R] [--max-parse-error-rate R]\n"
           "        [--max-provider-error-rate R] [--max-seal-p99-us N]\n"
           "        [--max-open-p99-us N] [--min-samples N] [--window DUR]\n"
+          "        [--encoding binary|base64]\n"
           "        [--keyring FILE [--passphrase-file FILE] | --providers FILE]\n"
           "        [--actor A] [--reason TEXT] [--json]\n"
           "    keyshift rollout start --db FILE --key-id K --columns T.C[,T2.C2...]\n"
@@ -108,7 +109,14 @@ static void usage(FILE *f)
           "              disables that check; an enabled check with nothing to judge\n"
           "              in the window (no opens, no provider calls, latencies not\n"
           "              timed) has no data, and the health is then insufficient,\n"
-          "              never ok.\n"
+          "              never ok. --encoding (default binary) records how the\n"
+          "              scope's columns hold envelopes: the rollout's census\n"
+          "              reads them so, a 'migrate run' or 'migrate verify' of\n"
+          "              the scope with another --encoding is refused (exit 64),\n"
+          "              and applications (ks_app) seal and open in that form.\n"
+          "              With base64 each column is first opened as its census\n"
+          "              will: one that cannot hold base64 text (a PostgreSQL\n"
+          "              column that is not text or varchar) is refused (exit 66).\n"
           "    advance   moves to the next phase once its guard passes. It gathers:\n"
           "                planned -> read-compat: the target key version's state\n"
           "                  (needs the keyring): it must exist, not disabled or\n"
@@ -148,7 +156,7 @@ static void usage(FILE *f)
           "              disable a check it cannot feed. Each change is logged with\n"
           "              its old and new value; guards judge the new values.\n"
           "    status    scope (a key scope's columns and their verify times),\n"
-          "              phase and time in it, source and target, canary, readers\n"
+          "              phase and time in it, source and target, encoding, canary, readers\n"
           "              (live or expired, and whether each supports the target),\n"
           "              census against source and target (each column of a key\n"
           "              scope, and the sum), health against the\n"
@@ -183,6 +191,10 @@ static void usage(FILE *f)
           "                           select its latest key-scoped rollout)\n"
           "    --columns T.C,T2.C2    start: the columns of a key scope\n"
           "    --source, --target     the classes (start)\n"
+          "    --encoding E           start: how the scope's columns hold envelopes:\n"
+          "                           binary (the default; BLOB, bytea) or base64 (the\n"
+          "                           canonical text of docs/format.md section 10;\n"
+          "                           SQLite TEXT, PostgreSQL text or varchar)\n"
           "    --tenants a,b          canary: only these tenants (up to 64)\n"
           "    --percent N            canary: tenants whose hash bucket is below N %\n"
           "    --all                  canary: every tenant\n"
@@ -241,6 +253,10 @@ static void usage(FILE *f)
           "        --source v2:xchacha20-poly1305:payments/kek:2 \\\n"
           "        --target v2:xchacha20-poly1305:payments/kek:3\n"
           "    keyshift rollout status --db shop.db --key-id payments/kek\n"
+          "    # a TEXT column of base64 envelopes, encrypted from plaintext:\n"
+          "    keyshift rollout start --db shop.db --table users --column email \\\n"
+          "        --encoding base64 --source plaintext \\\n"
+          "        --target v2:xchacha20-poly1305:users/kek:1\n"
           "    # a mistaken target, or a threshold the application cannot meet:\n"
           "    keyshift rollout abort --db shop.db --rollout 7 --reason 'typo: kek:9'\n"
           "    keyshift rollout set --db shop.db --rollout 8 --min-samples 50 \\\n"
@@ -254,7 +270,7 @@ typedef struct ro_opts {
     const char *reader_ttl;
     const char *max_auth, *max_parse, *max_provider, *max_seal, *max_open, *min_samples;
     const char *window, *actor, *reason, *tenants, *percent, *keyring, *passfile, *limit;
-    const char *providers;
+    const char *providers, *encoding;
     int all, json, prometheus, auto_rollback;
     char actor_buf[KS_ROLLOUT_ACTOR_MAX + 1];
 } ro_opts;
@@ -292,6 +308,7 @@ static int parse(const char *cmd, int argc, char **argv, const char *allowed, ro
         {"--passphrase-file", &o->passfile, NULL},
         {"--providers", &o->providers, NULL},
         {"--limit", &o->limit, NULL},
+        {"--encoding", &o->encoding, NULL},
         {"--all", NULL, &o->all},
         {"--json", NULL, &o->json},
         {"--prometheus", NULL, &o->prometheus},
@@ -590,7 +607,7 @@ static int count_column(const char *path, const ks_rollout *r, const char *table
 {
     ks_census c;
     memset(out, 0, sizeof *out);
-    int rc = ks_cli_census(path, table, column, &c);
+    int rc = ks_cli_census(path, table, column, r->encoding, &c);
     if (rc != EX_OK) {
         return rc;
     }
@@ -942,8 +959,10 @@ static void print_rollout(const ks_rollout *r, int64_t now, int json)
         put_str(dst);
         printf(",\"canary\":");
         put_str(canary);
-        printf(",\"min_soak_s\":%" PRIu32 ",\"reader_ttl_s\":%" PRIu32 ",\"verified_at\":%" PRId64,
-               r->min_soak_s, r->reader_ttl_s, r->verified_at);
+        printf(",\"encoding\":\"%s\",\"min_soak_s\":%" PRIu32 ",\"reader_ttl_s\":%" PRIu32
+               ",\"verified_at\":%" PRId64,
+               ks_value_encoding_name((int)r->encoding), r->min_soak_s, r->reader_ttl_s,
+               r->verified_at);
         return;
     }
     char verified[32];
@@ -951,8 +970,10 @@ static void print_rollout(const ks_rollout *r, int64_t now, int json)
     printf("rollout      %" PRId64 "\n", r->id);
     print_scope(r, 0);
     printf("phase        %s since %s (%" PRId64 " s)\nsource       %s\ntarget       %s\n"
-           "canary       %s\nmin soak     %" PRIu32 " s\nreader TTL   %" PRIu32 " s\n",
-           phase, since, now - r->phase_since, src, dst, canary, r->min_soak_s, r->reader_ttl_s);
+           "encoding     %s\ncanary       %s\nmin soak     %" PRIu32 " s\n"
+           "reader TTL   %" PRIu32 " s\n",
+           phase, since, now - r->phase_since, src, dst, ks_value_encoding_name((int)r->encoding),
+           canary, r->min_soak_s, r->reader_ttl_s);
     if (r->scope == KS_SCOPE_COLUMN) {
         printf("verified     %s\n", verified[0] ? verified : "-");
     }
@@ -1139,6 +1160,9 @@ static int start_spec(const char *cmd, const ro_opts *o, ks_rollout *s)
         (ks_cli_parse_duration(o->reader_ttl, &s->reader_ttl_s) != 0 || s->reader_ttl_s == 0)) {
         return ks_cli_usage_error(cmd, "--reader-ttl must be a duration of at least 1 s");
     }
+    if ((rc = ks_cli_parse_encoding(cmd, o->encoding, &s->encoding)) != EX_OK) {
+        return rc;
+    }
     s->canary.kind = KS_CANARY_ALL;
     ks_thresholds_default(&s->thresholds);
     return parse_thresholds(cmd, o, &s->thresholds);
@@ -1179,6 +1203,29 @@ static int check_target_key(const char *cmd, const ro_opts *o, const ks_rollout_
     return EX_OK;
 }
 
+/* Before a start with --encoding base64: open each column of s's scope
+ * as its census will (read-only, in that encoding), so that a column
+ * that cannot hold base64 text (a PostgreSQL column that is not text or
+ * varchar) is refused now rather than found by a census in a later
+ * phase, where the rollout could neither finalize nor go back.  EX_OK,
+ * or the store's exit code after its message. */
+static int check_text_columns(const ro_opts *o, const ks_rollout *s)
+{
+    size_t n = s->scope == KS_SCOPE_KEY ? s->n_columns : 1;
+    int rc = EX_OK;
+    for (size_t i = 0; rc == EX_OK && s->encoding == KS_ENCODING_BASE64 && i < n; i++) {
+        ks_rowstore_target t = {.encoding = s->encoding};
+        t.table = s->scope == KS_SCOPE_KEY ? s->columns[i].table : s->table;
+        t.column = s->scope == KS_SCOPE_KEY ? s->columns[i].column : s->column;
+        ks_rowstore store;
+        rc = ks_cli_store_open(o->db, &t, 1, 0, KS_SQLITE_SYNC_FULL, &store);
+        if (rc == EX_OK) {
+            ks_rowstore_close(&store);
+        }
+    }
+    return rc;
+}
+
 /* `rollout start`. */
 static int cmd_start(int argc, char **argv)
 {
@@ -1189,12 +1236,12 @@ static int cmd_start(int argc, char **argv)
               "--table --column --key-id --columns --source --target --min-soak --reader-ttl "
               "--max-auth-failure-rate --max-parse-error-rate --max-provider-error-rate "
               "--max-seal-p99-us --max-open-p99-us --min-samples --window --actor --reason "
-              "--keyring --passphrase-file --providers",
+              "--keyring --passphrase-file --providers --encoding",
               &o, &rc)) {
         return rc;
     }
     ks_rollout s;
-    if ((rc = start_spec(cmd, &o, &s)) != EX_OK) {
+    if ((rc = start_spec(cmd, &o, &s)) != EX_OK || (rc = check_text_columns(&o, &s)) != EX_OK) {
         return rc;
     }
     ks_rollout_db *db;
@@ -1226,10 +1273,11 @@ static int cmd_start(int argc, char **argv)
     } else {
         printf("%" PRId64 "\n", id);
         char src[CLASS_TEXT_MAX], dst[CLASS_TEXT_MAX];
-        fprintf(stderr, KS_PROG ": rollout %" PRId64 " of %s is planned: %s -> %s; next: "
+        fprintf(stderr, KS_PROG ": rollout %" PRId64 " of %s is planned: %s -> %s (%s); next: "
                 "'keyshift rollout advance --db %s --rollout %" PRId64 "'\n", id, scope,
                 class_str(&s.source, src, sizeof src),
-                class_str(&s.target, dst, sizeof dst), o.db, id);
+                class_str(&s.target, dst, sizeof dst), ks_value_encoding_name((int)s.encoding),
+                o.db, id);
     }
     return EX_OK;
 }

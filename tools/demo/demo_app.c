@@ -53,7 +53,7 @@ static void usage(FILE *f)
           "    keyshift-demo-app --db DB --table T --column C [--id-column I]\n"
           "        --tenant-column COL --context TEMPLATE --purpose P --instance NAME\n"
           "        --keyring FILE [--passphrase-file FILE] [--max-format 1|2]\n"
-          "        [--key-id K]\n"
+          "        [--key-id K] [--encoding binary|base64]\n"
           "        [--ops N | --seconds S] [--write-percent P] [--rate N] [--seed N]\n"
           "        [--reload-ms MS] [--json]\n"
           "\n"
@@ -97,6 +97,14 @@ static void usage(FILE *f)
           "    parameter and the session's lock_timeout is 10 s. A lost connection\n"
           "    fails the operation that meets it (a database error) and the next\n"
           "    one reconnects.\n"
+          "\n"
+          "    With --encoding base64 the column holds envelopes as their canonical\n"
+          "    base64 text, which begins \"S1NF\" (docs/format.md section 10): a\n"
+          "    SQLite TEXT column, a PostgreSQL text or varchar one (instead of\n"
+          "    bytea). ks_app seals and opens in the column's encoding, which a\n"
+          "    rollout covering the column records (keyshift rollout start\n"
+          "    --encoding); --encoding must then be the rollout's (exit 64\n"
+          "    otherwise), and it is the form of a column no rollout covers.\n"
           "\n"
           "    Every MS milliseconds (--reload-ms) the ks_app's background thread\n"
           "    reopens the keyring when the file changed (versions the operator\n"
@@ -145,6 +153,8 @@ static void usage(FILE *f)
           "          and registers (default 2)\n"
           "    --key-id K             the key it writes with: ask what to write for K\n"
           "          (needed where a key-scoped rollout covers the column)\n"
+          "    --encoding E           how the column holds envelopes: binary (the\n"
+          "          default; BLOB, bytea) or base64 (TEXT; text or varchar)\n"
           "    --ops N                stop after N operations\n"
           "    --seconds S            stop after S seconds\n"
           "    --write-percent P      percent of operations that also write (0..100,\n"
@@ -171,7 +181,8 @@ static void usage(FILE *f)
           "        running\n"
           "    64  usage error (also a password in a PostgreSQL --db, a PostgreSQL\n"
           "        column of the wrong type, or a --context binding {id} to an\n"
-          "        unstable id: unstable-id); 66 no such database, table or column,\n"
+          "        unstable id: unstable-id, or an --encoding other than the\n"
+          "        rollout's); 66 no such database, table or column,\n"
           "        an id column that is not unique and NOT NULL, or an empty table;\n"
           "        69 the PostgreSQL server cannot be reached;\n"
           "        78 keyring insecure, unreadable, corrupt or wrong passphrase;\n"
@@ -241,7 +252,7 @@ typedef struct stats {
 typedef struct app_opts {
     const char *db, *table, *column, *id_column, *tenant_column, *context, *purpose;
     const char *instance, *keyring, *passfile, *max_format, *ops, *seconds, *write_percent;
-    const char *rate, *seed, *reload_ms, *key_id;
+    const char *rate, *seed, *reload_ms, *key_id, *encoding;
     int json;
 } app_opts;
 
@@ -254,6 +265,7 @@ typedef struct app {
     uint32_t write_percent, rate, reload_ms;
     uint64_t seed, rng;
     int pg;                  /* --db is a PostgreSQL connection string */
+    ks_value_encoding encoding; /* --encoding: how the column holds envelopes */
     demo_db *db;
     ks_app *ka;              /* keys, rollouts, registration: keyshift's part */
     uint64_t counter;        /* writes made, for the plaintexts */
@@ -414,6 +426,16 @@ static const char *open_value(app *a, const row_view *r, const uint8_t *v, size_
     return failure;
 }
 
+/* Nonzero when v[0, len) is to be opened rather than read as plaintext:
+ * it begins "KSE" (a binary envelope) or, in a base64 column, "S1NF" (a
+ * text envelope; a binary one there is malformed [F-TEXT-4], and opening
+ * it reports so). */
+static int is_envelope(const app *a, const uint8_t *v, size_t len)
+{
+    int magic = len >= 3 && v[0] == KS_MAGIC_0 && v[1] == KS_MAGIC_1 && v[2] == KS_MAGIC_2;
+    return magic || (a->encoding == KS_ENCODING_BASE64 && ks_envelope_text_is_candidate(v, len));
+}
+
 /* Read the picked row's value (v NULL: SQL NULL): ask whether it may be
  * read, then open it.  With no rollout governing the column every value
  * is read (the application's own rule: plaintext as it is). */
@@ -433,7 +455,7 @@ static void read_value(app *a, const row_view *r, const uint8_t *v, size_t len)
         a->s.reads_refused++;
     } else if (v == NULL) {
         a->s.reads_null++;
-    } else if (len < 3 || v[0] != KS_MAGIC_0 || v[1] != KS_MAGIC_1 || v[2] != KS_MAGIC_2) {
+    } else if (!is_envelope(a, v, len)) {
         a->s.reads_plaintext++;
     } else {
         a->s.reads_envelope++;
@@ -528,7 +550,8 @@ static void run_op(app *a)
     ks_err e = write ? seal_new(a, &r, v, len, &out, &out_len, &c) : KS_ERR_NOT_FOUND;
     db->ops->release(db); /* ends the read snapshot before the UPDATE */
     if (e == KS_OK) {
-        if (db->ops->update(db, key, out, out_len, !c.is_plaintext) != 0) {
+        int blob = !c.is_plaintext && a->encoding == KS_ENCODING_BINARY;
+        if (db->ops->update(db, key, out, out_len, blob) != 0) {
             a->s.db_errors++;
             ks_cli_error("UPDATE: %s", db->ops->errmsg(db));
         } else {
@@ -604,6 +627,10 @@ static int check_opts(app *a)
     a->reload_ms = (uint32_t)reload;
     a->seed = seed;
     a->rng = a->seed;
+    int erc = ks_cli_parse_encoding(NULL, o->encoding, &a->encoding);
+    if (erc != EX_OK) {
+        return erc;
+    }
     const char *names[KS_ROWSTORE_MAX_CONTEXT_COLUMNS];
     char storage[KS_CONTEXT_TEMPLATE_MAX];
     size_t n = 0;
@@ -642,6 +669,7 @@ static int parse(app *a, int argc, char **argv, int *rc)
         {"--seed", &o->seed, NULL},
         {"--reload-ms", &o->reload_ms, NULL},
         {"--key-id", &o->key_id, NULL},
+        {"--encoding", &o->encoding, NULL},
         {"--json", NULL, &o->json},
         {NULL, NULL, NULL},
     };
@@ -805,6 +833,7 @@ static int app_open(app *a)
     o.interval_ms = a->reload_ms;
     o.default_key_id = a->o.key_id; /* asks a key-scoped rollout by key */
     o.purpose = a->o.purpose;
+    o.default_encoding = a->encoding;
     char msg[512];
     ks_err e = ks_app_open(&o, &a->ka, msg, sizeof msg);
     ks_cli_passphrase_free(&pass); /* the ks_app keeps its own copy */
@@ -812,7 +841,24 @@ static int app_open(app *a)
         ks_cli_error("%s", msg);
         return ks_cli_exit_code(e);
     }
-    return EX_OK;
+    ks_value_encoding enc = KS_ENCODING_BINARY;
+    e = ks_app_column_encoding(a->ka, a->o.table, a->o.column, &enc);
+    rc = EX_OK;
+    if (e == KS_OK && enc != a->encoding) {
+        ks_cli_error("a rollout records %s.%s as of %s encoding: give --encoding %s",
+                     a->o.table, a->o.column, ks_value_encoding_name((int)enc),
+                     ks_value_encoding_name((int)enc));
+        rc = EX_USAGE;
+    } else if (e != KS_OK) {
+        ks_cli_error("cannot tell the encoding of %s.%s: %s", a->o.table, a->o.column,
+                     ks_err_name(e));
+        rc = ks_cli_exit_code(e);
+    }
+    if (rc != EX_OK) { /* deregisters the instance it just registered */
+        ks_app_close(a->ka);
+        a->ka = NULL;
+    }
+    return rc;
 }
 
 /* Refuse, as `keyshift migrate run` does, a --context that binds {id}
@@ -823,7 +869,8 @@ static int app_open(app *a)
 static int check_target(const app *a)
 {
     ks_rowstore_target t = {.table = a->o.table, .column = a->o.column,
-                            .id_column = a->o.id_column, .tenant_column = a->o.tenant_column};
+                            .id_column = a->o.id_column, .tenant_column = a->o.tenant_column,
+                            .encoding = a->encoding};
     ks_rowstore store;
     int rc = ks_cli_store_open(a->o.db, &t, 1, 0, KS_SQLITE_SYNC_FULL, &store);
     if (rc == EX_OK) {
@@ -854,7 +901,8 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL);
 
-    const demo_target tg = {a.o.db, a.o.table, a.o.column, a.o.id_column, a.o.tenant_column};
+    const demo_target tg = {a.o.db,          a.o.table,         a.o.column, a.o.id_column,
+                            a.o.tenant_column, a.encoding == KS_ENCODING_BASE64};
     rc = a.pg ? demo_db_pg_open(&tg, &a.db) : demo_db_sqlite_open(&tg, &a.db);
     if (rc == EX_OK) {
         rc = check_target(&a); /* before any read, write or registration */

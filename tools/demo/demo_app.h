@@ -23,10 +23,12 @@
 
 /* What the caller names: the database (a SQLite file or a PostgreSQL
  * connection string, already checked by ks_cli_db_check), the table, its
- * encrypted column, the column {id} renders (NULL: the row key) and the
- * tenant column. */
+ * encrypted column, the column {id} renders (NULL: the row key), the
+ * tenant column, and whether the column holds base64 text (PostgreSQL:
+ * text or varchar rather than bytea). */
 typedef struct demo_target {
     const char *db, *table, *column, *id_column, *tenant_column;
+    int text;
 } demo_target;
 
 /* The kinds of id a row's {id} renders from. */
@@ -55,8 +57,9 @@ typedef struct demo_db_ops {
     int (*pick)(demo_db *db, int64_t start, demo_row *row);
     /* End the pick: its views go, and its read snapshot with them. */
     void (*release)(demo_db *db);
-    /* UPDATE the value of row key to value[0, len), as a BLOB (bytea) or
-     * as TEXT (SQLite; bytea on PostgreSQL), in autocommit: 0 or -1. */
+    /* UPDATE the value of row key to value[0, len), as a BLOB or as
+     * TEXT (SQLite; on PostgreSQL as the column's type, bytea, or text
+     * for a demo_target.text column), in autocommit: 0 or -1. */
     int (*update)(demo_db *db, int64_t key, const uint8_t *value, size_t len, int blob);
     /* The last failure, for a message: never a value of the table. */
     const char *(*errmsg)(demo_db *db);
@@ -78,8 +81,8 @@ int demo_db_sqlite_open(const demo_target *t, demo_db **out);
 
 /* Connect to the PostgreSQL database t->db and prepare the statements.
  * The row key is t->id_column, else the table's one-column primary key;
- * it must be a smallint, integer or bigint and the column bytea (as
- * `keyshift migrate` requires).  EX_OK, or an exit code after a message
+ * it must be a smallint, integer or bigint and the column bytea, or text
+ * or varchar with t->text (as `keyshift migrate` requires).  EX_OK, or an exit code after a message
  * that never quotes the connection string: EX_NOINPUT for no such table
  * or column, or an empty table; EX_USAGE for a column of another type;
  * EX_UNAVAILABLE for a server that cannot be reached. */

@@ -8,7 +8,8 @@
  * prepared at connect: the pick (WHERE id >= $1 ORDER BY id LIMIT 1) and
  * the UPDATE by id, each run with PQexecPrepared in autocommit, every
  * value a binary parameter, results in binary (integers big-endian,
- * bytea and text as their bytes).  Identifiers enter SQL only quoted by
+ * bytea and text as their bytes; the column is bytea, or text or varchar
+ * for base64 envelopes).  Identifiers enter SQL only quoted by
  * PQescapeIdentifier.  The session's lock_timeout is the SQLite busy
  * timeout's 10 s.  Messages never quote the connection string or the
  * server's text (it may quote rows): a failure is named by its SQLSTATE.
@@ -28,6 +29,8 @@
 
 /* The type oids the backend reads (pg_type.dat). */
 #define OID_BYTEA 17
+#define OID_TEXT 25
+#define OID_VARCHAR 1043
 #define OID_INT8 20
 #define OID_INT2 21
 #define OID_INT4 23
@@ -39,6 +42,7 @@ typedef struct pg_db {
     PGresult *res;          /* the last pick's result, until release */
     char *qtable, *qcol, *qid, *qtenant; /* quoted identifiers */
     unsigned id_type;       /* OID_INT2, OID_INT4 or OID_INT8 */
+    int text;               /* the column holds base64 text: text or varchar */
     char state[6];          /* the last failure's SQLSTATE ("" for none) */
     char msg[160];
 } pg_db;
@@ -124,7 +128,8 @@ static int pg_session(pg_db *p)
     const char *const pick[] = {"SELECT ", p->qid, ", ", p->qtenant, "::text, ", p->qcol,
                                 " FROM ", p->qtable, " WHERE ", p->qid,
                                 " >= $1::int8 ORDER BY ", p->qid, " LIMIT 1", NULL};
-    const char *const update[] = {"UPDATE ", p->qtable, " SET ", p->qcol, " = $1::bytea WHERE ",
+    const char *const update[] = {"UPDATE ", p->qtable, " SET ", p->qcol,
+                                  p->text ? " = $1::text WHERE " : " = $1::bytea WHERE ",
                                   p->qid, " = $2::int8", NULL};
     if (pg_exec(p, set) != 0 || pg_prepare(p, "demo_pick", pick, 1) != 0 ||
         pg_prepare(p, "demo_update", update, 2) != 0) {
@@ -195,7 +200,9 @@ static void pg_release(demo_db *d)
     p->res = NULL;
 }
 
-/* See demo_db_ops.update: the value goes as bytea either way. */
+/* See demo_db_ops.update: the value goes as the column's type either
+ * way (a binary text parameter is its bytes; the server checks that they
+ * are valid in its encoding). */
 static int pg_update(demo_db *d, int64_t key, const uint8_t *value, size_t len, int blob)
 {
     (void)blob;
@@ -311,8 +318,14 @@ static int pg_check(pg_db *p, const demo_target *t)
         ks_cli_error("the id column of table %s is not a smallint, integer or bigint", t->table);
         return EX_USAGE;
     }
-    if (col_type != OID_BYTEA) {
-        ks_cli_error("column %s of table %s is not bytea", t->column, t->table);
+    if (!p->text && col_type != OID_BYTEA) {
+        ks_cli_error("column %s of table %s is not bytea (a text or varchar column of base64 "
+                     "envelopes needs --encoding base64)", t->column, t->table);
+        return EX_USAGE;
+    }
+    if (p->text && col_type != OID_TEXT && col_type != OID_VARCHAR) {
+        ks_cli_error("column %s of table %s is neither text nor varchar, which --encoding "
+                     "base64 needs", t->column, t->table);
         return EX_USAGE;
     }
     p->id_type = id_type;
@@ -391,6 +404,7 @@ int demo_db_pg_open(const demo_target *t, demo_db **out)
         return EX_OSERR;
     }
     p->base.ops = &pg_ops;
+    p->text = t->text;
     int rc = pg_setup(p, t);
     if (rc != EX_OK) {
         pg_close(&p->base);

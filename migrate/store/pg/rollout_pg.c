@@ -7,7 +7,7 @@
  * readers); rollout_pg_rows.c reads and writes the rows.  The guards and
  * every check of meaning are the rollout layer's.
  *
- * ---- Tables (rollout_schema_version 1 of keyshift_meta) -------------------
+ * ---- Tables (rollout_schema_version 2 of keyshift_meta) -------------------
  *
  * The columns and meaning of the SQLite store's (rollout_sqlite.c) with
  * PostgreSQL types: integers bigint, rates double precision, names and
@@ -17,7 +17,11 @@
  * is read-only, created in its current schema when any is missing, in
  * one transaction that first takes pg_advisory_xact_lock (the row store's
  * key), so that concurrent openers do not race on CREATE ... IF NOT
- * EXISTS; a schema newer than this library is refused.
+ * EXISTS; a schema newer than this library is refused.  Version 2 adds
+ * keyshift_rollout.encoding ('binary' or 'base64'); the same DDL upgrades
+ * version 1 tables in place (ALTER TABLE ... ADD COLUMN IF NOT EXISTS,
+ * every older rollout of binary encoding), and a read-only store reads a
+ * version 1 database as it is.
  *
  *   keyshift_rollout          one row per rollout; the partial unique index
  *                             keyshift_rollout_open on (scope_key_id,
@@ -83,7 +87,7 @@
 #include "rollout_pg.h"
 
 /* The schema version this library writes and reads. */
-#define SCHEMA_LATEST 1
+#define SCHEMA_LATEST 2
 /* The tables of the schema (see the file comment). */
 #define N_TABLES 7
 /* The most parameters of one statement. */
@@ -93,7 +97,7 @@
 #define STR_(x) #x
 #define STR(x) STR_(x)
 
-/* The DDL of schema version 1 (idempotent: IF NOT EXISTS, OR REPLACE,
+/* The DDL of schema version 2 (idempotent: IF NOT EXISTS, OR REPLACE,
  * triggers dropped and made again), run under the advisory lock. */
 static const char schema_ddl[] =
     "CREATE TABLE IF NOT EXISTS keyshift_meta(key text PRIMARY KEY, value bigint NOT NULL);"
@@ -111,7 +115,10 @@ static const char schema_ddl[] =
     " max_seal_p99_us bigint NOT NULL, max_open_p99_us bigint NOT NULL,"
     " min_samples bigint NOT NULL, window_s bigint NOT NULL, min_soak_s bigint NOT NULL,"
     " reader_ttl_s bigint NOT NULL, created bigint NOT NULL, updated bigint NOT NULL,"
-    " verified_at bigint NOT NULL, scope_key_id text NOT NULL DEFAULT '');"
+    " verified_at bigint NOT NULL, scope_key_id text NOT NULL DEFAULT '',"
+    " encoding text NOT NULL DEFAULT 'binary');"
+    "ALTER TABLE keyshift_rollout ADD COLUMN IF NOT EXISTS"
+    " encoding text NOT NULL DEFAULT 'binary';"
     "CREATE UNIQUE INDEX IF NOT EXISTS keyshift_rollout_open ON keyshift_rollout("
     " scope_key_id, (" KS_RPG_FOLD("tbl") "), (" KS_RPG_FOLD("col") "))"
     " WHERE phase <> 'finalized';"
@@ -168,7 +175,8 @@ static const char schema_ddl[] =
     "CREATE TRIGGER keyshift_rollout_column_bump AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE"
     " ON keyshift_rollout_column FOR EACH STATEMENT EXECUTE FUNCTION keyshift_rollout_bump();"
     "INSERT INTO keyshift_meta VALUES ('rollout_schema_version', " STR(SCHEMA_LATEST) ")"
-    " ON CONFLICT (key) DO NOTHING";
+    " ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+    " WHERE keyshift_meta.value < excluded.value";
 
 /* ---- errors ------------------------------------------------------------------ */
 
@@ -700,8 +708,12 @@ ks_err ks_rollout_store_pg_open(const char *conninfo, int read_only, ks_rollout_
         err = check_not_newer(version, errbuf, errbuf_len);
     if (err == KS_OK && !db->read_only && (n < N_TABLES || version < SCHEMA_LATEST))
         err = create_tables(db, errbuf, errbuf_len);
-    if (err == KS_OK)
-        db->have_tables = db->read_only ? n == N_TABLES && version == SCHEMA_LATEST : 1;
+    if (err == KS_OK && db->read_only) {
+        db->have_tables = n == N_TABLES && version >= 1;
+        db->v2 = db->have_tables && version >= 2;
+    } else if (err == KS_OK) {
+        db->have_tables = db->v2 = 1;
+    }
     if (err != KS_OK) {
         op_close(&db->base);
         return err;

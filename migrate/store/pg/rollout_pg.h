@@ -27,6 +27,7 @@ typedef struct ks_rpg {
     PGconn *conn;
     int read_only;
     int have_tables;          /* every table of the schema exists */
+    int v2;                   /* and version 2's keyshift_rollout.encoding */
     int in_txn;               /* begin or snapshot opened a transaction */
 } ks_rpg;
 
@@ -98,7 +99,8 @@ int ks_rpg_col_null(const PGresult *res, int row, int i);
     "time, seals, opens, auth_failures, parse_errors, provider_calls, provider_errors, "          \
     "seal_ns, open_ns"
 
-/* A KS_RPG_ROLLOUT_COLS row into *r (zeroed first): names within their
+/* A KS_RPG_ROLLOUT_COLS row then its encoding (column 30: "binary" or
+ * "base64") into *r (zeroed first): names within their
  * lengths, classes within their ranges, a known phase and canary, a
  * scope its cells agree on, rates not NaN; n_columns 0 (the listed
  * columns are rows of their own, ks_rpg_read_column). */

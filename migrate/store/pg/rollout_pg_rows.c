@@ -26,8 +26,13 @@
 #include "rollout_pg.h"
 #include "../rollout_codec.h"
 
-/* A query of KS_RPG_ROLLOUT_COLS followed by tail. */
-#define SELECT_ROLLOUT(tail) "SELECT " KS_RPG_ROLLOUT_COLS " FROM keyshift_rollout " tail
+/* A query of KS_RPG_ROLLOUT_COLS and the encoding (column 30) followed
+ * by tail, in two spellings indexed by the store's v2: a version 1
+ * database (read-only) has no encoding, and every rollout in it is of
+ * binary encoding. */
+#define SELECT_ROLLOUT(tail)                                                                      \
+    (db->v2 ? "SELECT " KS_RPG_ROLLOUT_COLS ", encoding FROM keyshift_rollout " tail               \
+            : "SELECT " KS_RPG_ROLLOUT_COLS ", 'binary'::text FROM keyshift_rollout " tail)
 
 /* Folded comparisons of a name column with a parameter. */
 #define EQ(colname, param) KS_RPG_FOLD(colname) " = " KS_RPG_FOLD(param)
@@ -79,10 +84,12 @@ static int read_class(const PGresult *res, int row, int i, int with_flag, ks_rol
 /* See rollout_pg.h (ks_rpg_read_rollout). */
 ks_err ks_rpg_read_rollout(const PGresult *res, int row, ks_rollout *r)
 {
-    char phase[32], key[KS_KEY_ID_MAX + 1];
+    char phase[32], key[KS_KEY_ID_MAX + 1], enc[8];
     int64_t v[6];
     memset(r, 0, sizeof *r);
     int ok = ks_rpg_col_int(res, row, 0, 1, INT64_MAX, &r->id) &&
+             ks_rpg_col_text(res, row, 30, enc, sizeof enc - 1) &&
+             ks_rcodec_encoding_parse(enc, r) &&
              ks_rpg_col_text(res, row, 1, r->table, KS_ROLLOUT_IDENT_MAX) &&
              ks_rpg_col_text(res, row, 2, r->column, KS_ROLLOUT_IDENT_MAX) &&
              read_class(res, row, 3, 1, &r->source) && read_class(res, row, 8, 0, &r->target) &&
@@ -370,10 +377,11 @@ ks_err ks_rpg_insert(ks_rollout_store *s, const ks_rollout *r, int64_t *id)
         "dst_key_id, dst_key_version, phase, phase_since, canary_kind, canary_percent, "
         "canary_tenants, max_auth_failure_rate, max_parse_error_rate, "
         "max_provider_error_rate, max_seal_p99_us, max_open_p99_us, min_samples, "
-        "window_s, min_soak_s, reader_ttl_s, created, updated, verified_at, scope_key_id) "
+        "window_s, min_soak_s, reader_ttl_s, created, updated, verified_at, scope_key_id, "
+        "encoding) "
         "VALUES($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, "
-        "$16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, 0, $28) RETURNING id",
-        "ttiiitiiiti" "titit" "ddd" "iiiiii" "ii" "t", r->table, r->column,
+        "$16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, 0, $28, $29) RETURNING id",
+        "ttiiitiiiti" "titit" "ddd" "iiiiii" "ii" "tt", r->table, r->column,
         (int64_t)(a->is_plaintext != 0), (int64_t)a->version, (int64_t)a->algorithm, a->key_id,
         (int64_t)a->key_version, (int64_t)b->version, (int64_t)b->algorithm, b->key_id,
         (int64_t)b->key_version, ks_rollout_phase_name((int)r->phase), r->phase_since,
@@ -381,7 +389,8 @@ ks_err ks_rpg_insert(ks_rollout_store *s, const ks_rollout *r, int64_t *id)
         t->max_auth_failure_rate, t->max_parse_error_rate, t->max_provider_error_rate,
         (int64_t)t->max_seal_p99_us, (int64_t)t->max_open_p99_us, (int64_t)t->min_samples,
         (int64_t)t->window_s, (int64_t)r->min_soak_s, (int64_t)r->reader_ttl_s, r->created,
-        r->updated, r->scope == KS_SCOPE_KEY ? a->key_id : "");
+        r->updated, r->scope == KS_SCOPE_KEY ? a->key_id : "",
+        ks_value_encoding_name((int)r->encoding));
     if (err == KS_OK && (PQntuples(res) != 1 || !ks_rpg_col_int(res, 0, 0, 1, INT64_MAX, id)))
         err = KS_ERR_STORE;
     PQclear(res);

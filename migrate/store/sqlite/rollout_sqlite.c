@@ -7,19 +7,24 @@
  * guards and every check of meaning (classes, canaries, scopes) are the
  * rollout layer's (migrate/rollout/rollout_db.c).
  *
- * ---- Tables (schema version 3 of keyshift_meta) --------------------------
+ * ---- Tables (schema version 4 of keyshift_meta) --------------------------
  *
  * Version 1 (migrate/store/sqlite_store.c) has keyshift_meta,
  * keyshift_migration and keyshift_quarantine.  Version 2 adds the four
  * tables below and changes none of version 1's; version 3 adds key scopes
  * (keyshift_rollout.scope_key_id, keyshift_rollout_column, the open-rollout
- * index on (scope_key_id, tbl, col)).  The upgrade runs, when a writer
- * opens a database below version 3, in one BEGIN IMMEDIATE transaction:
- * version 1's SQL (idempotent: CREATE IF NOT EXISTS, INSERT OR IGNORE), a
- * re-read of the version inside the transaction (a newer one is refused),
+ * index on (scope_key_id, tbl, col)); version 4 adds
+ * keyshift_rollout.encoding.  The upgrade runs, when a writer opens a
+ * database below version 4, in one BEGIN IMMEDIATE transaction: version
+ * 1's SQL (idempotent: CREATE IF NOT EXISTS, INSERT OR IGNORE), a re-read
+ * of the version inside the transaction (a newer one is refused),
  * schema_sql_v2 below when below 2, then the ALTER TABLE adding
  * scope_key_id when it is missing and schema_sql_v3, which sets
- * schema_version = 3.  Exact SQL: schema_sql_v2, schema_sql_v3.  In short:
+ * schema_version = 3, then the ALTER TABLE adding encoding (every
+ * rollout before it is of binary encoding) when it is missing and
+ * schema_sql_v4, which sets schema_version = 4.  Exact SQL:
+ * schema_sql_v2, schema_sql_v3, upgrade_v4.  A read-only open reads a
+ * version 2 or 3 database as it is.  In short:
  *
  *   keyshift_rollout      one row per rollout: scope (tbl, col, the schema's
  *                         spelling), source (src_plaintext, src_format,
@@ -30,7 +35,8 @@
  *                         thresholds, min_soak_s, reader_ttl_s, created,
  *                         updated, verified_at, scope_key_id (v3: '' for a
  *                         column scope, else the key; tbl and col are then
- *                         '').  A partial UNIQUE index on (scope_key_id,
+ *                         ''), encoding (v4: 'binary' or 'base64', how the
+ *                         scope's columns hold envelopes).  A partial UNIQUE index on (scope_key_id,
  *                         tbl, col) WHERE phase <> 'finalized' backs the
  *                         "one open rollout per scope" rule; overlaps of
  *                         key and column scopes are refused by
@@ -143,6 +149,11 @@ static const char schema_sql_v3[] =
     "CREATE INDEX IF NOT EXISTS main.keyshift_rollout_column_by_col"
     " ON keyshift_rollout_column(tbl, col, rollout_id);"
     "UPDATE main.keyshift_meta SET value = 3 WHERE key = 'schema_version';";
+
+/* Version 4 (the rollout's encoding), after the caller added
+ * keyshift_rollout.encoding when it was missing. */
+static const char schema_sql_v4[] =
+    "UPDATE main.keyshift_meta SET value = 4 WHERE key = 'schema_version';";
 
 
 /* ---- statements ------------------------------------------------------------- */
@@ -357,9 +368,10 @@ int ks_rsql_col_int(sqlite3_stmt *st, int i, int64_t lo, int64_t hi, int64_t *ou
 /* ---- opening ------------------------------------------------------------------ */
 
 /* The schema version (0 without keyshift_meta), the number of version
- * 2 tables present, and whether version 3's table and column are. */
+ * 2 tables present, whether version 3's table and column are, and
+ * whether version 4's column is. */
 static ks_err read_schema_state(ks_rsql *db, int64_t *version, int64_t *n_v2,
-                                int64_t *has_v3)
+                                int64_t *has_v3, int64_t *has_v4)
 {
     int64_t has_meta = 0;
     *version = 0;
@@ -385,6 +397,11 @@ static ks_err read_schema_state(ks_rsql *db, int64_t *version, int64_t *n_v2,
                         "pragma_table_info('keyshift_rollout', 'main') WHERE name = "
                         "'scope_key_id') = 2",
                         has_v3);
+    if (err == KS_OK)
+        err = query_i64(db,
+                        "SELECT count(*) FROM pragma_table_info('keyshift_rollout', 'main') "
+                        "WHERE name = 'encoding'",
+                        has_v4);
     return err;
 }
 
@@ -409,6 +426,21 @@ static int upgrade_v3(ks_rsql *db)
     return rc;
 }
 
+/* Inside the upgrade's transaction: add version 4 to a version 3 schema
+ * (the encoding column only when it is missing, then schema_sql_v4). */
+static int upgrade_v4(ks_rsql *db, int64_t has_v4)
+{
+    int rc = SQLITE_OK;
+    if (!has_v4)
+        rc = sqlite3_exec(db->db,
+                          "ALTER TABLE main.keyshift_rollout ADD COLUMN encoding TEXT "
+                          "NOT NULL DEFAULT 'binary'",
+                          NULL, NULL, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_exec(db->db, schema_sql_v4, NULL, NULL, NULL);
+    return rc;
+}
+
 /* Refuse a schema newer than this library. */
 static ks_err check_not_newer(int64_t version, char *errbuf, size_t errbuf_len)
 {
@@ -420,16 +452,16 @@ static ks_err check_not_newer(int64_t version, char *errbuf, size_t errbuf_len)
     return KS_OK;
 }
 
-/* Create or upgrade keyshift's tables to version 3 in one BEGIN IMMEDIATE
+/* Create or upgrade keyshift's tables to version 4 in one BEGIN IMMEDIATE
  * transaction (see the file comment), re-reading the version inside it:
- * version 2's step when below it, then version 3's. */
+ * version 2's step when below it, then version 3's, then version 4's. */
 static ks_err upgrade(ks_rsql *db, char *errbuf, size_t errbuf_len)
 {
-    int64_t version = 0, n_v2 = 0, has_v3 = 0;
+    int64_t version = 0, n_v2 = 0, has_v3 = 0, has_v4 = 0;
     int rc = sqlite3_exec(db->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
     if (rc == SQLITE_OK)
         rc = sqlite3_exec(db->db, ks_sqlite_schema_sql, NULL, NULL, NULL);
-    ks_err err = rc == SQLITE_OK ? read_schema_state(db, &version, &n_v2, &has_v3)
+    ks_err err = rc == SQLITE_OK ? read_schema_state(db, &version, &n_v2, &has_v3, &has_v4)
                                  : ks_sqlite_fail_rc(errbuf, errbuf_len, rc,
                                                      "creating the keyshift tables");
     if (err == KS_OK)
@@ -441,6 +473,11 @@ static ks_err upgrade(ks_rsql *db, char *errbuf, size_t errbuf_len)
     }
     if (err == KS_OK && (version < 3 || !has_v3)) {
         rc = upgrade_v3(db);
+        if (rc != SQLITE_OK)
+            err = ks_sqlite_fail_rc(errbuf, errbuf_len, rc, "upgrading the keyshift tables");
+    }
+    if (err == KS_OK && (version < 4 || !has_v4)) {
+        rc = upgrade_v4(db, has_v4);
         if (rc != SQLITE_OK)
             err = ks_sqlite_fail_rc(errbuf, errbuf_len, rc, "upgrading the keyshift tables");
     }
@@ -544,10 +581,10 @@ ks_err ks_rollout_store_sqlite_open(const char *path, unsigned flags, ks_rollout
     db->base.ops = &sqlite_ops;
     db->read_only = (flags & KS_ROLLOUT_DB_READ_ONLY) != 0;
     ks_sqlite_busy_init(&db->busy, 0);
-    int64_t version = 0, n_v2 = 0, has_v3 = 0;
+    int64_t version = 0, n_v2 = 0, has_v3 = 0, has_v4 = 0;
     ks_err err = ks_sqlite_connect(path, db->read_only, 0, &db->busy, &db->db, errbuf, errbuf_len);
     if (err == KS_OK) {
-        err = read_schema_state(db, &version, &n_v2, &has_v3);
+        err = read_schema_state(db, &version, &n_v2, &has_v3, &has_v4);
         if (err != KS_OK)
             err = ks_sqlite_fail(errbuf, errbuf_len, err, "reading the schema: %s",
                                  ks_err_name(err));
@@ -555,16 +592,17 @@ ks_err ks_rollout_store_sqlite_open(const char *path, unsigned flags, ks_rollout
     if (err == KS_OK)
         err = check_not_newer(version, errbuf, errbuf_len);
     if (err == KS_OK && !db->read_only &&
-        (version < KS_SQLITE_SCHEMA_LATEST || n_v2 < 4 || !has_v3))
+        (version < KS_SQLITE_SCHEMA_LATEST || n_v2 < 4 || !has_v3 || !has_v4))
         err = upgrade(db, errbuf, errbuf_len);
     else if (err == KS_OK && db->read_only) {
         /* a version 2 database is read as it is: its rollouts are all
          * column-scoped, and ignoring them would let `migrate` run unguarded */
         db->have_tables = version >= 2 && n_v2 == 4;
-        db->v3 = db->have_tables && version == 3 && has_v3;
+        db->v3 = db->have_tables && version >= 3 && has_v3;
+        db->v4 = db->v3 && version == 4 && has_v4;
     }
     if (err == KS_OK && !db->read_only)
-        db->have_tables = db->v3 = 1;
+        db->have_tables = db->v3 = db->v4 = 1;
     if (err != KS_OK) {
         op_close(&db->base);
         return err;

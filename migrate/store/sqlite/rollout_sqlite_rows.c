@@ -36,17 +36,27 @@
     "max_provider_error_rate, max_seal_p99_us, max_open_p99_us, min_samples, window_s, "          \
     "min_soak_s, reader_ttl_s, created, updated, verified_at"
 
-/* A query of ROLLOUT_COLS then the scope's key_id (column 29) followed by
- * tail, in two spellings indexed by the store's v3: a version 2 database
- * (read-only) has no scope_key_id, and every rollout in it is
- * column-scoped. */
+/* A query of ROLLOUT_COLS then the scope's key_id (column 29) and the
+ * encoding (column 30) followed by tail, in three spellings indexed by
+ * schema_level: a version 2 database (read-only) has no scope_key_id, and
+ * every rollout in it is column-scoped; a version 2 or 3 one has no
+ * encoding, and every rollout in it is of binary encoding. */
 #define SELECT_ROLLOUT(tail)                                                                      \
-    {"SELECT " ROLLOUT_COLS ", '' FROM main.keyshift_rollout " tail,                              \
-     "SELECT " ROLLOUT_COLS ", scope_key_id FROM main.keyshift_rollout " tail}
+    {"SELECT " ROLLOUT_COLS ", '', 'binary' FROM main.keyshift_rollout " tail,                    \
+     "SELECT " ROLLOUT_COLS ", scope_key_id, 'binary' FROM main.keyshift_rollout " tail,          \
+     "SELECT " ROLLOUT_COLS ", scope_key_id, encoding FROM main.keyshift_rollout " tail}
 
 /* The columns of keyshift_readers in the order read_reader expects. */
 #define READER_COLS                                                                                \
     "instance_id, library_version, max_format, algorithms, key_versions, started, heartbeat"
+
+/* The index of db's spelling of SELECT_ROLLOUT: 0 (version 2), 1
+ * (version 3) or 2 (version 4). */
+static int schema_level(const ks_rsql *db)
+{
+    assert(!db->v4 || db->v3);
+    return db->v3 + db->v4;
+}
 
 /* max as an SQL LIMIT. */
 static int64_t limit_of(size_t max)
@@ -109,10 +119,11 @@ static int col_rate(sqlite3_stmt *st, int i, double *out)
 static ks_err read_rollout(sqlite3_stmt *st, void *out)
 {
     ks_rollout *r = out;
-    char phase[32], key[KS_KEY_ID_MAX + 1];
+    char phase[32], key[KS_KEY_ID_MAX + 1], enc[8];
     int64_t v[6];
     memset(r, 0, sizeof *r);
     int ok = ks_rsql_col_int(st, 0, 1, INT64_MAX, &r->id) &&
+             ks_rsql_col_text(st, 30, enc, sizeof enc - 1) && ks_rcodec_encoding_parse(enc, r) &&
              ks_rsql_col_text(st, 1, r->table, KS_ROLLOUT_IDENT_MAX) &&
              ks_rsql_col_text(st, 2, r->column, KS_ROLLOUT_IDENT_MAX) &&
              read_class(st, 3, 1, &r->source) && read_class(st, 8, 0, &r->target) &&
@@ -223,9 +234,9 @@ ks_err ks_rsql_get(ks_rollout_store *s, int64_t id, ks_rollout *out)
     ks_rsql *db = ks_rsql_of(s);
     if (!db->have_tables)
         return KS_ERR_NO_ROLLOUT;
-    static const char *const q[2] = SELECT_ROLLOUT("WHERE id = ?1");
+    static const char *const q[3] = SELECT_ROLLOUT("WHERE id = ?1");
     sqlite3_stmt *st;
-    int rc = ks_rsql_prep_bind(db, &st, q[db->v3], "i", id);
+    int rc = ks_rsql_prep_bind(db, &st, q[schema_level(db)], "i", id);
     return read_one(db, st, rc, out);
 }
 
@@ -236,10 +247,10 @@ ks_err ks_rsql_latest(ks_rollout_store *s, const char *table, const char *column
     ks_rsql *db = ks_rsql_of(s);
     if (!db->have_tables)
         return KS_ERR_NO_ROLLOUT;
-    static const char *const q[2] = SELECT_ROLLOUT(
+    static const char *const q[3] = SELECT_ROLLOUT(
         "WHERE tbl = ?1 COLLATE NOCASE AND col = ?2 COLLATE NOCASE ORDER BY id DESC LIMIT 1");
     sqlite3_stmt *st;
-    int rc = ks_rsql_prep_bind(db, &st, q[db->v3], "tt", table, column);
+    int rc = ks_rsql_prep_bind(db, &st, q[schema_level(db)], "tt", table, column);
     return read_one(db, st, rc, out); /* a column scope: no listed columns to load */
 }
 
@@ -249,10 +260,10 @@ ks_err ks_rsql_latest_key(ks_rollout_store *s, const char *key_id, ks_rollout *o
     ks_rsql *db = ks_rsql_of(s);
     if (!db->v3)
         return KS_ERR_NO_ROLLOUT;
-    static const char *const q[2] =
+    static const char *const q[3] =
         SELECT_ROLLOUT("WHERE scope_key_id = ?1 ORDER BY id DESC LIMIT 1");
     sqlite3_stmt *st;
-    int rc = ks_rsql_prep_bind(db, &st, q[1], "t", key_id);
+    int rc = ks_rsql_prep_bind(db, &st, q[schema_level(db)], "t", key_id);
     return read_one(db, st, rc, out);
 }
 
@@ -264,9 +275,9 @@ ks_err ks_rsql_list(ks_rollout_store *s, int64_t after_id, ks_rollout *out, size
     *n = 0;
     if (!db->have_tables || max == 0)
         return KS_OK;
-    static const char *const q[2] = SELECT_ROLLOUT("WHERE id > ?1 ORDER BY id LIMIT ?2");
+    static const char *const q[3] = SELECT_ROLLOUT("WHERE id > ?1 ORDER BY id LIMIT ?2");
     sqlite3_stmt *st;
-    int rc = ks_rsql_prep_bind(db, &st, q[db->v3], "ii", after_id, limit_of(max));
+    int rc = ks_rsql_prep_bind(db, &st, q[schema_level(db)], "ii", after_id, limit_of(max));
     ks_err err = read_rows(db, st, rc, read_rollout, out, sizeof *out, max, n);
     if (err == KS_OK)
         err = load_columns(db, out, *n);
@@ -373,10 +384,11 @@ ks_err ks_rsql_insert(ks_rollout_store *s, const ks_rollout *r, int64_t *id)
         "dst_key_id, dst_key_version, phase, phase_since, canary_kind, canary_percent, "
         "canary_tenants, max_auth_failure_rate, max_parse_error_rate, "
         "max_provider_error_rate, max_seal_p99_us, max_open_p99_us, min_samples, "
-        "window_s, min_soak_s, reader_ttl_s, created, updated, verified_at, scope_key_id) "
+        "window_s, min_soak_s, reader_ttl_s, created, updated, verified_at, scope_key_id, "
+        "encoding) "
         "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, "
-        "?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, 0, ?28)",
-        "ttiiitiiiti" "titit" "ddd" "iiiiii" "ii" "t", r->table, r->column,
+        "?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, 0, ?28, ?29)",
+        "ttiiitiiiti" "titit" "ddd" "iiiiii" "ii" "tt", r->table, r->column,
         (int64_t)(a->is_plaintext != 0),
         (int64_t)a->version, (int64_t)a->algorithm, a->key_id, (int64_t)a->key_version,
         (int64_t)b->version, (int64_t)b->algorithm, b->key_id, (int64_t)b->key_version,
@@ -385,7 +397,8 @@ ks_err ks_rsql_insert(ks_rollout_store *s, const ks_rollout *r, int64_t *id)
         t->max_auth_failure_rate, t->max_parse_error_rate, t->max_provider_error_rate,
         (int64_t)t->max_seal_p99_us, (int64_t)t->max_open_p99_us, (int64_t)t->min_samples,
         (int64_t)t->window_s, (int64_t)r->min_soak_s, (int64_t)r->reader_ttl_s, r->created,
-        r->updated, r->scope == KS_SCOPE_KEY ? a->key_id : "");
+        r->updated, r->scope == KS_SCOPE_KEY ? a->key_id : "",
+        ks_value_encoding_name((int)r->encoding));
     rc = ks_rsql_run_done(db, st, rc);
     if (rc != SQLITE_OK)
         return ks_rsql_rc_err(rc);

@@ -24,9 +24,10 @@
  * keyshift_migration and keyshift_quarantine (the row store); 2 adds the
  * rollout tables (migrate/rollout/rollout_db.c) and changes none of
  * version 1's; 3 adds key-scoped rollouts (keyshift_rollout.scope_key_id,
- * keyshift_rollout_column) and changes none of version 1's.  Every opener
+ * keyshift_rollout_column) and changes none of version 1's; 4 adds the
+ * rollout's encoding (keyshift_rollout.encoding).  Every opener
  * refuses a database of a newer version. */
-#define KS_SQLITE_SCHEMA_LATEST 3
+#define KS_SQLITE_SCHEMA_LATEST 4
 
 /* Default lock wait of a connection, in milliseconds. */
 #define KS_SQLITE_BUSY_DEFAULT_MS 30000u

@@ -76,6 +76,26 @@ func (a Algorithm) String() string {
 	return "unknown"
 }
 
+// Encoding is how a column holds envelopes (ks_value_encoding): the
+// envelope's bytes, or its canonical base64 text (docs/format.md section
+// 10).  Seal and Open work in the column's encoding (App.ColumnEncoding).
+type Encoding int
+
+// The encodings.
+const (
+	EncodingBinary Encoding = 0 // the envelope's bytes: a BLOB or bytea column
+	EncodingBase64 Encoding = 1 // its base64 text, beginning "S1NF": TEXT, text, varchar
+)
+
+// String names the encoding as the CLI's --encoding does
+// (ks_value_encoding_name); "unknown" for another value.
+func (e Encoding) String() string {
+	if n := C.ks_value_encoding_name(C.int(e)); n != nil {
+		return C.GoString(n)
+	}
+	return "unknown"
+}
+
 // Config says how to open an App; its fields are ks_app_options'
 // (keyshift/app.h).  The zero value takes its keys from the environment
 // (KEYSHIFT_PROVIDERS, else KEYSHIFT_KEYRING and KEYSHIFT_PASSPHRASE) and
@@ -103,6 +123,11 @@ type Config struct {
 	DefaultAlgorithm  Algorithm // 0: XChaCha20Poly1305
 
 	Purpose string // format 2's purpose when a record names none; "": the column's name
+
+	// How columns that no rollout covers hold envelopes (every column
+	// without a Database); a column a rollout covers is in the encoding
+	// the rollout records.  0: EncodingBinary.
+	DefaultEncoding Encoding
 }
 
 // Record names one value of the application's table: where it lives and
@@ -171,6 +196,7 @@ func Open(cfg Config) (*App, error) {
 	o.default_key_version = C.uint32_t(cfg.DefaultKeyVersion)
 	o.default_format = C.uint8_t(cfg.DefaultFormat)
 	o.default_algorithm = C.uint32_t(cfg.DefaultAlgorithm)
+	o.default_encoding = C.ks_value_encoding(cfg.DefaultEncoding)
 	var pass unsafe.Pointer
 	if len(cfg.Passphrase) > 0 {
 		pass = unsafe.Pointer(C.ksgo_dup((*C.uint8_t)(&cfg.Passphrase[0]), C.size_t(len(cfg.Passphrase))))
@@ -207,4 +233,24 @@ func (a *App) Close() error {
 	atomic.AddInt64(&liveApps, -1)
 	runtime.SetFinalizer(a, nil)
 	return nil
+}
+
+// ColumnEncoding is how table.column holds envelopes, the form Seal writes
+// and Open reads there (ks_app_column_encoding): the encoding recorded
+// with the latest rollout covering the column, else
+// Config.DefaultEncoding.
+func (a *App) ColumnEncoding(table, column string) (Encoding, error) {
+	t, c := cstr(table), cstr(column)
+	defer C.free(unsafe.Pointer(t))
+	defer C.free(unsafe.Pointer(c))
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	if a.app == nil {
+		return EncodingBinary, ErrClosed
+	}
+	var enc C.ks_value_encoding
+	if e := C.ks_app_column_encoding(a.app, t, c, &enc); e != C.KS_OK {
+		return EncodingBinary, newError("column-encoding", e, -1, "")
+	}
+	return Encoding(enc), nil
 }

@@ -444,3 +444,67 @@ func TestPassphrase(t *testing.T) {
 		t.Fatalf("a wrong passphrase: %v", err)
 	}
 }
+
+// A text column: Seal and Open work in the column's encoding, which
+// Config.DefaultEncoding gives where no rollout covers the column and the
+// rollout's --encoding gives where one does.
+func TestTextColumns(t *testing.T) {
+	if _, err := exec.LookPath("sqlite3"); err != nil {
+		t.Skip("no sqlite3 CLI")
+	}
+	k := newKeyring(t)
+	r := &Record{Table: "users", Column: "email", Tenant: []byte("acme"), Context: []byte("users:1:email")}
+	pt := []byte("ada@example.com")
+	w, err := Open(Config{Keyring: k, DefaultKeyID: "payments/kek", DefaultEncoding: EncodingBase64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if e, err := w.ColumnEncoding("users", "email"); err != nil || e != EncodingBase64 || e.String() != "base64" {
+		t.Fatalf("ColumnEncoding without a database: %v %v", e, err)
+	}
+	text, err := w.Seal(r, pt)
+	if err != nil || !bytes.HasPrefix(text, []byte("S1NF")) || len(text) > SealMaxLen(len(pt)) {
+		t.Fatalf("Seal in base64: %q, %v", text, err)
+	}
+	if got, err := w.Open(r, text); err != nil || !bytes.Equal(got, pt) {
+		t.Fatalf("Open in base64: %v", err)
+	}
+	bin, err := openApp(t, k, FormatV2, XChaCha20Poly1305).Seal(r, pt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Open(r, bin); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("a binary envelope in a base64 column: %v", err)
+	}
+
+	db := filepath.Join(t.TempDir(), "shop.db")
+	if out, err := exec.Command("sqlite3", db,
+		"CREATE TABLE users(id INTEGER PRIMARY KEY, email TEXT);").CombinedOutput(); err != nil {
+		t.Fatalf("sqlite3: %v: %s", err, out)
+	}
+	scope := []string{"--db", db, "--table", "users", "--column", "email", "--keyring", k}
+	cli(t, nil, append([]string{"rollout", "start", "--source", "plaintext", "--encoding", "base64",
+		"--target", "v2:xchacha20-poly1305:payments/kek:1"}, scope...)...)
+	a, err := Open(Config{Keyring: k, Database: db, InstanceID: "go-text-1", DefaultKeyID: "payments/kek"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if e, err := a.ColumnEncoding("users", "email"); err != nil || e != EncodingBase64 {
+		t.Fatalf("ColumnEncoding of the rollout: %v %v", e, err)
+	}
+	if e, err := a.ColumnEncoding("users", "name"); err != nil || e != EncodingBinary {
+		t.Fatalf("ColumnEncoding of another column: %v %v", e, err)
+	}
+	if got, err := a.Open(r, pt); err != nil || !bytes.Equal(got, pt) {
+		t.Fatalf("plaintext while planned: %v", err)
+	}
+	if _, err := a.Open(r, text); !errors.Is(err, ErrPhase) {
+		t.Fatalf("an envelope while planned: %v", err)
+	}
+	a.Close()
+	if _, err := a.ColumnEncoding("users", "email"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("after Close: %v", err)
+	}
+}

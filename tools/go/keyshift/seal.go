@@ -45,7 +45,8 @@ func SealMaxLen(n int) int {
 }
 
 // Seal seals pt for r (ks_app_seal): the class the rollout names for r's
-// tenant, else the default key.  Before write-upgrade of a rollout from
+// tenant, else the default key, in the column's encoding (ColumnEncoding:
+// the envelope's bytes, or its base64 text).  Before write-upgrade of a rollout from
 // plaintext the result is pt itself, unsealed, as the column still holds
 // plaintext for older readers.
 func (a *App) Seal(r *Record, pt []byte) ([]byte, error) {
@@ -87,7 +88,8 @@ func (a *App) call(seal C.int, op string, dst []byte, m int, r *Record, in []byt
 	return dst[:len(dst)+int(n)], nil
 }
 
-// Open opens the stored value v of r (ks_app_open_value): its class must
+// Open opens the stored value v of r (ks_app_open_value), read in the
+// column's encoding (ColumnEncoding): its class must
 // be one the rollout's phase reads, its tenant r's (when r names one) and,
 // in format 2, its purpose r's.  No unauthenticated plaintext is
 // returned.  The plaintext is the caller's to wipe.

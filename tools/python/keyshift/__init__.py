@@ -55,6 +55,8 @@ __all__ = [
     "Stats",
     "parse",
     "seal_max_len",
+    "BINARY",
+    "BASE64",
     "version",
     "error_name",
     "Error",
@@ -347,6 +349,29 @@ def _algorithm(value: Union[None, int, str]) -> int:
     return int(value)
 
 
+def _encodings() -> Dict[str, int]:
+    """The encodings by name, as the C library names them
+    (``ks_value_encoding_name``)."""
+    out: Dict[str, int] = {}
+    while _n.LIB.ks_value_encoding_name(len(out)) is not None:
+        out[_n.LIB.ks_value_encoding_name(len(out)).decode()] = len(out)
+    return out
+
+
+_ENCODINGS = _encodings()
+BINARY = "binary"
+BASE64 = "base64"
+
+
+def _encoding(value: str) -> int:
+    try:
+        return _ENCODINGS[value]
+    except (KeyError, TypeError):
+        raise InvalidArgument("invalid-argument", None,
+                              "default_encoding must be %s or %s, not %r"
+                              % (BINARY, BASE64, value), 32, "refused") from None
+
+
 def seal_max_len(pt_len: int) -> int:
     """An upper bound on the length of a sealed value of pt_len bytes; 0
     past the format's limits."""
@@ -414,7 +439,11 @@ class App:
     500).  ``default_key_id`` (with ``default_key_version``,
     ``default_format`` and ``default_algorithm``) is what to seal where no
     rollout governs the column; ``purpose`` is the format-2 purpose when a
-    call names none (default: the column's name).
+    call names none (default: the column's name).  ``default_encoding``
+    (``"binary"``, the default, or ``"base64"``) is how columns that no
+    rollout covers hold envelopes; a column a rollout covers is in the
+    rollout's encoding, and :meth:`seal` and :meth:`open` work in the
+    column's encoding (:meth:`column_encoding`).
 
     One App may be used from any number of threads at once.  :meth:`close`
     waits for the calls under way, then closes; later calls raise
@@ -432,7 +461,7 @@ class App:
                  interval_ms: int = 0, default_key_id: Optional[str] = None,
                  default_key_version: int = 0, default_format: int = 0,
                  default_algorithm: Union[None, int, str] = None,
-                 purpose: Optional[str] = None) -> None:
+                 purpose: Optional[str] = None, default_encoding: str = BINARY) -> None:
         self._app = None
         for name, value, top in (("max_format", max_format, 0xFF),
                                  ("default_format", default_format, 0xFF),
@@ -459,6 +488,7 @@ class App:
         o.default_format = default_format
         o.default_algorithm = _algorithm(default_algorithm)
         o.purpose = _cstr(purpose, "purpose")
+        o.default_encoding = _encoding(default_encoding)
         pw = None
         if passphrase is not None:
             pw = ctypes.create_string_buffer(_text(passphrase, "passphrase"))
@@ -750,3 +780,22 @@ class App:
         if e != _n.KS_OK:
             raise _error(e)
         return buf.value.decode()
+
+    # -- columns --
+
+    def column_encoding(self, table: str, column: str) -> str:
+        """How ``table.column`` holds envelopes, ``"binary"`` or
+        ``"base64"`` (``ks_app_column_encoding``): the encoding recorded
+        with the latest rollout covering the column, else the App's
+        ``default_encoding``.  :meth:`seal` writes and :meth:`open` reads
+        that form."""
+        enc = ctypes.c_int(0)
+        t, c = _cstr(table, "table"), _cstr(column, "column")
+        app = self._enter()
+        try:
+            e = _n.LIB.ks_app_column_encoding(app, t, c, ctypes.byref(enc))
+        finally:
+            self._calls.pop()
+        if e != _n.KS_OK:
+            raise _error(e)
+        return _n.LIB.ks_value_encoding_name(enc.value).decode()

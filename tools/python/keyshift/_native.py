@@ -58,6 +58,7 @@ class AppOptions(ctypes.Structure):
         ("default_format", ctypes.c_uint8),
         ("default_algorithm", ctypes.c_uint32),
         ("purpose", ctypes.c_char_p),
+        ("default_encoding", ctypes.c_int),
     ]
 
 
@@ -190,6 +191,8 @@ def _load():
         "ks_app_parse": (i, [vp, sz, vp, vp]),
         "ks_app_stats_get": (None, [vp, vp]),
         "ks_app_keys": (i, [vp, vp, sz]),
+        "ks_app_column_encoding": (i, [vp, ctypes.c_char_p, ctypes.c_char_p, vp]),
+        "ks_value_encoding_name": (ctypes.c_char_p, [i]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)

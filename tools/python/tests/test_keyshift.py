@@ -386,6 +386,41 @@ class KeyshiftTest(unittest.TestCase):
         finally:
             w.remove()
 
+    def test_text_columns(self) -> None:
+        """seal and open work in the column's encoding: default_encoding
+        where no rollout covers it, the rollout's --encoding where one does."""
+        w = World()
+        try:
+            pt = b"ada@example.com"
+            with w.app(default_encoding=keyshift.BASE64) as text_app, w.app() as bin_app:
+                self.assertEqual(text_app.column_encoding("users", "email"), "base64")
+                self.assertEqual(bin_app.column_encoding("users", "email"), "binary")
+                v = text_app.seal("users", "email", "acme", pt, context="u:1")
+                self.assertTrue(v.startswith(b"S1NF"))
+                self.assertLessEqual(len(v), keyshift.seal_max_len(len(pt)))
+                self.assertEqual(text_app.open("users", "email", "acme", v, context="u:1"), pt)
+                b = bin_app.seal("users", "email", "acme", pt, context="u:1")
+                with self.assertRaises(keyshift.Malformed):
+                    text_app.open("users", "email", "acme", b, context="u:1")
+                with self.assertRaises(keyshift.InvalidArgument):
+                    w.app(default_encoding="hex")
+            con = sqlite3.connect(w.db)
+            con.execute("CREATE TABLE users(id INTEGER PRIMARY KEY, email TEXT)")
+            con.commit()
+            con.close()
+            w.cli("rollout", "start", "--db", w.db, "--table", "users", "--column", "email",
+                  "--encoding", "base64", "--source", "plaintext",
+                  "--target", "v2:xchacha20-poly1305:payments-kek:2")
+            with w.app(database=w.db, instance_id="py-text") as app:
+                self.assertEqual(app.column_encoding("users", "email"), "base64")
+                self.assertEqual(app.column_encoding(T, C), "binary")
+                self.assertEqual(app.seal("users", "email", "acme", pt, context="u:1"), pt)
+                self.assertEqual(app.open("users", "email", "acme", pt, context="u:1"), pt)
+            status = json.loads(w.cli("rollout", "status", "--db", w.db, "--json").stdout)
+            self.assertEqual(status["encoding"], "base64")
+        finally:
+            w.remove()
+
     # ---- threads ----
 
     def test_gil_released(self) -> None:
@@ -687,8 +722,9 @@ class KeyshiftTest(unittest.TestCase):
         self.assertEqual(ct.sizeof(_native.AppHeader), 144)
         self.assertEqual(ct.sizeof(_native.AppStats), 64)
         self.assertEqual(ct.sizeof(_native.AppItem), 368)
-        self.assertEqual(ct.sizeof(_native.AppOptions), 120)
+        self.assertEqual(ct.sizeof(_native.AppOptions), 128)
         self.assertEqual(_native.AppOptions.purpose.offset, 112)
+        self.assertEqual(_native.AppOptions.default_encoding.offset, 120)
         self.assertEqual(_native.AppItem.cls.offset, 92)
         self.assertEqual(_native.AppHeader.total_len.offset, 136)
         self.assertEqual(_native.RolloutClass.key_version.offset, 272)
