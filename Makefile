@@ -303,7 +303,8 @@ tsan: $(TSAN_BINS)
 # Unix socket in its own directory, moto_server and the fakes on a free
 # port, SoftHSM2 tokens in its own directory), so any two may run side
 # by side.  Every script gets every variable; each reads only its own.
-CLI_TESTS := cli_migrate_stress_test cli_plugin_test cli_every_service_test cli_spec_decryptor_test \
+CLI_TESTS := cli_migrate_stress_test cli_plugin_test cli_every_service_test cli_every_service_text_test \
+             cli_spec_decryptor_test \
              cli_migrate_workers_pg_test cli_rollout_lifecycle_test cli_migrate_pg_test \
              cli_rollout_lifecycle_pg_test kms_aws_plugin_test cli_kms_aws_test cli_pkcs11_test \
              kms_aws_test cli_rollout_test cli_migrate_test cli_crypto_test cli_providers_test \
@@ -317,9 +318,9 @@ CLI_TEST_RUNS := $(CLI_TESTS:%=cli-run-%)
 
 $(CLI_TEST_RUNS): cli-run-%: $(CLI_SAN) $(CLI) $(DEMO_APP_SAN) $(KMS_AWS_SAN) $(KMS_AWS_DRIVER)
 	@$(CLI_TEST_ENV) tests/$*.sh
-# The every-service rollout also runs the Go example (and the Python one,
-# on the shared library).
-cli-run-cli_every_service_test: $(GO_EXAMPLE) $(SHARED)
+# The every-service rollout (binary and text columns) also runs the Go
+# example (and the Python one, on the shared library).
+cli-run-cli_every_service_test cli-run-cli_every_service_text_test: $(GO_EXAMPLE) $(SHARED)
 
 cli-test: $(CLI_TEST_RUNS)
 

@@ -96,9 +96,12 @@ readers_count_is() { [ "$(dbq "SELECT count(*) FROM keyshift_readers" 2>/dev/nul
 # tenants acme (odd ids) and globex.
 make_table() {
     if [ "$KIND" = pg ]; then
+        # the JSON as text, or as its UTF-8 bytes in a bytea column
+        local pt="format('{\"id\":%s,\"pan\":\"4111%s\"}', i, lpad(i::text, 12, '0'))"
+        [ "$PG_TYPE" = bytea ] && pt="convert_to($pt, 'UTF8')"
         q "CREATE TABLE $1 (id bigint PRIMARY KEY, tenant text NOT NULL, card $PG_TYPE);
            INSERT INTO $1 SELECT i, CASE WHEN i % 2 = 1 THEN 'acme' ELSE 'globex' END,
-               convert_to(format('{\"id\":%s,\"pan\":\"4111%s\"}', i, lpad(i::text, 12, '0')), 'UTF8')
+               $pt
                FROM generate_series(1, $ROWS) i;"
     else
         sqlite3 "$DB" >/dev/null <<SQL

@@ -63,8 +63,8 @@ def parse_args(argv):
     p.add_argument("--keyring", help="default: $KEYSHIFT_KEYRING")
     p.add_argument("--passphrase-file")
     p.add_argument("--key-id", help="the key to seal where no rollout governs the column")
-    p.add_argument("--encoding", default="binary", choices=["binary"],
-                   help="the column's encoding")
+    p.add_argument("--encoding", default="binary", choices=["binary", "base64"],
+                   help="the column's encoding where no rollout records one")
     p.add_argument("--ops", type=int, default=0, help="stop after N operations")
     p.add_argument("--seconds", type=float, default=0, help="stop after S seconds")
     p.add_argument("--write-percent", type=int, default=10, choices=range(101), metavar="P")
@@ -141,8 +141,8 @@ class Service:
         except keyshift.Error as e:
             s["write_failures"][e.name] += 1
             return
-        if cls.plaintext and not self.pg:
-            new = new.decode()  # a plaintext stays TEXT, as the table holds it
+        if self.app.column_encoding(a.table, a.column) == "base64" or (cls.plaintext and not self.pg):
+            new = new.decode()  # a text column's value, or a plaintext that stays TEXT
         try:
             self.execute(self.sql_put, (new, row_id))
             if not self.pg:
@@ -196,7 +196,8 @@ def main(argv=None) -> int:
     try:
         with keyshift.App(keyring=args.keyring, passphrase=passphrase, database=args.db,
                           instance_id=args.instance, default_key_id=args.key_id,
-                          purpose=args.purpose, interval_ms=args.reload_ms) as app:
+                          purpose=args.purpose, interval_ms=args.reload_ms,
+                          default_encoding=args.encoding) as app:
             svc = Service(args, app, db, pg)
             lo, hi = svc.execute(svc.sql_range).fetchone()
             if lo is None:

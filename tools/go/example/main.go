@@ -7,7 +7,7 @@
 //	keyshift-go-example --db DB --table T --column C [--id-column I]
 //	    --tenant-column COL --context TEMPLATE --purpose P --instance NAME
 //	    [--keyring FILE] [--passphrase-file FILE] [--key-id K]
-//	    [--encoding binary] [--ops N | --seconds S] [--write-percent P]
+//	    [--encoding binary|base64] [--ops N | --seconds S] [--write-percent P]
 //	    [--rate N] [--seed N] [--reload-ms MS] [--json]
 //
 // DB is a SQLite file (github.com/mattn/go-sqlite3) or a PostgreSQL URI or
@@ -31,6 +31,7 @@ package main
 import (
 	"bytes"
 	"database/sql"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -82,7 +83,7 @@ func run(args []string, stdout, stderr io.Writer, usr1, stop <-chan os.Signal) i
 	idCol, tenantCol := str("id-column", "id", "the integer id `column`"), str("tenant-column", "", "the tenant `column`")
 	context, purpose, instance := str("context", "", "context `template` ({id}: the row's id)"), str("purpose", "", "format 2's `purpose`"), str("instance", "", "this instance's `id`")
 	keyring, passFile := str("keyring", os.Getenv("KEYSHIFT_KEYRING"), "the keyring `file`"), str("passphrase-file", "", "its passphrase `file`")
-	keyID, encoding := str("key-id", "", "the `key` to seal under where no rollout governs"), str("encoding", "binary", "the column's encoding: binary")
+	keyID, encoding := str("key-id", "", "the `key` to seal under where no rollout governs"), str("encoding", "binary", "the column's encoding where no rollout records one: binary or base64")
 	ops, writePct, rate := fs.Int("ops", 0, "stop after `N` operations"), fs.Int("write-percent", 10, "percent of operations that write"), fs.Int("rate", 0, "at most `N` operations a second")
 	seconds, seed, reload := fs.Float64("seconds", 0, "stop after `S` seconds"), fs.Int64("seed", time.Now().UnixNano(), "the PRNG seed"), fs.Int("reload-ms", 500, "heartbeat and report period")
 	asJSON := fs.Bool("json", false, "print the summary as one JSON object")
@@ -95,12 +96,14 @@ func run(args []string, stdout, stderr io.Writer, usr1, stop <-chan os.Signal) i
 		fmt.Fprintln(stderr, "keyshift-go-example: --db, --table, --column, --tenant-column and --instance are required; --write-percent is 0 to 100; give --ops or --seconds, not both.")
 		return 64
 	}
-	if *encoding != "binary" {
-		fmt.Fprintf(stderr, "keyshift-go-example: --encoding %q: this build seals and opens binary columns only.\n", *encoding)
+	enc := map[string]keyshift.Encoding{"binary": keyshift.EncodingBinary, "base64": keyshift.EncodingBase64}
+	defEnc, okEnc := enc[*encoding]
+	if !okEnc {
+		fmt.Fprintf(stderr, "keyshift-go-example: --encoding %q: give binary or base64.\n", *encoding)
 		return 64
 	}
 	cfg := keyshift.Config{Keyring: *keyring, Database: *db, InstanceID: *instance, DefaultKeyID: *keyID,
-		Purpose: *purpose, Interval: time.Duration(*reload) * time.Millisecond}
+		Purpose: *purpose, Interval: time.Duration(*reload) * time.Millisecond, DefaultEncoding: defEnc}
 	if *passFile != "" {
 		p, err := os.ReadFile(*passFile)
 		if err != nil {
@@ -191,14 +194,15 @@ func run(args []string, stdout, stderr io.Writer, usr1, stop <-chan os.Signal) i
 			continue
 		}
 		var arg interface{} = out
-		if driver == "sqlite3" && !bytes.HasPrefix(out, []byte("KSE")) {
-			arg = string(out) // a plaintext stays TEXT, as the table holds it
+		colEnc, _ := app.ColumnEncoding(*table, *column)
+		if colEnc == keyshift.EncodingBase64 || (driver == "sqlite3" && !bytes.HasPrefix(out, []byte("KSE"))) {
+			arg = string(out) // a text column's value, or a plaintext that stays TEXT
 		}
 		if _, err := conn.Exec(update, arg, id); err != nil {
 			s.DBErrors++
 			fmt.Fprintf(stderr, "keyshift-go-example: UPDATE: %v\n", err)
 		} else {
-			s.Writes[className(out)]++
+			s.Writes[className(out, colEnc)]++
 		}
 		wipe(pt)
 	}
@@ -213,8 +217,17 @@ func run(args []string, stdout, stderr io.Writer, usr1, stop <-chan os.Signal) i
 }
 
 // className names the class of the value written as the CLI does:
-// "plaintext" or "vF:ALG:KEY_ID:VERSION" (the library's own parse).
-func className(v []byte) string {
+// "plaintext" or "vF:ALG:KEY_ID:VERSION" (the library's own parse; a
+// text column's value is its envelope's base64, decoded here only to
+// name it in the summary).
+func className(v []byte, enc keyshift.Encoding) string {
+	if enc == keyshift.EncodingBase64 {
+		b, err := base64.StdEncoding.DecodeString(string(v))
+		if err != nil {
+			return "plaintext"
+		}
+		v = b
+	}
 	h, err := keyshift.Parse(v)
 	if err != nil {
 		return "plaintext"
