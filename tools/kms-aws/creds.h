@@ -96,6 +96,10 @@ int kms_creds_parse_time(const char *s, size_t n, time_t *out);
  * or half way through a shorter life [KP-AWS-13]. */
 time_t kms_creds_refresh_at(const kms_creds *c, time_t fetched);
 
+/* Copy s[0..n) into dst (cap bytes) if it is 1..cap-1 bytes of printable
+ * ASCII without spaces.  0 or -1 (dst unchanged). */
+int kms_creds_field(char *dst, size_t cap, const char *s, size_t n);
+
 /* Zero c. */
 void kms_creds_wipe(kms_creds *c);
 
