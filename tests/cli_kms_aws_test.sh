@@ -68,6 +68,7 @@ printf 'eyJhbGciOiJSUzI1NiJ9.e30.c2ln\n' >"$T/web.token"
 run "web identity with STS unreachable: unavailable, as an unreachable KMS is" 69 env -u AWS_ACCESS_KEY_ID \
     -u AWS_SECRET_ACCESS_KEY AWS_WEB_IDENTITY_TOKEN_FILE="$T/web.token" \
     AWS_ROLE_ARN=arn:aws:iam::123456789012:role/app AWS_ENDPOINT_URL_STS=http://127.0.0.1:1 "$KS" providers check
+expect_grep "... saying which call failed, unredacted" "$T/err" "the plugin says: STS web identity at http://127.0.0.1:1/"
 run "web identity through moto's STS: ok" 0 env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY \
     AWS_WEB_IDENTITY_TOKEN_FILE="$T/web.token" AWS_ROLE_ARN=arn:aws:iam::123456789012:role/app \
     AWS_ENDPOINT_URL_STS="$AWS_ENDPOINT_URL_KMS" "$KS" providers check

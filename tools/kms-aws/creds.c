@@ -377,7 +377,7 @@ static kms_status sts_call(walk *w, const char *action, const char *const *param
         sigv4_request r = {"POST", "/", NULL, 0, h, sh, (const uint8_t *)form, flen, NULL};
         sigv4_signer sg = {base->access_key_id, base->secret_access_key, region, "sts", amz_date};
         if (sigv4_authorization(&sg, &r, auth, sizeof auth) != 0) {
-            seterr(err, errlen, "STS %s: cannot sign the request", action);
+            seterr(err, errlen, "STS %s: cannot sign the request", kms_sts_label(action));
             goto out;
         }
         snprintf(hdr[nh++], sizeof hdr[0], "X-Amz-Date: %s", amz_date);
@@ -394,13 +394,13 @@ static kms_status sts_call(walk *w, const char *action, const char *const *param
     st = http_do("POST", ep.endpoint, hp, nh, form, flen, step_ms(w, w->cfg->timeout_ms), 0, &http, s, why,
                  sizeof why);
     if (st != KMS_OK) {
-        seterr(err, errlen, "STS %s at %s: %s", action, ep.endpoint, why);
+        seterr(err, errlen, "STS %s at %s: %s", kms_sts_label(action), ep.endpoint, why);
         goto out;
     }
     st = kms_creds_parse_sts(s->buf, s->len, http, action, out, err, errlen);
     goto out;
 toolong:
-    seterr(err, errlen, "STS %s: a parameter is too long", action);
+    seterr(err, errlen, "STS %s: a parameter is too long", kms_sts_label(action));
     st = KMS_INVALID;
 out:
     if (form != NULL) {

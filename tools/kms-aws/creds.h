@@ -100,6 +100,11 @@ time_t kms_creds_refresh_at(const kms_creds *c, time_t fetched);
  * ASCII without spaces.  0 or -1 (dst unchanged). */
 int kms_creds_field(char *dst, size_t cap, const char *s, size_t n);
 
+/* How messages name an STS action: "AssumeRole", or "web identity" for
+ * AssumeRoleWithWebIdentity (a name of 16 or more such characters would
+ * be redacted where keyshift shows it, [KP-BRIDGE-9]). */
+const char *kms_sts_label(const char *action);
+
 /* Zero c. */
 void kms_creds_wipe(kms_creds *c);
 

@@ -293,6 +293,12 @@ static kms_status sts_code_status(const char *code, long http)
 }
 
 /* creds.h */
+const char *kms_sts_label(const char *action)
+{
+    return strcmp(action, "AssumeRole") == 0 ? "AssumeRole" : "web identity";
+}
+
+/* creds.h */
 kms_status kms_creds_parse_sts(const char *doc, size_t n, long http, const char *action, kms_creds *out,
                                char *err, size_t errlen)
 {
@@ -301,7 +307,8 @@ kms_status kms_creds_parse_sts(const char *doc, size_t n, long http, const char 
     size_t bn, vn;
     kms_creds_wipe(out);
     if (n > CREDS_MAX_DOC || memchr(doc, '\0', n) != NULL) {
-        seterr(err, errlen, "STS %s: the answer is over %d bytes or holds a NUL byte", action, CREDS_MAX_DOC);
+        seterr(err, errlen, "STS %s: the answer is over %d bytes or holds a NUL byte", kms_sts_label(action),
+               CREDS_MAX_DOC);
         return http == 200 ? KMS_INVALID : sts_code_status("", http);
     }
     if (http != 200) {
@@ -318,15 +325,15 @@ kms_status kms_creds_parse_sts(const char *doc, size_t n, long http, const char 
                 msg[j] = '\0';
             }
         }
-        seterr(err, errlen, "STS %s: %s%s%s (HTTP %ld)", action, code[0] != '\0' ? code : "no error code",
-               msg[0] != '\0' ? ": " : "", msg, http);
+        seterr(err, errlen, "STS %s: %s%s%s (HTTP %ld)", kms_sts_label(action),
+               code[0] != '\0' ? code : "no error code", msg[0] != '\0' ? ": " : "", msg, http);
         return sts_code_status(code, http);
     }
     snprintf(root, sizeof root, "%sResponse", action);
     snprintf(result, sizeof result, "%sResult", action);
     if (!xml_root(doc, n, root) || xml_elem(doc, n, result, 0, &blk, &bn) != 1 ||
         xml_elem(blk, bn, "Credentials", 0, &blk, &bn) != 1) {
-        seterr(err, errlen, "STS %s: the answer is not one %s with its Credentials", action, root);
+        seterr(err, errlen, "STS %s: the answer is not one %s with its Credentials", kms_sts_label(action), root);
         return KMS_INVALID;
     }
     static const char *const NAMES[] = {"AccessKeyId", "SecretAccessKey", "SessionToken", "Expiration"};
@@ -344,7 +351,8 @@ kms_status kms_creds_parse_sts(const char *doc, size_t n, long http, const char 
         }
         if (bad) {
             kms_creds_wipe(out);
-            seterr(err, errlen, "STS %s: Credentials/%s is missing, repeated or malformed", action, NAMES[i]);
+            seterr(err, errlen, "STS %s: Credentials/%s is missing, repeated or malformed", kms_sts_label(action),
+                   NAMES[i]);
             return KMS_INVALID;
         }
     }
