@@ -255,13 +255,15 @@ done
 # ---- the credential chain [KP-AWS-10..14] -----------------------------------
 # chain NAME VAR=VALUE... : a plugin with only those AWS variables (and
 # the region, HOME, the KMS endpoint) answers hello, then key-info of
-# key A; its standard error in $T/chain.err, the transcript in $T/tr.
+# key A (with --timeout-ms=$CHAIN_TIMEOUT when set); its standard error
+# in $T/chain.err, the transcript in $T/tr.
 NOAWS=(-u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS_PROFILE)
 chain() {
     shift
     : >"$T/chain.err"
     env "${NOAWS[@]}" AWS_EC2_METADATA_DISABLED=true AWS_SHARED_CREDENTIALS_FILE="$T/aws.creds" \
-        AWS_CONFIG_FILE="$T/aws.config" "$@" python3 "$DRIVE" "$T/chain.err" "$PLUG" "--key=c/a,1,$A" >"$T/tr" <<S
+        AWS_CONFIG_FILE="$T/aws.config" "$@" python3 "$DRIVE" "$T/chain.err" "$PLUG" "--key=c/a,1,$A" \
+        ${CHAIN_TIMEOUT:+"--timeout-ms=$CHAIN_TIMEOUT"} >"$T/tr" <<S
 $(hello 1)
 $(info 2 c/a 0)
 .
@@ -323,8 +325,8 @@ chmod +x "$T/cp.sh"
 printf '[profile proc]\ncredential_process = %s\n' "$T/cp.sh" >"$T/aws.config"
 chain_ok "credential_process" "profile proc, credential_process" AWS_PROFILE=proc
 printf '[profile slow]\ncredential_process = sleep 30\n' >"$T/aws.config"
-chain "a credential_process that hangs" AWS_PROFILE=slow
-# the whole walk ends by --timeout-ms (4 s): killed, answered timeout
+CHAIN_TIMEOUT=800 chain "a credential_process that hangs" AWS_PROFILE=slow
+# the whole walk ends by --timeout-ms: killed, answered timeout
 expect_resp "a credential_process that hangs is killed at the deadline: timeout" 1 "$(err_of 1 timeout)"
 : >"$T/aws.config"
 chain_ok "IMDSv2 (moto's metadata endpoint)" "IMDS, role default-role" AWS_EC2_METADATA_DISABLED=false \
