@@ -398,6 +398,22 @@ if [ "$fetched" = 2 ] && [ "$(grep -c '"state":"active"' "$T/tr")" = 3 ]; then
 else
     bad "IMDS refresh" "$fetched fetches; $(head -c 300 "$T/tr") / $(head -c 300 "$T/chain.err")"
 fi
+# a refresh that fails keeps the credentials in hand until they expire,
+# then the request gets the refresh's error [KP-AWS-13]
+: >"$T/chain.err"
+env "${NOAWS[@]}" AWS_EC2_METADATA_DISABLED=true AWS_ENDPOINT_URL_KMS="$FAKE_URL" \
+    AWS_CONTAINER_CREDENTIALS_FULL_URI="$FAKE_URL/creds-once" AWS_SHARED_CREDENTIALS_FILE="$T/aws.creds" \
+    AWS_CONFIG_FILE="$T/aws.config" python3 "$DRIVE" "$T/chain.err" "$PLUG" --key=f/good,1,good >"$T/tr" <<S
+$(hello 1)
+% 1.2
+$(info 2 f/good 0)
+% 1.0
+$(info 3 f/good 0)
+.
+S
+expect_resp "a failed refresh keeps the unexpired credentials" 2 '"state":"active"'
+expect_grep "... and says why on stderr" "$T/chain.err" "container endpoint (FULL_URI): HTTP 500"
+expect_resp "once they expired, the refresh's error: unavailable" 3 "$(err_of 3 unavailable)"
 if [ "$(grep -c '^sig-bad' "$T/fake.log")" -eq 0 ]; then ok "fake: every call signed with the chain's credentials verified"; else
     bad "fake: every call signed with the chain's credentials verified"; fi
 for f in "$T/chain.err" "$T/stderr"; do
