@@ -230,7 +230,8 @@ $(B)/san/tests/test_agent_policy: $(AGENT_POLICY_SRCS) tools/agent/policy.h
 # ---- the AWS KMS client of keyshift-kms-aws (tools/kms-aws/) ------------
 # Checked against moto_server, the AWS emulator, by tests/kms_aws_test.sh
 # through a driver program (under ASan+UBSan, not installed).
-KMS_AWS_SRCS := $(SIGV4_SRCS) $(KMS_AWS_DIR)/kms.c $(KMS_AWS_DIR)/kms_config.c
+KMS_AWS_SRCS := $(SIGV4_SRCS) $(KMS_AWS_DIR)/kms.c $(KMS_AWS_DIR)/kms_config.c $(KMS_AWS_DIR)/kms_ini.c \
+                $(KMS_AWS_DIR)/creds.c $(KMS_AWS_DIR)/creds_parse.c
 KMS_AWS_HDRS := $(wildcard $(KMS_AWS_DIR)/*.h)
 KMS_AWS_CFLAGS := $(shell pkg-config --cflags libcurl jansson 2>/dev/null)
 KMS_AWS_LIBS := -lsodium $(shell pkg-config --libs libcurl jansson 2>/dev/null) -pthread

@@ -51,6 +51,7 @@ dict_for() {
         fuzz_pg_rows) echo corpus/pg_rows.dict ;;
         fuzz_text) echo corpus/text.dict ;;
         fuzz_agent_policy) echo corpus/agent_policy.dict ;;
+        fuzz_aws_creds) echo corpus/aws_creds.dict ;;
         *) echo corpus/envelope.dict ;;
     esac
 }

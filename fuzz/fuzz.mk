@@ -28,7 +28,8 @@
 
 FUZZ_TARGETS := fuzz_parse fuzz_differential fuzz_open fuzz_keyring fuzz_migrate fuzz_rollout \
                 fuzz_providers fuzz_p11meta fuzz_plugin_resp fuzz_faults fuzz_pg_rows fuzz_text \
-                fuzz_agent_policy
+                fuzz_agent_policy \
+                fuzz_aws_creds
 # Not in FUZZ_TARGETS (nor OSS-Fuzz): the structure-aware variants of
 # fuzz/struct/ (make fuzz-struct, make fuzz) and the canary (make fuzz-canary).
 FUZZ_STRUCT_TARGETS := fuzz_parse_struct fuzz_open_struct
@@ -54,6 +55,7 @@ FUZZ_DICT_fuzz_plugin_resp := corpus/plugin.dict
 FUZZ_DICT_fuzz_pg_rows := corpus/pg_rows.dict
 FUZZ_DICT_fuzz_text := corpus/text.dict
 FUZZ_DICT_fuzz_agent_policy := corpus/agent_policy.dict
+FUZZ_DICT_fuzz_aws_creds := corpus/aws_creds.dict
 fuzz_dict = $(or $(FUZZ_DICT_$(1)),$(FUZZ_DICT_DEFAULT))
 AFL_CC ?= afl-clang-fast
 LLVM_PROFDATA ?= llvm-profdata-14
@@ -93,6 +95,11 @@ $(FZ)/replay/obj/%.o: %.c $(FUZZ_DEPS)
 $(FZ)/cov/obj/%.o: %.c $(FUZZ_DEPS)
 	@mkdir -p $(dir $@)
 	$(CLANG) $(WARN) $(FUZZ_CV_CFLAGS) $(FUZZ_INC) -c $< -o $@
+
+# fuzz_aws_creds compiles in the keyshift-kms-aws readers it fuzzes.
+FUZZ_AWS_CREDS_C := tools/kms-aws/kms_ini.c tools/kms-aws/creds_parse.c tools/kms-aws/kms.h tools/kms-aws/creds.h
+$(FZ)/lf/obj/fuzz/fuzz_aws_creds.o $(FZ)/replay/obj/fuzz/fuzz_aws_creds.o $(FZ)/cov/obj/fuzz/fuzz_aws_creds.o \
+    $(FZ)/afl/fuzz_aws_creds $(FZ)/afl/fuzz_aws_creds.cmplog: $(FUZZ_AWS_CREDS_C)
 
 FUZZ_LF_OBJS := $(FUZZ_LIB_C:%.c=$(FZ)/lf/obj/%.o)
 FUZZ_RP_OBJS := $(FUZZ_LIB_C:%.c=$(FZ)/replay/obj/%.o)

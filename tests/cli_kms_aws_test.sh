@@ -11,6 +11,10 @@
 #     wrong key (the version mapped to another KMS key) are refused;
 #   - kill -9 of keyshift during a rewrap into KMS, then resume, nothing
 #     lost;
+#   - no credentials: providers check exits 78 naming every source tried;
+#     STS unreachable for web identity: 69; web identity through moto: ok;
+#   - staging a version (decrypt-only first): keys add-version and promote
+#     refused for a plugin key, keys list showing the registry's versions;
 #   - no plaintext and no AWS secret in any output.
 set -u
 . "$(dirname "$0")/cli_lib.sh"
@@ -54,6 +58,20 @@ reg "$REG" "--key=app/card,1,$A"
 export KEYSHIFT_PROVIDERS="$REG"
 run "providers check: the plugin greets" 0 "$KS" providers check
 expect_grep "check names keyshift-kms-aws" "$T/out" "keyshift-kms-aws"
+
+# ---- no credentials: a configuration error naming every source (78) -----------------------
+run "providers check without credentials: a configuration error" 78 env -u AWS_ACCESS_KEY_ID \
+    -u AWS_SECRET_ACCESS_KEY AWS_EC2_METADATA_DISABLED=true "$KS" providers check
+expect_grep "... the plugin names every source it tried and why" "$T/err" \
+    "no AWS credentials (env: no key id; web identity: no token file; profile default: not found; container: no URI; IMDS: disabled)"
+printf 'eyJhbGciOiJSUzI1NiJ9.e30.c2ln\n' >"$T/web.token"
+run "web identity with STS unreachable: unavailable, as an unreachable KMS is" 69 env -u AWS_ACCESS_KEY_ID \
+    -u AWS_SECRET_ACCESS_KEY AWS_WEB_IDENTITY_TOKEN_FILE="$T/web.token" \
+    AWS_ROLE_ARN=arn:aws:iam::123456789012:role/app AWS_ENDPOINT_URL_STS=http://127.0.0.1:1 "$KS" providers check
+expect_grep "... saying which call failed, unredacted" "$T/err" "the plugin says: STS web identity at http://127.0.0.1:1/"
+run "web identity through moto's STS: ok" 0 env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY \
+    AWS_WEB_IDENTITY_TOKEN_FILE="$T/web.token" AWS_ROLE_ARN=arn:aws:iam::123456789012:role/app \
+    AWS_ENDPOINT_URL_STS="$AWS_ENDPOINT_URL_KMS" "$KS" providers check
 
 # ---- a round trip -------------------------------------------------------------------------
 printf 'card 4111 1111 1111 1111' >"$T/pt"
@@ -107,6 +125,28 @@ IN="$T/env1" run "a decrypt-only version still opens" 0 "$KS" decrypt --context 
 expect_same "and gives the plaintext" "$T/out" "$T/pt"
 IN="$T/pt" run "a decrypt-only version does not wrap (77)" 77 "$KS" encrypt --tenant acme --key-id app/card \
     --key-version 1 --purpose card --context row:3
+
+# ---- staging version 3: decrypt-only until every reader has it, then primary ---------------
+run "keys add-version on a plugin key is refused: its versions are in the registry (64)" 64 \
+    "$KS" keys add-version app/card
+expect_grep "... saying how to stage one there" "$T/err" "add 'arg --key=app/card,N+1,KMSKEY,decrypt-only'"
+run "keys promote on a plugin key is refused the same way (64)" 64 "$KS" keys promote app/card 2
+reg "$REG" "--key=app/card,1,$A,decrypt-only" "--key=app/card,2,$B" "--key=app/card,3,$C,decrypt-only"
+IN="$T/pt" run "staged: a new envelope still goes to version 2" 0 "$KS" encrypt --tenant acme --key-id app/card \
+    --purpose card --context row:4
+cp "$T/out" "$T/env4"
+run "inspect the staged-time envelope" 0 "$KS" inspect --json "$T/env4"
+cp "$T/out" "$T/insp"
+expect_grep "... the primary stays version 2 while 3 is staged" "$T/insp" '"key_version":2'
+run "keys list shows the plugin's keys from the registry" 0 "$KS" keys list
+expect_grep "... version 3 staged decrypt-only" "$T/out" "^app/card  *3  *decrypt-only  *- (plugin aws, $C)"
+expect_grep "... version 2 primary" "$T/out" "^app/card  *2  *active  *\\*  *- (plugin aws"
+run "keys list --json" 0 "$KS" keys list --json
+if python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); k=[x for x in d["keys"] if x["key_id"]=="app/card"][0]; assert k["primary"]==2 and k["provider"]=="aws" and [v["state"] for v in k["versions"]]==["decrypt-only","active","decrypt-only"], d' "$T/out"; then
+    ok "... one JSON object, primary 2, the three versions in file order"
+else
+    bad "keys list --json" "$(head -c 400 "$T/out")"
+fi
 
 # ---- kill -9 during a rewrap into KMS, then resume ----------------------------------------------
 reg "$REG" "--key=app/card,1,$A,decrypt-only" "--key=app/card,2,$B" "--key=app/card,3,$C"

@@ -8,9 +8,19 @@ own signer (an implementation independent of tools/kms-aws/sigv4.c) from
 the bytes on the wire; a mismatch is answered with
 InvalidSignatureException and logged.
 
+It also serves the credential endpoints the plugin's chain reads
+(docs/kms-plugin.md [KP-AWS-10]), with the test's own keys, so that the
+KMS calls made with them verify: IMDSv2 (PUT /latest/api/token, then the
+role and its credentials, which expire 2 s after they are served, for
+the refresh test) and a container endpoint (GET /creds, which wants the
+Authorization token "fake-container-token"; GET /creds-once serves
+credentials of 2 s once, then fails with HTTP 500).  Each credential
+fetch is logged ("imds-creds", "container-creds", "once-creds N").
+
 Usage: python3 kms_aws_fake.py PORTFILE LOGFILE ACCESS_KEY SECRET [TOKEN]
 """
 import base64
+import datetime
 import json
 import re
 import sys
@@ -44,6 +54,8 @@ def log(line):
 
 
 class Handler(BaseHTTPRequestHandler):
+    once = 0
+
     def log_message(self, *args):
         pass
 
@@ -77,6 +89,37 @@ class Handler(BaseHTTPRequestHandler):
         signer = SigV4Auth(Credentials(AKID, SECRET, TOKEN), "kms", "us-east-1")
         sig = signer.signature(signer.string_to_sign(req, signer.canonical_request(req)), req)
         return sig == m.group(4), "signature " + m.group(4) + " != botocore's " + sig
+
+    def creds(self, life):
+        exp = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=life)
+        return {"Code": "Success", "AccessKeyId": AKID, "SecretAccessKey": SECRET,
+                "Expiration": exp.strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+    def do_PUT(self):
+        if self.path != "/latest/api/token" or not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+            return self.answer(400, b"")
+        log("imds-token")
+        return self.answer(200, b"fake-imds-token")
+
+    def do_GET(self):
+        if self.path == "/creds-once":
+            # credentials of 2 s the first time, then HTTP 500: a refresh that fails
+            Handler.once += 1
+            log("once-creds %d" % Handler.once)
+            return self.answer(200, self.creds(2)) if Handler.once == 1 else self.answer(500, b"")
+        if self.path == "/creds":
+            if self.headers.get("Authorization") != "fake-container-token":
+                return self.answer(401, b"")
+            log("container-creds")
+            return self.answer(200, self.creds(3600))
+        if self.headers.get("X-aws-ec2-metadata-token") != "fake-imds-token":
+            return self.answer(401, b"")
+        if self.path == "/latest/meta-data/iam/security-credentials/":
+            return self.answer(200, b"keyshift-role")
+        if self.path == "/latest/meta-data/iam/security-credentials/keyshift-role":
+            log("imds-creds")
+            return self.answer(200, self.creds(2))
+        return self.answer(404, b"")
 
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))

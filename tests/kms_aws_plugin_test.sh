@@ -7,7 +7,8 @@
 # KMS key under the same version; a disabled key; a key pending
 # deletion; an unknown version; a decrypt-only version; malformed,
 # oversized and unterminated lines; a deadline; the command line; exit 0
-# at the end of input; and no DEK on standard error.  What moto does not
+# at the end of input; no DEK on standard error; every source of the AWS
+# credential chain, their precedence and a refresh.  What moto does not
 # do (refuse a disabled key, IncorrectKeyException, throttling) is checked
 # against tests/kms_aws_fake.py.
 set -u
@@ -250,8 +251,89 @@ for args in "--key=app/kek,1,$A --key=app/kek,1,$B" "--key=app/kek,0,$A" "--key=
     # shellcheck disable=SC2086
     IN=/dev/null run "bad arguments exit 64: $args" 64 "$PLUG" $args
 done
-IN=/dev/null run "no credentials: exit 78" 78 env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY "$PLUG"
-expect_grep "... saying so" "$T/err" "no credentials"
+
+# ---- the credential chain [KP-AWS-10..14] -----------------------------------
+# chain NAME VAR=VALUE... : a plugin with only those AWS variables (and
+# the region, HOME, the KMS endpoint) answers hello, then key-info of
+# key A (with --timeout-ms=$CHAIN_TIMEOUT when set); its standard error
+# in $T/chain.err, the transcript in $T/tr.
+NOAWS=(-u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS_PROFILE)
+chain() {
+    shift
+    : >"$T/chain.err"
+    env "${NOAWS[@]}" AWS_EC2_METADATA_DISABLED=true AWS_SHARED_CREDENTIALS_FILE="$T/aws.creds" \
+        AWS_CONFIG_FILE="$T/aws.config" "$@" python3 "$DRIVE" "$T/chain.err" "$PLUG" "--key=c/a,1,$A" \
+        ${CHAIN_TIMEOUT:+"--timeout-ms=$CHAIN_TIMEOUT"} >"$T/tr" <<S
+$(hello 1)
+$(info 2 c/a 0)
+.
+S
+}
+# chain_ok NAME SOURCE VAR=VALUE...: the chain finds credentials at SOURCE
+# (a pattern of the plugin's "credentials from" line) and KMS answers.
+chain_ok() {
+    local name=$1 src=$2
+    shift 2
+    chain "$name" "$@"
+    if [ "$(resp 1 | grep -c '"ok":true')" = 1 ] && [ "$(resp 2 | grep -c '"state":"active"')" = 1 ] &&
+        grep -q "credentials from $src" "$T/chain.err"; then
+        ok "$name"
+    else
+        bad "$name" "$(head -c 300 "$T/tr") / $(head -c 400 "$T/chain.err")"
+    fi
+}
+MOTO_URL="http://127.0.0.1:$PORT"
+: >"$T/aws.creds"
+: >"$T/aws.config"
+chain "nothing"
+expect_resp "no credentials: hello is answered invalid (keyshift: 78)" 1 "$(err_of 1 invalid)"
+expect_resp "... naming every source it tried" 1 \
+    'no AWS credentials \(env: no key id; web identity: no token file; profile default: not found; container: no URI; IMDS: disabled\)'
+expect_grep "... and on stderr with the variables and files" "$T/chain.err" \
+    "AWS_WEB_IDENTITY_TOKEN_FILE not set; profile default: not in $T/aws.creds or $T/aws.config"
+expect_resp "... and every later request too" 2 "$(err_of 2 invalid)"
+chain "IMDS that does not answer" AWS_EC2_METADATA_DISABLED=false AWS_EC2_METADATA_SERVICE_ENDPOINT=http://127.0.0.1:1
+expect_resp "IMDS that does not answer is skipped: invalid" 1 "$(err_of 1 invalid).*IMDS: no answer"
+chain "a named profile that is missing" AWS_PROFILE=nosuch
+expect_resp "a named profile that is missing: invalid" 1 "$(err_of 1 invalid).*profile nosuch is in neither"
+
+chain_ok "environment" "environment" AWS_ACCESS_KEY_ID=AKIDENV AWS_SECRET_ACCESS_KEY=s \
+    AWS_EC2_METADATA_SERVICE_ENDPOINT="$MOTO_URL" AWS_EC2_METADATA_DISABLED=false
+printf 'eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJrZXlzaGlmdCJ9.c2ln\n' >"$T/web.token"
+WEB=(AWS_WEB_IDENTITY_TOKEN_FILE="$T/web.token" AWS_ROLE_ARN=arn:aws:iam::123456789012:role/irsa
+    AWS_ENDPOINT_URL_STS="$MOTO_URL")
+printf '[default]\naws_access_key_id = AKIDFILE\naws_secret_access_key = sfile\n' >"$T/aws.creds"
+chain_ok "web identity (STS AssumeRoleWithWebIdentity at moto), before the profile" \
+    "web identity, role arn:aws:iam::123456789012:role/irsa" "${WEB[@]}"
+chain_ok "the environment before web identity" "environment" "${WEB[@]}" AWS_ACCESS_KEY_ID=AKIDENV \
+    AWS_SECRET_ACCESS_KEY=s
+chain "web identity, STS down" AWS_WEB_IDENTITY_TOKEN_FILE="$T/web.token" \
+    AWS_ROLE_ARN=arn:aws:iam::123456789012:role/irsa AWS_ENDPOINT_URL_STS=http://127.0.0.1:1
+expect_resp "web identity with STS unreachable: unavailable (keyshift: 69), no fall-through" 1 \
+    "$(err_of 1 unavailable)"
+chain_ok "a profile's static keys" "profile default" AWS_CONTAINER_CREDENTIALS_FULL_URI=http://127.0.0.1:1/
+printf '[base]\naws_access_key_id = AKIDBASE\naws_secret_access_key = sbase\n' >"$T/aws.creds"
+printf '[profile app]\nrole_arn = arn:aws:iam::123456789012:role/app\nsource_profile = base\nrole_session_name = ks-test\n' \
+    >"$T/aws.config"
+chain_ok "role_arn with source_profile (STS AssumeRole at moto)" \
+    "profile app, role arn:aws:iam::123456789012:role/app" AWS_PROFILE=app AWS_ENDPOINT_URL_STS="$MOTO_URL"
+cat >"$T/cp.sh" <<'CP'
+#!/bin/sh
+printf '{"Version": 1, "AccessKeyId": "AKIDPROC", "SecretAccessKey": "sproc", "SessionToken": "tproc", "Expiration": "2099-01-01T00:00:00Z"}'
+CP
+chmod +x "$T/cp.sh"
+printf '[profile proc]\ncredential_process = %s\n' "$T/cp.sh" >"$T/aws.config"
+chain_ok "credential_process" "profile proc, credential_process" AWS_PROFILE=proc
+printf '[profile slow]\ncredential_process = sleep 30\n' >"$T/aws.config"
+CHAIN_TIMEOUT=800 chain "a credential_process that hangs" AWS_PROFILE=slow
+# the whole walk ends by --timeout-ms: killed, answered timeout
+expect_resp "a credential_process that hangs is killed at the deadline: timeout" 1 "$(err_of 1 timeout)"
+: >"$T/aws.config"
+chain_ok "IMDSv2 (moto's metadata endpoint)" "IMDS, role default-role" AWS_EC2_METADATA_DISABLED=false \
+    AWS_EC2_METADATA_SERVICE_ENDPOINT="$MOTO_URL"
+chain "a container URI over plain http to another host" AWS_CONTAINER_CREDENTIALS_FULL_URI=http://example.com/creds
+expect_resp "a container URI over plain http to a host that is not local: invalid" 1 \
+    "$(err_of 1 invalid).*plain http is allowed only"
 
 # ---- the fake endpoint: what AWS answers and moto does not ---------------
 python3 "$(dirname "$0")/kms_aws_fake.py" "$T/fake.port" "$T/fake.log" "$AWS_ACCESS_KEY_ID" \
@@ -283,6 +365,63 @@ expect_grep "fake: the encryption context has the readable members" "$T/fake.log
     "context {\"keyshift-aad\": \"$(aad acme f/good 1 card)\", \"keyshift-key-id\": \"f/good\", \"keyshift-key-version\": \"1\", \"keyshift-purpose\": \"card\", \"keyshift-tenant\": \"acme\"}"
 if [ "$(grep -c '^sig-bad' "$T/fake.log")" -eq 0 ]; then ok "fake: botocore verified every signature"; else
     bad "fake: botocore verified every signature"; fi
+
+# the chain against the fake: the container endpoint, and a refresh of
+# IMDS credentials that expire 2 s after they are served (refreshed after
+# half their life, [KP-AWS-13])
+FAKE_URL="http://127.0.0.1:$(cat "$T/fake.port" 2>/dev/null)"
+printf 'fake-container-token\n' >"$T/ecs.token"
+chain_ok "the container endpoint with its token file (fake)" "container endpoint" \
+    AWS_ENDPOINT_URL_KMS="$FAKE_URL" AWS_CONTAINER_CREDENTIALS_FULL_URI="$FAKE_URL/creds" \
+    AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE="$T/ecs.token"
+chain_ok "the container endpoint before IMDS" "container endpoint" AWS_ENDPOINT_URL_KMS="$FAKE_URL" \
+    AWS_CONTAINER_CREDENTIALS_FULL_URI="$FAKE_URL/creds" AWS_CONTAINER_AUTHORIZATION_TOKEN=fake-container-token \
+    AWS_EC2_METADATA_DISABLED=false AWS_EC2_METADATA_SERVICE_ENDPOINT="$FAKE_URL"
+chain "a wrong container token" AWS_ENDPOINT_URL_KMS="$FAKE_URL" AWS_CONTAINER_CREDENTIALS_FULL_URI="$FAKE_URL/creds" \
+    AWS_CONTAINER_AUTHORIZATION_TOKEN=wrong
+expect_resp "a wrong container token: denied" 1 "$(err_of 1 denied)"
+: >"$T/chain.err"
+before=$(grep -c '^imds-creds' "$T/fake.log")
+env "${NOAWS[@]}" AWS_EC2_METADATA_SERVICE_ENDPOINT="$FAKE_URL" AWS_ENDPOINT_URL_KMS="$FAKE_URL" \
+    AWS_SHARED_CREDENTIALS_FILE="$T/aws.creds" AWS_CONFIG_FILE="$T/aws.config" \
+    python3 "$DRIVE" "$T/chain.err" "$PLUG" --key=f/good,1,good >"$T/tr" <<S
+$(hello 1)
+$(info 2 f/good 0)
+% 1.3
+$(info 3 f/good 0)
+$(info 4 f/good 0)
+.
+S
+fetched=$(($(grep -c '^imds-creds' "$T/fake.log") - before))
+if [ "$fetched" = 2 ] && [ "$(grep -c '"state":"active"' "$T/tr")" = 3 ]; then
+    ok "IMDS credentials of 2 s are fetched again after half their life, and not before (2 fetches)"
+else
+    bad "IMDS refresh" "$fetched fetches; $(head -c 300 "$T/tr") / $(head -c 300 "$T/chain.err")"
+fi
+# a refresh that fails keeps the credentials in hand until they expire,
+# then the request gets the refresh's error [KP-AWS-13]
+: >"$T/chain.err"
+env "${NOAWS[@]}" AWS_EC2_METADATA_DISABLED=true AWS_ENDPOINT_URL_KMS="$FAKE_URL" \
+    AWS_CONTAINER_CREDENTIALS_FULL_URI="$FAKE_URL/creds-once" AWS_SHARED_CREDENTIALS_FILE="$T/aws.creds" \
+    AWS_CONFIG_FILE="$T/aws.config" python3 "$DRIVE" "$T/chain.err" "$PLUG" --key=f/good,1,good >"$T/tr" <<S
+$(hello 1)
+% 1.2
+$(info 2 f/good 0)
+% 1.0
+$(info 3 f/good 0)
+.
+S
+expect_resp "a failed refresh keeps the unexpired credentials" 2 '"state":"active"'
+expect_grep "... and says why on stderr" "$T/chain.err" "container endpoint (FULL_URI): HTTP 500"
+expect_resp "once they expired, the refresh's error: unavailable" 3 "$(err_of 3 unavailable)"
+if [ "$(grep -c '^sig-bad' "$T/fake.log")" -eq 0 ]; then ok "fake: every call signed with the chain's credentials verified"; else
+    bad "fake: every call signed with the chain's credentials verified"; fi
+for f in "$T/chain.err" "$T/stderr"; do
+    if grep -q -e sfile -e sbase -e sproc -e fake-container-token -e fake-imds-token "$f"; then
+        bad "no secret or token of the chain on the plugin's standard error"
+    fi
+done
+ok "no secret or token of the chain on the plugin's standard error"
 
 # ---- secrets ---------------------------------------------------------------
 if grep -qi -- "$DEK_HEX" "$T/stderr" || grep -q -- "$DEK_B64" "$T/stderr"; then

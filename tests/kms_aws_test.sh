@@ -99,7 +99,8 @@ expect_grep "... saying so" "$T/err" "given twice"
 printf '[ks]\ncredential_process = /bin/true\n' >"$HOME/.aws/credentials"
 env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY AWS_PROFILE=ks \
     "$DRV" describe "$A" >"$T/out" 2>"$T/err"
-expect_grep "credential_process is refused" "$T/err" "does not support"
+expect_eq "a credential_process that prints nothing is refused" "$T/out" "invalid"
+expect_grep "... saying why" "$T/err" "not one JSON object"
 printf 'aws_access_key_id = AKIDFILE\n' >"$HOME/.aws/credentials"
 env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY \
     "$DRV" describe "$A" >"$T/out" 2>"$T/err"

@@ -10,6 +10,7 @@ The script is one command a line:
   = NAME MEMBER   keep MEMBER of the last response as NAME
   ! N             send a line of N bytes (N-1 'x', then LF); read one response
   ~ TEXT          send TEXT without an LF and close stdin; read one response
+  % SECONDS       sleep SECONDS (a decimal)
   .               close stdin and wait for the plugin to exit
 The transcript on stdout: '< ' and each response as compact JSON, members
 in the plugin's order, or '< REFUSED reason' when the line breaks the
@@ -24,6 +25,7 @@ import re
 import select
 import subprocess
 import sys
+import time
 
 LINE_MAX = 65536
 CLASSES = {"unavailable", "timeout", "throttled", "denied", "revoked", "not-found", "integrity", "invalid",
@@ -176,6 +178,8 @@ def main():
             p.stdin.write(cmd[2:].encode())
             p.stdin.close()
             last = answer(p, None)
+        elif cmd.startswith("% "):
+            time.sleep(float(cmd[2:]))
         elif cmd == ".":
             if not p.stdin.closed:
                 p.stdin.close()

@@ -18,6 +18,7 @@
 
 #include <cmocka.h>
 
+#include "../tools/kms-aws/creds.h"
 #include "../tools/kms-aws/kms.h"
 
 static char dir[64];
@@ -29,10 +30,13 @@ static void clear_env(void)
     static const char *const VARS[] = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
                                        "AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION",
                                        "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_ENDPOINT_URL_KMS",
-                                       "AWS_ENDPOINT_URL"};
+                                       "AWS_ENDPOINT_URL", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN",
+                                       "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                                       "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_EC2_METADATA_SERVICE_ENDPOINT"};
     for (size_t i = 0; i < sizeof VARS / sizeof VARS[0]; i++) {
         unsetenv(VARS[i]);
     }
+    setenv("AWS_EC2_METADATA_DISABLED", "true", 1);
     setenv("HOME", dir, 1);
     unlink(creds_path);
     unlink(config_path);
@@ -251,8 +255,16 @@ static void test_shared_files_refused(void **state)
         {"aws_access_key_id = A\n", "expected [section]"},
         {"[ks]\naws_access_key_id = A\naws_secret_access_key = s\naws_access_key_id = B\n", "given twice"},
         {"[ks]\naws_access_key_id = A\n[ks]\naws_secret_access_key = s\n", "given twice"},
-        {"[ks]\naws_access_key_id = A\naws_secret_access_key = s\ncredential_process = x\n", "does not support"},
-        {"[ks]\nrole_arn = arn:aws:iam::1:role/x\nsource_profile = default\n", "does not support"},
+        {"[ks]\naws_access_key_id = A\naws_secret_access_key = s\nsso_session = x\n", "IAM Identity Center"},
+        {"[ks]\nrole_arn = arn:aws:iam::1:role/x\nsource_profile = default\n", "has no credentials"},
+        {"[ks]\nrole_arn = arn:aws:iam::1:role/x\n", "exactly one of"},
+        {"[ks]\nrole_arn = arn:aws:iam::1:role/x\ncredential_source = Laptop\n", "credential_source"},
+        {"[ks]\nrole_arn = nope\nsource_profile = ks\n", "role_arn"},
+        {"[ks]\nrole_arn = arn:aws:iam::1:role/x\nsource_profile = ks\n", "is itself"},
+        {"[ks]\nrole_arn = arn:aws:iam::1:role/x\nsource_profile = a\n[a]\nrole_arn = arn:aws:iam::1:role/x\n"
+         "source_profile = b\n[b]\nrole_arn = arn:aws:iam::1:role/x\nsource_profile = c\n[c]\n"
+         "role_arn = arn:aws:iam::1:role/x\nsource_profile = ks\n", "longer than"},
+        {"[ks]\ncredential_process = printf '{\"Version\": 2}'\n", "Version"},
         {"[ks]\naws_access_key_id = A\njunk\n", "expected [section]"},
         {"[ks\naws_access_key_id = A\n", "malformed section"},
         {"[]\n", "empty section"},
@@ -260,8 +272,8 @@ static void test_shared_files_refused(void **state)
         {"[ks]\naws_access_key_id = A\n  nested = 1\n", "indented"},
         {"[ks]\n  aws_access_key_id = A\n", "indented"},
         {"[ks]\naws_access_key_id = A B\naws_secret_access_key = s\n", "not printable"},
-        {"[ks]\naws_access_key_id = A\n", "no credentials"},
-        {"[other]\naws_access_key_id = A\naws_secret_access_key = s\n", "no credentials"},
+        {"[ks]\naws_access_key_id = A\n", "only one of"},
+        {"[other]\naws_access_key_id = A\naws_secret_access_key = s\n", "in neither"},
     };
     char err[512];
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
@@ -274,6 +286,19 @@ static void test_shared_files_refused(void **state)
             fail_msg("case %zu: '%s' does not say '%s'", i, err, CASES[i].why);
         }
     }
+    /* a credential_process that fails, or that gives credentials */
+    clear_env();
+    setenv("AWS_PROFILE", "ks", 1);
+    setenv("AWS_REGION", "us-east-1", 1);
+    put(creds_path, "[ks]\ncredential_process = exit 3\n");
+    load(KMS_UNAVAILABLE, err, sizeof err);
+    assert_non_null(strstr(err, "exited 3"));
+    put(creds_path, "[ks]\ncredential_process = printf '{\"Version\": 1, \"AccessKeyId\": \"AKIDP\", "
+                    "\"SecretAccessKey\": \"sp\", \"SessionToken\": \"tp\"}'\n");
+    kms_config c = load(KMS_OK, err, sizeof err);
+    assert_string_equal(c.access_key_id, "AKIDP");
+    assert_string_equal(c.session_token, "tp");
+    kms_config_wipe(&c);
     /* an over-long line */
     clear_env();
     setenv("AWS_REGION", "us-east-1", 1);
@@ -374,6 +399,89 @@ static void test_call_arguments(void **state)
     kms_client_close(NULL);
 }
 
+/* The credentials documents: credential_process's Version 1 JSON, the
+ * container and IMDS JSON, and STS's XML, each strict. */
+static void test_creds_documents(void **state)
+{
+    (void)state;
+    char err[512];
+    kms_creds c;
+    static const char PROC[] = "{\"Version\":1,\"AccessKeyId\":\"AKID\",\"SecretAccessKey\":\"s/+\","
+                               "\"SessionToken\":\"t\",\"Expiration\":\"2030-01-02T03:04:05Z\"}";
+    assert_int_equal(kms_creds_parse_json(PROC, strlen(PROC), CREDS_JSON_PROCESS, &c, err, sizeof err), KMS_OK);
+    assert_string_equal(c.access_key_id, "AKID");
+    assert_string_equal(c.session_token, "t");
+    assert_int_equal((long long)c.expires, 1893553445LL);
+    static const char *const BAD_PROC[] = {
+        "{\"Version\":2,\"AccessKeyId\":\"A\",\"SecretAccessKey\":\"s\"}",
+        "{\"Version\":1.0,\"AccessKeyId\":\"A\",\"SecretAccessKey\":\"s\"}",
+        "{\"Version\":1,\"AccessKeyId\":\"A\",\"AccessKeyId\":\"B\",\"SecretAccessKey\":\"s\"}",
+        "{\"Version\":1,\"AccessKeyId\":\"A\"}",
+        "{\"Version\":1,\"AccessKeyId\":\"A B\",\"SecretAccessKey\":\"s\"}",
+        "{\"Version\":1,\"AccessKeyId\":\"A\",\"SecretAccessKey\":\"s\",\"Expiration\":\"tomorrow\"}",
+        "{\"Version\":1,\"AccessKeyId\":\"A\",\"SecretAccessKey\":7}",
+        "[1]", "{\"Version\":1} x",
+    };
+    for (size_t i = 0; i < sizeof BAD_PROC / sizeof BAD_PROC[0]; i++) {
+        if (kms_creds_parse_json(BAD_PROC[i], strlen(BAD_PROC[i]), CREDS_JSON_PROCESS, &c, err, sizeof err) !=
+            KMS_INVALID) {
+            fail_msg("accepted %s", BAD_PROC[i]);
+        }
+        assert_string_equal(c.secret_access_key, "");
+    }
+    static const char IMDS[] = "{\"Code\":\"Success\",\"AccessKeyId\":\"ASIA\",\"SecretAccessKey\":\"s\","
+                               "\"Token\":\"tok\",\"Expiration\":\"2030-01-02T03:04:05.123456Z\"}";
+    assert_int_equal(kms_creds_parse_json(IMDS, strlen(IMDS), CREDS_JSON_HTTP, &c, err, sizeof err), KMS_OK);
+    assert_string_equal(c.session_token, "tok");
+    static const char FAILED[] = "{\"Code\":\"AssumeRoleUnauthorizedAccess\",\"Message\":\"no\"}";
+    assert_int_equal(kms_creds_parse_json(FAILED, strlen(FAILED), CREDS_JSON_HTTP, &c, err, sizeof err),
+                     KMS_UNAVAILABLE);
+    assert_non_null(strstr(err, "AssumeRoleUnauthorizedAccess"));
+
+    static const char STS[] =
+        "<?xml version=\"1.0\"?>\n<AssumeRoleResponse xmlns=\"https://sts.amazonaws.com/doc/2011-06-15/\">"
+        "<AssumeRoleResult><Credentials><AccessKeyId>ASIAX</AccessKeyId><SecretAccessKey>s/x+</SecretAccessKey>"
+        "<SessionToken>tk</SessionToken><Expiration>2030-01-02T03:04:05Z</Expiration></Credentials>"
+        "</AssumeRoleResult></AssumeRoleResponse>\n";
+    assert_int_equal(kms_creds_parse_sts(STS, strlen(STS), 200, "AssumeRole", &c, err, sizeof err), KMS_OK);
+    assert_string_equal(c.secret_access_key, "s/x+");
+    assert_int_equal(kms_creds_parse_sts(STS, strlen(STS), 200, "AssumeRoleWithWebIdentity", &c, err, sizeof err),
+                     KMS_INVALID);
+    static const char TWICE[] = "<AssumeRoleResponse><AssumeRoleResult><Credentials><AccessKeyId>A</AccessKeyId>"
+                                "<AccessKeyId>B</AccessKeyId><SecretAccessKey>s</SecretAccessKey><SessionToken>t"
+                                "</SessionToken><Expiration>2030-01-02T03:04:05Z</Expiration></Credentials>"
+                                "</AssumeRoleResult></AssumeRoleResponse>";
+    assert_int_equal(kms_creds_parse_sts(TWICE, strlen(TWICE), 200, "AssumeRole", &c, err, sizeof err), KMS_INVALID);
+    static const char ENTITY[] = "<AssumeRoleResponse><AssumeRoleResult><Credentials><AccessKeyId>A&amp;</AccessKeyId>"
+                                 "<SecretAccessKey>s</SecretAccessKey><SessionToken>t</SessionToken><Expiration>"
+                                 "2030-01-02T03:04:05Z</Expiration></Credentials></AssumeRoleResult>"
+                                 "</AssumeRoleResponse>";
+    assert_int_equal(kms_creds_parse_sts(ENTITY, strlen(ENTITY), 200, "AssumeRole", &c, err, sizeof err),
+                     KMS_INVALID);
+    static const char DENIED[] = "<ErrorResponse><Error><Type>Sender</Type><Code>AccessDenied</Code><Message>not "
+                                 "allowed</Message></Error></ErrorResponse>";
+    assert_int_equal(kms_creds_parse_sts(DENIED, strlen(DENIED), 403, "AssumeRole", &c, err, sizeof err), KMS_DENIED);
+    assert_non_null(strstr(err, "AccessDenied: not allowed"));
+    assert_int_equal(kms_creds_parse_sts("", 0, 503, "AssumeRole", &c, err, sizeof err), KMS_UNAVAILABLE);
+
+    time_t t;
+    assert_int_equal(kms_creds_parse_time("1970-01-01T00:00:00Z", 20, &t), 0);
+    assert_int_equal((long long)t, 0);
+    assert_int_equal(kms_creds_parse_time("2024-02-29T23:59:59Z", 20, &t), 0);
+    assert_int_equal(kms_creds_parse_time("2023-02-29T00:00:00Z", 20, &t), -1);
+    assert_int_equal(kms_creds_parse_time("2024-01-01T00:00:00", 19, &t), -1);
+    assert_int_equal(kms_creds_parse_time("2024-01-01T00:00:00.Z", 21, &t), -1);
+    assert_int_equal(kms_creds_parse_time("2024-01-01 00:00:00Z", 20, &t), -1);
+    /* a refresh 5 minutes before Expiration, or half way through a short life */
+    memset(&c, 0, sizeof c);
+    assert_int_equal((long long)kms_creds_refresh_at(&c, 1000), 0);
+    c.expires = 1000 + 3600;
+    assert_int_equal((long long)kms_creds_refresh_at(&c, 1000), 1000 + 3600 - 300);
+    c.expires = 1000 + 120;
+    assert_int_equal((long long)kms_creds_refresh_at(&c, 1000), 1060);
+    kms_creds_wipe(&c);
+}
+
 /* Run the kms-aws tests. */
 int main(void)
 {
@@ -381,7 +489,7 @@ int main(void)
         cmocka_unit_test(test_classify),      cmocka_unit_test(test_endpoint),
         cmocka_unit_test(test_env),           cmocka_unit_test(test_shared_files),
         cmocka_unit_test(test_shared_files_refused), cmocka_unit_test(test_overrides),
-        cmocka_unit_test(test_call_arguments),
+        cmocka_unit_test(test_call_arguments), cmocka_unit_test(test_creds_documents),
     };
     if (kms_global_init() != 0) {
         return 1;

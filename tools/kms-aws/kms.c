@@ -5,6 +5,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "kms.h"
 
+#include <assert.h>
 #include <curl/curl.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -300,8 +301,7 @@ int kms_global_init(void)
 /* kms.h */
 kms_client *kms_client_open(const kms_config *cfg)
 {
-    if (kms_global_init() != 0 || cfg == NULL || cfg->host[0] == '\0' || cfg->access_key_id[0] == '\0' ||
-        cfg->secret_access_key[0] == '\0' || cfg->region[0] == '\0') {
+    if (kms_global_init() != 0 || cfg == NULL || cfg->host[0] == '\0' || cfg->region[0] == '\0') {
         return NULL;
     }
     kms_client *c = calloc(1, sizeof *c);
@@ -323,6 +323,21 @@ kms_client *kms_client_open(const kms_config *cfg)
         c->cfg.timeout_ms = 10000;
     }
     return c;
+}
+
+/* kms.h */
+void kms_client_set_credentials(kms_client *c, const char *access_key_id, const char *secret_access_key,
+                                const char *session_token)
+{
+    assert(strlen(access_key_id) < sizeof c->cfg.access_key_id);
+    assert(strlen(secret_access_key) < sizeof c->cfg.secret_access_key);
+    assert(strlen(session_token) < sizeof c->cfg.session_token);
+    sodium_memzero(c->cfg.access_key_id, sizeof c->cfg.access_key_id);
+    sodium_memzero(c->cfg.secret_access_key, sizeof c->cfg.secret_access_key);
+    sodium_memzero(c->cfg.session_token, sizeof c->cfg.session_token);
+    memcpy(c->cfg.access_key_id, access_key_id, strlen(access_key_id) + 1);
+    memcpy(c->cfg.secret_access_key, secret_access_key, strlen(secret_access_key) + 1);
+    memcpy(c->cfg.session_token, session_token, strlen(session_token) + 1);
 }
 
 /* kms.h */
@@ -439,6 +454,10 @@ static kms_status call(kms_client *c, const char *op, json_t *req, json_t **resp
     *resp = NULL;
     *invalid_state = 0;
     set_error(err, 0, NULL, NULL);
+    if (c->cfg.access_key_id[0] == '\0' || c->cfg.secret_access_key[0] == '\0') {
+        set_error(err, 0, NULL, "no credentials");
+        return KMS_INVALID;
+    }
     char *body = json_dumps(req, JSON_COMPACT | JSON_SORT_KEYS);
     if (body == NULL) {
         set_error(err, 0, NULL, "cannot encode the request");

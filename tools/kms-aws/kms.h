@@ -100,6 +100,11 @@ typedef struct {
     char host[256];                 /* the authority, as signed in Host */
     long timeout_ms;                /* whole call; default 10000 */
     time_t now;                     /* 0: the clock (tests may fix it) */
+    char profile[65];               /* the shared files' profile */
+    int profile_given;              /* --profile: the environment's keys
+                                       and web identity are not used */
+    int profile_named;              /* --profile or AWS_PROFILE: a profile
+                                       in neither file is an error */
 } kms_config;
 
 /* A refusal's details, safe to print: type and message are the
@@ -135,21 +140,16 @@ typedef struct {
 typedef struct kms_client kms_client;
 
 /* The configuration from the environment and the shared files:
- *   credentials  AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY (+ optional
- *                AWS_SESSION_TOKEN), else the profile AWS_PROFILE (default
- *                "default") of AWS_SHARED_CREDENTIALS_FILE or
- *                $HOME/.aws/credentials;
+ *   credentials  the chain of creds.h [KP-AWS-10]: the environment, web
+ *                identity, the profile AWS_PROFILE (default "default")
+ *                of the shared files, the container endpoint, IMDSv2;
  *   region       AWS_REGION, AWS_DEFAULT_REGION, else the profile's region
  *                in AWS_CONFIG_FILE or $HOME/.aws/config;
  *   endpoint     AWS_ENDPOINT_URL_KMS, AWS_ENDPOINT_URL, else
  *                https://kms.REGION.amazonaws.com/.
- * The files are parsed strictly: [section] lines, key = value lines,
- * blank lines, #/; comments, and indented lines only right after a key
- * with an empty value (a nested setting such as "s3 =", skipped: none
- * of the keys read is nested); anything else, a duplicate key in the
- * profile or a line over 4096 bytes is an error, and so is a profile that
- * asks for what this plugin does not do (credential_process, role_arn,
- * sso_*).  KMS_OK, or KMS_INVALID with why in err. */
+ * The files are parsed strictly (kms_ini_parse).  KMS_OK; KMS_INVALID
+ * (a configuration error) with why in err; or the status of a
+ * credential source that failed (creds.h). */
 kms_status kms_config_load(kms_config *cfg, char *err, size_t errlen);
 
 /* What a caller (the plugin's command line) sets instead of what
@@ -166,12 +166,52 @@ typedef struct {
 /* kms_config_load() with ov (which may be NULL) applied. */
 kms_status kms_config_load_with(kms_config *cfg, const kms_overrides *ov, char *err, size_t errlen);
 
+/* kms_config_load_with() without the credentials (cfg's stay empty):
+ * the profile, region and endpoint only.  KMS_OK or KMS_INVALID. */
+kms_status kms_config_load_base(kms_config *cfg, const kms_overrides *ov, char *err, size_t errlen);
+
+/* One key = value a section may hold: where its value goes (cap bytes,
+ * printable ASCII, spaces only when allow_space), and whether it was
+ * seen. */
+typedef struct {
+    const char *key;
+    char *dst;
+    size_t cap;
+    int allow_space;
+    int seen;
+} kms_ini_want;
+
+/* Parse an AWS shared file text[0..len) (modified in place; path is for
+ * messages) strictly: [section] lines, key = value lines, blank lines,
+ * #/; comments, and indented lines only right after a key with an empty
+ * value (a nested setting such as "s3 =", skipped: none of the keys read
+ * is nested); anything else, a section or a wanted key given twice, a
+ * NUL byte or a line over 4096 bytes is an error.  Fills the wanted keys
+ * of the section named section; *found says whether it exists.  0, or
+ * -1 with why (file and line) in err. */
+int kms_ini_parse(const char *path, char *text, size_t len, const char *section, kms_ini_want *want, size_t nwant,
+                  int *found, char *err, size_t errlen);
+
+/* Read section of the shared file named by variable var (else
+ * $HOME/.aws/leaf; its path into path, cap bytes) into want.  0 (the
+ * file or section may be absent: *found says), or -1 with why in err. */
+int kms_shared_load(const char *var, const char *leaf, const char *section, kms_ini_want *want, size_t nwant,
+                    int *found, char *path, size_t cap, char *err, size_t errlen);
+
+/* Read a regular file of at most max bytes into a NUL-terminated heap
+ * buffer (*len its length; the caller wipes max + 1 bytes and frees it).
+ * 0; 1 when it does not exist; -1 with why in err. */
+int kms_read_file(const char *path, size_t max, char **out, size_t *len, char *err, size_t errlen);
+
 /* Check and set cfg's endpoint from url (http or https, a host and
  * optional port, path empty or "/").  0 or -1. */
 int kms_config_set_endpoint(kms_config *cfg, const char *url);
 
 /* Whether s can name a profile: 1..64 of [A-Za-z0-9_.-]. */
 int kms_config_profile_ok(const char *s);
+
+/* printf into err (errlen bytes), when err is not NULL. */
+void kms_seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Zero cfg, secrets included. */
 void kms_config_wipe(kms_config *cfg);
@@ -181,8 +221,15 @@ void kms_config_wipe(kms_config *cfg);
  * kms_client_open() calls it too. */
 int kms_global_init(void);
 
-/* A client for cfg (copied).  NULL on allocation or libcurl failure. */
+/* A client for cfg (copied; its credentials may be empty until
+ * kms_client_set_credentials(), and a call without them is
+ * KMS_INVALID).  NULL on allocation or libcurl failure. */
 kms_client *kms_client_open(const kms_config *cfg);
+
+/* Replace the credentials c signs with (the session token may be "").
+ * Between calls only. */
+void kms_client_set_credentials(kms_client *c, const char *access_key_id, const char *secret_access_key,
+                                const char *session_token);
 
 /* Close c and wipe its copy of the configuration.  NULL is a no-op. */
 void kms_client_close(kms_client *c);

@@ -5,10 +5,12 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "kms.h"
+#include "creds.h"
 #include "sigv4.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <sodium.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -18,38 +20,8 @@
 #include <unistd.h>
 
 #define INI_MAX_FILE 65536
-#define INI_MAX_LINE 4096
 
-/* printf into err (errlen bytes), if there is one. */
-static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err == NULL || errlen == 0) {
-        return;
-    }
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
-/* Copy s into dst (cap bytes) if it fits and every byte is printable
- * ASCII other than space (spaces allowed when allow_space).  0 or -1. */
-static int copy_token(char *dst, size_t cap, const char *s, int allow_space)
-{
-    size_t n = strnlen(s, cap);
-    if (n == 0 || n >= cap) {
-        return -1;
-    }
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c < 32 || c >= 127 || (c == ' ' && !allow_space)) {
-            return -1;
-        }
-    }
-    memcpy(dst, s, n + 1);
-    return 0;
-}
+#define seterr kms_seterr
 
 /* Whether s is a profile name (kms.h). */
 int kms_config_profile_ok(const char *s)
@@ -145,201 +117,6 @@ void kms_config_wipe(kms_config *cfg)
     sodium_memzero(cfg, sizeof *cfg);
 }
 
-/* Read a whole regular file of at most INI_MAX_FILE bytes into a
- * NUL-terminated heap buffer (*len its length).  0; 1 if it does not
- * exist; -1 on any other failure, with why in err.  The caller wipes and
- * frees it. */
-static int read_small_file(const char *path, char **out, size_t *len, char *err, size_t errlen)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-    if (fd < 0) {
-        if (errno == ENOENT) {
-            return 1;
-        }
-        seterr(err, errlen, "%s: %s", path, strerror(errno));
-        return -1;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > INI_MAX_FILE) {
-        seterr(err, errlen, "%s: not a regular file of at most %d bytes", path, INI_MAX_FILE);
-        close(fd);
-        return -1;
-    }
-    char *buf = malloc(INI_MAX_FILE + 1);
-    if (buf == NULL) {
-        close(fd);
-        seterr(err, errlen, "out of memory");
-        return -1;
-    }
-    size_t n = 0;
-    int bad = 0;
-    for (;;) {
-        ssize_t r = read(fd, buf + n, INI_MAX_FILE + 1 - n);
-        if (r < 0 && errno == EINTR) {
-            continue;
-        }
-        if (r < 0) {
-            seterr(err, errlen, "%s: %s", path, strerror(errno));
-            bad = 1;
-            break;
-        }
-        if (r == 0) {
-            break;
-        }
-        n += (size_t)r;
-        if (n > INI_MAX_FILE) {
-            seterr(err, errlen, "%s: larger than %d bytes", path, INI_MAX_FILE);
-            bad = 1;
-            break;
-        }
-    }
-    close(fd);
-    if (bad) {
-        sodium_memzero(buf, INI_MAX_FILE + 1);
-        free(buf);
-        return -1;
-    }
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return 0;
-}
-
-/* One key = value the profile may hold: where its value goes. */
-typedef struct {
-    const char *key;
-    char *dst;
-    size_t cap;
-    int allow_space;
-    int seen;
-} ini_want;
-
-/* Keys that ask for credentials this plugin does not obtain. */
-static const char *const UNSUPPORTED[] = {"credential_process", "role_arn", "source_profile",
-                                          "web_identity_token_file", "credential_source", "sso_session",
-                                          "sso_start_url", "sso_account_id", "sso_role_name", "sso_region"};
-
-/* Trim spaces and tabs off both ends of s[0..*n); returns the start. */
-static char *trim(char *s, size_t *n)
-{
-    while (*n > 0 && (s[0] == ' ' || s[0] == '\t')) {
-        s++;
-        (*n)--;
-    }
-    while (*n > 0 && (s[*n - 1] == ' ' || s[*n - 1] == '\t')) {
-        (*n)--;
-    }
-    s[*n] = '\0';
-    return s;
-}
-
-/* Parse an AWS shared file (text, modified in place) and fill the wanted
- * keys from the section named section.  *found is set when that section
- * exists.  0, or -1 with why in err. */
-static int ini_parse(const char *path, char *text, size_t len, const char *section, ini_want *want, size_t nwant,
-                     int check_unsupported, int *found, char *err, size_t errlen)
-{
-    int in_section = 0, have_section = 0, may_continue = 0;
-    size_t lineno = 0;
-    *found = 0;
-    char *p = text, *end = text + len;
-    while (p < end) {
-        char *nl = memchr(p, '\n', (size_t)(end - p));
-        size_t n = nl != NULL ? (size_t)(nl - p) : (size_t)(end - p);
-        char *next = nl != NULL ? nl + 1 : end;
-        lineno++;
-        if (n > INI_MAX_LINE) {
-            seterr(err, errlen, "%s:%zu: line longer than %d bytes", path, lineno, INI_MAX_LINE);
-            return -1;
-        }
-        if (n > 0 && p[n - 1] == '\r') {
-            n--;
-        }
-        if (memchr(p, '\0', n) != NULL) {
-            seterr(err, errlen, "%s:%zu: NUL byte", path, lineno);
-            return -1;
-        }
-        int indented = n > 0 && (p[0] == ' ' || p[0] == '\t');
-        char *s = trim(p, &n);
-        p = next;
-        if (n == 0 || s[0] == '#' || s[0] == ';') {
-            continue;
-        }
-        if (indented) {
-            /* a nested value ("s3 =" then indented lines): only after an
-             * empty value; none of the keys read is nested */
-            if (!may_continue) {
-                seterr(err, errlen, "%s:%zu: unexpected indented line", path, lineno);
-                return -1;
-            }
-            continue;
-        }
-        may_continue = 0;
-        if (s[0] == '[') {
-            if (s[n - 1] != ']') {
-                seterr(err, errlen, "%s:%zu: malformed section header", path, lineno);
-                return -1;
-            }
-            size_t m = n - 2;
-            char *name = trim(s + 1, &m);
-            if (m == 0) {
-                seterr(err, errlen, "%s:%zu: empty section name", path, lineno);
-                return -1;
-            }
-            have_section = 1;
-            in_section = strcmp(name, section) == 0;
-            if (in_section) {
-                if (*found) {
-                    seterr(err, errlen, "%s:%zu: section [%s] given twice", path, lineno, section);
-                    return -1;
-                }
-                *found = 1;
-            }
-            continue;
-        }
-        char *eq = memchr(s, '=', n);
-        if (eq == NULL || !have_section) {
-            seterr(err, errlen, "%s:%zu: expected [section] or key = value", path, lineno);
-            return -1;
-        }
-        size_t kn = (size_t)(eq - s), vn = n - kn - 1;
-        char *val = trim(eq + 1, &vn);
-        char *key = trim(s, &kn);
-        if (kn == 0) {
-            seterr(err, errlen, "%s:%zu: empty key", path, lineno);
-            return -1;
-        }
-        may_continue = vn == 0;
-        if (!in_section) {
-            continue;
-        }
-        if (check_unsupported) {
-            for (size_t i = 0; i < sizeof UNSUPPORTED / sizeof UNSUPPORTED[0]; i++) {
-                if (strcmp(key, UNSUPPORTED[i]) == 0) {
-                    seterr(err, errlen, "%s:%zu: [%s] uses %s, which keyshift-kms-aws does not support", path,
-                           lineno, section, key);
-                    return -1;
-                }
-            }
-        }
-        for (size_t i = 0; i < nwant; i++) {
-            if (strcmp(key, want[i].key) != 0) {
-                continue;
-            }
-            if (want[i].seen) {
-                seterr(err, errlen, "%s:%zu: %s given twice in [%s]", path, lineno, key, section);
-                return -1;
-            }
-            want[i].seen = 1;
-            if (copy_token(want[i].dst, want[i].cap, val, want[i].allow_space) != 0) {
-                seterr(err, errlen, "%s:%zu: %s: empty, too long or not printable", path, lineno, key);
-                return -1;
-            }
-        }
-    }
-    return 0;
-}
-
 /* The path in variable var, else $HOME/.aws/leaf, into out (cap bytes).
  * 0 or -1. */
 static int shared_path(const char *var, const char *leaf, char *out, size_t cap)
@@ -358,69 +135,25 @@ static int shared_path(const char *var, const char *leaf, char *out, size_t cap)
     return (n < 0 || (size_t)n >= cap) ? -1 : 0;
 }
 
-/* Load one shared file's profile section into want.  0 (the file or
- * section may be absent: *found says), or -1 with why in err. */
-static int load_shared(const char *var, const char *leaf, const char *section, ini_want *want, size_t nwant,
-                       int check_unsupported, int *found, char *err, size_t errlen)
+/* Load one shared file's section (kms.h). */
+int kms_shared_load(const char *var, const char *leaf, const char *section, kms_ini_want *want, size_t nwant,
+                    int *found, char *path, size_t cap, char *err, size_t errlen)
 {
-    char path[4096];
     char *text = NULL;
     size_t len = 0;
     *found = 0;
-    if (shared_path(var, leaf, path, sizeof path) != 0) {
+    if (shared_path(var, leaf, path, cap) != 0) {
         seterr(err, errlen, "no %s and no HOME: cannot find the AWS %s file", var, leaf);
         return -1;
     }
-    int r = read_small_file(path, &text, &len, err, errlen);
+    int r = kms_read_file(path, INI_MAX_FILE, &text, &len, err, errlen);
     if (r != 0) {
         return r > 0 ? 0 : -1;
     }
-    r = ini_parse(path, text, len, section, want, nwant, check_unsupported, found, err, errlen);
+    r = kms_ini_parse(path, text, len, section, want, nwant, found, err, errlen);
     sodium_memzero(text, INI_MAX_FILE + 1);
     free(text);
     return r;
-}
-
-/* The credentials: the environment's, unless a profile was named
- * explicitly (explicit), else the profile's in the shared credentials
- * file.  *from_env says which.  0, or -1 with why in err. */
-static int load_credentials(kms_config *cfg, const char *profile, int explicit, int *from_env, char *err,
-                            size_t errlen)
-{
-    int found;
-    const char *id = getenv("AWS_ACCESS_KEY_ID"), *secret = getenv("AWS_SECRET_ACCESS_KEY");
-    *from_env = !explicit && id != NULL && id[0] != '\0';
-    if (*from_env) {
-        if (secret == NULL || secret[0] == '\0') {
-            seterr(err, errlen, "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not");
-            return -1;
-        }
-        const char *token = getenv("AWS_SESSION_TOKEN");
-        if (copy_token(cfg->access_key_id, sizeof cfg->access_key_id, id, 0) != 0 ||
-            copy_token(cfg->secret_access_key, sizeof cfg->secret_access_key, secret, 0) != 0 ||
-            (token != NULL && token[0] != '\0' &&
-             copy_token(cfg->session_token, sizeof cfg->session_token, token, 0) != 0)) {
-            seterr(err, errlen, "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or AWS_SESSION_TOKEN: too long or "
-                                "not printable");
-            return -1;
-        }
-        return 0;
-    }
-    ini_want want[] = {
-        {"aws_access_key_id", cfg->access_key_id, sizeof cfg->access_key_id, 0, 0},
-        {"aws_secret_access_key", cfg->secret_access_key, sizeof cfg->secret_access_key, 0, 0},
-        {"aws_session_token", cfg->session_token, sizeof cfg->session_token, 0, 0},
-    };
-    if (load_shared("AWS_SHARED_CREDENTIALS_FILE", "credentials", profile, want, 3, 1, &found, err, errlen) != 0) {
-        return -1;
-    }
-    if (!found || !want[0].seen || !want[1].seen) {
-        seterr(err, errlen, "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or give "
-                            "profile [%s] aws_access_key_id and aws_secret_access_key in the shared "
-                            "credentials file", profile);
-        return -1;
-    }
-    return 0;
 }
 
 /* given when not NULL, else the variable first if set and not empty, else
@@ -435,13 +168,10 @@ static const char *given_or_env(const char *given, const char *first, const char
 }
 
 /* The region: region when not NULL, else AWS_REGION, AWS_DEFAULT_REGION,
- * else the profile's in the config file (checked for unsupported keys
- * unless the credentials came from the environment).  0, or -1 with why
- * in err. */
-static int load_region(kms_config *cfg, const char *region, const char *profile, int from_env, char *err,
-                       size_t errlen)
+ * else the profile's in the config file.  0, or -1 with why in err. */
+static int load_region(kms_config *cfg, const char *region, const char *profile, char *err, size_t errlen)
 {
-    char section[80];
+    char section[80], path[4096];
     int found;
     const char *v = given_or_env(region, "AWS_REGION", "AWS_DEFAULT_REGION");
     const char *what = region != NULL ? "--region" : "AWS_REGION/AWS_DEFAULT_REGION";
@@ -453,13 +183,14 @@ static int load_region(kms_config *cfg, const char *region, const char *profile,
         memcpy(cfg->region, v, strlen(v) + 1);
         return 0;
     }
-    ini_want want[] = {{"region", cfg->region, sizeof cfg->region, 0, 0}};
+    kms_ini_want want[] = {{"region", cfg->region, sizeof cfg->region, 0, 0}};
     if (strcmp(profile, "default") == 0) {
         snprintf(section, sizeof section, "default");
     } else {
         snprintf(section, sizeof section, "profile %s", profile);
     }
-    if (load_shared("AWS_CONFIG_FILE", "config", section, want, 1, !from_env, &found, err, errlen) != 0) {
+    if (kms_shared_load("AWS_CONFIG_FILE", "config", section, want, 1, &found, path, sizeof path, err, errlen) !=
+        0) {
         return -1;
     }
     if (!want[0].seen || !sigv4_scope_part_ok(cfg->region)) {
@@ -498,11 +229,31 @@ kms_status kms_config_load(kms_config *cfg, char *err, size_t errlen)
     return kms_config_load_with(cfg, NULL, err, errlen);
 }
 
-/* Load the configuration with overrides (kms.h). */
+/* Load the configuration with overrides, credentials included (kms.h). */
 kms_status kms_config_load_with(kms_config *cfg, const kms_overrides *ov, char *err, size_t errlen)
 {
+    kms_creds cr;
+    char brief[256];
+    kms_status st = kms_config_load_base(cfg, ov, err, errlen);
+    if (st != KMS_OK) {
+        return st;
+    }
+    st = kms_creds_resolve(cfg, &cr, err, errlen, brief, sizeof brief);
+    if (st == KMS_OK) {
+        memcpy(cfg->access_key_id, cr.access_key_id, sizeof cfg->access_key_id);
+        memcpy(cfg->secret_access_key, cr.secret_access_key, sizeof cfg->secret_access_key);
+        memcpy(cfg->session_token, cr.session_token, sizeof cfg->session_token);
+    } else {
+        sodium_memzero(cfg, sizeof *cfg);
+    }
+    kms_creds_wipe(&cr);
+    return st;
+}
+
+/* Load the profile, region and endpoint (kms.h). */
+kms_status kms_config_load_base(kms_config *cfg, const kms_overrides *ov, char *err, size_t errlen)
+{
     static const kms_overrides NONE = {NULL, NULL, NULL};
-    int from_env = 0;
 
     if (err != NULL && errlen > 0) {
         err[0] = '\0';
@@ -513,6 +264,8 @@ kms_status kms_config_load_with(kms_config *cfg, const kms_overrides *ov, char *
     sodium_memzero(cfg, sizeof *cfg);
     cfg->timeout_ms = 10000;
     const char *profile = ov->profile != NULL ? ov->profile : getenv("AWS_PROFILE");
+    cfg->profile_given = ov->profile != NULL;
+    cfg->profile_named = profile != NULL && profile[0] != '\0';
     if (profile == NULL || profile[0] == '\0') {
         profile = "default";
     }
@@ -520,9 +273,8 @@ kms_status kms_config_load_with(kms_config *cfg, const kms_overrides *ov, char *
         seterr(err, errlen, "%s: not a profile name", ov->profile != NULL ? "--profile" : "AWS_PROFILE");
         goto fail;
     }
-    if (load_credentials(cfg, profile, ov->profile != NULL, &from_env, err, errlen) != 0 ||
-        load_region(cfg, ov->region, profile, from_env, err, errlen) != 0 ||
-        load_endpoint(cfg, ov->endpoint, err, errlen) != 0) {
+    memcpy(cfg->profile, profile, strlen(profile) + 1);
+    if (load_region(cfg, ov->region, profile, err, errlen) != 0 || load_endpoint(cfg, ov->endpoint, err, errlen) != 0) {
         goto fail;
     }
     return KMS_OK;

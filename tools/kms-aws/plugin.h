@@ -37,7 +37,6 @@
 #define PL_EX_USAGE 64
 #define PL_EX_SOFTWARE 70
 #define PL_EX_IOERR 74
-#define PL_EX_CONFIG 78
 
 /* ---- the command line (plugin_args.c) ---------------------------------- */
 

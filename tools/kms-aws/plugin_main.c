@@ -8,21 +8,30 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "plugin.h"
+#include "creds.h"
 
 #include <signal.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <keyshift/common.h>
 
 #define PLUGIN_NAME "keyshift-kms-aws " KS_VERSION_STRING
 
-/* What one request needs: the KMS client and the key table. */
+/* What one request needs: the KMS client and the key table, the
+ * configuration (or why it could not be loaded), and the credentials the
+ * client signs with, until refresh_at [KP-AWS-13]. */
 typedef struct {
     kms_client *kms;
     const pl_args *args;
+    kms_config cfg;
+    const char *config_error; /* NULL: cfg loaded */
+    kms_creds creds;
+    int have_creds;
+    time_t refresh_at; /* 0: never */
 } server;
 
 /* The protocol class of a failed KMS call of op [KP-AWS-7]: auth-failed
@@ -49,6 +58,46 @@ static pl_class class_of(kms_status s, pl_op op)
         break;
     }
     return PL_E_INVALID;
+}
+
+/* Make sure s->kms has credentials that are not due for a refresh: the
+ * ones it has, else a walk of the chain (creds.h).  A walk that fails
+ * while the current credentials have not expired keeps them.  0, or 1
+ * after answering rq with the chain's error (-1 when that write
+ * failed). */
+static int ensure_creds(server *s, const pl_request *rq)
+{
+    char full[2048], brief[256];
+    kms_creds fresh;
+    time_t now = time(NULL);
+    if (s->config_error != NULL) {
+        return pl_write_error(STDOUT_FILENO, rq->id, PL_E_INVALID, s->config_error) != 0 ? -1 : 1;
+    }
+    if (s->have_creds && (s->refresh_at == 0 || now < s->refresh_at)) {
+        return 0;
+    }
+    kms_status st = kms_creds_resolve(&s->cfg, &fresh, full, sizeof full, brief, sizeof brief);
+    if (st == KMS_OK) {
+        kms_creds_wipe(&s->creds);
+        s->creds = fresh;
+        s->have_creds = 1;
+        s->refresh_at = kms_creds_refresh_at(&fresh, now);
+        kms_client_set_credentials(s->kms, fresh.access_key_id, fresh.secret_access_key, fresh.session_token);
+        kms_creds_wipe(&fresh);
+        if (s->creds.expires != 0) {
+            fprintf(stderr, "keyshift-kms-aws: credentials from %s, valid for %lld s\n", s->creds.source,
+                    (long long)(s->creds.expires - now));
+        } else {
+            fprintf(stderr, "keyshift-kms-aws: credentials from %s\n", s->creds.source);
+        }
+        return 0;
+    }
+    fprintf(stderr, "keyshift-kms-aws: %s\n", full);
+    if (s->have_creds && s->creds.expires > now) {
+        /* a refresh that failed early: the current ones still serve */
+        return 0;
+    }
+    return pl_write_error(STDOUT_FILENO, rq->id, class_of(st, PL_OP_HELLO) /* [KP-AWS-12] */, brief) != 0 ? -1 : 1;
 }
 
 /* Answer a failed KMS call: its class and a message naming the call and
@@ -194,7 +243,7 @@ static int op_key_info(const server *s, const pl_request *rq, const pl_version *
 /* Answer one request line; *last_id is the id of the one before, and
  * becomes this one's (when the line has no readable id, the next in
  * sequence [KP-PROC-3], [KP-AWS-3]).  0, or -1 when the write failed. */
-static int handle(const server *s, const char *line, size_t len, uint64_t *last_id)
+static int handle(server *s, const char *line, size_t len, uint64_t *last_id)
 {
     static pl_request rq;
     const char *why = NULL;
@@ -202,6 +251,8 @@ static int handle(const server *s, const char *line, size_t len, uint64_t *last_
     if (pl_request_parse(line, len, &rq, &why) != 0) {
         rq.id = rq.id != 0 ? rq.id : *last_id + 1;
         r = pl_write_error(STDOUT_FILENO, rq.id, PL_E_INVALID, why);
+    } else if ((r = ensure_creds(s, &rq)) != 0) {
+        r = r < 0 ? -1 : 0;
     } else if (rq.op == PL_OP_HELLO) {
         r = pl_write_hello(STDOUT_FILENO, rq.id, PLUGIN_NAME);
     } else {
@@ -222,7 +273,7 @@ static int handle(const server *s, const char *line, size_t len, uint64_t *last_
 
 /* Serve requests until standard input ends [KP-PROC-3].  The exit
  * status. */
-static int serve(const server *s)
+static int serve(server *s)
 {
     static pl_reader rd;
     uint64_t last_id = 0;
@@ -256,24 +307,27 @@ static int serve(const server *s)
     return rc;
 }
 
-/* Load the AWS configuration with the command line's overrides and open
- * a client.  The client, or NULL with why on stderr. */
-static kms_client *open_kms(const pl_args *a)
+/* Load the AWS configuration (not yet the credentials: ensure_creds())
+ * with the command line's overrides and open a client.  A configuration
+ * that does not load is kept as s->config_error, answered to every
+ * request as invalid [KP-AWS-12].  0, or -1 when no client can be
+ * opened (why on stderr). */
+static int open_kms(server *s, const pl_args *a)
 {
-    char why[512];
-    kms_config cfg;
+    static char why[512];
     kms_overrides ov = {a->profile, a->region, a->endpoint};
-    if (kms_config_load_with(&cfg, &ov, why, sizeof why) != KMS_OK) {
+    if (kms_config_load_base(&s->cfg, &ov, why, sizeof why) != KMS_OK) {
         fprintf(stderr, "keyshift-kms-aws: %s\n", why);
-        return NULL;
+        s->config_error = why;
+        return 0;
     }
-    cfg.timeout_ms = a->timeout_ms;
-    kms_client *c = kms_client_open(&cfg);
-    kms_config_wipe(&cfg);
-    if (c == NULL) {
+    s->cfg.timeout_ms = a->timeout_ms;
+    s->kms = kms_client_open(&s->cfg);
+    if (s->kms == NULL) {
         fprintf(stderr, "keyshift-kms-aws: cannot open an AWS KMS client (out of memory or libcurl)\n");
+        return -1;
     }
-    return c;
+    return 0;
 }
 
 /* Parse the command line, then serve. */
@@ -296,9 +350,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "keyshift-kms-aws: %s\nTry 'keyshift-kms-aws --help' for more information.\n", err);
         rc = PL_EX_USAGE;
     } else {
-        server s = {open_kms(&a), &a};
-        rc = s.kms != NULL ? serve(&s) : PL_EX_CONFIG;
+        static server s;
+        s.args = &a;
+        rc = open_kms(&s, &a) == 0 ? serve(&s) : PL_EX_SOFTWARE;
         kms_client_close(s.kms);
+        kms_creds_wipe(&s.creds);
+        kms_config_wipe(&s.cfg);
     }
     pl_args_free(&a);
     return rc;
