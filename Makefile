@@ -109,7 +109,7 @@ LIB_HDRS := $(wildcard include/keyshift/*.h) format/rules.h parser/cursor.h $(wi
 # libsodium, SQLite (and threads) for migrate/; parser/ and format/ need none;
 # p11-kit and dlopen for the pkcs11 provider; libpq for the PostgreSQL store.
 LIB_LIBS := -lsodium -lsqlite3 $(PQ_LIBS) $(JANSSON_LIBS) $(P11_LIBS) -ldl -pthread
-CLI_SRCS := tools/cli/keyshift.c tools/cli/cli.c tools/cli/throttle.c $(wildcard tools/cli/cmd_*.c)
+CLI_SRCS := tools/cli/keyshift.c tools/cli/cli.c tools/cli/throttle.c tools/cli/textfile.c $(wildcard tools/cli/cmd_*.c)
 CLI_HDRS := $(wildcard tools/*/*.h)
 
 REL_OBJS := $(LIB_SRCS:%.c=$(B)/rel/%.o)
