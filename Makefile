@@ -49,6 +49,7 @@
 #   make man-lint   mandoc -T lint over the manual pages (docs/man/), then
 #                   tests/man_help_test.py: every --help option in its page
 #                   and the other way round (also run by make test)
+#   make prom-test  the Prometheus text files, alerting rules and dashboard
 #   make completion-test  the bash completion (tools/completion/keyshift)
 #                   driven through COMPREPLY (also run by make test)
 #   make install    PREFIX=/usr/local DESTDIR= (headers, libs, CLI,
@@ -405,6 +406,14 @@ man-lint: $(CLI) $(KMS_AWS)
 completion-test: $(CLI) $(KMS_AWS)
 	@KEYSHIFT_REL=$(CLI) KMS_AWS=$(KMS_AWS) PYTHON_DEBIAN=$(PYTHON_DEBIAN) tests/completion_test.sh
 
+# prom-test: the Prometheus text files of `rollout metrics --textfile` and
+# `migrate run --textfile` (atomic, accepted by promtool check metrics),
+# the alerting rules (promtool check rules, promtool test rules) and the
+# dashboard (tests/dashboard_check.py).  docs/prometheus.md.  A few seconds.
+.PHONY: prom-test
+prom-test: $(CLI)
+	@KEYSHIFT=$(CLI) PYTHON_DEBIAN=$(PYTHON_DEBIAN) tests/prom_test.sh
+
 # ---- fuzzing (fuzz/fuzz.mk) ---------------------------------------------
 include fuzz/fuzz.mk
 include tools/mutate.mk
@@ -506,7 +515,7 @@ test-build: $(TEST_BINS)
 test:
 	@tools/deps.sh
 	@$(MAKE) --no-print-directory -j$(JOBS) test-build
-	@$(MAKE) --no-print-directory check-layout symbols man-lint completion-test
+	@$(MAKE) --no-print-directory check-layout symbols man-lint completion-test prom-test
 	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target unit tsan
 	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target cli-test
 	@$(MAKE) --no-print-directory go-test

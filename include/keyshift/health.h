@@ -306,7 +306,7 @@ typedef struct ks_metrics_migrate {
                                            wrong_state (the checkpoint's, every run's) */
     uint64_t target_rows;             /* rows in the table at the run's start */
     double throttled_s;               /* seconds this run was paused (>= 0) */
-    int64_t last_progress_time;       /* Unix time of the last batch (or the start) */
+    int64_t last_progress_time;       /* Unix time of the last committed batch */
     int running;                      /* nonzero while the run is under way */
     int complete;                     /* nonzero once the migration is complete */
 } ks_metrics_migrate;

@@ -874,7 +874,7 @@ void ks_metrics_write_migrate(ks_metrics_buf *b, const ks_metrics_migrate *m)
     fmt_double(num, m->throttled_s);
     sample(out, "keyshift_migrate_throttled_seconds_total", "", L, NULL, NULL, num);
     gauge_u64(out, L, "keyshift_migrate_last_progress_timestamp_seconds",
-              "Unix time of the run's last committed batch (its start before the first).",
+              "Unix time of the run's last committed batch.",
               m->last_progress_time < 0 ? 0 : (uint64_t)m->last_progress_time);
     gauge_u64(out, L, "keyshift_migrate_running", "1 while the run is under way, 0 once it ended.",
               m->running ? 1 : 0);
