@@ -72,4 +72,19 @@ no_temp "migrate textfile"
 run "migrate --textfile: a file for DIR does not stop the run" 0 "$KS" migrate run --db "$D" --table orders --column note \
     --mode encrypt --to-key payments/kek --tenant acme --textfile "$M"
 
+# ---- the rules and the dashboard (tools/prometheus/) ----------------------------------------
+P="$(dirname "$0")/../tools/prometheus"
+PYTHON=${PYTHON_DEBIAN:-/usr/bin/python3}
+run "promtool check rules" 0 "$PROMTOOL" check rules "$P/keyshift-rules.yml"
+run "promtool test rules" 0 "$PROMTOOL" test rules "$P/keyshift-rules.test.yml"
+expect_grep "promtool test rules: passed" "$T/out" "SUCCESS"
+run "dashboard: JSON, titles, exported metrics only" 0 "$PYTHON" "$(dirname "$0")/dashboard_check.py" \
+    --rules-out "$T/dashboard-rules.yml" "$P/keyshift-dashboard.json" "$P/keyshift-rules.yml" "$R" "$M"
+run "dashboard: its queries parse (promtool)" 0 "$PROMTOOL" check rules "$T/dashboard-rules.yml"
+printf '{"title": "x", "uid": "x", "panels": [{"id": 1, "title": "t", "targets": [{"expr": "rate(keyshift_opnes_total[5m])"}]}]}' >"$T/bad.json"
+run "dashboard: an unknown metric is refused" 1 "$PYTHON" "$(dirname "$0")/dashboard_check.py" "$T/bad.json" "$P/keyshift-rules.yml" "$R" "$M"
+expect_grep "dashboard: names the metric" "$T/out" "keyshift_opnes_total is not a metric keyshift exports"
+printf '{"title": ' >"$T/bad.json"
+run "dashboard: invalid JSON is refused" 1 "$PYTHON" "$(dirname "$0")/dashboard_check.py" "$T/bad.json" "$P/keyshift-rules.yml" "$R" "$M"
+
 cli_finish prom_test
