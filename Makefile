@@ -55,7 +55,7 @@
 #   make install    PREFIX=/usr/local DESTDIR= (headers, libs, CLI,
 #                   keyshift-kms-aws, keyshift.pc, the Python package, the
 #                   manual pages in MANDIR, the bash completion in
-#                   BASHCOMPDIR, docs/*.md in DOCDIR)
+#                   BASHCOMPDIR, docs/*.md and tools/prometheus/ in DOCDIR)
 #   make clean
 
 .DEFAULT_GOAL := all
@@ -563,6 +563,9 @@ install: all $(B)/keyshift.pc
 	    sed 's|@DOCDIR@|$(DOCDIR)|g' $$p > $$d/$${p##*/} && chmod 644 $$d/$${p##*/} || exit 1; done
 	ln -sf keyshift-encrypt.1 $(DESTDIR)$(MANDIR)/man1/keyshift-decrypt.1
 	install -m 644 docs/*.md $(DESTDIR)$(DOCDIR)/
+	install -d $(DESTDIR)$(DOCDIR)/prometheus
+	install -m 644 tools/prometheus/keyshift-rules.yml tools/prometheus/keyshift-rules.test.yml \
+	    tools/prometheus/keyshift-dashboard.json $(DESTDIR)$(DOCDIR)/prometheus/
 	install -m 644 tools/completion/keyshift $(DESTDIR)$(BASHCOMPDIR)/keyshift
 	ln -sf keyshift $(DESTDIR)$(BASHCOMPDIR)/keyshift-kms-aws
 

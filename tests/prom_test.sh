@@ -71,6 +71,7 @@ promtool_ok "migrate textfile" "$M"
 no_temp "migrate textfile"
 run "migrate --textfile: a file for DIR does not stop the run" 0 "$KS" migrate run --db "$D" --table orders --column note \
     --mode encrypt --to-key payments/kek --tenant acme --textfile "$M"
+expect_grep "migrate --textfile: the failure is said" "$T/err" "cannot write the progress to --textfile"
 
 # ---- the rules and the dashboard (tools/prometheus/) ----------------------------------------
 P="$(dirname "$0")/../tools/prometheus"
