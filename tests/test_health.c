@@ -685,7 +685,7 @@ static void test_prometheus_labels(void **state)
         "le=\"1\"",     "check=\"x\"", "__name__=\"x\"", "a=1",         "a=\"x",
         "a=\"x\ny\"",   "a=\"\\q\"",   "a=\"x\",",       "9a=\"x\"",    "a =\"x\"",
         "a=\"x\" ",     ",a=\"x\"",    "a=\"x\"b=\"y\"", "a=\"x\\\"",   "{a=\"x\"}",
-        "a=\"x\",le=\"\"",
+        "a=\"x\",le=\"\"", "phase=\"backfill\"", "b=\"1\",outcome=\"done\"",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_int_equal(render_small(bad[i], NULL, buf, sizeof out_buf, &len),
@@ -929,6 +929,11 @@ static void test_metrics_phase_migrate(void **state)
                         "keyshift_rollout_phase{rollout=\"3\",phase=\"planned\"} 0\n"
                         "keyshift_rollout_phase{rollout=\"3\",phase=\"backfill\"} 1\n"
                         "keyshift_rollout_phase{rollout=\"3\",phase=\"finalized\"} 0\n");
+    ks_metrics_begin(&b, out_buf, sizeof out_buf);
+    ks_metrics_write_phase(&b, NULL, phases, 3, 3);
+    assert_int_equal(ks_metrics_end(&b, &len), KS_OK);
+    assert_null(strstr(out_buf, "} 1\n"));
+    assert_non_null(strstr(out_buf, "\nkeyshift_rollout_phase{phase=\"finalized\"} 0\n"));
     static const char *const bad_phase[] = {"a\"b"};
     ks_metrics_begin(&b, out_buf, sizeof out_buf);
     ks_metrics_write_phase(&b, NULL, bad_phase, 1, 0);
