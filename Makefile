@@ -49,12 +49,13 @@
 #   make man-lint   mandoc -T lint over the manual pages (docs/man/), then
 #                   tests/man_help_test.py: every --help option in its page
 #                   and the other way round (also run by make test)
+#   make prom-test  the Prometheus text files, alerting rules and dashboard
 #   make completion-test  the bash completion (tools/completion/keyshift)
 #                   driven through COMPREPLY (also run by make test)
 #   make install    PREFIX=/usr/local DESTDIR= (headers, libs, CLI,
 #                   keyshift-kms-aws, keyshift.pc, the Python package, the
 #                   manual pages in MANDIR, the bash completion in
-#                   BASHCOMPDIR, docs/*.md in DOCDIR)
+#                   BASHCOMPDIR, docs/*.md and tools/prometheus/ in DOCDIR)
 #   make clean
 
 .DEFAULT_GOAL := all
@@ -109,7 +110,7 @@ LIB_HDRS := $(wildcard include/keyshift/*.h) format/rules.h parser/cursor.h $(wi
 # libsodium, SQLite (and threads) for migrate/; parser/ and format/ need none;
 # p11-kit and dlopen for the pkcs11 provider; libpq for the PostgreSQL store.
 LIB_LIBS := -lsodium -lsqlite3 $(PQ_LIBS) $(JANSSON_LIBS) $(P11_LIBS) -ldl -pthread
-CLI_SRCS := tools/cli/keyshift.c tools/cli/cli.c tools/cli/throttle.c $(wildcard tools/cli/cmd_*.c)
+CLI_SRCS := tools/cli/keyshift.c tools/cli/cli.c tools/cli/throttle.c tools/cli/textfile.c $(wildcard tools/cli/cmd_*.c)
 CLI_HDRS := $(wildcard tools/*/*.h)
 
 REL_OBJS := $(LIB_SRCS:%.c=$(B)/rel/%.o)
@@ -407,6 +408,14 @@ man-lint: $(CLI) $(KMS_AWS)
 completion-test: $(CLI) $(KMS_AWS)
 	@KEYSHIFT_REL=$(CLI) KMS_AWS=$(KMS_AWS) PYTHON_DEBIAN=$(PYTHON_DEBIAN) tests/completion_test.sh
 
+# prom-test: the Prometheus text files of `rollout metrics --textfile` and
+# `migrate run --textfile` (atomic, accepted by promtool check metrics),
+# the alerting rules (promtool check rules, promtool test rules) and the
+# dashboard (tests/dashboard_check.py).  docs/prometheus.md.  A few seconds.
+.PHONY: prom-test
+prom-test: $(CLI)
+	@KEYSHIFT=$(CLI) PYTHON_DEBIAN=$(PYTHON_DEBIAN) tests/prom_test.sh
+
 # ---- fuzzing (fuzz/fuzz.mk) ---------------------------------------------
 include fuzz/fuzz.mk
 include tools/mutate.mk
@@ -508,7 +517,7 @@ test-build: $(TEST_BINS)
 test:
 	@tools/deps.sh
 	@$(MAKE) --no-print-directory -j$(JOBS) test-build
-	@$(MAKE) --no-print-directory check-layout symbols man-lint completion-test
+	@$(MAKE) --no-print-directory check-layout symbols man-lint completion-test prom-test
 	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target unit tsan
 	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target cli-test
 	@$(MAKE) --no-print-directory go-test
@@ -556,6 +565,9 @@ install: all $(B)/keyshift.pc
 	    sed 's|@DOCDIR@|$(DOCDIR)|g' $$p > $$d/$${p##*/} && chmod 644 $$d/$${p##*/} || exit 1; done
 	ln -sf keyshift-encrypt.1 $(DESTDIR)$(MANDIR)/man1/keyshift-decrypt.1
 	install -m 644 docs/*.md $(DESTDIR)$(DOCDIR)/
+	install -d $(DESTDIR)$(DOCDIR)/prometheus
+	install -m 644 tools/prometheus/keyshift-rules.yml tools/prometheus/keyshift-rules.test.yml \
+	    tools/prometheus/keyshift-dashboard.json $(DESTDIR)$(DOCDIR)/prometheus/
 	install -m 644 tools/completion/keyshift $(DESTDIR)$(BASHCOMPDIR)/keyshift
 	ln -sf keyshift $(DESTDIR)$(BASHCOMPDIR)/keyshift-kms-aws
 

@@ -205,10 +205,20 @@ run "check --json" 2 "$KS" rollout check --db "$D" --json
 json_ok "check --json"
 expect_grep "check --json: tripped check" "$T/out" '"check":"auth-failure-rate","observed":0.05,"limit":0.001,"enabled":true,"no_data":false,"tripped":true,"over_by":0.049'
 run "metrics --prometheus" 0 "$KS" rollout metrics --db "$D" --prometheus
-expect_grep "prometheus: HELP" "$T/out" "^# HELP keyshift_window_opens "
-expect_grep "prometheus: TYPE" "$T/out" "^# TYPE keyshift_window_opens gauge"
-expect_grep "prometheus: labels" "$T/out" '^keyshift_window_opens{rollout="1",table="pay",column="card",phase="write-upgrade"} 1000$'
+expect_grep "prometheus: HELP" "$T/out" "^# HELP keyshift_opens_total "
+expect_grep "prometheus: TYPE" "$T/out" "^# TYPE keyshift_opens_total counter"
+expect_grep "prometheus: labels" "$T/out" '^keyshift_opens_total{rollout="1",scope="column",table="pay",column="card",source="app"} 1000$'
+expect_grep "prometheus: cumulative histogram" "$T/out" '^keyshift_open_duration_seconds_bucket{rollout="1",scope="column",table="pay",column="card",source="app",le="+Inf"} '
+expect_grep "prometheus: phase is a gauge" "$T/out" '^keyshift_rollout_phase{rollout="1",scope="column",table="pay",column="card",phase="write-upgrade"} 1$'
+expect_grep "prometheus: other phases are 0" "$T/out" '^keyshift_rollout_phase{rollout="1",scope="column",table="pay",column="card",phase="backfill"} 0$'
+if grep -q '_total{.*phase=' "$T/out"; then bad "prometheus: a counter has a phase label"; else ok "prometheus: no phase label on counters"; fi
 expect_grep "prometheus: tripped check" "$T/out" 'keyshift_health_tripped{.*check="auth-failure-rate"} 1'
+mkdir -p "$T/textfile"
+run "metrics --textfile" 0 "$KS" rollout metrics --db "$D" --prometheus --textfile "$T/textfile"
+expect_grep "textfile: written" "$T/textfile/keyshift_rollout_1.prom" '^keyshift_opens_total{rollout="1",scope="column",table="pay",column="card",source="app"} 1000$'
+if ls -A "$T/textfile" | grep -q '^\.'; then bad "textfile: a temporary file was left behind"; else ok "textfile: renamed into place"; fi
+run "metrics --textfile: not a directory" 66 "$KS" rollout metrics --db "$D" --prometheus --textfile "$T/textfile/keyshift_rollout_1.prom"
+run "metrics --textfile needs --prometheus" 64 "$KS" rollout metrics --db "$D" --json --textfile "$T/textfile"
 run "metrics --json" 0 "$KS" rollout metrics --db "$D" --json
 json_ok "metrics --json"
 run "metrics needs a format" 64 "$KS" rollout metrics --db "$D"
@@ -397,7 +407,7 @@ run "key advance -> backfill" 0 "$KS" rollout advance --db "$D" "${KEYSEL[@]}"
 run "key check: healthy" 0 "$KS" rollout check --db "$D" "${KEYSEL[@]}"
 expect_grep "key check: healthy in backfill" "$T/out" "^rollout 1 (key orders/kek (pay.card, refunds.card), backfill): healthy"
 run "metrics --prometheus of a key scope" 0 "$KS" rollout metrics --db "$D" "${KEYSEL[@]}" --prometheus
-expect_grep "prometheus: key_id label" "$T/out" '^keyshift_window_opens{rollout="1",table="",column="",key_id="orders/kek",phase="backfill"} 40$'
+expect_grep "prometheus: key_id label" "$T/out" '^keyshift_opens_total{rollout="1",scope="key",table="",column="",key_id="orders/kek",source="app"} 40$'
 run "migrate toward another key (key scope)" 78 "$KS" migrate run --db "$D" --table refunds --column card \
     --mode encrypt --to-key payments/kek:4 --tenant acme
 expect_grep "migrate: another key scope covers the column" "$T/err" "rollout 1 (key orders/kek, backfill) covers refunds.card"
@@ -518,9 +528,9 @@ expect_grep "migration: JSON" "$T/out" '"migration":{"window_s":300,"seals":1980
 run "migration: metrics --json" 0 "$KS" rollout metrics --db "$D" --json
 json_ok "migration: metrics --json"
 run "migration: metrics --prometheus" 0 "$KS" rollout metrics --db "$D" --prometheus
-expect_grep "migration: its own gauge" "$T/out" '^keyshift_migration_window_auth_failures{rollout="2",table="pay",column="card",phase="write-upgrade"} 1980$'
-expect_grep "migration: not in the judged window" "$T/out" '^keyshift_window_auth_failures{rollout="2",table="pay",column="card",phase="write-upgrade"} 0$'
-expect_grep "migration: the status is ok" "$T/out" '^keyshift_health_status{rollout="2",table="pay",column="card",phase="write-upgrade"} 0$'
+expect_grep "migration: its own series" "$T/out" '^keyshift_auth_failures_total{rollout="2",scope="column",table="pay",column="card",source="migrate"} 1980$'
+expect_grep "migration: not the applications'" "$T/out" '^keyshift_auth_failures_total{rollout="2",scope="column",table="pay",column="card",source="app"} 0$'
+expect_grep "migration: the status is ok" "$T/out" '^keyshift_health_status{rollout="2",scope="column",table="pay",column="card"} 0$'
 run "advance -> backfill" 0 "$KS" rollout advance --db "$D"
 run "set on a finalized rollout" 65 "$KS" rollout set --db "$T/keys.db" --rollout 1 --min-samples 5
 

@@ -92,6 +92,8 @@ check "man -M renders keyshift-decrypt(1)" sh -c "MANPAGER=cat MANWIDTH=80 man -
 check "mandoc renders every installed page without a warning" sh -c "for f in '$M'/man?/*; do \
     mandoc -T utf8 -W warning \"\$f\" >/dev/null || exit 1; done"
 check "documents installed" test -f "$R/share/doc/keyshift/format.md" -a -f "$R/share/doc/keyshift/rollout.md"
+check "Prometheus rules and dashboard installed" test -f "$R/share/doc/keyshift/prometheus/keyshift-rules.yml" \
+    -a -f "$R/share/doc/keyshift/prometheus/keyshift-dashboard.json"
 check "installed --help names the installed documents" sh -c "'$R/bin/keyshift' migrate --help | \
     grep -q '$PREFIX/share/doc/keyshift/NAME.md'"
 C="$R/share/bash-completion/completions"

@@ -561,78 +561,6 @@ static void small_case(ks_health_sample *w, ks_thresholds *t)
 
 /* The exposition of small_case, byte for byte. */
 static const char small_expected[] =
-    "# HELP keyshift_window_seals Envelopes sealed in the health window.\n"
-    "# TYPE keyshift_window_seals gauge\n"
-    "keyshift_window_seals{rollout=\"3\",table=\"pay\\\"ments\"} 3\n"
-    "# HELP keyshift_window_opens Envelope opens attempted in the health window.\n"
-    "# TYPE keyshift_window_opens gauge\n"
-    "keyshift_window_opens{rollout=\"3\",table=\"pay\\\"ments\"} 4\n"
-    "# HELP keyshift_window_auth_failures Opens that failed authentication in the health window.\n"
-    "# TYPE keyshift_window_auth_failures gauge\n"
-    "keyshift_window_auth_failures{rollout=\"3\",table=\"pay\\\"ments\"} 1\n"
-    "# HELP keyshift_window_parse_errors Opens refused by the strict parser in the health window.\n"
-    "# TYPE keyshift_window_parse_errors gauge\n"
-    "keyshift_window_parse_errors{rollout=\"3\",table=\"pay\\\"ments\"} 0\n"
-    "# HELP keyshift_window_provider_calls Key provider wrap and unwrap calls in the health window.\n"
-    "# TYPE keyshift_window_provider_calls gauge\n"
-    "keyshift_window_provider_calls{rollout=\"3\",table=\"pay\\\"ments\"} 2\n"
-    "# HELP keyshift_window_provider_errors Key provider calls that failed in the health window.\n"
-    "# TYPE keyshift_window_provider_errors gauge\n"
-    "keyshift_window_provider_errors{rollout=\"3\",table=\"pay\\\"ments\"} 0\n"
-    "# HELP keyshift_seal_latency_seconds Seal latency over the health window (not cumulative: do not rate()).\n"
-    "# TYPE keyshift_seal_latency_seconds histogram\n"
-    "keyshift_seal_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000000255\"} 1\n"
-    "keyshift_seal_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000000511\"} 3\n"
-    "keyshift_seal_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000001023\"} 3\n"
-    "keyshift_seal_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000002047\"} 3\n"
-    "keyshift_seal_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000004095\"} 3\n"
-    "keyshift_seal_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000008191\"} 3\n"
-    "keyshift_seal_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000016383\"} 3\n"
-    "keyshift_seal_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000032767\"} 3\n"
-    "keyshift_seal_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000065535\"} 3\n"
-    "keyshift_seal_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000131071\"} 3\n"
-    "keyshift_seal_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000262143\"} 3\n"
-    "keyshift_seal_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000524287\"} 3\n"
-    "keyshift_seal_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.001048575\"} 3\n"
-    "keyshift_seal_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.002097151\"} 3\n"
-    "keyshift_seal_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.004194303\"} 3\n"
-    "keyshift_seal_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.008388607\"} 3\n"
-    "keyshift_seal_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.016777215\"} 3\n"
-    "keyshift_seal_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.033554431\"} 3\n"
-    "keyshift_seal_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.067108863\"} 3\n"
-    "keyshift_seal_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.134217727\"} 3\n"
-    "keyshift_seal_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.268435455\"} 3\n"
-    "keyshift_seal_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.536870911\"} 3\n"
-    "keyshift_seal_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"1.073741823\"} 3\n"
-    "keyshift_seal_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"+Inf\"} 3\n"
-    "keyshift_seal_latency_seconds_count{rollout=\"3\",table=\"pay\\\"ments\"} 3\n"
-    "# HELP keyshift_open_latency_seconds Open latency over the health window (not cumulative: do not rate()).\n"
-    "# TYPE keyshift_open_latency_seconds histogram\n"
-    "keyshift_open_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000000255\"} 0\n"
-    "keyshift_open_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000000511\"} 0\n"
-    "keyshift_open_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000001023\"} 4\n"
-    "keyshift_open_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000002047\"} 4\n"
-    "keyshift_open_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000004095\"} 4\n"
-    "keyshift_open_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000008191\"} 4\n"
-    "keyshift_open_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000016383\"} 4\n"
-    "keyshift_open_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000032767\"} 4\n"
-    "keyshift_open_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000065535\"} 4\n"
-    "keyshift_open_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000131071\"} 4\n"
-    "keyshift_open_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000262143\"} 4\n"
-    "keyshift_open_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000524287\"} 4\n"
-    "keyshift_open_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.001048575\"} 4\n"
-    "keyshift_open_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.002097151\"} 4\n"
-    "keyshift_open_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.004194303\"} 4\n"
-    "keyshift_open_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.008388607\"} 4\n"
-    "keyshift_open_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.016777215\"} 4\n"
-    "keyshift_open_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.033554431\"} 4\n"
-    "keyshift_open_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.067108863\"} 4\n"
-    "keyshift_open_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.134217727\"} 4\n"
-    "keyshift_open_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.268435455\"} 4\n"
-    "keyshift_open_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.536870911\"} 4\n"
-    "keyshift_open_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"1.073741823\"} 4\n"
-    "keyshift_open_latency_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"+Inf\"} 4\n"
-    "keyshift_open_latency_seconds_count{rollout=\"3\",table=\"pay\\\"ments\"} 4\n"
     "# HELP keyshift_threshold_auth_failure_rate Highest auth failure rate allowed (+Inf: check disabled).\n"
     "# TYPE keyshift_threshold_auth_failure_rate gauge\n"
     "keyshift_threshold_auth_failure_rate{rollout=\"3\",table=\"pay\\\"ments\"} 0.001\n"
@@ -654,24 +582,6 @@ static const char small_expected[] =
     "# HELP keyshift_threshold_window_seconds Length of the health window in seconds.\n"
     "# TYPE keyshift_threshold_window_seconds gauge\n"
     "keyshift_threshold_window_seconds{rollout=\"3\",table=\"pay\\\"ments\"} 300\n"
-    "# HELP keyshift_health_samples Seals plus opens in the health window.\n"
-    "# TYPE keyshift_health_samples gauge\n"
-    "keyshift_health_samples{rollout=\"3\",table=\"pay\\\"ments\"} 7\n"
-    "# HELP keyshift_health_auth_failure_rate Auth failures per open in the health window.\n"
-    "# TYPE keyshift_health_auth_failure_rate gauge\n"
-    "keyshift_health_auth_failure_rate{rollout=\"3\",table=\"pay\\\"ments\"} 0.25\n"
-    "# HELP keyshift_health_parse_error_rate Parse errors per open in the health window.\n"
-    "# TYPE keyshift_health_parse_error_rate gauge\n"
-    "keyshift_health_parse_error_rate{rollout=\"3\",table=\"pay\\\"ments\"} 0\n"
-    "# HELP keyshift_health_provider_error_rate Key provider errors per call in the health window.\n"
-    "# TYPE keyshift_health_provider_error_rate gauge\n"
-    "keyshift_health_provider_error_rate{rollout=\"3\",table=\"pay\\\"ments\"} 0\n"
-    "# HELP keyshift_health_seal_p99_seconds p99 seal latency in the health window (bucket upper bound).\n"
-    "# TYPE keyshift_health_seal_p99_seconds gauge\n"
-    "keyshift_health_seal_p99_seconds{rollout=\"3\",table=\"pay\\\"ments\"} 0.000001\n"
-    "# HELP keyshift_health_open_p99_seconds p99 open latency in the health window (bucket upper bound).\n"
-    "# TYPE keyshift_health_open_p99_seconds gauge\n"
-    "keyshift_health_open_p99_seconds{rollout=\"3\",table=\"pay\\\"ments\"} 0.000002\n"
     "# HELP keyshift_health_status Health verdict: 0 ok, 1 tripped, 2 insufficient data.\n"
     "# TYPE keyshift_health_status gauge\n"
     "keyshift_health_status{rollout=\"3\",table=\"pay\\\"ments\"} 1\n"
@@ -760,9 +670,7 @@ static void test_prometheus_labels(void **state)
     const char *none[] = {NULL, ""};
     for (size_t i = 0; i < 2; i++) {
         assert_int_equal(render_small(none[i], NULL, buf, sizeof out_buf, &len), KS_OK);
-        assert_non_null(strstr(buf, "\nkeyshift_window_opens 4\n"));
-        assert_non_null(strstr(buf, "\nkeyshift_open_latency_seconds_bucket{le=\"+Inf\"} 4\n"));
-        assert_non_null(strstr(buf, "\nkeyshift_open_latency_seconds_count 4\n"));
+        assert_non_null(strstr(buf, "\nkeyshift_health_status 1\n"));
         assert_non_null(strstr(buf, "\nkeyshift_health_tripped{check=\"seal-p99-us\"} 0\n"));
         assert_null(strstr(buf, "{,"));
         assert_null(strstr(buf, ",}"));
@@ -777,7 +685,7 @@ static void test_prometheus_labels(void **state)
         "le=\"1\"",     "check=\"x\"", "__name__=\"x\"", "a=1",         "a=\"x",
         "a=\"x\ny\"",   "a=\"\\q\"",   "a=\"x\",",       "9a=\"x\"",    "a =\"x\"",
         "a=\"x\" ",     ",a=\"x\"",    "a=\"x\"b=\"y\"", "a=\"x\\\"",   "{a=\"x\"}",
-        "a=\"x\",le=\"\"",
+        "a=\"x\",le=\"\"", "phase=\"backfill\"", "b=\"1\",outcome=\"done\"",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_int_equal(render_small(bad[i], NULL, buf, sizeof out_buf, &len),
@@ -808,10 +716,7 @@ static void test_prometheus_special_values(void **state)
     assert_non_null(strstr(buf, "\nkeyshift_threshold_provider_error_rate +Inf\n"));
     assert_non_null(strstr(buf, "\nkeyshift_threshold_seal_p99_seconds +Inf\n"));
     assert_non_null(strstr(buf, "\nkeyshift_threshold_open_p99_seconds 1.5\n"));
-    assert_non_null(strstr(buf, "\nkeyshift_health_seal_p99_seconds +Inf\n"));
-    assert_non_null(strstr(buf, "\nkeyshift_health_auth_failure_rate 0.3333333333333333\n"));
-    assert_non_null(strstr(buf, "\nkeyshift_seal_latency_seconds_bucket{le=\"1.073741823\"} 1000\n"));
-    assert_non_null(strstr(buf, "\nkeyshift_seal_latency_seconds_bucket{le=\"+Inf\"} 6000\n"));
+    assert_non_null(strstr(buf, "\nkeyshift_health_tripped{check=\"seal-p99-us\"} 0\n"));
     assert_non_null(strstr(buf, "\nkeyshift_health_tripped{check=\"auth-failure-rate\"} 1\n"));
     assert_true(len > 0 && buf[len - 1] == '\n' && buf[len] == '\0');
 
@@ -828,8 +733,8 @@ static void test_prometheus_special_values(void **state)
     for (const char *p = buf; (p = strstr(p, "# TYPE ")) != NULL; p++) {
         types++;
     }
-    assert_int_equal(helps, 23);
-    assert_int_equal(types, 23);
+    assert_int_equal(helps, 9);
+    assert_int_equal(types, 9);
 
     assert_int_equal(ks_health_prometheus(NULL, &t, NULL, NULL, buf, sizeof out_buf, &len),
                      KS_ERR_INVALID_ARGUMENT);
@@ -887,7 +792,177 @@ static void test_label_escape(void **state)
     ks_thresholds_default(&t);
     assert_int_equal(ks_health_prometheus(&w, &t, NULL, labels, out_buf, sizeof out_buf, &len),
                      KS_OK);
-    assert_non_null(strstr(out_buf, "\nkeyshift_window_seals{table=\"a\\\\\\\"\\nb\"} 1000\n"));
+    assert_non_null(strstr(out_buf, "\nkeyshift_health_status{table=\"a\\\\\\\"\\nb\"} 0\n"));
+}
+
+/* The cumulative exposition of the small case's counts as totals. */
+static const char totals_expected[] =
+    "# HELP keyshift_seals_total Envelopes sealed.\n"
+    "# TYPE keyshift_seals_total counter\n"
+    "keyshift_seals_total{rollout=\"3\",table=\"pay\\\"ments\"} 3\n"
+    "# HELP keyshift_opens_total Envelope opens that reached a verdict (opened, auth failed or refused).\n"
+    "# TYPE keyshift_opens_total counter\n"
+    "keyshift_opens_total{rollout=\"3\",table=\"pay\\\"ments\"} 4\n"
+    "# HELP keyshift_auth_failures_total Opens that failed authentication.\n"
+    "# TYPE keyshift_auth_failures_total counter\n"
+    "keyshift_auth_failures_total{rollout=\"3\",table=\"pay\\\"ments\"} 1\n"
+    "# HELP keyshift_parse_errors_total Opens refused by the strict envelope parser.\n"
+    "# TYPE keyshift_parse_errors_total counter\n"
+    "keyshift_parse_errors_total{rollout=\"3\",table=\"pay\\\"ments\"} 0\n"
+    "# HELP keyshift_provider_calls_total Key provider wrap and unwrap calls.\n"
+    "# TYPE keyshift_provider_calls_total counter\n"
+    "keyshift_provider_calls_total{rollout=\"3\",table=\"pay\\\"ments\"} 2\n"
+    "# HELP keyshift_provider_errors_total Key provider calls that failed, whatever the error class.\n"
+    "# TYPE keyshift_provider_errors_total counter\n"
+    "keyshift_provider_errors_total{rollout=\"3\",table=\"pay\\\"ments\"} 0\n"
+    "# HELP keyshift_seal_duration_seconds Seal latency (log2 buckets of nanoseconds; no _sum).\n"
+    "# TYPE keyshift_seal_duration_seconds histogram\n"
+    "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000000255\"} 1\n"
+    "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000000511\"} 3\n"
+    "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000001023\"} 3\n"
+    "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000002047\"} 3\n"
+    "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000004095\"} 3\n"
+    "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000008191\"} 3\n"
+    "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000016383\"} 3\n"
+    "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000032767\"} 3\n"
+    "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000065535\"} 3\n"
+    "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000131071\"} 3\n"
+    "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000262143\"} 3\n"
+    "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000524287\"} 3\n"
+    "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.001048575\"} 3\n"
+    "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.002097151\"} 3\n"
+    "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.004194303\"} 3\n"
+    "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.008388607\"} 3\n"
+    "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.016777215\"} 3\n"
+    "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.033554431\"} 3\n"
+    "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.067108863\"} 3\n"
+    "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.134217727\"} 3\n"
+    "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.268435455\"} 3\n"
+    "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.536870911\"} 3\n"
+    "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"1.073741823\"} 3\n"
+    "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"+Inf\"} 3\n"
+    "keyshift_seal_duration_seconds_count{rollout=\"3\",table=\"pay\\\"ments\"} 3\n"
+    "# HELP keyshift_open_duration_seconds Open latency (log2 buckets of nanoseconds; no _sum).\n"
+    "# TYPE keyshift_open_duration_seconds histogram\n"
+    "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000000255\"} 0\n"
+    "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000000511\"} 0\n"
+    "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000001023\"} 4\n"
+    "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000002047\"} 4\n"
+    "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000004095\"} 4\n"
+    "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000008191\"} 4\n"
+    "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000016383\"} 4\n"
+    "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000032767\"} 4\n"
+    "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000065535\"} 4\n"
+    "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000131071\"} 4\n"
+    "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000262143\"} 4\n"
+    "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000524287\"} 4\n"
+    "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.001048575\"} 4\n"
+    "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.002097151\"} 4\n"
+    "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.004194303\"} 4\n"
+    "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.008388607\"} 4\n"
+    "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.016777215\"} 4\n"
+    "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.033554431\"} 4\n"
+    "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.067108863\"} 4\n"
+    "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.134217727\"} 4\n"
+    "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.268435455\"} 4\n"
+    "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.536870911\"} 4\n"
+    "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"1.073741823\"} 4\n"
+    "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"+Inf\"} 4\n"
+    "keyshift_open_duration_seconds_count{rollout=\"3\",table=\"pay\\\"ments\"} 4\n";
+
+/* ks_metrics_write_totals: the exact text, measured then written; two
+ * series share each family's HELP and TYPE; bad labels are refused. */
+static void test_metrics_totals(void **state)
+{
+    (void)state;
+    ks_health_sample w;
+    ks_thresholds t;
+    small_case(&w, &t);
+    ks_metrics_series s = {SMALL_LABELS, &w};
+    ks_metrics_buf b;
+    size_t len = 0;
+    ks_metrics_begin(&b, NULL, 0);
+    ks_metrics_write_totals(&b, &s, 1);
+    assert_int_equal(ks_metrics_end(&b, &len), KS_ERR_BUFFER_TOO_SMALL);
+    assert_int_equal(len, strlen(totals_expected));
+    ks_metrics_begin(&b, out_buf, sizeof out_buf);
+    ks_metrics_write_totals(&b, &s, 1);
+    assert_int_equal(ks_metrics_end(&b, &len), KS_OK);
+    assert_string_equal(out_buf, totals_expected);
+
+    ks_metrics_series two[2] = {{"source=\"app\"", &w}, {"source=\"migrate\"", &w}};
+    ks_metrics_begin(&b, out_buf, sizeof out_buf);
+    ks_metrics_write_totals(&b, two, 2);
+    assert_int_equal(ks_metrics_end(&b, &len), KS_OK);
+    assert_non_null(strstr(out_buf, "# TYPE keyshift_opens_total counter\n"
+                                    "keyshift_opens_total{source=\"app\"} 4\n"
+                                    "keyshift_opens_total{source=\"migrate\"} 4\n"));
+    assert_non_null(strstr(out_buf, "\nkeyshift_open_duration_seconds_count{source=\"migrate\"} 4\n"));
+    assert_null(strstr(strstr(out_buf, "# HELP keyshift_opens_total") + 1, "# HELP keyshift_opens_total"));
+
+    ks_metrics_series bad = {"phase=\"x\"", &w};
+    ks_metrics_begin(&b, out_buf, sizeof out_buf);
+    ks_metrics_write_totals(&b, &bad, 1);
+    assert_int_equal(ks_metrics_end(&b, &len), KS_ERR_INVALID_ARGUMENT);
+    ks_metrics_series none = {NULL, NULL};
+    ks_metrics_begin(&b, out_buf, sizeof out_buf);
+    ks_metrics_write_totals(&b, &none, 1);
+    assert_int_equal(ks_metrics_end(&b, &len), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_metrics_end(NULL, &len), KS_ERR_INVALID_ARGUMENT);
+}
+
+/* ks_metrics_write_phase: one series per phase, 1 on the current one
+ * only; ks_metrics_write_migrate: rows by outcome and the run's state. */
+static void test_metrics_phase_migrate(void **state)
+{
+    (void)state;
+    static const char *const phases[] = {"planned", "backfill", "finalized"};
+    ks_metrics_buf b;
+    size_t len = 0;
+    ks_metrics_begin(&b, out_buf, sizeof out_buf);
+    ks_metrics_write_phase(&b, "rollout=\"3\"", phases, 3, 1);
+    assert_int_equal(ks_metrics_end(&b, &len), KS_OK);
+    assert_string_equal(out_buf,
+                        "# HELP keyshift_rollout_phase 1 for the phase the rollout is in, 0 for "
+                        "every other phase.\n"
+                        "# TYPE keyshift_rollout_phase gauge\n"
+                        "keyshift_rollout_phase{rollout=\"3\",phase=\"planned\"} 0\n"
+                        "keyshift_rollout_phase{rollout=\"3\",phase=\"backfill\"} 1\n"
+                        "keyshift_rollout_phase{rollout=\"3\",phase=\"finalized\"} 0\n");
+    ks_metrics_begin(&b, out_buf, sizeof out_buf);
+    ks_metrics_write_phase(&b, NULL, phases, 3, 3);
+    assert_int_equal(ks_metrics_end(&b, &len), KS_OK);
+    assert_null(strstr(out_buf, "} 1\n"));
+    assert_non_null(strstr(out_buf, "\nkeyshift_rollout_phase{phase=\"finalized\"} 0\n"));
+    static const char *const bad_phase[] = {"a\"b"};
+    ks_metrics_begin(&b, out_buf, sizeof out_buf);
+    ks_metrics_write_phase(&b, NULL, bad_phase, 1, 0);
+    assert_int_equal(ks_metrics_end(&b, &len), KS_ERR_INVALID_ARGUMENT);
+
+    ks_metrics_migrate m;
+    memset(&m, 0, sizeof m);
+    m.labels = "table=\"pay\"";
+    m.rows[0] = 90;
+    m.rows[3] = 2;
+    m.target_rows = 100;
+    m.throttled_s = 1.5;
+    m.last_progress_time = 1700000000;
+    m.running = 1;
+    ks_metrics_begin(&b, out_buf, sizeof out_buf);
+    ks_metrics_write_migrate(&b, &m);
+    assert_int_equal(ks_metrics_end(&b, &len), KS_OK);
+    assert_non_null(strstr(out_buf, "# TYPE keyshift_migrate_rows_total counter\n"
+                                    "keyshift_migrate_rows_total{table=\"pay\",outcome=\"done\"} 90\n"));
+    assert_non_null(strstr(out_buf, "\nkeyshift_migrate_rows_total{table=\"pay\",outcome=\"quarantined\"} 2\n"));
+    assert_non_null(strstr(out_buf, "\nkeyshift_migrate_rows_total{table=\"pay\",outcome=\"wrong_state\"} 0\n"));
+    assert_non_null(strstr(out_buf, "\nkeyshift_migrate_throttled_seconds_total{table=\"pay\"} 1.5\n"));
+    assert_non_null(strstr(out_buf, "\nkeyshift_migrate_last_progress_timestamp_seconds{table=\"pay\"} 1700000000\n"));
+    assert_non_null(strstr(out_buf, "\nkeyshift_migrate_running{table=\"pay\"} 1\n"));
+    assert_non_null(strstr(out_buf, "\nkeyshift_migrate_complete{table=\"pay\"} 0\n"));
+    m.throttled_s = NAN;
+    ks_metrics_begin(&b, out_buf, sizeof out_buf);
+    ks_metrics_write_migrate(&b, &m);
+    assert_int_equal(ks_metrics_end(&b, &len), KS_ERR_INVALID_ARGUMENT);
 }
 
 /* ks_health_growth: the interval between two totals; a counter that went
@@ -942,6 +1017,8 @@ int main(void)
         cmocka_unit_test(test_prometheus_buffer_too_small),
         cmocka_unit_test(test_prometheus_labels),
         cmocka_unit_test(test_prometheus_special_values),
+        cmocka_unit_test(test_metrics_totals),
+        cmocka_unit_test(test_metrics_phase_migrate),
         cmocka_unit_test(test_label_escape),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

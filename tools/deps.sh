@@ -16,7 +16,7 @@ python3-cryptography python3-argon2 python3-pytest softhsm2 libp11-kit-dev \
 libcurl4-openssl-dev libjansson-dev frama-c-base why3 z3 \
 postgresql-15 libpq-dev libssl-dev libmicrohttpd-dev libsystemd-dev curl \
 golang-go golang-github-mattn-go-sqlite3-dev golang-github-lib-pq-dev python3-psycopg2 \
-mandoc bash-completion debhelper dpkg-dev fakeroot lintian"
+mandoc bash-completion debhelper dpkg-dev fakeroot lintian prometheus"
 
 missing=""
 for p in $PKGS; do

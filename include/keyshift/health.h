@@ -179,25 +179,13 @@ KS_API const char *ks_health_check_name(unsigned check);
 KS_API const char *ks_health_status_name(ks_health_status status);
 
 /*
- * Prometheus text exposition (format version 0.0.4) of a window, its
- * thresholds and its verdict, for `keyshift rollout metrics --prometheus`.
- * Every metric carries `# HELP` and `# TYPE`; every value is a sum over
- * the window, not a total since start, so the counts are gauges:
+ * Prometheus text exposition (format version 0.0.4) of a rollout's
+ * thresholds and the guard's verdict on its window, for `keyshift rollout
+ * metrics --prometheus`.  Every metric carries `# HELP` and `# TYPE`; the
+ * window's own sums (the guard's input) are not exposed: the cumulative
+ * counters of ks_metrics_write_totals give them with rate() or
+ * increase() (docs/prometheus.md's recording rules):
  *
- *   keyshift_window_seals, keyshift_window_opens,
- *   keyshift_window_auth_failures, keyshift_window_parse_errors,
- *   keyshift_window_provider_calls, keyshift_window_provider_errors
- *                                          gauge, the window's counters
- *   keyshift_seal_latency_seconds, keyshift_open_latency_seconds
- *                                          histogram over the window:
- *                                          _bucket{le} cumulative, le the
- *                                          largest whole ns a bucket holds
- *                                          (exact, as latencies are whole
- *                                          ns), "+Inf" = _count; no _sum
- *                                          (buckets do not give it); they
- *                                          are not monotonic: use
- *                                          histogram_quantile() directly,
- *                                          never rate()
  *   keyshift_threshold_auth_failure_rate, _parse_error_rate,
  *   _provider_error_rate, _seal_p99_seconds, _open_p99_seconds
  *                                          gauge, the limits; +Inf when
@@ -205,11 +193,6 @@ KS_API const char *ks_health_status_name(ks_health_status status);
  *                                          a NaN rate
  *   keyshift_threshold_min_samples, keyshift_threshold_window_seconds
  *                                          gauge
- *   keyshift_health_samples, keyshift_health_auth_failure_rate,
- *   _parse_error_rate, _provider_error_rate, _seal_p99_seconds,
- *   _open_p99_seconds                      gauge, the verdict's observed
- *                                          values (+Inf for an unbounded
- *                                          p99)
  *   keyshift_health_status                 gauge, the ks_health_status
  *                                          value (0 ok, 1 tripped,
  *                                          2 insufficient)
@@ -219,9 +202,9 @@ KS_API const char *ks_health_status_name(ks_health_status status);
  * labels is NULL, "" or a pre-rendered label set put on every sample,
  * such as `rollout="3",table="payments"`, its values escaped with
  * ks_health_prometheus_label_escape; it must be well formed (names
- * [a-zA-Z_][a-zA-Z0-9_]*, not starting with "__", not "le" or "check",
- * quoted values with only the escapes \ " 
-) or KS_ERR_INVALID_ARGUMENT.
+ * [a-zA-Z_][a-zA-Z0-9_]*, not starting with "__", not "le", "check",
+ * "phase" or "outcome", quoted values with only the escapes \\ \" \n)
+ * or KS_ERR_INVALID_ARGUMENT.
  * v is the verdict to print, or NULL to evaluate window against t here.
  * Numbers are written the same in every locale.
  *
@@ -245,6 +228,105 @@ KS_API KS_WUR ks_err ks_health_prometheus(const ks_health_sample *window, const 
  * value, buf (with cap > 0) or out_len. */
 KS_API KS_WUR ks_err ks_health_prometheus_label_escape(const char *value, char *buf, size_t cap,
                                                        size_t *out_len);
+
+/*
+ * Cumulative exposition: counters and histograms that only grow over the
+ * lifetime of what they count, written into a caller's buffer.  One
+ * writer for every exporter: `keyshift rollout metrics`, `keyshift
+ * migrate run --textfile` and a process serving /metrics (docs/prometheus.md).
+ *
+ * Use: ks_metrics_begin(&b, buf, cap), any ks_metrics_write_* calls
+ * (each writes whole families, HELP and TYPE once per family; a family
+ * name must come from one call only), then ks_metrics_end(&b, &len).
+ * The writers never fail on their own: a text that does not fit, or a
+ * malformed argument, is reported by ks_metrics_end, so that a caller
+ * can call ks_metrics_begin(&b, NULL, 0) first to measure, then allocate
+ * len + 1 bytes and write again.  Label sets follow the rules of
+ * ks_health_prometheus.  No allocation, no I/O, no locale.
+ */
+typedef struct ks_metrics_buf {
+    char *buf;
+    size_t cap;
+    size_t len; /* bytes the text needs so far (may exceed cap) */
+    int bad;    /* a malformed argument was given: ks_metrics_end refuses */
+} ks_metrics_buf;
+
+/* Start a text in buf[0, cap) (buf NULL and cap 0 to measure only). */
+KS_API void ks_metrics_begin(ks_metrics_buf *b, char *buf, size_t cap);
+
+/* Finish the text: NUL-terminate it and put its length (without the
+ * NUL) in *out_len.  KS_ERR_BUFFER_TOO_SMALL when it needs more than
+ * cap - 1 bytes (*out_len is then the length needed); KS_ERR_INVALID_ARGUMENT
+ * when a writer was given a malformed argument (or b or out_len is NULL). */
+KS_API KS_WUR ks_err ks_metrics_end(ks_metrics_buf *b, size_t *out_len);
+
+/* One series of health totals: a label set and counters since the start
+ * of what it counts (a ks_ctx's life from ks_ctx_health_sample, or the
+ * sum of a rollout's stored samples). */
+typedef struct ks_metrics_series {
+    const char *labels;              /* as ks_health_prometheus's labels */
+    const ks_health_sample *totals;  /* totals, not deltas; time is ignored */
+} ks_metrics_series;
+
+/*
+ * The totals of n series as counters and histograms:
+ *
+ *   keyshift_seals_total, keyshift_opens_total,
+ *   keyshift_auth_failures_total, keyshift_parse_errors_total,
+ *   keyshift_provider_calls_total, keyshift_provider_errors_total
+ *                                          counter
+ *   keyshift_seal_duration_seconds, keyshift_open_duration_seconds
+ *                                          histogram: _bucket{le}
+ *                                          cumulative, le the largest
+ *                                          whole ns the bucket holds
+ *                                          ("0.000000255" ... "1.073741823",
+ *                                          exact as latencies are whole
+ *                                          ns), "+Inf" = _count; no _sum,
+ *                                          which log2 buckets cannot give
+ *
+ * Nothing is written for n == 0.
+ */
+KS_API void ks_metrics_write_totals(ks_metrics_buf *b, const ks_metrics_series *s, size_t n);
+
+/* The info-style gauge keyshift_rollout_phase{phase=...}: one sample per
+ * name of phases[0, n), 1 for phases[current] and 0 for the others (all
+ * 0 when current >= n), so that a change of phase moves a 1 between
+ * series instead of starting new ones.  Names need no escaping (no
+ * backslash, double quote or line feed). */
+KS_API void ks_metrics_write_phase(ks_metrics_buf *b, const char *labels,
+                                   const char *const *phases, size_t n, size_t current);
+
+/* The number of outcomes of ks_metrics_migrate.rows. */
+#define KS_METRICS_OUTCOMES 5
+
+/* A migration run's progress, for ks_metrics_write_migrate. */
+typedef struct ks_metrics_migrate {
+    const char *labels;               /* as ks_health_prometheus's labels */
+    uint64_t rows[KS_METRICS_OUTCOMES]; /* by outcome: done, skipped, raced, quarantined,
+                                           wrong_state (the checkpoint's, every run's) */
+    uint64_t target_rows;             /* rows in the table at the run's start */
+    double throttled_s;               /* seconds this run was paused (>= 0) */
+    int64_t last_progress_time;       /* Unix time of the last committed batch */
+    int running;                      /* nonzero while the run is under way */
+    int complete;                     /* nonzero once the migration is complete */
+} ks_metrics_migrate;
+
+/*
+ * The progress of a migration run:
+ *
+ *   keyshift_migrate_rows_total{outcome="done|skipped|raced|quarantined|wrong_state"}
+ *                                          counter (resets when a run
+ *                                          supersedes the checkpoint)
+ *   keyshift_migrate_target_rows           gauge
+ *   keyshift_migrate_throttled_seconds_total
+ *                                          counter, this run's (resets at
+ *                                          each run)
+ *   keyshift_migrate_last_progress_timestamp_seconds
+ *                                          gauge
+ *   keyshift_migrate_running, keyshift_migrate_complete
+ *                                          gauge, 0 or 1
+ */
+KS_API void ks_metrics_write_migrate(ks_metrics_buf *b, const ks_metrics_migrate *m);
 
 #ifdef __cplusplus
 }

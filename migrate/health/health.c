@@ -15,6 +15,7 @@
  */
 #include <assert.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -368,12 +369,9 @@ const char *ks_health_status_name(ks_health_status status)
 /* ---- Prometheus text exposition ---------------------------------------- */
 
 /* An output buffer that keeps counting past its capacity, so that one
- * pass both writes the text and measures it when it does not fit. */
-typedef struct sink {
-    char *buf;
-    size_t cap;
-    size_t len; /* bytes the text needs so far (may exceed cap) */
-} sink;
+ * pass both writes the text and measures it when it does not fit: the
+ * public ks_metrics_buf (keyshift/health.h). */
+typedef ks_metrics_buf sink;
 
 /* Append n bytes of s to out (only while they fit; the length counts on). */
 static void put_n(sink *out, const char *s, size_t n)
@@ -562,27 +560,6 @@ static void gauge_rate_limit(sink *out, const char *labels, const char *name, co
     gauge_double(out, labels, name, help, limit < 0.0 ? INFINITY : limit);
 }
 
-/* A latency histogram: cumulative buckets with le the largest whole ns
- * each holds (so `<= le` is exact), +Inf, and _count.  No _sum: the
- * buckets do not give it. */
-static void histogram(sink *out, const char *labels, const char *name, const char *help,
-                      const ks_histogram *h)
-{
-    family(out, name, "histogram", help);
-    uint64_t cum = 0;
-    char num[21], le[32];
-    for (unsigned i = 0; i < KS_HIST_BUCKETS - 1; i++) {
-        cum = sat_add(cum, h->bucket[i]);
-        fmt_scaled(le, ks_histogram_bucket_bound(i) - 1, 9);
-        fmt_u64(num, cum);
-        sample(out, name, "_bucket", labels, "le", le, num);
-    }
-    cum = sat_add(cum, h->bucket[KS_HIST_BUCKETS - 1]);
-    fmt_u64(num, cum);
-    sample(out, name, "_bucket", labels, "le", "+Inf", num);
-    sample(out, name, "_count", labels, NULL, NULL, num);
-}
-
 /* Whether c may start (first) or continue a label name. */
 static int label_name_char(char c, int first)
 {
@@ -592,7 +569,7 @@ static int label_name_char(char c, int first)
 
 /* Whether labels is a well-formed label set for sample(): NULL or "", or
  * name="value" pairs separated by commas, names valid and not reserved
- * ("__" prefix) nor ours ("le", "check"), values with only the escapes
+ * ("__" prefix) nor ours ("le", "check", "phase", "outcome"), values with only the escapes
  * \\ \" \n and no raw line feed.  A malformed set would corrupt every
  * line of the exposition, so it is refused rather than copied. */
 static int labels_ok(const char *labels)
@@ -611,7 +588,8 @@ static int labels_ok(const char *labels)
         }
         size_t n = (size_t)(p - name);
         if ((n >= 2 && name[0] == '_' && name[1] == '_') || (n == 2 && memcmp(name, "le", 2) == 0) ||
-            (n == 5 && memcmp(name, "check", 5) == 0)) {
+            (n == 5 && memcmp(name, "check", 5) == 0) || (n == 5 && memcmp(name, "phase", 5) == 0) ||
+            (n == 7 && memcmp(name, "outcome", 7) == 0)) {
             return 0;
         }
         if (p[0] != '=' || p[1] != '"') {
@@ -669,28 +647,8 @@ ks_err ks_health_prometheus(const ks_health_sample *window, const ks_thresholds 
         ks_health_evaluate(window, t, &own);
         v = &own;
     }
-    sink out = {buf, cap, 0};
+    sink out = {buf, cap, 0, 0};
     const char *L = labels;
-
-    gauge_u64(&out, L, "keyshift_window_seals", "Envelopes sealed in the health window.",
-              window->seals);
-    gauge_u64(&out, L, "keyshift_window_opens", "Envelope opens attempted in the health window.",
-              window->opens);
-    gauge_u64(&out, L, "keyshift_window_auth_failures",
-              "Opens that failed authentication in the health window.", window->auth_failures);
-    gauge_u64(&out, L, "keyshift_window_parse_errors",
-              "Opens refused by the strict parser in the health window.", window->parse_errors);
-    gauge_u64(&out, L, "keyshift_window_provider_calls",
-              "Key provider wrap and unwrap calls in the health window.", window->provider_calls);
-    gauge_u64(&out, L, "keyshift_window_provider_errors",
-              "Key provider calls that failed in the health window.", window->provider_errors);
-
-    histogram(&out, L, "keyshift_seal_latency_seconds",
-              "Seal latency over the health window (not cumulative: do not rate()).",
-              &window->seal_ns);
-    histogram(&out, L, "keyshift_open_latency_seconds",
-              "Open latency over the health window (not cumulative: do not rate()).",
-              &window->open_ns);
 
     gauge_rate_limit(&out, L, "keyshift_threshold_auth_failure_rate",
                      "Highest auth failure rate allowed (+Inf: check disabled).",
@@ -710,18 +668,6 @@ ks_err ks_health_prometheus(const ks_health_sample *window, const ks_thresholds 
     gauge_u64(&out, L, "keyshift_threshold_window_seconds",
               "Length of the health window in seconds.", t->window_s);
 
-    gauge_u64(&out, L, "keyshift_health_samples", "Seals plus opens in the health window.",
-              v->samples);
-    gauge_double(&out, L, "keyshift_health_auth_failure_rate",
-                 "Auth failures per open in the health window.", v->auth_failure_rate);
-    gauge_double(&out, L, "keyshift_health_parse_error_rate",
-                 "Parse errors per open in the health window.", v->parse_error_rate);
-    gauge_double(&out, L, "keyshift_health_provider_error_rate",
-                 "Key provider errors per call in the health window.", v->provider_error_rate);
-    gauge_us(&out, L, "keyshift_health_seal_p99_seconds",
-             "p99 seal latency in the health window (bucket upper bound).", v->seal_p99_us, 0);
-    gauge_us(&out, L, "keyshift_health_open_p99_seconds",
-             "p99 open latency in the health window (bucket upper bound).", v->open_p99_us, 0);
     gauge_u64(&out, L, "keyshift_health_status",
               "Health verdict: 0 ok, 1 tripped, 2 insufficient data.", (uint64_t)v->status);
 
@@ -740,7 +686,7 @@ ks_err ks_health_prometheus_label_escape(const char *value, char *buf, size_t ca
     if (value == NULL || (buf == NULL && cap > 0) || out_len == NULL) {
         return KS_ERR_INVALID_ARGUMENT;
     }
-    sink out = {buf, cap, 0};
+    sink out = {buf, cap, 0, 0};
     for (const char *p = value; *p != '\0'; p++) {
         switch (*p) {
         case '\\':
@@ -758,4 +704,181 @@ ks_err ks_health_prometheus_label_escape(const char *value, char *buf, size_t ca
         }
     }
     return finish(&out, out_len);
+}
+
+/* ---- cumulative exposition (ks_metrics_*) ------------------------------ */
+
+/* The sink of b: the same type, named for the family writers above. */
+static sink *sink_of(ks_metrics_buf *b)
+{
+    return b;
+}
+
+/* See keyshift/health.h. */
+void ks_metrics_begin(ks_metrics_buf *b, char *buf, size_t cap)
+{
+    assert(b != NULL);
+    b->buf = buf;
+    b->cap = buf != NULL ? cap : 0;
+    b->len = 0;
+    b->bad = 0;
+}
+
+/* See keyshift/health.h. */
+ks_err ks_metrics_end(ks_metrics_buf *b, size_t *out_len)
+{
+    if (b == NULL || out_len == NULL) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    if (b->bad) {
+        *out_len = 0;
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    return finish(sink_of(b), out_len);
+}
+
+/* Whether every label set of the n series is well formed; marks b bad
+ * when one is not, so that ks_metrics_end refuses the whole text. */
+static int series_ok(ks_metrics_buf *b, const ks_metrics_series *s, size_t n)
+{
+    if (s == NULL && n > 0) {
+        b->bad = 1;
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (s[i].totals == NULL || !labels_ok(s[i].labels)) {
+            b->bad = 1;
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The counters of a ks_health_sample, by offset, with their family. */
+static const struct {
+    const char *name, *help;
+    size_t offset;
+} total_families[] = {
+    {"keyshift_seals_total", "Envelopes sealed.", offsetof(ks_health_sample, seals)},
+    {"keyshift_opens_total", "Envelope opens that reached a verdict (opened, auth failed or refused).",
+     offsetof(ks_health_sample, opens)},
+    {"keyshift_auth_failures_total", "Opens that failed authentication.",
+     offsetof(ks_health_sample, auth_failures)},
+    {"keyshift_parse_errors_total", "Opens refused by the strict envelope parser.",
+     offsetof(ks_health_sample, parse_errors)},
+    {"keyshift_provider_calls_total", "Key provider wrap and unwrap calls.",
+     offsetof(ks_health_sample, provider_calls)},
+    {"keyshift_provider_errors_total", "Key provider calls that failed, whatever the error class.",
+     offsetof(ks_health_sample, provider_errors)},
+};
+
+/* One cumulative latency histogram series: buckets with le the largest
+ * whole ns each holds (so `<= le` is exact), +Inf and _count.  No _sum:
+ * the counters keep buckets only (see keyshift/health.h). */
+static void histogram_series(sink *out, const char *labels, const char *name,
+                             const ks_histogram *h)
+{
+    uint64_t cum = 0;
+    char num[21], le[32];
+    for (unsigned i = 0; i < KS_HIST_BUCKETS - 1; i++) {
+        cum = sat_add(cum, h->bucket[i]);
+        fmt_scaled(le, ks_histogram_bucket_bound(i) - 1, 9);
+        fmt_u64(num, cum);
+        sample(out, name, "_bucket", labels, "le", le, num);
+    }
+    cum = sat_add(cum, h->bucket[KS_HIST_BUCKETS - 1]);
+    fmt_u64(num, cum);
+    sample(out, name, "_bucket", labels, "le", "+Inf", num);
+    sample(out, name, "_count", labels, NULL, NULL, num);
+}
+
+/* See keyshift/health.h.  Families in a fixed order, each with all its
+ * series, so that HELP and TYPE come once per family. */
+void ks_metrics_write_totals(ks_metrics_buf *b, const ks_metrics_series *s, size_t n)
+{
+    assert(b != NULL);
+    if (!series_ok(b, s, n) || n == 0) {
+        return;
+    }
+    sink *out = sink_of(b);
+    char num[21];
+    for (size_t f = 0; f < sizeof total_families / sizeof total_families[0]; f++) {
+        family(out, total_families[f].name, "counter", total_families[f].help);
+        for (size_t i = 0; i < n; i++) {
+            uint64_t v;
+            memcpy(&v, (const char *)s[i].totals + total_families[f].offset, sizeof v);
+            fmt_u64(num, v);
+            sample(out, total_families[f].name, "", s[i].labels, NULL, NULL, num);
+        }
+    }
+    family(out, "keyshift_seal_duration_seconds", "histogram",
+           "Seal latency (log2 buckets of nanoseconds; no _sum).");
+    for (size_t i = 0; i < n; i++) {
+        histogram_series(out, s[i].labels, "keyshift_seal_duration_seconds", &s[i].totals->seal_ns);
+    }
+    family(out, "keyshift_open_duration_seconds", "histogram",
+           "Open latency (log2 buckets of nanoseconds; no _sum).");
+    for (size_t i = 0; i < n; i++) {
+        histogram_series(out, s[i].labels, "keyshift_open_duration_seconds", &s[i].totals->open_ns);
+    }
+}
+
+/* See keyshift/health.h. */
+void ks_metrics_write_phase(ks_metrics_buf *b, const char *labels, const char *const *phases,
+                            size_t n, size_t current)
+{
+    assert(b != NULL);
+    if (!labels_ok(labels) || (phases == NULL && n > 0)) {
+        b->bad = 1;
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (phases[i] == NULL || strpbrk(phases[i], "\\\"\n") != NULL) {
+            b->bad = 1;
+            return;
+        }
+    }
+    sink *out = sink_of(b);
+    family(out, "keyshift_rollout_phase", "gauge",
+           "1 for the phase the rollout is in, 0 for every other phase.");
+    for (size_t i = 0; i < n; i++) {
+        sample(out, "keyshift_rollout_phase", "", labels, "phase", phases[i], i == current ? "1" : "0");
+    }
+}
+
+/* The outcome label values of ks_metrics_migrate.rows, in index order. */
+static const char *const outcome_names[KS_METRICS_OUTCOMES] = {"done", "skipped", "raced",
+                                                               "quarantined", "wrong_state"};
+
+/* See keyshift/health.h. */
+void ks_metrics_write_migrate(ks_metrics_buf *b, const ks_metrics_migrate *m)
+{
+    assert(b != NULL);
+    if (m == NULL || !labels_ok(m->labels) || !(m->throttled_s >= 0.0)) {
+        b->bad = 1;
+        return;
+    }
+    sink *out = sink_of(b);
+    const char *L = m->labels;
+    char num[40];
+    family(out, "keyshift_migrate_rows_total", "counter",
+           "Rows the migration has dealt with, by outcome, over every run of its checkpoint.");
+    for (unsigned i = 0; i < KS_METRICS_OUTCOMES; i++) {
+        fmt_u64(num, m->rows[i]);
+        sample(out, "keyshift_migrate_rows_total", "", L, "outcome", outcome_names[i], num);
+    }
+    gauge_u64(out, L, "keyshift_migrate_target_rows",
+              "Rows in the migrated column's table when the run started.", m->target_rows);
+    family(out, "keyshift_migrate_throttled_seconds_total", "counter",
+           "Seconds this run spent paused by its throttle.");
+    fmt_double(num, m->throttled_s);
+    sample(out, "keyshift_migrate_throttled_seconds_total", "", L, NULL, NULL, num);
+    gauge_u64(out, L, "keyshift_migrate_last_progress_timestamp_seconds",
+              "Unix time of the run's last committed batch.",
+              m->last_progress_time < 0 ? 0 : (uint64_t)m->last_progress_time);
+    gauge_u64(out, L, "keyshift_migrate_running", "1 while the run is under way, 0 once it ended.",
+              m->running ? 1 : 0);
+    gauge_u64(out, L, "keyshift_migrate_complete",
+              "1 once the migration is complete, 0 before (stopped, failed or running).",
+              m->complete ? 1 : 0);
 }

@@ -24,6 +24,7 @@
 
 #include "cli.h"
 #include "cmd_migrate_workers.h"
+#include "textfile.h"
 #include "throttle.h"
 
 /* Set by SIGINT/SIGTERM; the engine polls it between batches. */
@@ -46,7 +47,7 @@ static void usage(FILE *f)
           "        [--from-key KEY_ID] [--supersede] [--busy-timeout MS]\n"
           "        [--synchronous full|normal] [--throttle-query SQL]\n"
           "        [--max-replica-lag DURATION] [--encoding binary|base64] [--json]\n"
-          "        [--workers N [--chunk-ids N] [--lease DURATION]]\n"
+          "        [--textfile DIR | --workers N [--chunk-ids N] [--lease DURATION]]\n"
           "        [--keyring FILE [--passphrase-file FILE] | --providers FILE]\n"
           "    keyshift migrate status --db DB [--table T --column C] [--id-column I]\n"
           "        [--chunks] [--json]\n"
@@ -299,6 +300,13 @@ static void usage(FILE *f)
           "          reported (stderr, or {\"throttled\":...} lines and\n"
           "          throttled_s with --json) and left out of the rate and\n"
           "          the ETA; no row lock is held while waiting\n"
+          "    --textfile DIR         run: write the progress (rows by outcome, throttled\n"
+          "          seconds, last progress time, running, complete) as\n"
+          "          Prometheus text to DIR/keyshift_migrate_TABLE_COLUMN.prom\n"
+          "          for node_exporter's textfile collector, atomically\n"
+          "          (temporary file, fsync, rename), at most once a second\n"
+          "          while batches commit and at the end (docs/prometheus.md);\n"
+          "          not with --workers\n"
           "    --workers N            run, PostgreSQL: N worker threads (1..64), each with a\n"
           "          connection of its own, sharing the migration with the\n"
           "          other hosts' (see Workers). The server needs N + 2\n"
@@ -402,6 +410,7 @@ typedef struct mig_opts {
     const char *workers, *chunk_ids, *lease; /* run --workers (cmd_migrate_workers.c) */
     const char *batch_target, *batch_max;
     const char *encoding; /* --encoding: run, verify, quarantine */
+    const char *textfile; /* run --textfile DIR */
     const char *id, *error; /* quarantine release --id, --error */
     int no_verify, serial, json, supersede;
     int all; /* quarantine release --all */
@@ -439,6 +448,7 @@ static int parse(const char *cmd, int argc, char **argv, mig_opts *o, int *rc)
         {"--workers", &o->workers, NULL},
         {"--chunk-ids", &o->chunk_ids, NULL},
         {"--lease", &o->lease, NULL},
+        {"--textfile", &o->textfile, NULL},
         {"--chunks", NULL, &o->chunks},
         {"--id", &o->id, NULL},
         {"--error", &o->error, NULL},
@@ -478,6 +488,7 @@ static int only_options(const char *cmd, const mig_opts *o, const char *allowed)
         {"--max-replica-lag", o->max_replica_lag != NULL},
         {"--workers", o->workers != NULL},     {"--chunk-ids", o->chunk_ids != NULL},
         {"--lease", o->lease != NULL},         {"--chunks", o->chunks},
+        {"--textfile", o->textfile != NULL},
         {"--reason", o->reason != NULL},
         {"--keyring", o->keyring != NULL},     {"--passphrase-file", o->passfile != NULL},
         {"--providers", o->providers != NULL},
@@ -705,6 +716,11 @@ typedef struct progress_state {
     ks_health_sample reported;
     double last_report;
     ks_cli_throttle *throttle; /* PostgreSQL's pauses between batches (tools/cli/throttle.h) */
+    /* --textfile: the directory, the file's labels and name, when last written */
+    const char *textfile;
+    const char *table, *column;
+    double last_textfile;
+    int64_t last_progress_time;
 } progress_state;
 
 /* Seconds of the run spent working: elapsed less the time throttled,
@@ -803,6 +819,61 @@ static void report_health(progress_state *s)
     }
 }
 
+/* The least seconds between two writes of the --textfile file. */
+#define TEXTFILE_EVERY_S 1.0
+
+/* Write the run's progress (ks_metrics_write_migrate) atomically to
+ * --textfile DIR as keyshift_migrate_TABLE_COLUMN.prom, running or not
+ * and complete or not.  Best effort, like the health samples: a failure
+ * is said once on standard error and the run goes on. */
+static void write_textfile(progress_state *s, int running, int complete)
+{
+    if (s->textfile == NULL) {
+        return;
+    }
+    char labels[4 * KS_ROLLOUT_IDENT_MAX + 96], id[24], name[2 * KS_ROLLOUT_IDENT_MAX + 40];
+    size_t used = 0, n = 0;
+    const char *lv[3][2] = {{"table", s->table}, {"column", s->column}, {"rollout", id}};
+    int64_t rid = s->rollout_id < 0 ? -s->rollout_id : s->rollout_id;
+    snprintf(id, sizeof id, "%lld", (long long)rid);
+    int fits = 1;
+    for (int i = 0; fits && i < (rid != 0 ? 3 : 2); i++) {
+        char esc[2 * KS_ROLLOUT_IDENT_MAX + 2];
+        int w = -1;
+        if (ks_health_prometheus_label_escape(lv[i][1], esc, sizeof esc, &n) == KS_OK) {
+            w = snprintf(labels + used, sizeof labels - used, "%s%s=\"%s\"", used ? "," : "",
+                         lv[i][0], esc);
+        }
+        fits = w >= 0 && (size_t)w < sizeof labels - used;
+        used += fits ? (size_t)w : 0;
+    }
+    snprintf(name, sizeof name, "keyshift_migrate_%s_%s.prom", s->table, s->column);
+    for (char *c = name; *c != '\0'; c++) { /* a file name, whatever the identifiers hold */
+        if (!isalnum((unsigned char)*c) && *c != '.' && *c != '_') {
+            *c = '_';
+        }
+    }
+    ks_metrics_migrate m = {labels,
+                            {s->c.done, s->c.skipped, s->c.raced, s->c.quarantined,
+                             s->c.wrong_state},
+                            s->total,
+                            s->throttle != NULL ? s->throttle->throttled_s : 0.0,
+                            s->last_progress_time,
+                            running,
+                            complete};
+    char buf[4096];
+    ks_metrics_buf b;
+    ks_metrics_begin(&b, buf, sizeof buf);
+    ks_metrics_write_migrate(&b, &m);
+    if (!fits || ks_metrics_end(&b, &n) != KS_OK ||
+        ks_cli_textfile_write(s->textfile, name, buf, n) != EX_OK) {
+        ks_cli_error("warning: cannot write the progress to --textfile %s; the run goes on "
+                     "without it",
+                     s->textfile);
+        s->textfile = NULL; /* said once; stop trying */
+    }
+}
+
 /* The engine's per-batch report: a JSON line or a bar redraw, and a
  * health sample every REPORT_EVERY_S seconds. */
 static void on_progress(void *arg, const ks_migrate_progress *p)
@@ -819,6 +890,11 @@ static void on_progress(void *arg, const ks_migrate_progress *p)
     s->c = counts_of(p->checkpoint);
     s->run = p->run;
     s->have = 1;
+    s->last_progress_time = (int64_t)time(NULL);
+    if (s->textfile != NULL && (s->batches == 1 || p->elapsed_s - s->last_textfile >= TEXTFILE_EVERY_S)) {
+        s->last_textfile = p->elapsed_s;
+        write_textfile(s, 1, 0);
+    }
     if (s->json) {
         double work = working_s(s, p->elapsed_s);
         double rate = work > 0 ? (double)s->run_rows / work : 0.0;
@@ -983,6 +1059,10 @@ static int run_engine(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_pa
     s.ctx = ctx;
     s.json = o->json;
     s.tty = isatty(STDERR_FILENO);
+    s.textfile = o->textfile;
+    s.table = o->table;
+    s.column = o->column;
+    s.last_progress_time = (int64_t)time(NULL);
     ks_checkpoint cp;
     memset(&cp, 0, sizeof cp);
     install_signals();
@@ -995,6 +1075,9 @@ static int run_engine(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_pa
     if (cp.state.ptr != NULL || cp.pass != 0) {
         s.c = counts_of(&cp);
         s.have = 1;
+    }
+    if (s.have) { /* the counts are known: never write zeros over a resumed migration's */
+        write_textfile(&s, 0, e == KS_OK);
     }
     int rc = e == KS_ERR_STOPPED ? EX_TEMPFAIL : ks_cli_exit_code(e);
     if (e != KS_OK) {
@@ -1269,7 +1352,7 @@ static int cmd_run(int argc, char **argv)
                                     "--max-rows-per-second --busy-timeout --synchronous --keyring "
                                     "--passphrase-file --providers --no-verify --id-column --serial --encoding "
                                     "--from-key --supersede --throttle-query --max-replica-lag "
-                                    "--workers --chunk-ids --lease --batch-target --batch-max ")) != EX_OK) {
+                                    "--workers --chunk-ids --lease --batch-target --batch-max --textfile ")) != EX_OK) {
         return rc;
     }
     ks_migrate_params p;
@@ -1299,6 +1382,10 @@ static int cmd_run(int argc, char **argv)
     ks_cli_workers wo;
     if ((rc = ks_cli_workers_parse(o.workers, o.chunk_ids, o.lease, pg, &wo)) != EX_OK) {
         return rc;
+    }
+    if (o.textfile != NULL && wo.workers) {
+        return ks_cli_usage_error(cmd, "--textfile reports one run's progress and cannot be "
+                                       "combined with --workers: drop one of them");
     }
     ks_cli_throttle throttle;
     memset(&throttle, 0, sizeof throttle);

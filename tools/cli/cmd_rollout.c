@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "textfile.h"
 
 /* Defaults documented in the manual and docs/rollout.md. */
 #define DEFAULT_MIN_SOAK_S 300u
@@ -62,7 +63,8 @@ static void usage(FILE *f)
           "    keyshift rollout log --db FILE [SELECT] [--limit N] [--json]\n"
           "    keyshift rollout check --db FILE [SELECT] [--auto-rollback] [--actor A]\n"
           "        [--json]\n"
-          "    keyshift rollout metrics --db FILE [SELECT] --prometheus | --json\n"
+          "    keyshift rollout metrics --db FILE [SELECT] --prometheus [--textfile DIR]\n"
+          "        | --json\n"
           "    keyshift rollout readers --db FILE [--reader-ttl DUR] [--json]\n"
           "\n"
           "    SELECT is --rollout ID, --table T --column C (the latest rollout of\n"
@@ -171,10 +173,14 @@ static void usage(FILE *f)
           "              --auto-rollback a trip in write-upgrade or backfill moves\n"
           "              the rollout back to read-compat, logged as automatic with\n"
           "              the tripped checks as reason. For cron and monitoring.\n"
-          "    metrics   the window as Prometheus text (labels rollout, table,\n"
-          "              column, phase; key_id for a key scope, whose table and\n"
-          "              column are empty) or as JSON; the migration's own figures\n"
-          "              follow, apart (keyshift_migration_window_*; \"migration\").\n"
+          "    metrics   Prometheus text (labels rollout, scope, table, column;\n"
+          "              key_id for a key scope): counters and histograms since\n"
+          "              the rollout began (keyshift_*_total, by source app or\n"
+          "              migrate), keyshift_rollout_phase{phase}, the thresholds\n"
+          "              and the verdict on the window; with --textfile DIR,\n"
+          "              written atomically to DIR/keyshift_rollout_ID.prom for\n"
+          "              node_exporter's textfile collector. --json: the window\n"
+          "              and the migration's own figures (\"migration\").\n"
           "    readers   the reader registry: instance, library version, format,\n"
           "              held keys, heartbeat age, live or not (--reader-ttl,\n"
           "              default 60 s).\n"
@@ -207,6 +213,8 @@ static void usage(FILE *f)
           "    --limit N              log: the last N entries\n"
           "    --auto-rollback        check: roll back when a threshold tripped\n"
           "    --prometheus           metrics: Prometheus text exposition format\n"
+          "    --textfile DIR         metrics: write DIR/keyshift_rollout_ID.prom\n"
+          "                           atomically (temporary file, fsync, rename)\n"
           "    --json                 one JSON object on standard output\n"
           "    -h, --help             print this manual\n"
           "\n"
@@ -270,7 +278,7 @@ typedef struct ro_opts {
     const char *reader_ttl;
     const char *max_auth, *max_parse, *max_provider, *max_seal, *max_open, *min_samples;
     const char *window, *actor, *reason, *tenants, *percent, *keyring, *passfile, *limit;
-    const char *providers, *encoding;
+    const char *providers, *encoding, *textfile;
     int all, json, prometheus, auto_rollback;
     char actor_buf[KS_ROLLOUT_ACTOR_MAX + 1];
 } ro_opts;
@@ -309,6 +317,7 @@ static int parse(const char *cmd, int argc, char **argv, const char *allowed, ro
         {"--providers", &o->providers, NULL},
         {"--limit", &o->limit, NULL},
         {"--encoding", &o->encoding, NULL},
+        {"--textfile", &o->textfile, NULL},
         {"--all", NULL, &o->all},
         {"--json", NULL, &o->json},
         {"--prometheus", NULL, &o->prometheus},
@@ -666,6 +675,20 @@ static int window_of(ks_rollout_db *db, const ks_rollout *r, int64_t now, const 
     memset(sum, 0, sizeof *sum);
     ks_err e = ks_rollout_db_metrics_sum_source(db, r->id, now - (int64_t)r->thresholds.window_s,
                                                 source, sum);
+    if (e != KS_OK) {
+        ks_cli_error("cannot read the metrics of rollout %" PRId64 ": %s", r->id, ks_err_name(e));
+        return ks_cli_exit_code(e);
+    }
+    return EX_OK;
+}
+
+/* Every sample of source ("app" or "migrate") r has stored, summed
+ * into *sum: the totals since the rollout began, for counters. */
+static int totals_of(ks_rollout_db *db, const ks_rollout *r, const char *source,
+                     ks_health_sample *sum)
+{
+    memset(sum, 0, sizeof *sum);
+    ks_err e = ks_rollout_db_metrics_sum_source(db, r->id, INT64_MIN, source, sum);
     if (e != KS_OK) {
         ks_cli_error("cannot read the metrics of rollout %" PRId64 ": %s", r->id, ks_err_name(e));
         return ks_cli_exit_code(e);
@@ -2136,70 +2159,96 @@ static int add_label(char *labels, size_t cap, size_t *used, const char *name, c
     return 0;
 }
 
-/* Print the migration's own figures of the window (source "migrate")
- * as Prometheus gauges keyshift_migration_window_* with labels. */
-static void print_prometheus_migration(const ks_health_sample *m, const char *labels)
-{
-    const struct {
-        const char *name, *what;
-        uint64_t value;
-    } g[] = {
-        {"seals", "envelopes sealed", m->seals},
-        {"opens", "envelope opens attempted", m->opens},
-        {"auth_failures", "opens that failed authentication", m->auth_failures},
-        {"parse_errors", "opens refused by the parser", m->parse_errors},
-        {"provider_calls", "key provider calls", m->provider_calls},
-        {"provider_errors", "key provider calls that failed", m->provider_errors},
-    };
-    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
-        printf("# HELP keyshift_migration_window_%s The migration's %s in the window (its own "
-               "figures, never judged).\n# TYPE keyshift_migration_window_%s gauge\n"
-               "keyshift_migration_window_%s{%s} %" PRIu64 "\n",
-               g[i].name, g[i].what, g[i].name, g[i].name, labels, g[i].value);
-    }
-}
-
-/* Print the Prometheus text of r's window, then the migration's. */
-static int print_prometheus(const ks_rollout *r, const ks_health_sample *sum,
-                            const ks_health_verdict *v, const ks_health_sample *mig)
+/* Render the rollout's exposition into a malloc'd *out (NUL-terminated,
+ * length *len): the cumulative totals of its stored samples by source,
+ * its phase, then its thresholds and the guard's verdict on the window. */
+static int render_prometheus(const ks_rollout *r, const ks_health_sample *app,
+                             const ks_health_sample *mig, const ks_health_verdict *v, char **out,
+                             size_t *len)
 {
     char labels[4 * (2 * KS_ROLLOUT_IDENT_MAX + 16) + 2 * KS_KEY_ID_MAX + 16], id[24];
-    size_t used = 0, len = 0;
+    char app_l[sizeof labels + 16], mig_l[sizeof labels + 20];
+    size_t used = 0;
     snprintf(id, sizeof id, "%" PRId64, r->id);
     if (add_label(labels, sizeof labels, &used, "rollout", id) != 0 ||
+        add_label(labels, sizeof labels, &used, "scope",
+                  r->scope == KS_SCOPE_KEY ? "key" : "column") != 0 ||
         add_label(labels, sizeof labels, &used, "table", r->table) != 0 ||
         add_label(labels, sizeof labels, &used, "column", r->column) != 0 ||
         (r->scope == KS_SCOPE_KEY &&
-         add_label(labels, sizeof labels, &used, "key_id", r->source.key_id) != 0) ||
-        add_label(labels, sizeof labels, &used, "phase", ks_rollout_phase_name((int)r->phase)) != 0) {
+         add_label(labels, sizeof labels, &used, "key_id", r->source.key_id) != 0)) {
         ks_cli_error("cannot build the metric labels");
         return EX_SOFTWARE;
     }
-    ks_err e = ks_health_prometheus(sum, &r->thresholds, v, labels, NULL, 0, &len);
-    if (e != KS_ERR_BUFFER_TOO_SMALL && e != KS_OK) {
-        ks_cli_error("cannot write the metrics: %s", ks_err_name(e));
-        return ks_cli_exit_code(e);
+    snprintf(app_l, sizeof app_l, "%s,source=\"app\"", labels);
+    snprintf(mig_l, sizeof mig_l, "%s,source=\"migrate\"", labels);
+    const ks_metrics_series series[2] = {{app_l, app}, {mig_l, mig}};
+    const char *phases[KS_PHASE_FINALIZED];
+    for (int i = 0; i < KS_PHASE_FINALIZED; i++) {
+        phases[i] = ks_rollout_phase_name(i + 1);
     }
-    char *buf = malloc(len + 1);
-    if (buf == NULL) {
-        ks_cli_error("out of memory");
-        return EX_OSERR;
+    *out = NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        size_t cap = pass == 0 ? 0 : *len + 1, hlen = 0;
+        ks_metrics_buf b;
+        ks_metrics_begin(&b, *out, cap);
+        ks_metrics_write_totals(&b, series, 2);
+        ks_metrics_write_phase(&b, labels, phases, KS_PHASE_FINALIZED, (size_t)r->phase - 1);
+        size_t mlen = 0;
+        ks_err e = ks_metrics_end(&b, &mlen);
+        if (e == KS_OK || e == KS_ERR_BUFFER_TOO_SMALL) {
+            e = ks_health_prometheus(app, &r->thresholds, v, labels,
+                                     pass == 0 ? NULL : *out + mlen, pass == 0 ? 0 : cap - mlen,
+                                     &hlen);
+        }
+        if (e != KS_OK && !(pass == 0 && e == KS_ERR_BUFFER_TOO_SMALL)) {
+            ks_cli_error("cannot write the metrics: %s", ks_err_name(e));
+            free(*out);
+            *out = NULL;
+            return ks_cli_exit_code(e);
+        }
+        *len = mlen + hlen;
+        if (pass == 0 && (*out = malloc(*len + 1)) == NULL) {
+            ks_cli_error("out of memory");
+            return EX_OSERR;
+        }
     }
-    e = ks_health_prometheus(sum, &r->thresholds, v, labels, buf, len + 1, &len);
-    int rc = e == KS_OK ? ks_cli_write_stdout((const uint8_t *)buf, len) : ks_cli_exit_code(e);
-    if (e != KS_OK) {
-        ks_cli_error("cannot write the metrics: %s", ks_err_name(e));
+    return EX_OK;
+}
+
+/* The name of the rollout's file in a textfile collector's directory. */
+#define TEXTFILE_NAME_FMT "keyshift_rollout_%" PRId64 ".prom"
+
+/* Print (or, with --textfile, write atomically) the Prometheus text of r:
+ * totals since the rollout began (every stored sample, by source), its
+ * phase, its thresholds and the verdict on its window. */
+static int print_prometheus(const ks_rollout *r, const ks_health_sample *app,
+                            const ks_health_sample *mig, const ks_health_verdict *v,
+                            const char *textfile)
+{
+    char *text = NULL;
+    size_t len = 0;
+    int rc = render_prometheus(r, app, mig, v, &text, &len);
+    if (rc != EX_OK) {
+        return rc;
     }
-    free(buf);
-    if (rc == EX_OK) {
-        print_prometheus_migration(mig, labels);
+    if (textfile != NULL) {
+        char name[64];
+        snprintf(name, sizeof name, TEXTFILE_NAME_FMT, r->id);
+        rc = ks_cli_textfile_write(textfile, name, text, len);
+    } else {
+        rc = ks_cli_write_stdout((const uint8_t *)text, len);
     }
+    free(text);
     return rc;
 }
 
 /* `rollout metrics`. */
 static int on_metrics(const char *cmd, const ro_opts *o, ks_rollout_db *db, const ks_rollout *r)
 {
+    if (o->textfile != NULL && !o->prometheus) {
+        return ks_cli_usage_error(cmd, "--textfile needs --prometheus");
+    }
     if (o->prometheus == o->json) {
         return ks_cli_usage_error(cmd, "give --prometheus or --json");
     }
@@ -2215,7 +2264,13 @@ static int on_metrics(const char *cmd, const ro_opts *o, ks_rollout_db *db, cons
         return rc;
     }
     if (o->prometheus) {
-        return print_prometheus(r, &sum, &v, &mig);
+        /* Counters: every sample stored since the rollout began. */
+        ks_health_sample app_all, mig_all;
+        if ((rc = totals_of(db, r, "app", &app_all)) != EX_OK ||
+            (rc = totals_of(db, r, "migrate", &mig_all)) != EX_OK) {
+            return rc;
+        }
+        return print_prometheus(r, &app_all, &mig_all, &v, o->textfile);
     }
     printf("{");
     print_rollout(r, now, 1);
@@ -2256,7 +2311,7 @@ static const struct {
     {"status", "", WRITES_NEVER, on_status},
     {"log", "--limit", WRITES_NEVER, on_log},
     {"check", "--auto-rollback --actor", WRITES_WITH_AUTO_ROLLBACK, on_check},
-    {"metrics", "--prometheus", WRITES_NEVER, on_metrics},
+    {"metrics", "--prometheus --textfile", WRITES_NEVER, on_metrics},
 };
 
 /* Parse the options of subcommand i of on_rollout_cmds, open the
