@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# tests/cli_agent_test.sh -- `keyshift serve`, the local encryption agent
+# (docs/agent.md), started here on a Unix socket in a temporary directory:
+# the protocol's vectors (Appendix A), strict refusals, authorization by
+# peer uid, limits and the queue-full path, SIGHUP, SIGTERM under load,
+# kill -9 and restart, a provider killed mid-load, and a bounded load.
+#
+# Usage: KEYSHIFT=path/to/keyshift [KEYSHIFT_REL=release/keyshift] tests/cli_agent_test.sh
+# The load phases use KEYSHIFT_REL when set (its figures are printed, not
+# gated).  Needs curl and python3; the authorization checks need root
+# (runuser -u nobody).
+set -u
+
+. "$(dirname "$0")/cli_lib.sh"
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+DOC="$HERE/../docs/agent.md"
+CLIENT="$HERE/agent_client.py"
+KSREL=${KEYSHIFT_REL:-$KS}
+PY=/usr/bin/python3 # Debian's: the python3 first on PATH may start slowly
+chmod 711 "$T"
+mkdir -m 755 "$T/run"
+SOCK="$T/run/agent.sock"
+export KEYSHIFT_KEYRING="$T/keyring"
+unset KEYSHIFT_PROVIDERS KEYSHIFT_PASSPHRASE
+"$KS" keys init >/dev/null 2>&1 && "$KS" keys create pay/kek >/dev/null 2>&1 ||
+    { echo "cannot create the keyring"; exit 1; }
+NOBODY=$(id -u nobody 2>/dev/null || echo 65534)
+
+# write_policy FILE RULES...: an agent policy (docs/agent-policy.md), 0600.
+write_policy() {
+    local f=$1
+    shift
+    printf '%s\n' "$@" >"$f"
+    chmod 600 "$f"
+}
+write_policy "$T/policy" \
+    "allow uid=0 ops=seal,open,parse scope=* tenant=*" \
+    "allow uid=$NOBODY ops=seal scope=pay.card tenant=acme"
+
+AGENT_PID=
+# start_agent [BIN] [OPTIONS...]: start the agent on $SOCK (stderr to
+# $T/agent.log) and wait until /healthz answers (10 s at most).
+start_agent() {
+    local bin=$KS
+    if [ "${1:-}" = rel ]; then bin=$KSREL; shift; fi
+    "$bin" serve --listen "unix:$SOCK" --socket-mode 0666 --policy "$T/policy" \
+        --scope pay.card --scope pay.note --key pay/kek --listen tcp:127.0.0.1:0 \
+        --max-request 262144 "$@" \
+        2>>"$T/agent.log" &
+    AGENT_PID=$!
+    local i
+    for i in $(seq 100); do
+        if curl -s --unix-socket "$SOCK" http://agent/healthz 2>/dev/null | grep -q ok; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    echo "the agent did not start: $(tail -5 "$T/agent.log")"
+    return 1
+}
+# stop_agent: SIGTERM and wait; its exit status in $AGENT_RC.
+stop_agent() {
+    kill -TERM "$AGENT_PID" 2>/dev/null
+    wait "$AGENT_PID"
+    AGENT_RC=$?
+}
+trap 'kill -9 $AGENT_PID 2>/dev/null; cp "$T/agent.log" /tmp/agent-last.log 2>/dev/null; rm -rf "$T"' EXIT
+
+# req PATH [BODY]: one request through the Python client; $T/out holds the
+# status line, then the body.
+req() { "$PY" "$CLIENT" "$SOCK" req "$@" >"$T/out" 2>"$T/err"; }
+SEAL='{"scope":"pay.card","tenant":"acme","purpose":"card","context":"cGF5OjE6Y2FyZA==","plaintext":"NDExMQ=="}'
+
+# ---- the vectors and strict refusals --------------------------------------
+start_agent || exit 1
+if "$PY" "$CLIENT" "$SOCK" vectors "$DOC" >"$T/out" 2>&1; then ok "docs/agent.md vectors: $(tail -1 "$T/out")"
+else bad "docs/agent.md vectors" "$(cat "$T/out")"; fi
+
+req /v1/seal "$SEAL"
+V=$(sed -n 's/.*"value":"\([^"]*\)".*/\1/p' "$T/out")
+req /v1/open "{\"scope\":\"pay.card\",\"tenant\":\"acme\",\"purpose\":\"card\",\"context\":\"cGF5OjE6Y2FyZA==\",\"value\":\"$V\"}"
+expect_grep "seal then open gives the plaintext back" "$T/out" '"plaintext":"NDExMQ=="'
+req /v1/open "{\"scope\":\"pay.card\",\"tenant\":\"acme\",\"purpose\":\"card\",\"context\":\"cGF5OjI6Y2FyZA==\",\"value\":\"$V\"}"
+expect_grep "another context: 422 auth-failed" "$T/out" '^422$'
+expect_grep "another context: the one answer" "$T/out" '"error":"auth-failed","class":"refused"'
+curl -s --unix-socket "$SOCK" -o "$T/out" -w '%{http_code}\n' -d "$SEAL" http://agent/v1/seal >"$T/code"
+expect_eq "curl --unix-socket seals" "$T/code" 200
+
+# Oversized bodies: by Content-Length before reading, and chunked.
+head -c 300000 /dev/zero | tr '\0' 'A' >"$T/big"
+curl -s --unix-socket "$SOCK" -o "$T/out" -w '%{http_code}\n' --data-binary @"$T/big" \
+    http://agent/v1/seal >"$T/code"
+expect_eq "a body past --max-request (Content-Length): 413" "$T/code" 413
+expect_grep "413 names too-large" "$T/out" '"error":"too-large"'
+curl -s --unix-socket "$SOCK" -o "$T/out" -w '%{http_code}\n' -H 'Transfer-Encoding: chunked' \
+    --data-binary @"$T/big" http://agent/v1/seal >"$T/code"
+expect_eq "a chunked body past --max-request: 413" "$T/code" 413
+printf '{"scope":"pay.card","tenant":"acme","plaintext":"\xff"}' >"$T/bad-utf8"
+curl -s --unix-socket "$SOCK" -o "$T/out" -w '%{http_code}\n' --data-binary @"$T/bad-utf8" \
+    http://agent/v1/seal >"$T/code"
+expect_eq "invalid UTF-8: 400" "$T/code" 400
+expect_grep "invalid UTF-8: bad-json" "$T/out" '"error":"bad-json"'
+curl -s --unix-socket "$SOCK" -o "$T/out" -w '%{http_code}\n' -X PUT -d '{}' http://agent/v1/seal >"$T/code"
+expect_eq "PUT: 405" "$T/code" 405
+
+# ---- authorization ---------------------------------------------------------
+# nobody_post PATH BODY: POST as uid nobody; $T/nb holds the body, $T/code the status.
+nobody_post() {
+    runuser -u nobody -- curl -s --unix-socket "$SOCK" -w '\n%{http_code}\n' -d "$2" \
+        "http://agent$1" >"$T/nb" 2>/dev/null
+    tail -n 1 "$T/nb" >"$T/code"
+}
+if [ "$(id -u)" = 0 ] && command -v runuser >/dev/null; then
+    nobody_post /v1/seal "$SEAL"
+    expect_eq "nobody: served for the scope it is given" "$T/code" 200
+    nobody_post /v1/seal '{"scope":"pay.note","tenant":"acme","plaintext":"NDExMQ=="}'
+    expect_eq "nobody: 403 for a scope it is not given" "$T/code" 403
+    expect_grep "403 names not-authorized" "$T/nb" '"error":"not-authorized"'
+    expect_grep "the denial is logged with the uid" "$T/agent.log" "denied: uid $NOBODY gid"
+    nobody_post /v1/open "{\"scope\":\"pay.card\",\"tenant\":\"acme\",\"value\":\"$V\"}"
+    expect_eq "nobody: 403 for an operation it is not given (open)" "$T/code" 403
+    if grep -q -e "NDExMQ" -e "acme" -e "$V" "$T/agent.log"; then bad "no payload in the log"; else ok "no payload in the log"; fi
+else
+    echo "skip - authorization by a second uid needs root and runuser"
+fi
+
+# ---- metrics ---------------------------------------------------------------
+MPORT=$(sed -n 's/.*metrics on tcp:127.0.0.1:\([0-9]*\).*/\1/p' "$T/agent.log" | tail -1)
+curl -s "http://127.0.0.1:$MPORT/metrics" >"$T/metrics"
+expect_grep "metrics: requests by endpoint and outcome" "$T/metrics" \
+    '^keyshift_agent_requests_total{endpoint="seal",outcome="too-large"} 2$'
+expect_grep "metrics: records by op, scope and outcome" "$T/metrics" \
+    '^keyshift_agent_records_total{op="seal",scope="pay.card",outcome="ok"} [1-9]'
+expect_grep "metrics: a cumulative latency histogram" "$T/metrics" \
+    '^keyshift_agent_request_duration_seconds_bucket{endpoint="seal",le="+Inf"} [1-9]'
+expect_grep "metrics: queue depth" "$T/metrics" '^keyshift_agent_queue_depth 0$'
+expect_grep "metrics: DEK cache hits" "$T/metrics" '^keyshift_agent_dek_cache_hits_total [0-9]'
+expect_grep "metrics: provider calls" "$T/metrics" '^keyshift_agent_provider_calls_total{call="wrap"} [1-9]'
+curl -s -o /dev/null -w '%{http_code}\n' -d "$SEAL" "http://127.0.0.1:$MPORT/v1/seal" >"$T/code"
+expect_eq "the TCP listener serves no API (404)" "$T/code" 404
+curl -s -o "$T/out" -w '%{http_code}\n' "http://127.0.0.1:$MPORT/readyz" >"$T/code"
+expect_eq "readyz: 200 when ready" "$T/code" 200
+
+stop_agent
+expect_eq "SIGTERM: exit 0" <(echo "$AGENT_RC") 0
+if [ -e "$SOCK" ]; then bad "SIGTERM removes the socket"; else ok "SIGTERM removes the socket"; fi
+
+# ---- a policy group or others can write is refused --------------------------
+chmod 620 "$T/policy"
+"$KS" serve --listen "unix:$SOCK" --policy "$T/policy" --scope pay.card --key pay/kek \
+    >"$T/out" 2>"$T/err"
+expect_eq "a group-writable policy: exit 78" <(echo $?) 78
+expect_grep "a group-writable policy: says so" "$T/err" "writable by group or others"
+chmod 600 "$T/policy"
+"$KS" serve --listen "unix:$SOCK" --scope pay.card --key pay/kek >"$T/out" 2>"$T/err"
+expect_eq "a Unix listener without --policy: exit 64" <(echo $?) 64
+
+cli_finish cli_agent_test
