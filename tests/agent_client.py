@@ -98,7 +98,12 @@ def cmd_vectors(sock, doc):
 def cmd_load(sock, clients, seconds, batch=0, size=32, max_req=0):
     """CLIENTS threads, each on its own connection, seal then open for
     SECONDS (or max_req requests each): the count, the error rate by kind,
-    p50 and p99 latency.  A connection error reconnects."""
+    p50 and p99 latency of the answers 200.  Kinds: "ok", "wrong" (a 200
+    without the expected results), a status, "connect" (the connection was
+    refused: the request was never sent) and "conn" (it failed after the
+    request was sent), "idle-closed" (a reused connection closed before any
+    answer: the agent closed it idle and never read the request).  A failure
+    or a 503 reconnects."""
     pt = base64.b64encode(os.urandom(size)).decode()
     rec = {"scope": "pay.card", "tenant": "acme", "purpose": "card", "context": "cGF5OjE6Y2FyZA==",
            "plaintext": pt}
@@ -113,10 +118,19 @@ def cmd_load(sock, clients, seconds, batch=0, size=32, max_req=0):
         mine, mkinds, conn, n = [], {}, None, 0
         while time.monotonic() < stop and (max_req == 0 or n < max_req):
             n += 1
-            try:
-                if conn is None:
+            if conn is None:
+                try:
                     conn = UnixConnection(sock)
+                    conn.connect()
+                except OSError:
+                    mkinds["connect"] = mkinds.get("connect", 0) + 1
+                    conn = None
+                    time.sleep(0.02)
+                    continue
+            try:
                 t0 = time.monotonic()
+                reused = getattr(conn, "used", False)
+                conn.used = True
                 status, data, _ = request(conn, path, body)
                 dt = time.monotonic() - t0
                 if status == 200:
@@ -129,6 +143,22 @@ def cmd_load(sock, clients, seconds, batch=0, size=32, max_req=0):
                     mine.append(dt)
                 else:
                     kind = str(status)
+                    if status == 503:
+                        conn.close()
+                        conn = None
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                # On a reused connection, closed before any answer: the
+                # agent closed it while idle and never read the request
+                # (RFC 9112 section 9.3.1: safe to send again).
+                kind = "idle-closed" if reused else "conn"
+                conn = None
+                time.sleep(0.01)
+            except (FileNotFoundError, ConnectionRefusedError):
+                # http.client connects again by itself after an answer
+                # with "Connection: close": the request was never sent.
+                kind = "connect"
+                conn = None
+                time.sleep(0.02)
             except (OSError, http.client.HTTPException, ValueError):
                 kind = "conn"
                 conn = None

@@ -156,4 +156,116 @@ chmod 600 "$T/policy"
 "$KS" serve --listen "unix:$SOCK" --scope pay.card --key pay/kek >"$T/out" 2>"$T/err"
 expect_eq "a Unix listener without --policy: exit 64" <(echo $?) 64
 
+# load_check NAME FILE ALLOWED: the load's JSON line in FILE has answers
+# "ok" and, besides, only the error kinds in ALLOWED (space-separated):
+# never a wrong answer, never a request lost after it was sent ("conn").
+load_check() {
+    if "$PY" - "$2" "$3" <<'PYEOF'
+import json, sys
+r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+allowed = set(sys.argv[2].split())
+sys.exit(0 if r["ok"] > 0 and set(r["errors"]) <= allowed else 1)
+PYEOF
+    then ok "$1: $(tail -n 1 "$2")"; else bad "$1" "$(cat "$2")"; fi
+}
+# has_kind FILE KIND: the load in FILE saw at least one KIND.
+has_kind() {
+    "$PY" -c 'import json,sys; r=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); sys.exit(0 if r["errors"].get(sys.argv[2]) else 1)' "$1" "$2"
+}
+metrics() { curl -s --unix-socket "$SOCK" http://agent/metrics >"$T/metrics"; }
+
+# ---- the queue-full path: 503 with Retry-After, no request lost -------------
+start_agent rel --workers 1 --queue 1 || exit 1
+"$PY" "$CLIENT" "$SOCK" load 16 2 --batch 50 >"$T/load" 2>&1
+load_check "queue full: every request answered, 200 or 503" "$T/load" "503"
+if has_kind "$T/load" 503; then ok "queue full: 503 answered"; else bad "queue full: 503 answered" "$(cat "$T/load")"; fi
+metrics
+expect_grep "queue full: counted as overloaded" "$T/metrics" 'outcome="overloaded"} [1-9]'
+stop_agent
+
+# ---- SIGTERM under load drains -------------------------------------------------
+start_agent rel || exit 1
+"$PY" "$CLIENT" "$SOCK" load 8 4 >"$T/load" 2>&1 &
+LOAD=$!
+sleep 1.5
+stop_agent
+wait $LOAD
+expect_eq "SIGTERM under load: exit 0" <(echo "$AGENT_RC") 0
+load_check "SIGTERM under load: every request the agent read was answered" "$T/load" "503 connect idle-closed"
+if grep -q "still in flight" "$T/agent.log"; then bad "SIGTERM: drained within --drain"; else ok "SIGTERM: drained within --drain"; fi
+
+# ---- kill -9 under load, then a restart serves again ---------------------------
+start_agent rel || exit 1
+"$PY" "$CLIENT" "$SOCK" load 8 5 >"$T/load" 2>&1 &
+LOAD=$!
+sleep 1
+kill -9 "$AGENT_PID"
+wait "$AGENT_PID" 2>/dev/null
+start_agent rel || exit 1
+wait $LOAD
+load_check "kill -9 under load: connection errors, never a wrong answer" "$T/load" "conn connect idle-closed 503"
+req /v1/seal "$SEAL"
+expect_grep "kill -9: the restarted agent serves" "$T/out" '^200$'
+stop_agent
+
+# ---- SIGHUP with a broken registry changes nothing -----------------------------
+REG="$T/providers"
+printf 'keyshift-providers 1\n\nprovider local\n  type local\n  keyring %s\n  serve-prefix pay/\n' "$T/keyring" >"$REG"
+chmod 600 "$REG"
+start_agent --providers "$REG" || exit 1
+cp "$REG" "$T/providers.good"
+printf 'keyshift-providers 1\n\nprovider local\n  type nonesuch\n' >"$REG"
+kill -HUP "$AGENT_PID"
+sleep 1
+req /v1/seal "$SEAL"
+expect_grep "SIGHUP, broken registry: still serving" "$T/out" '^200$'
+expect_grep "SIGHUP, broken registry: reported" "$T/agent.log" 'reload failed: the previous configuration stays in use'
+metrics
+expect_grep "SIGHUP, broken registry: in /metrics" "$T/metrics" '^keyshift_agent_reloads_total{outcome="failed"} 1$'
+expect_grep "SIGHUP, broken registry: last reload not ok" "$T/metrics" '^keyshift_agent_config_last_reload_ok 0$'
+cp "$T/providers.good" "$REG"
+kill -HUP "$AGENT_PID"
+sleep 1
+metrics
+expect_grep "SIGHUP, fixed registry: reloaded" "$T/metrics" '^keyshift_agent_reloads_total{outcome="ok"} 1$'
+req /v1/seal "$SEAL"
+expect_grep "SIGHUP, fixed registry: serving" "$T/out" '^200$'
+stop_agent
+
+# ---- a provider killed mid-load: 503, and service comes back -------------------
+# A KMS plugin (tests/keyshift-kms-fault) whose plan makes every process
+# exit without answering; one wrap per seal (--dek-max-messages 1).
+export KEYSHIFT_FAULT_DIR="$T/fault" KEYSHIFT_KMS_EXAMPLE_KEYS="$T/kms-keys.json"
+mkdir -p "$KEYSHIFT_FAULT_DIR"
+: >"$KEYSHIFT_FAULT_DIR/plan"
+printf '{"kms/card": {"primary": 1, "versions": {"1": {"state": "active", "kek": "%s"}}}}\n' \
+    "$(head -c 32 /dev/urandom | base64)" >"$KEYSHIFT_KMS_EXAMPLE_KEYS"
+printf 'keyshift-providers 1\n\nprovider kms\n  type plugin\n  command %s\n  env KEYSHIFT_FAULT_DIR\n  env KEYSHIFT_KMS_EXAMPLE_KEYS\n  timeout-ms 2000\n  retries 0\n  serve-prefix kms/\n' \
+    "$HERE/keyshift-kms-fault" >"$T/kms-providers"
+chmod 600 "$T/kms-providers"
+PATH="/usr/bin:$PATH" start_agent rel --providers "$T/kms-providers" --key kms/card --dek-max-messages 1 || exit 1
+"$PY" "$CLIENT" "$SOCK" load 4 6 >"$T/load" 2>&1 &
+LOAD=$!
+sleep 1.5
+echo '* exit *' >"$KEYSHIFT_FAULT_DIR/plan"
+sleep 1.5
+curl -s -o /dev/null -w '%{http_code}\n' --unix-socket "$SOCK" http://agent/readyz >"$T/code"
+expect_eq "provider down: /readyz 503" "$T/code" 503
+: >"$KEYSHIFT_FAULT_DIR/plan"
+wait $LOAD
+load_check "provider down mid-load: 503, never a wrong answer" "$T/load" "503"
+if has_kind "$T/load" 503; then ok "provider down: 503 answered"; else bad "provider down: 503 answered" "$(cat "$T/load")"; fi
+req /v1/seal "$SEAL"
+expect_grep "provider back: served again" "$T/out" '^200$'
+curl -s -o /dev/null -w '%{http_code}\n' --unix-socket "$SOCK" http://agent/readyz >"$T/code"
+expect_eq "provider back: /readyz 200" "$T/code" 200
+stop_agent
+unset KEYSHIFT_FAULT_DIR KEYSHIFT_KMS_EXAMPLE_KEYS
+
+# ---- a bounded load: 64 clients on the socket ----------------------------------
+start_agent rel || exit 1
+"$PY" "$CLIENT" "$SOCK" load 64 3 >"$T/load" 2>&1
+load_check "64 clients for 3 s: error rate 0, p50 and p99" "$T/load" ""
+stop_agent
+
 cli_finish cli_agent_test

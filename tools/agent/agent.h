@@ -56,6 +56,8 @@ typedef struct ks_agent_config {
     const char *database;
     const char *instance_id;
     const char *default_key_id;
+    uint64_t dek_max_messages;     /* seals per write-side DEK; 0: the library's default */
+    long cache_entries;            /* read-side DEK cache entries; -1: the default */
 
     /* Limits [AG-LIM-1..6]. */
     size_t max_body;               /* bytes of a request body */

@@ -25,6 +25,7 @@
 #include <arpa/inet.h>
 #include <assert.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <inttypes.h>
 #include <netinet/in.h>
@@ -83,6 +84,7 @@ typedef struct live {
 
 /* One request: its connection, body and answer. */
 typedef struct req {
+    struct agent *agent;
     struct MHD_Connection *conn;
     int ep;
     int state;               /* R_READING, R_QUEUED, R_DONE */
@@ -134,6 +136,7 @@ typedef struct agent {
     atomic_int provider_ok;  /* 0 after a provider failure, 1 after a success */
     atomic_long in_flight;
     atomic_long queued;
+    _Atomic uint64_t last_start_ms; /* mono_s() * 1000 when the last request began */
 
     /* Counters, cumulative [AG-MET-1..5]. */
     _Atomic uint64_t requests[EP_COUNT][OUT_COUNT];
@@ -314,6 +317,16 @@ static live *live_open(agent *a, int need_policy)
     o.database = c->database;
     o.instance_id = c->instance_id;
     o.default_key_id = c->default_key_id;
+    ks_ctx_config cc;
+    ks_ctx_config_default(&cc);
+    cc.latency_histograms = 1; /* the health report's, as ks_app's default */
+    if (c->dek_max_messages > 0) {
+        cc.dek_max_messages = c->dek_max_messages;
+    }
+    if (c->cache_entries >= 0) {
+        cc.cache_entries = (uint32_t)c->cache_entries;
+    }
+    o.ctx_config = &cc;
     ks_err e = ks_app_open(&o, &l->app, msg, sizeof msg);
     if (e != KS_OK) {
         logf_("the keys and rollout state were not opened (%s): %s", ks_err_name(e), msg);
@@ -682,6 +695,9 @@ static enum MHD_Result send_answer(struct MHD_Connection *conn, req *r)
     if (r->status == 503) {
         MHD_add_response_header(resp, "Retry-After", "1"); /* [AG-ERR-3] */
     }
+    if (atomic_load(&r->agent->draining)) {
+        MHD_add_response_header(resp, "Connection", "close"); /* [AG-RUN-3] */
+    }
     enum MHD_Result rc = MHD_queue_response(conn, r->status, resp);
     MHD_destroy_response(resp);
     return rc;
@@ -889,6 +905,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             return MHD_NO;
         }
         *con_cls = r;
+        r->agent = a;
         r->conn = conn;
         r->ep = EP_OTHER;
         for (int e = 0; e <= EP_PARSE; e++) {
@@ -903,6 +920,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         }
         r->counted = 1;
         atomic_fetch_add(&a->in_flight, 1);
+        atomic_store(&a->last_start_ms, (uint64_t)(mono_s() * 1000.0));
         if (atomic_load(&a->draining)) {
             atomic_fetch_add(&a->requests[r->ep][OUT_DRAINING], 1);
             return reply_error(conn, r, 503, "draining", "retryable",
@@ -1182,16 +1200,39 @@ static void drain(agent *a)
     atomic_store(&a->draining, 1);
     if (a->api != NULL) {
         MHD_socket fd = MHD_quiesce_daemon(a->api);
-        if (fd != MHD_INVALID_SOCKET) {
-            close(fd);
-        }
         if (a->own_unix) {
-            unlink(a->unix_path);
+            unlink(a->unix_path); /* no new connection from here on */
+        }
+        if (fd != MHD_INVALID_SOCKET) {
+            /* Connections the kernel completed before the unlink wait in
+             * the backlog: hand them to libmicrohttpd, which answers
+             * their requests 503 draining, rather than reset them. */
+            struct sockaddr_storage ss;
+            socklen_t sl = sizeof ss;
+            int cfd, fl = fcntl(fd, F_GETFL);
+            if (fl >= 0) {
+                (void)fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+            }
+            while (fl >= 0 && (cfd = accept4(fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0) {
+                if (MHD_add_connection(a->api, cfd, (struct sockaddr *)&ss, sl) != MHD_YES) {
+                    close(cfd);
+                }
+                sl = sizeof ss;
+            }
+            close(fd);
         }
     }
     const double until = mono_s() + (double)a->cfg->drain_ms / 1000.0;
-    while (atomic_load(&a->in_flight) > 0 && mono_s() < until) {
-        struct timespec ts = {0, 5 * 1000 * 1000};
+    /* Done when nothing is in flight and no request began for 100 ms:
+     * every answer given while draining closes its connection, so a
+     * client that was mid-exchange has been told by then. */
+    for (;;) {
+        const double now = mono_s();
+        if (now >= until || (atomic_load(&a->in_flight) == 0 &&
+                             now - (double)atomic_load(&a->last_start_ms) / 1000.0 >= 0.1)) {
+            break;
+        }
+        struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
     long left = atomic_load(&a->in_flight);

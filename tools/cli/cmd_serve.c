@@ -93,6 +93,10 @@ static void usage(FILE *f)
           "                    (default 30)\n"
           "    --drain MS      on SIGTERM, how long accepted requests may take\n"
           "                    (default 10000)\n"
+          "    --dek-max-messages N  seals under one data key before a fresh one is\n"
+          "                    wrapped (default 16777216; 1: one provider wrap per seal)\n"
+          "    --cache-entries N  unwrapped data keys kept for opens (default 4096;\n"
+          "                    0: one provider unwrap per open)\n"
           "\n"
           "ENVIRONMENT\n"
           "    KEYSHIFT_KEYRING, KEYSHIFT_PASSPHRASE, KEYSHIFT_PROVIDERS  as for every\n"
@@ -166,6 +170,7 @@ int ks_cmd_serve(int argc, char **argv)
     const char *db = NULL, *instance = NULL, *key = NULL, *keyring = NULL, *passfile = NULL;
     const char *providers = NULL, *max_request = NULL, *max_batch = NULL, *max_conn = NULL;
     const char *workers = NULL, *queue = NULL, *deadline = NULL, *idle = NULL, *drain = NULL;
+    const char *dek_max = NULL, *cache = NULL;
     const ks_cli_opt opts[] = {
         {"--listen", &listen, NULL},         {"--socket-mode", &mode, NULL},
         {"--socket-group", &group, NULL},    {"--policy", &policy, NULL},
@@ -176,7 +181,8 @@ int ks_cmd_serve(int argc, char **argv)
         {"--max-batch", &max_batch, NULL},   {"--max-connections", &max_conn, NULL},
         {"--workers", &workers, NULL},       {"--queue", &queue, NULL},
         {"--deadline", &deadline, NULL},     {"--idle-timeout", &idle, NULL},
-        {"--drain", &drain, NULL},           {NULL, NULL, NULL},
+        {"--drain", &drain, NULL},           {"--dek-max-messages", &dek_max, NULL},
+        {"--cache-entries", &cache, NULL},   {NULL, NULL, NULL},
     };
     int rc, npos;
     if (ks_cli_parse_opts("serve", usage, argc, argv, opts, NULL, 0, &npos, &rc)) {
@@ -229,7 +235,7 @@ int ks_cmd_serve(int argc, char **argv)
         }
     }
     size_t v_body = 4u << 20, v_batch = 1000, v_conn = 256, v_queue = 1024, v_deadline = 5000;
-    size_t v_idle = 30, v_drain = 10000;
+    size_t v_idle = 30, v_drain = 10000, v_dek = 0, v_cache = 0;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     size_t v_workers = cpus > 0 ? (size_t)cpus : 2;
     if ((rc = num("--max-request", max_request, 256, (size_t)64 << 20, &v_body)) != EX_OK ||
@@ -239,7 +245,9 @@ int ks_cmd_serve(int argc, char **argv)
         (rc = num("--queue", queue, 1, 1u << 20, &v_queue)) != EX_OK ||
         (rc = num("--deadline", deadline, 1, 3600000, &v_deadline)) != EX_OK ||
         (rc = num("--idle-timeout", idle, 1, 86400, &v_idle)) != EX_OK ||
-        (rc = num("--drain", drain, 0, 3600000, &v_drain)) != EX_OK) {
+        (rc = num("--drain", drain, 0, 3600000, &v_drain)) != EX_OK ||
+        (rc = num("--dek-max-messages", dek_max, 1, (size_t)1 << 32, &v_dek)) != EX_OK ||
+        (rc = num("--cache-entries", cache, 0, 1u << 24, &v_cache)) != EX_OK) {
         return rc;
     }
     c.max_body = v_body;
@@ -250,6 +258,8 @@ int ks_cmd_serve(int argc, char **argv)
     c.deadline_ms = (uint32_t)v_deadline;
     c.idle_timeout_s = (unsigned)v_idle;
     c.drain_ms = (uint32_t)v_drain;
+    c.dek_max_messages = v_dek;
+    c.cache_entries = cache != NULL ? (long)v_cache : -1;
     c.policy = policy;
     c.database = db;
     c.instance_id = instance;
