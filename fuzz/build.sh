@@ -49,6 +49,7 @@ dict_for() {
         fuzz_plugin_resp) echo corpus/plugin.dict ;;
         fuzz_pg_rows) echo corpus/pg_rows.dict ;;
         fuzz_text) echo corpus/text.dict ;;
+        fuzz_agent_request) echo corpus/agent.dict ;;
         *) echo corpus/envelope.dict ;;
     esac
 }

@@ -185,7 +185,7 @@ stop_agent
 
 # ---- SIGTERM under load drains -------------------------------------------------
 start_agent rel || exit 1
-"$PY" "$CLIENT" "$SOCK" load 8 4 >"$T/load" 2>&1 &
+"$PY" "$CLIENT" "$SOCK" load 8 3 >"$T/load" 2>&1 &
 LOAD=$!
 sleep 1.5
 stop_agent
@@ -196,7 +196,7 @@ if grep -q "still in flight" "$T/agent.log"; then bad "SIGTERM: drained within -
 
 # ---- kill -9 under load, then a restart serves again ---------------------------
 start_agent rel || exit 1
-"$PY" "$CLIENT" "$SOCK" load 8 5 >"$T/load" 2>&1 &
+"$PY" "$CLIENT" "$SOCK" load 8 4 >"$T/load" 2>&1 &
 LOAD=$!
 sleep 1
 kill -9 "$AGENT_PID"
@@ -267,5 +267,35 @@ start_agent rel || exit 1
 "$PY" "$CLIENT" "$SOCK" load 64 3 >"$T/load" 2>&1
 load_check "64 clients for 3 s: error rate 0, p50 and p99" "$T/load" ""
 stop_agent
+
+# ---- systemd: socket activation, and the shipped units ----------------------
+if command -v systemd-socket-activate >/dev/null; then
+    rm -f "$SOCK"
+    systemd-socket-activate -l "$SOCK" "$(realpath "$KS")" serve --policy "$T/policy" \
+        --scope pay.card --key pay/kek --keyring "$T/keyring" 2>>"$T/agent.log" &
+    AGENT_PID=$!
+    for i in $(seq 50); do [ -S "$SOCK" ] && break; sleep 0.1; done
+    req /v1/seal "$SEAL"
+    expect_grep "socket activation: the socket systemd passes is served" "$T/out" '^200$'
+    expect_grep "socket activation: logged" "$T/agent.log" 'socket(s) from systemd'
+    stop_agent
+    expect_eq "socket activation: SIGTERM, exit 0" <(echo "$AGENT_RC") 0
+else
+    echo "skip - socket activation needs systemd-socket-activate"
+fi
+if command -v systemd-analyze >/dev/null; then
+    mkdir "$T/units"
+    cp "$HERE/../tools/agent/keyshift-agent.socket" "$HERE/../tools/agent/keyshift-agent.service" "$T/units/"
+    sed -i "s|/usr/local/bin/keyshift|$(realpath "$KS")|" "$T/units/keyshift-agent.service"
+    systemd-analyze verify --man=no "$T/units/keyshift-agent.socket" "$T/units/keyshift-agent.service" \
+        >"$T/out" 2>&1
+    expect_eq "systemd-analyze verify accepts the units" <(echo $?) 0
+    expect_empty "systemd-analyze verify: no warning" "$T/out"
+    for k in DynamicUser=yes ProtectSystem=strict NoNewPrivileges=yes; do
+        expect_grep "the service unit sets $k" "$T/units/keyshift-agent.service" "^$k$"
+    done
+else
+    echo "skip - the units' check needs systemd-analyze"
+fi
 
 cli_finish cli_agent_test
