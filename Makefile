@@ -381,8 +381,14 @@ $(B)/bin/bench: $(BENCH_SRCS) tools/bench/bench.h $(REL_OBJS) $(NANOPB_C) $(NANO
 	$(CC) $(WARN) -O2 $(INC) -I$(B)/gen $(BENCH_SRCS) $(REL_OBJS) $(NANOPB_C) -lprotobuf-nanopb \
 	    $(LIB_LIBS) -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc -o $@
 
-bench: deps $(B)/bin/bench
+# The agent (docs/agent.md) against ks_app_seal in the process: JSON lines.
+$(B)/bin/bench_agent: tools/bench/bench_agent.c $(REL_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) -O2 $(INC) $< $(REL_OBJS) $(LIB_LIBS) -o $@
+
+bench: deps $(B)/bin/bench $(B)/bin/bench_agent $(CLI)
 	@$(B)/bin/bench
+	@$(B)/bin/bench_agent $(CLI)
 	@$(MAKE) --no-print-directory go-bench
 	@$(MAKE) --no-print-directory py-bench
 

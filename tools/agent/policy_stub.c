@@ -1,11 +1,13 @@
 /*
  * tools/agent/policy_stub.c -- a minimal agent policy, built only while
  * tools/agent/policy.c (the strict policy reader, docs/agent-policy.md)
- * is absent from the tree.  One rule per line:
+ * is absent from the tree, reading a subset of that format: the header
+ * line "keyshift-agent-policy 1", then one rule per line
  *
- *     allow uid=N|gid=N ops=seal,open,parse scope=TABLE.COLUMN|* tenant=T|*
+ *     allow uid|gid ID scope TABLE.COLUMN|* tenant NAME|* ops seal,open,parse
  *
- * '#' starts a comment line.  Anything else is refused.  Deny by default.
+ * '#' starts a comment line; empty lines are ignored.  Anything else is
+ * refused.  Deny by default.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -36,24 +38,12 @@ struct ks_agent_policy {
     rule r[RULES_MAX];
 };
 
-/* Copy the value after prefix in word w[0, n) into out; 0 on a mismatch. */
-static int field(const char *w, size_t n, const char *prefix, char *out)
-{
-    size_t pl = strlen(prefix);
-    if (n <= pl || n - pl >= FIELD_MAX || memcmp(w, prefix, pl) != 0) {
-        return 0;
-    }
-    memcpy(out, w + pl, n - pl);
-    out[n - pl] = '\0';
-    return 1;
-}
-
 /* Parse one rule line p[0, n) into *r; 0 when it is not one. */
 static int parse_rule(const char *p, size_t n, rule *r)
 {
-    char w[5][FIELD_MAX];
+    char w[9][FIELD_MAX];
     size_t k = 0, i = 0;
-    while (i < n && k < 5) {
+    while (i < n && k < 9) {
         size_t j = i;
         while (j < n && p[j] != ' ') {
             j++;
@@ -66,25 +56,24 @@ static int parse_rule(const char *p, size_t n, rule *r)
         k++;
         i = j + 1;
     }
-    char id[FIELD_MAX], ops[FIELD_MAX];
-    if (k != 5 || i < n || strcmp(w[0], "allow") != 0) {
+    if (k != 9 || i < n || strcmp(w[0], "allow") != 0 || strcmp(w[3], "scope") != 0 ||
+        strcmp(w[5], "tenant") != 0 || strcmp(w[7], "ops") != 0) {
         return 0;
     }
-    r->by_gid = strncmp(w[1], "gid=", 4) == 0;
-    if (!field(w[1], strlen(w[1]), r->by_gid ? "gid=" : "uid=", id) ||
-        !field(w[2], strlen(w[2]), "ops=", ops) ||
-        !field(w[3], strlen(w[3]), "scope=", r->scope) ||
-        !field(w[4], strlen(w[4]), "tenant=", r->tenant)) {
+    if (strcmp(w[1], "uid") != 0 && strcmp(w[1], "gid") != 0) {
         return 0;
     }
+    r->by_gid = w[1][0] == 'g';
     char *end;
     errno = 0;
-    r->id = strtoul(id, &end, 10);
-    if (errno != 0 || *end != '\0' || id[0] < '0' || id[0] > '9') {
+    r->id = strtoul(w[2], &end, 10);
+    if (errno != 0 || *end != '\0' || w[2][0] < '0' || w[2][0] > '9') {
         return 0;
     }
+    strcpy(r->scope, w[4]);
+    strcpy(r->tenant, w[6]);
     r->ops = 0;
-    for (char *save = NULL, *t = strtok_r(ops, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    for (char *save = NULL, *t = strtok_r(w[8], ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         r->ops |= strcmp(t, "seal") == 0 ? KS_AGENT_OP_SEAL
                   : strcmp(t, "open") == 0 ? KS_AGENT_OP_OPEN
                   : strcmp(t, "parse") == 0 ? KS_AGENT_OP_PARSE : 0x100u;
@@ -101,12 +90,16 @@ ks_err ks_agent_policy_parse(const uint8_t *buf, size_t len, ks_agent_policy **o
         return KS_ERR_NO_MEMORY;
     }
     size_t i = 0;
+    int header = 0;
     while (i < len) {
         const uint8_t *nl = memchr(buf + i, '\n', len - i);
         size_t n = nl != NULL ? (size_t)(nl - (buf + i)) : len - i;
         const char *line = (const char *)buf + i;
         if (n > 0 && line[0] != '#') {
-            if (p->n == RULES_MAX || !parse_rule(line, n, &p->r[p->n])) {
+            static const char head[] = "keyshift-agent-policy 1";
+            const int ok = header ? p->n < RULES_MAX && parse_rule(line, n, &p->r[p->n])
+                                  : n == sizeof head - 1 && memcmp(line, head, n) == 0;
+            if (!ok) {
                 if (err_off != NULL) {
                     *err_off = i;
                 }
@@ -114,7 +107,8 @@ ks_err ks_agent_policy_parse(const uint8_t *buf, size_t len, ks_agent_policy **o
                 free(p);
                 return KS_ERR_BAD_VALUE;
             }
-            p->n++;
+            p->n += header;
+            header = 1;
         }
         i += n + 1;
     }
@@ -142,20 +136,23 @@ ks_err ks_agent_policy_load(const char *path, ks_agent_policy **out, char *errbu
         snprintf(errbuf, errlen, "the policy file is writable by group or others: chmod go-w it");
         return KS_ERR_INSECURE;
     }
-    static uint8_t buf[FILE_MAX];
-    ssize_t n = read(fd, buf, sizeof buf);
+    uint8_t *buf = malloc(FILE_MAX);
+    ssize_t n = buf != NULL ? read(fd, buf, FILE_MAX) : -1;
     close(fd);
     if (n < 0) {
         snprintf(errbuf, errlen, "cannot read the policy file: %s", strerror(errno));
+        free(buf);
         return KS_ERR_IO;
     }
-    return ks_agent_policy_parse(buf, (size_t)n, out, NULL, errbuf, errlen);
+    ks_err e = ks_agent_policy_parse(buf, (size_t)n, out, NULL, errbuf, errlen);
+    free(buf);
+    return e;
 }
 
 /* Nonzero when pattern (or "*") matches s[0, n). */
 static int match(const char *pattern, const char *s, size_t n)
 {
-    return strcmp(pattern, "*") == 0 || (strlen(pattern) == n && memcmp(pattern, s, n) == 0);
+    return strcmp(pattern, "*") == 0 || (n > 0 && strlen(pattern) == n && memcmp(pattern, s, n) == 0);
 }
 
 /* See agent.h. */
@@ -166,7 +163,7 @@ int ks_agent_policy_allows(const ks_agent_policy *p, uid_t uid, gid_t gid, const
         const rule *r = &p->r[i];
         if ((r->by_gid ? (unsigned long)gid : (unsigned long)uid) == r->id && (r->ops & op) &&
             match(r->scope, scope, strlen(scope)) &&
-            match(r->tenant, (const char *)tenant, tenant_len)) {
+            match(r->tenant, tenant != NULL ? (const char *)tenant : "", tenant_len)) {
             return 1;
         }
     }

@@ -94,6 +94,7 @@ typedef struct req {
     uint8_t *body;
     size_t len, cap;
     int too_large;
+    unsigned refuse;         /* 404 or 405 to answer once the body is dropped, else 0 */
     double t0;               /* seconds (monotonic) when the body was complete */
     unsigned status;
     uint8_t *resp;           /* from resp_alloc, or NULL */
@@ -914,9 +915,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             }
         }
         if (!is_api || r->ep == EP_OTHER || strcmp(method, "POST") != 0) {
-            return reply_error(conn, r, r->ep == EP_OTHER || !is_api ? 404 : 405,
-                               r->ep == EP_OTHER || !is_api ? "not-found" : "method-not-allowed",
-                               "refused", "No such endpoint here; see docs/agent.md section 3.");
+            /* Answered once the body is read and dropped, so that the
+             * client is not reset while it still writes it. */
+            r->refuse = r->ep == EP_OTHER || !is_api ? 404 : 405;
+            return MHD_YES;
         }
         r->counted = 1;
         atomic_fetch_add(&a->in_flight, 1);
@@ -942,6 +944,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     if (r->state == R_DONE) {
         return send_answer(conn, r);
+    }
+    if (r->refuse != 0) {
+        if (*upload_len > 0) {
+            *upload_len = 0;
+            return MHD_YES;
+        }
+        return reply_error(conn, r, r->refuse, r->refuse == 404 ? "not-found" : "method-not-allowed",
+                           "refused", "No such endpoint here; see docs/agent.md section 3.");
     }
     if (*upload_len > 0) {
         /* [AG-LIM-1] Past the bound, the rest is read and dropped. */
