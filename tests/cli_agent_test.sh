@@ -268,6 +268,26 @@ start_agent rel || exit 1
 load_check "64 clients for 3 s: error rate 0, p50 and p99" "$T/load" ""
 stop_agent
 
+# ---- the rollout: one registered reader, the phase decides -----------------
+# A rollout of pay.card from plaintext, planned: seals write plaintext, an
+# envelope may not be read yet (409 phase); the agent is a reader with
+# the key versions it holds until SIGTERM deregisters it.
+sqlite3 -batch "$T/app.db" "CREATE TABLE pay (id INTEGER PRIMARY KEY, card BLOB, tenant TEXT);
+    INSERT INTO pay (card, tenant) VALUES ('4111', 'acme');"
+"$KS" rollout start --db "$T/app.db" --table pay --column card --source plaintext \
+    --target v2:xchacha20-poly1305:pay/kek:1 --actor test --reason agent >/dev/null 2>&1
+start_agent --db "$T/app.db" --instance-id agent-1 || exit 1
+req /v1/seal '{"scope":"pay.card","tenant":"acme","plaintext":"NDExMQ=="}'
+expect_grep "rollout planned: the seal writes plaintext" "$T/out" '{"value":"NDExMQ==","sealed":false}'
+req /v1/open "{\"scope\":\"pay.card\",\"tenant\":\"acme\",\"purpose\":\"card\",\"context\":\"cGF5OjE6Y2FyZA==\",\"value\":\"$V\"}"
+expect_grep "rollout planned: an envelope is refused, 409" "$T/out" '^409$'
+expect_grep "rollout planned: named phase" "$T/out" '"error":"phase","class":"refused"'
+"$KS" rollout readers --db "$T/app.db" >"$T/readers" 2>&1
+expect_grep "the agent is a registered reader with its keys" "$T/readers" 'agent-1 .* pay/kek:1$'
+stop_agent
+"$KS" rollout readers --db "$T/app.db" >"$T/readers" 2>&1
+expect_grep "SIGTERM deregisters the agent" "$T/readers" '^readers *0 registered'
+
 # ---- systemd: socket activation, and the shipped units ----------------------
 if command -v systemd-socket-activate >/dev/null; then
     rm -f "$SOCK"

@@ -733,7 +733,8 @@ static enum MHD_Result reply_text(struct MHD_Connection *conn, unsigned status, 
  * good, not draining. */
 static int ready(agent *a)
 {
-    return !atomic_load(&a->draining) && atomic_load(&a->provider_ok) && a->cur != NULL;
+    /* a->cur is set before any listener starts and never NULL after. */
+    return !atomic_load(&a->draining) && atomic_load(&a->provider_ok);
 }
 
 /* Write the Prometheus text of every metric to w [AG-MET-1..6]. */
