@@ -93,6 +93,9 @@ curl -s --unix-socket "$SOCK" -o "$T/out" -w '%{http_code}\n' --data-binary @"$T
     http://agent/v1/seal >"$T/code"
 expect_eq "a body past --max-request (Content-Length): 413" "$T/code" 413
 expect_grep "413 names too-large" "$T/out" '"error":"too-large"'
+curl -s --unix-socket "$SOCK" -o "$T/out" -w '%{http_code}\n' -H 'Expect: 100-continue' \
+    --data-binary @"$T/big" http://agent/v1/seal >"$T/code"
+expect_eq "a body past --max-request, Expect: 100-continue: 413 before it is sent" "$T/code" 413
 curl -s --unix-socket "$SOCK" -o "$T/out" -w '%{http_code}\n' -H 'Transfer-Encoding: chunked' \
     --data-binary @"$T/big" http://agent/v1/seal >"$T/code"
 expect_eq "a chunked body past --max-request: 413" "$T/code" 413
@@ -129,7 +132,7 @@ fi
 MPORT=$(sed -n 's/.*metrics on tcp:127.0.0.1:\([0-9]*\).*/\1/p' "$T/agent.log" | tail -1)
 curl -s "http://127.0.0.1:$MPORT/metrics" >"$T/metrics"
 expect_grep "metrics: requests by endpoint and outcome" "$T/metrics" \
-    '^keyshift_agent_requests_total{endpoint="seal",outcome="too-large"} 2$'
+    '^keyshift_agent_requests_total{endpoint="seal",outcome="too-large"} 3$'
 expect_grep "metrics: records by op, scope and outcome" "$T/metrics" \
     '^keyshift_agent_records_total{op="seal",scope="pay.card",outcome="ok"} [1-9]'
 expect_grep "metrics: a cumulative latency histogram" "$T/metrics" \

@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -935,11 +936,21 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             return reply_error(conn, r, 403, "not-authorized", "refused",
                                "The agent cannot read the peer's credentials.");
         }
+        /* [AG-REQ-2] A body declared too large is refused before it is
+         * read when the client waits for 100 Continue or the body is past
+         * 16 times the bound; otherwise it is read and dropped, so that
+         * a client still writing it gets the answer rather than a reset. */
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
-        if (cl != NULL && strtoull(cl, NULL, 10) > a->lim.max_body) {
-            atomic_fetch_add(&a->requests[r->ep][OUT_TOO_LARGE], 1);
-            return reply_error(conn, r, 413, "too-large", "refused",
-                               "The request body is larger than the agent's --max-request.");
+        const unsigned long long declared = cl != NULL ? strtoull(cl, NULL, 10) : 0;
+        if (declared > a->lim.max_body) {
+            const char *ex = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Expect");
+            if ((ex != NULL && strcasecmp(ex, "100-continue") == 0) ||
+                declared / 16 > a->lim.max_body) {
+                atomic_fetch_add(&a->requests[r->ep][OUT_TOO_LARGE], 1);
+                return reply_error(conn, r, 413, "too-large", "refused",
+                                   "The request body is larger than the agent's --max-request.");
+            }
+            r->too_large = 1;
         }
         return MHD_YES;
     }
