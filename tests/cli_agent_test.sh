@@ -263,6 +263,26 @@ expect_grep "provider back: served again" "$T/out" '^200$'
 curl -s -o /dev/null -w '%{http_code}\n' --unix-socket "$SOCK" http://agent/readyz >"$T/code"
 expect_eq "provider back: /readyz 200" "$T/code" 200
 stop_agent
+
+# SIGTERM with a request stuck at a slow provider past --drain: the queued
+# requests are answered 503 draining, the stuck one when the provider
+# answers, and the agent exits 0; no client sees a reset.
+echo 'wrap slow:1500 *' >"$KEYSHIFT_FAULT_DIR/plan"
+PATH="/usr/bin:$PATH" start_agent rel --providers "$T/kms-providers" --key kms/card --dek-max-messages 1 \
+    --workers 1 --drain 300 || exit 1
+for i in 1 2 3; do
+    curl -s --unix-socket "$SOCK" -o "$T/drain$i" -w '%{http_code}\n' -d "$SEAL" http://agent/v1/seal \
+        >"$T/drain$i.code" &
+done
+sleep 0.7
+stop_agent
+wait
+expect_eq "SIGTERM past --drain: exit 0" <(echo "$AGENT_RC") 0
+if cat "$T"/drain?.code | grep -qv '^\(200\|503\)$'; then bad "SIGTERM past --drain: every request answered" "$(cat "$T"/drain?.code)"
+else ok "SIGTERM past --drain: every request answered ($(cat "$T"/drain?.code | tr '\n' ' '))"; fi
+if cat "$T"/drain? | grep -q '"error":"draining"'; then ok "SIGTERM past --drain: queued requests answered draining"
+else bad "SIGTERM past --drain: queued requests answered draining" "$(cat "$T"/drain?)"; fi
+: >"$KEYSHIFT_FAULT_DIR/plan"
 unset KEYSHIFT_FAULT_DIR KEYSHIFT_KMS_EXAMPLE_KEYS
 
 # ---- a bounded load: 64 clients on the socket ----------------------------------

@@ -135,6 +135,7 @@ typedef struct agent {
     int own_unix;            /* we created unix_path (and unlink it) */
 
     atomic_int draining;
+    atomic_int abandon;      /* past the drain deadline: workers answer, not serve */
     atomic_int provider_ok;  /* 0 after a provider failure, 1 after a success */
     atomic_long in_flight;
     atomic_long queued;
@@ -631,13 +632,15 @@ done:
 
 /* ---- the work queue --------------------------------------------------------------- */
 
-/* [AG-LIM-4] Queue r; 0 when the queue is full. */
+/* [AG-LIM-4] Queue r: 1; 0 when the queue is full; -1 when the workers
+ * are stopping. */
 static int enqueue(agent *a, req *r)
 {
     pthread_mutex_lock(&a->q_mu);
-    if (a->q_len == a->cfg->queue) {
+    if (a->q_stop || a->q_len == a->cfg->queue) {
+        const int rc = a->q_stop ? -1 : 0;
         pthread_mutex_unlock(&a->q_mu);
-        return 0;
+        return rc;
     }
     a->ring[(a->q_head + a->q_len) % a->cfg->queue] = r;
     a->q_len++;
@@ -665,7 +668,14 @@ static void *worker(void *arg)
         a->q_len--;
         atomic_store(&a->queued, (long)a->q_len);
         pthread_mutex_unlock(&a->q_mu);
-        serve(a, r);
+        if (atomic_load(&a->abandon)) {
+            /* [AG-RUN-3] Past the drain deadline: answered, not served. */
+            answer_error(r, 503, "draining", "retryable",
+                         "The agent is shutting down; retry on its successor.", NULL, -1);
+            atomic_fetch_add(&a->requests[r->ep][OUT_DRAINING], 1);
+        } else {
+            serve(a, r);
+        }
         observe(a, r->ep, mono_s() - r->t0);
         r->state = R_DONE;
         MHD_resume_connection(r->conn);
@@ -1006,13 +1016,24 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     r->t0 = mono_s();
     r->state = R_QUEUED;
-    if (!enqueue(a, r)) {
-        atomic_fetch_add(&a->requests[r->ep][OUT_OVERLOADED], 1);
-        sodium_memzero(r->body, r->len);
-        return reply_error(conn, r, 503, "overloaded", "retryable",
-                           "The agent's work queue is full; retry after the Retry-After delay.");
-    }
+    /* Suspended before a worker can see it, so that the worker's resume
+     * always follows this suspend. */
     MHD_suspend_connection(conn);
+    const int q = enqueue(a, r);
+    if (q <= 0) {
+        sodium_memzero(r->body, r->len);
+        atomic_fetch_add(&a->requests[r->ep][q < 0 ? OUT_DRAINING : OUT_OVERLOADED], 1);
+        if (q < 0) {
+            answer_error(r, 503, "draining", "retryable",
+                         "The agent is shutting down; retry on its successor.", NULL, -1);
+        } else {
+            answer_error(r, 503, "overloaded", "retryable",
+                         "The agent's work queue is full; retry after the Retry-After delay.",
+                         NULL, -1);
+        }
+        r->state = R_DONE;
+        MHD_resume_connection(conn);
+    }
     return MHD_YES;
 }
 
@@ -1340,12 +1361,11 @@ int ks_agent_run(const ks_agent_config *cfg)
     sd_notify(0, "STOPPING=1");
     drain(a);
 stop:
-    if (a->api != NULL) {
-        MHD_stop_daemon(a->api);
-    }
-    if (a->metrics != NULL) {
-        MHD_stop_daemon(a->metrics);
-    }
+    /* The workers first: each answers what is still queued (503 draining
+     * past the drain deadline) and resumes its connection, so that no
+     * connection is suspended when libmicrohttpd stops; a request whose
+     * body completes from here on is answered draining by enqueue. */
+    atomic_store(&a->abandon, 1);
 stop_workers:
     pthread_mutex_lock(&a->q_mu);
     a->q_stop = 1;
@@ -1353,6 +1373,18 @@ stop_workers:
     pthread_mutex_unlock(&a->q_mu);
     for (unsigned i = 0; i < a->n_workers; i++) {
         pthread_join(a->workers[i], NULL);
+    }
+    /* The answers the workers gave last go out from the polling thread:
+     * a second at most for it to send them. */
+    for (int i = 0; i < 100 && atomic_load(&a->in_flight) > 0; i++) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    if (a->api != NULL) {
+        MHD_stop_daemon(a->api);
+    }
+    if (a->metrics != NULL) {
+        MHD_stop_daemon(a->metrics);
     }
     live_put(a->cur); /* deregisters */
     logf_("stopped");
