@@ -264,19 +264,35 @@ curl -s -o /dev/null -w '%{http_code}\n' --unix-socket "$SOCK" http://agent/read
 expect_eq "provider back: /readyz 200" "$T/code" 200
 stop_agent
 
+# A request queued behind a slow provider past --deadline: 503 deadline.
+echo 'wrap slow:800 *' >"$KEYSHIFT_FAULT_DIR/plan"
+PATH="/usr/bin:$PATH" start_agent rel --providers "$T/kms-providers" --key kms/card --dek-max-messages 1 \
+    --workers 1 --deadline 200 || exit 1
+CURLS=()
+for i in 1 2 3; do
+    curl -s --unix-socket "$SOCK" -o "$T/dl$i" -w '%{http_code}\n' -d "$SEAL" http://agent/v1/seal >"$T/dl$i.code" &
+    CURLS+=($!)
+done
+wait "${CURLS[@]}"
+if cat "$T"/dl? | grep -q '"error":"deadline","class":"retryable"'; then ok "past --deadline in the queue: 503 deadline ($(cat "$T"/dl?.code | tr '\n' ' '))"
+else bad "past --deadline in the queue: 503 deadline" "$(cat "$T"/dl?.code "$T"/dl?)"; fi
+stop_agent
+
 # SIGTERM with a request stuck at a slow provider past --drain: the queued
 # requests are answered 503 draining, the stuck one when the provider
 # answers, and the agent exits 0; no client sees a reset.
 echo 'wrap slow:1500 *' >"$KEYSHIFT_FAULT_DIR/plan"
 PATH="/usr/bin:$PATH" start_agent rel --providers "$T/kms-providers" --key kms/card --dek-max-messages 1 \
     --workers 1 --drain 300 || exit 1
+CURLS=()
 for i in 1 2 3; do
     curl -s --unix-socket "$SOCK" -o "$T/drain$i" -w '%{http_code}\n' -d "$SEAL" http://agent/v1/seal \
         >"$T/drain$i.code" &
+    CURLS+=($!)
 done
 sleep 0.7
 stop_agent
-wait
+wait "${CURLS[@]}"
 expect_eq "SIGTERM past --drain: exit 0" <(echo "$AGENT_RC") 0
 if cat "$T"/drain?.code | grep -qv '^\(200\|503\)$'; then bad "SIGTERM past --drain: every request answered" "$(cat "$T"/drain?.code)"
 else ok "SIGTERM past --drain: every request answered ($(cat "$T"/drain?.code | tr '\n' ' '))"; fi
@@ -284,6 +300,26 @@ if cat "$T"/drain? | grep -q '"error":"draining"'; then ok "SIGTERM past --drain
 else bad "SIGTERM past --drain: queued requests answered draining" "$(cat "$T"/drain?)"; fi
 : >"$KEYSHIFT_FAULT_DIR/plan"
 unset KEYSHIFT_FAULT_DIR KEYSHIFT_KMS_EXAMPLE_KEYS
+
+# ---- an idle or slow-loris connection is closed after --idle-timeout -----------
+start_agent rel --idle-timeout 1 || exit 1
+"$PY" - "$SOCK" >"$T/out" 2>&1 <<'PYEOF'
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+s.sendall(b"POST /v1/seal HTTP/1.1\r\nHost: agent\r\nContent-Le")  # and then nothing
+s.settimeout(5)
+t0 = time.monotonic()
+try:
+    data = s.recv(1)
+except OSError:
+    data = b""
+print("closed" if data == b"" else "answered", round(time.monotonic() - t0, 1))
+PYEOF
+expect_grep "a stalled request is closed after --idle-timeout" "$T/out" '^closed [0-3]\.'
+req /v1/seal "$SEAL"
+expect_grep "other connections are served meanwhile" "$T/out" '^200$'
+stop_agent
 
 # ---- a bounded load: 64 clients on the socket ----------------------------------
 start_agent rel || exit 1
