@@ -110,7 +110,11 @@ LIB_HDRS := $(wildcard include/keyshift/*.h) format/rules.h parser/cursor.h $(wi
 # libsodium, SQLite (and threads) for migrate/; parser/ and format/ need none;
 # p11-kit and dlopen for the pkcs11 provider; libpq for the PostgreSQL store.
 LIB_LIBS := -lsodium -lsqlite3 $(PQ_LIBS) $(JANSSON_LIBS) $(P11_LIBS) -ldl -pthread
-CLI_SRCS := tools/cli/keyshift.c tools/cli/cli.c tools/cli/throttle.c tools/cli/textfile.c $(wildcard tools/cli/cmd_*.c)
+# The agent behind `keyshift serve` (tools/agent/, docs/agent.md), linked
+# into the CLI with libmicrohttpd and libsystemd (sd_listen_fds).
+AGENT_SRCS := $(wildcard tools/agent/*.c)
+AGENT_LIBS := $(shell pkg-config --libs libmicrohttpd libsystemd 2>/dev/null)
+CLI_SRCS := tools/cli/keyshift.c tools/cli/cli.c tools/cli/throttle.c tools/cli/textfile.c $(wildcard tools/cli/cmd_*.c) $(AGENT_SRCS)
 CLI_HDRS := $(wildcard tools/*/*.h)
 
 REL_OBJS := $(LIB_SRCS:%.c=$(B)/rel/%.o)
@@ -171,7 +175,7 @@ $(SHARED): $(REL_OBJS) tools/libkeyshift.map
 
 $(CLI): $(CLI_SRCS:%.c=$(B)/rel/%.o) $(STATIC)
 	@mkdir -p $(dir $@)
-	$(CC) -pie $(LDHARDEN) $(LDFLAGS) $^ $(LIB_LIBS) -o $@
+	$(CC) -pie $(LDHARDEN) $(LDFLAGS) $^ $(LIB_LIBS) -o $@ $(AGENT_LIBS)
 
 $(DEMO_APP): $(DEMO_APP_SRCS:%.c=$(B)/rel/%.o) $(STATIC)
 	@mkdir -p $(dir $@)
@@ -185,7 +189,7 @@ $(B)/san/%.o: %.c $(LIB_HDRS) $(CLI_HDRS)
 
 $(CLI_SAN): $(CLI_SRCS:%.c=$(B)/san/%.o) $(SAN_OBJS)
 	@mkdir -p $(dir $@)
-	$(CC) $(SAN) $^ $(LIB_LIBS) -o $@
+	$(CC) $(SAN) $^ $(LIB_LIBS) $(AGENT_LIBS) -o $@
 
 $(DEMO_APP_SAN): $(DEMO_APP_SRCS:%.c=$(B)/san/%.o) $(SAN_OBJS)
 	@mkdir -p $(dir $@)
@@ -310,7 +314,7 @@ CLI_TESTS := cli_migrate_stress_test cli_plugin_test cli_every_service_test cli_
              cli_migrate_workers_pg_test cli_rollout_lifecycle_test cli_migrate_pg_test \
              cli_rollout_lifecycle_pg_test kms_aws_plugin_test cli_kms_aws_test cli_pkcs11_test \
              kms_aws_test cli_rollout_test cli_migrate_test cli_crypto_test cli_providers_test \
-             cli_keys_pg_test cli_test cli_migrate_faults_test
+             cli_keys_pg_test cli_test cli_migrate_faults_test cli_agent_test
 CLI_TEST_ENV = KEYSHIFT=$(CLI_SAN) KEYSHIFT_REL=$(CLI) DEMO_APP=$(DEMO_APP_SAN) KMS_AWS_PLUGIN=$(KMS_AWS_SAN) \
                KMS_AWS_DRIVER=$(KMS_AWS_DRIVER) GO_EXAMPLE=$(GO_EXAMPLE) \
                PY_EXAMPLE=$(CURDIR)/tools/python/example_service.py PY_EXAMPLE_PYTHON=$(PYTHON_DEBIAN) \
@@ -462,8 +466,14 @@ $(B)/bin/bench: $(BENCH_SRCS) tools/bench/bench.h $(REL_OBJS) $(NANOPB_C) $(NANO
 	$(CC) $(WARN) -O2 $(INC) -I$(B)/gen $(BENCH_SRCS) $(REL_OBJS) $(NANOPB_C) -lprotobuf-nanopb \
 	    $(LIB_LIBS) -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc -o $@
 
-bench: deps $(B)/bin/bench
+# The agent (docs/agent.md) against ks_app_seal in the process: JSON lines.
+$(B)/bin/bench_agent: tools/bench/bench_agent.c $(REL_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) -O2 $(INC) $< $(REL_OBJS) $(LIB_LIBS) -o $@
+
+bench: deps $(B)/bin/bench $(B)/bin/bench_agent $(CLI)
 	@$(B)/bin/bench
+	@$(B)/bin/bench_agent $(CLI)
 	@$(MAKE) --no-print-directory go-bench
 	@$(MAKE) --no-print-directory py-bench
 

@@ -52,6 +52,7 @@ dict_for() {
         fuzz_text) echo corpus/text.dict ;;
         fuzz_agent_policy) echo corpus/agent_policy.dict ;;
         fuzz_aws_creds) echo corpus/aws_creds.dict ;;
+        fuzz_agent_request) echo corpus/agent.dict ;;
         *) echo corpus/envelope.dict ;;
     esac
 }

@@ -29,7 +29,8 @@
 FUZZ_TARGETS := fuzz_parse fuzz_differential fuzz_open fuzz_keyring fuzz_migrate fuzz_rollout \
                 fuzz_providers fuzz_p11meta fuzz_plugin_resp fuzz_faults fuzz_pg_rows fuzz_text \
                 fuzz_agent_policy \
-                fuzz_aws_creds
+                fuzz_aws_creds \
+                fuzz_agent_request
 # Not in FUZZ_TARGETS (nor OSS-Fuzz): the structure-aware variants of
 # fuzz/struct/ (make fuzz-struct, make fuzz) and the canary (make fuzz-canary).
 FUZZ_STRUCT_TARGETS := fuzz_parse_struct fuzz_open_struct
@@ -56,6 +57,7 @@ FUZZ_DICT_fuzz_pg_rows := corpus/pg_rows.dict
 FUZZ_DICT_fuzz_text := corpus/text.dict
 FUZZ_DICT_fuzz_agent_policy := corpus/agent_policy.dict
 FUZZ_DICT_fuzz_aws_creds := corpus/aws_creds.dict
+FUZZ_DICT_fuzz_agent_request := corpus/agent.dict
 fuzz_dict = $(or $(FUZZ_DICT_$(1)),$(FUZZ_DICT_DEFAULT))
 AFL_CC ?= afl-clang-fast
 LLVM_PROFDATA ?= llvm-profdata-14

@@ -1135,6 +1135,33 @@ static void test_column_encoding(void **state)
     assert_null(bad);
 }
 
+/* ks_app_metrics: the contexts' counters, zero for NULL app. */
+static void test_metrics(void **state)
+{
+    world *w = *state;
+    ks_app_metrics(NULL, NULL); /* a no-op */
+    ks_metrics m;
+    memset(&m, 0xAB, sizeof m);
+    ks_app_metrics(NULL, &m);
+    assert_int_equal(m.seals, 0);
+    assert_int_equal(m.wraps, 0);
+    ks_app_options o = opts(w, 2, 0);
+    ks_app *a = app_open(w, &o);
+    ks_app_metrics(a, &m);
+    assert_int_equal(m.seals + m.opens + m.wraps + m.unwraps, 0);
+    ks_app_record r = rec("acme", "payments:1:card");
+    uint8_t env[1024];
+    ks_rollout_class c;
+    size_t n = seal(a, &r, "4111", env, &c);
+    opens_to(a, &r, env, n, "4111");
+    opens_to(a, &r, env, n, "4111");
+    ks_app_metrics(a, &m);
+    assert_int_equal(m.seals, 1);
+    assert_int_equal(m.opens, 2);
+    assert_int_equal(m.wraps, 1);
+    ks_app_close(a);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, world_setup, world_teardown)
 
 int main(void)
@@ -1146,7 +1173,7 @@ int main(void)
         T(test_parse),       T(test_env_keyring),
         T(test_open_alloc_faults), T(test_threads),
         T(test_update_and_may_read), T(test_pg_keyword_string),
-        T(test_text), T(test_column_encoding),
+        T(test_text), T(test_column_encoding), T(test_metrics),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

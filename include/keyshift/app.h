@@ -357,6 +357,13 @@ typedef struct ks_app_stats {
 /* Copy app's background counters into *out (zeroed for NULL app). */
 KS_API void ks_app_stats_get(ks_app *app, ks_app_stats *out);
 
+/* The counters of app's contexts (keyshift/crypto.h ks_metrics: seals,
+ * opens, DEK cache hits and misses, provider wraps and unwraps, errors by
+ * class), summed over every keyring generation so that each only grows;
+ * zeroed for NULL app.  No secrets.  For an agent's or service's own
+ * metrics endpoint. */
+KS_API void ks_app_metrics(ks_app *app, ks_metrics *out);
+
 /* The key versions registered (a canonical list, "" for none; the
  * background thread re-registers them after a keyring reload) into
  * out[0, cap) with its NUL.  KS_ERR_BUFFER_TOO_SMALL when it does not fit

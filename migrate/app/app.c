@@ -1205,6 +1205,43 @@ void ks_app_stats_get(ks_app *app, ks_app_stats *out)
     pthread_mutex_unlock(&app->mu);
 }
 
+/* See keyshift/app.h.  Every generation's context is summed, so that a
+ * keyring reload never makes a counter go down. */
+void ks_app_metrics(ks_app *app, ks_metrics *out)
+{
+    if (out == NULL) {
+        return;
+    }
+    memset(out, 0, sizeof *out);
+    if (app == NULL) {
+        return;
+    }
+    ks_metrics g;
+    for (const app_gen *p = atomic_load(&app->cur); p != NULL; p = p->older) {
+        ks_ctx_metrics(p->ctx, &g);
+        out->seals += g.seals;
+        out->opens += g.opens;
+        out->rewraps += g.rewraps;
+        out->auth_failures += g.auth_failures;
+        out->auth_fail_unwrap += g.auth_fail_unwrap;
+        out->auth_fail_commitment += g.auth_fail_commitment;
+        out->auth_fail_aead += g.auth_fail_aead;
+        out->auth_fail_binding += g.auth_fail_binding;
+        for (size_t i = 0; i < sizeof g.parse_errors / sizeof g.parse_errors[0]; i++) {
+            out->parse_errors[i] += g.parse_errors[i];
+        }
+        out->unknown_key += g.unknown_key;
+        for (size_t i = 0; i < sizeof g.provider_errors / sizeof g.provider_errors[0]; i++) {
+            out->provider_errors[i] += g.provider_errors[i];
+        }
+        out->cache_hits += g.cache_hits;
+        out->cache_misses += g.cache_misses;
+        out->wraps += g.wraps;
+        out->unwraps += g.unwraps;
+        out->deks_created += g.deks_created;
+    }
+}
+
 /* See keyshift/app.h. */
 ks_err ks_app_keys(ks_app *app, char *out, size_t cap)
 {

@@ -366,5 +366,6 @@ int ks_cmd_decrypt(int argc, char **argv);
 int ks_cmd_census(int argc, char **argv);
 int ks_cmd_migrate(int argc, char **argv);
 int ks_cmd_rollout(int argc, char **argv);
+int ks_cmd_serve(int argc, char **argv);
 
 #endif /* KS_TOOLS_CLI_H */

@@ -26,6 +26,9 @@ static const ks_cli_command commands[] = {
                 "format in guarded, logged phases: start, advance, rollback, canary, status, "
                 "log, check, metrics, readers",
      ks_cmd_rollout},
+    {"serve", "run the local encryption agent: seal and open over a Unix socket for the "
+              "processes a policy names (docs/agent.md)",
+     ks_cmd_serve},
 };
 
 /* Print the top-level manual to f. */
