@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <sodium.h>
 
@@ -55,9 +56,14 @@ uint64_t ks_aead_test_count(ks_aead_engine e)
 #endif
 }
 
-/* Once per process: fetch the ciphers and read KS_AEAD_ENGINE. */
+/* Once per process: fetch the ciphers and read KS_AEAD_ENGINE.  OpenSSL
+ * is told not to clean itself up from atexit(): a context freed by an
+ * exit handler that runs after OpenSSL's would otherwise free its
+ * EVP_CIPHER_CTXs into a torn-down library (an application that
+ * initialised OpenSSL itself keeps its own choice). */
 static void aead_init(void)
 {
+    (void)OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL);
     ciphers[0] = EVP_CIPHER_fetch(NULL, "AES-256-GCM", NULL);
     ciphers[1] = EVP_CIPHER_fetch(NULL, "ChaCha20-Poly1305", NULL);
     const char *v = getenv("KS_AEAD_ENGINE");
