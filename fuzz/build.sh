@@ -22,7 +22,9 @@
 # its generator and pb_*.c are used instead, compiled with $CFLAGS.
 #
 # libsodium (migrate/ needs it, with threads): the system package
-# (libsodium-dev), linked with -lsodium -lsqlite3 -lpthread; p11-kit
+# (libsodium-dev), linked with -lsodium -lsqlite3 -lpthread; OpenSSL's
+# libcrypto (libssl-dev, -lcrypto) likewise, the payload AEAD's second
+# engine (migrate/crypto/aead.c); p11-kit
 # (libp11-kit-dev) likewise, for the pkcs11 provider, and jansson
 # (libjansson-dev, -ljansson) for the KMS plugin protocol's JSON reader, and
 # libpq (libpq-dev) for the PostgreSQL row store.  Like the packaged nanopb
@@ -115,7 +117,7 @@ for t in $TARGETS; do
     done
     # shellcheck disable=SC2086
     $CXX $CFLAGS "$OBJ/$t.o" $extra_objs $LIB_OBJS $NANOPB_OBJS $LIB_FUZZING_ENGINE $NANOPB_LIB \
-        -lsodium -lsqlite3 $PQ_LIBS -ljansson $P11_LIBS -ldl -lpthread -o "$OUT/$t"
+        -lsodium -lcrypto -lsqlite3 $PQ_LIBS -ljansson $P11_LIBS -ldl -lpthread -o "$OUT/$t"
 
     seeds="$WORK/keyshift-seeds-$t"
     rm -rf "$seeds" && mkdir -p "$seeds"

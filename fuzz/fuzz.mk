@@ -30,7 +30,8 @@ FUZZ_TARGETS := fuzz_parse fuzz_differential fuzz_open fuzz_keyring fuzz_migrate
                 fuzz_providers fuzz_p11meta fuzz_plugin_resp fuzz_faults fuzz_pg_rows fuzz_text \
                 fuzz_agent_policy \
                 fuzz_aws_creds \
-                fuzz_agent_request
+                fuzz_agent_request \
+                fuzz_aead
 # Not in FUZZ_TARGETS (nor OSS-Fuzz): the structure-aware variants of
 # fuzz/struct/ (make fuzz-struct, make fuzz) and the canary (make fuzz-canary).
 FUZZ_STRUCT_TARGETS := fuzz_parse_struct fuzz_open_struct

@@ -24,6 +24,7 @@
 #include <keyshift/crypto.h>
 #include <keyshift/keyring.h>
 
+#include "../migrate/crypto/aead.h"
 #include "../migrate/crypto/crypto_hooks.h"
 #include "../migrate/crypto/dek_cache.h"
 #include "../migrate/crypto/mono_clock.h"
@@ -345,6 +346,157 @@ static void test_aead_tag_only(void **state)
                                                                     sizeof ad, n, &st),
                      -1);
     sodium_memzero(&st, sizeof st);
+}
+
+/* ---- the two AEAD engines (migrate/crypto/aead.h) ----------------------- */
+
+/* Encrypt m[0, n) on engine e under k and compare with libsodium's
+ * combined call (the oracle) in want[0, n + 16); then decrypt want on e
+ * back to m, and check that a flipped tag fails on e with the output
+ * left zero. */
+static void engine_case(ks_aead_engine e, const ks_aead_key *enc, const ks_aead_key *dec,
+                        const uint8_t *m, size_t n, const uint8_t *ad, size_t adlen,
+                        const uint8_t *nonce, const uint8_t *want)
+{
+    uint8_t *c = malloc(n + KS_TAG_LEN), *back = malloc(n + 1);
+    assert_non_null(c);
+    assert_non_null(back);
+    assert_int_equal(ks_aead_encrypt(e, enc, c, m, n, ad, adlen, nonce), 0);
+    assert_memory_equal(c, want, n + KS_TAG_LEN);
+    assert_int_equal(ks_aead_decrypt(e, dec, back, want, n + KS_TAG_LEN, ad, adlen, nonce), 0);
+    if (n != 0) {
+        assert_memory_equal(back, m, n);
+    }
+    c[n] ^= 0x80;
+    memset(back, 0xAA, n + 1);
+    assert_int_equal(ks_aead_decrypt(e, dec, back, c, n + KS_TAG_LEN, ad, adlen, nonce), -1);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(back[i], 0); /* [F-CRYPTO-OPEN-1]: nothing unauthenticated is left */
+    }
+    free(c);
+    free(back);
+}
+
+/* Both engines give libsodium's combined bytes [F-CRYPTO-ALG-1] around
+ * the size thresholds, with and without AAD, and open each other's output;
+ * an OpenSSL state is keyed again for a new key and, for
+ * xchacha20-poly1305, for a new nonce prefix under the same key (the
+ * HChaCha20 subkey), and after a wipe. */
+static void test_aead_engines(void **state)
+{
+    (void)state;
+    static const size_t sizes[] = {0, 1, 15, 16, 17, 255, 256, 511, 512, 513, 2048, 70001};
+    uint8_t key[32], nonce[24], ad[17 * 12];
+    uint8_t *m = malloc(70001), *want = malloc(70001 + KS_TAG_LEN);
+    assert_non_null(m);
+    assert_non_null(want);
+    ks_aead_evp se = {0}, sd = {0};
+    uint64_t serial = 0;
+    for (uint32_t alg = 1; alg <= 2; alg++) {
+        if (alg == KS_ALG_AES256GCM && !aes_ok()) {
+            continue;
+        }
+        for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+            const size_t n = sizes[i], adlen = i % 3 == 0 ? 0 : 17 * i; /* < sizeof ad */
+            assert_true(adlen <= sizeof ad);
+            unsigned long long wl = 0;
+            randombytes_buf(m, n);
+            randombytes_buf(ad, sizeof ad);
+            randombytes_buf(nonce, sizeof nonce);
+            if (i % 4 == 0) {
+                randombytes_buf(key, sizeof key); /* a new key: a new serial */
+            }
+            if (i % 4 == 0 || i == 1) {
+                serial = ks_aead_serial(); /* i == 1: the same key under a new name */
+            }
+            if (i == 5) {
+                ks_aead_evp_wipe(&se);
+                ks_aead_evp_wipe(&sd);
+            }
+            if (alg == KS_ALG_AES256GCM) {
+                assert_int_equal(crypto_aead_aes256gcm_encrypt(want, &wl, m, n, ad, adlen, NULL, nonce, key), 0);
+            } else {
+                assert_int_equal(crypto_aead_xchacha20poly1305_ietf_encrypt(want, &wl, m, n, ad, adlen, NULL,
+                                                                            nonce, key),
+                                 0);
+            }
+            const ks_aead_key enc = {alg, key, NULL, &se, serial}, dec = {alg, key, NULL, &sd, serial};
+            engine_case(KS_AEAD_SODIUM, &enc, &dec, m, n, ad, adlen, nonce, want);
+            engine_case(KS_AEAD_OPENSSL, &enc, &dec, m, n, ad, adlen, nonce, want);
+            engine_case(KS_AEAD_AUTO, &enc, &dec, m, n, ad, adlen, nonce, want);
+        }
+    }
+    ks_aead_evp_free(&se);
+    ks_aead_evp_free(&sd);
+    /* no OpenSSL state: OPENSSL refuses, AUTO runs libsodium */
+    const ks_aead_key bare = {KS_ALG_XCHACHA20POLY1305, key, NULL, NULL, 0};
+    assert_int_equal(ks_aead_encrypt(KS_AEAD_OPENSSL, &bare, want, m, 600, ad, 0, nonce), -1);
+    assert_int_equal(ks_aead_encrypt(KS_AEAD_AUTO, &bare, want, m, 600, ad, 0, nonce), 0);
+    free(m);
+    free(want);
+}
+
+/* The engine rule: libsodium below each algorithm's threshold, OpenSSL
+ * from it on; a forced engine overrides it. */
+static void test_aead_engine_rule(void **state)
+{
+    (void)state;
+    assert_int_equal(ks_aead_engine_rule(KS_ALG_AES256GCM, KS_AEAD_EVP_MIN_AES256GCM - 1), KS_AEAD_SODIUM);
+    assert_int_equal(ks_aead_engine_rule(KS_ALG_AES256GCM, KS_AEAD_EVP_MIN_AES256GCM), KS_AEAD_OPENSSL);
+    assert_int_equal(ks_aead_engine_rule(KS_ALG_XCHACHA20POLY1305, KS_AEAD_EVP_MIN_XCHACHA - 1), KS_AEAD_SODIUM);
+    assert_int_equal(ks_aead_engine_rule(KS_ALG_XCHACHA20POLY1305, KS_AEAD_EVP_MIN_XCHACHA), KS_AEAD_OPENSSL);
+    assert_int_equal(ks_aead_engine_rule(KS_ALG_XCHACHA20POLY1305, (size_t)1 << 20), KS_AEAD_OPENSSL);
+    ks_aead_test_force(KS_AEAD_SODIUM);
+    assert_int_equal(ks_aead_engine_for(KS_ALG_XCHACHA20POLY1305, (size_t)1 << 20), KS_AEAD_SODIUM);
+    ks_aead_test_force(KS_AEAD_OPENSSL);
+    assert_int_equal(ks_aead_engine_for(KS_ALG_XCHACHA20POLY1305, 1), KS_AEAD_OPENSSL);
+    ks_aead_test_force(KS_AEAD_AUTO);
+}
+
+/* ks_seal and ks_open run the engine the rule (or the forced engine)
+ * names, and an envelope sealed on one engine opens on the other, in
+ * another context, byte for byte. */
+static void test_engines_cross(void **state)
+{
+    world *w = *state;
+    static const size_t sizes[] = {0, 100, 600, 4096};
+    uint8_t pt[4096];
+    randombytes_buf(pt, sizeof pt);
+    ks_ctx *other = new_ctx(w, NULL);
+    for (uint32_t alg = 1; alg <= 2; alg++) {
+        if (alg == KS_ALG_AES256GCM && !aes_ok()) {
+            continue;
+        }
+        for (uint8_t fmt = 1; fmt <= 2; fmt++) {
+            for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+                for (int seal_on = KS_AEAD_SODIUM; seal_on <= KS_AEAD_OPENSSL; seal_on++) {
+                    ks_seal_params p = params(fmt, alg);
+                    const int open_on = seal_on == KS_AEAD_SODIUM ? KS_AEAD_OPENSSL : KS_AEAD_SODIUM;
+                    ks_aead_test_force((ks_aead_engine)seal_on);
+                    uint64_t before = ks_aead_test_count((ks_aead_engine)seal_on);
+                    sealed s = seal_ok(w->ctx, &p, pt, sizes[i]);
+                    assert_int_equal(ks_aead_test_count((ks_aead_engine)seal_on), before + 1);
+                    ks_aead_test_force((ks_aead_engine)open_on);
+                    before = ks_aead_test_count((ks_aead_engine)open_on);
+                    open_expect(other, s, &open_any, pt, sizes[i]);
+                    open_expect(other, s, &open_any, pt, sizes[i]); /* from the shard */
+                    assert_int_equal(ks_aead_test_count((ks_aead_engine)open_on), before + 2);
+                    free(s.buf);
+                }
+                /* unforced: the engine of the rule (or of KS_AEAD_ENGINE) */
+                ks_aead_test_force(KS_AEAD_AUTO);
+                ks_seal_params p = params(fmt, alg);
+                const ks_aead_engine want = ks_aead_engine_for(alg, sizes[i]);
+                uint64_t before = ks_aead_test_count(want);
+                sealed s = seal_ok(w->ctx, &p, pt, sizes[i]);
+                open_expect(w->ctx, s, &open_any, pt, sizes[i]);
+                assert_int_equal(ks_aead_test_count(want), before + 2);
+                free(s.buf);
+            }
+        }
+    }
+    ks_aead_test_force(KS_AEAD_AUTO);
+    ks_ctx_free(other);
 }
 
 /* ks_verify on env returns exactly what ks_open does, with the same
@@ -1453,6 +1605,9 @@ int main(void)
         T(test_round_trip_no_cache),
         T(test_health_sample),
         T(test_aead_tag_only),
+        T(test_aead_engines),
+        T(test_aead_engine_rule),
+        T(test_engines_cross),
         T(test_verify),
         T(test_bit_flips),
         T(test_binding),

@@ -16,6 +16,8 @@
  *      [F-CRYPTO-KEY-1], [F-CRYPTO-KEY-4], [F-CRYPTO-COMMIT-2], [F-CRYPTO-AEAD-1], and a
  *      reference opener that follows [F-CRYPTO-OPEN-1] step by step opens
  *      every ok vector to its plaintext and fails every auth-failed vector;
+ *      and each of the library's two AEAD engines (migrate/crypto/aead.h:
+ *      OpenSSL, libsodium) gives and opens every ok vector's ciphertext;
  *   4. the library: a local keyring holding the KEK as version key_version
  *      (versions before it get random KEKs), its provider unwraps the
  *      listed wrapped DEK, and ks_open gives the plaintext, or
@@ -50,6 +52,7 @@
 #include <keyshift/keyring.h>
 #include <keyshift/provider.h>
 
+#include "../migrate/crypto/aead.h"
 #include "crypto_vectors.h"
 #include "envelope_eq.h"
 
@@ -200,6 +203,29 @@ static int g_quiet;
         }                                                                                        \
     } while (0)
 
+/* The library's AEAD engine e (migrate/crypto/aead.h) gives v's
+ * ciphertext under the message key k, and opens it to v's plaintext. */
+static int engine_ok(const kcv_vector *v, ks_aead_engine e, const uint8_t k[32])
+{
+    ks_aead_evp se = {0}, sd = {0};
+    const uint64_t serial = ks_aead_serial();
+    const ks_aead_key enc = {v->algorithm, k, NULL, &se, serial}, dec = {v->algorithm, k, NULL, &sd, serial};
+    uint8_t *ct = malloc(v->plaintext.n + KS_TAG_LEN), *back = malloc(v->plaintext.n + 1);
+    assert_non_null(ct);
+    assert_non_null(back);
+    int ok = ks_aead_encrypt(e, &enc, ct, v->plaintext.p, v->plaintext.n, v->data_aad.p, v->data_aad.n,
+                             v->nonce.p) == 0 &&
+             bytes_eq(&v->ciphertext, ct, v->plaintext.n + KS_TAG_LEN) &&
+             ks_aead_decrypt(e, &dec, back, v->ciphertext.p, v->ciphertext.n, v->data_aad.p, v->data_aad.n,
+                             v->nonce.p) == 0 &&
+             bytes_eq(&v->plaintext, back, v->plaintext.n);
+    ks_aead_evp_free(&se);
+    ks_aead_evp_free(&sd);
+    free(ct);
+    free(back);
+    return ok;
+}
+
 /* Checks 1 to 3 for an ok vector; 0 when all pass. */
 static int check_ok_static(const kcv_vector *v)
 {
@@ -271,6 +297,10 @@ static int check_ok_static(const kcv_vector *v)
     int same = bytes_eq(&v->ciphertext, ct, (size_t)n);
     free(ct);
     CHECK(same, "ciphertext is not AEAD(K, nonce, data_aad, plaintext)");
+    for (int eng = KS_AEAD_SODIUM; eng <= KS_AEAD_OPENSSL; eng++) {
+        CHECK(engine_ok(v, (ks_aead_engine)eng, k), "the %s engine does not give (or open) the ciphertext",
+              eng == KS_AEAD_SODIUM ? "libsodium" : "OpenSSL");
+    }
 
     /* the reference opener */
     uint8_t *pt = malloc(v->plaintext.n + 1);

@@ -11,7 +11,10 @@
  * hang, seals one envelope with the parameters the threads use, opens it,
  * checks that its nonce and wrapped DEK differ from those of an envelope
  * the parent sealed just before the fork (a DEK of its own, so fresh
- * nonces), and opens the parent's envelope.  The child reports by its
+ * nonces), opens it again on libsodium (its messages are long enough for
+ * the OpenSSL engine, whose per-thread state the parent had keyed: the
+ * bytes must be those of the child's own DEK), and opens the parent's
+ * envelope.  The child reports by its
  * _exit code only (no cmocka in the child); the parent waits for it with a
  * bounded poll and kills it past PARENT_WAIT_MS.
  *
@@ -51,6 +54,7 @@
 #include <keyshift/crypto.h>
 #include <keyshift/envelope.h>
 
+#include "../migrate/crypto/aead.h"
 #include "mem_provider.h"
 
 #define KEY "app-key"
@@ -61,7 +65,12 @@ enum {
     RUN_MS = 2000,        /* per test */
     CHILD_ALARM = 5,      /* seconds a child may take before SIGALRM kills it */
     PARENT_WAIT_MS = 10000,
-    ENV_CAP = 512,
+    /* Messages past both algorithms' OpenSSL thresholds (aead.h), so that
+     * every seal and open here runs on the OpenSSL engine: the child's
+     * first seal is on a shard slot whose EVP state the parent keyed for
+     * its own DEK. */
+    MSG_LEN = 600,
+    ENV_CAP = 1024,
 };
 
 /* A child's exit codes. */
@@ -76,6 +85,7 @@ enum {
     C_PT_OWN = 16,       /* ... or it opens to something else */
     C_OPEN_PARENT = 17,  /* the child cannot open the parent's envelope */
     C_PT_PARENT = 18,    /* ... or it opens to something else */
+    C_OPEN_OWN_SODIUM = 19, /* libsodium does not open the child's envelope */
 };
 
 static const char *child_code_name(int code)
@@ -90,6 +100,7 @@ static const char *child_code_name(int code)
     case C_PT_OWN: return "the child's own envelope opens to other bytes";
     case C_OPEN_PARENT: return "the child cannot open the parent's envelope";
     case C_PT_PARENT: return "the parent's envelope opens to other bytes in the child";
+    case C_OPEN_OWN_SODIUM: return "libsodium does not open the child's envelope to its bytes";
     default: return "unexpected exit code";
     }
 }
@@ -121,8 +132,10 @@ typedef struct shared {
     atomic_ulong seals, opens;
 } shared;
 
-static const uint8_t msg[] = "fork test message";
-static const uint8_t child_msg[] = "sealed in the child";
+/* The parent's and the child's messages (MSG_LEN bytes each, distinct),
+ * filled by main() before any thread starts. */
+static uint8_t msg[MSG_LEN];
+static uint8_t child_msg[MSG_LEN];
 
 static void *seal_loop(void *arg)
 {
@@ -165,7 +178,7 @@ static int same_bytes(ks_bytes a, ks_bytes b)
  * the parent sealed just before fork(). */
 static int child_main(shared *s, const uint8_t *parent_env, size_t parent_len)
 {
-    uint8_t env[ENV_CAP], pt[64];
+    uint8_t env[ENV_CAP], pt[MSG_LEN + 1];
     size_t len = 0, n = 0;
     ks_parse_error pe;
     if (ks_seal(s->ctx, &s->p, child_msg, sizeof child_msg, env, sizeof env, &len) != KS_OK) {
@@ -189,6 +202,14 @@ static int child_main(shared *s, const uint8_t *parent_env, size_t parent_len)
     }
     if (n != sizeof child_msg || memcmp(pt, child_msg, n) != 0) {
         return C_PT_OWN;
+    }
+    /* the oracle: its bytes open on libsodium too, so the child's seal did
+     * not run on a key schedule of the parent's */
+    ks_aead_test_force(KS_AEAD_SODIUM);
+    ks_err rc = ks_open(s->ctx, env, len, &s->op, pt, sizeof pt, &n, &pe);
+    ks_aead_test_force(KS_AEAD_AUTO);
+    if (rc != KS_OK || n != sizeof child_msg || memcmp(pt, child_msg, n) != 0) {
+        return C_OPEN_OWN_SODIUM;
     }
     if (ks_open(s->ctx, parent_env, parent_len, &s->op, pt, sizeof pt, &n, &pe) != KS_OK) {
         return C_OPEN_PARENT;
@@ -370,6 +391,10 @@ int main(void)
         return 1;
     }
     setvbuf(stdout, NULL, _IOLBF, 0); /* no buffered output duplicated into children */
+    for (size_t i = 0; i < MSG_LEN; i++) {
+        msg[i] = (uint8_t)(i * 7 + 1);
+        child_msg[i] = (uint8_t)(i * 13 + 5);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fork_while_sealing_v2),
         cmocka_unit_test(test_fork_while_sealing_v1_aes),

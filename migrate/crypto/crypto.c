@@ -6,9 +6,11 @@
  *   v1: K = DEK, no commitment;
  *   v2: K and the commitment C are functions of the DEK and the algorithm
  *       alone (v2_keys.h), computed once per DEK and kept with it.
- * AEAD [F-CRYPTO-AEAD-1]: the algorithm's libsodium AEAD under K with the
- * envelope's nonce and the data AAD (keyshift/aad.h); its output c
- * (plaintext length + 16) is the ciphertext field.
+ * AEAD [F-CRYPTO-AEAD-1]: the algorithm's AEAD [F-CRYPTO-ALG-1] under K
+ * with the envelope's nonce and the data AAD (keyshift/aad.h); its output
+ * c (plaintext length + 16) is the ciphertext field.  Two engines run it,
+ * OpenSSL's EVP and libsodium, chosen per call by algorithm and size
+ * (aead.h); their bytes are the same.
  *
  * Secrets: DEKs and K sit in sodium_malloc'd memory (write side:
  * dek_writer.c; read side: dek_cache.c and the shards, shard.c) or in
@@ -16,7 +18,9 @@
  * of aes-256-gcm DEKs (one per write-side DEK; on the read side one per
  * shard slot, and for threads without a shard a bounded pool,
  * KS_CACHE_AES_STATES, pinned by an open while it decrypts and wiped when
- * its entry goes and no open still uses it).  Nothing is ever logged.
+ * its entry goes and no open still uses it), and the OpenSSL key
+ * schedules of each shard slot (aead.h), overwritten when the slot's key
+ * goes and freed with the shard.  Nothing is ever logged.
  *
  * The hot paths (a seal on an active DEK, an open whose DEK is cached)
  * allocate nothing, call no random source and, on a thread that owns a
@@ -39,6 +43,7 @@
 #include <keyshift/crypto.h>
 
 #include "../../format/rules.h"
+#include "aead.h"
 #include "crypto_hooks.h"
 #include "ctx_internal.h"
 #include "dek_cache.h"
@@ -114,48 +119,6 @@ static int view_ok(ks_bytes v)
 
 /* ---- key derivation and AEAD ---------------------------------------------- */
 
-/* AEAD-encrypt m[0, mlen) into c[0, mlen + 16) [F-CRYPTO-AEAD-1] under k,
- * or, when aes is not NULL (aes-256-gcm), under the expanded key state
- * aes of k; 0 on success. */
-static int aead_encrypt(uint32_t alg, const void *aes, uint8_t *c, const uint8_t *m, size_t mlen,
-                        const uint8_t *ad, size_t adlen, const uint8_t *nonce, const uint8_t *k)
-{
-    unsigned long long clen;
-    if (aes != NULL) { /* the detached call, without the combined wrapper's layer */
-        return crypto_aead_aes256gcm_encrypt_detached_afternm(
-            c, c + mlen, NULL, m, mlen, ad, adlen, NULL, nonce,
-            (const crypto_aead_aes256gcm_state *)aes);
-    }
-    if (alg == KS_ALG_AES256GCM) {
-        return crypto_aead_aes256gcm_encrypt(c, &clen, m, mlen, ad, adlen, NULL, nonce, k);
-    }
-    return crypto_aead_xchacha20poly1305_ietf_encrypt(c, &clen, m, mlen, ad, adlen, NULL, nonce, k);
-}
-
-/*
- * AEAD-decrypt c[0, clen) into m[0, clen - 16) (k, or aes as above); 0
- * when the tag verifies.  With m NULL, only the tag is verified and
- * nothing is decrypted: every libsodium AEAD's detached decryption
- * computes and compares the tag first and returns right there when it
- * has no output buffer (its m is not declared nonnull).  ks_verify
- * relies on this; tests/test_crypto.c pins it for each algorithm.
- */
-static int aead_decrypt(uint32_t alg, const void *aes, uint8_t *m, const uint8_t *c, size_t clen,
-                        const uint8_t *ad, size_t adlen, const uint8_t *nonce, const uint8_t *k)
-{
-    assert(clen >= KS_TAG_LEN); /* [F-LEN-2]: the parser refuses a shorter one */
-    const size_t mlen = clen - KS_TAG_LEN;
-    const uint8_t *tag = c + mlen;
-    if (aes != NULL) { /* the expanded key, without the combined wrapper's layer */
-        return crypto_aead_aes256gcm_decrypt_detached_afternm(
-            m, NULL, c, mlen, tag, ad, adlen, nonce, (const crypto_aead_aes256gcm_state *)aes);
-    }
-    if (alg == KS_ALG_AES256GCM) {
-        return crypto_aead_aes256gcm_decrypt_detached(m, NULL, c, mlen, tag, ad, adlen, nonce, k);
-    }
-    return crypto_aead_xchacha20poly1305_ietf_decrypt_detached(m, NULL, c, mlen, tag, ad, adlen, nonce, k);
-}
-
 /* The read keys of a DEK as an open and a rewrap use them (shard.h):
  * views into a shard slot, a stack copy of the cache's value, or a pinned
  * cache state (aes). */
@@ -164,6 +127,8 @@ typedef struct rkeys {
     const uint8_t *commit;   /* v2: C; v1: NULL */
     const uint8_t *dek;
     const void *aes;         /* aes-256-gcm: the expanded aead_key, or NULL */
+    ks_aead_evp *evp;        /* a shard slot's OpenSSL state for aead_key, or NULL */
+    uint64_t serial;         /* names aead_key for evp */
 } rkeys;
 
 /* The read keys' length for env's version: v1 the DEK; v2 K || C || DEK. */
@@ -184,11 +149,20 @@ static void rkeys_build(const ks_envelope *env, const uint8_t dek[KS_DEK_LEN], u
 }
 
 /* Views of the read keys keys[0, rkeys_len(env)), with aes their
- * expanded key or NULL. */
+ * expanded key or NULL, and no OpenSSL state. */
 static rkeys rkeys_view(const ks_envelope *env, const uint8_t *keys, const void *aes)
 {
     const int v2 = env->version == KS_FORMAT_V2;
-    return (rkeys){keys, v2 ? keys + 32 : NULL, v2 ? keys + 64 : keys, aes};
+    return (rkeys){keys, v2 ? keys + 32 : NULL, v2 ? keys + 64 : keys, aes, NULL, 0};
+}
+
+/* Views of the read keys in shard slot o, with its OpenSSL state. */
+static rkeys rkeys_slot(const ks_envelope *env, ks_open_slot *o)
+{
+    rkeys k = rkeys_view(env, o->keys, o->aes);
+    k.evp = &o->evp;
+    k.serial = o->serial;
+    return k;
 }
 
 /* Nonzero when env's v2 commitment is C of its read keys, compared in
@@ -369,8 +343,8 @@ static ks_err acquire_dek(ks_ctx *ctx, const ks_wdek_tuple *t, size_t pt_len, in
  * encrypted in place in out under d's AEAD key and the data AAD, d's AAD
  * head || lp(context) [F-CRYPTO-AAD-1].  Writes nothing when cap is
  * short; wipes out on failure. */
-static ks_err seal_with(const ks_wdek *d, const uint8_t *nonce, ks_bytes context, const uint8_t *pt,
-                        size_t pt_len, uint8_t *out, size_t cap, size_t *out_len)
+static ks_err seal_with(const ks_wdek *d, ks_aead_evp *evp, const uint8_t *nonce, ks_bytes context,
+                        const uint8_t *pt, size_t pt_len, uint8_t *out, size_t cap, size_t *out_len)
 {
     const size_t hl = d->tmpl.header_len, ct_len = pt_len + KS_TAG_LEN;
     const size_t total = hl + 1 + ks_varint_len(ct_len) + ct_len;
@@ -389,11 +363,12 @@ static ks_err seal_with(const ks_wdek *d, const uint8_t *nonce, ks_bytes context
         memcpy(aad + d->aad_head_len + 4, context.ptr, context.len);
     }
     const size_t aad_len = d->aad_head_len + 4 + context.len;
-    /* d->aes: the AEAD key's expanded aes-256-gcm state */
-    if (aead_encrypt(d->tmpl.algorithm, d->aes, out + pos, pt, pt_len, aad, aad_len,
-                     out + d->nonce_off, d->aead_key) != 0) {
+    /* d->aes: the AEAD key's expanded aes-256-gcm state; evp: this
+     * thread's OpenSSL state for it, keyed again when d's serial changes */
+    const ks_aead_key k = {d->tmpl.algorithm, d->aead_key, d->aes, evp, d->serial};
+    if (ks_aead_encrypt(KS_AEAD_AUTO, &k, out + pos, pt, pt_len, aad, aad_len, out + d->nonce_off) != 0) {
         sodium_memzero(out, total);
-        return KS_ERR_INVALID_ARGUMENT; /* libsodium refuses only oversized input */
+        return KS_ERR_INVALID_ARGUMENT; /* the engines refuse only oversized input */
     }
     assert(pos + ct_len == total);
     *out_len = total;
@@ -435,7 +410,8 @@ static ks_err seal_call(ks_ctx *ctx, const ks_seal_params *p, const uint8_t *pt,
         }
     }
     ks_seal_slot_use(s, pt_len, nonce);
-    err = seal_with(s->d, nonce, p->context, pt, pt_len, out, cap, out_len); /* nonce is public */
+    ks_aead_evp *evp = s != &one ? ks_shard_seal_evp(sh, s) : NULL; /* no shard: libsodium */
+    err = seal_with(s->d, evp, nonce, p->context, pt, pt_len, out, cap, out_len); /* nonce is public */
     if (s == &one) {
         assert(one.bytes == 0); /* exactly pt_len was reserved */
         ks_wdek_release(one.d);
@@ -549,7 +525,7 @@ static ks_err read_keys(ks_ctx *ctx, const ks_envelope *env, const uint8_t *id, 
 /* Check the commitment (v2) and decrypt env's ciphertext into pt under
  * the read keys k [F-CRYPTO-OPEN-1]: the commitment is compared before
  * the AEAD runs, and a failed AEAD leaves pt[0, cap) zero.  pt NULL:
- * verify the tag only (aead_decrypt). */
+ * verify the tag only (ks_aead_decrypt()). */
 static ks_err decrypt(ks_ctx *ctx, const ks_envelope *env, ks_bytes context, const rkeys *k,
                       uint8_t *pt, size_t cap)
 {
@@ -559,9 +535,9 @@ static ks_err decrypt(ks_ctx *ctx, const ks_envelope *env, ks_bytes context, con
     uint8_t aad[KS_DATA_AAD_MAX];
     size_t aad_len = 0;
     ks_err err = ks_aad_data(env, context, aad, sizeof aad, &aad_len); /* [F-CRYPTO-AAD-1] */
-    if (err == KS_OK && aead_decrypt(env->algorithm, k->aes, pt, env->ciphertext.ptr,
-                                     env->ciphertext.len, aad, aad_len, env->nonce.ptr,
-                                     k->aead_key) != 0) {
+    const ks_aead_key ak = {env->algorithm, k->aead_key, k->aes, k->evp, k->serial};
+    if (err == KS_OK && ks_aead_decrypt(KS_AEAD_AUTO, &ak, pt, env->ciphertext.ptr, env->ciphertext.len,
+                                        aad, aad_len, env->nonce.ptr) != 0) {
         if (pt != NULL) {
             sodium_memzero(pt, cap);
         }
@@ -585,10 +561,10 @@ static ks_err open_keys(ks_ctx *ctx, uint32_t ti, const uint8_t *buf, const ks_e
     const int aes = env->algorithm == KS_ALG_AES256GCM;
     ks_shard *sh = ctx->cache != NULL ? ks_ctx_shard(ctx, ti) : NULL;
     const uint64_t now = ks_mono_seconds();
-    const ks_open_slot *o = sh != NULL ? ks_shard_open_find(sh, id, id_len, now) : NULL;
+    ks_open_slot *o = sh != NULL ? ks_shard_open_find(sh, id, id_len, now) : NULL;
     if (o != NULL) {
         ks_ctx_count(ctx, ti, KS_COUNT_SHARD_HIT);
-        *k = rkeys_view(env, o->keys, o->aes);
+        *k = rkeys_slot(env, o);
         return KS_OK;
     }
     /* v1 aes-256-gcm without a shard: the cache's pinned expanded key (a
@@ -600,11 +576,11 @@ static ks_err open_keys(ks_ctx *ctx, uint32_t ti, const uint8_t *buf, const ks_e
         return err;
     }
     if (pin->state != NULL) {
-        *k = (rkeys){NULL, NULL, NULL, pin->state}; /* v1 aes: only the expanded key is used */
+        *k = (rkeys){NULL, NULL, NULL, pin->state, NULL, 0}; /* v1 aes: only the expanded key is used */
         return KS_OK;
     }
     o = sh != NULL ? ks_shard_open_put(sh, id, id_len, keys, rkeys_len(env), expires, aes) : NULL;
-    *k = o != NULL ? rkeys_view(env, o->keys, o->aes) : rkeys_view(env, keys, NULL);
+    *k = o != NULL ? rkeys_slot(env, o) : rkeys_view(env, keys, NULL);
     return KS_OK;
 }
 

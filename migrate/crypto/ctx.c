@@ -6,8 +6,13 @@
  * fork(): atfork handlers take every context's locks before fork() and
  * release them after, so a child never inherits a lock held by a thread
  * it does not have; the child empties the shards of those threads
- * (ks_shard_abandon) and seals only with DEKs of its own
- * ([F-CRYPTO-NONCE-2], dek_writer.c).
+ * (ks_shard_abandon, which also overwrites their OpenSSL key schedules)
+ * and seals only with DEKs of its own ([F-CRYPTO-NONCE-2], dek_writer.c).
+ * The forking thread's own shard keeps its OpenSSL states, but each is
+ * keyed for a DEK by that DEK's serial: a child's seal refills its slot
+ * with a DEK of the child's generation, whose serial differs, so the
+ * state is keyed again before it encrypts anything, and never with the
+ * parent's DEK and nonces.
  */
 #include <assert.h>
 #include <pthread.h>

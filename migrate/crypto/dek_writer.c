@@ -23,6 +23,7 @@
 #include <keyshift/provider.h>
 
 #include "../../format/rules.h"
+#include "aead.h"
 #include "dek_writer.h"
 #include "mono_clock.h"
 #include "v2_keys.h"
@@ -271,6 +272,7 @@ ks_err ks_wdek_new(const ks_envelope *shape, uint32_t req_version, const ks_wdek
     d->expires = ks_mono_seconds() + lim->max_age;
     d->generation = ks_fork_generation();
     d->req_version = req_version;
+    d->serial = ks_aead_serial();
     d->counter = 0;
     d->bytes = 0;
     atomic_init(&d->refs, 1);

@@ -73,6 +73,9 @@ typedef struct ks_wdek {
      * aead_key (crypto_aead_aes256gcm_state, 16-byte aligned), computed
      * once, in sodium_malloc'd memory, and wiped and freed with the key. */
     void *aes;
+    /* Names aead_key for the shards' OpenSSL states (aead.h): a seal
+     * slot's state is keyed again whenever its DEK's serial differs. */
+    uint64_t serial;
     uint8_t prefix[KS_NONCE_MAX - KS_NONCE_COUNTER_LEN]; /* random, per DEK */
     /* The data AAD [F-CRYPTO-AAD-1] is aad_head || lp(context), aad_head
      * depending on the DEK's header alone (the v2 commitment is per DEK):

@@ -45,10 +45,18 @@ ks_shard *ks_shard_new(size_t id_max, uint32_t opens)
 }
 
 /* Empty every slot without reading it (the slab and the id buffers, set
- * at creation, stay). */
+ * at creation, stay), and overwrite the OpenSSL key schedules (the
+ * contexts stay: each is whole, see aead.c's ctx_make()). */
 static void reset(ks_shard *sh)
 {
     sodium_memzero(sh->secret, SECRET_LEN);
+    for (size_t i = 0; i < KS_SHARD_SEALS; i++) {
+        ks_aead_evp_wipe(&sh->seal_evp[i]);
+    }
+    for (size_t i = 0; i < KS_SHARD_OPENS; i++) {
+        ks_aead_evp_wipe(&sh->open[i].evp);
+        sh->open[i].serial = 0;
+    }
     memset(sh->seal, 0, sizeof sh->seal);
     for (size_t i = 0; i < KS_SHARD_OPENS; i++) {
         sh->open[i].expires = 0;
@@ -69,6 +77,12 @@ void ks_shard_free(ks_shard *sh)
         ks_wdek_release(sh->seal[i].d);
     }
     reset(sh);
+    for (size_t i = 0; i < KS_SHARD_SEALS; i++) {
+        ks_aead_evp_free(&sh->seal_evp[i]);
+    }
+    for (size_t i = 0; i < KS_SHARD_OPENS; i++) {
+        ks_aead_evp_free(&sh->open[i].evp);
+    }
     sodium_free(sh->secret);
     free(sh->ids);
     free(sh);
@@ -102,13 +116,19 @@ ks_seal_slot *ks_shard_seal_slot(ks_shard *sh, const ks_wdek_tuple *t)
     return s;
 }
 
+/* See shard.h. */
+ks_aead_evp *ks_shard_seal_evp(ks_shard *sh, const ks_seal_slot *s)
+{
+    assert(s >= sh->seal && s < sh->seal + KS_SHARD_SEALS);
+    return &sh->seal_evp[s - sh->seal];
+}
+
 /* See shard.h.  At most KS_SHARD_OPENS comparisons, each cut short by the
  * length. */
-const ks_open_slot *ks_shard_open_find(const ks_shard *sh, const uint8_t *id, size_t id_len,
-                                       uint64_t now)
+ks_open_slot *ks_shard_open_find(ks_shard *sh, const uint8_t *id, size_t id_len, uint64_t now)
 {
     for (size_t i = 0; i < sh->opens; i++) {
-        const ks_open_slot *o = &sh->open[i];
+        ks_open_slot *o = &sh->open[i];
         if (o->id_len == id_len && now < o->expires && memcmp(o->id, id, id_len) == 0) {
             return o;
         }
@@ -117,9 +137,8 @@ const ks_open_slot *ks_shard_open_find(const ks_shard *sh, const uint8_t *id, si
 }
 
 /* See shard.h. */
-const ks_open_slot *ks_shard_open_put(ks_shard *sh, const uint8_t *id, size_t id_len,
-                                      const uint8_t *keys, size_t keys_len, uint64_t expires,
-                                      int aes)
+ks_open_slot *ks_shard_open_put(ks_shard *sh, const uint8_t *id, size_t id_len,
+                                const uint8_t *keys, size_t keys_len, uint64_t expires, int aes)
 {
     if (sh->opens == 0 || id_len > sh->id_max || keys_len < 32 || keys_len > KS_RKEYS_MAX) {
         return NULL;
@@ -130,6 +149,8 @@ const ks_open_slot *ks_shard_open_put(ks_shard *sh, const uint8_t *id, size_t id
     uint8_t *state = sh->secret + i * AES_STATE;
     sodium_memzero(o->keys, KS_RKEYS_MAX);
     sodium_memzero(state, AES_STATE);
+    ks_aead_evp_wipe(&o->evp);
+    o->serial = ks_aead_serial();
     memcpy(o->id, id, id_len);
     memcpy(o->keys, keys, keys_len);
     o->id_len = id_len;

@@ -18,6 +18,15 @@
  * too) and, for aes-256-gcm, its expanded key.  Secrets live in one
  * sodium_malloc'd slab per shard and are wiped on replacement and free.
  *
+ * Each seal slot and each read key also has the owner's OpenSSL state
+ * for its key (aead.h: an EVP_CIPHER_CTX per algorithm, made once, keyed
+ * once per key), so the OpenSSL engine allocates nothing per call and
+ * never shares a context between threads.  A seal slot's state is keyed
+ * again whenever its DEK's serial differs (a refill onto another DEK); a
+ * read key's is overwritten when the slot is replaced.  Emptying a shard
+ * (clear, abandon) overwrites every key schedule; freeing it frees the
+ * contexts.
+ *
  * Internal to the library (no KS_API).
  */
 #ifndef KS_MIGRATE_SHARD_H
@@ -28,6 +37,7 @@
 
 #include <keyshift/provider.h>
 
+#include "aead.h"
 #include "dek_writer.h"
 
 /* Seal slots and read keys per shard: tuples and DEKs one thread uses in
@@ -45,11 +55,14 @@ typedef struct ks_open_slot {
     uint8_t *id;        /* the wrap identity, id_max bytes (public) */
     uint8_t *keys;      /* KS_RKEYS_MAX bytes of guarded memory */
     void *aes;          /* the expanded AES-GCM key of keys[0, 32), or NULL */
+    uint64_t serial;    /* names keys[0, 32) for evp (ks_aead_serial()) */
+    ks_aead_evp evp;    /* the owner's OpenSSL state for keys[0, 32) (aead.h) */
 } ks_open_slot;
 
 typedef struct ks_shard {
     ks_seal_slot seal[KS_SHARD_SEALS];
     ks_open_slot open[KS_SHARD_OPENS];
+    ks_aead_evp seal_evp[KS_SHARD_SEALS]; /* the OpenSSL state of seal[i]'s DEK */
     uint32_t seal_next, open_next; /* the next slot to replace */
     uint32_t opens;     /* read keys kept: <= KS_SHARD_OPENS */
     size_t id_max;
@@ -84,15 +97,18 @@ void ks_shard_abandon(ks_shard *sh);
  * (ks_dek_writer_refill() gives back and drops what it held). */
 ks_seal_slot *ks_shard_seal_slot(ks_shard *sh, const ks_wdek_tuple *t);
 
-/* The read keys cached under id[0, id_len) and valid at `now`, or NULL. */
-const ks_open_slot *ks_shard_open_find(const ks_shard *sh, const uint8_t *id, size_t id_len,
-                                       uint64_t now);
+/* The read keys cached under id[0, id_len) and valid at `now`, or NULL
+ * (not const: the owner uses the slot's OpenSSL state). */
+ks_open_slot *ks_shard_open_find(ks_shard *sh, const uint8_t *id, size_t id_len, uint64_t now);
+
+/* The OpenSSL state of seal slot s of sh (s is one of sh->seal). */
+ks_aead_evp *ks_shard_seal_evp(ks_shard *sh, const ks_seal_slot *s);
 
 /* Cache keys[0, keys_len) under id[0, id_len) until `expires`, replacing
- * the next slot (wiped first); with aes nonzero, also expand keys[0, 32)
- * for aes-256-gcm.  Returns the slot, or NULL when id is too long. */
-const ks_open_slot *ks_shard_open_put(ks_shard *sh, const uint8_t *id, size_t id_len,
-                                      const uint8_t *keys, size_t keys_len, uint64_t expires,
-                                      int aes);
+ * the next slot (wiped first, its OpenSSL key schedules too) under a new
+ * serial; with aes nonzero, also expand keys[0, 32) for aes-256-gcm.
+ * Returns the slot, or NULL when id is too long. */
+ks_open_slot *ks_shard_open_put(ks_shard *sh, const uint8_t *id, size_t id_len,
+                                const uint8_t *keys, size_t keys_len, uint64_t expires, int aes);
 
 #endif /* KS_MIGRATE_SHARD_H */

@@ -12,15 +12,21 @@
  * Sealing and opening: ks_seal / ks_open with a cached DEK (the write
  * side's active DEK, the read side's DEK cache) over the local keyring,
  * for each format (1, 2), algorithm and size (128 B, 2 KiB, 16 KiB,
- * 1 MiB), against what a user would write instead: the raw libsodium
- * AEAD call (combined mode) on the same plaintext under a random key,
- * with a counter nonce for sealing, and with the same AAD bytes that
- * keyshift authenticates for that envelope (one envelope is sealed,
- * parsed, and its data AAD built with ks_aad_data once at setup, as a
- * user's AAD is fixed per column).  The raw open decrypts a raw
- * ciphertext made under that AAD.  Goals: ks's throughput at least 0.90
- * of raw's from 2 KiB up and 0.75 at 128 B, with no heap allocation per
- * call.
+ * 1 MiB), against what a user would write instead, the faster of two
+ * raw calls: libsodium's AEAD (combined mode) and OpenSSL's EVP with a
+ * context per direction keyed once (XChaCha20-Poly1305: HChaCha20 of the
+ * key and a fixed prefix, then EVP's ChaCha20-Poly1305), each on the same
+ * plaintext under a random key, with a counter nonce for sealing, and
+ * with the same AAD bytes that keyshift authenticates for that envelope
+ * (one envelope is sealed, parsed, and its data AAD built with
+ * ks_aad_data once at setup, as a user's AAD is fixed per column).  The
+ * raw opens decrypt a raw ciphertext made under that AAD.  Goals: ks's
+ * throughput at least 0.90 of the fastest raw call's from 2 KiB up and
+ * 0.75 at 128 B, with no heap allocation per call.
+ *
+ * The AEAD engines (bench aead): the library's two engines
+ * (migrate/crypto/aead.h) against each other from 64 B to 2 KiB, to check
+ * the size rule that picks between them.
  *
  * Thread scaling: ops/s of 1 and 2 threads (the machine's cores) sealing,
  * and opening, through one shared ks_ctx and one DEK (same seal params;
@@ -29,7 +35,8 @@
  * thread starts at a barrier and counts calls over a fixed wall-time
  * window (THREAD_WINDOW_NS); THREAD_ROUNDS rounds run the four figures
  * (ks 1t, ks 2t, raw 1t, raw 2t) in an order rotating round by round,
- * and each figure is its best round.  speedup = ops/s(2t) / ops/s(1t);
+ * and each figure is its best round; raw runs on the engine the size rule
+ * picks.  speedup = ops/s(2t) / ops/s(1t);
  * goal: ks's speedup at least 0.9 of raw's (inconclusive when raw itself
  * did not scale: the other core was busy).  A last line sums up every
  * crypt goal; failed goals do not make the bench fail.
@@ -50,6 +57,7 @@
  */
 #define _DEFAULT_SOURCE /* clock_gettime, mkdtemp */
 
+#include <assert.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <spawn.h>
@@ -63,11 +71,13 @@
 
 #include <pb_decode.h>
 #include <pb_encode.h>
+#include <openssl/evp.h>
 #include <sodium.h>
 #include <sqlite3.h>
 
 #include <keyshift/keyshift.h>
 
+#include "../../migrate/crypto/aead.h"
 #include "bench.h"
 #include "envelope.pb.h"
 
@@ -192,33 +202,56 @@ static double allocs_per_op(op_fn fn, void *arg, long iters)
     return (double)(atomic_load(&allocs) - before) / (double)iters;
 }
 
-/* ns/op of fn and of base, interleaved round by round (ROUNDS rounds of
- * about ROUND_NS each), and fn's heap allocations per call.  The figure
- * compared is each side's fastest round: noise on a shared VM only ever
- * adds time, and interleaving gives both sides the same quiet moments;
- * medians are kept for reference.  -1 in ns when a call failed. */
+/* Calls over which to count allocations: a round's worth, 1 to 1000. */
+static long alloc_iters(double ns)
+{
+    double n = ROUND_NS / (ns > 1 ? ns : 1);
+    return n < 1 ? 1 : n > 1000 ? 1000 : (long)n;
+}
+
+/* ns/op of n contenders fns[i](args[i]), interleaved round by round
+ * (ROUNDS rounds of about ROUND_NS each): each one's fastest round into
+ * best[i] (noise on a shared VM only ever adds time, and interleaving
+ * gives every side the same quiet moments) and its median into med[i].
+ * 0, or -1 when a call failed. */
+static int measure_rounds(const op_fn *fns, void *const *args, int n, double *best, double *med)
+{
+    double t[3][ROUNDS];
+    long iters[3];
+    assert(n >= 1 && n <= 3);
+    for (int j = 0; j < n; j++) {
+        if ((iters[j] = calibrate(fns[j], args[j])) < 0) {
+            return -1;
+        }
+    }
+    for (int i = 0; i < ROUNDS; i++) {
+        for (int j = 0; j < n; j++) {
+            if ((t[j][i] = round_ns(fns[j], args[j], iters[j])) < 0) {
+                return -1;
+            }
+        }
+    }
+    for (int j = 0; j < n; j++) {
+        qsort(t[j], ROUNDS, sizeof t[j][0], cmp_double);
+        best[j] = t[j][0];
+        med[j] = t[j][ROUNDS / 2];
+    }
+    return 0;
+}
+
+/* ns/op of fn and of base, interleaved (measure_rounds()), and fn's heap
+ * allocations per call.  -1 in ns when a call failed. */
 pair_result measure_pair(op_fn fn, void *arg, op_fn base, void *base_arg)
 {
     pair_result r = {-1, -1, -1, -1, -1};
-    double a[ROUNDS], b[ROUNDS];
-    long na = calibrate(fn, arg), nb = calibrate(base, base_arg);
-    if (na < 0 || nb < 0) {
+    const op_fn fns[2] = {fn, base};
+    void *const args[2] = {arg, base_arg};
+    double best[2], med[2];
+    if (measure_rounds(fns, args, 2, best, med) != 0) {
         return r;
     }
-    for (int i = 0; i < ROUNDS; i++) {
-        a[i] = round_ns(fn, arg, na);
-        b[i] = round_ns(base, base_arg, nb);
-        if (a[i] < 0 || b[i] < 0) {
-            return r;
-        }
-    }
-    qsort(a, ROUNDS, sizeof a[0], cmp_double);
-    qsort(b, ROUNDS, sizeof b[0], cmp_double);
-    r.ns = a[0];
-    r.base_ns = b[0];
-    r.med_ns = a[ROUNDS / 2];
-    r.med_base_ns = b[ROUNDS / 2];
-    r.allocs = allocs_per_op(fn, arg, na < 1000 ? na : 1000);
+    r = (pair_result){best[0], best[1], med[0], med[1], -1};
+    r.allocs = allocs_per_op(fn, arg, alloc_iters(best[0]));
     return r;
 }
 
@@ -314,6 +347,11 @@ typedef struct crypt_case {
     uint64_t ctr;
     uint8_t open_nonce[24];     /* the nonce of raw_ct */
     uint8_t *raw_ct;            /* a raw AEAD ciphertext of pt under key, open_nonce, aad */
+    /* raw OpenSSL: a context per direction, keyed once (xchacha20-poly1305:
+     * with the HChaCha20 subkey of key and a zero nonce prefix), and a
+     * 12-byte IV whose last 8 bytes count up */
+    EVP_CIPHER_CTX *evp_enc, *evp_dec;
+    uint8_t iv[12];
 } crypt_case;
 
 /* ks_seal of n bytes into the scratch buffer. */
@@ -377,6 +415,81 @@ static int run_raw_open(void *arg)
     return r;
 }
 
+/* Raw OpenSSL EVP, the way a user keeps a context: set once per key,
+ * then per message the IV, the AAD, the data, the tag.  enc: seal into
+ * out (tag after), else open c->raw_ct into out with its tag.  The IV for
+ * opening is raw_ct's (open_nonce: all zero), for sealing a counter. */
+static int raw_evp(crypt_case *c, int enc)
+{
+    EVP_CIPHER_CTX *x = enc ? c->evp_enc : c->evp_dec;
+    uint8_t iv[12] = {0}, tag[KS_TAG_LEN];
+    int n = 0, m = 0;
+    if (enc) {
+        c->ctr++;
+        memcpy(c->iv + 4, &c->ctr, sizeof c->ctr);
+        memcpy(iv, c->iv, sizeof iv);
+    }
+    const uint8_t *in = enc ? c->pt : c->raw_ct;
+    if (EVP_CipherInit_ex(x, NULL, NULL, NULL, iv, enc) != 1 ||
+        EVP_CipherUpdate(x, NULL, &n, c->aad, (int)c->aad_len) != 1 ||
+        EVP_CipherUpdate(x, c->out, &n, in, (int)c->n) != 1) {
+        return -1;
+    }
+    if (!enc) {
+        memcpy(tag, c->raw_ct + c->n, sizeof tag);
+        if (EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_AEAD_SET_TAG, KS_TAG_LEN, tag) != 1) {
+            return -1;
+        }
+    }
+    if (EVP_CipherFinal_ex(x, c->out + n, &m) != 1 ||
+        (enc && EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_AEAD_GET_TAG, KS_TAG_LEN, c->out + c->n) != 1)) {
+        return -1;
+    }
+    sink += (size_t)n;
+    return 0;
+}
+
+/* Raw OpenSSL seal with a counter IV. */
+static int run_evp_seal(void *arg)
+{
+    return raw_evp(arg, 1);
+}
+
+/* Raw OpenSSL open of raw_ct. */
+static int run_evp_open(void *arg)
+{
+    return raw_evp(arg, 0);
+}
+
+/* c's raw OpenSSL contexts, keyed with c->key (see crypt_case); 0 on
+ * success. */
+static int evp_init(crypt_case *c)
+{
+    static const uint8_t zero16[16];
+    uint8_t sub[32];
+    const int aes = c->alg == KS_ALG_AES256GCM;
+    const EVP_CIPHER *cipher = aes ? EVP_aes_256_gcm() : EVP_chacha20_poly1305();
+    if (!aes) {
+        crypto_core_hchacha20(sub, zero16, c->key, NULL);
+    }
+    c->evp_enc = EVP_CIPHER_CTX_new();
+    c->evp_dec = EVP_CIPHER_CTX_new();
+    memset(c->iv, 0, sizeof c->iv);
+    return c->evp_enc != NULL && c->evp_dec != NULL &&
+                   EVP_CipherInit_ex(c->evp_enc, cipher, NULL, aes ? c->key : sub, NULL, 1) == 1 &&
+                   EVP_CipherInit_ex(c->evp_dec, cipher, NULL, aes ? c->key : sub, NULL, 0) == 1
+               ? 0
+               : -1;
+}
+
+/* Free c's raw OpenSSL contexts. */
+static void evp_free(crypt_case *c)
+{
+    EVP_CIPHER_CTX_free(c->evp_enc);
+    EVP_CIPHER_CTX_free(c->evp_dec);
+    c->evp_enc = c->evp_dec = NULL;
+}
+
 /* Give c its own raw side: scratch out, a random key, a counter nonce
  * from zero and a raw ciphertext of pt under them (into raw_ct, n + 16
  * bytes); then check that both sides open to pt.  0 on success. */
@@ -389,7 +502,8 @@ static int raw_init(crypt_case *c, uint8_t *out, uint8_t *raw_ct)
     memset(c->nonce, 0, sizeof c->nonce);
     memcpy(c->open_nonce, c->nonce, sizeof c->nonce);
     if (raw_encrypt(c, raw_ct, c->open_nonce, c->key) != 0 || run_raw_open(c) != 0 ||
-        memcmp(c->out, c->pt, c->n) != 0 || run_open(c) != 0 || memcmp(c->out, c->pt, c->n) != 0) {
+        memcmp(c->out, c->pt, c->n) != 0 || run_open(c) != 0 || memcmp(c->out, c->pt, c->n) != 0 ||
+        evp_init(c) != 0 || run_evp_open(c) != 0 || memcmp(c->out, c->pt, c->n) != 0) {
         return -1;
     }
     return 0;
@@ -462,36 +576,68 @@ static void case_name(char *name, size_t cap, const char *prefix, const char *op
     snprintf(name, cap, "%s%s/v%u/%s/%zu", prefix, op, c->format, ks_alg_name(c->alg), c->n);
 }
 
-/* Print one seal or open line, ks against raw, and count its goal: the
- * ratio of the fastest rounds and no heap allocation per call. */
-static void print_crypt(const char *op, const crypt_case *c, pair_result r, crypt_tally *t)
+/* One seal or open measurement: ks and the two raw engines. */
+typedef struct crypt_result {
+    double ks, sodium, evp;             /* fastest rounds, ns */
+    double med_ks, med_sodium, med_evp; /* median rounds, ns */
+    double allocs;                      /* ks's heap allocations per call */
+} crypt_result;
+
+/* Print one seal or open line and count its goal: ks's throughput
+ * against the fastest raw call (OpenSSL EVP with a reused context, or
+ * libsodium), the ratio of the fastest rounds, and no heap allocation per
+ * call.  ratio_sodium keeps the figure against raw libsodium. */
+static void print_crypt(const char *op, const crypt_case *c, crypt_result r, crypt_tally *t)
 {
     char name[96];
-    double ratio = r.base_ns / r.ns; /* throughput of ks relative to raw */
+    const int evp_faster = r.evp < r.sodium;
+    const double raw = evp_faster ? r.evp : r.sodium;
+    double ratio = raw / r.ks; /* throughput of ks relative to the fastest raw */
     double goal = c->n >= 2048 ? 0.90 : 0.75;
     int pass = ratio >= goal && r.allocs == 0;
     case_name(name, sizeof name, "", op, c);
     printf("{\"bench\":\"%s\",\"name\":\"%s\",\"format\":%u,\"algorithm\":\"%s\",\"bytes\":%zu,"
-           "\"aad_bytes\":%zu,\"ks_ns\":%.1f,\"raw_ns\":%.1f,\"ks_median_ns\":%.1f,\"raw_median_ns\":%.1f,"
-           "\"ratio\":%.3f,\"goal\":%.2f,\"allocs_per_op\":%.3g,\"pass\":%s}\n",
-           op, name, c->format, ks_alg_name(c->alg), c->n, c->aad_len, r.ns, r.base_ns, r.med_ns,
-           r.med_base_ns, ratio, goal, r.allocs, pass ? "true" : "false");
+           "\"aad_bytes\":%zu,\"ks_ns\":%.1f,\"raw_ns\":%.1f,\"raw_engine\":\"%s\",\"raw_sodium_ns\":%.1f,"
+           "\"raw_openssl_ns\":%.1f,\"ks_median_ns\":%.1f,\"raw_sodium_median_ns\":%.1f,"
+           "\"raw_openssl_median_ns\":%.1f,\"ratio\":%.3f,\"ratio_sodium\":%.3f,\"goal\":%.2f,"
+           "\"allocs_per_op\":%.3g,\"pass\":%s}\n",
+           op, name, c->format, ks_alg_name(c->alg), c->n, c->aad_len, r.ks, raw,
+           evp_faster ? "openssl" : "sodium", r.sodium, r.evp, r.med_ks, r.med_sodium, r.med_evp, ratio,
+           r.sodium / r.ks, goal, r.allocs, pass ? "true" : "false");
     tally_add(t, name, pass);
 }
 
-/* Seal and open n bytes with (format, alg), each against raw libsodium;
- * out and env hold MAX_PT + 4096 bytes, raw_ct MAX_PT + 16, aad
- * KS_DATA_AAD_MAX. */
+/* ks (fn) against raw libsodium (sodium) and raw OpenSSL (evp) on c,
+ * interleaved; ks < 0 when a call failed. */
+static crypt_result measure_crypt(crypt_case *c, op_fn fn, op_fn sodium, op_fn evp)
+{
+    crypt_result r = {-1, -1, -1, -1, -1, -1, -1};
+    const op_fn fns[3] = {fn, sodium, evp};
+    void *const args[3] = {c, c, c};
+    double best[3], med[3];
+    if (measure_rounds(fns, args, 3, best, med) != 0) {
+        return r;
+    }
+    r = (crypt_result){best[0], best[1], best[2], med[0], med[1], med[2], -1};
+    r.allocs = allocs_per_op(fn, c, alloc_iters(best[0]));
+    return r;
+}
+
+/* Seal and open n bytes with (format, alg), each against raw libsodium
+ * and raw OpenSSL; out and env hold MAX_PT + 4096 bytes, raw_ct MAX_PT +
+ * 16, aad KS_DATA_AAD_MAX. */
 static int bench_crypt_case(ks_ctx *ctx, uint8_t format, uint32_t alg, size_t n, const uint8_t *pt,
                             uint8_t *out, uint8_t *env, uint8_t *aad, uint8_t *raw_ct, crypt_tally *t)
 {
     crypt_case c;
     if (crypt_case_init(&c, ctx, format, alg, n, pt, out, env, MAX_PT + 4096, aad, raw_ct) != 0) {
+        evp_free(&c);
         return -1;
     }
-    pair_result s = measure_pair(run_seal, &c, run_raw_seal, &c);
-    pair_result o = measure_pair(run_open, &c, run_raw_open, &c);
-    if (s.ns < 0 || o.ns < 0) {
+    crypt_result s = measure_crypt(&c, run_seal, run_raw_seal, run_evp_seal);
+    crypt_result o = measure_crypt(&c, run_open, run_raw_open, run_evp_open);
+    evp_free(&c);
+    if (s.ks < 0 || o.ks < 0) {
         return -1;
     }
     print_crypt("seal", &c, s, t);
@@ -622,16 +768,21 @@ static int bench_threads_case(ks_ctx *ctx, uint8_t format, uint32_t alg, size_t 
         crypt_case_init(&cases[0], ctx, format, alg, n, pt, out[0], env, sizeof env, aad, raw_ct[0]) != 0) {
         return -1;
     }
-    for (int i = 1; i < THREADS_MAX; i++) {
+    int rc = 0;
+    for (int i = 1; i < THREADS_MAX && rc == 0; i++) {
         cases[i] = cases[0];
-        if (raw_init(&cases[i], out[i], raw_ct[i]) != 0) {
-            return -1;
-        }
+        rc = raw_init(&cases[i], out[i], raw_ct[i]);
     }
-    return threads_case("seal", run_seal, run_raw_seal, cases, t) != 0 ||
-                   threads_case("open", run_open, run_raw_open, cases, t) != 0
-               ? -1
-               : 0;
+    /* raw: the engine keyshift's rule runs at this size (migrate/crypto/aead.h) */
+    const int evp = ks_aead_engine_rule(alg, n) == KS_AEAD_OPENSSL;
+    rc = rc != 0 || threads_case("seal", run_seal, evp ? run_evp_seal : run_raw_seal, cases, t) != 0 ||
+                 threads_case("open", run_open, evp ? run_evp_open : run_raw_open, cases, t) != 0
+             ? -1
+             : 0;
+    for (int i = 0; i < THREADS_MAX; i++) {
+        evp_free(&cases[i]);
+    }
+    return rc;
 }
 
 /* ---- the crypt part -------------------------------------------------------------- */
@@ -777,11 +928,115 @@ done:
     return rc;
 }
 
+/* ---- the AEAD engines: where the rule switches (migrate/crypto/aead.h) ---------- */
+
+/* One AEAD engine call's state: engine, key (with OpenSSL states and an
+ * expanded AES-GCM key), nonce, AAD, a payload and its ciphertext. */
+typedef struct aead_case {
+    ks_aead_engine engine;
+    ks_aead_key key;
+    ks_aead_evp enc, dec;
+    crypto_aead_aes256gcm_state aes;
+    uint8_t k[32], nonce[24], aad[84];
+    size_t n;
+    uint8_t *pt, *ct, *out;
+} aead_case;
+
+/* One encryption on the case's engine, a counter in the nonce's last
+ * byte (the prefix, and so an XChaCha20 subkey, stays). */
+static int run_aead_seal(void *arg)
+{
+    aead_case *a = arg;
+    a->key.evp = &a->enc;
+    a->nonce[23]++;
+    return ks_aead_encrypt(a->engine, &a->key, a->out, a->pt, a->n, a->aad, sizeof a->aad, a->nonce);
+}
+
+/* One decryption of the case's ciphertext (nonce all zero). */
+static int run_aead_open(void *arg)
+{
+    static const uint8_t zero[24];
+    aead_case *a = arg;
+    a->key.evp = &a->dec;
+    return ks_aead_decrypt(a->engine, &a->key, a->out, a->ct, a->n + KS_TAG_LEN, a->aad, sizeof a->aad,
+                           zero);
+}
+
+/*
+ * The engine rule against measurement: libsodium and OpenSSL through the
+ * library's AEAD interface (ks_aead_encrypt, ks_aead_decrypt: what
+ * ks_seal and ks_open run, with the per-DEK state they keep: the expanded
+ * AES-GCM key, a keyed EVP context), interleaved, at sizes around the
+ * thresholds, with format 2's 84-byte AAD.  Each line says which engine
+ * was faster and which one the rule picks; "rule_ok" is false when the
+ * rule's engine was more than 5 % slower than the other.
+ */
+static int bench_aead(void)
+{
+    static const size_t sizes[] = {64, 128, 192, 256, 384, 512, 768, 1024, 2048};
+    static uint8_t pt[2048], ct[2048 + KS_TAG_LEN], out[2048 + KS_TAG_LEN];
+    static aead_case a[2];
+    static const uint8_t zero[24];
+    int ok = 0, total = 0;
+    randombytes_buf(pt, sizeof pt);
+    for (uint32_t alg = KS_ALG_AES256GCM; alg <= KS_ALG_XCHACHA20POLY1305; alg++) {
+        if (alg == KS_ALG_AES256GCM && !crypto_aead_aes256gcm_is_available()) {
+            continue;
+        }
+        for (int e = 0; e < 2; e++) {
+            a[e] = (aead_case){.engine = e == 0 ? KS_AEAD_SODIUM : KS_AEAD_OPENSSL, .pt = pt, .ct = ct, .out = out};
+            randombytes_buf(a[e].aad, sizeof a[e].aad);
+        }
+        randombytes_buf(a[0].k, sizeof a[0].k);
+        memcpy(a[1].k, a[0].k, sizeof a[1].k);
+        memcpy(a[1].aad, a[0].aad, sizeof a[1].aad);
+        for (int e = 0; e < 2; e++) {
+            (void)crypto_aead_aes256gcm_beforenm(&a[e].aes, a[e].k);
+            a[e].key = (ks_aead_key){alg, a[e].k, alg == KS_ALG_AES256GCM ? &a[e].aes : NULL, NULL,
+                                     ks_aead_serial()};
+        }
+        for (size_t i = 0; i < NELEM(sizes); i++) {
+            for (int e = 0; e < 2; e++) {
+                a[e].n = sizes[i];
+            }
+            a[0].key.evp = &a[0].enc;
+            if (ks_aead_encrypt(KS_AEAD_SODIUM, &a[0].key, ct, pt, sizes[i], a[0].aad, sizeof a[0].aad, zero) != 0) {
+                return -1;
+            }
+            for (int op = 0; op < 2; op++) {
+                pair_result r = op == 0 ? measure_pair(run_aead_seal, &a[0], run_aead_seal, &a[1])
+                                        : measure_pair(run_aead_open, &a[0], run_aead_open, &a[1]);
+                if (r.ns < 0) {
+                    return -1;
+                }
+                const int evp_faster = r.base_ns < r.ns;
+                const int rule_evp = ks_aead_engine_rule(alg, sizes[i]) == KS_AEAD_OPENSSL;
+                const double rule_ns = rule_evp ? r.base_ns : r.ns, other_ns = rule_evp ? r.ns : r.base_ns;
+                const int rule_ok = rule_ns <= other_ns * 1.05;
+                ok += rule_ok;
+                total++;
+                printf("{\"bench\":\"aead\",\"op\":\"%s\",\"algorithm\":\"%s\",\"bytes\":%zu,\"aad_bytes\":84,"
+                       "\"sodium_ns\":%.1f,\"openssl_ns\":%.1f,\"faster\":\"%s\",\"rule\":\"%s\",\"rule_ok\":%s}\n",
+                       op == 0 ? "seal" : "open", ks_alg_name(alg), sizes[i], r.ns, r.base_ns,
+                       evp_faster ? "openssl" : "sodium", rule_evp ? "openssl" : "sodium",
+                       rule_ok ? "true" : "false");
+            }
+        }
+        for (int e = 0; e < 2; e++) {
+            ks_aead_evp_free(&a[e].enc);
+            ks_aead_evp_free(&a[e].dec);
+            sodium_memzero(&a[e].aes, sizeof a[e].aes);
+        }
+    }
+    printf("{\"bench\":\"aead-summary\",\"cases\":%d,\"rule_ok\":%d}\n", total, ok);
+    return 0;
+}
+
 /* ---- migrating and census: the engine vs a raw SQLite pass ---------------------- */
 
 /*
  * One database of MIG_ROWS rows (id INTEGER PRIMARY KEY, card BLOB) of
- * MIG_VALUE random bytes each, default rollback journal and page size, is
+ * mig_value() random bytes each, default rollback journal and page size, is
  * built in a temp directory and encrypted once (format 2,
  * xchacha20-poly1305, under version 1 of a local keyring key, DEKs rotated
  * every MIG_DEK_MESSAGES seals so that the data holds several DEKs).  Every
@@ -853,12 +1108,22 @@ void remove_db(const char *path)
     unlink(p);
 }
 
-/* Create the plaintext table with n rows of MIG_VALUE random bytes. */
+/* The bytes of each value of the SQLite migration benches:
+ * KS_BENCH_MIGRATE_VALUE (1 to MIG_VALUE_MAX), else MIG_VALUE. */
+static size_t mig_value(void)
+{
+    const char *v = getenv("KS_BENCH_MIGRATE_VALUE");
+    long n = v != NULL ? strtol(v, NULL, 10) : 0;
+    return n >= 1 && n <= MIG_VALUE_MAX ? (size_t)n : MIG_VALUE;
+}
+
+/* Create the plaintext table with n rows of mig_value() random bytes. */
 int mig_create(const char *path, long n)
 {
     sqlite3 *db = NULL;
     sqlite3_stmt *st = NULL;
-    uint8_t v[MIG_VALUE];
+    static uint8_t v[MIG_VALUE_MAX];
+    const size_t vlen = mig_value();
     int rc = sqlite3_open(path, &db);
     if (rc == SQLITE_OK) {
         rc = sqlite3_exec(db, "CREATE TABLE payments(id INTEGER PRIMARY KEY, card BLOB); BEGIN", NULL, NULL,
@@ -868,9 +1133,9 @@ int mig_create(const char *path, long n)
         rc = sqlite3_prepare_v2(db, "INSERT INTO payments(id, card) VALUES(?, ?)", -1, &st, NULL);
     }
     for (long i = 1; rc == SQLITE_OK && i <= n; i++) {
-        randombytes_buf(v, sizeof v);
+        randombytes_buf(v, vlen);
         sqlite3_bind_int64(st, 1, i);
-        sqlite3_bind_blob(st, 2, v, sizeof v, SQLITE_STATIC);
+        sqlite3_bind_blob(st, 2, v, (int)vlen, SQLITE_STATIC);
         rc = sqlite3_step(st) == SQLITE_DONE ? SQLITE_OK : SQLITE_ERROR;
         sqlite3_reset(st);
     }
@@ -999,7 +1264,7 @@ static int mig_raw(const char *path, unsigned flags, double *secs, long *rows)
 {
     sqlite3 *db = NULL;
     sqlite3_stmt *scan = NULL, *cas = NULL, *begin = NULL, *commit = NULL;
-    size_t cap = (size_t)MIG_BATCH * (MIG_VALUE + 1024);
+    size_t cap = (size_t)MIG_BATCH * (mig_value() + 1024);
     uint8_t *buf = malloc(cap);
     size_t off[MIG_BATCH + 1], len[MIG_BATCH];
     int64_t ids[MIG_BATCH];
@@ -1057,7 +1322,7 @@ static int mig_raw(const char *path, unsigned flags, double *secs, long *rows)
             break;
         }
         sqlite3_reset(begin);
-        uint8_t *neu = malloc(MIG_VALUE + 1024);
+        uint8_t *neu = malloc(mig_value() + 1024);
         for (size_t i = 0; i < n && rc == SQLITE_OK; i++) {
             memcpy(neu, buf + off[i], len[i]);
             neu[len[i] - 1] ^= 0x5A; /* new bytes of the same size */
@@ -1149,7 +1414,7 @@ static int mig_crypto_split(const ks_provider *prov, const char *path, double *o
                      ks_ctx_new(prov, NULL, &ctx) == KS_OK
                  ? 0
                  : -1;
-    uint8_t pt[MIG_VALUE + 64], pt2[MIG_VALUE + 64], out[MIG_VALUE + 1024];
+    static uint8_t pt[MIG_VALUE_MAX + 64], pt2[MIG_VALUE_MAX + 64], out[MIG_VALUE_MAX + 1024];
     char cbuf[64];
     double to = 0, ts = 0, tv = 0;
     long n = 0;
@@ -1372,10 +1637,10 @@ static int bench_migrate(void)
         fprintf(stderr, "bench: cannot add key version 2\n");
         goto done;
     }
-    printf("{\"bench\":\"migrate-setup\",\"rows\":%ld,\"value_bytes\":%d,\"batch\":%d,\"reps\":%d,"
+    printf("{\"bench\":\"migrate-setup\",\"rows\":%ld,\"value_bytes\":%zu,\"batch\":%d,\"reps\":%d,"
            "\"format\":2,\"algorithm\":\"xchacha20-poly1305\",\"journal\":\"delete\","
            "\"source_deks\":%llu,\"encrypt_s\":%.3f,\"setup_s\":%.3f}\n",
-           rows, MIG_VALUE, MIG_BATCH, reps, (unsigned long long)deks, secs, now_s() - t_setup);
+           rows, mig_value(), MIG_BATCH, reps, (unsigned long long)deks, secs, now_s() - t_setup);
 
     /* raw[2i] pairs with reenc[i], raw[2i + 1] with rewrap[i]; the passes
      * for the record (no_verify, serial) are set against their mean. */
@@ -1505,7 +1770,7 @@ static void cpu_model(char *out, size_t cap)
 int main(int argc, char **argv)
 {
     char cpu[128];
-    const char *only = argc > 1 ? argv[1] : NULL; /* "parse", "crypt", "migrate", "hsm", "plugin", "pg" */
+    const char *only = argc > 1 ? argv[1] : NULL; /* "parse", "crypt", "aead", "migrate", "hsm", "plugin", "pg" */
     if (sodium_init() < 0) {
         fprintf(stderr, "bench: sodium_init failed\n");
         return 1;
@@ -1519,6 +1784,9 @@ int main(int argc, char **argv)
         return 1;
     }
     if ((only == NULL || strcmp(only, "crypt") == 0) && bench_crypt() != 0) {
+        return 1;
+    }
+    if ((only == NULL || strcmp(only, "aead") == 0) && bench_aead() != 0) {
         return 1;
     }
     if ((only == NULL || strcmp(only, "migrate") == 0) && bench_migrate() != 0) {

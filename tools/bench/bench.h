@@ -123,6 +123,7 @@ void bench_tree_remove(const char *dir);
 
 #define MIG_ROWS_DEFAULT 20000
 #define MIG_VALUE 2048
+#define MIG_VALUE_MAX 65536 /* KS_BENCH_MIGRATE_VALUE's largest (bench.c, mig_value()) */
 #define MIG_BATCH 500
 #define MIG_REPS_DEFAULT 21
 #define MIG_REPS_MAX 64

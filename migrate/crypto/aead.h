@@ -1,0 +1,98 @@
+/*
+ * migrate/crypto/aead.h -- the payload AEAD of docs/format.md
+ * [F-CRYPTO-ALG-1] with two engines: OpenSSL's EVP (libcrypto) and
+ * libsodium.  Both produce exactly the bytes that clause spells out, so an
+ * envelope is the same whichever engine sealed it, and either opens it.
+ *
+ * The engine of a call (ks_aead_engine_for()): OpenSSL for a payload of at
+ * least KS_AEAD_EVP_MIN_AES256GCM (aes-256-gcm) or KS_AEAD_EVP_MIN_XCHACHA
+ * (xchacha20-poly1305) bytes, libsodium below, where EVP's per-message
+ * set-up costs more than libsodium's whole call (docs/PERFORMANCE.md has
+ * the measurements).  The environment variable KS_AEAD_ENGINE, read once
+ * per process, forces one engine ("sodium" or "openssl"; anything else is
+ * the rule above), for tests and measurements; ks_aead_test_force() does
+ * the same from a test.  A call that has no per-thread OpenSSL state
+ * (ks_aead_evp: a thread without a shard, shard.h), or that only checks a
+ * tag (ks_verify), always runs on libsodium.
+ *
+ * OpenSSL state: an EVP_CIPHER_CTX per algorithm, made on a slot's first
+ * use, initialised once with its cipher and direction, then keyed once
+ * per key (for xchacha20-poly1305: per HChaCha20 subkey, i.e. per key and
+ * nonce prefix, which a writer's DEK keeps for its life,
+ * [F-CRYPTO-NONCE-1]); a message only sets the IV.  So a call allocates
+ * nothing.  A slot belongs to one thread at a time (a shard's owner).
+ *
+ * Internal to the library (no KS_API).
+ */
+#ifndef KS_MIGRATE_AEAD_H
+#define KS_MIGRATE_AEAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <keyshift/error.h>
+
+/* An engine; KS_AEAD_AUTO: the size rule (and the forced engine, if any). */
+typedef enum ks_aead_engine { KS_AEAD_AUTO = 0, KS_AEAD_SODIUM = 1, KS_AEAD_OPENSSL = 2 } ks_aead_engine;
+
+/* The smallest payloads the OpenSSL engine seals and opens by the rule. */
+#define KS_AEAD_EVP_MIN_AES256GCM 512u
+#define KS_AEAD_EVP_MIN_XCHACHA 128u
+
+/* One thread's OpenSSL state for one key at a time (see the top).  All
+ * zero is empty: nothing made, nothing keyed. */
+typedef struct ks_aead_evp {
+    void *ctx[2];          /* EVP_CIPHER_CTX *: [0] aes-256-gcm, [1] xchacha20-poly1305 */
+    uint64_t serial[2];    /* the key loaded into each (ks_aead_serial()), 0: none */
+    uint8_t prefix[16];    /* xchacha20-poly1305: the nonce prefix its subkey is of */
+} ks_aead_evp;
+
+/* The key of one call. */
+typedef struct ks_aead_key {
+    uint32_t alg;          /* KS_ALG_AES256GCM or KS_ALG_XCHACHA20POLY1305 */
+    const uint8_t *key;    /* the 32-byte AEAD key (NULL only with aes below) */
+    const void *aes;       /* aes-256-gcm: libsodium's expanded key of key, or NULL */
+    ks_aead_evp *evp;      /* this thread's OpenSSL state for key, or NULL */
+    uint64_t serial;       /* names key among the process's keys (with evp) */
+} ks_aead_key;
+
+/* A serial never handed out before in this process, never 0: every key
+ * given an evp slot gets one when it is made or loaded. */
+uint64_t ks_aead_serial(void);
+
+/* The size rule alone: the engine for alg on a payload of len bytes. */
+ks_aead_engine ks_aead_engine_rule(uint32_t alg, size_t len);
+
+/* The engine that runs alg on a payload of len bytes: the forced one, if
+ * any, else ks_aead_engine_rule() (see the top). */
+ks_aead_engine ks_aead_engine_for(uint32_t alg, size_t len);
+
+/* Encrypt m[0, mlen) into c[0, mlen + 16) under k, nonce and ad
+ * [F-CRYPTO-ALG-1] on engine e (AUTO: ks_aead_engine_for(), falling back
+ * to libsodium when the OpenSSL state cannot be set up; OPENSSL: fails
+ * instead).  0 on success. */
+KS_WUR int ks_aead_encrypt(ks_aead_engine e, const ks_aead_key *k, uint8_t *c, const uint8_t *m,
+                           size_t mlen, const uint8_t *ad, size_t adlen, const uint8_t *nonce);
+
+/* Decrypt c[0, clen) (clen >= 16) into m[0, clen - 16) on engine e as
+ * above; 0 when the tag verifies, else m is left zero.  m NULL: verify
+ * the tag only, decrypting nothing (libsodium whatever e says). */
+KS_WUR int ks_aead_decrypt(ks_aead_engine e, const ks_aead_key *k, uint8_t *m, const uint8_t *c,
+                           size_t clen, const uint8_t *ad, size_t adlen, const uint8_t *nonce);
+
+/* Overwrite every key schedule loaded into s with one of a zero key and
+ * forget its keys (the contexts stay for the next key). */
+void ks_aead_evp_wipe(ks_aead_evp *s);
+
+/* Free s's contexts (OpenSSL cleanses their key schedules) and empty it. */
+void ks_aead_evp_free(ks_aead_evp *s);
+
+/* Tests only: force engine e for every AUTO call (KS_AEAD_AUTO: back to
+ * the environment's choice and the rule). */
+void ks_aead_test_force(ks_aead_engine e);
+
+/* Tests only (built with -DKS_TEST_HOOKS; 0 otherwise): the calls each
+ * engine completed so far, [KS_AEAD_SODIUM] and [KS_AEAD_OPENSSL]. */
+uint64_t ks_aead_test_count(ks_aead_engine e);
+
+#endif /* KS_MIGRATE_AEAD_H */
