@@ -850,6 +850,30 @@ static void op_read(world *w, uint8_t a, uint8_t b)
     ks_bytes value = {v, n};
     CHECK(ks_policy_may_read(s->pol, tbl_of(w, id), "v", &value, &ok) == KS_OK);
     CHECK(ok);
+    /* the column's encoding, as the latest rollout covering it records it
+     * (every rollout here is binary); a column none covers has none, and
+     * a missing argument is refused with *out still set */
+    ks_value_encoding enc = KS_ENCODING_BASE64;
+    CHECK(ks_policy_column_encoding(s->pol, tbl_of(w, id), "v", &enc) == KS_OK);
+    CHECK(enc == KS_ENCODING_BINARY);
+    enc = KS_ENCODING_BASE64;
+    CHECK(ks_policy_column_encoding(s->pol, tbl_of(w, id), "nope", &enc) == KS_ERR_NOT_FOUND);
+    CHECK(enc == KS_ENCODING_BINARY);
+    enc = KS_ENCODING_BASE64;
+    CHECK((ks_policy_column_encoding(s->pol, (b & 1u) ? NULL : "t", (b & 2u) ? NULL : "v", &enc) ==
+           KS_ERR_INVALID_ARGUMENT) == ((b & 3u) != 0));
+    CHECK(enc == KS_ENCODING_BINARY);
+    CHECK(ks_policy_column_encoding(NULL, "t", "v", &enc) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_policy_column_encoding(s->pol, "t", "v", NULL) == KS_ERR_INVALID_ARGUMENT);
+    /* may_read refuses a missing argument, or a length without bytes,
+     * answering no */
+    ks_bytes hollow = {NULL, 1};
+    ok = 1;
+    CHECK(ks_policy_may_read(NULL, "t", "v", &value, &ok) == KS_ERR_INVALID_ARGUMENT && !ok);
+    CHECK(ks_policy_may_read(s->pol, NULL, "v", &value, &ok) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_policy_may_read(s->pol, "t", NULL, &value, &ok) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_policy_may_read(s->pol, "t", "v", &value, NULL) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_policy_may_read(s->pol, "t", "v", &hollow, &ok) == KS_ERR_INVALID_ARGUMENT && !ok);
     open_row(w, id);
 }
 
