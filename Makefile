@@ -256,16 +256,18 @@ $(KMS_AWS_DRIVER): tests/kms_aws_driver.c $(KMS_AWS_SRCS) $(KMS_AWS_HDRS)
 # with libsodium, libcurl and jansson only (nothing of the library but
 # include/keyshift/common.h's version).  Release flags as the CLI's; the
 # sanitizer build is the one the tests drive.
+# Its --help names DOCDIR as the CLI's does (KS_DOCDIR, the docdir stamp).
 KMS_AWS_PLUGIN_SRCS := $(KMS_AWS_SRCS) $(KMS_AWS_DIR)/plugin_main.c $(KMS_AWS_DIR)/plugin_args.c \
     $(KMS_AWS_DIR)/plugin_msg.c
-$(KMS_AWS): $(KMS_AWS_PLUGIN_SRCS) $(KMS_AWS_HDRS) include/keyshift/common.h
+KMS_AWS_DEFS = -DKS_DOCDIR='"$(DOCDIR)"'
+$(KMS_AWS): $(KMS_AWS_PLUGIN_SRCS) $(KMS_AWS_HDRS) include/keyshift/common.h $(B)/docdir.value
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(HARDEN) -Iinclude $(KMS_AWS_CFLAGS) $(CFLAGS) -pie $(LDHARDEN) $(LDFLAGS) \
+	$(CC) $(WARN) $(HARDEN) -Iinclude $(KMS_AWS_CFLAGS) $(KMS_AWS_DEFS) $(CFLAGS) -pie $(LDHARDEN) $(LDFLAGS) \
 	    $(KMS_AWS_PLUGIN_SRCS) $(KMS_AWS_LIBS) -o $@
 
-$(KMS_AWS_SAN): $(KMS_AWS_PLUGIN_SRCS) $(KMS_AWS_HDRS) include/keyshift/common.h
+$(KMS_AWS_SAN): $(KMS_AWS_PLUGIN_SRCS) $(KMS_AWS_HDRS) include/keyshift/common.h $(B)/docdir.value
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(SAN) -Iinclude $(KMS_AWS_CFLAGS) $(KMS_AWS_PLUGIN_SRCS) $(KMS_AWS_LIBS) -o $@
+	$(CC) $(WARN) $(SAN) -Iinclude $(KMS_AWS_CFLAGS) $(KMS_AWS_DEFS) $(KMS_AWS_PLUGIN_SRCS) $(KMS_AWS_LIBS) -o $@
 
 kms-aws-test: cli-run-kms_aws_test cli-run-kms_aws_plugin_test
 
