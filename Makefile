@@ -55,7 +55,8 @@
 #   make install    PREFIX=/usr/local DESTDIR= (headers, libs, CLI,
 #                   keyshift-kms-aws, keyshift.pc, the Python package, the
 #                   manual pages in MANDIR, the bash completion in
-#                   BASHCOMPDIR, docs/*.md and tools/prometheus/ in DOCDIR)
+#                   BASHCOMPDIR, docs/*.md and tools/prometheus/ in DOCDIR,
+#                   the agent's systemd units in SYSTEMDUNITDIR, not enabled)
 #   make clean
 
 .DEFAULT_GOAL := all
@@ -71,6 +72,7 @@ PCDIR   ?= $(LIBDIR)/pkgconfig
 MANDIR  ?= $(PREFIX)/share/man
 DOCDIR  ?= $(PREFIX)/share/doc/keyshift
 BASHCOMPDIR ?= $(PREFIX)/share/bash-completion/completions
+SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
 
 CC      ?= cc
 CLANG   ?= clang-14
@@ -582,6 +584,13 @@ install: all $(B)/keyshift.pc
 	    tools/prometheus/keyshift-dashboard.json $(DESTDIR)$(DOCDIR)/prometheus/
 	install -m 644 tools/completion/keyshift $(DESTDIR)$(BASHCOMPDIR)/keyshift
 	ln -sf keyshift $(DESTDIR)$(BASHCOMPDIR)/keyshift-kms-aws
+	@# The agent's units (docs/agent.md section 9), running the keyshift
+	@# installed in BINDIR; installed only, never enabled.
+	install -d $(DESTDIR)$(SYSTEMDUNITDIR)
+	sed 's|/usr/local/bin/keyshift |$(BINDIR)/keyshift |' tools/agent/keyshift-agent.service \
+	    > $(DESTDIR)$(SYSTEMDUNITDIR)/keyshift-agent.service
+	chmod 644 $(DESTDIR)$(SYSTEMDUNITDIR)/keyshift-agent.service
+	install -m 644 tools/agent/keyshift-agent.socket $(DESTDIR)$(SYSTEMDUNITDIR)/
 
 uninstall:
 	rm -rf $(DESTDIR)$(INCDIR)/keyshift
@@ -592,6 +601,7 @@ uninstall:
 	rm -f $(DESTDIR)$(MANDIR)/man1/keyshift-decrypt.1
 	rm -rf $(DESTDIR)$(DOCDIR)
 	rm -f $(DESTDIR)$(BASHCOMPDIR)/keyshift $(DESTDIR)$(BASHCOMPDIR)/keyshift-kms-aws
+	rm -f $(DESTDIR)$(SYSTEMDUNITDIR)/keyshift-agent.service $(DESTDIR)$(SYSTEMDUNITDIR)/keyshift-agent.socket
 
 clean:
 	rm -rf $(B)
