@@ -57,7 +57,8 @@
 #   make install    PREFIX=/usr/local DESTDIR= (headers, libs, CLI,
 #                   keyshift-kms-aws, keyshift.pc, the Python package, the
 #                   manual pages in MANDIR, the bash completion in
-#                   BASHCOMPDIR, docs/*.md and tools/prometheus/ in DOCDIR)
+#                   BASHCOMPDIR, docs/*.md and tools/prometheus/ in DOCDIR,
+#                   the agent's systemd units in SYSTEMDUNITDIR, not enabled)
 #   make clean
 
 .DEFAULT_GOAL := all
@@ -73,6 +74,7 @@ PCDIR   ?= $(LIBDIR)/pkgconfig
 MANDIR  ?= $(PREFIX)/share/man
 DOCDIR  ?= $(PREFIX)/share/doc/keyshift
 BASHCOMPDIR ?= $(PREFIX)/share/bash-completion/completions
+SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
 
 CC      ?= cc
 CLANG   ?= clang-14
@@ -259,16 +261,18 @@ $(KMS_AWS_DRIVER): tests/kms_aws_driver.c $(KMS_AWS_SRCS) $(KMS_AWS_HDRS)
 # with libsodium, libcurl and jansson only (nothing of the library but
 # include/keyshift/common.h's version).  Release flags as the CLI's; the
 # sanitizer build is the one the tests drive.
+# Its --help names DOCDIR as the CLI's does (KS_DOCDIR, the docdir stamp).
 KMS_AWS_PLUGIN_SRCS := $(KMS_AWS_SRCS) $(KMS_AWS_DIR)/plugin_main.c $(KMS_AWS_DIR)/plugin_args.c \
     $(KMS_AWS_DIR)/plugin_msg.c
-$(KMS_AWS): $(KMS_AWS_PLUGIN_SRCS) $(KMS_AWS_HDRS) include/keyshift/common.h
+KMS_AWS_DEFS = -DKS_DOCDIR='"$(DOCDIR)"'
+$(KMS_AWS): $(KMS_AWS_PLUGIN_SRCS) $(KMS_AWS_HDRS) include/keyshift/common.h $(B)/docdir.value
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(HARDEN) -Iinclude $(KMS_AWS_CFLAGS) $(CFLAGS) -pie $(LDHARDEN) $(LDFLAGS) \
+	$(CC) $(WARN) $(HARDEN) -Iinclude $(KMS_AWS_CFLAGS) $(KMS_AWS_DEFS) $(CFLAGS) -pie $(LDHARDEN) $(LDFLAGS) \
 	    $(KMS_AWS_PLUGIN_SRCS) $(KMS_AWS_LIBS) -o $@
 
-$(KMS_AWS_SAN): $(KMS_AWS_PLUGIN_SRCS) $(KMS_AWS_HDRS) include/keyshift/common.h
+$(KMS_AWS_SAN): $(KMS_AWS_PLUGIN_SRCS) $(KMS_AWS_HDRS) include/keyshift/common.h $(B)/docdir.value
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(SAN) -Iinclude $(KMS_AWS_CFLAGS) $(KMS_AWS_PLUGIN_SRCS) $(KMS_AWS_LIBS) -o $@
+	$(CC) $(WARN) $(SAN) -Iinclude $(KMS_AWS_CFLAGS) $(KMS_AWS_DEFS) $(KMS_AWS_PLUGIN_SRCS) $(KMS_AWS_LIBS) -o $@
 
 kms-aws-test: cli-run-kms_aws_test cli-run-kms_aws_plugin_test
 
@@ -596,6 +600,13 @@ install: all $(B)/keyshift.pc
 	    tools/prometheus/keyshift-dashboard.json $(DESTDIR)$(DOCDIR)/prometheus/
 	install -m 644 tools/completion/keyshift $(DESTDIR)$(BASHCOMPDIR)/keyshift
 	ln -sf keyshift $(DESTDIR)$(BASHCOMPDIR)/keyshift-kms-aws
+	@# The agent's units (docs/agent.md section 9), running the keyshift
+	@# installed in BINDIR; installed only, never enabled.
+	install -d $(DESTDIR)$(SYSTEMDUNITDIR)
+	sed 's|/usr/local/bin/keyshift |$(BINDIR)/keyshift |' tools/agent/keyshift-agent.service \
+	    > $(DESTDIR)$(SYSTEMDUNITDIR)/keyshift-agent.service
+	chmod 644 $(DESTDIR)$(SYSTEMDUNITDIR)/keyshift-agent.service
+	install -m 644 tools/agent/keyshift-agent.socket $(DESTDIR)$(SYSTEMDUNITDIR)/
 
 uninstall:
 	rm -rf $(DESTDIR)$(INCDIR)/keyshift
@@ -606,6 +617,7 @@ uninstall:
 	rm -f $(DESTDIR)$(MANDIR)/man1/keyshift-decrypt.1
 	rm -rf $(DESTDIR)$(DOCDIR)
 	rm -f $(DESTDIR)$(BASHCOMPDIR)/keyshift $(DESTDIR)$(BASHCOMPDIR)/keyshift-kms-aws
+	rm -f $(DESTDIR)$(SYSTEMDUNITDIR)/keyshift-agent.service $(DESTDIR)$(SYSTEMDUNITDIR)/keyshift-agent.socket
 
 clean:
 	rm -rf $(B)

@@ -142,11 +142,19 @@ expect "keyshift rollout advance --db shop.db --percent 5 --al" "--all"
 expect "keyshift migrate run --json --mo" "--mode"
 expect "keyshift migrate run --to-key " ""
 expect "keyshift mig" "migrate"
+expect "keyshift serve --listen " "unix: tcp:127.0.0.1:"
+expect "keyshift serve --listen t" "tcp:127.0.0.1:"
+check_named serve unix tcp 127.0.0.1
+expect "keyshift serve --scope pay.card --" "${opts[serve]} --help"
 # Files where a file is wanted.
 T=$(mktemp -d) && trap 'rm -rf "$T"' EXIT
 touch "$T/shop.db"
 expect "keyshift census --db $T/sh" "$T/shop.db"
 expect "keyshift inspect $T/sh" "$T/shop.db"
+expect "keyshift serve --policy $T/sh" "$T/shop.db"
+# Bash replaces the word after the last ':' only (COMP_WORDBREAKS), so the
+# offer drops what comes before it.
+expect "keyshift serve --listen unix:$T/sh" "$T/shop.db"
 
 if [[ $fail -ne 0 ]]; then
     echo "completion_test: the completion (tools/completion/keyshift) and --help differ; fix whichever is wrong"

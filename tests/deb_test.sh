@@ -51,6 +51,16 @@ check "the library's symbols file matches" \
     sh -c "dpkg-deb -e '$D/libkeyshift0_${VERSION}_amd64.deb' '$D/ctl' && grep -q '^libkeyshift.so.0 libkeyshift0 #MINVER#' '$D/ctl/symbols'"
 check "the installed CLI runs from the package" "$R/usr/bin/keyshift" --version
 check "the installed plugin runs from the package" "$R/usr/bin/keyshift-kms-aws" --version
+check "the agent's manual page and units are in the keyshift package" \
+    test -f "$R/usr/share/man/man1/keyshift-serve.1.gz" -a -f "$R/lib/systemd/system/keyshift-agent.socket"
+check "the packaged service runs the packaged keyshift" \
+    grep -qx 'ExecStart=/usr/bin/keyshift serve .*' "$R/lib/systemd/system/keyshift-agent.service"
+check "installing the package neither enables nor starts the agent (it needs a policy first)" \
+    sh -c "dpkg-deb -e '$D/keyshift_${VERSION}_amd64.deb' '$D/ctl-keyshift' &&
+           grep -q 'if deb-systemd-helper debian-installed .keyshift-agent.socket.' '$D/ctl-keyshift/postinst' &&
+           grep -q 'deb-systemd-invoke try-restart' '$D/ctl-keyshift/postinst' &&
+           ! grep -Eq 'deb-systemd-invoke (start|restart|[\$])' '$D/ctl-keyshift/postinst' &&
+           grep -q 'deb-systemd-invoke stop keyshift-agent.socket keyshift-agent.service' '$D/ctl-keyshift/prerm'"
 check "keyshift.pc names the multiarch directory" grep -qx "libdir=/usr/lib/$MA" "$R/usr/lib/$MA/pkgconfig/keyshift.pc"
 check "one rotation with the packaged CLI (tools/demo/demo.sh)" \
     env DEMO_ROWS=500 DEMO_DIR="$D/demo" tools/demo/demo.sh "$R/usr/bin/keyshift"

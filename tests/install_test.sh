@@ -47,6 +47,10 @@ check "link against the static library" cc -std=c11 -Wall -Werror "$T/use.c" $(p
 check "run against the static library" "$T/use_static"
 check "installed CLI runs" "$R/bin/keyshift" --version
 check "installed keyshift-kms-aws runs" sh -c "'$R/bin/keyshift-kms-aws' --version | grep -qx 'keyshift-kms-aws [0-9.]*'"
+check "the agent's manual page installed" test -f "$R/share/man/man1/keyshift-serve.1"
+check "the agent's units installed, running the installed keyshift" \
+    sh -c "test -f '$R/lib/systemd/system/keyshift-agent.socket' &&
+           grep -qx 'ExecStart=$PREFIX/bin/keyshift serve .*' '$R/lib/systemd/system/keyshift-agent.service'"
 
 # One version everywhere: the header's three numbers, KS_VERSION_STRING,
 # the library's ks_version(), keyshift.pc, the CLI and the plugin.
@@ -96,6 +100,8 @@ check "Prometheus rules and dashboard installed" test -f "$R/share/doc/keyshift/
     -a -f "$R/share/doc/keyshift/prometheus/keyshift-dashboard.json"
 check "installed --help names the installed documents" sh -c "'$R/bin/keyshift' migrate --help | \
     grep -q '$PREFIX/share/doc/keyshift/NAME.md'"
+check "installed keyshift-kms-aws --help names the installed documents" sh -c "'$R/bin/keyshift-kms-aws' --help | \
+    grep -q '$PREFIX/share/doc/keyshift/NAME.md'"
 C="$R/share/bash-completion/completions"
 check "bash completion installed" test -f "$C/keyshift" -a "$(readlink "$C/keyshift-kms-aws")" = keyshift
 check "installed completion loads" bash -c "source /usr/share/bash-completion/bash_completion && \
@@ -113,6 +119,10 @@ check "second install: keyshift.pc names the new libdir" grep -qx "libdir=$PREFI
 check "second install: the first keyshift.pc is unchanged" grep -qx "prefix=$PREFIX" "$R/lib/pkgconfig/keyshift.pc"
 check "second install: --help names the new prefix's documents" sh -c "'$R2/bin/keyshift' --help | \
     grep -q '$PREFIX2/share/doc/keyshift/NAME.md'"
+check "second install: keyshift-kms-aws --help names the new prefix's documents" sh -c \
+    "'$R2/bin/keyshift-kms-aws' --help | grep -q '$PREFIX2/share/doc/keyshift/NAME.md'"
+check "second install: the agent's service runs the new prefix's keyshift" \
+    grep -qx "ExecStart=$PREFIX2/bin/keyshift serve .*" "$R2/lib/systemd/system/keyshift-agent.service"
 check "second install: the pages name the new prefix's documents" \
     grep -q "$PREFIX2/share/doc/keyshift/rollout.md" "$R2/share/man/man1/keyshift-rollout.1"
 make --no-print-directory -s uninstall PREFIX="$PREFIX2" DESTDIR="$T/stage" >/dev/null
@@ -158,6 +168,7 @@ check "uninstall removes the Python package" test ! -e "$PYDIR/keyshift"
 check "uninstall removes the manual pages" sh -c "! ls '$M'/man?/* 2>/dev/null | grep -q ."
 check "uninstall removes the documents" test ! -e "$R/share/doc/keyshift"
 check "uninstall removes the bash completion" test ! -e "$C/keyshift" -a ! -L "$C/keyshift-kms-aws"
+check "uninstall removes the agent's units" sh -c "! ls '$R/lib/systemd/system'/keyshift-agent.* 2>/dev/null | grep -q ."
 
 echo "install: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -69,8 +69,9 @@ static void usage(FILE *f)
           "                    Unix listener; refused when group or others can write it\n"
           "    --scope TABLE.COLUMN  a column the agent serves; repeat for more (at\n"
           "                    least one, at most 64)\n"
-          "    --db DB         the application's database, where the rollouts live: " KS_CLI_DB_RULE
-          "                    Without --db no rollout governs: seal writes --key\n"
+          "    --db DB         " KS_CLI_DB_RULE
+          "          The application's, where the rollouts live; without --db no\n"
+          "          rollout governs: seal writes --key\n"
           "    --instance-id ID  this agent's reader id in the rollouts, 1..128 bytes\n"
           "                    of [A-Za-z0-9._:-] (required with --db)\n"
           "    --key KEY_ID    the key sealed under where no rollout governs a scope\n"
@@ -78,6 +79,7 @@ static void usage(FILE *f)
           "    --passphrase-file FILE  keyring passphrase (default: $KEYSHIFT_PASSPHRASE);\n"
           "                    " KS_CLI_PASSPHRASE_RULE "; kept in locked memory for reloads\n"
           "    --providers FILE  " KS_CLI_KEYS_RULE
+          "    -h, --help      print this manual\n"
           "\n"
           "LIMITS\n"
           "    --max-request BYTES  largest request body (default 4194304); larger is\n"

@@ -25,6 +25,12 @@ static void seterr(char *err, size_t errlen, const char *fmt, ...)
     va_end(ap);
 }
 
+/* Where `make install' puts docs/ (the Makefile's DOCDIR), which the
+ * manual names so that its docs/NAME.md citations can be found. */
+#ifndef KS_DOCDIR
+#define KS_DOCDIR "/usr/local/share/doc/keyshift"
+#endif
+
 /* The manual (plugin.h). */
 const char *pl_help_text(void)
 {
@@ -157,9 +163,12 @@ const char *pl_help_text(void)
            "    buffer that held one is wiped.\n"
            "\n"
            "SEE ALSO\n"
+           "    keyshift-kms-aws(1), keyshift-providers(5)\n"
            "    docs/kms-plugin.md: the protocol, and in section 11 this plugin's\n"
            "    setup, key policy, encryption context, error table and credential\n"
-           "    chain ([KP-AWS-1..15]).\n";
+           "    chain ([KP-AWS-1..15]).\n"
+           "    The documents cited as docs/NAME.md are installed as\n"
+           "    " KS_DOCDIR "/NAME.md.\n";
 }
 
 /* Whether s is a KMS key or alias ARN: arn:PARTITION:kms:... with a
