@@ -86,7 +86,8 @@ func TestRollout(t *testing.T) {
 	if rc := run([]string{"-h"}, &bytes.Buffer{}, &bytes.Buffer{}, nil, nil); rc != 0 {
 		t.Errorf("-h: exit %d, want 0", rc)
 	}
-	for _, bad := range [][]string{{"--db", path}, append(args, "--encoding", "base64"), append(args, "--seconds", "1")} {
+	for _, bad := range [][]string{{"--db", path}, append(append([]string{}, args...), "--encoding", "ebcdic"),
+		append(append([]string{}, args...), "--seconds", "1")} {
 		if rc := run(bad, &bytes.Buffer{}, &bytes.Buffer{}, nil, nil); rc != 64 {
 			t.Errorf("%v: exit %d, want 64", bad, rc)
 		}
