@@ -14,7 +14,7 @@ KMS calls made with them verify: IMDSv2 (PUT /latest/api/token, then the
 role and its credentials, which expire 2 s after they are served, for
 the refresh test) and a container endpoint (GET /creds, which wants the
 Authorization token "fake-container-token"; GET /creds-once serves
-credentials of 2 s once, then fails with HTTP 500).  Each credential
+credentials of 4 s once, then fails with HTTP 500).  Each credential
 fetch is logged ("imds-creds", "container-creds", "once-creds N").
 
 Usage: python3 kms_aws_fake.py PORTFILE LOGFILE ACCESS_KEY SECRET [TOKEN]
@@ -103,10 +103,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.path == "/creds-once":
-            # credentials of 2 s the first time, then HTTP 500: a refresh that fails
+            # credentials of 4 s the first time, then HTTP 500: a refresh that fails
             Handler.once += 1
             log("once-creds %d" % Handler.once)
-            return self.answer(200, self.creds(2)) if Handler.once == 1 else self.answer(500, b"")
+            return self.answer(200, self.creds(4)) if Handler.once == 1 else self.answer(500, b"")
         if self.path == "/creds":
             if self.headers.get("Authorization") != "fake-container-token":
                 return self.answer(401, b"")

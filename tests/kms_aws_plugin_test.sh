@@ -399,15 +399,17 @@ else
     bad "IMDS refresh" "$fetched fetches; $(head -c 300 "$T/tr") / $(head -c 300 "$T/chain.err")"
 fi
 # a refresh that fails keeps the credentials in hand until they expire,
-# then the request gets the refresh's error [KP-AWS-13]
+# then the request gets the refresh's error [KP-AWS-13]: credentials of
+# 4 s (an Expiration in whole seconds: 3 to 4 s left), refreshed after
+# half of that, asked for at 2.5 s and again at 4.5 s
 : >"$T/chain.err"
 env "${NOAWS[@]}" AWS_EC2_METADATA_DISABLED=true AWS_ENDPOINT_URL_KMS="$FAKE_URL" \
     AWS_CONTAINER_CREDENTIALS_FULL_URI="$FAKE_URL/creds-once" AWS_SHARED_CREDENTIALS_FILE="$T/aws.creds" \
     AWS_CONFIG_FILE="$T/aws.config" python3 "$DRIVE" "$T/chain.err" "$PLUG" --key=f/good,1,good >"$T/tr" <<S
 $(hello 1)
-% 1.2
+% 2.5
 $(info 2 f/good 0)
-% 1.0
+% 2.0
 $(info 3 f/good 0)
 .
 S
