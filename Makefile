@@ -462,11 +462,11 @@ $(GO_EXAMPLE): tools/go/example/main.go tools/go/example/go.mod $(wildcard tools
 
 # vet, the tests under the race detector (they replay the fuzz seed corpus
 # testdata/fuzz/FuzzParse; agent_test.go starts `keyshift serve` for the
-# agent client), the agent client built without cgo, the example's vet and test, a 5-second fuzz
-# smoke, and the README's example.
+# agent client), the agent client built and tested without cgo, the
+# example's vet and test, a 5-second fuzz smoke, and the README's example.
 go-test: $(SHARED) $(CLI) $(B)/pkgconfig/keyshift.pc
 	cd tools/go/keyshift && $(GO_ENV) go vet ./... && $(GO_ENV) go test -race -count=1 ./...
-	cd tools/go/keyshift && $(GO_ENV) CGO_ENABLED=0 go build ./agent ./ksapi
+	cd tools/go/keyshift && $(GO_ENV) CGO_ENABLED=0 go test -count=1 ./agent ./ksapi
 	cd tools/go/example && $(GO_ENV) go vet ./... && $(GO_ENV) go test -count=1 ./...
 	cd tools/go/keyshift && $(GO_ENV) go test -run='^$$' -fuzz=FuzzParse -fuzztime=5s .
 	@$(GO_ENV) tools/go/readme_test.sh

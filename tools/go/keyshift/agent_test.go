@@ -105,6 +105,23 @@ func TestAgentClient(t *testing.T) {
 		errors.Is(err, ErrKeyUnusable) {
 		t.Fatalf("a scope the policy does not allow: %v", err)
 	}
+	// a batch: one record's error does not stop the others
+	items := []Item{{Tenant: []byte("acme"), Context: []byte("c1"), In: []byte("one")},
+		{Tenant: []byte("acme"), In: []byte("two")}}
+	if err := c.SealBatch("payments", "card", items); err != nil {
+		t.Fatalf("SealBatch: %v", err)
+	}
+	open := []Item{{Tenant: []byte("acme"), Context: []byte("c1"), In: items[0].Out},
+		{Tenant: []byte("acme"), Context: []byte("c2"), In: items[1].Out},
+		{In: []byte("plain")}}
+	err = c.OpenBatch("payments", "card", open)
+	if !errors.Is(err, ErrAuthFailed) || string(open[0].Out) != "one" || !errors.Is(open[1].Err, ErrAuthFailed) ||
+		!errors.Is(open[2].Err, ErrMalformed) {
+		t.Fatalf("OpenBatch: %v %q %v %v", err, open[0].Out, open[1].Err, open[2].Err)
+	}
+	if err := a.OpenBatch("payments", "card", open[:1]); err != nil || string(open[0].Out) != "one" {
+		t.Fatalf("App OpenBatch of the agent's: %v", err)
+	}
 	bad := &Record{Table: "payments", Column: "card", Tenant: []byte("ac me")}
 	if _, err = c.Seal(bad, []byte("x")); !errors.Is(err, agent.ErrBadRequest) || !errors.As(err, &ae) ||
 		ae.Member != "tenant" {

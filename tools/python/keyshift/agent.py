@@ -20,7 +20,7 @@ import http.client
 import json
 import socket
 import threading
-from typing import Dict, Optional, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from . import Error, Refused, Unavailable, _error_type
 
@@ -44,8 +44,9 @@ class UnknownScope(BadRequest):
 
 
 # Only these statuses carry an error of the library, whose name maps to a
-# subclass ([AG-ERR-2]); a 404 ``not-found`` is an endpoint, not a key.
-_LIBRARY_STATUSES = (409, 422, 500, 503)
+# subclass ([AG-ERR-2]; 200: a record's error in a batch, [AG-RESP-5]); a
+# 404 ``not-found`` is an endpoint, not a key.
+_LIBRARY_STATUSES = (200, 409, 422, 500, 503)
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -86,7 +87,7 @@ def _agent_error(status: int, body: Dict[str, object]) -> Error:
     name = str(body.get("error", "bad-answer"))
     class_name = str(body.get("class", "configuration"))
     offset = body.get("offset")
-    offset = offset if isinstance(offset, int) and status == 422 else None
+    offset = offset if isinstance(offset, int) and status in (200, 422) else None
     if name == "not-authorized":
         cls: type = NotAuthorized
     elif name == "unknown-scope":
@@ -138,8 +139,8 @@ class AgentClient:
                 self._conn.close()
                 self._conn = None
 
-    def _post(self, path: str, record: Dict[str, str]) -> Dict[str, object]:
-        """POST ``record`` to ``path`` and return the decoded answer, or
+    def _post(self, path: str, record: Dict[str, object]) -> Dict[str, object]:
+        """POST ``record`` (a record or a batch) to ``path`` and return the decoded answer, or
         raise its error.  A connection the agent closed while idle is
         opened anew and the request sent once more (RFC 9112 section
         9.3.1, [AG-RUN-3]); a failure to connect is :class:`Unavailable`."""
@@ -220,3 +221,40 @@ class AgentClient:
         r = self._record(table, column, tenant, context, purpose)
         r["value"] = _b64(value)
         return self._member(self._post("/v1/open", r), "plaintext")
+
+    def _batch(self, op: str, member: str, answer_member: str, table: str, column: str,
+               items: Sequence[Tuple[Optional[Text], Optional[Text], Buffer]]) -> List[Union[bytes, Error]]:
+        """POST the batch of ``items`` to ``/v1/OP`` ([AG-REQ-8]) and return
+        each result, decoded, or its error ([AG-RESP-5])."""
+        records = []
+        for tenant, context, data in items:
+            r = self._record(table, column, tenant, context, None)
+            r[member] = _b64(data)
+            records.append(r)
+        results = self._post("/v1/" + op, {"records": records}).get("results")
+        if not isinstance(results, list) or len(results) != len(items):
+            raise Error("bad-answer", None, "the agent's answer has no result per record", 0,
+                        "configuration")
+        out: List[Union[bytes, Error]] = []
+        for res in results:
+            if not isinstance(res, dict):
+                raise Error("bad-answer", None, "a result of the agent is not an object", 0,
+                            "configuration")
+            out.append(_agent_error(200, res) if "error" in res else self._member(res, answer_member))
+        return out
+
+    def seal_batch(self, table: str, column: str,
+                   items: Sequence[Tuple[Text, Optional[Text], Buffer]]) -> List[Union[bytes, Error]]:
+        """As :meth:`keyshift.App.seal_batch`, in one request (``POST
+        /v1/seal-batch``, at most the agent's ``--max-batch`` items): items
+        are ``(tenant, context, plaintext)``; the result has, in order, each
+        value or the :class:`Error` that item met.  An error of the request
+        itself is raised."""
+        return self._batch("seal-batch", "plaintext", "value", table, column, items)
+
+    def open_batch(self, table: str, column: str,
+                   items: Sequence[Tuple[Optional[Text], Optional[Text], Buffer]]) -> List[Union[bytes, Error]]:
+        """As :meth:`keyshift.App.open_batch`, in one request (``POST
+        /v1/open-batch``): items are ``(tenant, context, value)``; the result
+        has each plaintext or the :class:`Error` that item met."""
+        return self._batch("open-batch", "value", "plaintext", table, column, items)

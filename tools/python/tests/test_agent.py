@@ -1,5 +1,5 @@
 """Tests of keyshift.AgentClient against a running ``keyshift serve``
-(docs/agent.md): round trips, an envelope of the agent opened by an App
+(docs/agent.md): round trips and batches, an envelope of the agent opened by an App
 and one of an App opened by the agent, and the mapping of the agent's
 errors to the package's exceptions.  Skipped when there is no keyshift
 program (KEYSHIFT_CLI unset and none under build/).
@@ -68,6 +68,20 @@ class AgentClientTest(unittest.TestCase):
             self.assertEqual(app.open(T, C, "acme", env, context=ctx), b"4111")
             self.assertEqual(agent.open(T, C, None, env, context=ctx), b"4111")
         agent.close()  # closing twice is harmless
+
+    def test_batches(self) -> None:
+        with keyshift.AgentClient(self.sock) as agent, self.w.app() as app:
+            sealed = agent.seal_batch(T, C, [("acme", "c1", b"one"), ("acme", None, b"two")])
+            self.assertTrue(all(isinstance(v, bytes) for v in sealed), sealed)
+            opened = agent.open_batch(T, C, [("acme", "c1", sealed[0]), ("acme", "c2", sealed[1]),
+                                             (None, None, b"plain")])
+            self.assertEqual(opened[0], b"one")
+            self.assertIsInstance(opened[1], keyshift.AuthFailed)
+            self.assertIsInstance(opened[2], keyshift.Malformed)
+            self.assertEqual((opened[2].name, opened[2].offset), ("bad-magic", 0))
+            self.assertEqual(app.open_batch(T, C, [("acme", None, sealed[1])]), [b"two"])
+            with self.assertRaises(keyshift.NotAuthorized):
+                agent.seal_batch(T, "note", [("acme", None, b"x")])
 
     def test_errors(self) -> None:
         with keyshift.AgentClient(self.sock) as agent:

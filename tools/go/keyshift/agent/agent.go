@@ -26,6 +26,9 @@ import (
 // bound into its envelope.
 type Record = ksapi.Record
 
+// Item is the package keyshift's Item: one value of a batch and its result.
+type Item = ksapi.Item
+
 // The sentinels of the package keyshift, for errors.Is, and the agent's own.
 var (
 	ErrRetryable       = ksapi.ErrRetryable
@@ -50,7 +53,7 @@ var (
 // byte offset of a parse rejection.
 type Error struct {
 	Op     string // "seal", "open"
-	Status int    // the HTTP status
+	Status int    // the HTTP status (200: a record's error in a batch)
 	Name   string // e.g. "auth-failed", "truncated", "not-authorized"
 	Class  string // "retryable", "refused" or "configuration"
 	Member string // the request member at fault; "" when none
@@ -75,6 +78,7 @@ func (e *Error) Error() string {
 
 // Is matches the agent's own sentinels by status and name [AG-ERR-2], and
 // the library's by ksapi.Match; a 404 not-found is an endpoint, not a key.
+// Status is 200 for a record's error in a batch [AG-RESP-5].
 func (e *Error) Is(target error) bool {
 	switch target {
 	case ErrNotAuthorized:
@@ -82,12 +86,19 @@ func (e *Error) Is(target error) bool {
 	case ErrUnknownScope:
 		return e.Name == "unknown-scope"
 	case ErrBadRequest:
-		return e.Status == 400 || e.Status == 404 || e.Status == 405 || e.Status == 413
+		return e.protocol()
 	}
-	if e.Status != 422 && e.Status != 409 && e.Status != 500 && e.Status != 503 {
+	if e.protocol() || e.Status == 403 {
 		return ksapi.Match(target, "", e.Class, false)
 	}
 	return ksapi.Match(target, e.Name, e.Class, e.Offset >= 0)
+}
+
+// protocol reports whether e refuses the request itself rather than
+// carrying an error of the library [AG-ERR-2] (a batch's record errors
+// come with the batch's 200).
+func (e *Error) protocol() bool {
+	return e.Status == 400 || e.Status == 404 || e.Status == 405 || e.Status == 413
 }
 
 // Client is a connection pool to one agent socket.  It is safe for
@@ -131,43 +142,75 @@ func (c *Client) Close() error {
 	return nil
 }
 
-// b64 is the canonical base64 [F-TEXT-1] of b.
-func b64(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
-
-// request is a seal or open record [AG-REQ-7].
-type request struct {
-	Scope     string  `json:"scope"`
-	Tenant    *string `json:"tenant,omitempty"`
-	Purpose   *string `json:"purpose,omitempty"`
-	Context   string  `json:"context,omitempty"`
-	Plaintext *string `json:"plaintext,omitempty"`
-	Value     *string `json:"value,omitempty"`
+// appendB64 appends the canonical base64 [F-TEXT-1] of b to dst.
+func appendB64(dst, b []byte) []byte {
+	n := base64.StdEncoding.EncodedLen(len(b))
+	if cap(dst)-len(dst) < n {
+		g := make([]byte, len(dst), 2*cap(dst)+n)
+		copy(g, dst)
+		wipe(dst)
+		dst = g
+	}
+	base64.StdEncoding.Encode(dst[len(dst):len(dst)+n], b)
+	return dst[:len(dst)+n]
 }
 
-// newRequest is r's record; a nil tenant or purpose is absent.
-func newRequest(r *Record) request {
-	q := request{Scope: r.Table + "." + r.Column, Context: b64(r.Context)}
-	if r.Tenant != nil {
-		t := string(r.Tenant)
-		q.Tenant = &t
+// appendString appends the JSON string of s (never a secret: a scope,
+// tenant or purpose) to dst.
+func appendString(dst []byte, s string) []byte {
+	j, _ := json.Marshal(s) // a string always marshals
+	return append(dst, j...)
+}
+
+// appendRecord appends the JSON object of one record [AG-REQ-7] to dst,
+// the base64 member data (plaintext or value) encoded straight into it, so
+// that the only copy of a plaintext is dst, which the caller wipes.  A nil
+// tenant or purpose is absent, and so is an empty context.
+func appendRecord(dst []byte, scope string, tenant, context, purpose []byte, data string, in []byte) []byte {
+	dst = append(dst, `{"scope":`...)
+	dst = appendString(dst, scope)
+	if tenant != nil {
+		dst = appendString(append(dst, `,"tenant":`...), string(tenant))
 	}
-	if r.Purpose != nil {
-		p := string(r.Purpose)
-		q.Purpose = &p
+	if purpose != nil {
+		dst = appendString(append(dst, `,"purpose":`...), string(purpose))
 	}
-	return q
+	if len(context) > 0 {
+		dst = append(appendB64(append(dst, `,"context":"`...), context), '"')
+	}
+	dst = append(dst, `,"`+data+`":"`...)
+	return append(appendB64(dst, in), `"}`...)
 }
 
 // answer is a seal's or open's answer [AG-RESP-2..3], or an error
-// [AG-ERR-1].
+// [AG-ERR-1]; Value and Plaintext stay raw JSON so that they can be wiped.
 type answer struct {
-	Value     *string `json:"value"`
-	Plaintext *string `json:"plaintext"`
-	Error     string  `json:"error"`
-	Class     string  `json:"class"`
-	Member    string  `json:"member"`
-	Offset    *int    `json:"offset"`
-	Message   string  `json:"message"`
+	Value     json.RawMessage `json:"value"`
+	Plaintext json.RawMessage `json:"plaintext"`
+	Error     string          `json:"error"`
+	Class     string          `json:"class"`
+	Member    string          `json:"member"`
+	Offset    *int            `json:"offset"`
+	Message   string          `json:"message"`
+}
+
+// wipe clears the raw members of a.
+func (a *answer) wipe() {
+	wipe(a.Value)
+	wipe(a.Plaintext)
+}
+
+// err is the *Error of an error answer with status, or nil.
+func (a *answer) err(op string, status int) error {
+	if status == http.StatusOK && a.Error == "" {
+		return nil
+	}
+	e := &Error{Op: op, Status: status, Name: a.Error, Class: a.Class, Member: a.Member,
+		Offset: -1, Msg: a.Message}
+	if a.Offset != nil {
+		e.Offset = *a.Offset
+	}
+	return e
 }
 
 // wipe overwrites b.
@@ -177,83 +220,139 @@ func wipe(b []byte) {
 	}
 }
 
-// post sends body to path and decodes the answer; it wipes the body and
-// the answer's bytes it read, as either may hold plaintext.
-func (c *Client) post(op, path string, body []byte) (*answer, error) {
+// post sends body to path and decodes the answer into out (wiping the
+// answer's bytes it read, as they may hold plaintext), returning the HTTP
+// status.  It wipes body, which may hold plaintext too.
+func (c *Client) post(op, path string, body []byte, out interface{}) (int, error) {
 	defer wipe(body)
 	resp, err := c.hc.Post("http://agent"+path, "application/json", bytes.NewReader(body))
 	if err != nil {
-		return nil, fmt.Errorf("keyshift agent: %s: %w: %v", op, ErrUnavailable, err)
+		return 0, fmt.Errorf("keyshift agent: %s: %w: %v", op, ErrUnavailable, err)
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<30))
 	defer wipe(raw)
 	if err != nil {
-		return nil, fmt.Errorf("keyshift agent: %s: %w: %v", op, ErrUnavailable, err)
+		return 0, fmt.Errorf("keyshift agent: %s: %w: %v", op, ErrUnavailable, err)
 	}
-	var a answer
-	if err := json.Unmarshal(raw, &a); err != nil {
-		return nil, &Error{Op: op, Status: resp.StatusCode, Name: "bad-answer", Class: "configuration",
+	if err := json.Unmarshal(raw, out); err != nil {
+		return 0, &Error{Op: op, Status: resp.StatusCode, Name: "bad-answer", Class: "configuration",
 			Offset: -1, Msg: "the agent's answer is not JSON: " + strings.TrimSpace(resp.Status)}
 	}
-	if resp.StatusCode != http.StatusOK || a.Error != "" {
-		e := &Error{Op: op, Status: resp.StatusCode, Name: a.Error, Class: a.Class,
-			Member: a.Member, Offset: -1, Msg: a.Message}
-		if a.Offset != nil {
-			e.Offset = *a.Offset
-		}
-		return nil, e
-	}
-	return &a, nil
+	return resp.StatusCode, nil
 }
 
-// decode is the bytes of the base64 member s of an answer.
-func decode(op, member string, s *string) ([]byte, error) {
-	if s == nil {
+// decode is the bytes of the raw JSON base64 string member of an answer.
+func decode(op, member string, raw json.RawMessage) ([]byte, error) {
+	n := len(raw)
+	if n < 2 || raw[0] != '"' || raw[n-1] != '"' {
 		return nil, &Error{Op: op, Status: 200, Name: "bad-answer", Class: "configuration", Offset: -1,
-			Msg: "the agent's answer has no " + member}
+			Msg: "the agent's answer has no " + member + " string"}
 	}
-	b, err := base64.StdEncoding.DecodeString(*s)
+	out := make([]byte, base64.StdEncoding.DecodedLen(n-2))
+	m, err := base64.StdEncoding.Strict().Decode(out, raw[1:n-1])
 	if err != nil {
+		wipe(out)
 		return nil, &Error{Op: op, Status: 200, Name: "bad-answer", Class: "configuration", Offset: -1,
-			Msg: "the agent's " + member + " is not base64"}
+			Msg: "the agent's " + member + " is not canonical base64"}
 	}
-	return b, nil
+	return out[:m:m], nil
 }
 
-// call sends the record q to path and returns the answer's base64 member
+// call sends one record to path and returns the answer's base64 member
 // (value or plaintext), decoded.
-func (c *Client) call(op, path, member string, q request) ([]byte, error) {
-	body, err := json.Marshal(q)
+func (c *Client) call(op, path, data string, r *Record, in []byte) ([]byte, error) {
+	body := appendRecord(make([]byte, 0, 256+base64.StdEncoding.EncodedLen(len(in))),
+		r.Table+"."+r.Column, r.Tenant, r.Context, r.Purpose, data, in)
+	var a answer
+	defer a.wipe()
+	status, err := c.post(op, path, body, &a)
 	if err != nil {
 		return nil, err
 	}
-	a, err := c.post(op, path, body)
-	if err != nil {
+	if err := a.err(op, status); err != nil {
 		return nil, err
 	}
-	if member == "value" {
-		return decode(op, member, a.Value)
+	if op == "seal" {
+		return decode(op, "value", a.Value)
 	}
-	return decode(op, member, a.Plaintext)
+	return decode(op, "plaintext", a.Plaintext)
 }
 
 // Seal seals pt for r through the agent (POST /v1/seal): the class the
 // rollout names for r's tenant, else the agent's --key.  Before
 // write-upgrade of a rollout from plaintext the result is pt itself.
 func (c *Client) Seal(r *Record, pt []byte) ([]byte, error) {
-	q := newRequest(r)
-	p := b64(pt)
-	q.Plaintext = &p
-	return c.call("seal", "/v1/seal", "value", q)
+	return c.call("seal", "/v1/seal", "plaintext", r, pt)
 }
 
 // Open opens the stored value v for r through the agent (POST /v1/open),
 // after it authenticated.  The caller owns the plaintext and should wipe
 // it when done.
 func (c *Client) Open(r *Record, v []byte) ([]byte, error) {
-	q := newRequest(r)
-	s := b64(v)
-	q.Value = &s
-	return c.call("open", "/v1/open", "plaintext", q)
+	return c.call("open", "/v1/open", "value", r, v)
+}
+
+// SealBatch seals every item, all of table.column, in one request (POST
+// /v1/seal-batch, at most the agent's --max-batch items [AG-REQ-8]); one
+// item's failure does not stop the others [AG-RESP-5].  It returns the
+// request's error, else the first item's error, if any.
+func (c *Client) SealBatch(table, column string, items []Item) error {
+	return c.batch("seal-batch", "plaintext", table, column, items)
+}
+
+// OpenBatch opens every item, as SealBatch (POST /v1/open-batch).
+func (c *Client) OpenBatch(table, column string, items []Item) error {
+	return c.batch("open-batch", "value", table, column, items)
+}
+
+// batch sends items as one batch request and sets each item's Out or Err.
+func (c *Client) batch(op, data, table, column string, items []Item) error {
+	scope := table + "." + column
+	body := append(make([]byte, 0, 4096), `{"records":[`...)
+	for i := range items {
+		if i > 0 {
+			body = append(body, ',')
+		}
+		it := &items[i]
+		body = appendRecord(body, scope, it.Tenant, it.Context, it.Purpose, data, it.In)
+	}
+	body = append(body, "]}"...)
+	var b struct {
+		answer
+		Results []answer `json:"results"`
+	}
+	defer func() {
+		for i := range b.Results {
+			b.Results[i].wipe()
+		}
+	}()
+	status, err := c.post(op, "/v1/"+op, body, &b)
+	if err != nil {
+		return err
+	}
+	if err := b.answer.err(op, status); err != nil {
+		return err
+	}
+	if len(b.Results) != len(items) {
+		return &Error{Op: op, Status: status, Name: "bad-answer", Class: "configuration", Offset: -1,
+			Msg: fmt.Sprintf("the agent answered %d results for %d records", len(b.Results), len(items))}
+	}
+	var first error
+	for i := range items {
+		a := &b.Results[i]
+		it := &items[i]
+		it.Out, it.Err = nil, a.err(op, http.StatusOK)
+		if it.Err == nil {
+			if op == "seal-batch" {
+				it.Out, it.Err = decode(op, "value", a.Value)
+			} else {
+				it.Out, it.Err = decode(op, "plaintext", a.Plaintext)
+			}
+		}
+		if first == nil {
+			first = it.Err
+		}
+	}
+	return first
 }

@@ -1,6 +1,6 @@
 // Package ksapi holds what the in-process package keyshift (cgo over
 // libkeyshift) and its agent client keyshift/agent (no cgo, docs/agent.md)
-// share: the Record type and the sentinel errors, with the one rule that
+// share: the Record and Item types and the sentinel errors, with the one rule that
 // maps an error's stable name and class to them.  It imports no cgo.
 package ksapi
 
@@ -13,6 +13,15 @@ type Record struct {
 	Tenant        []byte // required to seal; to open, nil means any tenant
 	Context       []byte // bytes the reader rebuilds from trusted data, e.g. "payments:42:card"
 	Purpose       []byte // format 2's purpose; nil: the configured purpose, else the column's name
+}
+
+// Item is one value of a batch, all of one table.column: its tenant,
+// context, purpose and input; SealBatch and OpenBatch set Out (or Err).
+type Item struct {
+	Tenant, Context, Purpose []byte
+	In                       []byte // the plaintext (seal) or the stored value (open)
+	Out                      []byte // set: the output (in-process: a slice of one buffer shared by the batch)
+	Err                      error  // set: this item's error
 }
 
 // Sentinels for errors.Is.  Every error of either package matches the
