@@ -122,6 +122,17 @@ func TestAgentClient(t *testing.T) {
 	if err := a.OpenBatch("payments", "card", open[:1]); err != nil || string(open[0].Out) != "one" {
 		t.Fatalf("App OpenBatch of the agent's: %v", err)
 	}
+	h, err := c.Parse("payments", "card", env)
+	if err != nil || h.Version != 2 || h.Algorithm != "xchacha20-poly1305" || h.Tenant != "acme" ||
+		h.KeyID != "payments/kek" || h.KeyVersion != 1 || h.Purpose != "card" || h.TotalLen != len(env) {
+		t.Fatalf("Parse: %+v %v", h, err)
+	}
+	if hh, err := Parse(env); err != nil || hh.HeaderLen != h.HeaderLen || hh.Ciphertext.Len != h.CiphertextLen {
+		t.Fatalf("Parse in process: %+v %v", hh, err)
+	}
+	if _, err = c.Parse("payments", "card", env[:20]); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("Parse of a truncated envelope: %v", err)
+	}
 	bad := &Record{Table: "payments", Column: "card", Tenant: []byte("ac me")}
 	if _, err = c.Seal(bad, []byte("x")); !errors.Is(err, agent.ErrBadRequest) || !errors.As(err, &ae) ||
 		ae.Member != "tenant" {

@@ -258,3 +258,13 @@ class AgentClient:
         /v1/open-batch``): items are ``(tenant, context, value)``; the result
         has each plaintext or the :class:`Error` that item met."""
         return self._batch("open-batch", "value", "plaintext", table, column, items)
+
+    def parse(self, table: str, column: str, value: Buffer) -> Dict[str, object]:
+        """Parse the envelope ``value`` of ``table.column`` strictly through
+        the agent (``POST /v1/parse``) without opening it: the header's
+        fields of [AG-RESP-4] (``version``, ``algorithm``, ``tenant``,
+        ``key_id``, ``key_version``, ``purpose`` in format 2,
+        ``ciphertext_len``, ``header_len``, ``total_len``).  A rejection
+        raises :class:`Malformed` with its ``offset``; :func:`keyshift.parse`
+        has the fields' spans, in process."""
+        return self._post("/v1/parse", {"scope": "%s.%s" % (table, column), "value": _b64(value)})

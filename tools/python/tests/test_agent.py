@@ -96,6 +96,12 @@ class AgentClientTest(unittest.TestCase):
             with self.assertRaises(keyshift.Malformed) as cm:
                 agent.open(T, C, "acme", b"plain")
             self.assertEqual((cm.exception.name, cm.exception.offset), ("bad-magic", 0))
+            h = agent.parse(T, C, env)
+            self.assertEqual((h["version"], h["tenant"], h["key_id"], h["total_len"]),
+                             (2, "acme", "payments-kek", len(env)))
+            self.assertEqual(h["header_len"], keyshift.parse(env).header_len)
+            with self.assertRaises(keyshift.Malformed):
+                agent.parse(T, C, env[:20])
             with self.assertRaises(keyshift.NotAuthorized) as cm:
                 agent.seal(T, "note", "acme", b"x")
             self.assertIsInstance(cm.exception, keyshift.Refused)

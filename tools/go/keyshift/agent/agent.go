@@ -356,3 +356,38 @@ func (c *Client) batch(op, data, table, column string, items []Item) error {
 	}
 	return first
 }
+
+// Header is an envelope's header as the agent parses it [AG-RESP-4]: the
+// fields, without where each lies (the package keyshift's Parse has the
+// spans, in process).
+type Header struct {
+	Version       int    `json:"version"`
+	Algorithm     string `json:"algorithm"` // "aes-256-gcm", "xchacha20-poly1305"
+	Tenant        string `json:"tenant"`
+	KeyID         string `json:"key_id"`
+	KeyVersion    uint32 `json:"key_version"`
+	Purpose       string `json:"purpose"` // format 2 only
+	CiphertextLen int    `json:"ciphertext_len"`
+	HeaderLen     int    `json:"header_len"`
+	TotalLen      int    `json:"total_len"`
+}
+
+// Parse parses envelope v of table.column strictly through the agent
+// (POST /v1/parse), without opening it.  A rejection matches ErrMalformed,
+// with the byte offset.
+func (c *Client) Parse(table, column string, v []byte) (Header, error) {
+	body := append(appendString([]byte(`{"scope":`), table+"."+column), `,"value":"`...)
+	body = append(appendB64(body, v), `"}`...)
+	var a struct {
+		answer
+		Header
+	}
+	status, err := c.post("parse", "/v1/parse", body, &a)
+	if err != nil {
+		return Header{}, err
+	}
+	if err := a.answer.err("parse", status); err != nil {
+		return Header{}, err
+	}
+	return a.Header, nil
+}
