@@ -225,7 +225,17 @@ func wipe(b []byte) {
 // status.  It wipes body, which may hold plaintext too.
 func (c *Client) post(op, path string, body []byte, out interface{}) (int, error) {
 	defer wipe(body)
-	resp, err := c.hc.Post("http://agent"+path, "application/json", bytes.NewReader(body))
+	req, err := http.NewRequest(http.MethodPost, "http://agent"+path, bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	// A request written on an idle connection the agent closed is never
+	// read [AG-RUN-3], and no call changes the agent's state: the
+	// transport may send it again on a new connection (RFC 9112 section
+	// 9.3.1).  A nil value marks it so without sending the header.
+	req.Header["X-Idempotency-Key"] = nil
+	resp, err := c.hc.Do(req)
 	if err != nil {
 		return 0, fmt.Errorf("keyshift agent: %s: %w: %v", op, ErrUnavailable, err)
 	}
