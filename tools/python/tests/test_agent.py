@@ -18,7 +18,7 @@ T, C = "payments", "card"
 @unittest.skipUnless(os.path.exists(CLI), "no keyshift program (set KEYSHIFT_CLI)")
 class AgentClientTest(unittest.TestCase):
     """One agent serving payments.card and payments.note with the key
-    payments-kek, under a policy that lets this uid seal, open and parse
+    payments-kek, closing connections idle for a second, under a policy that lets this uid seal, open and parse
     payments.card and nothing of payments.note."""
 
     @classmethod
@@ -34,7 +34,7 @@ class AgentClientTest(unittest.TestCase):
         cls.proc = subprocess.Popen(
             [CLI, "serve", "--listen", "unix:" + cls.sock, "--policy", policy,
              "--scope", "payments.card", "--scope", "payments.note", "--key", "payments-kek",
-             "--workers", "2"], env=cls.w.env, stdout=subprocess.DEVNULL, stderr=cls.log)
+             "--workers", "2", "--idle-timeout", "1"], env=cls.w.env, stdout=subprocess.DEVNULL, stderr=cls.log)
         for _ in range(200):
             try:
                 with keyshift.AgentClient(cls.sock) as c:
@@ -82,6 +82,14 @@ class AgentClientTest(unittest.TestCase):
             self.assertEqual(app.open_batch(T, C, [("acme", None, sealed[1])]), [b"two"])
             with self.assertRaises(keyshift.NotAuthorized):
                 agent.seal_batch(T, "note", [("acme", None, b"x")])
+
+    def test_sends_again_after_the_agent_closed_an_idle_connection(self) -> None:
+        with keyshift.AgentClient(self.sock) as agent:
+            env = agent.seal(T, C, "acme", b"4111")
+            first = agent._conn
+            time.sleep(1.3)  # past --idle-timeout: the agent closes the connection
+            self.assertEqual(agent.open(T, C, "acme", env), b"4111")
+            self.assertIsNot(agent._conn, first)
 
     def test_errors(self) -> None:
         with keyshift.AgentClient(self.sock) as agent:
