@@ -133,6 +133,9 @@ func TestAgentClient(t *testing.T) {
 	if _, err = c.Parse("payments", "card", env[:20]); !errors.Is(err, ErrMalformed) {
 		t.Fatalf("Parse of a truncated envelope: %v", err)
 	}
+	if _, err = agent.Dial(filepath.Join(t.TempDir(), "absent.sock")); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Dial of no agent: %v", err)
+	}
 	bad := &Record{Table: "payments", Column: "card", Tenant: []byte("ac me")}
 	if _, err = c.Seal(bad, []byte("x")); !errors.Is(err, agent.ErrBadRequest) || !errors.As(err, &ae) ||
 		ae.Member != "tenant" {

@@ -110,7 +110,7 @@ type Client struct {
 
 // Dial returns a Client of the agent listening on the Unix socket
 // socketPath, after checking that it answers GET /healthz
-// [AG-HEALTH-1].
+// [AG-HEALTH-1]; an agent that does not answer matches ErrUnavailable.
 func Dial(socketPath string) (*Client, error) {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -125,7 +125,7 @@ func Dial(socketPath string) (*Client, error) {
 	resp, err := c.hc.Get("http://agent/healthz")
 	if err != nil {
 		tr.CloseIdleConnections()
-		return nil, fmt.Errorf("keyshift agent: cannot reach %s: %w", socketPath, err)
+		return nil, fmt.Errorf("keyshift agent: cannot reach %s: %w: %v", socketPath, ErrUnavailable, err)
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
