@@ -43,7 +43,8 @@
 #                   (then make go-bench: the Go package vs crypto/cipher,
 #                   and make py-bench: the Python package vs pyca's AESGCM)
 #   make go-test    the Go package (tools/go/keyshift): vet, go test -race,
-#                   its fuzz seeds and a 5 s fuzz smoke, the README example;
+#                   its fuzz seeds and a 5 s fuzz smoke, the README example,
+#                   its agent client (agent/) also without cgo;
 #                   vet and test of the example service (tools/go/example)
 #   make demo       encrypt, rotate and verify a 100,000-row sample database
 #   make py-test    the Python package's tests (tools/python/tests) under
@@ -455,7 +456,7 @@ $(B)/pkgconfig/keyshift.pc: $(B)/keyshift.pc.values
 # The example service (tools/go/example, docs/embedding.md "The example
 # services"): a module of its own, so that the package keeps to the standard
 # library, with Debian's SQL drivers by replace lines (tools/deps.sh).
-$(GO_EXAMPLE): tools/go/example/main.go tools/go/example/go.mod $(wildcard tools/go/keyshift/*.go) \
+$(GO_EXAMPLE): tools/go/example/main.go tools/go/example/go.mod $(wildcard tools/go/keyshift/*.go tools/go/keyshift/ksapi/*.go) \
                tools/go/keyshift/ksgo.c tools/go/keyshift/ksgo.h $(SHARED) $(B)/pkgconfig/keyshift.pc
 	@mkdir -p $(dir $@)
 	cd tools/go/example && $(GO_ENV) go build -o $(CURDIR)/$@ .
