@@ -43,7 +43,8 @@
 #                   (then make go-bench: the Go package vs crypto/cipher,
 #                   and make py-bench: the Python package vs pyca's AESGCM)
 #   make go-test    the Go package (tools/go/keyshift): vet, go test -race,
-#                   its fuzz seeds and a 5 s fuzz smoke, the README example;
+#                   its fuzz seeds and a 5 s fuzz smoke, the README example,
+#                   its agent client (agent/) also without cgo;
 #                   vet and test of the example service (tools/go/example)
 #   make demo       encrypt, rotate and verify a 100,000-row sample database
 #   make py-test    the Python package's tests (tools/python/tests) under
@@ -459,16 +460,18 @@ $(B)/pkgconfig/keyshift.pc: $(B)/keyshift.pc.values
 # The example service (tools/go/example, docs/embedding.md "The example
 # services"): a module of its own, so that the package keeps to the standard
 # library, with Debian's SQL drivers by replace lines (tools/deps.sh).
-$(GO_EXAMPLE): tools/go/example/main.go tools/go/example/go.mod $(wildcard tools/go/keyshift/*.go) \
+$(GO_EXAMPLE): tools/go/example/main.go tools/go/example/go.mod $(wildcard tools/go/keyshift/*.go tools/go/keyshift/ksapi/*.go) \
                tools/go/keyshift/ksgo.c tools/go/keyshift/ksgo.h $(SHARED) $(B)/pkgconfig/keyshift.pc
 	@mkdir -p $(dir $@)
 	cd tools/go/example && $(GO_ENV) go build -o $(CURDIR)/$@ .
 
 # vet, the tests under the race detector (they replay the fuzz seed corpus
-# testdata/fuzz/FuzzParse), the example's vet and test, a 5-second fuzz
-# smoke, and the README's example.
+# testdata/fuzz/FuzzParse; agent_test.go starts `keyshift serve` for the
+# agent client), the agent client built and tested without cgo, the
+# example's vet and test, a 5-second fuzz smoke, and the README's example.
 go-test: $(SHARED) $(CLI) $(B)/pkgconfig/keyshift.pc
 	cd tools/go/keyshift && $(GO_ENV) go vet ./... && $(GO_ENV) go test -race -count=1 ./...
+	cd tools/go/keyshift && $(GO_ENV) CGO_ENABLED=0 go test -count=1 ./agent ./ksapi
 	cd tools/go/example && $(GO_ENV) go vet ./... && $(GO_ENV) go test -count=1 ./...
 	cd tools/go/keyshift && $(GO_ENV) go test -run='^$$' -fuzz=FuzzParse -fuzztime=5s .
 	@$(GO_ENV) tools/go/readme_test.sh

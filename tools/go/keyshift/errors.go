@@ -8,6 +8,8 @@ import "C"
 import (
 	"errors"
 	"fmt"
+
+	"keyshift.local/keyshift/ksapi"
 )
 
 // Class is an error's class (ks_err_class): what the caller should do.
@@ -28,21 +30,22 @@ func (c Class) String() string {
 	return fmt.Sprintf("class(%d)", int(c))
 }
 
-// Sentinels for errors.Is.  Every *Error matches the sentinel of its class
-// and, where one fits, the sentinel of its code.
+// Sentinels for errors.Is (package ksapi, shared with the agent client
+// keyshift/agent).  Every *Error matches the sentinel of its class and,
+// where one fits, the sentinel of its code.
 var (
-	ErrRetryable     = errors.New("keyshift: retryable")
-	ErrRefused       = errors.New("keyshift: refused")
-	ErrConfiguration = errors.New("keyshift: configuration")
+	ErrRetryable     = ksapi.ErrRetryable
+	ErrRefused       = ksapi.ErrRefused
+	ErrConfiguration = ksapi.ErrConfiguration
 
-	ErrAuthFailed      = errors.New("keyshift: authentication failed")            // auth-failed
-	ErrMalformed       = errors.New("keyshift: malformed envelope")               // codes 1..31, with Offset
-	ErrUnavailable     = errors.New("keyshift: key provider unavailable")         // unavailable, timeout
-	ErrBusy            = errors.New("keyshift: database busy")                    // busy
-	ErrPhase           = errors.New("keyshift: the rollout's phase refuses this") // phase
-	ErrKeyUnusable     = errors.New("keyshift: key version unusable")             // denied, revoked, not-found
-	ErrNoRollout       = errors.New("keyshift: no rollout and no default key")    // no-rollout
-	ErrInvalidArgument = errors.New("keyshift: invalid argument")                 // invalid-argument
+	ErrAuthFailed      = ksapi.ErrAuthFailed
+	ErrMalformed       = ksapi.ErrMalformed
+	ErrUnavailable     = ksapi.ErrUnavailable
+	ErrBusy            = ksapi.ErrBusy
+	ErrPhase           = ksapi.ErrPhase
+	ErrKeyUnusable     = ksapi.ErrKeyUnusable
+	ErrNoRollout       = ksapi.ErrNoRollout
+	ErrInvalidArgument = ksapi.ErrInvalidArgument
 	ErrClosed          = errors.New("keyshift: the App is closed")
 )
 
@@ -69,33 +72,9 @@ func (e *Error) Error() string {
 	return s
 }
 
-// Is matches the class sentinels and the code sentinels.
+// Is matches the class sentinels and the code sentinels (ksapi.Match).
 func (e *Error) Is(target error) bool {
-	switch target {
-	case ErrRetryable:
-		return e.Class == ClassRetryable
-	case ErrRefused:
-		return e.Class == ClassRefused
-	case ErrConfiguration:
-		return e.Class == ClassConfiguration
-	case ErrAuthFailed:
-		return e.Code == C.KS_ERR_AUTH_FAILED
-	case ErrMalformed:
-		return e.Code >= 1 && e.Code <= 31
-	case ErrUnavailable:
-		return e.Code == C.KS_ERR_UNAVAILABLE || e.Code == C.KS_ERR_TIMEOUT
-	case ErrBusy:
-		return e.Code == C.KS_ERR_BUSY
-	case ErrPhase:
-		return e.Code == C.KS_ERR_PHASE
-	case ErrKeyUnusable:
-		return e.Code == C.KS_ERR_DENIED || e.Code == C.KS_ERR_REVOKED || e.Code == C.KS_ERR_NOT_FOUND
-	case ErrNoRollout:
-		return e.Code == C.KS_ERR_NO_ROLLOUT
-	case ErrInvalidArgument:
-		return e.Code == C.KS_ERR_INVALID_ARGUMENT
-	}
-	return false
+	return ksapi.Match(target, e.Name, e.Class.String(), e.Code >= 1 && e.Code <= 31)
 }
 
 // newError builds the *Error of code (a ks_err) for op.

@@ -45,6 +45,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"keyshift.local/keyshift/ksapi"
 )
 
 // Format is an envelope format version.
@@ -131,13 +133,9 @@ type Config struct {
 }
 
 // Record names one value of the application's table: where it lives and
-// what is bound into its envelope.
-type Record struct {
-	Table, Column string
-	Tenant        []byte // required to seal; to open, nil means any tenant
-	Context       []byte // bytes the reader rebuilds from trusted data, e.g. "payments:42:card"
-	Purpose       []byte // format 2's purpose; nil: Config.Purpose, else the column's name
-}
+// what is bound into its envelope (ksapi.Record, shared with the agent
+// client keyshift/agent).
+type Record = ksapi.Record
 
 // App is an open application: keys, and with a database the rollout
 // policy and its background thread.  It is safe for concurrent use.

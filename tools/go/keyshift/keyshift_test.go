@@ -32,17 +32,24 @@ func cliPath(t testing.TB) string {
 	return ""
 }
 
-// cli runs the CLI with args and stdin, failing the test on a non-zero
-// exit; it returns standard output.
-func cli(t testing.TB, stdin []byte, args ...string) []byte {
-	t.Helper()
+// cliCommand is the command running the CLI with args, in an environment
+// without KEYSHIFT_ variables.
+func cliCommand(t testing.TB, args ...string) *exec.Cmd {
 	cmd := exec.Command(cliPath(t), args...)
-	cmd.Stdin = bytes.NewReader(stdin)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "KEYSHIFT_") {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
+	return cmd
+}
+
+// cli runs the CLI with args and stdin, failing the test on a non-zero
+// exit; it returns standard output.
+func cli(t testing.TB, stdin []byte, args ...string) []byte {
+	t.Helper()
+	cmd := cliCommand(t, args...)
+	cmd.Stdin = bytes.NewReader(stdin)
 	var out, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &stderr
 	if err := cmd.Run(); err != nil {

@@ -8,6 +8,8 @@ import "C"
 import (
 	"sync"
 	"unsafe"
+
+	"keyshift.local/keyshift/ksapi"
 )
 
 // bp is a pointer to b's bytes for the duration of one C call (nil when
@@ -108,14 +110,9 @@ func (a *App) AppendOpen(dst []byte, r *Record, v []byte) ([]byte, error) {
 	return a.call(0, "open-value", dst, len(v), r, v)
 }
 
-// Item is one value of a batch: its tenant, context, purpose and input;
-// SealBatch and OpenBatch set Out (or Err).
-type Item struct {
-	Tenant, Context, Purpose []byte
-	In                       []byte // the plaintext (seal) or the stored value (open)
-	Out                      []byte // set: the output, a slice of one buffer shared by the batch
-	Err                      error  // set: this item's error
-}
+// Item is one record of a batch and its result (ksapi.Item, shared with
+// the agent client keyshift/agent).
+type Item = ksapi.Item
 
 // SealBatch seals every item, all of table.column, in one call across to
 // C (ks_app_seal_batch); one item's failure does not stop the others.  It

@@ -29,6 +29,10 @@ record or call: :class:`AuthFailed`, :class:`Malformed`,
 (``ks_err_name``), its numeric ``code`` and, for a malformed envelope, the
 byte ``offset`` at which the parser rejected it.
 
+Agent mode.  :class:`AgentClient` has the same ``seal`` and ``open`` over
+the Unix socket of ``keyshift serve`` (docs/agent.md), with the standard
+library only, raising the same exceptions (module ``keyshift.agent``).
+
 Plaintext.  The C buffers that held plaintext are zeroed before a call
 returns; the ``bytes`` objects Python hands in and out cannot be wiped
 (they are immutable and may be copied by the interpreter), so keep them
@@ -50,6 +54,10 @@ from . import _native as _n
 
 __all__ = [
     "App",
+    "AgentClient",
+    "NotAuthorized",
+    "BadRequest",
+    "UnknownScope",
     "ValueClass",
     "Header",
     "Stats",
@@ -222,20 +230,23 @@ def _error(code: int, offset: Optional[int] = None, message: Optional[str] = Non
     """The exception for C error code ``code``: its class from
     ``ks_err_class``, then the subclass by name."""
     name = error_name(code)
-    klass = _n.LIB.ks_err_class(code)
-    class_name = _CLASS_NAMES.get(klass, "configuration")
-    if klass == 1:
-        cls = Unavailable
-    elif klass == 2:
-        if 1 <= code <= 31:
-            cls = Malformed
-        else:
-            cls = _REFUSED_BY_NAME.get(name, Refused)
-    else:
-        cls = ConfigError
+    class_name = _CLASS_NAMES.get(_n.LIB.ks_err_class(code), "configuration")
+    cls = _error_type(name, class_name, 1 <= code <= 31)
     if cls is not Malformed:
         offset = None
     return cls(name, offset, message, code, class_name)
+
+
+def _error_type(name: str, class_name: str, malformed: bool) -> type:
+    """The exception class of an error named ``name`` (``ks_err_name``) in
+    class ``class_name`` (``ks_error_class_name``); ``malformed`` says it is
+    a parse rejection of an envelope.  The one mapping of the library's
+    errors, for :class:`App` and :class:`AgentClient` alike."""
+    if class_name == "retryable":
+        return Unavailable
+    if class_name == "refused":
+        return Malformed if malformed else _REFUSED_BY_NAME.get(name, Refused)
+    return ConfigError
 
 
 # ---- values ----------------------------------------------------------------
@@ -799,3 +810,6 @@ class App:
         if e != _n.KS_OK:
             raise _error(e)
         return _n.LIB.ks_value_encoding_name(enc.value).decode()
+
+
+from .agent import AgentClient, BadRequest, NotAuthorized, UnknownScope  # noqa: E402

@@ -1,0 +1,125 @@
+"""Tests of keyshift.AgentClient against a running ``keyshift serve``
+(docs/agent.md): round trips and batches, an envelope of the agent opened by an App
+and one of an App opened by the agent, and the mapping of the agent's
+errors to the package's exceptions.  Skipped when there is no keyshift
+program (KEYSHIFT_CLI unset and none under build/).
+"""
+
+import os
+import subprocess
+import time
+import unittest
+
+from test_keyshift import CLI, World, keyshift
+
+T, C = "payments", "card"
+
+
+@unittest.skipUnless(os.path.exists(CLI), "no keyshift program (set KEYSHIFT_CLI)")
+class AgentClientTest(unittest.TestCase):
+    """One agent serving payments.card and payments.note with the key
+    payments-kek, closing connections idle for a second, under a policy that lets this uid seal, open and parse
+    payments.card and nothing of payments.note."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.w = World()
+        cls.sock = os.path.join(cls.w.dir, "agent.sock")
+        policy = os.path.join(cls.w.dir, "policy")
+        fd = os.open(policy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("keyshift-agent-policy 1\n"
+                    "allow uid %d scope payments.card tenant * ops seal,open,parse\n" % os.getuid())
+        cls.log = open(os.path.join(cls.w.dir, "agent.log"), "wb")
+        cls.proc = subprocess.Popen(
+            [CLI, "serve", "--listen", "unix:" + cls.sock, "--policy", policy,
+             "--scope", "payments.card", "--scope", "payments.note", "--key", "payments-kek",
+             "--workers", "2", "--idle-timeout", "1"], env=cls.w.env, stdout=subprocess.DEVNULL, stderr=cls.log)
+        for _ in range(200):
+            try:
+                with keyshift.AgentClient(cls.sock) as c:
+                    c.open(T, C, None, b"plain")
+            except keyshift.Malformed:
+                return
+            except keyshift.Unavailable:
+                time.sleep(0.025)
+        cls.tearDownClass()
+        raise AssertionError("the agent did not start")
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.proc.terminate()
+        cls.proc.wait()
+        cls.log.close()
+        cls.w.remove()
+
+    def test_round_trips_both_ways(self) -> None:
+        ctx = "payments:42:card"
+        with keyshift.AgentClient(self.sock) as agent, self.w.app() as app:
+            for n in (0, 1, 70000):
+                pt = b"x" * n
+                env = agent.seal(T, C, "acme", pt, context=ctx, purpose="card")
+                self.assertEqual(agent.open(T, C, "acme", env, context=ctx, purpose="card"), pt)
+                self.assertEqual(app.open(T, C, "acme", env, context=ctx, purpose="card"), pt)
+                env2 = app.seal(T, C, "acme", bytearray(pt), context=ctx, purpose="card")
+                self.assertEqual(agent.open(T, C, "acme", env2, context=ctx, purpose="card"), pt)
+            # no purpose: the column's name, on both sides; no tenant: any
+            env = agent.seal(T, C, b"acme", b"4111", context=ctx)
+            self.assertEqual(app.open(T, C, "acme", env, context=ctx), b"4111")
+            self.assertEqual(agent.open(T, C, None, env, context=ctx), b"4111")
+        agent.close()  # closing twice is harmless
+
+    def test_batches(self) -> None:
+        with keyshift.AgentClient(self.sock) as agent, self.w.app() as app:
+            sealed = agent.seal_batch(T, C, [("acme", "c1", b"one"), ("acme", None, b"two")])
+            self.assertTrue(all(isinstance(v, bytes) for v in sealed), sealed)
+            opened = agent.open_batch(T, C, [("acme", "c1", sealed[0]), ("acme", "c2", sealed[1]),
+                                             (None, None, b"plain")])
+            self.assertEqual(opened[0], b"one")
+            self.assertIsInstance(opened[1], keyshift.AuthFailed)
+            self.assertIsInstance(opened[2], keyshift.Malformed)
+            self.assertEqual((opened[2].name, opened[2].offset), ("bad-magic", 0))
+            self.assertEqual(app.open_batch(T, C, [("acme", None, sealed[1])]), [b"two"])
+            with self.assertRaises(keyshift.NotAuthorized):
+                agent.seal_batch(T, "note", [("acme", None, b"x")])
+
+    def test_sends_again_after_the_agent_closed_an_idle_connection(self) -> None:
+        with keyshift.AgentClient(self.sock) as agent:
+            env = agent.seal(T, C, "acme", b"4111")
+            first = agent._conn
+            time.sleep(1.3)  # past --idle-timeout: the agent closes the connection
+            self.assertEqual(agent.open(T, C, "acme", env), b"4111")
+            self.assertIsNot(agent._conn, first)
+
+    def test_errors(self) -> None:
+        with keyshift.AgentClient(self.sock) as agent:
+            env = agent.seal(T, C, "acme", b"4111", context="payments:42:card")
+            with self.assertRaises(keyshift.AuthFailed) as cm:
+                agent.open(T, C, "acme", env, context="payments:43:card")
+            self.assertEqual((cm.exception.status, cm.exception.error_class), (422, "refused"))
+            with self.assertRaises(keyshift.Malformed) as cm:
+                agent.open(T, C, "acme", env[:20], context="payments:42:card")
+            self.assertEqual(cm.exception.name, "truncated")
+            self.assertIsNotNone(cm.exception.offset)
+            with self.assertRaises(keyshift.Malformed) as cm:
+                agent.open(T, C, "acme", b"plain")
+            self.assertEqual((cm.exception.name, cm.exception.offset), ("bad-magic", 0))
+            h = agent.parse(T, C, env)
+            self.assertEqual((h["version"], h["tenant"], h["key_id"], h["total_len"]),
+                             (2, "acme", "payments-kek", len(env)))
+            self.assertEqual(h["header_len"], keyshift.parse(env).header_len)
+            with self.assertRaises(keyshift.Malformed):
+                agent.parse(T, C, env[:20])
+            with self.assertRaises(keyshift.NotAuthorized) as cm:
+                agent.seal(T, "note", "acme", b"x")
+            self.assertIsInstance(cm.exception, keyshift.Refused)
+            self.assertEqual(cm.exception.status, 403)
+            with self.assertRaises(keyshift.BadRequest) as cm:
+                agent.seal(T, C, "ac me", b"x")
+            self.assertEqual((cm.exception.name, cm.exception.member), ("bad-value", "tenant"))
+        with self.assertRaises(keyshift.Unavailable):
+            keyshift.AgentClient(self.sock + ".absent").seal(T, C, "acme", b"x")
+
+
+if __name__ == "__main__":
+    unittest.main()
