@@ -362,11 +362,17 @@ install-test: all
 deb deb-test:
 	@tests/deb_test.sh $(B) $(VERSION)
 
-# Only ks_* may be exported by the shared library.
+# Only ks_* may be exported by the shared library, and
+# debian/libkeyshift0.symbols lists exactly those.
 symbols: $(SHARED)
 	@bad=$$(nm -D --defined-only $(SHARED) | awk '{print $$3}' | grep -v '^ks_' | grep -v '^KEYSHIFT_0$$' || true); \
 	 if [ -n "$$bad" ]; then echo "symbols: exported non-ks_ symbols: $$bad"; exit 1; fi; \
 	 echo "symbols: $$(nm -D --defined-only $(SHARED) | grep -c ' ks_') exported, all ks_*"
+	@nm -D --defined-only $(SHARED) | awk '$$3 ~ /^ks_/ { sub(/@.*/, "", $$3); print $$3 }' | sort > $(B)/symbols.lib; \
+	 awk '/^ ks_/ { sub(/@.*/, "", $$1); print $$1 }' debian/libkeyshift0.symbols | sort > $(B)/symbols.deb; \
+	 if ! cmp -s $(B)/symbols.lib $(B)/symbols.deb; then \
+	     echo "symbols: debian/libkeyshift0.symbols differs from the library's exports (< library, > file):"; \
+	     diff $(B)/symbols.lib $(B)/symbols.deb | grep '^[<>]'; exit 1; fi
 
 # Nothing under parser/ includes libsodium or SQLite (DEVELOPERS layout rule).
 # The layering of migrate/ (docs/rollout.md "Architecture"): a lower layer

@@ -47,8 +47,9 @@ done
 R="$D/root"
 MA=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
 export LD_LIBRARY_PATH="$R/usr/lib/$MA"
-check "the library's symbols file matches" \
-    sh -c "dpkg-deb -e '$D/libkeyshift0_${VERSION}_amd64.deb' '$D/ctl' && grep -q '^libkeyshift.so.0 libkeyshift0 #MINVER#' '$D/ctl/symbols'"
+check "the library's symbols file matches its exports exactly (dpkg-gensymbols -c4)" \
+    sh -c "dpkg-deb -e '$D/libkeyshift0_${VERSION}_amd64.deb' '$D/ctl' && grep -q '^libkeyshift.so.0 libkeyshift0 #MINVER#' '$D/ctl/symbols' \
+           && ! grep 'dpkg-gensymbols: warning' '$D/build.log'"
 check "the installed CLI runs from the package" "$R/usr/bin/keyshift" --version
 check "the installed plugin runs from the package" "$R/usr/bin/keyshift-kms-aws" --version
 check "the agent's manual page and units are in the keyshift package" \
