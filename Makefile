@@ -298,9 +298,13 @@ unit: $(UNIT_BINS)
 
 TSAN      := -O1 -g -fno-omit-frame-pointer -fsanitize=thread
 TSAN_OBJS := $(LIB_SRCS:%.c=$(B)/tsan/%.o)
-TSAN_TESTS := test_app test_fork test_threads test_crypto test_migrate test_rollout test_rowstore_sqlite test_pkcs11 test_plugin \
-              test_rowstore_pg test_rollout_pg_life test_workers_pg
+# make tsan runs TSAN_TESTS; the PostgreSQL ones (a cluster each, the
+# longest under TSan) run in the nightly workflow (make tsan-pg), which
+# runs both.
+TSAN_TESTS := test_app test_fork test_threads test_crypto test_migrate test_rollout test_rowstore_sqlite test_pkcs11 test_plugin
+TSAN_PG_TESTS := test_rowstore_pg test_rollout_pg_life test_workers_pg
 TSAN_BINS := $(TSAN_TESTS:%=$(B)/tsan/tests/%)
+TSAN_PG_BINS := $(TSAN_PG_TESTS:%=$(B)/tsan/tests/%)
 .SECONDARY: $(TSAN_OBJS)
 TSAN_RUN_OPTIONS := halt_on_error=1:second_deadlock_stack=1
 
@@ -318,10 +322,19 @@ $(B)/tsan/tests/%: tests/%.c $(UNIT_SUPPORT) $(TSAN_OBJS) $(LIB_HDRS) $(wildcard
 # per-thread state (a shard's EVP contexts) is raced and forked under TSan.
 TSAN_OPENSSL_TESTS := test_threads test_fork
 
-tsan: $(TSAN_BINS)
-	@set -e; for t in $(TSAN_BINS); do echo "== $$t"; \
+# $(call tsan_run,BINS): each of BINS, the OpenSSL engine forced for
+# TSAN_OPENSSL_TESTS.
+define tsan_run
+	@set -e; for t in $(1); do echo "== $$t"; \
 	    engine=; case " $(TSAN_OPENSSL_TESTS) " in *" $$(basename $$t) "*) engine=openssl;; esac; \
 	    KS_AEAD_ENGINE=$$engine KS_SPEC=docs/format.md TSAN_OPTIONS=$(TSAN_RUN_OPTIONS) $$t; done
+endef
+
+.PHONY: tsan-pg
+tsan: $(TSAN_BINS)
+	$(call tsan_run,$(TSAN_BINS))
+tsan-pg: $(TSAN_PG_BINS)
+	$(call tsan_run,$(TSAN_PG_BINS))
 
 # The CLI and integration scripts, longest first (seconds under ASan+UBSan
 # on the 2-core machine: 103, 72, 70, 62, 56, 41, 35, 21, 14, 12, 9, 8, 7, 5,
@@ -330,7 +343,7 @@ tsan: $(TSAN_BINS)
 # Unix socket in its own directory, moto_server and the fakes on a free
 # port, SoftHSM2 tokens in its own directory), so any two may run side
 # by side.  Every script gets every variable; each reads only its own.
-CLI_TESTS := cli_migrate_stress_test cli_plugin_test cli_every_service_test cli_every_service_text_test \
+CLI_TESTS := cli_plugin_test cli_every_service_test cli_every_service_text_test \
              cli_spec_decryptor_test \
              cli_migrate_workers_pg_test cli_rollout_lifecycle_test cli_migrate_pg_test \
              cli_rollout_lifecycle_pg_test kms_aws_plugin_test cli_kms_aws_test cli_pkcs11_test \
@@ -340,10 +353,14 @@ CLI_TEST_ENV = KEYSHIFT=$(CLI_SAN) KEYSHIFT_REL=$(CLI) DEMO_APP=$(DEMO_APP_SAN) 
                KMS_AWS_DRIVER=$(KMS_AWS_DRIVER) GO_EXAMPLE=$(GO_EXAMPLE) \
                PY_EXAMPLE=$(CURDIR)/tools/python/example_service.py PY_EXAMPLE_PYTHON=$(PYTHON_DEBIAN) \
                KEYSHIFT_LIBRARY=$(CURDIR)/$(B)/lib/$(SONAME)
+# The stress test (concurrent writers against migrate run, many rounds)
+# runs in the nightly workflow: make cli-run-cli_migrate_stress_test.
+CLI_NIGHTLY_TESTS := cli_migrate_stress_test
 CLI_TEST_RUNS := $(CLI_TESTS:%=cli-run-%)
-.PHONY: $(CLI_TEST_RUNS)
+CLI_NIGHTLY_RUNS := $(CLI_NIGHTLY_TESTS:%=cli-run-%)
+.PHONY: $(CLI_TEST_RUNS) $(CLI_NIGHTLY_RUNS)
 
-$(CLI_TEST_RUNS): cli-run-%: $(CLI_SAN) $(CLI) $(DEMO_APP_SAN) $(KMS_AWS_SAN) $(KMS_AWS_DRIVER)
+$(CLI_TEST_RUNS) $(CLI_NIGHTLY_RUNS): cli-run-%: $(CLI_SAN) $(CLI) $(DEMO_APP_SAN) $(KMS_AWS_SAN) $(KMS_AWS_DRIVER)
 	@$(CLI_TEST_ENV) tests/$*.sh
 # The every-service rollout (binary and text columns) also runs the Go
 # example (and the Python one, on the shared library).
@@ -535,14 +552,17 @@ demo: deps all
 
 # Every binary make test runs is built first, JOBS at a time (default:
 # the machine's cores).  The unit tests and the TSan tests then run beside
-# each other, each suite one test at a time; the CLI scripts JOBS at a time (each starts servers of its own), then
-# the Go and Python packages and the install test one after the other
-# (make install relinks build/lib, which the Go example links against),
-# then the corpus replay beside the coverage run (both only count); the fuzz
+# each other, each suite one test at a time; the CLI scripts JOBS at a time
+# (each starts servers of its own), then the Go and Python packages' tests
+# side by side, then the install test alone (make install relinks
+# build/lib, which the Go example links against), then the corpus replay,
+# the coverage run and the Debian packages side by side (none is timed); the fuzz
 # smoke runs with nothing else beside it, one target per core, since its
 # exec/s floors are measured figures.  The
 # fault sweep tries every sixth sqlite-malloc point here and every one in
-# the nightly workflow (tests/test_faults.c, KS_FAULTS_STRIDE).  make
+# the nightly workflow (tests/test_faults.c, KS_FAULTS_STRIDE), which also
+# runs the PostgreSQL tests under TSan (make tsan-pg) and the migrate
+# stress test (make cli-run-cli_migrate_stress_test).  make
 # prove (3 min 45 s on the 2-core machine, past the 3 minutes
 # docs/fuzzing.md allows it in make test, "Proof") runs nightly.
 
@@ -559,8 +579,7 @@ test:
 	@$(MAKE) --no-print-directory check-layout symbols man-lint completion-test prom-test
 	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target unit tsan
 	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target cli-test
-	@$(MAKE) --no-print-directory go-test
-	@$(MAKE) --no-print-directory py-test
+	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target go-test py-test
 	@$(MAKE) --no-print-directory install-test
 	@$(MAKE) --no-print-directory -j$(JOBS) --output-sync=target fuzz-replay coverage deb-test
 	@$(MAKE) --no-print-directory fuzz-smoke

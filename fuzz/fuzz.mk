@@ -237,7 +237,16 @@ endef
 # exec/s floors hold as they do for one run alone; the slowest targets
 # start first.  make test runs nothing else beside the smoke run.
 FUZZ_SMOKE_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
-FUZZ_SMOKE_RUNS := $(FUZZ_TARGETS:%=fuzz-smoke-run-%)
+# Every run takes FUZZ_SMOKE_SECONDS, so they start in pairs in this
+# order: each target that drives SQLite files (fuzz_rollout, fuzz_migrate,
+# fuzz_faults, fuzz_open, fuzz_providers) beside one that works in memory,
+# so that two file-heavy runs never share the machine's I/O and system time.
+FUZZ_SMOKE_HEAVY := fuzz_rollout fuzz_migrate fuzz_faults fuzz_open fuzz_providers
+FUZZ_SMOKE_LIGHT := $(filter-out $(FUZZ_SMOKE_HEAVY),$(FUZZ_TARGETS))
+fuzz_interleave = $(if $(1)$(2),$(firstword $(1)) $(firstword $(2)) \
+                  $(call fuzz_interleave,$(wordlist 2,99,$(1)),$(wordlist 2,99,$(2))))
+FUZZ_SMOKE_ORDER := $(strip $(call fuzz_interleave,$(FUZZ_SMOKE_HEAVY),$(FUZZ_SMOKE_LIGHT)))
+FUZZ_SMOKE_RUNS := $(FUZZ_SMOKE_ORDER:%=fuzz-smoke-run-%)
 .PHONY: fuzz-smoke-lines $(FUZZ_SMOKE_RUNS)
 
 fuzz-smoke-lines:
