@@ -182,7 +182,8 @@ FUZZ_COV_SRCS_parsers := parser/envelope.c parser/text.c parser/cursor.h format/
 FUZZ_COV_MIN_parsers := $(FUZZ_COV_MIN_LINES) $(FUZZ_COV_MIN_BRANCHES)
 # migrate/engine/workers.c is left out: its worker threads claim chunks
 # from a PostgreSQL chunk table, which no fuzz target has (it is run by
-# tests/test_workers_pg.c under ASan and TSan, with kill -9 and takeover).
+# tests/test_workers_pg.c under ASan, and under TSan by the nightly make
+# tsan-pg, with kill -9 and takeover).
 FUZZ_COV_SRCS_stateful := $(sort $(filter-out migrate/engine/workers.c, \
                  $(wildcard migrate/crypto/*.c migrate/engine/*.c))) \
                  migrate/rollout/guard.c migrate/rollout/policy.c
