@@ -16,7 +16,7 @@
 // rollout's phase reads its class (a plaintext the phase reads is returned
 // as it is), checking that the plaintext is a JSON object whose "id", when
 // it has one, is the row's; and with probability --write-percent UPDATEs
-// the row with a new JSON object sealed by App.Seal in the class the
+// the row with a new JSON object sealed by App.SealClass in the class the
 // rollout names for the row's tenant (where no rollout governs, under
 // --key-id).  {id} in --context is the row's id.  SIGUSR1 prints the
 // summary so far; SIGTERM and SIGINT stop after the current operation.
@@ -31,7 +31,6 @@ package main
 import (
 	"bytes"
 	"database/sql"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -188,21 +187,21 @@ func run(args []string, stdout, stderr io.Writer, usr1, stop <-chan os.Signal) i
 		}
 		n++
 		pt := []byte(fmt.Sprintf(`{"id":%d,"writer":%q,"n":%d}`, id, *instance, n))
-		out, err := app.Seal(rec, pt)
+		out, class, err := app.SealClass(rec, pt)
 		if err != nil {
 			s.WriteFails[errName(err)]++
 			continue
 		}
 		var arg interface{} = out
 		colEnc, _ := app.ColumnEncoding(*table, *column)
-		if colEnc == keyshift.EncodingBase64 || (driver == "sqlite3" && !bytes.HasPrefix(out, []byte("KSE"))) {
+		if colEnc == keyshift.EncodingBase64 || (driver == "sqlite3" && class.Plaintext) {
 			arg = string(out) // a text column's value, or a plaintext that stays TEXT
 		}
 		if _, err := conn.Exec(update, arg, id); err != nil {
 			s.DBErrors++
 			fmt.Fprintf(stderr, "keyshift-go-example: UPDATE: %v\n", err)
 		} else {
-			s.Writes[className(out, colEnc)]++
+			s.Writes[class.String()]++
 		}
 		wipe(pt)
 	}
@@ -214,25 +213,6 @@ func run(args []string, stdout, stderr io.Writer, usr1, stop <-chan os.Signal) i
 		return 74
 	}
 	return 0
-}
-
-// className names the class of the value written as the CLI does:
-// "plaintext" or "vF:ALG:KEY_ID:VERSION" (the library's own parse; a
-// text column's value is its envelope's base64, decoded here only to
-// name it in the summary).
-func className(v []byte, enc keyshift.Encoding) string {
-	if enc == keyshift.EncodingBase64 {
-		b, err := base64.StdEncoding.DecodeString(string(v))
-		if err != nil {
-			return "plaintext"
-		}
-		v = b
-	}
-	h, err := keyshift.Parse(v)
-	if err != nil {
-		return "plaintext"
-	}
-	return fmt.Sprintf("v%d:%v:%s:%d", h.Version, h.Algorithm, h.KeyID.Bytes(v), h.KeyVersion)
 }
 
 // errName is the library's name of err, else its text.

@@ -120,6 +120,15 @@ func TestRoundTrips(t *testing.T) {
 					if err != nil || !bytes.Equal(got2, append([]byte("pre"), pt...)) {
 						t.Fatalf("AppendOpen: %v", err)
 					}
+					// SealClass names the class it wrote
+					env3, c, err := a.SealClass(r, pt)
+					want := fmt.Sprintf("v%d:%v:payments/kek:1", f, alg)
+					if err != nil || c.Plaintext || c.String() != want {
+						t.Fatalf("SealClass: %v %v, want %s", c, err, want)
+					}
+					if got3, err := a.Open(r, env3); err != nil || !bytes.Equal(got3, pt) {
+						t.Fatalf("Open of SealClass's: %v", err)
+					}
 				}
 			})
 		}

@@ -34,12 +34,14 @@ static int ksgo_name(char buf[KS_ROLLOUT_IDENT_MAX + 1], const char *name, size_
 	return 1;
 }
 
-/* ks_app_seal (seal != 0) or ks_app_open_value with the record built here
- * from its parts: every pointer is the caller's for this call only. */
+/* ks_app_seal (seal != 0; the class written to *written when not NULL)
+ * or ks_app_open_value with the record built here from its parts: every
+ * pointer is the caller's for this call only. */
 int64_t ksgo_call(uintptr_t app_handle, int seal, const char *table, size_t table_len,
                   const char *column, size_t column_len, const uint8_t *tenant, size_t tenant_len,
                   const uint8_t *context, size_t context_len, const uint8_t *purpose,
-                  size_t purpose_len, const uint8_t *in, size_t in_len, uint8_t *out, size_t cap)
+                  size_t purpose_len, const uint8_t *in, size_t in_len, uint8_t *out, size_t cap,
+                  ks_rollout_class *written)
 {
 	char t[KS_ROLLOUT_IDENT_MAX + 1], c[KS_ROLLOUT_IDENT_MAX + 1];
 	if (!ksgo_name(t, table, table_len) || !ksgo_name(c, column, column_len)) {
@@ -50,7 +52,7 @@ int64_t ksgo_call(uintptr_t app_handle, int seal, const char *table, size_t tabl
 			   {purpose, purpose_len}};
 	size_t n = 0;
 	ks_parse_error pe = {0};
-	ks_err e = seal ? ks_app_seal(app, &r, in, in_len, out, cap, &n, NULL)
+	ks_err e = seal ? ks_app_seal(app, &r, in, in_len, out, cap, &n, written)
 			: ks_app_open_value(app, &r, in, in_len, out, cap, &n, NULL, &pe);
 	return e == KS_OK ? (int64_t)n : ksgo_fail(e, &pe);
 }

@@ -25,7 +25,8 @@ typedef struct ksgo_item {
 int64_t ksgo_call(uintptr_t app_handle, int seal, const char *table, size_t table_len,
                   const char *column, size_t column_len, const uint8_t *tenant, size_t tenant_len,
                   const uint8_t *context, size_t context_len, const uint8_t *purpose,
-                  size_t purpose_len, const uint8_t *in, size_t in_len, uint8_t *out, size_t cap);
+                  size_t purpose_len, const uint8_t *in, size_t in_len, uint8_t *out, size_t cap,
+                  ks_rollout_class *written);
 ks_err ksgo_batch(uintptr_t app_handle, int seal, const char *table, size_t table_len, const char *column,
                   size_t column_len, const uint8_t *in, uint8_t *out, ksgo_item *items, size_t n);
 uint64_t ksgo_layout(int seal, ksgo_item *items, size_t n);

@@ -6,6 +6,7 @@ package keyshift
 import "C"
 
 import (
+	"fmt"
 	"sync"
 	"unsafe"
 
@@ -67,12 +68,50 @@ func (a *App) AppendSeal(dst []byte, r *Record, pt []byte) ([]byte, error) {
 	if m == 0 {
 		return dst, newError("seal", C.KS_ERR_INVALID_ARGUMENT, -1, "the plaintext is too long")
 	}
-	return a.call(1, "seal", dst, m, r, pt)
+	return a.call(1, "seal", dst, m, r, pt, nil)
+}
+
+// ValueClass is the class of a value (ks_rollout_class): plaintext, or an
+// envelope's format, algorithm, key and key version.
+type ValueClass struct {
+	Plaintext  bool
+	Version    Format
+	Algorithm  Algorithm
+	KeyID      string
+	KeyVersion uint32
+}
+
+// String names the class as the CLI does: "plaintext" or
+// "vF:ALG:KEY_ID:VERSION".
+func (c ValueClass) String() string {
+	if c.Plaintext {
+		return "plaintext"
+	}
+	return fmt.Sprintf("v%d:%v:%s:%d", c.Version, c.Algorithm, c.KeyID, c.KeyVersion)
+}
+
+// SealClass is Seal that also returns the class written: the rollout's
+// answer for r's tenant, in whichever encoding the column holds.
+func (a *App) SealClass(r *Record, pt []byte) ([]byte, ValueClass, error) {
+	m := SealMaxLen(len(pt))
+	if m == 0 {
+		return nil, ValueClass{}, newError("seal", C.KS_ERR_INVALID_ARGUMENT, -1, "the plaintext is too long")
+	}
+	var w C.ks_rollout_class
+	env, err := a.call(1, "seal", nil, m, r, pt, &w)
+	if err != nil {
+		return nil, ValueClass{}, err
+	}
+	return env, ValueClass{Plaintext: w.is_plaintext != 0, Version: Format(w.version),
+		Algorithm: Algorithm(w.algorithm), KeyID: C.GoString(&w.key_id[0]),
+		KeyVersion: uint32(w.key_version)}, nil
 }
 
 // call runs ksgo_call (seal or open) for r on in, appending to dst, which
-// it first grows by m bytes when needed.
-func (a *App) call(seal C.int, op string, dst []byte, m int, r *Record, in []byte) ([]byte, error) {
+// it first grows by m bytes when needed; a seal's class goes to w unless
+// it is nil.
+func (a *App) call(seal C.int, op string, dst []byte, m int, r *Record, in []byte,
+	w *C.ks_rollout_class) ([]byte, error) {
 	dst = grow(dst, m)
 	out := dst[len(dst):cap(dst)]
 	a.mu.RLock()
@@ -83,7 +122,7 @@ func (a *App) call(seal C.int, op string, dst []byte, m int, r *Record, in []byt
 	n := C.ksgo_call(C.uintptr_t(uintptr(unsafe.Pointer(a.app))), seal, sp(r.Table), C.size_t(len(r.Table)),
 		sp(r.Column), C.size_t(len(r.Column)), bp(r.Tenant), C.size_t(len(r.Tenant)),
 		bp(r.Context), C.size_t(len(r.Context)), bp(r.Purpose), C.size_t(len(r.Purpose)),
-		bp(in), C.size_t(len(in)), bp(out), C.size_t(len(out)))
+		bp(in), C.size_t(len(in)), bp(out), C.size_t(len(out)), w)
 	if n < 0 {
 		return dst, resultError(op, n)
 	}
@@ -107,7 +146,7 @@ func (a *App) Open(r *Record, v []byte) ([]byte, error) {
 // slice; with cap(dst)-len(dst) >= len(v) it makes no allocation.  On
 // failure nothing is appended.
 func (a *App) AppendOpen(dst []byte, r *Record, v []byte) ([]byte, error) {
-	return a.call(0, "open-value", dst, len(v), r, v)
+	return a.call(0, "open-value", dst, len(v), r, v, nil)
 }
 
 // Item is one record of a batch and its result (ksapi.Item, shared with
