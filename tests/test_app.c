@@ -1159,6 +1159,23 @@ static void test_metrics(void **state)
     assert_int_equal(m.seals, 1);
     assert_int_equal(m.opens, 2);
     assert_int_equal(m.wraps, 1);
+
+    /* A sound header over a body the strict parse refuses (one byte
+     * past the ciphertext): classed by its header, refused with the
+     * parser's code and offset, and counted as that parse error. */
+    uint8_t longer[1025], pt[1024];
+    memcpy(longer, env, n);
+    longer[n] = 0;
+    ks_parse_error perr = {0, 0, 0};
+    size_t pn = 99;
+    ks_err err = ks_app_open_value(a, &r, longer, n + 1, pt, sizeof pt, &pn, NULL, &perr);
+    assert_true(err > KS_OK && err < 32);
+    assert_int_equal(perr.code, err);
+    assert_true(perr.offset > 0 && perr.offset <= n);
+    assert_int_equal(pn, 0);
+    ks_app_metrics(a, &m);
+    assert_int_equal(m.parse_errors[err], 1);
+    assert_int_equal(m.opens, 2);
     ks_app_close(a);
 }
 

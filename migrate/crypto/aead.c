@@ -214,9 +214,12 @@ static EVP_CIPHER_CTX *evp_ready(const ks_aead_key *k, const uint8_t *nonce, int
     if (s == NULL || k->key == NULL || k->serial == 0) {
         return NULL;
     }
-    (void)pthread_once(&init_once, aead_init);
     const size_t i = alg_index(k->alg);
-    EVP_CIPHER_CTX *x = ctx_make(s, i, enc);
+    EVP_CIPHER_CTX *x = s->ctx[i];
+    if (x == NULL) { /* a context exists only once aead_init has run */
+        (void)pthread_once(&init_once, aead_init);
+        x = ctx_make(s, i, enc);
+    }
     if (x == NULL || EVP_CIPHER_CTX_is_encrypting(x) != enc || load_key(s, i, x, k, nonce) != 0) {
         return NULL;
     }

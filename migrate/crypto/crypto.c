@@ -49,6 +49,7 @@
 #include "dek_cache.h"
 #include "dek_writer.h"
 #include "mono_clock.h"
+#include "open_parsed.h"
 #include "shard.h"
 #include "thread_index.h"
 #include "v2_keys.h"
@@ -550,11 +551,14 @@ static ks_err decrypt(ks_ctx *ctx, const ks_envelope *env, ks_bytes context, con
  * The read keys of env (parsed from buf) for an open on thread index ti:
  * from ti's shard when it holds them, else through read_keys() (then kept
  * in the shard, if ti has one and the read cache is on).  *k views the
- * shard slot, keys[] or a pin (*pin, which the caller drops).
+ * shard slot, keys[] or a pin (*pin, which the caller drops).  *wrote is
+ * 0 when keys[] was left untouched (a shard hit), else 1: the caller
+ * wipes it then.
  */
 static ks_err open_keys(ks_ctx *ctx, uint32_t ti, const uint8_t *buf, const ks_envelope *env,
-                        uint8_t keys[KS_RKEYS_MAX], ks_dek_cache_pin *pin, rkeys *k)
+                        uint8_t keys[KS_RKEYS_MAX], ks_dek_cache_pin *pin, rkeys *k, int *wrote)
 {
+    *wrote = 0;
     uint8_t scratch[KS_WRAP_ID_MAX];
     const uint8_t *id = NULL;
     const size_t id_len = wrap_key(buf, env, scratch, &id);
@@ -569,6 +573,7 @@ static ks_err open_keys(ks_ctx *ctx, uint32_t ti, const uint8_t *buf, const ks_e
     }
     /* v1 aes-256-gcm without a shard: the cache's pinned expanded key (a
      * v2 open also needs C, so it copies the keys) */
+    *wrote = 1;
     uint64_t expires = 0;
     const int pinned = sh == NULL && aes && env->version == KS_FORMAT_V1;
     ks_err err = read_keys(ctx, env, id, id_len, keys, &expires, pinned ? pin : NULL);
@@ -584,51 +589,69 @@ static ks_err open_keys(ks_ctx *ctx, uint32_t ti, const uint8_t *buf, const ks_e
     return KS_OK;
 }
 
-/* ks_open, or with check_only ks_verify (pt, cap and pt_len unused,
- * nothing decrypted), without the latency histogram.  The order of
- * checks is [F-CRYPTO-OPEN-1]. */
-static ks_err open_call(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_open_params *p,
-                        int check_only, uint8_t *pt, size_t cap, size_t *pt_len, ks_parse_error *perr)
+/* The arguments every open checks: nonzero when usable. */
+static int open_args_ok(const ks_ctx *ctx, const ks_open_params *p, int check_only, const uint8_t *pt,
+                        const size_t *pt_len, size_t cap)
 {
-    ks_envelope e;
-    uint8_t keys[KS_RKEYS_MAX];
-    if (ctx == NULL || p == NULL || (!check_only && (pt_len == NULL || (pt == NULL && cap != 0))) ||
-        !view_ok(p->context) || p->context.len > KS_CONTEXT_MAX || !view_ok(p->tenant) ||
-        !view_ok(p->purpose)) {
-        return KS_ERR_INVALID_ARGUMENT;
-    }
-    ks_err err = ks_envelope_parse(env, env_len, NULL, &e, perr);
-    if (err != KS_OK) {
-        return parse_failed(ctx, err);
-    }
-    if (!check_only && e.ciphertext.len - KS_TAG_LEN > cap) {
+    return ctx != NULL && p != NULL && (check_only || (pt_len != NULL && (pt != NULL || cap == 0))) &&
+           view_ok(p->context) && p->context.len <= KS_CONTEXT_MAX && view_ok(p->tenant) &&
+           view_ok(p->purpose);
+}
+
+/* The open of e, parsed strictly from buf (ks_envelope_parse), after its
+ * parse: the binding checks, the read keys and the AEAD, in the order of
+ * [F-CRYPTO-OPEN-1]; with check_only the tag alone (pt, cap and pt_len
+ * unused).  The stack copy of the read keys is wiped whenever open_keys
+ * wrote it (on a shard hit it does not: the keys stay in the shard). */
+static ks_err open_parsed(ks_ctx *ctx, const uint8_t *buf, const ks_envelope *e, const ks_open_params *p,
+                          int check_only, uint8_t *pt, size_t cap, size_t *pt_len)
+{
+    if (!check_only && e->ciphertext.len - KS_TAG_LEN > cap) {
         return KS_ERR_BUFFER_TOO_SMALL;
     }
-    if (!binding_ok(&e, p)) {
+    if (!binding_ok(e, p)) {
         return auth_failed(ctx, CAUSE_BINDING);
     }
-    if (!alg_available(e.algorithm)) {
+    if (!alg_available(e->algorithm)) {
         return KS_ERR_ALGORITHM_UNAVAILABLE;
     }
     const uint32_t ti = ks_thread_index();
+    uint8_t keys[KS_RKEYS_MAX];
     ks_dek_cache_pin pin = {NULL, 0};
     rkeys k;
-    err = open_keys(ctx, ti, env, &e, keys, &pin, &k);
+    int wrote = 1;
+    ks_err err = open_keys(ctx, ti, buf, e, keys, &pin, &k, &wrote);
     if (err == KS_OK) {
-        err = decrypt(ctx, &e, p->context, &k, check_only ? NULL : pt, cap);
+        err = decrypt(ctx, e, p->context, &k, check_only ? NULL : pt, cap);
     }
     if (pin.state != NULL) {
         ks_dek_cache_unpin(ctx->cache, &pin); /* keys was not written */
-    } else {
+    } else if (wrote) {
         sodium_memzero(keys, sizeof keys);
     }
     if (err == KS_OK) {
         if (!check_only) {
-            *pt_len = e.ciphertext.len - KS_TAG_LEN;
+            *pt_len = e->ciphertext.len - KS_TAG_LEN;
         }
         ks_ctx_count(ctx, ti, KS_COUNT_OPEN);
     }
     return err;
+}
+
+/* ks_open, or with check_only ks_verify, without the latency histogram:
+ * the arguments, the strict parse, then open_parsed(). */
+static ks_err open_call(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_open_params *p,
+                        int check_only, uint8_t *pt, size_t cap, size_t *pt_len, ks_parse_error *perr)
+{
+    if (!open_args_ok(ctx, p, check_only, pt, pt_len, cap)) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    ks_envelope e;
+    ks_err err = ks_envelope_parse(env, env_len, NULL, &e, perr);
+    if (err != KS_OK) {
+        return parse_failed(ctx, err);
+    }
+    return open_parsed(ctx, env, &e, p, check_only, pt, cap, pt_len);
 }
 
 /* Count a latency of (now - t0) ns in hist (relaxed atomic adds: the
@@ -679,6 +702,23 @@ ks_err ks_verify(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_open_
                  ks_parse_error *perr)
 {
     return timed_open(ctx, env, env_len, p, 1, NULL, 0, NULL, perr);
+}
+
+/* See open_parsed.h. */
+ks_err ks_crypto_open_parsed(ks_ctx *ctx, const uint8_t *buf, const ks_envelope *e, const ks_open_params *p,
+                             uint8_t *pt, size_t cap, size_t *pt_len)
+{
+    if (buf == NULL || e == NULL || !open_args_ok(ctx, p, 0, pt, pt_len, cap)) {
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    assert(e->wrapped_dek.ptr > buf && e->ciphertext.ptr > e->wrapped_dek.ptr); /* parsed from buf */
+    if (!ctx->cfg.latency_histograms) {
+        return open_parsed(ctx, buf, e, p, 0, pt, cap, pt_len);
+    }
+    uint64_t t0 = ks_mono_ns();
+    ks_err err = open_parsed(ctx, buf, e, p, 0, pt, cap, pt_len);
+    time_since(ctx->open_hist, t0);
+    return err;
 }
 
 /* ---- rewrapping ---------------------------------------------------------- */

@@ -71,12 +71,17 @@ ks_err ks_thresholds_check(const ks_thresholds *t)
 
 /* The bucket of a latency of ns nanoseconds: 0 below 2^KS_HIST_SHIFT,
  * else floor(log2(ns)) - KS_HIST_SHIFT + 1, capped at the last bucket.
- * floor(log2) by binary search, to stay portable C11. */
+ * floor(log2) is one count-leading-zeros instruction where the compiler
+ * has one (every seal and open of a context with latency histograms
+ * takes this path), else a binary search in portable C11. */
 static unsigned bucket_of(uint64_t ns)
 {
     if (ns < (UINT64_C(1) << KS_HIST_SHIFT)) {
         return 0;
     }
+#if defined(__GNUC__) || defined(__clang__)
+    const unsigned lg = 63u - (unsigned)__builtin_clzll(ns); /* ns != 0 here */
+#else
     unsigned lg = 0;
     for (unsigned step = 32; step > 0; step >>= 1) {
         if (ns >> step) {
@@ -84,6 +89,7 @@ static unsigned bucket_of(uint64_t ns)
             lg += step;
         }
     }
+#endif
     unsigned i = lg - KS_HIST_SHIFT + 1;
     return i < KS_HIST_BUCKETS - 1 ? i : KS_HIST_BUCKETS - 1;
 }
