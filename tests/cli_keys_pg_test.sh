@@ -14,7 +14,9 @@
 # holds one) is read, and its rows are counted through a --db whose
 # search_path shows that table, refused as not counted through one that
 # does not (nor counted in another schema's table of the same name); the
-# connection string is never printed; an unreachable server and the
+# connection string is never printed; the rows of a text column of
+# base64 envelopes that a migration without a rollout wrote are counted
+# in base64 (the column's type says so); an unreachable server and the
 # cluster stopped give 69.
 #
 # Needs the PostgreSQL server programs (initdb, pg_ctl) and psql.
@@ -166,6 +168,20 @@ run "schema: another schema's table of that name is not counted for it" 75 destr
 expect_grep "schema: still not counted" "$T/err" "the rows referencing ledger/kek:1 were not counted"
 run "schema: --force overrides what was not counted" 0 destroy ledger/kek 1 --db "$CI" --force --reason "drill OPS-10"
 expect_grep "schema: force says the rows were not checked" "$T/err" "warning: the rows referencing ledger/kek:1 were not checked, and its destroy was forced"
+
+# ---- a text column of base64 envelopes, migrated without a rollout --------------------------------
+run "keys create notes/kek" 0 "$KS" keys create notes/kek
+q "CREATE TABLE notes (id bigint PRIMARY KEY, tenant text NOT NULL, body text);
+   INSERT INTO notes SELECT i, 'acme', 'note ' || i FROM generate_series(1, 5) i;"
+run "migrate run: notes.body as base64 text" 0 "$KS" migrate run --db "$CI" --table notes \
+    --column body --mode encrypt --to-key notes/kek --encoding base64 "${CTX[@]}"
+run "keys add-version notes/kek" 0 "$KS" keys add-version notes/kek
+run "keys promote notes/kek 2" 0 "$KS" keys promote notes/kek 2
+run "text column: its rows are counted in base64" 75 destroy notes/kek 1 --db "$OTHER"
+expect_grep "text column: names the rows" "$T/err" "5 rows of notes.body"
+run "migrate run: rewrap notes.body to notes/kek:2" 0 "$KS" migrate run --db "$CI" --table notes \
+    --column body --mode rewrap --to-key notes/kek --encoding base64 "${CTX[@]}"
+run "text column: destroyed once no row is under it" 0 destroy notes/kek 1 --db "$OTHER"
 
 # ---- the database down -----------------------------------------------------------------------------
 "$CLUSTER" down "$PGD" >/dev/null || bad "cluster down"

@@ -527,7 +527,9 @@ static int collect_dbs(int argc, char **argv, destroy_opts *d)
 /* A column to count, once. */
 typedef struct scope {
     char table[KS_ROLLOUT_IDENT_MAX + 1], column[KS_ROLLOUT_IDENT_MAX + 1];
-    ks_value_encoding encoding; /* how its census reads it: a rollout's record, else binary */
+    ks_value_encoding encoding; /* how its census reads it: a rollout's record; else for
+                                   PostgreSQL the column's type, for SQLite binary (and
+                                   base64 too: scope_key_rows) */
 } scope;
 
 /* Add table.column to scopes[0, *n) unless there (names compared as
@@ -595,7 +597,36 @@ typedef struct pg_scopes {
     int *cut;
     int unseen;         /* a migrated table the census would not open: rows not counted */
     const char *label;  /* the database in messages */
+    const char *db;     /* its connection string (never printed) */
 } pg_scopes;
+
+/*
+ * How migrated PostgreSQL column table.column holds envelopes, which its
+ * migration's checkpoints do not record: its type says, as the store's
+ * open checks it (bytea: binary envelopes; text or varchar: base64
+ * text).  The store is opened read-only in binary, then, if it refuses
+ * the column's type (KS_ERR_NO_TARGET), in base64.  When neither opens,
+ * binary: the census then says what is wrong, and the destroy is refused.
+ */
+static ks_value_encoding pg_column_encoding(const char *db, const char *table, const char *column)
+{
+    static const ks_value_encoding order[2] = {KS_ENCODING_BINARY, KS_ENCODING_BASE64};
+    for (size_t i = 0; i < 2; i++) {
+        const ks_rowstore_target t = {.table = table, .column = column, .encoding = order[i]};
+        const ks_pg_options o = {30000, 0, 1};
+        ks_rowstore st;
+        char msg[256];
+        ks_err e = ks_rowstore_pg_open(db, &t, &o, &st, msg, sizeof msg);
+        if (e == KS_OK) {
+            ks_rowstore_close(&st);
+            return order[i];
+        }
+        if (e != KS_ERR_NO_TARGET) {
+            break;
+        }
+    }
+    return KS_ENCODING_BINARY;
+}
 
 /* Add one migrated column (a ks_migrated_column_fn) to the scopes; one
  * whose table the connection's search_path does not show (the table of
@@ -621,7 +652,7 @@ static int pg_scope_one(void *arg, ks_bytes schema, ks_bytes table, ks_bytes col
         p->unseen = 1;
         return 0;
     }
-    add_scope(p->scopes, p->n, p->max, t, c, KS_ENCODING_BINARY, 1, p->cut);
+    add_scope(p->scopes, p->n, p->max, t, c, pg_column_encoding(p->db, t, c), 1, p->cut);
     return 0;
 }
 
@@ -631,7 +662,7 @@ static int pg_scope_one(void *arg, ks_bytes schema, ks_bytes table, ks_bytes col
 static int pg_migration_scopes(const char *db, const char *label, scope *scopes, size_t *n,
                                size_t max, int *cut, int *unseen)
 {
-    pg_scopes p = {scopes, n, max, cut, 0, label};
+    pg_scopes p = {scopes, n, max, cut, 0, label, db};
     char msg[256] = "";
     ks_err e = ks_rowstore_pg_migrated_columns(db, pg_scope_one, &p, msg, sizeof msg);
     if (e != KS_OK) {
