@@ -124,13 +124,16 @@ assert _n.AppItem.err.offset == _ITEM_OUT_LEN + 8 and _n.AppItem.out_len.offset 
 
 
 class _ThreadState:
-    """One thread's output buffer, out-parameters and record, with their
-    byref()s made once."""
+    """One thread's output buffer (and a memoryview of it, through which a
+    result is copied out and the buffer wiped without a foreign call),
+    out-parameters and record, with their byref()s made once."""
 
-    __slots__ = ("buf", "n", "cls", "perr", "rec", "n_ref", "cls_ref", "perr_ref", "rec_ref")
+    __slots__ = ("buf", "view", "n", "cls", "perr", "rec", "n_ref", "cls_ref", "perr_ref",
+                 "rec_ref")
 
     def __init__(self, cap: int) -> None:
         self.buf = ctypes.create_string_buffer(cap)
+        self.view = memoryview(self.buf).cast("B")
         self.n = ctypes.c_size_t()
         self.cls = _n.RolloutClass()
         self.perr = _n.ParseError()
@@ -560,7 +563,8 @@ class App:
 
     def _state(self, cap: int = 0) -> "_ThreadState":
         """This thread's buffers, at least cap bytes of output (reused
-        across calls: no allocation per call; a buffer outgrown is wiped)."""
+        across calls: no output buffer is made per call; a buffer outgrown
+        is wiped)."""
         st = getattr(self._tls, "st", None)
         if st is None or len(st.buf) < cap:
             if st is not None:
@@ -614,9 +618,9 @@ class App:
             if e != 0:
                 raise _error(e)
             m = st.n.value
-            value = _string_at(out, m)
+            value = st.view[:m].tobytes()
             if st.cls.is_plaintext:
-                _memset(out, 0, m)
+                st.view[:m] = bytes(m)
             return value, st.cls
         finally:
             self._calls.pop()
@@ -634,8 +638,8 @@ class App:
             if e != 0:
                 raise _error(e, st.perr.offset)
             m = st.n.value
-            pt = _string_at(out, m)
-            _memset(out, 0, m)
+            pt = st.view[:m].tobytes()
+            st.view[:m] = bytes(m)  # wiped: the copy in pt is the caller's
             return pt, st.cls
         finally:
             self._calls.pop()
