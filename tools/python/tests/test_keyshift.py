@@ -179,6 +179,16 @@ class KeyshiftTest(unittest.TestCase):
             self.assertEqual(app.open(T, C, "acme", v), b"secret")
             self.assertEqual(app.seal_class(T, C, "acme", bytearray())[1].plaintext, False)
 
+    def test_open_wipes_its_buffer(self) -> None:
+        # the thread's output buffer holds no plaintext once open returns
+        with self.w.app() as app:
+            secret = b"4111 1111 1111 1111" * 8
+            v = app.seal(T, C, "acme", secret)
+            self.assertEqual(app.open(T, C, "acme", v), secret)
+            buf = app._tls.st.buf  # the buffer the library opened into
+            self.assertEqual(bytes(buf[:len(secret)]), bytes(len(secret)))
+            self.assertNotIn(secret[:16], bytes(buf))
+
     # ---- errors ----
 
     def test_every_error_code_maps_to_its_class(self) -> None:
