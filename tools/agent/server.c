@@ -3,12 +3,15 @@
  * through libmicrohttpd, requests read by request.c, authorized by the
  * agent policy, served by one ks_app.
  *
- * Threads.  One libmicrohttpd polling thread per listener does all the
- * socket work and never touches a key: a request's body is collected,
- * then the connection is suspended and the request goes into a bounded
- * queue that a fixed pool of worker threads drains [AG-LIM-4].  A full
- * queue is answered 503 at once.  The main thread waits for signals:
- * SIGHUP reloads, SIGTERM and SIGINT drain and stop [AG-RUN-1..4].
+ * Threads.  libmicrohttpd gives every API connection a thread of its own
+ * (its thread-per-connection mode), which reads a request and serves it
+ * where it was read: no hand-off between threads on the way in or out
+ * [AG-LIM-4].  At most --workers requests are served at once; a complete
+ * request waits for a slot among at most --queue others (and at most
+ * --deadline), and one more is answered 503 at once.  A slow provider
+ * holds its connection's thread only, never another connection's.  The
+ * main thread waits for signals: SIGHUP reloads, SIGTERM and SIGINT drain
+ * and stop [AG-RUN-1..4].
  *
  * The live configuration (the ks_app and the policy) is one refcounted
  * object swapped whole on reload, so a request sees the old one or the
@@ -88,7 +91,6 @@ typedef struct req {
     struct agent *agent;
     struct MHD_Connection *conn;
     int ep;
-    int state;               /* R_READING, R_QUEUED, R_DONE */
     int counted;             /* counted in in_flight */
     uid_t uid;
     gid_t gid;
@@ -100,9 +102,7 @@ typedef struct req {
     unsigned status;
     uint8_t *resp;           /* from resp_alloc, or NULL */
     size_t resp_len;
-    struct req *next;
 } req;
-enum { R_READING, R_QUEUED, R_DONE };
 
 struct agent;
 
@@ -120,13 +120,14 @@ typedef struct agent {
     pthread_mutex_t live_mu;
     live *cur;
 
+    /* Admission [AG-LIM-4..5]: requests being served (at most
+     * cfg->workers) and requests waiting for a slot (at most cfg->queue). */
     pthread_mutex_t q_mu;
-    pthread_cond_t q_cv;
-    req **ring;              /* the queue, cfg->queue slots */
-    size_t q_head, q_len;
+    pthread_cond_t q_cv;     /* a slot freed, or the agent stops */
+    pthread_cond_t idle_cv;  /* busy fell to 0 */
+    unsigned busy;
+    size_t waiting;
     int q_stop;
-    pthread_t *workers;
-    unsigned n_workers;
 
     struct MHD_Daemon *api, *metrics;
     listener l_api, l_metrics;
@@ -135,7 +136,7 @@ typedef struct agent {
     int own_unix;            /* we created unix_path (and unlink it) */
 
     atomic_int draining;
-    atomic_int abandon;      /* past the drain deadline: workers answer, not serve */
+    atomic_int abandon;      /* past the drain deadline: waiters are answered, not served */
     atomic_int provider_ok;  /* 0 after a provider failure, 1 after a success */
     atomic_long in_flight;
     atomic_long queued;
@@ -535,7 +536,7 @@ static void observe(agent *a, int ep, double seconds)
     atomic_fetch_add(&a->hist_sum_us[ep], (uint64_t)(seconds * 1e6));
 }
 
-/* Serve request r in a worker: read it, authorize every record, serve
+/* Serve request r once admitted ([AG-LIM-4..5]): read it, authorize every record, serve
  * each, write the answer.  Never blocks on anything but the app. */
 static void serve(agent *a, req *r)
 {
@@ -547,13 +548,6 @@ static void serve(agent *a, req *r)
     const int op = r->ep == EP_SEAL || r->ep == EP_SEAL_BATCH ? OP_SEAL
                    : r->ep == EP_PARSE                         ? OP_PARSE
                                                                : OP_OPEN;
-    /* [AG-LIM-5] A request that waited past its deadline is not started. */
-    if ((mono_s() - r->t0) * 1000.0 > (double)a->cfg->deadline_ms) {
-        answer_error(r, 503, "deadline", "retryable",
-                     "The request waited past the agent's deadline; retry later.", NULL, -1);
-        atomic_fetch_add(&a->requests[r->ep][OUT_DEADLINE], 1);
-        return;
-    }
     ks_agent_request q;
     ks_agent_req_error re;
     ks_err e = ks_agent_request_read(verbs[r->ep], r->body, r->len, &a->lim, &q, &re);
@@ -630,56 +624,110 @@ done:
     ks_agent_request_free(&q);
 }
 
-/* ---- the work queue --------------------------------------------------------------- */
+/* ---- admission ------------------------------------------------------------------ */
 
-/* [AG-LIM-4] Queue r: 1; 0 when the queue is full; -1 when the workers
- * are stopping. */
-static int enqueue(agent *a, req *r)
+/* What admit decided. */
+enum { ADMIT_SERVE = 1, ADMIT_FULL = 0, ADMIT_DRAINING = -1, ADMIT_DEADLINE = -2 };
+
+/* [AG-LIM-4..5] Take a serving slot for a request whose body was complete
+ * at t0: at once when one is free and nobody waits; else wait, among at
+ * most cfg->queue others, until one frees or the deadline passes.
+ * ADMIT_SERVE (release the slot after serving), ADMIT_FULL when the
+ * waiters are at the bound, ADMIT_DEADLINE past the deadline,
+ * ADMIT_DRAINING when the agent stops [AG-RUN-3]. */
+static int admit(agent *a, double t0)
 {
     pthread_mutex_lock(&a->q_mu);
-    if (a->q_stop || a->q_len == a->cfg->queue) {
-        const int rc = a->q_stop ? -1 : 0;
+    if (a->q_stop) {
         pthread_mutex_unlock(&a->q_mu);
-        return rc;
+        return ADMIT_DRAINING;
     }
-    a->ring[(a->q_head + a->q_len) % a->cfg->queue] = r;
-    a->q_len++;
-    atomic_store(&a->queued, (long)a->q_len);
-    pthread_cond_signal(&a->q_cv);
+    if (a->busy < a->cfg->workers && a->waiting == 0) {
+        a->busy++;
+        pthread_mutex_unlock(&a->q_mu);
+        return ADMIT_SERVE;
+    }
+    if (a->waiting >= a->cfg->queue) {
+        pthread_mutex_unlock(&a->q_mu);
+        return ADMIT_FULL;
+    }
+    a->waiting++;
+    atomic_store(&a->queued, (long)a->waiting);
+    /* The deadline on the clock the condition variable waits by. */
+    const double until = t0 + (double)a->cfg->deadline_ms / 1000.0;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    const double left = until - mono_s();
+    if (left > 0) {
+        const long long ns = (long long)ts.tv_nsec + (long long)(left * 1e9);
+        ts.tv_sec += (time_t)(ns / 1000000000LL);
+        ts.tv_nsec = (long)(ns % 1000000000LL);
+    }
+    int rc = ADMIT_DEADLINE;
+    for (;;) {
+        if (a->q_stop || atomic_load(&a->abandon)) {
+            rc = ADMIT_DRAINING;
+            break;
+        }
+        if (a->busy < a->cfg->workers) {
+            a->busy++;
+            rc = ADMIT_SERVE;
+            break;
+        }
+        if (left <= 0 || pthread_cond_timedwait(&a->q_cv, &a->q_mu, &ts) == ETIMEDOUT) {
+            /* A slot freed as the wait timed out goes to the next waiter. */
+            if (a->busy < a->cfg->workers && !a->q_stop) {
+                a->busy++;
+                rc = ADMIT_SERVE;
+            }
+            break;
+        }
+    }
+    a->waiting--;
+    atomic_store(&a->queued, (long)a->waiting);
     pthread_mutex_unlock(&a->q_mu);
-    return 1;
+    return rc;
 }
 
-/* A worker: take a request, serve it, resume its connection. */
-static void *worker(void *arg)
+/* Give back a slot admit handed out, and wake one waiter for it. */
+static void release(agent *a)
 {
-    agent *a = arg;
-    for (;;) {
-        pthread_mutex_lock(&a->q_mu);
-        while (a->q_len == 0 && !a->q_stop) {
-            pthread_cond_wait(&a->q_cv, &a->q_mu);
-        }
-        if (a->q_len == 0) {
-            pthread_mutex_unlock(&a->q_mu);
-            return NULL;
-        }
-        req *r = a->ring[a->q_head];
-        a->q_head = (a->q_head + 1) % a->cfg->queue;
-        a->q_len--;
-        atomic_store(&a->queued, (long)a->q_len);
-        pthread_mutex_unlock(&a->q_mu);
-        if (atomic_load(&a->abandon)) {
-            /* [AG-RUN-3] Past the drain deadline: answered, not served. */
+    pthread_mutex_lock(&a->q_mu);
+    assert(a->busy > 0);
+    a->busy--;
+    pthread_cond_signal(&a->q_cv);
+    if (a->busy == 0) {
+        pthread_cond_broadcast(&a->idle_cv);
+    }
+    pthread_mutex_unlock(&a->q_mu);
+}
+
+/* Serve r in its connection's thread once admitted, or answer why not;
+ * counts its latency [AG-MET-3]. */
+static void admit_and_serve(agent *a, req *r)
+{
+    const int q = admit(a, r->t0);
+    if (q == ADMIT_SERVE) {
+        serve(a, r);
+        release(a);
+    } else {
+        sodium_memzero(r->body, r->len);
+        if (q == ADMIT_FULL) {
+            answer_error(r, 503, "overloaded", "retryable",
+                         "The agent's work queue is full; retry after the Retry-After delay.",
+                         NULL, -1);
+            atomic_fetch_add(&a->requests[r->ep][OUT_OVERLOADED], 1);
+        } else if (q == ADMIT_DEADLINE) {
+            answer_error(r, 503, "deadline", "retryable",
+                         "The request waited past the agent's deadline; retry later.", NULL, -1);
+            atomic_fetch_add(&a->requests[r->ep][OUT_DEADLINE], 1);
+        } else {
             answer_error(r, 503, "draining", "retryable",
                          "The agent is shutting down; retry on its successor.", NULL, -1);
             atomic_fetch_add(&a->requests[r->ep][OUT_DRAINING], 1);
-        } else {
-            serve(a, r);
         }
-        observe(a, r->ep, mono_s() - r->t0);
-        r->state = R_DONE;
-        MHD_resume_connection(r->conn);
     }
+    observe(a, r->ep, mono_s() - r->t0);
 }
 
 /* ---- HTTP ------------------------------------------------------------------------- */
@@ -720,7 +768,6 @@ static enum MHD_Result reply_error(struct MHD_Connection *conn, req *r, unsigned
                                    const char *name, const char *cls, const char *message)
 {
     answer_error(r, status, name, cls, message, NULL, -1);
-    r->state = R_DONE;
     return send_answer(conn, r);
 }
 
@@ -964,9 +1011,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         }
         return MHD_YES;
     }
-    if (r->state == R_DONE) {
-        return send_answer(conn, r);
-    }
     if (r->refuse != 0) {
         if (*upload_len > 0) {
             *upload_len = 0;
@@ -1006,35 +1050,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *upload_len = 0;
         return MHD_YES;
     }
-    if (r->state == R_QUEUED) {
-        return MHD_YES; /* resumed before the worker finished: not expected */
-    }
     if (r->too_large) {
         atomic_fetch_add(&a->requests[r->ep][OUT_TOO_LARGE], 1);
         return reply_error(conn, r, 413, "too-large", "refused",
                            "The request body is larger than the agent's --max-request.");
     }
     r->t0 = mono_s();
-    r->state = R_QUEUED;
-    /* Suspended before a worker can see it, so that the worker's resume
-     * always follows this suspend. */
-    MHD_suspend_connection(conn);
-    const int q = enqueue(a, r);
-    if (q <= 0) {
-        sodium_memzero(r->body, r->len);
-        atomic_fetch_add(&a->requests[r->ep][q < 0 ? OUT_DRAINING : OUT_OVERLOADED], 1);
-        if (q < 0) {
-            answer_error(r, 503, "draining", "retryable",
-                         "The agent is shutting down; retry on its successor.", NULL, -1);
-        } else {
-            answer_error(r, 503, "overloaded", "retryable",
-                         "The agent's work queue is full; retry after the Retry-After delay.",
-                         NULL, -1);
-        }
-        r->state = R_DONE;
-        MHD_resume_connection(conn);
-    }
-    return MHD_YES;
+    admit_and_serve(a, r);
+    return send_answer(conn, r);
 }
 
 /* libmicrohttpd's completion callback: free the request's state. */
@@ -1163,12 +1186,17 @@ static int listen_tcp(const char *spec)
 }
 
 /* Start a libmicrohttpd daemon on listening socket fd for listener li:
- * one polling thread, suspended connections while a worker serves
- * [AG-LIM-4], the connection limit and the idle timeout [AG-LIM-3]. */
+ * the API's with a thread per connection, which serves the requests it
+ * reads [AG-LIM-4]; the metrics' with one polling thread; both with the
+ * connection limit and the idle timeout [AG-LIM-3].  MHD_USE_ITC lets
+ * drain quiesce the API's [AG-RUN-3]. */
 static struct MHD_Daemon *start_daemon(agent *a, int fd, listener *slot)
 {
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_ALLOW_SUSPEND_RESUME |
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ITC |
                      MHD_USE_ERROR_LOG;
+    if (slot->is_api) {
+        flags |= MHD_USE_THREAD_PER_CONNECTION;
+    }
     return MHD_start_daemon(flags, 0, NULL, NULL, on_request, slot,
                             MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)a->cfg->max_connections,
@@ -1295,17 +1323,17 @@ int ks_agent_run(const ks_agent_config *cfg)
     a->lim.max_batch = cfg->max_batch;
     pthread_mutex_init(&a->live_mu, NULL);
     pthread_mutex_init(&a->q_mu, NULL);
-    pthread_cond_init(&a->q_cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* admit's deadline */
+    pthread_cond_init(&a->q_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_cond_init(&a->idle_cv, NULL);
     atomic_store(&a->provider_ok, 1);
     atomic_store(&a->config_ok, 1);
     a->records = calloc((size_t)OP_COUNT * (cfg->n_scopes + 1) * 4, sizeof *a->records);
-    a->ring = calloc(cfg->queue, sizeof *a->ring);
-    a->workers = calloc(cfg->workers, sizeof *a->workers);
-    if (a->records == NULL || a->ring == NULL || a->workers == NULL) {
+    if (a->records == NULL) {
         logf_("out of memory");
-        free(a->records);
-        free(a->ring);
-        free(a->workers);
         return EX_OSERR;
     }
     /* Signals are taken by sigwait in this thread only. */
@@ -1333,14 +1361,6 @@ int ks_agent_run(const ks_agent_config *cfg)
         rc = EX_CONFIG;
         goto out;
     }
-    for (unsigned i = 0; i < cfg->workers; i++) {
-        if (pthread_create(&a->workers[i], NULL, worker, a) != 0) {
-            logf_("cannot start a worker thread");
-            rc = EX_OSERR;
-            goto stop_workers;
-        }
-        a->n_workers++;
-    }
     a->l_api = (listener){a, 1};
     a->l_metrics = (listener){a, 0};
     if (a->api_fd >= 0) {
@@ -1361,21 +1381,19 @@ int ks_agent_run(const ks_agent_config *cfg)
     sd_notify(0, "STOPPING=1");
     drain(a);
 stop:
-    /* The workers first: each answers what is still queued (503 draining
-     * past the drain deadline) and resumes its connection, so that no
-     * connection is suspended when libmicrohttpd stops; a request whose
-     * body completes from here on is answered draining by enqueue. */
+    /* Requests still waiting for a slot are answered 503 draining, and so
+     * is any whose body completes from here on; those being served finish
+     * (a provider's own deadline bounds them), so that every answer is
+     * written before libmicrohttpd closes the connections. */
     atomic_store(&a->abandon, 1);
-stop_workers:
     pthread_mutex_lock(&a->q_mu);
     a->q_stop = 1;
     pthread_cond_broadcast(&a->q_cv);
-    pthread_mutex_unlock(&a->q_mu);
-    for (unsigned i = 0; i < a->n_workers; i++) {
-        pthread_join(a->workers[i], NULL);
+    while (a->busy > 0) {
+        pthread_cond_wait(&a->idle_cv, &a->q_mu);
     }
-    /* The answers the workers gave last go out from the polling thread:
-     * a second at most for it to send them. */
+    pthread_mutex_unlock(&a->q_mu);
+    /* Their connections' threads send those answers: a second at most. */
     for (int i = 0; i < 100 && atomic_load(&a->in_flight) > 0; i++) {
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
@@ -1393,7 +1411,5 @@ out:
         unlink(a->unix_path);
     }
     free(a->records);
-    free(a->ring);
-    free(a->workers);
     return rc;
 }
