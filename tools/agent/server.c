@@ -53,6 +53,7 @@
 
 #include "agent.h"
 #include "request.h"
+#include "respond.h"
 
 /* The latency histogram's upper bounds, in seconds [AG-MET-3]. */
 static const double buckets[] = {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
@@ -97,6 +98,7 @@ typedef struct req {
     uint8_t *body;
     size_t len, cap;
     int too_large;
+    int frame;               /* the body is a batch frame [AG-BIN-1] */
     unsigned refuse;         /* 404 or 405 to answer once the body is dropped, else 0 */
     double t0;               /* seconds (monotonic) when the body was complete */
     unsigned status;
@@ -171,96 +173,6 @@ static void logf_(const char *fmt, ...)
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     fprintf(stderr, "keyshift serve: %s\n", line);
-}
-
-/* A response buffer of n bytes whose length sits before it, so that the
- * free callback can wipe it whole [AG-SEC-2]. */
-static uint8_t *resp_alloc(size_t n)
-{
-    uint8_t *p = malloc(n + 16);
-    if (p == NULL) {
-        return NULL;
-    }
-    memcpy(p, &n, sizeof n);
-    return p + 16;
-}
-
-/* libmicrohttpd's free callback for resp_alloc's buffers: wipe, free. */
-static void resp_free(void *buf)
-{
-    if (buf == NULL) {
-        return;
-    }
-    uint8_t *p = (uint8_t *)buf - 16;
-    size_t n;
-    memcpy(&n, p, sizeof n);
-    sodium_memzero(buf, n);
-    free(p);
-}
-
-/* A JSON writer into a buffer sized beforehand; overflow latches. */
-typedef struct jw {
-    uint8_t *p;
-    size_t n, cap;
-    int overflow;
-} jw;
-
-/* Append s[0, n). */
-static void jw_put(jw *w, const void *s, size_t n)
-{
-    if (w->overflow || n > w->cap - w->n) {
-        w->overflow = 1;
-        return;
-    }
-    memcpy(w->p + w->n, s, n);
-    w->n += n;
-}
-
-/* Append a C string. */
-static void jw_str(jw *w, const char *s)
-{
-    jw_put(w, s, strlen(s));
-}
-
-/* Append formatted text (numbers and names only). */
-static void jw_fmt(jw *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void jw_fmt(jw *w, const char *fmt, ...)
-{
-    if (w->overflow) {
-        return;
-    }
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf((char *)w->p + w->n, w->cap - w->n, fmt, ap);
-    va_end(ap);
-    if (k < 0 || (size_t)k >= w->cap - w->n) {
-        w->overflow = 1;
-        return;
-    }
-    w->n += (size_t)k;
-}
-
-/* Append a JSON string of bytes known to need no escape ([F-NAME-1],
- * [F-KEYID-1], the names of this file). */
-static void jw_name(jw *w, const uint8_t *s, size_t n)
-{
-    jw_put(w, "\"", 1);
-    jw_put(w, s, n);
-    jw_put(w, "\"", 1);
-}
-
-/* Append the canonical base64 of b[0, n) as a JSON string [AG-RESP-2]. */
-static void jw_b64(jw *w, const uint8_t *b, size_t n)
-{
-    jw_put(w, "\"", 1);
-    size_t need = ks_envelope_text_len(n), got = 0;
-    if (w->overflow || need > w->cap - w->n ||
-        ks_envelope_text_encode(b, n, w->p + w->n, w->cap - w->n, &got) != KS_OK) {
-        w->overflow = 1;
-        return;
-    }
-    w->n += got;
-    jw_put(w, "\"", 1);
 }
 
 /* ---- the live configuration ------------------------------------------------------- */
@@ -398,9 +310,21 @@ static size_t scope_index(const agent *a, const char *s)
     return a->cfg->n_scopes;
 }
 
+/* Wipe and free r's body: every byte it holds is in [0, len), since a
+ * growing body is copied by its length [AG-SEC-2]. */
+static void body_drop(req *r)
+{
+    if (r->body != NULL) {
+        sodium_memzero(r->body, r->len);
+        free(r->body);
+    }
+    r->body = NULL;
+    r->len = r->cap = 0;
+}
+
 /* Write a request-level error body [AG-ERR-1] into a fresh buffer. */
-static void answer_error(req *r, unsigned status, const char *name, const char *cls,
-                         const char *message, const char *member, long index)
+static void answer_error_at(req *r, unsigned status, const char *name, const char *cls,
+                            const char *message, const char *member, long index, long offset)
 {
     jw w = {resp_alloc(1024), 0, 1024, 0};
     if (w.p == NULL) {
@@ -414,41 +338,29 @@ static void answer_error(req *r, unsigned status, const char *name, const char *
     if (index >= 0) {
         jw_fmt(&w, ",\"index\":%ld", index);
     }
+    if (offset >= 0) {
+        jw_fmt(&w, ",\"offset\":%ld", offset);
+    }
     jw_fmt(&w, ",\"message\":\"%s\"}\n", message);
     assert(!w.overflow);
     resp_free(r->resp);
     r->resp = w.p;
     r->resp_len = w.n;
     r->status = status;
+    r->frame = 0; /* [AG-BIN-1] an error of the whole request is JSON */
 }
 
-/* Write the class fields of a seal's or open's result. */
-static void put_class(jw *w, const ks_rollout_class *c)
+/* answer_error_at without an offset. */
+static void answer_error(req *r, unsigned status, const char *name, const char *cls,
+                         const char *message, const char *member, long index)
 {
-    if (c->is_plaintext) {
-        jw_str(w, ",\"sealed\":false");
-        return;
-    }
-    jw_fmt(w, ",\"sealed\":true,\"format\":%u,\"algorithm\":\"%s\",\"key_id\":", c->version,
-           ks_alg_name(c->algorithm));
-    jw_name(w, (const uint8_t *)c->key_id, strlen(c->key_id));
-    jw_fmt(w, ",\"key_version\":%" PRIu32, c->key_version);
+    answer_error_at(r, status, name, cls, message, member, index, -1);
 }
 
-/* Write a record's error object [AG-ERR-1]. */
-static void put_record_error(jw *w, ks_err e, const ks_parse_error *pe)
-{
-    jw_fmt(w, "{\"error\":\"%s\",\"class\":\"%s\"", ks_err_name(e),
-           ks_error_class_name(ks_err_class(e)));
-    if (pe != NULL && ks_err_is_rejection(e)) {
-        jw_fmt(w, ",\"offset\":%zu", pe->offset);
-    }
-    jw_str(w, "}");
-}
-
-/* Serve record rec of kind op with the app, writing its result object to
- * w.  Returns the record's error. */
-static ks_err serve_record(agent *a, live *l, int op, const ks_agent_record *rec, jw *w)
+/* Serve record rec of kind op with the app, writing its result to w: a
+ * JSON object, or in the batch frame when frame is nonzero (the output
+ * written in place, [AG-BIN-4]).  Returns the record's error. */
+static ks_err serve_record(agent *a, live *l, int op, const ks_agent_record *rec, jw *w, int frame)
 {
     ks_app_record ar = {rec->table, rec->column, rec->tenant, rec->context, rec->purpose};
     ks_rollout_class cls;
@@ -479,13 +391,28 @@ static ks_err serve_record(agent *a, live *l, int op, const ks_agent_record *rec
     }
     size_t cap = op == OP_SEAL ? ks_app_seal_max_len(rec->data.len) : rec->data.len;
     if (cap == 0 && op == OP_SEAL) {
-        put_record_error(w, KS_ERR_TOO_LARGE, NULL);
+        if (frame) {
+            fw_record_error(w, KS_ERR_TOO_LARGE, NULL);
+        } else {
+            put_record_error(w, KS_ERR_TOO_LARGE, NULL);
+        }
         return KS_ERR_TOO_LARGE;
     }
-    uint8_t *out = malloc(cap ? cap : 1);
-    if (out == NULL) {
-        put_record_error(w, KS_ERR_NO_MEMORY, NULL);
-        return KS_ERR_NO_MEMORY;
+    const size_t at = w->n;
+    uint8_t *out;
+    if (frame) {
+        /* In place: after the kind byte and the output's length. */
+        if (w->overflow || FW_RESULT_MAX > w->cap - w->n || cap > w->cap - w->n - FW_RESULT_MAX) {
+            w->overflow = 1;
+            return KS_ERR_NO_MEMORY;
+        }
+        out = w->p + at + 5;
+    } else {
+        out = malloc(cap ? cap : 1);
+        if (out == NULL) {
+            put_record_error(w, KS_ERR_NO_MEMORY, NULL);
+            return KS_ERR_NO_MEMORY;
+        }
     }
     size_t n = 0;
     if (op == OP_SEAL) {
@@ -493,16 +420,29 @@ static ks_err serve_record(agent *a, live *l, int op, const ks_agent_record *rec
     } else {
         e = ks_app_open_value(l->app, &ar, rec->data.ptr, rec->data.len, out, cap, &n, &cls, &pe);
     }
-    if (e == KS_OK) {
-        jw_str(w, op == OP_SEAL ? "{\"value\":" : "{\"plaintext\":");
-        jw_b64(w, out, n);
-        put_class(w, &cls);
-        jw_str(w, "}");
+    if (frame) {
+        if (e == KS_OK) {
+            sodium_memzero(out + n, cap - n); /* only [0, n) is the answer's */
+            fw_u8(w, 0);
+            fw_u32(w, (uint32_t)n);
+            w->n += n;
+            fw_class(w, &cls);
+        } else {
+            sodium_memzero(out, cap);
+            fw_record_error(w, e, &pe);
+        }
     } else {
-        put_record_error(w, e, &pe);
+        if (e == KS_OK) {
+            jw_str(w, op == OP_SEAL ? "{\"value\":" : "{\"plaintext\":");
+            jw_b64(w, out, n);
+            put_class(w, &cls);
+            jw_str(w, "}");
+        } else {
+            put_record_error(w, e, &pe);
+        }
+        sodium_memzero(out, cap);
+        free(out);
     }
-    sodium_memzero(out, cap);
-    free(out);
     /* [AG-HEALTH-2] Readiness follows the providers' last answer. */
     if (e == KS_ERR_UNAVAILABLE || e == KS_ERR_TIMEOUT) {
         atomic_store(&a->provider_ok, 0);
@@ -512,15 +452,16 @@ static ks_err serve_record(agent *a, live *l, int op, const ks_agent_record *rec
     return e;
 }
 
-/* The response capacity for request q: every record's output in base64
- * plus room for its fields. */
-static size_t resp_cap(const ks_agent_request *q)
+/* The response capacity for request q: every record's output (in base64
+ * for JSON) plus room for its fields. */
+static size_t resp_cap(const ks_agent_request *q, int frame)
 {
     size_t cap = 64;
     for (size_t i = 0; i < q->n; i++) {
         size_t d = q->records[i].data.len;
         size_t m = ks_app_seal_max_len(d);
-        cap += ks_envelope_text_len(m > d ? m : d) + 512;
+        m = m > d ? m : d;
+        cap += frame ? m + FW_RESULT_MAX : ks_envelope_text_len(m) + 512;
     }
     return cap;
 }
@@ -550,14 +491,20 @@ static void serve(agent *a, req *r)
                                                                : OP_OPEN;
     ks_agent_request q;
     ks_agent_req_error re;
-    ks_err e = ks_agent_request_read(verbs[r->ep], r->body, r->len, &a->lim, &q, &re);
-    sodium_memzero(r->body, r->len);
+    /* A frame's records point into the body, wiped once they are served. */
+    const int frame = r->frame;
+    ks_err e = frame ? ks_agent_request_read_frame(verbs[r->ep], r->body, r->len, &a->lim, &q, &re)
+                     : ks_agent_request_read(verbs[r->ep], r->body, r->len, &a->lim, &q, &re);
+    if (!frame || e != KS_OK) {
+        body_drop(r);
+    }
     if (e != KS_OK) {
         if (e == KS_ERR_BAD_VALUE) {
             const int big = re.reason == KS_AGENT_R_TOO_LARGE || re.reason == KS_AGENT_R_TOO_MANY;
-            answer_error(r, big ? 413 : 400, ks_agent_reason_name(re.reason), "refused",
-                         "The request body does not follow docs/agent.md section 4.", re.member,
-                         re.index);
+            answer_error_at(r, big ? 413 : 400, ks_agent_reason_name(re.reason), "refused",
+                            frame ? "The request body does not follow docs/agent.md section 4a."
+                                  : "The request body does not follow docs/agent.md section 4.",
+                            re.member, re.index, re.offset);
             atomic_fetch_add(&a->requests[r->ep][big ? OUT_TOO_LARGE : OUT_MALFORMED], 1);
         } else {
             answer_error(r, 503, "no-memory", "retryable", "The agent is out of memory.", NULL, -1);
@@ -588,7 +535,7 @@ static void serve(agent *a, req *r)
             goto done;
         }
     }
-    size_t cap = resp_cap(&q);
+    size_t cap = resp_cap(&q, frame);
     jw w = {resp_alloc(cap), 0, cap, 0};
     if (w.p == NULL) {
         answer_error(r, 503, "no-memory", "retryable", "The agent is out of memory.", NULL, -1);
@@ -596,21 +543,27 @@ static void serve(agent *a, req *r)
         goto done;
     }
     const int batch = r->ep == EP_SEAL_BATCH || r->ep == EP_OPEN_BATCH;
-    if (batch) {
+    if (frame) {
+        jw_put(&w, KS_AGENT_FRAME_RESP_MAGIC, 4); /* [AG-BIN-4] */
+        fw_u32(&w, (uint32_t)q.n);
+    } else if (batch) {
         jw_str(&w, "{\"results\":[");
     }
     ks_err first = KS_OK;
     for (size_t i = 0; i < q.n; i++) {
-        if (i > 0) {
+        if (i > 0 && !frame) {
             jw_str(&w, ",");
         }
-        e = serve_record(a, l, op, &q.records[i], &w);
+        e = serve_record(a, l, op, &q.records[i], &w, frame);
         first = first == KS_OK ? e : first;
         atomic_fetch_add(record_counter(a, op, scope_index(a, q.records[i].scope), ks_err_class(e)),
                          1);
     }
-    jw_str(&w, batch ? "]}\n" : "\n");
+    if (!frame) {
+        jw_str(&w, batch ? "]}\n" : "\n");
+    }
     assert(!w.overflow);
+    resp_written(w.p, w.n);
     resp_free(r->resp);
     r->resp = w.p;
     r->resp_len = w.n;
@@ -622,6 +575,7 @@ static void serve(agent *a, req *r)
 done:
     live_put(l);
     ks_agent_request_free(&q);
+    body_drop(r);
 }
 
 /* ---- admission ------------------------------------------------------------------ */
@@ -711,7 +665,7 @@ static void admit_and_serve(agent *a, req *r)
         serve(a, r);
         release(a);
     } else {
-        sodium_memzero(r->body, r->len);
+        body_drop(r);
         if (q == ADMIT_FULL) {
             answer_error(r, 503, "overloaded", "retryable",
                          "The agent's work queue is full; retry after the Retry-After delay.",
@@ -750,7 +704,7 @@ static enum MHD_Result send_answer(struct MHD_Connection *conn, req *r)
     if (resp == NULL) {
         return MHD_NO;
     }
-    MHD_add_response_header(resp, "Content-Type", "application/json");
+    MHD_add_response_header(resp, "Content-Type", r->frame ? KS_AGENT_FRAME_TYPE : "application/json");
     MHD_add_response_header(resp, "Cache-Control", "no-store");
     if (r->status == 503) {
         MHD_add_response_header(resp, "Retry-After", "1"); /* [AG-ERR-3] */
@@ -1008,7 +962,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                                    "The request body is larger than the agent's --max-request.");
             }
             r->too_large = 1;
+        } else if (declared > 0) {
+            /* Room for the whole body at once: no copy as it grows. */
+            r->body = malloc((size_t)declared);
+            r->cap = r->body != NULL ? (size_t)declared : 0;
         }
+        /* [AG-BIN-1] The batch frame, on the batch endpoints only. */
+        const char *ct = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Type");
+        r->frame = (r->ep == EP_SEAL_BATCH || r->ep == EP_OPEN_BATCH) && ct != NULL &&
+                   strcasecmp(ct, KS_AGENT_FRAME_TYPE) == 0;
         return MHD_YES;
     }
     if (r->refuse != 0) {
@@ -1074,10 +1036,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (r->counted) {
         atomic_fetch_sub(&a->in_flight, 1);
     }
-    if (r->body != NULL) {
-        sodium_memzero(r->body, r->cap);
-        free(r->body);
-    }
+    body_drop(r);
     resp_free(r->resp);
     free(r);
     *con_cls = NULL;
