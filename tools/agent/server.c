@@ -629,10 +629,10 @@ static int admit(agent *a, double t0)
             break;
         }
         if (left <= 0 || pthread_cond_timedwait(&a->q_cv, &a->q_mu, &ts) == ETIMEDOUT) {
-            /* A slot freed as the wait timed out goes to the next waiter. */
-            if (a->busy < a->cfg->workers && !a->q_stop) {
-                a->busy++;
-                rc = ADMIT_SERVE;
+            /* Past the deadline: not served.  A slot freed as the wait
+             * timed out goes to the next waiter. */
+            if (a->busy < a->cfg->workers) {
+                pthread_cond_signal(&a->q_cv);
             }
             break;
         }
