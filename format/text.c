@@ -37,8 +37,17 @@ ks_err ks_envelope_text_encode(const uint8_t *env, size_t len, uint8_t *buf, siz
     if (cap < need) {
         return KS_ERR_BUFFER_TOO_SMALL;
     }
-    size_t o = 0;
-    for (size_t i = 0; i < len; i += 3) {
+    size_t o = 0, i = 0;
+    /* Whole triples first, then the last one or two bytes with padding. */
+    for (; len - i >= 3; i += 3) {
+        const uint32_t w = (uint32_t)env[i] << 16 | (uint32_t)env[i + 1] << 8 | env[i + 2];
+        buf[o] = (uint8_t)alphabet[w >> 18];
+        buf[o + 1] = (uint8_t)alphabet[w >> 12 & 63];
+        buf[o + 2] = (uint8_t)alphabet[w >> 6 & 63];
+        buf[o + 3] = (uint8_t)alphabet[w & 63];
+        o += 4;
+    }
+    for (; i < len; i += 3) {
         size_t left = len - i;
         uint32_t w = (uint32_t)env[i] << 16;
         w |= left > 1 ? (uint32_t)env[i + 1] << 8 : 0;

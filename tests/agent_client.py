@@ -32,12 +32,15 @@ class UnixConnection(http.client.HTTPConnection):
         self.sock = s
 
 
-def request(conn, path, body):
-    """POST body (bytes) to path, or GET when body is None: (status, bytes, headers)."""
+FRAME_TYPE = "application/vnd.keyshift.batch"
+
+
+def request(conn, path, body, ctype="application/json"):
+    """POST body (bytes) of ctype to path, or GET when body is None: (status, bytes, headers)."""
     if body is None:
         conn.request("GET", path)
     else:
-        conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        conn.request("POST", path, body=body, headers={"Content-Type": ctype})
     r = conn.getresponse()
     return r.status, r.read(), dict(r.getheaders())
 
@@ -70,19 +73,46 @@ def vectors(doc):
     return out
 
 
+def hex_matches(want, got):
+    """Nonzero when the bytes got match want, hexadecimal in groups where
+    a group *N stands for N bytes of any value (docs/agent.md Appendix A)."""
+    at = 0
+    for g in want.split():
+        if g.startswith("*"):
+            at += int(g[1:])
+            continue
+        b = bytes.fromhex(g)
+        if got[at:at + len(b)] != b:
+            return False
+        at += len(b)
+    return at == len(got)
+
+
 def cmd_vectors(sock, doc):
     """Check every vector: the status and, unless the response holds a
-    "*" (a random field), the exact body."""
+    "*" (a random field), the exact body; a batch frame's (body-hex,
+    response-hex) byte for byte but for its *N groups."""
     failed = 0
     vs = vectors(doc)
     for n, v in enumerate(vs, 1):
         method, path = v["request"].split(" ", 1)
-        body = v.get("body")
         conn = UnixConnection(sock)
-        status, data, _ = request(conn, path, body.encode() if method == "POST" else None)
+        if "body-hex" in v:
+            status, data, hdrs = request(conn, path, bytes.fromhex("".join(v["body-hex"].split())),
+                                         FRAME_TYPE)
+        else:
+            body = v.get("body")
+            status, data, hdrs = request(conn, path, body.encode() if method == "POST" else None)
+        ok = str(status) == v["status"]
+        if "response-hex" in v:
+            ok = ok and hdrs.get("Content-Type") == FRAME_TYPE and hex_matches(v["response-hex"], data)
+            if not ok:
+                failed += 1
+                print("vector %d (%s): got %d %s; want %s %s" % (n, path, status, data.hex(),
+                                                                 v["status"], v["response-hex"]))
+            continue
         want = v["response"]
         got = data.decode().rstrip("\n")
-        ok = str(status) == v["status"]
         if ok and '"*"' not in want:
             ok = got == want
         elif ok:

@@ -5,7 +5,8 @@
  * No server, no keys: the reader is a pure function of the body's bytes,
  * so that fuzz/fuzz_agent_request.c drives it alone.  Decoded bytes
  * (plaintexts, stored values, contexts) live in one malloc'd arena that
- * ks_agent_request_free wipes.
+ * ks_agent_request_free wipes; a batch frame's records point into the
+ * body itself (docs/agent.md section 4a), which the caller wipes.
  */
 #ifndef KS_TOOLS_AGENT_REQUEST_H
 #define KS_TOOLS_AGENT_REQUEST_H
@@ -37,6 +38,7 @@ typedef enum ks_agent_reason {
     KS_AGENT_R_BAD_BASE64,      /* "bad-base64": not canonical base64 */
     KS_AGENT_R_BAD_VALUE,       /* "bad-value": outside the member's rule */
     KS_AGENT_R_TOO_MANY,        /* "too-many-records": a batch above max_batch, or empty */
+    KS_AGENT_R_BAD_FRAME,       /* "bad-frame": a batch frame's framing is broken [AG-BIN-3] */
     KS_AGENT_R_COUNT
 } ks_agent_reason;
 
@@ -72,11 +74,13 @@ typedef struct ks_agent_request {
 } ks_agent_request;
 
 /* Where a refusal was found: its reason, the member (a static name, or
- * NULL) and the record's index in a batch (-1 for none). */
+ * NULL), the record's index in a batch (-1 for none) and, for bad-frame,
+ * the byte of the body where the framing broke (-1 for none). */
 typedef struct ks_agent_req_error {
     ks_agent_reason reason;
     const char *member;
     long index;
+    long offset;
 } ks_agent_req_error;
 
 /*
@@ -89,6 +93,23 @@ typedef struct ks_agent_req_error {
 KS_WUR ks_err ks_agent_request_read(ks_agent_verb verb, const uint8_t *body, size_t len,
                                     const ks_agent_limits *lim, ks_agent_request *out,
                                     ks_agent_req_error *err);
+
+/* The media type of the batch frame [AG-BIN-1], and its magics. */
+#define KS_AGENT_FRAME_TYPE "application/vnd.keyshift.batch"
+#define KS_AGENT_FRAME_REQ_MAGIC "KSB1"
+#define KS_AGENT_FRAME_RESP_MAGIC "KSR1"
+
+/*
+ * Read body[0, len) in the batch frame [AG-BIN-2..3] as a request of kind
+ * verb (KS_AGENT_SEAL_BATCH or KS_AGENT_OPEN_BATCH) under lim into *out,
+ * as ks_agent_request_read does; the records' tenant, purpose, context
+ * and data point into body, which must outlive *out (only the scopes are
+ * copied, into the arena).  Nothing is allocated until the whole frame
+ * has been read and found valid.  Linear in len.
+ */
+KS_WUR ks_err ks_agent_request_read_frame(ks_agent_verb verb, const uint8_t *body, size_t len,
+                                          const ks_agent_limits *lim, ks_agent_request *out,
+                                          ks_agent_req_error *err);
 
 /* Wipe and free what ks_agent_request_read kept; an empty *r is a no-op. */
 void ks_agent_request_free(ks_agent_request *r);

@@ -3,12 +3,15 @@
  * through libmicrohttpd, requests read by request.c, authorized by the
  * agent policy, served by one ks_app.
  *
- * Threads.  One libmicrohttpd polling thread per listener does all the
- * socket work and never touches a key: a request's body is collected,
- * then the connection is suspended and the request goes into a bounded
- * queue that a fixed pool of worker threads drains [AG-LIM-4].  A full
- * queue is answered 503 at once.  The main thread waits for signals:
- * SIGHUP reloads, SIGTERM and SIGINT drain and stop [AG-RUN-1..4].
+ * Threads.  libmicrohttpd gives every API connection a thread of its own
+ * (its thread-per-connection mode), which reads a request and serves it
+ * where it was read: no hand-off between threads on the way in or out
+ * [AG-LIM-4].  At most --workers requests are served at once; a complete
+ * request waits for a slot among at most --queue others (and at most
+ * --deadline), and one more is answered 503 at once.  A slow provider
+ * holds its connection's thread only, never another connection's.  The
+ * main thread waits for signals: SIGHUP reloads, SIGTERM and SIGINT drain
+ * and stop [AG-RUN-1..4].
  *
  * The live configuration (the ks_app and the policy) is one refcounted
  * object swapped whole on reload, so a request sees the old one or the
@@ -50,6 +53,7 @@
 
 #include "agent.h"
 #include "request.h"
+#include "respond.h"
 
 /* The latency histogram's upper bounds, in seconds [AG-MET-3]. */
 static const double buckets[] = {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
@@ -88,21 +92,19 @@ typedef struct req {
     struct agent *agent;
     struct MHD_Connection *conn;
     int ep;
-    int state;               /* R_READING, R_QUEUED, R_DONE */
     int counted;             /* counted in in_flight */
     uid_t uid;
     gid_t gid;
     uint8_t *body;
     size_t len, cap;
     int too_large;
+    int frame;               /* the body is a batch frame [AG-BIN-1] */
     unsigned refuse;         /* 404 or 405 to answer once the body is dropped, else 0 */
     double t0;               /* seconds (monotonic) when the body was complete */
     unsigned status;
     uint8_t *resp;           /* from resp_alloc, or NULL */
     size_t resp_len;
-    struct req *next;
 } req;
-enum { R_READING, R_QUEUED, R_DONE };
 
 struct agent;
 
@@ -120,13 +122,14 @@ typedef struct agent {
     pthread_mutex_t live_mu;
     live *cur;
 
+    /* Admission [AG-LIM-4..5]: requests being served (at most
+     * cfg->workers) and requests waiting for a slot (at most cfg->queue). */
     pthread_mutex_t q_mu;
-    pthread_cond_t q_cv;
-    req **ring;              /* the queue, cfg->queue slots */
-    size_t q_head, q_len;
+    pthread_cond_t q_cv;     /* a slot freed, or the agent stops */
+    pthread_cond_t idle_cv;  /* busy fell to 0 */
+    unsigned busy;
+    size_t waiting;
     int q_stop;
-    pthread_t *workers;
-    unsigned n_workers;
 
     struct MHD_Daemon *api, *metrics;
     listener l_api, l_metrics;
@@ -135,7 +138,7 @@ typedef struct agent {
     int own_unix;            /* we created unix_path (and unlink it) */
 
     atomic_int draining;
-    atomic_int abandon;      /* past the drain deadline: workers answer, not serve */
+    atomic_int abandon;      /* past the drain deadline: waiters are answered, not served */
     atomic_int provider_ok;  /* 0 after a provider failure, 1 after a success */
     atomic_long in_flight;
     atomic_long queued;
@@ -170,96 +173,6 @@ static void logf_(const char *fmt, ...)
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     fprintf(stderr, "keyshift serve: %s\n", line);
-}
-
-/* A response buffer of n bytes whose length sits before it, so that the
- * free callback can wipe it whole [AG-SEC-2]. */
-static uint8_t *resp_alloc(size_t n)
-{
-    uint8_t *p = malloc(n + 16);
-    if (p == NULL) {
-        return NULL;
-    }
-    memcpy(p, &n, sizeof n);
-    return p + 16;
-}
-
-/* libmicrohttpd's free callback for resp_alloc's buffers: wipe, free. */
-static void resp_free(void *buf)
-{
-    if (buf == NULL) {
-        return;
-    }
-    uint8_t *p = (uint8_t *)buf - 16;
-    size_t n;
-    memcpy(&n, p, sizeof n);
-    sodium_memzero(buf, n);
-    free(p);
-}
-
-/* A JSON writer into a buffer sized beforehand; overflow latches. */
-typedef struct jw {
-    uint8_t *p;
-    size_t n, cap;
-    int overflow;
-} jw;
-
-/* Append s[0, n). */
-static void jw_put(jw *w, const void *s, size_t n)
-{
-    if (w->overflow || n > w->cap - w->n) {
-        w->overflow = 1;
-        return;
-    }
-    memcpy(w->p + w->n, s, n);
-    w->n += n;
-}
-
-/* Append a C string. */
-static void jw_str(jw *w, const char *s)
-{
-    jw_put(w, s, strlen(s));
-}
-
-/* Append formatted text (numbers and names only). */
-static void jw_fmt(jw *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void jw_fmt(jw *w, const char *fmt, ...)
-{
-    if (w->overflow) {
-        return;
-    }
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf((char *)w->p + w->n, w->cap - w->n, fmt, ap);
-    va_end(ap);
-    if (k < 0 || (size_t)k >= w->cap - w->n) {
-        w->overflow = 1;
-        return;
-    }
-    w->n += (size_t)k;
-}
-
-/* Append a JSON string of bytes known to need no escape ([F-NAME-1],
- * [F-KEYID-1], the names of this file). */
-static void jw_name(jw *w, const uint8_t *s, size_t n)
-{
-    jw_put(w, "\"", 1);
-    jw_put(w, s, n);
-    jw_put(w, "\"", 1);
-}
-
-/* Append the canonical base64 of b[0, n) as a JSON string [AG-RESP-2]. */
-static void jw_b64(jw *w, const uint8_t *b, size_t n)
-{
-    jw_put(w, "\"", 1);
-    size_t need = ks_envelope_text_len(n), got = 0;
-    if (w->overflow || need > w->cap - w->n ||
-        ks_envelope_text_encode(b, n, w->p + w->n, w->cap - w->n, &got) != KS_OK) {
-        w->overflow = 1;
-        return;
-    }
-    w->n += got;
-    jw_put(w, "\"", 1);
 }
 
 /* ---- the live configuration ------------------------------------------------------- */
@@ -397,9 +310,21 @@ static size_t scope_index(const agent *a, const char *s)
     return a->cfg->n_scopes;
 }
 
+/* Wipe and free r's body: every byte it holds is in [0, len), since a
+ * growing body is copied by its length [AG-SEC-2]. */
+static void body_drop(req *r)
+{
+    if (r->body != NULL) {
+        sodium_memzero(r->body, r->len);
+        free(r->body);
+    }
+    r->body = NULL;
+    r->len = r->cap = 0;
+}
+
 /* Write a request-level error body [AG-ERR-1] into a fresh buffer. */
-static void answer_error(req *r, unsigned status, const char *name, const char *cls,
-                         const char *message, const char *member, long index)
+static void answer_error_at(req *r, unsigned status, const char *name, const char *cls,
+                            const char *message, const char *member, long index, long offset)
 {
     jw w = {resp_alloc(1024), 0, 1024, 0};
     if (w.p == NULL) {
@@ -413,41 +338,29 @@ static void answer_error(req *r, unsigned status, const char *name, const char *
     if (index >= 0) {
         jw_fmt(&w, ",\"index\":%ld", index);
     }
+    if (offset >= 0) {
+        jw_fmt(&w, ",\"offset\":%ld", offset);
+    }
     jw_fmt(&w, ",\"message\":\"%s\"}\n", message);
     assert(!w.overflow);
     resp_free(r->resp);
     r->resp = w.p;
     r->resp_len = w.n;
     r->status = status;
+    r->frame = 0; /* [AG-BIN-1] an error of the whole request is JSON */
 }
 
-/* Write the class fields of a seal's or open's result. */
-static void put_class(jw *w, const ks_rollout_class *c)
+/* answer_error_at without an offset. */
+static void answer_error(req *r, unsigned status, const char *name, const char *cls,
+                         const char *message, const char *member, long index)
 {
-    if (c->is_plaintext) {
-        jw_str(w, ",\"sealed\":false");
-        return;
-    }
-    jw_fmt(w, ",\"sealed\":true,\"format\":%u,\"algorithm\":\"%s\",\"key_id\":", c->version,
-           ks_alg_name(c->algorithm));
-    jw_name(w, (const uint8_t *)c->key_id, strlen(c->key_id));
-    jw_fmt(w, ",\"key_version\":%" PRIu32, c->key_version);
+    answer_error_at(r, status, name, cls, message, member, index, -1);
 }
 
-/* Write a record's error object [AG-ERR-1]. */
-static void put_record_error(jw *w, ks_err e, const ks_parse_error *pe)
-{
-    jw_fmt(w, "{\"error\":\"%s\",\"class\":\"%s\"", ks_err_name(e),
-           ks_error_class_name(ks_err_class(e)));
-    if (pe != NULL && ks_err_is_rejection(e)) {
-        jw_fmt(w, ",\"offset\":%zu", pe->offset);
-    }
-    jw_str(w, "}");
-}
-
-/* Serve record rec of kind op with the app, writing its result object to
- * w.  Returns the record's error. */
-static ks_err serve_record(agent *a, live *l, int op, const ks_agent_record *rec, jw *w)
+/* Serve record rec of kind op with the app, writing its result to w: a
+ * JSON object, or in the batch frame when frame is nonzero (the output
+ * written in place, [AG-BIN-4]).  Returns the record's error. */
+static ks_err serve_record(agent *a, live *l, int op, const ks_agent_record *rec, jw *w, int frame)
 {
     ks_app_record ar = {rec->table, rec->column, rec->tenant, rec->context, rec->purpose};
     ks_rollout_class cls;
@@ -478,13 +391,28 @@ static ks_err serve_record(agent *a, live *l, int op, const ks_agent_record *rec
     }
     size_t cap = op == OP_SEAL ? ks_app_seal_max_len(rec->data.len) : rec->data.len;
     if (cap == 0 && op == OP_SEAL) {
-        put_record_error(w, KS_ERR_TOO_LARGE, NULL);
+        if (frame) {
+            fw_record_error(w, KS_ERR_TOO_LARGE, NULL);
+        } else {
+            put_record_error(w, KS_ERR_TOO_LARGE, NULL);
+        }
         return KS_ERR_TOO_LARGE;
     }
-    uint8_t *out = malloc(cap ? cap : 1);
-    if (out == NULL) {
-        put_record_error(w, KS_ERR_NO_MEMORY, NULL);
-        return KS_ERR_NO_MEMORY;
+    const size_t at = w->n;
+    uint8_t *out;
+    if (frame) {
+        /* In place: after the kind byte and the output's length. */
+        if (w->overflow || FW_RESULT_MAX > w->cap - w->n || cap > w->cap - w->n - FW_RESULT_MAX) {
+            w->overflow = 1;
+            return KS_ERR_NO_MEMORY;
+        }
+        out = w->p + at + 5;
+    } else {
+        out = malloc(cap ? cap : 1);
+        if (out == NULL) {
+            put_record_error(w, KS_ERR_NO_MEMORY, NULL);
+            return KS_ERR_NO_MEMORY;
+        }
     }
     size_t n = 0;
     if (op == OP_SEAL) {
@@ -492,16 +420,29 @@ static ks_err serve_record(agent *a, live *l, int op, const ks_agent_record *rec
     } else {
         e = ks_app_open_value(l->app, &ar, rec->data.ptr, rec->data.len, out, cap, &n, &cls, &pe);
     }
-    if (e == KS_OK) {
-        jw_str(w, op == OP_SEAL ? "{\"value\":" : "{\"plaintext\":");
-        jw_b64(w, out, n);
-        put_class(w, &cls);
-        jw_str(w, "}");
+    if (frame) {
+        if (e == KS_OK) {
+            sodium_memzero(out + n, cap - n); /* only [0, n) is the answer's */
+            fw_u8(w, 0);
+            fw_u32(w, (uint32_t)n);
+            w->n += n;
+            fw_class(w, &cls);
+        } else {
+            sodium_memzero(out, cap);
+            fw_record_error(w, e, &pe);
+        }
     } else {
-        put_record_error(w, e, &pe);
+        if (e == KS_OK) {
+            jw_str(w, op == OP_SEAL ? "{\"value\":" : "{\"plaintext\":");
+            jw_b64(w, out, n);
+            put_class(w, &cls);
+            jw_str(w, "}");
+        } else {
+            put_record_error(w, e, &pe);
+        }
+        sodium_memzero(out, cap);
+        free(out);
     }
-    sodium_memzero(out, cap);
-    free(out);
     /* [AG-HEALTH-2] Readiness follows the providers' last answer. */
     if (e == KS_ERR_UNAVAILABLE || e == KS_ERR_TIMEOUT) {
         atomic_store(&a->provider_ok, 0);
@@ -511,15 +452,16 @@ static ks_err serve_record(agent *a, live *l, int op, const ks_agent_record *rec
     return e;
 }
 
-/* The response capacity for request q: every record's output in base64
- * plus room for its fields. */
-static size_t resp_cap(const ks_agent_request *q)
+/* The response capacity for request q: every record's output (in base64
+ * for JSON) plus room for its fields. */
+static size_t resp_cap(const ks_agent_request *q, int frame)
 {
     size_t cap = 64;
     for (size_t i = 0; i < q->n; i++) {
         size_t d = q->records[i].data.len;
         size_t m = ks_app_seal_max_len(d);
-        cap += ks_envelope_text_len(m > d ? m : d) + 512;
+        m = m > d ? m : d;
+        cap += frame ? m + FW_RESULT_MAX : ks_envelope_text_len(m) + 512;
     }
     return cap;
 }
@@ -535,7 +477,7 @@ static void observe(agent *a, int ep, double seconds)
     atomic_fetch_add(&a->hist_sum_us[ep], (uint64_t)(seconds * 1e6));
 }
 
-/* Serve request r in a worker: read it, authorize every record, serve
+/* Serve request r once admitted ([AG-LIM-4..5]): read it, authorize every record, serve
  * each, write the answer.  Never blocks on anything but the app. */
 static void serve(agent *a, req *r)
 {
@@ -547,23 +489,22 @@ static void serve(agent *a, req *r)
     const int op = r->ep == EP_SEAL || r->ep == EP_SEAL_BATCH ? OP_SEAL
                    : r->ep == EP_PARSE                         ? OP_PARSE
                                                                : OP_OPEN;
-    /* [AG-LIM-5] A request that waited past its deadline is not started. */
-    if ((mono_s() - r->t0) * 1000.0 > (double)a->cfg->deadline_ms) {
-        answer_error(r, 503, "deadline", "retryable",
-                     "The request waited past the agent's deadline; retry later.", NULL, -1);
-        atomic_fetch_add(&a->requests[r->ep][OUT_DEADLINE], 1);
-        return;
-    }
     ks_agent_request q;
     ks_agent_req_error re;
-    ks_err e = ks_agent_request_read(verbs[r->ep], r->body, r->len, &a->lim, &q, &re);
-    sodium_memzero(r->body, r->len);
+    /* A frame's records point into the body, wiped once they are served. */
+    const int frame = r->frame;
+    ks_err e = frame ? ks_agent_request_read_frame(verbs[r->ep], r->body, r->len, &a->lim, &q, &re)
+                     : ks_agent_request_read(verbs[r->ep], r->body, r->len, &a->lim, &q, &re);
+    if (!frame || e != KS_OK) {
+        body_drop(r);
+    }
     if (e != KS_OK) {
         if (e == KS_ERR_BAD_VALUE) {
             const int big = re.reason == KS_AGENT_R_TOO_LARGE || re.reason == KS_AGENT_R_TOO_MANY;
-            answer_error(r, big ? 413 : 400, ks_agent_reason_name(re.reason), "refused",
-                         "The request body does not follow docs/agent.md section 4.", re.member,
-                         re.index);
+            answer_error_at(r, big ? 413 : 400, ks_agent_reason_name(re.reason), "refused",
+                            frame ? "The request body does not follow docs/agent.md section 4a."
+                                  : "The request body does not follow docs/agent.md section 4.",
+                            re.member, re.index, re.offset);
             atomic_fetch_add(&a->requests[r->ep][big ? OUT_TOO_LARGE : OUT_MALFORMED], 1);
         } else {
             answer_error(r, 503, "no-memory", "retryable", "The agent is out of memory.", NULL, -1);
@@ -594,7 +535,7 @@ static void serve(agent *a, req *r)
             goto done;
         }
     }
-    size_t cap = resp_cap(&q);
+    size_t cap = resp_cap(&q, frame);
     jw w = {resp_alloc(cap), 0, cap, 0};
     if (w.p == NULL) {
         answer_error(r, 503, "no-memory", "retryable", "The agent is out of memory.", NULL, -1);
@@ -602,21 +543,27 @@ static void serve(agent *a, req *r)
         goto done;
     }
     const int batch = r->ep == EP_SEAL_BATCH || r->ep == EP_OPEN_BATCH;
-    if (batch) {
+    if (frame) {
+        jw_put(&w, KS_AGENT_FRAME_RESP_MAGIC, 4); /* [AG-BIN-4] */
+        fw_u32(&w, (uint32_t)q.n);
+    } else if (batch) {
         jw_str(&w, "{\"results\":[");
     }
     ks_err first = KS_OK;
     for (size_t i = 0; i < q.n; i++) {
-        if (i > 0) {
+        if (i > 0 && !frame) {
             jw_str(&w, ",");
         }
-        e = serve_record(a, l, op, &q.records[i], &w);
+        e = serve_record(a, l, op, &q.records[i], &w, frame);
         first = first == KS_OK ? e : first;
         atomic_fetch_add(record_counter(a, op, scope_index(a, q.records[i].scope), ks_err_class(e)),
                          1);
     }
-    jw_str(&w, batch ? "]}\n" : "\n");
+    if (!frame) {
+        jw_str(&w, batch ? "]}\n" : "\n");
+    }
     assert(!w.overflow);
+    resp_written(w.p, w.n);
     resp_free(r->resp);
     r->resp = w.p;
     r->resp_len = w.n;
@@ -628,58 +575,113 @@ static void serve(agent *a, req *r)
 done:
     live_put(l);
     ks_agent_request_free(&q);
+    body_drop(r);
 }
 
-/* ---- the work queue --------------------------------------------------------------- */
+/* ---- admission ------------------------------------------------------------------ */
 
-/* [AG-LIM-4] Queue r: 1; 0 when the queue is full; -1 when the workers
- * are stopping. */
-static int enqueue(agent *a, req *r)
+/* What admit decided. */
+enum { ADMIT_SERVE = 1, ADMIT_FULL = 0, ADMIT_DRAINING = -1, ADMIT_DEADLINE = -2 };
+
+/* [AG-LIM-4..5] Take a serving slot for a request whose body was complete
+ * at t0: at once when one is free and nobody waits; else wait, among at
+ * most cfg->queue others, until one frees or the deadline passes.
+ * ADMIT_SERVE (release the slot after serving), ADMIT_FULL when the
+ * waiters are at the bound, ADMIT_DEADLINE past the deadline,
+ * ADMIT_DRAINING when the agent stops [AG-RUN-3]. */
+static int admit(agent *a, double t0)
 {
     pthread_mutex_lock(&a->q_mu);
-    if (a->q_stop || a->q_len == a->cfg->queue) {
-        const int rc = a->q_stop ? -1 : 0;
+    if (a->q_stop) {
         pthread_mutex_unlock(&a->q_mu);
-        return rc;
+        return ADMIT_DRAINING;
     }
-    a->ring[(a->q_head + a->q_len) % a->cfg->queue] = r;
-    a->q_len++;
-    atomic_store(&a->queued, (long)a->q_len);
-    pthread_cond_signal(&a->q_cv);
+    if (a->busy < a->cfg->workers && a->waiting == 0) {
+        a->busy++;
+        pthread_mutex_unlock(&a->q_mu);
+        return ADMIT_SERVE;
+    }
+    if (a->waiting >= a->cfg->queue) {
+        pthread_mutex_unlock(&a->q_mu);
+        return ADMIT_FULL;
+    }
+    a->waiting++;
+    atomic_store(&a->queued, (long)a->waiting);
+    /* The deadline on the clock the condition variable waits by. */
+    const double until = t0 + (double)a->cfg->deadline_ms / 1000.0;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    const double left = until - mono_s();
+    if (left > 0) {
+        const long long ns = (long long)ts.tv_nsec + (long long)(left * 1e9);
+        ts.tv_sec += (time_t)(ns / 1000000000LL);
+        ts.tv_nsec = (long)(ns % 1000000000LL);
+    }
+    int rc = ADMIT_DEADLINE;
+    for (;;) {
+        if (a->q_stop || atomic_load(&a->abandon)) {
+            rc = ADMIT_DRAINING;
+            break;
+        }
+        if (a->busy < a->cfg->workers) {
+            a->busy++;
+            rc = ADMIT_SERVE;
+            break;
+        }
+        if (left <= 0 || pthread_cond_timedwait(&a->q_cv, &a->q_mu, &ts) == ETIMEDOUT) {
+            /* Past the deadline: not served.  A slot freed as the wait
+             * timed out goes to the next waiter. */
+            if (a->busy < a->cfg->workers) {
+                pthread_cond_signal(&a->q_cv);
+            }
+            break;
+        }
+    }
+    a->waiting--;
+    atomic_store(&a->queued, (long)a->waiting);
     pthread_mutex_unlock(&a->q_mu);
-    return 1;
+    return rc;
 }
 
-/* A worker: take a request, serve it, resume its connection. */
-static void *worker(void *arg)
+/* Give back a slot admit handed out, and wake one waiter for it. */
+static void release(agent *a)
 {
-    agent *a = arg;
-    for (;;) {
-        pthread_mutex_lock(&a->q_mu);
-        while (a->q_len == 0 && !a->q_stop) {
-            pthread_cond_wait(&a->q_cv, &a->q_mu);
-        }
-        if (a->q_len == 0) {
-            pthread_mutex_unlock(&a->q_mu);
-            return NULL;
-        }
-        req *r = a->ring[a->q_head];
-        a->q_head = (a->q_head + 1) % a->cfg->queue;
-        a->q_len--;
-        atomic_store(&a->queued, (long)a->q_len);
-        pthread_mutex_unlock(&a->q_mu);
-        if (atomic_load(&a->abandon)) {
-            /* [AG-RUN-3] Past the drain deadline: answered, not served. */
+    pthread_mutex_lock(&a->q_mu);
+    assert(a->busy > 0);
+    a->busy--;
+    pthread_cond_signal(&a->q_cv);
+    if (a->busy == 0) {
+        pthread_cond_broadcast(&a->idle_cv);
+    }
+    pthread_mutex_unlock(&a->q_mu);
+}
+
+/* Serve r in its connection's thread once admitted, or answer why not;
+ * counts its latency [AG-MET-3]. */
+static void admit_and_serve(agent *a, req *r)
+{
+    const int q = admit(a, r->t0);
+    if (q == ADMIT_SERVE) {
+        serve(a, r);
+        release(a);
+    } else {
+        body_drop(r);
+        if (q == ADMIT_FULL) {
+            answer_error(r, 503, "overloaded", "retryable",
+                         "The agent's work queue is full; retry after the Retry-After delay.",
+                         NULL, -1);
+            atomic_fetch_add(&a->requests[r->ep][OUT_OVERLOADED], 1);
+        } else if (q == ADMIT_DEADLINE) {
+            answer_error(r, 503, "deadline", "retryable",
+                         "The request waited past the agent's deadline; retry later.", NULL, -1);
+            atomic_fetch_add(&a->requests[r->ep][OUT_DEADLINE], 1);
+        } else {
             answer_error(r, 503, "draining", "retryable",
                          "The agent is shutting down; retry on its successor.", NULL, -1);
             atomic_fetch_add(&a->requests[r->ep][OUT_DRAINING], 1);
-        } else {
-            serve(a, r);
         }
-        observe(a, r->ep, mono_s() - r->t0);
-        r->state = R_DONE;
-        MHD_resume_connection(r->conn);
     }
+    observe(a, r->ep, mono_s() - r->t0);
 }
 
 /* ---- HTTP ------------------------------------------------------------------------- */
@@ -702,7 +704,7 @@ static enum MHD_Result send_answer(struct MHD_Connection *conn, req *r)
     if (resp == NULL) {
         return MHD_NO;
     }
-    MHD_add_response_header(resp, "Content-Type", "application/json");
+    MHD_add_response_header(resp, "Content-Type", r->frame ? KS_AGENT_FRAME_TYPE : "application/json");
     MHD_add_response_header(resp, "Cache-Control", "no-store");
     if (r->status == 503) {
         MHD_add_response_header(resp, "Retry-After", "1"); /* [AG-ERR-3] */
@@ -720,7 +722,6 @@ static enum MHD_Result reply_error(struct MHD_Connection *conn, req *r, unsigned
                                    const char *name, const char *cls, const char *message)
 {
     answer_error(r, status, name, cls, message, NULL, -1);
-    r->state = R_DONE;
     return send_answer(conn, r);
 }
 
@@ -961,11 +962,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                                    "The request body is larger than the agent's --max-request.");
             }
             r->too_large = 1;
+        } else if (declared > 0) {
+            /* Room for the whole body at once: no copy as it grows. */
+            r->body = malloc((size_t)declared);
+            r->cap = r->body != NULL ? (size_t)declared : 0;
         }
+        /* [AG-BIN-1] The batch frame, on the batch endpoints only. */
+        const char *ct = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Type");
+        r->frame = (r->ep == EP_SEAL_BATCH || r->ep == EP_OPEN_BATCH) && ct != NULL &&
+                   strcasecmp(ct, KS_AGENT_FRAME_TYPE) == 0;
         return MHD_YES;
-    }
-    if (r->state == R_DONE) {
-        return send_answer(conn, r);
     }
     if (r->refuse != 0) {
         if (*upload_len > 0) {
@@ -1006,35 +1012,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *upload_len = 0;
         return MHD_YES;
     }
-    if (r->state == R_QUEUED) {
-        return MHD_YES; /* resumed before the worker finished: not expected */
-    }
     if (r->too_large) {
         atomic_fetch_add(&a->requests[r->ep][OUT_TOO_LARGE], 1);
         return reply_error(conn, r, 413, "too-large", "refused",
                            "The request body is larger than the agent's --max-request.");
     }
     r->t0 = mono_s();
-    r->state = R_QUEUED;
-    /* Suspended before a worker can see it, so that the worker's resume
-     * always follows this suspend. */
-    MHD_suspend_connection(conn);
-    const int q = enqueue(a, r);
-    if (q <= 0) {
-        sodium_memzero(r->body, r->len);
-        atomic_fetch_add(&a->requests[r->ep][q < 0 ? OUT_DRAINING : OUT_OVERLOADED], 1);
-        if (q < 0) {
-            answer_error(r, 503, "draining", "retryable",
-                         "The agent is shutting down; retry on its successor.", NULL, -1);
-        } else {
-            answer_error(r, 503, "overloaded", "retryable",
-                         "The agent's work queue is full; retry after the Retry-After delay.",
-                         NULL, -1);
-        }
-        r->state = R_DONE;
-        MHD_resume_connection(conn);
-    }
-    return MHD_YES;
+    admit_and_serve(a, r);
+    return send_answer(conn, r);
 }
 
 /* libmicrohttpd's completion callback: free the request's state. */
@@ -1051,10 +1036,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (r->counted) {
         atomic_fetch_sub(&a->in_flight, 1);
     }
-    if (r->body != NULL) {
-        sodium_memzero(r->body, r->cap);
-        free(r->body);
-    }
+    body_drop(r);
     resp_free(r->resp);
     free(r);
     *con_cls = NULL;
@@ -1163,12 +1145,17 @@ static int listen_tcp(const char *spec)
 }
 
 /* Start a libmicrohttpd daemon on listening socket fd for listener li:
- * one polling thread, suspended connections while a worker serves
- * [AG-LIM-4], the connection limit and the idle timeout [AG-LIM-3]. */
+ * the API's with a thread per connection, which serves the requests it
+ * reads [AG-LIM-4]; the metrics' with one polling thread; both with the
+ * connection limit and the idle timeout [AG-LIM-3].  MHD_USE_ITC lets
+ * drain quiesce the API's [AG-RUN-3]. */
 static struct MHD_Daemon *start_daemon(agent *a, int fd, listener *slot)
 {
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_ALLOW_SUSPEND_RESUME |
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ITC |
                      MHD_USE_ERROR_LOG;
+    if (slot->is_api) {
+        flags |= MHD_USE_THREAD_PER_CONNECTION;
+    }
     return MHD_start_daemon(flags, 0, NULL, NULL, on_request, slot,
                             MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)a->cfg->max_connections,
@@ -1295,17 +1282,17 @@ int ks_agent_run(const ks_agent_config *cfg)
     a->lim.max_batch = cfg->max_batch;
     pthread_mutex_init(&a->live_mu, NULL);
     pthread_mutex_init(&a->q_mu, NULL);
-    pthread_cond_init(&a->q_cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* admit's deadline */
+    pthread_cond_init(&a->q_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_cond_init(&a->idle_cv, NULL);
     atomic_store(&a->provider_ok, 1);
     atomic_store(&a->config_ok, 1);
     a->records = calloc((size_t)OP_COUNT * (cfg->n_scopes + 1) * 4, sizeof *a->records);
-    a->ring = calloc(cfg->queue, sizeof *a->ring);
-    a->workers = calloc(cfg->workers, sizeof *a->workers);
-    if (a->records == NULL || a->ring == NULL || a->workers == NULL) {
+    if (a->records == NULL) {
         logf_("out of memory");
-        free(a->records);
-        free(a->ring);
-        free(a->workers);
         return EX_OSERR;
     }
     /* Signals are taken by sigwait in this thread only. */
@@ -1333,14 +1320,6 @@ int ks_agent_run(const ks_agent_config *cfg)
         rc = EX_CONFIG;
         goto out;
     }
-    for (unsigned i = 0; i < cfg->workers; i++) {
-        if (pthread_create(&a->workers[i], NULL, worker, a) != 0) {
-            logf_("cannot start a worker thread");
-            rc = EX_OSERR;
-            goto stop_workers;
-        }
-        a->n_workers++;
-    }
     a->l_api = (listener){a, 1};
     a->l_metrics = (listener){a, 0};
     if (a->api_fd >= 0) {
@@ -1361,21 +1340,19 @@ int ks_agent_run(const ks_agent_config *cfg)
     sd_notify(0, "STOPPING=1");
     drain(a);
 stop:
-    /* The workers first: each answers what is still queued (503 draining
-     * past the drain deadline) and resumes its connection, so that no
-     * connection is suspended when libmicrohttpd stops; a request whose
-     * body completes from here on is answered draining by enqueue. */
+    /* Requests still waiting for a slot are answered 503 draining, and so
+     * is any whose body completes from here on; those being served finish
+     * (a provider's own deadline bounds them), so that every answer is
+     * written before libmicrohttpd closes the connections. */
     atomic_store(&a->abandon, 1);
-stop_workers:
     pthread_mutex_lock(&a->q_mu);
     a->q_stop = 1;
     pthread_cond_broadcast(&a->q_cv);
-    pthread_mutex_unlock(&a->q_mu);
-    for (unsigned i = 0; i < a->n_workers; i++) {
-        pthread_join(a->workers[i], NULL);
+    while (a->busy > 0) {
+        pthread_cond_wait(&a->idle_cv, &a->q_mu);
     }
-    /* The answers the workers gave last go out from the polling thread:
-     * a second at most for it to send them. */
+    pthread_mutex_unlock(&a->q_mu);
+    /* Their connections' threads send those answers: a second at most. */
     for (int i = 0; i < 100 && atomic_load(&a->in_flight) > 0; i++) {
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
@@ -1393,7 +1370,5 @@ out:
         unlink(a->unix_path);
     }
     free(a->records);
-    free(a->ring);
-    free(a->workers);
     return rc;
 }

@@ -1,8 +1,10 @@
 """The client of ``keyshift serve``, the local encryption agent
 (docs/agent.md): :class:`AgentClient` seals and opens with the signatures
 of :meth:`keyshift.App.seal` and :meth:`keyshift.App.open`, over the
-agent's Unix socket with HTTP/1.1 and JSON, using the standard library only
-(``http.client`` over an ``AF_UNIX`` socket, ``json``, ``base64``).
+agent's Unix socket with HTTP/1.1 and JSON (batches in the agent's batch
+frame, docs/agent.md section 4a), using the standard library only
+(``http.client`` over an ``AF_UNIX`` socket, ``json``, ``base64``,
+``struct``).
 
 Its errors are the package's exceptions, chosen by the agent's ``error``
 name and ``class`` exactly as :class:`keyshift.App` chooses them by the C
@@ -19,6 +21,7 @@ import base64
 import http.client
 import json
 import socket
+import struct
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -41,6 +44,86 @@ class BadRequest(Refused):
 class UnknownScope(BadRequest):
     """The agent does not serve this scope (404 ``unknown-scope``: its
     ``--scope`` options)."""
+
+
+# The media type of the batch frame [AG-BIN-1].
+FRAME_TYPE = "application/vnd.keyshift.batch"
+
+
+def _bytes(b: Union[Text, Buffer, None]) -> bytes:
+    """``b`` as bytes (text as UTF-8; None as empty)."""
+    if b is None:
+        return b""
+    if isinstance(b, str):
+        return b.encode()
+    return bytes(b)
+
+
+def _frame(scope: bytes, records: Sequence[Tuple[Optional[Text], Optional[Text], Buffer]]) -> bytes:
+    """The request frame [AG-BIN-2] of ``(tenant, context, data)``
+    records of ``scope``: each field a big-endian u32 length and its bytes;
+    a None or empty tenant and context are absent, and so is the purpose."""
+    parts = [b"KSB1", struct.pack(">I", len(records))]
+    for tenant, context, data in records:
+        for f in (scope, _bytes(tenant), b"", _bytes(context), _bytes(data)):
+            parts.append(struct.pack(">I", len(f)))
+            parts.append(f)
+    return b"".join(parts)
+
+
+def _bad_answer(what: str) -> Error:
+    """The error of an answer that does not follow the protocol."""
+    return Error("bad-answer", None, "the agent's answer " + what, 0, "configuration")
+
+
+def _results(raw: bytes, n: int) -> List[Union[bytes, Error]]:
+    """The ``n`` results of the result frame ``raw`` [AG-BIN-4], read
+    strictly: every length checked against the bytes left, no byte after
+    the last result."""
+    at = 0
+
+    def take(k: int) -> bytes:
+        nonlocal at
+        if k > len(raw) - at:
+            raise _bad_answer("is a result frame cut short")
+        at += k
+        return raw[at - k:at]
+
+    def u8() -> int:
+        return take(1)[0]
+
+    def u16() -> int:
+        return struct.unpack(">H", take(2))[0]
+
+    def u32() -> int:
+        return struct.unpack(">I", take(4))[0]
+
+    if take(4) != b"KSR1" or u32() != n:
+        raise _bad_answer("is not a result frame of %d results" % n)
+    out: List[Union[bytes, Error]] = []
+    for _ in range(n):
+        kind = u8()
+        if kind == 0:
+            value = take(u32())
+            sealed, fmt, _version = u8(), u8(), u32()
+            alg, key_id = take(u16()), take(u16())
+            if sealed > 1 or (sealed == 0 and (fmt or alg or key_id)):
+                raise _bad_answer("has a malformed result class")
+            out.append(value)
+        elif kind == 1:
+            name, class_name = take(u16()).decode(), take(u16()).decode()
+            has, offset = u8(), u32()
+            if has > 1 or (has == 0 and offset):
+                raise _bad_answer("has a malformed error result")
+            body: Dict[str, object] = {"error": name, "class": class_name}
+            if has:
+                body["offset"] = offset
+            out.append(_agent_error(200, body))
+        else:
+            raise _bad_answer("has a result of an unknown kind")
+    if at != len(raw):
+        raise _bad_answer("has bytes after its last result")
+    return out
 
 
 # Only these statuses carry an error of the library, whose name maps to a
@@ -140,12 +223,32 @@ class AgentClient:
                 self._conn = None
 
     def _post(self, path: str, record: Dict[str, object]) -> Dict[str, object]:
-        """POST ``record`` (a record or a batch) to ``path`` and return the decoded answer, or
-        raise its error.  A connection the agent closed while idle is
-        opened anew and the request sent once more (RFC 9112 section
-        9.3.1, [AG-RUN-3]); a failure to connect is :class:`Unavailable`."""
+        """POST ``record`` to ``path`` and return the decoded answer, or
+        raise its error."""
         body = json.dumps(record, separators=(",", ":")).encode()
-        headers = {"Content-Type": "application/json"}
+        status, _, raw = self._send(path, body, "application/json")
+        return self._answer(status, raw)
+
+    @staticmethod
+    def _answer(status: int, raw: bytes) -> Dict[str, object]:
+        """The JSON answer ``raw`` of ``status``, or raise its error."""
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise Error("bad-answer", None, "the agent's answer is not a JSON object (HTTP %d)"
+                        % status, 0, "configuration")
+        if status != 200 or "error" in answer:
+            raise _agent_error(status, answer)
+        return answer
+
+    def _send(self, path: str, body: bytes, ctype: str) -> Tuple[int, str, bytes]:
+        """POST ``body`` of type ``ctype`` to ``path``: the answer's status,
+        Content-Type and bytes.  A connection the agent closed while idle
+        is opened anew and the request sent once more (RFC 9112 section
+        9.3.1, [AG-RUN-3]); a failure to connect is :class:`Unavailable`."""
+        headers = {"Content-Type": ctype}
         with self._lock:
             for attempt in (0, 1):
                 reused = self._conn is not None
@@ -156,6 +259,7 @@ class AgentClient:
                     resp = self._conn.getresponse()
                     raw = resp.read()
                     status = resp.status
+                    rtype = resp.getheader("Content-Type") or ""
                     if resp.will_close:
                         self._conn.close()
                         self._conn = None
@@ -169,16 +273,7 @@ class AgentClient:
                         continue
                     raise Unavailable("unavailable", None, "cannot reach the agent at %s: %s"
                                       % (self._path, exc), 0, "retryable") from exc
-        try:
-            answer = json.loads(raw)
-        except ValueError:
-            answer = None
-        if not isinstance(answer, dict):
-            raise Error("bad-answer", None, "the agent's answer is not a JSON object (HTTP %d)"
-                        % status, 0, "configuration")
-        if status != 200 or "error" in answer:
-            raise _agent_error(status, answer)
-        return answer
+        return status, rtype, raw
 
     def _record(self, table: str, column: str, tenant: Optional[Text],
                 context: Optional[Text], purpose: Optional[Text]) -> Dict[str, str]:
@@ -222,42 +317,34 @@ class AgentClient:
         r["value"] = _b64(value)
         return self._member(self._post("/v1/open", r), "plaintext")
 
-    def _batch(self, op: str, member: str, answer_member: str, table: str, column: str,
+    def _batch(self, op: str, table: str, column: str,
                items: Sequence[Tuple[Optional[Text], Optional[Text], Buffer]]) -> List[Union[bytes, Error]]:
-        """POST the batch of ``items`` to ``/v1/OP`` ([AG-REQ-8]) and return
-        each result, decoded, or its error ([AG-RESP-5])."""
-        records = []
-        for tenant, context, data in items:
-            r = self._record(table, column, tenant, context, None)
-            r[member] = _b64(data)
-            records.append(r)
-        results = self._post("/v1/" + op, {"records": records}).get("results")
-        if not isinstance(results, list) or len(results) != len(items):
-            raise Error("bad-answer", None, "the agent's answer has no result per record", 0,
-                        "configuration")
-        out: List[Union[bytes, Error]] = []
-        for res in results:
-            if not isinstance(res, dict):
-                raise Error("bad-answer", None, "a result of the agent is not an object", 0,
-                            "configuration")
-            out.append(_agent_error(200, res) if "error" in res else self._member(res, answer_member))
-        return out
+        """POST the batch of ``items`` to ``/v1/OP`` in the batch frame
+        ([AG-REQ-8], [AG-BIN-1..4]) and return each result or its error
+        ([AG-RESP-5])."""
+        body = _frame(("%s.%s" % (table, column)).encode(), items)
+        status, rtype, raw = self._send("/v1/" + op, body, FRAME_TYPE)
+        if status != 200 or rtype != FRAME_TYPE:
+            self._answer(status, raw)  # raises the request's error
+            raise _bad_answer("is not a result frame (HTTP %d)" % status)
+        return _results(raw, len(items))
 
     def seal_batch(self, table: str, column: str,
                    items: Sequence[Tuple[Text, Optional[Text], Buffer]]) -> List[Union[bytes, Error]]:
         """As :meth:`keyshift.App.seal_batch`, in one request (``POST
-        /v1/seal-batch``, at most the agent's ``--max-batch`` items): items
+        /v1/seal-batch`` in the batch frame, at most the agent's
+        ``--max-batch`` items): items
         are ``(tenant, context, plaintext)``; the result has, in order, each
         value or the :class:`Error` that item met.  An error of the request
         itself is raised."""
-        return self._batch("seal-batch", "plaintext", "value", table, column, items)
+        return self._batch("seal-batch", table, column, items)
 
     def open_batch(self, table: str, column: str,
                    items: Sequence[Tuple[Optional[Text], Optional[Text], Buffer]]) -> List[Union[bytes, Error]]:
         """As :meth:`keyshift.App.open_batch`, in one request (``POST
         /v1/open-batch``): items are ``(tenant, context, value)``; the result
         has each plaintext or the :class:`Error` that item met."""
-        return self._batch("open-batch", "value", "plaintext", table, column, items)
+        return self._batch("open-batch", table, column, items)
 
     def parse(self, table: str, column: str, value: Buffer) -> Dict[str, object]:
         """Parse the envelope ``value`` of ``table.column`` strictly through

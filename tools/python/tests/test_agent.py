@@ -123,3 +123,28 @@ class AgentClientTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class FrameTest(unittest.TestCase):
+    """The batch frame of docs/agent.md section 4a, without an agent."""
+
+    def test_request_frame_is_the_vector(self) -> None:
+        from keyshift.agent import _frame
+        want = bytes.fromhex(
+            "4b534231 00000001 00000008 7061792e63617264 00000004 61636d65 00000000"
+            " 0000000a 7061793a313a63617264 00000004 34313131".replace(" ", ""))
+        self.assertEqual(_frame(b"pay.card", [("acme", "pay:1:card", b"4111")]), want)
+
+    def test_result_frame_is_read_strictly(self) -> None:
+        from keyshift.agent import _results
+        res = bytes.fromhex(
+            "4b535231 00000002 01 0009 6261642d6d61676963 0007 72656675736564 01 00000000"
+            " 00 00000003 616263 01 02 00000001 0012 7863686163686132302d706f6c7931333035"
+            " 0007 7061792f6b656b".replace(" ", ""))
+        out = _results(res, 2)
+        self.assertIsInstance(out[0], keyshift.Malformed)
+        self.assertEqual((out[0].name, out[0].offset), ("bad-magic", 0))
+        self.assertEqual(out[1], b"abc")
+        for bad, n in ((res[:-1], 2), (res + b"\0", 2), (res[:8], 2), (b"KSR2" + res[4:], 2), (res, 3)):
+            with self.assertRaises(keyshift.Error):
+                _results(bad, n)

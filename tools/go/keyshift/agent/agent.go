@@ -1,6 +1,7 @@
 // Package agent is the client of keyshift serve, the local encryption
 // agent (docs/agent.md): the Seal and Open API of the package keyshift,
-// served over the agent's Unix socket with HTTP/1.1 and JSON.  It uses the
+// served over the agent's Unix socket with HTTP/1.1 and JSON, batches in
+// the agent's batch frame (docs/agent.md section 4a).  It uses the
 // standard library only and no cgo, so that a service built with
 // CGO_ENABLED=0 holds no key material and links no libkeyshift.  Its
 // errors match the same sentinels as the package keyshift's (ksapi).
@@ -16,7 +17,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strings"
 	"time"
 
 	"keyshift.local/keyshift/ksapi"
@@ -224,12 +224,27 @@ func wipe(b []byte) {
 // answer's bytes it read, as they may hold plaintext), returning the HTTP
 // status.  It wipes body, which may hold plaintext too.
 func (c *Client) post(op, path string, body []byte, out interface{}) (int, error) {
-	defer wipe(body)
-	req, err := http.NewRequest(http.MethodPost, "http://agent"+path, bytes.NewReader(body))
+	status, _, raw, err := c.send(op, path, "application/json", body)
+	defer wipe(raw)
 	if err != nil {
 		return 0, err
 	}
-	req.Header.Set("Content-Type", "application/json")
+	if err := json.Unmarshal(raw, out); err != nil {
+		return 0, &Error{Op: op, Status: status, Name: "bad-answer", Class: "configuration",
+			Offset: -1, Msg: "the agent's answer is not JSON: " + http.StatusText(status)}
+	}
+	return status, nil
+}
+
+// send posts body of type ctype to path and returns the answer's status,
+// Content-Type and bytes, which the caller wipes.  It wipes body.
+func (c *Client) send(op, path, ctype string, body []byte) (int, string, []byte, error) {
+	defer wipe(body)
+	req, err := http.NewRequest(http.MethodPost, "http://agent"+path, bytes.NewReader(body))
+	if err != nil {
+		return 0, "", nil, err
+	}
+	req.Header.Set("Content-Type", ctype)
 	// A request written on an idle connection the agent closed is never
 	// read [AG-RUN-3], and no call changes the agent's state: the
 	// transport may send it again on a new connection (RFC 9112 section
@@ -237,19 +252,15 @@ func (c *Client) post(op, path string, body []byte, out interface{}) (int, error
 	req.Header["X-Idempotency-Key"] = nil
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return 0, fmt.Errorf("keyshift agent: %s: %w: %v", op, ErrUnavailable, err)
+		return 0, "", nil, fmt.Errorf("keyshift agent: %s: %w: %v", op, ErrUnavailable, err)
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<30))
-	defer wipe(raw)
 	if err != nil {
-		return 0, fmt.Errorf("keyshift agent: %s: %w: %v", op, ErrUnavailable, err)
+		wipe(raw)
+		return 0, "", nil, fmt.Errorf("keyshift agent: %s: %w: %v", op, ErrUnavailable, err)
 	}
-	if err := json.Unmarshal(raw, out); err != nil {
-		return 0, &Error{Op: op, Status: resp.StatusCode, Name: "bad-answer", Class: "configuration",
-			Offset: -1, Msg: "the agent's answer is not JSON: " + strings.TrimSpace(resp.Status)}
-	}
-	return resp.StatusCode, nil
+	return resp.StatusCode, resp.Header.Get("Content-Type"), raw, nil
 }
 
 // decode is the bytes of the raw JSON base64 string member of an answer.
@@ -304,67 +315,172 @@ func (c *Client) Open(r *Record, v []byte) ([]byte, error) {
 }
 
 // SealBatch seals every item, all of table.column, in one request (POST
-// /v1/seal-batch, at most the agent's --max-batch items [AG-REQ-8]); one
-// item's failure does not stop the others [AG-RESP-5].  It returns the
-// request's error, else the first item's error, if any.
+// /v1/seal-batch in the batch frame, at most the agent's --max-batch items
+// [AG-REQ-8], [AG-BIN-1..4]); one item's failure does not stop the others
+// [AG-RESP-5].  It returns the request's error, else the first item's
+// error, if any.  The outputs share one new buffer.
 func (c *Client) SealBatch(table, column string, items []Item) error {
-	return c.batch("seal-batch", "plaintext", table, column, items)
+	return c.batch("seal-batch", table, column, items)
 }
 
 // OpenBatch opens every item, as SealBatch (POST /v1/open-batch).
 func (c *Client) OpenBatch(table, column string, items []Item) error {
-	return c.batch("open-batch", "value", table, column, items)
+	return c.batch("open-batch", table, column, items)
 }
 
-// batch sends items as one batch request and sets each item's Out or Err.
-func (c *Client) batch(op, data, table, column string, items []Item) error {
-	scope := table + "." + column
-	body := append(make([]byte, 0, 4096), `{"records":[`...)
+// frameType is the media type of the batch frame [AG-BIN-1].
+const frameType = "application/vnd.keyshift.batch"
+
+// appendU32 appends v, big-endian, to dst.
+func appendU32(dst []byte, v uint32) []byte {
+	return append(dst, byte(v>>24), byte(v>>16), byte(v>>8), byte(v))
+}
+
+// appendField appends a frame field [AG-BIN-2]: b's length as a u32, then b.
+func appendField(dst, b []byte) []byte {
+	return append(appendU32(dst, uint32(len(b))), b...)
+}
+
+// appendFrame appends the request frame of items, all of scope, to dst
+// [AG-BIN-2]: a nil or empty tenant or purpose is absent, and so is an
+// empty context.
+func appendFrame(dst []byte, scope string, items []Item) []byte {
+	dst = appendU32(append(dst, "KSB1"...), uint32(len(items)))
 	for i := range items {
-		if i > 0 {
-			body = append(body, ',')
-		}
 		it := &items[i]
-		body = appendRecord(body, scope, it.Tenant, it.Context, it.Purpose, data, it.In)
+		dst = appendField(dst, []byte(scope))
+		dst = appendField(dst, it.Tenant)
+		dst = appendField(dst, it.Purpose)
+		dst = appendField(dst, it.Context)
+		dst = appendField(dst, it.In)
 	}
-	body = append(body, "]}"...)
-	var b struct {
-		answer
-		Results []answer `json:"results"`
+	return dst
+}
+
+// frameReader reads a result frame [AG-BIN-4] strictly: every length is
+// checked against the bytes left; the first fault latches bad.
+type frameReader struct {
+	b   []byte
+	bad bool
+}
+
+// take returns the next n bytes, or nil (and latches bad) when fewer remain.
+func (r *frameReader) take(n int) []byte {
+	if r.bad || n < 0 || n > len(r.b) {
+		r.bad = true
+		return nil
 	}
-	defer func() {
-		for i := range b.Results {
-			b.Results[i].wipe()
+	out := r.b[:n:n]
+	r.b = r.b[n:]
+	return out
+}
+
+// u8, u16 and u32 read big-endian integers; 0 once bad.
+func (r *frameReader) u8() int {
+	if b := r.take(1); b != nil {
+		return int(b[0])
+	}
+	return 0
+}
+
+func (r *frameReader) u16() int {
+	if b := r.take(2); b != nil {
+		return int(b[0])<<8 | int(b[1])
+	}
+	return 0
+}
+
+func (r *frameReader) u32() uint32 {
+	if b := r.take(4); b != nil {
+		return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	}
+	return 0
+}
+
+// readResults reads the result frame raw of n records into items, each
+// Out a copy (into one new buffer) or Err; false when raw is not a result
+// frame of n results [AG-BIN-4].
+func readResults(op string, raw []byte, items []Item) bool {
+	r := frameReader{b: raw}
+	if string(r.take(4)) != "KSR1" || r.u32() != uint32(len(items)) {
+		return false
+	}
+	type span struct{ at, n int }
+	outs := make([]span, len(items))
+	errs := make([]error, len(items))
+	var all []byte
+	for i := range items {
+		switch r.u8() {
+		case 0:
+			out := r.take(int(r.u32()))
+			sealed, format := r.u8(), r.u8()
+			r.u32() // key_version
+			alg, kid := r.take(r.u16()), r.take(r.u16())
+			if sealed > 1 || (sealed == 0 && (format != 0 || len(alg) != 0 || len(kid) != 0)) {
+				r.bad = true
+			}
+			outs[i] = span{len(all), len(out)}
+			all = append(all, out...)
+		case 1:
+			name, class := r.take(r.u16()), r.take(r.u16())
+			has, off := r.u8(), r.u32()
+			e := &Error{Op: op, Status: http.StatusOK, Name: string(name), Class: string(class), Offset: -1}
+			if has > 1 || (has == 0 && off != 0) {
+				r.bad = true
+			} else if has == 1 {
+				e.Offset = int(off)
+			}
+			errs[i] = e
+		default:
+			r.bad = true
 		}
-	}()
-	status, err := c.post(op, "/v1/"+op, body, &b)
+	}
+	if r.bad || len(r.b) != 0 {
+		wipe(all)
+		return false
+	}
+	for i := range items {
+		items[i].Out, items[i].Err = nil, errs[i]
+		if errs[i] == nil {
+			s := outs[i]
+			items[i].Out = all[s.at : s.at+s.n : s.at+s.n]
+		}
+	}
+	return true
+}
+
+// batch sends items as one batch request in the batch frame and sets each
+// item's Out or Err.
+func (c *Client) batch(op, table, column string, items []Item) error {
+	size := 8
+	for i := range items {
+		it := &items[i]
+		size += 20 + len(table) + 1 + len(column) + len(it.Tenant) + len(it.Purpose) + len(it.Context) + len(it.In)
+	}
+	body := appendFrame(make([]byte, 0, size), table+"."+column, items)
+	status, ctype, raw, err := c.send(op, "/v1/"+op, frameType, body)
+	defer wipe(raw)
 	if err != nil {
 		return err
 	}
-	if err := b.answer.err(op, status); err != nil {
-		return err
+	if status != http.StatusOK || ctype != frameType {
+		var a answer
+		if json.Unmarshal(raw, &a) != nil || a.Error == "" {
+			return &Error{Op: op, Status: status, Name: "bad-answer", Class: "configuration", Offset: -1,
+				Msg: "the agent's answer is neither a result frame nor an error: " + http.StatusText(status)}
+		}
+		return a.err(op, status)
 	}
-	if len(b.Results) != len(items) {
+	if !readResults(op, raw, items) {
 		return &Error{Op: op, Status: status, Name: "bad-answer", Class: "configuration", Offset: -1,
-			Msg: fmt.Sprintf("the agent answered %d results for %d records", len(b.Results), len(items))}
+			Msg: "the agent's answer is not a result frame of " + fmt.Sprint(len(items)) + " results"}
 	}
-	var first error
 	for i := range items {
-		a := &b.Results[i]
-		it := &items[i]
-		it.Out, it.Err = nil, a.err(op, http.StatusOK)
-		if it.Err == nil {
-			if op == "seal-batch" {
-				it.Out, it.Err = decode(op, "value", a.Value)
-			} else {
-				it.Out, it.Err = decode(op, "plaintext", a.Plaintext)
-			}
-		}
-		if first == nil {
-			first = it.Err
+		if items[i].Err != nil {
+			return items[i].Err
 		}
 	}
-	return first
+	return nil
 }
 
 // Header is an envelope's header as the agent parses it [AG-RESP-4]: the

@@ -1,7 +1,10 @@
 package agent
 
 import (
+	"bytes"
+	"encoding/hex"
 	"errors"
+	"strings"
 	"testing"
 )
 
@@ -60,5 +63,50 @@ func TestErrorIs(t *testing.T) {
 				t.Errorf("%v is %v", &c.e, s)
 			}
 		}
+	}
+}
+
+// unhex is the bytes of hexadecimal s, spaces ignored.
+func unhex(t *testing.T, s string) []byte {
+	t.Helper()
+	b, err := hex.DecodeString(strings.ReplaceAll(s, " ", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// A batch frame is docs/agent.md's vector byte for byte [AG-BIN-2], and a
+// result frame reads into outputs and errors, strictly [AG-BIN-4].
+func TestFrame(t *testing.T) {
+	items := []Item{{Tenant: []byte("acme"), Purpose: []byte("card"), Context: []byte("pay:1:card"),
+		In: []byte("4111")}}
+	want := unhex(t, "4b534231 00000001 00000008 7061792e63617264 00000004 61636d65 00000004 63617264 "+
+		"0000000a 7061793a313a63617264 00000004 34313131")
+	if got := appendFrame(nil, "pay.card", items); !bytes.Equal(got, want) {
+		t.Fatalf("got %x\nwant %x", got, want)
+	}
+	res := unhex(t, "4b535231 00000002 01 0009 6261642d6d61676963 0007 72656675736564 01 00000000 "+
+		"00 00000003 616263 01 02 00000001 0012 7863686163686132302d706f6c7931333035 0007 7061792f6b656b")
+	two := make([]Item, 2)
+	if !readResults("open-batch", res, two) {
+		t.Fatal("a result frame was refused")
+	}
+	var ae *Error
+	if !errors.As(two[0].Err, &ae) || ae.Name != "bad-magic" || ae.Offset != 0 || two[0].Out != nil ||
+		!errors.Is(two[0].Err, ErrMalformed) {
+		t.Fatalf("result 0: %v", two[0].Err)
+	}
+	if two[1].Err != nil || string(two[1].Out) != "abc" {
+		t.Fatalf("result 1: %q %v", two[1].Out, two[1].Err)
+	}
+	for _, bad := range [][]byte{res[:len(res)-1], append(append([]byte{}, res...), 0), res[:8],
+		append([]byte("KSR2"), res[4:]...)} {
+		if readResults("open-batch", bad, make([]Item, 2)) {
+			t.Fatalf("a broken result frame was read: %x", bad)
+		}
+	}
+	if readResults("open-batch", res, make([]Item, 3)) {
+		t.Fatal("a result frame of another count was read")
 	}
 }
