@@ -177,8 +177,8 @@ static uint64_t grown(uint64_t a, uint64_t b)
     return a >= b ? a - b : a;
 }
 
-/* out = op(a, b) counter by counter and bucket by bucket (out may be a);
- * the time is left to the caller. */
+/* out = op(a, b) counter by counter, bucket by bucket and sum by sum
+ * (out may be a); the time is left to the caller. */
 static void combine(ks_health_sample *out, const ks_health_sample *a, const ks_health_sample *b,
                     uint64_t (*op)(uint64_t, uint64_t))
 {
@@ -192,6 +192,8 @@ static void combine(ks_health_sample *out, const ks_health_sample *a, const ks_h
         out->seal_ns.bucket[i] = op(a->seal_ns.bucket[i], b->seal_ns.bucket[i]);
         out->open_ns.bucket[i] = op(a->open_ns.bucket[i], b->open_ns.bucket[i]);
     }
+    out->seal_ns_sum = op(a->seal_ns_sum, b->seal_ns_sum);
+    out->open_ns_sum = op(a->open_ns_sum, b->open_ns_sum);
 }
 
 /* See keyshift/health.h. */
@@ -773,13 +775,14 @@ static const struct {
 };
 
 /* One cumulative latency histogram series: buckets with le the largest
- * whole ns each holds (so `<= le` is exact), +Inf and _count.  No _sum:
- * the counters keep buckets only (see keyshift/health.h). */
+ * whole ns each holds (so `<= le` is exact), +Inf, _sum (sum_ns in
+ * seconds, exact: a whole number of ns has at most 9 decimals) and
+ * _count, in the order Prometheus' own clients write them. */
 static void histogram_series(sink *out, const char *labels, const char *name,
-                             const ks_histogram *h)
+                             const ks_histogram *h, uint64_t sum_ns)
 {
     uint64_t cum = 0;
-    char num[21], le[32];
+    char num[21], le[32], sum[32];
     for (unsigned i = 0; i < KS_HIST_BUCKETS - 1; i++) {
         cum = sat_add(cum, h->bucket[i]);
         fmt_scaled(le, ks_histogram_bucket_bound(i) - 1, 9);
@@ -789,6 +792,8 @@ static void histogram_series(sink *out, const char *labels, const char *name,
     cum = sat_add(cum, h->bucket[KS_HIST_BUCKETS - 1]);
     fmt_u64(num, cum);
     sample(out, name, "_bucket", labels, "le", "+Inf", num);
+    fmt_scaled(sum, sum_ns, 9);
+    sample(out, name, "_sum", labels, NULL, NULL, sum);
     sample(out, name, "_count", labels, NULL, NULL, num);
 }
 
@@ -812,14 +817,16 @@ void ks_metrics_write_totals(ks_metrics_buf *b, const ks_metrics_series *s, size
         }
     }
     family(out, "keyshift_seal_duration_seconds", "histogram",
-           "Seal latency (log2 buckets of nanoseconds; no _sum).");
+           "Seal latency in seconds (log2 buckets of nanoseconds).");
     for (size_t i = 0; i < n; i++) {
-        histogram_series(out, s[i].labels, "keyshift_seal_duration_seconds", &s[i].totals->seal_ns);
+        histogram_series(out, s[i].labels, "keyshift_seal_duration_seconds", &s[i].totals->seal_ns,
+                         s[i].totals->seal_ns_sum);
     }
     family(out, "keyshift_open_duration_seconds", "histogram",
-           "Open latency (log2 buckets of nanoseconds; no _sum).");
+           "Open latency in seconds (log2 buckets of nanoseconds).");
     for (size_t i = 0; i < n; i++) {
-        histogram_series(out, s[i].labels, "keyshift_open_duration_seconds", &s[i].totals->open_ns);
+        histogram_series(out, s[i].labels, "keyshift_open_duration_seconds", &s[i].totals->open_ns,
+                         s[i].totals->open_ns_sum);
     }
 }
 
