@@ -748,7 +748,29 @@ static int ready(agent *a)
     return !atomic_load(&a->draining) && atomic_load(&a->provider_ok);
 }
 
-/* Write the Prometheus text of every metric to w [AG-MET-1..6]. */
+/* Append to w the library's health totals h with the writer every
+ * keyshift exporter shares (keyshift/health.h): the seal and open counts,
+ * failures and provider calls, and the seal and open latency histograms
+ * with their _sum [AG-MET-7].  No labels: the scrape's own tell agents
+ * apart, and the rollout rules select source="app" series only. */
+static void metrics_health(jw *w, const ks_health_sample *h)
+{
+    if (w->overflow) {
+        return;
+    }
+    ks_metrics_series s = {NULL, h};
+    ks_metrics_buf b;
+    size_t len = 0;
+    ks_metrics_begin(&b, (char *)w->p + w->n, w->cap - w->n);
+    ks_metrics_write_totals(&b, &s, 1);
+    if (ks_metrics_end(&b, &len) != KS_OK) {
+        w->overflow = 1;
+        return;
+    }
+    w->n += len;
+}
+
+/* Write the Prometheus text of every metric to w [AG-MET-1..7]. */
 static void metrics_text(agent *a, jw *w)
 {
     jw_str(w, "# HELP keyshift_agent_requests_total HTTP requests answered, by endpoint and outcome.\n"
@@ -801,6 +823,8 @@ static void metrics_text(agent *a, jw *w)
     ks_app_metrics(l->app, &m);
     ks_app_stats st;
     ks_app_stats_get(l->app, &st);
+    ks_health_sample h;
+    ks_app_health_sample(l->app, &h);
     live_put(l);
     uint64_t perr = 0;
     for (size_t i = 0; i < sizeof m.provider_errors / sizeof m.provider_errors[0]; i++) {
@@ -851,6 +875,7 @@ static void metrics_text(agent *a, jw *w)
            m.cache_misses, m.wraps, m.unwraps, perr, st.heartbeats, st.heartbeat_errors, st.reports,
            st.report_errors, atomic_load(&a->reloads_ok), atomic_load(&a->reloads_failed),
            atomic_load(&a->config_ok), ready(a));
+    metrics_health(w, &h);
 }
 
 /* Answer GET /healthz, /readyz and /metrics [AG-HEALTH-1..2], [AG-MET-1]. */
@@ -864,7 +889,7 @@ static enum MHD_Result serve_get(agent *a, struct MHD_Connection *conn, const ch
                         : reply_text(conn, 503, "text/plain", "not ready\n", 10);
     }
     if (strcmp(url, "/metrics") == 0) {
-        size_t cap = 16384 + (a->cfg->n_scopes + 1) * 1024;
+        size_t cap = 32768 + (a->cfg->n_scopes + 1) * 1024; /* the health totals ~6 KiB */
         jw w = {malloc(cap), 0, cap, 0};
         if (w.p == NULL) {
             return MHD_NO;
