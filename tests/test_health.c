@@ -940,6 +940,70 @@ static void test_metrics_totals(void **state)
     assert_int_equal(ks_metrics_end(NULL, &len), KS_ERR_INVALID_ARGUMENT);
 }
 
+/* ks_metrics_write_histogram: the exact text of two series over the
+ * caller's bounds (cumulative, +Inf, _sum, _count); every malformed
+ * argument refused with nothing written. */
+static void test_metrics_histogram(void **state)
+{
+    (void)state;
+    static const double bounds[] = {0.00005, 0.00025, 1.0};
+    const uint64_t a[] = {2, 0, 3, 1}, z[] = {0, 0, 0, 0};
+    ks_metrics_hist_series s[2] = {{"endpoint=\"seal\"", a, 0.375}, {"endpoint=\"open\"", z, 0.0}};
+    ks_metrics_buf b;
+    size_t len = 0;
+    ks_metrics_begin(&b, out_buf, sizeof out_buf);
+    ks_metrics_write_histogram(&b, "keyshift_agent_request_duration_seconds", "Request time.",
+                               bounds, 3, s, 2);
+    assert_int_equal(ks_metrics_end(&b, &len), KS_OK);
+    assert_string_equal(out_buf,
+                        "# HELP keyshift_agent_request_duration_seconds Request time.\n"
+                        "# TYPE keyshift_agent_request_duration_seconds histogram\n"
+                        "keyshift_agent_request_duration_seconds_bucket{endpoint=\"seal\",le=\"5e-05\"} 2\n"
+                        "keyshift_agent_request_duration_seconds_bucket{endpoint=\"seal\",le=\"0.00025\"} 2\n"
+                        "keyshift_agent_request_duration_seconds_bucket{endpoint=\"seal\",le=\"1\"} 5\n"
+                        "keyshift_agent_request_duration_seconds_bucket{endpoint=\"seal\",le=\"+Inf\"} 6\n"
+                        "keyshift_agent_request_duration_seconds_sum{endpoint=\"seal\"} 0.375\n"
+                        "keyshift_agent_request_duration_seconds_count{endpoint=\"seal\"} 6\n"
+                        "keyshift_agent_request_duration_seconds_bucket{endpoint=\"open\",le=\"5e-05\"} 0\n"
+                        "keyshift_agent_request_duration_seconds_bucket{endpoint=\"open\",le=\"0.00025\"} 0\n"
+                        "keyshift_agent_request_duration_seconds_bucket{endpoint=\"open\",le=\"1\"} 0\n"
+                        "keyshift_agent_request_duration_seconds_bucket{endpoint=\"open\",le=\"+Inf\"} 0\n"
+                        "keyshift_agent_request_duration_seconds_sum{endpoint=\"open\"} 0\n"
+                        "keyshift_agent_request_duration_seconds_count{endpoint=\"open\"} 0\n");
+    ks_metrics_begin(&b, out_buf, sizeof out_buf);
+    ks_metrics_write_histogram(&b, "x:y_seconds", "h", NULL, 0, NULL, 0);
+    assert_int_equal(ks_metrics_end(&b, &len), KS_OK);
+    assert_int_equal(len, 0);
+
+    static const double unsorted[] = {1.0, 0.5}, inf[] = {1.0, INFINITY};
+    ks_metrics_hist_series bad_sum = {NULL, a, -1.0}, nan_sum = {NULL, a, NAN},
+                           no_counts = {NULL, NULL, 0.0}, bad_labels = {"le=\"1\"", a, 0.0};
+    const struct {
+        const char *name, *help;
+        const double *bounds;
+        size_t n_bounds;
+        const ks_metrics_hist_series *s;
+    } bad[] = {
+        {"1x", "h", bounds, 3, s},        {"__x", "h", bounds, 3, s},
+        {"a-b", "h", bounds, 3, s},       {NULL, "h", bounds, 3, s},
+        {"x", "two\nlines", bounds, 3, s}, {"x", "a\\b", bounds, 3, s},
+        {"x", NULL, bounds, 3, s},        {"x", "h", unsorted, 2, s},
+        {"x", "h", inf, 2, s},            {"x", "h", NULL, 3, s},
+        {"x", "h", bounds, 3, &bad_sum},  {"x", "h", bounds, 3, &nan_sum},
+        {"x", "h", bounds, 3, &no_counts}, {"x", "h", bounds, 3, &bad_labels},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ks_metrics_begin(&b, out_buf, sizeof out_buf);
+        ks_metrics_write_histogram(&b, bad[i].name, bad[i].help, bad[i].bounds, bad[i].n_bounds,
+                                   bad[i].s, 1);
+        assert_int_equal(b.len, 0);
+        assert_int_equal(ks_metrics_end(&b, &len), KS_ERR_INVALID_ARGUMENT);
+    }
+    ks_metrics_begin(&b, out_buf, sizeof out_buf);
+    ks_metrics_write_histogram(&b, "x", "h", bounds, 3, NULL, 2);
+    assert_int_equal(ks_metrics_end(&b, &len), KS_ERR_INVALID_ARGUMENT);
+}
+
 /* ks_metrics_write_phase: one series per phase, 1 on the current one
  * only; ks_metrics_write_migrate: rows by outcome and the run's state. */
 static void test_metrics_phase_migrate(void **state)
@@ -1054,6 +1118,7 @@ int main(void)
         cmocka_unit_test(test_prometheus_special_values),
         cmocka_unit_test(test_metrics_totals),
         cmocka_unit_test(test_metrics_phase_migrate),
+        cmocka_unit_test(test_metrics_histogram),
         cmocka_unit_test(test_label_escape),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

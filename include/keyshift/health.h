@@ -294,6 +294,32 @@ typedef struct ks_metrics_series {
  */
 KS_API void ks_metrics_write_totals(ks_metrics_buf *b, const ks_metrics_series *s, size_t n);
 
+/* One series of ks_metrics_write_histogram. */
+typedef struct ks_metrics_hist_series {
+    const char *labels;       /* as ks_health_prometheus's labels */
+    const uint64_t *counts;   /* n_bounds + 1 per-bucket counts (not cumulative):
+                                 counts[i] the observations in (bounds[i - 1], bounds[i]],
+                                 counts[n_bounds] those above the last bound */
+    double sum;               /* the sum of the observations, in the family's unit
+                                 (>= 0, finite) */
+} ks_metrics_hist_series;
+
+/*
+ * A histogram family name (a metric name, [a-zA-Z_:][a-zA-Z0-9_:]*, not
+ * starting with "__") of n series over the caller's own bucket bounds
+ * (n_bounds finite, strictly increasing), written as every keyshift
+ * histogram is (ks_metrics_write_totals' too): # HELP help (no backslash
+ * or line feed) and # TYPE, then per series name_bucket{le} cumulative
+ * (le each bound, the shortest decimal that reads back as it), le="+Inf",
+ * name_sum and name_count (= the +Inf bucket).  For a process's own
+ * histograms, such as an agent's request durations.  A malformed argument
+ * writes nothing and makes ks_metrics_end refuse the text.  Nothing is
+ * written for n == 0.
+ */
+KS_API void ks_metrics_write_histogram(ks_metrics_buf *b, const char *name, const char *help,
+                                       const double *bounds, size_t n_bounds,
+                                       const ks_metrics_hist_series *s, size_t n);
+
 /* The info-style gauge keyshift_rollout_phase{phase=...}: one sample per
  * name of phases[0, n), 1 for phases[current] and 0 for the others (all
  * 0 when current >= n), so that a change of phase moves a 1 between
