@@ -1468,8 +1468,9 @@ static void test_policy_set_keys(void **state)
     ks_policy_close(p);
 }
 
-/* ks_policy_report writes the growth of the totals since the previous
- * report, to rollouts under way only; a reset source counts from zero. */
+/* ks_policy_report writes the growth of the totals (latency sums too)
+ * since the previous report, to rollouts under way only; a reset source
+ * counts from zero. */
 static void test_policy_report(void **state)
 {
     world *w = *state;
@@ -1483,6 +1484,7 @@ static void test_policy_report(void **state)
     t.opens = 20;
     t.auth_failures = 1;
     t.open_ns.bucket[3] = 20;
+    t.open_ns_sum = 20 * 2000;
     assert_int_equal(ks_policy_report(p, &t), KS_OK); /* planned: nothing written */
     ks_health_sample sum;
     assert_int_equal(ks_rollout_db_metrics_sum(w->db, id, 0, &sum), KS_OK);
@@ -1493,12 +1495,15 @@ static void test_policy_report(void **state)
     t.seals = 15;
     t.opens = 50;
     t.open_ns.bucket[3] = 50;
+    t.open_ns_sum = 50 * 2000 + 90;
     assert_int_equal(ks_policy_report(p, &t), KS_OK);
     assert_int_equal(ks_rollout_db_metrics_sum(w->db, id, 0, &sum), KS_OK);
     assert_int_equal(sum.seals, 5);
     assert_int_equal(sum.opens, 30);
     assert_int_equal(sum.auth_failures, 0);
     assert_int_equal(sum.open_ns.bucket[3], 30);
+    assert_int_equal(sum.open_ns_sum, 30 * 2000 + 90);
+    assert_int_equal(sum.seal_ns_sum, 0);
     ks_health_sample reset;
     memset(&reset, 0, sizeof reset);
     reset.opens = 4;
