@@ -460,28 +460,20 @@ static int upgrade_v4(ks_rsql *db, int64_t has_v4)
  * A sample stored before has no sum: 0. */
 static int upgrade_v5(ks_rsql *db)
 {
-    static const char *const cols[] = {"seal_ns_sum", "open_ns_sum"};
+    static const char *const has[] = {
+        "SELECT count(*) FROM pragma_table_info('keyshift_metrics', 'main') "
+        "WHERE name = 'seal_ns_sum'",
+        "SELECT count(*) FROM pragma_table_info('keyshift_metrics', 'main') "
+        "WHERE name = 'open_ns_sum'"};
     static const char *const add[] = {
         "ALTER TABLE main.keyshift_metrics ADD COLUMN seal_ns_sum INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE main.keyshift_metrics ADD COLUMN open_ns_sum INTEGER NOT NULL DEFAULT 0"};
     int rc = SQLITE_OK;
     for (size_t i = 0; rc == SQLITE_OK && i < 2; i++) {
-        sqlite3_stmt *st;
-        int64_t has = 0;
-        rc = ks_rsql_prep_bind(db, &st,
-                               "SELECT count(*) FROM pragma_table_info('keyshift_metrics', "
-                               "'main') WHERE name = ?1",
-                               "t", cols[i]);
-        if (rc == SQLITE_OK)
-            rc = sqlite3_step(st);
-        if (rc == SQLITE_ROW) {
-            has = sqlite3_column_int64(st, 0);
-            rc = SQLITE_OK;
-        } else if (rc == SQLITE_DONE) {
-            rc = SQLITE_ERROR;
-        }
-        ks_rsql_unprep(db, st);
-        if (rc == SQLITE_OK && !has)
+        int64_t n = 0;
+        if (query_i64(db, has[i], &n) != KS_OK)
+            return SQLITE_ERROR;
+        if (!n)
             rc = sqlite3_exec(db->db, add[i], NULL, NULL, NULL);
     }
     if (rc == SQLITE_OK)
