@@ -366,7 +366,8 @@ KS_API void ks_app_metrics(ks_app *app, ks_metrics *out);
 
 /* The health totals of app's contexts (keyshift/crypto.h
  * ks_ctx_health_sample: seals, opens, failures, provider calls, and the
- * seal and open latency histograms with their sums, which ks_app times),
+ * seal and open latency histograms with their sums, timed unless the
+ * options' ctx_config turns latency_histograms off),
  * summed over every keyring generation so that each only grows; the same
  * totals the background thread reports to the rollouts; out->time is 0;
  * zeroed for NULL app.  No secrets.  For a service's /metrics, written

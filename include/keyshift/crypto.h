@@ -244,8 +244,9 @@ KS_API void ks_ctx_metrics(ks_ctx *ctx, ks_metrics *out);
  * classes), and with cfg.latency_histograms the latency histograms of
  * ks_seal and ks_open (every call that got past its argument checks) and
  * the sums of those latencies (out->seal_ns_sum, out->open_ns_sum: ns,
- * modulo 2^64); out->time is 0.  Totals, not deltas: a reporter subtracts its previous
- * snapshot (ks_policy_report does).  No secrets.
+ * modulo 2^64); out->time is 0.  Totals, not deltas: a reporter
+ * subtracts its previous snapshot (ks_policy_report does).  No
+ * secrets.
  */
 KS_API void ks_ctx_health_sample(ks_ctx *ctx, ks_health_sample *out);
 
