@@ -104,7 +104,7 @@ static const char rollout_types[] = "ittiiitiiititititdddiiiiiiiiit";
 static const char column_types[] = "tti";
 static const char log_types[] = "iiitttti";
 static const char reader_types[] = "ttiitii";
-static const char sample_types[] = "iiiiiiibb";
+static const char sample_types[] = "iiiiiiibbii";
 static const char checkpoint_types[] = "ttiiiiiiiiii";
 static const char listed_types[] = "ttiiiiiiiiiitt";
 static const char chunk_types[] = "iiitiiiiiiitio";
@@ -532,7 +532,8 @@ static void run_sample(const shape *sh, const PGresult *res, int rows)
             continue;
         CHECK(one.seals <= INT64_MAX && one.opens <= INT64_MAX && one.auth_failures <= INT64_MAX &&
               one.parse_errors <= INT64_MAX && one.provider_calls <= INT64_MAX &&
-              one.provider_errors <= INT64_MAX);
+              one.provider_errors <= INT64_MAX && one.seal_ns_sum <= INT64_MAX &&
+              one.open_ns_sum <= INT64_MAX);
         uint8_t seal[KS_RCODEC_HIST_LEN], open[KS_RCODEC_HIST_LEN];
         ks_rcodec_hist_encode(&one.seal_ns, seal);
         ks_rcodec_hist_encode(&one.open_ns, open);
@@ -548,6 +549,8 @@ static void run_sample(const shape *sh, const PGresult *res, int rows)
         w_int(&w, (int64_t)one.provider_errors);
         w_bytes(&w, seal, sizeof seal);
         w_bytes(&w, open, sizeof open);
+        w_int(&w, (int64_t)one.seal_ns_sum);
+        w_int(&w, (int64_t)one.open_ns_sum);
         CHECK(ks_rpg_read_sample(w.res, 0, &two) == KS_OK && memcmp(&one, &two, sizeof one) == 0);
         PQclear(w.res);
         ks_health_add(&acc, &one);

@@ -191,13 +191,16 @@ def reader_seeds():
 
 
 def sample_seeds():
-    ok = [1700000000, 10, 20, 1, 0, 5, 0, hist(1), hist(2)]
-    big = [2**63 - 1] + [2**63 - 1] * 6 + [b"\xff" * HIST_LEN, b"\xff" * HIST_LEN]
-    rows = [ok, big, [-2**63, 0, 0, 0, 0, 0, 0, b"\x00" * HIST_LEN, hist(3)]]
+    ok = [1700000000, 10, 20, 1, 0, 5, 0, hist(1), hist(2), 25000, 61000]
+    big = ([2**63 - 1] + [2**63 - 1] * 6 + [b"\xff" * HIST_LEN, b"\xff" * HIST_LEN] +
+           [2**63 - 1] * 2)
+    rows = [ok, big, [-2**63, 0, 0, 0, 0, 0, 0, b"\x00" * HIST_LEN, hist(3), 0, 0]]
     out = [result(D_SAMPLE, [r]) for r in rows] + [result(D_SAMPLE, rows)]
     out += variants(D_SAMPLE, ok, [(1, -1), (6, -1), (0, NULL), (7, hist(1)[:-1]),
                                    (8, hist(1) + b"\x00"), (7, NULL), (8, b""),
-                                   (2, raw(b"\x00" * 8 + b"\x01"))])
+                                   (2, raw(b"\x00" * 8 + b"\x01")), (9, -1), (10, NULL),
+                                   (10, -2**63)])
+    out.append(result(D_SAMPLE, [ok], bad=(9, OID_INT4, 0)))
     out.append(result(D_SAMPLE, [ok], bad=(7, OID_TEXT, 0)))
     out.append(result(D_SAMPLE, [ok], bad=(0, OID_INT4, 0)))
     return out

@@ -137,6 +137,17 @@ expect_grep "metrics: records by op, scope and outcome" "$T/metrics" \
     '^keyshift_agent_records_total{op="seal",scope="pay.card",outcome="ok"} [1-9]'
 expect_grep "metrics: a cumulative latency histogram" "$T/metrics" \
     '^keyshift_agent_request_duration_seconds_bucket{endpoint="seal",le="+Inf"} [1-9]'
+expect_grep "metrics: the request histogram's _sum" "$T/metrics" \
+    '^keyshift_agent_request_duration_seconds_sum{endpoint="seal"} [0-9]'
+expect_grep "metrics: the library's seals" "$T/metrics" '^keyshift_seals_total [1-9]'
+expect_grep "metrics: the library's seal latency" "$T/metrics" \
+    '^keyshift_seal_duration_seconds_bucket{le="+Inf"} [1-9]'
+expect_grep "metrics: the seal latency's _sum" "$T/metrics" '^keyshift_seal_duration_seconds_sum 0\.[0-9]'
+expect_grep "metrics: the open latency's _sum" "$T/metrics" '^keyshift_open_duration_seconds_sum [0-9]'
+hist_sums_ok "metrics: each library latency _sum agrees with its buckets" "$T/metrics"
+if command -v promtool >/dev/null 2>&1; then
+    run "metrics: promtool check metrics" 0 sh -c 'promtool check metrics <"$1"' sh "$T/metrics"
+fi
 expect_grep "metrics: queue depth" "$T/metrics" '^keyshift_agent_queue_depth 0$'
 expect_grep "metrics: DEK cache hits" "$T/metrics" '^keyshift_agent_dek_cache_hits_total [0-9]'
 expect_grep "metrics: provider calls" "$T/metrics" '^keyshift_agent_provider_calls_total{call="wrap"} [1-9]'

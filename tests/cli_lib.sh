@@ -103,6 +103,40 @@ sigint_run() {
     expect_grep "SIGINT: says how to resume" "$T/err" "run the same command again"
 }
 
+# hist_sums_ok WHAT FILE: every latency histogram series of the text FILE
+# has a _sum that its buckets allow: 0 with a _count of 0, else above 0,
+# at least each latency's bucket's lower bound and at most its le (no
+# upper bound once a latency is past the last finite le).
+hist_sums_ok() {
+    if awk '
+        function key(line) { sub(/ [^ ]*$/, "", line)
+                             if (!sub(/,le="[^"]*"\}$/, "}", line)) sub(/\{le="[^"]*"\}$/, "", line)
+                             if (line !~ /\{/) line = line "{}"
+                             sub(/_(bucket|sum|count)\{/, "{", line); return line }
+        /^keyshift_(seal|open)_duration_seconds_bucket\{/ {
+            k = key($0); le = $0; sub(/.*[{,]le="/, "", le); sub(/".*/, "", le); v = $NF + 0
+            n = v - cum[k]; cum[k] = v
+            if (le == "+Inf") { if (n > 0) unbounded[k] = 1 }
+            else { lo[k] += n * prev[k]; hi[k] += n * (le + 0); prev[k] = le + 0.000000001 }
+            next }
+        /^keyshift_(seal|open)_duration_seconds_sum[{ ]/ { sum[key($0)] = $NF + 0; seen[key($0)] = 1; next }
+        /^keyshift_(seal|open)_duration_seconds_count[{ ]/ { count[key($0)] = $NF + 0; series++; next }
+        END {
+            if (series == 0) { print "no histogram"; exit 1 }
+            for (k in count) {
+                if (!(k in seen)) { print "no _sum: " k; exit 1 }
+                if (count[k] == 0 && sum[k] != 0) { print "a sum without latencies: " k; exit 1 }
+                if (count[k] > 0 && !(sum[k] > 0)) { print "a sum of 0: " k; exit 1 }
+                if (sum[k] < lo[k] * 0.999999) { print "below its buckets: " k; exit 1 }
+                if (!unbounded[k] && sum[k] > hi[k] * 1.000001) { print "above its buckets: " k; exit 1 }
+            }
+        }' "$2" >"$T/sums.err" 2>&1; then
+        ok "$1"
+    else
+        bad "$1" "$(cat "$T/sums.err")"
+    fi
+}
+
 # Print the closing line and return the status.
 cli_finish() {
     echo "$1: $pass passed, $fail failed"

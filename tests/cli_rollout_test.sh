@@ -53,14 +53,17 @@ hist() {
 
 # metrics ROLLOUT OPENS AUTH_FAILURES [SOURCE [TIMED]]: insert one sample at
 # the current time from SOURCE (default app), its seals and opens timed
-# unless TIMED is 0.
+# unless TIMED is 0 (each seal 200 ns, each open 250 ns: the first bucket).
 metrics() {
     local timed=${5:-1}
     sql "INSERT INTO keyshift_metrics(rollout_id, instance_id, source, time, seals, opens,
-         auth_failures, parse_errors, provider_calls, provider_errors, seal_ns, open_ns)
+         auth_failures, parse_errors, provider_calls, provider_errors, seal_ns, open_ns,
+         seal_ns_sum, open_ns_sum)
          VALUES($1, 'web-1', '${4:-app}', strftime('%s','now'), $2, $2, $3, 0, 10, 0,
-         $(hist $(($2 * timed))), $(hist $(($2 * timed))))"
+         $(hist $(($2 * timed))), $(hist $(($2 * timed))), $(($2 * timed * 200)),
+         $(($2 * timed * 250)))"
 }
+
 
 # reader ID KEYS AGE: register a reader (format 2, both algorithms) whose
 # heartbeat is AGE seconds old.
@@ -209,6 +212,9 @@ expect_grep "prometheus: HELP" "$T/out" "^# HELP keyshift_opens_total "
 expect_grep "prometheus: TYPE" "$T/out" "^# TYPE keyshift_opens_total counter"
 expect_grep "prometheus: labels" "$T/out" '^keyshift_opens_total{rollout="1",scope="column",table="pay",column="card",source="app"} 1000$'
 expect_grep "prometheus: cumulative histogram" "$T/out" '^keyshift_open_duration_seconds_bucket{rollout="1",scope="column",table="pay",column="card",source="app",le="+Inf"} '
+expect_grep "prometheus: seal _sum in seconds" "$T/out" '^keyshift_seal_duration_seconds_sum{rollout="1",scope="column",table="pay",column="card",source="app"} 0.0002$'
+expect_grep "prometheus: open _sum in seconds" "$T/out" '^keyshift_open_duration_seconds_sum{rollout="1",scope="column",table="pay",column="card",source="app"} 0.00025$'
+hist_sums_ok "prometheus: every _sum agrees with its buckets" "$T/out"
 expect_grep "prometheus: phase is a gauge" "$T/out" '^keyshift_rollout_phase{rollout="1",scope="column",table="pay",column="card",phase="write-upgrade"} 1$'
 expect_grep "prometheus: other phases are 0" "$T/out" '^keyshift_rollout_phase{rollout="1",scope="column",table="pay",column="card",phase="backfill"} 0$'
 if grep -q '_total{.*phase=' "$T/out"; then bad "prometheus: a counter has a phase label"; else ok "prometheus: no phase label on counters"; fi
@@ -216,6 +222,8 @@ expect_grep "prometheus: tripped check" "$T/out" 'keyshift_health_tripped{.*chec
 mkdir -p "$T/textfile"
 run "metrics --textfile" 0 "$KS" rollout metrics --db "$D" --prometheus --textfile "$T/textfile"
 expect_grep "textfile: written" "$T/textfile/keyshift_rollout_1.prom" '^keyshift_opens_total{rollout="1",scope="column",table="pay",column="card",source="app"} 1000$'
+expect_grep "textfile: _sum written" "$T/textfile/keyshift_rollout_1.prom" '^keyshift_open_duration_seconds_sum{rollout="1",scope="column",table="pay",column="card",source="app"} 0.00025$'
+hist_sums_ok "textfile: every _sum agrees with its buckets" "$T/textfile/keyshift_rollout_1.prom"
 if ls -A "$T/textfile" | grep -q '^\.'; then bad "textfile: a temporary file was left behind"; else ok "textfile: renamed into place"; fi
 run "metrics --textfile: not a directory" 66 "$KS" rollout metrics --db "$D" --prometheus --textfile "$T/textfile/keyshift_rollout_1.prom"
 run "metrics --textfile needs --prometheus" 64 "$KS" rollout metrics --db "$D" --json --textfile "$T/textfile"
@@ -231,6 +239,10 @@ expect_grep "check: no safe rollback" "$T/err" "no safe automatic rollback from 
 sql "UPDATE keyshift_metrics SET time = time - 100000; UPDATE keyshift_rollout SET phase_since = phase_since - 7200 WHERE id = 1"
 run "advance -> write-upgrade again" 0 "$KS" rollout advance --db "$D"
 metrics 1 1000 0
+run "metrics --prometheus after another sample" 0 "$KS" rollout metrics --db "$D" --prometheus
+expect_grep "prometheus: seal _sum grew" "$T/out" '^keyshift_seal_duration_seconds_sum{rollout="1",scope="column",table="pay",column="card",source="app"} 0.0004$'
+expect_grep "prometheus: open _sum grew" "$T/out" '^keyshift_open_duration_seconds_sum{rollout="1",scope="column",table="pay",column="card",source="app"} 0.0005$'
+hist_sums_ok "prometheus: every _sum still agrees with its buckets" "$T/out"
 run "check: healthy" 0 "$KS" rollout check --db "$D"
 expect_grep "check: healthy printed" "$T/out" "healthy"
 run "advance -> backfill" 0 "$KS" rollout advance --db "$D"

@@ -7,7 +7,7 @@ The dashboard must be valid JSON with a title, a uid and panels; every
 panel (rows' nested panels too) must have a title, and every query
 target's PromQL expression may name only metrics that keyshift exports:
 a family of a `# TYPE` line of the given text files (written by the
-release CLI; a histogram's _bucket and _count series too) or a series
+release CLI; a histogram's _bucket, _sum and _count series too) or a series
 recorded by RULES.yml (its `- record:` lines).  Template variables
 ($rollout, $__rate_interval) are allowed, and label_values() queries are
 checked the same way.  --rules-out FILE also writes every panel query
@@ -40,7 +40,8 @@ def exported(rules_path, textfiles):
                 if m:
                     names.add(m.group(1))
                     if m.group(2) == "histogram":
-                        names.update({m.group(1) + "_bucket", m.group(1) + "_count"})
+                        names.update({m.group(1) + "_bucket", m.group(1) + "_sum",
+                                      m.group(1) + "_count"})
     with open(rules_path, encoding="utf-8") as f:
         for line in f:
             m = re.match(r"\s*- record:\s*(\S+)", line)

@@ -1135,7 +1135,8 @@ static void test_column_encoding(void **state)
     assert_null(bad);
 }
 
-/* ks_app_metrics: the contexts' counters, zero for NULL app. */
+/* ks_app_metrics and ks_app_health_sample: the contexts' counters and
+ * health totals, zero for NULL app. */
 static void test_metrics(void **state)
 {
     world *w = *state;
@@ -1159,6 +1160,21 @@ static void test_metrics(void **state)
     assert_int_equal(m.seals, 1);
     assert_int_equal(m.opens, 2);
     assert_int_equal(m.wraps, 1);
+    /* the health totals: the same counts, each timed, with a latency sum */
+    ks_health_sample h;
+    ks_app_health_sample(a, &h);
+    assert_int_equal(h.seals, 1);
+    assert_int_equal(h.opens, 2);
+    assert_int_equal(h.provider_calls, m.wraps + m.unwraps);
+    uint64_t timed_seals = 0, timed_opens = 0;
+    for (size_t i = 0; i < KS_HIST_BUCKETS; i++) {
+        timed_seals += h.seal_ns.bucket[i];
+        timed_opens += h.open_ns.bucket[i];
+    }
+    assert_int_equal(timed_seals, 1);
+    assert_int_equal(timed_opens, 2);
+    assert_true(h.seal_ns_sum > 0 && h.open_ns_sum > 0);
+    assert_int_equal(h.time, 0);
 
     /* A sound header over a body the strict parse refuses (one byte
      * past the ciphertext): classed by its header, refused with the
@@ -1177,6 +1193,10 @@ static void test_metrics(void **state)
     assert_int_equal(m.parse_errors[err], 1);
     assert_int_equal(m.opens, 2);
     ks_app_close(a);
+    memset(&h, 0xAB, sizeof h);
+    ks_app_health_sample(NULL, &h);
+    assert_true(h.seals == 0 && h.seal_ns_sum == 0 && h.open_ns.bucket[0] == 0);
+    ks_app_health_sample(NULL, NULL); /* a no-op */
 }
 
 #define T(f) cmocka_unit_test_setup_teardown(f, world_setup, world_teardown)

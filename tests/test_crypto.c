@@ -245,8 +245,32 @@ static void test_round_trip_no_cache(void **state)
     ks_ctx_free(ctx);
 }
 
-/* The health sample: counts of the round trips, histograms only when
- * latency_histograms is set (one bucket count per timed call). */
+/* That sum_ns can be the sum of the latencies counted in h: above 0
+ * when h counts any, and within what its buckets' bounds allow (each
+ * latency at or above its bucket's lower bound, below its upper one). */
+static void assert_sum_fits(const ks_histogram *h, uint64_t sum_ns)
+{
+    uint64_t count = 0, lo = 0, hi = 0;
+    int unbounded = 0;
+    for (unsigned i = 0; i < KS_HIST_BUCKETS; i++) {
+        uint64_t c = h->bucket[i];
+        count += c;
+        lo += c * (i == 0 ? 0 : ks_histogram_bucket_bound(i - 1));
+        if (i == KS_HIST_BUCKETS - 1) {
+            unbounded |= c > 0;
+        } else {
+            hi += c * (ks_histogram_bucket_bound(i) - 1);
+        }
+    }
+    assert_true(count > 0);
+    assert_true(sum_ns > 0);
+    assert_true(sum_ns >= lo);
+    assert_true(unbounded || sum_ns <= hi);
+}
+
+/* The health sample: counts of the round trips, histograms and latency
+ * sums only when latency_histograms is set (one bucket count per timed
+ * call, its latency added to the sum). */
 static void test_health_sample(void **state)
 {
     world *w = *state;
@@ -260,6 +284,7 @@ static void test_health_sample(void **state)
     ks_histogram none;
     memset(&none, 0, sizeof none);
     assert_memory_equal(&hs.seal_ns, &none, sizeof none); /* not timed by default */
+    assert_true(hs.seal_ns_sum == 0 && hs.open_ns_sum == 0);
     ks_ctx_config cfg;
     ks_ctx_config_default(&cfg);
     cfg.latency_histograms = 1;
@@ -285,6 +310,8 @@ static void test_health_sample(void **state)
     }
     assert_int_equal(timed_seals, m.seals);
     assert_int_equal(timed_opens, m.opens + 2);
+    assert_sum_fits(&hs.seal_ns, hs.seal_ns_sum);
+    assert_sum_fits(&hs.open_ns, hs.open_ns_sum);
     ks_ctx_health_sample(NULL, &hs);
     assert_int_equal(hs.seals + hs.opens, 0);
     ks_ctx_health_sample(ctx, NULL); /* no-op */

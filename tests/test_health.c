@@ -42,6 +42,8 @@ static ks_health_sample healthy(void)
     s.provider_calls = 100;
     s.seal_ns.bucket[2] = 1000;
     s.open_ns.bucket[2] = 1000;
+    s.seal_ns_sum = 1000 * 600; /* bucket 2: [512, 1024) ns */
+    s.open_ns_sum = 1000 * 700;
     return s;
 }
 
@@ -222,6 +224,8 @@ static void test_add(void **state)
     assert_int_equal(acc.provider_calls, 200);
     assert_int_equal(acc.seal_ns.bucket[2], 2000);
     assert_int_equal(acc.open_ns.bucket[2], 2000);
+    assert_int_equal(acc.seal_ns_sum, 2 * 1000 * 600);
+    assert_int_equal(acc.open_ns_sum, 2 * 1000 * 700);
 
     s.time = 5; /* earlier: time stays */
     ks_health_add(&acc, &s);
@@ -233,9 +237,12 @@ static void test_add(void **state)
     a.seals = a.opens = a.auth_failures = a.parse_errors = UINT64_MAX - 1;
     a.provider_calls = a.provider_errors = UINT64_MAX;
     a.seal_ns.bucket[0] = a.open_ns.bucket[KS_HIST_BUCKETS - 1] = UINT64_MAX - 2;
+    a.seal_ns_sum = a.open_ns_sum = UINT64_MAX - 1000;
     b.seals = b.opens = b.auth_failures = b.parse_errors = 2;
     b.provider_calls = b.provider_errors = UINT64_MAX;
     b.seal_ns.bucket[0] = b.open_ns.bucket[KS_HIST_BUCKETS - 1] = 5;
+    b.seal_ns_sum = 999;
+    b.open_ns_sum = 1001;
     b.time = -3;
     ks_health_add(&a, &b);
     assert_true(a.seals == UINT64_MAX && a.opens == UINT64_MAX);
@@ -243,6 +250,7 @@ static void test_add(void **state)
     assert_true(a.provider_calls == UINT64_MAX && a.provider_errors == UINT64_MAX);
     assert_true(a.seal_ns.bucket[0] == UINT64_MAX);
     assert_true(a.open_ns.bucket[KS_HIST_BUCKETS - 1] == UINT64_MAX);
+    assert_true(a.seal_ns_sum == UINT64_MAX - 1 && a.open_ns_sum == UINT64_MAX);
     assert_int_equal(a.time, 0);
 
     ks_health_add(NULL, &b);
@@ -548,9 +556,11 @@ static void small_case(ks_health_sample *w, ks_thresholds *t)
     ks_histogram_record(&w->seal_ns, 100);
     ks_histogram_record(&w->seal_ns, 300);
     ks_histogram_record(&w->seal_ns, 300);
+    w->seal_ns_sum = 700;
     for (int i = 0; i < 4; i++) {
         ks_histogram_record(&w->open_ns, 1000);
     }
+    w->open_ns_sum = 4000;
     ks_thresholds_default(t);
     t->max_parse_error_rate = -1.0;
     t->max_open_p99_us = 0;
@@ -815,7 +825,7 @@ static const char totals_expected[] =
     "# HELP keyshift_provider_errors_total Key provider calls that failed, whatever the error class.\n"
     "# TYPE keyshift_provider_errors_total counter\n"
     "keyshift_provider_errors_total{rollout=\"3\",table=\"pay\\\"ments\"} 0\n"
-    "# HELP keyshift_seal_duration_seconds Seal latency (log2 buckets of nanoseconds; no _sum).\n"
+    "# HELP keyshift_seal_duration_seconds Seal latency in seconds (log2 buckets of nanoseconds).\n"
     "# TYPE keyshift_seal_duration_seconds histogram\n"
     "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000000255\"} 1\n"
     "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000000511\"} 3\n"
@@ -841,8 +851,9 @@ static const char totals_expected[] =
     "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.536870911\"} 3\n"
     "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"1.073741823\"} 3\n"
     "keyshift_seal_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"+Inf\"} 3\n"
+    "keyshift_seal_duration_seconds_sum{rollout=\"3\",table=\"pay\\\"ments\"} 0.0000007\n"
     "keyshift_seal_duration_seconds_count{rollout=\"3\",table=\"pay\\\"ments\"} 3\n"
-    "# HELP keyshift_open_duration_seconds Open latency (log2 buckets of nanoseconds; no _sum).\n"
+    "# HELP keyshift_open_duration_seconds Open latency in seconds (log2 buckets of nanoseconds).\n"
     "# TYPE keyshift_open_duration_seconds histogram\n"
     "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000000255\"} 0\n"
     "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.000000511\"} 0\n"
@@ -868,6 +879,7 @@ static const char totals_expected[] =
     "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"0.536870911\"} 4\n"
     "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"1.073741823\"} 4\n"
     "keyshift_open_duration_seconds_bucket{rollout=\"3\",table=\"pay\\\"ments\",le=\"+Inf\"} 4\n"
+    "keyshift_open_duration_seconds_sum{rollout=\"3\",table=\"pay\\\"ments\"} 0.000004\n"
     "keyshift_open_duration_seconds_count{rollout=\"3\",table=\"pay\\\"ments\"} 4\n";
 
 /* ks_metrics_write_totals: the exact text, measured then written; two
@@ -900,6 +912,23 @@ static void test_metrics_totals(void **state)
     assert_non_null(strstr(out_buf, "\nkeyshift_open_duration_seconds_count{source=\"migrate\"} 4\n"));
     assert_null(strstr(strstr(out_buf, "# HELP keyshift_opens_total") + 1, "# HELP keyshift_opens_total"));
 
+    /* _sum is exact seconds: whole ns, whole seconds, the largest sum. */
+    w.seal_ns_sum = UINT64_C(1234567890123);
+    w.open_ns_sum = UINT64_C(3000000000);
+    ks_metrics_begin(&b, out_buf, sizeof out_buf);
+    ks_metrics_write_totals(&b, &s, 1);
+    assert_int_equal(ks_metrics_end(&b, &len), KS_OK);
+    assert_non_null(strstr(out_buf, "\nkeyshift_seal_duration_seconds_sum{" SMALL_LABELS "} 1234.567890123\n"
+                                    "keyshift_seal_duration_seconds_count{"));
+    assert_non_null(strstr(out_buf, "\nkeyshift_open_duration_seconds_sum{" SMALL_LABELS "} 3\n"));
+    w.seal_ns_sum = UINT64_MAX;
+    w.open_ns_sum = 0;
+    ks_metrics_begin(&b, out_buf, sizeof out_buf);
+    ks_metrics_write_totals(&b, &s, 1);
+    assert_int_equal(ks_metrics_end(&b, &len), KS_OK);
+    assert_non_null(strstr(out_buf, "\nkeyshift_seal_duration_seconds_sum{" SMALL_LABELS "} 18446744073.709551615\n"));
+    assert_non_null(strstr(out_buf, "\nkeyshift_open_duration_seconds_sum{" SMALL_LABELS "} 0\n"));
+
     ks_metrics_series bad = {"phase=\"x\"", &w};
     ks_metrics_begin(&b, out_buf, sizeof out_buf);
     ks_metrics_write_totals(&b, &bad, 1);
@@ -909,6 +938,70 @@ static void test_metrics_totals(void **state)
     ks_metrics_write_totals(&b, &none, 1);
     assert_int_equal(ks_metrics_end(&b, &len), KS_ERR_INVALID_ARGUMENT);
     assert_int_equal(ks_metrics_end(NULL, &len), KS_ERR_INVALID_ARGUMENT);
+}
+
+/* ks_metrics_write_histogram: the exact text of two series over the
+ * caller's bounds (cumulative, +Inf, _sum, _count); every malformed
+ * argument refused with nothing written. */
+static void test_metrics_histogram(void **state)
+{
+    (void)state;
+    static const double bounds[] = {0.00005, 0.00025, 1.0};
+    const uint64_t a[] = {2, 0, 3, 1}, z[] = {0, 0, 0, 0};
+    ks_metrics_hist_series s[2] = {{"endpoint=\"seal\"", a, 0.375}, {"endpoint=\"open\"", z, 0.0}};
+    ks_metrics_buf b;
+    size_t len = 0;
+    ks_metrics_begin(&b, out_buf, sizeof out_buf);
+    ks_metrics_write_histogram(&b, "keyshift_agent_request_duration_seconds", "Request time.",
+                               bounds, 3, s, 2);
+    assert_int_equal(ks_metrics_end(&b, &len), KS_OK);
+    assert_string_equal(out_buf,
+                        "# HELP keyshift_agent_request_duration_seconds Request time.\n"
+                        "# TYPE keyshift_agent_request_duration_seconds histogram\n"
+                        "keyshift_agent_request_duration_seconds_bucket{endpoint=\"seal\",le=\"5e-05\"} 2\n"
+                        "keyshift_agent_request_duration_seconds_bucket{endpoint=\"seal\",le=\"0.00025\"} 2\n"
+                        "keyshift_agent_request_duration_seconds_bucket{endpoint=\"seal\",le=\"1\"} 5\n"
+                        "keyshift_agent_request_duration_seconds_bucket{endpoint=\"seal\",le=\"+Inf\"} 6\n"
+                        "keyshift_agent_request_duration_seconds_sum{endpoint=\"seal\"} 0.375\n"
+                        "keyshift_agent_request_duration_seconds_count{endpoint=\"seal\"} 6\n"
+                        "keyshift_agent_request_duration_seconds_bucket{endpoint=\"open\",le=\"5e-05\"} 0\n"
+                        "keyshift_agent_request_duration_seconds_bucket{endpoint=\"open\",le=\"0.00025\"} 0\n"
+                        "keyshift_agent_request_duration_seconds_bucket{endpoint=\"open\",le=\"1\"} 0\n"
+                        "keyshift_agent_request_duration_seconds_bucket{endpoint=\"open\",le=\"+Inf\"} 0\n"
+                        "keyshift_agent_request_duration_seconds_sum{endpoint=\"open\"} 0\n"
+                        "keyshift_agent_request_duration_seconds_count{endpoint=\"open\"} 0\n");
+    ks_metrics_begin(&b, out_buf, sizeof out_buf);
+    ks_metrics_write_histogram(&b, "x:y_seconds", "h", NULL, 0, NULL, 0);
+    assert_int_equal(ks_metrics_end(&b, &len), KS_OK);
+    assert_int_equal(len, 0);
+
+    static const double unsorted[] = {1.0, 0.5}, inf[] = {1.0, INFINITY};
+    ks_metrics_hist_series bad_sum = {NULL, a, -1.0}, nan_sum = {NULL, a, NAN},
+                           no_counts = {NULL, NULL, 0.0}, bad_labels = {"le=\"1\"", a, 0.0};
+    const struct {
+        const char *name, *help;
+        const double *bounds;
+        size_t n_bounds;
+        const ks_metrics_hist_series *s;
+    } bad[] = {
+        {"1x", "h", bounds, 3, s},        {"__x", "h", bounds, 3, s},
+        {"a-b", "h", bounds, 3, s},       {NULL, "h", bounds, 3, s},
+        {"x", "two\nlines", bounds, 3, s}, {"x", "a\\b", bounds, 3, s},
+        {"x", NULL, bounds, 3, s},        {"x", "h", unsorted, 2, s},
+        {"x", "h", inf, 2, s},            {"x", "h", NULL, 3, s},
+        {"x", "h", bounds, 3, &bad_sum},  {"x", "h", bounds, 3, &nan_sum},
+        {"x", "h", bounds, 3, &no_counts}, {"x", "h", bounds, 3, &bad_labels},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ks_metrics_begin(&b, out_buf, sizeof out_buf);
+        ks_metrics_write_histogram(&b, bad[i].name, bad[i].help, bad[i].bounds, bad[i].n_bounds,
+                                   bad[i].s, 1);
+        assert_int_equal(b.len, 0);
+        assert_int_equal(ks_metrics_end(&b, &len), KS_ERR_INVALID_ARGUMENT);
+    }
+    ks_metrics_begin(&b, out_buf, sizeof out_buf);
+    ks_metrics_write_histogram(&b, "x", "h", bounds, 3, NULL, 2);
+    assert_int_equal(ks_metrics_end(&b, &len), KS_ERR_INVALID_ARGUMENT);
 }
 
 /* ks_metrics_write_phase: one series per phase, 1 on the current one
@@ -976,15 +1069,21 @@ static void test_growth(void **state)
     before.seals = 10;
     before.opens = 7;
     before.open_ns.bucket[2] = 5;
+    before.seal_ns_sum = 8000;
+    before.open_ns_sum = 3000;
     now.time = 99;
     now.seals = 25;
     now.opens = 3; /* reset */
     now.open_ns.bucket[2] = 9;
+    now.seal_ns_sum = 9500;
+    now.open_ns_sum = 2000; /* reset */
     ks_health_growth(&d, &now, &before);
     assert_int_equal(d.time, 99);
     assert_int_equal(d.seals, 15);
     assert_int_equal(d.opens, 3);
     assert_int_equal(d.open_ns.bucket[2], 4);
+    assert_int_equal(d.seal_ns_sum, 1500);
+    assert_int_equal(d.open_ns_sum, 2000);
     assert_int_equal(ks_histogram_bucket_of(255), 0);
     assert_int_equal(ks_histogram_bucket_of(256), 1);
     ks_health_growth(&now, &now, &before);
@@ -1019,6 +1118,7 @@ int main(void)
         cmocka_unit_test(test_prometheus_special_values),
         cmocka_unit_test(test_metrics_totals),
         cmocka_unit_test(test_metrics_phase_migrate),
+        cmocka_unit_test(test_metrics_histogram),
         cmocka_unit_test(test_label_escape),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

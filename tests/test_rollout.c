@@ -202,7 +202,7 @@ static void test_schema_fresh(void **state)
 {
     world *w = *state;
     open_db(w);
-    assert_int_equal(schema_version(w), 4);
+    assert_int_equal(schema_version(w), 5);
     assert_int_equal(query_int(w->path, "SELECT count(*) FROM sqlite_master WHERE type = 'table' "
                                         "AND name LIKE 'keyshift%'"),
                      8);
@@ -229,7 +229,7 @@ static void test_schema_upgrade_from_v1(void **state)
     assert_int_equal(ks_rollout_db_latest(w->db, "payments", "card", &r), KS_ERR_NO_ROLLOUT);
     assert_int_equal(schema_version(w), 1);
     open_db(w);
-    assert_int_equal(schema_version(w), 4);
+    assert_int_equal(schema_version(w), 5);
     assert_int_equal(query_int(w->path, "SELECT count(*) FROM keyshift_quarantine"), 1);
     assert_int_equal(open_rowstore(w), KS_OK);
 }
@@ -248,7 +248,7 @@ static void test_upgrade_atomic(void **state)
                      0);
     exec_sql(w->path, "DROP VIEW keyshift_rollout_log;");
     open_db(w);
-    assert_int_equal(schema_version(w), 4);
+    assert_int_equal(schema_version(w), 5);
 }
 
 /* A read-only store reads but refuses every change. */
@@ -278,7 +278,7 @@ static void test_schema_newer_refused(void **state)
 {
     world *w = *state;
     exec_sql(w->path, "CREATE TABLE keyshift_meta(key TEXT PRIMARY KEY, value);"
-                      "INSERT INTO keyshift_meta VALUES('schema_version', 5);");
+                      "INSERT INTO keyshift_meta VALUES('schema_version', 6);");
     assert_int_equal(ks_rollout_db_open(w->path, 0, &w->db, w->err, sizeof w->err),
                      KS_ERR_STORE);
     assert_null(w->db);
@@ -910,11 +910,13 @@ static ks_health_sample sample(int64_t time, uint64_t n, size_t b)
     s.provider_calls = 2;
     s.seal_ns.bucket[b] = n;
     s.open_ns.bucket[b] = n;
+    s.seal_ns_sum = n * ks_histogram_bucket_bound(b > 0 ? b - 1 : 0);
+    s.open_ns_sum = s.seal_ns_sum + 1;
     return s;
 }
 
 /* Samples are summed over the window; stored histograms must be BLOBs of
- * the exact length and counters non-negative integers. */
+ * the exact length, counters and latency sums non-negative integers. */
 static void test_metrics(void **state)
 {
     world *w = *state;
@@ -930,6 +932,10 @@ static void test_metrics(void **state)
     huge.opens = UINT64_MAX;
     assert_int_equal(ks_rollout_db_metrics_insert(w->db, 1, "web-1", "app", &huge),
                      KS_ERR_INVALID_ARGUMENT);
+    huge = a;
+    huge.open_ns_sum = (uint64_t)INT64_MAX + 1;
+    assert_int_equal(ks_rollout_db_metrics_insert(w->db, 1, "web-1", "app", &huge),
+                     KS_ERR_INVALID_ARGUMENT);
     assert_int_equal(ks_rollout_db_metrics_sum(w->db, 1, 0, &sum), KS_OK);
     assert_int_equal(sum.time, 200);
     assert_int_equal(sum.seals, 15);
@@ -938,8 +944,11 @@ static void test_metrics(void **state)
     assert_int_equal(sum.seal_ns.bucket[3], 10);
     assert_int_equal(sum.seal_ns.bucket[23], 5);
     assert_true(sum.seal_ns.bucket[0] == UINT64_MAX);
+    assert_true(sum.seal_ns_sum == a.seal_ns_sum + b.seal_ns_sum);
+    assert_true(sum.open_ns_sum == a.open_ns_sum + b.open_ns_sum);
     assert_int_equal(ks_rollout_db_metrics_sum(w->db, 1, 150, &sum), KS_OK);
     assert_int_equal(sum.opens, 5);
+    assert_true(sum.open_ns_sum == b.open_ns_sum);
     assert_int_equal(ks_rollout_db_metrics_sum(w->db, 1, 201, &sum), KS_OK);
     assert_int_equal(sum.opens, 0);
     assert_int_equal(sum.time, 0);
@@ -952,6 +961,8 @@ static void test_metrics(void **state)
         "seal_ns = 'text'",                  "opens = -1",
         "auth_failures = 1.5",               "seal_ns = NULL",
         "open_ns = zeroblob(0)",             "time = 'soon'",
+        "seal_ns_sum = -1",                  "open_ns_sum = 2.5",
+        "open_ns_sum = NULL",                "seal_ns_sum = X'07'",
     };
     for (size_t i = 0; i < sizeof corrupt / sizeof corrupt[0]; i++) {
         char sql[256];
@@ -1457,8 +1468,9 @@ static void test_policy_set_keys(void **state)
     ks_policy_close(p);
 }
 
-/* ks_policy_report writes the growth of the totals since the previous
- * report, to rollouts under way only; a reset source counts from zero. */
+/* ks_policy_report writes the growth of the totals (latency sums too)
+ * since the previous report, to rollouts under way only; a reset source
+ * counts from zero. */
 static void test_policy_report(void **state)
 {
     world *w = *state;
@@ -1472,6 +1484,7 @@ static void test_policy_report(void **state)
     t.opens = 20;
     t.auth_failures = 1;
     t.open_ns.bucket[3] = 20;
+    t.open_ns_sum = 20 * 2000;
     assert_int_equal(ks_policy_report(p, &t), KS_OK); /* planned: nothing written */
     ks_health_sample sum;
     assert_int_equal(ks_rollout_db_metrics_sum(w->db, id, 0, &sum), KS_OK);
@@ -1482,12 +1495,15 @@ static void test_policy_report(void **state)
     t.seals = 15;
     t.opens = 50;
     t.open_ns.bucket[3] = 50;
+    t.open_ns_sum = 50 * 2000 + 90;
     assert_int_equal(ks_policy_report(p, &t), KS_OK);
     assert_int_equal(ks_rollout_db_metrics_sum(w->db, id, 0, &sum), KS_OK);
     assert_int_equal(sum.seals, 5);
     assert_int_equal(sum.opens, 30);
     assert_int_equal(sum.auth_failures, 0);
     assert_int_equal(sum.open_ns.bucket[3], 30);
+    assert_int_equal(sum.open_ns_sum, 30 * 2000 + 90);
+    assert_int_equal(sum.seal_ns_sum, 0);
     ks_health_sample reset;
     memset(&reset, 0, sizeof reset);
     reset.opens = 4;
@@ -1717,16 +1733,27 @@ static void test_key_scope_guards(void **state)
     assert_non_null(strstr(w->err, "a later rollout governs key payments-kek"));
 }
 
-/* Turn the version 4 tables back into what version 3 of this library
- * created: no keyshift_rollout.encoding. */
+/* Turn the version 5 tables back into what version 4 of this library
+ * created: no latency sums in keyshift_metrics. */
+static const char v5_to_v4[] =
+    "ALTER TABLE keyshift_metrics DROP COLUMN seal_ns_sum;"
+    "ALTER TABLE keyshift_metrics DROP COLUMN open_ns_sum;"
+    "UPDATE keyshift_meta SET value = 4 WHERE key = 'schema_version';";
+
+/* Turn the version 5 tables back into what version 3 of this library
+ * created: no keyshift_rollout.encoding, no latency sums. */
 static const char v4_to_v3[] =
+    "ALTER TABLE keyshift_metrics DROP COLUMN seal_ns_sum;"
+    "ALTER TABLE keyshift_metrics DROP COLUMN open_ns_sum;"
     "ALTER TABLE keyshift_rollout DROP COLUMN encoding;"
     "UPDATE keyshift_meta SET value = 3 WHERE key = 'schema_version';";
 
-/* Turn the version 4 tables back into what version 2 of this library
- * created: no keyshift_rollout_column, no scope_key_id, no encoding, the
- * old index. */
+/* Turn the version 5 tables back into what version 2 of this library
+ * created: no keyshift_rollout_column, no scope_key_id, no encoding, no
+ * latency sums, the old index. */
 static const char v3_to_v2[] =
+    "ALTER TABLE keyshift_metrics DROP COLUMN seal_ns_sum;"
+    "ALTER TABLE keyshift_metrics DROP COLUMN open_ns_sum;"
     "ALTER TABLE keyshift_rollout DROP COLUMN encoding;"
     "DROP TABLE keyshift_rollout_column; DROP INDEX keyshift_rollout_open;"
     "DROP INDEX keyshift_rollout_by_key; ALTER TABLE keyshift_rollout DROP COLUMN scope_key_id;"
@@ -1736,7 +1763,7 @@ static const char v3_to_v2[] =
     "UPDATE keyshift_meta SET value = 2 WHERE key = 'schema_version';";
 
 /* A version 2 database: read-only, its rollout is read as column-scoped
- * and nothing changes; a writer upgrades it to version 4 in place, keeps
+ * and nothing changes; a writer upgrades it to version 5 in place, keeps
  * the rollout (and its open-rollout rule) and can start key scopes. */
 static void test_schema_upgrade_from_v2(void **state)
 {
@@ -1765,7 +1792,7 @@ static void test_schema_upgrade_from_v2(void **state)
     assert_int_equal(ks_rollout_db_latest_key(w->db, "payments-kek", &r), KS_ERR_NO_ROLLOUT);
     assert_int_equal(schema_version(w), 2);
     open_db(w);
-    assert_int_equal(schema_version(w), 4);
+    assert_int_equal(schema_version(w), 5);
     assert_int_equal(ks_rollout_db_get(w->db, 1, &r), KS_OK);
     assert_int_equal(r.scope, KS_SCOPE_COLUMN);
     start_refused(w, &s, KS_ERR_ROLLOUT_EXISTS, "rollout 1 of payments.card is in backfill");
@@ -1775,7 +1802,7 @@ static void test_schema_upgrade_from_v2(void **state)
     s.n_columns = 1;
     (void)start(w, &s, 20);
     open_db(w); /* opening again changes nothing */
-    assert_int_equal(schema_version(w), 4);
+    assert_int_equal(schema_version(w), 5);
     assert_int_equal(open_rowstore(w), KS_OK);
 }
 
@@ -1783,7 +1810,7 @@ static void test_schema_upgrade_from_v2(void **state)
  * get, latest and list; a bad one refused at start and, stored by hand,
  * read as a malformed row.  A version 3 database (no encoding column)
  * reads as binary, read-only without a change; a writer upgrades it to
- * version 4 in place and keeps its rollout. */
+ * version 5 in place and keeps its rollout. */
 static void test_encoding_record(void **state)
 {
     world *w = *state;
@@ -1831,12 +1858,63 @@ static void test_encoding_record(void **state)
     assert_int_equal(r.encoding, KS_ENCODING_BINARY);
     assert_int_equal(schema_version(w), 3);
     open_db(w);
-    assert_int_equal(schema_version(w), 4);
+    assert_int_equal(schema_version(w), 5);
     assert_int_equal(ks_rollout_db_get(w->db, id, &r), KS_OK);
     assert_int_equal(r.encoding, KS_ENCODING_BINARY);
     assert_int_equal(query_int(w->path, "SELECT count(*) FROM keyshift_rollout WHERE "
                                         "encoding = 'binary'"),
                      1);
+}
+
+/* A version 4 database (samples without latency sums): read-only, its
+ * samples sum with sums of 0 and nothing changes; a writer upgrades it
+ * to version 5 in place in one transaction, keeping every sample (their
+ * sums 0) and storing the sums of new ones; a failed upgrade leaves the
+ * database at version 4, without the new columns. */
+static void test_metrics_sums_upgrade(void **state)
+{
+    world *w = *state;
+    open_db(w);
+    ks_health_sample a = sample(100, 10, 3), b = sample(200, 4, 5), sum;
+    assert_int_equal(ks_rollout_db_metrics_insert(w->db, 1, "web-1", "app", &a), KS_OK);
+    ks_rollout_db_close(w->db);
+    w->db = NULL;
+    exec_sql(w->path, v5_to_v4);
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM pragma_table_info("
+                                        "'keyshift_metrics') WHERE name LIKE '%_sum'"),
+                     0);
+    assert_int_equal(ks_rollout_db_open(w->path, KS_ROLLOUT_DB_READ_ONLY, &w->db, w->err,
+                                        sizeof w->err),
+                     KS_OK);
+    assert_int_equal(ks_rollout_db_metrics_sum(w->db, 1, 0, &sum), KS_OK);
+    assert_int_equal(sum.seals, 10);
+    assert_true(sum.seal_ns_sum == 0 && sum.open_ns_sum == 0);
+    ks_rollout_db_close(w->db);
+    w->db = NULL;
+    assert_int_equal(schema_version(w), 4);
+    /* the version's update fails after both ALTER TABLEs: they are
+     * rolled back with it */
+    exec_sql(w->path, "CREATE TRIGGER keyshift_meta_block BEFORE UPDATE ON keyshift_meta "
+                      "BEGIN SELECT RAISE(ABORT, 'blocked'); END;");
+    assert_int_not_equal(ks_rollout_db_open(w->path, 0, &w->db, w->err, sizeof w->err), KS_OK);
+    assert_null(w->db);
+    assert_int_equal(schema_version(w), 4);
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM pragma_table_info("
+                                        "'keyshift_metrics') WHERE name LIKE '%_sum'"),
+                     0);
+    exec_sql(w->path, "DROP TRIGGER keyshift_meta_block;");
+    open_db(w);
+    assert_int_equal(schema_version(w), 5);
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM keyshift_metrics WHERE "
+                                        "seal_ns_sum = 0 AND open_ns_sum = 0"),
+                     1);
+    assert_int_equal(ks_rollout_db_metrics_insert(w->db, 1, "web-1", "app", &b), KS_OK);
+    assert_int_equal(ks_rollout_db_metrics_sum(w->db, 1, 0, &sum), KS_OK);
+    assert_int_equal(sum.seals, 14);
+    assert_true(sum.seal_ns_sum == b.seal_ns_sum && sum.open_ns_sum == b.open_ns_sum);
+    open_db(w); /* opening again changes nothing */
+    assert_int_equal(schema_version(w), 5);
+    assert_int_equal(open_rowstore(w), KS_OK);
 }
 
 /* May p read value of table.column? */
@@ -1951,7 +2029,7 @@ int main(void)
         T(test_policy_set_keys),
         T(test_key_scope_start),
         T(test_key_scope_guards),
-        T(test_schema_upgrade_from_v2), T(test_encoding_record),
+        T(test_schema_upgrade_from_v2), T(test_encoding_record), T(test_metrics_sums_upgrade),
         T(test_policy_by_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

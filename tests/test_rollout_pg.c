@@ -41,7 +41,7 @@ static void test_open_creates_schema(void **state)
                      8);
     assert_int_equal(ks_pg_test_int(w->admin, "SELECT value FROM keyshift_meta "
                                   "WHERE key = 'rollout_schema_version'"),
-                     2);
+                     3);
     ks_rollout_store *again = open_store(w, 0);
     again->ops->close(again);
     /* read-only over the tables: reads work, writes refuse */
@@ -286,7 +286,7 @@ static void test_strict_rows(void **state)
 
 /* The rollout's encoding: inserted and read back; a version 1 database
  * (no encoding column) reads as binary read-only without a change, and a
- * writer upgrades it to version 2 in place, keeping its rollouts. */
+ * writer upgrades it to version 3 in place, keeping its rollouts. */
 static void test_encoding_upgrade(void **state)
 {
     world *w = *state;
@@ -317,10 +317,55 @@ static void test_encoding_upgrade(void **state)
     rw->ops->close(rw);
     assert_int_equal(ks_pg_test_int(w->admin, "SELECT value FROM keyshift_meta "
                                   "WHERE key = 'rollout_schema_version'"),
-                     2);
+                     3);
     assert_int_equal(ks_pg_test_int(w->admin, "SELECT count(*) FROM keyshift_rollout "
                                   "WHERE encoding = 'binary'"),
                      1);
+}
+
+/* The samples' latency sums: stored and summed; a version 2 database
+ * (no sum columns) sums them as 0 read-only without a change, and a
+ * writer upgrades it to version 3 in place, keeping its samples (their
+ * sums 0); a negative sum stored by hand is a bad row. */
+static void test_metrics_sums_upgrade(void **state)
+{
+    world *w = *state;
+    ks_rollout_store *s = w->s;
+    ks_health_sample h = {.time = 100, .seals = 2, .opens = 1};
+    h.seal_ns.bucket[3] = 2;
+    h.open_ns.bucket[4] = 1;
+    h.seal_ns_sum = 2500;
+    h.open_ns_sum = UINT64_C(9000000000000);
+    ks_health_sample sum;
+    assert_int_equal(s->ops->metrics_insert(s, 1, "web-1", "app", &h), KS_OK);
+    assert_int_equal(s->ops->metrics_sum(s, 1, 0, NULL, &sum), KS_OK);
+    assert_true(sum.seal_ns_sum == 2500 && sum.open_ns_sum == UINT64_C(9000000000000));
+    ks_pg_test_exec(w->admin, "ALTER TABLE keyshift_metrics DROP COLUMN seal_ns_sum, "
+                              "DROP COLUMN open_ns_sum");
+    ks_pg_test_exec(w->admin, "UPDATE keyshift_meta SET value = 2 "
+                              "WHERE key = 'rollout_schema_version'");
+    ks_rollout_store *ro = open_store(w, 1);
+    assert_int_equal(ro->ops->metrics_sum(ro, 1, 0, NULL, &sum), KS_OK);
+    assert_int_equal(sum.seals, 2);
+    assert_true(sum.seal_ns_sum == 0 && sum.open_ns_sum == 0);
+    ro->ops->close(ro);
+    assert_int_equal(ks_pg_test_int(w->admin, "SELECT value FROM keyshift_meta "
+                                  "WHERE key = 'rollout_schema_version'"),
+                     2);
+    ks_rollout_store *rw = open_store(w, 0);
+    assert_int_equal(rw->ops->metrics_insert(rw, 1, "web-1", "app", &h), KS_OK);
+    assert_int_equal(rw->ops->metrics_sum(rw, 1, 0, NULL, &sum), KS_OK);
+    assert_int_equal(sum.seals, 4);
+    assert_true(sum.seal_ns_sum == 2500 && sum.open_ns_sum == UINT64_C(9000000000000));
+    assert_int_equal(ks_pg_test_int(w->admin, "SELECT value FROM keyshift_meta "
+                                  "WHERE key = 'rollout_schema_version'"),
+                     3);
+    assert_int_equal(ks_pg_test_int(w->admin, "SELECT count(*) FROM keyshift_metrics "
+                                  "WHERE seal_ns_sum = 0 AND open_ns_sum = 0"),
+                     1);
+    ks_pg_test_exec(w->admin, "UPDATE keyshift_metrics SET open_ns_sum = -1");
+    assert_int_equal(rw->ops->metrics_sum(rw, 1, 0, NULL, &sum), KS_ERR_STORE);
+    rw->ops->close(rw);
 }
 
 /* The log is append-only for every connection: UPDATE, DELETE and
@@ -606,6 +651,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_rollout_rows, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(test_strict_rows, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(test_encoding_upgrade, world_setup, world_teardown),
+        cmocka_unit_test_setup_teardown(test_metrics_sums_upgrade, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(test_log_append_only, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(test_data_version_snapshot, world_setup, world_teardown),
         cmocka_unit_test_setup_teardown(test_readers_metrics, world_setup, world_teardown),

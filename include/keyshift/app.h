@@ -364,6 +364,16 @@ KS_API void ks_app_stats_get(ks_app *app, ks_app_stats *out);
  * metrics endpoint. */
 KS_API void ks_app_metrics(ks_app *app, ks_metrics *out);
 
+/* The health totals of app's contexts (keyshift/crypto.h
+ * ks_ctx_health_sample: seals, opens, failures, provider calls, and the
+ * seal and open latency histograms with their sums, timed unless the
+ * options' ctx_config turns latency_histograms off),
+ * summed over every keyring generation so that each only grows; the same
+ * totals the background thread reports to the rollouts; out->time is 0;
+ * zeroed for NULL app.  No secrets.  For a service's /metrics, written
+ * with ks_metrics_write_totals (keyshift/health.h). */
+KS_API void ks_app_health_sample(ks_app *app, ks_health_sample *out);
+
 /* The key versions registered (a canonical list, "" for none; the
  * background thread re-registers them after a keyring reload) into
  * out[0, cap) with its NUL.  KS_ERR_BUFFER_TOO_SMALL when it does not fit

@@ -83,8 +83,8 @@ typedef struct ks_ctx_config {
     uint32_t cache_ttl;          /* seconds an unwrapped DEK stays cached */
     uint32_t provider_timeout_ms; /* deadline per provider call; 0: the provider's default */
     int latency_histograms;      /* nonzero: time every ks_seal and ks_open (two clock reads,
-                                    a few tens of ns each) into the histograms of
-                                    ks_ctx_health_sample; default 0 */
+                                    a few tens of ns each) into the histograms and latency
+                                    sums of ks_ctx_health_sample; default 0 */
 } ks_ctx_config;
 
 /* Fill cfg with the defaults above. */
@@ -242,9 +242,11 @@ KS_API void ks_ctx_metrics(ks_ctx *ctx, ks_metrics *out);
  * the parser), out->auth_failures, out->parse_errors (all classes),
  * out->provider_calls (wraps + unwraps), out->provider_errors (all
  * classes), and with cfg.latency_histograms the latency histograms of
- * ks_seal and ks_open (every call that got past its argument checks);
- * out->time is 0.  Totals, not deltas: a reporter subtracts its previous
- * snapshot (ks_policy_report does).  No secrets.
+ * ks_seal and ks_open (every call that got past its argument checks) and
+ * the sums of those latencies (out->seal_ns_sum, out->open_ns_sum: ns,
+ * modulo 2^64); out->time is 0.  Totals, not deltas: a reporter
+ * subtracts its previous snapshot (ks_policy_report does).  No
+ * secrets.
  */
 KS_API void ks_ctx_health_sample(ks_ctx *ctx, ks_health_sample *out);
 

@@ -57,6 +57,8 @@ typedef struct ks_health_sample {
     uint64_t provider_errors; /* of which failed (any provider error class) */
     ks_histogram seal_ns;     /* latency of ks_seal */
     ks_histogram open_ns;     /* latency of ks_open */
+    uint64_t seal_ns_sum;     /* the sum of the latencies counted in seal_ns, in ns */
+    uint64_t open_ns_sum;     /* the sum of the latencies counted in open_ns, in ns */
 } ks_health_sample;
 
 /* The health thresholds of a rollout.  A rate is a fraction (0.001 is
@@ -127,7 +129,9 @@ typedef struct ks_health_verdict {
 KS_API unsigned ks_histogram_bucket_of(uint64_t ns);
 
 /* Count one latency of ns nanoseconds in h.  Not atomic: callers that
- * share a histogram between threads serialise (ks_ctx does). */
+ * share a histogram between threads serialise (ks_ctx does).  h keeps
+ * buckets only: a caller that wants the mean adds ns to its own sum
+ * (ks_health_sample.seal_ns_sum and open_ns_sum). */
 KS_API void ks_histogram_record(ks_histogram *h, uint64_t ns);
 
 /* The q-quantile (0 < q <= 1) of h in nanoseconds: the upper bound of the
@@ -142,13 +146,13 @@ KS_API uint64_t ks_histogram_quantile(const ks_histogram *h, double q);
  * and at or above the bound of bucket i - 1. */
 KS_API uint64_t ks_histogram_bucket_bound(unsigned i);
 
-/* Add sample s into acc (counters and buckets; saturating; acc->time
- * becomes the later of the two). */
+/* Add sample s into acc (counters, buckets and latency sums; saturating;
+ * acc->time becomes the later of the two). */
 KS_API void ks_health_add(ks_health_sample *acc, const ks_health_sample *s);
 
 /* *out = what the totals `now` add to the earlier totals `before`, counter
- * by counter (a counter that went down means its source was reset: all of
- * it counts); out->time = now->time.  out may be now.  For reporters that
+ * by counter, bucket by bucket and sum by sum (one that went down means
+ * its source was reset: all of it counts); out->time = now->time.  out may be now.  For reporters that
  * keep totals (ks_ctx_health_sample) and write intervals. */
 KS_API void ks_health_growth(ks_health_sample *out, const ks_health_sample *now,
                              const ks_health_sample *before);
@@ -281,12 +285,40 @@ typedef struct ks_metrics_series {
  *                                          whole ns the bucket holds
  *                                          ("0.000000255" ... "1.073741823",
  *                                          exact as latencies are whole
- *                                          ns), "+Inf" = _count; no _sum,
- *                                          which log2 buckets cannot give
+ *                                          ns), "+Inf" = _count; _sum the
+ *                                          seal_ns_sum / open_ns_sum in
+ *                                          seconds, written exactly (at
+ *                                          most 9 decimals)
  *
  * Nothing is written for n == 0.
  */
 KS_API void ks_metrics_write_totals(ks_metrics_buf *b, const ks_metrics_series *s, size_t n);
+
+/* One series of ks_metrics_write_histogram. */
+typedef struct ks_metrics_hist_series {
+    const char *labels;       /* as ks_health_prometheus's labels */
+    const uint64_t *counts;   /* n_bounds + 1 per-bucket counts (not cumulative):
+                                 counts[i] the observations in (bounds[i - 1], bounds[i]],
+                                 counts[n_bounds] those above the last bound */
+    double sum;               /* the sum of the observations, in the family's unit
+                                 (>= 0, finite) */
+} ks_metrics_hist_series;
+
+/*
+ * A histogram family name (a metric name, [a-zA-Z_:][a-zA-Z0-9_:]*, not
+ * starting with "__") of n series over the caller's own bucket bounds
+ * (n_bounds finite, strictly increasing), written as every keyshift
+ * histogram is (ks_metrics_write_totals' too): # HELP help (no backslash
+ * or line feed) and # TYPE, then per series name_bucket{le} cumulative
+ * (le each bound, the shortest decimal that reads back as it), le="+Inf",
+ * name_sum and name_count (= the +Inf bucket).  For a process's own
+ * histograms, such as an agent's request durations.  A malformed argument
+ * writes nothing and makes ks_metrics_end refuse the text.  Nothing is
+ * written for n == 0.
+ */
+KS_API void ks_metrics_write_histogram(ks_metrics_buf *b, const char *name, const char *help,
+                                       const double *bounds, size_t n_bounds,
+                                       const ks_metrics_hist_series *s, size_t n);
 
 /* The info-style gauge keyshift_rollout_phase{phase=...}: one sample per
  * name of phases[0, n), 1 for phases[current] and 0 for the others (all

@@ -518,8 +518,8 @@ KS_API KS_WUR ks_err ks_rollout_db_readers_live(ks_rollout_db *db, uint32_t ttl_
                                                 ks_rollout_reader *out, size_t max, size_t *n);
 
 /* Store sample s (its time is s->time) from instance_id (1.. bytes of
- * [F-NAME-1]), source "app" or "migrate", for rollout_id.  Counters above
- * INT64_MAX are refused (KS_ERR_INVALID_ARGUMENT). */
+ * [F-NAME-1]), source "app" or "migrate", for rollout_id.  Counters and
+ * latency sums above INT64_MAX are refused (KS_ERR_INVALID_ARGUMENT). */
 KS_API KS_WUR ks_err ks_rollout_db_metrics_insert(ks_rollout_db *db, int64_t rollout_id,
                                                   const char *instance_id, const char *source,
                                                   const ks_health_sample *s);

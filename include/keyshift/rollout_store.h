@@ -166,7 +166,7 @@ struct ks_rollout_store {
 /*
  * Open the rollout store in the application's SQLite database at path,
  * with ks_rollout_db_open's flags and rules (never creating the file;
- * creating or upgrading keyshift's tables to schema version 4 unless
+ * creating or upgrading keyshift's tables to schema version 5 unless
  * KS_ROLLOUT_DB_READ_ONLY; refusing a newer version).  Messages go to
  * errbuf.  Close with its close op, or hand it to ks_rollout_db_wrap.
  */

@@ -475,13 +475,8 @@ static void tick(ks_app *a, int final)
 {
     ks_err rl = final ? KS_OK : reload_keys(a);
     ks_err hb = final ? KS_OK : ks_policy_heartbeat(a->policy);
-    ks_health_sample t, g;
-    memset(&t, 0, sizeof t);
-    for (const app_gen *p = atomic_load(&a->cur); p != NULL; p = p->older) {
-        ks_ctx_health_sample(p->ctx, &g);
-        ks_health_add(&t, &g);
-    }
-    t.time = 0;
+    ks_health_sample t;
+    ks_app_health_sample(a, &t);
     ks_err rep = ks_policy_report(a->policy, &t);
     pthread_mutex_lock(&a->mu);
     if (!final) {
@@ -1246,6 +1241,25 @@ void ks_app_metrics(ks_app *app, ks_metrics *out)
         out->unwraps += g.unwraps;
         out->deks_created += g.deks_created;
     }
+}
+
+/* See keyshift/app.h.  Summed as ks_app_metrics is (ks_health_add:
+ * saturating), so that a keyring reload never makes a total go down. */
+void ks_app_health_sample(ks_app *app, ks_health_sample *out)
+{
+    if (out == NULL) {
+        return;
+    }
+    memset(out, 0, sizeof *out);
+    if (app == NULL) {
+        return;
+    }
+    ks_health_sample g;
+    for (const app_gen *p = atomic_load(&app->cur); p != NULL; p = p->older) {
+        ks_ctx_health_sample(p->ctx, &g);
+        ks_health_add(out, &g);
+    }
+    out->time = 0;
 }
 
 /* See keyshift/app.h. */

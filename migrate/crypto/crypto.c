@@ -654,13 +654,15 @@ static ks_err open_call(ks_ctx *ctx, const uint8_t *env, size_t env_len, const k
     return open_parsed(ctx, env, &e, p, check_only, pt, cap, pt_len);
 }
 
-/* Count a latency of (now - t0) ns in hist (relaxed atomic adds: the
- * histogram is shared by every thread using the context). */
+/* Count a latency of (now - t0) ns in hist and add it to its sum
+ * (relaxed atomic adds: the histogram is shared by every thread using
+ * the context). */
 static void time_since(_Atomic uint64_t *hist, uint64_t t0)
 {
     uint64_t t1 = ks_mono_ns();
-    unsigned b = ks_histogram_bucket_of(t1 > t0 ? t1 - t0 : 0);
-    atomic_fetch_add_explicit(&hist[b], 1, memory_order_relaxed);
+    uint64_t ns = t1 > t0 ? t1 - t0 : 0;
+    atomic_fetch_add_explicit(&hist[ks_histogram_bucket_of(ns)], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&hist[KS_CTX_HIST_SUM], ns, memory_order_relaxed);
 }
 
 /* See keyshift/crypto.h.  Timed only with cfg.latency_histograms, so the

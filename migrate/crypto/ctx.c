@@ -353,5 +353,7 @@ void ks_ctx_health_sample(ks_ctx *ctx, ks_health_sample *out)
         out->seal_ns.bucket[i] = atomic_load_explicit(&ctx->seal_hist[i], memory_order_relaxed);
         out->open_ns.bucket[i] = atomic_load_explicit(&ctx->open_hist[i], memory_order_relaxed);
     }
+    out->seal_ns_sum = atomic_load_explicit(&ctx->seal_hist[KS_CTX_HIST_SUM], memory_order_relaxed);
+    out->open_ns_sum = atomic_load_explicit(&ctx->open_hist[KS_CTX_HIST_SUM], memory_order_relaxed);
 }
 

@@ -59,6 +59,10 @@ typedef struct counters {
     _Atomic uint64_t wraps, unwraps, deks_created;
 } counters;
 
+/* The slot of seal_hist and open_hist after the buckets: the sum of the
+ * latencies counted, in ns (it wraps after 2^64 ns, some 584 years). */
+#define KS_CTX_HIST_SUM KS_HIST_BUCKETS
+
 #define BUMP(ctx, field) atomic_fetch_add_explicit(&(ctx)->m.field, 1, memory_order_relaxed)
 
 struct ks_ctx {
@@ -72,8 +76,9 @@ struct ks_ctx {
     op_shard ops[KS_THREAD_SLOTS + 1];
     /* Each thread index's shard, made and used by its owner alone. */
     _Atomic(ks_shard *) shards[KS_THREAD_SLOTS];
-    _Atomic uint64_t seal_hist[KS_HIST_BUCKETS]; /* cfg.latency_histograms */
-    _Atomic uint64_t open_hist[KS_HIST_BUCKETS];
+    /* cfg.latency_histograms: the buckets, then the sum (KS_CTX_HIST_SUM) */
+    _Atomic uint64_t seal_hist[KS_HIST_BUCKETS + 1];
+    _Atomic uint64_t open_hist[KS_HIST_BUCKETS + 1];
     ks_ctx *reg_prev, *reg_next; /* every live context, for the atfork handlers */
 };
 

@@ -183,8 +183,8 @@ static uint64_t grown(uint64_t a, uint64_t b)
     return a >= b ? a - b : a;
 }
 
-/* out = op(a, b) counter by counter and bucket by bucket (out may be a);
- * the time is left to the caller. */
+/* out = op(a, b) counter by counter, bucket by bucket and sum by sum
+ * (out may be a); the time is left to the caller. */
 static void combine(ks_health_sample *out, const ks_health_sample *a, const ks_health_sample *b,
                     uint64_t (*op)(uint64_t, uint64_t))
 {
@@ -198,6 +198,8 @@ static void combine(ks_health_sample *out, const ks_health_sample *a, const ks_h
         out->seal_ns.bucket[i] = op(a->seal_ns.bucket[i], b->seal_ns.bucket[i]);
         out->open_ns.bucket[i] = op(a->open_ns.bucket[i], b->open_ns.bucket[i]);
     }
+    out->seal_ns_sum = op(a->seal_ns_sum, b->seal_ns_sum);
+    out->open_ns_sum = op(a->open_ns_sum, b->open_ns_sum);
 }
 
 /* See keyshift/health.h. */
@@ -778,24 +780,57 @@ static const struct {
      offsetof(ks_health_sample, provider_errors)},
 };
 
-/* One cumulative latency histogram series: buckets with le the largest
- * whole ns each holds (so `<= le` is exact), +Inf and _count.  No _sum:
- * the counters keep buckets only (see keyshift/health.h). */
-static void histogram_series(sink *out, const char *labels, const char *name,
-                             const ks_histogram *h)
+/* The le text of finite bucket i of a histogram (at least 40 bytes). */
+typedef void le_fn(const void *ctx, size_t i, char le[static 40]);
+
+/* One histogram series, the rule of every keyshift histogram: its
+ * n_finite finite buckets cumulative (counts[i] is bucket i's own count,
+ * le its text from le_of), the +Inf bucket (counts[n_finite] added), then
+ * _sum (the text sum) and _count (the +Inf bucket's), in the order
+ * Prometheus' own clients write them.  Counts saturate. */
+static void histogram_lines(sink *out, const char *name, const char *labels,
+                            const uint64_t *counts, size_t n_finite, le_fn *le_of,
+                            const void *ctx, const char *sum)
 {
     uint64_t cum = 0;
-    char num[21], le[32];
-    for (unsigned i = 0; i < KS_HIST_BUCKETS - 1; i++) {
-        cum = sat_add(cum, h->bucket[i]);
-        fmt_scaled(le, ks_histogram_bucket_bound(i) - 1, 9);
+    char num[21], le[40];
+    for (size_t i = 0; i < n_finite; i++) {
+        cum = sat_add(cum, counts[i]);
+        le_of(ctx, i, le);
         fmt_u64(num, cum);
         sample(out, name, "_bucket", labels, "le", le, num);
     }
-    cum = sat_add(cum, h->bucket[KS_HIST_BUCKETS - 1]);
+    cum = sat_add(cum, counts[n_finite]);
     fmt_u64(num, cum);
     sample(out, name, "_bucket", labels, "le", "+Inf", num);
+    sample(out, name, "_sum", labels, NULL, NULL, sum);
     sample(out, name, "_count", labels, NULL, NULL, num);
+}
+
+/* le of a log2 latency bucket: the largest whole ns it holds, in seconds
+ * (so `<= le` is exact). */
+static void le_ns(const void *ctx, size_t i, char le[static 40])
+{
+    (void)ctx;
+    assert(i < KS_HIST_BUCKETS - 1);
+    fmt_scaled(le, ks_histogram_bucket_bound((unsigned)i) - 1, 9);
+}
+
+/* le of a bucket of ks_metrics_write_histogram: the caller's bound. */
+static void le_bound(const void *ctx, size_t i, char le[static 40])
+{
+    fmt_double(le, ((const double *)ctx)[i]);
+}
+
+/* One cumulative latency histogram series of a ks_histogram: _sum is
+ * sum_ns in seconds, exact (a whole number of ns has at most 9
+ * decimals). */
+static void histogram_series(sink *out, const char *labels, const char *name,
+                             const ks_histogram *h, uint64_t sum_ns)
+{
+    char sum[32];
+    fmt_scaled(sum, sum_ns, 9);
+    histogram_lines(out, name, labels, h->bucket, KS_HIST_BUCKETS - 1, le_ns, NULL, sum);
 }
 
 /* See keyshift/health.h.  Families in a fixed order, each with all its
@@ -818,14 +853,63 @@ void ks_metrics_write_totals(ks_metrics_buf *b, const ks_metrics_series *s, size
         }
     }
     family(out, "keyshift_seal_duration_seconds", "histogram",
-           "Seal latency (log2 buckets of nanoseconds; no _sum).");
+           "Seal latency in seconds (log2 buckets of nanoseconds).");
     for (size_t i = 0; i < n; i++) {
-        histogram_series(out, s[i].labels, "keyshift_seal_duration_seconds", &s[i].totals->seal_ns);
+        histogram_series(out, s[i].labels, "keyshift_seal_duration_seconds", &s[i].totals->seal_ns,
+                         s[i].totals->seal_ns_sum);
     }
     family(out, "keyshift_open_duration_seconds", "histogram",
-           "Open latency (log2 buckets of nanoseconds; no _sum).");
+           "Open latency in seconds (log2 buckets of nanoseconds).");
     for (size_t i = 0; i < n; i++) {
-        histogram_series(out, s[i].labels, "keyshift_open_duration_seconds", &s[i].totals->open_ns);
+        histogram_series(out, s[i].labels, "keyshift_open_duration_seconds", &s[i].totals->open_ns,
+                         s[i].totals->open_ns_sum);
+    }
+}
+
+/* Whether name is a metric name: [a-zA-Z_:][a-zA-Z0-9_:]*, not
+ * reserved ("__" prefix). */
+static int metric_name_ok(const char *name)
+{
+    if (name == NULL || name[0] == '\0' || strncmp(name, "__", 2) == 0) {
+        return 0;
+    }
+    for (size_t i = 0; name[i] != '\0'; i++) {
+        if (!label_name_char(name[i], i == 0) && name[i] != ':') {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* See keyshift/health.h.  Every argument is checked before a byte is
+ * written, so a refused call leaves no half family behind. */
+void ks_metrics_write_histogram(ks_metrics_buf *b, const char *name, const char *help,
+                                const double *bounds, size_t n_bounds,
+                                const ks_metrics_hist_series *s, size_t n)
+{
+    assert(b != NULL);
+    int ok = metric_name_ok(name) && help != NULL && strpbrk(help, "\\\n") == NULL &&
+             (bounds != NULL || n_bounds == 0) && (s != NULL || n == 0);
+    for (size_t i = 0; ok && i < n_bounds; i++) {
+        ok = isfinite(bounds[i]) && (i == 0 || bounds[i] > bounds[i - 1]);
+    }
+    for (size_t i = 0; ok && i < n; i++) {
+        ok = labels_ok(s[i].labels) && s[i].counts != NULL && s[i].sum >= 0.0 &&
+             !isinf(s[i].sum);
+    }
+    if (!ok) {
+        b->bad = 1;
+        return;
+    }
+    if (n == 0) {
+        return;
+    }
+    sink *out = sink_of(b);
+    family(out, name, "histogram", help);
+    for (size_t i = 0; i < n; i++) {
+        char sum[40];
+        fmt_double(sum, s[i].sum);
+        histogram_lines(out, name, s[i].labels, s[i].counts, n_bounds, le_bound, bounds, sum);
     }
 }
 

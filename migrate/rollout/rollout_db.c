@@ -848,9 +848,10 @@ ks_err ks_rollout_db_metrics_insert(ks_rollout_db *db, int64_t rollout_id,
         !ks_rollout_charset_ok(instance_id, KS_INSTANCE_ID_MAX, KS_RULE_NAME) || source == NULL ||
         (strcmp(source, "app") != 0 && strcmp(source, "migrate") != 0))
         return KS_ERR_INVALID_ARGUMENT;
-    const uint64_t counts[] = {s->seals,         s->opens,          s->auth_failures,
-                               s->parse_errors,  s->provider_calls, s->provider_errors};
-    for (size_t i = 0; i < 6; i++)
+    const uint64_t counts[] = {s->seals,          s->opens,           s->auth_failures,
+                               s->parse_errors,   s->provider_calls,  s->provider_errors,
+                               s->seal_ns_sum,    s->open_ns_sum};
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
         if (counts[i] > INT64_MAX)
             return KS_ERR_INVALID_ARGUMENT;
     return OPS(db)->metrics_insert(db->s, rollout_id, instance_id, source, s);

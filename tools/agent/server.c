@@ -749,7 +749,66 @@ static int ready(agent *a)
     return !atomic_load(&a->draining) && atomic_load(&a->provider_ok);
 }
 
-/* Write the Prometheus text of every metric to w [AG-MET-1..6]. */
+/* Start b on what is left of w's buffer, for the writers every keyshift
+ * exporter shares (keyshift/health.h). */
+static void jw_metrics_begin(jw *w, ks_metrics_buf *b)
+{
+    ks_metrics_begin(b, w->overflow ? NULL : (char *)w->p + w->n, w->overflow ? 0 : w->cap - w->n);
+}
+
+/* Take the text written to b into w: overflow when it did not fit (or a
+ * writer refused its arguments). */
+static void jw_metrics_end(jw *w, ks_metrics_buf *b)
+{
+    size_t len = 0;
+    if (w->overflow) {
+        return;
+    }
+    if (ks_metrics_end(b, &len) != KS_OK) {
+        w->overflow = 1;
+        return;
+    }
+    w->n += len;
+}
+
+/* Append to w the request durations by endpoint, a histogram over the
+ * bounds of [AG-MET-3] with _sum and _count, by the shared writer. */
+static void metrics_durations(agent *a, jw *w)
+{
+    char labels[EP_COUNT][32];
+    uint64_t counts[EP_COUNT][NBUCKETS + 1];
+    ks_metrics_hist_series s[EP_COUNT];
+    for (int e = 0; e < EP_COUNT; e++) {
+        snprintf(labels[e], sizeof labels[e], "endpoint=\"%s\"", ep_names[e]);
+        for (size_t i = 0; i <= NBUCKETS; i++) {
+            counts[e][i] = atomic_load(&a->hist[e][i]);
+        }
+        s[e] = (ks_metrics_hist_series){labels[e], counts[e],
+                                        (double)atomic_load(&a->hist_sum_us[e]) / 1e6};
+    }
+    ks_metrics_buf b;
+    jw_metrics_begin(w, &b);
+    ks_metrics_write_histogram(&b, "keyshift_agent_request_duration_seconds",
+                               "Time from a complete request body to its answer.", buckets,
+                               NBUCKETS, s, EP_COUNT);
+    jw_metrics_end(w, &b);
+}
+
+/* Append to w the library's health totals h with the shared writer: the
+ * seal and open counts, failures and provider calls, and the seal and
+ * open latency histograms with their _sum [AG-MET-7].  No labels: the
+ * scrape's own tell agents apart, and the rollout rules select
+ * source="app" series only. */
+static void metrics_health(jw *w, const ks_health_sample *h)
+{
+    ks_metrics_series s = {NULL, h};
+    ks_metrics_buf b;
+    jw_metrics_begin(w, &b);
+    ks_metrics_write_totals(&b, &s, 1);
+    jw_metrics_end(w, &b);
+}
+
+/* Write the Prometheus text of every metric to w [AG-MET-1..7]. */
 static void metrics_text(agent *a, jw *w)
 {
     jw_str(w, "# HELP keyshift_agent_requests_total HTTP requests answered, by endpoint and outcome.\n"
@@ -778,30 +837,14 @@ static void metrics_text(agent *a, jw *w)
             }
         }
     }
-    jw_str(w, "# HELP keyshift_agent_request_duration_seconds Time from a complete request body to its answer.\n"
-              "# TYPE keyshift_agent_request_duration_seconds histogram\n");
-    for (int e = 0; e < EP_COUNT; e++) {
-        uint64_t cum = 0;
-        for (size_t b = 0; b <= NBUCKETS; b++) {
-            cum += atomic_load(&a->hist[e][b]);
-            if (b < NBUCKETS) {
-                jw_fmt(w, "keyshift_agent_request_duration_seconds_bucket{endpoint=\"%s\",le=\"%g\"} %" PRIu64 "\n",
-                       ep_names[e], buckets[b], cum);
-            } else {
-                jw_fmt(w, "keyshift_agent_request_duration_seconds_bucket{endpoint=\"%s\",le=\"+Inf\"} %" PRIu64 "\n",
-                       ep_names[e], cum);
-            }
-        }
-        jw_fmt(w, "keyshift_agent_request_duration_seconds_sum{endpoint=\"%s\"} %.6f\n", ep_names[e],
-               (double)atomic_load(&a->hist_sum_us[e]) / 1e6);
-        jw_fmt(w, "keyshift_agent_request_duration_seconds_count{endpoint=\"%s\"} %" PRIu64 "\n",
-               ep_names[e], cum);
-    }
+    metrics_durations(a, w);
     live *l = live_get(a);
     ks_metrics m;
     ks_app_metrics(l->app, &m);
     ks_app_stats st;
     ks_app_stats_get(l->app, &st);
+    ks_health_sample h;
+    ks_app_health_sample(l->app, &h);
     live_put(l);
     uint64_t perr = 0;
     for (size_t i = 0; i < sizeof m.provider_errors / sizeof m.provider_errors[0]; i++) {
@@ -852,6 +895,7 @@ static void metrics_text(agent *a, jw *w)
            m.cache_misses, m.wraps, m.unwraps, perr, st.heartbeats, st.heartbeat_errors, st.reports,
            st.report_errors, atomic_load(&a->reloads_ok), atomic_load(&a->reloads_failed),
            atomic_load(&a->config_ok), ready(a));
+    metrics_health(w, &h);
 }
 
 /* Answer GET /healthz, /readyz and /metrics [AG-HEALTH-1..2], [AG-MET-1]. */
@@ -865,7 +909,7 @@ static enum MHD_Result serve_get(agent *a, struct MHD_Connection *conn, const ch
                         : reply_text(conn, 503, "text/plain", "not ready\n", 10);
     }
     if (strcmp(url, "/metrics") == 0) {
-        size_t cap = 16384 + (a->cfg->n_scopes + 1) * 1024;
+        size_t cap = 32768 + (a->cfg->n_scopes + 1) * 1024; /* health totals: <= 5.3 KiB */
         jw w = {malloc(cap), 0, cap, 0};
         if (w.p == NULL) {
             return MHD_NO;

@@ -7,7 +7,7 @@
  * readers); rollout_pg_rows.c reads and writes the rows.  The guards and
  * every check of meaning are the rollout layer's.
  *
- * ---- Tables (rollout_schema_version 2 of keyshift_meta) -------------------
+ * ---- Tables (rollout_schema_version 3 of keyshift_meta) -------------------
  *
  * The columns and meaning of the SQLite store's (rollout_sqlite.c) with
  * PostgreSQL types: integers bigint, rates double precision, names and
@@ -18,10 +18,12 @@
  * one transaction that first takes pg_advisory_xact_lock (the row store's
  * key), so that concurrent openers do not race on CREATE ... IF NOT
  * EXISTS; a schema newer than this library is refused.  Version 2 adds
- * keyshift_rollout.encoding ('binary' or 'base64'); the same DDL upgrades
- * version 1 tables in place (ALTER TABLE ... ADD COLUMN IF NOT EXISTS,
- * every older rollout of binary encoding), and a read-only store reads a
- * version 1 database as it is.
+ * keyshift_rollout.encoding ('binary' or 'base64'), version 3
+ * keyshift_metrics.seal_ns_sum and open_ns_sum (the samples' latency
+ * sums); the same DDL upgrades version 1 and 2 tables in place (ALTER
+ * TABLE ... ADD COLUMN IF NOT EXISTS: every older rollout of binary
+ * encoding, every older sample with sums of 0), in the same transaction,
+ * and a read-only store reads a version 1 or 2 database as it is.
  *
  *   keyshift_rollout          one row per rollout; the partial unique index
  *                             keyshift_rollout_open on (scope_key_id,
@@ -87,7 +89,7 @@
 #include "rollout_pg.h"
 
 /* The schema version this library writes and reads. */
-#define SCHEMA_LATEST 2
+#define SCHEMA_LATEST 3
 /* The tables of the schema (see the file comment). */
 #define N_TABLES 7
 /* The most parameters of one statement. */
@@ -97,7 +99,7 @@
 #define STR_(x) #x
 #define STR(x) STR_(x)
 
-/* The DDL of schema version 2 (idempotent: IF NOT EXISTS, OR REPLACE,
+/* The DDL of schema version 3 (idempotent: IF NOT EXISTS, OR REPLACE,
  * triggers dropped and made again), run under the advisory lock. */
 static const char schema_ddl[] =
     "CREATE TABLE IF NOT EXISTS keyshift_meta(key text PRIMARY KEY, value bigint NOT NULL);"
@@ -159,7 +161,12 @@ static const char schema_ddl[] =
     " time bigint NOT NULL, seals bigint NOT NULL, opens bigint NOT NULL,"
     " auth_failures bigint NOT NULL, parse_errors bigint NOT NULL,"
     " provider_calls bigint NOT NULL, provider_errors bigint NOT NULL,"
-    " seal_ns bytea NOT NULL, open_ns bytea NOT NULL);"
+    " seal_ns bytea NOT NULL, open_ns bytea NOT NULL,"
+    " seal_ns_sum bigint NOT NULL DEFAULT 0, open_ns_sum bigint NOT NULL DEFAULT 0);"
+    "ALTER TABLE keyshift_metrics ADD COLUMN IF NOT EXISTS"
+    " seal_ns_sum bigint NOT NULL DEFAULT 0;"
+    "ALTER TABLE keyshift_metrics ADD COLUMN IF NOT EXISTS"
+    " open_ns_sum bigint NOT NULL DEFAULT 0;"
     "CREATE INDEX IF NOT EXISTS keyshift_metrics_window ON keyshift_metrics(rollout_id, time);"
     "CREATE TABLE IF NOT EXISTS keyshift_rollout_version("
     " id bigint PRIMARY KEY CHECK (id = 1), version bigint NOT NULL);"
@@ -711,8 +718,9 @@ ks_err ks_rollout_store_pg_open(const char *conninfo, int read_only, ks_rollout_
     if (err == KS_OK && db->read_only) {
         db->have_tables = n == N_TABLES && version >= 1;
         db->v2 = db->have_tables && version >= 2;
+        db->v3 = db->v2 && version >= 3;
     } else if (err == KS_OK) {
-        db->have_tables = db->v2 = 1;
+        db->have_tables = db->v2 = db->v3 = 1;
     }
     if (err != KS_OK) {
         op_close(&db->base);

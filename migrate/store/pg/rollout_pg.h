@@ -28,6 +28,7 @@ typedef struct ks_rpg {
     int read_only;
     int have_tables;          /* every table of the schema exists */
     int v2;                   /* and version 2's keyshift_rollout.encoding */
+    int v3;                   /* and version 3's keyshift_metrics latency sums (implies v2) */
     int in_txn;               /* begin or snapshot opened a transaction */
 } ks_rpg;
 
@@ -94,10 +95,13 @@ int ks_rpg_col_null(const PGresult *res, int row, int i);
 /* The columns of keyshift_readers in the order ks_rpg_read_reader reads. */
 #define KS_RPG_READER_COLS                                                                         \
     "instance_id, library_version, max_format, algorithms, key_versions, started, heartbeat"
-/* The columns of keyshift_metrics that ks_rpg_read_sample reads. */
-#define KS_RPG_METRICS_COLS                                                                        \
+/* The columns of keyshift_metrics that ks_rpg_read_sample reads: the
+ * counters and histograms of every version, then version 3's latency
+ * sums (a version 2 database, read-only, selects 0 for them). */
+#define KS_RPG_METRICS_HEAD                                                                        \
     "time, seals, opens, auth_failures, parse_errors, provider_calls, provider_errors, "          \
     "seal_ns, open_ns"
+#define KS_RPG_METRICS_COLS KS_RPG_METRICS_HEAD ", seal_ns_sum, open_ns_sum"
 
 /* A KS_RPG_ROLLOUT_COLS row then its encoding (column 30: "binary" or
  * "base64") into *r (zeroed first): names within their
@@ -115,9 +119,9 @@ KS_WUR ks_err ks_rpg_read_log(const PGresult *res, int row, ks_rollout_log_entry
  * lengths, max_format 1..255 (the key list's form is the rollout
  * layer's check). */
 KS_WUR ks_err ks_rpg_read_reader(const PGresult *res, int row, ks_rollout_reader *r);
-/* A KS_RPG_METRICS_COLS row into *one (zeroed first): counters
- * non-negative bigints, histograms bytea of exactly KS_RCODEC_HIST_LEN
- * bytes. */
+/* A KS_RPG_METRICS_COLS row into *one (zeroed first): counters and
+ * latency sums non-negative bigints, histograms bytea of exactly
+ * KS_RCODEC_HIST_LEN bytes. */
 KS_WUR ks_err ks_rpg_read_sample(const PGresult *res, int row, ks_health_sample *one);
 
 /* ---- the operations on rows (rollout_pg_rows.c) ----

@@ -693,26 +693,33 @@ ks_err ks_rpg_metrics_insert(ks_rollout_store *s, int64_t rollout_id, const char
     return ks_rpg_run(db, NULL,
                       "INSERT INTO keyshift_metrics(rollout_id, instance_id, source, time, seals, "
                       "opens, auth_failures, parse_errors, provider_calls, provider_errors, "
-                      "seal_ns, open_ns) VALUES($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-                      "ittiiiiiiibb", rollout_id, instance_id, source, sample->time,
+                      "seal_ns, open_ns, seal_ns_sum, open_ns_sum) VALUES($1, $2, $3, $4, $5, $6, "
+                      "$7, $8, $9, $10, $11, $12, $13, $14)",
+                      "ittiiiiiiibbii", rollout_id, instance_id, source, sample->time,
                       (int64_t)sample->seals, (int64_t)sample->opens,
                       (int64_t)sample->auth_failures, (int64_t)sample->parse_errors,
                       (int64_t)sample->provider_calls, (int64_t)sample->provider_errors, seal,
-                      (int)KS_RCODEC_HIST_LEN, open, (int)KS_RCODEC_HIST_LEN);
+                      (int)KS_RCODEC_HIST_LEN, open, (int)KS_RCODEC_HIST_LEN,
+                      (int64_t)sample->seal_ns_sum, (int64_t)sample->open_ns_sum);
 }
 
 /* See rollout_pg.h (ks_rpg_read_sample). */
 ks_err ks_rpg_read_sample(const PGresult *res, int row, ks_health_sample *one)
 {
-    int64_t v[6];
+    int64_t v[6], sums[2];
     memset(one, 0, sizeof *one);
     for (int i = 0; i < 6; i++)
         if (!ks_rpg_col_int(res, row, 1 + i, 0, INT64_MAX, &v[i]))
+            return KS_ERR_STORE;
+    for (int i = 0; i < 2; i++)
+        if (!ks_rpg_col_int(res, row, 9 + i, 0, INT64_MAX, &sums[i]))
             return KS_ERR_STORE;
     if (!ks_rpg_col_int(res, row, 0, INT64_MIN, INT64_MAX, &one->time) ||
         !hist_decode(res, row, 7, &one->seal_ns) || !hist_decode(res, row, 8, &one->open_ns))
         return KS_ERR_STORE;
     ks_rcodec_sample_counters(one, v);
+    one->seal_ns_sum = (uint64_t)sums[0];
+    one->open_ns_sum = (uint64_t)sums[1];
     return KS_OK;
 }
 
@@ -737,8 +744,12 @@ ks_err ks_rpg_metrics_sum(ks_rollout_store *s, int64_t rollout_id, int64_t since
         return KS_OK;
     PGresult *res;
     ks_err err = ks_rpg_exec(db, &res,
-                             "SELECT " KS_RPG_METRICS_COLS " FROM keyshift_metrics "
-                             "WHERE rollout_id = $1 AND time >= $2 AND ($3 = '' OR source = $3)",
+                             db->v3 ? "SELECT " KS_RPG_METRICS_COLS " FROM keyshift_metrics "
+                                      "WHERE rollout_id = $1 AND time >= $2 AND ($3 = '' OR "
+                                      "source = $3)"
+                                    : "SELECT " KS_RPG_METRICS_HEAD ", 0::bigint, 0::bigint "
+                                      "FROM keyshift_metrics WHERE rollout_id = $1 AND "
+                                      "time >= $2 AND ($3 = '' OR source = $3)",
                              "iit", rollout_id, since, source != NULL ? source : "");
     int rows = err == KS_OK ? PQntuples(res) : 0;
     if (rows > 0)

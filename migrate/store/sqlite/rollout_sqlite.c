@@ -7,24 +7,27 @@
  * guards and every check of meaning (classes, canaries, scopes) are the
  * rollout layer's (migrate/rollout/rollout_db.c).
  *
- * ---- Tables (schema version 4 of keyshift_meta) --------------------------
+ * ---- Tables (schema version 5 of keyshift_meta) --------------------------
  *
  * Version 1 (migrate/store/sqlite_store.c) has keyshift_meta,
  * keyshift_migration and keyshift_quarantine.  Version 2 adds the four
  * tables below and changes none of version 1's; version 3 adds key scopes
  * (keyshift_rollout.scope_key_id, keyshift_rollout_column, the open-rollout
  * index on (scope_key_id, tbl, col)); version 4 adds
- * keyshift_rollout.encoding.  The upgrade runs, when a writer opens a
- * database below version 4, in one BEGIN IMMEDIATE transaction: version
- * 1's SQL (idempotent: CREATE IF NOT EXISTS, INSERT OR IGNORE), a re-read
- * of the version inside the transaction (a newer one is refused),
- * schema_sql_v2 below when below 2, then the ALTER TABLE adding
- * scope_key_id when it is missing and schema_sql_v3, which sets
- * schema_version = 3, then the ALTER TABLE adding encoding (every
- * rollout before it is of binary encoding) when it is missing and
- * schema_sql_v4, which sets schema_version = 4.  Exact SQL:
- * schema_sql_v2, schema_sql_v3, upgrade_v4.  A read-only open reads a
- * version 2 or 3 database as it is.  In short:
+ * keyshift_rollout.encoding; version 5 adds keyshift_metrics.seal_ns_sum
+ * and open_ns_sum.  The upgrade runs, when a writer opens a database below
+ * version 5, in one BEGIN IMMEDIATE transaction: version 1's SQL
+ * (idempotent: CREATE IF NOT EXISTS, INSERT OR IGNORE), a re-read of the
+ * version inside the transaction (a newer one is refused), schema_sql_v2
+ * below when below 2, then the ALTER TABLE adding scope_key_id when it is
+ * missing and schema_sql_v3, which sets schema_version = 3, then the
+ * ALTER TABLE adding encoding (every rollout before it is of binary
+ * encoding) when it is missing and schema_sql_v4, which sets
+ * schema_version = 4, then the ALTER TABLEs adding the two sums (0 in
+ * every sample stored before them) when missing and schema_sql_v5, which
+ * sets schema_version = 5.  Exact SQL: schema_sql_v2, schema_sql_v3,
+ * upgrade_v4, upgrade_v5.  A read-only open reads a version 2, 3 or 4
+ * database as it is.  In short:
  *
  *   keyshift_rollout      one row per rollout: scope (tbl, col, the schema's
  *                         spelling), source (src_plaintext, src_format,
@@ -54,9 +57,10 @@
  *                         (canonical "key_id:version,..." text), started,
  *                         heartbeat.
  *   keyshift_metrics      rollout_id, instance_id, source 'app'|'migrate',
- *                         time, the counters of a ks_health_sample, and the
+ *                         time, the counters of a ks_health_sample, the
  *                         two histograms as BLOBs of exactly
- *                         KS_HIST_BUCKETS little-endian uint64.
+ *                         KS_HIST_BUCKETS little-endian uint64, and (v5)
+ *                         seal_ns_sum, open_ns_sum: the latency sums.
  *
  * ---- Behaviour -----------------------------------------------------------
  *
@@ -154,6 +158,11 @@ static const char schema_sql_v3[] =
  * keyshift_rollout.encoding when it was missing. */
 static const char schema_sql_v4[] =
     "UPDATE main.keyshift_meta SET value = 4 WHERE key = 'schema_version';";
+
+/* Version 5 (the samples' latency sums), after the caller added
+ * keyshift_metrics.seal_ns_sum and open_ns_sum when they were missing. */
+static const char schema_sql_v5[] =
+    "UPDATE main.keyshift_meta SET value = 5 WHERE key = 'schema_version';";
 
 
 /* ---- statements ------------------------------------------------------------- */
@@ -368,10 +377,10 @@ int ks_rsql_col_int(sqlite3_stmt *st, int i, int64_t lo, int64_t hi, int64_t *ou
 /* ---- opening ------------------------------------------------------------------ */
 
 /* The schema version (0 without keyshift_meta), the number of version
- * 2 tables present, whether version 3's table and column are, and
- * whether version 4's column is. */
+ * 2 tables present, whether version 3's table and column are, whether
+ * version 4's column is, and how many of version 5's two columns are. */
 static ks_err read_schema_state(ks_rsql *db, int64_t *version, int64_t *n_v2,
-                                int64_t *has_v3, int64_t *has_v4)
+                                int64_t *has_v3, int64_t *has_v4, int64_t *n_v5)
 {
     int64_t has_meta = 0;
     *version = 0;
@@ -402,6 +411,11 @@ static ks_err read_schema_state(ks_rsql *db, int64_t *version, int64_t *n_v2,
                         "SELECT count(*) FROM pragma_table_info('keyshift_rollout', 'main') "
                         "WHERE name = 'encoding'",
                         has_v4);
+    if (err == KS_OK)
+        err = query_i64(db,
+                        "SELECT count(*) FROM pragma_table_info('keyshift_metrics', 'main') "
+                        "WHERE name IN ('seal_ns_sum', 'open_ns_sum')",
+                        n_v5);
     return err;
 }
 
@@ -441,6 +455,32 @@ static int upgrade_v4(ks_rsql *db, int64_t has_v4)
     return rc;
 }
 
+/* Inside the upgrade's transaction: add version 5 to a version 4 schema
+ * (each latency sum column only when it is missing, then schema_sql_v5).
+ * A sample stored before has no sum: 0. */
+static int upgrade_v5(ks_rsql *db)
+{
+    static const char *const has[] = {
+        "SELECT count(*) FROM pragma_table_info('keyshift_metrics', 'main') "
+        "WHERE name = 'seal_ns_sum'",
+        "SELECT count(*) FROM pragma_table_info('keyshift_metrics', 'main') "
+        "WHERE name = 'open_ns_sum'"};
+    static const char *const add[] = {
+        "ALTER TABLE main.keyshift_metrics ADD COLUMN seal_ns_sum INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE main.keyshift_metrics ADD COLUMN open_ns_sum INTEGER NOT NULL DEFAULT 0"};
+    int rc = SQLITE_OK;
+    for (size_t i = 0; rc == SQLITE_OK && i < 2; i++) {
+        int64_t n = 0;
+        if (query_i64(db, has[i], &n) != KS_OK)
+            return SQLITE_ERROR;
+        if (!n)
+            rc = sqlite3_exec(db->db, add[i], NULL, NULL, NULL);
+    }
+    if (rc == SQLITE_OK)
+        rc = sqlite3_exec(db->db, schema_sql_v5, NULL, NULL, NULL);
+    return rc;
+}
+
 /* Refuse a schema newer than this library. */
 static ks_err check_not_newer(int64_t version, char *errbuf, size_t errbuf_len)
 {
@@ -452,16 +492,16 @@ static ks_err check_not_newer(int64_t version, char *errbuf, size_t errbuf_len)
     return KS_OK;
 }
 
-/* Create or upgrade keyshift's tables to version 4 in one BEGIN IMMEDIATE
+/* Create or upgrade keyshift's tables to version 5 in one BEGIN IMMEDIATE
  * transaction (see the file comment), re-reading the version inside it:
- * version 2's step when below it, then version 3's, then version 4's. */
+ * version 2's step when below it, then version 3's, 4's and 5's. */
 static ks_err upgrade(ks_rsql *db, char *errbuf, size_t errbuf_len)
 {
-    int64_t version = 0, n_v2 = 0, has_v3 = 0, has_v4 = 0;
+    int64_t version = 0, n_v2 = 0, has_v3 = 0, has_v4 = 0, n_v5 = 0;
     int rc = sqlite3_exec(db->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
     if (rc == SQLITE_OK)
         rc = sqlite3_exec(db->db, ks_sqlite_schema_sql, NULL, NULL, NULL);
-    ks_err err = rc == SQLITE_OK ? read_schema_state(db, &version, &n_v2, &has_v3, &has_v4)
+    ks_err err = rc == SQLITE_OK ? read_schema_state(db, &version, &n_v2, &has_v3, &has_v4, &n_v5)
                                  : ks_sqlite_fail_rc(errbuf, errbuf_len, rc,
                                                      "creating the keyshift tables");
     if (err == KS_OK)
@@ -478,6 +518,11 @@ static ks_err upgrade(ks_rsql *db, char *errbuf, size_t errbuf_len)
     }
     if (err == KS_OK && (version < 4 || !has_v4)) {
         rc = upgrade_v4(db, has_v4);
+        if (rc != SQLITE_OK)
+            err = ks_sqlite_fail_rc(errbuf, errbuf_len, rc, "upgrading the keyshift tables");
+    }
+    if (err == KS_OK && (version < 5 || n_v5 < 2)) {
+        rc = upgrade_v5(db);
         if (rc != SQLITE_OK)
             err = ks_sqlite_fail_rc(errbuf, errbuf_len, rc, "upgrading the keyshift tables");
     }
@@ -581,10 +626,10 @@ ks_err ks_rollout_store_sqlite_open(const char *path, unsigned flags, ks_rollout
     db->base.ops = &sqlite_ops;
     db->read_only = (flags & KS_ROLLOUT_DB_READ_ONLY) != 0;
     ks_sqlite_busy_init(&db->busy, 0);
-    int64_t version = 0, n_v2 = 0, has_v3 = 0, has_v4 = 0;
+    int64_t version = 0, n_v2 = 0, has_v3 = 0, has_v4 = 0, n_v5 = 0;
     ks_err err = ks_sqlite_connect(path, db->read_only, 0, &db->busy, &db->db, errbuf, errbuf_len);
     if (err == KS_OK) {
-        err = read_schema_state(db, &version, &n_v2, &has_v3, &has_v4);
+        err = read_schema_state(db, &version, &n_v2, &has_v3, &has_v4, &n_v5);
         if (err != KS_OK)
             err = ks_sqlite_fail(errbuf, errbuf_len, err, "reading the schema: %s",
                                  ks_err_name(err));
@@ -592,17 +637,18 @@ ks_err ks_rollout_store_sqlite_open(const char *path, unsigned flags, ks_rollout
     if (err == KS_OK)
         err = check_not_newer(version, errbuf, errbuf_len);
     if (err == KS_OK && !db->read_only &&
-        (version < KS_SQLITE_SCHEMA_LATEST || n_v2 < 4 || !has_v3 || !has_v4))
+        (version < KS_SQLITE_SCHEMA_LATEST || n_v2 < 4 || !has_v3 || !has_v4 || n_v5 < 2))
         err = upgrade(db, errbuf, errbuf_len);
     else if (err == KS_OK && db->read_only) {
         /* a version 2 database is read as it is: its rollouts are all
          * column-scoped, and ignoring them would let `migrate` run unguarded */
         db->have_tables = version >= 2 && n_v2 == 4;
         db->v3 = db->have_tables && version >= 3 && has_v3;
-        db->v4 = db->v3 && version == 4 && has_v4;
+        db->v4 = db->v3 && version >= 4 && has_v4;
+        db->v5 = db->v4 && version >= 5 && n_v5 == 2;
     }
     if (err == KS_OK && !db->read_only)
-        db->have_tables = db->v3 = db->v4 = 1;
+        db->have_tables = db->v3 = db->v4 = db->v5 = 1;
     if (err != KS_OK) {
         op_close(&db->base);
         return err;

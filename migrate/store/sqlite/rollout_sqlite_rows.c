@@ -743,35 +743,51 @@ ks_err ks_rsql_metrics_insert(ks_rollout_store *s, int64_t rollout_id, const cha
     int rc = ks_rsql_prep_bind(db, &st,
                                "INSERT INTO main.keyshift_metrics(rollout_id, instance_id, source, "
                                "time, seals, opens, auth_failures, parse_errors, provider_calls, "
-                               "provider_errors, seal_ns, open_ns) "
-                               "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-                               "ittiiiiiiibb", rollout_id, instance_id, source, sample->time,
+                               "provider_errors, seal_ns, open_ns, seal_ns_sum, open_ns_sum) "
+                               "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                               "ittiiiiiiibbii", rollout_id, instance_id, source, sample->time,
                                (int64_t)sample->seals, (int64_t)sample->opens,
                                (int64_t)sample->auth_failures, (int64_t)sample->parse_errors,
                                (int64_t)sample->provider_calls, (int64_t)sample->provider_errors,
-                               seal, (int)KS_RCODEC_HIST_LEN, open, (int)KS_RCODEC_HIST_LEN);
+                               seal, (int)KS_RCODEC_HIST_LEN, open, (int)KS_RCODEC_HIST_LEN,
+                               (int64_t)sample->seal_ns_sum, (int64_t)sample->open_ns_sum);
     rc = ks_rsql_run_done(db, st, rc);
     return rc == SQLITE_OK ? KS_OK : ks_rsql_rc_err(rc);
 }
 
 /* Add the metrics row under st into acc (ks_health_add: saturating):
- * KS_ERR_STORE when a counter is not a non-negative INTEGER or a
- * histogram is not an exact-length BLOB. */
+ * KS_ERR_STORE when a counter or latency sum is not a non-negative
+ * INTEGER or a histogram is not an exact-length BLOB. */
 static ks_err add_sample(sqlite3_stmt *st, ks_health_sample *acc)
 {
-    int64_t v[6];
+    int64_t v[6], sums[2];
     ks_health_sample row;
     memset(&row, 0, sizeof row);
     for (int i = 0; i < 6; i++)
         if (!ks_rsql_col_int(st, 1 + i, 0, INT64_MAX, &v[i]))
             return KS_ERR_STORE;
+    for (int i = 0; i < 2; i++)
+        if (!ks_rsql_col_int(st, 9 + i, 0, INT64_MAX, &sums[i]))
+            return KS_ERR_STORE;
     if (!ks_rsql_col_int(st, 0, INT64_MIN, INT64_MAX, &row.time) ||
         !hist_decode(st, 7, &row.seal_ns) || !hist_decode(st, 8, &row.open_ns))
         return KS_ERR_STORE;
     ks_rcodec_sample_counters(&row, v);
+    row.seal_ns_sum = (uint64_t)sums[0];
+    row.open_ns_sum = (uint64_t)sums[1];
     ks_health_add(acc, &row);
     return KS_OK;
 }
+
+/* The query of metrics_sum, in two spellings indexed by db->v5: a
+ * database below version 5 (read-only) has no latency sums, 0 for each
+ * of its samples as for those stored before the upgrade. */
+#define SELECT_METRICS(sums)                                                                      \
+    "SELECT time, seals, opens, auth_failures, parse_errors, provider_calls, provider_errors, "   \
+    "seal_ns, open_ns, " sums " FROM main.keyshift_metrics WHERE rollout_id = ?1 AND time >= ?2 " \
+    "AND (?3 = '' OR source = ?3)"
+static const char *const select_metrics[2] = {SELECT_METRICS("0, 0"),
+                                              SELECT_METRICS("seal_ns_sum, open_ns_sum")};
 
 /* See rollout_store.h (metrics_sum). */
 ks_err ks_rsql_metrics_sum(ks_rollout_store *s, int64_t rollout_id, int64_t since,
@@ -782,12 +798,8 @@ ks_err ks_rsql_metrics_sum(ks_rollout_store *s, int64_t rollout_id, int64_t sinc
     if (!db->have_tables)
         return KS_OK;
     sqlite3_stmt *st;
-    int rc = ks_rsql_prep_bind(db, &st,
-                               "SELECT time, seals, opens, auth_failures, parse_errors, "
-                               "provider_calls, provider_errors, seal_ns, open_ns "
-                               "FROM main.keyshift_metrics WHERE rollout_id = ?1 AND time >= ?2 "
-                               "AND (?3 = '' OR source = ?3)",
-                               "iit", rollout_id, since, source != NULL ? source : "");
+    int rc = ks_rsql_prep_bind(db, &st, select_metrics[db->v5 != 0], "iit", rollout_id, since,
+                               source != NULL ? source : "");
     ks_err err = KS_OK;
     int any = 0;
     while (rc == SQLITE_OK || rc == SQLITE_ROW) {
