@@ -202,7 +202,7 @@ static void test_schema_fresh(void **state)
 {
     world *w = *state;
     open_db(w);
-    assert_int_equal(schema_version(w), 5);
+    assert_int_equal(schema_version(w), 4);
     assert_int_equal(query_int(w->path, "SELECT count(*) FROM sqlite_master WHERE type = 'table' "
                                         "AND name LIKE 'keyshift%'"),
                      8);
@@ -229,7 +229,7 @@ static void test_schema_upgrade_from_v1(void **state)
     assert_int_equal(ks_rollout_db_latest(w->db, "payments", "card", &r), KS_ERR_NO_ROLLOUT);
     assert_int_equal(schema_version(w), 1);
     open_db(w);
-    assert_int_equal(schema_version(w), 5);
+    assert_int_equal(schema_version(w), 4);
     assert_int_equal(query_int(w->path, "SELECT count(*) FROM keyshift_quarantine"), 1);
     assert_int_equal(open_rowstore(w), KS_OK);
 }
@@ -248,7 +248,7 @@ static void test_upgrade_atomic(void **state)
                      0);
     exec_sql(w->path, "DROP VIEW keyshift_rollout_log;");
     open_db(w);
-    assert_int_equal(schema_version(w), 5);
+    assert_int_equal(schema_version(w), 4);
 }
 
 /* A read-only store reads but refuses every change. */
@@ -1733,14 +1733,13 @@ static void test_key_scope_guards(void **state)
     assert_non_null(strstr(w->err, "a later rollout governs key payments-kek"));
 }
 
-/* Turn the version 5 tables back into what version 4 of this library
- * created: no latency sums in keyshift_metrics. */
-static const char v5_to_v4[] =
+/* Take the latency sum columns out of keyshift_metrics, as a library
+ * without them created the version 4 tables. */
+static const char no_sums[] =
     "ALTER TABLE keyshift_metrics DROP COLUMN seal_ns_sum;"
-    "ALTER TABLE keyshift_metrics DROP COLUMN open_ns_sum;"
-    "UPDATE keyshift_meta SET value = 4 WHERE key = 'schema_version';";
+    "ALTER TABLE keyshift_metrics DROP COLUMN open_ns_sum;";
 
-/* Turn the version 5 tables back into what version 3 of this library
+/* Turn the version 4 tables back into what version 3 of this library
  * created: no keyshift_rollout.encoding, no latency sums. */
 static const char v4_to_v3[] =
     "ALTER TABLE keyshift_metrics DROP COLUMN seal_ns_sum;"
@@ -1748,7 +1747,7 @@ static const char v4_to_v3[] =
     "ALTER TABLE keyshift_rollout DROP COLUMN encoding;"
     "UPDATE keyshift_meta SET value = 3 WHERE key = 'schema_version';";
 
-/* Turn the version 5 tables back into what version 2 of this library
+/* Turn the version 4 tables back into what version 2 of this library
  * created: no keyshift_rollout_column, no scope_key_id, no encoding, no
  * latency sums, the old index. */
 static const char v3_to_v2[] =
@@ -1763,7 +1762,7 @@ static const char v3_to_v2[] =
     "UPDATE keyshift_meta SET value = 2 WHERE key = 'schema_version';";
 
 /* A version 2 database: read-only, its rollout is read as column-scoped
- * and nothing changes; a writer upgrades it to version 5 in place, keeps
+ * and nothing changes; a writer upgrades it to version 4 in place, keeps
  * the rollout (and its open-rollout rule) and can start key scopes. */
 static void test_schema_upgrade_from_v2(void **state)
 {
@@ -1792,7 +1791,7 @@ static void test_schema_upgrade_from_v2(void **state)
     assert_int_equal(ks_rollout_db_latest_key(w->db, "payments-kek", &r), KS_ERR_NO_ROLLOUT);
     assert_int_equal(schema_version(w), 2);
     open_db(w);
-    assert_int_equal(schema_version(w), 5);
+    assert_int_equal(schema_version(w), 4);
     assert_int_equal(ks_rollout_db_get(w->db, 1, &r), KS_OK);
     assert_int_equal(r.scope, KS_SCOPE_COLUMN);
     start_refused(w, &s, KS_ERR_ROLLOUT_EXISTS, "rollout 1 of payments.card is in backfill");
@@ -1802,7 +1801,7 @@ static void test_schema_upgrade_from_v2(void **state)
     s.n_columns = 1;
     (void)start(w, &s, 20);
     open_db(w); /* opening again changes nothing */
-    assert_int_equal(schema_version(w), 5);
+    assert_int_equal(schema_version(w), 4);
     assert_int_equal(open_rowstore(w), KS_OK);
 }
 
@@ -1810,7 +1809,7 @@ static void test_schema_upgrade_from_v2(void **state)
  * get, latest and list; a bad one refused at start and, stored by hand,
  * read as a malformed row.  A version 3 database (no encoding column)
  * reads as binary, read-only without a change; a writer upgrades it to
- * version 5 in place and keeps its rollout. */
+ * version 4 in place and keeps its rollout. */
 static void test_encoding_record(void **state)
 {
     world *w = *state;
@@ -1858,7 +1857,7 @@ static void test_encoding_record(void **state)
     assert_int_equal(r.encoding, KS_ENCODING_BINARY);
     assert_int_equal(schema_version(w), 3);
     open_db(w);
-    assert_int_equal(schema_version(w), 5);
+    assert_int_equal(schema_version(w), 4);
     assert_int_equal(ks_rollout_db_get(w->db, id, &r), KS_OK);
     assert_int_equal(r.encoding, KS_ENCODING_BINARY);
     assert_int_equal(query_int(w->path, "SELECT count(*) FROM keyshift_rollout WHERE "
@@ -1866,11 +1865,13 @@ static void test_encoding_record(void **state)
                      1);
 }
 
-/* A version 4 database (samples without latency sums): read-only, its
- * samples sum with sums of 0 and nothing changes; a writer upgrades it
- * to version 5 in place in one transaction, keeping every sample (their
- * sums 0) and storing the sums of new ones; a failed upgrade leaves the
- * database at version 4, without the new columns. */
+/* A version 4 database without the latency sums (as a library without
+ * them made it): read-only, its samples sum with sums of 0 and nothing
+ * changes; a writer adds the two columns in place, keeping every sample
+ * (their sums 0) and the schema version (4), and stores the sums of new
+ * samples; a sample inserted as a library without the sums inserts it
+ * (its columns by name) is still stored, with sums of 0, so older
+ * instances keep working on the database. */
 static void test_metrics_sums_upgrade(void **state)
 {
     world *w = *state;
@@ -1879,7 +1880,7 @@ static void test_metrics_sums_upgrade(void **state)
     assert_int_equal(ks_rollout_db_metrics_insert(w->db, 1, "web-1", "app", &a), KS_OK);
     ks_rollout_db_close(w->db);
     w->db = NULL;
-    exec_sql(w->path, v5_to_v4);
+    exec_sql(w->path, no_sums);
     assert_int_equal(query_int(w->path, "SELECT count(*) FROM pragma_table_info("
                                         "'keyshift_metrics') WHERE name LIKE '%_sum'"),
                      0);
@@ -1891,20 +1892,14 @@ static void test_metrics_sums_upgrade(void **state)
     assert_true(sum.seal_ns_sum == 0 && sum.open_ns_sum == 0);
     ks_rollout_db_close(w->db);
     w->db = NULL;
-    assert_int_equal(schema_version(w), 4);
-    /* the version's update fails after both ALTER TABLEs: they are
-     * rolled back with it */
-    exec_sql(w->path, "CREATE TRIGGER keyshift_meta_block BEFORE UPDATE ON keyshift_meta "
-                      "BEGIN SELECT RAISE(ABORT, 'blocked'); END;");
-    assert_int_not_equal(ks_rollout_db_open(w->path, 0, &w->db, w->err, sizeof w->err), KS_OK);
-    assert_null(w->db);
-    assert_int_equal(schema_version(w), 4);
     assert_int_equal(query_int(w->path, "SELECT count(*) FROM pragma_table_info("
                                         "'keyshift_metrics') WHERE name LIKE '%_sum'"),
                      0);
-    exec_sql(w->path, "DROP TRIGGER keyshift_meta_block;");
     open_db(w);
-    assert_int_equal(schema_version(w), 5);
+    assert_int_equal(schema_version(w), 4);
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM pragma_table_info("
+                                        "'keyshift_metrics') WHERE name LIKE '%_sum'"),
+                     2);
     assert_int_equal(query_int(w->path, "SELECT count(*) FROM keyshift_metrics WHERE "
                                         "seal_ns_sum = 0 AND open_ns_sum = 0"),
                      1);
@@ -1912,8 +1907,18 @@ static void test_metrics_sums_upgrade(void **state)
     assert_int_equal(ks_rollout_db_metrics_sum(w->db, 1, 0, &sum), KS_OK);
     assert_int_equal(sum.seals, 14);
     assert_true(sum.seal_ns_sum == b.seal_ns_sum && sum.open_ns_sum == b.open_ns_sum);
+    /* an older library's insert: the version 4 columns by name */
+    exec_sql(w->path, "INSERT INTO keyshift_metrics(rollout_id, instance_id, source, time, "
+                      "seals, opens, auth_failures, parse_errors, provider_calls, "
+                      "provider_errors, seal_ns, open_ns) SELECT rollout_id, 'old-1', source, "
+                      "time, seals, opens, auth_failures, parse_errors, provider_calls, "
+                      "provider_errors, seal_ns, open_ns FROM keyshift_metrics "
+                      "WHERE instance_id = 'web-1' AND time = 100;");
+    assert_int_equal(ks_rollout_db_metrics_sum(w->db, 1, 0, &sum), KS_OK);
+    assert_int_equal(sum.seals, 24);
+    assert_true(sum.seal_ns_sum == b.seal_ns_sum && sum.open_ns_sum == b.open_ns_sum);
     open_db(w); /* opening again changes nothing */
-    assert_int_equal(schema_version(w), 5);
+    assert_int_equal(schema_version(w), 4);
     assert_int_equal(open_rowstore(w), KS_OK);
 }
 

@@ -41,7 +41,7 @@ static void test_open_creates_schema(void **state)
                      8);
     assert_int_equal(ks_pg_test_int(w->admin, "SELECT value FROM keyshift_meta "
                                   "WHERE key = 'rollout_schema_version'"),
-                     3);
+                     2);
     ks_rollout_store *again = open_store(w, 0);
     again->ops->close(again);
     /* read-only over the tables: reads work, writes refuse */
@@ -286,7 +286,7 @@ static void test_strict_rows(void **state)
 
 /* The rollout's encoding: inserted and read back; a version 1 database
  * (no encoding column) reads as binary read-only without a change, and a
- * writer upgrades it to version 3 in place, keeping its rollouts. */
+ * writer upgrades it to version 2 in place, keeping its rollouts. */
 static void test_encoding_upgrade(void **state)
 {
     world *w = *state;
@@ -317,16 +317,19 @@ static void test_encoding_upgrade(void **state)
     rw->ops->close(rw);
     assert_int_equal(ks_pg_test_int(w->admin, "SELECT value FROM keyshift_meta "
                                   "WHERE key = 'rollout_schema_version'"),
-                     3);
+                     2);
     assert_int_equal(ks_pg_test_int(w->admin, "SELECT count(*) FROM keyshift_rollout "
                                   "WHERE encoding = 'binary'"),
                      1);
 }
 
 /* The samples' latency sums: stored and summed; a version 2 database
- * (no sum columns) sums them as 0 read-only without a change, and a
- * writer upgrades it to version 3 in place, keeping its samples (their
- * sums 0); a negative sum stored by hand is a bad row. */
+ * without the sum columns (as a library without them made it) sums them
+ * as 0 read-only without a change, and a writer adds the columns in
+ * place, keeping its samples (their sums 0) and the schema version (2);
+ * a sample inserted as a library without the sums inserts it (its
+ * columns by name) is still stored, with sums of 0, so older instances
+ * keep working; a negative sum stored by hand is a bad row. */
 static void test_metrics_sums_upgrade(void **state)
 {
     world *w = *state;
@@ -342,8 +345,6 @@ static void test_metrics_sums_upgrade(void **state)
     assert_true(sum.seal_ns_sum == 2500 && sum.open_ns_sum == UINT64_C(9000000000000));
     ks_pg_test_exec(w->admin, "ALTER TABLE keyshift_metrics DROP COLUMN seal_ns_sum, "
                               "DROP COLUMN open_ns_sum");
-    ks_pg_test_exec(w->admin, "UPDATE keyshift_meta SET value = 2 "
-                              "WHERE key = 'rollout_schema_version'");
     ks_rollout_store *ro = open_store(w, 1);
     assert_int_equal(ro->ops->metrics_sum(ro, 1, 0, NULL, &sum), KS_OK);
     assert_int_equal(sum.seals, 2);
@@ -359,10 +360,20 @@ static void test_metrics_sums_upgrade(void **state)
     assert_true(sum.seal_ns_sum == 2500 && sum.open_ns_sum == UINT64_C(9000000000000));
     assert_int_equal(ks_pg_test_int(w->admin, "SELECT value FROM keyshift_meta "
                                   "WHERE key = 'rollout_schema_version'"),
-                     3);
+                     2);
     assert_int_equal(ks_pg_test_int(w->admin, "SELECT count(*) FROM keyshift_metrics "
                                   "WHERE seal_ns_sum = 0 AND open_ns_sum = 0"),
                      1);
+    /* an older library's insert: the version 2 columns by name */
+    ks_pg_test_exec(w->admin, "INSERT INTO keyshift_metrics(rollout_id, instance_id, source, "
+                              "time, seals, opens, auth_failures, parse_errors, provider_calls, "
+                              "provider_errors, seal_ns, open_ns) SELECT rollout_id, 'old-1', "
+                              "source, time, seals, opens, auth_failures, parse_errors, "
+                              "provider_calls, provider_errors, seal_ns, open_ns FROM "
+                              "keyshift_metrics WHERE instance_id = 'web-1' LIMIT 1");
+    assert_int_equal(rw->ops->metrics_sum(rw, 1, 0, NULL, &sum), KS_OK);
+    assert_int_equal(sum.seals, 6);
+    assert_true(sum.seal_ns_sum == 2500 && sum.open_ns_sum == UINT64_C(9000000000000));
     ks_pg_test_exec(w->admin, "UPDATE keyshift_metrics SET open_ns_sum = -1");
     assert_int_equal(rw->ops->metrics_sum(rw, 1, 0, NULL, &sum), KS_ERR_STORE);
     rw->ops->close(rw);

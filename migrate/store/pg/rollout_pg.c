@@ -18,12 +18,17 @@
  * one transaction that first takes pg_advisory_xact_lock (the row store's
  * key), so that concurrent openers do not race on CREATE ... IF NOT
  * EXISTS; a schema newer than this library is refused.  Version 2 adds
- * keyshift_rollout.encoding ('binary' or 'base64'), version 3
- * keyshift_metrics.seal_ns_sum and open_ns_sum (the samples' latency
- * sums); the same DDL upgrades version 1 and 2 tables in place (ALTER
- * TABLE ... ADD COLUMN IF NOT EXISTS: every older rollout of binary
- * encoding, every older sample with sums of 0), in the same transaction,
- * and a read-only store reads a version 1 or 2 database as it is.
+ * keyshift_rollout.encoding ('binary' or 'base64').  The samples' latency
+ * sums (keyshift_metrics.seal_ns_sum and open_ns_sum) are columns added
+ * to version 2 in place, without a new version: a library without them
+ * inserts and reads samples by column name, so it keeps working on a
+ * database that has them (its samples then have sums of 0), where a new
+ * version would make every older instance refuse the database.  The same
+ * DDL upgrades version 1 tables, and adds the sums where they are
+ * missing, in place (ALTER TABLE ... ADD COLUMN IF NOT EXISTS: every
+ * older rollout of binary encoding, every older sample with sums of 0),
+ * in the same transaction, and a read-only store reads a version 1 or 2
+ * database, with or without the sums, as it is.
  *
  *   keyshift_rollout          one row per rollout; the partial unique index
  *                             keyshift_rollout_open on (scope_key_id,
@@ -89,7 +94,7 @@
 #include "rollout_pg.h"
 
 /* The schema version this library writes and reads. */
-#define SCHEMA_LATEST 3
+#define SCHEMA_LATEST 2
 /* The tables of the schema (see the file comment). */
 #define N_TABLES 7
 /* The most parameters of one statement. */
@@ -528,15 +533,19 @@ static ks_err op_data_version(ks_rollout_store *s, int64_t *out)
 
 /* ---- opening ------------------------------------------------------------------------ */
 
-/* How many of the schema's tables the search_path shows, and the schema
+/* How many of the schema's tables the search_path shows, how many of the
+ * two latency sum columns its keyshift_metrics has, and the schema
  * version (0 without keyshift_meta or its row). */
-static ks_err read_schema_state(ks_rpg *db, int64_t *n_tables, int64_t *version)
+static ks_err read_schema_state(ks_rpg *db, int64_t *n_tables, int64_t *n_sums, int64_t *version)
 {
     PGresult *res;
-    *n_tables = *version = 0;
+    *n_tables = *n_sums = *version = 0;
     ks_err err = ks_rpg_exec(
         db, &res,
-        "SELECT count(*), count(*) FILTER (WHERE c.relname = 'keyshift_meta') "
+        "SELECT count(*), count(*) FILTER (WHERE c.relname = 'keyshift_meta'), "
+        "(SELECT count(*) FROM pg_catalog.pg_attribute a WHERE a.attrelid = "
+        "pg_catalog.to_regclass('keyshift_metrics') AND NOT a.attisdropped "
+        "AND a.attname IN ('seal_ns_sum', 'open_ns_sum')) "
         "FROM pg_catalog.pg_class c WHERE c.relkind IN ('r', 'p') "
         "AND c.relname IN ('keyshift_meta', 'keyshift_rollout', 'keyshift_rollout_column', "
         "'keyshift_rollout_log', 'keyshift_readers', 'keyshift_metrics', "
@@ -545,7 +554,8 @@ static ks_err read_schema_state(ks_rpg *db, int64_t *n_tables, int64_t *version)
     int64_t has_meta = 0;
     if (err == KS_OK && (PQntuples(res) != 1 ||
                          !ks_rpg_col_int(res, 0, 0, 0, INT64_MAX, n_tables) ||
-                         !ks_rpg_col_int(res, 0, 1, 0, INT64_MAX, &has_meta)))
+                         !ks_rpg_col_int(res, 0, 1, 0, INT64_MAX, &has_meta) ||
+                         !ks_rpg_col_int(res, 0, 2, 0, 2, n_sums)))
         err = KS_ERR_STORE;
     PQclear(res);
     if (err != KS_OK || !has_meta)
@@ -577,7 +587,7 @@ static ks_err check_not_newer(int64_t version, char *errbuf, size_t errbuf_len)
  * re-reading the version inside it. */
 static ks_err create_tables(ks_rpg *db, char *errbuf, size_t errbuf_len)
 {
-    int64_t n = 0, version = 0;
+    int64_t n = 0, n_sums = 0, version = 0;
     db->in_txn = 1;
     ks_err err = run_const(db,
                            "BEGIN ISOLATION LEVEL READ COMMITTED;"
@@ -585,10 +595,10 @@ static ks_err create_tables(ks_rpg *db, char *errbuf, size_t errbuf_len)
                            "SELECT pg_catalog.pg_advisory_xact_lock(1801812339)",
                            NULL, 0);
     if (err == KS_OK)
-        err = read_schema_state(db, &n, &version);
+        err = read_schema_state(db, &n, &n_sums, &version);
     if (err == KS_OK)
         err = check_not_newer(version, errbuf, errbuf_len);
-    if (err == KS_OK && (n < N_TABLES || version < SCHEMA_LATEST))
+    if (err == KS_OK && (n < N_TABLES || version < SCHEMA_LATEST || n_sums < 2))
         err = run_const(db, schema_ddl, NULL, 0);
     if (err == KS_OK)
         err = commit_now(db);
@@ -704,23 +714,23 @@ ks_err ks_rollout_store_pg_open(const char *conninfo, int read_only, ks_rollout_
         return KS_ERR_NO_MEMORY;
     db->base.ops = &pg_ops;
     db->read_only = read_only != 0;
-    int64_t n = 0, version = 0;
+    int64_t n = 0, n_sums = 0, version = 0;
     ks_err err = connect_db(db, conninfo, errbuf, errbuf_len);
     if (err == KS_OK) {
-        err = read_schema_state(db, &n, &version);
+        err = read_schema_state(db, &n, &n_sums, &version);
         if (err != KS_OK)
             err = ks_rpg_fail(errbuf, errbuf_len, err, "reading the catalog: %s", ks_err_name(err));
     }
     if (err == KS_OK)
         err = check_not_newer(version, errbuf, errbuf_len);
-    if (err == KS_OK && !db->read_only && (n < N_TABLES || version < SCHEMA_LATEST))
+    if (err == KS_OK && !db->read_only && (n < N_TABLES || version < SCHEMA_LATEST || n_sums < 2))
         err = create_tables(db, errbuf, errbuf_len);
     if (err == KS_OK && db->read_only) {
         db->have_tables = n == N_TABLES && version >= 1;
         db->v2 = db->have_tables && version >= 2;
-        db->v3 = db->v2 && version >= 3;
+        db->sums = db->v2 && n_sums == 2;
     } else if (err == KS_OK) {
-        db->have_tables = db->v2 = db->v3 = 1;
+        db->have_tables = db->v2 = db->sums = 1;
     }
     if (err != KS_OK) {
         op_close(&db->base);

@@ -28,7 +28,8 @@ typedef struct ks_rpg {
     int read_only;
     int have_tables;          /* every table of the schema exists */
     int v2;                   /* and version 2's keyshift_rollout.encoding */
-    int v3;                   /* and version 3's keyshift_metrics latency sums (implies v2) */
+    int sums;                 /* and keyshift_metrics' latency sum columns (implies v2;
+                                 added to version 2 in place: rollout_pg.c) */
     int in_txn;               /* begin or snapshot opened a transaction */
 } ks_rpg;
 
@@ -96,8 +97,8 @@ int ks_rpg_col_null(const PGresult *res, int row, int i);
 #define KS_RPG_READER_COLS                                                                         \
     "instance_id, library_version, max_format, algorithms, key_versions, started, heartbeat"
 /* The columns of keyshift_metrics that ks_rpg_read_sample reads: the
- * counters and histograms of every version, then version 3's latency
- * sums (a version 2 database, read-only, selects 0 for them). */
+ * counters and histograms of every version, then the latency sums (a
+ * database without those columns, read-only, selects 0 for them). */
 #define KS_RPG_METRICS_HEAD                                                                        \
     "time, seals, opens, auth_failures, parse_errors, provider_calls, provider_errors, "          \
     "seal_ns, open_ns"

@@ -744,7 +744,7 @@ ks_err ks_rpg_metrics_sum(ks_rollout_store *s, int64_t rollout_id, int64_t since
         return KS_OK;
     PGresult *res;
     ks_err err = ks_rpg_exec(db, &res,
-                             db->v3 ? "SELECT " KS_RPG_METRICS_COLS " FROM keyshift_metrics "
+                             db->sums ? "SELECT " KS_RPG_METRICS_COLS " FROM keyshift_metrics "
                                       "WHERE rollout_id = $1 AND time >= $2 AND ($3 = '' OR "
                                       "source = $3)"
                                     : "SELECT " KS_RPG_METRICS_HEAD ", 0::bigint, 0::bigint "

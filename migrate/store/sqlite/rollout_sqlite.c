@@ -7,16 +7,21 @@
  * guards and every check of meaning (classes, canaries, scopes) are the
  * rollout layer's (migrate/rollout/rollout_db.c).
  *
- * ---- Tables (schema version 5 of keyshift_meta) --------------------------
+ * ---- Tables (schema version 4 of keyshift_meta) --------------------------
  *
  * Version 1 (migrate/store/sqlite_store.c) has keyshift_meta,
  * keyshift_migration and keyshift_quarantine.  Version 2 adds the four
  * tables below and changes none of version 1's; version 3 adds key scopes
  * (keyshift_rollout.scope_key_id, keyshift_rollout_column, the open-rollout
  * index on (scope_key_id, tbl, col)); version 4 adds
- * keyshift_rollout.encoding; version 5 adds keyshift_metrics.seal_ns_sum
- * and open_ns_sum.  The upgrade runs, when a writer opens a database below
- * version 5, in one BEGIN IMMEDIATE transaction: version 1's SQL
+ * keyshift_rollout.encoding.  keyshift_metrics.seal_ns_sum and open_ns_sum
+ * (the samples' latency sums) are added to version 4 in place, without a
+ * new version: a library without them inserts samples by column name and
+ * reads them by column name, so it keeps working on a database that has
+ * them (its samples then have sums of 0), where a new version would make
+ * every older instance refuse the database.  The upgrade runs, when a
+ * writer opens a database below version 4 or without the sums, in one
+ * BEGIN IMMEDIATE transaction: version 1's SQL
  * (idempotent: CREATE IF NOT EXISTS, INSERT OR IGNORE), a re-read of the
  * version inside the transaction (a newer one is refused), schema_sql_v2
  * below when below 2, then the ALTER TABLE adding scope_key_id when it is
@@ -24,10 +29,10 @@
  * ALTER TABLE adding encoding (every rollout before it is of binary
  * encoding) when it is missing and schema_sql_v4, which sets
  * schema_version = 4, then the ALTER TABLEs adding the two sums (0 in
- * every sample stored before them) when missing and schema_sql_v5, which
- * sets schema_version = 5.  Exact SQL: schema_sql_v2, schema_sql_v3,
- * upgrade_v4, upgrade_v5.  A read-only open reads a version 2, 3 or 4
- * database as it is.  In short:
+ * every sample stored before them) when missing.  Exact SQL:
+ * schema_sql_v2, schema_sql_v3, upgrade_v4, add_sums.  A read-only open
+ * reads a version 2, 3 or 4 database, with or without the sums, as it
+ * is.  In short:
  *
  *   keyshift_rollout      one row per rollout: scope (tbl, col, the schema's
  *                         spelling), source (src_plaintext, src_format,
@@ -59,8 +64,9 @@
  *   keyshift_metrics      rollout_id, instance_id, source 'app'|'migrate',
  *                         time, the counters of a ks_health_sample, the
  *                         two histograms as BLOBs of exactly
- *                         KS_HIST_BUCKETS little-endian uint64, and (v5)
- *                         seal_ns_sum, open_ns_sum: the latency sums.
+ *                         KS_HIST_BUCKETS little-endian uint64, and
+ *                         seal_ns_sum, open_ns_sum: the latency sums
+ *                         (columns added in place: see above).
  *
  * ---- Behaviour -----------------------------------------------------------
  *
@@ -159,10 +165,6 @@ static const char schema_sql_v3[] =
 static const char schema_sql_v4[] =
     "UPDATE main.keyshift_meta SET value = 4 WHERE key = 'schema_version';";
 
-/* Version 5 (the samples' latency sums), after the caller added
- * keyshift_metrics.seal_ns_sum and open_ns_sum when they were missing. */
-static const char schema_sql_v5[] =
-    "UPDATE main.keyshift_meta SET value = 5 WHERE key = 'schema_version';";
 
 
 /* ---- statements ------------------------------------------------------------- */
@@ -378,7 +380,8 @@ int ks_rsql_col_int(sqlite3_stmt *st, int i, int64_t lo, int64_t hi, int64_t *ou
 
 /* The schema version (0 without keyshift_meta), the number of version
  * 2 tables present, whether version 3's table and column are, whether
- * version 4's column is, and how many of version 5's two columns are. */
+ * version 4's column is, and how many of the two latency sum columns
+ * are. */
 static ks_err read_schema_state(ks_rsql *db, int64_t *version, int64_t *n_v2,
                                 int64_t *has_v3, int64_t *has_v4, int64_t *n_v5)
 {
@@ -455,10 +458,10 @@ static int upgrade_v4(ks_rsql *db, int64_t has_v4)
     return rc;
 }
 
-/* Inside the upgrade's transaction: add version 5 to a version 4 schema
- * (each latency sum column only when it is missing, then schema_sql_v5).
- * A sample stored before has no sum: 0. */
-static int upgrade_v5(ks_rsql *db)
+/* Inside the upgrade's transaction: add each latency sum column to
+ * keyshift_metrics when it is missing (the schema version stays 4: see
+ * the top of this file).  A sample stored before has no sum: 0. */
+static int add_sums(ks_rsql *db)
 {
     static const char *const has[] = {
         "SELECT count(*) FROM pragma_table_info('keyshift_metrics', 'main') "
@@ -476,8 +479,6 @@ static int upgrade_v5(ks_rsql *db)
         if (!n)
             rc = sqlite3_exec(db->db, add[i], NULL, NULL, NULL);
     }
-    if (rc == SQLITE_OK)
-        rc = sqlite3_exec(db->db, schema_sql_v5, NULL, NULL, NULL);
     return rc;
 }
 
@@ -492,9 +493,10 @@ static ks_err check_not_newer(int64_t version, char *errbuf, size_t errbuf_len)
     return KS_OK;
 }
 
-/* Create or upgrade keyshift's tables to version 5 in one BEGIN IMMEDIATE
- * transaction (see the file comment), re-reading the version inside it:
- * version 2's step when below it, then version 3's, 4's and 5's. */
+/* Create or upgrade keyshift's tables to version 4 with the latency sums
+ * in one BEGIN IMMEDIATE transaction (see the file comment), re-reading
+ * the version inside it: version 2's step when below it, then version
+ * 3's and 4's, then the sums. */
 static ks_err upgrade(ks_rsql *db, char *errbuf, size_t errbuf_len)
 {
     int64_t version = 0, n_v2 = 0, has_v3 = 0, has_v4 = 0, n_v5 = 0;
@@ -521,8 +523,8 @@ static ks_err upgrade(ks_rsql *db, char *errbuf, size_t errbuf_len)
         if (rc != SQLITE_OK)
             err = ks_sqlite_fail_rc(errbuf, errbuf_len, rc, "upgrading the keyshift tables");
     }
-    if (err == KS_OK && (version < 5 || n_v5 < 2)) {
-        rc = upgrade_v5(db);
+    if (err == KS_OK && n_v5 < 2) {
+        rc = add_sums(db);
         if (rc != SQLITE_OK)
             err = ks_sqlite_fail_rc(errbuf, errbuf_len, rc, "upgrading the keyshift tables");
     }
@@ -645,7 +647,7 @@ ks_err ks_rollout_store_sqlite_open(const char *path, unsigned flags, ks_rollout
         db->have_tables = version >= 2 && n_v2 == 4;
         db->v3 = db->have_tables && version >= 3 && has_v3;
         db->v4 = db->v3 && version >= 4 && has_v4;
-        db->v5 = db->v4 && version >= 5 && n_v5 == 2;
+        db->v5 = db->v4 && n_v5 == 2;
     }
     if (err == KS_OK && !db->read_only)
         db->have_tables = db->v3 = db->v4 = db->v5 = 1;

@@ -780,8 +780,8 @@ static ks_err add_sample(sqlite3_stmt *st, ks_health_sample *acc)
 }
 
 /* The query of metrics_sum, in two spellings indexed by db->v5: a
- * database below version 5 (read-only) has no latency sums, 0 for each
- * of its samples as for those stored before the upgrade. */
+ * database without the latency sum columns (read-only) has no sums, 0
+ * for each of its samples as for those stored before they were added. */
 #define SELECT_METRICS(sums)                                                                      \
     "SELECT time, seals, opens, auth_failures, parse_errors, provider_calls, provider_errors, "   \
     "seal_ns, open_ns, " sums " FROM main.keyshift_metrics WHERE rollout_id = ?1 AND time >= ?2 " \

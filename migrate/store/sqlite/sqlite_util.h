@@ -25,10 +25,12 @@
  * rollout tables (migrate/rollout/rollout_db.c) and changes none of
  * version 1's; 3 adds key-scoped rollouts (keyshift_rollout.scope_key_id,
  * keyshift_rollout_column) and changes none of version 1's; 4 adds the
- * rollout's encoding (keyshift_rollout.encoding); 5 adds the health
- * samples' latency sums (keyshift_metrics.seal_ns_sum, open_ns_sum).
- * Every opener refuses a database of a newer version. */
-#define KS_SQLITE_SCHEMA_LATEST 5
+ * rollout's encoding (keyshift_rollout.encoding).  The health samples'
+ * latency sums (keyshift_metrics.seal_ns_sum, open_ns_sum) are columns
+ * added to version 4 in place, which older libraries ignore
+ * (rollout_sqlite.c).  Every opener refuses a database of a newer
+ * version. */
+#define KS_SQLITE_SCHEMA_LATEST 4
 
 /* Default lock wait of a connection, in milliseconds. */
 #define KS_SQLITE_BUSY_DEFAULT_MS 30000u
