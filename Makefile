@@ -563,8 +563,10 @@ demo: deps all
 # exec/s floors are measured figures.  The
 # fault sweep tries every sixth sqlite-malloc point here and every one in
 # the nightly workflow (tests/test_faults.c, KS_FAULTS_STRIDE), which also
-# runs the PostgreSQL tests under TSan (make tsan-pg) and the migrate
-# stress test (make cli-run-cli_migrate_stress_test).  make
+# runs the PostgreSQL tests under TSan (make tsan-pg), the migrate
+# stress test (make cli-run-cli_migrate_stress_test) and the agent's
+# test with its loads at 64 clients for 30 s instead of 3
+# (KS_AGENT_LOAD_SECONDS=30 make cli-run-cli_agent_test).  make
 # prove (3 min 45 s on the 2-core machine, past the 3 minutes
 # docs/fuzzing.md allows it in make test, "Proof") runs nightly.
 
