@@ -337,7 +337,7 @@ tsan-pg: $(TSAN_PG_BINS)
 	$(call tsan_run,$(TSAN_PG_BINS))
 
 # The CLI and integration scripts, longest first (seconds under ASan+UBSan
-# on the 2-core machine: 103, 72, 70, 62, 58, 56, 41, 35, 21, 14, 12, 9, 8, 7, 5,
+# on the 2-core machine: 103, 72, 70, 62, 60, 56, 41, 35, 21, 14, 12, 9, 8, 7, 5,
 # 5, 4, 4, 1, 1), so that make test's make -j2 cli-test keeps both cores
 # busy to the end: each script starts its own servers (PostgreSQL on a
 # Unix socket in its own directory, moto_server and the fakes on a free
