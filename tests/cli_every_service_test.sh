@@ -155,13 +155,14 @@ bg() {
 }
 # app_cmd LANG [SOCKET]: the command of application LANG (c, go, py) in
 # APP_CMD, the library's with its period; the Python one through the
-# agent on SOCKET when one is given.
+# agent on SOCKET when one is given, without the keyring in its
+# environment.
 app_cmd() {
     case $1 in
     c) APP_CMD=("$C_APP" --reload-ms 200) ;;
     go) APP_CMD=("$GO_APP" --reload-ms 200) ;;
     py) APP_CMD=("$PY" "$PY_APP" --reload-ms 200)
-        [ -n "${2:-}" ] && APP_CMD=("$PY" "$PY_APP" --agent "$2") ;;
+        [ -n "${2:-}" ] && APP_CMD=(env -u KEYSHIFT_KEYRING "$PY" "$PY_APP" --agent "$2") ;;
     esac
 }
 # start_app LANG NAME [--agent SOCKET] ARGS...: application LANG (c, go,
@@ -422,7 +423,7 @@ old_readers() {
 # --auto-rollback rolls the rollout back.  In agent mode it goes through
 # agent-bad, whose health reports trip it.
 health() {
-    local bad_pid rc agent_pid py_via=(--reload-ms 200)
+    local bad_pid rc agent_pid sock=
     make_table audit
     R=(--db "$DB" --table audit --column card)
     run "$KIND: health: start on audit.card" 0 "$KS" rollout start "${R[@]}" "${ENC[@]}" \
@@ -432,9 +433,10 @@ health() {
     if [ -n "$AGENT" ]; then
         start_agent agent-bad
         agent_pid=$AGENT_PID
-        py_via=(--agent "$AGENT_SOCK")
+        sock=$AGENT_SOCK
     fi
-    bg py-bad "$PY" "$PY_APP" "${py_via[@]}" --db "$DB" --table audit --column card "${CTX[@]}" \
+    app_cmd py "$sock"
+    bg py-bad "${APP_CMD[@]}" --db "$DB" --table audit --column card "${CTX[@]}" \
         --purpose card "${ENC[@]}" --instance py-bad --read-context 'audit:{id}:wrong' --rate 200 \
         --write-percent 50 --seed 41 --json
     bad_pid=$BG_PID
