@@ -178,6 +178,15 @@ start_app() {
         "${ENC[@]}" --instance "$name" --rate 50 --write-percent 50 --json "$@"
     APP_PID=$BG_PID
 }
+# usr1_caught PID: process PID has installed its SIGUSR1 handler (bit 10
+# of SigCgt in /proc/PID/status; no process started).
+usr1_caught() {
+    local k v
+    while read -r k v; do
+        [ "$k" = SigCgt: ] && return $(((16#$v >> 9 & 1) == 0))
+    done <"/proc/$1/status"
+    return 1
+}
 # agent_up SOCKET: the agent on SOCKET answers /healthz.
 agent_up() { curl -s --unix-socket "$1" http://agent/healthz 2>/dev/null | grep -q '^ok$'; }
 # start_agent NAME SERVE_OPTIONS...: `keyshift serve` as reader instance
@@ -227,8 +236,10 @@ start_apps() {
     wait_for 20 readers_count_is 3 && ok "$KIND: the C, Go and Python applications registered" ||
         bad "$KIND: the applications registered" "$(head -c 600 "$T/$KIND"-*.err)"
     if [ -n "$AGENT" ]; then
-        reader_keys_are agent pay/kek:1 &&
-            ok "$KIND: the agent is the Python application's reader: keyshift rollout readers lists agent with pay/kek:1" ||
+        # registered, the others are ready for SIGUSR1; this one registers nothing
+        wait_for 20 usr1_caught "$APP_PID" || bad "$KIND: $KIND-py started" "$(head -c 600 "$T/$KIND-py.err")"
+        reader_keys_are agent pay/kek:1 && reader_keys_are "$KIND-py" "" &&
+            ok "$KIND: the agent is the Python application's reader: keyshift rollout readers lists agent with pay/kek:1, not $KIND-py" ||
             bad "$KIND: the agent listed as a reader with pay/kek:1" "$("$KS" rollout readers --db "$DB" 2>&1 | head -c 600)"
     fi
 }
@@ -405,10 +416,14 @@ old_readers() {
             bad "$KIND: old readers: go-old exit 0" "exit $rc1: $(head -c 300 "$T/go-old.json" "$T/go-old.err")"
         sed -i "s|keyring-old\$|keyring|" "$T/$KIND/providers-old"
         kill -HUP "$OLD_AGENT"
+        # the old configuration's close deletes the row until the new
+        # one's next heartbeat, 500 ms later at most (docs/agent.md [AG-RUN-2])
+        sleep 1
         wait_for 10 reader_keys_are agent-old pay/kek:1,pay/kek:2 &&
             ok "$KIND: old readers: after SIGHUP agent-old registered pay/kek:1,pay/kek:2" ||
             bad "$KIND: old readers: SIGHUP re-registered agent-old" "$("$KS" rollout readers --db "$DB" 2>&1 | head -c 600) $(tail -c 300 "$T/agent-old.err")"
-        readers_count_is 4 && ok "$KIND: old readers: go-old deregistered" || bad "$KIND: old readers: go-old deregistered"
+        wait_for 5 readers_count_is 4 && ok "$KIND: old readers: go-old deregistered" ||
+            bad "$KIND: old readers: go-old deregistered" "$("$KS" rollout readers --db "$DB" 2>&1 | head -c 600)"
         return
     fi
     kill -TERM "$py_old"
@@ -486,6 +501,11 @@ scenario() {
     chmod 600 "$T/$KIND/keyring-old"
     "$KS" keys add-version pay/kek >/dev/null 2>&1 # version 2: the applications reload it
     sleep 0.5
+    if [ -n "$AGENT" ]; then
+        wait_for 10 reader_keys_are agent pay/kek:1,pay/kek:2 &&
+            ok "$KIND: the agent reopened the changed keyring and registered pay/kek:1,pay/kek:2" ||
+            bad "$KIND: the agent registered pay/kek:2" "$("$KS" rollout readers --db "$DB" 2>&1 | head -c 600)"
+    fi
     lifecycle "key 1 -> key 2" "$K1" 2 old_readers --mode rewrap
     if [ -n "$AGENT" ]; then # py-old, through agent-old, ran to the end
         APPS+=("$OLD_PY")
