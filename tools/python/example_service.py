@@ -28,11 +28,12 @@ docs/agent.md), which holds the keys, is the registered reader with its own
 --instance-id and reports the health of what it served; the rows, the SQL
 and the summary are the same.  --keyring, --passphrase-file, --key-id and
 --reload-ms are then the agent's business and refused here, and the
-column's encoding is --encoding (the agent does not tell it).  SIGUSR1 prints the
-summary so far; SIGTERM and SIGINT stop after the current operation.  The
-summary (one JSON object with --json, the names of keyshift-demo-app's)
-counts reads, failed reads by error name and writes by class, never a
-plaintext.  Exit status: 0 when no read failed, 65 when one did, 74 when
+column's encoding is --encoding (the agent does not tell it).
+
+SIGUSR1 prints the summary so far; SIGTERM and SIGINT stop after the
+current operation.  The summary (one JSON object with --json, the names
+of keyshift-demo-app's) counts reads, failed reads by error name and
+writes by class, never a plaintext.  Exit status: 0 when no read failed, 65 when one did, 74 when
 only database errors occurred, 69 when the database or the keys cannot be
 opened (or psycopg2 is missing, or the agent's socket does not answer),
 66 for an empty table, 64 for a usage error.
