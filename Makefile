@@ -337,14 +337,14 @@ tsan-pg: $(TSAN_PG_BINS)
 	$(call tsan_run,$(TSAN_PG_BINS))
 
 # The CLI and integration scripts, longest first (seconds under ASan+UBSan
-# on the 2-core machine: 103, 72, 70, 62, 56, 41, 35, 21, 14, 12, 9, 8, 7, 5,
+# on the 2-core machine: 103, 72, 70, 62, 60, 56, 41, 35, 21, 14, 12, 9, 8, 7, 5,
 # 5, 4, 4, 1, 1), so that make test's make -j2 cli-test keeps both cores
 # busy to the end: each script starts its own servers (PostgreSQL on a
 # Unix socket in its own directory, moto_server and the fakes on a free
 # port, SoftHSM2 tokens in its own directory), so any two may run side
 # by side.  Every script gets every variable; each reads only its own.
 CLI_TESTS := cli_plugin_test cli_every_service_test cli_every_service_text_test \
-             cli_spec_decryptor_test \
+             cli_spec_decryptor_test cli_every_service_agent_test \
              cli_migrate_workers_pg_test cli_rollout_lifecycle_test cli_migrate_pg_test \
              cli_rollout_lifecycle_pg_test kms_aws_plugin_test cli_kms_aws_test cli_pkcs11_test \
              kms_aws_test cli_rollout_test cli_migrate_test cli_crypto_test cli_providers_test \
@@ -362,9 +362,11 @@ CLI_NIGHTLY_RUNS := $(CLI_NIGHTLY_TESTS:%=cli-run-%)
 
 $(CLI_TEST_RUNS) $(CLI_NIGHTLY_RUNS): cli-run-%: $(CLI_SAN) $(CLI) $(DEMO_APP_SAN) $(KMS_AWS_SAN) $(KMS_AWS_DRIVER)
 	@$(CLI_TEST_ENV) tests/$*.sh
-# The every-service rollout (binary and text columns) also runs the Go
-# example (and the Python one, on the shared library).
-cli-run-cli_every_service_test cli-run-cli_every_service_text_test: $(GO_EXAMPLE) $(SHARED)
+# The every-service rollout (binary and text columns, and the Python
+# application through the agent) also runs the Go example (and the Python
+# one, on the shared library).
+cli-run-cli_every_service_test cli-run-cli_every_service_text_test \
+cli-run-cli_every_service_agent_test: $(GO_EXAMPLE) $(SHARED)
 
 cli-test: $(CLI_TEST_RUNS)
 
@@ -561,8 +563,10 @@ demo: deps all
 # exec/s floors are measured figures.  The
 # fault sweep tries every sixth sqlite-malloc point here and every one in
 # the nightly workflow (tests/test_faults.c, KS_FAULTS_STRIDE), which also
-# runs the PostgreSQL tests under TSan (make tsan-pg) and the migrate
-# stress test (make cli-run-cli_migrate_stress_test).  make
+# runs the PostgreSQL tests under TSan (make tsan-pg), the migrate
+# stress test (make cli-run-cli_migrate_stress_test) and the agent's
+# test with its loads at 64 clients for 30 s instead of 3
+# (KS_AGENT_LOAD_SECONDS=30 make cli-run-cli_agent_test).  make
 # prove (3 min 45 s on the 2-core machine, past the 3 minutes
 # docs/fuzzing.md allows it in make test, "Proof") runs nightly.
 

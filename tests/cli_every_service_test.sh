@@ -41,12 +41,30 @@
 # command gets --encoding ENCODING when it is another (base64: TEXT,
 # text).
 #
+# EVERY_SERVICE_AGENT=1 runs the Python application through the agent
+# instead of the library (tests/cli_every_service_agent_test.sh): a
+# `keyshift serve` on a Unix socket in the test's directory (instance
+# "agent", the keyring of the other applications, a policy that lets this
+# uid seal and open pay.card and audit.card) holds the keys, and the Python
+# example (--agent SOCKET) holds none.  The agent is then the registered
+# reader, with its key versions (`keyshift rollout readers`), and the
+# health reporter (rows of keyshift_metrics) for that application.  In
+# step 2 the old Python application goes through an agent of its own,
+# "agent-old", whose provider registry names the old keyring: it blocks
+# write-upgrade and is named; after its registry names the keyring with
+# pay/kek:2 and it is sent SIGHUP, it re-registers both versions and
+# write-upgrade proceeds with it live (it and its application stop at the
+# end, exit 0, no read failed).  In step 4 py-bad goes through an agent
+# "agent-bad", whose health reports trip the rollback.  EVERY_SERVICE_KINDS
+# names the databases (default "sqlite pg").
+#
 # Usage: KEYSHIFT=path/to/keyshift DEMO_APP=path/to/keyshift-demo-app \
 #        GO_EXAMPLE=path/to/keyshift-go-example PY_EXAMPLE=path/to/example_service.py \
 #        PY_EXAMPLE_PYTHON=/usr/bin/python3 KEYSHIFT_LIBRARY=path/to/libkeyshift.so.0 \
 #            tests/cli_every_service_test.sh
 # The two databases run side by side: about 70 s under ASan+UBSan on 2
-# cores busy with other work (load average 15), 25 s of CPU.
+# cores busy with other work (load average 15), 25 s of CPU.  Needs curl
+# in agent mode.
 set -u
 
 . "$(dirname "$0")/cli_lib.sh"
@@ -72,15 +90,25 @@ base64) SQLITE_TYPE=TEXT PG_TYPE=text SQLITE_ENV="substr(card, 1, 4) = 'S1NF'"
 esac
 ENC=()
 [ "$ENCODING" = binary ] || ENC=(--encoding "$ENCODING")
+AGENT=${EVERY_SERVICE_AGENT:-}
+KINDS=${EVERY_SERVICE_KINDS:-sqlite pg}
+# How long a phase change takes to reach every application: the library's
+# applications refresh every 200 ms (--reload-ms), the agent every 500 ms.
+SETTLE=0.6
+[ -n "$AGENT" ] && SETTLE=0.9
 
 for p in "$C_APP" "$GO_APP"; do
     [ -x "$p" ] || { echo "cli_every_service_test: $p is not built"; exit 1; }
 done
 "$PY" -c 'import psycopg2' 2>/dev/null || { echo "cli_every_service_test: $PY has no psycopg2 (tools/deps.sh)"; exit 1; }
 command -v sqlite3 >/dev/null || { echo "cli_every_service_test: sqlite3 is missing (tools/deps.sh)"; exit 1; }
+[ -z "$AGENT" ] || command -v curl >/dev/null || { echo "cli_every_service_test: curl is missing (tools/deps.sh)"; exit 1; }
 # three applications and two old ones (two sessions each), migrate's
 # workers and the test's own sessions
-pg_lib_start cli_every_service_test 40
+case " $KINDS " in
+*" pg "*) pg_lib_start cli_every_service_test 40 ;;
+*) trap 'for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done; pg_lib_hook; rm -rf "$T"' EXIT ;;
+esac
 
 ROWS=1000
 K1=v1:xchacha20-poly1305:pay/kek:1
@@ -114,36 +142,106 @@ SQL
     fi
 }
 
-# start_app LANG NAME ARGS...: application LANG (c, go, py) as instance
-# NAME on table pay in the background until signalled, its summaries (one
-# JSON line each) in $T/NAME.json; its pid joins PIDS and is left in
-# APP_PID.
-start_app() {
-    local lang=$1 name=$2 cmd
-    shift 2
-    case $lang in
-    c) cmd=("$C_APP") ;;
-    go) cmd=("$GO_APP") ;;
-    py) cmd=("$PY" "$PY_APP") ;;
-    esac
-    "${cmd[@]}" --db "$DB" --table pay --column card "${CTX[@]}" --purpose card "${ENC[@]}" \
-        --instance "$name" --rate 50 --write-percent 50 --reload-ms 200 --json "$@" \
-        >"$T/$name.json" 2>"$T/$name.err" &
-    APP_PID=$!
-    PIDS+=("$APP_PID")
-    echo "$APP_PID" >>"$TOP/pids"
+# bg NAME CMD...: CMD in the background, its output in $T/NAME.json and
+# its messages in $T/NAME.err; its pid joins PIDS (and $TOP/pids, for
+# the exit hook) and is left in BG_PID.
+bg() {
+    local name=$1
+    shift
+    "$@" >"$T/$name.json" 2>"$T/$name.err" &
+    BG_PID=$!
+    PIDS+=("$BG_PID")
+    echo "$BG_PID" >>"$TOP/pids"
 }
+# app_cmd LANG [SOCKET]: the command of application LANG (c, go, py) in
+# APP_CMD, the library's with its period; the Python one through the
+# agent on SOCKET when one is given, without the keyring in its
+# environment.
+app_cmd() {
+    case $1 in
+    c) APP_CMD=("$C_APP" --reload-ms 200) ;;
+    go) APP_CMD=("$GO_APP" --reload-ms 200) ;;
+    py) APP_CMD=("$PY" "$PY_APP" --reload-ms 200)
+        [ -n "${2:-}" ] && APP_CMD=(env -u KEYSHIFT_KEYRING "$PY" "$PY_APP" --agent "$2") ;;
+    esac
+}
+# start_app LANG NAME [--agent SOCKET] ARGS...: application LANG (c, go,
+# py) as instance NAME on table pay in the background until signalled
+# (the Python one through the agent on SOCKET), its summaries (one JSON
+# line each) in $T/NAME.json; its pid is left in APP_PID.
+start_app() {
+    local lang=$1 name=$2 sock=
+    shift 2
+    [ "${1:-}" = --agent ] && { sock=$2; shift 2; }
+    app_cmd "$lang" "$sock"
+    bg "$name" "${APP_CMD[@]}" --db "$DB" --table pay --column card "${CTX[@]}" --purpose card \
+        "${ENC[@]}" --instance "$name" --rate 50 --write-percent 50 --json "$@"
+    APP_PID=$BG_PID
+}
+# usr1_caught PID: process PID has installed its SIGUSR1 handler (bit 10
+# of SigCgt in /proc/PID/status; no process started).
+usr1_caught() {
+    local k v
+    while read -r k v; do
+        [ "$k" = SigCgt: ] && return $(((16#$v >> 9 & 1) == 0))
+    done <"/proc/$1/status"
+    return 1
+}
+# agent_up SOCKET: the agent on SOCKET answers /healthz.
+agent_up() { curl -s --unix-socket "$1" http://agent/healthz 2>/dev/null | grep -q '^ok$'; }
+# start_agent NAME SERVE_OPTIONS...: `keyshift serve` as reader instance
+# NAME on $T/KIND/NAME.sock (left in AGENT_SOCK) for pay.card and
+# audit.card, under the scenario's policy, until signalled; its log in
+# $T/NAME.err, its pid in AGENT_PID.  Waits until it answers.
+start_agent() {
+    local name=$1
+    shift
+    AGENT_SOCK=$T/$KIND/$name.sock
+    bg "$name" "$KS" serve --listen "unix:$AGENT_SOCK" --policy "$T/$KIND/policy" --scope pay.card \
+        --scope audit.card --db "$DB" --instance-id "$name" "$@"
+    AGENT_PID=$BG_PID
+    wait_for 20 agent_up "$AGENT_SOCK" && ok "$KIND: agent $name serves on its socket" ||
+        bad "$KIND: agent $name serves" "$(head -c 400 "$T/$name.err")"
+}
+# stop_agent PID NAME: SIGTERM; the agent drains, deregisters and exits 0.
+stop_agent() {
+    local rc
+    kill -TERM "$1"
+    wait "$1"
+    rc=$?
+    [ "$rc" = 0 ] && ok "$KIND: agent $2 exits 0 on SIGTERM" ||
+        bad "$KIND: agent $2 exit" "exit $rc: $(tail -c 400 "$T/$2.err")"
+}
+# reader_keys NAME: the key versions reader NAME registered, as `keyshift
+# rollout readers` lists them (its last column).
+reader_keys() { "$KS" rollout readers --db "$DB" 2>/dev/null | awk -v n="$1" '$1 == n { print $NF }'; }
+reader_keys_are() { [ "$(reader_keys "$1")" = "$2" ]; }
 # start_apps: the three applications, once the first rollout is started
 # (the bindings read a plaintext only where a rollout's phase reads it);
-# wait for them to register.
+# wait for them to register: the Python one is the agent in agent mode.
 start_apps() {
+    local py_via=()
+    if [ -n "$AGENT" ]; then
+        start_agent agent
+        MAIN_AGENT=$AGENT_PID
+        py_via=(--agent "$AGENT_SOCK")
+    fi
     start_app c "$KIND-c" --seed 11
+    APPS=("$APP_PID")
     start_app go "$KIND-go" --seed 12
-    start_app py "$KIND-py" --seed 13
-    APPS=("${PIDS[@]: -3}")
+    APPS+=("$APP_PID")
+    start_app py "$KIND-py" "${py_via[@]}" --seed 13
+    APPS+=("$APP_PID")
     NAMES=("$KIND-c" "$KIND-go" "$KIND-py")
     wait_for 20 readers_count_is 3 && ok "$KIND: the C, Go and Python applications registered" ||
         bad "$KIND: the applications registered" "$(head -c 600 "$T/$KIND"-*.err)"
+    if [ -n "$AGENT" ]; then
+        # registered, the others are ready for SIGUSR1; this one registers nothing
+        wait_for 20 usr1_caught "$APP_PID" || bad "$KIND: $KIND-py started" "$(head -c 600 "$T/$KIND-py.err")"
+        reader_keys_are agent pay/kek:1 && reader_keys_are "$KIND-py" "" &&
+            ok "$KIND: the agent is the Python application's reader: keyshift rollout readers lists agent with pay/kek:1, not $KIND-py" ||
+            bad "$KIND: the agent listed as a reader with pay/kek:1" "$("$KS" rollout readers --db "$DB" 2>&1 | head -c 600)"
+    fi
 }
 # lines_of FILE: the lines of FILE into LINES (no process started: the
 # machine this runs on is busy).
@@ -166,7 +264,7 @@ snapshot() {
 # phase_open: the phase has settled (every application's policy has
 # refreshed): take the summaries it is judged from.
 phase_open() {
-    sleep 0.6
+    sleep "$SETTLE"
     snapshot
     BEFORE=("${LAST[@]}")
 }
@@ -273,27 +371,60 @@ lifecycle() {
 
 # old_readers: in read-compat of the rotation, a Go and a Python
 # application holding only pay/kek:1 block write-upgrade, named, each
-# one on its own too; stopped, they exit 0 and deregister.
+# one on its own too; stopped, they exit 0 and deregister.  In agent
+# mode the Python one goes through agent-old, the reader named: its
+# registry then names the keyring with pay/kek:2 and SIGHUP makes it
+# register both versions; it stays live (OLD_AGENT, OLD_PY), and
+# write-upgrade must proceed with it.
 old_readers() {
-    local go_old py_old rc1 rc2
+    local go_old py_old rc1 rc2 py_via=() old=py-old
+    if [ -n "$AGENT" ]; then
+        printf 'keyshift-providers 1\n\nprovider local\n  type local\n  keyring %s\n  serve-prefix pay/\n' \
+            "$T/$KIND/keyring-old" >"$T/$KIND/providers-old"
+        chmod 600 "$T/$KIND/providers-old"
+        start_agent agent-old --providers "$T/$KIND/providers-old"
+        OLD_AGENT=$AGENT_PID
+        py_via=(--agent "$AGENT_SOCK")
+        old=agent-old
+    fi
     start_app go go-old --keyring "$T/$KIND/keyring-old" --seed 31
     go_old=$APP_PID
-    start_app py py-old --keyring "$T/$KIND/keyring-old" --seed 32
+    if [ -n "$AGENT" ]; then
+        start_app py py-old "${py_via[@]}" --seed 32
+    else
+        start_app py py-old --keyring "$T/$KIND/keyring-old" --seed 32
+    fi
     py_old=$APP_PID
-    wait_for 20 readers_count_is 5 && ok "$KIND: old readers: go-old and py-old registered" ||
-        bad "$KIND: old readers registered" "$(head -c 300 "$T/go-old.err" "$T/py-old.err")"
+    wait_for 20 readers_count_is 5 && ok "$KIND: old readers: go-old and $old registered" ||
+        bad "$KIND: old readers registered" "$(head -c 300 "$T/go-old.err" "$T/$old.err")"
     run "$KIND: old readers: write-upgrade refused while they are live" 75 \
         "$KS" rollout advance "${R[@]}" --all
     expect_grep "$KIND: old readers: the refusal names go-old" "$T/err" "go-old"
-    expect_grep "$KIND: old readers: the refusal names py-old" "$T/err" "py-old"
+    expect_grep "$KIND: old readers: the refusal names $old" "$T/err" "$old"
     kill -TERM "$go_old"
     wait "$go_old"; rc1=$?
-    run "$KIND: old readers: with go-old stopped, py-old alone still blocks" 75 \
+    run "$KIND: old readers: with go-old stopped, $old alone still blocks" 75 \
         "$KS" rollout advance "${R[@]}" --all
-    if grep -q "py-old" "$T/err" && ! grep -q "go-old" "$T/err"; then
-        ok "$KIND: old readers: the refusal names py-old only"
+    if grep -q "$old" "$T/err" && ! grep -q "go-old" "$T/err"; then
+        ok "$KIND: old readers: the refusal names $old only"
     else
-        bad "$KIND: old readers: the refusal names py-old only" "$(head -c 300 "$T/err")"
+        bad "$KIND: old readers: the refusal names $old only" "$(head -c 300 "$T/err")"
+    fi
+    if [ -n "$AGENT" ]; then
+        OLD_PY=$py_old
+        [ "$rc1" = 0 ] && ok "$KIND: old readers: go-old exits 0 on SIGTERM" ||
+            bad "$KIND: old readers: go-old exit 0" "exit $rc1: $(head -c 300 "$T/go-old.json" "$T/go-old.err")"
+        sed -i "s|keyring-old\$|keyring|" "$T/$KIND/providers-old"
+        kill -HUP "$OLD_AGENT"
+        # the old configuration's close deletes the row until the new
+        # one's next heartbeat, 500 ms later at most (docs/agent.md [AG-RUN-2])
+        sleep 1
+        wait_for 10 reader_keys_are agent-old pay/kek:1,pay/kek:2 &&
+            ok "$KIND: old readers: after SIGHUP agent-old registered pay/kek:1,pay/kek:2" ||
+            bad "$KIND: old readers: SIGHUP re-registered agent-old" "$("$KS" rollout readers --db "$DB" 2>&1 | head -c 600) $(tail -c 300 "$T/agent-old.err")"
+        wait_for 5 readers_count_is 4 && ok "$KIND: old readers: go-old deregistered" ||
+            bad "$KIND: old readers: go-old deregistered" "$("$KS" rollout readers --db "$DB" 2>&1 | head -c 600)"
+        return
     fi
     kill -TERM "$py_old"
     wait "$py_old"; rc2=$?
@@ -304,21 +435,26 @@ old_readers() {
 
 # health: on table audit, a Python application opening with a wrong
 # context trips the auth-failure threshold in write-upgrade; check
-# --auto-rollback rolls the rollout back.
+# --auto-rollback rolls the rollout back.  In agent mode it goes through
+# agent-bad, whose health reports trip it.
 health() {
-    local bad_pid rc
+    local bad_pid rc agent_pid sock=
     make_table audit
     R=(--db "$DB" --table audit --column card)
     run "$KIND: health: start on audit.card" 0 "$KS" rollout start "${R[@]}" "${ENC[@]}" \
         --source plaintext --target "$K2" --min-soak 0 --reader-ttl 5 --min-samples 20 \
         --max-auth-failure-rate 0.01 --window 60
     run "$KIND: health: advance to read-compat" 0 "$KS" rollout advance "${R[@]}"
-    "$PY" "$PY_APP" --db "$DB" --table audit --column card "${CTX[@]}" --purpose card "${ENC[@]}" \
-        --instance py-bad --read-context 'audit:{id}:wrong' --rate 200 --write-percent 50 \
-        --reload-ms 200 --seed 41 --json >"$T/py-bad.json" 2>"$T/py-bad.err" &
-    bad_pid=$!
-    PIDS+=("$bad_pid")
-    echo "$bad_pid" >>"$TOP/pids"
+    if [ -n "$AGENT" ]; then
+        start_agent agent-bad
+        agent_pid=$AGENT_PID
+        sock=$AGENT_SOCK
+    fi
+    app_cmd py "$sock"
+    bg py-bad "${APP_CMD[@]}" --db "$DB" --table audit --column card "${CTX[@]}" \
+        --purpose card "${ENC[@]}" --instance py-bad --read-context 'audit:{id}:wrong' --rate 200 \
+        --write-percent 50 --seed 41 --json
+    bad_pid=$BG_PID
     wait_for 20 readers_count_is 1 || bad "$KIND: health: py-bad registered"
     run "$KIND: health: advance to write-upgrade" 0 "$KS" rollout advance "${R[@]}" --all
     check_trips "${R[@]}"
@@ -336,6 +472,12 @@ health() {
     [ "$rc" = 65 ] && grep -q '"auth-failed":[1-9]' "$T/py-bad.json" &&
         ok "$KIND: health: py-bad counted its auth failures (exit 65)" ||
         bad "$KIND: health: py-bad" "exit $rc: $(head -c 300 "$T/py-bad.json" "$T/py-bad.err")"
+    if [ -n "$AGENT" ]; then
+        [ "$(dbq "SELECT count(*) FROM keyshift_metrics WHERE instance_id = 'agent-bad' AND auth_failures > 0")" -gt 0 ] &&
+            ok "$KIND: health: the auth failures were reported by agent-bad" ||
+            bad "$KIND: health: agent-bad reported the auth failures"
+        stop_agent "$agent_pid" agent-bad
+    fi
 }
 
 # scenario KIND DB: the whole test on one database.
@@ -346,6 +488,10 @@ scenario() {
     WORKERS=() # SQLite has one writer at a time: migrate refuses --workers there
     [ "$KIND" = pg ] && WORKERS=(--workers 2)
     export KEYSHIFT_KEYRING="$T/$KIND/keyring"
+    # the agents serve this uid (docs/agent-policy.md)
+    printf 'keyshift-agent-policy 1\nallow uid %s scope pay.card tenant * ops seal,open\nallow uid %s scope audit.card tenant * ops seal,open\n' \
+        "$(id -u)" "$(id -u)" >"$T/$KIND/policy"
+    chmod 600 "$T/$KIND/policy"
     "$KS" keys init 2>/dev/null && "$KS" keys create pay/kek 2>/dev/null ||
         { bad "$KIND: cannot create the keyring"; return 1; }
     make_table pay
@@ -355,12 +501,28 @@ scenario() {
     chmod 600 "$T/$KIND/keyring-old"
     "$KS" keys add-version pay/kek >/dev/null 2>&1 # version 2: the applications reload it
     sleep 0.5
+    if [ -n "$AGENT" ]; then
+        wait_for 10 reader_keys_are agent pay/kek:1,pay/kek:2 &&
+            ok "$KIND: the agent reopened the changed keyring and registered pay/kek:1,pay/kek:2" ||
+            bad "$KIND: the agent registered pay/kek:2" "$("$KS" rollout readers --db "$DB" 2>&1 | head -c 600)"
+    fi
     lifecycle "key 1 -> key 2" "$K1" 2 old_readers --mode rewrap
+    if [ -n "$AGENT" ]; then # py-old, through agent-old, ran to the end
+        APPS+=("$OLD_PY")
+        NAMES+=(py-old)
+    fi
     for p in "${APPS[@]}"; do kill -TERM "$p"; done
     for p in "${APPS[@]}"; do wait "$p"; rcs+="$? "; done
+    [ "$rcs" = "${APPS[*]/*/0} " ] && ok "$KIND: all ${#APPS[@]} applications exit 0 after SIGTERM: 0 failed reads" ||
+        bad "$KIND: all applications exit 0" "exits $rcs"
+    if [ -n "$AGENT" ]; then
+        [ "$(dbq "SELECT count(*) FROM keyshift_metrics WHERE instance_id = 'agent' AND source = 'app' AND opens > 0 AND seals > 0")" -gt 0 ] &&
+            ok "$KIND: the agent reported the health of the Python application's seals and opens" ||
+            bad "$KIND: the agent reported health"
+        stop_agent "$MAIN_AGENT" agent
+        stop_agent "$OLD_AGENT" agent-old
+    fi
     PIDS=()
-    [ "$rcs" = "0 0 0 " ] && ok "$KIND: all three applications exit 0 after SIGTERM: 0 failed reads" ||
-        bad "$KIND: all three exit 0" "exits $rcs"
     for i in "${!NAMES[@]}"; do
         f=$T/${NAMES[$i]}.json
         [ "$(last_field "$f" failed_reads)" = 0 ] && [ "$(last_field "$f" db_errors)" = 0 ] &&
@@ -392,16 +554,20 @@ pg_lib_hook() {
     local p
     [ -f "$TOP/pids" ] && while read -r p; do kill -9 "$p" 2>/dev/null; done <"$TOP/pids"
 }
-run_scenario sqlite "$TOP/sqlite/shop.db" &
-S1=$!
-run_scenario pg "$CI" &
-S2=$!
-PIDS+=("$S1" "$S2")
-wait "$S1"
-wait "$S2"
+RUNS=()
+for k in $KINDS; do
+    case $k in
+    sqlite) run_scenario sqlite "$TOP/sqlite/shop.db" & ;;
+    pg) run_scenario pg "$CI" & ;;
+    *) echo "cli_every_service_test: no database kind $k"; exit 1 ;;
+    esac
+    RUNS+=($!)
+    PIDS+=($!)
+done
+for p in "${RUNS[@]}"; do wait "$p"; done
 PIDS=()
 rm -f "$TOP/pids" # every application has been waited for
-for k in sqlite pg; do
+for k in $KINDS; do
     grep -v '^counts ' "$TOP/$k.log"
     set -- $(sed -n 's/^counts \([0-9]*\) \([0-9]*\)$/\1 \2/p' "$TOP/$k.log") 0 1
     pass=$((pass + $1)) fail=$((fail + $2))

@@ -20,18 +20,30 @@ Each operation picks a random row by its integer id (--id-column):
 A --read-context other than --context injects auth failures (each such
 read fails, and the App reports it): how a rollout's health threshold is
 tripped on purpose.  The App registers the instance as a reader,
-heartbeats and reports its health every --reload-ms.  SIGUSR1 prints the
-summary so far; SIGTERM and SIGINT stop after the current operation.  The
-summary (one JSON object with --json, the names of keyshift-demo-app's)
-counts reads, failed reads by error name and writes by class, never a
-plaintext.  Exit status: 0 when no read failed, 65 when one did, 74 when
+heartbeats and reports its health every --reload-ms.
+
+With --agent SOCKET it holds no keys and opens no App: every seal and open
+goes to the ``keyshift serve`` listening on SOCKET (keyshift.AgentClient,
+docs/agent.md), which holds the keys, is the registered reader with its own
+--instance-id and reports the health of what it served; the rows, the SQL
+and the summary are the same.  --keyring, --passphrase-file, --key-id and
+--reload-ms are then the agent's business and refused here, and the
+column's encoding is --encoding (the agent does not tell it).
+
+SIGUSR1 prints the summary so far; SIGTERM and SIGINT stop after the
+current operation.  The summary (one JSON object with --json, the names
+of keyshift-demo-app's) counts reads, failed reads by error name and
+writes by class, never a plaintext.  Exit status: 0 when no read failed, 65 when one did, 74 when
 only database errors occurred, 69 when the database or the keys cannot be
-opened (or psycopg2 is missing), 66 for an empty table, 64 for a usage
-error.
+opened (or psycopg2 is missing, or the agent's socket does not answer),
+66 for an empty table, 64 for a usage error.
 
     python3 example_service.py --db shop.db --table payments --column card \\
         --tenant-column tenant --context 'payments:{id}:card' --purpose card \\
         --keyring keyring --instance web-1 --seconds 60
+    python3 example_service.py --db shop.db --table payments --column card \\
+        --tenant-column tenant --context 'payments:{id}:card' --purpose card \\
+        --agent /run/keyshift/agent.sock --instance web-1 --seconds 60
 """
 
 import argparse
@@ -40,6 +52,7 @@ import json
 import random
 import re
 import signal
+import socket
 import sqlite3
 import sys
 import time
@@ -70,12 +83,56 @@ def parse_args(argv):
     p.add_argument("--write-percent", type=int, default=10, choices=range(101), metavar="P")
     p.add_argument("--rate", type=float, default=0, help="at most N operations a second")
     p.add_argument("--seed", type=int)
-    p.add_argument("--reload-ms", type=int, default=500)
+    p.add_argument("--reload-ms", type=int)
+    p.add_argument("--agent", metavar="SOCKET",
+                   help="seal and open through the keyshift serve listening on SOCKET")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     if a.ops and a.seconds:
         p.error("give --ops or --seconds, not both")
+    if a.agent:
+        given = [o for o, v in (("--keyring", a.keyring), ("--passphrase-file", a.passphrase_file),
+                                ("--key-id", a.key_id), ("--reload-ms", a.reload_ms)) if v is not None]
+        if given:
+            p.error("%s: the agent's keys and period, not this process's: give them to "
+                    "keyshift serve, or drop --agent" % ", ".join(given))
+    elif a.reload_ms is None:
+        a.reload_ms = 500
     return a
+
+
+class AgentApp:
+    """What Service calls on an App, through the agent at ``args.agent``:
+    seal_class and open go to it (keyshift.AgentClient), and the column's
+    encoding is --encoding."""
+
+    def __init__(self, args) -> None:
+        self.encoding = args.encoding
+        self.client = keyshift.AgentClient(args.agent)
+        self.open = self.client.open
+        self.seal_class = self.client.seal_class
+
+    def column_encoding(self, table: str, column: str) -> str:
+        return self.encoding
+
+    def __enter__(self) -> "AgentApp":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.close()
+
+
+def agent_answers(path: str) -> bool:
+    """Whether something accepts connections on the Unix socket ``path``."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(5)
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
 
 
 def class_name(c: keyshift.ValueClass) -> str:
@@ -193,11 +250,17 @@ def main(argv=None) -> int:
     except Exception as e:
         print("example_service: cannot open the database: %s" % type(e).__name__, file=sys.stderr)
         return 69
+    if args.agent and not agent_answers(args.agent):
+        print("example_service: no agent answers on %s: start keyshift serve --listen unix:%s "
+              "first." % (args.agent, args.agent), file=sys.stderr)
+        db.close()
+        return 69
     try:
-        with keyshift.App(keyring=args.keyring, passphrase=passphrase, database=args.db,
-                          instance_id=args.instance, default_key_id=args.key_id,
-                          purpose=args.purpose, interval_ms=args.reload_ms,
-                          default_encoding=args.encoding) as app:
+        with AgentApp(args) if args.agent else \
+                keyshift.App(keyring=args.keyring, passphrase=passphrase, database=args.db,
+                             instance_id=args.instance, default_key_id=args.key_id,
+                             purpose=args.purpose, interval_ms=args.reload_ms,
+                             default_encoding=args.encoding) as app:
             svc = Service(args, app, db, pg)
             lo, hi = svc.execute(svc.sql_range).fetchone()
             if lo is None:

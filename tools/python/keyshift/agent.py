@@ -25,7 +25,7 @@ import struct
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from . import Error, Refused, Unavailable, _error_type
+from . import Error, Refused, Unavailable, ValueClass, _error_type
 
 Text = Union[str, bytes]
 Buffer = Union[bytes, bytearray, memoryview]
@@ -306,6 +306,34 @@ class AgentClient:
         r = self._record(table, column, tenant, context, purpose)
         r["plaintext"] = _b64(plaintext)
         return self._member(self._post("/v1/seal", r), "value")
+
+    def seal_class(self, table: str, column: str, tenant: Text, plaintext: Buffer, *,
+                   context: Optional[Text] = None,
+                   purpose: Optional[Text] = None) -> Tuple[bytes, ValueClass]:
+        """As :meth:`seal`, also returning the class written, from the
+        answer's ``sealed``, ``format``, ``algorithm``, ``key_id`` and
+        ``key_version`` ([AG-RESP-2]), as :meth:`keyshift.App.seal_class`
+        returns it."""
+        r = self._record(table, column, tenant, context, purpose)
+        r["plaintext"] = _b64(plaintext)
+        answer = self._post("/v1/seal", r)
+        return self._member(answer, "value"), self._class(answer)
+
+    @staticmethod
+    def _class(answer: Dict[str, object]) -> ValueClass:
+        """The class an answer names ([AG-RESP-2]): plaintext when
+        ``sealed`` is false, else the envelope's format, algorithm and key
+        version; an answer without them is ``bad-answer``."""
+        sealed = answer.get("sealed")
+        if sealed is False:
+            return ValueClass(True)
+        fmt, alg = answer.get("format"), answer.get("algorithm")
+        key_id, key_version = answer.get("key_id"), answer.get("key_version")
+        if sealed is not True or not isinstance(fmt, int) or not isinstance(alg, str) or \
+                not isinstance(key_id, str) or not isinstance(key_version, int):
+            raise Error("bad-answer", None, "the agent's answer does not name the class written",
+                        0, "configuration")
+        return ValueClass(False, fmt, alg, key_id, key_version)
 
     def open(self, table: str, column: str, tenant: Optional[Text], value: Buffer, *,
              context: Optional[Text] = None, purpose: Optional[Text] = None) -> bytes:

@@ -5,12 +5,15 @@ errors to the package's exceptions.  Skipped when there is no keyshift
 program (KEYSHIFT_CLI unset and none under build/).
 """
 
+import json
 import os
+import sqlite3
 import subprocess
+import sys
 import time
 import unittest
 
-from test_keyshift import CLI, World, keyshift
+from test_keyshift import CLI, HERE, World, keyshift
 
 T, C = "payments", "card"
 
@@ -69,6 +72,17 @@ class AgentClientTest(unittest.TestCase):
             self.assertEqual(agent.open(T, C, None, env, context=ctx), b"4111")
         agent.close()  # closing twice is harmless
 
+    def test_seal_class_names_what_the_app_would(self) -> None:
+        with keyshift.AgentClient(self.sock) as agent, self.w.app() as app:
+            env, cls = agent.seal_class(T, C, "acme", b"4111", context="c", purpose="card")
+            _, want = app.seal_class(T, C, "acme", b"4111", context="c", purpose="card")
+            self.assertEqual(cls, want)
+            self.assertFalse(cls.plaintext)
+            h = keyshift.parse(env)
+            self.assertEqual((cls.version, cls.algorithm, cls.key_id, cls.key_version),
+                             (h.version, h.algorithm, h.key_id, h.key_version))
+            self.assertEqual(agent.open(T, C, "acme", env, context="c", purpose="card"), b"4111")
+
     def test_batches(self) -> None:
         with keyshift.AgentClient(self.sock) as agent, self.w.app() as app:
             sealed = agent.seal_batch(T, C, [("acme", "c1", b"one"), ("acme", None, b"two")])
@@ -119,6 +133,43 @@ class AgentClientTest(unittest.TestCase):
             self.assertEqual((cm.exception.name, cm.exception.member), ("bad-value", "tenant"))
         with self.assertRaises(keyshift.Unavailable):
             keyshift.AgentClient(self.sock + ".absent").seal(T, C, "acme", b"x")
+
+
+    def test_example_service_through_the_agent(self) -> None:
+        """example_service.py --agent seals and opens through the agent
+        (no rollout: its --key), holding no key; it refuses the App's own
+        options, and exits 69 when no agent answers."""
+        con = sqlite3.connect(self.w.db)
+        with keyshift.AgentClient(self.sock) as agent:
+            for i in range(1, 21):
+                value = agent.seal(T, C, "acme", json.dumps({"id": i}).encode(),
+                                   context="payments:%d:card" % i, purpose="card")
+                con.execute("INSERT INTO payments VALUES (?, ?, ?)", (i, "acme", value))
+        con.commit()
+        con.close()
+        svc = [sys.executable, os.path.join(os.path.dirname(HERE), "example_service.py"),
+               "--db", self.w.db, "--table", T, "--column", C, "--tenant-column", "tenant",
+               "--context", "payments:{id}:card", "--purpose", "card", "--instance", "py-agent",
+               "--json", "--seed", "1"]
+        env = dict(self.w.env, PYTHONPATH=os.path.dirname(HERE))
+        env.pop("KEYSHIFT_KEYRING", None)
+
+        def run(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run(svc + list(args), env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE)
+
+        p = run("--agent", self.sock, "--ops", "100", "--write-percent", "50")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        s = json.loads(p.stdout)
+        self.assertEqual((s["reads"], s["failed_reads"], s["write_failures"], s["db_errors"]),
+                         (100, 0, {}, 0), s)
+        self.assertEqual(list(s["writes"]), ["v2:xchacha20-poly1305:payments-kek:1"], s)
+        p = run("--agent", self.sock, "--keyring", self.w.keyring, "--ops", "1")
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn(b"--keyring: the agent's", p.stderr)
+        p = run("--agent", self.sock + ".absent", "--ops", "1")
+        self.assertEqual(p.returncode, 69, p.stderr)
+        self.assertIn(b"no agent answers", p.stderr)
 
 
 if __name__ == "__main__":
