@@ -416,9 +416,15 @@ old_readers() {
             bad "$KIND: old readers: go-old exit 0" "exit $rc1: $(head -c 300 "$T/go-old.json" "$T/go-old.err")"
         sed -i "s|keyring-old\$|keyring|" "$T/$KIND/providers-old"
         kill -HUP "$OLD_AGENT"
-        # the old configuration's close deletes the row until the new
-        # one's next heartbeat, 500 ms later at most (docs/agent.md [AG-RUN-2])
-        sleep 1
+        # the reload never takes the agent off the readers (docs/agent.md
+        # [AG-RUN-2]): it is listed at every look for 1.5 s
+        local gone=0
+        for _ in $(seq 30); do
+            [ "$(dbq "SELECT count(*) FROM keyshift_readers WHERE instance_id = 'agent-old'" 2>/dev/null)" = 1 ] || gone=1
+            sleep 0.05
+        done
+        [ "$gone" = 0 ] && ok "$KIND: old readers: agent-old stays listed through its SIGHUP" ||
+            bad "$KIND: old readers: agent-old stays listed through its SIGHUP" "it was missing at one look"
         wait_for 10 reader_keys_are agent-old pay/kek:1,pay/kek:2 &&
             ok "$KIND: old readers: after SIGHUP agent-old registered pay/kek:1,pay/kek:2" ||
             bad "$KIND: old readers: SIGHUP re-registered agent-old" "$("$KS" rollout readers --db "$DB" 2>&1 | head -c 600) $(tail -c 300 "$T/agent-old.err")"

@@ -561,6 +561,41 @@ static void test_policy_sqlite(void **state)
     ks_app_close(sw);
 }
 
+/* Two apps of one process on one database and instance id (a service
+ * that reloads by opening a new app before closing the old, as keyshift
+ * serve does on SIGHUP): the row is the newer registration's, closing
+ * the older app leaves it in place (the guards never lose sight of the
+ * reader), and the last close deregisters.  Another instance id is its
+ * own row. */
+static void test_shared_registration(void **state)
+{
+    world *w = *state;
+    (void)start_rollout(w);
+    ks_app_options o = opts(w, 2, 0);
+    o.database = w->path;
+    o.instance_id = "agent-1";
+    o.keys = "payments-kek:1";
+    ks_app *old = app_open(w, &o);
+    ks_rollout_reader rd[4];
+    assert_int_equal(live_readers(w, rd), 1);
+    assert_string_equal(rd[0].keys, "payments-kek:1");
+    o.keys = KEYS;
+    ks_app *reloaded = app_open(w, &o);
+    ks_app_options other = o;
+    other.instance_id = "agent-2";
+    ks_app *b = app_open(w, &other);
+    assert_int_equal(live_readers(w, rd), 2);
+    ks_app_close(old);
+    assert_int_equal(live_readers(w, rd), 2);
+    assert_string_equal(rd[0].instance_id, "agent-1");
+    assert_string_equal(rd[0].keys, KEYS);
+    ks_app_close(reloaded);
+    assert_int_equal(live_readers(w, rd), 1);
+    assert_string_equal(rd[0].instance_id, "agent-2");
+    ks_app_close(b);
+    assert_int_equal(live_readers(w, rd), 0);
+}
+
 /* Start a rollout of orders.note from plaintext to payments-kek:2 (v2,
  * xchacha20-poly1305) recorded with encoding enc; its id. */
 static int64_t start_orders_rollout(world *w, ks_value_encoding enc)
@@ -1205,7 +1240,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         T(test_round_trips), cmocka_unit_test(test_error_classes),
-        T(test_errors),      T(test_policy_sqlite),
+        T(test_errors),      T(test_policy_sqlite), T(test_shared_registration),
         T(test_policy_plaintext), T(test_batch),
         T(test_parse),       T(test_env_keyring),
         T(test_open_alloc_faults), T(test_threads),

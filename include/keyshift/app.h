@@ -160,7 +160,11 @@ KS_API KS_WUR ks_err ks_app_open(const ks_app_options *opts, ks_app **out, char 
  * Stop the background thread, report the health once more, deregister the
  * instance (best effort: a registration left behind expires after the
  * rollout's reader TTL), wipe every key and free; NULL is a no-op.  Call
- * it once every other call on app has returned.
+ * it once every other call on app has returned.  While another app of
+ * this process is open on the same database with the same instance_id
+ * (a service reloading by opening a new app before closing the old one),
+ * the registration is that app's: it is left in place, and the last of
+ * them to close deregisters.
  */
 KS_API void ks_app_close(ks_app *app);
 

@@ -33,6 +33,7 @@
 #include "../alloc_hook.h"
 #include "../crypto/open_parsed.h"
 #include "../errbuf.h"
+#include "../rollout/rollout_internal.h"
 
 /* One generation of keys: a keyring (or the app's one provider) and the
  * context over it.  A keyring reload adds a generation; older ones stay
@@ -50,6 +51,7 @@ struct ks_app {
     _Atomic(app_gen *) cur;                /* the generation calls use */
     ks_registry *reg;                      /* the registry loaded, or NULL */
     ks_policy *policy;                     /* NULL without a database */
+    struct reg_share *share;               /* with policy: its registration's count */
     uint32_t interval_ms;
     uint32_t timeout_ms;                   /* the contexts' provider timeout */
     ks_ctx_config cfg;                     /* every generation's context */
@@ -382,6 +384,72 @@ static ks_err take_options(ks_app *a, const ks_app_options *o, char *errbuf, siz
     return KS_OK;
 }
 
+/* ---- registrations shared within the process -------------------------------------- */
+
+/* The apps of this process open on one (database, instance id): they
+ * share one row of keyshift_readers, which re-registering replaces.  A
+ * service that reloads by opening a new app before it closes the old one
+ * (keyshift serve on SIGHUP) has two; the old one's close must not delete
+ * the row the new one registered, or the guards would not see this
+ * reader until its next heartbeat: a write-upgrade could pass it then.
+ * Only the last close of a (database, instance id) deregisters. */
+typedef struct reg_share {
+    struct reg_share *next;
+    unsigned n;       /* open apps sharing the row */
+    size_t len;       /* of key: database, NUL, instance id */
+    char key[];
+} reg_share;
+
+static pthread_mutex_t shares_mu = PTHREAD_MUTEX_INITIALIZER;
+static reg_share *shares; /* under shares_mu */
+
+/* Count one more open app on (database, instance id) into *out; NULL
+ * and KS_ERR_NO_MEMORY when the count cannot be kept. */
+static ks_err share_acquire(const char *database, const char *instance_id, reg_share **out)
+{
+    const size_t dl = strlen(database), il = strlen(instance_id), len = dl + 1 + il;
+    *out = NULL;
+    pthread_mutex_lock(&shares_mu);
+    reg_share *s = shares;
+    while (s != NULL && (s->len != len || memcmp(s->key, database, dl + 1) != 0 ||
+                         memcmp(s->key + dl + 1, instance_id, il) != 0)) {
+        s = s->next;
+    }
+    if (s == NULL && (s = malloc(sizeof *s + len)) != NULL) {
+        memcpy(s->key, database, dl + 1);
+        memcpy(s->key + dl + 1, instance_id, il);
+        s->len = len;
+        s->n = 0;
+        s->next = shares;
+        shares = s;
+    }
+    if (s != NULL) {
+        s->n++;
+    }
+    pthread_mutex_unlock(&shares_mu);
+    *out = s;
+    return s != NULL ? KS_OK : KS_ERR_NO_MEMORY;
+}
+
+/* Count one open app less on s; nonzero when it was the last (s is
+ * freed then). */
+static int share_release(reg_share *s)
+{
+    pthread_mutex_lock(&shares_mu);
+    assert(s->n > 0);
+    const int last = --s->n == 0;
+    if (last) {
+        reg_share **p = &shares;
+        while (*p != s) {
+            p = &(*p)->next;
+        }
+        *p = s->next;
+        free(s);
+    }
+    pthread_mutex_unlock(&shares_mu);
+    return last;
+}
+
 /* Open the policy on o->database, registering the reader. */
 static ks_err open_policy(ks_app *a, const ks_app_options *o, char *errbuf, size_t errbuf_len)
 {
@@ -585,6 +653,9 @@ ks_err ks_app_open(const ks_app_options *opts, ks_app **out, char *errbuf, size_
     }
     if (e == KS_OK && opts->database != NULL) {
         e = open_policy(a, opts, errbuf, errbuf_len);
+        if (e == KS_OK && share_acquire(opts->database, opts->instance_id, &a->share) != KS_OK) {
+            e = ks_errbuf_fail(errbuf, errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+        }
     }
     if (e == KS_OK && a->policy != NULL) {
         if (pthread_create(&a->thread, NULL, app_thread, a) != 0) {
@@ -617,7 +688,10 @@ void ks_app_close(ks_app *app)
     }
     if (app->policy != NULL) {
         tick(app, 1);
-        ks_policy_close(app->policy); /* deregisters */
+        if (app->share != NULL && !share_release(app->share)) {
+            ks_policy_leave_registration(app->policy); /* another app of ours holds it */
+        }
+        ks_policy_close(app->policy); /* deregisters, unless left */
     }
     gen_free(atomic_load(&app->cur));
     ks_registry_close(app->reg);

@@ -32,6 +32,12 @@ const char *ks_rollout_class_text(const ks_rollout_class *c, char *out, size_t o
  * either case): 0 when equal, else the sign of the first difference. */
 int ks_rollout_name_cmp(const char *a, const char *b);
 
+/* Make p stop heartbeating its registration and leave the registration
+ * in keyshift_readers when p closes, rather than delete it: another
+ * policy of this process registered the same instance id since and now
+ * owns that row (migrate/app/app.c). */
+void ks_policy_leave_registration(ks_policy *p);
+
 /* The store's data_version (keyshift/rollout_store.h): changes when
  * another connection commits to the database. */
 KS_WUR ks_err ks_rollout_db_data_version(ks_rollout_db *db, int64_t *out);
