@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -559,6 +560,30 @@ static void test_policy_sqlite(void **state)
     assert_int_equal(live_readers(w, rd), 0);
     ks_app_close(tw);
     ks_app_close(sw);
+}
+
+/* A providers file that does not parse: ks_app_open says where, as
+ * `keyshift providers check` does. */
+static void test_registry_error_position(void **state)
+{
+    world *w = *state;
+    char path[600];
+    snprintf(path, sizeof path, "%s.providers", w->path);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("keyshift-providers 1\nprovider local\n", f);
+    fclose(f);
+    assert_int_equal(chmod(path, 0600), 0);
+    ks_app_options o;
+    memset(&o, 0, sizeof o);
+    o.providers = path;
+    ks_app *a = NULL;
+    char err[512];
+    assert_int_not_equal(ks_app_open(&o, &a, err, sizeof err), KS_OK);
+    assert_null(a);
+    assert_non_null(strstr(err, " at line 3, column 1"));
+    assert_non_null(strstr(err, "is invalid: "));
+    unlink(path);
 }
 
 /* Two apps of one process on one database and instance id (a service
@@ -1241,6 +1266,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         T(test_round_trips), cmocka_unit_test(test_error_classes),
         T(test_errors),      T(test_policy_sqlite), T(test_shared_registration),
+        T(test_registry_error_position),
         T(test_policy_plaintext), T(test_batch),
         T(test_parse),       T(test_env_keyring),
         T(test_open_alloc_faults), T(test_threads),

@@ -14,6 +14,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -313,7 +314,17 @@ static ks_err open_keys(ks_app *a, const ks_app_options *o, app_gen **out, char 
             e = ks_registry_provider(a->reg, &g->prov);
             g->own_prov = e == KS_OK;
         }
-        if (e != KS_OK) {
+        if (e != KS_OK && rerr.stage == KS_REGISTRY_STAGE_PARSE) {
+            ks_errbuf_fail(errbuf, errbuf_len, e,
+                           "the providers file %s is invalid: %s at line %" PRIu32
+                           ", column %" PRIu32 " (byte %zu)",
+                           providers, ks_err_name(rerr.code), rerr.line, rerr.column,
+                           rerr.offset);
+        } else if (e != KS_OK && rerr.stage == KS_REGISTRY_STAGE_PROVIDER && rerr.setting != NULL) {
+            ks_errbuf_fail(errbuf, errbuf_len, e,
+                           "the providers file %s: provider %s cannot use its %s: %s", providers,
+                           rerr.name, rerr.setting, ks_err_name(e));
+        } else if (e != KS_OK) {
             ks_errbuf_fail(errbuf, errbuf_len, e, "cannot load the providers file %s: %s%s%s",
                            providers, ks_err_name(e), rerr.name[0] ? " in provider " : "",
                            rerr.name);
