@@ -40,6 +40,12 @@
  *      ks_seal refuses each bad argument (format, algorithm, a v1 purpose,
  *      context, tenant, an unknown key, NULLs, a plaintext too large, a
  *      buffer one byte short) with its documented code, writing nothing.
+ *   8. An envelope the strict parse accepts opens through
+ *      ks_crypto_open_parsed (the application layer's entry, which takes
+ *      the parsed envelope: migrate/crypto/open_parsed.h) exactly as
+ *      through ks_open, on both contexts (so with and without latency
+ *      histograms): the same error and plaintext, the buffer zero on a
+ *      failure; a NULL buffer, envelope or length is refused.
  *
  * FUZZ_OPEN_DUMP=dir (environment) writes each genuine input to dir as
  * seed-<n>, for regenerating the seeds (name them by sha1 afterwards).
@@ -54,6 +60,7 @@
 
 #include <keyshift/crypto.h>
 
+#include "../migrate/crypto/open_parsed.h"
 #include "../tests/envelope_eq.h"
 #include "../tests/mem_provider.h"
 
@@ -128,6 +135,32 @@ static void check_bad_configs(const ks_provider *prov)
     ks_ctx_free(NULL);
 }
 
+/* Oracle 8 on context c: env[0, len), when it parses, opens through
+ * ks_crypto_open_parsed as ks_open opened it (open_err, and the
+ * plaintext open_pt[0, open_len) on success). */
+static void check_parsed(ks_ctx *c, const uint8_t *env, size_t len, const ks_open_params *p,
+                         ks_err open_err, const uint8_t *open_pt, size_t open_len)
+{
+    static uint8_t pt[PT_CAP];
+    ks_envelope e;
+    if (ks_envelope_parse(env, len, NULL, &e, NULL) != KS_OK) {
+        CHECK(open_err != KS_OK);
+        return;
+    }
+    memset(pt, 0, sizeof pt);
+    size_t n = 0;
+    ks_err err = ks_crypto_open_parsed(c, env, &e, p, pt, sizeof pt, &n);
+    CHECK(err == open_err);
+    if (err == KS_OK) {
+        CHECK(n == open_len && memcmp(pt, open_pt, n) == 0);
+    } else {
+        CHECK(ks_test_all_zero(pt, sizeof pt));
+    }
+    CHECK(ks_crypto_open_parsed(c, NULL, &e, p, pt, sizeof pt, &n) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_crypto_open_parsed(c, env, NULL, p, pt, sizeof pt, &n) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_crypto_open_parsed(c, env, &e, p, pt, sizeof pt, NULL) == KS_ERR_INVALID_ARGUMENT);
+}
+
 /* Oracle 6: the cache is transparent.  The same open through the
  * one-entry context gives the same result and plaintext; inputs whose
  * length is a multiple of 16 free and rebuild that context first, with
@@ -143,6 +176,7 @@ static void check_tiny(const uint8_t *env, size_t len, const ks_open_params *p, 
     ks_err err = ks_open(tiny, env, len, p, pt2, sizeof pt2, &pt2_len, NULL);
     CHECK(err == open_err);
     CHECK(err != KS_OK || (pt2_len == pt_len && memcmp(pt2, pt, pt_len) == 0));
+    check_parsed(tiny, env, len, p, open_err, pt, pt_len);
     ks_health_sample h;
     ks_ctx_health_sample(tiny, &h);
     CHECK(err == KS_ERR_NOT_FOUND || h.opens >= 1); /* a not-found is no verdict */
@@ -328,6 +362,7 @@ static ks_err check_open(const uint8_t *env, size_t len, const ks_open_params *p
     ks_parse_error pe;
     ks_err err = ks_open(ctx, env, len, p, pt, PT_CAP, pt_len, &pe);
     check_verify(env, len, p, err, &pe);
+    check_parsed(ctx, env, len, p, err, pt, err == KS_OK ? *pt_len : 0);
     const genuine *g = find_genuine(env, len, p->context, p);
     if (err == KS_OK) {
         CHECK(g != NULL);

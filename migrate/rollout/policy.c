@@ -294,8 +294,6 @@ ks_err ks_policy_refresh(ks_policy *p)
 /* See rollout_internal.h. */
 void ks_policy_leave_registration(ks_policy *p)
 {
-    if (p == NULL)
-        return;
     pthread_mutex_lock(&p->mu);
     p->heartbeat = 0;
     pthread_mutex_unlock(&p->mu);

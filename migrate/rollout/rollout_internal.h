@@ -35,7 +35,7 @@ int ks_rollout_name_cmp(const char *a, const char *b);
 /* Make p stop heartbeating its registration and leave the registration
  * in keyshift_readers when p closes, rather than delete it: another
  * policy of this process registered the same instance id since and now
- * owns that row (migrate/app/app.c). */
+ * owns that row (migrate/app/app.c).  p is not NULL. */
 void ks_policy_leave_registration(ks_policy *p);
 
 /* The store's data_version (keyshift/rollout_store.h): changes when
