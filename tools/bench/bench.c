@@ -331,7 +331,7 @@ static int bench_parse(void)
  * (ctx, params, a sealed envelope) and the raw side (its own key, counter
  * nonce and ciphertext), over the same plaintext and the same AAD. */
 typedef struct crypt_case {
-    ks_ctx *ctx;
+    _Alignas(64) ks_ctx *ctx;   /* each thread's case on cache lines of its own */
     ks_seal_params sp;
     ks_open_params op;
     uint8_t format;
@@ -352,6 +352,9 @@ typedef struct crypt_case {
      * 12-byte IV whose last 8 bytes count up */
     EVP_CIPHER_CTX *evp_enc, *evp_dec;
     uint8_t iv[12];
+    size_t sink;                /* results kept observable, per thread: a shared
+                                   counter would bounce a cache line between
+                                   the threads on every call */
 } crypt_case;
 
 /* ks_seal of n bytes into the scratch buffer. */
@@ -362,7 +365,7 @@ static int run_seal(void *arg)
     if (ks_seal(c->ctx, &c->sp, c->pt, c->n, c->out, c->cap, &len) != KS_OK) {
         return -1;
     }
-    sink += len;
+    c->sink += len;
     return 0;
 }
 
@@ -374,20 +377,20 @@ static int run_open(void *arg)
     if (ks_open(c->ctx, c->env, c->env_len, &c->op, c->out, c->cap, &len, NULL) != KS_OK) {
         return -1;
     }
-    sink += len;
+    c->sink += len;
     return 0;
 }
 
 /* Raw AEAD encrypt (combined) of pt with the case's AAD under k and nonce
  * into out. */
-static int raw_encrypt(const crypt_case *c, uint8_t *out, const uint8_t *nonce, const uint8_t *k)
+static int raw_encrypt(crypt_case *c, uint8_t *out, const uint8_t *nonce, const uint8_t *k)
 {
     unsigned long long len;
     int r = c->alg == KS_ALG_AES256GCM
                 ? crypto_aead_aes256gcm_encrypt(out, &len, c->pt, c->n, c->aad, c->aad_len, NULL, nonce, k)
                 : crypto_aead_xchacha20poly1305_ietf_encrypt(out, &len, c->pt, c->n, c->aad, c->aad_len, NULL,
                                                              nonce, k);
-    sink += (size_t)len;
+    c->sink += (size_t)len;
     return r;
 }
 
@@ -411,7 +414,7 @@ static int run_raw_open(void *arg)
                                                 c->aad_len, c->open_nonce, c->key)
                 : crypto_aead_xchacha20poly1305_ietf_decrypt(c->out, &len, NULL, c->raw_ct, c->n + KS_TAG_LEN,
                                                              c->aad, c->aad_len, c->open_nonce, c->key);
-    sink += (size_t)len;
+    c->sink += (size_t)len;
     return r;
 }
 
@@ -445,7 +448,7 @@ static int raw_evp(crypt_case *c, int enc)
         (enc && EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_AEAD_GET_TAG, KS_TAG_LEN, c->out + c->n) != 1)) {
         return -1;
     }
-    sink += (size_t)n;
+    c->sink += (size_t)n;
     return 0;
 }
 
@@ -780,6 +783,7 @@ static int bench_threads_case(ks_ctx *ctx, uint8_t format, uint32_t alg, size_t 
              ? -1
              : 0;
     for (int i = 0; i < THREADS_MAX; i++) {
+        sink += cases[i].sink;
         evp_free(&cases[i]);
     }
     return rc;
