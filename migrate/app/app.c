@@ -936,19 +936,21 @@ static ks_err seal_in(ks_app *app, const ks_app_record *r, ks_rollout_class c,
     return e;
 }
 
-/* Nonzero when the arguments of a seal are unusable. */
-static int seal_args_bad(const ks_app *app, const ks_app_record *r, const uint8_t *pt,
-                         size_t pt_len, const uint8_t *out, size_t cap, const size_t *out_len)
+/* Nonzero when the arguments of a seal or an open are unusable: the app,
+ * the record and its names, the input in[0, in_len) (a plaintext or a
+ * stored value), the output out[0, cap) and its length. */
+static int call_args_bad(const ks_app *app, const ks_app_record *r, const uint8_t *in,
+                         size_t in_len, const uint8_t *out, size_t cap, const size_t *out_len)
 {
     return app == NULL || r == NULL || r->table == NULL || r->column == NULL || out_len == NULL ||
-           (pt == NULL && pt_len > 0) || (out == NULL && cap > 0);
+           (in == NULL && in_len > 0) || (out == NULL && cap > 0);
 }
 
 /* See keyshift/app.h. */
 ks_err ks_app_seal(ks_app *app, const ks_app_record *r, const uint8_t *pt, size_t pt_len,
                    uint8_t *out, size_t cap, size_t *out_len, ks_rollout_class *written)
 {
-    if (seal_args_bad(app, r, pt, pt_len, out, cap, out_len)) {
+    if (call_args_bad(app, r, pt, pt_len, out, cap, out_len)) {
         return KS_ERR_INVALID_ARGUMENT;
     }
     *out_len = 0;
@@ -1020,7 +1022,7 @@ ks_err ks_app_seal_update(ks_app *app, const ks_app_record *r, const uint8_t *pr
                           size_t prev_len, const uint8_t *pt, size_t pt_len, uint8_t *out,
                           size_t cap, size_t *out_len, ks_rollout_class *written)
 {
-    if (seal_args_bad(app, r, pt, pt_len, out, cap, out_len) || (prev == NULL && prev_len > 0)) {
+    if (call_args_bad(app, r, pt, pt_len, out, cap, out_len) || (prev == NULL && prev_len > 0)) {
         return KS_ERR_INVALID_ARGUMENT;
     }
     *out_len = 0;
@@ -1178,20 +1180,12 @@ static ks_err open_text(ks_app *app, const ks_app_record *r, const uint8_t *v, s
     return e;
 }
 
-/* Nonzero when the arguments of an open are unusable. */
-static int open_args_bad(const ks_app *app, const ks_app_record *r, const uint8_t *v,
-                         size_t v_len, const uint8_t *pt, size_t cap, const size_t *pt_len)
-{
-    return app == NULL || r == NULL || r->table == NULL || r->column == NULL || pt_len == NULL ||
-           (v == NULL && v_len > 0) || (pt == NULL && cap > 0);
-}
-
 /* See keyshift/app.h. */
 ks_err ks_app_open_value(ks_app *app, const ks_app_record *r, const uint8_t *v, size_t v_len,
                          uint8_t *pt, size_t cap, size_t *pt_len, ks_rollout_class *read,
                          ks_parse_error *perr)
 {
-    if (open_args_bad(app, r, v, v_len, pt, cap, pt_len)) {
+    if (call_args_bad(app, r, v, v_len, pt, cap, pt_len)) {
         return KS_ERR_INVALID_ARGUMENT;
     }
     *pt_len = 0;
@@ -1382,7 +1376,7 @@ size_t ks_app_seal_text_max_len(size_t pt_len)
 ks_err ks_app_seal_text(ks_app *app, const ks_app_record *r, const uint8_t *pt, size_t pt_len,
                         uint8_t *out, size_t cap, size_t *out_len, ks_rollout_class *written)
 {
-    if (seal_args_bad(app, r, pt, pt_len, out, cap, out_len)) {
+    if (call_args_bad(app, r, pt, pt_len, out, cap, out_len)) {
         return KS_ERR_INVALID_ARGUMENT;
     }
     *out_len = 0;
@@ -1399,7 +1393,7 @@ ks_err ks_app_open_text(ks_app *app, const ks_app_record *r, const uint8_t *v, s
                         uint8_t *pt, size_t cap, size_t *pt_len, ks_rollout_class *read,
                         ks_parse_error *perr)
 {
-    if (open_args_bad(app, r, v, v_len, pt, cap, pt_len)) {
+    if (call_args_bad(app, r, v, v_len, pt, cap, pt_len)) {
         return KS_ERR_INVALID_ARGUMENT;
     }
     *pt_len = 0;

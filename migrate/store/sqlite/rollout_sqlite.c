@@ -383,7 +383,7 @@ int ks_rsql_col_int(sqlite3_stmt *st, int i, int64_t lo, int64_t hi, int64_t *ou
  * version 4's column is, and how many of the two latency sum columns
  * are. */
 static ks_err read_schema_state(ks_rsql *db, int64_t *version, int64_t *n_v2,
-                                int64_t *has_v3, int64_t *has_v4, int64_t *n_v5)
+                                int64_t *has_v3, int64_t *has_v4, int64_t *n_sums)
 {
     int64_t has_meta = 0;
     *version = 0;
@@ -418,26 +418,30 @@ static ks_err read_schema_state(ks_rsql *db, int64_t *version, int64_t *n_v2,
         err = query_i64(db,
                         "SELECT count(*) FROM pragma_table_info('keyshift_metrics', 'main') "
                         "WHERE name IN ('seal_ns_sum', 'open_ns_sum')",
-                        n_v5);
+                        n_sums);
     return err;
+}
+
+/* Inside the upgrade's transaction: run alter (an ALTER TABLE ... ADD
+ * COLUMN) unless has (the count of that column in pragma_table_info)
+ * finds the column already there; both are string literals. */
+static int add_column(ks_rsql *db, const char *has, const char *alter)
+{
+    int64_t n = 0;
+    if (query_i64(db, has, &n) != KS_OK)
+        return SQLITE_ERROR;
+    return n ? SQLITE_OK : sqlite3_exec(db->db, alter, NULL, NULL, NULL);
 }
 
 /* Inside the upgrade's transaction: add version 3 to a version 2 schema
  * (scope_key_id only when it is missing, then schema_sql_v3). */
 static int upgrade_v3(ks_rsql *db)
 {
-    int64_t has_col = 0;
-    if (query_i64(db,
-                  "SELECT count(*) FROM pragma_table_info('keyshift_rollout', 'main') "
-                  "WHERE name = 'scope_key_id'",
-                  &has_col) != KS_OK)
-        return SQLITE_ERROR;
-    int rc = SQLITE_OK;
-    if (!has_col)
-        rc = sqlite3_exec(db->db,
-                          "ALTER TABLE main.keyshift_rollout ADD COLUMN scope_key_id TEXT "
-                          "NOT NULL DEFAULT ''",
-                          NULL, NULL, NULL);
+    int rc = add_column(db,
+                        "SELECT count(*) FROM pragma_table_info('keyshift_rollout', 'main') "
+                        "WHERE name = 'scope_key_id'",
+                        "ALTER TABLE main.keyshift_rollout ADD COLUMN scope_key_id TEXT "
+                        "NOT NULL DEFAULT ''");
     if (rc == SQLITE_OK)
         rc = sqlite3_exec(db->db, schema_sql_v3, NULL, NULL, NULL);
     return rc;
@@ -445,14 +449,13 @@ static int upgrade_v3(ks_rsql *db)
 
 /* Inside the upgrade's transaction: add version 4 to a version 3 schema
  * (the encoding column only when it is missing, then schema_sql_v4). */
-static int upgrade_v4(ks_rsql *db, int64_t has_v4)
+static int upgrade_v4(ks_rsql *db)
 {
-    int rc = SQLITE_OK;
-    if (!has_v4)
-        rc = sqlite3_exec(db->db,
-                          "ALTER TABLE main.keyshift_rollout ADD COLUMN encoding TEXT "
-                          "NOT NULL DEFAULT 'binary'",
-                          NULL, NULL, NULL);
+    int rc = add_column(db,
+                        "SELECT count(*) FROM pragma_table_info('keyshift_rollout', 'main') "
+                        "WHERE name = 'encoding'",
+                        "ALTER TABLE main.keyshift_rollout ADD COLUMN encoding TEXT "
+                        "NOT NULL DEFAULT 'binary'");
     if (rc == SQLITE_OK)
         rc = sqlite3_exec(db->db, schema_sql_v4, NULL, NULL, NULL);
     return rc;
@@ -463,22 +466,17 @@ static int upgrade_v4(ks_rsql *db, int64_t has_v4)
  * the top of this file).  A sample stored before has no sum: 0. */
 static int add_sums(ks_rsql *db)
 {
-    static const char *const has[] = {
-        "SELECT count(*) FROM pragma_table_info('keyshift_metrics', 'main') "
-        "WHERE name = 'seal_ns_sum'",
-        "SELECT count(*) FROM pragma_table_info('keyshift_metrics', 'main') "
-        "WHERE name = 'open_ns_sum'"};
-    static const char *const add[] = {
-        "ALTER TABLE main.keyshift_metrics ADD COLUMN seal_ns_sum INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE main.keyshift_metrics ADD COLUMN open_ns_sum INTEGER NOT NULL DEFAULT 0"};
-    int rc = SQLITE_OK;
-    for (size_t i = 0; rc == SQLITE_OK && i < 2; i++) {
-        int64_t n = 0;
-        if (query_i64(db, has[i], &n) != KS_OK)
-            return SQLITE_ERROR;
-        if (!n)
-            rc = sqlite3_exec(db->db, add[i], NULL, NULL, NULL);
-    }
+    int rc = add_column(db,
+                        "SELECT count(*) FROM pragma_table_info('keyshift_metrics', 'main') "
+                        "WHERE name = 'seal_ns_sum'",
+                        "ALTER TABLE main.keyshift_metrics ADD COLUMN seal_ns_sum INTEGER "
+                        "NOT NULL DEFAULT 0");
+    if (rc == SQLITE_OK)
+        rc = add_column(db,
+                        "SELECT count(*) FROM pragma_table_info('keyshift_metrics', 'main') "
+                        "WHERE name = 'open_ns_sum'",
+                        "ALTER TABLE main.keyshift_metrics ADD COLUMN open_ns_sum INTEGER "
+                        "NOT NULL DEFAULT 0");
     return rc;
 }
 
@@ -499,11 +497,11 @@ static ks_err check_not_newer(int64_t version, char *errbuf, size_t errbuf_len)
  * 3's and 4's, then the sums. */
 static ks_err upgrade(ks_rsql *db, char *errbuf, size_t errbuf_len)
 {
-    int64_t version = 0, n_v2 = 0, has_v3 = 0, has_v4 = 0, n_v5 = 0;
+    int64_t version = 0, n_v2 = 0, has_v3 = 0, has_v4 = 0, n_sums = 0;
     int rc = sqlite3_exec(db->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
     if (rc == SQLITE_OK)
         rc = sqlite3_exec(db->db, ks_sqlite_schema_sql, NULL, NULL, NULL);
-    ks_err err = rc == SQLITE_OK ? read_schema_state(db, &version, &n_v2, &has_v3, &has_v4, &n_v5)
+    ks_err err = rc == SQLITE_OK ? read_schema_state(db, &version, &n_v2, &has_v3, &has_v4, &n_sums)
                                  : ks_sqlite_fail_rc(errbuf, errbuf_len, rc,
                                                      "creating the keyshift tables");
     if (err == KS_OK)
@@ -519,11 +517,11 @@ static ks_err upgrade(ks_rsql *db, char *errbuf, size_t errbuf_len)
             err = ks_sqlite_fail_rc(errbuf, errbuf_len, rc, "upgrading the keyshift tables");
     }
     if (err == KS_OK && (version < 4 || !has_v4)) {
-        rc = upgrade_v4(db, has_v4);
+        rc = upgrade_v4(db);
         if (rc != SQLITE_OK)
             err = ks_sqlite_fail_rc(errbuf, errbuf_len, rc, "upgrading the keyshift tables");
     }
-    if (err == KS_OK && n_v5 < 2) {
+    if (err == KS_OK && n_sums < 2) {
         rc = add_sums(db);
         if (rc != SQLITE_OK)
             err = ks_sqlite_fail_rc(errbuf, errbuf_len, rc, "upgrading the keyshift tables");
@@ -628,10 +626,10 @@ ks_err ks_rollout_store_sqlite_open(const char *path, unsigned flags, ks_rollout
     db->base.ops = &sqlite_ops;
     db->read_only = (flags & KS_ROLLOUT_DB_READ_ONLY) != 0;
     ks_sqlite_busy_init(&db->busy, 0);
-    int64_t version = 0, n_v2 = 0, has_v3 = 0, has_v4 = 0, n_v5 = 0;
+    int64_t version = 0, n_v2 = 0, has_v3 = 0, has_v4 = 0, n_sums = 0;
     ks_err err = ks_sqlite_connect(path, db->read_only, 0, &db->busy, &db->db, errbuf, errbuf_len);
     if (err == KS_OK) {
-        err = read_schema_state(db, &version, &n_v2, &has_v3, &has_v4, &n_v5);
+        err = read_schema_state(db, &version, &n_v2, &has_v3, &has_v4, &n_sums);
         if (err != KS_OK)
             err = ks_sqlite_fail(errbuf, errbuf_len, err, "reading the schema: %s",
                                  ks_err_name(err));
@@ -639,7 +637,7 @@ ks_err ks_rollout_store_sqlite_open(const char *path, unsigned flags, ks_rollout
     if (err == KS_OK)
         err = check_not_newer(version, errbuf, errbuf_len);
     if (err == KS_OK && !db->read_only &&
-        (version < KS_SQLITE_SCHEMA_LATEST || n_v2 < 4 || !has_v3 || !has_v4 || n_v5 < 2))
+        (version < KS_SQLITE_SCHEMA_LATEST || n_v2 < 4 || !has_v3 || !has_v4 || n_sums < 2))
         err = upgrade(db, errbuf, errbuf_len);
     else if (err == KS_OK && db->read_only) {
         /* a version 2 database is read as it is: its rollouts are all
@@ -647,10 +645,10 @@ ks_err ks_rollout_store_sqlite_open(const char *path, unsigned flags, ks_rollout
         db->have_tables = version >= 2 && n_v2 == 4;
         db->v3 = db->have_tables && version >= 3 && has_v3;
         db->v4 = db->v3 && version >= 4 && has_v4;
-        db->v5 = db->v4 && n_v5 == 2;
+        db->sums = db->v4 && n_sums == 2;
     }
     if (err == KS_OK && !db->read_only)
-        db->have_tables = db->v3 = db->v4 = db->v5 = 1;
+        db->have_tables = db->v3 = db->v4 = db->sums = 1;
     if (err != KS_OK) {
         op_close(&db->base);
         return err;

@@ -39,7 +39,7 @@ typedef struct ks_rsql {
     int have_tables;          /* the version 2 tables exist (read-only: maybe v2 only) */
     int v3;                   /* and version 3's: scope_key_id, keyshift_rollout_column */
     int v4;                   /* and version 4's: keyshift_rollout.encoding (implies v3) */
-    int v5;                   /* and keyshift_metrics' latency sum columns (implies v4;
+    int sums;                 /* and keyshift_metrics' latency sum columns (implies v4;
                                  added to version 4 in place: rollout_sqlite.c) */
     ks_rsql_kept kept[KS_RSQL_STMT_CACHE]; /* prepared once, reset after each use */
     size_t n_kept;            /* kept[0, n_kept) are filled, in order of first use */

@@ -779,7 +779,7 @@ static ks_err add_sample(sqlite3_stmt *st, ks_health_sample *acc)
     return KS_OK;
 }
 
-/* The query of metrics_sum, in two spellings indexed by db->v5: a
+/* The query of metrics_sum, in two spellings indexed by db->sums: a
  * database without the latency sum columns (read-only) has no sums, 0
  * for each of its samples as for those stored before they were added. */
 #define SELECT_METRICS(sums)                                                                      \
@@ -798,7 +798,7 @@ ks_err ks_rsql_metrics_sum(ks_rollout_store *s, int64_t rollout_id, int64_t sinc
     if (!db->have_tables)
         return KS_OK;
     sqlite3_stmt *st;
-    int rc = ks_rsql_prep_bind(db, &st, select_metrics[db->v5 != 0], "iit", rollout_id, since,
+    int rc = ks_rsql_prep_bind(db, &st, select_metrics[db->sums != 0], "iit", rollout_id, since,
                                source != NULL ? source : "");
     ks_err err = KS_OK;
     int any = 0;

@@ -62,14 +62,7 @@ type Error struct {
 
 // Error says what failed, with the name, offset and message.
 func (e *Error) Error() string {
-	s := "keyshift: " + e.Op + ": " + e.Name
-	if e.Offset >= 0 {
-		s += fmt.Sprintf(" at byte %d", e.Offset)
-	}
-	if e.Msg != "" {
-		s += ": " + e.Msg
-	}
-	return s
+	return ksapi.Describe("keyshift: ", e.Op, e.Name, "", e.Offset, e.Msg)
 }
 
 // Is matches the class sentinels and the code sentinels (ksapi.Match).

@@ -63,17 +63,7 @@ type Error struct {
 
 // Error says what failed, with the name, offset and message.
 func (e *Error) Error() string {
-	s := "keyshift agent: " + e.Op + ": " + e.Name
-	if e.Member != "" {
-		s += " (" + e.Member + ")"
-	}
-	if e.Offset >= 0 {
-		s += fmt.Sprintf(" at byte %d", e.Offset)
-	}
-	if e.Msg != "" {
-		s += ": " + e.Msg
-	}
-	return s
+	return ksapi.Describe("keyshift agent: ", e.Op, e.Name, e.Member, e.Offset, e.Msg)
 }
 
 // Is matches the agent's own sentinels by status and name [AG-ERR-2], and

@@ -4,7 +4,10 @@
 // maps an error's stable name and class to them.  It imports no cgo.
 package ksapi
 
-import "errors"
+import (
+	"errors"
+	"strconv"
+)
 
 // Record names one value of the application's table: where it lives and
 // what is bound into its envelope.
@@ -40,6 +43,24 @@ var (
 	ErrNoRollout       = errors.New("keyshift: no rollout and no default key")    // no-rollout
 	ErrInvalidArgument = errors.New("keyshift: invalid argument")                 // invalid-argument
 )
+
+// Describe is the text of an error of both packages: prefix, op, the
+// stable name, the member it concerns (when not empty), the byte offset
+// of a malformed envelope's error (when not negative) and the sentence
+// for people (when not empty).
+func Describe(prefix, op, name, member string, offset int, msg string) string {
+	s := prefix + op + ": " + name
+	if member != "" {
+		s += " (" + member + ")"
+	}
+	if offset >= 0 {
+		s += " at byte " + strconv.Itoa(offset)
+	}
+	if msg != "" {
+		s += ": " + msg
+	}
+	return s
+}
 
 // Match reports whether an error of the library named name (ks_err_name)
 // in class (ks_error_class_name: "retryable", "refused", "configuration")
