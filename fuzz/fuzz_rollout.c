@@ -151,6 +151,7 @@
 #include <keyshift/rollout.h>
 #include <keyshift/rowstore.h>
 
+#include "../migrate/rollout/rollout_internal.h"
 #include "../tests/mem_provider.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -850,6 +851,30 @@ static void op_read(world *w, uint8_t a, uint8_t b)
     ks_bytes value = {v, n};
     CHECK(ks_policy_may_read(s->pol, tbl_of(w, id), "v", &value, &ok) == KS_OK);
     CHECK(ok);
+    /* the application layer's entry for a value it parsed answers alike
+     * (on one read in eight: each answer is a policy lookup), and refuses
+     * what ks_policy_may_read refuses */
+    ks_envelope e;
+    ks_rollout_class c;
+    memset(&c, 0, sizeof c);
+    if ((b & 7u) != 0) {
+        c.is_plaintext = 1;
+    } else if (ks_envelope_parse(v, n, NULL, &e, NULL) == KS_OK) {
+        c.version = e.version;
+        c.algorithm = e.algorithm;
+        memcpy(c.key_id, e.key_id.ptr, e.key_id.len);
+        c.key_version = e.key_version;
+    } else {
+        c.is_plaintext = 1;
+    }
+    int ok2 = 0;
+    CHECK((b & 7u) != 0 ||
+          (ks_policy_may_read_class(s->pol, tbl_of(w, id), "v", &c, &ok2) == KS_OK && ok2 == ok));
+    CHECK(ks_policy_may_read_class(NULL, "t", "v", &c, &ok2) == KS_ERR_INVALID_ARGUMENT && !ok2);
+    CHECK(ks_policy_may_read_class(s->pol, NULL, "v", &c, &ok2) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_policy_may_read_class(s->pol, "t", NULL, &c, &ok2) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_policy_may_read_class(s->pol, "t", "v", NULL, &ok2) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_policy_may_read_class(s->pol, "t", "v", &c, NULL) == KS_ERR_INVALID_ARGUMENT);
     /* the column's encoding, as the latest rollout covering it records it
      * (every rollout here is binary); a column none covers has none, and
      * a missing argument is refused with *out still set */

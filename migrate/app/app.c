@@ -1106,8 +1106,13 @@ static ks_err open_binary(ks_app *app, const ks_app_record *r, const uint8_t *v,
     int plaintext_ok = 0;
     if (app->policy != NULL && !malformed) {
         ks_bytes b = {v, v_len};
+        ks_rollout_class c;
         int ok = 0;
-        ks_err e = ks_policy_may_read(app->policy, r->table, r->column, &b, &ok);
+        if (parsed) {
+            class_of(&env, &c); /* its class without a second parse */
+        }
+        ks_err e = parsed ? ks_policy_may_read_class(app->policy, r->table, r->column, &c, &ok)
+                          : ks_policy_may_read(app->policy, r->table, r->column, &b, &ok);
         if (e == KS_OK && !ok) {
             return KS_ERR_PHASE;
         }

@@ -559,6 +559,15 @@ static ks_err answer_read(const ks_rollout *r, void *ctx)
     return KS_OK;
 }
 
+/* The answer to q under the rule of table.column: an envelope is judged
+ * by the rule of its key_id; plaintext, NULL and a malformed value by the
+ * column's own. */
+static ks_err may_read(ks_policy *p, const char *table, const char *column, read_q *q)
+{
+    const char *key_id = q->classified && !q->c.is_plaintext ? q->c.key_id : NULL;
+    return with_rule(p, table, column, key_id, answer_read, q);
+}
+
 /* See rollout.h.  The value is classified before taking the lock. */
 ks_err ks_policy_may_read(ks_policy *p, const char *table, const char *column,
                           const ks_bytes *value, int *ok)
@@ -573,10 +582,23 @@ ks_err ks_policy_may_read(ks_policy *p, const char *table, const char *column,
     q.ok = ok;
     q.is_null = value == NULL;
     q.classified = value != NULL && classify(value, &q.c);
-    /* an envelope is judged by the rule of its key_id; plaintext, NULL and
-     * a malformed value by the column's own */
-    const char *key_id = q.classified && !q.c.is_plaintext ? q.c.key_id : NULL;
-    return with_rule(p, table, column, key_id, answer_read, &q);
+    return may_read(p, table, column, &q);
+}
+
+/* See rollout_internal.h: ks_policy_may_read of a value already classed. */
+ks_err ks_policy_may_read_class(ks_policy *p, const char *table, const char *column,
+                                const ks_rollout_class *c, int *ok)
+{
+    if (ok != NULL)
+        *ok = 0;
+    if (p == NULL || table == NULL || column == NULL || c == NULL || ok == NULL)
+        return KS_ERR_INVALID_ARGUMENT;
+    read_q q;
+    memset(&q, 0, sizeof q);
+    q.ok = ok;
+    q.classified = 1;
+    q.c = *c;
+    return may_read(p, table, column, &q);
 }
 
 /* See rollout.h.  The rules hold the latest rollout of each scope; the

@@ -38,6 +38,12 @@ int ks_rollout_name_cmp(const char *a, const char *b);
  * owns that row (migrate/app/app.c).  p is not NULL. */
 void ks_policy_leave_registration(ks_policy *p);
 
+/* ks_policy_may_read of a value whose class c the caller took from the
+ * envelope it parsed (ks_envelope_parse), so that the value is not
+ * parsed again: the same answer and errors. */
+KS_WUR ks_err ks_policy_may_read_class(ks_policy *p, const char *table, const char *column,
+                                       const ks_rollout_class *c, int *ok);
+
 /* The store's data_version (keyshift/rollout_store.h): changes when
  * another connection commits to the database. */
 KS_WUR ks_err ks_rollout_db_data_version(ks_rollout_db *db, int64_t *out);
