@@ -13,6 +13,9 @@
  * each EVP_CIPHER_CTX is initialised with its cipher and direction once
  * (ctx_make), keyed once per key (load_key), and per message given only
  * its IV, which allocates nothing (bench: 0 allocations per call).
+ * Guard blocks around each context's allocations keep two threads'
+ * contexts off each other's cache lines: side by side, they held two
+ * threads' xchacha20-poly1305 opens to 1.3 times one thread's rate.
  */
 #include <assert.h>
 #include <limits.h>
@@ -28,6 +31,7 @@
 #include <keyshift/envelope.h>
 
 #include "aead.h"
+#include "../alloc_hook.h"
 
 /* The OpenSSL cipher of each algorithm, fetched once (NULL: unavailable,
  * then every call runs on libsodium). */
@@ -168,11 +172,19 @@ static EVP_CIPHER_CTX *ctx_make(ks_aead_evp *s, size_t i, int enc)
     if (ciphers[i] == NULL) {
         return NULL;
     }
+    /* Guards before and after OpenSSL's two allocations (the EVP context
+     * and the provider's): contexts that threads write on every call
+     * otherwise come out of malloc side by side and share cache lines.
+     * A missing guard costs only speed. */
+    void *before = malloc(KS_LINE_PAIR);
     EVP_CIPHER_CTX *x = EVP_CIPHER_CTX_new();
     if (x == NULL || EVP_CipherInit_ex(x, ciphers[i], NULL, NULL, NULL, enc) != 1) {
         EVP_CIPHER_CTX_free(x);
+        free(before);
         return NULL;
     }
+    s->guard[i][0] = before;
+    s->guard[i][1] = malloc(KS_LINE_PAIR);
     s->serial[i] = 0;
     s->ctx[i] = x;
     return x;
@@ -362,6 +374,9 @@ void ks_aead_evp_free(ks_aead_evp *s)
 {
     for (size_t i = 0; i < 2; i++) {
         EVP_CIPHER_CTX_free(s->ctx[i]); /* the providers' freectx cleanses */
+        free(s->guard[i][0]);
+        free(s->guard[i][1]);
+        s->guard[i][0] = s->guard[i][1] = NULL;
         s->ctx[i] = NULL;
         s->serial[i] = 0;
     }

@@ -35,6 +35,11 @@
 /* An engine; KS_AEAD_AUTO: the size rule (and the forced engine, if any). */
 typedef enum ks_aead_engine { KS_AEAD_AUTO = 0, KS_AEAD_SODIUM = 1, KS_AEAD_OPENSSL = 2 } ks_aead_engine;
 
+/* Two cache lines, the unit in which the adjacent-line prefetcher pulls
+ * them: what one thread writes on every call sits on pairs of its own
+ * (the guard blocks around a context's allocations, a shard). */
+#define KS_LINE_PAIR 128u
+
 /* The smallest payloads the OpenSSL engine seals and opens by the rule. */
 #define KS_AEAD_EVP_MIN_AES256GCM 512u
 #define KS_AEAD_EVP_MIN_XCHACHA 128u
@@ -43,6 +48,7 @@ typedef enum ks_aead_engine { KS_AEAD_AUTO = 0, KS_AEAD_SODIUM = 1, KS_AEAD_OPEN
  * zero is empty: nothing made, nothing keyed. */
 typedef struct ks_aead_evp {
     void *ctx[2];          /* EVP_CIPHER_CTX *: [0] aes-256-gcm, [1] xchacha20-poly1305 */
+    void *guard[2][2];     /* heap blocks just before and after ctx[i]'s (aead.c) */
     uint64_t serial[2];    /* the key loaded into each (ks_aead_serial()), 0: none */
     uint8_t prefix[16];    /* xchacha20-poly1305: the nonce prefix its subkey is of */
 } ks_aead_evp;

@@ -22,10 +22,14 @@ _Static_assert(AES_STATE % 16 == 0 && KS_RKEYS_MAX % 16 == 0, "16-byte aligned s
 /* See shard.h. */
 ks_shard *ks_shard_new(size_t id_max, uint32_t opens)
 {
-    ks_shard *sh = calloc(1, sizeof *sh);
+    /* On lines of its own: its owner writes it on every call, and another
+     * thread's shard may otherwise come out of malloc right beside it. */
+    const size_t size = (sizeof(ks_shard) + KS_LINE_PAIR - 1) / KS_LINE_PAIR * KS_LINE_PAIR;
+    ks_shard *sh = aligned_alloc(KS_LINE_PAIR, size);
     if (sh == NULL) {
         return NULL;
     }
+    memset(sh, 0, size);
     sh->opens = opens < KS_SHARD_OPENS ? opens : KS_SHARD_OPENS;
     sh->id_max = id_max;
     sh->ids = malloc(KS_SHARD_OPENS * id_max);

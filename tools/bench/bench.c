@@ -321,8 +321,8 @@ static int bench_parse(void)
 #define MAX_PT ((size_t)1 << 20)
 #define THREADS_MAX 2            /* the machine's cores: more says nothing */
 #define THREAD_MAX_PT 2048       /* the largest thread-scaling size */
-#define THREAD_ROUNDS 25         /* rounds of the four thread-scaling figures */
-#define THREAD_WINDOW_NS 20e6    /* each thread's counting window per figure */
+#define THREAD_ROUNDS 75         /* rounds of the four thread-scaling figures */
+#define THREAD_WINDOW_NS 10e6    /* each thread's counting window per figure */
 #define THREAD_CHECK 8           /* calls between clock reads in a window */
 #define THREAD_SCALED 1.5        /* raw's speedup below this: the second core was busy */
 #define NELEM(a) (sizeof (a) / sizeof (a)[0])
