@@ -107,8 +107,15 @@ run "SQLite --workers 1: the single run" 0 "$KS" migrate run --db "$T/s.db" --ta
     --mode encrypt --to-key payments/kek --tenant acme --workers 1
 if [ "$(q "SELECT count(*) FROM u WHERE substring(card FROM 1 FOR 3) = 'KSE'::bytea")" = 0 ]; then
     ok "usage errors wrote nothing"; else bad "usage errors wrote nothing"; fi
-run "4 workers on 10 rows" 0 "$KS" migrate run "${U[@]}" --workers 4
+mkdir -p "$T/tf"
+run "4 workers on 10 rows, --textfile" 0 "$KS" migrate run "${U[@]}" --workers 4 --textfile "$T/tf"
 expect_grep "4 workers on 10 rows: summary" "$T/err" "complete: 10 rewritten"
+M="$T/tf/keyshift_migrate_u_card.prom"
+expect_grep "--textfile with workers: every chunk's rows" "$M" '^keyshift_migrate_rows_total{table="u",column="card",outcome="done"} 10$'
+expect_grep "--textfile with workers: the table's rows" "$M" '^keyshift_migrate_target_rows{table="u",column="card"} 10$'
+expect_grep "--textfile with workers: ended" "$M" '^keyshift_migrate_running{table="u",column="card"} 0$'
+expect_grep "--textfile with workers: complete" "$M" '^keyshift_migrate_complete{table="u",column="card"} 1$'
+if ls -A "$T/tf" | grep -q '^\.'; then bad "--textfile with workers: a temporary file was left behind"; else ok "--textfile with workers: renamed into place"; fi
 
 # ---- 2. live writers ----------------------------------------------------------------------
 t0=$SECONDS

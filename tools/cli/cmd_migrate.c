@@ -23,8 +23,8 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "cmd_migrate_textfile.h"
 #include "cmd_migrate_workers.h"
-#include "textfile.h"
 #include "throttle.h"
 
 /* Set by SIGINT/SIGTERM; the engine polls it between batches. */
@@ -47,7 +47,7 @@ static void usage(FILE *f)
           "        [--from-key KEY_ID] [--supersede] [--busy-timeout MS]\n"
           "        [--synchronous full|normal] [--throttle-query SQL]\n"
           "        [--max-replica-lag DURATION] [--encoding binary|base64] [--json]\n"
-          "        [--textfile DIR | --workers N [--chunk-ids N] [--lease DURATION]]\n"
+          "        [--textfile DIR] [--workers N [--chunk-ids N] [--lease DURATION]]\n"
           "        [--keyring FILE [--passphrase-file FILE] | --providers FILE]\n"
           "    keyshift migrate status --db DB [--table T --column C] [--id-column I]\n"
           "        [--chunks] [--json]\n"
@@ -305,8 +305,9 @@ static void usage(FILE *f)
           "          Prometheus text to DIR/keyshift_migrate_TABLE_COLUMN.prom\n"
           "          for node_exporter's textfile collector, atomically\n"
           "          (temporary file, fsync, rename), at most once a second\n"
-          "          while batches commit and at the end (docs/prometheus.md);\n"
-          "          not with --workers\n"
+          "          while batches commit and at the end (docs/prometheus.md).\n"
+          "          With --workers the rows are the migration's, over every\n"
+          "          worker of every host (the chunks' counts), as the bar's\n"
           "    --workers N            run, PostgreSQL: N worker threads (1..64), each with a\n"
           "          connection of its own, sharing the migration with the\n"
           "          other hosts' (see Workers). The server needs N + 2\n"
@@ -716,10 +717,7 @@ typedef struct progress_state {
     ks_health_sample reported;
     double last_report;
     ks_cli_throttle *throttle; /* PostgreSQL's pauses between batches (tools/cli/throttle.h) */
-    /* --textfile: the directory, the file's labels and name, when last written */
-    const char *textfile;
-    const char *table, *column;
-    double last_textfile;
+    ks_cli_mig_textfile textfile; /* --textfile */
     int64_t last_progress_time;
 } progress_state;
 
@@ -819,41 +817,11 @@ static void report_health(progress_state *s)
     }
 }
 
-/* The least seconds between two writes of the --textfile file. */
-#define TEXTFILE_EVERY_S 1.0
-
-/* Write the run's progress (ks_metrics_write_migrate) atomically to
- * --textfile DIR as keyshift_migrate_TABLE_COLUMN.prom, running or not
- * and complete or not.  Best effort, like the health samples: a failure
- * is said once on standard error and the run goes on. */
+/* Write the run's progress to --textfile (running or not, complete or
+ * not): the migration's counts, every run's. */
 static void write_textfile(progress_state *s, int running, int complete)
 {
-    if (s->textfile == NULL) {
-        return;
-    }
-    char labels[4 * KS_ROLLOUT_IDENT_MAX + 96], id[24], name[2 * KS_ROLLOUT_IDENT_MAX + 40];
-    size_t used = 0, n = 0;
-    const char *lv[3][2] = {{"table", s->table}, {"column", s->column}, {"rollout", id}};
-    int64_t rid = s->rollout_id < 0 ? -s->rollout_id : s->rollout_id;
-    snprintf(id, sizeof id, "%lld", (long long)rid);
-    int fits = 1;
-    for (int i = 0; fits && i < (rid != 0 ? 3 : 2); i++) {
-        char esc[2 * KS_ROLLOUT_IDENT_MAX + 2];
-        int w = -1;
-        if (ks_health_prometheus_label_escape(lv[i][1], esc, sizeof esc, &n) == KS_OK) {
-            w = snprintf(labels + used, sizeof labels - used, "%s%s=\"%s\"", used ? "," : "",
-                         lv[i][0], esc);
-        }
-        fits = w >= 0 && (size_t)w < sizeof labels - used;
-        used += fits ? (size_t)w : 0;
-    }
-    snprintf(name, sizeof name, "keyshift_migrate_%s_%s.prom", s->table, s->column);
-    for (char *c = name; *c != '\0'; c++) { /* a file name, whatever the identifiers hold */
-        if (!isalnum((unsigned char)*c) && *c != '.' && *c != '_') {
-            *c = '_';
-        }
-    }
-    ks_metrics_migrate m = {labels,
+    ks_metrics_migrate m = {NULL,
                             {s->c.done, s->c.skipped, s->c.raced, s->c.quarantined,
                              s->c.wrong_state},
                             s->total,
@@ -861,17 +829,7 @@ static void write_textfile(progress_state *s, int running, int complete)
                             s->last_progress_time,
                             running,
                             complete};
-    char buf[4096];
-    ks_metrics_buf b;
-    ks_metrics_begin(&b, buf, sizeof buf);
-    ks_metrics_write_migrate(&b, &m);
-    if (!fits || ks_metrics_end(&b, &n) != KS_OK ||
-        ks_cli_textfile_write(s->textfile, name, buf, n) != EX_OK) {
-        ks_cli_error("warning: cannot write the progress to --textfile %s; the run goes on "
-                     "without it",
-                     s->textfile);
-        s->textfile = NULL; /* said once; stop trying */
-    }
+    ks_cli_mig_textfile_write(&s->textfile, &m);
 }
 
 /* The engine's per-batch report: a JSON line or a bar redraw, and a
@@ -891,8 +849,7 @@ static void on_progress(void *arg, const ks_migrate_progress *p)
     s->run = p->run;
     s->have = 1;
     s->last_progress_time = (int64_t)time(NULL);
-    if (s->textfile != NULL && (s->batches == 1 || p->elapsed_s - s->last_textfile >= TEXTFILE_EVERY_S)) {
-        s->last_textfile = p->elapsed_s;
+    if (ks_cli_mig_textfile_due(&s->textfile, p->elapsed_s)) {
         write_textfile(s, 1, 0);
     }
     if (s->json) {
@@ -1059,9 +1016,7 @@ static int run_engine(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_pa
     s.ctx = ctx;
     s.json = o->json;
     s.tty = isatty(STDERR_FILENO);
-    s.textfile = o->textfile;
-    s.table = o->table;
-    s.column = o->column;
+    s.textfile = (ks_cli_mig_textfile){o->textfile, o->table, o->column, rollout_id, 0, 0};
     s.last_progress_time = (int64_t)time(NULL);
     ks_checkpoint cp;
     memset(&cp, 0, sizeof cp);
@@ -1330,9 +1285,10 @@ static int run_workers(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_p
     s.rollout_id = rollout_id;
     s.db = o->db;
     s.ctx = ctx;
+    ks_cli_mig_textfile tf = {o->textfile, o->table, o->column, rollout_id, 0, 0};
     ks_cli_workers_env env = {o->db,    t,         busy_ms,        o->json,
                               rollout_id, throttle, &stop_requested,
-                              rollout_id > 0 ? workers_health : NULL, &s};
+                              rollout_id > 0 ? workers_health : NULL, &s, &tf};
     install_signals();
     return ks_cli_workers_run(ctx, store, p, wo, &env);
 }
@@ -1382,10 +1338,6 @@ static int cmd_run(int argc, char **argv)
     ks_cli_workers wo;
     if ((rc = ks_cli_workers_parse(o.workers, o.chunk_ids, o.lease, pg, &wo)) != EX_OK) {
         return rc;
-    }
-    if (o.textfile != NULL && wo.workers) {
-        return ks_cli_usage_error(cmd, "--textfile reports one run's progress and cannot be "
-                                       "combined with --workers: drop one of them");
     }
     ks_cli_throttle throttle;
     memset(&throttle, 0, sizeof throttle);

@@ -45,6 +45,7 @@
 #include <keyshift/rowstore_pg.h>
 #include <keyshift/workers.h>
 
+#include "cmd_migrate_textfile.h"
 #include "cmd_migrate_workers.h"
 
 /* Seconds between two reads of the chunks' summary for the progress. */
@@ -139,6 +140,7 @@ typedef struct wrun {
     uint64_t rows;          /* rows this process's workers committed */
     double elapsed;
     int drawn;
+    int64_t last_progress_time; /* Unix time of the last committed batch */
 } wrun;
 
 /* The time throttled so far (the open pause's included). */
@@ -246,8 +248,29 @@ static void rates(wrun *r, double elapsed, double *rate, double *eta)
     *eta = all > 0 && n < r->total ? (double)(r->total - n) / all : -1;
 }
 
+/* Write the migration's counts c to --textfile (env->textfile; running
+ * or not, complete or not), with this run's throttled time; nothing
+ * without --textfile. */
+static void write_textfile(wrun *r, const tally *c, int running, int complete)
+{
+    ks_cli_mig_textfile *t = r->env->textfile;
+    if (t == NULL || t->dir == NULL) {
+        return;
+    }
+    ks_metrics_migrate m = {NULL,
+                            {c->done, c->skipped, c->raced, c->quarantined, c->wrong_state},
+                            r->total,
+                            throttled_s(r),
+                            r->last_progress_time,
+                            running,
+                            complete};
+    ks_cli_mig_textfile_write(t, &m);
+}
+
 /* The driver's progress callback (under its lock): a JSON line, or a
- * redraw of the bar, and a health sample every HEALTH_S seconds. */
+ * redraw of the bar, a health sample every HEALTH_S seconds, and the
+ * --textfile file at most every KS_CLI_TEXTFILE_EVERY_S seconds once the
+ * migration's counts are known (the chunks' summary read). */
 static void on_progress(void *arg, const ks_workers_progress *p)
 {
     wrun *r = arg;
@@ -259,6 +282,10 @@ static void on_progress(void *arg, const ks_workers_progress *p)
     r->now = counts_now(r, p);
     r->here = (tally){p->done, p->skipped, p->raced, p->quarantined, p->wrong_state};
     r->pass = p->chunk_cp->pass > r->sum.max_pass ? p->chunk_cp->pass : r->sum.max_pass;
+    r->last_progress_time = (int64_t)time(NULL);
+    if (r->refreshed && e->textfile != NULL && ks_cli_mig_textfile_due(e->textfile, p->elapsed_s)) {
+        write_textfile(r, &r->now, 1, 0);
+    }
     if (e->health != NULL && p->elapsed_s - r->last_health >= HEALTH_S) {
         r->last_health = p->elapsed_s;
         e->health(e->health_arg);
@@ -371,6 +398,7 @@ int ks_cli_workers_run(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_p
     r->workers = w->workers;
     r->store = store;
     r->tty = isatty(STDERR_FILENO);
+    r->last_progress_time = (int64_t)time(NULL);
     char msg[256] = "";
     ks_err e = store->ops->count(store->self, &r->total);
     if (e == KS_OK) {
@@ -417,6 +445,14 @@ int ks_cli_workers_run(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_p
                          ks_err_name(e));
         }
         print_summary(r, &res, e, rc, elapsed);
+        /* the last write: every chunk's counts when the end read them,
+         * else the last report's (never zeros over a known migration) */
+        const ks_chunk_summary *s = &res.summary;
+        const tally end = {s->done, s->skipped, s->raced, s->quarantined, s->wrong_state};
+        if (s->chunks > 0 || r->refreshed) {
+            write_textfile(r, s->chunks > 0 ? &end : &r->now, 0,
+                           e == KS_OK && s->chunks > 0 && s->complete == s->chunks);
+        }
     }
     ks_chunks_close(&r->mon);
     pthread_mutex_destroy(&r->mu);

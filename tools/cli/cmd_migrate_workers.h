@@ -10,6 +10,7 @@
 #include <signal.h>
 
 #include "cli.h"
+#include "cmd_migrate_textfile.h"
 #include "throttle.h"
 
 /* The options of a run with workers. */
@@ -40,6 +41,7 @@ typedef struct ks_cli_workers_env {
     volatile sig_atomic_t *stop;     /* set by SIGINT/SIGTERM */
     void (*health)(void *arg);       /* the rollout's health sample (NULL: none) */
     void *health_arg;
+    ks_cli_mig_textfile *textfile;   /* --textfile (NULL, or dir NULL: none) */
 } ks_cli_workers_env;
 
 /* ks_cli_workers_run's answer when the migration was complete already:
