@@ -69,7 +69,7 @@ int ks_cli_workers_run(ks_ctx *ctx, const ks_rowstore *store, const ks_migrate_p
 void ks_cli_chunks_print(const char *db, ks_bytes tbl, ks_bytes col, ks_bytes params,
                          const char *id_column, int json, int all);
 
-/* Defined in tools/cli/cmd_migrate.c, for the workers' stores and reports. */
+/* Defined in tools/cli/cmd_migrate_run.c, for the workers' stores and reports. */
 
 /* Gate every write transaction of store on rollout rollout_id being in
  * backfill (nothing when rollout_id <= 0).  EX_OK, or an exit code after
