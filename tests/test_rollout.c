@@ -1469,8 +1469,8 @@ static void test_policy_set_keys(void **state)
 }
 
 /* ks_policy_report writes the growth of the totals (latency sums too)
- * since the previous report, to rollouts under way only; a reset source
- * counts from zero. */
+ * since the previous report, to rollouts under way only, and no row for
+ * an interval that grew nothing; a reset source counts from zero. */
 static void test_policy_report(void **state)
 {
     world *w = *state;
@@ -1510,6 +1510,18 @@ static void test_policy_report(void **state)
     assert_int_equal(ks_policy_report(p, &reset), KS_OK);
     assert_int_equal(ks_rollout_db_metrics_sum(w->db, id, 0, &sum), KS_OK);
     assert_int_equal(sum.opens, 34);
+    /* an idle interval (the same totals again) stores no row; the next
+     * growth is counted whole */
+    long rows = query_int(w->path, "SELECT count(*) FROM keyshift_metrics");
+    assert_int_equal(ks_policy_report(p, &reset), KS_OK);
+    assert_int_equal(ks_policy_report(p, &reset), KS_OK);
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM keyshift_metrics"), rows);
+    reset.seal_ns.bucket[0] = 1; /* a bucket alone is growth */
+    assert_int_equal(ks_policy_report(p, &reset), KS_OK);
+    assert_int_equal(query_int(w->path, "SELECT count(*) FROM keyshift_metrics"), rows + 1);
+    assert_int_equal(ks_rollout_db_metrics_sum(w->db, id, 0, &sum), KS_OK);
+    assert_int_equal(sum.opens, 34);
+    assert_int_equal(sum.seal_ns.bucket[0], 1);
     assert_int_equal(ks_policy_report(NULL, &t), KS_ERR_INVALID_ARGUMENT);
     assert_int_equal(ks_policy_report(p, NULL), KS_ERR_INVALID_ARGUMENT);
     ks_policy_close(p);

@@ -653,8 +653,10 @@ KS_API KS_WUR ks_err ks_policy_set_keys(ks_policy *p, const char *keys);
  * of totals (e.g. ks_ctx_health_sample of the application's context)
  * since the previous report, stamped with the current time.  Call it
  * periodically (e.g. with the heartbeat); `keyshift rollout check` sums a
- * window of such rows.  A failed report is carried into the next one.
- * Totals that went down (a new context) count as new from zero.
+ * window of such rows.  A growth of nothing (every counter, bucket and
+ * sum 0: an idle instance) writes no row, since it would add nothing to
+ * any sum.  A failed report is carried into the next one.  Totals that
+ * went down (a new context) count as new from zero.
  */
 KS_API KS_WUR ks_err ks_policy_report(ks_policy *p, const ks_health_sample *totals);
 

@@ -344,6 +344,21 @@ static int under_way(const ks_rollout *r)
     return r->phase != KS_PHASE_PLANNED && r->phase != KS_PHASE_FINALIZED;
 }
 
+/* Nonzero when d counts nothing: every counter, bucket and latency sum
+ * 0.  Such a sample adds nothing to any sum the guards, `rollout
+ * metrics` or the recording rules read, so it is not stored: an idle
+ * instance would otherwise add a row to every rollout under way at each
+ * report (every 500 ms by default: 172,800 rows a day, some 80 MB of
+ * the application's database). */
+static int sample_empty(const ks_health_sample *d)
+{
+    uint64_t any = d->seals | d->opens | d->auth_failures | d->parse_errors | d->provider_calls |
+                   d->provider_errors | d->seal_ns_sum | d->open_ns_sum;
+    for (size_t i = 0; i < KS_HIST_BUCKETS; i++)
+        any |= d->seal_ns.bucket[i] | d->open_ns.bucket[i];
+    return any == 0;
+}
+
 /* See rollout.h. */
 ks_err ks_policy_report(ks_policy *p, const ks_health_sample *totals)
 {
@@ -354,7 +369,7 @@ ks_err ks_policy_report(ks_policy *p, const ks_health_sample *totals)
     ks_health_sample d;
     ks_health_growth(&d, totals, &p->reported);
     d.time = (int64_t)time(NULL);
-    for (size_t i = 0; err == KS_OK && i < p->n_rules; i++) {
+    for (size_t i = 0; err == KS_OK && !sample_empty(&d) && i < p->n_rules; i++) {
         if (under_way(&p->rules[i]))
             err = ks_rollout_db_metrics_insert(p->db, p->rules[i].id, p->self.instance_id, "app", &d);
     }
