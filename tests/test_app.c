@@ -463,6 +463,36 @@ static void wait_reports(ks_app *a, uint64_t want)
     fail_msg("only %llu reports", (unsigned long long)st.reports);
 }
 
+/* With the default interval the policy still refreshes every
+ * KS_APP_REFRESH_DEFAULT_MS (a phase change shows within about half a
+ * second) while the background work, each a write to the rollout
+ * database, waits KS_APP_INTERVAL_DEFAULT_MS. */
+static void test_default_periods(void **state)
+{
+    world *w = *state;
+    int64_t id = start_rollout(w);
+    ks_app_options o = opts(w, 2, 0);
+    o.database = w->path;
+    o.instance_id = "web-default";
+    ks_app *a = app_open(w, &o);
+    ks_app_record r = rec("t2", "payments:7:card");
+    ks_app_options ot = opts(w, 2, 0); /* a writer of the target, no database */
+    ot.default_key_version = 2;
+    ks_app *tw = app_open(w, &ot);
+    uint8_t te[1024];
+    size_t tn = seal(tw, &r, "target", te, NULL);
+    assert_int_equal(open_err(a, &r, te, tn), KS_ERR_PHASE); /* planned */
+    move(w, id, KS_PHASE_PLANNED, KS_PHASE_READ_COMPAT);
+    sleep_ms(KS_APP_REFRESH_DEFAULT_MS + 200);
+    opens_to(a, &r, te, tn, "target"); /* read-compat, seen within the refresh period */
+    ks_app_stats st;
+    ks_app_stats_get(a, &st);
+    assert_int_equal(st.heartbeats, 0); /* the first tick is KS_APP_INTERVAL_DEFAULT_MS away */
+    assert_int_equal(st.reports, 0);
+    ks_app_close(tw);
+    ks_app_close(a);
+}
+
 /* What each phase writes and reads, the canary, the registration with
  * the keys held, health reports and deregistration at close. */
 static void test_policy_sqlite(void **state)
@@ -1265,7 +1295,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         T(test_round_trips), cmocka_unit_test(test_error_classes),
-        T(test_errors),      T(test_policy_sqlite), T(test_shared_registration),
+        T(test_errors),      T(test_policy_sqlite), T(test_default_periods),
+        T(test_shared_registration),
         T(test_registry_error_position),
         T(test_policy_plaintext), T(test_batch),
         T(test_parse),       T(test_env_keyring),

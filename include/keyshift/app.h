@@ -61,8 +61,14 @@
 extern "C" {
 #endif
 
-/* The default period of the heartbeat and health report, in ms. */
-#define KS_APP_INTERVAL_DEFAULT_MS 500u
+/* The default period of the heartbeat, the health report and the
+ * keyring's reload check, in ms: a few writes to the rollout database a
+ * minute per instance, well inside the default reader TTL (60 s). */
+#define KS_APP_INTERVAL_DEFAULT_MS 5000u
+/* The policy's refresh period with the default interval, in ms: a phase
+ * change reaches the instance within it (a refresh is a read, and only
+ * when another connection committed). */
+#define KS_APP_REFRESH_DEFAULT_MS 500u
 
 /* ---- errors -------------------------------------------------------------- */
 
@@ -119,8 +125,10 @@ typedef struct ks_app_options {
                                      NULL: every active or decrypt-only version the
                                      providers list (none when they cannot list),
                                      listed again after each keyring reload */
-    uint32_t interval_ms;         /* heartbeat and health report period, also the
-                                     policy's refresh period; 0: KS_APP_INTERVAL_DEFAULT_MS */
+    uint32_t interval_ms;         /* heartbeat, health report and keyring reload period,
+                                     also the policy's refresh period; 0: the first three
+                                     every KS_APP_INTERVAL_DEFAULT_MS, the refresh every
+                                     KS_APP_REFRESH_DEFAULT_MS */
 
     /* What to write where no rollout governs the column (and, with
      * default_key_id, the key a key-scoped rollout is asked about). */

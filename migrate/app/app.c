@@ -471,7 +471,8 @@ static ks_err open_policy(ks_app *a, const ks_app_options *o, char *errbuf, size
             algs |= 1u << KS_ALG_AES256GCM;
         }
     }
-    ks_policy_options po = {o->instance_id, a->max_format, algs, a->keys, a->interval_ms, 1};
+    const uint32_t refresh_ms = o->interval_ms ? o->interval_ms : KS_APP_REFRESH_DEFAULT_MS;
+    ks_policy_options po = {o->instance_id, a->max_format, algs, a->keys, refresh_ms, 1};
     char msg[256] = "";
     ks_err e;
     int pg = ks_rollout_store_pg_names(o->database);

@@ -348,8 +348,8 @@ static int under_way(const ks_rollout *r)
  * 0.  Such a sample adds nothing to any sum the guards, `rollout
  * metrics` or the recording rules read, so it is not stored: an idle
  * instance would otherwise add a row to every rollout under way at each
- * report (every 500 ms by default: 172,800 rows a day, some 80 MB of
- * the application's database). */
+ * report (at a 500 ms period: 172,800 rows a day, some 80 MB of the
+ * application's database). */
 static int sample_empty(const ks_health_sample *d)
 {
     uint64_t any = d->seals | d->opens | d->auth_failures | d->parse_errors | d->provider_calls |

@@ -116,7 +116,7 @@ type Config struct {
 	MaxFormat  Format        // highest format read; 0: FormatV2
 	Algorithms []Algorithm   // algorithms read; nil: every one this CPU runs
 	Keys       string        // key versions held ("kek:1,kek:2"); "": what the keys list
-	Interval   time.Duration // heartbeat period; 0: 500 ms
+	Interval   time.Duration // heartbeat, report and reload period; 0: 5 s (policy refresh 500 ms)
 
 	// What to seal where no rollout governs the column.
 	DefaultKeyID      string
