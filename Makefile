@@ -120,7 +120,10 @@ LIB_LIBS := -lsodium -lcrypto -lsqlite3 $(PQ_LIBS) $(JANSSON_LIBS) $(P11_LIBS) -
 # into the CLI with libmicrohttpd and libsystemd (sd_listen_fds).
 AGENT_SRCS := $(wildcard tools/agent/*.c)
 AGENT_LIBS := $(shell pkg-config --libs libmicrohttpd libsystemd 2>/dev/null)
-CLI_SRCS := tools/cli/keyshift.c tools/cli/cli.c tools/cli/throttle.c tools/cli/textfile.c $(wildcard tools/cli/cmd_*.c) $(AGENT_SRCS)
+# The helpers every command shares (tools/cli/cli.h), which the demo
+# application links too: messages and options, input, keys, databases.
+CLI_LIB_SRCS := tools/cli/cli.c tools/cli/cli_input.c tools/cli/cli_keys.c tools/cli/cli_db.c
+CLI_SRCS := tools/cli/keyshift.c $(CLI_LIB_SRCS) tools/cli/throttle.c tools/cli/textfile.c $(wildcard tools/cli/cmd_*.c) $(AGENT_SRCS)
 CLI_HDRS := $(wildcard tools/*/*.h)
 
 REL_OBJS := $(LIB_SRCS:%.c=$(B)/rel/%.o)
@@ -133,7 +136,7 @@ CLI     := $(B)/bin/keyshift
 CLI_SAN := $(B)/san/bin/keyshift
 # An application process for rollout tests and demos (not installed): the
 # logic in demo_app.c, its SQL behind tools/demo/demo_app.h (SQLite, PostgreSQL).
-DEMO_APP_SRCS := tools/demo/demo_app.c tools/demo/demo_app_sqlite.c tools/demo/demo_app_pg.c tools/cli/cli.c
+DEMO_APP_SRCS := tools/demo/demo_app.c tools/demo/demo_app_sqlite.c tools/demo/demo_app_pg.c $(CLI_LIB_SRCS)
 DEMO_APP     := $(B)/bin/keyshift-demo-app
 DEMO_APP_SAN := $(B)/san/bin/keyshift-demo-app
 # The Go example service (tools/go/example; not installed; see the Go section).

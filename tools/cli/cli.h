@@ -1,5 +1,8 @@
 /*
- * tools/cli/cli.h -- shared helpers of the keyshift command-line tool.
+ * tools/cli/cli.h -- shared helpers of the keyshift command-line tool,
+ * defined in cli.c (messages, options, parsing, output), cli_input.c
+ * (bounded input, the passphrase), cli_keys.c (keyrings, registries,
+ * contexts) and cli_db.c (databases, rollout stores, censuses).
  *
  * Exit codes follow sysexits(3); each command documents which it uses.
  */
