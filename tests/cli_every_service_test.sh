@@ -93,7 +93,9 @@ ENC=()
 AGENT=${EVERY_SERVICE_AGENT:-}
 KINDS=${EVERY_SERVICE_KINDS:-sqlite pg}
 # How long a phase change takes to reach every application: the library's
-# applications refresh every 200 ms (--reload-ms), the agent every 500 ms.
+# applications refresh every 200 ms (--reload-ms), the agents too
+# (--interval 200ms, which also keeps their heartbeats well inside the
+# tests' 5 s reader TTL), then a round trip through the agent.
 SETTLE=0.6
 [ -n "$AGENT" ] && SETTLE=0.9
 
@@ -198,7 +200,7 @@ start_agent() {
     shift
     AGENT_SOCK=$T/$KIND/$name.sock
     bg "$name" "$KS" serve --listen "unix:$AGENT_SOCK" --policy "$T/$KIND/policy" --scope pay.card \
-        --scope audit.card --db "$DB" --instance-id "$name" "$@"
+        --scope audit.card --db "$DB" --instance-id "$name" --interval 200ms "$@"
     AGENT_PID=$BG_PID
     wait_for 20 agent_up "$AGENT_SOCK" && ok "$KIND: agent $name serves on its socket" ||
         bad "$KIND: agent $name serves" "$(head -c 400 "$T/$name.err")"

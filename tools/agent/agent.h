@@ -39,6 +39,7 @@ typedef struct ks_agent_config {
     const char *default_key_id;
     uint64_t dek_max_messages;     /* seals per write-side DEK; 0: the library's default */
     long cache_entries;            /* read-side DEK cache entries; -1: the default */
+    uint32_t interval_ms;          /* ks_app_options.interval_ms; 0: the library's default */
 
     /* Limits [AG-LIM-1..6]. */
     size_t max_body;               /* bytes of a request body */

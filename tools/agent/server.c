@@ -233,6 +233,7 @@ static live *live_open(agent *a, int need_policy)
     o.database = c->database;
     o.instance_id = c->instance_id;
     o.default_key_id = c->default_key_id;
+    o.interval_ms = c->interval_ms;
     ks_ctx_config cc;
     ks_ctx_config_default(&cc);
     cc.latency_histograms = 1; /* the health report's, as ks_app's default */

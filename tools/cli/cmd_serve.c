@@ -27,7 +27,8 @@ static void usage(FILE *f)
           "SYNOPSIS\n"
           "    keyshift serve --listen unix:PATH --policy FILE --scope TABLE.COLUMN...\n"
           "                   [--listen tcp:127.0.0.1:PORT] [--socket-mode MODE]\n"
-          "                   [--socket-group GROUP] [--db DB --instance-id ID]\n"
+          "                   [--socket-group GROUP] [--db DB --instance-id ID\n"
+          "                   [--interval DURATION]]\n"
           "                   [--key KEY_ID] [--keyring FILE [--passphrase-file FILE] |\n"
           "                   --providers FILE] [LIMITS]\n"
           "\n"
@@ -76,6 +77,10 @@ static void usage(FILE *f)
           "          rollout governs: seal writes --key\n"
           "    --instance-id ID  this agent's reader id in the rollouts, 1..128 bytes\n"
           "                    of [A-Za-z0-9._:-] (required with --db)\n"
+          "    --interval DURATION  the heartbeat, health report and keyring reload\n"
+          "                    period, and the rollout state's refresh period\n"
+          "                    (500ms, 2s); default: the first three every 5 s,\n"
+          "                    the refresh every 500 ms\n"
           "    --key KEY_ID    the key sealed under where no rollout governs a scope\n"
           "    --keyring FILE  default: $KEYSHIFT_KEYRING\n"
           "    --passphrase-file FILE  keyring passphrase (default: $KEYSHIFT_PASSPHRASE);\n"
@@ -174,7 +179,7 @@ int ks_cmd_serve(int argc, char **argv)
     const char *db = NULL, *instance = NULL, *key = NULL, *keyring = NULL, *passfile = NULL;
     const char *providers = NULL, *max_request = NULL, *max_batch = NULL, *max_conn = NULL;
     const char *workers = NULL, *queue = NULL, *deadline = NULL, *idle = NULL, *drain = NULL;
-    const char *dek_max = NULL, *cache = NULL;
+    const char *dek_max = NULL, *cache = NULL, *interval = NULL;
     const ks_cli_opt opts[] = {
         {"--listen", &listen, NULL},         {"--socket-mode", &mode, NULL},
         {"--socket-group", &group, NULL},    {"--policy", &policy, NULL},
@@ -186,7 +191,8 @@ int ks_cmd_serve(int argc, char **argv)
         {"--workers", &workers, NULL},       {"--queue", &queue, NULL},
         {"--deadline", &deadline, NULL},     {"--idle-timeout", &idle, NULL},
         {"--drain", &drain, NULL},           {"--dek-max-messages", &dek_max, NULL},
-        {"--cache-entries", &cache, NULL},   {NULL, NULL, NULL},
+        {"--cache-entries", &cache, NULL},   {"--interval", &interval, NULL},
+        {NULL, NULL, NULL},
     };
     int rc, npos;
     if (ks_cli_parse_opts("serve", usage, argc, argv, opts, NULL, 0, &npos, &rc)) {
@@ -264,6 +270,12 @@ int ks_cmd_serve(int argc, char **argv)
     c.drain_ms = (uint32_t)v_drain;
     c.dek_max_messages = v_dek;
     c.cache_entries = cache != NULL ? (long)v_cache : -1;
+    if (interval != NULL && (db == NULL || ks_cli_parse_duration_ms(interval, &c.interval_ms) != 0 ||
+                             c.interval_ms == 0 || c.interval_ms > 3600000)) {
+        return ks_cli_usage_error("serve", db == NULL ? "--interval is the rollout's: it needs --db"
+                                                      : "--interval must be a duration from 1ms to 1h "
+                                                        "(500ms, 2s)");
+    }
     c.policy = policy;
     c.database = db;
     c.instance_id = instance;
