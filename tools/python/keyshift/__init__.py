@@ -620,9 +620,21 @@ class App:
                     _Bytes(p or None, len(p)))
         return _byref(r), r
 
-    def _call_seal(self, table, column, tenant, context, purpose, plaintext: Buffer):
-        """Seal into this thread's buffer (grown, then retried, when the
-        value does not fit); the value and this thread's class."""
+    # -- sealing and opening --
+
+    def seal(self, table: str, column: str, tenant: Text, plaintext: Buffer, *,
+             context: Optional[Text] = None, purpose: Optional[Text] = None) -> bytes:
+        """Seal plaintext for the value of ``table.column`` belonging to
+        ``tenant``, bound to ``context`` (bytes the reader rebuilds from
+        trusted data, e.g. ``"payments:42:card"``) and, in format 2,
+        ``purpose`` (default: the App's, else the column's name).  Returns
+        the value to store: an envelope of the class the rollout says to
+        write (the default key where none governs), or the plaintext itself
+        while a rollout from plaintext has not reached write-upgrade.  The
+        GIL is released during the call."""
+        # Sealed into this thread's buffer (grown, then retried, when the
+        # value does not fit); this thread's class is the one written,
+        # which seal_class reads.  The body of every seal: no layer between.
         pt, n = (plaintext, len(plaintext)) if type(plaintext) is bytes else _in(plaintext)
         st = getattr(self._tls, "st", None) or self._state()
         r, keep = self._record(st, table, column, tenant, context, purpose)
@@ -643,13 +655,31 @@ class App:
             value = st.view[:m].tobytes()
             if st.cls.is_plaintext:
                 st.view[:m] = _zeros(m)
-            return value, st.cls
+            return value
         finally:
             self._calls.pop()
 
-    def _call_open(self, table, column, tenant, context, purpose, value: Buffer):
-        """Open into this thread's buffer, then wipe it; the plaintext and
-        this thread's class."""
+    def seal_class(self, table: str, column: str, tenant: Text, plaintext: Buffer, *,
+                   context: Optional[Text] = None,
+                   purpose: Optional[Text] = None) -> Tuple[bytes, ValueClass]:
+        """As :meth:`seal`, also returning the class written."""
+        value = self.seal(table, column, tenant, plaintext, context=context, purpose=purpose)
+        return value, _value_class(self._tls.st.cls)  # this thread's: the seal's
+
+    def open(self, table: str, column: str, tenant: Optional[Text], value: Buffer, *,
+             context: Optional[Text] = None, purpose: Optional[Text] = None) -> bytes:
+        """Open a stored value of ``table.column``: check that the rollout's
+        phase reads its class, then open it, requiring its tenant to be
+        ``tenant`` (None or empty: any), its context ``context`` and, in
+        format 2, its purpose ``purpose`` (default: the App's, else the
+        column's name).  A plaintext value the phase reads is returned as
+        it is.  Raises :class:`AuthFailed`, :class:`Malformed`,
+        :class:`PhaseRefused`, ...; no unauthenticated plaintext is ever
+        returned.  The GIL is released during the call.  The C buffer the
+        plaintext was opened into is zeroed before this returns; the
+        ``bytes`` returned cannot be wiped (drop it soon)."""
+        # Opened into this thread's buffer, then wiped; this thread's class
+        # is the one read, which open_class reads.
         v, n = (value, len(value)) if type(value) is bytes else _in(value)
         st = getattr(self._tls, "st", None)
         if st is None or st.cap < n:
@@ -664,51 +694,16 @@ class App:
             m = st.n.value
             pt = st.view[:m].tobytes()
             st.view[:m] = _zeros(m)  # wiped: the copy in pt is the caller's
-            return pt, st.cls
+            return pt
         finally:
             self._calls.pop()
-
-    # -- sealing and opening --
-
-    def seal(self, table: str, column: str, tenant: Text, plaintext: Buffer, *,
-             context: Optional[Text] = None, purpose: Optional[Text] = None) -> bytes:
-        """Seal plaintext for the value of ``table.column`` belonging to
-        ``tenant``, bound to ``context`` (bytes the reader rebuilds from
-        trusted data, e.g. ``"payments:42:card"``) and, in format 2,
-        ``purpose`` (default: the App's, else the column's name).  Returns
-        the value to store: an envelope of the class the rollout says to
-        write (the default key where none governs), or the plaintext itself
-        while a rollout from plaintext has not reached write-upgrade.  The
-        GIL is released during the call."""
-        return self._call_seal(table, column, tenant, context, purpose, plaintext)[0]
-
-    def seal_class(self, table: str, column: str, tenant: Text, plaintext: Buffer, *,
-                   context: Optional[Text] = None,
-                   purpose: Optional[Text] = None) -> Tuple[bytes, ValueClass]:
-        """As :meth:`seal`, also returning the class written."""
-        value, cls = self._call_seal(table, column, tenant, context, purpose, plaintext)
-        return value, _value_class(cls)
-
-    def open(self, table: str, column: str, tenant: Optional[Text], value: Buffer, *,
-             context: Optional[Text] = None, purpose: Optional[Text] = None) -> bytes:
-        """Open a stored value of ``table.column``: check that the rollout's
-        phase reads its class, then open it, requiring its tenant to be
-        ``tenant`` (None or empty: any), its context ``context`` and, in
-        format 2, its purpose ``purpose`` (default: the App's, else the
-        column's name).  A plaintext value the phase reads is returned as
-        it is.  Raises :class:`AuthFailed`, :class:`Malformed`,
-        :class:`PhaseRefused`, ...; no unauthenticated plaintext is ever
-        returned.  The GIL is released during the call.  The C buffer the
-        plaintext was opened into is zeroed before this returns; the
-        ``bytes`` returned cannot be wiped (drop it soon)."""
-        return self._call_open(table, column, tenant, context, purpose, value)[0]
 
     def open_class(self, table: str, column: str, tenant: Optional[Text], value: Buffer, *,
                    context: Optional[Text] = None,
                    purpose: Optional[Text] = None) -> Tuple[bytes, ValueClass]:
         """As :meth:`open`, also returning the class read."""
-        pt, cls = self._call_open(table, column, tenant, context, purpose, value)
-        return pt, _value_class(cls)
+        pt = self.open(table, column, tenant, value, context=context, purpose=purpose)
+        return pt, _value_class(self._tls.st.cls)  # this thread's: the open's
 
     def _batch(self, fn, table: str, column: str, items, slack: int, wipe: bool):
         """Run fn (ks_app_seal_batch or ks_app_open_batch) over items, each

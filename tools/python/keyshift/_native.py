@@ -172,8 +172,8 @@ def _load():
     (the conversion of nine declared arguments costs about twice the call
     itself), so every argument must already be a ctypes object of the C
     type (c_void_p, c_size_t, byref(), an array), a bytes object or None
-    -- a Python int would be passed as a C int.  App._call_seal and
-    App._call_open are their only callers.
+    -- a Python int would be passed as a C int.  App.seal and App.open
+    are their only callers.
     """
     path = _library_path()
     try:
