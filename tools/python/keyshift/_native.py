@@ -169,11 +169,12 @@ def _load():
 
     ks_app_seal and ks_app_open_value, called once per seal and open, get
     a result type and no argument types: ctypes then converts nothing
-    (the conversion of nine declared arguments costs about twice the call
-    itself), so every argument must already be a ctypes object of the C
-    type (c_void_p, c_size_t, byref(), an array), a bytes object or None
-    -- a Python int would be passed as a C int.  App.seal and App.open
-    are their only callers.
+    (converting nine declared arguments costs as much as the foreign call
+    itself or more), so every argument must already be a ctypes object of
+    the C type (c_void_p, c_size_t, byref(), an array), a bytes object or
+    None -- a Python int would be passed as a C int.  App.seal and
+    App.open are their only callers (docs/PERFORMANCE.md, "The Python
+    package against pyca/cryptography", has the figures).
     """
     path = _library_path()
     try:
