@@ -97,6 +97,7 @@ _seal = _n.LIB.ks_app_seal
 _open = _n.LIB.ks_app_open_value
 
 _pack_into = struct.pack_into
+_pack_record = struct.Struct("8N").pack_into  # ks_app_record: 2 pointers, 3 (pointer, size_t)
 
 
 def _probe_bytes_address() -> bool:
@@ -123,17 +124,33 @@ _ITEM_OUT_LEN = _n.AppItem.out_len.offset
 assert _n.AppItem.err.offset == _ITEM_OUT_LEN + 8 and _n.AppItem.out_len.offset == 80
 
 
+#: Zeros that wipe a thread's output buffer through its memoryview (no
+#: foreign call, no allocation up to this size).
+_ZEROS = memoryview(bytes(65536))
+
+
+def _zeros(m: int) -> Union[bytes, memoryview]:
+    """m zero bytes, to assign over a slice of a buffer's memoryview."""
+    return _ZEROS[:m] if m <= 65536 else bytes(m)
+
+
 class _ThreadState:
     """One thread's output buffer (and a memoryview of it, through which a
-    result is copied out and the buffer wiped without a foreign call),
-    out-parameters and record, with their byref()s made once."""
+    result is copied out and the buffer wiped without a foreign call), its
+    size, out-parameters and record, with their byref()s made once.  The
+    arguments of ks_app_seal and ks_app_open_value are ctypes objects made
+    here (_native: those two take no argument conversion): ``size`` and
+    ``in_len`` are the C size_t of the buffer and of the input."""
 
-    __slots__ = ("buf", "view", "n", "cls", "perr", "rec", "n_ref", "cls_ref", "perr_ref",
-                 "rec_ref")
+    __slots__ = ("buf", "view", "cap", "size", "in_len", "n", "cls", "perr", "rec", "n_ref",
+                 "cls_ref", "perr_ref", "rec_ref")
 
     def __init__(self, cap: int) -> None:
         self.buf = ctypes.create_string_buffer(cap)
         self.view = memoryview(self.buf).cast("B")
+        self.cap = cap
+        self.size = ctypes.c_size_t(cap)
+        self.in_len = ctypes.c_size_t()
         self.n = ctypes.c_size_t()
         self.cls = _n.RolloutClass()
         self.perr = _n.ParseError()
@@ -522,6 +539,7 @@ class App:
         self._close_lock = threading.Lock()
         self._tls = threading.local()
         self._names: Dict[Tuple[str, str], Tuple[Optional[bytes], Optional[bytes]]] = {}
+        self._handle = handle  # the c_void_p every call passes
         self._app = handle.value
 
     # -- lifetime --
@@ -550,25 +568,25 @@ class App:
         if app:
             _n.LIB.ks_app_close(app)
 
-    def _enter(self) -> int:
+    def _enter(self) -> ctypes.c_void_p:
         """Count a call under way (list.append and pop are atomic: no lock
-        on the hot path); the handle.  The caller pops when done."""
+        on the hot path); the handle, as a c_void_p.  The caller pops when
+        done."""
         self._calls.append(None)
-        app = self._app
-        if self._closed or not app:
+        if self._closed or not self._app:
             self._calls.pop()
             raise ConfigError("invalid-argument", None, "the App is closed: open a new one",
                               32, "configuration")
-        return app
+        return self._handle
 
     def _state(self, cap: int = 0) -> "_ThreadState":
         """This thread's buffers, at least cap bytes of output (reused
         across calls: no output buffer is made per call; a buffer outgrown
         is wiped)."""
         st = getattr(self._tls, "st", None)
-        if st is None or len(st.buf) < cap:
+        if st is None or st.cap < cap:
             if st is not None:
-                _memset(st.buf, 0, len(st.buf))
+                st.view[:] = _zeros(st.cap)
             st = _ThreadState(max(cap, 4096))
             self._tls.st = st
         return st
@@ -583,66 +601,24 @@ class App:
         names = self._names.get((table, column))
         if names is None:
             tb, cb = _cstr(table, "table"), _cstr(column, "column")
-            names = (tb, cb, _addr(tb) if tb is not None and _FAST else 0,
-                     _addr(cb) if cb is not None and _FAST else 0)
+            names = (tb, cb, _addr(tb) if tb is not None and cb is not None and _FAST else 0,
+                     _addr(cb) if cb is not None and tb is not None and _FAST else 0)
             if len(self._names) < 1024:
                 self._names[(table, column)] = names
-        t = tenant if type(tenant) is bytes else _text(tenant, "tenant")
-        c = context if type(context) is bytes else _text(context, "context")
-        p = b"" if purpose is None else purpose if type(purpose) is bytes else _text(purpose, "purpose")
-        if _FAST and names[2] and names[3]:
-            _pack_into("8N", st.rec, 0, names[2], names[3], _addr(t), len(t), _addr(c), len(c),
-                       _addr(p), len(p))
+        # The common types first, inline (each function call costs ~50 ns).
+        t = tenant if type(tenant) is bytes else tenant.encode() if type(tenant) is str \
+            else _text(tenant, "tenant")
+        c = context if type(context) is bytes else context.encode() if type(context) is str \
+            else _text(context, "context")
+        p = b"" if purpose is None else purpose if type(purpose) is bytes \
+            else _text(purpose, "purpose")
+        if _FAST and names[2]:
+            _pack_record(st.rec, 0, names[2], names[3], id(t) + _BYTES_DATA, len(t),
+                         id(c) + _BYTES_DATA, len(c), id(p) + _BYTES_DATA, len(p))
             return st.rec_ref, (names, t, c, p)  # all alive until the call returns
         r = _Record(names[0], names[1], _Bytes(t or None, len(t)), _Bytes(c or None, len(c)),
                     _Bytes(p or None, len(p)))
         return _byref(r), r
-
-    def _call_seal(self, table, column, tenant, context, purpose, plaintext: Buffer):
-        """Seal into this thread's buffer (grown, then retried, when the
-        value does not fit); the value and this thread's class."""
-        pt, n = _in(plaintext)
-        st = self._state()
-        r, keep = self._record(st, table, column, tenant, context, purpose)
-        app = self._enter()
-        try:
-            out = st.buf
-            e = _seal(app, r, pt, n, out, len(out), st.n_ref, st.cls_ref)
-            if e == _n.KS_ERR_BUFFER_TOO_SMALL:
-                cap = _n.LIB.ks_app_seal_max_len(n)
-                if cap > len(out):
-                    st = self._state(cap)
-                    r, keep = self._record(st, table, column, tenant, context, purpose)
-                    out = st.buf
-                    e = _seal(app, r, pt, n, out, len(out), st.n_ref, st.cls_ref)
-            if e != 0:
-                raise _error(e)
-            m = st.n.value
-            value = st.view[:m].tobytes()
-            if st.cls.is_plaintext:
-                st.view[:m] = bytes(m)
-            return value, st.cls
-        finally:
-            self._calls.pop()
-
-    def _call_open(self, table, column, tenant, context, purpose, value: Buffer):
-        """Open into this thread's buffer, then wipe it; the plaintext and
-        this thread's class."""
-        v, n = _in(value)
-        st = self._state(n)
-        r, keep = self._record(st, table, column, tenant, context, purpose)
-        app = self._enter()
-        try:
-            out = st.buf
-            e = _open(app, r, v, n, out, len(out), st.n_ref, st.cls_ref, st.perr_ref)
-            if e != 0:
-                raise _error(e, st.perr.offset)
-            m = st.n.value
-            pt = st.view[:m].tobytes()
-            st.view[:m] = bytes(m)  # wiped: the copy in pt is the caller's
-            return pt, st.cls
-        finally:
-            self._calls.pop()
 
     # -- sealing and opening --
 
@@ -656,14 +632,39 @@ class App:
         write (the default key where none governs), or the plaintext itself
         while a rollout from plaintext has not reached write-upgrade.  The
         GIL is released during the call."""
-        return self._call_seal(table, column, tenant, context, purpose, plaintext)[0]
+        # Sealed into this thread's buffer (grown, then retried, when the
+        # value does not fit); this thread's class is the one written,
+        # which seal_class reads.  The body of every seal: no layer between.
+        pt, n = (plaintext, len(plaintext)) if type(plaintext) is bytes else _in(plaintext)
+        st = getattr(self._tls, "st", None) or self._state()
+        r, keep = self._record(st, table, column, tenant, context, purpose)
+        app = self._enter()
+        try:
+            st.in_len.value = n
+            e = _seal(app, r, pt, st.in_len, st.buf, st.size, st.n_ref, st.cls_ref)
+            if e == _n.KS_ERR_BUFFER_TOO_SMALL:
+                cap = _n.LIB.ks_app_seal_max_len(n)
+                if cap > st.cap:
+                    st = self._state(cap)
+                    r, keep = self._record(st, table, column, tenant, context, purpose)
+                    st.in_len.value = n
+                    e = _seal(app, r, pt, st.in_len, st.buf, st.size, st.n_ref, st.cls_ref)
+            if e != 0:
+                raise _error(e)
+            m = st.n.value
+            value = st.view[:m].tobytes()
+            if st.cls.is_plaintext:
+                st.view[:m] = _zeros(m)
+            return value
+        finally:
+            self._calls.pop()
 
     def seal_class(self, table: str, column: str, tenant: Text, plaintext: Buffer, *,
                    context: Optional[Text] = None,
                    purpose: Optional[Text] = None) -> Tuple[bytes, ValueClass]:
         """As :meth:`seal`, also returning the class written."""
-        value, cls = self._call_seal(table, column, tenant, context, purpose, plaintext)
-        return value, _value_class(cls)
+        value = self.seal(table, column, tenant, plaintext, context=context, purpose=purpose)
+        return value, _value_class(self._tls.st.cls)  # this thread's: the seal's
 
     def open(self, table: str, column: str, tenant: Optional[Text], value: Buffer, *,
              context: Optional[Text] = None, purpose: Optional[Text] = None) -> bytes:
@@ -677,14 +678,32 @@ class App:
         returned.  The GIL is released during the call.  The C buffer the
         plaintext was opened into is zeroed before this returns; the
         ``bytes`` returned cannot be wiped (drop it soon)."""
-        return self._call_open(table, column, tenant, context, purpose, value)[0]
+        # Opened into this thread's buffer, then wiped; this thread's class
+        # is the one read, which open_class reads.
+        v, n = (value, len(value)) if type(value) is bytes else _in(value)
+        st = getattr(self._tls, "st", None)
+        if st is None or st.cap < n:
+            st = self._state(n)
+        r, keep = self._record(st, table, column, tenant, context, purpose)
+        app = self._enter()
+        try:
+            st.in_len.value = n
+            e = _open(app, r, v, st.in_len, st.buf, st.size, st.n_ref, st.cls_ref, st.perr_ref)
+            if e != 0:
+                raise _error(e, st.perr.offset)
+            m = st.n.value
+            pt = st.view[:m].tobytes()
+            st.view[:m] = _zeros(m)  # wiped: the copy in pt is the caller's
+            return pt
+        finally:
+            self._calls.pop()
 
     def open_class(self, table: str, column: str, tenant: Optional[Text], value: Buffer, *,
                    context: Optional[Text] = None,
                    purpose: Optional[Text] = None) -> Tuple[bytes, ValueClass]:
         """As :meth:`open`, also returning the class read."""
-        pt, cls = self._call_open(table, column, tenant, context, purpose, value)
-        return pt, _value_class(cls)
+        pt = self.open(table, column, tenant, value, context=context, purpose=purpose)
+        return pt, _value_class(self._tls.st.cls)  # this thread's: the open's
 
     def _batch(self, fn, table: str, column: str, items, slack: int, wipe: bool):
         """Run fn (ks_app_seal_batch or ks_app_open_batch) over items, each

@@ -166,6 +166,15 @@ def _load():
 
     Pointer arguments are declared c_void_p, which accepts a bytes object
     (passed without a copy), a ctypes array, byref() or an address.
+
+    ks_app_seal and ks_app_open_value, called once per seal and open, get
+    a result type and no argument types: ctypes then converts nothing
+    (converting nine declared arguments costs as much as the foreign call
+    itself or more), so every argument must already be a ctypes object of
+    the C type (c_void_p, c_size_t, byref(), an array), a bytes object or
+    None -- a Python int would be passed as a C int.  App.seal and
+    App.open are their only callers (docs/PERFORMANCE.md, "The Python
+    package against pyca/cryptography", has the figures).
     """
     path = _library_path()
     try:
@@ -184,8 +193,8 @@ def _load():
         "ks_app_open": (i, [vp, vp, vp, sz]),
         "ks_app_close": (None, [vp]),
         "ks_app_seal_max_len": (sz, [sz]),
-        "ks_app_seal": (i, [vp, vp, vp, sz, vp, sz, vp, vp]),
-        "ks_app_open_value": (i, [vp, vp, vp, sz, vp, sz, vp, vp, vp]),
+        "ks_app_seal": (i, None),
+        "ks_app_open_value": (i, None),
         "ks_app_seal_batch": (i, [vp, ctypes.c_char_p, ctypes.c_char_p, vp, sz]),
         "ks_app_open_batch": (i, [vp, ctypes.c_char_p, ctypes.c_char_p, vp, sz]),
         "ks_app_parse": (i, [vp, sz, vp, vp]),

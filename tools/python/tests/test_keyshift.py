@@ -188,6 +188,14 @@ class KeyshiftTest(unittest.TestCase):
             buf = app._tls.st.buf  # the buffer the library opened into
             self.assertEqual(bytes(buf[:len(secret)]), bytes(len(secret)))
             self.assertNotIn(secret[:16], bytes(buf))
+            # past the 64 KiB of zeros the wipe slices: a grown buffer, the
+            # outgrown one wiped too
+            big = os.urandom(70000)
+            self.assertEqual(app.open(T, C, "acme", app.seal(T, C, "acme", big)), big)
+            self.assertEqual(bytes(buf), bytes(len(buf)))
+            st = app._tls.st
+            self.assertGreaterEqual(st.cap, 70000)
+            self.assertEqual(bytes(st.buf[:70000]), bytes(70000))
 
     # ---- errors ----
 
@@ -435,6 +443,11 @@ class KeyshiftTest(unittest.TestCase):
 
     def test_gil_released(self) -> None:
         self.assertTrue(_native.releases_gil())
+        self.assertTrue(_native.releases_gil(_native.LIB.ks_app_open_value))
+        # the two per-call functions convert no argument (App passes ctypes objects)
+        self.assertIsNone(_native.LIB.ks_app_seal.argtypes)
+        self.assertIsNone(_native.LIB.ks_app_open_value.argtypes)
+        self.assertIs(_native.LIB.ks_app_open_value.restype, _native.ctypes.c_int)
         self.assertIsInstance(_native.LIB, _native.ctypes.CDLL)
         self.assertNotIsInstance(_native.LIB, _native.ctypes.PyDLL)
 
