@@ -466,8 +466,9 @@ class App:
     (a sequence of algorithm names) and ``keys`` (``"kek:1,kek:2"``) are
     what this instance registers that it reads (defaults: format 2, every
     algorithm the CPU runs, every version the keys list).
-    ``interval_ms`` is the heartbeat and health report period (default
-    500).  ``default_key_id`` (with ``default_key_version``,
+    ``interval_ms`` is the heartbeat, health report and keyring reload
+    period, and the policy's refresh period (default 0: the first three
+    every 5 s, the refresh every 500 ms).  ``default_key_id`` (with ``default_key_version``,
     ``default_format`` and ``default_algorithm``) is what to seal where no
     rollout governs the column; ``purpose`` is the format-2 purpose when a
     call names none (default: the column's name).  ``default_encoding``
