@@ -17,21 +17,40 @@
 /* The value of '=' in decode_quantum(); the alphabet is 0..63. */
 #define TEXT_PAD 64
 
+/* [F-TEXT-1] The RFC 4648 section 4 alphabet, as X(character, value),
+ * for the tables below. */
+#define TEXT_ALPHABET(X) \
+    X('A', 0) X('B', 1) X('C', 2) X('D', 3) X('E', 4) X('F', 5) X('G', 6) X('H', 7) \
+    X('I', 8) X('J', 9) X('K', 10) X('L', 11) X('M', 12) X('N', 13) X('O', 14) X('P', 15) \
+    X('Q', 16) X('R', 17) X('S', 18) X('T', 19) X('U', 20) X('V', 21) X('W', 22) X('X', 23) \
+    X('Y', 24) X('Z', 25) X('a', 26) X('b', 27) X('c', 28) X('d', 29) X('e', 30) X('f', 31) \
+    X('g', 32) X('h', 33) X('i', 34) X('j', 35) X('k', 36) X('l', 37) X('m', 38) X('n', 39) \
+    X('o', 40) X('p', 41) X('q', 42) X('r', 43) X('s', 44) X('t', 45) X('u', 46) X('v', 47) \
+    X('w', 48) X('x', 49) X('y', 50) X('z', 51) X('0', 52) X('1', 53) X('2', 54) X('3', 55) \
+    X('4', 56) X('5', 57) X('6', 58) X('7', 59) X('8', 60) X('9', 61) X('+', 62) X('/', 63)
+
 /* [F-TEXT-1] The RFC 4648 section 4 alphabet: one more than each
  * character's 6-bit value, TEXT_PAD + 1 for '=', and 0 for every other
  * byte (the entries not named). */
-static const uint8_t text_value[256] = {
-    ['A'] = 1, ['B'] = 2, ['C'] = 3, ['D'] = 4, ['E'] = 5, ['F'] = 6, ['G'] = 7, ['H'] = 8,
-    ['I'] = 9, ['J'] = 10, ['K'] = 11, ['L'] = 12, ['M'] = 13, ['N'] = 14, ['O'] = 15,
-    ['P'] = 16, ['Q'] = 17, ['R'] = 18, ['S'] = 19, ['T'] = 20, ['U'] = 21, ['V'] = 22,
-    ['W'] = 23, ['X'] = 24, ['Y'] = 25, ['Z'] = 26, ['a'] = 27, ['b'] = 28, ['c'] = 29,
-    ['d'] = 30, ['e'] = 31, ['f'] = 32, ['g'] = 33, ['h'] = 34, ['i'] = 35, ['j'] = 36,
-    ['k'] = 37, ['l'] = 38, ['m'] = 39, ['n'] = 40, ['o'] = 41, ['p'] = 42, ['q'] = 43,
-    ['r'] = 44, ['s'] = 45, ['t'] = 46, ['u'] = 47, ['v'] = 48, ['w'] = 49, ['x'] = 50,
-    ['y'] = 51, ['z'] = 52, ['0'] = 53, ['1'] = 54, ['2'] = 55, ['3'] = 56, ['4'] = 57,
-    ['5'] = 58, ['6'] = 59, ['7'] = 60, ['8'] = 61, ['9'] = 62, ['+'] = 63, ['/'] = 64,
-    ['='] = TEXT_PAD + 1,
+#define TEXT_VALUE(ch, v) [ch] = (v) + 1,
+static const uint8_t text_value[256] = {TEXT_ALPHABET(TEXT_VALUE)['='] = TEXT_PAD + 1};
+
+/* The bits of an alphabet character at each place of an inner quantum:
+ * its value shifted to where it lands in the quantum's 24 bits, and one
+ * mark per place (bits 24..27), so that the OR of a quantum's four
+ * entries holds its three bytes and all four marks exactly when the four
+ * characters are in the alphabet ('=' and every other byte: 0, no mark). */
+#define TEXT_AT0(ch, v) [ch] = (uint32_t)(v) << 18 | UINT32_C(1) << 24,
+#define TEXT_AT1(ch, v) [ch] = (uint32_t)(v) << 12 | UINT32_C(1) << 25,
+#define TEXT_AT2(ch, v) [ch] = (uint32_t)(v) << 6 | UINT32_C(1) << 26,
+#define TEXT_AT3(ch, v) [ch] = (uint32_t)(v) | UINT32_C(1) << 27,
+static const uint32_t text_at[4][256] = {
+    {TEXT_ALPHABET(TEXT_AT0)},
+    {TEXT_ALPHABET(TEXT_AT1)},
+    {TEXT_ALPHABET(TEXT_AT2)},
+    {TEXT_ALPHABET(TEXT_AT3)},
 };
+#define TEXT_MARKS 0x0Fu
 
 /* See keyshift/envelope.h. */
 int ks_envelope_text_is_candidate(const uint8_t *text, size_t len)
@@ -127,29 +146,42 @@ ks_err ks_envelope_text_decode(const uint8_t *text, size_t len, const ks_limits 
     }
     ks_cursor c = ks_cursor_init(text, len);
     size_t written = 0;
-    while (!ks_cursor_is_empty(&c)) {
-        size_t off = ks_cursor_offset(&c);
-        ks_bytes q = {NULL, 0};
-        ks_err rv = ks_cursor_read_view(&c, 4, &q);
-        assert(rv == KS_OK); /* len is a multiple of 4 */
+    /* The inner quanta, all but the last, in one view.  One of four
+     * alphabet characters (the common case) is decoded by its table
+     * entries; any other takes decode_quantum's way, which names the
+     * fault ('=' is refused there: only the last quantum may hold it). */
+    ks_bytes in = {NULL, 0};
+    if (len > 4) {
+        ks_err rv = ks_cursor_read_view(&c, len - 4, &in);
+        assert(rv == KS_OK); /* len - 4 bytes are left */
         (void)rv;
-        const int last = ks_cursor_is_empty(&c);
-        /* An inner quantum of four alphabet characters (the common case):
-         * a value of 64 ('=') or more (0 - 1: not in the alphabet) in any
-         * of them takes decode_quantum's way, which names the fault. */
-        if (!last) {
-            const unsigned v0 = text_value[q.ptr[0]] - 1u, v1 = text_value[q.ptr[1]] - 1u;
-            const unsigned v2 = text_value[q.ptr[2]] - 1u, v3 = text_value[q.ptr[3]] - 1u;
-            if ((v0 | v1 | v2 | v3) < TEXT_PAD) {
-                buf[written] = (uint8_t)(v0 << 2 | v1 >> 4);
-                buf[written + 1] = (uint8_t)((v1 & 0x0F) << 4 | v2 >> 2);
-                buf[written + 2] = (uint8_t)((v2 & 0x03) << 6 | v3);
-                written += 3;
-                continue;
-            }
+    }
+    for (size_t off = 0; off < in.len; off += 4) {
+        const uint8_t *q = in.ptr + off;
+        const uint32_t w = text_at[0][q[0]] | text_at[1][q[1]] | text_at[2][q[2]] | text_at[3][q[3]];
+        if (w >> 24 == TEXT_MARKS) {
+            buf[written] = (uint8_t)(w >> 16);
+            buf[written + 1] = (uint8_t)(w >> 8);
+            buf[written + 2] = (uint8_t)w;
+            written += 3;
+            continue;
         }
         size_t n = 0, bad = 0;
-        ks_err e = decode_quantum(q.ptr, off, last, buf + written, &n, &bad);
+        ks_err e = decode_quantum(q, off, 0, buf + written, &n, &bad);
+        if (e != KS_OK) {
+            return reject(buf, written, out_len, err, e, bad);
+        }
+        written += n;
+    }
+    /* The last quantum, the only one that may hold padding. */
+    if (!ks_cursor_is_empty(&c)) {
+        const size_t off = ks_cursor_offset(&c);
+        ks_bytes q = {NULL, 0};
+        ks_err rv = ks_cursor_read_view(&c, 4, &q);
+        assert(rv == KS_OK && ks_cursor_is_empty(&c)); /* len is a multiple of 4 */
+        (void)rv;
+        size_t n = 0, bad = 0;
+        ks_err e = decode_quantum(q.ptr, off, 1, buf + written, &n, &bad);
         if (e != KS_OK) {
             return reject(buf, written, out_len, err, e, bad);
         }

@@ -253,6 +253,35 @@ metrics
 expect_grep "SIGHUP, fixed registry: reloaded" "$T/metrics" '^keyshift_agent_reloads_total{outcome="ok"} 1$'
 req /v1/seal "$SEAL"
 expect_grep "SIGHUP, fixed registry: serving" "$T/out" '^200$'
+# The peer's credentials are read once per connection, the policy's
+# decision per request: a reload applies to the next request of a
+# connection already open [AG-AUTH-2], [AG-RUN-2].
+cp "$T/policy" "$T/policy.good"
+"$PY" - "$HERE" "$SOCK" "$AGENT_PID" "$T/policy" "$T/policy.good" "$T/agent.log" "$SEAL" >"$T/out" 2>&1 <<'PYEOF'
+import os, shutil, signal, sys, time
+sys.path.insert(0, sys.argv[1])
+import agent_client
+sock, pid, policy, good, log, seal = sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7].encode()
+def reload():
+    n = open(log).read().count("reloaded the keys")
+    os.kill(pid, signal.SIGHUP)
+    for _ in range(200):
+        if open(log).read().count("reloaded the keys") > n:
+            return
+        time.sleep(0.05)
+conn = agent_client.UnixConnection(sock)
+out = [agent_client.request(conn, "/v1/seal", seal)[0]]
+fd = conn.sock.fileno()
+with open(policy, "w") as f:
+    f.write("keyshift-agent-policy 1\nallow uid 0 scope pay.note tenant * ops seal\n")
+reload()
+out.append(agent_client.request(conn, "/v1/seal", seal)[0])
+shutil.copyfile(good, policy)
+reload()
+out.append(agent_client.request(conn, "/v1/seal", seal)[0])
+print(" ".join(map(str, out)), "same connection" if conn.sock is not None and conn.sock.fileno() == fd else "reconnected")
+PYEOF
+expect_eq "SIGHUP: a new policy applies to the next request of an open connection" "$T/out" "200 403 200 same connection"
 stop_agent
 
 # ---- a provider killed mid-load: 503, and service comes back -------------------

@@ -344,6 +344,45 @@ static const uint8_t lit_byte[256] = {
     ['='] = 1
 };
 
+/* The length of the run of base64-alphabet bytes (lit_byte) that
+ * begins p[0, n): eight bytes a step, one test each, since a seal's
+ * plaintext is such a run of kilobytes. */
+static size_t lit_span(const uint8_t *p, size_t n)
+{
+    size_t j = 0;
+    while (n - j >= 8 && (lit_byte[p[j]] & lit_byte[p[j + 1]] & lit_byte[p[j + 2]] &
+                          lit_byte[p[j + 3]] & lit_byte[p[j + 4]] & lit_byte[p[j + 5]] &
+                          lit_byte[p[j + 6]] & lit_byte[p[j + 7]])) {
+        j += 8;
+    }
+    while (j < n && lit_byte[p[j]]) {
+        j++;
+    }
+    return j;
+}
+
+/* Write the placeholder of long value k, the JSON string "\u001fK" with
+ * K in decimal (see the top of this file), to ph (32 bytes); returns its
+ * length. */
+static size_t lit_placeholder(uint8_t ph[32], size_t k)
+{
+    static const char head[] = "\"\\u001f";
+    uint8_t digits[24];
+    size_t nd = 0;
+    do {
+        digits[nd++] = (uint8_t)('0' + k % 10);
+        k /= 10;
+    } while (k > 0);
+    size_t n = sizeof head - 1;
+    memcpy(ph, head, n);
+    while (nd > 0) {
+        ph[n++] = digits[--nd];
+    }
+    ph[n++] = '"';
+    assert(n <= 32);
+    return n;
+}
+
 /* The copy of body[0, len) that jansson reads, with each member value of
  * LIT_MIN or more base64-alphabet bytes replaced by a placeholder (see the
  * top of this file), into *copy (malloc'd, *copy_len bytes) and the values'
@@ -385,15 +424,13 @@ static ks_err lit_prescan(const uint8_t *body, size_t len, uint8_t **copy, size_
         const size_t s = i + 1, n = end - s - (q != NULL);
         size_t j = 0;
         if (q != NULL && last == ':' && n >= LIT_MIN && k < max_lits) {
-            while (j < n && lit_byte[body[s + j]]) {
-                j++;
-            }
+            j = lit_span(body + s, n);
         }
-        char ph[32];
-        const int pl = j == n && n >= LIT_MIN ? snprintf(ph, sizeof ph, "\"\\u001f%zu\"", k) : -1;
-        if (pl > 0 && (size_t)pl <= end - i) {
-            memcpy(c + o, ph, (size_t)pl);
-            o += (size_t)pl;
+        uint8_t ph[32];
+        const size_t pl = j == n && n >= LIT_MIN ? lit_placeholder(ph, k) : 0;
+        if (pl > 0 && pl <= end - i) {
+            memcpy(c + o, ph, pl);
+            o += pl;
             l[2 * k] = s;
             l[2 * k + 1] = n;
             k++;

@@ -94,6 +94,19 @@ static inline void jw_fmt(jw *w, const char *fmt, ...)
     w->n += (size_t)k;
 }
 
+/* Append v in decimal: what jw_fmt's "%" PRIu64 writes, without a
+ * format string to interpret on every answer. */
+static inline void jw_uint(jw *w, uint64_t v)
+{
+    uint8_t d[20];
+    size_t n = 0;
+    do {
+        d[sizeof d - 1 - n++] = (uint8_t)('0' + v % 10);
+        v /= 10;
+    } while (v > 0);
+    jw_put(w, d + sizeof d - n, n);
+}
+
 /* Append a JSON string of bytes known to need no escape ([F-NAME-1],
  * [F-KEYID-1], the names of this file). */
 static inline void jw_name(jw *w, const uint8_t *s, size_t n)
@@ -124,10 +137,16 @@ static inline void put_class(jw *w, const ks_rollout_class *c)
         jw_str(w, ",\"sealed\":false");
         return;
     }
-    jw_fmt(w, ",\"sealed\":true,\"format\":%u,\"algorithm\":\"%s\",\"key_id\":", c->version,
-           ks_alg_name(c->algorithm));
+    jw_str(w, ",\"sealed\":true,\"format\":");
+    jw_uint(w, c->version);
+    jw_str(w, ",\"algorithm\":");
+    const char *alg = ks_alg_name(c->algorithm); /* defined: the library sealed or read it */
+    alg = alg != NULL ? alg : "";
+    jw_name(w, (const uint8_t *)alg, strlen(alg));
+    jw_str(w, ",\"key_id\":");
     jw_name(w, (const uint8_t *)c->key_id, strlen(c->key_id));
-    jw_fmt(w, ",\"key_version\":%" PRIu32, c->key_version);
+    jw_str(w, ",\"key_version\":");
+    jw_uint(w, c->key_version);
 }
 
 /* Write a record's error object [AG-ERR-1]. */

@@ -926,22 +926,77 @@ static enum MHD_Result serve_get(agent *a, struct MHD_Connection *conn, const ch
                       "{\"error\":\"not-found\",\"class\":\"refused\"}\n", 40);
 }
 
-/* [AG-AUTH-1] The peer's uid and gid (SO_PEERCRED); 0 when unknown. */
-static int peer_cred(struct MHD_Connection *conn, uid_t *uid, gid_t *gid)
+/* [AG-AUTH-1] The peer's uid and gid as the kernel reports them for
+ * connection fd (SO_PEERCRED); 0 when unknown. */
+static int peer_cred_fd(int fd, uid_t *uid, gid_t *gid)
 {
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (ci == NULL) {
-        return 0;
-    }
     struct ucred uc;
     socklen_t ul = sizeof uc;
-    if (getsockopt(ci->connect_fd, SOL_SOCKET, SO_PEERCRED, &uc, &ul) != 0 || ul != sizeof uc) {
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &ul) != 0 || ul != sizeof uc) {
         return 0;
     }
     *uid = uc.uid;
     *gid = uc.gid;
     return 1;
+}
+
+/* An API connection's peer, read once when the connection is accepted. */
+typedef struct peer {
+    int known;               /* 0: its credentials could not be read (denied) */
+    uid_t uid;
+    gid_t gid;
+} peer;
+
+/* The connection fd of conn, or -1. */
+static int conn_fd(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci != NULL ? (int)ci->connect_fd : -1;
+}
+
+/* libmicrohttpd's connection callback of the API listener: read the
+ * peer's credentials once, as the connection starts, into its socket
+ * context; free them as it closes.  [AG-AUTH-1] names the credentials
+ * the kernel reports for the connection: for a connected Unix stream
+ * socket those are fixed at connect(2) (unix(7), SO_PEERCRED), so every
+ * request on the connection has the same peer and reading them once is
+ * exact.  Only the credentials are kept: the policy decision is taken
+ * for every request with the policy current then ([AG-AUTH-2],
+ * [AG-RUN-2]), so a reload applies to the next request of a connection
+ * already open. */
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    (void)cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        peer *p = malloc(sizeof *p);
+        if (p != NULL) {
+            const int fd = conn_fd(conn);
+            p->known = fd >= 0 && peer_cred_fd(fd, &p->uid, &p->gid);
+        }
+        *socket_context = p; /* NULL: peer_cred reads them per request */
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        free(*socket_context);
+        *socket_context = NULL;
+    }
+}
+
+/* [AG-AUTH-1] The peer's uid and gid: those read as the connection
+ * started (on_connection), or read now when they could not be kept; 0
+ * when unknown. */
+static int peer_cred(struct MHD_Connection *conn, uid_t *uid, gid_t *gid)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    const peer *p = ci != NULL ? ci->socket_context : NULL;
+    if (p != NULL) {
+        *uid = p->uid;
+        *gid = p->gid;
+        return p->known;
+    }
+    const int fd = conn_fd(conn);
+    return fd >= 0 && peer_cred_fd(fd, uid, gid);
 }
 
 /* libmicrohttpd's access handler for both listeners; cls says which
@@ -1191,7 +1246,8 @@ static int listen_tcp(const char *spec)
 
 /* Start a libmicrohttpd daemon on listening socket fd for listener li:
  * the API's with a thread per connection, which serves the requests it
- * reads [AG-LIM-4]; the metrics' with one polling thread; both with the
+ * reads [AG-LIM-4], and the peer's credentials read once per connection
+ * (on_connection); the metrics' with one polling thread; both with the
  * connection limit and the idle timeout [AG-LIM-3].  MHD_USE_ITC lets
  * drain quiesce the API's [AG-RUN-3]. */
 static struct MHD_Daemon *start_daemon(agent *a, int fd, listener *slot)
@@ -1206,7 +1262,8 @@ static struct MHD_Daemon *start_daemon(agent *a, int fd, listener *slot)
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)a->cfg->max_connections,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)a->cfg->idle_timeout_s,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, slot,
-                            MHD_OPTION_END);
+                            MHD_OPTION_NOTIFY_CONNECTION, slot->is_api ? on_connection : NULL,
+                            NULL, MHD_OPTION_END);
 }
 
 /* ---- running ---------------------------------------------------------------------- */
