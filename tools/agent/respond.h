@@ -1,7 +1,8 @@
 /*
  * tools/agent/respond.h -- the writers of the agent's answers
  * (docs/agent.md sections 5 and 4a): JSON text and the batch frame, into
- * a buffer sized beforehand, for the server (server_serve.c).
+ * a buffer sized beforehand, for the server (server_serve.c and
+ * server_metrics.c).
  *
  * Every answer's buffer comes from resp_alloc, whose free callback
  * (resp_free) wipes it whole before libmicrohttpd frees it: an open's
