@@ -36,7 +36,7 @@ FUZZ_TARGETS := fuzz_parse fuzz_differential fuzz_open fuzz_keyring fuzz_migrate
 # fuzz/struct/ (make fuzz-struct, make fuzz) and the canary (make fuzz-canary).
 FUZZ_STRUCT_TARGETS := fuzz_parse_struct fuzz_open_struct
 FUZZ_GATES := fuzz/gates.txt
-FUZZ_SMOKE_SECONDS ?= 16
+FUZZ_SMOKE_SECONDS ?= 12
 FUZZ_CANARY_SECONDS ?= 60
 FUZZ_STRUCT_SECONDS ?= 60
 FUZZ_SECONDS ?= 60
