@@ -289,21 +289,40 @@ NR % 3 == 2 { writes($0, -1); next }
     for (i = 1; i <= n; i++) { cl = cl (i > 1 ? " " : "") k[i]; co = co " " k[i] ":" d[k[i]] }
     print name "|" cl "|" co
 }'
+# app_state NAME: application NAME's summaries around the phase and the
+# end of its log, for a failure's report.
+app_state() {
+    local i
+    for i in "${!APPS[@]}"; do
+        [ "${NAMES[$i]}" = "$1" ] || continue
+        printf 'before: %s\n       after:  %s\n       log: %s' "${BEFORE[$i]:0:600}" \
+            "${LAST[$i]:0:600}" "$(tail -c 400 "$T/$1.err" | tr '\n' ' ')"
+    done
+}
 # phase_close NAME CLASSES: after at least DWELL seconds of the phase,
 # every application wrote some rows since phase_open, and exactly in
-# CLASSES (space-separated, sorted).
+# CLASSES (space-separated, sorted).  One that wrote nothing yet gets up
+# to 3 s more: on a busy machine its own UPDATEs can wait that long for
+# SQLite's write lock.
 phase_close() {
-    local name=$1 want=$2 i app cl co in=()
+    local name=$1 want=$2 i app cl co in rows tries=0
     sleep "${DWELL:-0.8}"
-    snapshot
-    for i in "${!APPS[@]}"; do in+=("${NAMES[$i]}" "${BEFORE[$i]}" "${LAST[$i]}"); done
+    while :; do
+        snapshot
+        in=()
+        for i in "${!APPS[@]}"; do in+=("${NAMES[$i]}" "${BEFORE[$i]}" "${LAST[$i]}"); done
+        rows=$(printf '%s\n' "${in[@]}" | awk "$DELTA_AWK")
+        grep -q '^[^|]*||' <<<"$rows" && [ "$tries" -lt 6 ] || break
+        tries=$((tries + 1))
+        sleep 0.5
+    done
     while IFS='|' read -r app cl co; do
         if [ "$cl" = "$want" ]; then
             ok "$KIND: $name: $app wrote$co"
         else
-            bad "$KIND: $name: $app wrote [$co ], want $want"
+            bad "$KIND: $name: $app wrote [$co ], want $want" "$(app_state "$app")"
         fi
-    done < <(printf '%s\n' "${in[@]}" | awk "$DELTA_AWK")
+    done <<<"$rows"
 }
 # at_class FILE KEY_VERSION: rows at v1 pay/kek:KEY_VERSION in the census (JSON) in FILE.
 at_class() {

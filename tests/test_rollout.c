@@ -20,6 +20,7 @@
 
 #include <cmocka.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sodium.h>
 #include <sqlite3.h>
 
@@ -1391,6 +1392,55 @@ static size_t live(world *w, ks_rollout_reader *got, size_t max)
     return n;
 }
 
+/* A heartbeat on its own thread, and whether it has returned. */
+typedef struct hb_call {
+    ks_policy *p;
+    ks_err err;
+    atomic_int done;
+} hb_call;
+
+/* Thread body: one ks_policy_heartbeat. */
+static void *heartbeat_call(void *arg)
+{
+    hb_call *c = arg;
+    c->err = ks_policy_heartbeat(c->p);
+    atomic_store(&c->done, 1);
+    return NULL;
+}
+
+/* A heartbeat waiting for the write lock (held by another connection)
+ * holds up no answer and no refresh: the instance's writes have a
+ * connection of their own.  With one shared connection, the refresh
+ * below would wait out the busy timeout. */
+static void test_policy_answers_while_heartbeat_waits(void **state)
+{
+    world *w = *state;
+    open_db(w);
+    ks_policy_options o = {"app-7", 2, 1u << KS_ALG_XCHACHA20POLY1305, "", 50, 1};
+    ks_policy *p = registered(w, &o);
+    sqlite3 *lock = NULL;
+    assert_int_equal(sqlite3_open_v2(w->path, &lock, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(lock, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+    hb_call c = {.p = p};
+    atomic_init(&c.done, 0);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, heartbeat_call, &c), 0);
+    const struct timespec pause = {0, 100 * 1000 * 1000};
+    nanosleep(&pause, NULL); /* the heartbeat is in its busy wait by now */
+    ks_rollout_class cl;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(ks_policy_refresh(p), KS_OK);
+        assert_int_equal(ks_policy_write_target(p, "payments", "card", (ks_bytes){NULL, 0}, &cl),
+                         KS_ERR_NOT_FOUND);
+    }
+    assert_int_equal(atomic_load(&c.done), 0); /* answered while it waited */
+    assert_int_equal(sqlite3_exec(lock, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_equal(c.err, KS_OK);
+    assert_int_equal(sqlite3_close(lock), SQLITE_OK);
+    ks_policy_close(p);
+}
+
 /* With heartbeat on, the policy registers its instance with what it
  * supports, refreshes it, and deregisters on close. */
 static void test_policy_heartbeat(void **state)
@@ -2043,6 +2093,7 @@ int main(void)
         T(test_policy_phases),
         T(test_policy_canary),
         T(test_policy_heartbeat),
+        T(test_policy_answers_while_heartbeat_waits),
         T(test_policy_set_keys),
         T(test_key_scope_start),
         T(test_key_scope_guards),

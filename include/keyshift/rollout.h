@@ -557,7 +557,11 @@ typedef struct ks_policy_options {
  * each scope) into memory and, with opts->heartbeat, register the
  * instance.  The policy re-reads the rollouts at most once per refresh_ms,
  * and only when `PRAGMA data_version` says another connection committed:
- * answering never costs a query per record.  Errors of ks_rollout_db_open;
+ * answering never costs a query per record.  With opts->heartbeat the
+ * instance's own writes (registration, heartbeat, key list, health
+ * samples) go through a second connection, so that an answer never waits
+ * while one of them waits for the database's write lock (the busy
+ * timeout).  Errors of ks_rollout_db_open;
  * KS_ERR_INVALID_ARGUMENT for bad options.  ks_policy_open_store
  * (keyshift/rollout_store.h) opens one over any rollout store instead,
  * e.g. PostgreSQL's.

@@ -189,6 +189,20 @@ KS_API KS_WUR ks_err ks_rollout_db_wrap(ks_rollout_store *store, ks_rollout_db *
 KS_API KS_WUR ks_err ks_policy_open_store(ks_rollout_store *store, const ks_policy_options *opts,
                                           ks_policy **out);
 
+/*
+ * As ks_policy_open_store, with a second store on the same database,
+ * writer, for the instance's own writes: its registration, heartbeat, key
+ * list and health samples (NULL: they use store).  Those writes may wait
+ * on the database's write lock (lock_timeout, a busy timeout); on their
+ * own connection, answers (ks_policy_write_target, ks_policy_may_read)
+ * and refreshes go on meanwhile instead of waiting behind them.  The
+ * policy owns both stores from this call on (closed by ks_policy_close,
+ * or here on any failure).  KS_ERR_INVALID_ARGUMENT for a NULL store or
+ * writer == store.
+ */
+KS_API KS_WUR ks_err ks_policy_open_stores(ks_rollout_store *store, ks_rollout_store *writer,
+                                           const ks_policy_options *opts, ks_policy **out);
+
 #ifdef __cplusplus
 }
 #endif

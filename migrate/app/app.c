@@ -477,10 +477,17 @@ static ks_err open_policy(ks_app *a, const ks_app_options *o, char *errbuf, size
     ks_err e;
     int pg = ks_rollout_store_pg_names(o->database);
     if (pg) {
-        ks_rollout_store *store = NULL;
+        /* two sessions: answers never wait behind the heartbeat's writes */
+        ks_rollout_store *store = NULL, *writer = NULL;
         e = ks_rollout_store_pg_open(o->database, 0, &store, msg, sizeof msg);
         if (e == KS_OK) {
-            e = ks_policy_open_store(store, &po, &a->policy); /* owns the store */
+            e = ks_rollout_store_pg_open(o->database, 0, &writer, msg, sizeof msg);
+            if (e != KS_OK) {
+                store->ops->close(store);
+            }
+        }
+        if (e == KS_OK) {
+            e = ks_policy_open_stores(store, writer, &po, &a->policy); /* owns both */
         }
     } else {
         e = ks_policy_open(o->database, &po, &a->policy);

@@ -14,6 +14,14 @@
  * store's snapshot), only when it changed.  A failed refresh keeps the rollouts it had and makes
  * the call that triggered it fail (fail closed: the caller does not act on
  * an answer it could not check).
+ *
+ * The instance's own writes (registration, heartbeat, key list, health
+ * samples) may wait on the database's write lock: SQLite's busy timeout,
+ * PostgreSQL's lock_timeout.  A policy that registers gets a second
+ * connection for them (ks_policy_open; the writer of
+ * ks_policy_open_stores), guarded by its own mutex wmu, so that answers,
+ * which need only mu and reads, never wait behind them.  Without one,
+ * the writes share db and hold mu as well.  Lock order: wmu, then mu.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -39,10 +47,16 @@
 #define LOAD_PAGE 16u
 
 struct ks_policy {
-    pthread_mutex_t mu;             /* guards everything below */
-    ks_rollout_db *db;
+    pthread_mutex_t wmu;            /* guards the instance's writes and wdb, self, heartbeat,
+                                       reported and ids */
+    ks_rollout_db *wdb;             /* the writes' own connection; NULL: they use db */
     ks_rollout_reader self;         /* this instance, as registered */
     int heartbeat;                  /* registered in keyshift_readers */
+    ks_health_sample reported;      /* the totals of the last ks_policy_report */
+    int64_t *ids;                   /* a report's rollouts under way */
+    size_t ids_cap;
+    pthread_mutex_t mu;             /* guards everything below */
+    ks_rollout_db *db;
     uint32_t refresh_ms;
     uint64_t last_check_ms;         /* monotonic time of the last data_version check */
     int loaded;                     /* rules hold a successful load */
@@ -52,7 +66,6 @@ struct ks_policy {
     ks_rollout *spare;              /* reload's array, swapped with rules on success: the two
                                        are kept, as page is (8 rules are 107 KiB) */
     size_t spare_cap;
-    ks_health_sample reported;      /* the totals of the last ks_policy_report */
     ks_rollout *page;               /* reload's buffer of LOAD_PAGE rollouts, kept: at 13.7 KiB
                                        a rollout, one page (219 KiB) is past malloc's mmap
                                        threshold, so allocating it per reload mapped and
@@ -186,7 +199,7 @@ static ks_err take_options(ks_policy *p, const ks_policy_options *o)
     return KS_OK;
 }
 
-/* A policy with opts taken and its mutex made, no database yet. */
+/* A policy with opts taken and its mutexes made, no database yet. */
 static ks_err policy_new(const ks_policy_options *opts, ks_policy **out)
 {
     *out = NULL;
@@ -198,6 +211,10 @@ static ks_err policy_new(const ks_policy_options *opts, ks_policy **out)
         err = KS_ERR_NO_MEMORY;
     if (err == KS_OK && pthread_mutex_init(&p->mu, NULL) != 0)
         err = KS_ERR_NO_MEMORY;
+    if (err == KS_OK && pthread_mutex_init(&p->wmu, NULL) != 0) {
+        pthread_mutex_destroy(&p->mu);
+        err = KS_ERR_NO_MEMORY;
+    }
     if (err != KS_OK) {
         free(p->page);
         free(p);
@@ -207,12 +224,19 @@ static ks_err policy_new(const ks_policy_options *opts, ks_policy **out)
     return KS_OK;
 }
 
-/* With p->db open (err, the result of opening it): register the
- * instance when asked, load the rollouts, and hand p out (or close it). */
+/* The connection the instance's writes use: its own, else db. */
+static ks_rollout_db *writer_db(const ks_policy *p)
+{
+    return p->wdb != NULL ? p->wdb : p->db;
+}
+
+/* With p->db (and p->wdb when it has one) open (err, the result of
+ * opening them): register the instance when asked, load the rollouts,
+ * and hand p out (or close it). */
 static ks_err policy_finish(ks_policy *p, ks_err err, ks_policy **out)
 {
     if (err == KS_OK && p->heartbeat)
-        err = ks_rollout_db_reader_register(p->db, &p->self, (int64_t)time(NULL));
+        err = ks_rollout_db_reader_register(writer_db(p), &p->self, (int64_t)time(NULL));
     if (err != KS_OK)
         p->heartbeat = 0; /* not registered: nothing to deregister */
     if (err == KS_OK)
@@ -237,29 +261,53 @@ ks_err ks_policy_open(const char *path, const ks_policy_options *opts, ks_policy
     ks_err err = policy_new(opts, &p);
     if (err != KS_OK)
         return err;
-    return policy_finish(p, ks_rollout_db_open(path, 0, &p->db, NULL, 0), out);
+    err = ks_rollout_db_open(path, 0, &p->db, NULL, 0);
+    if (err == KS_OK && p->heartbeat)
+        err = ks_rollout_db_open(path, 0, &p->wdb, NULL, 0);
+    return policy_finish(p, err, out);
 }
 
-/* See rollout_store.h: as ks_policy_open, over a store it owns (the
- * rollout layer wraps it; closed here on any failure). */
-ks_err ks_policy_open_store(ks_rollout_store *store, const ks_policy_options *opts,
-                            ks_policy **out)
+/* Close the stores a failed open was given (writer may be NULL). */
+static void stores_close(ks_rollout_store *store, ks_rollout_store *writer)
+{
+    if (store != NULL)
+        store->ops->close(store);
+    if (writer != NULL)
+        writer->ops->close(writer);
+}
+
+/* See rollout_store.h: as ks_policy_open, over stores it owns (the
+ * rollout layer wraps them; closed here on any failure). */
+ks_err ks_policy_open_stores(ks_rollout_store *store, ks_rollout_store *writer,
+                             const ks_policy_options *opts, ks_policy **out)
 {
     if (out != NULL)
         *out = NULL;
-    if (store == NULL)
-        return KS_ERR_INVALID_ARGUMENT;
-    if (out == NULL || opts == NULL) {
-        store->ops->close(store);
+    if (store == NULL || store == writer || out == NULL || opts == NULL) {
+        stores_close(store, writer != store ? writer : NULL);
         return KS_ERR_INVALID_ARGUMENT;
     }
     ks_policy *p;
     ks_err err = policy_new(opts, &p);
     if (err != KS_OK) {
-        store->ops->close(store);
+        stores_close(store, writer);
         return err;
     }
-    return policy_finish(p, ks_rollout_db_wrap(store, &p->db), out);
+    err = ks_rollout_db_wrap(store, &p->db); /* closes store on failure */
+    if (writer != NULL) {
+        ks_err w = err == KS_OK ? ks_rollout_db_wrap(writer, &p->wdb) : KS_OK;
+        if (err != KS_OK)
+            writer->ops->close(writer);
+        err = err != KS_OK ? err : w;
+    }
+    return policy_finish(p, err, out);
+}
+
+/* See rollout_store.h: one store for answers and writes. */
+ks_err ks_policy_open_store(ks_rollout_store *store, const ks_policy_options *opts,
+                            ks_policy **out)
+{
+    return ks_policy_open_stores(store, NULL, opts, out);
 }
 
 /* See rollout.h. */
@@ -267,15 +315,18 @@ void ks_policy_close(ks_policy *p)
 {
     if (p == NULL)
         return;
-    if (p->heartbeat && p->db != NULL) {
+    if (p->heartbeat && writer_db(p) != NULL) {
         /* best effort: a reader left behind expires after the TTL */
-        ks_err err = ks_rollout_db_reader_deregister(p->db, p->self.instance_id);
+        ks_err err = ks_rollout_db_reader_deregister(writer_db(p), p->self.instance_id);
         (void)err;
     }
+    ks_rollout_db_close(p->wdb);
     ks_rollout_db_close(p->db);
     free(p->page);
     free(p->rules);
     free(p->spare);
+    free(p->ids);
+    pthread_mutex_destroy(&p->wmu);
     pthread_mutex_destroy(&p->mu);
     free(p);
 }
@@ -291,27 +342,47 @@ ks_err ks_policy_refresh(ks_policy *p)
     return err;
 }
 
+/* Take the locks of the instance's writes (wmu; mu too when they share
+ * db) and return their connection. */
+static ks_rollout_db *writer_lock(ks_policy *p)
+{
+    pthread_mutex_lock(&p->wmu);
+    if (p->wdb != NULL)
+        return p->wdb;
+    pthread_mutex_lock(&p->mu);
+    return p->db;
+}
+
+/* Release what writer_lock took. */
+static void writer_unlock(ks_policy *p)
+{
+    if (p->wdb == NULL)
+        pthread_mutex_unlock(&p->mu);
+    pthread_mutex_unlock(&p->wmu);
+}
+
 /* See rollout_internal.h. */
 void ks_policy_leave_registration(ks_policy *p)
 {
-    pthread_mutex_lock(&p->mu);
+    pthread_mutex_lock(&p->wmu);
     p->heartbeat = 0;
-    pthread_mutex_unlock(&p->mu);
+    pthread_mutex_unlock(&p->wmu);
 }
 
-/* See rollout.h. */
+/* See rollout.h.  The write waits on the database, not on answers. */
 ks_err ks_policy_heartbeat(ks_policy *p)
 {
     if (p == NULL)
         return KS_ERR_INVALID_ARGUMENT;
-    if (!p->heartbeat)
-        return KS_OK;
-    pthread_mutex_lock(&p->mu);
-    int64_t now = (int64_t)time(NULL);
-    ks_err err = ks_rollout_db_reader_heartbeat(p->db, p->self.instance_id, now);
-    if (err == KS_ERR_NOT_FOUND)
-        err = ks_rollout_db_reader_register(p->db, &p->self, now);
-    pthread_mutex_unlock(&p->mu);
+    ks_rollout_db *w = writer_lock(p);
+    ks_err err = KS_OK;
+    if (p->heartbeat) {
+        int64_t now = (int64_t)time(NULL);
+        err = ks_rollout_db_reader_heartbeat(w, p->self.instance_id, now);
+        if (err == KS_ERR_NOT_FOUND)
+            err = ks_rollout_db_reader_register(w, &p->self, now);
+    }
+    writer_unlock(p);
     return err;
 }
 
@@ -324,16 +395,16 @@ ks_err ks_policy_set_keys(ks_policy *p, const char *keys)
     if (p == NULL || strnlen(k, KS_READER_KEYS_MAX + 1) > KS_READER_KEYS_MAX ||
         ks_rollout_keys_check(k) != KS_OK)
         return KS_ERR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&p->mu);
+    ks_rollout_db *w = writer_lock(p);
     char old[KS_READER_KEYS_MAX + 1];
     strcpy(old, p->self.keys);
     strcpy(p->self.keys, k);
     ks_err err = KS_OK;
     if (p->heartbeat)
-        err = ks_rollout_db_reader_register(p->db, &p->self, (int64_t)time(NULL));
+        err = ks_rollout_db_reader_register(w, &p->self, (int64_t)time(NULL));
     if (err != KS_OK)
         strcpy(p->self.keys, old);
-    pthread_mutex_unlock(&p->mu);
+    writer_unlock(p);
     return err;
 }
 
@@ -359,23 +430,50 @@ static int sample_empty(const ks_health_sample *d)
     return any == 0;
 }
 
-/* See rollout.h. */
+/* With the writer's locks held: refresh when due and copy the ids of
+ * the rollouts under way into p->ids (*n of them), taking mu for it when
+ * the writes have their own connection. */
+static ks_err ids_under_way(ks_policy *p, size_t *n)
+{
+    *n = 0;
+    if (p->wdb != NULL)
+        pthread_mutex_lock(&p->mu);
+    ks_err err = refresh_locked(p, 0);
+    if (err == KS_OK && p->n_rules > p->ids_cap) {
+        int64_t *ni = realloc(p->ids, p->n_rules * sizeof *ni);
+        if (ni == NULL) {
+            err = KS_ERR_NO_MEMORY;
+        } else {
+            p->ids = ni;
+            p->ids_cap = p->n_rules;
+        }
+    }
+    for (size_t i = 0; err == KS_OK && i < p->n_rules; i++) {
+        if (under_way(&p->rules[i]))
+            p->ids[(*n)++] = p->rules[i].id;
+    }
+    if (p->wdb != NULL)
+        pthread_mutex_unlock(&p->mu);
+    return err;
+}
+
+/* See rollout.h.  The rollouts under way are copied under mu; the
+ * inserts wait on the database, not on answers. */
 ks_err ks_policy_report(ks_policy *p, const ks_health_sample *totals)
 {
     if (p == NULL || totals == NULL)
         return KS_ERR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&p->mu);
-    ks_err err = refresh_locked(p, 0);
+    ks_rollout_db *w = writer_lock(p);
     ks_health_sample d;
     ks_health_growth(&d, totals, &p->reported);
     d.time = (int64_t)time(NULL);
-    for (size_t i = 0; err == KS_OK && !sample_empty(&d) && i < p->n_rules; i++) {
-        if (under_way(&p->rules[i]))
-            err = ks_rollout_db_metrics_insert(p->db, p->rules[i].id, p->self.instance_id, "app", &d);
-    }
+    size_t n = 0;
+    ks_err err = ids_under_way(p, &n);
+    for (size_t i = 0; err == KS_OK && !sample_empty(&d) && i < n; i++)
+        err = ks_rollout_db_metrics_insert(w, p->ids[i], p->self.instance_id, "app", &d);
     if (err == KS_OK)
         p->reported = *totals; /* on failure the next report carries this interval too */
-    pthread_mutex_unlock(&p->mu);
+    writer_unlock(p);
     return err;
 }
 
