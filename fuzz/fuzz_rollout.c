@@ -149,6 +149,7 @@
 #include <keyshift/health.h>
 #include <keyshift/migrate.h>
 #include <keyshift/rollout.h>
+#include <keyshift/rollout_store.h>
 #include <keyshift/rowstore.h>
 
 #include "../migrate/rollout/rollout_internal.h"
@@ -273,18 +274,74 @@ static struct {
     ks_policy *pol[N_SLOTS][2]; /* by slot, then max format 2 (else 1) */
 } kept;
 
+/* Open the policy of o over two stores of db_path: its writes (key list,
+ * heartbeat, reports) on a connection of their own, as an application's
+ * registering policy has them. */
+static ks_policy *open_with_writer(const ks_policy_options *o)
+{
+    ks_rollout_store *st = NULL, *wr = NULL;
+    char eb[256];
+    CHECK(ks_rollout_store_sqlite_open(db_path, 0, &st, eb, sizeof eb) == KS_OK);
+    CHECK(ks_rollout_store_sqlite_open(db_path, 0, &wr, eb, sizeof eb) == KS_OK);
+    ks_policy *p = NULL;
+    CHECK(ks_policy_open_stores(st, wr, o, &p) == KS_OK);
+    return p;
+}
+
+/* A store that only counts its closes: what ks_policy_open_stores must
+ * close when it refuses (it uses no other operation then). */
+typedef struct counted_store {
+    ks_rollout_store base;
+    int closes;
+} counted_store;
+
+/* The counting store's close op. */
+static void counted_close(ks_rollout_store *s)
+{
+    ((counted_store *)(void *)s)->closes++;
+}
+
+/* Once per run: ks_policy_open_stores refuses a missing store or options,
+ * one store given twice and options it cannot take, and closes every
+ * store it was given exactly once. */
+static void check_open_stores_refusals(void)
+{
+    static const ks_rollout_store_ops ops = {.close = counted_close};
+    ks_policy_options o = {"refused", KS_FORMAT_V2, 1u << KS_ALG_XCHACHA20POLY1305, "", 0, 0};
+    counted_store a = {{&ops}, 0}, b = {{&ops}, 0};
+    ks_policy *p = NULL;
+    CHECK(ks_policy_open_stores(NULL, NULL, &o, &p) == KS_ERR_INVALID_ARGUMENT && p == NULL);
+    CHECK(ks_policy_open_stores(NULL, &b.base, &o, &p) == KS_ERR_INVALID_ARGUMENT && p == NULL);
+    CHECK(b.closes == 1);
+    CHECK(ks_policy_open_stores(&a.base, &a.base, &o, &p) == KS_ERR_INVALID_ARGUMENT && p == NULL);
+    CHECK(a.closes == 1);
+    CHECK(ks_policy_open_stores(&a.base, &b.base, NULL, &p) == KS_ERR_INVALID_ARGUMENT && p == NULL);
+    CHECK(a.closes == 2 && b.closes == 2);
+    o.instance_id = "not an instance id";
+    CHECK(ks_policy_open_stores(&a.base, &b.base, &o, &p) == KS_ERR_INVALID_ARGUMENT && p == NULL);
+    CHECK(a.closes == 3 && b.closes == 3);
+    CHECK(ks_policy_open_store(&a.base, &o, &p) == KS_ERR_INVALID_ARGUMENT && p == NULL);
+    CHECK(a.closes == 4);
+}
+
 /* Once per run: the policy of every instance a JOIN can start, one per
  * slot and max format (opening one parses the schema and checks it: a
  * fifth of every input when each JOIN opened its own).  A JOIN sets its
  * key list and reloads its rules, which is all a new policy's state: its
- * refresh interval never elapses and it never registers itself. */
+ * refresh interval never elapses and it never registers itself.  The
+ * format-2 ones write through a connection of their own, the format-1
+ * ones through the one they read. */
 static void init_policies(void)
 {
     for (size_t i = 0; i < N_SLOTS; i++) {
         for (int f = 0; f < 2; f++) {
             ks_policy_options o = {INSTANCES[i], f ? KS_FORMAT_V2 : KS_FORMAT_V1,
                                    1u << KS_ALG_XCHACHA20POLY1305, "", 0xffffffffu, 0};
-            CHECK(ks_policy_open(db_path, &o, &kept.pol[i][f]) == KS_OK);
+            if (f) {
+                kept.pol[i][f] = open_with_writer(&o);
+            } else {
+                CHECK(ks_policy_open(db_path, &o, &kept.pol[i][f]) == KS_OK);
+            }
         }
     }
 }
@@ -350,6 +407,7 @@ static void init(void)
     init_policies();
     check_keys_limit();
     ks_fuzz_sqlite_world_seal("/fuzz_rollout.tmpl");
+    check_open_stores_refusals();
     CHECK(atexit(close_kept) == 0);
     drbg_start = ks_fuzz_drbg_tell();
     initialised = 1;

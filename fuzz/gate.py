@@ -2,6 +2,8 @@
 """fuzz/gate.py -- the fuzz gates of `make fuzz-smoke` and `make coverage`.
 
     gate.py lines GATES TARGET...            every target has a line in GATES
+    gate.py run LOG -- CMD...                run one libFuzzer command, its output in LOG,
+                                             then the CPU time it used as a last line
     gate.py check GATES|- TARGET LOG SECONDS CORPUS
                                              one libFuzzer run against its line
                                              (-: print the figures, gate nothing)
@@ -16,8 +18,12 @@ GATES (fuzz/gates.txt) has one line per fuzz target:
     TARGET  MIN_FEATURES  MIN_EXEC_PER_S  [REASON...]
 
 A run fails when it ends with fewer features (libFuzzer's `ft:` on its
-last status line) than MIN_FEATURES, or runs slower (stat::average_exec_
-per_sec) than MIN_EXEC_PER_S.  MIN_EXEC_PER_S is 1000 (the rule) unless a
+last status line) than MIN_FEATURES, or runs slower than MIN_EXEC_PER_S:
+its executions (stat::number_of_executed_units) per second of the CPU
+time the process used (`gate.py run` records it), so that the floor
+measures the harness, not how much of a core a shared or noisy machine
+gave it (libFuzzer's stat::average_exec_per_sec, per wall-clock second,
+is printed beside it).  MIN_EXEC_PER_S is 1000 (the rule) unless a
 REASON says why a target may be slower: a line with a lower figure and no
 reason is itself an error.  `#` starts a comment.  Standard library only.
 """
@@ -74,11 +80,28 @@ def cmd_lines(path, targets):
               % (path, " ".join(extra)))
 
 
+def cmd_run(log, cmd):
+    """Run cmd with its output in log, then append the CPU time (user and
+    system) it and its children used; exit with its status."""
+    with open(log, "w", encoding="utf-8") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    with open(log, "a", encoding="utf-8") as out:
+        out.write("gate::cpu_seconds: %.3f\n" % (usage.ru_utime + usage.ru_stime))
+    rc = proc.returncode
+    sys.exit(rc if rc >= 0 else 128 - rc)
+
+
 def log_figures(log):
-    """(execs, exec/s, features, cov) from a libFuzzer log run with -print_final_stats=1."""
-    execs = eps = feats = cov = None
+    """(execs, exec/s, features, cov, cpu seconds) from a libFuzzer log run
+    with -print_final_stats=1 (cpu None when `gate.py run` did not run it)."""
+    execs = eps = feats = cov = cpu = None
     with open(log, encoding="utf-8", errors="replace") as f:
         for line in f:
+            m = re.match(r"gate::cpu_seconds:\s*([0-9.]+)", line)
+            if m:
+                cpu = float(m.group(1))
             m = re.match(r"stat::number_of_executed_units:\s*(\d+)", line)
             if m:
                 execs = int(m.group(1))
@@ -88,18 +111,21 @@ def log_figures(log):
             m = re.match(r"#\d+\s+\w+\s+cov: (\d+) ft: (\d+)", line)
             if m:
                 cov, feats = int(m.group(1)), int(m.group(2))
-    return execs, eps, feats, cov
+    return execs, eps, feats, cov, cpu
 
 
 def cmd_check(path, target, log, seconds, corpus):
     """Print one run's figures and fail when they are below the target's line."""
-    execs, eps, feats, cov = log_figures(log)
-    if execs is None or eps is None or feats is None:
+    execs, wall_eps, feats, cov, cpu = log_figures(log)
+    if execs is None or wall_eps is None or feats is None:
         fail("%s: FAILED: no final stats or status line in %s" % (target, log))
+    # per CPU second when recorded (at least 1 ms of it), else per wall second
+    eps = int(execs / cpu) if cpu is not None and cpu >= 0.001 else wall_eps
+    speed = "%d exec/s per CPU second (%d per wall second)" % (eps, wall_eps)
     files = len(os.listdir(corpus))
     if path == "-":
-        print("%s: ok, %d execs in %s s, %d exec/s, %d features, cov %d, corpus %d files (%s)"
-              % (target, execs, seconds, eps, feats, cov, files, os.path.dirname(log)))
+        print("%s: ok, %d execs in %s s, %s, %d features, cov %d, corpus %d files (%s)"
+              % (target, execs, seconds, speed, feats, cov, files, os.path.dirname(log)))
         return
     gates = read_gates(path)
     if target not in gates:
@@ -110,8 +136,8 @@ def cmd_check(path, target, log, seconds, corpus):
         bad.append("%d features, below its floor of %d" % (feats, min_feats))
     if eps < min_eps:
         bad.append("%d exec/s, below its floor of %d" % (eps, min_eps))
-    print("%s: %s, %d execs in %s s, %d exec/s (floor %d%s), %d features (floor %d), cov %d, "
-          "corpus %d files (%s)" % (target, "FAILED" if bad else "ok", execs, seconds, eps,
+    print("%s: %s, %d execs in %s s, %s (floor %d%s), %d features (floor %d), cov %d, "
+          "corpus %d files (%s)" % (target, "FAILED" if bad else "ok", execs, seconds, speed,
                                     min_eps, ", allowlisted" if min_eps < SPEED_RULE else "",
                                     feats, min_feats, cov, files, os.path.dirname(log)))
     if bad:
@@ -183,6 +209,8 @@ def main(argv):
     """Dispatch on the subcommand."""
     if len(argv) >= 3 and argv[1] == "lines":
         cmd_lines(argv[2], argv[3:])
+    elif len(argv) >= 5 and argv[1] == "run" and argv[3] == "--":
+        cmd_run(argv[2], argv[4:])
     elif len(argv) == 7 and argv[1] == "check":
         cmd_check(*argv[2:])
     elif len(argv) >= 6 and argv[1] == "canary" and argv[4] == "--":
