@@ -36,7 +36,7 @@ FUZZ_TARGETS := fuzz_parse fuzz_differential fuzz_open fuzz_keyring fuzz_migrate
 # fuzz/struct/ (make fuzz-struct, make fuzz) and the canary (make fuzz-canary).
 FUZZ_STRUCT_TARGETS := fuzz_parse_struct fuzz_open_struct
 FUZZ_GATES := fuzz/gates.txt
-FUZZ_SMOKE_SECONDS ?= 12
+FUZZ_SMOKE_SECONDS ?= 10
 FUZZ_CANARY_SECONDS ?= 60
 FUZZ_STRUCT_SECONDS ?= 60
 FUZZ_SECONDS ?= 60
@@ -243,7 +243,7 @@ FUZZ_SMOKE_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 # bookkeeping runs on every execution, for every feature still rare, so it
 # grows with a target's features: a quarter of fuzz_rollout's time (12,600
 # features; perf), which then ran at 960 to 1,000 exec/s beside another
-# target and at 1,300 to 2,000 without it.  A 12 s run reaches the same
+# target and at 1,300 to 2,000 without it.  A smoke run reaches the same
 # features either way; the nightly and longer runs keep the schedule.
 FUZZ_SMOKE_FLAGS ?= -entropic=0
 # Every run takes FUZZ_SMOKE_SECONDS, so they start in pairs in this
