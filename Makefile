@@ -287,7 +287,7 @@ export ASAN_OPTIONS := detect_leaks=1:abort_on_error=1:strict_string_checks=1
 # forced (KS_AEAD_ENGINE, migrate/crypto/aead.h), so every crypto test and
 # vector passes through OpenSSL and through libsodium, not only where the
 # size rule sends it.
-AEAD_ENGINE_TESTS := test_crypto test_crypto_vectors test_spec_vectors
+AEAD_ENGINE_TESTS := test_crypto test_crypto_vectors test_spec_vectors test_open_memo
 
 unit: $(UNIT_BINS)
 	@set -e; for t in $(UNIT_BINS); do echo "== $$t"; KS_SPEC=docs/format.md $$t; done

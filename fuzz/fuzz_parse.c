@@ -41,6 +41,11 @@
  *      are distinct, ks_err_is_rejection() is exactly 1..11 and
  *      ks_err_is_retryable() exactly unavailable and timeout; algorithm
  *      names round-trip.
+ *   9. Resuming after a known head (parser/envelope_head.h, what an open
+ *      does when an envelope begins like the last one it opened) gives
+ *      the whole parse's result, errors and offsets included: on the
+ *      input with its own head when its header parses, and on the head
+ *      of a fixed envelope of each version followed by the input.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -53,6 +58,7 @@
 #include <keyshift/error.h>
 
 #include "../parser/cursor.h"
+#include "../parser/envelope_head.h"
 #include "../tests/envelope_eq.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -438,6 +444,78 @@ static void check_cursor(const uint8_t *data, size_t size)
     }
 }
 
+/* Oracle 9 on one input: resuming after h gives the whole parse's
+ * result (buf begins with h's bytes). */
+static void check_resume_one(const uint8_t *buf, size_t len, const ks_envelope_head *h)
+{
+    ks_envelope a, b;
+    ks_parse_error ea, eb;
+    const ks_err ga = ks_envelope_parse(buf, len, NULL, &a, &ea);
+    const ks_err gb = ks_envelope_parse_resume(buf, len, NULL, h, &b, &eb);
+    CHECK(ga == gb);
+    if (ga == KS_OK) {
+        CHECK(ks_test_result_eq(&a, &b));
+    } else {
+        CHECK(eb.code == ea.code && eb.offset == ea.offset && eb.field == ea.field);
+        CHECK(is_zero(&b));
+    }
+}
+
+/* A fixed envelope of version v (encoded once into buf, cap bytes): its
+ * head into *h. */
+static void fixed_head(uint8_t v, uint8_t *buf, size_t cap, ks_envelope_head *h)
+{
+    static const uint8_t wdek[60] = {1}, nonce[24] = {2}, commit[32] = {3}, ct[16] = {4};
+    const uint32_t alg = v == KS_FORMAT_V1 ? KS_ALG_AES256GCM : KS_ALG_XCHACHA20POLY1305;
+    const ks_envelope e = {v,
+                           alg,
+                           {(const uint8_t *)"tenant-7", 8},
+                           {(const uint8_t *)"kek/app", 7},
+                           3,
+                           {wdek, sizeof wdek},
+                           {nonce, ks_alg_nonce_len(alg)},
+                           v == KS_FORMAT_V2 ? (ks_bytes){(const uint8_t *)"card", 4} : (ks_bytes){NULL, 0},
+                           v == KS_FORMAT_V2 ? (ks_bytes){commit, sizeof commit} : (ks_bytes){NULL, 0},
+                           {ct, sizeof ct},
+                           0,
+                           0};
+    size_t len = 0;
+    ks_envelope parsed;
+    CHECK(ks_envelope_encode(&e, NULL, buf, cap, &len) == KS_OK);
+    CHECK(ks_envelope_parse(buf, len, NULL, &parsed, NULL) == KS_OK);
+    ks_envelope_head_of(buf, &parsed, h);
+}
+
+/* Oracle 9. */
+static void check_resume(const uint8_t *data, size_t size)
+{
+    static uint8_t fixed[2][256];
+    static ks_envelope_head heads[2];
+    static int ready;
+    if (!ready) {
+        fixed_head(KS_FORMAT_V1, fixed[0], sizeof fixed[0], &heads[0]);
+        fixed_head(KS_FORMAT_V2, fixed[1], sizeof fixed[1], &heads[1]);
+        ready = 1;
+    }
+    ks_envelope hdr;
+    if (ks_envelope_parse_header(data, size, NULL, &hdr, NULL) == KS_OK) {
+        ks_envelope_head h;
+        ks_envelope_head_of(data, &hdr, &h);
+        check_resume_one(data, size, &h);
+    }
+    for (size_t v = 0; v < 2; v++) {
+        const size_t n = heads[v].len + size;
+        uint8_t *buf = malloc(n); /* exact: a read past the input is caught */
+        CHECK(buf != NULL);
+        memcpy(buf, fixed[v], heads[v].len);
+        if (size != 0) {
+            memcpy(buf + heads[v].len, data, size);
+        }
+        check_resume_one(buf, n, &heads[v]);
+        free(buf);
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     ks_envelope env;
@@ -460,6 +538,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check_lowered(data, size, e, &env, &pe);
     check_caller_errors(data, size);
     check_cursor(data, size);
+    check_resume(data, size);
     check_names();
     return 0;
 }

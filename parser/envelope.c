@@ -16,6 +16,7 @@
 
 #include "../format/rules.h"
 #include "cursor.h"
+#include "envelope_head.h"
 
 /* The field walk (parse_fields(), parse_value()) is always inlined into
  * parse(), once per version: with a constant rule table the compiler folds
@@ -163,7 +164,8 @@ static ks_err diagnose_tag(ks_cursor *c, const ks_field_rule *rules, size_t coun
 
 /*
  * Walk the fields of one version's table `rules` (count fields) after the
- * prefix.  On failure returns the code and sets *offset and *field for
+ * prefix, from rules[first] on (0, or KS_HEAD_FIELDS after a known head,
+ * with the nonce length of its algorithm in nonce_len).  On failure returns the code and sets *offset and *field for
  * reject().  Each version is a fixed sequence of fields (format/rules.h),
  * each with a one-byte canonical tag [F-VARINT-5], so the common case is
  * a straight walk: compare one byte with the expected tag, read the value.
@@ -174,14 +176,13 @@ static ks_err diagnose_tag(ks_cursor *c, const ks_field_rule *rules, size_t coun
  * per field as the rest of an open's bookkeeping).
  */
 KS_PARSE_INLINE ks_err parse_fields(ks_cursor *c, const ks_field_rule *rules, size_t count,
-                                    const ks_limits *lim, int mode, ks_envelope *out,
-                                    size_t *offset, uint32_t *field)
+                                    size_t first, size_t nonce_len, const ks_limits *lim, int mode,
+                                    ks_envelope *out, size_t *offset, uint32_t *field)
 {
-    size_t nonce_len = 0;
     ks_err e;
 
 #pragma GCC unroll 16
-    for (size_t next = 0; next < count; next++) {
+    for (size_t next = first; next < count; next++) {
         const ks_field_rule *r = &rules[next];
         const size_t tag_offset = ks_cursor_offset(c);
         if (ks_cursor_is_empty(c)) {
@@ -210,13 +211,63 @@ KS_PARSE_INLINE ks_err parse_fields(ks_cursor *c, const ks_field_rule *rules, si
     return KS_OK;
 }
 
-/* The decoder proper: the prefix, the version's fields (parse_fields()),
- * and, for a whole envelope, nothing after them. */
-static ks_err parse(const uint8_t *buf, size_t len, const ks_limits *lim, ks_envelope *out,
-                    ks_parse_error *err, int mode)
+/* The fields of a head: algorithm, tenant, key_id, key_version and
+ * wrapped_dek are rules[0, KS_HEAD_FIELDS) of both versions. */
+#define KS_HEAD_FIELDS 5u
+_Static_assert(KS_FIELD_WRAPPED_DEK == 5 && KS_FIELD_NONCE == 6, "a head ends with field 5");
+
+/* The fields of the envelope's version from rules[first] on (see
+ * parse_fields()), one call per version with its constant table, and
+ * for a whole envelope nothing after them; *offset and *field as there. */
+static ks_err parse_body(ks_cursor *c, uint8_t version, size_t first, size_t nonce_len,
+                         const ks_limits *lim, int mode, ks_envelope *out, size_t *offset,
+                         uint32_t *field)
+{
+    size_t count;
+    const ks_field_rule *rules = ks_rules_for(version, &count);
+    assert(rules != NULL && rules[0].number == KS_FIELD_ALGORITHM);
+    assert(rules[KS_HEAD_FIELDS - 1].number == KS_FIELD_WRAPPED_DEK);
+    ks_err e;
+    if (version == KS_FORMAT_V1) {
+        e = first == 0 ? parse_fields(c, ks_rules_v1, sizeof ks_rules_v1 / sizeof ks_rules_v1[0], 0, 0,
+                                      lim, mode, out, offset, field)
+                       : parse_fields(c, ks_rules_v1, sizeof ks_rules_v1 / sizeof ks_rules_v1[0],
+                                      KS_HEAD_FIELDS, nonce_len, lim, mode, out, offset, field);
+    } else {
+        e = first == 0 ? parse_fields(c, ks_rules_v2, sizeof ks_rules_v2 / sizeof ks_rules_v2[0], 0, 0,
+                                      lim, mode, out, offset, field)
+                       : parse_fields(c, ks_rules_v2, sizeof ks_rules_v2 / sizeof ks_rules_v2[0],
+                                      KS_HEAD_FIELDS, nonce_len, lim, mode, out, offset, field);
+    }
+    if (e != KS_OK || mode == KS_PARSE_HEADER) {
+        return e; /* [F-HDR-1] bytes after the ciphertext are not looked at */
+    }
+    if (!ks_cursor_is_empty(c)) {
+        /* [F-END-1] nothing may follow the ciphertext field */
+        *offset = ks_cursor_offset(c);
+        return diagnose_tag(c, rules, count, count, field);
+    }
+    out->total_len = c->len;
+    return KS_OK;
+}
+
+/* The limits a parse runs under: lim, or the compiled defaults for NULL;
+ * NULL when lim is out of range. */
+static const ks_limits *limits_of(const ks_limits *lim)
 {
     static const ks_limits defaults = {KS_TENANT_MAX, KS_KEY_ID_MAX, KS_WRAPPED_DEK_MAX,
                                        KS_PURPOSE_MAX, KS_CIPHERTEXT_DEFAULT_MAX};
+    if (lim == NULL) {
+        return &defaults;
+    }
+    return ks_limits_check(lim) == KS_OK ? lim : NULL;
+}
+
+/* The decoder proper: the prefix, then the version's fields and, for a
+ * whole envelope, nothing after them (parse_body()). */
+static ks_err parse(const uint8_t *buf, size_t len, const ks_limits *lim, ks_envelope *out,
+                    ks_parse_error *err, int mode)
+{
     size_t offset = 0;
     uint8_t version = 0;
     uint32_t field = 0;
@@ -228,12 +279,7 @@ static ks_err parse(const uint8_t *buf, size_t len, const ks_limits *lim, ks_env
         }
         return KS_ERR_INVALID_ARGUMENT;
     }
-    if (lim == NULL) {
-        lim = &defaults;
-    } else if (ks_limits_check(lim) != KS_OK) {
-        return reject(out, err, KS_ERR_INVALID_ARGUMENT, 0, 0);
-    }
-    if (buf == NULL && len != 0) {
+    if ((lim = limits_of(lim)) == NULL || (buf == NULL && len != 0)) {
         return reject(out, err, KS_ERR_INVALID_ARGUMENT, 0, 0);
     }
     /* Every member is assigned below on success; only those a version or
@@ -247,32 +293,59 @@ static ks_err parse(const uint8_t *buf, size_t len, const ks_limits *lim, ks_env
         return reject(out, err, e, offset, 0);
     }
     out->version = version;
-
-    size_t count;
-    const ks_field_rule *rules = ks_rules_for(version, &count);
-    assert(rules != NULL && rules[0].number == KS_FIELD_ALGORITHM);
-    /* One call per version, each with its constant table (see above). */
-    if (version == KS_FORMAT_V1) {
-        e = parse_fields(&c, ks_rules_v1, sizeof ks_rules_v1 / sizeof ks_rules_v1[0], lim, mode,
-                         out, &offset, &field);
-    } else {
-        e = parse_fields(&c, ks_rules_v2, sizeof ks_rules_v2 / sizeof ks_rules_v2[0], lim, mode,
-                         out, &offset, &field);
-    }
-    if (e != KS_OK) {
+    if ((e = parse_body(&c, version, 0, 0, lim, mode, out, &offset, &field)) != KS_OK) {
         return reject(out, err, e, offset, field);
     }
-    if (mode == KS_PARSE_HEADER) {
-        return KS_OK; /* [F-HDR-1] bytes after the ciphertext are not looked at */
-    }
-    if (!ks_cursor_is_empty(&c)) {
-        /* [F-END-1] nothing may follow the ciphertext field */
-        const size_t tag_offset = ks_cursor_offset(&c);
-        e = diagnose_tag(&c, rules, count, count, &field);
-        return reject(out, err, e, tag_offset, field);
-    }
-    out->total_len = len;
     return KS_OK;
+}
+
+/* See envelope_head.h. */
+void ks_envelope_head_of(const uint8_t *buf, const ks_envelope *e, ks_envelope_head *h)
+{
+    assert(e->tenant.ptr > buf && e->key_id.ptr > e->tenant.ptr && e->wrapped_dek.ptr > e->key_id.ptr);
+    *h = (ks_envelope_head){e->version,
+                            e->algorithm,
+                            e->key_version,
+                            (uint32_t)(e->tenant.ptr - buf),
+                            (uint32_t)e->tenant.len,
+                            (uint32_t)(e->key_id.ptr - buf),
+                            (uint32_t)e->key_id.len,
+                            (uint32_t)(e->wrapped_dek.ptr - buf),
+                            (uint32_t)e->wrapped_dek.len,
+                            (size_t)(e->wrapped_dek.ptr - buf) + e->wrapped_dek.len};
+}
+
+/* See envelope_head.h.  The state parse() is in at the end of the head
+ * is restored from h (the fields, the cursor, the nonce length of the
+ * algorithm), and parse_body() goes on from the nonce. */
+ks_err ks_envelope_parse_resume(const uint8_t *buf, size_t len, const ks_limits *lim,
+                                const ks_envelope_head *h, ks_envelope *out, ks_parse_error *err)
+{
+    size_t offset = 0;
+    uint32_t field = 0;
+
+    assert(buf != NULL && h != NULL && out != NULL && len >= h->len);
+    assert(h->wrapped_off + h->wrapped_len == h->len);
+    if ((lim = limits_of(lim)) == NULL) {
+        return reject(out, err, KS_ERR_INVALID_ARGUMENT, 0, 0);
+    }
+    out->version = h->version;
+    out->algorithm = h->algorithm;
+    out->tenant = (ks_bytes){buf + h->tenant_off, h->tenant_len};
+    out->key_id = (ks_bytes){buf + h->key_id_off, h->key_id_len};
+    out->key_version = h->key_version;
+    out->wrapped_dek = (ks_bytes){buf + h->wrapped_off, h->wrapped_len};
+    out->purpose = (ks_bytes){NULL, 0};
+    out->commitment = (ks_bytes){NULL, 0};
+    out->ciphertext = (ks_bytes){NULL, 0};
+
+    ks_cursor c = ks_cursor_init(buf, len);
+    ks_bytes head;
+    ks_err e = ks_cursor_read_view(&c, h->len, &head); /* the caller compared these bytes */
+    assert(e == KS_OK);
+    e = parse_body(&c, h->version, KS_HEAD_FIELDS, ks_rules_nonce_len(h->algorithm), lim, KS_PARSE_FULL,
+                   out, &offset, &field);
+    return e == KS_OK ? KS_OK : reject(out, err, e, offset, field);
 }
 
 /* See keyshift/envelope.h. */

@@ -25,6 +25,7 @@
 #include <keyshift/envelope.h>
 
 #include "envelope_eq.h"
+#include "../parser/envelope_head.h"
 
 /* ---- bookkeeping: which rejection codes the C-built tests produced ---- */
 
@@ -501,6 +502,49 @@ static void expect_reject_at(int mode, const uint8_t *buf, size_t len, const ks_
     expect_reject_at(FULL, buf, len, lim, code, off, field, what, __FILE__, __LINE__)
 #define EXPECT_REJECT_HDR(buf, len, lim, code, off, field, what) \
     expect_reject_at(HEADER, buf, len, lim, code, off, field, what, __FILE__, __LINE__)
+
+/*
+ * Resuming a parse after a known head (parser/envelope_head.h) must give
+ * exactly the whole parse's result on the same input and limits: the
+ * same code, the same error (offset, field), and either the same
+ * envelope, every view in the same place, or a cleared *out.  h is the
+ * head of an envelope parsed under lim whose first h->len bytes buf
+ * shares.
+ */
+static void expect_resume_same_at(const uint8_t *buf, size_t len, const ks_limits *lim,
+                                  const ks_envelope_head *h, const char *what, const char *file,
+                                  int line)
+{
+    ks_envelope a, b;
+    ks_parse_error ea, eb;
+    memset(&a, 0xA5, sizeof a);
+    memset(&b, 0x5A, sizeof b);
+    memset(&ea, 0, sizeof ea);
+    memset(&eb, 0xA5, sizeof eb);
+    const ks_err ga = ks_envelope_parse(buf, len, lim, &a, &ea);
+    const ks_err gb = ks_envelope_parse_resume(buf, len, lim, h, &b, &eb);
+    int bad = ga != gb;
+    if (!bad && ga == KS_OK) {
+        bad = !ks_test_result_eq(&a, &b);
+    } else if (!bad) {
+        bad = eb.code != ea.code || eb.offset != ea.offset || eb.field != ea.field ||
+              memcmp(&b, &g_zero_env, sizeof b) != 0;
+    }
+    if (bad) {
+        print_error("%s: whole parse %s at %zu (field %u), resumed after %zu bytes %s at %zu (field %u)\n",
+                    what, ks_err_name(ga), ea.offset, (unsigned)ea.field, h->len, ks_err_name(gb),
+                    eb.offset, (unsigned)eb.field);
+        dump_hex(buf, len);
+        _fail(file, line);
+    }
+    memset(&b, 0x5A, sizeof b);
+    if (ks_envelope_parse_resume(buf, len, lim, h, &b, NULL) != gb) {
+        print_error("%s: resumed with err == NULL: another result\n", what);
+        _fail(file, line);
+    }
+}
+#define EXPECT_RESUME_SAME(buf, len, lim, h, what) \
+    expect_resume_same_at(buf, len, lim, h, what, __FILE__, __LINE__)
 
 /*
  * The encoder must agree with the parser: ks_envelope_check,
@@ -1557,6 +1601,65 @@ static void test_bad_values(void **state)
     }
 }
 
+/* ---- resuming after a head ----------------------------------------------- */
+
+/* Every input that shares a valid envelope's head: each truncation from
+ * the end of the head on, each byte after it set to values that are
+ * tags, lengths, continuation bits and charset edges, and each one-byte
+ * extension; under the defaults and under limits lowered to the edge of
+ * the envelope's own purpose and ciphertext.  Resuming after the head
+ * gives what the whole parse gives (EXPECT_RESUME_SAME). */
+static void test_resume_after_head(void **state)
+{
+    (void)state;
+    static const uint8_t vals[] = {0x00, 0x01, 0x02, 0x0C, 0x0F, 0x10, 0x18, 0x20, 0x32, 0x3A,
+                                   0x40, 0x42, 0x7A, 0x7F, 0x80, 0x81, 0xFF};
+    char what[160];
+    for (size_t i = 0; i < N_SHAPES; i++) {
+        ks_envelope e = make_env(&g_shapes[i]);
+        tbuf b = tb_env(&e);
+        ks_limits low;
+        ks_limits_default(&low);
+        const ks_limits *lims[2] = {NULL, &low};
+        for (size_t l = 0; l < 2; l++) {
+            ks_envelope ok;
+            assert_int_equal(ks_envelope_parse(b.p, b.len, lims[l], &ok, NULL), KS_OK);
+            if (l == 0) { /* the edges: this envelope's own purpose and ciphertext lengths */
+                low.max_purpose = ok.purpose.len != 0 ? ok.purpose.len : low.max_purpose;
+                low.max_ciphertext = ok.ciphertext.len;
+            }
+            ks_envelope_head h;
+            ks_envelope_head_of(b.p, &ok, &h);
+            assert_true(h.len > 0 && h.len < b.len);
+            uint8_t *buf = malloc(b.len + 1);
+            assert_non_null(buf);
+            for (size_t n = h.len; n <= b.len; n++) {
+                uint8_t *copy = dup_exact(b.p, n);
+                snprintf(what, sizeof what, "%s (limits %zu) cut at %zu", g_shapes[i].label, l, n);
+                EXPECT_RESUME_SAME(copy, n, lims[l], &h, what);
+                free(copy);
+            }
+            for (size_t off = h.len; off <= b.len; off++) {
+                for (size_t k = 0; k <= sizeof vals; k++) {
+                    if (off == b.len && k == sizeof vals) {
+                        continue; /* no byte to flip past the end */
+                    }
+                    const size_t n = off == b.len ? b.len + 1 : b.len;
+                    memcpy(buf, b.p, b.len);
+                    buf[off] = k < sizeof vals ? vals[k] : (uint8_t)(b.p[off] ^ 1);
+                    uint8_t *copy = dup_exact(buf, n);
+                    snprintf(what, sizeof what, "%s (limits %zu) byte %zu = %02x", g_shapes[i].label, l, off,
+                             buf[off]);
+                    EXPECT_RESUME_SAME(copy, n, lims[l], &h, what);
+                    free(copy);
+                }
+            }
+            free(buf);
+        }
+        tb_free(&b);
+    }
+}
+
 /* Nothing may follow the ciphertext; a header parse does not look. */
 static void test_trailing_bytes(void **state)
 {
@@ -2041,6 +2144,7 @@ int main(void)
         cmocka_unit_test(test_parse_header),
         cmocka_unit_test(test_encode_rejects),
         cmocka_unit_test(test_encode_buffer),
+        cmocka_unit_test(test_resume_after_head),
         cmocka_unit_test(test_every_error_hit),
     };
     return cmocka_run_group_tests_name("envelope", tests, setup_pools, teardown_pools);

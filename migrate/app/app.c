@@ -1094,6 +1094,7 @@ static ks_err open_binary(ks_app *app, const ks_app_record *r, const uint8_t *v,
                           ks_parse_error *perr)
 {
     ks_open_params op = {view(r->context), view(r->tenant), {NULL, 0}};
+    ks_ctx *ctx = atomic_load_explicit(&app->cur, memory_order_acquire)->ctx;
     int magic = has_magic(v, v_len);
     int is_env = 0, malformed = 0, parsed = 0;
     ks_envelope env;
@@ -1101,7 +1102,7 @@ static ks_err open_binary(ks_app *app, const ks_app_record *r, const uint8_t *v,
         /* One strict parse serves the class check and the open; a value
          * it refuses is classed by its header alone, as the phase check
          * reads it, and ks_open below refuses it, counting the error. */
-        parsed = ks_envelope_parse(v, v_len, NULL, &env, NULL) == KS_OK;
+        parsed = ks_crypto_parse(ctx, v, v_len, &env, NULL) == KS_OK;
         malformed = !parsed && ks_envelope_parse_header(v, v_len, NULL, &env, NULL) != KS_OK;
         is_env = !malformed;
     }
@@ -1135,7 +1136,6 @@ static ks_err open_binary(ks_app *app, const ks_app_record *r, const uint8_t *v,
     if (is_env && env.version == KS_FORMAT_V2) {
         op.purpose = purpose_of(app, r);
     }
-    ks_ctx *ctx = atomic_load_explicit(&app->cur, memory_order_acquire)->ctx;
     ks_err e = parsed ? ks_crypto_open_parsed(ctx, v, &env, &op, pt, cap, pt_len)
                       : ks_open(ctx, v, v_len, &op, pt, cap, pt_len, perr);
     if (e == KS_OK && read != NULL) {

@@ -49,6 +49,7 @@
 #include "dek_cache.h"
 #include "dek_writer.h"
 #include "mono_clock.h"
+#include "../../parser/envelope_head.h"
 #include "open_parsed.h"
 #include "shard.h"
 #include "thread_index.h"
@@ -130,6 +131,8 @@ typedef struct rkeys {
     const void *aes;         /* aes-256-gcm: the expanded aead_key, or NULL */
     ks_aead_evp *evp;        /* a shard slot's OpenSSL state for aead_key, or NULL */
     uint64_t serial;         /* names aead_key for evp */
+    const uint8_t *aad;      /* a shard slot's data AAD head, or NULL */
+    size_t aad_len;
 } rkeys;
 
 /* The read keys' length for env's version: v1 the DEK; v2 K || C || DEK. */
@@ -154,7 +157,7 @@ static void rkeys_build(const ks_envelope *env, const uint8_t dek[KS_DEK_LEN], u
 static rkeys rkeys_view(const ks_envelope *env, const uint8_t *keys, const void *aes)
 {
     const int v2 = env->version == KS_FORMAT_V2;
-    return (rkeys){keys, v2 ? keys + 32 : NULL, v2 ? keys + 64 : keys, aes, NULL, 0};
+    return (rkeys){keys, v2 ? keys + 32 : NULL, v2 ? keys + 64 : keys, aes, NULL, 0, NULL, 0};
 }
 
 /* Views of the read keys in shard slot o, with its OpenSSL state. */
@@ -163,6 +166,10 @@ static rkeys rkeys_slot(const ks_envelope *env, ks_open_slot *o)
     rkeys k = rkeys_view(env, o->keys, o->aes);
     k.evp = &o->evp;
     k.serial = o->serial;
+    if (o->aad_len != 0) {
+        k.aad = o->aad;
+        k.aad_len = o->aad_len;
+    }
     return k;
 }
 
@@ -173,6 +180,20 @@ static int commitment_ok(const ks_envelope *env, const rkeys *k)
 {
     _Static_assert(KS_COMMITMENT_LEN == crypto_verify_32_BYTES, "commitment is 32 bytes");
     return env->version != KS_FORMAT_V2 || crypto_verify_32(k->commit, env->commitment.ptr) == 0;
+}
+
+/* Write head[0, head_len) || lp(context) at aad (KS_DATA_AAD_MAX bytes):
+ * a data AAD [F-CRYPTO-AAD-1] from its head (dek_writer.h).  Returns its
+ * length. */
+static size_t head_and_context(uint8_t *aad, const uint8_t *head, size_t head_len, ks_bytes context)
+{
+    assert(head_len <= KS_DATA_AAD_HEAD_MAX && context.len <= KS_CONTEXT_MAX);
+    memcpy(aad, head, head_len);
+    ks_be_put(aad + head_len, (uint32_t)context.len, 4);
+    if (context.len != 0) {
+        memcpy(aad + head_len + 4, context.ptr, context.len);
+    }
+    return head_len + 4 + context.len;
 }
 
 /* ---- sealing ------------------------------------------------------------- */
@@ -358,12 +379,7 @@ static ks_err seal_with(const ks_wdek *d, ks_aead_evp *evp, const uint8_t *nonce
     out[pos++] = KS_CT_TAG;
     pos += ks_varint_put(out + pos, ct_len);
     uint8_t aad[KS_DATA_AAD_MAX];
-    memcpy(aad, d->aad_head, d->aad_head_len);
-    ks_be_put(aad + d->aad_head_len, (uint32_t)context.len, 4);
-    if (context.len != 0) {
-        memcpy(aad + d->aad_head_len + 4, context.ptr, context.len);
-    }
-    const size_t aad_len = d->aad_head_len + 4 + context.len;
+    const size_t aad_len = head_and_context(aad, d->aad_head, d->aad_head_len, context);
     /* d->aes: the AEAD key's expanded aes-256-gcm state; evp: this
      * thread's OpenSSL state for it, keyed again when d's serial changes */
     const ks_aead_key k = {d->tmpl.algorithm, d->aead_key, d->aes, evp, d->serial};
@@ -403,8 +419,10 @@ static ks_err seal_call(ks_ctx *ctx, const ks_seal_params *p, const uint8_t *pt,
     const uint32_t ti = ks_thread_index();
     ks_shard *sh = ks_ctx_shard(ctx, ti);
     ks_seal_slot one = {NULL, 0, 0, 0};
-    ks_seal_slot *s = sh != NULL ? ks_shard_seal_slot(sh, &t) : &one;
-    if (!ks_seal_slot_ready(s, &t, pt_len, ks_fork_generation(), ks_mono_seconds())) {
+    int on_t = 0; /* s is on t's tuple: the shard compared them */
+    ks_seal_slot *s = sh != NULL ? ks_shard_seal_slot(sh, &t, &on_t) : &one;
+    const uint64_t gen = ks_fork_generation(), now = ks_mono_seconds();
+    if (on_t ? !ks_seal_slot_fresh(s, pt_len, gen, now) : !ks_seal_slot_ready(s, &t, pt_len, gen, now)) {
         err = acquire_dek(ctx, &t, pt_len, sh != NULL, s);
         if (err != KS_OK) {
             return err;
@@ -523,6 +541,26 @@ static ks_err read_keys(ks_ctx *ctx, const ks_envelope *env, const uint8_t *id, 
     return err;
 }
 
+/* Give shard slot o, just put for env's read keys, the data AAD head of
+ * env's envelopes: env's fields with the commitment C of o's keys (an
+ * open that uses the head has checked that env's commitment is C, so the
+ * head is that of env; an envelope with a wrong commitment, which fails
+ * its open, leaves no trace in it). */
+static void slot_aad_head(ks_open_slot *o, const ks_envelope *env)
+{
+    ks_envelope t = *env;
+    if (t.version == KS_FORMAT_V2) {
+        t.commitment = (ks_bytes){o->keys + 32, KS_COMMITMENT_LEN};
+    }
+    uint8_t aad[KS_DATA_AAD_HEAD_MAX + 4];
+    size_t len = 0;
+    if (ks_aad_data(&t, (ks_bytes){NULL, 0}, aad, sizeof aad, &len) == KS_OK) {
+        assert(len >= 4 && aad[len - 4] == 0 && aad[len - 1] == 0); /* ends with lp(empty) */
+        memcpy(o->aad, aad, len - 4);
+        o->aad_len = len - 4;
+    }
+}
+
 /* Check the commitment (v2) and decrypt env's ciphertext into pt under
  * the read keys k [F-CRYPTO-OPEN-1]: the commitment is compared before
  * the AEAD runs, and a failed AEAD leaves pt[0, cap) zero.  pt NULL:
@@ -535,7 +573,12 @@ static ks_err decrypt(ks_ctx *ctx, const ks_envelope *env, ks_bytes context, con
     }
     uint8_t aad[KS_DATA_AAD_MAX];
     size_t aad_len = 0;
-    ks_err err = ks_aad_data(env, context, aad, sizeof aad, &aad_len); /* [F-CRYPTO-AAD-1] */
+    ks_err err = KS_OK;
+    if (k->aad != NULL) { /* [F-CRYPTO-AAD-1] with the slot's head: env's, C being its commitment */
+        aad_len = head_and_context(aad, k->aad, k->aad_len, context);
+    } else {
+        err = ks_aad_data(env, context, aad, sizeof aad, &aad_len); /* [F-CRYPTO-AAD-1] */
+    }
     const ks_aead_key ak = {env->algorithm, k->aead_key, k->aes, k->evp, k->serial};
     if (err == KS_OK && ks_aead_decrypt(KS_AEAD_AUTO, &ak, pt, env->ciphertext.ptr, env->ciphertext.len,
                                         aad, aad_len, env->nonce.ptr) != 0) {
@@ -547,25 +590,59 @@ static ks_err decrypt(ks_ctx *ctx, const ks_envelope *env, ks_bytes context, con
     return err;
 }
 
+/* Nonzero when env, which begins with slot o's head, has o's wrap
+ * identity: always for v1 (the head is the identity); for v2 when its
+ * purpose is o's (the identity's first 1 + purpose length bytes). */
+static int same_purpose(const ks_open_slot *o, const ks_envelope *env)
+{
+    if (env->version == KS_FORMAT_V1) {
+        return o->head_at == 0;
+    }
+    return o->head_at == 1 + env->purpose.len && memcmp(o->id + 1, env->purpose.ptr, env->purpose.len) == 0;
+}
+
 /*
- * The read keys of env (parsed from buf) for an open on thread index ti:
- * from ti's shard when it holds them, else through read_keys() (then kept
- * in the shard, if ti has one and the read cache is on).  *k views the
- * shard slot, keys[] or a pin (*pin, which the caller drops).  *wrote is
- * 0 when keys[] was left untouched (a shard hit), else 1: the caller
- * wipes it then.
+ * The shard slot whose wrap identity is env's (parsed from buf) when it is
+ * sh's last one, else NULL: buf begins with the slot's head and, for v2,
+ * env's purpose is the slot's.  (The wrap identity, wrap_key(), is those
+ * bytes, so this is the comparison ks_shard_open_find() makes, without
+ * building the key.)  Its expiry is the caller's to check.
  */
-static ks_err open_keys(ks_ctx *ctx, uint32_t ti, const uint8_t *buf, const ks_envelope *env,
-                        uint8_t keys[KS_RKEYS_MAX], ks_dek_cache_pin *pin, rkeys *k, int *wrote)
+static ks_open_slot *last_slot(ks_shard *sh, const uint8_t *buf, const ks_envelope *env)
+{
+    ks_open_slot *o = sh != NULL ? ks_shard_open_last(sh) : NULL;
+    if (o == NULL || o->head.version != env->version || env->total_len <= o->head.len ||
+        memcmp(buf, o->id + o->head_at, o->head.len) != 0) {
+        return NULL;
+    }
+    return same_purpose(o, env) ? o : NULL;
+}
+
+/*
+ * The read keys of env (parsed from buf) for an open on thread index ti,
+ * whose shard is sh (NULL: none): from the shard when it holds them (hint,
+ * when not NULL, is sh's last slot, known to hold env's wrap identity),
+ * else through read_keys() (then kept in the shard, if ti has one and the
+ * read cache is on).  *k views the shard slot, keys[] or a pin (*pin,
+ * which the caller drops).  *wrote is 0 when keys[] was left untouched (a
+ * shard hit), else 1: the caller wipes it then.
+ */
+static ks_err open_keys(ks_ctx *ctx, uint32_t ti, ks_shard *sh, ks_open_slot *hint, const uint8_t *buf,
+                        const ks_envelope *env, uint8_t keys[KS_RKEYS_MAX], ks_dek_cache_pin *pin,
+                        rkeys *k, int *wrote)
 {
     *wrote = 0;
+    const uint64_t now = ks_mono_seconds();
+    ks_open_slot *o = hint != NULL ? hint : last_slot(sh, buf, env);
+    if (o == NULL || now >= o->expires) {
+        o = NULL;
+    }
     uint8_t scratch[KS_WRAP_ID_MAX];
     const uint8_t *id = NULL;
-    const size_t id_len = wrap_key(buf, env, scratch, &id);
-    const int aes = env->algorithm == KS_ALG_AES256GCM;
-    ks_shard *sh = ctx->cache != NULL ? ks_ctx_shard(ctx, ti) : NULL;
-    const uint64_t now = ks_mono_seconds();
-    ks_open_slot *o = sh != NULL ? ks_shard_open_find(sh, id, id_len, now) : NULL;
+    const size_t id_len = o == NULL ? wrap_key(buf, env, scratch, &id) : 0;
+    if (o == NULL && sh != NULL) {
+        o = ks_shard_open_find(sh, id, id_len, now);
+    }
     if (o != NULL) {
         ks_ctx_count(ctx, ti, KS_COUNT_SHARD_HIT);
         *k = rkeys_slot(env, o);
@@ -575,16 +652,24 @@ static ks_err open_keys(ks_ctx *ctx, uint32_t ti, const uint8_t *buf, const ks_e
      * v2 open also needs C, so it copies the keys) */
     *wrote = 1;
     uint64_t expires = 0;
+    const int aes = env->algorithm == KS_ALG_AES256GCM;
     const int pinned = sh == NULL && aes && env->version == KS_FORMAT_V1;
     ks_err err = read_keys(ctx, env, id, id_len, keys, &expires, pinned ? pin : NULL);
     if (err != KS_OK) {
         return err;
     }
     if (pin->state != NULL) {
-        *k = (rkeys){NULL, NULL, NULL, pin->state, NULL, 0}; /* v1 aes: only the expanded key is used */
+        *k = (rkeys){NULL, NULL, NULL, pin->state, NULL, 0, NULL, 0}; /* v1 aes: only the expanded key */
         return KS_OK;
     }
-    o = sh != NULL ? ks_shard_open_put(sh, id, id_len, keys, rkeys_len(env), expires, aes) : NULL;
+    if (sh != NULL) {
+        ks_envelope_head head;
+        ks_envelope_head_of(buf, env, &head);
+        o = ks_shard_open_put(sh, id, id_len, &head, id_len - head.len, keys, rkeys_len(env), expires, aes);
+        if (o != NULL) {
+            slot_aad_head(o, env);
+        }
+    }
     *k = o != NULL ? rkeys_slot(env, o) : rkeys_view(env, keys, NULL);
     return KS_OK;
 }
@@ -599,12 +684,14 @@ static int open_args_ok(const ks_ctx *ctx, const ks_open_params *p, int check_on
 }
 
 /* The open of e, parsed strictly from buf (ks_envelope_parse), after its
- * parse: the binding checks, the read keys and the AEAD, in the order of
+ * parse, on thread index ti with shard sh and hint as open_keys() takes
+ * them: the binding checks, the read keys and the AEAD, in the order of
  * [F-CRYPTO-OPEN-1]; with check_only the tag alone (pt, cap and pt_len
  * unused).  The stack copy of the read keys is wiped whenever open_keys
  * wrote it (on a shard hit it does not: the keys stay in the shard). */
-static ks_err open_parsed(ks_ctx *ctx, const uint8_t *buf, const ks_envelope *e, const ks_open_params *p,
-                          int check_only, uint8_t *pt, size_t cap, size_t *pt_len)
+static ks_err open_parsed(ks_ctx *ctx, uint32_t ti, ks_shard *sh, ks_open_slot *hint, const uint8_t *buf,
+                          const ks_envelope *e, const ks_open_params *p, int check_only, uint8_t *pt,
+                          size_t cap, size_t *pt_len)
 {
     if (!check_only && e->ciphertext.len - KS_TAG_LEN > cap) {
         return KS_ERR_BUFFER_TOO_SMALL;
@@ -615,12 +702,11 @@ static ks_err open_parsed(ks_ctx *ctx, const uint8_t *buf, const ks_envelope *e,
     if (!alg_available(e->algorithm)) {
         return KS_ERR_ALGORITHM_UNAVAILABLE;
     }
-    const uint32_t ti = ks_thread_index();
     uint8_t keys[KS_RKEYS_MAX];
     ks_dek_cache_pin pin = {NULL, 0};
     rkeys k;
     int wrote = 1;
-    ks_err err = open_keys(ctx, ti, buf, e, keys, &pin, &k, &wrote);
+    ks_err err = open_keys(ctx, ti, sh, hint, buf, e, keys, &pin, &k, &wrote);
     if (err == KS_OK) {
         err = decrypt(ctx, e, p->context, &k, check_only ? NULL : pt, cap);
     }
@@ -638,6 +724,30 @@ static ks_err open_parsed(ks_ctx *ctx, const uint8_t *buf, const ks_envelope *e,
     return err;
 }
 
+/*
+ * Parse env[0, len) strictly into *e for an open on shard sh (NULL:
+ * none).  When env begins with the head of sh's last read keys, the parse
+ * resumes after it (ks_envelope_parse_resume(): the same result as a
+ * whole parse, in a third of the work: the head is most of an envelope's
+ * fields), and *hint is that slot when env's wrap identity is its (for
+ * v2, the same purpose too); else the whole envelope is parsed and *hint
+ * is NULL.
+ */
+static ks_err parse_for_open(ks_shard *sh, const uint8_t *env, size_t len, ks_envelope *e,
+                             ks_parse_error *perr, ks_open_slot **hint)
+{
+    *hint = NULL;
+    ks_open_slot *o = sh != NULL ? ks_shard_open_last(sh) : NULL;
+    if (o == NULL || env == NULL || len <= o->head.len || memcmp(env, o->id + o->head_at, o->head.len) != 0) {
+        return ks_envelope_parse(env, len, NULL, e, perr);
+    }
+    const ks_err err = ks_envelope_parse_resume(env, len, NULL, &o->head, e, perr);
+    if (err == KS_OK && same_purpose(o, e)) {
+        *hint = o;
+    }
+    return err;
+}
+
 /* ks_open, or with check_only ks_verify, without the latency histogram:
  * the arguments, the strict parse, then open_parsed(). */
 static ks_err open_call(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_open_params *p,
@@ -646,12 +756,15 @@ static ks_err open_call(ks_ctx *ctx, const uint8_t *env, size_t env_len, const k
     if (!open_args_ok(ctx, p, check_only, pt, pt_len, cap)) {
         return KS_ERR_INVALID_ARGUMENT;
     }
+    const uint32_t ti = ks_thread_index();
+    ks_shard *sh = ctx->cache != NULL ? ks_ctx_shard(ctx, ti) : NULL;
+    ks_open_slot *hint = NULL;
     ks_envelope e;
-    ks_err err = ks_envelope_parse(env, env_len, NULL, &e, perr);
+    ks_err err = parse_for_open(sh, env, env_len, &e, perr, &hint);
     if (err != KS_OK) {
         return parse_failed(ctx, err);
     }
-    return open_parsed(ctx, env, &e, p, check_only, pt, cap, pt_len);
+    return open_parsed(ctx, ti, sh, hint, env, &e, p, check_only, pt, cap, pt_len);
 }
 
 /* Count a latency of (now - t0) ns in hist and add it to its sum
@@ -714,13 +827,23 @@ ks_err ks_crypto_open_parsed(ks_ctx *ctx, const uint8_t *buf, const ks_envelope 
         return KS_ERR_INVALID_ARGUMENT;
     }
     assert(e->wrapped_dek.ptr > buf && e->ciphertext.ptr > e->wrapped_dek.ptr); /* parsed from buf */
+    const uint32_t ti = ks_thread_index();
+    ks_shard *sh = ctx->cache != NULL ? ks_ctx_shard(ctx, ti) : NULL;
     if (!ctx->cfg.latency_histograms) {
-        return open_parsed(ctx, buf, e, p, 0, pt, cap, pt_len);
+        return open_parsed(ctx, ti, sh, NULL, buf, e, p, 0, pt, cap, pt_len);
     }
     uint64_t t0 = ks_mono_ns();
-    ks_err err = open_parsed(ctx, buf, e, p, 0, pt, cap, pt_len);
+    ks_err err = open_parsed(ctx, ti, sh, NULL, buf, e, p, 0, pt, cap, pt_len);
     time_since(ctx->open_hist, t0);
     return err;
+}
+
+/* See open_parsed.h. */
+ks_err ks_crypto_parse(ks_ctx *ctx, const uint8_t *buf, size_t len, ks_envelope *e, ks_parse_error *perr)
+{
+    ks_shard *sh = ctx != NULL && ctx->cache != NULL ? ks_ctx_shard(ctx, ks_thread_index()) : NULL;
+    ks_open_slot *hint = NULL;
+    return parse_for_open(sh, buf, len, e, perr, &hint);
 }
 
 /* ---- rewrapping ---------------------------------------------------------- */

@@ -144,17 +144,24 @@ int ks_wdek_match(const ks_wdek *d, const ks_wdek_tuple *t);
 void ks_wdek_nonce(const ks_wdek *d, uint64_t c, uint8_t nonce[KS_NONCE_MAX]);
 
 /*
- * Nonzero when s can seal a message of pt_len bytes under tuple t, given
- * the process generation and the clock; 0 when it cannot (empty, another
- * tuple, spent, or its record expired or of another process generation):
- * then ks_dek_writer_refill().  Reads s and its immutable record only.
+ * Nonzero when s, known to be on the tuple a seal asks for, can seal a
+ * message of pt_len bytes, given the process generation and the clock; 0
+ * when it cannot (empty, spent, or its record expired or of another
+ * process generation): then ks_dek_writer_refill().  Reads s and its
+ * immutable record only.
  */
+static inline int ks_seal_slot_fresh(const ks_seal_slot *s, size_t pt_len, uint64_t gen, uint64_t now)
+{
+    const ks_wdek *d = s->d;
+    return d != NULL && s->next < s->end && pt_len <= s->bytes && d->generation == gen && now < d->expires;
+}
+
+/* ks_seal_slot_fresh() for a slot that may be on another tuple than t
+ * (then 0). */
 static inline int ks_seal_slot_ready(const ks_seal_slot *s, const ks_wdek_tuple *t, size_t pt_len,
                                      uint64_t gen, uint64_t now)
 {
-    const ks_wdek *d = s->d;
-    return d != NULL && s->next < s->end && pt_len <= s->bytes && d->generation == gen &&
-           now < d->expires && ks_wdek_match(d, t);
+    return ks_seal_slot_fresh(s, pt_len, gen, now) && ks_wdek_match(s->d, t);
 }
 
 /* Spend one nonce of a ready (or just refilled) slot s on a message of

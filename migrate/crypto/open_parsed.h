@@ -1,6 +1,6 @@
 /*
  * migrate/crypto/open_parsed.h -- ks_open for a caller that has already
- * parsed the envelope.  Internal (no KS_API, hidden in the shared
+ * parsed the envelope, and the parse an open makes.  Internal (no KS_API, hidden in the shared
  * library): the application layer (migrate/app/) parses a stored value
  * once to learn its class for the rollout's phase check, then opens it
  * without a second parse.
@@ -20,5 +20,14 @@
  */
 KS_WUR ks_err ks_crypto_open_parsed(ks_ctx *ctx, const uint8_t *buf, const ks_envelope *e,
                                     const ks_open_params *p, uint8_t *pt, size_t cap, size_t *pt_len);
+
+/*
+ * ks_envelope_parse(buf, len, NULL, e, perr) for an open on ctx from the
+ * calling thread, with the same result: when buf begins with the head
+ * of the envelopes whose keys the thread's shard used last, the parse
+ * resumes after it (parser/envelope_head.h).  ctx NULL: a plain parse.
+ */
+KS_WUR ks_err ks_crypto_parse(ks_ctx *ctx, const uint8_t *buf, size_t len, ks_envelope *e,
+                              ks_parse_error *perr);
 
 #endif /* KS_MIGRATE_CRYPTO_OPEN_PARSED_H */

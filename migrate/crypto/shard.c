@@ -67,8 +67,11 @@ static void reset(ks_shard *sh)
         sh->open[i].id_len = 0;
         sh->open[i].keys_len = 0;
         sh->open[i].aes = NULL;
+        sh->open[i].head = (ks_envelope_head){0};
+        sh->open[i].head_at = 0;
+        sh->open[i].aad_len = 0;
     }
-    sh->seal_next = sh->open_next = 0;
+    sh->seal_next = sh->open_next = sh->open_last = 0;
 }
 
 /* See shard.h. */
@@ -108,13 +111,15 @@ void ks_shard_abandon(ks_shard *sh)
 }
 
 /* See shard.h. */
-ks_seal_slot *ks_shard_seal_slot(ks_shard *sh, const ks_wdek_tuple *t)
+ks_seal_slot *ks_shard_seal_slot(ks_shard *sh, const ks_wdek_tuple *t, int *on_t)
 {
     for (size_t i = 0; i < KS_SHARD_SEALS; i++) {
         if (sh->seal[i].d != NULL && ks_wdek_match(sh->seal[i].d, t)) {
+            *on_t = 1;
             return &sh->seal[i];
         }
     }
+    *on_t = 0;
     ks_seal_slot *s = &sh->seal[sh->seal_next];
     sh->seal_next = (sh->seal_next + 1) % KS_SHARD_SEALS;
     return s;
@@ -134,6 +139,7 @@ ks_open_slot *ks_shard_open_find(ks_shard *sh, const uint8_t *id, size_t id_len,
     for (size_t i = 0; i < sh->opens; i++) {
         ks_open_slot *o = &sh->open[i];
         if (o->id_len == id_len && now < o->expires && memcmp(o->id, id, id_len) == 0) {
+            sh->open_last = (uint32_t)i;
             return o;
         }
     }
@@ -141,12 +147,22 @@ ks_open_slot *ks_shard_open_find(ks_shard *sh, const uint8_t *id, size_t id_len,
 }
 
 /* See shard.h. */
+ks_open_slot *ks_shard_open_last(ks_shard *sh)
+{
+    assert(sh->open_last < KS_SHARD_OPENS);
+    ks_open_slot *o = &sh->open[sh->open_last];
+    return o->head.len != 0 ? o : NULL;
+}
+
+/* See shard.h. */
 ks_open_slot *ks_shard_open_put(ks_shard *sh, const uint8_t *id, size_t id_len,
-                                const uint8_t *keys, size_t keys_len, uint64_t expires, int aes)
+                                const ks_envelope_head *head, size_t head_at, const uint8_t *keys,
+                                size_t keys_len, uint64_t expires, int aes)
 {
     if (sh->opens == 0 || id_len > sh->id_max || keys_len < 32 || keys_len > KS_RKEYS_MAX) {
         return NULL;
     }
+    assert(head->len != 0 && head_at + head->len == id_len);
     const size_t i = sh->open_next;
     sh->open_next = (uint32_t)((i + 1) % sh->opens);
     ks_open_slot *o = &sh->open[i];
@@ -158,6 +174,10 @@ ks_open_slot *ks_shard_open_put(ks_shard *sh, const uint8_t *id, size_t id_len,
     memcpy(o->id, id, id_len);
     memcpy(o->keys, keys, keys_len);
     o->id_len = id_len;
+    o->head = *head;
+    o->head_at = head_at;
+    o->aad_len = 0;
+    sh->open_last = (uint32_t)i;
     o->keys_len = keys_len;
     o->expires = expires;
     o->aes = NULL;

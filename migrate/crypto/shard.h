@@ -37,6 +37,7 @@
 
 #include <keyshift/provider.h>
 
+#include "../../parser/envelope_head.h"
 #include "aead.h"
 #include "dek_writer.h"
 
@@ -57,6 +58,15 @@ typedef struct ks_open_slot {
     void *aes;          /* the expanded AES-GCM key of keys[0, 32), or NULL */
     uint64_t serial;    /* names keys[0, 32) for evp (ks_aead_serial()) */
     ks_aead_evp evp;    /* the owner's OpenSSL state for keys[0, 32) (aead.h) */
+    /* The head of the envelopes it opens (parser/envelope_head.h), whose
+     * bytes are id[head_at, head_at + head.len); head.len 0: none. */
+    ks_envelope_head head;
+    size_t head_at;
+    /* The data AAD of those envelopes less its lp(context) (as a seal
+     * slot's DEK keeps it, dek_writer.h), written by the owner after a
+     * put; aad_len 0: none. */
+    size_t aad_len;
+    uint8_t aad[KS_DATA_AAD_HEAD_MAX];
 } ks_open_slot;
 
 typedef struct ks_shard {
@@ -65,6 +75,7 @@ typedef struct ks_shard {
     ks_aead_evp seal_evp[KS_SHARD_SEALS]; /* the OpenSSL state of seal[i]'s DEK */
     uint32_t seal_next, open_next; /* the next slot to replace */
     uint32_t opens;     /* read keys kept: <= KS_SHARD_OPENS */
+    uint32_t open_last; /* the read key found or put last */
     size_t id_max;
     uint8_t *secret;    /* the slab: AES states, then read keys */
     uint8_t *ids;
@@ -93,22 +104,31 @@ void ks_shard_clear(ks_shard *sh, ks_dek_writer *w);
  * references are abandoned, never dropped). */
 void ks_shard_abandon(ks_shard *sh);
 
-/* The seal slot for t: the one on t's tuple, else the next to replace
- * (ks_dek_writer_refill() gives back and drops what it held). */
-ks_seal_slot *ks_shard_seal_slot(ks_shard *sh, const ks_wdek_tuple *t);
+/* The seal slot for t: the one on t's tuple (*on_t set to 1), else the
+ * next to replace (*on_t 0; ks_dek_writer_refill() gives back and drops
+ * what it held). */
+ks_seal_slot *ks_shard_seal_slot(ks_shard *sh, const ks_wdek_tuple *t, int *on_t);
 
 /* The read keys cached under id[0, id_len) and valid at `now`, or NULL
- * (not const: the owner uses the slot's OpenSSL state). */
+ * (not const: the owner uses the slot's OpenSSL state); a slot found
+ * becomes the last one. */
 ks_open_slot *ks_shard_open_find(ks_shard *sh, const uint8_t *id, size_t id_len, uint64_t now);
 
 /* The OpenSSL state of seal slot s of sh (s is one of sh->seal). */
 ks_aead_evp *ks_shard_seal_evp(ks_shard *sh, const ks_seal_slot *s);
 
+/* The slot found or put last, when it holds read keys (valid or not at
+ * this time: the caller checks its expiry), else NULL. */
+ks_open_slot *ks_shard_open_last(ks_shard *sh);
+
 /* Cache keys[0, keys_len) under id[0, id_len) until `expires`, replacing
  * the next slot (wiped first, its OpenSSL key schedules too) under a new
  * serial; with aes nonzero, also expand keys[0, 32) for aes-256-gcm.
- * Returns the slot, or NULL when id is too long. */
+ * head is the parsed head of the envelopes the keys open, whose bytes
+ * are id[head_at, head_at + head->len).  Returns the slot, now the last
+ * one, or NULL when id is too long. */
 ks_open_slot *ks_shard_open_put(ks_shard *sh, const uint8_t *id, size_t id_len,
-                                const uint8_t *keys, size_t keys_len, uint64_t expires, int aes);
+                                const ks_envelope_head *head, size_t head_at, const uint8_t *keys,
+                                size_t keys_len, uint64_t expires, int aes);
 
 #endif /* KS_MIGRATE_SHARD_H */
