@@ -512,6 +512,11 @@ static void check_resume(const uint8_t *data, size_t size)
             memcpy(buf + heads[v].len, data, size);
         }
         check_resume_one(buf, n, &heads[v]);
+        /* Out-of-range limits are a caller error there too. */
+        const ks_limits bad = {0, 0, 0, 0, 0};
+        ks_envelope out;
+        CHECK(ks_envelope_parse_resume(buf, n, &bad, &heads[v], &out, NULL) == KS_ERR_INVALID_ARGUMENT);
+        CHECK(is_zero(&out));
         free(buf);
     }
 }
