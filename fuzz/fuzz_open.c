@@ -45,7 +45,8 @@
  *      the parsed envelope: migrate/crypto/open_parsed.h) exactly as
  *      through ks_open, on both contexts (so with and without latency
  *      histograms): the same error and plaintext, the buffer zero on a
- *      failure; a NULL buffer, envelope or length is refused.
+ *      failure; a NULL buffer, envelope or length is refused.  Its
+ *      parse, ks_crypto_parse, gives ks_envelope_parse's result.
  *
  * FUZZ_OPEN_DUMP=dir (environment) writes each genuine input to dir as
  * seed-<n>, for regenerating the seeds (name them by sha1 afterwards).
@@ -142,8 +143,15 @@ static void check_parsed(ks_ctx *c, const uint8_t *env, size_t len, const ks_ope
                          ks_err open_err, const uint8_t *open_pt, size_t open_len)
 {
     static uint8_t pt[PT_CAP];
-    ks_envelope e;
-    if (ks_envelope_parse(env, len, NULL, &e, NULL) != KS_OK) {
+    ks_envelope e, again;
+    ks_parse_error pe, again_pe;
+    const ks_err parsed = ks_envelope_parse(env, len, NULL, &e, &pe);
+    /* the application's parse (on the thread's last head, when env
+     * begins with it) is the strict parse, views and errors included */
+    CHECK(ks_crypto_parse(c, env, len, &again, &again_pe) == parsed);
+    CHECK(parsed == KS_OK ? ks_test_result_eq(&e, &again)
+                          : again_pe.offset == pe.offset && again_pe.field == pe.field);
+    if (parsed != KS_OK) {
         CHECK(open_err != KS_OK);
         return;
     }
