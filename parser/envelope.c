@@ -19,8 +19,9 @@
 #include "envelope_head.h"
 
 /* The field walk (parse_fields(), parse_value()) is always inlined into
- * parse(), once per version: with a constant rule table the compiler folds
- * every rule into the code, which it does not do for an out-of-line call. */
+ * parse_body(), once per version and starting field: with a constant rule
+ * table the compiler folds every rule into the code, which it does not do
+ * for an out-of-line call. */
 #define KS_PARSE_INLINE __attribute__((always_inline)) static inline
 
 /* Parsing modes: the whole envelope, or only through the ciphertext length. */
@@ -165,15 +166,16 @@ static ks_err diagnose_tag(ks_cursor *c, const ks_field_rule *rules, size_t coun
 /*
  * Walk the fields of one version's table `rules` (count fields) after the
  * prefix, from rules[first] on (0, or KS_HEAD_FIELDS after a known head,
- * with the nonce length of its algorithm in nonce_len).  On failure returns the code and sets *offset and *field for
- * reject().  Each version is a fixed sequence of fields (format/rules.h),
- * each with a one-byte canonical tag [F-VARINT-5], so the common case is
- * a straight walk: compare one byte with the expected tag, read the value.
- * Any other tag byte goes to diagnose_tag(), which works out the precise
- * error.  parse() calls this once per version with that version's
- * constant table; inlined there with the loop unrolled, each field's rule
- * is folded into straight-line code (the generic loop cost about as much
- * per field as the rest of an open's bookkeeping).
+ * with the nonce length of its algorithm in nonce_len).  On failure
+ * returns the code and sets *offset and *field for reject().  Each
+ * version is a fixed sequence of fields (format/rules.h), each with a
+ * one-byte canonical tag [F-VARINT-5], so the common case is a straight
+ * walk: compare one byte with the expected tag, read the value.  Any
+ * other tag byte goes to diagnose_tag(), which works out the precise
+ * error.  parse_body() calls this once per version and first field with
+ * that version's constant table; inlined there with the loop unrolled,
+ * each field's rule is folded into straight-line code (the generic loop
+ * cost about as much per field as the rest of an open's bookkeeping).
  */
 KS_PARSE_INLINE ks_err parse_fields(ks_cursor *c, const ks_field_rule *rules, size_t count,
                                     size_t first, size_t nonce_len, const ks_limits *lim, int mode,

@@ -620,10 +620,10 @@ static ks_open_slot *last_slot(ks_shard *sh, const uint8_t *buf, const ks_envelo
 
 /*
  * The read keys of env (parsed from buf) for an open on thread index ti,
- * whose shard is sh (NULL: none): from the shard when it holds them (hint,
- * when not NULL, is sh's last slot, known to hold env's wrap identity),
- * else through read_keys() (then kept in the shard, if ti has one and the
- * read cache is on).  *k views the shard slot, keys[] or a pin (*pin,
+ * whose shard is sh (NULL: none): from the shard when it holds them (hint:
+ * sh's last slot when it holds env's wrap identity, else NULL, as
+ * parse_for_open() or last_slot() found), else through read_keys() (then
+ * kept in the shard, if ti has one and the read cache is on).  *k views the shard slot, keys[] or a pin (*pin,
  * which the caller drops).  *wrote is 0 when keys[] was left untouched (a
  * shard hit), else 1: the caller wipes it then.
  */
@@ -633,10 +633,7 @@ static ks_err open_keys(ks_ctx *ctx, uint32_t ti, ks_shard *sh, ks_open_slot *hi
 {
     *wrote = 0;
     const uint64_t now = ks_mono_seconds();
-    ks_open_slot *o = hint != NULL ? hint : last_slot(sh, buf, env);
-    if (o == NULL || now >= o->expires) {
-        o = NULL;
-    }
+    ks_open_slot *o = hint != NULL && now < hint->expires ? hint : NULL;
     uint8_t scratch[KS_WRAP_ID_MAX];
     const uint8_t *id = NULL;
     const size_t id_len = o == NULL ? wrap_key(buf, env, scratch, &id) : 0;
@@ -829,11 +826,12 @@ ks_err ks_crypto_open_parsed(ks_ctx *ctx, const uint8_t *buf, const ks_envelope 
     assert(e->wrapped_dek.ptr > buf && e->ciphertext.ptr > e->wrapped_dek.ptr); /* parsed from buf */
     const uint32_t ti = ks_thread_index();
     ks_shard *sh = ctx->cache != NULL ? ks_ctx_shard(ctx, ti) : NULL;
+    ks_open_slot *hint = last_slot(sh, buf, e);
     if (!ctx->cfg.latency_histograms) {
-        return open_parsed(ctx, ti, sh, NULL, buf, e, p, 0, pt, cap, pt_len);
+        return open_parsed(ctx, ti, sh, hint, buf, e, p, 0, pt, cap, pt_len);
     }
     uint64_t t0 = ks_mono_ns();
-    ks_err err = open_parsed(ctx, ti, sh, NULL, buf, e, p, 0, pt, cap, pt_len);
+    ks_err err = open_parsed(ctx, ti, sh, hint, buf, e, p, 0, pt, cap, pt_len);
     time_since(ctx->open_hist, t0);
     return err;
 }
