@@ -461,6 +461,28 @@ static void check_resume_one(const uint8_t *buf, size_t len, const ks_envelope_h
     }
 }
 
+/* Oracle 9's caller errors: out-of-range limits, a NULL out, head or
+ * buffer, an input shorter than the head and a head that does not end
+ * with its wrapped DEK are invalid-argument, with *out cleared. */
+static void check_resume_refusals(const uint8_t *buf, size_t n, const ks_envelope_head *h)
+{
+    const ks_limits bad = {0, 0, 0, 0, 0};
+    ks_envelope_head odd = *h;
+    odd.wrapped_len++;
+    ks_envelope out;
+    ks_parse_error pe;
+    CHECK(ks_envelope_parse_resume(buf, n, &bad, h, &out, NULL) == KS_ERR_INVALID_ARGUMENT && is_zero(&out));
+    CHECK(ks_envelope_parse_resume(buf, n, NULL, NULL, &out, &pe) == KS_ERR_INVALID_ARGUMENT &&
+          pe.code == KS_ERR_INVALID_ARGUMENT && is_zero(&out));
+    CHECK(ks_envelope_parse_resume(NULL, n, NULL, h, &out, NULL) == KS_ERR_INVALID_ARGUMENT && is_zero(&out));
+    CHECK(ks_envelope_parse_resume(buf, h->len - 1, NULL, h, &out, NULL) == KS_ERR_INVALID_ARGUMENT &&
+          is_zero(&out));
+    CHECK(ks_envelope_parse_resume(buf, n, NULL, &odd, &out, NULL) == KS_ERR_INVALID_ARGUMENT && is_zero(&out));
+    CHECK(ks_envelope_parse_resume(buf, n, NULL, h, NULL, &pe) == KS_ERR_INVALID_ARGUMENT &&
+          pe.code == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_envelope_parse_resume(buf, n, NULL, h, NULL, NULL) == KS_ERR_INVALID_ARGUMENT);
+}
+
 /* A fixed envelope of version v (encoded once into buf, cap bytes): its
  * head into *h. */
 static void fixed_head(uint8_t v, uint8_t *buf, size_t cap, ks_envelope_head *h)
@@ -512,11 +534,7 @@ static void check_resume(const uint8_t *data, size_t size)
             memcpy(buf + heads[v].len, data, size);
         }
         check_resume_one(buf, n, &heads[v]);
-        /* Out-of-range limits are a caller error there too. */
-        const ks_limits bad = {0, 0, 0, 0, 0};
-        ks_envelope out;
-        CHECK(ks_envelope_parse_resume(buf, n, &bad, &heads[v], &out, NULL) == KS_ERR_INVALID_ARGUMENT);
-        CHECK(is_zero(&out));
+        check_resume_refusals(buf, n, &heads[v]);
         free(buf);
     }
 }

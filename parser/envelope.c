@@ -216,7 +216,6 @@ KS_PARSE_INLINE ks_err parse_fields(ks_cursor *c, const ks_field_rule *rules, si
 /* The fields of a head: algorithm, tenant, key_id, key_version and
  * wrapped_dek are rules[0, KS_HEAD_FIELDS) of both versions. */
 #define KS_HEAD_FIELDS 5u
-_Static_assert(KS_FIELD_WRAPPED_DEK == 5 && KS_FIELD_NONCE == 6, "a head ends with field 5");
 
 /* The fields of the envelope's version from rules[first] on (see
  * parse_fields()), one call per version with its constant table, and
@@ -225,12 +224,14 @@ static ks_err parse_body(ks_cursor *c, uint8_t version, size_t first, size_t non
                          const ks_limits *lim, int mode, ks_envelope *out, size_t *offset,
                          uint32_t *field)
 {
-    size_t count;
-    const ks_field_rule *rules = ks_rules_for(version, &count);
-    assert(rules != NULL && rules[0].number == KS_FIELD_ALGORITHM);
-    assert(rules[KS_HEAD_FIELDS - 1].number == KS_FIELD_WRAPPED_DEK);
+    const int v1 = version == KS_FORMAT_V1;
+    const ks_field_rule *rules = v1 ? ks_rules_v1 : ks_rules_v2;
+    const size_t count =
+        v1 ? sizeof ks_rules_v1 / sizeof ks_rules_v1[0] : sizeof ks_rules_v2 / sizeof ks_rules_v2[0];
+    assert(rules[0].number == KS_FIELD_ALGORITHM && rules[KS_HEAD_FIELDS - 1].number == KS_FIELD_WRAPPED_DEK &&
+           rules[KS_HEAD_FIELDS].number == KS_FIELD_NONCE);
     ks_err e;
-    if (version == KS_FORMAT_V1) {
+    if (v1) {
         e = first == 0 ? parse_fields(c, ks_rules_v1, sizeof ks_rules_v1 / sizeof ks_rules_v1[0], 0, 0,
                                       lim, mode, out, offset, field)
                        : parse_fields(c, ks_rules_v1, sizeof ks_rules_v1 / sizeof ks_rules_v1[0],
@@ -304,7 +305,6 @@ static ks_err parse(const uint8_t *buf, size_t len, const ks_limits *lim, ks_env
 /* See envelope_head.h. */
 void ks_envelope_head_of(const uint8_t *buf, const ks_envelope *e, ks_envelope_head *h)
 {
-    assert(e->tenant.ptr > buf && e->key_id.ptr > e->tenant.ptr && e->wrapped_dek.ptr > e->key_id.ptr);
     *h = (ks_envelope_head){e->version,
                             e->algorithm,
                             e->key_version,
@@ -326,9 +326,16 @@ ks_err ks_envelope_parse_resume(const uint8_t *buf, size_t len, const ks_limits 
     size_t offset = 0;
     uint32_t field = 0;
 
-    assert(buf != NULL && h != NULL && out != NULL && len >= h->len);
-    assert(h->wrapped_off + h->wrapped_len == h->len);
-    if ((lim = limits_of(lim)) == NULL) {
+    if (out == NULL) {
+        if (err != NULL) {
+            *err = (ks_parse_error){KS_ERR_INVALID_ARGUMENT, 0, 0};
+        }
+        return KS_ERR_INVALID_ARGUMENT;
+    }
+    /* A caller error, as for parse(): no head, or one that is not a
+     * head's shape, or an input shorter than it. */
+    if (h == NULL || buf == NULL || h->len == 0 || h->len > len ||
+        (size_t)h->wrapped_off + h->wrapped_len != h->len || (lim = limits_of(lim)) == NULL) {
         return reject(out, err, KS_ERR_INVALID_ARGUMENT, 0, 0);
     }
     out->version = h->version;

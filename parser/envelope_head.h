@@ -41,10 +41,13 @@ void ks_envelope_head_of(const uint8_t *buf, const ks_envelope *e, ks_envelope_h
 
 /*
  * ks_envelope_parse(buf, len, lim, out, err) for an input whose first
- * h->len bytes (len >= h->len) are those from which h was made, parsed
- * then under the same limits (lim; NULL: the defaults).  The caller
- * compares those bytes; the head's fields are taken from h and the rest
- * is parsed with the same rules and checks, in the same order.
+ * h->len bytes are those from which h was made, parsed then under the
+ * same limits (lim; NULL: the defaults).  The caller compares those
+ * bytes; the head's fields are taken from h and the rest is parsed with
+ * the same rules and checks, in the same order.  KS_ERR_INVALID_ARGUMENT
+ * (a caller error, as ks_envelope_parse reports one) for a NULL out, h
+ * or buf, an input shorter than the head, a head that does not end with
+ * its wrapped DEK, or limits out of range.
  */
 ks_err ks_envelope_parse_resume(const uint8_t *buf, size_t len, const ks_limits *lim,
                                 const ks_envelope_head *h, ks_envelope *out, ks_parse_error *err);

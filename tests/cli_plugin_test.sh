@@ -160,7 +160,10 @@ run "rewrap at 10 requests/s" 0 "$KS" migrate run --db "$T/rate.db" --table pay 
     --to-key kms/card:1 "${CTX[@]}" --providers "$T/limited"
 worst=$(awk '$3 != "hello" { t[n++] = $1 } END { w = 0; j = 0; for (i = 0; i < n; i++) { while (t[i] - t[j] >= 1e9) j++; if (i - j + 1 > w) w = i - j + 1 } print w }' "$KEYSHIFT_FAULT_DIR/log")
 total=$(awk '$3 != "hello"' "$KEYSHIFT_FAULT_DIR/log" | grep -c .)
-if [ "$worst" -le 10 ] && [ "$total" -ge 40 ]; then ok "rate limit: $total requests, at most $worst in any second at the plugin"; else bad "rate limit" "$worst in one second, $total in all"; fi
+# [KP-BRIDGE-7]: turns are 1.05 / 10 s apart, so a plugin counting with its
+# own clock sees at most 10 + 1 in one second (a request delayed in the
+# pipe or the scheduler past the start of that second, the next one not).
+if [ "$worst" -le 11 ] && [ "$total" -ge 40 ]; then ok "rate limit: $total requests, at most $worst in any second at the plugin"; else bad "rate limit" "$worst in one second, $total in all"; fi
 
 # ---- kill -9 during a rewrap into the plugin, then resume -----------------------------------------
 cp "$SRC" "$T/kill.db"
