@@ -462,24 +462,34 @@ static void check_resume_one(const uint8_t *buf, size_t len, const ks_envelope_h
 }
 
 /* Oracle 9's caller errors: out-of-range limits, a NULL out, head or
- * buffer, an input shorter than the head and a head that does not end
- * with its wrapped DEK are invalid-argument, with *out cleared. */
+ * buffer, an input shorter than the head, an empty head and one that
+ * does not end with its wrapped DEK are invalid-argument at offset 0
+ * and field 0, with *out cleared. */
 static void check_resume_refusals(const uint8_t *buf, size_t n, const ks_envelope_head *h)
 {
     const ks_limits bad = {0, 0, 0, 0, 0};
+    const ks_envelope_head none = {0};
     ks_envelope_head odd = *h;
     odd.wrapped_len++;
-    ks_envelope out;
-    ks_parse_error pe;
-    CHECK(ks_envelope_parse_resume(buf, n, &bad, h, &out, NULL) == KS_ERR_INVALID_ARGUMENT && is_zero(&out));
-    CHECK(ks_envelope_parse_resume(buf, n, NULL, NULL, &out, &pe) == KS_ERR_INVALID_ARGUMENT &&
-          pe.code == KS_ERR_INVALID_ARGUMENT && is_zero(&out));
-    CHECK(ks_envelope_parse_resume(NULL, n, NULL, h, &out, NULL) == KS_ERR_INVALID_ARGUMENT && is_zero(&out));
-    CHECK(ks_envelope_parse_resume(buf, h->len - 1, NULL, h, &out, NULL) == KS_ERR_INVALID_ARGUMENT &&
-          is_zero(&out));
-    CHECK(ks_envelope_parse_resume(buf, n, NULL, &odd, &out, NULL) == KS_ERR_INVALID_ARGUMENT && is_zero(&out));
+    const struct {
+        const uint8_t *buf;
+        size_t len;
+        const ks_limits *lim;
+        const ks_envelope_head *h;
+    } cases[] = {{buf, n, &bad, h},          {buf, n, NULL, NULL}, {NULL, n, NULL, h},
+                 {buf, h->len - 1, NULL, h}, {buf, n, NULL, &odd}, {buf, n, NULL, &none}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ks_envelope out;
+        ks_parse_error pe = {KS_OK, 7, 7};
+        CHECK(ks_envelope_parse_resume(cases[i].buf, cases[i].len, cases[i].lim, cases[i].h, &out, &pe) ==
+              KS_ERR_INVALID_ARGUMENT);
+        CHECK(pe.code == KS_ERR_INVALID_ARGUMENT && pe.offset == 0 && pe.field == 0 && is_zero(&out));
+        CHECK(ks_envelope_parse_resume(cases[i].buf, cases[i].len, cases[i].lim, cases[i].h, &out, NULL) ==
+              KS_ERR_INVALID_ARGUMENT);
+    }
+    ks_parse_error pe = {KS_OK, 7, 7};
     CHECK(ks_envelope_parse_resume(buf, n, NULL, h, NULL, &pe) == KS_ERR_INVALID_ARGUMENT &&
-          pe.code == KS_ERR_INVALID_ARGUMENT);
+          pe.code == KS_ERR_INVALID_ARGUMENT && pe.offset == 0 && pe.field == 0);
     CHECK(ks_envelope_parse_resume(buf, n, NULL, h, NULL, NULL) == KS_ERR_INVALID_ARGUMENT);
 }
 
