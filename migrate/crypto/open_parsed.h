@@ -1,9 +1,9 @@
 /*
  * migrate/crypto/open_parsed.h -- ks_open for a caller that has already
- * parsed the envelope, and the parse an open makes.  Internal (no KS_API, hidden in the shared
- * library): the application layer (migrate/app/) parses a stored value
- * once to learn its class for the rollout's phase check, then opens it
- * without a second parse.
+ * parsed the envelope, and the parse an open makes.  Internal (no
+ * KS_API, hidden in the shared library): the application layer
+ * (migrate/app/) parses a stored value once to learn its class for the
+ * rollout's phase check, then opens it without a second parse.
  */
 #ifndef KS_MIGRATE_CRYPTO_OPEN_PARSED_H
 #define KS_MIGRATE_CRYPTO_OPEN_PARSED_H
