@@ -1441,6 +1441,86 @@ static void test_policy_answers_while_heartbeat_waits(void **state)
     ks_policy_close(p);
 }
 
+/* What one answering thread of test_policy_answers_during_reloads does
+ * and what it saw. */
+typedef struct answerer {
+    ks_policy *p;
+    pthread_barrier_t *start;
+    const ks_rollout_class *source, *target;
+    const uint8_t *dst;         /* an envelope of the target class */
+    size_t dst_len;
+    int rounds;
+    int bad;                    /* out: an answer that was neither class, or an error */
+} answerer;
+
+/* Ask write target, may read and column encoding `rounds` times, each
+ * answer checked against the only classes the rollout ever names. */
+static void *answer_loop(void *arg)
+{
+    answerer *a = arg;
+    pthread_barrier_wait(a->start);
+    ks_bytes b = {a->dst, a->dst_len};
+    for (int i = 0; i < a->rounds; i++) {
+        ks_rollout_class c;
+        ks_value_encoding enc;
+        int ok = -1;
+        if (ks_policy_write_target(a->p, "payments", "card", (ks_bytes){(const uint8_t *)"t1", 2}, &c) !=
+                KS_OK ||
+            (!ks_rollout_class_equal(&c, a->source) && !ks_rollout_class_equal(&c, a->target)) ||
+            ks_policy_may_read(a->p, "payments", "card", &b, &ok) != KS_OK || (ok != 0 && ok != 1) ||
+            ks_policy_column_encoding(a->p, "payments", "card", &enc) != KS_OK ||
+            enc != KS_ENCODING_BINARY)
+            a->bad++;
+    }
+    return NULL;
+}
+
+/* Answers on many threads at once, each on its own read-section flag
+ * (more threads than thread indices: some share the last), while the
+ * rollout moves through its phases and every commit makes a refresh swap
+ * in newly loaded rules: every answer is one of the rollout's classes
+ * (TSan checks the sections against the swaps). */
+static void test_policy_answers_during_reloads(void **state)
+{
+    enum { THREADS = 70 };
+    world *w = *state;
+    open_db(w);
+    ks_rollout s = spec();
+    int64_t id = start(w, &s, 1000);
+    ks_policy *p = policy(w, 1, "app-1"); /* a refresh due every millisecond */
+    uint8_t dst[512];
+    size_t dst_len = envelope(&s.target, dst, sizeof dst);
+    pthread_barrier_t start_line;
+    assert_int_equal(pthread_barrier_init(&start_line, NULL, THREADS + 1), 0);
+    answerer a[THREADS];
+    pthread_t t[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        a[i] = (answerer){p, &start_line, &s.source, &s.target, dst, dst_len, 200, 0};
+        assert_int_equal(pthread_create(&t[i], NULL, answer_loop, &a[i]), 0);
+    }
+    pthread_barrier_wait(&start_line);
+    ks_rollout_facts f = good_facts(2000);
+    const ks_rollout_phase path[] = {KS_PHASE_PLANNED, KS_PHASE_READ_COMPAT, KS_PHASE_WRITE_UPGRADE,
+                                     KS_PHASE_BACKFILL};
+    for (size_t i = 1; i < sizeof path / sizeof path[0]; i++) {
+        f.now = 2000 + (int64_t)i * 1000;
+        assert_int_equal(move(w, id, path[i - 1], path[i], &f), KS_OK);
+        assert_int_equal(ks_policy_refresh(p), KS_OK);
+    }
+    for (int i = 0; i < 20; i++) { /* commits that change no rule: reloads all the same */
+        ks_rollout_reader r = reader("other", 2, "payments-kek:2");
+        assert_int_equal(ks_rollout_db_reader_register(w->db, &r, 5000 + i), KS_OK);
+        assert_int_equal(ks_policy_refresh(p), KS_OK);
+    }
+    for (int i = 0; i < THREADS; i++) {
+        assert_int_equal(pthread_join(t[i], NULL), 0);
+        assert_int_equal(a[i].bad, 0);
+    }
+    assert_int_equal(pthread_barrier_destroy(&start_line), 0);
+    assert_true(writes_target(p, "t1")); /* backfill, after a last refresh */
+    ks_policy_close(p);
+}
+
 /* With heartbeat on, the policy registers its instance with what it
  * supports, refreshes it, and deregisters on close. */
 static void test_policy_heartbeat(void **state)
@@ -2094,6 +2174,7 @@ int main(void)
         T(test_policy_canary),
         T(test_policy_heartbeat),
         T(test_policy_answers_while_heartbeat_waits),
+        T(test_policy_answers_during_reloads),
         T(test_policy_set_keys),
         T(test_key_scope_start),
         T(test_key_scope_guards),

@@ -185,7 +185,8 @@ static void check_budgets(sealed_rec *recs, size_t n, uint64_t max_messages, uin
 
 /* More threads alive at once than there are thread indices: those past
  * the indices share one and take the locked paths; nothing repeats, every
- * envelope opens, every operation is counted. */
+ * envelope opens, every operation is counted, and timed once in the
+ * latency histograms (kept per thread index, summed by the sample). */
 static void test_more_threads_than_indices(void **state)
 {
     (void)state;
@@ -193,6 +194,7 @@ static void test_more_threads_than_indices(void **state)
     ks_ctx_config cfg;
     ks_ctx_config_default(&cfg);
     cfg.dek_max_messages = 301; /* rotate under contention too */
+    cfg.latency_histograms = 1;
     world *w = world_new(&cfg);
     sealed_rec *recs = calloc(THREADS * PER, sizeof *recs);
     uint32_t idx[THREADS];
@@ -219,6 +221,16 @@ static void test_more_threads_than_indices(void **state)
     assert_int_equal(m.cache_hits + m.cache_misses, THREADS * PER);
     assert_int_equal(m.auth_failures, 0);
     assert_int_equal(m.wraps, m.deks_created);
+    ks_health_sample hs;
+    ks_ctx_health_sample(w->ctx, &hs);
+    uint64_t timed_seals = 0, timed_opens = 0;
+    for (size_t i = 0; i < KS_HIST_BUCKETS; i++) {
+        timed_seals += hs.seal_ns.bucket[i];
+        timed_opens += hs.open_ns.bucket[i];
+    }
+    assert_int_equal(timed_seals, THREADS * PER);
+    assert_int_equal(timed_opens, THREADS * PER);
+    assert_true(hs.seal_ns_sum > 0 && hs.open_ns_sum > 0);
     free(recs);
     world_free(w);
 }

@@ -39,8 +39,9 @@
  * the class to their idiomatic errors.
  *
  * Threads.  A ks_app may be used from any number of threads at once; seal
- * and open scale as ks_ctx does (no lock on the hot path but the policy's
- * one mutex when a database is named).  ks_app_close must run once every
+ * and open scale as ks_ctx does (no lock and no shared write on the hot
+ * path, with or without a database: the policy's answers take no lock,
+ * and the latency histograms are kept per thread).  ks_app_close must run once every
  * other call on the app has returned.
  *
  * fork().  A child process must neither use nor close a ks_app its parent

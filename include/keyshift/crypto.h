@@ -84,7 +84,8 @@ typedef struct ks_ctx_config {
     uint32_t provider_timeout_ms; /* deadline per provider call; 0: the provider's default */
     int latency_histograms;      /* nonzero: time every ks_seal and ks_open (two clock reads,
                                     a few tens of ns each) into the histograms and latency
-                                    sums of ks_ctx_health_sample; default 0 */
+                                    sums of ks_ctx_health_sample, kept per thread as the
+                                    counts are (threads share no histogram line); default 0 */
 } ks_ctx_config;
 
 /* Fill cfg with the defaults above. */

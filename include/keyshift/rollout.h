@@ -41,7 +41,11 @@
  * a malformed row fails with KS_ERR_STORE, never a crash.
  *
  * Threads.  A ks_rollout_db is used by one thread at a time.  A ks_policy
- * may be used from several threads at once (one mutex).
+ * may be used from several threads at once: answers take no lock (each
+ * thread marks its reading on a flag of its own; a reload swaps the rules
+ * in once none is reading), so threads answering at once scale; a
+ * refresh that is due, a reload and the instance's writes take mutexes.
+ * A child of fork() must not use its parent's policy.
  */
 #ifndef KEYSHIFT_ROLLOUT_H
 #define KEYSHIFT_ROLLOUT_H

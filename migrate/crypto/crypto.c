@@ -764,15 +764,18 @@ static ks_err open_call(ks_ctx *ctx, const uint8_t *env, size_t env_len, const k
     return open_parsed(ctx, ti, sh, hint, env, &e, p, check_only, pt, cap, pt_len);
 }
 
-/* Count a latency of (now - t0) ns in hist and add it to its sum
- * (relaxed atomic adds: the histogram is shared by every thread using
- * the context). */
-static void time_since(_Atomic uint64_t *hist, uint64_t t0)
+/* Count a latency of (now - t0) ns in this thread's seal (seal != 0) or
+ * open histogram and add it to its sum: per thread index, as the counts
+ * are, so that threads timing their calls share no cache line (shared
+ * atomic adds held two threads' app opens to under one thread's rate). */
+static void time_since(ks_ctx *ctx, int seal, uint64_t t0)
 {
     uint64_t t1 = ks_mono_ns();
     uint64_t ns = t1 > t0 ? t1 - t0 : 0;
-    atomic_fetch_add_explicit(&hist[ks_histogram_bucket_of(ns)], 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&hist[KS_CTX_HIST_SUM], ns, memory_order_relaxed);
+    const uint32_t t = ks_thread_index();
+    _Atomic uint64_t *hist = seal ? ctx->ops[t].seal_hist : ctx->ops[t].open_hist;
+    ks_ctx_add(&hist[ks_histogram_bucket_of(ns)], t, 1);
+    ks_ctx_add(&hist[KS_CTX_HIST_SUM], t, ns);
 }
 
 /* See keyshift/crypto.h.  Timed only with cfg.latency_histograms, so the
@@ -785,7 +788,7 @@ ks_err ks_seal(ks_ctx *ctx, const ks_seal_params *p, const uint8_t *pt, size_t p
     }
     uint64_t t0 = ks_mono_ns();
     ks_err err = seal_call(ctx, p, pt, pt_len, out, cap, out_len);
-    time_since(ctx->seal_hist, t0);
+    time_since(ctx, 1, t0);
     return err;
 }
 
@@ -798,7 +801,7 @@ static ks_err timed_open(ks_ctx *ctx, const uint8_t *env, size_t env_len, const 
     }
     uint64_t t0 = ks_mono_ns();
     ks_err err = open_call(ctx, env, env_len, p, check_only, pt, cap, pt_len, perr);
-    time_since(ctx->open_hist, t0);
+    time_since(ctx, 0, t0);
     return err;
 }
 
@@ -832,7 +835,7 @@ ks_err ks_crypto_open_parsed(ks_ctx *ctx, const uint8_t *buf, const ks_envelope 
     }
     uint64_t t0 = ks_mono_ns();
     ks_err err = open_parsed(ctx, ti, sh, hint, buf, e, p, 0, pt, cap, pt_len);
-    time_since(ctx->open_hist, t0);
+    time_since(ctx, 0, t0);
     return err;
 }
 

@@ -349,11 +349,14 @@ void ks_ctx_health_sample(ks_ctx *ctx, ks_health_sample *out)
     out->opens = m.opens + m.auth_failures + out->parse_errors;
     out->provider_calls = m.wraps + m.unwraps;
     out->provider_errors = sum_loaded(ctx->m.provider_errors, 6);
-    for (size_t i = 0; i < KS_HIST_BUCKETS; i++) {
-        out->seal_ns.bucket[i] = atomic_load_explicit(&ctx->seal_hist[i], memory_order_relaxed);
-        out->open_ns.bucket[i] = atomic_load_explicit(&ctx->open_hist[i], memory_order_relaxed);
+    for (size_t t = 0; t <= KS_THREAD_SHARED; t++) {
+        const op_shard *o = &ctx->ops[t];
+        for (size_t i = 0; i < KS_HIST_BUCKETS; i++) {
+            out->seal_ns.bucket[i] += atomic_load_explicit(&o->seal_hist[i], memory_order_relaxed);
+            out->open_ns.bucket[i] += atomic_load_explicit(&o->open_hist[i], memory_order_relaxed);
+        }
+        out->seal_ns_sum += atomic_load_explicit(&o->seal_hist[KS_CTX_HIST_SUM], memory_order_relaxed);
+        out->open_ns_sum += atomic_load_explicit(&o->open_hist[KS_CTX_HIST_SUM], memory_order_relaxed);
     }
-    out->seal_ns_sum = atomic_load_explicit(&ctx->seal_hist[KS_CTX_HIST_SUM], memory_order_relaxed);
-    out->open_ns_sum = atomic_load_explicit(&ctx->open_hist[KS_CTX_HIST_SUM], memory_order_relaxed);
 }
 

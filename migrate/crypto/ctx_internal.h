@@ -36,13 +36,22 @@
  * recently used v1 aes-256-gcm DEKs'. */
 #define KS_CACHE_AES_STATES 256u
 
+/* The slot of a latency histogram after its buckets: the sum of the
+ * latencies counted, in ns (it wraps after 2^64 ns, some 584 years). */
+#define KS_CTX_HIST_SUM KS_HIST_BUCKETS
+/* A latency histogram: the buckets, then the sum. */
+#define KS_CTX_HIST_LEN (KS_HIST_BUCKETS + 1)
+
 /* The seal and open counts of one thread index (thread_index.h; the last
- * is the shared index's), and the opens its shard's read keys served, on
- * a cache line of its own. */
+ * is the shared index's), the opens its shard's read keys served, and,
+ * with cfg.latency_histograms, its seal and open latencies, starting on
+ * a cache line of their own: a thread writes only its own index's. */
 typedef struct op_shard {
     _Alignas(64) _Atomic uint64_t seals;
     _Atomic uint64_t opens;
     _Atomic uint64_t hits;
+    _Atomic uint64_t seal_hist[KS_CTX_HIST_LEN];
+    _Atomic uint64_t open_hist[KS_CTX_HIST_LEN];
 } op_shard;
 
 /* Every counter of ks_metrics, as relaxed C11 atomics, but seals and opens
@@ -59,10 +68,6 @@ typedef struct counters {
     _Atomic uint64_t wraps, unwraps, deks_created;
 } counters;
 
-/* The slot of seal_hist and open_hist after the buckets: the sum of the
- * latencies counted, in ns (it wraps after 2^64 ns, some 584 years). */
-#define KS_CTX_HIST_SUM KS_HIST_BUCKETS
-
 #define BUMP(ctx, field) atomic_fetch_add_explicit(&(ctx)->m.field, 1, memory_order_relaxed)
 
 struct ks_ctx {
@@ -76,34 +81,35 @@ struct ks_ctx {
     op_shard ops[KS_THREAD_SLOTS + 1];
     /* Each thread index's shard, made and used by its owner alone. */
     _Atomic(ks_shard *) shards[KS_THREAD_SLOTS];
-    /* cfg.latency_histograms: the buckets, then the sum (KS_CTX_HIST_SUM) */
-    _Atomic uint64_t seal_hist[KS_HIST_BUCKETS + 1];
-    _Atomic uint64_t open_hist[KS_HIST_BUCKETS + 1];
     ks_ctx *reg_prev, *reg_next; /* every live context, for the atfork handlers */
 };
 
 /* What ks_ctx_count() counts. */
 enum { KS_COUNT_SEAL, KS_COUNT_OPEN, KS_COUNT_SHARD_HIT };
 
-/*
- * Count one seal, open or shard hit (`what`) on thread index t
- * (thread_index.h).  An index of its own is written by its owner alone,
- * so a relaxed load and store count without a locked read-modify-write, a
- * few ns on every operation; the shared index takes an atomic add.
- * Readers (ks_ctx_metrics()) load the counters with relaxed atomics.
- */
+/* Add v to counter n of thread index t (thread_index.h).  An index of
+ * its own is written by its owner alone, so a relaxed load and store
+ * count without a locked read-modify-write, a few ns on every operation;
+ * the shared index takes an atomic add.  Readers (ks_ctx_metrics(),
+ * ks_ctx_health_sample()) load the counters with relaxed atomics. */
+static inline void ks_ctx_add(_Atomic uint64_t *n, uint32_t t, uint64_t v)
+{
+    if (t < KS_THREAD_SLOTS) {
+        atomic_store_explicit(n, atomic_load_explicit(n, memory_order_relaxed) + v,
+                              memory_order_relaxed);
+    } else {
+        atomic_fetch_add_explicit(n, v, memory_order_relaxed);
+    }
+}
+
+/* Count one seal, open or shard hit (`what`) on thread index t. */
 static inline void ks_ctx_count(ks_ctx *ctx, uint32_t t, int what)
 {
     op_shard *sh = &ctx->ops[t];
-    _Atomic uint64_t *n = what == KS_COUNT_SEAL   ? &sh->seals
-                          : what == KS_COUNT_OPEN ? &sh->opens
-                                                  : &sh->hits;
-    if (t < KS_THREAD_SLOTS) {
-        atomic_store_explicit(n, atomic_load_explicit(n, memory_order_relaxed) + 1,
-                              memory_order_relaxed);
-    } else {
-        atomic_fetch_add_explicit(n, 1, memory_order_relaxed);
-    }
+    ks_ctx_add(what == KS_COUNT_SEAL   ? &sh->seals
+               : what == KS_COUNT_OPEN ? &sh->opens
+                                       : &sh->hits,
+               t, 1);
 }
 
 /* Thread index t's shard in ctx (shard.h), made on its first use; NULL

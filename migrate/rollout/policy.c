@@ -5,8 +5,15 @@
  * A policy keeps, in memory, the latest rollout of every column scope and
  * every key-scoped rollout (a later one of the same key_id may list other
  * columns, so an earlier one can still govern a column).  Answers (write
- * target, may read) pick the governing rollout with ks_rollout_scope_find
- * under a mutex, with no query.
+ * target, may read, column encoding) pick the governing rollout with
+ * ks_rollout_scope_find, with no query and no lock: each answering thread
+ * marks a read section on a flag of its own (its thread index's, on a
+ * cache line of its own), and a reload swaps in new rules only after
+ * raising `swapping` and waiting until no flag is up (the flag and
+ * `swapping` are sequentially consistent, so either the reload sees the
+ * flag or the reader sees `swapping` and steps back until the swap is
+ * done).  Threads answering at once thus write nothing they share; with
+ * a mutex per answer, two threads answered more slowly than one.
  * Before answering, at most once per refresh_ms, the policy reads the
  * store's data_version (keyshift/rollout_store.h; SQLite's `PRAGMA
  * data_version`, which changes when another connection commits to the
@@ -27,6 +34,8 @@
 
 #include <assert.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -38,6 +47,7 @@
 
 #include "../../format/rules.h"
 #include "../crypto/mono_clock.h"
+#include "../crypto/thread_index.h"
 #include "rollout_internal.h"
 #include "../alloc_hook.h"
 
@@ -45,6 +55,12 @@
 #define REFRESH_DEFAULT_MS 1000u
 /* Rollouts read per page while reloading. */
 #define LOAD_PAGE 16u
+
+/* A thread index's read-section flag (thread_index.h): 1 while its owner
+ * reads the rules; the shared index's counts the threads in a section. */
+typedef struct reader_flag {
+    _Alignas(64) _Atomic uint64_t in;
+} reader_flag;
 
 struct ks_policy {
     pthread_mutex_t wmu;            /* guards the instance's writes and wdb, self, heartbeat,
@@ -55,10 +71,12 @@ struct ks_policy {
     ks_health_sample reported;      /* the totals of the last ks_policy_report */
     int64_t *ids;                   /* a report's rollouts under way */
     size_t ids_cap;
-    pthread_mutex_t mu;             /* guards everything below */
+    pthread_mutex_t mu;             /* guards everything below but the atomics; rules and
+                                       n_rules change under mu and swap_rules() alone, so
+                                       read sections may read them without mu */
     ks_rollout_db *db;
     uint32_t refresh_ms;
-    uint64_t last_check_ms;         /* monotonic time of the last data_version check */
+    uint64_t last_check_ms;         /* ks_mono_coarse_ms() of the last data_version check */
     int loaded;                     /* rules hold a successful load */
     int64_t data_version;           /* at that load */
     ks_rollout *rules;              /* the latest rollout of each column, every key-scoped one */
@@ -70,6 +88,11 @@ struct ks_policy {
                                        a rollout, one page (219 KiB) is past malloc's mmap
                                        threshold, so allocating it per reload mapped and
                                        faulted in fresh pages every time */
+    _Alignas(64) _Atomic uint64_t next_check_ms; /* last_check_ms + refresh_ms once a check
+                                                    succeeded; 0 before: answers compare
+                                                    the clock with it before taking mu */
+    _Atomic int swapping;           /* a reload is swapping the rules: sections wait */
+    reader_flag readers[KS_THREAD_SLOTS + 1]; /* by thread index */
 };
 
 /* The domain separation of the canary hash. */
@@ -121,8 +144,66 @@ static ks_err keep_latest(ks_rollout **rules, size_t *n, size_t *cap, const ks_r
     return KS_OK;
 }
 
+/* ---- read sections ------------------------------------------------------------ */
+
+/* Enter a read section of p's rules on this thread's flag; returns the
+ * flag's index for read_exit().  Raise the flag, then look at swapping
+ * (both sequentially consistent: see the top of this file); during a
+ * swap, lower it and wait for the swap to end. */
+static uint32_t read_enter(ks_policy *p)
+{
+    const uint32_t i = ks_thread_index();
+    _Atomic uint64_t *f = &p->readers[i].in;
+    for (;;) {
+        if (i == KS_THREAD_SHARED)
+            atomic_fetch_add(f, 1);
+        else
+            atomic_store(f, 1);
+        if (!atomic_load(&p->swapping))
+            return i;
+        if (i == KS_THREAD_SHARED)
+            atomic_fetch_sub_explicit(f, 1, memory_order_release);
+        else
+            atomic_store_explicit(f, 0, memory_order_release);
+        while (atomic_load_explicit(&p->swapping, memory_order_acquire))
+            sched_yield();
+    }
+}
+
+/* Leave the read section read_enter() entered on flag i: what the
+ * section read happens before the next swap. */
+static void read_exit(ks_policy *p, uint32_t i)
+{
+    assert(i <= KS_THREAD_SHARED);
+    if (i == KS_THREAD_SHARED)
+        atomic_fetch_sub_explicit(&p->readers[i].in, 1, memory_order_release);
+    else
+        atomic_store_explicit(&p->readers[i].in, 0, memory_order_release);
+}
+
+/* With mu held: make rules[0, n) (capacity cap) p's rules, and the old
+ * array the spare, once no read section can be reading it.  Sections
+ * are a few hundred ns long; a thread preempted inside one makes the
+ * reload wait for it, yielding. */
+static void swap_rules(ks_policy *p, ks_rollout *rules, size_t cap, size_t n)
+{
+    atomic_store(&p->swapping, 1);
+    for (size_t i = 0; i <= KS_THREAD_SHARED; i++)
+        while (atomic_load(&p->readers[i].in) != 0)
+            sched_yield();
+    p->spare = p->rules;
+    p->spare_cap = p->rules_cap;
+    p->rules = rules;
+    p->rules_cap = cap;
+    p->n_rules = n;
+    atomic_store_explicit(&p->swapping, 0, memory_order_release);
+}
+
+/* ---- loading, continued ---------------------------------------------------------- */
+
 /* Read every rollout in one read transaction and keep the latest of each
- * scope in p (replacing what it had only on success). */
+ * scope in p (replacing what it had only on success).  The new rules are
+ * built in the spare array, which no read section reads. */
 static ks_err reload(ks_policy *p)
 {
     ks_rollout *page = p->page;
@@ -147,11 +228,7 @@ static ks_err reload(ks_policy *p)
         p->spare_cap = cap;
         return err;
     }
-    p->spare = p->rules;
-    p->spare_cap = p->rules_cap;
-    p->rules = rules;
-    p->rules_cap = cap;
-    p->n_rules = n_rules;
+    swap_rules(p, rules, cap, n_rules);
     p->loaded = 1;
     return KS_OK;
 }
@@ -160,7 +237,7 @@ static ks_err reload(ks_policy *p)
  * check, read data_version and reload when it changed. */
 static ks_err refresh_locked(ks_policy *p, int force)
 {
-    uint64_t now = ks_mono_ns() / 1000000u;
+    uint64_t now = ks_mono_coarse_ms();
     if (!force && p->loaded && now - p->last_check_ms < p->refresh_ms)
         return KS_OK;
     int64_t dv = 0;
@@ -170,7 +247,21 @@ static ks_err refresh_locked(ks_policy *p, int force)
     if (err == KS_OK) {
         p->data_version = dv;
         p->last_check_ms = now;
+        atomic_store_explicit(&p->next_check_ms, now + p->refresh_ms, memory_order_relaxed);
     }
+    return err;
+}
+
+/* Refresh p when a check is due, taking mu only then: between checks an
+ * answer reads the clock (the coarse one: a few ns) and one shared word
+ * that only a check writes. */
+static ks_err refresh_when_due(ks_policy *p)
+{
+    if (ks_mono_coarse_ms() < atomic_load_explicit(&p->next_check_ms, memory_order_relaxed))
+        return KS_OK;
+    pthread_mutex_lock(&p->mu);
+    ks_err err = refresh_locked(p, 0);
+    pthread_mutex_unlock(&p->mu);
     return err;
 }
 
@@ -203,9 +294,10 @@ static ks_err take_options(ks_policy *p, const ks_policy_options *o)
 static ks_err policy_new(const ks_policy_options *opts, ks_policy **out)
 {
     *out = NULL;
-    ks_policy *p = calloc(1, sizeof *p);
+    ks_policy *p = aligned_alloc(_Alignof(ks_policy), sizeof *p); /* the flags' lines */
     if (p == NULL)
         return KS_ERR_NO_MEMORY;
+    memset(p, 0, sizeof *p);
     ks_err err = take_options(p, opts);
     if (err == KS_OK && (p->page = malloc(LOAD_PAGE * sizeof *p->page)) == NULL)
         err = KS_ERR_NO_MEMORY;
@@ -496,23 +588,23 @@ static int in_canary(const ks_rollout *r, ks_bytes tenant)
     return 0;
 }
 
-/* An answer computed from the governing rollout r, under the lock. */
+/* An answer computed from the governing rollout r, in a read section. */
 typedef ks_err (*answer_fn)(const ks_rollout *r, void *ctx);
 
 /* Refresh when due, find the rule governing values of table.column under
  * key_id (NULL: values without one; ks_rollout_scope_find) and answer
- * from it under the lock (no copy of the rollout per record):
+ * from it in a read section (no copy of the rollout per record):
  * KS_ERR_NOT_FOUND when no rollout governs. */
 static ks_err with_rule(ks_policy *p, const char *table, const char *column, const char *key_id,
                         answer_fn answer, void *ctx)
 {
-    pthread_mutex_lock(&p->mu);
-    ks_err err = refresh_locked(p, 0);
-    const ks_rollout *r =
-        err == KS_OK ? ks_rollout_scope_find(p->rules, p->n_rules, table, column, key_id) : NULL;
-    if (err == KS_OK)
-        err = r != NULL ? answer(r, ctx) : KS_ERR_NOT_FOUND;
-    pthread_mutex_unlock(&p->mu);
+    ks_err err = refresh_when_due(p);
+    if (err != KS_OK)
+        return err;
+    const uint32_t i = read_enter(p);
+    const ks_rollout *r = ks_rollout_scope_find(p->rules, p->n_rules, table, column, key_id);
+    err = r != NULL ? answer(r, ctx) : KS_ERR_NOT_FOUND;
+    read_exit(p, i);
     return err;
 }
 
@@ -566,11 +658,11 @@ static ks_err answer_write_followed(const ks_rollout *r, void *ctx)
     return g != r ? answer_write(g, ctx) : KS_OK;
 }
 
-/* The question and answer of a write target, checked, with p locked:
+/* The question and answer of a write target, checked, in a read section:
  * the rule for key_id (NULL: the column's own) answers, followed once.
  * Without a column rule, a key-scoped rule covering the column makes the
  * answer unknowable without a key: KS_ERR_STATE. */
-static ks_err write_locked(ks_policy *p, write_q *q, const char *key_id)
+static ks_err write_answer(ks_policy *p, write_q *q, const char *key_id)
 {
     const ks_rollout *r = ks_rollout_scope_find(p->rules, p->n_rules, q->table, q->column, key_id);
     if (r != NULL)
@@ -589,12 +681,13 @@ static ks_err write_target(ks_policy *p, const char *table, const char *column,
     if (p == NULL || table == NULL || column == NULL || out == NULL ||
         (tenant.ptr == NULL && tenant.len > 0))
         return KS_ERR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&p->mu);
-    ks_err err = refresh_locked(p, 0);
+    ks_err err = refresh_when_due(p);
+    if (err != KS_OK)
+        return err;
+    const uint32_t i = read_enter(p);
     write_q q = {tenant, out, p->rules, p->n_rules, table, column};
-    if (err == KS_OK)
-        err = write_locked(p, &q, key_id);
-    pthread_mutex_unlock(&p->mu);
+    err = write_answer(p, &q, key_id);
+    read_exit(p, i);
     return err;
 }
 
@@ -640,7 +733,7 @@ static int classify(const ks_bytes *value, ks_rollout_class *c)
 typedef struct read_q {
     int is_null;                 /* an SQL NULL */
     int classified;              /* c holds the value's class (else: malformed) */
-    ks_rollout_class c;
+    const ks_rollout_class *c;   /* the caller's class, or own */
     int *ok;
 } read_q;
 
@@ -654,8 +747,8 @@ static ks_err answer_read(const ks_rollout *r, void *ctx)
     }
     if (!q->classified)
         return KS_OK;
-    int is_source = ks_rollout_class_equal(&q->c, &r->source);
-    int is_target = ks_rollout_class_equal(&q->c, &r->target);
+    int is_source = ks_rollout_class_equal(q->c, &r->source);
+    int is_target = ks_rollout_class_equal(q->c, &r->target);
     switch (r->phase) {
     case KS_PHASE_PLANNED:
         *q->ok = is_source;
@@ -677,11 +770,11 @@ static ks_err answer_read(const ks_rollout *r, void *ctx)
  * column's own. */
 static ks_err may_read(ks_policy *p, const char *table, const char *column, read_q *q)
 {
-    const char *key_id = q->classified && !q->c.is_plaintext ? q->c.key_id : NULL;
+    const char *key_id = q->classified && !q->c->is_plaintext ? q->c->key_id : NULL;
     return with_rule(p, table, column, key_id, answer_read, q);
 }
 
-/* See rollout.h.  The value is classified before taking the lock. */
+/* See rollout.h.  The value is classified before the read section. */
 ks_err ks_policy_may_read(ks_policy *p, const char *table, const char *column,
                           const ks_bytes *value, int *ok)
 {
@@ -690,11 +783,8 @@ ks_err ks_policy_may_read(ks_policy *p, const char *table, const char *column,
     if (p == NULL || table == NULL || column == NULL || ok == NULL ||
         (value != NULL && value->ptr == NULL && value->len > 0))
         return KS_ERR_INVALID_ARGUMENT;
-    read_q q;
-    memset(&q, 0, sizeof q);
-    q.ok = ok;
-    q.is_null = value == NULL;
-    q.classified = value != NULL && classify(value, &q.c);
+    ks_rollout_class own;
+    read_q q = {value == NULL, value != NULL && classify(value, &own), &own, ok};
     return may_read(p, table, column, &q);
 }
 
@@ -706,11 +796,7 @@ ks_err ks_policy_may_read_class(ks_policy *p, const char *table, const char *col
         *ok = 0;
     if (p == NULL || table == NULL || column == NULL || c == NULL || ok == NULL)
         return KS_ERR_INVALID_ARGUMENT;
-    read_q q;
-    memset(&q, 0, sizeof q);
-    q.ok = ok;
-    q.classified = 1;
-    q.c = *c;
+    read_q q = {0, 1, c, ok}; /* the caller's class, not a copy */
     return may_read(p, table, column, &q);
 }
 
@@ -724,17 +810,19 @@ ks_err ks_policy_column_encoding(ks_policy *p, const char *table, const char *co
         *out = KS_ENCODING_BINARY;
     if (p == NULL || table == NULL || column == NULL || out == NULL)
         return KS_ERR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&p->mu);
-    ks_err err = refresh_locked(p, 0);
+    ks_err err = refresh_when_due(p);
+    if (err != KS_OK)
+        return err;
+    const uint32_t s = read_enter(p);
     const ks_rollout *latest = NULL;
-    for (size_t i = 0; err == KS_OK && i < p->n_rules; i++)
+    for (size_t i = 0; i < p->n_rules; i++)
         if (ks_rollout_scope_covers(&p->rules[i], table, column) &&
             (latest == NULL || p->rules[i].id > latest->id))
             latest = &p->rules[i];
-    if (err == KS_OK && latest == NULL)
+    if (latest == NULL)
         err = KS_ERR_NOT_FOUND;
-    if (err == KS_OK)
+    else
         *out = latest->encoding;
-    pthread_mutex_unlock(&p->mu);
+    read_exit(p, s);
     return err;
 }
