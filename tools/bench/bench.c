@@ -24,6 +24,8 @@
  * throughput at least 0.90 of the fastest raw call's from 2 KiB up and
  * 0.75 at 128 B, with no heap allocation per call.
  *
+ * The application API (bench app): tools/bench/bench_app.c.
+ *
  * The AEAD engines (bench aead): the library's two engines
  * (migrate/crypto/aead.h) against each other from 64 B to 2 KiB, to check
  * the size rule that picks between them.
@@ -319,12 +321,12 @@ static int bench_parse(void)
 /* ---- sealing and opening: ks vs raw libsodium -------------------------------- */
 
 #define MAX_PT ((size_t)1 << 20)
-#define THREADS_MAX 2            /* the machine's cores: more says nothing */
+#define THREADS_MAX BENCH_THREADS
 #define THREAD_MAX_PT 2048       /* the largest thread-scaling size */
 #define THREAD_ROUNDS 75         /* rounds of the four thread-scaling figures */
 #define THREAD_WINDOW_NS 10e6    /* each thread's counting window per figure */
 #define THREAD_CHECK 8           /* calls between clock reads in a window */
-#define THREAD_SCALED 1.5        /* raw's speedup below this: the second core was busy */
+#define THREAD_SCALED BENCH_THREAD_SCALED
 #define NELEM(a) (sizeof (a) / sizeof (a)[0])
 
 /* State of one seal/open measurement, or of one thread of it: the ks side
@@ -683,9 +685,10 @@ static void *worker_main(void *p)
 }
 
 /* Calls per second of nthreads threads together, thread i calling fn on
- * cases[i], each counting over its own window after a common start: the
- * sum of their rates.  The same runner serves ks and raw.  -1 on failure. */
-static double run_threads(op_fn fn, crypt_case *cases, int nthreads)
+ * the case at cases + i * stride, each counting over its own window after
+ * a common start: the sum of their rates.  The same runner serves ks and
+ * raw.  -1 on failure. */
+static double run_threads(op_fn fn, void *cases, size_t stride, int nthreads)
 {
     pthread_t tid[THREADS_MAX];
     worker w[THREADS_MAX];
@@ -696,7 +699,7 @@ static double run_threads(op_fn fn, crypt_case *cases, int nthreads)
         return -1;
     }
     for (int i = 0; i < nthreads; i++) {
-        w[i] = (worker){fn, &cases[i], &start, 0, 0};
+        w[i] = (worker){fn, (char *)cases + (size_t)i * stride, &start, 0, 0};
         if (pthread_create(&tid[i], NULL, worker_main, &w[i]) != 0) {
             /* The barrier would never open: a bench that cannot start its
              * threads has nothing to measure. */
@@ -714,12 +717,32 @@ static double run_threads(op_fn fn, crypt_case *cases, int nthreads)
     return failed ? -1 : total;
 }
 
+/* See bench.h: THREAD_ROUNDS rounds, each running the four figures in an
+ * order that rotates from round to round; each figure is its best round
+ * (noise only ever takes throughput away). */
+int bench_scaling(op_fn fn, void *cases, op_fn base, void *base_cases, size_t stride, double best[4])
+{
+    for (int f = 0; f < 4; f++) {
+        best[f] = 0;
+    }
+    for (int r = 0; r < THREAD_ROUNDS; r++) {
+        for (int k = 0; k < 4; k++) {
+            int f = (r + k) % 4;
+            double v = run_threads(f < 2 ? fn : base, f < 2 ? cases : base_cases, stride,
+                                   f % 2 ? THREADS_MAX : 1);
+            if (v < 0) {
+                return -1;
+            }
+            best[f] = v > best[f] ? v : best[f];
+        }
+    }
+    return 0;
+}
+
 /*
  * One thread-scaling case: ks (fn on cases sharing one ctx and so one
  * DEK) and raw (base, each thread its own key and nonce counter) with 1
- * and THREADS_MAX threads.  THREAD_ROUNDS rounds, each running the four
- * figures in an order that rotates from round to round; each figure is
- * its best round (noise only ever takes throughput away).  Prints its
+ * and THREADS_MAX threads (bench_scaling()).  Prints its
  * line and counts its goal: ks's speedup at least 0.9 of raw's.  When
  * even raw did not scale (speedup below THREAD_SCALED), the other core
  * was busy throughout and the goal says nothing: the line says
@@ -727,17 +750,10 @@ static double run_threads(op_fn fn, crypt_case *cases, int nthreads)
  */
 static int threads_case(const char *op, op_fn fn, op_fn base, crypt_case *cases, crypt_tally *t)
 {
-    double best[4] = {0, 0, 0, 0}; /* ks 1t, ks 2t, raw 1t, raw 2t */
+    double best[4]; /* ks 1t, ks 2t, raw 1t, raw 2t */
     char name[96];
-    for (int r = 0; r < THREAD_ROUNDS; r++) {
-        for (int k = 0; k < 4; k++) {
-            int f = (r + k) % 4;
-            double v = run_threads(f < 2 ? fn : base, cases, f % 2 ? THREADS_MAX : 1);
-            if (v < 0) {
-                return -1;
-            }
-            best[f] = v > best[f] ? v : best[f];
-        }
+    if (bench_scaling(fn, cases, base, cases, sizeof cases[0], best) != 0) {
+        return -1;
     }
     const crypt_case *c = &cases[0];
     double ks_speedup = best[1] / best[0], raw_speedup = best[3] / best[2];
@@ -1774,7 +1790,7 @@ static void cpu_model(char *out, size_t cap)
 int main(int argc, char **argv)
 {
     char cpu[128];
-    const char *only = argc > 1 ? argv[1] : NULL; /* "parse", "crypt", "aead", "migrate", "hsm", "plugin", "pg" */
+    const char *only = argc > 1 ? argv[1] : NULL; /* "parse", "crypt", "app", "aead", "migrate", "hsm", "plugin", "pg" */
     if (sodium_init() < 0) {
         fprintf(stderr, "bench: sodium_init failed\n");
         return 1;
@@ -1788,6 +1804,9 @@ int main(int argc, char **argv)
         return 1;
     }
     if ((only == NULL || strcmp(only, "crypt") == 0) && bench_crypt() != 0) {
+        return 1;
+    }
+    if ((only == NULL || strcmp(only, "app") == 0) && bench_app() != 0) {
         return 1;
     }
     if ((only == NULL || strcmp(only, "aead") == 0) && bench_aead() != 0) {

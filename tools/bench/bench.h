@@ -70,6 +70,22 @@ void mig_goal(const char *name, const char *ratio_name, double *r, int n, double
 /* The median of v[0, n) (sorts v). */
 double median(double *v, int n);
 
+/* Threads of a scaling figure (the machine's cores: more says nothing),
+ * and the baseline speedup below which the second core was busy and a
+ * scaling goal says nothing. */
+#define BENCH_THREADS 2
+#define BENCH_THREAD_SCALED 1.5
+
+/* Thread-scaling figures (tools/bench/bench.c): ops/s of fn with 1 and
+ * BENCH_THREADS threads, thread i on cases + i * stride, and of base on
+ * base_cases likewise, into best[] (fn 1t, fn 2t, base 1t, base 2t), each
+ * the best of its rounds, the four interleaved.  -1 when a call failed. */
+int bench_scaling(op_fn fn, void *cases, op_fn base, void *base_cases, size_t stride, double best[4]);
+
+/* ks_app with a rollout on SQLite against the ks_ctx under it
+ * (tools/bench/bench_app.c). */
+int bench_app(void);
+
 /* The HSM part (tools/bench/bench_hsm.c) and the KMS plugin part
  * (tools/bench/bench_plugin.c). */
 int bench_hsm(void);
