@@ -40,6 +40,9 @@ static EVP_CIPHER *ciphers[2];
 static _Atomic int env_forced;
 static _Atomic int test_forced;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+/* Set (release) once aead_init has run: a load instead of a call per
+ * operation. */
+static _Atomic int inited;
 static _Atomic uint64_t next_serial = 1;
 
 #ifdef KS_TEST_HOOKS
@@ -78,6 +81,15 @@ static void aead_init(void)
         e = KS_AEAD_OPENSSL;
     }
     atomic_store_explicit(&env_forced, e, memory_order_relaxed);
+    atomic_store_explicit(&inited, 1, memory_order_release);
+}
+
+/* Run aead_init once per process, before anything reads what it sets. */
+static void init_once_done(void)
+{
+    if (!atomic_load_explicit(&inited, memory_order_acquire)) {
+        (void)pthread_once(&init_once, aead_init);
+    }
 }
 
 /* The index of alg in ciphers[] and ks_aead_evp's arrays. */
@@ -111,7 +123,7 @@ ks_aead_engine ks_aead_engine_rule(uint32_t alg, size_t len)
 /* See aead.h. */
 ks_aead_engine ks_aead_engine_for(uint32_t alg, size_t len)
 {
-    (void)pthread_once(&init_once, aead_init);
+    init_once_done();
     int e = atomic_load_explicit(&test_forced, memory_order_relaxed);
     if (e == KS_AEAD_AUTO) {
         e = atomic_load_explicit(&env_forced, memory_order_relaxed);
@@ -186,6 +198,7 @@ static EVP_CIPHER_CTX *ctx_make(ks_aead_evp *s, size_t i, int enc)
     s->guard[i][0] = before;
     s->guard[i][1] = malloc(KS_LINE_PAIR);
     s->serial[i] = 0;
+    s->enc[i] = (uint8_t)enc;
     s->ctx[i] = x;
     return x;
 }
@@ -229,10 +242,10 @@ static EVP_CIPHER_CTX *evp_ready(const ks_aead_key *k, const uint8_t *nonce, int
     const size_t i = alg_index(k->alg);
     EVP_CIPHER_CTX *x = s->ctx[i];
     if (x == NULL) { /* a context exists only once aead_init has run */
-        (void)pthread_once(&init_once, aead_init);
+        init_once_done();
         x = ctx_make(s, i, enc);
     }
-    if (x == NULL || EVP_CIPHER_CTX_is_encrypting(x) != enc || load_key(s, i, x, k, nonce) != 0) {
+    if (x == NULL || s->enc[i] != enc || load_key(s, i, x, k, nonce) != 0) {
         return NULL;
     }
     return x;

@@ -51,6 +51,7 @@ typedef struct ks_aead_evp {
     void *guard[2][2];     /* heap blocks just before and after ctx[i]'s (aead.c) */
     uint64_t serial[2];    /* the key loaded into each (ks_aead_serial()), 0: none */
     uint8_t prefix[16];    /* xchacha20-poly1305: the nonce prefix its subkey is of */
+    uint8_t enc[2];        /* the direction ctx[i] was made for: 1 encrypt, 0 decrypt */
 } ks_aead_evp;
 
 /* The key of one call. */
