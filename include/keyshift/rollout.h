@@ -559,9 +559,10 @@ typedef struct ks_policy_options {
 /*
  * Open a policy on the database at path: load the rollouts (the latest of
  * each scope) into memory and, with opts->heartbeat, register the
- * instance.  The policy re-reads the rollouts at most once per refresh_ms,
- * and only when `PRAGMA data_version` says another connection committed:
- * answering never costs a query per record.  With opts->heartbeat the
+ * instance.  The policy re-reads the rollouts at most once per refresh_ms
+ * (to within a tick of the coarse monotonic clock), and only when `PRAGMA
+ * data_version` says another connection committed: answering never costs
+ * a query per record.  With opts->heartbeat the
  * instance's own writes (registration, heartbeat, key list, health
  * samples) go through a second connection, so that an answer never waits
  * while one of them waits for the database's write lock (the busy
