@@ -211,23 +211,38 @@ coverage: $(FUZZ_CV_BINS)
 	 echo "coverage: ok (annotated source in $(FUZZ_COV_DIR)/parser.txt)"
 
 # ---- libFuzzer runs -----------------------------------------------------------
-# $(call fuzz_run,target,seconds,workdir,fresh[,gate]): run from workdir/corpus,
+# $(call fuzz_once,target,seconds,workdir,fresh): one run from workdir/corpus,
 # which is seeded from corpus/<target>/ (a <target>_struct variant: its
-# target's) and corpus/regressions/ (fresh=1: emptied first).  gate non-empty:
-# fail below the target's floors in $(FUZZ_GATES); else only print the figures.
-define fuzz_run
-	set -e; w=$(3)/$(1); \
+# target's) and corpus/regressions/ (fresh=1: emptied first); a finding
+# fails at once, with its input.
+define fuzz_once
+	w=$(3)/$(1); \
 	 if [ "$(4)" = 1 ]; then rm -rf $$w; fi; mkdir -p $$w/corpus $$w/artifacts; \
 	 find corpus/$(patsubst %_struct,%,$(1)) corpus/regressions -maxdepth 1 -type f ! -name 'README*' -exec cp -f {} $$w/corpus/ \; ; \
-	 if $(PYTHON_DEBIAN) fuzz/gate.py run $$w/log -- env ASAN_OPTIONS=$(ASAN_OPTIONS):detect_leaks=1 \
+	 if ! $(PYTHON_DEBIAN) fuzz/gate.py run $$w/log -- env ASAN_OPTIONS=$(ASAN_OPTIONS):detect_leaks=1 \
 	     $(FZ)/lf/$(1) -max_total_time=$(2) \
 	     -max_len=$(call fuzz_max_len,$(1)) -timeout=$(FUZZ_TIMEOUT) -rss_limit_mb=$(FUZZ_RSS_MB) \
 	     -dict=$(call fuzz_dict,$(1)) -detect_leaks=1 -print_final_stats=1 $(if $(5),$(FUZZ_SMOKE_FLAGS)) \
 	     -artifact_prefix=$$w/artifacts/ $$w/corpus; then \
-	     $(PYTHON_DEBIAN) fuzz/gate.py check $(if $(5),$(FUZZ_GATES),-) $(1) $$w/log $(2) $$w/corpus; \
-	 else \
 	     tail -n 60 $$w/log; \
 	     echo "$(1): FAILED; crash input in $$w/artifacts/: $$(ls $$w/artifacts)"; exit 1; \
+	 fi
+endef
+
+# $(call fuzz_run,target,seconds,workdir,fresh[,gate]): fuzz_once, then its
+# figures.  gate non-empty: fail below the target's floors in $(FUZZ_GATES),
+# after one more run from a fresh corpus: the host's neighbours can halve a
+# target's speed for seconds (fuzz_migrate: 981 exec/s in one smoke run,
+# 1,235 to 1,951 in the next eight), while what the floors are there to
+# catch, a target made slow, is slow in both runs.  A finding is never run
+# again.  Else only print the figures.
+define fuzz_run
+	set -e; $(call fuzz_once,$(1),$(2),$(3),$(4),$(5)); \
+	 if ! $(PYTHON_DEBIAN) fuzz/gate.py check $(if $(5),$(FUZZ_GATES),-) $(1) $$w/log $(2) $$w/corpus; then \
+	     if [ -z "$(5)" ]; then exit 1; fi; \
+	     echo "$(1): below a floor in one run: running it once more (a slow target fails both)"; \
+	     $(call fuzz_once,$(1),$(2),$(3),1,$(5)); \
+	     $(PYTHON_DEBIAN) fuzz/gate.py check $(FUZZ_GATES) $(1) $$w/log $(2) $$w/corpus; \
 	 fi
 endef
 
