@@ -76,7 +76,6 @@ struct ks_policy {
                                        read sections may read them without mu */
     ks_rollout_db *db;
     uint32_t refresh_ms;
-    uint64_t last_check_ms;         /* ks_mono_coarse_ms() of the last data_version check */
     int loaded;                     /* rules hold a successful load */
     int64_t data_version;           /* at that load */
     ks_rollout *rules;              /* the latest rollout of each column, every key-scoped one */
@@ -88,9 +87,10 @@ struct ks_policy {
                                        a rollout, one page (219 KiB) is past malloc's mmap
                                        threshold, so allocating it per reload mapped and
                                        faulted in fresh pages every time */
-    _Alignas(64) _Atomic uint64_t next_check_ms; /* last_check_ms + refresh_ms once a check
-                                                    succeeded; 0 before: answers compare
-                                                    the clock with it before taking mu */
+    _Alignas(64) _Atomic uint64_t next_check_ms; /* ks_mono_coarse_ms() of the last successful
+                                                    data_version check + refresh_ms (0
+                                                    before): written under mu, read by
+                                                    answers before taking it */
     _Atomic int swapping;           /* a reload is swapping the rules: sections wait */
     reader_flag readers[KS_THREAD_SLOTS + 1]; /* by thread index */
 };
@@ -247,7 +247,7 @@ static ks_err reload(ks_policy *p)
 static ks_err refresh_locked(ks_policy *p, int force)
 {
     uint64_t now = ks_mono_coarse_ms();
-    if (!force && p->loaded && now - p->last_check_ms < p->refresh_ms)
+    if (!force && p->loaded && now < atomic_load_explicit(&p->next_check_ms, memory_order_relaxed))
         return KS_OK;
     int64_t dv = 0;
     ks_err err = ks_rollout_db_data_version(p->db, &dv);
@@ -255,7 +255,6 @@ static ks_err refresh_locked(ks_policy *p, int force)
         err = reload(p);
     if (err == KS_OK) {
         p->data_version = dv;
-        p->last_check_ms = now;
         atomic_store_explicit(&p->next_check_ms, now + p->refresh_ms, memory_order_relaxed);
     }
     return err;
