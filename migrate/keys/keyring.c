@@ -655,10 +655,15 @@ static ks_err encode_file(const ks_keyring *kr, const ks_krf_key *keys, size_t n
         sodium_free(b);
         return KS_ERR_NO_MEMORY;
     }
-    e = ks_krf_encode_header(&h, f, flen, &hlen);
-    assert(e == KS_OK);
-    e = ks_krf_encode_body(keys, n, b, blen, &blen);
-    assert(e == KS_OK);
+    /* Both lengths were just computed for these keys, so neither encoder
+     * can refuse; should one ever, nothing half-written is returned. */
+    if (ks_krf_encode_header(&h, f, flen, &hlen) != KS_OK ||
+        ks_krf_encode_body(keys, n, b, blen, &blen) != KS_OK) {
+        assert(!"keyring encoders refused their own lengths");
+        sodium_free(f);
+        sodium_free(b);
+        return KS_ERR_INTEGRITY;
+    }
     if (kr->sealed) {
         crypto_secretbox_easy(f + hlen, b, blen, nonce, kr->seal_key);
         *body_base = hlen + KS_KRF_MAC_LEN;

@@ -791,7 +791,7 @@ int ks_cli_migrate_run(int argc, char **argv)
     ks_rowstore_target t;
     char names[KS_CONTEXT_TEMPLATE_MAX];
     uint32_t busy_ms;
-    ks_sqlite_sync sync;
+    ks_sqlite_sync sync = KS_SQLITE_SYNC_FULL;
     if ((rc = ks_cli_mig_common_params(cmd, &o, &p, &t, names)) != EX_OK || (rc = run_target(&o, &p)) != EX_OK ||
         (rc = run_limits(&o, &p, &busy_ms, &sync)) != EX_OK) {
         return rc;
