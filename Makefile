@@ -93,6 +93,14 @@ SOMAJOR := $(firstword $(subst ., ,$(VERSION)))
 
 WARN    := -std=c11 -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
            -Wformat=2 -Wvla -Wpointer-arith -Wcast-qual -Wundef
+# Link-time optimisation of the release build: a seal or an open runs
+# through crypto.c, aead.c, dek_writer.c, shard.c, ctx.c and the parser,
+# and only the link can inline across them (docs/PERFORMANCE.md, "Where
+# the rest goes").  Fat objects keep libkeyshift.a usable by a link
+# without -flto; the links pass $(WARN) too, so that what the link-time
+# compiler finds fails the build as the compile would.
+LTO     := -flto=auto -ffat-lto-objects
+LTO_LD  := $(WARN) -O2 -flto=auto
 HARDEN  := -O2 -DNDEBUG -D_FORTIFY_SOURCE=2 -fstack-protector-strong -fstack-clash-protection -fPIC \
            -fvisibility=hidden
 LDHARDEN := -Wl,-z,relro,-z,now,-z,noexecstack
@@ -158,7 +166,7 @@ deps:
 
 $(B)/rel/%.o: %.c $(LIB_HDRS) $(CLI_HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(HARDEN) $(INC) $(CLI_DEFS) $(CFLAGS) -c $< -o $@
+	$(CC) $(WARN) $(HARDEN) $(LTO) $(INC) $(CLI_DEFS) $(CFLAGS) -c $< -o $@
 
 # The CLI's --help names where `make install' puts docs/ (DOCDIR): cli.c
 # is rebuilt when DOCDIR changes (the stamp is rewritten only then).
@@ -177,18 +185,18 @@ $(STATIC): $(REL_OBJS)
 # unmap its code while they can still run.
 $(SHARED): $(REL_OBJS) tools/libkeyshift.map
 	@mkdir -p $(dir $@)
-	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=tools/libkeyshift.map -Wl,-z,nodelete $(LDHARDEN) \
+	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=tools/libkeyshift.map -Wl,-z,nodelete $(LDHARDEN) $(LTO_LD) \
 	    $(LDFLAGS) $(REL_OBJS) $(LIB_LIBS) -o $@
 	ln -sf $(notdir $@) $(B)/lib/$(SONAME)
 	ln -sf $(SONAME) $(B)/lib/libkeyshift.so
 
 $(CLI): $(CLI_SRCS:%.c=$(B)/rel/%.o) $(STATIC)
 	@mkdir -p $(dir $@)
-	$(CC) -pie $(LDHARDEN) $(LDFLAGS) $^ $(LIB_LIBS) -o $@ $(AGENT_LIBS)
+	$(CC) -pie $(LDHARDEN) $(LTO_LD) $(LDFLAGS) $^ $(LIB_LIBS) -o $@ $(AGENT_LIBS)
 
 $(DEMO_APP): $(DEMO_APP_SRCS:%.c=$(B)/rel/%.o) $(STATIC)
 	@mkdir -p $(dir $@)
-	$(CC) -pie $(LDHARDEN) $(LDFLAGS) $^ $(LIB_LIBS) -o $@
+	$(CC) -pie $(LDHARDEN) $(LTO_LD) $(LDFLAGS) $^ $(LIB_LIBS) -o $@
 
 # ---- sanitizer build (tests) --------------------------------------------
 
@@ -514,13 +522,13 @@ go-bench: $(SHARED) $(CLI) $(B)/pkgconfig/keyshift.pc
 BENCH_SRCS := tools/bench/bench.c tools/bench/bench_app.c tools/bench/bench_hsm.c tools/bench/bench_plugin.c tools/bench/bench_remote.c tools/bench/bench_pg.c
 $(B)/bin/bench: $(BENCH_SRCS) tools/bench/bench.h $(REL_OBJS) $(NANOPB_C) $(NANOPB_H)
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) -O2 $(INC) -I$(B)/gen $(BENCH_SRCS) $(REL_OBJS) $(NANOPB_C) -lprotobuf-nanopb \
+	$(CC) $(LTO_LD) $(INC) -I$(B)/gen $(BENCH_SRCS) $(REL_OBJS) $(NANOPB_C) -lprotobuf-nanopb \
 	    $(LIB_LIBS) -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc -o $@
 
 # The agent (docs/agent.md) against ks_app_seal in the process: JSON lines.
 $(B)/bin/bench_agent: tools/bench/bench_agent.c $(REL_OBJS)
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) -O2 $(INC) $< $(REL_OBJS) $(LIB_LIBS) -o $@
+	$(CC) $(LTO_LD) $(INC) $< $(REL_OBJS) $(LIB_LIBS) -o $@
 
 bench: deps $(B)/bin/bench $(B)/bin/bench_agent $(CLI)
 	@$(B)/bin/bench

@@ -54,6 +54,7 @@ static _Thread_local char creating_token;
 static _Atomic uint64_t generation = 1;
 static _Atomic uint64_t *wipe_marker; /* a MADV_WIPEONFORK page, or NULL */
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+static _Atomic int fork_armed; /* fork_init() has run */
 
 /* pthread_atfork child handler: the child is a new generation, and its
  * marker page (wiped by the kernel) is armed again. */
@@ -65,33 +66,49 @@ static void fork_child(void)
     }
 }
 
-/* Once per process: register the fork handler and map the marker page.
- * Without MADV_WIPEONFORK (old kernels) the atfork handler alone guards
- * fork(); a raw clone() is then not detected. */
-static void fork_init(void)
+/* A page the kernel zeroes in a child (MADV_WIPEONFORK), or NULL when
+ * the kernel cannot. */
+static _Atomic uint64_t *wipe_page(void)
 {
-    (void)pthread_atfork(NULL, NULL, fork_child);
 #ifdef MADV_WIPEONFORK
     long page = sysconf(_SC_PAGESIZE);
     size_t len = page > 0 ? (size_t)page : 4096;
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
-        return;
+        return NULL;
     }
     if (madvise(p, len, MADV_WIPEONFORK) != 0) {
         munmap(p, len);
-        return;
+        return NULL;
     }
-    wipe_marker = p;
-    atomic_store(wipe_marker, 1);
+    return p;
+#else
+    return NULL;
 #endif
 }
 
+/* Once per process: register the fork handler and map the marker page,
+ * then raise fork_armed (release: a thread that sees it sees
+ * wipe_marker).  Without MADV_WIPEONFORK (old kernels) the atfork
+ * handler alone guards fork(); a raw clone() is then not detected. */
+static void fork_init(void)
+{
+    (void)pthread_atfork(NULL, NULL, fork_child);
+    wipe_marker = wipe_page();
+    if (wipe_marker != NULL) {
+        atomic_store(wipe_marker, 1);
+    }
+    atomic_store_explicit(&fork_armed, 1, memory_order_release);
+}
+
 /* See dek_writer.h.  A zero marker means this address space was copied
- * without our atfork handler running: start a new generation. */
+ * without our atfork handler running: start a new generation.  Every
+ * seal asks, so after the first call a load replaces pthread_once(). */
 uint64_t ks_fork_generation(void)
 {
-    (void)pthread_once(&fork_once, fork_init);
+    if (!atomic_load_explicit(&fork_armed, memory_order_acquire)) {
+        (void)pthread_once(&fork_once, fork_init);
+    }
     if (wipe_marker != NULL && atomic_load_explicit(wipe_marker, memory_order_acquire) == 0) {
         atomic_fetch_add(&generation, 1);
         atomic_store(wipe_marker, 1);
