@@ -530,7 +530,10 @@ $(B)/bin/bench_agent: tools/bench/bench_agent.c $(REL_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LTO_LD) $(INC) $< $(REL_OBJS) $(LIB_LIBS) -o $@
 
-bench: deps $(B)/bin/bench $(B)/bin/bench_agent $(CLI)
+# deps before anything is built, as for make test: a -j make would
+# otherwise compile beside tools/deps.sh on a fresh machine.
+bench: deps
+	@$(MAKE) --no-print-directory $(B)/bin/bench $(B)/bin/bench_agent $(CLI)
 	@$(B)/bin/bench
 	@$(B)/bin/bench_agent $(CLI)
 	@$(MAKE) --no-print-directory go-bench
@@ -555,7 +558,8 @@ py-bench: $(SHARED) $(CLI)
 
 # ---- demo: docs/migration.md in one minute (DEMO_ROWS, default 100000) ----
 
-demo: deps all
+demo: deps
+	@$(MAKE) --no-print-directory all
 	@tools/demo/demo.sh $(CLI)
 	@tools/demo/demo_rollout.sh $(CLI) $(DEMO_APP)
 
