@@ -103,12 +103,22 @@ static ks_err parse_failed(ks_ctx *ctx, ks_err err)
     return err;
 }
 
+/* crypto_aead_aes256gcm_is_available(), asked once: 0 not yet, 1 no, 2
+ * yes.  It reads the CPU features sodium_init() found, which ks_ctx_new
+ * ran before any seal or open could get here. */
+static _Atomic int aes_ni;
+
 /* Nonzero when this process can run alg's AEAD.  aes-256-gcm needs AES-NI
  * (libsodium has no portable AES); there is never a fallback. */
 static int alg_available(uint32_t alg)
 {
     if (alg == KS_ALG_AES256GCM) {
-        return crypto_aead_aes256gcm_is_available() && !atomic_load(&hide_aes);
+        int a = atomic_load_explicit(&aes_ni, memory_order_relaxed);
+        if (a == 0) {
+            a = crypto_aead_aes256gcm_is_available() ? 2 : 1;
+            atomic_store_explicit(&aes_ni, a, memory_order_relaxed);
+        }
+        return a == 2 && !atomic_load_explicit(&hide_aes, memory_order_relaxed);
     }
     return alg == KS_ALG_XCHACHA20POLY1305;
 }
@@ -185,7 +195,7 @@ static int commitment_ok(const ks_envelope *env, const rkeys *k)
 /* Write head[0, head_len) || lp(context) at aad (KS_DATA_AAD_MAX bytes):
  * a data AAD [F-CRYPTO-AAD-1] from its head (dek_writer.h).  Returns its
  * length. */
-static size_t head_and_context(uint8_t *aad, const uint8_t *head, size_t head_len, ks_bytes context)
+static inline size_t head_and_context(uint8_t *aad, const uint8_t *head, size_t head_len, ks_bytes context)
 {
     assert(head_len <= KS_DATA_AAD_HEAD_MAX && context.len <= KS_CONTEXT_MAX);
     memcpy(aad, head, head_len);

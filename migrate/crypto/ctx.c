@@ -38,16 +38,11 @@ static void aes_expand(void *state, const uint8_t *keys, size_t len)
 }
 
 /* See ctx_internal.h: the locked paths serve a thread without a shard. */
-ks_shard *ks_ctx_shard(ks_ctx *ctx, uint32_t t)
+ks_shard *ks_ctx_shard_make(ks_ctx *ctx, uint32_t t)
 {
-    if (t >= KS_THREAD_SLOTS) {
-        return NULL;
-    }
-    ks_shard *sh = atomic_load_explicit(&ctx->shards[t], memory_order_relaxed);
-    if (sh == NULL) {
-        sh = ks_shard_new(KS_WRAP_ID_MAX, ctx->cfg.cache_entries);
-        atomic_store_explicit(&ctx->shards[t], sh, memory_order_release);
-    }
+    assert(t < KS_THREAD_SLOTS);
+    ks_shard *sh = ks_shard_new(KS_WRAP_ID_MAX, ctx->cfg.cache_entries);
+    atomic_store_explicit(&ctx->shards[t], sh, memory_order_release);
     return sh;
 }
 

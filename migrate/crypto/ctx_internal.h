@@ -112,9 +112,21 @@ static inline void ks_ctx_count(ks_ctx *ctx, uint32_t t, int what)
                t, 1);
 }
 
+/* ks_ctx_shard() for a shard not made yet: make it (NULL when memory is
+ * short). */
+ks_shard *ks_ctx_shard_make(ks_ctx *ctx, uint32_t t);
+
 /* Thread index t's shard in ctx (shard.h), made on its first use; NULL
- * for the shared index, or when memory is short. */
-ks_shard *ks_ctx_shard(ks_ctx *ctx, uint32_t t);
+ * for the shared index, or when memory is short.  Every seal and open
+ * asks, so the lookup is inline. */
+static inline ks_shard *ks_ctx_shard(ks_ctx *ctx, uint32_t t)
+{
+    if (t >= KS_THREAD_SLOTS) {
+        return NULL;
+    }
+    ks_shard *sh = atomic_load_explicit(&ctx->shards[t], memory_order_relaxed);
+    return sh != NULL ? sh : ks_ctx_shard_make(ctx, t);
+}
 
 /* Count a provider error by class (not-found also as unknown_key) and
  * pass it through unchanged. */
