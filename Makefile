@@ -95,8 +95,8 @@ WARN    := -std=c11 -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing
            -Wformat=2 -Wvla -Wpointer-arith -Wcast-qual -Wundef
 # Link-time optimisation of the release build: a seal or an open runs
 # through crypto.c, aead.c, dek_writer.c, shard.c, ctx.c and the parser,
-# and only the link can inline across them (docs/PERFORMANCE.md, "Where
-# the rest goes").  Fat objects keep libkeyshift.a usable by a link
+# and only the link can inline across them (docs/PERFORMANCE.md,
+# "Single-thread overhead").  Fat objects keep libkeyshift.a usable by a link
 # without -flto; the links pass $(WARN) too, so that what the link-time
 # compiler finds fails the build as the compile would.
 LTO     := -flto=auto -ffat-lto-objects

@@ -55,8 +55,9 @@
  * the other core hit both alike; the figure compared is each side's
  * fastest round (noise on a shared VM only ever adds time), the medians
  * are printed for reference.  Seal and open goals are judged on the
- * median of the rounds' paired ratios instead (paired_ratio()), which
- * moved by 0.02 between runs where the fastest rounds moved by 0.1.  The
+ * median of the rounds' paired ratios instead (paired_ratio()): over five
+ * runs of one case it moved by 0.05 where the ratio of the fastest rounds
+ * moved by 0.6 (docs/PERFORMANCE.md, "Method").  The
  * number of calls per round is calibrated so that a round lasts about
  * ROUND_NS.
  */
@@ -600,7 +601,7 @@ typedef struct crypt_result {
 /* The median over the rounds of one run of raw / ks, raw being that
  * round's faster engine: each ratio compares calls made within a few
  * milliseconds of each other, so a host that speeds up or slows down
- * over the run (this VM's load and clock do, by 10 to 30 %) moves both
+ * over the run (a shared VM's speed moved by up to 1.7 times) moves both
  * sides of it alike, where the fastest rounds of each side may come from
  * different moments.  Taking the faster engine per round favours raw. */
 static double paired_ratio(double (*t)[ROUNDS])
