@@ -36,7 +36,8 @@
  *       guards written from docs/rollout.md; refusals are expected results.
  *   WRITE    a live reader ((a & 3) mod 3) asks ks_policy_write_target (key
  *       scope: ks_policy_write_target_key for key k, and the keyless
- *       question must fail with KS_ERR_STATE) for a
+ *       question must fail with KS_ERR_STATE), and ks_policy_write_plan
+ *       must give the same class with the column's encoding, for a
  *       tenant (b >> 4) and seals (ks_seal) under that class into row
  *       (b mod 16) + 1, or stores plaintext.  A seal fails exactly when the
  *       key version is not active.
@@ -838,6 +839,14 @@ static void op_write(world *w, uint8_t a, uint8_t b)
     int target = r->phase >= KS_PHASE_BACKFILL ||
                  (r->phase == KS_PHASE_WRITE_UPGRADE && model_in_canary(r, t));
     CHECK(ks_rollout_class_equal(&c, target ? &r->target : &r->source));
+    /* the app's one-section question gives the same class, and the
+     * column's encoding beside it (every rollout here is binary) */
+    ks_rollout_class c2;
+    ks_value_encoding enc = KS_ENCODING_BASE64;
+    ks_err enc_err = KS_ERR_STORE;
+    CHECK(ks_policy_write_plan(s->pol, w->key_mode ? tbl_of(w, id) : "t", "v", w->key_mode ? "k" : NULL,
+                               tenant, &c2, &enc, &enc_err) == KS_OK);
+    CHECK(enc_err == KS_OK && enc == KS_ENCODING_BINARY && ks_rollout_class_equal(&c2, &c));
     ks_err err = write_row(w, id, t, &c);
     if (w->verbose)
         fprintf(stderr, "  row %u (%s) <- %s: %s\n", id, TENANTS[t],

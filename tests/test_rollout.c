@@ -27,6 +27,7 @@
 #include <keyshift/rollout.h>
 #include <keyshift/rowstore.h>
 
+#include "../migrate/rollout/rollout_internal.h"
 #include "sqlite_test_util.h"
 
 /* One test's world: a temporary directory holding db.sqlite with an
@@ -1471,6 +1472,13 @@ static void *answer_loop(void *arg)
             ks_policy_column_encoding(a->p, "payments", "card", &enc) != KS_OK ||
             enc != KS_ENCODING_BINARY)
             a->bad++;
+        ks_err enc_err = KS_ERR_STORE;
+        enc = KS_ENCODING_BASE64;
+        if (ks_policy_write_plan(a->p, "payments", "card", NULL, (ks_bytes){(const uint8_t *)"t1", 2}, &c,
+                                 &enc, &enc_err) != KS_OK ||
+            (!ks_rollout_class_equal(&c, a->source) && !ks_rollout_class_equal(&c, a->target)) ||
+            enc_err != KS_OK || enc != KS_ENCODING_BINARY)
+            a->bad++;
     }
     return NULL;
 }
@@ -1983,6 +1991,24 @@ static void test_encoding_record(void **state)
     assert_int_equal(ks_policy_column_encoding(p, "orders", "card", &e), KS_ERR_NOT_FOUND);
     assert_int_equal(e, KS_ENCODING_BINARY);
     assert_int_equal(ks_policy_column_encoding(p, NULL, "card", &e), KS_ERR_INVALID_ARGUMENT);
+    /* the write plan gives the same encoding answers beside the target */
+    ks_rollout_class c, c2;
+    ks_err enc_err = KS_OK;
+    const ks_bytes t1 = {(const uint8_t *)"t1", 2};
+    assert_int_equal(ks_policy_write_plan(p, "PAYMENTS", "card", NULL, t1, &c, &e, &enc_err), KS_OK);
+    assert_int_equal(enc_err, KS_OK);
+    assert_int_equal(e, KS_ENCODING_BASE64);
+    assert_int_equal(ks_policy_write_target(p, "PAYMENTS", "card", t1, &c2), KS_OK);
+    assert_true(ks_rollout_class_equal(&c, &c2));
+    assert_int_equal(ks_policy_write_plan(p, "orders", "card", NULL, t1, &c, &e, &enc_err),
+                     KS_ERR_NOT_FOUND);
+    assert_int_equal(enc_err, KS_ERR_NOT_FOUND);
+    assert_int_equal(e, KS_ENCODING_BINARY);
+    assert_int_equal(ks_policy_write_plan(p, NULL, "card", NULL, t1, &c, &e, &enc_err),
+                     KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(enc_err, KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ks_policy_write_plan(p, "payments", "card", "bad key id", t1, &c, &e, &enc_err),
+                     KS_ERR_INVALID_ARGUMENT);
     ks_policy_close(p);
     ks_rollout_db_close(w->db);
     w->db = NULL;

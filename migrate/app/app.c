@@ -784,10 +784,10 @@ static ks_err rollout_class(ks_app *a, const ks_app_record *r, ks_rollout_class 
                           : ks_policy_write_target(a->policy, r->table, r->column, tenant, c);
 }
 
-/* What to write for r: the rollout's answer, or the default key. */
-static ks_err choose_class(ks_app *a, const ks_app_record *r, ks_rollout_class *c)
+/* e, a rollout's answer for c, or when none governs (KS_ERR_NOT_FOUND)
+ * the default key's class. */
+static ks_err class_or_default(ks_app *a, ks_err e, ks_rollout_class *c)
 {
-    ks_err e = rollout_class(a, r, c);
     if (e != KS_ERR_NOT_FOUND) {
         return e;
     }
@@ -800,6 +800,12 @@ static ks_err choose_class(ks_app *a, const ks_app_record *r, ks_rollout_class *
     strcpy(c->key_id, a->default_key_id);
     c->key_version = a->default_key_version; /* 0: the primary, resolved by ks_seal */
     return KS_OK;
+}
+
+/* What to write for r: the rollout's answer, or the default key. */
+static ks_err choose_class(ks_app *a, const ks_app_record *r, ks_rollout_class *c)
+{
+    return class_or_default(a, rollout_class(a, r, c), c);
 }
 
 /* Copy out a plaintext value v[0, v_len) as it is (one the phase reads,
@@ -894,6 +900,30 @@ static ks_err column_encoding(ks_app *a, const char *table, const char *column,
     return e == KS_ERR_NOT_FOUND ? KS_OK : e;
 }
 
+/* column_encoding of r's column into *enc and rollout_class of r into
+ * *c, from one look at the policy's rules (ks_policy_write_plan): the
+ * encoding's errors first, then the class's, KS_ERR_NOT_FOUND among them
+ * when no rollout governs. */
+static ks_err plan_write(ks_app *a, const ks_app_record *r, ks_value_encoding *enc,
+                         ks_rollout_class *c)
+{
+    *enc = a->default_encoding;
+    if (a->policy == NULL) {
+        return KS_ERR_NOT_FOUND;
+    }
+    ks_value_encoding got;
+    ks_err enc_err;
+    ks_err e = ks_policy_write_plan(a->policy, r->table, r->column,
+                                    a->has_default ? a->default_key_id : NULL, view(r->tenant), c,
+                                    &got, &enc_err);
+    if (enc_err == KS_OK) {
+        *enc = got;
+    } else if (enc_err != KS_ERR_NOT_FOUND) {
+        return enc_err;
+    }
+    return e;
+}
+
 /* See keyshift/app.h. */
 ks_err ks_app_column_encoding(ks_app *app, const char *table, const char *column,
                               ks_value_encoding *out)
@@ -964,10 +994,7 @@ ks_err ks_app_seal(ks_app *app, const ks_app_record *r, const uint8_t *pt, size_
     *out_len = 0;
     ks_value_encoding enc;
     ks_rollout_class c;
-    ks_err e = column_encoding(app, r->table, r->column, &enc);
-    if (e == KS_OK) {
-        e = choose_class(app, r, &c);
-    }
+    ks_err e = class_or_default(app, plan_write(app, r, &enc, &c), &c);
     if (e != KS_OK) {
         return e;
     }
@@ -1036,10 +1063,7 @@ ks_err ks_app_seal_update(ks_app *app, const ks_app_record *r, const uint8_t *pr
     *out_len = 0;
     ks_value_encoding enc;
     ks_rollout_class c;
-    ks_err e = column_encoding(app, r->table, r->column, &enc);
-    if (e == KS_OK) {
-        e = rollout_class(app, r, &c);
-    }
+    ks_err e = plan_write(app, r, &enc, &c);
     if (e == KS_ERR_NOT_FOUND) { /* no rollout governs: keep the stored form */
         e = stored_class_in(enc, prev, prev_len, &c);
     }

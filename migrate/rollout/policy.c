@@ -681,18 +681,43 @@ static ks_err write_answer(ks_policy *p, write_q *q, const char *key_id)
     return KS_ERR_NOT_FOUND;
 }
 
+/* The column encoding answer, in a read section: the rules hold the
+ * latest rollout of each scope; the one of highest id among those
+ * covering the column recorded its form last.  KS_ERR_NOT_FOUND (*out
+ * untouched) when none covers it. */
+static ks_err latest_encoding(const ks_policy *p, const char *table, const char *column,
+                              ks_value_encoding *out)
+{
+    const ks_rollout *latest = NULL;
+    for (size_t i = 0; i < p->n_rules; i++)
+        if (ks_rollout_scope_covers(&p->rules[i], table, column) &&
+            (latest == NULL || p->rules[i].id > latest->id))
+            latest = &p->rules[i];
+    if (latest == NULL)
+        return KS_ERR_NOT_FOUND;
+    *out = latest->encoding;
+    return KS_OK;
+}
+
 /* Answer a write target for key_id (NULL: ks_policy_write_target) after
- * refreshing when due. */
+ * refreshing when due; with enc, the column's encoding too, from the same
+ * read section, its answer in *enc_err (a failed refresh: that error). */
 static ks_err write_target(ks_policy *p, const char *table, const char *column,
-                           const char *key_id, ks_bytes tenant, ks_rollout_class *out)
+                           const char *key_id, ks_bytes tenant, ks_rollout_class *out,
+                           ks_value_encoding *enc, ks_err *enc_err)
 {
     if (p == NULL || table == NULL || column == NULL || out == NULL ||
         (tenant.ptr == NULL && tenant.len > 0))
         return KS_ERR_INVALID_ARGUMENT;
     ks_err err = refresh_when_due(p);
-    if (err != KS_OK)
+    if (err != KS_OK) {
+        if (enc != NULL)
+            *enc_err = err;
         return err;
+    }
     const uint32_t i = read_enter(p);
+    if (enc != NULL)
+        *enc_err = latest_encoding(p, table, column, enc);
     write_q q = {tenant, out, p->rules, p->n_rules, table, column};
     err = write_answer(p, &q, key_id);
     read_exit(p, i);
@@ -703,7 +728,7 @@ static ks_err write_target(ks_policy *p, const char *table, const char *column,
 ks_err ks_policy_write_target(ks_policy *p, const char *table, const char *column,
                               ks_bytes tenant, ks_rollout_class *out)
 {
-    return write_target(p, table, column, NULL, tenant, out);
+    return write_target(p, table, column, NULL, tenant, out, NULL, NULL);
 }
 
 /* See rollout.h. */
@@ -712,7 +737,7 @@ ks_err ks_policy_write_target_key(ks_policy *p, const char *table, const char *c
 {
     if (!ks_rollout_charset_ok(key_id, KS_KEY_ID_MAX, KS_RULE_KEY_ID))
         return KS_ERR_INVALID_ARGUMENT;
-    return write_target(p, table, column, key_id, tenant, out);
+    return write_target(p, table, column, key_id, tenant, out, NULL, NULL);
 }
 
 /* Classify value into *c: plaintext unless it starts with "KSE", then by
@@ -808,9 +833,7 @@ ks_err ks_policy_may_read_class(ks_policy *p, const char *table, const char *col
     return may_read(p, table, column, &q);
 }
 
-/* See rollout.h.  The rules hold the latest rollout of each scope; the
- * one of highest id among those covering the column recorded its form
- * last. */
+/* See rollout.h. */
 ks_err ks_policy_column_encoding(ks_policy *p, const char *table, const char *column,
                                  ks_value_encoding *out)
 {
@@ -822,15 +845,22 @@ ks_err ks_policy_column_encoding(ks_policy *p, const char *table, const char *co
     if (err != KS_OK)
         return err;
     const uint32_t s = read_enter(p);
-    const ks_rollout *latest = NULL;
-    for (size_t i = 0; i < p->n_rules; i++)
-        if (ks_rollout_scope_covers(&p->rules[i], table, column) &&
-            (latest == NULL || p->rules[i].id > latest->id))
-            latest = &p->rules[i];
-    if (latest == NULL)
-        err = KS_ERR_NOT_FOUND;
-    else
-        *out = latest->encoding;
+    err = latest_encoding(p, table, column, out);
     read_exit(p, s);
     return err;
+}
+
+/* See rollout_internal.h. */
+ks_err ks_policy_write_plan(ks_policy *p, const char *table, const char *column,
+                            const char *key_id, ks_bytes tenant, ks_rollout_class *out,
+                            ks_value_encoding *enc, ks_err *enc_err)
+{
+    if (enc != NULL)
+        *enc = KS_ENCODING_BINARY;
+    if (enc_err != NULL)
+        *enc_err = KS_ERR_INVALID_ARGUMENT;
+    if (enc == NULL || enc_err == NULL ||
+        (key_id != NULL && !ks_rollout_charset_ok(key_id, KS_KEY_ID_MAX, KS_RULE_KEY_ID)))
+        return KS_ERR_INVALID_ARGUMENT;
+    return write_target(p, table, column, key_id, tenant, out, enc, enc_err);
 }

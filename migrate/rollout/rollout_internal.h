@@ -44,6 +44,15 @@ void ks_policy_leave_registration(ks_policy *p);
 KS_WUR ks_err ks_policy_may_read_class(ks_policy *p, const char *table, const char *column,
                                        const ks_rollout_class *c, int *ok);
 
+/* ks_policy_column_encoding (into *enc, its error into *enc_err) and
+ * ks_policy_write_target, or with key_id ks_policy_write_target_key
+ * (into *out, its error returned), from one refresh check and one read
+ * section: both answers come from the same rules, for the cost of one.
+ * A failed refresh is both errors. */
+KS_WUR ks_err ks_policy_write_plan(ks_policy *p, const char *table, const char *column,
+                                   const char *key_id, ks_bytes tenant, ks_rollout_class *out,
+                                   ks_value_encoding *enc, ks_err *enc_err);
+
 /* The store's data_version (keyshift/rollout_store.h): changes when
  * another connection commits to the database. */
 KS_WUR ks_err ks_rollout_db_data_version(ks_rollout_db *db, int64_t *out);
