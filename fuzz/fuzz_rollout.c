@@ -957,6 +957,19 @@ static void op_read(world *w, uint8_t a, uint8_t b)
     CHECK(enc == KS_ENCODING_BINARY);
     CHECK(ks_policy_column_encoding(NULL, "t", "v", &enc) == KS_ERR_INVALID_ARGUMENT);
     CHECK(ks_policy_column_encoding(s->pol, "t", "v", NULL) == KS_ERR_INVALID_ARGUMENT);
+    /* the one-section question refuses the same, and a bad key id, with
+     * both answers set */
+    ks_rollout_class wc;
+    ks_err enc_err = KS_OK;
+    const ks_bytes t0 = {(const uint8_t *)TENANTS[0], strlen(TENANTS[0])};
+    enc = KS_ENCODING_BASE64;
+    CHECK(ks_policy_write_plan(NULL, "t", "v", NULL, t0, &wc, &enc, &enc_err) == KS_ERR_INVALID_ARGUMENT &&
+          enc_err == KS_ERR_INVALID_ARGUMENT && enc == KS_ENCODING_BINARY);
+    CHECK(ks_policy_write_plan(s->pol, "t", "v", (b & 4u) ? "k k" : NULL, t0, &wc, NULL, &enc_err) ==
+          KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_policy_write_plan(s->pol, "t", "v", NULL, t0, &wc, &enc, NULL) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(ks_policy_write_plan(s->pol, "t", "v", "k k", t0, &wc, &enc, &enc_err) == KS_ERR_INVALID_ARGUMENT &&
+          enc_err == KS_ERR_INVALID_ARGUMENT);
     /* may_read refuses a missing argument, or a length without bytes,
      * answering no */
     ks_bytes hollow = {NULL, 1};
