@@ -771,19 +771,6 @@ static ks_bytes view(ks_bytes v)
     return v.len > 0 ? v : (ks_bytes){NULL, 0};
 }
 
-/* What the rollout governing r's column says to write for r's tenant;
- * KS_ERR_NOT_FOUND when none governs (also without a database). */
-static ks_err rollout_class(ks_app *a, const ks_app_record *r, ks_rollout_class *c)
-{
-    if (a->policy == NULL) {
-        return KS_ERR_NOT_FOUND;
-    }
-    ks_bytes tenant = view(r->tenant);
-    return a->has_default ? ks_policy_write_target_key(a->policy, r->table, r->column,
-                                                       a->default_key_id, tenant, c)
-                          : ks_policy_write_target(a->policy, r->table, r->column, tenant, c);
-}
-
 /* e, a rollout's answer for c, or when none governs (KS_ERR_NOT_FOUND)
  * the default key's class. */
 static ks_err class_or_default(ks_app *a, ks_err e, ks_rollout_class *c)
@@ -800,12 +787,6 @@ static ks_err class_or_default(ks_app *a, ks_err e, ks_rollout_class *c)
     strcpy(c->key_id, a->default_key_id);
     c->key_version = a->default_key_version; /* 0: the primary, resolved by ks_seal */
     return KS_OK;
-}
-
-/* What to write for r: the rollout's answer, or the default key. */
-static ks_err choose_class(ks_app *a, const ks_app_record *r, ks_rollout_class *c)
-{
-    return class_or_default(a, rollout_class(a, r, c), c);
 }
 
 /* Copy out a plaintext value v[0, v_len) as it is (one the phase reads,
@@ -881,6 +862,15 @@ static int has_magic(const uint8_t *v, size_t v_len)
     return v_len >= 3 && v[0] == KS_MAGIC_0 && v[1] == KS_MAGIC_1 && v[2] == KS_MAGIC_2;
 }
 
+/* The policy's encoding answer got, with its error e, into *enc: where no
+ * rollout covers the column (KS_ERR_NOT_FOUND) or on an error, the app's
+ * default_encoding; KS_OK for a column none covers, else e. */
+static ks_err encoding_or_default(ks_app *a, ks_err e, ks_value_encoding got, ks_value_encoding *enc)
+{
+    *enc = e == KS_OK ? got : a->default_encoding;
+    return e == KS_ERR_NOT_FOUND ? KS_OK : e;
+}
+
 /* How table.column holds envelopes (ks_app_column_encoding): the latest
  * rollout covering it records it; where none does (or without a
  * database), the app's default_encoding.  The policy's errors otherwise
@@ -888,27 +878,26 @@ static int has_magic(const uint8_t *v, size_t v_len)
 static ks_err column_encoding(ks_app *a, const char *table, const char *column,
                               ks_value_encoding *enc)
 {
-    *enc = a->default_encoding;
     if (a->policy == NULL) {
+        *enc = a->default_encoding;
         return KS_OK;
     }
     ks_value_encoding got;
     ks_err e = ks_policy_column_encoding(a->policy, table, column, &got);
-    if (e == KS_OK) {
-        *enc = got;
-    }
-    return e == KS_ERR_NOT_FOUND ? KS_OK : e;
+    return encoding_or_default(a, e, got, enc);
 }
 
-/* column_encoding of r's column into *enc and rollout_class of r into
- * *c, from one look at the policy's rules (ks_policy_write_plan): the
- * encoding's errors first, then the class's, KS_ERR_NOT_FOUND among them
- * when no rollout governs. */
+/* column_encoding of r's column into *enc and what the rollout governing
+ * it says to write for r's tenant into *c (under the default key_id when
+ * the app has one), from one look at the policy's rules
+ * (ks_policy_write_plan): the encoding's errors first, then the class's,
+ * KS_ERR_NOT_FOUND among them when no rollout governs (also without a
+ * database). */
 static ks_err plan_write(ks_app *a, const ks_app_record *r, ks_value_encoding *enc,
                          ks_rollout_class *c)
 {
-    *enc = a->default_encoding;
     if (a->policy == NULL) {
+        *enc = a->default_encoding;
         return KS_ERR_NOT_FOUND;
     }
     ks_value_encoding got;
@@ -916,12 +905,8 @@ static ks_err plan_write(ks_app *a, const ks_app_record *r, ks_value_encoding *e
     ks_err e = ks_policy_write_plan(a->policy, r->table, r->column,
                                     a->has_default ? a->default_key_id : NULL, view(r->tenant), c,
                                     &got, &enc_err);
-    if (enc_err == KS_OK) {
-        *enc = got;
-    } else if (enc_err != KS_ERR_NOT_FOUND) {
-        return enc_err;
-    }
-    return e;
+    enc_err = encoding_or_default(a, enc_err, got, enc);
+    return enc_err != KS_OK ? enc_err : e;
 }
 
 /* See keyshift/app.h. */
@@ -1417,8 +1402,9 @@ ks_err ks_app_seal_text(ks_app *app, const ks_app_record *r, const uint8_t *pt, 
         return KS_ERR_INVALID_ARGUMENT;
     }
     *out_len = 0;
+    ks_value_encoding recorded; /* a text seal is base64 whatever the column records */
     ks_rollout_class c;
-    ks_err e = choose_class(app, r, &c);
+    ks_err e = class_or_default(app, plan_write(app, r, &recorded, &c), &c);
     if (e != KS_OK) {
         return e;
     }
