@@ -589,7 +589,7 @@ demo: deps
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 TEST_BINS = $(STATIC) $(SHARED) $(CLI) $(DEMO_APP) $(KMS_AWS) $(UNIT_BINS) $(TSAN_BINS) $(CLI_SAN) \
             $(DEMO_APP_SAN) $(KMS_AWS_SAN) $(KMS_AWS_DRIVER) $(GO_EXAMPLE) $(FUZZ_RP_BINS) $(FUZZ_CV_BINS) \
-            $(FUZZ_LF_BINS) $(FZ)/lf/fuzz_canary
+            $(FUZZ_LF_BINS) $(FZ)/lf/fuzz_canary $(FZ)/lf/fuzz_calib
 
 test-build: $(TEST_BINS)
 

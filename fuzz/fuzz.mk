@@ -12,11 +12,14 @@
 #                        untrusted bytes, parser/ and format/ at 95/90, the stateful code
 #                        (migrate/crypto/, migrate/engine/, rollout guard.c, policy.c) at 85/75
 #   make fuzz-smoke      the gate: every target has a line in fuzz/gates.txt, the canary is
-#                        found (fuzz-canary), then each libFuzzer target for FUZZ_SMOKE_SECONDS
-#                        from a copy of the corpus, failing below its features or exec/s floor
-#                        (fuzz-smoke, fuzz, fuzz-afl: each with its own dictionary, fuzz_dict)
+#                        found (fuzz-canary), the host's speed is measured (fuzz-calib), then
+#                        each libFuzzer target for FUZZ_SMOKE_SECONDS from a copy of the
+#                        corpus, failing below its features or its exec/s floor scaled to the
+#                        host (fuzz-smoke, fuzz, fuzz-afl: each with its own dictionary, fuzz_dict)
 #   make fuzz-canary     fuzz/canary/fuzz_canary.c (a planted over-read) until found, at most
 #                        FUZZ_CANARY_SECONDS
+#   make fuzz-calib      fuzz/calib/fuzz_calib.c (fixed work per input), two copies at once for
+#                        FUZZ_CALIB_SECONDS: the host's speed the exec/s floors scale by
 #   make fuzz-struct     the envelope targets plain and with fuzz/envelope_mutator.h, for
 #                        FUZZ_STRUCT_SECONDS each, to compare their features
 #   make fuzz            each libFuzzer target for FUZZ_SECONDS, corpus kept in $(B)/fuzz/run/
@@ -33,11 +36,13 @@ FUZZ_TARGETS := fuzz_parse fuzz_differential fuzz_open fuzz_keyring fuzz_migrate
                 fuzz_agent_request \
                 fuzz_aead
 # Not in FUZZ_TARGETS (nor OSS-Fuzz): the structure-aware variants of
-# fuzz/struct/ (make fuzz-struct, make fuzz) and the canary (make fuzz-canary).
+# fuzz/struct/ (make fuzz-struct, make fuzz), the canary (make fuzz-canary)
+# and the calibration (make fuzz-calib).
 FUZZ_STRUCT_TARGETS := fuzz_parse_struct fuzz_open_struct
 FUZZ_GATES := fuzz/gates.txt
 FUZZ_SMOKE_SECONDS ?= 10
 FUZZ_CANARY_SECONDS ?= 60
+FUZZ_CALIB_SECONDS ?= 3
 FUZZ_STRUCT_SECONDS ?= 60
 FUZZ_SECONDS ?= 60
 AFL_SECONDS ?= 20
@@ -143,7 +148,7 @@ $(FUZZ_TARGETS:%=$(FZ)/afl/%.cmplog): $(FZ)/afl/%.cmplog: fuzz/%.c $(FUZZ_LIB_C)
 	    -fsanitize=fuzzer $< $(FUZZ_EXTRA_$*) $(FUZZ_LIB_C) $(FUZZ_LIBS) -o $@
 
 .PRECIOUS: $(FZ)/lf/obj/%.o $(FZ)/replay/obj/%.o $(FZ)/cov/obj/%.o
-.PHONY: fuzz-build fuzz-seeds oss-fuzz-check fuzz-canary fuzz-struct
+.PHONY: fuzz-build fuzz-seeds oss-fuzz-check fuzz-canary fuzz-calib fuzz-struct
 
 fuzz-build: $(FUZZ_LF_BINS) $(FUZZ_RP_BINS)
 
@@ -238,17 +243,19 @@ endef
 # again.  Else only print the figures.
 define fuzz_run
 	set -e; $(call fuzz_once,$(1),$(2),$(3),$(4),$(5)); \
-	 if ! $(PYTHON_DEBIAN) fuzz/gate.py check $(if $(5),$(FUZZ_GATES),-) $(1) $$w/log $(2) $$w/corpus; then \
+	 if ! $(PYTHON_DEBIAN) fuzz/gate.py check $(if $(5),$(FUZZ_GATES),-) $(1) $$w/log $(2) $$w/corpus \
+	         $(FUZZ_HOST); then \
 	     if [ -z "$(5)" ]; then exit 1; fi; \
 	     echo "$(1): below a floor in one run: running it once more (a slow target fails both)"; \
 	     $(call fuzz_once,$(1),$(2),$(3),1,$(5)); \
-	     $(PYTHON_DEBIAN) fuzz/gate.py check $(FUZZ_GATES) $(1) $$w/log $(2) $$w/corpus; \
+	     $(PYTHON_DEBIAN) fuzz/gate.py check $(FUZZ_GATES) $(1) $$w/log $(2) $$w/corpus $(FUZZ_HOST); \
 	 fi
 endef
 
 # fuzz-smoke is also the gate: every target needs a line in $(FUZZ_GATES)
 # (features floor, exec/s floor, reason), the canary must be found, and each
-# run must reach its line's floors (fuzz/gate.py).
+# run must reach its line's floors (fuzz/gate.py), the exec/s floor scaled
+# to the host's speed that fuzz-calib measures first, alone.
 # The targets run FUZZ_SMOKE_JOBS at a time (default: the machine's cores),
 # each a single-threaded libFuzzer process on a core of its own, so the
 # exec/s floors hold as they do for one run alone; the slowest targets
@@ -279,7 +286,8 @@ fuzz-smoke-lines:
 $(FUZZ_SMOKE_RUNS): fuzz-smoke-run-%: $(FZ)/lf/% fuzz-smoke-lines
 	@$(call fuzz_run,$*,$(FUZZ_SMOKE_SECONDS),$(FZ)/smoke,1,gate)
 
-fuzz-smoke: $(FUZZ_LF_BINS) fuzz-canary fuzz-smoke-lines
+fuzz-smoke: $(FUZZ_LF_BINS) $(FZ)/lf/fuzz_calib fuzz-canary fuzz-smoke-lines
+	@$(MAKE) --no-print-directory fuzz-calib
 	@$(MAKE) --no-print-directory -j$(FUZZ_SMOKE_JOBS) --output-sync=target $(FUZZ_SMOKE_RUNS)
 	@echo "fuzz-smoke: all targets ran $(FUZZ_SMOKE_SECONDS) s without a finding, above their floors in $(FUZZ_GATES)"
 
@@ -300,6 +308,34 @@ fuzz-canary: $(FZ)/lf/fuzz_canary
 	 ASAN_OPTIONS=$(ASAN_OPTIONS):detect_leaks=0 $(PYTHON_DEBIAN) fuzz/gate.py canary \
 	     $(FUZZ_CANARY_SECONDS) $$w/log -- $(FZ)/lf/fuzz_canary -max_total_time=$(FUZZ_CANARY_SECONDS) \
 	     -max_len=64 -artifact_prefix=$$w/artifacts/ $$w/corpus
+
+# ---- the host's speed --------------------------------------------------------
+# fuzz/calib/fuzz_calib.c does the same work for every input (SQLite
+# statements, heap blocks, a byte loop), so its exec/s per CPU second is the
+# host's: FUZZ_CALIB_JOBS copies run at once, as the smoke runs go, and
+# fuzz/gate.py calib writes their mean to FUZZ_HOST.  fuzz/gates.txt's
+# host-reference line says how fast a host must be for the exec/s floors to
+# hold as written; on a slower one each floor scales by speed / reference
+# (fuzz/gate.py check).  Built here only: not in FUZZ_TARGETS, OSS-Fuzz or
+# install, and it links nothing of the library, so no change to keyshift
+# moves it.
+FUZZ_CALIB_JOBS ?= $(FUZZ_SMOKE_JOBS)
+FUZZ_HOST := $(FZ)/smoke/fuzz_calib/host
+
+$(FZ)/lf/fuzz_calib: fuzz/calib/fuzz_calib.c fuzz/fuzz.mk
+	@mkdir -p $(dir $@)
+	$(CLANG) $(WARN) $(FUZZ_BASE) $(FUZZ_SAN) -fsanitize=fuzzer $< -lsqlite3 -o $@
+
+fuzz-calib: $(FZ)/lf/fuzz_calib
+	@set -e; w=$(FZ)/smoke/fuzz_calib; rm -rf $$w; mkdir -p $$w; pids=; \
+	 for i in $$(seq $(FUZZ_CALIB_JOBS)); do mkdir $$w/corpus.$$i; \
+	     $(PYTHON_DEBIAN) fuzz/gate.py run $$w/log.$$i -- env ASAN_OPTIONS=$(ASAN_OPTIONS):detect_leaks=1 \
+	         $(FZ)/lf/fuzz_calib -max_total_time=$(FUZZ_CALIB_SECONDS) -detect_leaks=1 \
+	         -print_final_stats=1 $(FUZZ_SMOKE_FLAGS) $$w/corpus.$$i & pids="$$pids $$!"; \
+	 done; \
+	 for p in $$pids; do wait $$p || { tail -n 30 $$w/log.*; \
+	     echo "fuzz_calib: FAILED (logs in $$w)"; exit 1; }; done; \
+	 $(PYTHON_DEBIAN) fuzz/gate.py calib $(FUZZ_GATES) $(FUZZ_HOST) $$w/log.*
 
 # ---- structure-aware variants -------------------------------------------------
 # fuzz/struct/<target>_struct.c: the target with fuzz/envelope_mutator.h.

@@ -4,9 +4,12 @@
     gate.py lines GATES TARGET...            every target has a line in GATES
     gate.py run LOG -- CMD...                run one libFuzzer command, its output in LOG,
                                              then the CPU time it used as a last line
-    gate.py check GATES|- TARGET LOG SECONDS CORPUS
+    gate.py check GATES|- TARGET LOG SECONDS CORPUS [HOST]
                                              one libFuzzer run against its line
-                                             (-: print the figures, gate nothing)
+                                             (-: print the figures, gate nothing);
+                                             HOST: the file `calib` wrote
+    gate.py calib GATES HOST LOG...          the host's speed from the calibration
+                                             runs' logs, written to HOST
     gate.py canary SECONDS LOG -- CMD...     run the negative canary, expect a find
     gate.py coverage SUMMARY GROUP MIN_LINES MIN_BRANCHES [LINES BRANCHES REASON...]
                                              per-file and group coverage figures from
@@ -26,6 +29,16 @@ gave it (libFuzzer's stat::average_exec_per_sec, per wall-clock second,
 is printed beside it).  MIN_EXEC_PER_S is 1000 (the rule) unless a
 REASON says why a target may be slower: a line with a lower figure and no
 reason is itself an error.  `#` starts a comment.  Standard library only.
+
+One more line, `host-reference EXEC_PER_S REASON`, scales the exec/s
+floors to the host: fuzz/calib/fuzz_calib.c does the same fixed work for
+every input, so its speed (two copies at once, as the smoke runs go, the
+mean of their exec/s per CPU second) is the host's, not the harnesses'.
+On a host where it runs at EXEC_PER_S or faster the floors hold as
+written; on a slower one each floor is multiplied by speed / EXEC_PER_S.
+A floor is thus a ratio to a workload measured in the same run, as the
+project's benchmarks are, and a target made slower by the same factor on
+any host fails the same way.
 """
 import json
 import os
@@ -35,6 +48,7 @@ import sys
 import time
 
 SPEED_RULE = 1000
+REFERENCE = "host-reference"
 
 
 def fail(msg):
@@ -44,7 +58,9 @@ def fail(msg):
 
 
 def read_gates(path):
-    """Parse GATES into {target: (min_features, min_eps, reason)}; exit on a bad line."""
+    """Parse GATES into {target: (min_features, min_eps, reason)}; exit on a bad line.
+    The host-reference line, when there is one, is under the key REFERENCE as
+    (0, exec/s, reason)."""
     gates = {}
     with open(path, encoding="utf-8") as f:
         for no, raw in enumerate(f, 1):
@@ -53,6 +69,14 @@ def read_gates(path):
                 continue
             parts = line.split(None, 3)
             where = "%s:%d" % (path, no)
+            if parts[0] == REFERENCE:
+                parts = line.split(None, 2)
+                if len(parts) < 3 or not parts[1].isdigit() or int(parts[1]) == 0:
+                    fail("fuzz-gate: %s: want %s EXEC_PER_S REASON" % (where, REFERENCE))
+                if REFERENCE in gates:
+                    fail("fuzz-gate: %s: a second %s line" % (where, REFERENCE))
+                gates[REFERENCE] = (0, int(parts[1]), parts[2].strip())
+                continue
             if len(parts) < 3 or not parts[1].isdigit() or not parts[2].isdigit():
                 fail("fuzz-gate: %s: want TARGET MIN_FEATURES MIN_EXEC_PER_S [REASON]" % where)
             target, feats, eps = parts[0], int(parts[1]), int(parts[2])
@@ -69,6 +93,7 @@ def read_gates(path):
 def cmd_lines(path, targets):
     """Fail, naming them, when some targets have no line in GATES."""
     gates = read_gates(path)
+    gates.pop(REFERENCE, None)
     missing = [t for t in targets if t not in gates]
     if missing:
         fail("fuzz-gate: FAILED: no line in %s for %s; add `TARGET MIN_FEATURES MIN_EXEC_PER_S "
@@ -114,13 +139,49 @@ def log_figures(log):
     return execs, eps, feats, cov, cpu
 
 
-def cmd_check(path, target, log, seconds, corpus):
-    """Print one run's figures and fail when they are below the target's line."""
-    execs, wall_eps, feats, cov, cpu = log_figures(log)
+def cpu_speed(log, what):
+    """(exec/s per CPU second, exec/s per wall second) of one run's log; fail
+    when it has no final stats.  Per CPU second when `gate.py run` recorded
+    at least 1 ms of it, else per wall second."""
+    execs, wall_eps, feats, _, cpu = log_figures(log)
     if execs is None or wall_eps is None or feats is None:
-        fail("%s: FAILED: no final stats or status line in %s" % (target, log))
-    # per CPU second when recorded (at least 1 ms of it), else per wall second
-    eps = int(execs / cpu) if cpu is not None and cpu >= 0.001 else wall_eps
+        fail("%s: FAILED: no final stats or status line in %s" % (what, log))
+    return (int(execs / cpu) if cpu is not None and cpu >= 0.001 else wall_eps), wall_eps
+
+
+def cmd_calib(path, host, logs):
+    """Write the host's speed, the mean of the calibration runs' exec/s per
+    CPU second, to host, and print it with the scale it gives the floors."""
+    speeds = [cpu_speed(log, "fuzz_calib")[0] for log in logs]
+    speed = sum(speeds) // len(speeds)
+    with open(host, "w", encoding="utf-8") as f:
+        f.write("%d\n" % speed)
+    ref = read_gates(path).get(REFERENCE)
+    if ref is None:
+        print("fuzz_calib: %d exec/s per CPU second (runs: %s); %s has no %s line: "
+              "floors as written" % (speed, ", ".join(map(str, speeds)), path, REFERENCE))
+        return
+    print("fuzz_calib: %d exec/s per CPU second (runs: %s), reference %d: exec/s floors x %.2f"
+          % (speed, ", ".join(map(str, speeds)), ref[1], min(1.0, speed / ref[1])))
+
+
+def host_scale(gates, host):
+    """The factor for the exec/s floors, and a note saying where it came from."""
+    ref = gates.get(REFERENCE)
+    if ref is None:
+        return 1.0, ""
+    if not host or not os.path.exists(host):
+        return 1.0, ", host not measured (make fuzz-calib)"
+    with open(host, encoding="utf-8") as f:
+        speed = int(f.read().strip() or "0")
+    scale = min(1.0, speed / ref[1])
+    return scale, (", host %d of %d exec/s" % (speed, ref[1]) if scale < 1.0 else "")
+
+
+def cmd_check(path, target, log, seconds, corpus, host=None):
+    """Print one run's figures and fail when they are below the target's line."""
+    execs, _, feats, cov, _ = log_figures(log)
+    eps, wall_eps = cpu_speed(log, target)
     speed = "%d exec/s per CPU second (%d per wall second)" % (eps, wall_eps)
     files = len(os.listdir(corpus))
     if path == "-":
@@ -130,19 +191,23 @@ def cmd_check(path, target, log, seconds, corpus):
     gates = read_gates(path)
     if target not in gates:
         cmd_lines(path, [target])
-    min_feats, min_eps, reason = gates[target]
+    min_feats, line_eps, reason = gates[target]
+    scale, host_note = host_scale(gates, host)
+    min_eps = max(1, int(line_eps * scale))
     bad = []
     if feats < min_feats:
         bad.append("%d features, below its floor of %d" % (feats, min_feats))
     if eps < min_eps:
         bad.append("%d exec/s, below its floor of %d" % (eps, min_eps))
-    print("%s: %s, %d execs in %s s, %s (floor %d%s), %d features (floor %d), cov %d, "
+    floor = "%d" % min_eps if min_eps == line_eps else "%d (%d x %.2f)" % (min_eps, line_eps, scale)
+    print("%s: %s, %d execs in %s s, %s (floor %s%s%s), %d features (floor %d), cov %d, "
           "corpus %d files (%s)" % (target, "FAILED" if bad else "ok", execs, seconds, speed,
-                                    min_eps, ", allowlisted" if min_eps < SPEED_RULE else "",
+                                    floor, host_note,
+                                    ", allowlisted" if line_eps < SPEED_RULE else "",
                                     feats, min_feats, cov, files, os.path.dirname(log)))
     if bad:
         fail("%s: FAILED the gate (%s): %s" % (target, path, "; ".join(bad)))
-    if min_eps < SPEED_RULE:
+    if line_eps < SPEED_RULE:
         print("%s: note: allowed below %d exec/s: %s" % (target, SPEED_RULE, reason))
 
 
@@ -211,8 +276,10 @@ def main(argv):
         cmd_lines(argv[2], argv[3:])
     elif len(argv) >= 5 and argv[1] == "run" and argv[3] == "--":
         cmd_run(argv[2], argv[4:])
-    elif len(argv) == 7 and argv[1] == "check":
+    elif len(argv) in (7, 8) and argv[1] == "check":
         cmd_check(*argv[2:])
+    elif len(argv) >= 5 and argv[1] == "calib":
+        cmd_calib(argv[2], argv[3], argv[4:])
     elif len(argv) >= 6 and argv[1] == "canary" and argv[4] == "--":
         cmd_canary(argv[2], argv[3], argv[5:])
     elif (len(argv) == 6 or len(argv) >= 9) and argv[1] == "coverage":
