@@ -1,8 +1,8 @@
 /*
  * migrate/errbuf.h -- the one formatter of the library's messages: every
- * layer that explains a refusal in a caller's buffer (the SQLite helpers of
- * migrate/store/, the guards and the rollout layer of migrate/rollout/)
- * writes it with ks_errbuf_fail.  At the bottom of migrate/, like
+ * layer that explains a refusal in a caller's buffer (the SQLite and
+ * PostgreSQL stores of migrate/store/, the guards and the rollout layer of
+ * migrate/rollout/) writes it with ks_errbuf_fail.  At the bottom of migrate/, like
  * alloc_hook.h, so that no layer includes another's internals for it.
  * Internal to the library (no KS_API).
  */

@@ -14,7 +14,6 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +24,7 @@
 #include <keyshift/chunks.h>
 #include <keyshift/chunks_pg.h>
 
+#include "../../errbuf.h"
 #include "pg_decode.h"
 #include "pg_util.h"
 #include "pg_internal.h"
@@ -134,19 +134,6 @@ typedef struct tparams {
     int n;
 } tparams;
 
-/* Format a message into errbuf (when there is one); returns err. */
-__attribute__((format(printf, 4, 5))) static ks_err say(char *errbuf, size_t errbuf_len,
-                                                       ks_err err, const char *fmt, ...)
-{
-    if (errbuf != NULL && errbuf_len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(errbuf, errbuf_len, fmt, ap);
-        va_end(ap);
-    }
-    return err;
-}
-
 /* tmpl with every @S replaced by qs, in new memory (NULL: out of memory). */
 static char *with_schema(const char *tmpl, const char *qs)
 {
@@ -241,7 +228,7 @@ static const char *const summary_col[KS_PG_SUMMARY_NCOLS] = {KS_PG_SUMMARY_NAMES
  * `name` and the rule its cell broke (never the cell's value). */
 static ks_err bad_cell(char *errbuf, size_t errbuf_len, const char *name, const char *why)
 {
-    return say(errbuf, errbuf_len, KS_ERR_STORE, "keyshift_chunk: column %s %s", name, why);
+    return ks_errbuf_fail(errbuf, errbuf_len, KS_ERR_STORE, "keyshift_chunk: column %s %s", name, why);
 }
 
 /* Cell (row, col) of a binary result as a bigint within [lo, hi] into
@@ -317,7 +304,7 @@ ks_err ks_pg_read_chunk(const PGresult *res, int row, ks_bytes params, ks_chunk 
 {
     memset(k, 0, sizeof *k);
     if (row < 0 || row >= PQntuples(res) || PQnfields(res) != KS_PG_CHUNK_NCOLS)
-        return say(errbuf, errbuf_len, KS_ERR_STORE, "keyshift_chunk: a row of another shape");
+        return ks_errbuf_fail(errbuf, errbuf_len, KS_ERR_STORE, "keyshift_chunk: a row of another shape");
     int64_t v[KS_PG_CHUNK_NCOLS] = {0};
     int cursor_null = 0, owner_null = 0, lease_null = 0, running = 0;
     ks_err err = int_cell(res, row, 0, chunk_col[0], 0, (int64_t)KS_CHUNKS_MAX - 1, 0, NULL, &v[0],
@@ -384,7 +371,7 @@ ks_err ks_pg_read_summary(const PGresult *res, ks_chunk_summary *out, char *errb
 {
     memset(out, 0, sizeof *out);
     if (PQntuples(res) != 1 || PQnfields(res) != KS_PG_SUMMARY_NCOLS)
-        return say(errbuf, errbuf_len, KS_ERR_STORE, "keyshift_chunk: a summary of another shape");
+        return ks_errbuf_fail(errbuf, errbuf_len, KS_ERR_STORE, "keyshift_chunk: a summary of another shape");
     int64_t v[KS_PG_SUMMARY_NCOLS];
     ks_err err = KS_OK;
     for (int i = 0; err == KS_OK && i < KS_PG_SUMMARY_NCOLS; i++)
@@ -462,7 +449,7 @@ static ks_err planned_count(pg_chunks *c, uint64_t *n)
     ks_err err = PQntuples(c->res) == 1 && PQnfields(c->res) == 1
                      ? int_cell(c->res, 0, 0, "count", 0, (int64_t)KS_CHUNKS_MAX, 0, NULL, &v,
                                 c->why, sizeof c->why)
-                     : say(c->why, sizeof c->why, KS_ERR_STORE, "keyshift_chunk: a count of "
+                     : ks_errbuf_fail(c->why, sizeof c->why, KS_ERR_STORE, "keyshift_chunk: a count of "
                                                                 "another shape");
     *n = (uint64_t)v;
     return err;
@@ -481,14 +468,14 @@ static ks_err id_range(pg_chunks *c, int64_t *lo, int64_t *hi)
                      : ks_pg_error_of(c->parts.conn, res);
     int lo_null = 0, hi_null = 0;
     if (err == KS_OK && (PQntuples(res) != 1 || PQnfields(res) != 2))
-        err = say(c->why, sizeof c->why, KS_ERR_STORE, "the target's id range: another shape");
+        err = ks_errbuf_fail(c->why, sizeof c->why, KS_ERR_STORE, "the target's id range: another shape");
     if (err == KS_OK)
         err = int_cell(res, 0, 0, "min", INT64_MIN, INT64_MAX, 1, &lo_null, lo, c->why,
                        sizeof c->why);
     if (err == KS_OK)
         err = int_cell(res, 0, 1, "max", *lo, INT64_MAX, 1, &hi_null, hi, c->why, sizeof c->why);
     if (err == KS_OK && lo_null != hi_null)
-        err = say(c->why, sizeof c->why, KS_ERR_STORE, "the target's id range: one end NULL");
+        err = ks_errbuf_fail(c->why, sizeof c->why, KS_ERR_STORE, "the target's id range: one end NULL");
     PQclear(res);
     return err;
 }
@@ -553,7 +540,7 @@ static ks_err op_claim(void *self, ks_bytes params, ks_bytes owner, uint32_t lea
     if (PQntuples(c->res) == 0)
         return KS_ERR_NOT_FOUND;
     if (PQntuples(c->res) != 1)
-        return say(c->why, sizeof c->why, KS_ERR_STORE, "keyshift_chunk: a claim of several rows");
+        return ks_errbuf_fail(c->why, sizeof c->why, KS_ERR_STORE, "keyshift_chunk: a claim of several rows");
     /* a malformed row stays claimed: its lease expires (nothing sound to release) */
     return ks_pg_read_chunk(c->res, 0, params, out, c->why, sizeof c->why);
 }
@@ -767,16 +754,16 @@ ks_err ks_chunks_pg_open(const ks_rowstore *store, ks_chunks *out, char *errbuf,
     if (errbuf != NULL && errbuf_len > 0)
         errbuf[0] = '\0';
     if (out == NULL)
-        return say(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT, "no coordinator to open");
+        return ks_errbuf_fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT, "no coordinator to open");
     memset(out, 0, sizeof *out);
     pg_chunks *c = calloc(1, sizeof *c);
     if (c == NULL)
-        return say(errbuf, errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
+        return ks_errbuf_fail(errbuf, errbuf_len, KS_ERR_NO_MEMORY, "out of memory");
     c->store = store;
     ks_err err = ks_pg_store_parts_of(store, &c->parts);
     if (err != KS_OK || ks_pg_store_in_txn(store)) {
         chunks_free(c);
-        return say(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
+        return ks_errbuf_fail(errbuf, errbuf_len, KS_ERR_INVALID_ARGUMENT,
                    "chunks need a PostgreSQL store outside a transaction");
     }
     static const char *const tmpl[Q_N] = {SQL_PLANNED, SQL_PLAN,    SQL_CLAIM,   SQL_RENEW,
@@ -789,7 +776,7 @@ ks_err ks_chunks_pg_open(const ks_rowstore *store, ks_chunks *out, char *errbuf,
         err = probe_table(c);
         if (err != KS_OK) {
             chunks_free(c);
-            return say(errbuf, errbuf_len, err, "cannot look up keyshift_chunk (%s)",
+            return ks_errbuf_fail(errbuf, errbuf_len, err, "cannot look up keyshift_chunk (%s)",
                        ks_err_name(err));
         }
     } else if (err == KS_OK) {
@@ -797,7 +784,7 @@ ks_err ks_chunks_pg_open(const ks_rowstore *store, ks_chunks *out, char *errbuf,
     }
     if (err != KS_OK) {
         chunks_free(c);
-        return say(errbuf, errbuf_len, err,
+        return ks_errbuf_fail(errbuf, errbuf_len, err,
                    "cannot create keyshift_chunk beside the target (%s; CREATE privilege?)",
                    ks_err_name(err));
     }

@@ -192,18 +192,6 @@ static const char schema_ddl[] =
 
 /* ---- errors ------------------------------------------------------------------ */
 
-/* See rollout_pg.h. */
-ks_err ks_rpg_fail(char *errbuf, size_t errbuf_len, ks_err err, const char *fmt, ...)
-{
-    if (errbuf != NULL && errbuf_len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(errbuf, errbuf_len, fmt, ap);
-        va_end(ap);
-    }
-    return err;
-}
-
 /* See rollout_pg.h: a broken connection KS_ERR_UNAVAILABLE, else
  * ks_pg_map_sqlstate (with 23505 first when unique_exists). */
 ks_err ks_rpg_err(const ks_rpg *db, const PGresult *res, int unique_exists)

@@ -16,6 +16,8 @@
 
 #include <keyshift/rollout_store.h>
 
+#include "../../errbuf.h"
+
 /* ASCII-only case folding of an SQL text expression x, as
  * ks_rollout_name_cmp folds (lower() would follow the locale). */
 #define KS_RPG_FOLD(x)                                                                             \
@@ -51,10 +53,9 @@ KS_WUR ks_err ks_rpg_run(ks_rpg *db, int64_t *changed, const char *sql, const ch
  * rowstore_pg.h's SQLSTATE mapping; unique_exists maps a unique
  * violation (23505) to KS_ERR_ROLLOUT_EXISTS. */
 KS_WUR ks_err ks_rpg_err(const ks_rpg *db, const PGresult *res, int unique_exists);
-/* Format a message into errbuf (when there is one; never the server's
- * text); returns err, so that callers can write `return ks_rpg_fail(...)`. */
-__attribute__((format(printf, 4, 5))) ks_err ks_rpg_fail(char *errbuf, size_t errbuf_len,
-                                                        ks_err err, const char *fmt, ...);
+/* Messages are written with the library's one formatter (never with the
+ * server's text). */
+#define ks_rpg_fail ks_errbuf_fail
 /* Zero unless db may be written (not read-only, tables present). */
 int ks_rpg_writable(const ks_rpg *db);
 
