@@ -519,7 +519,7 @@ go-bench: $(SHARED) $(CLI) $(B)/pkgconfig/keyshift.pc
 
 # ---- benchmarks ---------------------------------------------------------
 
-BENCH_SRCS := tools/bench/bench.c tools/bench/bench_app.c tools/bench/bench_hsm.c tools/bench/bench_plugin.c tools/bench/bench_remote.c tools/bench/bench_pg.c
+BENCH_SRCS := tools/bench/bench.c tools/bench/bench_app.c tools/bench/bench_migrate.c tools/bench/bench_hsm.c tools/bench/bench_plugin.c tools/bench/bench_remote.c tools/bench/bench_pg.c
 $(B)/bin/bench: $(BENCH_SRCS) tools/bench/bench.h $(REL_OBJS) $(NANOPB_C) $(NANOPB_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(LTO_LD) $(INC) -I$(B)/gen $(BENCH_SRCS) $(REL_OBJS) $(NANOPB_C) -lprotobuf-nanopb \

@@ -1,7 +1,9 @@
 /*
  * tools/bench/bench.h -- what the parts of `make bench` share (tools/bench/bench.c,
- * tools/bench/bench_hsm.c, tools/bench/bench_plugin.c, tools/bench/bench_remote.c): the interleaved pair measurement, the throw-away
- * keyring and the migration fixtures.  A tool's header: nothing here is
+ * tools/bench/bench_app.c, tools/bench/bench_migrate.c, tools/bench/bench_hsm.c,
+ * tools/bench/bench_plugin.c, tools/bench/bench_remote.c, tools/bench/bench_pg.c):
+ * the interleaved pair measurement, the throw-away keyring and the
+ * migration fixtures (tools/bench/bench_migrate.c).  A tool's header: nothing here is
  * part of the library.
  */
 #ifndef KS_TOOLS_BENCH_H
@@ -36,14 +38,15 @@ void bench_keyring_remove(const char *dir);
  * 0 (tools/bench/bench.c). */
 int bench_spawn(char *const argv[], char *out, size_t cap);
 
-/* Seconds of monotonic time. */
+/* Nanoseconds and seconds of monotonic time (tools/bench/bench.c). */
+double now_ns(void);
 double now_s(void);
 
 /* Byte copies of a database, and their removal (with journals). */
 int copy_file(const char *from, const char *to);
 void remove_db(const char *path);
 
-/* A database of n rows of MIG_VALUE random bytes (see tools/bench/bench.c). */
+/* A database of n rows of MIG_VALUE random bytes (see tools/bench/bench_migrate.c). */
 int mig_create(const char *path, long n);
 
 /* One migration of path with the bench's parameters to (key, version),
@@ -85,6 +88,9 @@ int bench_scaling(op_fn fn, void *cases, op_fn base, void *base_cases, size_t st
 /* ks_app with a rollout on SQLite against the ks_ctx under it
  * (tools/bench/bench_app.c). */
 int bench_app(void);
+
+/* The migration and census part (tools/bench/bench_migrate.c). */
+int bench_migrate(void);
 
 /* The HSM part (tools/bench/bench_hsm.c) and the KMS plugin part
  * (tools/bench/bench_plugin.c). */
