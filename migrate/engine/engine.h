@@ -1,7 +1,7 @@
 /*
  * migrate/engine/engine.h -- internal declarations shared by the files of
- * the migration engine (census.c, migrate.c, verify.c, context.c,
- * batch_size.c, workers.c).  Not
+ * the migration engine (census.c, migrate.c, pipeline.c, rows.c,
+ * verify.c, context.c, batch_size.c, workers.c).  Not
  * installed; nothing here is exported from the shared library.
  *
  * The engine reaches the database only through a ks_rowstore and must

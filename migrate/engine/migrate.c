@@ -1,6 +1,8 @@
 /*
  * migrate/engine/migrate.c -- the re-encryption engine (keyshift/migrate.h
- * ks_migrate_run).
+ * ks_migrate_run): the run, its checkpoint, the batch loop and the
+ * writes.  Reading a batch and the helper thread are pipeline.c's, each
+ * row's decision and new value rows.c's (the run's state: run.h).
  *
  * Semantics (docs/migration.md is written from this comment):
  *
@@ -160,6 +162,7 @@
 #include <sodium.h>
 
 #include "engine.h"
+#include "run.h"
 #include "../alloc_hook.h"
 
 _Static_assert(KS_PARAMS_MAX <= KS_ROWSTORE_PARAMS_MAX,
@@ -168,102 +171,6 @@ _Static_assert(KS_PARAMS_MAX <= KS_ROWSTORE_PARAMS_MAX,
 #define KS_MIGRATE_MAX_PASSES 10
 #define KS_MIGRATE_RATE_MIN_ROWS 100
 
-/* What the engine does with one row of a batch. */
-typedef enum action { ACT_NONE, ACT_SKIP, ACT_WRONG, ACT_QUARANTINE, ACT_WRITE } action;
-
-/* The decision for one row of a batch.  The new value is at
- * batch.neu[new_off, new_off + new_len). */
-typedef struct slot {
-    size_t new_off, new_len;
-    action act;
-    const char *qerr; /* ACT_QUARANTINE: static error name */
-} slot;
-
-struct run;
-
-/*
- * One batch in engine-owned memory: the scanned rows copied out of the
- * store (store views die at the next store call, and a batch outlives
- * several), the decisions, the new values and the plaintext buffers.
- * Two of them let one batch be computed on a helper thread while the
- * previous one is written (see "Pipeline" in the file comment).
- */
-typedef struct batch {
-    struct run *r;
-    ks_row *rows;     /* copies: every byte view points into keep */
-    slot *slots;
-    size_t n;         /* rows in the batch; 0 at the end of a pass */
-    uint8_t *keep;    /* the rows' bytes (may hold plaintext: wiped after use) */
-    size_t keep_cap, keep_len;
-    uint8_t *neu;     /* new values, in the column's encoding */
-    size_t neu_cap, neu_len;
-    uint8_t *dec;     /* a base64 column: the row at hand's decoded envelope */
-    size_t dec_cap;
-    uint8_t *pt, *pt2; /* plaintext buffers, pt_cap each */
-    size_t pt_cap;
-    ks_err err;       /* the result of computing the batch */
-    int running;      /* handed to the helper thread, not yet collected */
-    int done;         /* the helper has computed it (under the run's lock) */
-    double compute_s; /* how long computing it took */
-} batch;
-
-/*
- * The helper thread of a pipelined run: one per run, started with its
- * first batch and stopped by free_run, computing one batch at a time
- * (the loop never has two in flight).  A thread per batch cost a thread
- * creation and exit per batch (about 40 us each on the bench machine, 40
- * per 20,000 rows), and every new thread took a new slot of the context's
- * operation counters, so that after 63 batches every helper shared the
- * last one through atomic adds.
- */
-typedef struct helper {
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;  /* a job was handed over, a job is done, or quit */
-    batch *job;         /* the batch to compute; NULL when idle */
-    int up;             /* the thread was started (and must be joined) */
-    int quit;
-} helper;
-
-/* The state of one ks_migrate_run call. */
-typedef struct run {
-    ks_ctx *ctx;
-    const ks_rowstore *st;
-    const ks_migrate_params *p;
-    ks_context_tmpl *tmpl;
-    uint32_t to_version;
-    uint8_t format;
-    uint32_t alg;
-    size_t batch;      /* the most rows of a batch: what the buffers hold */
-    ks_engine_batch_sizer own_sizer;
-    ks_engine_batch_sizer *sizer; /* the next batch's size: own_sizer, or a worker's */
-    size_t ask;        /* the rows the batch being read was asked for */
-    char params[KS_PARAMS_MAX];
-    size_t params_len;
-    ks_row *rows;      /* the store's scan (views into the store) */
-    /* the arguments of the store's cas_batch (NULL when it has none) */
-    const ks_value **cas_ids, **cas_olds;
-    ks_bytes *cas_news;
-    int *cas_swapped;
-    batch b[2];
-    uint8_t *cur_buf;  /* the checkpoint cursor's bytes */
-    size_t cur_cap;
-    ks_checkpoint cp;  /* views into params / cur_buf / static strings */
-    uint64_t pass_raced_start;
-    uint64_t rows_this_run;
-    ks_checkpoint base;    /* the counts when this call began (ks_migrate_counts) */
-    ks_migrate_counts mine; /* auth_failed and the first batch's; the rest from base */
-    int catchup;           /* rerun of a complete migration: a new pass that saves
-                              nothing unless it has something to write */
-    int catchup_wrote;     /* that pass has committed a batch */
-    struct timespec t0;
-    double commit_s;       /* how long the last batch's COMMIT took */
-    double fetch_s;        /* how long reading the last batch took */
-    double compute_s;      /* how long computing the last batch took */
-    helper h;
-    const ks_engine_slice *slice; /* a chunked run's chunk (workers.c), or NULL */
-} run;
-
 static const char ST_RUNNING[] = "running", ST_PAUSED[] = "paused", ST_STOPPED[] = "stopped",
                   ST_COMPLETE[] = "complete", ST_SUPERSEDED[] = "superseded";
 
@@ -271,39 +178,6 @@ static const char ST_RUNNING[] = "running", ST_PAUSED[] = "paused", ST_STOPPED[]
 static ks_bytes sbytes(const char *s)
 {
     return (ks_bytes){(const uint8_t *)s, strlen(s)};
-}
-
-/* Nonzero when a and b hold the same bytes. */
-static int bytes_eq(ks_bytes a, ks_bytes b)
-{
-    return a.len == b.len && (a.len == 0 || memcmp(a.ptr, b.ptr, a.len) == 0);
-}
-
-/* Seconds since t0 (monotonic). */
-static double elapsed_s(const struct timespec *t0)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) / 1e9;
-}
-
-/* Make *buf at least need bytes (realloc; contents kept). */
-static ks_err grow(uint8_t **buf, size_t *cap, size_t need)
-{
-    if (need <= *cap && *buf != NULL) {
-        return KS_OK;
-    }
-    size_t ncap = *cap ? *cap : 4096;
-    while (ncap < need) {
-        ncap *= 2;
-    }
-    uint8_t *p = realloc(*buf, ncap);
-    if (p == NULL) {
-        return KS_ERR_NO_MEMORY;
-    }
-    *buf = p;
-    *cap = ncap;
-    return KS_OK;
 }
 
 /* See keyshift/migrate.h. */
@@ -501,34 +375,6 @@ static ks_err alloc_run(run *r)
     return err == KS_OK ? ks_context_tmpl_check_store(r->tmpl, r->st) : err;
 }
 
-/*
- * Make the two plaintext buffers of b hold at least need bytes.  Called
- * at the start of computing a batch, when they hold no plaintext (every
- * use wipes them), so the old ones are simply wiped and freed.  A
- * plaintext is never longer than the value it comes from or goes to, so
- * the batch's longest value bounds it; sizing by it keeps small rows from
- * paying for 1 MiB buffers (and their wipes).
- */
-static ks_err ensure_pt(batch *b, size_t need)
-{
-    if (need <= b->pt_cap) {
-        return KS_OK;
-    }
-    size_t cap = need < 4096 ? 4096 : need;
-    if (b->pt != NULL) {
-        sodium_memzero(b->pt, b->pt_cap);
-    }
-    if (b->pt2 != NULL) {
-        sodium_memzero(b->pt2, b->pt_cap);
-    }
-    free(b->pt);
-    free(b->pt2);
-    b->pt = malloc(cap);
-    b->pt2 = malloc(cap);
-    b->pt_cap = b->pt != NULL && b->pt2 != NULL ? cap : 0;
-    return b->pt_cap != 0 ? KS_OK : KS_ERR_NO_MEMORY;
-}
-
 /* Wipe what may hold plaintext in b once the batch is done: the copied
  * rows when they are plaintext (encrypt mode: in the other modes they are
  * envelopes) and the plaintext buffers (already wiped after each use; a
@@ -548,14 +394,12 @@ static void wipe_batch(batch *b)
     b->keep_len = 0;
 }
 
-static void helper_stop(run *r);
-
 /* Wipe and free what alloc_run and the batches allocated, once the
  * helper thread is stopped.  No batch is being computed (every path
  * collects it first). */
 static void free_run(run *r)
 {
-    helper_stop(r);
+    ks_engine_helper_stop(r);
     for (size_t k = 0; k < 2; k++) {
         batch *b = &r->b[k];
         assert(!b->running);
@@ -581,614 +425,6 @@ static void free_run(run *r)
     free(r->cas_news);
     free(r->cas_swapped);
     free(r->tmpl);
-}
-
-/* The quarantine name for an error met while reading an old value, or
- * NULL when the error is not the row's fault (the run must stop). */
-static const char *row_fault(ks_err err)
-{
-    if (ks_err_is_rejection(err) || err == KS_ERR_AUTH_FAILED) {
-        return ks_err_name(err);
-    }
-    return NULL;
-}
-
-/* Per-row inputs: the row's tenant and context. */
-typedef struct row_in {
-    ks_bytes tenant;
-    uint8_t context[KS_CONTEXT_MAX];
-    size_t context_len;
-} row_in;
-
-/* What the row's reader expects of env: its context and tenant, and the
- * purpose when env is of format 2. */
-static ks_open_params row_params(const batch *b, const row_in *in, ks_bytes env)
-{
-    return ks_engine_open_params(b->r->p, env, (ks_bytes){in->context, in->context_len}, in->tenant);
-}
-
-/* Open env (an old or a new value) into buf (b->pt_cap) as the row's
- * reader would. */
-static ks_err open_into(batch *b, const row_in *in, ks_bytes env, uint8_t *buf, size_t *len)
-{
-    ks_open_params op = row_params(b, in, env);
-    return ks_open(b->r->ctx, env.ptr, env.len, &op, buf, b->pt_cap, len, NULL);
-}
-
-/* Check that env opens as the row's reader would open it, without
- * decrypting (ks_verify). */
-static ks_err check_opens(const batch *b, const row_in *in, ks_bytes env)
-{
-    ks_open_params op = row_params(b, in, env);
-    return ks_verify(b->r->ctx, env.ptr, env.len, &op, NULL);
-}
-
-/* Nonzero when a[0, n) equals b[0, n), in time that depends on n only: a
- * word-wise OR of XORs with no early exit.  sodium_memcmp compares a byte
- * at a time through volatile pointers, about 2 ns per byte here: for a
- * 2 KiB value it cost more than the AEAD that produced it. */
-static int same_bytes(const uint8_t *a, const uint8_t *b, size_t n)
-{
-    uint64_t acc = 0;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t x, y;
-        memcpy(&x, a + i, 8);
-        memcpy(&y, b + i, 8);
-        acc |= x ^ y;
-    }
-    for (; i < n; i++) {
-        acc |= (uint64_t)(a[i] ^ b[i]);
-    }
-    return acc == 0;
-}
-
-/* Check a new value before it may be written: it parses and is at the
- * target; unless no_verify, it opens with the row's parameters to exactly
- * pt[0, pt_len).  KS_ERR_VERIFY_FAILED otherwise. */
-static ks_err verify_new(batch *b, const row_in *in, ks_bytes neu, const uint8_t *pt, size_t pt_len)
-{
-    const run *r = b->r;
-    ks_envelope e;
-    if (ks_envelope_parse(neu.ptr, neu.len, NULL, &e, NULL) != KS_OK ||
-        !bytes_eq(e.key_id, r->p->to_key_id) || e.key_version != r->to_version) {
-        return KS_ERR_VERIFY_FAILED;
-    }
-    if (r->p->no_verify) {
-        return KS_OK;
-    }
-    size_t got = 0;
-    ks_err err = open_into(b, in, neu, b->pt2, &got);
-    if (err != KS_OK) {
-        sodium_memzero(b->pt2, b->pt_cap);
-        return ks_err_is_rejection(err) || err == KS_ERR_AUTH_FAILED ? KS_ERR_VERIFY_FAILED : err;
-    }
-    int same = got == pt_len && (pt_len == 0 || same_bytes(b->pt2, pt, pt_len));
-    sodium_memzero(b->pt2, got);
-    return same ? KS_OK : KS_ERR_VERIFY_FAILED;
-}
-
-/* Record in s that the new value is the out_len bytes just written (and
- * verified) at the end of b->neu, first put in the column's encoding: a
- * base64 column gets the envelope's canonical text [F-TEXT-1]. */
-static ks_err take_new(batch *b, slot *s, size_t out_len)
-{
-    ks_err err = ks_engine_encode_value(b->r->p->encoding, &b->neu, &b->neu_cap, b->neu_len,
-                                        &out_len);
-    if (err != KS_OK) {
-        return err;
-    }
-    s->act = ACT_WRITE;
-    s->new_off = b->neu_len;
-    s->new_len = out_len;
-    b->neu_len += out_len;
-    return KS_OK;
-}
-
-/* Seal pt[0, len) under the target for in into b->neu at the end; s gets
- * the offset and length.  A plaintext too large is quarantined. */
-static ks_err seal_new(batch *b, const row_in *in, const uint8_t *pt, size_t len, slot *s)
-{
-    const run *r = b->r;
-    ks_seal_params sp = {r->format, r->alg, in->tenant, r->p->to_key_id, r->to_version,
-                         r->p->purpose, {in->context, in->context_len}};
-    size_t max = ks_seal_max_len(&sp, len);
-    if (max == 0) {
-        s->act = ACT_QUARANTINE;
-        s->qerr = ks_err_name(KS_ERR_TOO_LARGE);
-        return KS_OK;
-    }
-    ks_err err = grow(&b->neu, &b->neu_cap, b->neu_len + max);
-    if (err != KS_OK) {
-        return err;
-    }
-    size_t out_len = 0;
-    err = ks_seal(r->ctx, &sp, pt, len, b->neu + b->neu_len, max, &out_len);
-    if (err == KS_ERR_TOO_LARGE) {
-        s->act = ACT_QUARANTINE;
-        s->qerr = ks_err_name(err);
-        return KS_OK;
-    }
-    if (err != KS_OK) {
-        return err;
-    }
-    err = verify_new(b, in, (ks_bytes){b->neu + b->neu_len, out_len}, pt, len);
-    if (err != KS_OK) {
-        return err;
-    }
-    return take_new(b, s, out_len);
-}
-
-/* encrypt: seal a plaintext value. */
-static ks_err do_encrypt(batch *b, const row_in *in, const ks_value *v, slot *s)
-{
-    char num[24];
-    const uint8_t *pt;
-    size_t len;
-    if (v->type == KS_VALUE_INTEGER) {
-        int n = snprintf(num, sizeof num, "%" PRId64, v->integer);
-        assert(n > 0 && (size_t)n < sizeof num);
-        pt = (const uint8_t *)num;
-        len = (size_t)n;
-    } else {
-        pt = v->bytes.ptr;
-        len = v->bytes.len;
-    }
-    ks_err err = seal_new(b, in, pt, len, s);
-    sodium_memzero(num, sizeof num);
-    return err;
-}
-
-/*
- * Check a rewrapped value against the old one before it may be written:
- * it parses, is at the target, and carries the old nonce and ciphertext
- * byte for byte (only key_id, key_version and wrapped_dek may change,
- * [F-CRYPTO-REWRAP-1]); unless no_verify, it opens with the row's
- * parameters (ks_verify: every check of ks_open, the AEAD tag included,
- * without decrypting: there is no plaintext to compare with).  Its
- * plaintext is then necessarily the old one: same ciphertext, nonce and
- * data AAD under the DEK the old value was wrapped with, which is what
- * lets rewrap skip a second AEAD on the old value.  If the new value does
- * not open, the old one is checked to tell a bad row (*fault: quarantine
- * it) from a bad rewrap (KS_ERR_VERIFY_FAILED: stop).  o is old, already
- * parsed by decide() (its views point into old).
- */
-static ks_err verify_rewrap(batch *b, const row_in *in, ks_bytes old, const ks_envelope *o,
-                            ks_bytes neu, const char **fault)
-{
-    const run *r = b->r;
-    ks_envelope n;
-    *fault = NULL;
-    if (ks_envelope_parse(neu.ptr, neu.len, NULL, &n, NULL) != KS_OK ||
-        !bytes_eq(n.key_id, r->p->to_key_id) || n.key_version != r->to_version ||
-        !bytes_eq(n.nonce, o->nonce) || !bytes_eq(n.ciphertext, o->ciphertext)) {
-        return KS_ERR_VERIFY_FAILED;
-    }
-    if (r->p->no_verify) {
-        return KS_OK;
-    }
-    ks_err err = check_opens(b, in, neu);
-    if (err == KS_OK || row_fault(err) == NULL) {
-        return err; /* opens, or a provider error: not the row's fault */
-    }
-    err = check_opens(b, in, old);
-    if (err == KS_OK) {
-        return KS_ERR_VERIFY_FAILED; /* the old value opens, the rewrap does not */
-    }
-    *fault = row_fault(err);
-    return *fault != NULL ? KS_OK : err;
-}
-
-/* rewrap: rewrap an envelope not at the target, then verify_rewrap; o is
- * old, parsed. */
-static ks_err do_rewrap(batch *b, const row_in *in, ks_bytes old, const ks_envelope *o, slot *s)
-{
-    const run *r = b->r;
-    size_t bound = old.len + KS_KEY_ID_MAX + KS_WRAPPED_DEK_MAX + 32;
-    ks_err err = grow(&b->neu, &b->neu_cap, b->neu_len + bound);
-    if (err != KS_OK) {
-        return err;
-    }
-    ks_rewrap_params rp = {r->p->to_key_id, r->to_version};
-    size_t out_len = 0;
-    const char *fault = NULL;
-    err = ks_rewrap(r->ctx, old.ptr, old.len, &rp, b->neu + b->neu_len, bound, &out_len, NULL);
-    if (err == KS_OK) {
-        err = verify_rewrap(b, in, old, o, (ks_bytes){b->neu + b->neu_len, out_len}, &fault);
-    } else {
-        fault = row_fault(err);
-        err = fault != NULL ? KS_OK : err;
-    }
-    if (err != KS_OK) {
-        return err;
-    }
-    if (fault != NULL) {
-        s->act = ACT_QUARANTINE;
-        s->qerr = fault;
-        return KS_OK;
-    }
-    return take_new(b, s, out_len);
-}
-
-/* reencrypt: open an envelope and seal it afresh under the target. */
-static ks_err do_reencrypt(batch *b, const row_in *in, ks_bytes old, slot *s)
-{
-    size_t pt_len = 0;
-    ks_err err = open_into(b, in, old, b->pt, &pt_len);
-    if (err != KS_OK) {
-        sodium_memzero(b->pt, b->pt_cap);
-        s->qerr = row_fault(err);
-        s->act = ACT_QUARANTINE;
-        return s->qerr != NULL ? KS_OK : err;
-    }
-    err = seal_new(b, in, b->pt, pt_len, s);
-    sodium_memzero(b->pt, pt_len);
-    return err;
-}
-
-/* Nonzero when parsed envelope e is already where the mode wants it. */
-static int at_target(const run *r, const ks_envelope *e)
-{
-    if (!bytes_eq(e->key_id, r->p->to_key_id) || e->key_version != r->to_version) {
-        return 0;
-    }
-    return r->p->mode == KS_MIGRATE_REWRAP || (e->version == r->format && e->algorithm == r->alg);
-}
-
-/* Decide (and compute, for a write) what to do with row i of b. */
-static ks_err decide(batch *b, size_t i)
-{
-    const run *r = b->r;
-    const ks_row *row = &b->rows[i];
-    slot *s = &b->slots[i];
-    const ks_value *v = &row->value;
-    *s = (slot){.act = ACT_NONE};
-    if (row->quarantined || v->type == KS_VALUE_NULL) {
-        return KS_OK;
-    }
-    ks_bytes env;
-    ks_err perr;
-    int is_env = ks_engine_value_env(r->p->encoding, v, &b->dec, &b->dec_cap, &env, &perr);
-    if (perr == KS_ERR_NO_MEMORY) {
-        return perr;
-    }
-    if (ks_engine_outside_key(r->p, is_env, perr, env)) {
-        s->act = ACT_SKIP; /* another key's envelope or plaintext: not this run's */
-        return KS_OK;
-    }
-    ks_envelope e;
-    if (is_env && perr == KS_OK) {
-        perr = ks_envelope_parse(env.ptr, env.len, NULL, &e, NULL);
-    }
-    if (is_env && perr != KS_OK) {
-        s->act = ACT_QUARANTINE; /* starts "KSE" ("S1NF") but is not an envelope, or not
-                                    canonical base64: never touch, never re-encode */
-        s->qerr = ks_err_name(perr);
-        return KS_OK;
-    }
-    if (is_env && at_target(r, &e)) {
-        s->act = ACT_SKIP; /* in encrypt mode too: e.g. the application's own
-                              writes under the target during a rollout */
-        return KS_OK;
-    }
-    if ((r->p->mode == KS_MIGRATE_ENCRYPT) == is_env) {
-        s->act = ACT_WRONG;
-        return KS_OK;
-    }
-    row_in in;
-    ks_err err = ks_engine_row_tenant(r->p, row, &in.tenant);
-    if (err == KS_ERR_BAD_VALUE) {
-        s->act = ACT_QUARANTINE;
-        s->qerr = KS_ENGINE_BAD_TENANT;
-        return KS_OK;
-    }
-    if (err != KS_OK) {
-        return err;
-    }
-    if (ks_context_tmpl_render(r->tmpl, row, in.context, sizeof in.context, &in.context_len) != KS_OK) {
-        s->act = ACT_QUARANTINE;
-        s->qerr = KS_ENGINE_BAD_CONTEXT;
-        return KS_OK;
-    }
-    switch (r->p->mode) {
-    case KS_MIGRATE_ENCRYPT: return do_encrypt(b, &in, v, s);
-    case KS_MIGRATE_REWRAP: return do_rewrap(b, &in, env, &e, s);
-    case KS_MIGRATE_REENCRYPT: return do_reencrypt(b, &in, env, s);
-    }
-    return KS_ERR_INVALID_ARGUMENT;
-}
-
-/* Compute every row of b: what to do, and the new values, verified.
- * Touches only b, the run's read-only parameters and the ks_ctx (never
- * the store), so it may run on the helper thread. */
-static ks_err compute(batch *b)
-{
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    size_t longest = 0;
-    for (size_t i = 0; i < b->n; i++) {
-        if (b->rows[i].value.bytes.len > longest) {
-            longest = b->rows[i].value.bytes.len;
-        }
-    }
-    /* rewrap never holds a plaintext (verify_rewrap decrypts nothing) */
-    ks_err err = b->r->p->mode == KS_MIGRATE_REWRAP ? KS_OK : ensure_pt(b, longest + 64);
-    b->neu_len = 0;
-    for (size_t i = 0; i < b->n && err == KS_OK; i++) {
-        err = decide(b, i);
-    }
-    b->compute_s = elapsed_s(&t0);
-    return err;
-}
-
-/* The helper thread's body: compute each batch handed over, until told
- * to quit. */
-static void *helper_main(void *arg)
-{
-    run *r = arg;
-    helper *h = &r->h;
-    pthread_mutex_lock(&h->mu);
-    for (;;) {
-        while (h->job == NULL && !h->quit) {
-            pthread_cond_wait(&h->cv, &h->mu);
-        }
-        if (h->job == NULL) {
-            break; /* quit, with nothing left to compute */
-        }
-        batch *b = h->job;
-        pthread_mutex_unlock(&h->mu);
-        b->err = compute(b);
-        pthread_mutex_lock(&h->mu);
-        b->done = 1;
-        h->job = NULL;
-        pthread_cond_broadcast(&h->cv);
-    }
-    pthread_mutex_unlock(&h->mu);
-    return NULL;
-}
-
-/* Start r's helper thread if it is not up; nonzero when it is. */
-static int helper_start(run *r)
-{
-    helper *h = &r->h;
-    if (h->up) {
-        return 1;
-    }
-    if (pthread_mutex_init(&h->mu, NULL) != 0) {
-        return 0;
-    }
-    if (pthread_cond_init(&h->cv, NULL) != 0) {
-        pthread_mutex_destroy(&h->mu);
-        return 0;
-    }
-    h->job = NULL;
-    h->quit = 0;
-    if (pthread_create(&h->thread, NULL, helper_main, r) != 0) {
-        pthread_cond_destroy(&h->cv);
-        pthread_mutex_destroy(&h->mu);
-        return 0;
-    }
-    h->up = 1;
-    return 1;
-}
-
-/* Stop r's helper thread, if up, once it has finished its batch. */
-static void helper_stop(run *r)
-{
-    helper *h = &r->h;
-    if (!h->up) {
-        return;
-    }
-    pthread_mutex_lock(&h->mu);
-    h->quit = 1;
-    pthread_cond_broadcast(&h->cv);
-    pthread_mutex_unlock(&h->mu);
-    pthread_join(h->thread, NULL);
-    pthread_cond_destroy(&h->cv);
-    pthread_mutex_destroy(&h->mu);
-    h->up = 0;
-}
-
-/*
- * Nonzero when the run computes batches ahead on a helper thread: unless
- * params->serial, and unless throttled.  A throttled run sleeps between
- * batches anyway, and a batch scanned ahead would wait through that sleep
- * before its compare-and-swaps, widening the window in which the
- * application's writes make its rows race.
- */
-static int pipelines(const run *r)
-{
-    return !r->p->serial && r->p->max_rows_per_second == 0;
-}
-
-/* Start computing b: on the helper thread when pipelining (and the thread
- * is up), else here.  An empty batch (end of the pass) needs nothing. */
-static void start_batch(batch *b)
-{
-    run *r = b->r;
-    b->err = KS_OK;
-    if (b->n == 0) {
-        return;
-    }
-    if (pipelines(r) && helper_start(r)) {
-        pthread_mutex_lock(&r->h.mu);
-        assert(r->h.job == NULL); /* one batch in flight at a time */
-        b->done = 0;
-        b->running = 1;
-        r->h.job = b;
-        pthread_cond_broadcast(&r->h.cv);
-        pthread_mutex_unlock(&r->h.mu);
-        return;
-    }
-    b->err = compute(b);
-}
-
-/* Wait for b to be computed; its result. */
-static ks_err finish_batch(batch *b)
-{
-    if (b->running) {
-        helper *h = &b->r->h;
-        pthread_mutex_lock(&h->mu);
-        while (!b->done) {
-            pthread_cond_wait(&h->cv, &h->mu);
-        }
-        pthread_mutex_unlock(&h->mu);
-        b->running = 0;
-    }
-    return b->err;
-}
-
-/* Size of the bytes of v that a copy must hold. */
-static size_t value_size(const ks_value *v)
-{
-    return v->type == KS_VALUE_TEXT || v->type == KS_VALUE_BLOB ? v->bytes.len : 0;
-}
-
-/* Copy the bytes of *v to keep + *off and park that offset in v (in
- * v->integer, unused for bytes: keep may still move as the batch grows);
- * value_fix turns it into a view once the batch is complete.  An empty
- * TEXT or BLOB gets a view of a static empty array (the store's view may
- * die with the call). */
-static void value_park(ks_value *v, uint8_t *keep, size_t *off)
-{
-    static const uint8_t empty[1] = {0};
-    size_t len = value_size(v);
-    if (len == 0) {
-        if (v->type == KS_VALUE_TEXT || v->type == KS_VALUE_BLOB) {
-            v->bytes.ptr = empty;
-        }
-        return;
-    }
-    memcpy(keep + *off, v->bytes.ptr, len);
-    v->bytes.ptr = NULL;
-    v->integer = (int64_t)*off;
-    *off += len;
-}
-
-/* Make b->keep at least need bytes, keeping its first keep_len.  It may
- * hold plaintext (encrypt mode), so a move copies it to a new block and
- * wipes the old one before freeing it (realloc would leave it unwiped). */
-static ks_err grow_keep(batch *b, size_t need)
-{
-    if (need <= b->keep_cap && b->keep != NULL) {
-        return KS_OK;
-    }
-    size_t ncap = b->keep_cap ? b->keep_cap : 4096;
-    while (ncap < need) {
-        ncap *= 2;
-    }
-    uint8_t *p = malloc(ncap);
-    if (p == NULL) {
-        return KS_ERR_NO_MEMORY;
-    }
-    if (b->keep != NULL) {
-        memcpy(p, b->keep, b->keep_len);
-        sodium_memzero(b->keep, b->keep_cap);
-        free(b->keep);
-    }
-    b->keep = p;
-    b->keep_cap = ncap;
-    return KS_OK;
-}
-
-/* Point a value parked by value_park at its bytes in keep. */
-static void value_fix(ks_value *v, uint8_t *keep)
-{
-    if (value_size(v) == 0) {
-        return;
-    }
-    v->bytes.ptr = keep + (size_t)v->integer;
-    v->integer = 0;
-}
-
-/*
- * Append row (views that die after this call) to b: the id, value,
- * tenant and context columns, every byte copied into b->keep (grown as
- * needed; offsets parked until fix_batch).  Also the visit_rows callback.
- */
-static ks_err take_row(void *arg, const ks_row *row)
-{
-    batch *b = arg;
-    if (b->n >= b->r->ask) {
-        return KS_ERR_STORE; /* a store handing more rows than asked for */
-    }
-    size_t need = b->keep_len + value_size(&row->id) + value_size(&row->value) +
-                  value_size(&row->tenant);
-    for (size_t k = 0; k < KS_ROWSTORE_MAX_CONTEXT_COLUMNS; k++) {
-        need += value_size(&row->context[k]);
-    }
-    ks_err err = grow_keep(b, need);
-    if (err != KS_OK) {
-        return err;
-    }
-    ks_row *c = &b->rows[b->n++];
-    *c = *row;
-    value_park(&c->id, b->keep, &b->keep_len);
-    value_park(&c->value, b->keep, &b->keep_len);
-    value_park(&c->tenant, b->keep, &b->keep_len);
-    for (size_t k = 0; k < KS_ROWSTORE_MAX_CONTEXT_COLUMNS; k++) {
-        value_park(&c->context[k], b->keep, &b->keep_len);
-    }
-    assert(b->keep_len == need);
-    return KS_OK;
-}
-
-/* Turn every parked offset of b's rows into a view of b->keep. */
-static void fix_batch(batch *b)
-{
-    for (size_t i = 0; i < b->n; i++) {
-        ks_row *c = &b->rows[i];
-        value_fix(&c->id, b->keep);
-        value_fix(&c->value, b->keep);
-        value_fix(&c->tenant, b->keep);
-        for (size_t k = 0; k < KS_ROWSTORE_MAX_CONTEXT_COLUMNS; k++) {
-            value_fix(&c->context[k], b->keep);
-        }
-    }
-}
-
-/*
- * Read the batch after `after` into b, every byte copied into b->keep
- * (b->n = 0 at the end of the pass).  Through the store's visit_rows when
- * it has one: each row copied once, straight from the store's row into
- * b; else through scan, whose copy in the store's buffer is copied again
- * (its views die at the next store call, and a batch outlives several).
- * A failed read may leave b partly filled: the caller never computes it.
- */
-static ks_err fetch_batch(run *r, const ks_value *after, batch *b)
-{
-    const ks_rowstore_ops *ops = r->st->ops;
-    ks_err err = KS_OK;
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    b->n = 0;
-    b->keep_len = 0;
-    size_t want = r->sizer->size;
-    assert(want >= 1 && want <= r->batch);
-    r->ask = want;
-    if (r->slice != NULL) {
-        /* a chunk's pass starts right below its first id */
-        int64_t lo = r->slice->lo;
-        ks_value from = {KS_VALUE_INTEGER, lo == INT64_MIN ? lo : lo - 1, {NULL, 0}};
-        ks_value upto = {KS_VALUE_INTEGER, r->slice->hi, {NULL, 0}};
-        int at_start = after == NULL || after->type == KS_VALUE_NULL;
-        const ks_value *a = !at_start ? after : lo == INT64_MIN ? NULL : &from;
-        err = ops->visit_rows_range(r->st->self, a, &upto, want, take_row, b);
-    } else if (ops->visit_rows != NULL) {
-        err = ops->visit_rows(r->st->self, after, want, take_row, b);
-    } else {
-        size_t n = 0;
-        err = ops->scan(r->st->self, after, want, r->rows, &n);
-        assert(err != KS_OK || n <= want);
-        for (size_t i = 0; i < n && err == KS_OK; i++) {
-            err = take_row(b, &r->rows[i]);
-        }
-    }
-    if (err == KS_OK) {
-        fix_batch(b);
-    }
-    r->fetch_s = elapsed_s(&t0);
-    return err;
 }
 
 /* Nonzero when the failure rate of cp is over the limit; `force` checks
@@ -1316,7 +552,7 @@ static ks_err apply_batch(run *r, const batch *b, ks_checkpoint *next, batch *de
     }
     if (err == KS_OK) {
         if (deferred != NULL) {
-            start_batch(deferred);
+            ks_engine_start_batch(deferred);
         }
         struct timespec t0;
         clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -1397,7 +633,7 @@ static ks_err commit_batch(run *r, batch *b, volatile sig_atomic_t *stop, batch 
     if (r->catchup && !r->catchup_wrote && !batch_changes(b)) {
         /* A catch-up pass with nothing to write: advance in memory only. */
         if (deferred != NULL) {
-            start_batch(deferred);
+            ks_engine_start_batch(deferred);
         }
         r->rows_this_run += b->n;
         err = ks_engine_value_copy(last, &r->cur_buf, &r->cur_cap, &r->cp.cursor);
@@ -1495,7 +731,7 @@ static void report(const run *r, ks_migrate_progress_fn fn, void *arg, uint64_t 
  * err is passed through. */
 static ks_err drop_ahead(batch *b, ks_err err)
 {
-    (void)finish_batch(b);
+    (void)ks_engine_finish_batch(b);
     wipe_batch(b);
     b->n = 0;
     return err;
@@ -1547,14 +783,14 @@ static ks_err loop(run *r, volatile sig_atomic_t *stop, ks_migrate_progress_fn f
     r->pass_raced_start = r->cp.pass == 1 ? 0 : (r->cp.cursor.type == KS_VALUE_NULL ? r->cp.raced : 0);
     unsigned passes_run = 0;
     batch *cur = &r->b[0], *ahead = &r->b[1];
-    int pipelined = pipelines(r);
+    int pipelined = ks_engine_pipelines(r);
     struct timespec mark; /* the start of the batch being timed (batch_target_ms) */
     clock_gettime(CLOCK_MONOTONIC, &mark);
-    err = fetch_batch(r, &r->cp.cursor, cur);
+    err = ks_engine_fetch_batch(r, &r->cp.cursor, cur);
     if (err != KS_OK) {
         return err;
     }
-    start_batch(cur);
+    ks_engine_start_batch(cur);
     for (;;) {
         if (cur->n == 0) {
             int again = 0;
@@ -1564,21 +800,21 @@ static ks_err loop(run *r, volatile sig_atomic_t *stop, ks_migrate_progress_fn f
                 return err;
             }
             clock_gettime(CLOCK_MONOTONIC, &mark);
-            err = fetch_batch(r, &r->cp.cursor, cur);
+            err = ks_engine_fetch_batch(r, &r->cp.cursor, cur);
             if (err != KS_OK) {
                 return err;
             }
-            start_batch(cur);
+            ks_engine_start_batch(cur);
             continue;
         }
         if (pipelined) {
-            err = fetch_batch(r, &cur->rows[cur->n - 1].id, ahead);
+            err = ks_engine_fetch_batch(r, &cur->rows[cur->n - 1].id, ahead);
             if (err != KS_OK) {
                 (void)drop_ahead(cur, err);
                 return err;
             }
         }
-        err = finish_batch(cur);
+        err = ks_engine_finish_batch(cur);
         if (err != KS_OK) {
             wipe_batch(cur);
             return drop_ahead(ahead, err);
@@ -1588,7 +824,7 @@ static ks_err loop(run *r, volatile sig_atomic_t *stop, ks_migrate_progress_fn f
         if (pipelined && defer_ahead(r)) {
             deferred = ahead;
         } else if (pipelined) {
-            start_batch(ahead);
+            ks_engine_start_batch(ahead);
         }
         size_t n = cur->n;
         err = commit_batch(r, cur, stop, deferred);
@@ -1606,11 +842,11 @@ static ks_err loop(run *r, volatile sig_atomic_t *stop, ks_migrate_progress_fn f
         throttle(r);
         clock_gettime(CLOCK_MONOTONIC, &mark);
         if (!pipelined) {
-            err = fetch_batch(r, &r->cp.cursor, ahead);
+            err = ks_engine_fetch_batch(r, &r->cp.cursor, ahead);
             if (err != KS_OK) {
                 return err;
             }
-            start_batch(ahead);
+            ks_engine_start_batch(ahead);
         }
         batch *t = cur;
         cur = ahead;
@@ -1775,3 +1011,4 @@ ks_err ks_engine_run_slice(ks_ctx *ctx, const ks_rowstore *store, const ks_migra
     run_free(r);
     return err;
 }
+
