@@ -47,6 +47,7 @@
 #include <keyshift/workers.h>
 
 #include "engine.h"
+#include "../alloc_hook.h"
 
 /* The longest owner name. */
 #define OWNER_MAX 192

@@ -28,6 +28,7 @@
 #include "pg_decode.h"
 #include "pg_util.h"
 #include "pg_internal.h"
+#include "../../alloc_hook.h"
 
 /* The columns of a chunk (the table as c), in ks_pg_read_chunk's order
  * (KS_PG_CHUNK_NCOLS of them): owner and lease_until NULL when no lease,

@@ -75,6 +75,7 @@
 #include "pg_internal.h"
 #include "pg_store_internal.h"
 #include "pg_util.h"
+#include "../../alloc_hook.h"
 
 /* The longest error name accepted. */
 #define ERROR_NAME_MAX 128u

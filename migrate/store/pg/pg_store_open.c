@@ -27,6 +27,7 @@
 #include "pg_decode.h"
 #include "pg_store_internal.h"
 #include "pg_util.h"
+#include "../../alloc_hook.h"
 
 /* The longest identifier accepted. */
 #define IDENT_MAX 1024u

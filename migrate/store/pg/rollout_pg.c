@@ -92,6 +92,7 @@
 
 #include "pg_util.h"
 #include "rollout_pg.h"
+#include "../../alloc_hook.h"
 
 /* The schema version this library writes and reads. */
 #define SCHEMA_LATEST 2
