@@ -12,7 +12,7 @@
  * two tables when either is missing, in one transaction that first takes
  * an advisory lock (so that several workers opening at once do not race
  * on CREATE TABLE IF NOT EXISTS).  They have the columns and meaning of
- * the SQLite store's (migrate/store/sqlite_store.c) with PostgreSQL
+ * the SQLite store's (migrate/store/sqlite/sqlite_store.c) with PostgreSQL
  * types, and live next to the target table, so that a checkpoint commits
  * in the same transaction as the rows it describes:
  *

@@ -9,7 +9,7 @@
  *
  * ---- Tables (schema version 4 of keyshift_meta) --------------------------
  *
- * Version 1 (migrate/store/sqlite_store.c) has keyshift_meta,
+ * Version 1 (migrate/store/sqlite/sqlite_store.c) has keyshift_meta,
  * keyshift_migration and keyshift_quarantine.  Version 2 adds the four
  * tables below and changes none of version 1's; version 3 adds key scopes
  * (keyshift_rollout.scope_key_id, keyshift_rollout_column, the open-rollout
