@@ -15,7 +15,9 @@ role and its credentials, which expire 2 s after they are served, for
 the refresh test) and a container endpoint (GET /creds, which wants the
 Authorization token "fake-container-token"; GET /creds-once serves
 credentials of 4 s once, then fails with HTTP 500).  Each credential
-fetch is logged ("imds-creds", "container-creds", "once-creds N").
+fetch is logged ("imds-creds", "container-creds", "once-creds N").  IMDS
+also answers the instance's region, us-east-1 ([KP-AWS-16], logged
+"imds-region").
 
 Usage: python3 kms_aws_fake.py PORTFILE LOGFILE ACCESS_KEY SECRET [TOKEN]
 """
@@ -119,6 +121,9 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/latest/meta-data/iam/security-credentials/keyshift-role":
             log("imds-creds")
             return self.answer(200, self.creds(2))
+        if self.path == "/latest/meta-data/placement/region":
+            log("imds-region")
+            return self.answer(200, b"us-east-1")
         return self.answer(404, b"")
 
     def do_POST(self):

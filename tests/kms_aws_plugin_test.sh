@@ -398,6 +398,35 @@ if [ "$fetched" = 2 ] && [ "$(grep -c '"state":"active"' "$T/tr")" = 3 ]; then
 else
     bad "IMDS refresh" "$fetched fetches; $(head -c 300 "$T/tr") / $(head -c 300 "$T/chain.err")"
 fi
+# no region in the environment or the config file: the EC2 instance's
+# from IMDSv2 [KP-AWS-16], with which every call is signed (the fake
+# checks the us-east-1 scope); with IMDS disabled, no region
+: >"$T/chain.err"
+: >"$T/empty.config"
+before=$(grep -c '^imds-region' "$T/fake.log")
+env "${NOAWS[@]}" -u AWS_REGION -u AWS_DEFAULT_REGION AWS_EC2_METADATA_DISABLED=false \
+    AWS_EC2_METADATA_SERVICE_ENDPOINT="$FAKE_URL" AWS_ENDPOINT_URL_KMS="$FAKE_URL" \
+    AWS_SHARED_CREDENTIALS_FILE="$T/aws.creds" AWS_CONFIG_FILE="$T/empty.config" \
+    python3 "$DRIVE" "$T/chain.err" "$PLUG" --key=f/good,1,good >"$T/tr" <<S
+$(hello 1)
+$(info 2 f/good 0)
+.
+S
+if [ "$(grep -c '^imds-region' "$T/fake.log")" = $((before + 1)) ] &&
+    [ "$(resp 2 | grep -c '"state":"active"')" = 1 ]; then
+    ok "the region from IMDS when nothing else gives one (one fetch, calls signed for it)"
+else
+    bad "the region from IMDS" "$(head -c 300 "$T/tr") / $(head -c 300 "$T/chain.err")"
+fi
+env "${NOAWS[@]}" -u AWS_REGION -u AWS_DEFAULT_REGION AWS_EC2_METADATA_DISABLED=true \
+    AWS_ENDPOINT_URL_KMS="$FAKE_URL" AWS_SHARED_CREDENTIALS_FILE="$T/aws.creds" \
+    AWS_CONFIG_FILE="$T/empty.config" python3 "$DRIVE" "$T/chain.err" "$PLUG" --key=f/good,1,good >"$T/tr" <<S
+$(hello 1)
+$(info 2 f/good 0)
+.
+S
+expect_resp "IMDS disabled and no region elsewhere: invalid" 2 "$(err_of 2 invalid)"
+expect_resp "... saying where a region may come from" 2 "no region: set AWS_REGION"
 # a refresh that fails keeps the credentials in hand until they expire,
 # then the request gets the refresh's error [KP-AWS-13]: credentials of
 # 4 s (an Expiration in whole seconds: 3 to 4 s left), refreshed after

@@ -311,11 +311,18 @@ static void test_shared_files_refused(void **state)
     free(big);
     load(KMS_INVALID, err, sizeof err);
     assert_non_null(strstr(err, "longer than"));
-    /* no region anywhere */
+    /* no region anywhere: not in the environment, not in the config file,
+     * and IMDS disabled (clear_env), which the message says */
     clear_env();
     put(creds_path, "[default]\naws_access_key_id = A\naws_secret_access_key = s\n");
     load(KMS_INVALID, err, sizeof err);
     assert_non_null(strstr(err, "no region"));
+    assert_non_null(strstr(err, "AWS_EC2_METADATA_DISABLED"));
+    /* a config file's region that is not a region name is refused, not
+     * replaced by IMDS's */
+    put(config_path, "[default]\nregion = US_EAST\n");
+    load(KMS_INVALID, err, sizeof err);
+    assert_non_null(strstr(err, "region: not a region name"));
     /* a directory where the file should be */
     clear_env();
     setenv("AWS_REGION", "us-east-1", 1);

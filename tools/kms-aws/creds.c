@@ -727,63 +727,104 @@ static int from_container(walk *w, kms_creds *out, kms_status *st, char *err, si
 
 /* ---- EC2 instance metadata (IMDSv2) ------------------------------------ */
 
-/* IMDSv2 [KP-AWS-10]: a token (PUT), the role name, its credentials.  1
- * when IMDS is disabled or does not answer the token request (why in
- * the trail), else the status. */
-static int from_imds(walk *w, kms_creds *out, kms_status *st, char *err, size_t errlen)
+/* The IMDS base URL [KP-AWS-10]: AWS_EC2_METADATA_SERVICE_ENDPOINT, else
+ * the IPv4 or IPv6 address AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE names
+ * (IPv4 by default).  1 when AWS_EC2_METADATA_DISABLED=true, 0 with base
+ * set, -1 when a variable is malformed (why in err). */
+static int imds_base(char *base, size_t cap, char *err, size_t errlen)
 {
     const char *dis = env("AWS_EC2_METADATA_DISABLED");
     const char *ep = env("AWS_EC2_METADATA_SERVICE_ENDPOINT");
     const char *mode = env("AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE");
-    char base[KMS_MAX_URL + 1], url[KMS_MAX_URL + 200], why[300], tokhdr[KMS_MAX_TOKEN + 64], role[129];
-    long http = 0;
-    int r = -1;
     if (dis != NULL && strcasecmp(dis, "true") == 0) {
-        skipped(&w->tr, "IMDS", "disabled", "disabled by AWS_EC2_METADATA_DISABLED=true");
+        seterr(err, errlen, "disabled by AWS_EC2_METADATA_DISABLED=true");
         return 1;
     }
-    *st = KMS_INVALID;
     if (ep != NULL) {
         kms_config scratch;
         if (kms_config_set_endpoint(&scratch, ep) != 0) {
             seterr(err, errlen, "AWS_EC2_METADATA_SERVICE_ENDPOINT: not an http(s)://host[:port][/] URL");
             return -1;
         }
-        snprintf(base, sizeof base, "%.*s", (int)strlen(scratch.endpoint) - 1, scratch.endpoint);
+        snprintf(base, cap, "%.*s", (int)strlen(scratch.endpoint) - 1, scratch.endpoint);
     } else if (mode != NULL && strcasecmp(mode, "IPv6") == 0) {
-        snprintf(base, sizeof base, "http://[fd00:ec2::254]");
+        snprintf(base, cap, "http://[fd00:ec2::254]");
     } else if (mode == NULL || strcasecmp(mode, "IPv4") == 0) {
-        snprintf(base, sizeof base, "http://169.254.169.254");
+        snprintf(base, cap, "http://169.254.169.254");
     } else {
         seterr(err, errlen, "AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE: '%.16s' is neither IPv4 nor IPv6", mode);
         return -1;
     }
+    return 0;
+}
+
+/* An IMDSv2 session token from base (PUT, within ms) into tokhdr as the
+ * header that sends it.  0; 1 when IMDS does not answer (*answered 0) or
+ * gives no token (*answered 1), why in why; -1 when the token is
+ * malformed (why in why). */
+static int imds_token(const char *base, long ms, sink *s, char *tokhdr, size_t cap, int *answered, char *why,
+                      size_t whylen)
+{
+    char url[KMS_MAX_URL + 200];
+    long http = 0;
+    snprintf(url, sizeof url, "%s/latest/api/token", base);
+    const char *th[] = {"X-aws-ec2-metadata-token-ttl-seconds: " IMDS_TOKEN_TTL};
+    kms_status hs = http_do("PUT", url, th, 1, NULL, 0, ms, 1, &http, s, why, whylen);
+    *answered = hs == KMS_OK;
+    if (hs != KMS_OK || http != 200) {
+        if (hs == KMS_OK) {
+            snprintf(why, whylen, "HTTP %ld", http);
+        }
+        return 1;
+    }
+    memcpy(tokhdr, "X-aws-ec2-metadata-token: ", 26);
+    if (kms_creds_field(tokhdr + 26, cap - 26, s->buf, s->len) != 0) {
+        snprintf(why, whylen, "the token is empty, too long or not printable");
+        return -1;
+    }
+    return 0;
+}
+
+/* IMDSv2 [KP-AWS-10]: a token (PUT), the role name, its credentials.  1
+ * when IMDS is disabled or does not answer the token request (why in
+ * the trail), else the status. */
+static int from_imds(walk *w, kms_creds *out, kms_status *st, char *err, size_t errlen)
+{
+    char base[KMS_MAX_URL + 1], url[KMS_MAX_URL + 200], why[300], tokhdr[KMS_MAX_TOKEN + 64], role[129];
+    long http = 0;
+    int answered = 0;
+    int r = imds_base(base, sizeof base, why, sizeof why);
+    if (r == 1) {
+        skipped(&w->tr, "IMDS", "disabled", "%s", why);
+        return 1;
+    }
+    *st = KMS_INVALID;
+    if (r != 0) {
+        seterr(err, errlen, "%s", why);
+        return -1;
+    }
+    r = -1;
     sink *s = sink_new();
     if (s == NULL) {
         seterr(err, errlen, "out of memory");
         return -1;
     }
     /* the token */
-    snprintf(url, sizeof url, "%s/latest/api/token", base);
-    const char *th[] = {"X-aws-ec2-metadata-token-ttl-seconds: " IMDS_TOKEN_TTL};
-    kms_status hs = http_do("PUT", url, th, 1, NULL, 0, step_ms(w, CREDS_IMDS_STEP_MS), 1, &http, s, why, sizeof why);
-    if (hs != KMS_OK || http != 200) {
-        if (hs == KMS_OK) {
-            snprintf(why, sizeof why, "HTTP %ld", http);
-        }
-        skipped(&w->tr, "IMDS", hs == KMS_OK ? "no token" : "no answer", "no IMDSv2 token from %s: %s", base, why);
+    int t = imds_token(base, step_ms(w, CREDS_IMDS_STEP_MS), s, tokhdr, sizeof tokhdr, &answered, why, sizeof why);
+    if (t == 1) {
+        skipped(&w->tr, "IMDS", answered ? "no token" : "no answer", "no IMDSv2 token from %s: %s", base, why);
         r = 1;
         goto out;
     }
-    memcpy(tokhdr, "X-aws-ec2-metadata-token: ", 26);
-    if (kms_creds_field(tokhdr + 26, sizeof tokhdr - 26, s->buf, s->len) != 0) {
-        seterr(err, errlen, "IMDS %s: the token is empty, too long or not printable", base);
+    if (t != 0) {
+        seterr(err, errlen, "IMDS %s: %s", base, why);
         goto out;
     }
     const char *gh[] = {tokhdr};
     /* the role */
     snprintf(url, sizeof url, "%s/latest/meta-data/iam/security-credentials/", base);
-    hs = http_do("GET", url, gh, 1, NULL, 0, step_ms(w, CREDS_IMDS_STEP_MS), 1, &http, s, why, sizeof why);
+    kms_status hs =
+        http_do("GET", url, gh, 1, NULL, 0, step_ms(w, CREDS_IMDS_STEP_MS), 1, &http, s, why, sizeof why);
     if (hs == KMS_OK && http == 404) {
         skipped(&w->tr, "IMDS", "no role", "%s: the instance has no IAM role (instance profile)", base);
         r = 1;
@@ -819,6 +860,50 @@ static int from_imds(walk *w, kms_creds *out, kms_status *st, char *err, size_t 
     snprintf(out->source, sizeof out->source, "IMDS, role %.64s", role);
     r = 0;
 out:
+    sodium_memzero(tokhdr, sizeof tokhdr);
+    sink_free(s);
+    return r;
+}
+
+/* See creds.h. */
+int kms_imds_region(char *region, size_t cap, char *why, size_t whylen)
+{
+    char base[KMS_MAX_URL + 1], url[KMS_MAX_URL + 200], tokhdr[KMS_MAX_TOKEN + 64];
+    long http = 0;
+    int answered = 0;
+    int r = imds_base(base, sizeof base, why, whylen);
+    if (r != 0) {
+        return r;
+    }
+    sink *s = sink_new();
+    if (s == NULL) {
+        seterr(why, whylen, "out of memory");
+        return -1;
+    }
+    r = imds_token(base, CREDS_IMDS_STEP_MS, s, tokhdr, sizeof tokhdr, &answered, why, whylen);
+    if (r == 0) {
+        snprintf(url, sizeof url, "%s/latest/meta-data/placement/region", base);
+        const char *gh[] = {tokhdr};
+        kms_status hs = http_do("GET", url, gh, 1, NULL, 0, CREDS_IMDS_STEP_MS, 1, &http, s, why, whylen);
+        if (hs != KMS_OK || http != 200) {
+            if (hs == KMS_OK) {
+                snprintf(why, whylen, "HTTP %ld", http);
+            }
+            r = 1;
+        } else if (kms_creds_field(region, cap, s->buf, s->len) != 0 || !sigv4_scope_part_ok(region)) {
+            region[0] = '\0';
+            seterr(why, whylen, "IMDS %s: the region is not a region name", base);
+            r = -1;
+        }
+    } else if (r == 1) {
+        char brief[300];
+        snprintf(brief, sizeof brief, "%s", why);
+        seterr(why, whylen, "no IMDSv2 token from %s: %s", base, brief);
+    } else {
+        char brief[300];
+        snprintf(brief, sizeof brief, "%s", why);
+        seterr(why, whylen, "IMDS %s: %s", base, brief);
+    }
     sodium_memzero(tokhdr, sizeof tokhdr);
     sink_free(s);
     return r;

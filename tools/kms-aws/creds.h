@@ -57,6 +57,13 @@ typedef enum {
     CREDS_JSON_HTTP         /* container and IMDS: Token, optional Code */
 } creds_json_kind;
 
+/* The region of the EC2 instance from IMDSv2 [KP-AWS-16]: a token, then
+ * /latest/meta-data/placement/region, each within CREDS_IMDS_STEP_MS,
+ * into region[0, cap).  0 with a region name; 1 when IMDS is disabled or
+ * gives none (why in why); -1 when a variable or the answer is malformed
+ * (why in why). */
+int kms_imds_region(char *region, size_t cap, char *why, size_t whylen);
+
 /* Walk the chain for cfg (its region, timeout_ms, profile, now): KMS_OK
  * with the credentials in out; KMS_INVALID when nothing is configured or
  * a configuration is wrong (a configuration error); KMS_UNAVAILABLE,

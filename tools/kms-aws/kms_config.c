@@ -167,8 +167,9 @@ static const char *given_or_env(const char *given, const char *first, const char
     return v != NULL && v[0] != '\0' ? v : getenv(second);
 }
 
-/* The region: region when not NULL, else AWS_REGION, AWS_DEFAULT_REGION,
- * else the profile's in the config file.  0, or -1 with why in err. */
+/* The region [KP-AWS-16]: region when not NULL, else AWS_REGION,
+ * AWS_DEFAULT_REGION, else the profile's in the config file, else the EC2
+ * instance's from IMDSv2.  0, or -1 with why in err. */
 static int load_region(kms_config *cfg, const char *region, const char *profile, char *err, size_t errlen)
 {
     char section[80], path[4096];
@@ -193,11 +194,21 @@ static int load_region(kms_config *cfg, const char *region, const char *profile,
         0) {
         return -1;
     }
-    if (!want[0].seen || !sigv4_scope_part_ok(cfg->region)) {
-        seterr(err, errlen, "no region: set AWS_REGION or give [%s] a region in the config file", section);
+    if (want[0].seen && sigv4_scope_part_ok(cfg->region)) {
+        return 0;
+    }
+    if (want[0].seen) {
+        seterr(err, errlen, "%s: [%s] region: not a region name", path, section);
         return -1;
     }
-    return 0;
+    char why[400];
+    if (kms_imds_region(cfg->region, sizeof cfg->region, why, sizeof why) == 0) {
+        return 0;
+    }
+    cfg->region[0] = '\0';
+    seterr(err, errlen, "no region: set AWS_REGION or give [%s] a region in the config file (EC2 instance metadata: %s)",
+           section, why);
+    return -1;
 }
 
 /* The endpoint: url when not NULL, else AWS_ENDPOINT_URL_KMS,
