@@ -8,7 +8,8 @@ keyshift-kms-aws reads from its credential sources (docs/kms-plugin.md
 Each seed is one mode byte (fuzz/fuzz_aws_creds.c: 0..2 a shared file
 read for section default / profile ks / ks, 3 credential_process JSON, 4
 metadata JSON, 5 and 6 STS AssumeRole / AssumeRoleWithWebIdentity
-answers, 7 an STS error answer, 8 an ISO 8601 time) and its input:
+answers, 7 an STS error answer, 8 an ISO 8601 time, 9 an IMDS region
+answer) and its input:
 well-formed documents built here with Python's json and string
 formatting, independently of the C readers, and for each one variants
 that the readers must refuse (a member or element dropped, repeated, of
@@ -117,6 +118,10 @@ TIMES = [EXP, "2030-01-02T03:04:05.1Z", "2030-01-02T03:04:05.123456789Z", "2024-
          "9999-12-31T23:59:59Z", "2030-01-02T24:00:00Z", "2030-01-02T03:04:05.1234567890Z"]
 
 
+REGIONS = ["us-east-1", "eu-west-3", "ap-southeast-2", "us-gov-west-1", "a" * 64, "a" * 65, "", "US-EAST-1",
+           "us_east_1", "us-east-1\n", " us-east-1", "us-east-1\x00x", "r\xe9gion"]
+
+
 def main(argv):
     seeds = []
     for i, text in enumerate(INI):
@@ -132,6 +137,7 @@ def main(argv):
         seeds += [bytes([mode]) + full[:k] for k in range(0, len(full), 23)]
     seeds += [bytes([7]) + e.encode() for e in ERRORS]
     seeds += [bytes([8]) + t.encode() for t in TIMES]
+    seeds += [bytes([9]) + r.encode("latin-1") for r in REGIONS]
     write_corpus("aws_creds_seeds", list(dict.fromkeys(seeds)), argv[0] if argv else CORPUS)
 
 

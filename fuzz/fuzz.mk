@@ -105,7 +105,8 @@ $(FZ)/cov/obj/%.o: %.c $(FUZZ_DEPS)
 	$(CLANG) $(WARN) $(FUZZ_CV_CFLAGS) $(FUZZ_INC) -c $< -o $@
 
 # fuzz_aws_creds compiles in the keyshift-kms-aws readers it fuzzes.
-FUZZ_AWS_CREDS_C := tools/kms-aws/kms_ini.c tools/kms-aws/creds_parse.c tools/kms-aws/kms.h tools/kms-aws/creds.h
+FUZZ_AWS_CREDS_C := tools/kms-aws/kms_ini.c tools/kms-aws/creds_parse.c tools/kms-aws/sigv4.c \
+                    tools/kms-aws/kms.h tools/kms-aws/creds.h tools/kms-aws/sigv4.h
 $(FZ)/lf/obj/fuzz/fuzz_aws_creds.o $(FZ)/replay/obj/fuzz/fuzz_aws_creds.o $(FZ)/cov/obj/fuzz/fuzz_aws_creds.o \
     $(FZ)/afl/fuzz_aws_creds $(FZ)/afl/fuzz_aws_creds.cmplog: $(FUZZ_AWS_CREDS_C)
 

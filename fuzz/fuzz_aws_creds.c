@@ -4,9 +4,10 @@
  * bytes: the AWS shared config and credentials files
  * (tools/kms-aws/kms_ini.c, kms_ini_parse), credential_process's and the
  * metadata endpoints' JSON, STS's XML answers and ISO 8601 times
- * (tools/kms-aws/creds_parse.c).  Both files are compiled in here: they
- * do no I/O and need only libsodium and jansson, which every target
- * links.
+ * (tools/kms-aws/creds_parse.c), and IMDS's region answer (its check
+ * there, with tools/kms-aws/sigv4.c's scope rule).  The three files are
+ * compiled in here: they do no I/O and need only libsodium and jansson,
+ * which every target links.
  *
  * The first byte picks the reader, the rest is its input:
  *   0..2  a shared file, section "default", "profile ks" or "ks", read
@@ -14,7 +15,8 @@
  *   3, 4  credential_process JSON, metadata (container, IMDS) JSON;
  *   5..7  STS: AssumeRole and AssumeRoleWithWebIdentity answers (HTTP
  *         200), an error answer (HTTP 403);
- *   8     an ISO 8601 time.
+ *   8     an ISO 8601 time;
+ *   9     an IMDS region answer (kms_creds_region).
  * Oracles (each failure calls abort()):
  *   1. Shared files: a refusal names the file and a line ("fuzz:N:") or
  *      the file; an acceptance fills each seen key with 1..cap-1
@@ -26,6 +28,9 @@
  *      and says why.
  *   3. Times: an accepted time formats back (gmtime, strftime) to the
  *      same first 19 characters.
+ *   4. Regions: accepted exactly when the answer is 1 to 64 lowercase
+ *      letters, digits and '-' (a reference scan here), then copied
+ *      whole; refused, the region is left empty.
  */
 #define _GNU_SOURCE
 #include <stddef.h>
@@ -37,6 +42,7 @@
 
 #include "../tools/kms-aws/creds_parse.c"
 #include "../tools/kms-aws/kms_ini.c"
+#include "../tools/kms-aws/sigv4.c"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -143,6 +149,21 @@ static void fuzz_time(const char *s, size_t n)
     }
 }
 
+/* Oracle 4. */
+static void fuzz_region(const char *s, size_t n)
+{
+    char region[65];
+    int want = n >= 1 && n <= 64;
+    for (size_t i = 0; want && i < n; i++) {
+        want = (s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-';
+    }
+    memset(region, 'x', sizeof region);
+    int got = kms_creds_region(region, sizeof region, s, n) == 0;
+    if (got != want || (got ? strlen(region) != n || memcmp(region, s, n) != 0 : region[0] != '\0')) {
+        abort();
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static const char *const SECTIONS[] = {"default", "profile ks", "ks"};
@@ -152,7 +173,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size == 0 || size > 70000) {
         return 0;
     }
-    unsigned mode = data[0] % 9;
+    unsigned mode = data[0] % 10;
     const char *doc = (const char *)data + 1;
     size_t n = size - 1;
     if (mode <= 2) {
@@ -167,8 +188,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         }
         check_creds(st, &c, err, 1);
-    } else {
+    } else if (mode == 8) {
         fuzz_time(doc, n);
+    } else {
+        fuzz_region(doc, n);
     }
     return 0;
 }

@@ -890,8 +890,7 @@ int kms_imds_region(char *region, size_t cap, char *why, size_t whylen)
                 snprintf(why, whylen, "HTTP %ld", http);
             }
             r = 1;
-        } else if (kms_creds_field(region, cap, s->buf, s->len) != 0 || !sigv4_scope_part_ok(region)) {
-            region[0] = '\0';
+        } else if (kms_creds_region(region, cap, s->buf, s->len) != 0) {
             seterr(why, whylen, "IMDS %s: the region is not a region name", base);
             r = -1;
         }

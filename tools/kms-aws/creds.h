@@ -107,6 +107,11 @@ time_t kms_creds_refresh_at(const kms_creds *c, time_t fetched);
  * ASCII without spaces.  0 or -1 (dst unchanged). */
 int kms_creds_field(char *dst, size_t cap, const char *s, size_t n);
 
+/* Copy s[0..n) into dst (cap bytes) if it is a region name [KP-AWS-16]:
+ * a field as kms_creds_field takes it that is also a SigV4 scope part
+ * (1 to 64 lowercase letters, digits and '-').  0, or -1 with dst empty. */
+int kms_creds_region(char *dst, size_t cap, const char *s, size_t n);
+
 /* How messages name an STS action: "AssumeRole", or "web identity" for
  * AssumeRoleWithWebIdentity (a name of 16 or more such characters would
  * be redacted where keyshift shows it, [KP-BRIDGE-9]). */

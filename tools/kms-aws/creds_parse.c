@@ -7,6 +7,7 @@
  */
 #define _GNU_SOURCE /* memmem */
 #include "creds.h"
+#include "sigv4.h"
 
 #include <assert.h>
 #include <jansson.h>
@@ -31,6 +32,18 @@ int kms_creds_field(char *dst, size_t cap, const char *s, size_t n)
     }
     memcpy(dst, s, n);
     dst[n] = '\0';
+    return 0;
+}
+
+/* creds.h */
+int kms_creds_region(char *dst, size_t cap, const char *s, size_t n)
+{
+    if (kms_creds_field(dst, cap, s, n) != 0 || !sigv4_scope_part_ok(dst)) {
+        if (cap > 0) {
+            dst[0] = '\0';
+        }
+        return -1;
+    }
     return 0;
 }
 
