@@ -58,10 +58,10 @@ def fail(msg):
 
 
 def read_gates(path):
-    """Parse GATES into {target: (min_features, min_eps, reason)}; exit on a bad line.
-    The host-reference line, when there is one, is under the key REFERENCE as
-    (0, exec/s, reason)."""
+    """Parse GATES into ({target: (min_features, min_eps, reason)}, the
+    host-reference exec/s or None); exit on a bad line."""
     gates = {}
+    reference = None
     with open(path, encoding="utf-8") as f:
         for no, raw in enumerate(f, 1):
             line = raw.split("#", 1)[0].strip()
@@ -73,9 +73,9 @@ def read_gates(path):
                 parts = line.split(None, 2)
                 if len(parts) < 3 or not parts[1].isdigit() or int(parts[1]) == 0:
                     fail("fuzz-gate: %s: want %s EXEC_PER_S REASON" % (where, REFERENCE))
-                if REFERENCE in gates:
+                if reference is not None:
                     fail("fuzz-gate: %s: a second %s line" % (where, REFERENCE))
-                gates[REFERENCE] = (0, int(parts[1]), parts[2].strip())
+                reference = int(parts[1])
                 continue
             if len(parts) < 3 or not parts[1].isdigit() or not parts[2].isdigit():
                 fail("fuzz-gate: %s: want TARGET MIN_FEATURES MIN_EXEC_PER_S [REASON]" % where)
@@ -87,13 +87,12 @@ def read_gates(path):
                 fail("fuzz-gate: %s: %s allows %d exec/s, below the %d rule, without a reason"
                      % (where, target, eps, SPEED_RULE))
             gates[target] = (feats, eps, reason)
-    return gates
+    return gates, reference
 
 
 def cmd_lines(path, targets):
     """Fail, naming them, when some targets have no line in GATES."""
-    gates = read_gates(path)
-    gates.pop(REFERENCE, None)
+    gates, _ = read_gates(path)
     missing = [t for t in targets if t not in gates]
     if missing:
         fail("fuzz-gate: FAILED: no line in %s for %s; add `TARGET MIN_FEATURES MIN_EXEC_PER_S "
@@ -139,60 +138,66 @@ def log_figures(log):
     return execs, eps, feats, cov, cpu
 
 
-def cpu_speed(log, what):
-    """(exec/s per CPU second, exec/s per wall second) of one run's log; fail
-    when it has no final stats.  Per CPU second when `gate.py run` recorded
-    at least 1 ms of it, else per wall second."""
-    execs, wall_eps, feats, _, cpu = log_figures(log)
+def cpu_speed(figures, what, log):
+    """(exec/s per CPU second, exec/s per wall second) from log's figures
+    (log_figures); fail when it has no final stats.  Per CPU second when
+    `gate.py run` recorded at least 1 ms of it, else per wall second."""
+    execs, wall_eps, feats, _, cpu = figures
     if execs is None or wall_eps is None or feats is None:
         fail("%s: FAILED: no final stats or status line in %s" % (what, log))
     return (int(execs / cpu) if cpu is not None and cpu >= 0.001 else wall_eps), wall_eps
 
 
+def host_factor(speed, reference):
+    """What the exec/s floors are multiplied by on a host of this speed."""
+    return min(1.0, speed / reference)
+
+
 def cmd_calib(path, host, logs):
     """Write the host's speed, the mean of the calibration runs' exec/s per
     CPU second, to host, and print it with the scale it gives the floors."""
-    speeds = [cpu_speed(log, "fuzz_calib")[0] for log in logs]
+    speeds = [cpu_speed(log_figures(log), "fuzz_calib", log)[0] for log in logs]
     speed = sum(speeds) // len(speeds)
     with open(host, "w", encoding="utf-8") as f:
         f.write("%d\n" % speed)
-    ref = read_gates(path).get(REFERENCE)
+    _, ref = read_gates(path)
     if ref is None:
         print("fuzz_calib: %d exec/s per CPU second (runs: %s); %s has no %s line: "
               "floors as written" % (speed, ", ".join(map(str, speeds)), path, REFERENCE))
         return
     print("fuzz_calib: %d exec/s per CPU second (runs: %s), reference %d: exec/s floors x %.2f"
-          % (speed, ", ".join(map(str, speeds)), ref[1], min(1.0, speed / ref[1])))
+          % (speed, ", ".join(map(str, speeds)), ref, host_factor(speed, ref)))
 
 
-def host_scale(gates, host):
-    """The factor for the exec/s floors, and a note saying where it came from."""
-    ref = gates.get(REFERENCE)
+def host_scale(ref, host):
+    """The factor for the exec/s floors (reference ref, None for none; the
+    host's speed in the file host), and a note saying where it came from."""
     if ref is None:
         return 1.0, ""
     if not host or not os.path.exists(host):
         return 1.0, ", host not measured (make fuzz-calib)"
     with open(host, encoding="utf-8") as f:
         speed = int(f.read().strip() or "0")
-    scale = min(1.0, speed / ref[1])
-    return scale, (", host %d of %d exec/s" % (speed, ref[1]) if scale < 1.0 else "")
+    scale = host_factor(speed, ref)
+    return scale, (", host %d of %d exec/s" % (speed, ref) if scale < 1.0 else "")
 
 
 def cmd_check(path, target, log, seconds, corpus, host=None):
     """Print one run's figures and fail when they are below the target's line."""
-    execs, _, feats, cov, _ = log_figures(log)
-    eps, wall_eps = cpu_speed(log, target)
+    figures = log_figures(log)
+    execs, _, feats, cov, _ = figures
+    eps, wall_eps = cpu_speed(figures, target, log)
     speed = "%d exec/s per CPU second (%d per wall second)" % (eps, wall_eps)
     files = len(os.listdir(corpus))
     if path == "-":
         print("%s: ok, %d execs in %s s, %s, %d features, cov %d, corpus %d files (%s)"
               % (target, execs, seconds, speed, feats, cov, files, os.path.dirname(log)))
         return
-    gates = read_gates(path)
+    gates, ref = read_gates(path)
     if target not in gates:
         cmd_lines(path, [target])
     min_feats, line_eps, reason = gates[target]
-    scale, host_note = host_scale(gates, host)
+    scale, host_note = host_scale(ref, host)
     min_eps = max(1, int(line_eps * scale))
     bad = []
     if feats < min_feats:
