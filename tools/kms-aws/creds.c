@@ -868,7 +868,7 @@ out:
 /* See creds.h. */
 int kms_imds_region(char *region, size_t cap, char *why, size_t whylen)
 {
-    char base[KMS_MAX_URL + 1], url[KMS_MAX_URL + 200], tokhdr[KMS_MAX_TOKEN + 64];
+    char base[KMS_MAX_URL + 1], url[KMS_MAX_URL + 200], tokhdr[KMS_MAX_TOKEN + 64], detail[300];
     long http = 0;
     int answered = 0;
     int r = imds_base(base, sizeof base, why, whylen);
@@ -880,28 +880,25 @@ int kms_imds_region(char *region, size_t cap, char *why, size_t whylen)
         seterr(why, whylen, "out of memory");
         return -1;
     }
-    r = imds_token(base, CREDS_IMDS_STEP_MS, s, tokhdr, sizeof tokhdr, &answered, why, whylen);
+    const char *step = "no IMDSv2 token from";
+    r = imds_token(base, CREDS_IMDS_STEP_MS, s, tokhdr, sizeof tokhdr, &answered, detail, sizeof detail);
     if (r == 0) {
+        step = "IMDS region from";
         snprintf(url, sizeof url, "%s/latest/meta-data/placement/region", base);
         const char *gh[] = {tokhdr};
-        kms_status hs = http_do("GET", url, gh, 1, NULL, 0, CREDS_IMDS_STEP_MS, 1, &http, s, why, whylen);
+        kms_status hs = http_do("GET", url, gh, 1, NULL, 0, CREDS_IMDS_STEP_MS, 1, &http, s, detail, sizeof detail);
         if (hs != KMS_OK || http != 200) {
             if (hs == KMS_OK) {
-                snprintf(why, whylen, "HTTP %ld", http);
+                snprintf(detail, sizeof detail, "HTTP %ld", http);
             }
             r = 1;
         } else if (kms_creds_region(region, cap, s->buf, s->len) != 0) {
-            seterr(why, whylen, "IMDS %s: the region is not a region name", base);
+            snprintf(detail, sizeof detail, "not a region name");
             r = -1;
         }
-    } else if (r == 1) {
-        char brief[300];
-        snprintf(brief, sizeof brief, "%s", why);
-        seterr(why, whylen, "no IMDSv2 token from %s: %s", base, brief);
-    } else {
-        char brief[300];
-        snprintf(brief, sizeof brief, "%s", why);
-        seterr(why, whylen, "IMDS %s: %s", base, brief);
+    }
+    if (r != 0) {
+        seterr(why, whylen, "%s %s: %s", step, base, detail);
     }
     sodium_memzero(tokhdr, sizeof tokhdr);
     sink_free(s);
