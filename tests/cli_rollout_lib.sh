@@ -52,6 +52,14 @@ check_trips() {
     done
 }
 
+# expect_tripped NAME CHECK FILE: the `rollout check --json` output in FILE
+# shows CHECK (e.g. auth-failure-rate) tripped.  Every check is listed by
+# name whatever its state, so the name alone proves nothing.
+expect_tripped() {
+    if grep -q "\"check\":\"$2\",[^}]*\"tripped\":true" "$3"; then ok "$1"; else
+        bad "$1" "$2 did not trip: $(head -c 900 "$3")"; fi
+}
+
 # text_rollout NAME DB KV ROWS COUNT: a rollout of the base64 text column
 # txt.card of DB (ROWS plaintext rows, made by the caller: a SQLite TEXT
 # or PostgreSQL text column) from plaintext to
