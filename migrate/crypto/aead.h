@@ -1,26 +1,29 @@
 /*
  * migrate/crypto/aead.h -- the payload AEAD of docs/format.md
- * [F-CRYPTO-ALG-1] with two engines: OpenSSL's EVP (libcrypto) and
- * libsodium.  Both produce exactly the bytes that clause spells out, so an
+ * [F-CRYPTO-ALG-1] with two engines: OpenSSL's libcrypto (its providers'
+ * ciphers) and libsodium.  Both produce exactly the bytes that clause spells out, so an
  * envelope is the same whichever engine sealed it, and either opens it.
  *
- * The engine of a call (ks_aead_engine_for()): OpenSSL for a payload of at
- * least KS_AEAD_EVP_MIN_AES256GCM (aes-256-gcm) or KS_AEAD_EVP_MIN_XCHACHA
- * (xchacha20-poly1305) bytes, libsodium below, where EVP's per-message
- * set-up costs more than libsodium's whole call (docs/PERFORMANCE.md has
- * the measurements).  The environment variable KS_AEAD_ENGINE, read once
+ * The engine of a call (ks_aead_engine_for()): for aes-256-gcm, OpenSSL
+ * for a payload of at least KS_AEAD_OPENSSL_MIN_AES256GCM bytes and
+ * libsodium below, where OpenSSL's per-message set-up costs more than
+ * libsodium's whole call; for xchacha20-poly1305, OpenSSL at every size
+ * (KS_AEAD_OPENSSL_MIN_XCHACHA is 0), as libsodium derives the HChaCha20
+ * subkey on every call and OpenSSL's state keeps it (docs/PERFORMANCE.md
+ * has the measurements).  The environment variable KS_AEAD_ENGINE, read once
  * per process, forces one engine ("sodium" or "openssl"; anything else is
  * the rule above), for tests and measurements; ks_aead_test_force() does
  * the same from a test.  A call that has no per-thread OpenSSL state
  * (ks_aead_evp: a thread without a shard, shard.h), or that only checks a
  * tag (ks_verify), always runs on libsodium.
  *
- * OpenSSL state: an EVP_CIPHER_CTX per algorithm, made on a slot's first
- * use, initialised once with its cipher and direction, then keyed once
- * per key (for xchacha20-poly1305: per HChaCha20 subkey, i.e. per key and
- * nonce prefix, which a writer's DEK keeps for its life,
- * [F-CRYPTO-NONCE-1]); a message only sets the IV.  So a call allocates
- * nothing.  A slot belongs to one thread at a time (a shard's owner).
+ * OpenSSL state: a cipher context of the provider per algorithm (aead.c
+ * calls the fetched cipher's provider functions, not EVP's wrappers),
+ * made on a slot's first use for one direction, then keyed once per key
+ * (for xchacha20-poly1305: per HChaCha20 subkey, i.e. per key and nonce
+ * prefix, which a writer's DEK keeps for its life, [F-CRYPTO-NONCE-1]); a
+ * message only sets the IV.  So a call allocates nothing.  A slot belongs
+ * to one thread at a time (a shard's owner).
  *
  * Internal to the library (no KS_API).
  */
@@ -41,13 +44,13 @@ typedef enum ks_aead_engine { KS_AEAD_AUTO = 0, KS_AEAD_SODIUM = 1, KS_AEAD_OPEN
 #define KS_LINE_PAIR 128u
 
 /* The smallest payloads the OpenSSL engine seals and opens by the rule. */
-#define KS_AEAD_EVP_MIN_AES256GCM 512u
-#define KS_AEAD_EVP_MIN_XCHACHA 128u
+#define KS_AEAD_OPENSSL_MIN_AES256GCM 512u
+#define KS_AEAD_OPENSSL_MIN_XCHACHA 0u
 
 /* One thread's OpenSSL state for one key at a time (see the top).  All
  * zero is empty: nothing made, nothing keyed. */
 typedef struct ks_aead_evp {
-    void *ctx[2];          /* EVP_CIPHER_CTX *: [0] aes-256-gcm, [1] xchacha20-poly1305 */
+    void *ctx[2];          /* the provider's contexts: [0] aes-256-gcm, [1] xchacha20-poly1305 */
     void *guard[2][2];     /* heap blocks just before and after ctx[i]'s (aead.c) */
     uint64_t serial[2];    /* the key loaded into each (ks_aead_serial()), 0: none */
     uint8_t prefix[16];    /* xchacha20-poly1305: the nonce prefix its subkey is of */

@@ -9,7 +9,7 @@
  * AEAD [F-CRYPTO-AEAD-1]: the algorithm's AEAD [F-CRYPTO-ALG-1] under K
  * with the envelope's nonce and the data AAD (keyshift/aad.h); its output
  * c (plaintext length + 16) is the ciphertext field.  Two engines run it,
- * OpenSSL's EVP and libsodium, chosen per call by algorithm and size
+ * OpenSSL and libsodium, chosen per call by algorithm and size
  * (aead.h); their bytes are the same.
  *
  * Secrets: DEKs and K sit in sodium_malloc'd memory (write side:

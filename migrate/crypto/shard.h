@@ -19,7 +19,7 @@
  * sodium_malloc'd slab per shard and are wiped on replacement and free.
  *
  * Each seal slot and each read key also has the owner's OpenSSL state
- * for its key (aead.h: an EVP_CIPHER_CTX per algorithm, made once, keyed
+ * for its key (aead.h: a cipher context per algorithm, made once, keyed
  * once per key), so the OpenSSL engine allocates nothing per call and
  * never shares a context between threads.  A seal slot's state is keyed
  * again whenever its DEK's serial differs (a refill onto another DEK); a
