@@ -16,9 +16,10 @@
  * message calls the fetched cipher's implementation in its provider
  * directly: the provider's cipher functions (provider-cipher(7), found
  * with OSSL_PROVIDER_query_operation), with the same arguments EVP would
- * pass.  EVP's wrappers cost more than keyshift's whole seal at 2 KiB:
- * OpenSSL 3.0 asks the provider for the IV length on every IV and builds
- * a parameter list for the tag (docs/PERFORMANCE.md, "The engine rule").
+ * pass.  EVP's wrappers cost about as much as keyshift's own work on a
+ * 2 KiB seal: OpenSSL 3.0 asks the provider for the IV length on every IV
+ * and builds a parameter list for the tag (docs/PERFORMANCE.md, "The
+ * engine rule").
  * A provider with no single implementation of the name, or one that
  * fails the known-answer test at start-up (impl_check), leaves OpenSSL
  * unused: every call runs on libsodium.
