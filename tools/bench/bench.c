@@ -15,12 +15,13 @@
  * 1 MiB), against what a user would write instead, the faster of two
  * raw calls: libsodium's AEAD (combined mode; AES-256-GCM with its key
  * expanded once, crypto_aead_aes256gcm_beforenm, as the EVP context is
- * keyed once) and OpenSSL's EVP with a context per direction keyed once (XChaCha20-Poly1305: HChaCha20 of the
- * key and a fixed prefix, then EVP's ChaCha20-Poly1305), each on the same
- * plaintext under a random key, with a counter nonce for sealing, and
- * with the same AAD bytes that keyshift authenticates for that envelope
- * (one envelope is sealed, parsed, and its data AAD built with
- * ks_aad_data once at setup, as a user's AAD is fixed per column).  The
+ * keyed once) and OpenSSL's EVP with a context per direction keyed once
+ * (XChaCha20-Poly1305: HChaCha20 of the key and a fixed prefix, then
+ * EVP's ChaCha20-Poly1305), each on the same plaintext under a random
+ * key, with a counter nonce for sealing, and with the same AAD bytes
+ * that keyshift authenticates for that envelope (one envelope is sealed,
+ * parsed, and its data AAD built with ks_aad_data once at setup, as a
+ * user's AAD is fixed per column).  The
  * raw opens decrypt a raw ciphertext made under that AAD.  Goals: ks's
  * throughput at least 0.90 of the fastest raw call's from 2 KiB up and
  * 0.75 at 128 B, with no heap allocation per call.
