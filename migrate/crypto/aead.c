@@ -116,6 +116,17 @@ static void iv_of(uint32_t alg, const uint8_t *nonce, uint8_t iv[static KS_PROV_
     }
 }
 
+/* The provider's init of c (made by p) for direction enc, with a 32-byte
+ * key or an IV (NULL: unchanged), as EVP_CipherInit_ex calls it; 0 on
+ * success. */
+static int prov_init(const prov_cipher *p, void *c, int enc, const uint8_t *key, const uint8_t *iv)
+{
+    const size_t keylen = key != NULL ? 32 : 0, ivlen = iv != NULL ? KS_PROV_IV_LEN : 0;
+    const int ok = enc ? p->einit(c, key, keylen, iv, ivlen, NULL)
+                       : p->dinit(c, key, keylen, iv, ivlen, NULL);
+    return ok == 1 ? 0 : -1;
+}
+
 /* Start a message on c (made by p, keyed, direction enc): its IV, then
  * the AAD.  The same calls, with the same sizes, as EVP_CipherInit_ex
  * with an IV and EVP_CipherUpdate with no output make. */
@@ -123,9 +134,10 @@ static int prov_begin(const prov_cipher *p, void *c, int enc, const uint8_t iv[s
                       const uint8_t *ad, size_t adlen)
 {
     size_t n = 0;
-    const int ok = enc ? p->einit(c, NULL, 0, iv, KS_PROV_IV_LEN, NULL)
-                       : p->dinit(c, NULL, 0, iv, KS_PROV_IV_LEN, NULL);
-    return ok == 1 && (adlen == 0 || p->update(c, NULL, &n, adlen, ad, adlen) == 1) ? 0 : -1;
+    if (prov_init(p, c, enc, NULL, iv) != 0) {
+        return -1;
+    }
+    return adlen == 0 || p->update(c, NULL, &n, adlen, ad, adlen) == 1 ? 0 : -1;
 }
 
 /* Encrypt m[0, mlen) into out with the tag at out + mlen, on c (made by
@@ -161,14 +173,6 @@ static int prov_decrypt(const prov_cipher *p, void *c, uint8_t *m, const uint8_t
         return -1;
     }
     return 0;
-}
-
-/* Key c (made by p) for direction enc with the 32 bytes at key (the
- * call EVP_CipherInit_ex makes with a key alone); 0 on success. */
-static int prov_key(const prov_cipher *p, void *c, int enc, const uint8_t *key)
-{
-    const int ok = enc ? p->einit(c, key, 32, NULL, 0, NULL) : p->dinit(c, key, 32, NULL, 0, NULL);
-    return ok == 1 ? 0 : -1;
 }
 
 /* c with A-Z lowered, every other byte as it is. */
@@ -276,7 +280,8 @@ static int impl_check(size_t i)
         iv[j] = (uint8_t)(0x40 + j);
     }
     void *e = p->newctx(p->provctx), *d = p->newctx(p->provctx);
-    int ok = e != NULL && d != NULL && prov_key(p, e, 1, key) == 0 && prov_key(p, d, 0, key) == 0 &&
+    int ok = e != NULL && d != NULL && prov_init(p, e, 1, key, NULL) == 0 &&
+             prov_init(p, d, 0, key, NULL) == 0 &&
              prov_encrypt(p, e, ct, kat_pt, N, kat_ad, ADN, iv) == 0 &&
              memcmp(ct, kat_ct[i], sizeof ct) == 0 &&
              prov_decrypt(p, d, pt, ct, N, kat_ad, ADN, iv) == 0 && memcmp(pt, kat_pt, N) == 0;
@@ -452,7 +457,7 @@ static int load_key(ks_aead_evp *s, size_t i, void *x, const ks_aead_key *k, con
         key = sub;
     }
     s->serial[i] = 0;
-    const int rc = prov_key(&impls[i], x, s->enc[i], key);
+    const int rc = prov_init(&impls[i], x, s->enc[i], key, NULL);
     sodium_memzero(sub, sizeof sub);
     if (rc != 0) {
         return -1;
@@ -545,7 +550,7 @@ void ks_aead_evp_wipe(ks_aead_evp *s)
     static const uint8_t zero[32];
     for (size_t i = 0; i < 2; i++) {
         if (s->ctx[i] != NULL) {
-            (void)prov_key(&impls[i], s->ctx[i], s->enc[i], zero);
+            (void)prov_init(&impls[i], s->ctx[i], s->enc[i], zero, NULL);
         }
         s->serial[i] = 0;
     }
