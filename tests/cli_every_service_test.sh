@@ -351,7 +351,7 @@ lifecycle() {
     R=(--db "$DB")
     step "$KIND: $name: start" "$KS" rollout start "${R[@]}" --table pay --column card "${ENC[@]}" \
         --source "$source" --target "$target" --min-soak 0 --reader-ttl 5 --min-samples 20 \
-        --max-seal-p99-us 0 --max-open-p99-us 0 \
+        "${NO_LATENCY[@]}" \
         --window 60 --actor every-service-test --reason "$name" || return 1
     id=$(grep -o '[0-9][0-9]*' "$T/out" | head -1)
     R+=(--rollout "$id")
@@ -472,7 +472,7 @@ health() {
     R=(--db "$DB" --table audit --column card)
     run "$KIND: health: start on audit.card" 0 "$KS" rollout start "${R[@]}" "${ENC[@]}" \
         --source plaintext --target "$K2" --min-soak 0 --reader-ttl 5 --min-samples 20 \
-        --max-auth-failure-rate 0.01 --max-seal-p99-us 0 --max-open-p99-us 0 --window 60
+        --max-auth-failure-rate 0.01 "${NO_LATENCY[@]}" --window 60
     run "$KIND: health: advance to read-compat" 0 "$KS" rollout advance "${R[@]}"
     if [ -n "$AGENT" ]; then
         start_agent agent-bad

@@ -5,12 +5,13 @@
 # that a guard may refuse for a while, and waiting for a health check to
 # trip.
 #
-# The lifecycle tests start their rollouts with the latency checks off
-# (--max-seal-p99-us 0 --max-open-p99-us 0): under ASan on a loaded host
-# an application's p99 can pass the 10 ms default, which would hold an
+# NO_LATENCY: the `rollout start` options the lifecycle tests give every
+# rollout, the latency checks off.  Under ASan on a loaded host an
+# application's p99 can pass the 10 ms default, which would hold an
 # advance back for the whole health window or trip a rollback that the
 # test is not about.  tests/test_health.c and tests/cli_rollout_test.sh
 # check the latency checks themselves.
+NO_LATENCY=(--max-seal-p99-us 0 --max-open-p99-us 0)
 
 # jnum FILE NAME: the numeric value of "NAME" in FILE (one JSON line).
 jnum() { sed -n "s/.*\"$2\":\([0-9]*\).*/\1/p" "$1" | head -1; }
@@ -86,7 +87,7 @@ text_rollout() {
         --to-format 2 --purpose card)
     step "$name: start --encoding base64" "$KS" rollout start "${tr[@]}" --encoding base64 \
         --source plaintext --target "$target" --min-soak 0 --reader-ttl 5 --min-samples 20 \
-        --max-seal-p99-us 0 --max-open-p99-us 0 --window 60 || return 1
+        "${NO_LATENCY[@]}" --window 60 || return 1
     "$KS" rollout status "${tr[@]}" --json >"$T/tstatus.json" 2>&1
     expect_grep "$name: status shows the encoding" "$T/tstatus.json" '"encoding":"base64"'
     run "$name: the demo app without --encoding base64: 64" 64 "$APP" "${tr[@]}" "${tctx[@]}" \

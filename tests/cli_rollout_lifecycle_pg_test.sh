@@ -129,7 +129,7 @@ lifecycle() {
     R=(--db "$CI")
     step "$name: start" "$KS" rollout start "${R[@]}" --table pay --column card --source "$source" \
         --target "$target" --min-soak 0 --reader-ttl 5 --min-samples 20 --window 60 \
-        --max-seal-p99-us 0 --max-open-p99-us 0 --actor lifecycle-pg-test --reason "$name" || return 1
+        "${NO_LATENCY[@]}" --actor lifecycle-pg-test --reason "$name" || return 1
     id=$(grep -o '[0-9][0-9]*' "$T/out" | head -1)
     R+=(--rollout "$id")
     step "$name: advance to read-compat" "$KS" rollout advance "${R[@]}" || return 1

@@ -278,7 +278,7 @@ lifecycle() {
     R=(--db "$B")
     step "$name: start" "$KS" rollout start "${R[@]}" --table pay --column card --source "$source" \
         --target "$target" --min-soak 0 --reader-ttl 5 --min-samples 20 --window 60 \
-        --max-seal-p99-us 0 --max-open-p99-us 0 --actor lifecycle-test --reason "$name" || return 1
+        "${NO_LATENCY[@]}" --actor lifecycle-test --reason "$name" || return 1
     id=$(grep -o '[0-9][0-9]*' "$T/out" | head -1)
     step "$name: advance to read-compat" "$KS" rollout advance "${R[@]}" --rollout "$id" || return 1
     step "$name: advance to write-upgrade (every live reader holds the target)" \
@@ -347,7 +347,7 @@ wait_for 20 readers_count_is "$D" 2 && ok "old reader: both apps registered" || 
 R=(--db "$D" --table pay --column card)
 run "old reader: start a rollout to pay/kek:2" 0 "$KS" rollout start "${R[@]}" --source plaintext \
     --target v1:xchacha20-poly1305:pay/kek:2 --min-soak 0 --reader-ttl 2 --min-samples 20 \
-    --max-auth-failure-rate 0.01 --max-seal-p99-us 0 --max-open-p99-us 0 --window 60
+    --max-auth-failure-rate 0.01 "${NO_LATENCY[@]}" --window 60
 run "old reader: advance to read-compat" 0 "$KS" rollout advance "${R[@]}"
 run "old reader: write-upgrade refused while old-web is live" 75 "$KS" rollout advance "${R[@]}" --all
 expect_grep "old reader: the refusal names the old reader" "$T/err" "old-web"
