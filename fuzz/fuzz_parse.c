@@ -41,11 +41,14 @@
  *      are distinct, ks_err_is_rejection() is exactly 1..11 and
  *      ks_err_is_retryable() exactly unavailable and timeout; algorithm
  *      names round-trip.
- *   9. Resuming after a known head (parser/envelope_head.h, what an open
- *      does when an envelope begins like the last one it opened) gives
- *      the whole parse's result, errors and offsets included: on the
- *      input with its own head when its header parses, and on the head
- *      of a fixed envelope of each version followed by the input.
+ *   9. Parsing like a known envelope (parser/envelope_head.h, what an
+ *      open does when an envelope is shaped like the last one it opened)
+ *      gives the whole parse's result, errors and offsets included, and
+ *      says it was like exactly when it succeeded on an input shaped
+ *      like the known one: on the input with its own shape when its
+ *      header parses, and with the shape of a fixed envelope of each
+ *      version, on the fixed header followed by the input and on the
+ *      fixed envelope patched by the input.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -444,15 +447,18 @@ static void check_cursor(const uint8_t *data, size_t size)
     }
 }
 
-/* Oracle 9 on one input: resuming after h gives the whole parse's
- * result (buf begins with h's bytes). */
-static void check_resume_one(const uint8_t *buf, size_t len, const ks_envelope_head *h)
+/* Oracle 9 on one input: parsing like h (made from hdr) gives the whole
+ * parse's result, and like exactly when it succeeded on an input shaped
+ * like h. */
+static void check_like_one(const uint8_t *buf, size_t len, const ks_envelope_head *h, const uint8_t *hdr)
 {
     ks_envelope a, b;
     ks_parse_error ea, eb;
+    int like = 7;
     const ks_err ga = ks_envelope_parse(buf, len, NULL, &a, &ea);
-    const ks_err gb = ks_envelope_parse_resume(buf, len, NULL, h, &b, &eb);
+    const ks_err gb = ks_envelope_parse_like(buf, len, NULL, h, hdr, &b, &eb, &like);
     CHECK(ga == gb);
+    CHECK(like == (gb == KS_OK && ks_envelope_like(buf, len, h, hdr)));
     if (ga == KS_OK) {
         CHECK(ks_test_result_eq(&a, &b));
     } else {
@@ -461,41 +467,9 @@ static void check_resume_one(const uint8_t *buf, size_t len, const ks_envelope_h
     }
 }
 
-/* Oracle 9's caller errors: out-of-range limits, a NULL out, head or
- * buffer, an input shorter than the head, an empty head and one that
- * does not end with its wrapped DEK are invalid-argument at offset 0
- * and field 0, with *out cleared. */
-static void check_resume_refusals(const uint8_t *buf, size_t n, const ks_envelope_head *h)
-{
-    const ks_limits bad = {0, 0, 0, 0, 0};
-    const ks_envelope_head none = {0};
-    ks_envelope_head odd = *h;
-    odd.wrapped_len++;
-    const struct {
-        const uint8_t *buf;
-        size_t len;
-        const ks_limits *lim;
-        const ks_envelope_head *h;
-    } cases[] = {{buf, n, &bad, h},          {buf, n, NULL, NULL}, {NULL, n, NULL, h},
-                 {buf, h->len - 1, NULL, h}, {buf, n, NULL, &odd}, {buf, n, NULL, &none}};
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        ks_envelope out;
-        ks_parse_error pe = {KS_OK, 7, 7};
-        CHECK(ks_envelope_parse_resume(cases[i].buf, cases[i].len, cases[i].lim, cases[i].h, &out, &pe) ==
-              KS_ERR_INVALID_ARGUMENT);
-        CHECK(pe.code == KS_ERR_INVALID_ARGUMENT && pe.offset == 0 && pe.field == 0 && is_zero(&out));
-        CHECK(ks_envelope_parse_resume(cases[i].buf, cases[i].len, cases[i].lim, cases[i].h, &out, NULL) ==
-              KS_ERR_INVALID_ARGUMENT);
-    }
-    ks_parse_error pe = {KS_OK, 7, 7};
-    CHECK(ks_envelope_parse_resume(buf, n, NULL, h, NULL, &pe) == KS_ERR_INVALID_ARGUMENT &&
-          pe.code == KS_ERR_INVALID_ARGUMENT && pe.offset == 0 && pe.field == 0);
-    CHECK(ks_envelope_parse_resume(buf, n, NULL, h, NULL, NULL) == KS_ERR_INVALID_ARGUMENT);
-}
-
-/* A fixed envelope of version v (encoded once into buf, cap bytes): its
- * head into *h. */
-static void fixed_head(uint8_t v, uint8_t *buf, size_t cap, ks_envelope_head *h)
+/* A fixed envelope of version v (encoded once into buf, cap bytes, its
+ * length into *len): its shape into *h. */
+static void fixed_head(uint8_t v, uint8_t *buf, size_t cap, size_t *len, ks_envelope_head *h)
 {
     static const uint8_t wdek[60] = {1}, nonce[24] = {2}, commit[32] = {3}, ct[16] = {4};
     const uint32_t alg = v == KS_FORMAT_V1 ? KS_ALG_AES256GCM : KS_ALG_XCHACHA20POLY1305;
@@ -511,40 +485,54 @@ static void fixed_head(uint8_t v, uint8_t *buf, size_t cap, ks_envelope_head *h)
                            {ct, sizeof ct},
                            0,
                            0};
-    size_t len = 0;
     ks_envelope parsed;
-    CHECK(ks_envelope_encode(&e, NULL, buf, cap, &len) == KS_OK);
-    CHECK(ks_envelope_parse(buf, len, NULL, &parsed, NULL) == KS_OK);
+    CHECK(ks_envelope_encode(&e, NULL, buf, cap, len) == KS_OK);
+    CHECK(ks_envelope_parse(buf, *len, NULL, &parsed, NULL) == KS_OK);
     ks_envelope_head_of(buf, &parsed, h);
 }
 
 /* Oracle 9. */
-static void check_resume(const uint8_t *data, size_t size)
+static void check_like(const uint8_t *data, size_t size)
 {
     static uint8_t fixed[2][256];
+    static size_t fixed_len[2];
     static ks_envelope_head heads[2];
     static int ready;
     if (!ready) {
-        fixed_head(KS_FORMAT_V1, fixed[0], sizeof fixed[0], &heads[0]);
-        fixed_head(KS_FORMAT_V2, fixed[1], sizeof fixed[1], &heads[1]);
+        fixed_head(KS_FORMAT_V1, fixed[0], sizeof fixed[0], &fixed_len[0], &heads[0]);
+        fixed_head(KS_FORMAT_V2, fixed[1], sizeof fixed[1], &fixed_len[1], &heads[1]);
         ready = 1;
     }
     ks_envelope hdr;
     if (ks_envelope_parse_header(data, size, NULL, &hdr, NULL) == KS_OK) {
         ks_envelope_head h;
         ks_envelope_head_of(data, &hdr, &h);
-        check_resume_one(data, size, &h);
+        check_like_one(data, size, &h, data);
     }
     for (size_t v = 0; v < 2; v++) {
-        const size_t n = heads[v].len + size;
+        /* the fixed header, then the input */
+        const size_t hl = heads[v].header_len, n = hl + size;
         uint8_t *buf = malloc(n); /* exact: a read past the input is caught */
         CHECK(buf != NULL);
-        memcpy(buf, fixed[v], heads[v].len);
+        memcpy(buf, fixed[v], hl);
         if (size != 0) {
-            memcpy(buf + heads[v].len, data, size);
+            memcpy(buf + hl, data, size);
         }
-        check_resume_one(buf, n, &heads[v]);
-        check_resume_refusals(buf, n, &heads[v]);
+        check_like_one(buf, n, &heads[v], fixed[v]);
+        /* the fixed envelope patched by the input, read as (offset, byte)
+         * pairs, with its last byte appended when it is odd */
+        const size_t m = fixed_len[v] + (size & 1);
+        uint8_t *over = malloc(m);
+        CHECK(over != NULL);
+        memcpy(over, fixed[v], fixed_len[v]);
+        for (size_t i = 0; i + 1 < size; i += 2) {
+            over[data[i] % fixed_len[v]] = data[i + 1];
+        }
+        if (size & 1) {
+            over[m - 1] = data[size - 1];
+        }
+        check_like_one(over, m, &heads[v], fixed[v]);
+        free(over);
         free(buf);
     }
 }
@@ -571,7 +559,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check_lowered(data, size, e, &env, &pe);
     check_caller_errors(data, size);
     check_cursor(data, size);
-    check_resume(data, size);
+    check_like(data, size);
     check_names();
     return 0;
 }

@@ -204,6 +204,13 @@ static inline ks_err ks_cursor_read_varint32(ks_cursor *c, uint32_t *out)
         c->pos++;
         return KS_OK;
     }
+    /* And a canonical two-byte one (128 to 16,383: the ciphertext length
+     * of a small record): a final second byte that is not 0x00. */
+    if (avail > 1 && p[1] != 0 && p[1] < 0x80) {
+        *out = (uint32_t)(p[0] & 0x7F) | (uint32_t)p[1] << 7;
+        c->pos += 2;
+        return KS_OK;
+    }
     /*@ loop invariant 0 <= i <= 5 && i <= avail && c->pos == \at(c->pos, Pre);
         loop assigns i, v;
         loop variant 5 - i;

@@ -165,8 +165,8 @@ static ks_err diagnose_tag(ks_cursor *c, const ks_field_rule *rules, size_t coun
 
 /*
  * Walk the fields of one version's table `rules` (count fields) after the
- * prefix, from rules[first] on (0, or KS_HEAD_FIELDS after a known head,
- * with the nonce length of its algorithm in nonce_len).  On failure
+ * prefix, from rules[first] on (0, with nonce_len 0 until field 1 is
+ * read; or the ciphertext field, count - 1, after a known header).  On failure
  * returns the code and sets *offset and *field for reject().  Each
  * version is a fixed sequence of fields (format/rules.h), each with a
  * one-byte canonical tag [F-VARINT-5], so the common case is a straight
@@ -214,33 +214,34 @@ KS_PARSE_INLINE ks_err parse_fields(ks_cursor *c, const ks_field_rule *rules, si
 }
 
 /* The fields of a head: algorithm, tenant, key_id, key_version and
- * wrapped_dek are rules[0, KS_HEAD_FIELDS) of both versions. */
+ * wrapped_dek are rules[0, KS_HEAD_FIELDS) of both versions; the
+ * ciphertext is each version's last field. */
 #define KS_HEAD_FIELDS 5u
+#define KS_V1_FIELDS (sizeof ks_rules_v1 / sizeof ks_rules_v1[0])
+#define KS_V2_FIELDS (sizeof ks_rules_v2 / sizeof ks_rules_v2[0])
 
-/* The fields of the envelope's version from rules[first] on (see
- * parse_fields()), one call per version with its constant table, and
- * for a whole envelope nothing after them; *offset and *field as there. */
-static ks_err parse_body(ks_cursor *c, uint8_t version, size_t first, size_t nonce_len,
-                         const ks_limits *lim, int mode, ks_envelope *out, size_t *offset,
-                         uint32_t *field)
+/* The fields of the envelope's version from rules[0], or with from_ct
+ * the ciphertext field alone, after a known header (see parse_fields();
+ * nonce_len is unused then), one call per version and starting field
+ * with its constant table, and for a whole envelope nothing after them;
+ * *offset and *field as there. */
+static ks_err parse_body(ks_cursor *c, uint8_t version, int from_ct, const ks_limits *lim, int mode,
+                         ks_envelope *out, size_t *offset, uint32_t *field)
 {
     const int v1 = version == KS_FORMAT_V1;
     const ks_field_rule *rules = v1 ? ks_rules_v1 : ks_rules_v2;
-    const size_t count =
-        v1 ? sizeof ks_rules_v1 / sizeof ks_rules_v1[0] : sizeof ks_rules_v2 / sizeof ks_rules_v2[0];
+    const size_t count = v1 ? KS_V1_FIELDS : KS_V2_FIELDS;
     assert(rules[0].number == KS_FIELD_ALGORITHM && rules[KS_HEAD_FIELDS - 1].number == KS_FIELD_WRAPPED_DEK &&
-           rules[KS_HEAD_FIELDS].number == KS_FIELD_NONCE);
+           rules[KS_HEAD_FIELDS].number == KS_FIELD_NONCE && rules[count - 1].number == KS_FIELD_CIPHERTEXT);
     ks_err e;
     if (v1) {
-        e = first == 0 ? parse_fields(c, ks_rules_v1, sizeof ks_rules_v1 / sizeof ks_rules_v1[0], 0, 0,
-                                      lim, mode, out, offset, field)
-                       : parse_fields(c, ks_rules_v1, sizeof ks_rules_v1 / sizeof ks_rules_v1[0],
-                                      KS_HEAD_FIELDS, nonce_len, lim, mode, out, offset, field);
+        e = !from_ct ? parse_fields(c, ks_rules_v1, KS_V1_FIELDS, 0, 0, lim, mode, out, offset, field)
+                     : parse_fields(c, ks_rules_v1, KS_V1_FIELDS, KS_V1_FIELDS - 1, 0, lim, mode, out, offset,
+                                    field);
     } else {
-        e = first == 0 ? parse_fields(c, ks_rules_v2, sizeof ks_rules_v2 / sizeof ks_rules_v2[0], 0, 0,
-                                      lim, mode, out, offset, field)
-                       : parse_fields(c, ks_rules_v2, sizeof ks_rules_v2 / sizeof ks_rules_v2[0],
-                                      KS_HEAD_FIELDS, nonce_len, lim, mode, out, offset, field);
+        e = !from_ct ? parse_fields(c, ks_rules_v2, KS_V2_FIELDS, 0, 0, lim, mode, out, offset, field)
+                     : parse_fields(c, ks_rules_v2, KS_V2_FIELDS, KS_V2_FIELDS - 1, 0, lim, mode, out, offset,
+                                    field);
     }
     if (e != KS_OK || mode == KS_PARSE_HEADER) {
         return e; /* [F-HDR-1] bytes after the ciphertext are not looked at */
@@ -296,7 +297,7 @@ static ks_err parse(const uint8_t *buf, size_t len, const ks_limits *lim, ks_env
         return reject(out, err, e, offset, 0);
     }
     out->version = version;
-    if ((e = parse_body(&c, version, 0, 0, lim, mode, out, &offset, &field)) != KS_OK) {
+    if ((e = parse_body(&c, version, 0, lim, mode, out, &offset, &field)) != KS_OK) {
         return reject(out, err, e, offset, field);
     }
     return KS_OK;
@@ -305,6 +306,7 @@ static ks_err parse(const uint8_t *buf, size_t len, const ks_limits *lim, ks_env
 /* See envelope_head.h. */
 void ks_envelope_head_of(const uint8_t *buf, const ks_envelope *e, ks_envelope_head *h)
 {
+    const int v2 = e->version == KS_FORMAT_V2;
     *h = (ks_envelope_head){e->version,
                             e->algorithm,
                             e->key_version,
@@ -314,47 +316,73 @@ void ks_envelope_head_of(const uint8_t *buf, const ks_envelope *e, ks_envelope_h
                             (uint32_t)e->key_id.len,
                             (uint32_t)(e->wrapped_dek.ptr - buf),
                             (uint32_t)e->wrapped_dek.len,
-                            (size_t)(e->wrapped_dek.ptr - buf) + e->wrapped_dek.len};
+                            (size_t)(e->wrapped_dek.ptr - buf) + e->wrapped_dek.len,
+                            (uint32_t)(e->nonce.ptr - buf),
+                            (uint32_t)e->nonce.len,
+                            v2 ? (uint32_t)(e->purpose.ptr - buf) : 0,
+                            v2 ? (uint32_t)e->purpose.len : 0,
+                            v2 ? (uint32_t)(e->commitment.ptr - buf) : 0,
+                            e->header_len};
 }
 
-/* See envelope_head.h.  The state parse() is in at the end of the head
- * is restored from h (the fields, the cursor, the nonce length of the
- * algorithm), and parse_body() goes on from the nonce. */
-ks_err ks_envelope_parse_resume(const uint8_t *buf, size_t len, const ks_limits *lim,
-                                const ks_envelope_head *h, ks_envelope *out, ks_parse_error *err)
+/* See envelope_head.h: buf equals the header in every byte but the
+ * nonce's and (v2) the commitment's values, which the parser does not
+ * read ([F-NONCE-1], [F-COMMIT-1]).  h comes from ks_envelope_head_of()
+ * (the contract); every open asks, so only the order of the compared
+ * ranges, which keeps the reads inside hdr and buf, is checked. */
+int ks_envelope_like(const uint8_t *buf, size_t len, const ks_envelope_head *h, const uint8_t *hdr)
 {
-    size_t offset = 0;
-    uint32_t field = 0;
-
-    if (out == NULL) {
-        if (err != NULL) {
-            *err = (ks_parse_error){KS_ERR_INVALID_ARGUMENT, 0, 0};
-        }
-        return KS_ERR_INVALID_ARGUMENT;
+    if (buf == NULL || h == NULL || hdr == NULL) {
+        return 0;
     }
-    /* A caller error, as for parse(): no head, or one that is not a
-     * head's shape, or an input shorter than it. */
-    if (h == NULL || buf == NULL || h->len == 0 || h->len > len ||
-        (size_t)h->wrapped_off + h->wrapped_len != h->len || (lim = limits_of(lim)) == NULL) {
+    const size_t nonce_end = (size_t)h->nonce_off + h->nonce_len;
+    const size_t rest_end = h->version == KS_FORMAT_V2 ? h->commitment_off : h->header_len;
+    return len > h->header_len && nonce_end <= rest_end && rest_end <= h->header_len &&
+           memcmp(buf, hdr, h->nonce_off) == 0 &&
+           memcmp(buf + nonce_end, hdr + nonce_end, rest_end - nonce_end) == 0;
+}
+
+/* See envelope_head.h.  The state parse() is in at the ciphertext field
+ * of a header like h's is restored from h (the fields, the cursor), and
+ * parse_body() goes on from the ciphertext. */
+ks_err ks_envelope_parse_like(const uint8_t *buf, size_t len, const ks_limits *lim, const ks_envelope_head *h,
+                              const uint8_t *hdr, ks_envelope *out, ks_parse_error *err, int *like)
+{
+    if (like != NULL) {
+        *like = 0;
+    }
+    if (out == NULL || !ks_envelope_like(buf, len, h, hdr)) {
+        return parse(buf, len, lim, out, err, KS_PARSE_FULL);
+    }
+    if ((lim = limits_of(lim)) == NULL) {
         return reject(out, err, KS_ERR_INVALID_ARGUMENT, 0, 0);
     }
+    const int v2 = h->version == KS_FORMAT_V2;
     out->version = h->version;
     out->algorithm = h->algorithm;
     out->tenant = (ks_bytes){buf + h->tenant_off, h->tenant_len};
     out->key_id = (ks_bytes){buf + h->key_id_off, h->key_id_len};
     out->key_version = h->key_version;
     out->wrapped_dek = (ks_bytes){buf + h->wrapped_off, h->wrapped_len};
-    out->purpose = (ks_bytes){NULL, 0};
-    out->commitment = (ks_bytes){NULL, 0};
+    out->nonce = (ks_bytes){buf + h->nonce_off, h->nonce_len};
+    out->purpose = v2 ? (ks_bytes){buf + h->purpose_off, h->purpose_len} : (ks_bytes){NULL, 0};
+    out->commitment = v2 ? (ks_bytes){buf + h->commitment_off, KS_COMMITMENT_LEN} : (ks_bytes){NULL, 0};
     out->ciphertext = (ks_bytes){NULL, 0};
 
+    size_t offset = 0;
+    uint32_t field = 0;
     ks_cursor c = ks_cursor_init(buf, len);
-    ks_bytes head;
-    ks_err e = ks_cursor_read_view(&c, h->len, &head); /* the caller compared these bytes */
+    ks_bytes header;
+    ks_err e = ks_cursor_read_view(&c, h->header_len, &header); /* ks_envelope_like() compared them */
     assert(e == KS_OK);
-    e = parse_body(&c, h->version, KS_HEAD_FIELDS, ks_rules_nonce_len(h->algorithm), lim, KS_PARSE_FULL,
-                   out, &offset, &field);
-    return e == KS_OK ? KS_OK : reject(out, err, e, offset, field);
+    e = parse_body(&c, h->version, 1, lim, KS_PARSE_FULL, out, &offset, &field);
+    if (e != KS_OK) {
+        return reject(out, err, e, offset, field);
+    }
+    if (like != NULL) {
+        *like = 1;
+    }
+    return KS_OK;
 }
 
 /* See keyshift/envelope.h. */

@@ -504,26 +504,27 @@ static void expect_reject_at(int mode, const uint8_t *buf, size_t len, const ks_
     expect_reject_at(HEADER, buf, len, lim, code, off, field, what, __FILE__, __LINE__)
 
 /*
- * Resuming a parse after a known head (parser/envelope_head.h) must give
- * exactly the whole parse's result on the same input and limits: the
- * same code, the same error (offset, field), and either the same
- * envelope, every view in the same place, or a cleared *out.  h is the
- * head of an envelope parsed under lim whose first h->len bytes buf
- * shares.
+ * Parsing an envelope shaped like a known one (parser/envelope_head.h)
+ * must give exactly the whole parse's result on the same input and
+ * limits: the same code, the same error (offset, field), and either the
+ * same envelope, every view in the same place, or a cleared *out; and
+ * *like must be 1 exactly when it succeeded on an input shaped like h
+ * (ks_envelope_like()).  h is the shape of the envelope hdr, parsed under
+ * lim.  Returns *like.
  */
-static void expect_resume_same_at(const uint8_t *buf, size_t len, const ks_limits *lim,
-                                  const ks_envelope_head *h, const char *what, const char *file,
-                                  int line)
+static int expect_like_same_at(const uint8_t *buf, size_t len, const ks_limits *lim, const ks_envelope_head *h,
+                               const uint8_t *hdr, const char *what, const char *file, int line)
 {
     ks_envelope a, b;
     ks_parse_error ea, eb;
+    int like = 7;
     memset(&a, 0xA5, sizeof a);
     memset(&b, 0x5A, sizeof b);
     memset(&ea, 0, sizeof ea);
     memset(&eb, 0xA5, sizeof eb);
     const ks_err ga = ks_envelope_parse(buf, len, lim, &a, &ea);
-    const ks_err gb = ks_envelope_parse_resume(buf, len, lim, h, &b, &eb);
-    int bad = ga != gb;
+    const ks_err gb = ks_envelope_parse_like(buf, len, lim, h, hdr, &b, &eb, &like);
+    int bad = ga != gb || like != (gb == KS_OK && ks_envelope_like(buf, len, h, hdr));
     if (!bad && ga == KS_OK) {
         bad = !ks_test_result_eq(&a, &b);
     } else if (!bad) {
@@ -531,20 +532,21 @@ static void expect_resume_same_at(const uint8_t *buf, size_t len, const ks_limit
               memcmp(&b, &g_zero_env, sizeof b) != 0;
     }
     if (bad) {
-        print_error("%s: whole parse %s at %zu (field %u), resumed after %zu bytes %s at %zu (field %u)\n",
-                    what, ks_err_name(ga), ea.offset, (unsigned)ea.field, h->len, ks_err_name(gb),
-                    eb.offset, (unsigned)eb.field);
+        print_error("%s: whole parse %s at %zu (field %u), like a %zu-byte header %s at %zu (field %u), like %d\n",
+                    what, ks_err_name(ga), ea.offset, (unsigned)ea.field, h->header_len, ks_err_name(gb),
+                    eb.offset, (unsigned)eb.field, like);
         dump_hex(buf, len);
         _fail(file, line);
     }
     memset(&b, 0x5A, sizeof b);
-    if (ks_envelope_parse_resume(buf, len, lim, h, &b, NULL) != gb) {
-        print_error("%s: resumed with err == NULL: another result\n", what);
+    if (ks_envelope_parse_like(buf, len, lim, h, hdr, &b, NULL, NULL) != gb) {
+        print_error("%s: parsed like with err and like NULL: another result\n", what);
         _fail(file, line);
     }
+    return like;
 }
-#define EXPECT_RESUME_SAME(buf, len, lim, h, what) \
-    expect_resume_same_at(buf, len, lim, h, what, __FILE__, __LINE__)
+#define EXPECT_LIKE_SAME(buf, len, lim, h, hdr, what) \
+    expect_like_same_at(buf, len, lim, h, hdr, what, __FILE__, __LINE__)
 
 /*
  * The encoder must agree with the parser: ks_envelope_check,
@@ -1601,15 +1603,24 @@ static void test_bad_values(void **state)
     }
 }
 
-/* ---- resuming after a head ----------------------------------------------- */
+/* ---- parsing like a known envelope ------------------------------------------ */
 
-/* Every input that shares a valid envelope's head: each truncation from
- * the end of the head on, each byte after it set to values that are
- * tags, lengths, continuation bits and charset edges, and each one-byte
- * extension; under the defaults and under limits lowered to the edge of
- * the envelope's own purpose and ciphertext.  Resuming after the head
- * gives what the whole parse gives (EXPECT_RESUME_SAME). */
-static void test_resume_after_head(void **state)
+/* Nonzero when byte off of an envelope shaped like h lies in its nonce's
+ * or commitment's value, which the parser does not read. */
+static int in_opaque(const ks_envelope_head *h, size_t off)
+{
+    return (off >= h->nonce_off && off < (size_t)h->nonce_off + h->nonce_len) ||
+           (h->commitment_off != 0 && off >= h->commitment_off && off < (size_t)h->commitment_off + KS_COMMITMENT_LEN);
+}
+
+/* Every input made from a valid envelope: each truncation, each byte set
+ * to values that are tags, lengths, continuation bits and charset edges,
+ * and each one-byte extension; under the defaults and under limits
+ * lowered to the edge of the envelope's own purpose and ciphertext.
+ * Parsing it like the envelope gives what the whole parse gives
+ * (EXPECT_LIKE_SAME), and a change to the nonce's or commitment's value
+ * alone is still parsed like it. */
+static void test_parse_like(void **state)
 {
     (void)state;
     static const uint8_t vals[] = {0x00, 0x01, 0x02, 0x0C, 0x0F, 0x10, 0x18, 0x20, 0x32, 0x3A,
@@ -1630,16 +1641,16 @@ static void test_resume_after_head(void **state)
             }
             ks_envelope_head h;
             ks_envelope_head_of(b.p, &ok, &h);
-            assert_true(h.len > 0 && h.len < b.len);
+            assert_true(h.len > 0 && h.len < h.header_len && h.header_len < b.len);
             uint8_t *buf = malloc(b.len + 1);
             assert_non_null(buf);
-            for (size_t n = h.len; n <= b.len; n++) {
+            for (size_t n = 0; n <= b.len; n++) {
                 uint8_t *copy = dup_exact(b.p, n);
                 snprintf(what, sizeof what, "%s (limits %zu) cut at %zu", g_shapes[i].label, l, n);
-                EXPECT_RESUME_SAME(copy, n, lims[l], &h, what);
+                assert_int_equal(EXPECT_LIKE_SAME(copy, n, lims[l], &h, b.p, what), n == b.len);
                 free(copy);
             }
-            for (size_t off = h.len; off <= b.len; off++) {
+            for (size_t off = 0; off <= b.len; off++) {
                 for (size_t k = 0; k <= sizeof vals; k++) {
                     if (off == b.len && k == sizeof vals) {
                         continue; /* no byte to flip past the end */
@@ -1650,7 +1661,10 @@ static void test_resume_after_head(void **state)
                     uint8_t *copy = dup_exact(buf, n);
                     snprintf(what, sizeof what, "%s (limits %zu) byte %zu = %02x", g_shapes[i].label, l, off,
                              buf[off]);
-                    EXPECT_RESUME_SAME(copy, n, lims[l], &h, what);
+                    const int like = EXPECT_LIKE_SAME(copy, n, lims[l], &h, b.p, what);
+                    if (in_opaque(&h, off)) {
+                        assert_int_equal(like, 1);
+                    }
                     free(copy);
                 }
             }
@@ -1658,6 +1672,37 @@ static void test_resume_after_head(void **state)
         }
         tb_free(&b);
     }
+}
+
+/* Missing arguments parse the whole envelope (the same result, never
+ * like); out-of-range limits and a NULL out are invalid-argument. */
+static void test_parse_like_arguments(void **state)
+{
+    (void)state;
+    ks_envelope e = make_env(&g_shapes[0]);
+    tbuf b = tb_env(&e);
+    ks_envelope ok, out;
+    assert_int_equal(ks_envelope_parse(b.p, b.len, NULL, &ok, NULL), KS_OK);
+    ks_envelope_head h;
+    ks_envelope_head_of(b.p, &ok, &h);
+    assert_true(ks_envelope_like(b.p, b.len, &h, b.p));
+    assert_false(ks_envelope_like(b.p, h.header_len, &h, b.p)); /* nothing after the header */
+    assert_false(ks_envelope_like(NULL, b.len, &h, b.p) || ks_envelope_like(b.p, b.len, NULL, b.p) ||
+                 ks_envelope_like(b.p, b.len, &h, NULL));
+    int like = 7;
+    assert_int_equal(ks_envelope_parse_like(b.p, b.len, NULL, NULL, b.p, &out, NULL, &like), KS_OK);
+    assert_int_equal(like, 0);
+    assert_int_equal(ks_envelope_parse_like(b.p, b.len, NULL, &h, NULL, &out, NULL, &like), KS_OK);
+    assert_int_equal(like, 0);
+    ks_parse_error pe = {KS_OK, 7, 7};
+    assert_int_equal(ks_envelope_parse_like(b.p, b.len, NULL, &h, b.p, NULL, &pe, &like), KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(pe.code, KS_ERR_INVALID_ARGUMENT);
+    assert_int_equal(like, 0);
+    const ks_limits bad = {0, 0, 0, 0, 0};
+    assert_int_equal(ks_envelope_parse_like(b.p, b.len, &bad, &h, b.p, &out, &pe, &like), KS_ERR_INVALID_ARGUMENT);
+    assert_true(pe.code == KS_ERR_INVALID_ARGUMENT && pe.offset == 0 && pe.field == 0 &&
+                memcmp(&out, &g_zero_env, sizeof out) == 0 && like == 0);
+    tb_free(&b);
 }
 
 /* Nothing may follow the ciphertext; a header parse does not look. */
@@ -2144,7 +2189,8 @@ int main(void)
         cmocka_unit_test(test_parse_header),
         cmocka_unit_test(test_encode_rejects),
         cmocka_unit_test(test_encode_buffer),
-        cmocka_unit_test(test_resume_after_head),
+        cmocka_unit_test(test_parse_like),
+        cmocka_unit_test(test_parse_like_arguments),
         cmocka_unit_test(test_every_error_hit),
     };
     return cmocka_run_group_tests_name("envelope", tests, setup_pools, teardown_pools);

@@ -13,7 +13,7 @@
 #   4. tools/prove/check.py reads the consolidated statuses and fails on
 #      any property not proved that tools/prove/alarms.txt does not justify.
 # Needs the Debian packages frama-c-base, why3 and z3 (tools/deps.sh); about
-# 3 minutes on the 2-core machine, run by make test.
+# 3 to 5 minutes on the 2-core machine, run nightly.
 
 PROVE_MAX_LEN ?= 96
 PROVE_SLEVEL  ?= 200

@@ -192,9 +192,15 @@ static int commitment_ok(const ks_envelope *env, const rkeys *k)
     return env->version != KS_FORMAT_V2 || crypto_verify_32(k->commit, env->commitment.ptr) == 0;
 }
 
-/* Write head[0, head_len) || lp(context) at aad (KS_DATA_AAD_MAX bytes):
- * a data AAD [F-CRYPTO-AAD-1] from its head (dek_writer.h).  Returns its
- * length. */
+/* A data AAD of a head and a context of up to 256 bytes (most are a row's
+ * or a column's name) is built on the caller's frame; a longer one, up to
+ * KS_DATA_AAD_MAX, out of line, so that the usual call's frame stays
+ * small. */
+#define KS_AAD_SMALL (KS_DATA_AAD_HEAD_MAX + 4 + 256)
+
+/* Write head[0, head_len) || lp(context) at aad (room for head_len + 4 +
+ * context.len bytes): a data AAD [F-CRYPTO-AAD-1] from its head
+ * (dek_writer.h).  Returns its length. */
 static inline size_t head_and_context(uint8_t *aad, const uint8_t *head, size_t head_len, ks_bytes context)
 {
     assert(head_len <= KS_DATA_AAD_HEAD_MAX && context.len <= KS_CONTEXT_MAX);
@@ -571,6 +577,41 @@ static void slot_aad_head(ks_open_slot *o, const ks_envelope *env)
     }
 }
 
+/* Decrypt env's ciphertext into pt under the read keys k and the data
+ * AAD aad[0, aad_len); a failed AEAD leaves pt[0, cap) zero and is
+ * auth-failed.  pt NULL: verify the tag only (ks_aead_decrypt()). */
+static ks_err aead_open(ks_ctx *ctx, const ks_envelope *env, const rkeys *k, const uint8_t *aad,
+                        size_t aad_len, uint8_t *pt, size_t cap)
+{
+    const ks_aead_key ak = {env->algorithm, k->aead_key, k->aes, k->evp, k->serial};
+    if (ks_aead_decrypt(KS_AEAD_AUTO, &ak, pt, env->ciphertext.ptr, env->ciphertext.len, aad, aad_len,
+                        env->nonce.ptr) != 0) {
+        if (pt != NULL) {
+            sodium_memzero(pt, cap);
+        }
+        return auth_failed(ctx, CAUSE_AEAD);
+    }
+    return KS_OK;
+}
+
+/* aead_open() under env's data AAD [F-CRYPTO-AAD-1] with context, from
+ * k's head when it has one (a shard slot's: env's, C being its
+ * commitment), else from env's fields: the AAD that decrypt() does not
+ * build on its frame. */
+static __attribute__((noinline)) ks_err aead_open_large(ks_ctx *ctx, const ks_envelope *env, ks_bytes context,
+                                                       const rkeys *k, uint8_t *pt, size_t cap)
+{
+    uint8_t aad[KS_DATA_AAD_MAX];
+    size_t aad_len = 0;
+    ks_err err = KS_OK;
+    if (k->aad != NULL) {
+        aad_len = head_and_context(aad, k->aad, k->aad_len, context); /* [F-CRYPTO-AAD-1] */
+    } else {
+        err = ks_aad_data(env, context, aad, sizeof aad, &aad_len); /* [F-CRYPTO-AAD-1] */
+    }
+    return err != KS_OK ? err : aead_open(ctx, env, k, aad, aad_len, pt, cap);
+}
+
 /* Check the commitment (v2) and decrypt env's ciphertext into pt under
  * the read keys k [F-CRYPTO-OPEN-1]: the commitment is compared before
  * the AEAD runs, and a failed AEAD leaves pt[0, cap) zero.  pt NULL:
@@ -581,75 +622,47 @@ static ks_err decrypt(ks_ctx *ctx, const ks_envelope *env, ks_bytes context, con
     if (!commitment_ok(env, k)) {
         return auth_failed(ctx, CAUSE_COMMITMENT);
     }
-    uint8_t aad[KS_DATA_AAD_MAX];
-    size_t aad_len = 0;
-    ks_err err = KS_OK;
-    if (k->aad != NULL) { /* [F-CRYPTO-AAD-1] with the slot's head: env's, C being its commitment */
-        aad_len = head_and_context(aad, k->aad, k->aad_len, context);
-    } else {
-        err = ks_aad_data(env, context, aad, sizeof aad, &aad_len); /* [F-CRYPTO-AAD-1] */
+    if (k->aad != NULL && k->aad_len + 4 + context.len <= KS_AAD_SMALL) {
+        /* [F-CRYPTO-AAD-1] with the slot's head: env's, C being its commitment */
+        uint8_t aad[KS_AAD_SMALL];
+        const size_t aad_len = head_and_context(aad, k->aad, k->aad_len, context);
+        return aead_open(ctx, env, k, aad, aad_len, pt, cap);
     }
-    const ks_aead_key ak = {env->algorithm, k->aead_key, k->aes, k->evp, k->serial};
-    if (err == KS_OK && ks_aead_decrypt(KS_AEAD_AUTO, &ak, pt, env->ciphertext.ptr, env->ciphertext.len,
-                                        aad, aad_len, env->nonce.ptr) != 0) {
-        if (pt != NULL) {
-            sodium_memzero(pt, cap);
-        }
-        err = auth_failed(ctx, CAUSE_AEAD);
-    }
-    return err;
-}
-
-/* Nonzero when env, which begins with slot o's head, has o's wrap
- * identity: always for v1 (the head is the identity); for v2 when its
- * purpose is o's (the identity's first 1 + purpose length bytes). */
-static int same_purpose(const ks_open_slot *o, const ks_envelope *env)
-{
-    if (env->version == KS_FORMAT_V1) {
-        return o->head_at == 0;
-    }
-    return o->head_at == 1 + env->purpose.len && memcmp(o->id + 1, env->purpose.ptr, env->purpose.len) == 0;
+    return aead_open_large(ctx, env, context, k, pt, cap);
 }
 
 /*
  * The shard slot whose wrap identity is env's (parsed from buf) when it is
- * sh's last one, else NULL: buf begins with the slot's head and, for v2,
- * env's purpose is the slot's.  (The wrap identity, wrap_key(), is those
- * bytes, so this is the comparison ks_shard_open_find() makes, without
- * building the key.)  Its expiry is the caller's to check.
+ * sh's last one, else NULL: buf is shaped like the slot's envelopes
+ * (ks_envelope_like()), so it has their head and, for v2, their purpose.
+ * (The wrap identity, wrap_key(), is those bytes, so this is the
+ * comparison ks_shard_open_find() makes, without building the key.)  Its
+ * expiry is the caller's to check.
  */
 static ks_open_slot *last_slot(ks_shard *sh, const uint8_t *buf, const ks_envelope *env)
 {
     ks_open_slot *o = sh != NULL ? ks_shard_open_last(sh) : NULL;
-    if (o == NULL || o->head.version != env->version || env->total_len <= o->head.len ||
-        memcmp(buf, o->id + o->head_at, o->head.len) != 0) {
-        return NULL;
-    }
-    return same_purpose(o, env) ? o : NULL;
+    return o != NULL && ks_envelope_like(buf, env->total_len, &o->head, o->id + o->head_at) ? o : NULL;
 }
 
 /*
  * The read keys of env (parsed from buf) for an open on thread index ti,
- * whose shard is sh (NULL: none): from the shard when it holds them (hint:
- * sh's last slot when it holds env's wrap identity, else NULL, as
- * parse_for_open() or last_slot() found), else through read_keys() (then
- * kept in the shard, if ti has one and the read cache is on).  *k views the shard slot, keys[] or a pin (*pin,
- * which the caller drops).  *wrote is 0 when keys[] was left untouched (a
- * shard hit), else 1: the caller wipes it then.
+ * whose shard is sh (NULL: none), when sh's last slot does not hold them
+ * (open_keys()): from another slot of sh, else through read_keys() (then
+ * kept in the shard, if ti has one and the read cache is on).  *k views
+ * the shard slot, keys[] or a pin (*pin, which the caller drops).  *wrote
+ * is 0 when keys[] was left untouched (a shard hit), else 1: the caller
+ * wipes it then.  Out of line: the last slot's hit is the hot path.
  */
-static ks_err open_keys(ks_ctx *ctx, uint32_t ti, ks_shard *sh, ks_open_slot *hint, const uint8_t *buf,
-                        const ks_envelope *env, uint8_t keys[KS_RKEYS_MAX], ks_dek_cache_pin *pin,
-                        rkeys *k, int *wrote)
+static __attribute__((noinline)) ks_err find_keys(ks_ctx *ctx, uint32_t ti, ks_shard *sh, const uint8_t *buf,
+                                                  const ks_envelope *env, uint8_t keys[KS_RKEYS_MAX],
+                                                  ks_dek_cache_pin *pin, rkeys *k, int *wrote)
 {
     *wrote = 0;
-    const uint64_t now = ks_mono_seconds();
-    ks_open_slot *o = hint != NULL && now < hint->expires ? hint : NULL;
     uint8_t scratch[KS_WRAP_ID_MAX];
     const uint8_t *id = NULL;
-    const size_t id_len = o == NULL ? wrap_key(buf, env, scratch, &id) : 0;
-    if (o == NULL && sh != NULL) {
-        o = ks_shard_open_find(sh, id, id_len, now);
-    }
+    const size_t id_len = wrap_key(buf, env, scratch, &id);
+    ks_open_slot *o = sh != NULL ? ks_shard_open_find(sh, id, id_len, ks_mono_seconds()) : NULL;
     if (o != NULL) {
         ks_ctx_count(ctx, ti, KS_COUNT_SHARD_HIT);
         *k = rkeys_slot(env, o);
@@ -672,13 +685,33 @@ static ks_err open_keys(ks_ctx *ctx, uint32_t ti, ks_shard *sh, ks_open_slot *hi
     if (sh != NULL) {
         ks_envelope_head head;
         ks_envelope_head_of(buf, env, &head);
-        o = ks_shard_open_put(sh, id, id_len, &head, id_len - head.len, keys, rkeys_len(env), expires, aes);
+        o = ks_shard_open_put(sh, id, id_len, &head, id_len - head.len, buf, keys, rkeys_len(env), expires,
+                              aes);
         if (o != NULL) {
             slot_aad_head(o, env);
         }
     }
     *k = o != NULL ? rkeys_slot(env, o) : rkeys_view(env, keys, NULL);
     return KS_OK;
+}
+
+/*
+ * The read keys of env (parsed from buf) for an open on thread index ti
+ * with shard sh, as find_keys() gives them: from hint, sh's last slot
+ * when it holds env's wrap identity (parse_for_open() or last_slot()
+ * found it; NULL: not), while it has not expired, else by find_keys().
+ */
+static inline ks_err open_keys(ks_ctx *ctx, uint32_t ti, ks_shard *sh, ks_open_slot *hint, const uint8_t *buf,
+                               const ks_envelope *env, uint8_t keys[KS_RKEYS_MAX], ks_dek_cache_pin *pin,
+                               rkeys *k, int *wrote)
+{
+    if (hint != NULL && ks_mono_seconds() < hint->expires) {
+        *wrote = 0;
+        ks_ctx_count(ctx, ti, KS_COUNT_SHARD_HIT);
+        *k = rkeys_slot(env, hint);
+        return KS_OK;
+    }
+    return find_keys(ctx, ti, sh, buf, env, keys, pin, k, wrote);
 }
 
 /* The arguments every open checks: nonzero when usable. */
@@ -733,25 +766,22 @@ static ks_err open_parsed(ks_ctx *ctx, uint32_t ti, ks_shard *sh, ks_open_slot *
 
 /*
  * Parse env[0, len) strictly into *e for an open on shard sh (NULL:
- * none).  When env begins with the head of sh's last read keys, the parse
- * resumes after it (ks_envelope_parse_resume(): the same result as a
- * whole parse, in a third of the work: the head is most of an envelope's
- * fields), and *hint is that slot when env's wrap identity is its (for
- * v2, the same purpose too); else the whole envelope is parsed and *hint
- * is NULL.
+ * none).  When env is shaped like the envelopes of sh's last read keys
+ * (their header, but for the nonce's and commitment's values), only its
+ * ciphertext field is parsed (ks_envelope_parse_like(): the same result
+ * as a whole parse, in a fraction of the work), and *hint is that slot,
+ * whose wrap identity env has; else the whole envelope is parsed and
+ * *hint is NULL.
  */
 static ks_err parse_for_open(ks_shard *sh, const uint8_t *env, size_t len, ks_envelope *e,
                              ks_parse_error *perr, ks_open_slot **hint)
 {
-    *hint = NULL;
     ks_open_slot *o = sh != NULL ? ks_shard_open_last(sh) : NULL;
-    if (o == NULL || env == NULL || len <= o->head.len || memcmp(env, o->id + o->head_at, o->head.len) != 0) {
-        return ks_envelope_parse(env, len, NULL, e, perr);
-    }
-    const ks_err err = ks_envelope_parse_resume(env, len, NULL, &o->head, e, perr);
-    if (err == KS_OK && same_purpose(o, e)) {
-        *hint = o;
-    }
+    int like = 0;
+    const ks_err err = o != NULL
+                           ? ks_envelope_parse_like(env, len, NULL, &o->head, o->id + o->head_at, e, perr, &like)
+                           : ks_envelope_parse(env, len, NULL, e, perr);
+    *hint = like ? o : NULL;
     return err;
 }
 

@@ -23,9 +23,9 @@ KS_WUR ks_err ks_crypto_open_parsed(ks_ctx *ctx, const uint8_t *buf, const ks_en
 
 /*
  * ks_envelope_parse(buf, len, NULL, e, perr) for an open on ctx from the
- * calling thread, with the same result: when buf begins with the head
- * of the envelopes whose keys the thread's shard used last, the parse
- * resumes after it (parser/envelope_head.h).  ctx NULL: a plain parse.
+ * calling thread, with the same result: when buf is shaped like the
+ * envelopes whose keys the thread's shard used last, only its ciphertext
+ * field is parsed (parser/envelope_head.h).  ctx NULL: a plain parse.
  */
 KS_WUR ks_err ks_crypto_parse(ks_ctx *ctx, const uint8_t *buf, size_t len, ks_envelope *e,
                               ks_parse_error *perr);

@@ -32,7 +32,7 @@ ks_shard *ks_shard_new(size_t id_max, uint32_t opens)
     memset(sh, 0, size);
     sh->opens = opens < KS_SHARD_OPENS ? opens : KS_SHARD_OPENS;
     sh->id_max = id_max;
-    sh->ids = malloc(KS_SHARD_OPENS * id_max);
+    sh->ids = malloc(KS_SHARD_OPENS * (id_max + KS_ENVELOPE_TAIL_MAX));
     sh->secret = sodium_malloc(SECRET_LEN);
     if (sh->ids == NULL || sh->secret == NULL) {
         free(sh->ids);
@@ -42,7 +42,7 @@ ks_shard *ks_shard_new(size_t id_max, uint32_t opens)
     }
     sodium_memzero(sh->secret, SECRET_LEN);
     for (size_t i = 0; i < KS_SHARD_OPENS; i++) {
-        sh->open[i].id = sh->ids + i * id_max;
+        sh->open[i].id = sh->ids + i * (id_max + KS_ENVELOPE_TAIL_MAX);
         sh->open[i].keys = sh->secret + KS_SHARD_OPENS * AES_STATE + i * KS_RKEYS_MAX;
     }
     return sh;
@@ -156,10 +156,11 @@ ks_open_slot *ks_shard_open_last(ks_shard *sh)
 
 /* See shard.h. */
 ks_open_slot *ks_shard_open_put(ks_shard *sh, const uint8_t *id, size_t id_len,
-                                const ks_envelope_head *head, size_t head_at, const uint8_t *keys,
-                                size_t keys_len, uint64_t expires, int aes)
+                                const ks_envelope_head *head, size_t head_at, const uint8_t *hdr,
+                                const uint8_t *keys, size_t keys_len, uint64_t expires, int aes)
 {
-    if (sh->opens == 0 || id_len > sh->id_max || keys_len < 32 || keys_len > KS_RKEYS_MAX) {
+    if (sh->opens == 0 || id_len > sh->id_max || keys_len < 32 || keys_len > KS_RKEYS_MAX ||
+        head->header_len <= head->len || head->header_len - head->len > KS_ENVELOPE_TAIL_MAX) {
         return NULL;
     }
     assert(head->len != 0 && head_at + head->len == id_len);
@@ -172,6 +173,7 @@ ks_open_slot *ks_shard_open_put(ks_shard *sh, const uint8_t *id, size_t id_len,
     ks_aead_evp_wipe(&o->evp);
     o->serial = ks_aead_serial();
     memcpy(o->id, id, id_len);
+    memcpy(o->id + id_len, hdr + head->len, head->header_len - head->len); /* the header's tail */
     memcpy(o->keys, keys, keys_len);
     o->id_len = id_len;
     o->head = *head;

@@ -53,13 +53,14 @@ typedef struct ks_open_slot {
     uint64_t expires;   /* ks_mono_seconds() from which it is not used */
     size_t id_len;
     size_t keys_len;
-    uint8_t *id;        /* the wrap identity, id_max bytes (public) */
+    uint8_t *id;        /* the wrap identity, then the header's tail (public) */
     uint8_t *keys;      /* KS_RKEYS_MAX bytes of guarded memory */
     void *aes;          /* the expanded AES-GCM key of keys[0, 32), or NULL */
     uint64_t serial;    /* names keys[0, 32) for evp (ks_aead_serial()) */
     ks_aead_evp evp;    /* the owner's OpenSSL state for keys[0, 32) (aead.h) */
-    /* The head of the envelopes it opens (parser/envelope_head.h), whose
-     * bytes are id[head_at, head_at + head.len); head.len 0: none. */
+    /* The shape of the envelopes it opens (parser/envelope_head.h): their
+     * header is id[head_at, head_at + head.header_len), the wrap
+     * identity's head and then the rest of the header; head.len 0: none. */
     ks_envelope_head head;
     size_t head_at;
     /* The data AAD of those envelopes less its lp(context) (as a seal
@@ -124,11 +125,12 @@ ks_open_slot *ks_shard_open_last(ks_shard *sh);
 /* Cache keys[0, keys_len) under id[0, id_len) until `expires`, replacing
  * the next slot (wiped first, its OpenSSL key schedules too) under a new
  * serial; with aes nonzero, also expand keys[0, 32) for aes-256-gcm.
- * head is the parsed head of the envelopes the keys open, whose bytes
- * are id[head_at, head_at + head->len).  Returns the slot, now the last
- * one, or NULL when id is too long. */
+ * head is the shape of an envelope the keys open, parsed from hdr (its
+ * header: hdr[0, head->header_len)), whose head is id[head_at, id_len);
+ * the slot keeps the rest of the header after the id.  Returns the slot,
+ * now the last one, or NULL when id is too long. */
 ks_open_slot *ks_shard_open_put(ks_shard *sh, const uint8_t *id, size_t id_len,
-                                const ks_envelope_head *head, size_t head_at, const uint8_t *keys,
-                                size_t keys_len, uint64_t expires, int aes);
+                                const ks_envelope_head *head, size_t head_at, const uint8_t *hdr,
+                                const uint8_t *keys, size_t keys_len, uint64_t expires, int aes);
 
 #endif /* KS_MIGRATE_SHARD_H */

@@ -37,12 +37,14 @@ static void prove_parse(size_t len)
         (void)ks_envelope_encode(&env, NULL, output, cap, &n);
     }
     (void)ks_envelope_parse_header(input, len, NULL, &env, NULL);
-    /* The parse resumed after a known head (parser/envelope_head.h): the
-     * head of the same input, when its header parses. */
+    /* The parse of an envelope shaped like a known one
+     * (parser/envelope_head.h): the shape of the same input, when its
+     * header parses. */
     if (ks_envelope_parse_header(input, len, NULL, &env, &err) == KS_OK) {
         ks_envelope_head h;
+        int like = 0;
         ks_envelope_head_of(input, &env, &h);
-        (void)ks_envelope_parse_resume(input, len, NULL, &h, &env, &err);
+        (void)ks_envelope_parse_like(input, len, NULL, &h, input, &env, &err, &like);
     }
 }
 
