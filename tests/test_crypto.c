@@ -1000,6 +1000,43 @@ static void test_dek_rotation(void **state)
     ks_ctx_free(ctx);
 }
 
+/* Tuples whose tenants (or purposes) have one length and differ in one
+ * byte, at every place of every length from 1 to 20, seal alternately
+ * from one thread: each seal carries its own names and the two take two
+ * DEKs (the seal slot's match compares the names inline, in pieces that
+ * overlap, and a piece it missed would seal under the other tuple). */
+static void test_seal_tuple_names(void **state)
+{
+    world *w = *state;
+    static const uint8_t msg[1] = "x";
+    char a[21], b[21];
+    for (size_t field = 0; field < 2; field++) {
+        for (size_t n = 1; n <= 20; n++) {
+            for (size_t i = 0; i < n; i++) {
+                ks_ctx *ctx = new_ctx(w, NULL);
+                memset(a, 'a', n);
+                memcpy(b, a, n);
+                b[i] = 'b';
+                ks_seal_params pa = params(2, KS_ALG_AES256GCM), pb = pa;
+                ks_bytes *va = field == 0 ? &pa.tenant : &pa.purpose, *vb = field == 0 ? &pb.tenant : &pb.purpose;
+                *va = (ks_bytes){(const uint8_t *)a, n};
+                *vb = (ks_bytes){(const uint8_t *)b, n};
+                for (size_t k = 0; k < 4; k++) {
+                    const ks_seal_params *p = k % 2 ? &pb : &pa;
+                    const ks_bytes want = k % 2 ? *vb : *va;
+                    sealed s = seal_ok(ctx, p, msg, sizeof msg);
+                    ks_envelope e;
+                    assert_int_equal(ks_envelope_parse(s.buf, s.len, NULL, &e, NULL), KS_OK);
+                    assert_true(ks_test_bytes_eq(field == 0 ? e.tenant : e.purpose, want));
+                    free(s.buf);
+                }
+                assert_int_equal(metrics(ctx).deks_created, 2);
+                ks_ctx_free(ctx);
+            }
+        }
+    }
+}
+
 /* ---- read cache ----------------------------------------------------------- */
 
 static void test_cache(void **state)
@@ -1644,6 +1681,7 @@ int main(void)
         T(test_rewrap),
         T(test_rewrap_memo),
         T(test_dek_rotation),
+        T(test_seal_tuple_names),
         T(test_cache),
         T(test_cache_aes_states),
         T(test_cache_aes_states_threads),
