@@ -465,6 +465,13 @@ static void check_like_one(const uint8_t *buf, size_t len, const ks_envelope_hea
         CHECK(eb.code == ea.code && eb.offset == ea.offset && eb.field == ea.field);
         CHECK(is_zero(&b));
     }
+    /* NULL err and like change nothing but the reports; out-of-range
+     * limits are invalid-argument at 0, like or not, with *out cleared */
+    CHECK(ks_envelope_parse_like(buf, len, NULL, h, hdr, &b, NULL, NULL) == gb);
+    const ks_limits bad = {0, 0, 0, 0, 0};
+    like = 7;
+    CHECK(ks_envelope_parse_like(buf, len, &bad, h, hdr, &b, &eb, &like) == KS_ERR_INVALID_ARGUMENT);
+    CHECK(eb.code == KS_ERR_INVALID_ARGUMENT && eb.offset == 0 && eb.field == 0 && is_zero(&b) && like == 0);
 }
 
 /* A fixed envelope of version v (encoded once into buf, cap bytes, its
