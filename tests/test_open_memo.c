@@ -1,16 +1,17 @@
 /*
- * tests/test_open_memo.c -- an open that begins like the last one.
+ * tests/test_open_memo.c -- an open shaped like the last one.
  *
  * A thread's shard keeps, with the read keys of each DEK it opened, the
- * head of that DEK's envelopes (parser/envelope_head.h) and their data
- * AAD less the context.  The next open whose bytes begin with the head
- * of the last keys resumes the parse after it and takes those keys
- * without building the wrap identity.  These tests check that the short
- * way gives exactly what the long way gives: the same plaintext, the
- * same rejections at the same offsets, the same failures for an envelope
- * that shares the head but not the wrap identity (another purpose) or
- * the commitment, and that such an envelope leaves nothing behind that a
- * later open would use.
+ * shape of that DEK's envelopes (parser/envelope_head.h: their header
+ * but for the nonce's and commitment's values) and their data AAD less
+ * the context.  The next open shaped like the last keys' envelopes
+ * parses only its ciphertext field and takes those keys without building
+ * the wrap identity.  These tests check that the short way gives exactly
+ * what the long way gives: the same plaintext, the same rejections at the
+ * same offsets, the same failures for an envelope that shares the head
+ * but not the wrap identity (another purpose) or the commitment, and
+ * that such an envelope leaves nothing behind that a later open would
+ * use.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -244,9 +245,10 @@ static void test_other_purpose(void **state)
 }
 
 /* A v2 envelope with a wrong commitment opened first, on a fresh
- * context, puts its DEK's keys in the shard and fails; the keys' head
- * and data AAD hold the true commitment, so the DEK's real envelopes
- * then open, and the bad one keeps failing on the commitment. */
+ * context, puts its DEK's keys in the shard and fails; the keys' data
+ * AAD holds the true commitment (the shape never compares the
+ * commitment's value), so the DEK's real envelopes then open, and the
+ * bad one keeps failing on the commitment. */
 static void bad_commitment_first(world *w, const uint8_t *e, size_t n, const ks_envelope *env,
                                  const uint8_t *pt, size_t len)
 {
@@ -299,7 +301,7 @@ static void test_bindings(void **state)
 
 /* ks_crypto_parse (the application's parse before its phase check)
  * gives ks_envelope_parse's result, the same views, whether or not the
- * input begins with the last keys' head. */
+ * input is shaped like the last keys' envelopes. */
 static void test_crypto_parse(void **state)
 {
     world *w = *state;
