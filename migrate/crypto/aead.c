@@ -81,9 +81,12 @@ static prov_cipher impls[2];
 static _Atomic int env_forced;
 static _Atomic int test_forced;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
-/* Set (release) once aead_init has run: a load instead of a call per
- * operation. */
+/* Set (release) once aead_init has run: a load instead of a call. */
 static _Atomic int inited;
+/* What every AUTO call asks first, in one load: the forced engine (the
+ * test's, else the environment's) or KS_AEAD_AUTO; -1 until aead_init
+ * has run. */
+static _Atomic int forced = -1;
 static _Atomic uint64_t next_serial = 1;
 
 #ifdef KS_TEST_HOOKS
@@ -296,6 +299,15 @@ static int impl_check(size_t i)
     return ok ? 0 : -1;
 }
 
+/* Publish the forced engine: the test's, else the environment's
+ * (release: a thread that reads it sees what aead_init set). */
+static void set_forced(void)
+{
+    const int t = atomic_load_explicit(&test_forced, memory_order_relaxed);
+    const int e = t != KS_AEAD_AUTO ? t : atomic_load_explicit(&env_forced, memory_order_relaxed);
+    atomic_store_explicit(&forced, e, memory_order_release);
+}
+
 /* Once per process: fetch the ciphers and read KS_AEAD_ENGINE.  OpenSSL
  * is told not to clean itself up from atexit(): a context freed by an
  * exit handler that runs after OpenSSL's would otherwise free its
@@ -319,6 +331,7 @@ static void aead_init(void)
     }
     atomic_store_explicit(&env_forced, e, memory_order_relaxed);
     atomic_store_explicit(&inited, 1, memory_order_release);
+    set_forced();
 }
 
 /* Run aead_init once per process, before anything reads what it sets. */
@@ -346,6 +359,9 @@ uint64_t ks_aead_serial(void)
 void ks_aead_test_force(ks_aead_engine e)
 {
     atomic_store_explicit(&test_forced, (int)e, memory_order_relaxed);
+    if (atomic_load_explicit(&inited, memory_order_acquire)) {
+        set_forced();
+    }
 }
 
 /* See aead.h.  The thresholds are where the two engines' times cross
@@ -358,15 +374,22 @@ ks_aead_engine ks_aead_engine_rule(uint32_t alg, size_t len)
     return len >= min ? KS_AEAD_OPENSSL : KS_AEAD_SODIUM;
 }
 
+/* ks_aead_engine_for(), inline for the two calls below: after the first
+ * call, one load and the rule. */
+static inline ks_aead_engine engine_for(uint32_t alg, size_t len)
+{
+    int e = atomic_load_explicit(&forced, memory_order_acquire);
+    if (e < 0) {
+        init_once_done();
+        e = atomic_load_explicit(&forced, memory_order_acquire);
+    }
+    return e != KS_AEAD_AUTO ? (ks_aead_engine)e : ks_aead_engine_rule(alg, len);
+}
+
 /* See aead.h. */
 ks_aead_engine ks_aead_engine_for(uint32_t alg, size_t len)
 {
-    init_once_done();
-    int e = atomic_load_explicit(&test_forced, memory_order_relaxed);
-    if (e == KS_AEAD_AUTO) {
-        e = atomic_load_explicit(&env_forced, memory_order_relaxed);
-    }
-    return e != KS_AEAD_AUTO ? (ks_aead_engine)e : ks_aead_engine_rule(alg, len);
+    return engine_for(alg, len);
 }
 
 /* ---- libsodium ------------------------------------------------------------ */
@@ -492,7 +515,7 @@ static void *evp_ready(const ks_aead_key *k, const uint8_t *nonce, int enc)
 int ks_aead_encrypt(ks_aead_engine e, const ks_aead_key *k, uint8_t *c, const uint8_t *m, size_t mlen,
                     const uint8_t *ad, size_t adlen, const uint8_t *nonce)
 {
-    const ks_aead_engine run = e == KS_AEAD_AUTO ? ks_aead_engine_for(k->alg, mlen) : e;
+    const ks_aead_engine run = e == KS_AEAD_AUTO ? engine_for(k->alg, mlen) : e;
     if (run == KS_AEAD_OPENSSL) {
         void *x = evp_ready(k, nonce, 1);
         if (x != NULL) {
@@ -518,7 +541,7 @@ int ks_aead_decrypt(ks_aead_engine e, const ks_aead_key *k, uint8_t *m, const ui
 {
     assert(clen >= KS_TAG_LEN); /* [F-LEN-2]: the parser refuses a shorter one */
     const size_t mlen = clen - KS_TAG_LEN;
-    const ks_aead_engine run = e == KS_AEAD_AUTO ? ks_aead_engine_for(k->alg, mlen) : e;
+    const ks_aead_engine run = e == KS_AEAD_AUTO ? engine_for(k->alg, mlen) : e;
     if (run == KS_AEAD_OPENSSL && m != NULL) {
         void *x = evp_ready(k, nonce, 0);
         if (x != NULL) {

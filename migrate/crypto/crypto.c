@@ -64,11 +64,17 @@
 typedef enum auth_cause { CAUSE_UNWRAP, CAUSE_COMMITMENT, CAUSE_AEAD, CAUSE_BINDING } auth_cause;
 
 static _Atomic int hide_aes;
+/* crypto_aead_aes256gcm_is_available(), asked once (and again after a
+ * test's hide changes): 0 not yet, 1 no (or hidden), 2 yes.  It reads the
+ * CPU features sodium_init() found, which ks_ctx_new ran before any seal
+ * or open could get here. */
+static _Atomic int aes_ni;
 
 /* See crypto_hooks.h. */
 void ks_crypto_test_hide_aes(int hide)
 {
     atomic_store(&hide_aes, hide);
+    atomic_store(&aes_ni, 0);
 }
 
 /* ---- small helpers --------------------------------------------------------- */
@@ -103,28 +109,28 @@ static ks_err parse_failed(ks_ctx *ctx, ks_err err)
     return err;
 }
 
-/* crypto_aead_aes256gcm_is_available(), asked once: 0 not yet, 1 no, 2
- * yes.  It reads the CPU features sodium_init() found, which ks_ctx_new
- * ran before any seal or open could get here. */
-static _Atomic int aes_ni;
+/* Ask libsodium whether it runs aes-256-gcm here, unless a test hides
+ * it, and keep the answer in aes_ni. */
+static __attribute__((noinline)) int aes_ni_probe(void)
+{
+    const int a = !atomic_load(&hide_aes) && crypto_aead_aes256gcm_is_available() ? 2 : 1;
+    atomic_store_explicit(&aes_ni, a, memory_order_relaxed);
+    return a;
+}
 
 /* Nonzero when this process can run alg's AEAD.  aes-256-gcm needs AES-NI
  * (libsodium has no portable AES); there is never a fallback. */
-static int alg_available(uint32_t alg)
+static inline int alg_available(uint32_t alg)
 {
     if (alg == KS_ALG_AES256GCM) {
-        int a = atomic_load_explicit(&aes_ni, memory_order_relaxed);
-        if (a == 0) {
-            a = crypto_aead_aes256gcm_is_available() ? 2 : 1;
-            atomic_store_explicit(&aes_ni, a, memory_order_relaxed);
-        }
-        return a == 2 && !atomic_load_explicit(&hide_aes, memory_order_relaxed);
+        const int a = atomic_load_explicit(&aes_ni, memory_order_relaxed);
+        return (a != 0 ? a : aes_ni_probe()) == 2;
     }
     return alg == KS_ALG_XCHACHA20POLY1305;
 }
 
 /* Nonzero when a caller's view is usable: NULL only when empty. */
-static int view_ok(ks_bytes v)
+static inline int view_ok(ks_bytes v)
 {
     return v.ptr != NULL || v.len == 0;
 }
@@ -141,7 +147,7 @@ typedef struct rkeys {
     const void *aes;         /* aes-256-gcm: the expanded aead_key, or NULL */
     ks_aead_evp *evp;        /* a shard slot's OpenSSL state for aead_key, or NULL */
     uint64_t serial;         /* names aead_key for evp */
-    const uint8_t *aad;      /* a shard slot's data AAD head, or NULL */
+    uint8_t *aad;            /* a shard slot's data AAD head (KS_AAD_SMALL bytes of room), or NULL */
     size_t aad_len;
 } rkeys;
 
@@ -192,19 +198,11 @@ static int commitment_ok(const ks_envelope *env, const rkeys *k)
     return env->version != KS_FORMAT_V2 || crypto_verify_32(k->commit, env->commitment.ptr) == 0;
 }
 
-/* A data AAD of a head and a context of up to 256 bytes (most are a row's
- * or a column's name) is built on the caller's frame; a longer one, up to
- * KS_DATA_AAD_MAX, out of line, so that the usual call's frame stays
- * small. */
-#define KS_AAD_SMALL (KS_DATA_AAD_HEAD_MAX + 4 + 256)
-
-/* Write head[0, head_len) || lp(context) at aad (room for head_len + 4 +
- * context.len bytes): a data AAD [F-CRYPTO-AAD-1] from its head
- * (dek_writer.h).  Returns its length. */
-static inline size_t head_and_context(uint8_t *aad, const uint8_t *head, size_t head_len, ks_bytes context)
+/* Write lp(context) at aad + head_len, after a data AAD head already
+ * there (room for 4 + context.len more bytes) [F-CRYPTO-AAD-1].  Returns
+ * the AAD's length. */
+static inline size_t put_context(uint8_t *aad, size_t head_len, ks_bytes context)
 {
-    assert(head_len <= KS_DATA_AAD_HEAD_MAX && context.len <= KS_CONTEXT_MAX);
-    memcpy(aad, head, head_len);
     ks_be_put(aad + head_len, (uint32_t)context.len, 4);
     if (context.len != 0) {
         memcpy(aad + head_len + 4, context.ptr, context.len);
@@ -212,11 +210,21 @@ static inline size_t head_and_context(uint8_t *aad, const uint8_t *head, size_t 
     return head_len + 4 + context.len;
 }
 
+/* Write head[0, head_len) || lp(context) at aad (room for head_len + 4 +
+ * context.len bytes): a data AAD [F-CRYPTO-AAD-1] from its head
+ * (dek_writer.h).  Returns its length. */
+static size_t head_and_context(uint8_t *aad, const uint8_t *head, size_t head_len, ks_bytes context)
+{
+    assert(head_len <= KS_DATA_AAD_HEAD_MAX && context.len <= KS_CONTEXT_MAX);
+    memcpy(aad, head, head_len);
+    return put_context(aad, head_len, context);
+}
+
 /* ---- sealing ------------------------------------------------------------- */
 
 /* Resolve p's defaults into a tuple and check what is cheap to check per
  * call; the name rules are checked by the encoder when a DEK is made. */
-static ks_err seal_tuple(const ks_seal_params *p, ks_wdek_tuple *t)
+static inline ks_err seal_tuple(const ks_seal_params *p, ks_wdek_tuple *t)
 {
     t->format = p->format ? p->format : KS_FORMAT_V2;
     t->algorithm = p->algorithm ? p->algorithm : KS_ALG_XCHACHA20POLY1305;
@@ -354,7 +362,7 @@ static ks_err create_dek(ks_ctx *ctx, const ks_wdek_tuple *t, ks_wdek **out)
  * (block: a shard's slot, see ks_dek_writer_refill()): the table's record
  * when it has budget; otherwise, serialised with other creators, a new
  * DEK is made and installed, and s refilled from it in the same critical
- * section.  On KS_OK, ks_seal_slot_use() may follow. */
+ * section.  On KS_OK, ks_seal_slot_take() may follow. */
 static ks_err acquire_dek(ks_ctx *ctx, const ks_wdek_tuple *t, size_t pt_len, int block,
                           ks_seal_slot *s)
 {
@@ -376,12 +384,12 @@ static ks_err acquire_dek(ks_ctx *ctx, const ks_wdek_tuple *t, size_t pt_len, in
     return err;
 }
 
-/* Seal pt with d under nonce: the header from d's template (with its v2
- * commitment) with the nonce patched in, then the ciphertext field,
- * encrypted in place in out under d's AEAD key and the data AAD, d's AAD
- * head || lp(context) [F-CRYPTO-AAD-1].  Writes nothing when cap is
- * short; wipes out on failure. */
-static ks_err seal_with(const ks_wdek *d, ks_aead_evp *evp, const uint8_t *nonce, ks_bytes context,
+/* Seal pt with d's counter value c under the data AAD aad[0, aad_len)
+ * (d's AAD head || lp(context) [F-CRYPTO-AAD-1]): d's header template
+ * (nonce prefix, v2 commitment) with the counter patched in, then the
+ * ciphertext field, encrypted in place in out under d's AEAD key.  Writes
+ * nothing when cap is short; wipes out on failure. */
+static ks_err seal_with(const ks_wdek *d, uint64_t c, ks_aead_evp *evp, const uint8_t *aad, size_t aad_len,
                         const uint8_t *pt, size_t pt_len, uint8_t *out, size_t cap, size_t *out_len)
 {
     const size_t hl = d->tmpl.header_len, ct_len = pt_len + KS_TAG_LEN;
@@ -390,12 +398,10 @@ static ks_err seal_with(const ks_wdek *d, ks_aead_evp *evp, const uint8_t *nonce
         return KS_ERR_BUFFER_TOO_SMALL;
     }
     memcpy(out, d->hdr, hl);
-    memcpy(out + d->nonce_off, nonce, d->tmpl.nonce.len);
+    ks_wdek_put_counter(d, out, c);
     size_t pos = hl;
     out[pos++] = KS_CT_TAG;
     pos += ks_varint_put(out + pos, ct_len);
-    uint8_t aad[KS_DATA_AAD_MAX];
-    const size_t aad_len = head_and_context(aad, d->aad_head, d->aad_head_len, context);
     /* d->aes: the AEAD key's expanded aes-256-gcm state; evp: this
      * thread's OpenSSL state for it, keyed again when d's serial changes */
     const ks_aead_key k = {d->tmpl.algorithm, d->aead_key, d->aes, evp, d->serial};
@@ -408,16 +414,69 @@ static ks_err seal_with(const ks_wdek *d, ks_aead_evp *evp, const uint8_t *nonce
     return KS_OK;
 }
 
+/* seal_with() under d's AAD head and context, built on this frame: for a
+ * context longer than a shard slot builds in place, and for threads
+ * without a shard.  Out of line, so that the usual seal's frame stays
+ * small. */
+static __attribute__((noinline)) ks_err seal_frame_aad(const ks_wdek *d, uint64_t c, ks_aead_evp *evp,
+                                                      ks_bytes context, const uint8_t *pt, size_t pt_len,
+                                                      uint8_t *out, size_t cap, size_t *out_len)
+{
+    uint8_t aad[KS_DATA_AAD_MAX];
+    const size_t aad_len = head_and_context(aad, d->aad_head, d->aad_head_len, context);
+    return seal_with(d, c, evp, aad, aad_len, pt, pt_len, out, cap, out_len);
+}
+
+/* Seal for a thread without a shard (the shared thread index, or memory
+ * short): from a slot of one nonce, dropped afterwards, on libsodium. */
+static __attribute__((noinline)) ks_err seal_unsharded(ks_ctx *ctx, const ks_wdek_tuple *t, ks_bytes context,
+                                                      const uint8_t *pt, size_t pt_len, uint8_t *out,
+                                                      size_t cap, size_t *out_len)
+{
+    ks_seal_slot one = {NULL, 0, 0, 0};
+    ks_err err = acquire_dek(ctx, t, pt_len, 0, &one);
+    if (err != KS_OK) {
+        return err;
+    }
+    const uint64_t c = ks_seal_slot_take(&one, pt_len);
+    assert(one.bytes == 0); /* exactly pt_len was reserved */
+    err = seal_frame_aad(one.d, c, NULL, context, pt, pt_len, out, cap, out_len); /* c is public */
+    ks_wdek_release(one.d);
+    return err;
+}
+
+/* Seal from shard sh's slot s, fresh for this message: spend its next
+ * nonce, and build the data AAD in the slot's buffer, whose head is
+ * copied only when the slot's DEK changed. */
+static ks_err seal_slot(ks_shard *sh, ks_seal_slot *s, ks_bytes context, const uint8_t *pt, size_t pt_len,
+                        uint8_t *out, size_t cap, size_t *out_len)
+{
+    const size_t i = (size_t)(s - sh->seal);
+    assert(i < KS_SHARD_SEALS);
+    const uint64_t c = ks_seal_slot_take(s, pt_len);
+    const ks_wdek *d = s->d;
+    if (context.len > KS_AAD_CONTEXT_SMALL) {
+        return seal_frame_aad(d, c, &sh->seal_evp[i], context, pt, pt_len, out, cap, out_len);
+    }
+    ks_seal_aad *a = &sh->seal_aad[i];
+    if (a->serial != d->serial) {
+        assert(d->aad_head_len <= KS_DATA_AAD_HEAD_MAX);
+        memcpy(a->buf, d->aad_head, d->aad_head_len);
+        a->serial = d->serial;
+    }
+    const size_t aad_len = put_context(a->buf, d->aad_head_len, context);
+    return seal_with(d, c, &sh->seal_evp[i], a->buf, aad_len, pt, pt_len, out, cap, out_len);
+}
+
 /*
  * ks_seal without the latency histogram (see ks_seal).  A thread with a
  * shard seals from its own slot for the tuple and refills it a block at a
- * time; any other seals from a slot of one nonce, dropped afterwards.
+ * time; any other seals from a slot of one nonce (seal_unsharded()).
  */
 static ks_err seal_call(ks_ctx *ctx, const ks_seal_params *p, const uint8_t *pt, size_t pt_len,
                         uint8_t *out, size_t cap, size_t *out_len)
 {
     ks_wdek_tuple t;
-    uint8_t nonce[KS_NONCE_MAX];
     if (ctx == NULL || p == NULL || out_len == NULL || (pt == NULL && pt_len != 0) ||
         (out == NULL && cap != 0)) {
         return KS_ERR_INVALID_ARGUMENT;
@@ -434,22 +493,18 @@ static ks_err seal_call(ks_ctx *ctx, const ks_seal_params *p, const uint8_t *pt,
     }
     const uint32_t ti = ks_thread_index();
     ks_shard *sh = ks_ctx_shard(ctx, ti);
-    ks_seal_slot one = {NULL, 0, 0, 0};
-    int on_t = 0; /* s is on t's tuple: the shard compared them */
-    ks_seal_slot *s = sh != NULL ? ks_shard_seal_slot(sh, &t, &on_t) : &one;
-    const uint64_t gen = ks_fork_generation(), now = ks_mono_seconds();
-    if (on_t ? !ks_seal_slot_fresh(s, pt_len, gen, now) : !ks_seal_slot_ready(s, &t, pt_len, gen, now)) {
-        err = acquire_dek(ctx, &t, pt_len, sh != NULL, s);
-        if (err != KS_OK) {
-            return err;
+    if (sh == NULL) {
+        err = seal_unsharded(ctx, &t, p->context, pt, pt_len, out, cap, out_len);
+    } else {
+        int on_t = 0; /* s is on t's tuple: the shard compared them */
+        ks_seal_slot *s = ks_shard_seal_slot(sh, &t, &on_t);
+        const uint64_t gen = ks_fork_generation(), now = ks_mono_seconds();
+        if (on_t ? !ks_seal_slot_fresh(s, pt_len, gen, now) : !ks_seal_slot_ready(s, &t, pt_len, gen, now)) {
+            err = acquire_dek(ctx, &t, pt_len, 1, s);
         }
-    }
-    ks_seal_slot_use(s, pt_len, nonce);
-    ks_aead_evp *evp = s != &one ? ks_shard_seal_evp(sh, s) : NULL; /* no shard: libsodium */
-    err = seal_with(s->d, evp, nonce, p->context, pt, pt_len, out, cap, out_len); /* nonce is public */
-    if (s == &one) {
-        assert(one.bytes == 0); /* exactly pt_len was reserved */
-        ks_wdek_release(one.d);
+        if (err == KS_OK) {
+            err = seal_slot(sh, s, p->context, pt, pt_len, out, cap, out_len);
+        }
     }
     if (err == KS_OK) {
         ks_ctx_count(ctx, ti, KS_COUNT_SEAL);
@@ -597,7 +652,7 @@ static ks_err aead_open(ks_ctx *ctx, const ks_envelope *env, const rkeys *k, con
 /* aead_open() under env's data AAD [F-CRYPTO-AAD-1] with context, from
  * k's head when it has one (a shard slot's: env's, C being its
  * commitment), else from env's fields: the AAD that decrypt() does not
- * build on its frame. */
+ * build in the slot. */
 static __attribute__((noinline)) ks_err aead_open_large(ks_ctx *ctx, const ks_envelope *env, ks_bytes context,
                                                        const rkeys *k, uint8_t *pt, size_t cap)
 {
@@ -622,11 +677,10 @@ static ks_err decrypt(ks_ctx *ctx, const ks_envelope *env, ks_bytes context, con
     if (!commitment_ok(env, k)) {
         return auth_failed(ctx, CAUSE_COMMITMENT);
     }
-    if (k->aad != NULL && k->aad_len + 4 + context.len <= KS_AAD_SMALL) {
-        /* [F-CRYPTO-AAD-1] with the slot's head: env's, C being its commitment */
-        uint8_t aad[KS_AAD_SMALL];
-        const size_t aad_len = head_and_context(aad, k->aad, k->aad_len, context);
-        return aead_open(ctx, env, k, aad, aad_len, pt, cap);
+    if (k->aad != NULL && context.len <= KS_AAD_CONTEXT_SMALL) {
+        /* [F-CRYPTO-AAD-1] in the slot, after its head: env's, C being its commitment */
+        const size_t aad_len = put_context(k->aad, k->aad_len, context);
+        return aead_open(ctx, env, k, k->aad, aad_len, pt, cap);
     }
     return aead_open_large(ctx, env, context, k, pt, cap);
 }

@@ -163,6 +163,7 @@ static ks_err build_template(ks_wdek *d, const ks_envelope *shape, const uint8_t
         return err;
     }
     d->nonce_off = (size_t)(d->tmpl.nonce.ptr - d->hdr);
+    d->counter_off = d->nonce_off + d->tmpl.nonce.len - KS_NONCE_COUNTER_LEN;
     d->tmpl.ciphertext = (ks_bytes){NULL, 0};
     return KS_OK;
 }
@@ -277,8 +278,8 @@ ks_err ks_wdek_new(const ks_envelope *shape, uint32_t req_version, const ks_wdek
         record_free(d);
         return err;
     }
-    size_t nonce_len = ks_alg_nonce_len(shape->algorithm);
-    randombytes_buf(d->prefix, nonce_len - KS_NONCE_COUNTER_LEN); /* [F-CRYPTO-NONCE-1] */
+    /* [F-CRYPTO-NONCE-1]: the prefix, in the template's nonce */
+    randombytes_buf(d->hdr + d->nonce_off, d->tmpl.nonce.len - KS_NONCE_COUNTER_LEN);
     d->max_messages = lim->max_messages;
     if (shape->algorithm == KS_ALG_AES256GCM && d->max_messages > ((uint64_t)1 << 32)) {
         d->max_messages = (uint64_t)1 << 32; /* [F-CRYPTO-NONCE-3] */
@@ -304,47 +305,6 @@ void ks_wdek_release(ks_wdek *d)
         ks_wdek_key_free(d->key);
         record_free(d);
     }
-}
-
-/* The 8 bytes at p (wide), or the 4. */
-static inline uint64_t load_word(const uint8_t *p, int wide)
-{
-    if (wide) {
-        uint64_t v;
-        memcpy(&v, p, 8);
-        return v;
-    }
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-/* Nonzero when a[0, n) equals b[0, n), as memcmp() == 0: inline, with two
- * overlapping loads, for the 4 to 16 bytes most names have (every seal
- * compares three, and the calls cost more than the compares).  The names
- * are public: not constant time. */
-static inline int same_bytes(const uint8_t *a, const uint8_t *b, size_t n)
-{
-    if (n >= 4 && n <= 16) {
-        const int wide = n >= 8;
-        const size_t last = n - (wide ? 8 : 4);
-        const uint64_t first = load_word(a, wide) ^ load_word(b, wide);
-        const uint64_t end = load_word(a + last, wide) ^ load_word(b + last, wide);
-        return (first | end) == 0;
-    }
-    return n == 0 || memcmp(a, b, n) == 0;
-}
-
-/* See dek_writer.h. */
-int ks_wdek_match(const ks_wdek *d, const ks_wdek_tuple *t)
-{
-    const ks_envelope *e = &d->tmpl;
-    return e->version == t->format && e->algorithm == t->algorithm &&
-           d->req_version == t->req_version && e->tenant.len == t->tenant.len &&
-           e->purpose.len == t->purpose.len && e->key_id.len == t->key_id.len &&
-           same_bytes(e->tenant.ptr, t->tenant.ptr, t->tenant.len) &&
-           same_bytes(e->purpose.ptr, t->purpose.ptr, t->purpose.len) &&
-           same_bytes(e->key_id.ptr, t->key_id.ptr, t->key_id.len);
 }
 
 /* ---- the table ------------------------------------------------------------ */
@@ -391,14 +351,6 @@ static ks_wdek *take_slot(ks_dek_writer *w, size_t i)
     w->slot[i] = w->slot[--w->used];
     w->slot[w->used] = NULL;
     return d;
-}
-
-/* See dek_writer.h. */
-void ks_wdek_nonce(const ks_wdek *d, uint64_t c, uint8_t nonce[KS_NONCE_MAX])
-{
-    const size_t plen = d->tmpl.nonce.len - KS_NONCE_COUNTER_LEN;
-    memcpy(nonce, d->prefix, plen);
-    ks_be_put(nonce + plen, c, KS_NONCE_COUNTER_LEN);
 }
 
 /* See dek_writer.h. */

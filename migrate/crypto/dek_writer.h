@@ -8,7 +8,7 @@
  * (ks_seal_slot): a reference on a record and a block of its counter
  * values and byte budget, reserved in one short critical section by
  * ks_dek_writer_refill() and then spent by one thread alone with
- * ks_seal_slot_use(), which touches no shared memory.  A thread that
+ * ks_seal_slot_take(), which touches no shared memory.  A thread that
  * owns a shard (shard.h) keeps its slots between seals and so reserves
  * blocks of up to KS_SEAL_BLOCK_MAX nonces; others reserve one nonce at a
  * time.  A record is retired (removed from the table) when it reaches
@@ -24,10 +24,13 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <keyshift/aad.h>
 #include <keyshift/envelope.h>
 #include <keyshift/error.h>
+
+#include "../../format/rules.h"
 
 /* The longest nonce of the format, and the counter's share of it. */
 #define KS_NONCE_MAX KS_XCHACHA20POLY1305_NONCE_LEN
@@ -76,7 +79,6 @@ typedef struct ks_wdek {
     /* Names aead_key for the shards' OpenSSL states (aead.h): a seal
      * slot's state is keyed again whenever its DEK's serial differs. */
     uint64_t serial;
-    uint8_t prefix[KS_NONCE_MAX - KS_NONCE_COUNTER_LEN]; /* random, per DEK */
     /* The data AAD [F-CRYPTO-AAD-1] is aad_head || lp(context), aad_head
      * depending on the DEK's header alone (the v2 commitment is per DEK):
      * the library's ks_aad_data() of the template with an empty context,
@@ -94,12 +96,15 @@ typedef struct ks_wdek {
     uint32_t req_version;
     uint8_t *key;              /* the DEK, KS_DEK_LEN bytes, sodium_malloc'd */
     uint8_t *mkey;             /* v2: K, 32 bytes, sodium_malloc'd; else NULL */
-    /* The envelope header with a zero nonce and (v2) the DEK's
-     * commitment [F-CRYPTO-COMMIT-2]: bytes [0, tmpl.header_len) of every
-     * envelope sealed with this DEK, up to the ciphertext tag.  tmpl's
-     * views point into hdr. */
+    /* The envelope header with the DEK's nonce prefix (random, drawn
+     * once) and a zero counter as its nonce [F-CRYPTO-NONCE-1], and (v2)
+     * the DEK's commitment [F-CRYPTO-COMMIT-2]: bytes [0,
+     * tmpl.header_len) of every envelope sealed with this DEK, up to the
+     * ciphertext tag, but for the counter.  tmpl's views point into
+     * hdr. */
     ks_envelope tmpl;
     size_t nonce_off;          /* offset of the nonce bytes in hdr */
+    size_t counter_off;        /* offset of the nonce's last 8 bytes, its counter */
     uint8_t hdr[];
 } ks_wdek;
 
@@ -135,13 +140,47 @@ void ks_wdek_retain(ks_wdek *d);
  * no-op. */
 void ks_wdek_release(ks_wdek *d);
 
-/* Nonzero when d is the active DEK of t (d's header fields and requested
- * version are t's). */
-int ks_wdek_match(const ks_wdek *d, const ks_wdek_tuple *t);
+/* The 8 bytes at p (wide), or the 4. */
+static inline uint64_t ks_wdek_load_word(const uint8_t *p, int wide)
+{
+    if (wide) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        return v;
+    }
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
 
-/* Write d's nonce of counter value c [F-CRYPTO-NONCE-1]: prefix ||
- * u64be(c). */
-void ks_wdek_nonce(const ks_wdek *d, uint64_t c, uint8_t nonce[KS_NONCE_MAX]);
+/* Nonzero when a[0, n) equals b[0, n), as memcmp() == 0: inline, with two
+ * overlapping loads, for the 4 to 16 bytes most names have (every seal
+ * compares three, and the calls cost more than the compares).  The names
+ * are public: not constant time. */
+static inline __attribute__((always_inline)) int ks_wdek_same_bytes(const uint8_t *a, const uint8_t *b, size_t n)
+{
+    if (n >= 4 && n <= 16) {
+        const int wide = n >= 8;
+        const size_t last = n - (wide ? 8 : 4);
+        const uint64_t first = ks_wdek_load_word(a, wide) ^ ks_wdek_load_word(b, wide);
+        const uint64_t end = ks_wdek_load_word(a + last, wide) ^ ks_wdek_load_word(b + last, wide);
+        return (first | end) == 0;
+    }
+    return n == 0 || memcmp(a, b, n) == 0;
+}
+
+/* Nonzero when d is the active DEK of t (d's header fields and requested
+ * version are t's).  Inline: every seal compares. */
+static inline __attribute__((always_inline)) int ks_wdek_match(const ks_wdek *d, const ks_wdek_tuple *t)
+{
+    const ks_envelope *e = &d->tmpl;
+    return e->version == t->format && e->algorithm == t->algorithm &&
+           d->req_version == t->req_version && e->tenant.len == t->tenant.len &&
+           e->purpose.len == t->purpose.len && e->key_id.len == t->key_id.len &&
+           ks_wdek_same_bytes(e->tenant.ptr, t->tenant.ptr, t->tenant.len) &&
+           ks_wdek_same_bytes(e->purpose.ptr, t->purpose.ptr, t->purpose.len) &&
+           ks_wdek_same_bytes(e->key_id.ptr, t->key_id.ptr, t->key_id.len);
+}
 
 /*
  * Nonzero when s, known to be on the tuple a seal asks for, can seal a
@@ -165,11 +204,20 @@ static inline int ks_seal_slot_ready(const ks_seal_slot *s, const ks_wdek_tuple 
 }
 
 /* Spend one nonce of a ready (or just refilled) slot s on a message of
- * pt_len bytes, into nonce[].  Touches s alone. */
-static inline void ks_seal_slot_use(ks_seal_slot *s, size_t pt_len, uint8_t nonce[KS_NONCE_MAX])
+ * pt_len bytes: returns its counter value c, the nonce being s->d's
+ * prefix || u64be(c) [F-CRYPTO-NONCE-1] (ks_wdek_put_counter()).
+ * Touches s alone. */
+static inline uint64_t ks_seal_slot_take(ks_seal_slot *s, size_t pt_len)
 {
-    ks_wdek_nonce(s->d, s->next++, nonce);
     s->bytes -= pt_len;
+    return s->next++;
+}
+
+/* Write counter value c into hdr, a copy of d->hdr (at the same offsets),
+ * making its nonce d's prefix || u64be(c) [F-CRYPTO-NONCE-1]. */
+static inline void ks_wdek_put_counter(const ks_wdek *d, uint8_t *hdr, uint64_t c)
+{
+    ks_be_put(hdr + d->counter_off, c, KS_NONCE_COUNTER_LEN);
 }
 
 typedef struct ks_dek_writer ks_dek_writer;
@@ -187,7 +235,7 @@ void ks_dek_writer_free(ks_dek_writer *w);
  * block of nonces and bytes: the record's block and chunk when `block` is
  * nonzero (a shard's slot, kept between seals), else one nonce and
  * exactly pt_len bytes.  A record at a limit is retired.  KS_OK: s serves
- * this message (ks_seal_slot_use() may follow).  KS_ERR_NOT_FOUND: t has
+ * this message (ks_seal_slot_take() may follow).  KS_ERR_NOT_FOUND: t has
  * no usable DEK; s is then empty, and the caller creates a DEK and
  * installs it.
  */

@@ -71,7 +71,7 @@ static void reset(ks_shard *sh)
         sh->open[i].head_at = 0;
         sh->open[i].aad_len = 0;
     }
-    sh->seal_next = sh->open_next = sh->open_last = 0;
+    sh->seal_next = sh->seal_last = sh->open_next = sh->open_last = 0;
 }
 
 /* See shard.h. */
@@ -111,25 +111,20 @@ void ks_shard_abandon(ks_shard *sh)
 }
 
 /* See shard.h. */
-ks_seal_slot *ks_shard_seal_slot(ks_shard *sh, const ks_wdek_tuple *t, int *on_t)
+ks_seal_slot *ks_shard_seal_find(ks_shard *sh, const ks_wdek_tuple *t, int *on_t)
 {
-    for (size_t i = 0; i < KS_SHARD_SEALS; i++) {
+    for (uint32_t i = 0; i < KS_SHARD_SEALS; i++) {
         if (sh->seal[i].d != NULL && ks_wdek_match(sh->seal[i].d, t)) {
             *on_t = 1;
+            sh->seal_last = i;
             return &sh->seal[i];
         }
     }
     *on_t = 0;
+    sh->seal_last = sh->seal_next;
     ks_seal_slot *s = &sh->seal[sh->seal_next];
     sh->seal_next = (sh->seal_next + 1) % KS_SHARD_SEALS;
     return s;
-}
-
-/* See shard.h. */
-ks_aead_evp *ks_shard_seal_evp(ks_shard *sh, const ks_seal_slot *s)
-{
-    assert(s >= sh->seal && s < sh->seal + KS_SHARD_SEALS);
-    return &sh->seal_evp[s - sh->seal];
 }
 
 /* See shard.h.  At most KS_SHARD_OPENS comparisons, each cut short by the

@@ -32,6 +32,7 @@
 #ifndef KS_MIGRATE_SHARD_H
 #define KS_MIGRATE_SHARD_H
 
+#include <assert.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -47,6 +48,20 @@
 #define KS_SHARD_OPENS 4u
 /* The longest read keys: K || C || DEK. */
 #define KS_RKEYS_MAX (32 + KS_COMMITMENT_LEN + KS_DEK_LEN)
+
+/* The longest context whose data AAD [F-CRYPTO-AAD-1] a seal slot or a
+ * read key builds in place: the head kept in the slot, lp(context)
+ * written after it per call.  A longer context's AAD is built on the
+ * caller's frame. */
+#define KS_AAD_CONTEXT_SMALL 256u
+#define KS_AAD_SMALL (KS_DATA_AAD_HEAD_MAX + 4 + KS_AAD_CONTEXT_SMALL)
+
+/* A seal slot's data AAD: its DEK's AAD head (dek_writer.h), copied when
+ * the slot's DEK changes, then lp(context) per seal.  Public bytes. */
+typedef struct ks_seal_aad {
+    uint64_t serial;    /* the DEK (ks_wdek.serial) whose head buf holds; 0: none */
+    uint8_t buf[KS_AAD_SMALL];
+} ks_seal_aad;
 
 /* One cached read key of a shard.  expires 0: empty. */
 typedef struct ks_open_slot {
@@ -65,16 +80,19 @@ typedef struct ks_open_slot {
     size_t head_at;
     /* The data AAD of those envelopes less its lp(context) (as a seal
      * slot's DEK keeps it, dek_writer.h), written by the owner after a
-     * put; aad_len 0: none. */
+     * put, with room for a small context's lp(context) after it;
+     * aad_len 0: none. */
     size_t aad_len;
-    uint8_t aad[KS_DATA_AAD_HEAD_MAX];
+    uint8_t aad[KS_AAD_SMALL];
 } ks_open_slot;
 
 typedef struct ks_shard {
     ks_seal_slot seal[KS_SHARD_SEALS];
     ks_open_slot open[KS_SHARD_OPENS];
     ks_aead_evp seal_evp[KS_SHARD_SEALS]; /* the OpenSSL state of seal[i]'s DEK */
+    ks_seal_aad seal_aad[KS_SHARD_SEALS]; /* the data AAD of seal[i]'s seals */
     uint32_t seal_next, open_next; /* the next slot to replace */
+    uint32_t seal_last; /* the seal slot found or replaced last */
     uint32_t opens;     /* read keys kept: <= KS_SHARD_OPENS */
     uint32_t open_last; /* the read key found or put last */
     size_t id_max;
@@ -107,16 +125,25 @@ void ks_shard_abandon(ks_shard *sh);
 
 /* The seal slot for t: the one on t's tuple (*on_t set to 1), else the
  * next to replace (*on_t 0; ks_dek_writer_refill() gives back and drops
- * what it held). */
-ks_seal_slot *ks_shard_seal_slot(ks_shard *sh, const ks_wdek_tuple *t, int *on_t);
+ * what it held); either becomes the last one.  ks_shard_seal_slot() tries
+ * the last one inline. */
+ks_seal_slot *ks_shard_seal_find(ks_shard *sh, const ks_wdek_tuple *t, int *on_t);
+
+static inline ks_seal_slot *ks_shard_seal_slot(ks_shard *sh, const ks_wdek_tuple *t, int *on_t)
+{
+    assert(sh->seal_last < KS_SHARD_SEALS);
+    ks_seal_slot *s = &sh->seal[sh->seal_last];
+    if (s->d != NULL && ks_wdek_match(s->d, t)) {
+        *on_t = 1;
+        return s;
+    }
+    return ks_shard_seal_find(sh, t, on_t);
+}
 
 /* The read keys cached under id[0, id_len) and valid at `now`, or NULL
  * (not const: the owner uses the slot's OpenSSL state); a slot found
  * becomes the last one. */
 ks_open_slot *ks_shard_open_find(ks_shard *sh, const uint8_t *id, size_t id_len, uint64_t now);
-
-/* The OpenSSL state of seal slot s of sh (s is one of sh->seal). */
-ks_aead_evp *ks_shard_seal_evp(ks_shard *sh, const ks_seal_slot *s);
 
 /* The slot found or put last, when it holds read keys (valid or not at
  * this time: the caller checks its expiry), else NULL. */

@@ -18,8 +18,8 @@ _Static_assert(KS_THREAD_SLOTS < 64, "the taken indices fit one 64-bit word");
 
 /* Bit i: index i is owned by a live thread. */
 static _Atomic uint64_t taken;
-/* This thread's index plus one; 0: none owned. */
-static _Thread_local uint32_t mine_1;
+/* See thread_index.h. */
+_Thread_local uint32_t ks_thread_index_1;
 /* Its destructor gives the index back when the thread exits. */
 static pthread_key_t exit_key;
 static pthread_once_t key_once = PTHREAD_ONCE_INIT;
@@ -46,7 +46,7 @@ static void give_back(void *v)
         }
         atomic_fetch_and_explicit(&taken, ~((uint64_t)1 << i), memory_order_release);
     }
-    mine_1 = 0;
+    ks_thread_index_1 = 0;
 }
 
 /* Once per process: the key whose destructor runs give_back. */
@@ -55,8 +55,9 @@ static void make_key(void)
     key_ok = pthread_key_create(&exit_key, give_back) == 0;
 }
 
-/* Take the lowest free index, or return KS_THREAD_SHARED. */
-static uint32_t take(void)
+/* See thread_index.h: take the lowest free index, or return
+ * KS_THREAD_SHARED. */
+uint32_t ks_thread_index_take(void)
 {
     (void)pthread_once(&key_once, make_key);
     if (!key_ok) {
@@ -72,7 +73,7 @@ static uint32_t take(void)
                 atomic_fetch_and_explicit(&taken, ~((uint64_t)1 << i), memory_order_release);
                 return KS_THREAD_SHARED;
             }
-            mine_1 = i + 1;
+            ks_thread_index_1 = i + 1;
             return i;
         }
     }
@@ -80,23 +81,14 @@ static uint32_t take(void)
 }
 
 /* See thread_index.h. */
-uint32_t ks_thread_index(void)
-{
-    if (mine_1 != 0) {
-        return mine_1 - 1;
-    }
-    return take();
-}
-
-/* See thread_index.h. */
 uint32_t ks_thread_index_owned(void)
 {
-    return mine_1 != 0 ? mine_1 - 1 : KS_THREAD_SHARED;
+    return ks_thread_index_1 != 0 ? ks_thread_index_1 - 1 : KS_THREAD_SHARED;
 }
 
 /* See thread_index.h. */
 void ks_thread_index_fork_child(void)
 {
-    uint64_t keep = mine_1 != 0 ? (uint64_t)1 << (mine_1 - 1) : 0;
+    uint64_t keep = ks_thread_index_1 != 0 ? (uint64_t)1 << (ks_thread_index_1 - 1) : 0;
     atomic_store_explicit(&taken, keep, memory_order_relaxed);
 }

@@ -21,9 +21,21 @@
 #define KS_THREAD_SLOTS 63u
 #define KS_THREAD_SHARED KS_THREAD_SLOTS
 
+/* This thread's index plus one; 0: none owned.  Written by its thread
+ * alone (thread_index.c). */
+extern __attribute__((visibility("hidden"))) _Thread_local uint32_t ks_thread_index_1;
+
+/* ks_thread_index() for a thread that owns no index yet: take one. */
+uint32_t ks_thread_index_take(void);
+
 /* This thread's index: its own (< KS_THREAD_SLOTS), or KS_THREAD_SHARED
- * while every index is taken (asked again on later calls). */
-uint32_t ks_thread_index(void);
+ * while every index is taken (asked again on later calls).  Every seal
+ * and open asks, so the steady state (one TLS load) is inline. */
+static inline uint32_t ks_thread_index(void)
+{
+    const uint32_t m = ks_thread_index_1;
+    return m != 0 ? m - 1 : ks_thread_index_take();
+}
 
 /* This thread's own index, or KS_THREAD_SHARED when it owns none; never
  * takes one. */
