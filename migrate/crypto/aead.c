@@ -83,24 +83,20 @@ static _Atomic int test_forced;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 /* Set (release) once aead_init has run: a load instead of a call. */
 static _Atomic int inited;
-/* What every AUTO call asks first, in one load: the forced engine (the
- * test's, else the environment's) or KS_AEAD_AUTO; -1 until aead_init
- * has run. */
-static _Atomic int forced = -1;
+/* See aead.h. */
+_Atomic int ks_aead_forced = -1;
 static _Atomic uint64_t next_serial = 1;
 
 #ifdef KS_TEST_HOOKS
-static _Atomic uint64_t runs[3]; /* ks_aead_test_count() */
-#define COUNT_RUN(e) atomic_fetch_add_explicit(&runs[e], 1, memory_order_relaxed)
-#else
-#define COUNT_RUN(e) ((void)0)
+/* See aead.h. */
+_Atomic uint64_t ks_aead_runs[3];
 #endif
 
 /* See aead.h. */
 uint64_t ks_aead_test_count(ks_aead_engine e)
 {
 #ifdef KS_TEST_HOOKS
-    return atomic_load_explicit(&runs[e], memory_order_relaxed);
+    return atomic_load_explicit(&ks_aead_runs[e], memory_order_relaxed);
 #else
     (void)e;
     return 0;
@@ -305,7 +301,7 @@ static void set_forced(void)
 {
     const int t = atomic_load_explicit(&test_forced, memory_order_relaxed);
     const int e = t != KS_AEAD_AUTO ? t : atomic_load_explicit(&env_forced, memory_order_relaxed);
-    atomic_store_explicit(&forced, e, memory_order_release);
+    atomic_store_explicit(&ks_aead_forced, e, memory_order_release);
 }
 
 /* Once per process: fetch the ciphers and read KS_AEAD_ENGINE.  OpenSSL
@@ -364,70 +360,11 @@ void ks_aead_test_force(ks_aead_engine e)
     }
 }
 
-/* See aead.h.  The thresholds are where the two engines' times cross
- * with an 84-byte AAD (docs/PERFORMANCE.md, "The engine rule"): below
- * 512 bytes libsodium's aes-256-gcm beats OpenSSL's per-message set-up;
- * OpenSSL's xchacha20-poly1305 wins at every size. */
-ks_aead_engine ks_aead_engine_rule(uint32_t alg, size_t len)
-{
-    const size_t min = alg == KS_ALG_AES256GCM ? KS_AEAD_OPENSSL_MIN_AES256GCM : KS_AEAD_OPENSSL_MIN_XCHACHA;
-    return len >= min ? KS_AEAD_OPENSSL : KS_AEAD_SODIUM;
-}
-
-/* ks_aead_engine_for(), inline for the two calls below: after the first
- * call, one load and the rule. */
-static inline ks_aead_engine engine_for(uint32_t alg, size_t len)
-{
-    int e = atomic_load_explicit(&forced, memory_order_acquire);
-    if (e < 0) {
-        init_once_done();
-        e = atomic_load_explicit(&forced, memory_order_acquire);
-    }
-    return e != KS_AEAD_AUTO ? (ks_aead_engine)e : ks_aead_engine_rule(alg, len);
-}
-
 /* See aead.h. */
-ks_aead_engine ks_aead_engine_for(uint32_t alg, size_t len)
+int ks_aead_forced_init(void)
 {
-    return engine_for(alg, len);
-}
-
-/* ---- libsodium ------------------------------------------------------------ */
-
-/* libsodium's detached encryption, the tag at c + mlen; 0 on success. */
-static int sodium_encrypt(const ks_aead_key *k, uint8_t *c, const uint8_t *m, size_t mlen,
-                          const uint8_t *ad, size_t adlen, const uint8_t *nonce)
-{
-    if (k->alg == KS_ALG_AES256GCM && k->aes != NULL) {
-        return crypto_aead_aes256gcm_encrypt_detached_afternm(
-            c, c + mlen, NULL, m, mlen, ad, adlen, NULL, nonce,
-            (const crypto_aead_aes256gcm_state *)k->aes);
-    }
-    if (k->alg == KS_ALG_AES256GCM) {
-        return crypto_aead_aes256gcm_encrypt_detached(c, c + mlen, NULL, m, mlen, ad, adlen, NULL, nonce,
-                                                      k->key);
-    }
-    return crypto_aead_xchacha20poly1305_ietf_encrypt_detached(c, c + mlen, NULL, m, mlen, ad, adlen,
-                                                               NULL, nonce, k->key);
-}
-
-/* libsodium's detached decryption of c[0, mlen) with the tag at c + mlen;
- * m NULL verifies the tag only: every libsodium AEAD's detached
- * decryption computes and compares the tag first and returns right there
- * when it has no output buffer (tests/test_crypto.c pins this). */
-static int sodium_decrypt(const ks_aead_key *k, uint8_t *m, const uint8_t *c, size_t mlen,
-                          const uint8_t *ad, size_t adlen, const uint8_t *nonce)
-{
-    const uint8_t *tag = c + mlen;
-    if (k->alg == KS_ALG_AES256GCM && k->aes != NULL) {
-        return crypto_aead_aes256gcm_decrypt_detached_afternm(
-            m, NULL, c, mlen, tag, ad, adlen, nonce, (const crypto_aead_aes256gcm_state *)k->aes);
-    }
-    if (k->alg == KS_ALG_AES256GCM) {
-        return crypto_aead_aes256gcm_decrypt_detached(m, NULL, c, mlen, tag, ad, adlen, nonce, k->key);
-    }
-    return crypto_aead_xchacha20poly1305_ietf_decrypt_detached(m, NULL, c, mlen, tag, ad, adlen, nonce,
-                                                               k->key);
+    init_once_done();
+    return atomic_load_explicit(&ks_aead_forced, memory_order_acquire);
 }
 
 /* ---- OpenSSL ---------------------------------------------------------------- */
@@ -512,57 +449,35 @@ static void *evp_ready(const ks_aead_key *k, const uint8_t *nonce, int enc)
 /* ---- the interface ---------------------------------------------------------- */
 
 /* See aead.h. */
-int ks_aead_encrypt(ks_aead_engine e, const ks_aead_key *k, uint8_t *c, const uint8_t *m, size_t mlen,
-                    const uint8_t *ad, size_t adlen, const uint8_t *nonce)
+int ks_aead_openssl_encrypt(const ks_aead_key *k, uint8_t *c, const uint8_t *m, size_t mlen, const uint8_t *ad,
+                            size_t adlen, const uint8_t *nonce)
 {
-    const ks_aead_engine run = e == KS_AEAD_AUTO ? engine_for(k->alg, mlen) : e;
-    if (run == KS_AEAD_OPENSSL) {
-        void *x = evp_ready(k, nonce, 1);
-        if (x != NULL) {
-            uint8_t iv[KS_PROV_IV_LEN];
-            iv_of(k->alg, nonce, iv);
-            COUNT_RUN(KS_AEAD_OPENSSL);
-            return prov_encrypt(&impls[alg_index(k->alg)], x, c, m, mlen, ad, adlen, iv);
-        }
-        if (e == KS_AEAD_OPENSSL) {
-            return -1;
-        }
+    void *x = evp_ready(k, nonce, 1);
+    if (x == NULL) {
+        return 1;
     }
-    if (k->key == NULL && k->aes == NULL) {
-        return -1;
-    }
-    COUNT_RUN(KS_AEAD_SODIUM);
-    return sodium_encrypt(k, c, m, mlen, ad, adlen, nonce);
+    uint8_t iv[KS_PROV_IV_LEN];
+    iv_of(k->alg, nonce, iv);
+    KS_AEAD_COUNT_RUN(KS_AEAD_OPENSSL);
+    return prov_encrypt(&impls[alg_index(k->alg)], x, c, m, mlen, ad, adlen, iv) == 0 ? 0 : -1;
 }
 
 /* See aead.h. */
-int ks_aead_decrypt(ks_aead_engine e, const ks_aead_key *k, uint8_t *m, const uint8_t *c, size_t clen,
-                    const uint8_t *ad, size_t adlen, const uint8_t *nonce)
+int ks_aead_openssl_decrypt(const ks_aead_key *k, uint8_t *m, const uint8_t *c, size_t mlen, const uint8_t *ad,
+                            size_t adlen, const uint8_t *nonce)
 {
-    assert(clen >= KS_TAG_LEN); /* [F-LEN-2]: the parser refuses a shorter one */
-    const size_t mlen = clen - KS_TAG_LEN;
-    const ks_aead_engine run = e == KS_AEAD_AUTO ? engine_for(k->alg, mlen) : e;
-    if (run == KS_AEAD_OPENSSL && m != NULL) {
-        void *x = evp_ready(k, nonce, 0);
-        if (x != NULL) {
-            uint8_t iv[KS_PROV_IV_LEN];
-            iv_of(k->alg, nonce, iv);
-            COUNT_RUN(KS_AEAD_OPENSSL);
-            if (prov_decrypt(&impls[alg_index(k->alg)], x, m, c, mlen, ad, adlen, iv) == 0) {
-                return 0;
-            }
-            sodium_memzero(m, mlen); /* unauthenticated plaintext */
-            return -1;
-        }
-        if (e == KS_AEAD_OPENSSL) {
-            return -1;
-        }
+    void *x = evp_ready(k, nonce, 0);
+    if (x == NULL) {
+        return 1;
     }
-    if (k->key == NULL && k->aes == NULL) {
-        return -1;
+    uint8_t iv[KS_PROV_IV_LEN];
+    iv_of(k->alg, nonce, iv);
+    KS_AEAD_COUNT_RUN(KS_AEAD_OPENSSL);
+    if (prov_decrypt(&impls[alg_index(k->alg)], x, m, c, mlen, ad, adlen, iv) == 0) {
+        return 0;
     }
-    COUNT_RUN(KS_AEAD_SODIUM);
-    return sodium_decrypt(k, m, c, mlen, ad, adlen, nonce);
+    sodium_memzero(m, mlen); /* unauthenticated plaintext */
+    return -1;
 }
 
 /* See aead.h.  Keying with zeros overwrites the whole schedule (AES's

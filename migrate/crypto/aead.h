@@ -30,9 +30,14 @@
 #ifndef KS_MIGRATE_AEAD_H
 #define KS_MIGRATE_AEAD_H
 
+#include <assert.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include <sodium.h>
+
+#include <keyshift/envelope.h>
 #include <keyshift/error.h>
 
 /* An engine; KS_AEAD_AUTO: the size rule (and the forced engine, if any). */
@@ -70,25 +75,136 @@ typedef struct ks_aead_key {
  * given an evp slot gets one when it is made or loaded. */
 uint64_t ks_aead_serial(void);
 
-/* The size rule alone: the engine for alg on a payload of len bytes. */
-ks_aead_engine ks_aead_engine_rule(uint32_t alg, size_t len);
+/* The size rule alone: the engine for alg on a payload of len bytes.
+ * The thresholds are where the two engines' times cross with an 84-byte
+ * AAD (docs/PERFORMANCE.md, "The engine rule"): below 512 bytes
+ * libsodium's aes-256-gcm beats OpenSSL's per-message set-up; OpenSSL's
+ * xchacha20-poly1305 wins at every size. */
+static inline ks_aead_engine ks_aead_engine_rule(uint32_t alg, size_t len)
+{
+    const size_t min = alg == KS_ALG_AES256GCM ? KS_AEAD_OPENSSL_MIN_AES256GCM : KS_AEAD_OPENSSL_MIN_XCHACHA;
+    return len >= min ? KS_AEAD_OPENSSL : KS_AEAD_SODIUM;
+}
+
+/* What every AUTO call asks first, in one load (aead.c): the forced
+ * engine (a test's, else the environment's) or KS_AEAD_AUTO; -1 until
+ * the engines are set up. */
+extern __attribute__((visibility("hidden"))) _Atomic int ks_aead_forced;
+
+/* Set the engines up (once per process) and return ks_aead_forced. */
+int ks_aead_forced_init(void);
 
 /* The engine that runs alg on a payload of len bytes: the forced one, if
- * any, else ks_aead_engine_rule() (see the top). */
-ks_aead_engine ks_aead_engine_for(uint32_t alg, size_t len);
+ * any, else ks_aead_engine_rule() (see the top).  Inline: after the first
+ * call, one load and the rule. */
+static inline ks_aead_engine ks_aead_engine_for(uint32_t alg, size_t len)
+{
+    int e = atomic_load_explicit(&ks_aead_forced, memory_order_acquire);
+    if (e < 0) {
+        e = ks_aead_forced_init();
+    }
+    return e != KS_AEAD_AUTO ? (ks_aead_engine)e : ks_aead_engine_rule(alg, len);
+}
+
+#ifdef KS_TEST_HOOKS
+/* Tests: the calls each engine completed (ks_aead_test_count()). */
+extern __attribute__((visibility("hidden"))) _Atomic uint64_t ks_aead_runs[3];
+#define KS_AEAD_COUNT_RUN(e) atomic_fetch_add_explicit(&ks_aead_runs[e], 1, memory_order_relaxed)
+#else
+#define KS_AEAD_COUNT_RUN(e) ((void)0)
+#endif
+
+/* The OpenSSL engine (aead.c): encrypt or decrypt as ks_aead_encrypt()
+ * and ks_aead_decrypt() below, with this thread's state k->evp.  0 on
+ * success, -1 on failure (a decryption leaves m zero), 1 when the state
+ * cannot be set up (nothing written). */
+KS_WUR int ks_aead_openssl_encrypt(const ks_aead_key *k, uint8_t *c, const uint8_t *m, size_t mlen,
+                                   const uint8_t *ad, size_t adlen, const uint8_t *nonce);
+KS_WUR int ks_aead_openssl_decrypt(const ks_aead_key *k, uint8_t *m, const uint8_t *c, size_t mlen,
+                                   const uint8_t *ad, size_t adlen, const uint8_t *nonce);
+
+/* libsodium's detached encryption, the tag at c + mlen; 0 on success. */
+static inline int ks_aead_sodium_encrypt(const ks_aead_key *k, uint8_t *c, const uint8_t *m, size_t mlen,
+                                         const uint8_t *ad, size_t adlen, const uint8_t *nonce)
+{
+    if (k->alg == KS_ALG_AES256GCM && k->aes != NULL) {
+        return crypto_aead_aes256gcm_encrypt_detached_afternm(c, c + mlen, NULL, m, mlen, ad, adlen, NULL, nonce,
+                                                              (const crypto_aead_aes256gcm_state *)k->aes);
+    }
+    if (k->alg == KS_ALG_AES256GCM) {
+        return crypto_aead_aes256gcm_encrypt_detached(c, c + mlen, NULL, m, mlen, ad, adlen, NULL, nonce,
+                                                      k->key);
+    }
+    return crypto_aead_xchacha20poly1305_ietf_encrypt_detached(c, c + mlen, NULL, m, mlen, ad, adlen, NULL,
+                                                               nonce, k->key);
+}
+
+/* libsodium's detached decryption of c[0, mlen) with the tag at c + mlen;
+ * m NULL verifies the tag only: every libsodium AEAD's detached
+ * decryption computes and compares the tag first and returns right there
+ * when it has no output buffer (tests/test_crypto.c pins this). */
+static inline int ks_aead_sodium_decrypt(const ks_aead_key *k, uint8_t *m, const uint8_t *c, size_t mlen,
+                                         const uint8_t *ad, size_t adlen, const uint8_t *nonce)
+{
+    const uint8_t *tag = c + mlen;
+    if (k->alg == KS_ALG_AES256GCM && k->aes != NULL) {
+        return crypto_aead_aes256gcm_decrypt_detached_afternm(m, NULL, c, mlen, tag, ad, adlen, nonce,
+                                                              (const crypto_aead_aes256gcm_state *)k->aes);
+    }
+    if (k->alg == KS_ALG_AES256GCM) {
+        return crypto_aead_aes256gcm_decrypt_detached(m, NULL, c, mlen, tag, ad, adlen, nonce, k->key);
+    }
+    return crypto_aead_xchacha20poly1305_ietf_decrypt_detached(m, NULL, c, mlen, tag, ad, adlen, nonce,
+                                                               k->key);
+}
 
 /* Encrypt m[0, mlen) into c[0, mlen + 16) under k, nonce and ad
  * [F-CRYPTO-ALG-1] on engine e (AUTO: ks_aead_engine_for(), falling back
  * to libsodium when the OpenSSL state cannot be set up; OPENSSL: fails
- * instead).  0 on success. */
-KS_WUR int ks_aead_encrypt(ks_aead_engine e, const ks_aead_key *k, uint8_t *c, const uint8_t *m,
-                           size_t mlen, const uint8_t *ad, size_t adlen, const uint8_t *nonce);
+ * instead).  0 on success.  Inline, with libsodium's calls, so that a
+ * seal makes a small payload's call itself. */
+KS_WUR static inline __attribute__((always_inline)) int ks_aead_encrypt(ks_aead_engine e, const ks_aead_key *k,
+                                                                        uint8_t *c, const uint8_t *m, size_t mlen,
+                                                                        const uint8_t *ad, size_t adlen,
+                                                                        const uint8_t *nonce)
+{
+    const ks_aead_engine run = e == KS_AEAD_AUTO ? ks_aead_engine_for(k->alg, mlen) : e;
+    if (run == KS_AEAD_OPENSSL) {
+        const int r = ks_aead_openssl_encrypt(k, c, m, mlen, ad, adlen, nonce);
+        if (r <= 0 || e == KS_AEAD_OPENSSL) {
+            return r <= 0 ? r : -1;
+        }
+    }
+    if (k->key == NULL && k->aes == NULL) {
+        return -1;
+    }
+    KS_AEAD_COUNT_RUN(KS_AEAD_SODIUM);
+    return ks_aead_sodium_encrypt(k, c, m, mlen, ad, adlen, nonce);
+}
 
 /* Decrypt c[0, clen) (clen >= 16) into m[0, clen - 16) on engine e as
  * above; 0 when the tag verifies, else m is left zero.  m NULL: verify
  * the tag only, decrypting nothing (libsodium whatever e says). */
-KS_WUR int ks_aead_decrypt(ks_aead_engine e, const ks_aead_key *k, uint8_t *m, const uint8_t *c,
-                           size_t clen, const uint8_t *ad, size_t adlen, const uint8_t *nonce);
+KS_WUR static inline __attribute__((always_inline)) int ks_aead_decrypt(ks_aead_engine e, const ks_aead_key *k,
+                                                                        uint8_t *m, const uint8_t *c, size_t clen,
+                                                                        const uint8_t *ad, size_t adlen,
+                                                                        const uint8_t *nonce)
+{
+    assert(clen >= KS_TAG_LEN); /* [F-LEN-2]: the parser refuses a shorter one */
+    const size_t mlen = clen - KS_TAG_LEN;
+    const ks_aead_engine run = e == KS_AEAD_AUTO ? ks_aead_engine_for(k->alg, mlen) : e;
+    if (run == KS_AEAD_OPENSSL && m != NULL) {
+        const int r = ks_aead_openssl_decrypt(k, m, c, mlen, ad, adlen, nonce);
+        if (r <= 0 || e == KS_AEAD_OPENSSL) {
+            return r <= 0 ? r : -1;
+        }
+    }
+    if (k->key == NULL && k->aes == NULL) {
+        return -1;
+    }
+    KS_AEAD_COUNT_RUN(KS_AEAD_SODIUM);
+    return ks_aead_sodium_decrypt(k, m, c, mlen, ad, adlen, nonce);
+}
 
 /* Overwrite every key schedule loaded into s with one of a zero key and
  * forget its keys (the contexts stay for the next key). */
