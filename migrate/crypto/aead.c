@@ -448,17 +448,27 @@ static void *evp_ready(const ks_aead_key *k, const uint8_t *nonce, int enc)
 
 /* ---- the interface ---------------------------------------------------------- */
 
+/* This thread's context for k in direction enc, keyed and ready, with
+ * nonce's IV in iv and the run counted; NULL when it cannot be set up. */
+static void *openssl_begin(const ks_aead_key *k, const uint8_t *nonce, int enc, uint8_t iv[KS_PROV_IV_LEN])
+{
+    void *x = evp_ready(k, nonce, enc);
+    if (x != NULL) {
+        iv_of(k->alg, nonce, iv);
+        KS_AEAD_COUNT_RUN(KS_AEAD_OPENSSL);
+    }
+    return x;
+}
+
 /* See aead.h. */
 int ks_aead_openssl_encrypt(const ks_aead_key *k, uint8_t *c, const uint8_t *m, size_t mlen, const uint8_t *ad,
                             size_t adlen, const uint8_t *nonce)
 {
-    void *x = evp_ready(k, nonce, 1);
+    uint8_t iv[KS_PROV_IV_LEN];
+    void *x = openssl_begin(k, nonce, 1, iv);
     if (x == NULL) {
         return 1;
     }
-    uint8_t iv[KS_PROV_IV_LEN];
-    iv_of(k->alg, nonce, iv);
-    KS_AEAD_COUNT_RUN(KS_AEAD_OPENSSL);
     return prov_encrypt(&impls[alg_index(k->alg)], x, c, m, mlen, ad, adlen, iv) == 0 ? 0 : -1;
 }
 
@@ -466,13 +476,11 @@ int ks_aead_openssl_encrypt(const ks_aead_key *k, uint8_t *c, const uint8_t *m, 
 int ks_aead_openssl_decrypt(const ks_aead_key *k, uint8_t *m, const uint8_t *c, size_t mlen, const uint8_t *ad,
                             size_t adlen, const uint8_t *nonce)
 {
-    void *x = evp_ready(k, nonce, 0);
+    uint8_t iv[KS_PROV_IV_LEN];
+    void *x = openssl_begin(k, nonce, 0, iv);
     if (x == NULL) {
         return 1;
     }
-    uint8_t iv[KS_PROV_IV_LEN];
-    iv_of(k->alg, nonce, iv);
-    KS_AEAD_COUNT_RUN(KS_AEAD_OPENSSL);
     if (prov_decrypt(&impls[alg_index(k->alg)], x, m, c, mlen, ad, adlen, iv) == 0) {
         return 0;
     }
