@@ -28,6 +28,7 @@
 #include "../migrate/crypto/crypto_hooks.h"
 #include "../migrate/crypto/dek_cache.h"
 #include "../migrate/crypto/mono_clock.h"
+#include "../migrate/crypto/shard.h"
 #include "envelope_eq.h"
 #include "mem_provider.h"
 
@@ -1180,31 +1181,49 @@ static void test_cache_aes_states(void **state)
     free_sealed_ctx(s, 3, ctx);
 }
 
-/* v1 seals build the data AAD from the DEK's precomputed head and the
- * context: every context length opens, and only under its own context. */
-static void test_v1_data_aad_contexts(void **state)
+/* Seals build the data AAD from the DEK's precomputed head and the
+ * context, in the shard slot's buffer up to KS_AAD_CONTEXT_SMALL bytes of
+ * context and on a frame past it; opens likewise.  Every context length
+ * around that bound opens, and only under its own context, in both
+ * formats, with names of every length the head may hold up to its most
+ * (a 64-byte tenant and purpose fill KS_DATA_AAD_HEAD_MAX exactly). */
+static void test_data_aad_contexts(void **state)
 {
     world *w = *state;
     static const uint8_t msg[3] = "aad";
-    static uint8_t ctxbuf[KS_CONTEXT_MAX];
-    static const size_t lens[] = {0, 1, 17, KS_CONTEXT_MAX};
+    static uint8_t ctxbuf[KS_CONTEXT_MAX], name[KS_TENANT_MAX];
+    static const size_t lens[] = {0, 1, 17, KS_AAD_CONTEXT_SMALL - 1, KS_AAD_CONTEXT_SMALL,
+                                  KS_AAD_CONTEXT_SMALL + 1, KS_CONTEXT_MAX};
+    _Static_assert(KS_TENANT_MAX == KS_PURPOSE_MAX, "one buffer for both names");
     memset(ctxbuf, 'c', sizeof ctxbuf);
-    for (uint32_t alg = 1; alg <= 2; alg++) {
-        if (alg == KS_ALG_AES256GCM && !aes_ok()) {
-            continue;
-        }
-        for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
-            ks_seal_params p = params(1, alg);
-            p.context = (ks_bytes){lens[i] ? ctxbuf : NULL, lens[i]};
-            sealed s = seal_ok(w->ctx, &p, msg, sizeof msg);
-            ks_open_params o = {p.context, {NULL, 0}, {NULL, 0}};
-            open_expect(w->ctx, s, &o, msg, sizeof msg);
-            uint8_t pt[8];
-            size_t n = 0;
-            o.context.len = lens[i] ? lens[i] - 1 : 1;
-            o.context.ptr = ctxbuf;
-            assert_int_equal(open_env(w->ctx, s.buf, s.len, &o, pt, sizeof pt, &n), KS_ERR_AUTH_FAILED);
-            free(s.buf);
+    memset(name, 'n', sizeof name);
+    for (uint8_t format = 1; format <= 2; format++) {
+        for (uint32_t alg = 1; alg <= 2; alg++) {
+            if (alg == KS_ALG_AES256GCM && !aes_ok()) {
+                continue;
+            }
+            for (size_t longest = 0; longest <= 1; longest++) {
+                for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
+                    ks_seal_params p = params(format, alg);
+                    if (longest) {
+                        p.tenant = (ks_bytes){name, sizeof name};
+                        if (format == KS_FORMAT_V2) {
+                            p.purpose = (ks_bytes){name, sizeof name};
+                        }
+                    }
+                    p.context = (ks_bytes){lens[i] ? ctxbuf : NULL, lens[i]};
+                    sealed s = seal_ok(w->ctx, &p, msg, sizeof msg);
+                    ks_open_params o = {p.context, {NULL, 0}, {NULL, 0}};
+                    open_expect(w->ctx, s, &o, msg, sizeof msg);
+                    open_expect(w->ctx, s, &o, msg, sizeof msg); /* from the thread's read key */
+                    uint8_t pt[8];
+                    size_t n = 0;
+                    o.context.len = lens[i] ? lens[i] - 1 : 1;
+                    o.context.ptr = ctxbuf;
+                    assert_int_equal(open_env(w->ctx, s.buf, s.len, &o, pt, sizeof pt, &n), KS_ERR_AUTH_FAILED);
+                    free(s.buf);
+                }
+            }
         }
     }
 }
@@ -1686,7 +1705,7 @@ int main(void)
         T(test_cache_aes_states),
         T(test_cache_aes_states_threads),
         T(test_cache_state_pins),
-        T(test_v1_data_aad_contexts),
+        T(test_data_aad_contexts),
         T(test_provider_failures),
         T(test_algorithm_unavailable),
         T(test_arguments),

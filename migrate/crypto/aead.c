@@ -1,9 +1,10 @@
 /*
- * migrate/crypto/aead.c -- see aead.h (docs/format.md [F-CRYPTO-ALG-1]).
- *
- * libsodium: crypto_aead_aes256gcm_* (through the expanded key when the
- * caller has one) and crypto_aead_xchacha20poly1305_ietf_*, detached, the
- * tag written after the ciphertext.
+ * migrate/crypto/aead.c -- see aead.h (docs/format.md [F-CRYPTO-ALG-1]):
+ * the engines' set-up and the OpenSSL engine.  The dispatch and the
+ * libsodium engine (crypto_aead_aes256gcm_* through the expanded key when
+ * the caller has one, crypto_aead_xchacha20poly1305_ietf_*, detached, the
+ * tag written after the ciphertext) are inline in aead.h, so that a small
+ * payload's seal or open calls libsodium from its own frame.
  *
  * OpenSSL: AES-256-GCM with the 12 nonce bytes as the IV; for
  * xchacha20-poly1305, [F-CRYPTO-ALG-1]'s construction in two steps:
@@ -461,8 +462,8 @@ static void *openssl_begin(const ks_aead_key *k, const uint8_t *nonce, int enc, 
 }
 
 /* See aead.h. */
-int ks_aead_openssl_encrypt(const ks_aead_key *k, uint8_t *c, const uint8_t *m, size_t mlen, const uint8_t *ad,
-                            size_t adlen, const uint8_t *nonce)
+int ks_aead_openssl_encrypt(const ks_aead_key *k, uint8_t *c, const uint8_t *m, size_t mlen,
+                            const uint8_t *ad, size_t adlen, const uint8_t *nonce)
 {
     uint8_t iv[KS_PROV_IV_LEN];
     void *x = openssl_begin(k, nonce, 1, iv);
@@ -473,8 +474,8 @@ int ks_aead_openssl_encrypt(const ks_aead_key *k, uint8_t *c, const uint8_t *m, 
 }
 
 /* See aead.h. */
-int ks_aead_openssl_decrypt(const ks_aead_key *k, uint8_t *m, const uint8_t *c, size_t mlen, const uint8_t *ad,
-                            size_t adlen, const uint8_t *nonce)
+int ks_aead_openssl_decrypt(const ks_aead_key *k, uint8_t *m, const uint8_t *c, size_t mlen,
+                            const uint8_t *ad, size_t adlen, const uint8_t *nonce)
 {
     uint8_t iv[KS_PROV_IV_LEN];
     void *x = openssl_begin(k, nonce, 0, iv);

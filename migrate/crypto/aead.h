@@ -128,8 +128,8 @@ static inline int ks_aead_sodium_encrypt(const ks_aead_key *k, uint8_t *c, const
                                          const uint8_t *ad, size_t adlen, const uint8_t *nonce)
 {
     if (k->alg == KS_ALG_AES256GCM && k->aes != NULL) {
-        return crypto_aead_aes256gcm_encrypt_detached_afternm(c, c + mlen, NULL, m, mlen, ad, adlen, NULL, nonce,
-                                                              (const crypto_aead_aes256gcm_state *)k->aes);
+        return crypto_aead_aes256gcm_encrypt_detached_afternm(
+            c, c + mlen, NULL, m, mlen, ad, adlen, NULL, nonce, (const crypto_aead_aes256gcm_state *)k->aes);
     }
     if (k->alg == KS_ALG_AES256GCM) {
         return crypto_aead_aes256gcm_encrypt_detached(c, c + mlen, NULL, m, mlen, ad, adlen, NULL, nonce,
@@ -148,8 +148,8 @@ static inline int ks_aead_sodium_decrypt(const ks_aead_key *k, uint8_t *m, const
 {
     const uint8_t *tag = c + mlen;
     if (k->alg == KS_ALG_AES256GCM && k->aes != NULL) {
-        return crypto_aead_aes256gcm_decrypt_detached_afternm(m, NULL, c, mlen, tag, ad, adlen, nonce,
-                                                              (const crypto_aead_aes256gcm_state *)k->aes);
+        return crypto_aead_aes256gcm_decrypt_detached_afternm(
+            m, NULL, c, mlen, tag, ad, adlen, nonce, (const crypto_aead_aes256gcm_state *)k->aes);
     }
     if (k->alg == KS_ALG_AES256GCM) {
         return crypto_aead_aes256gcm_decrypt_detached(m, NULL, c, mlen, tag, ad, adlen, nonce, k->key);
@@ -163,8 +163,9 @@ static inline int ks_aead_sodium_decrypt(const ks_aead_key *k, uint8_t *m, const
  * to libsodium when the OpenSSL state cannot be set up; OPENSSL: fails
  * instead).  0 on success.  Inline, with libsodium's calls, so that a
  * seal makes a small payload's call itself. */
-KS_WUR static inline __attribute__((always_inline)) int ks_aead_encrypt(ks_aead_engine e, const ks_aead_key *k,
-                                                                        uint8_t *c, const uint8_t *m, size_t mlen,
+KS_WUR static inline __attribute__((always_inline)) int ks_aead_encrypt(ks_aead_engine e,
+                                                                        const ks_aead_key *k, uint8_t *c,
+                                                                        const uint8_t *m, size_t mlen,
                                                                         const uint8_t *ad, size_t adlen,
                                                                         const uint8_t *nonce)
 {
@@ -185,8 +186,9 @@ KS_WUR static inline __attribute__((always_inline)) int ks_aead_encrypt(ks_aead_
 /* Decrypt c[0, clen) (clen >= 16) into m[0, clen - 16) on engine e as
  * above; 0 when the tag verifies, else m is left zero.  m NULL: verify
  * the tag only, decrypting nothing (libsodium whatever e says). */
-KS_WUR static inline __attribute__((always_inline)) int ks_aead_decrypt(ks_aead_engine e, const ks_aead_key *k,
-                                                                        uint8_t *m, const uint8_t *c, size_t clen,
+KS_WUR static inline __attribute__((always_inline)) int ks_aead_decrypt(ks_aead_engine e,
+                                                                        const ks_aead_key *k, uint8_t *m,
+                                                                        const uint8_t *c, size_t clen,
                                                                         const uint8_t *ad, size_t adlen,
                                                                         const uint8_t *nonce)
 {

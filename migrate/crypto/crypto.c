@@ -389,8 +389,10 @@ static ks_err acquire_dek(ks_ctx *ctx, const ks_wdek_tuple *t, size_t pt_len, in
  * (nonce prefix, v2 commitment) with the counter patched in, then the
  * ciphertext field, encrypted in place in out under d's AEAD key.  Writes
  * nothing when cap is short; wipes out on failure. */
-static inline __attribute__((always_inline)) ks_err seal_with(const ks_wdek *d, uint64_t c, ks_aead_evp *evp, const uint8_t *aad, size_t aad_len,
-                        const uint8_t *pt, size_t pt_len, uint8_t *out, size_t cap, size_t *out_len)
+static inline __attribute__((always_inline)) ks_err seal_with(const ks_wdek *d, uint64_t c, ks_aead_evp *evp,
+                                                              const uint8_t *aad, size_t aad_len,
+                                                              const uint8_t *pt, size_t pt_len, uint8_t *out,
+                                                              size_t cap, size_t *out_len)
 {
     const size_t hl = d->tmpl.header_len, ct_len = pt_len + KS_TAG_LEN;
     const size_t total = hl + 1 + ks_varint_len(ct_len) + ct_len;
@@ -473,8 +475,9 @@ static ks_err seal_slot(ks_shard *sh, ks_seal_slot *s, ks_bytes context, const u
  * shard seals from its own slot for the tuple and refills it a block at a
  * time; any other seals from a slot of one nonce (seal_unsharded()).
  */
-static inline __attribute__((always_inline)) ks_err seal_call(ks_ctx *ctx, const ks_seal_params *p, const uint8_t *pt, size_t pt_len,
-                        uint8_t *out, size_t cap, size_t *out_len)
+static inline __attribute__((always_inline)) ks_err seal_call(ks_ctx *ctx, const ks_seal_params *p,
+                                                              const uint8_t *pt, size_t pt_len, uint8_t *out,
+                                                              size_t cap, size_t *out_len)
 {
     ks_wdek_tuple t;
     if (ctx == NULL || p == NULL || out_len == NULL || (pt == NULL && pt_len != 0) ||
@@ -635,8 +638,9 @@ static void slot_aad_head(ks_open_slot *o, const ks_envelope *env)
 /* Decrypt env's ciphertext into pt under the read keys k and the data
  * AAD aad[0, aad_len); a failed AEAD leaves pt[0, cap) zero and is
  * auth-failed.  pt NULL: verify the tag only (ks_aead_decrypt()). */
-static inline __attribute__((always_inline)) ks_err aead_open(ks_ctx *ctx, const ks_envelope *env, const rkeys *k, const uint8_t *aad,
-                        size_t aad_len, uint8_t *pt, size_t cap)
+static inline __attribute__((always_inline)) ks_err aead_open(ks_ctx *ctx, const ks_envelope *env,
+                                                              const rkeys *k, const uint8_t *aad,
+                                                              size_t aad_len, uint8_t *pt, size_t cap)
 {
     const ks_aead_key ak = {env->algorithm, k->aead_key, k->aes, k->evp, k->serial};
     if (ks_aead_decrypt(KS_AEAD_AUTO, &ak, pt, env->ciphertext.ptr, env->ciphertext.len, aad, aad_len,
@@ -841,8 +845,10 @@ static ks_err parse_for_open(ks_shard *sh, const uint8_t *env, size_t len, ks_en
 
 /* ks_open, or with check_only ks_verify, without the latency histogram:
  * the arguments, the strict parse, then open_parsed(). */
-static inline __attribute__((always_inline)) ks_err open_call(ks_ctx *ctx, const uint8_t *env, size_t env_len, const ks_open_params *p,
-                        int check_only, uint8_t *pt, size_t cap, size_t *pt_len, ks_parse_error *perr)
+static inline __attribute__((always_inline)) ks_err open_call(ks_ctx *ctx, const uint8_t *env, size_t env_len,
+                                                              const ks_open_params *p, int check_only,
+                                                              uint8_t *pt, size_t cap, size_t *pt_len,
+                                                              ks_parse_error *perr)
 {
     if (!open_args_ok(ctx, p, check_only, pt, pt_len, cap)) {
         return KS_ERR_INVALID_ARGUMENT;

@@ -157,7 +157,8 @@ static inline uint64_t ks_wdek_load_word(const uint8_t *p, int wide)
  * overlapping loads, for the 4 to 16 bytes most names have (every seal
  * compares three, and the calls cost more than the compares).  The names
  * are public: not constant time. */
-static inline __attribute__((always_inline)) int ks_wdek_same_bytes(const uint8_t *a, const uint8_t *b, size_t n)
+static inline __attribute__((always_inline)) int ks_wdek_same_bytes(const uint8_t *a, const uint8_t *b,
+                                                                    size_t n)
 {
     if (n >= 4 && n <= 16) {
         const int wide = n >= 8;
