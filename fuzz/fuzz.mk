@@ -190,8 +190,11 @@ FUZZ_COV_MIN_parsers := $(FUZZ_COV_MIN_LINES) $(FUZZ_COV_MIN_BRANCHES)
 # from a PostgreSQL chunk table, which no fuzz target has (it is run by
 # tests/test_workers_pg.c under ASan, and under TSan by the nightly make
 # tsan-pg, with kill -9 and takeover).
+# The crypto headers' inline code (the AEAD dispatch, the seal slot's
+# tuple match) is the hot path's too.
 FUZZ_COV_SRCS_stateful := $(sort $(filter-out migrate/engine/workers.c, \
                  $(wildcard migrate/crypto/*.c migrate/engine/*.c))) \
+                 migrate/crypto/aead.h migrate/crypto/dek_writer.h migrate/crypto/shard.h \
                  migrate/rollout/guard.c migrate/rollout/policy.c
 FUZZ_COV_MIN_stateful := 85 75
 # The legacy name: every gated file.
