@@ -449,43 +449,27 @@ static void *evp_ready(const ks_aead_key *k, const uint8_t *nonce, int enc)
 
 /* ---- the interface ---------------------------------------------------------- */
 
-/* This thread's context for k in direction enc, keyed and ready, with
- * nonce's IV in iv and the run counted; NULL when it cannot be set up. */
-static void *openssl_begin(const ks_aead_key *k, const uint8_t *nonce, int enc, uint8_t iv[KS_PROV_IV_LEN])
+/* See aead.h.  The direction's provider call on this thread's context
+ * for k, keyed and given nonce's IV; a failed decryption wipes out. */
+int ks_aead_openssl(const ks_aead_key *k, int enc, uint8_t *out, const uint8_t *in, size_t mlen,
+                    const uint8_t *ad, size_t adlen, const uint8_t *nonce)
 {
     void *x = evp_ready(k, nonce, enc);
-    if (x != NULL) {
-        iv_of(k->alg, nonce, iv);
-        KS_AEAD_COUNT_RUN(KS_AEAD_OPENSSL);
-    }
-    return x;
-}
-
-/* See aead.h. */
-int ks_aead_openssl_encrypt(const ks_aead_key *k, uint8_t *c, const uint8_t *m, size_t mlen,
-                            const uint8_t *ad, size_t adlen, const uint8_t *nonce)
-{
-    uint8_t iv[KS_PROV_IV_LEN];
-    void *x = openssl_begin(k, nonce, 1, iv);
     if (x == NULL) {
         return 1;
     }
-    return prov_encrypt(&impls[alg_index(k->alg)], x, c, m, mlen, ad, adlen, iv) == 0 ? 0 : -1;
-}
-
-/* See aead.h. */
-int ks_aead_openssl_decrypt(const ks_aead_key *k, uint8_t *m, const uint8_t *c, size_t mlen,
-                            const uint8_t *ad, size_t adlen, const uint8_t *nonce)
-{
     uint8_t iv[KS_PROV_IV_LEN];
-    void *x = openssl_begin(k, nonce, 0, iv);
-    if (x == NULL) {
-        return 1;
-    }
-    if (prov_decrypt(&impls[alg_index(k->alg)], x, m, c, mlen, ad, adlen, iv) == 0) {
+    iv_of(k->alg, nonce, iv);
+    KS_AEAD_COUNT_RUN(KS_AEAD_OPENSSL);
+    const prov_cipher *p = &impls[alg_index(k->alg)];
+    const int r = enc ? prov_encrypt(p, x, out, in, mlen, ad, adlen, iv)
+                      : prov_decrypt(p, x, out, in, mlen, ad, adlen, iv);
+    if (r == 0) {
         return 0;
     }
-    sodium_memzero(m, mlen); /* unauthenticated plaintext */
+    if (!enc) {
+        sodium_memzero(out, mlen); /* unauthenticated plaintext */
+    }
     return -1;
 }
 

@@ -114,14 +114,13 @@ extern __attribute__((visibility("hidden"))) _Atomic uint64_t ks_aead_runs[3];
 #define KS_AEAD_COUNT_RUN(e) ((void)0)
 #endif
 
-/* The OpenSSL engine (aead.c): encrypt or decrypt as ks_aead_encrypt()
- * and ks_aead_decrypt() below, with this thread's state k->evp.  0 on
- * success, -1 on failure (a decryption leaves m zero), 1 when the state
- * cannot be set up (nothing written). */
-KS_WUR int ks_aead_openssl_encrypt(const ks_aead_key *k, uint8_t *c, const uint8_t *m, size_t mlen,
-                                   const uint8_t *ad, size_t adlen, const uint8_t *nonce);
-KS_WUR int ks_aead_openssl_decrypt(const ks_aead_key *k, uint8_t *m, const uint8_t *c, size_t mlen,
-                                   const uint8_t *ad, size_t adlen, const uint8_t *nonce);
+/* The OpenSSL engine (aead.c): encrypt (enc 1: out the ciphertext and
+ * tag of in) or decrypt (enc 0: out the plaintext of in, tag at in +
+ * mlen) as ks_aead_encrypt() and ks_aead_decrypt() below, with this
+ * thread's state k->evp.  0 on success, -1 on failure (a decryption
+ * leaves out zero), 1 when the state cannot be set up (nothing written). */
+KS_WUR int ks_aead_openssl(const ks_aead_key *k, int enc, uint8_t *out, const uint8_t *in, size_t mlen,
+                           const uint8_t *ad, size_t adlen, const uint8_t *nonce);
 
 /* libsodium's detached encryption, the tag at c + mlen; 0 on success. */
 static inline int ks_aead_sodium_encrypt(const ks_aead_key *k, uint8_t *c, const uint8_t *m, size_t mlen,
@@ -171,7 +170,7 @@ KS_WUR static inline __attribute__((always_inline)) int ks_aead_encrypt(ks_aead_
 {
     const ks_aead_engine run = e == KS_AEAD_AUTO ? ks_aead_engine_for(k->alg, mlen) : e;
     if (run == KS_AEAD_OPENSSL) {
-        const int r = ks_aead_openssl_encrypt(k, c, m, mlen, ad, adlen, nonce);
+        const int r = ks_aead_openssl(k, 1, c, m, mlen, ad, adlen, nonce);
         if (r <= 0 || e == KS_AEAD_OPENSSL) {
             return r <= 0 ? r : -1;
         }
@@ -196,7 +195,7 @@ KS_WUR static inline __attribute__((always_inline)) int ks_aead_decrypt(ks_aead_
     const size_t mlen = clen - KS_TAG_LEN;
     const ks_aead_engine run = e == KS_AEAD_AUTO ? ks_aead_engine_for(k->alg, mlen) : e;
     if (run == KS_AEAD_OPENSSL && m != NULL) {
-        const int r = ks_aead_openssl_decrypt(k, m, c, mlen, ad, adlen, nonce);
+        const int r = ks_aead_openssl(k, 0, m, c, mlen, ad, adlen, nonce);
         if (r <= 0 || e == KS_AEAD_OPENSSL) {
             return r <= 0 ? r : -1;
         }

@@ -32,8 +32,7 @@
 
 #include "../../format/rules.h"
 
-/* The longest nonce of the format, and the counter's share of it. */
-#define KS_NONCE_MAX KS_XCHACHA20POLY1305_NONCE_LEN
+/* The counter's share of a nonce (its last bytes) [F-CRYPTO-NONCE-1]. */
 #define KS_NONCE_COUNTER_LEN 8
 /* The longest data AAD without its final lp(context) [F-CRYPTO-AAD-1]. */
 #define KS_DATA_AAD_HEAD_MAX (KS_DATA_AAD_MAX - 4 - KS_CONTEXT_MAX)
